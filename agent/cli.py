@@ -1,0 +1,224 @@
+"""The ``topology-agent`` command line: a thin shell that reads input, calls the core, and writes or prints.
+
+Every option can also come from an environment variable ``TOPOLOGY_<NAME>`` (``--master-port`` ->
+``TOPOLOGY_MASTER_PORT``), so a manifest can configure the agent without touching its command line. An
+``AgentError`` becomes one line on stderr and its exit code; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent import __version__
+from agent.core import Options, Rendered, render_pod
+from agent.core.model import RawPod
+from agent.core.variables import explain_exclusions
+from agent.errors import AgentError, InputError
+
+DEFAULT_OUT = "/shared"
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(f"TOPOLOGY_{name.upper().replace('-', '_')}")
+    return value if value not in (None, "") else None
+
+
+def _int(option: str, raw: str | None, *, low: int = 1, high: int = 65535) -> int | None:
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or not low <= int(raw) <= high:
+        raise InputError(f"{option} '{raw}' must be a whole number from {low} to {high}")
+    return int(raw)
+
+
+def _choice(option: str, raw: str, allowed: Sequence[str]) -> str:
+    if raw not in allowed:
+        raise InputError(f"{option} '{raw}' must be one of: {', '.join(allowed)}")
+    return raw
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    """Flags first, then ``TOPOLOGY_*`` variables; values are checked here so the core sees only good ones."""
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name.replace("-", "_"), None)
+        return value if value is not None else _env(name)
+
+    roles_raw = pick("roles")
+    roles = tuple(r.strip() for r in roles_raw.split(",") if r.strip()) if roles_raw else None
+    if roles_raw is not None and not roles:
+        raise InputError("--roles is empty; give the training roles in rank order, e.g. --roles master,worker")
+
+    nproc_raw = pick("nproc-per-node")
+    nproc: int | str | None = None
+    if nproc_raw is not None:
+        nproc = "auto" if nproc_raw == "auto" else _int("--nproc-per-node", nproc_raw, high=1_000_000)
+
+    elastic_raw = pick("elastic")
+    elastic = None
+    if elastic_raw is not None:
+        low, sep, high = elastic_raw.partition(":")
+        lo = _int("--elastic MIN", low.strip() or None, high=1_000_000) if sep else None
+        hi = _int("--elastic MAX", high.strip() or None, high=1_000_000) if sep else None
+        if lo is None or hi is None or lo > hi:
+            raise InputError(f"--elastic '{elastic_raw}' must be MIN:MAX with 1 <= MIN <= MAX, e.g. --elastic 2:8")
+        elastic = (lo, hi)
+
+    selector = pick("selector")
+    index_label = pick("index-label")
+    if index_label and not selector:
+        raise InputError("--index-label needs --selector (the labels that pick the job's pods)")
+
+    return Options(
+        roles=roles,
+        master_port=_int("--master-port", pick("master-port")),
+        nproc_per_node=nproc,  # type: ignore[arg-type]
+        container=pick("container"),
+        address=_choice("--address", pick("address") or "dns", ("dns", "ip")),  # type: ignore[arg-type]
+        cluster_domain=pick("cluster-domain"),
+        elastic=elastic,
+        rdzv_port=_int("--rdzv-port", pick("rdzv-port")) or 29400,
+        controller=pick("controller"),
+        selector=selector,
+        index_label=index_label,
+    )
+
+
+def read_pods(source: str) -> list[RawPod]:
+    """``kubectl get pods -o json`` output (a List), a JSON array of pods, or one Pod; ``-`` is stdin."""
+    where = "stdin" if source == "-" else source
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as err:
+        raise InputError(f"cannot read --pods {where}: {err.strerror or err}") from err
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(
+            f"--pods {where} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+            "produce it with kubectl get pods -o json"
+        ) from err
+    if isinstance(data, dict) and isinstance(data.get("items"), list):
+        items = data["items"]
+    elif isinstance(data, list):
+        items = data
+    elif isinstance(data, dict) and data.get("kind") == "Pod":
+        items = [data]
+    else:
+        raise InputError(f"--pods {where} holds no pods: expected a List with 'items' or a JSON array of Pods")
+    for position, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("metadata"), dict) \
+                or not item["metadata"].get("name"):
+            raise InputError(f"--pods {where}: item {position} is not a Pod (no metadata.name)")
+    return items
+
+
+def _self_name(args: argparse.Namespace) -> str:
+    name = args.self or os.environ.get("POD_NAME")
+    if not name:
+        raise InputError("which pod is this? pass --self POD_NAME or set POD_NAME (downward API)")
+    return name
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("topology options (each also read from TOPOLOGY_<NAME>)")
+    group.add_argument("--roles", help="training roles in rank order, comma-separated (default: the controller's)")
+    group.add_argument("--master-port", help="MASTER_PORT (default: port 'pytorchjob-port', else 29500)")
+    group.add_argument("--nproc-per-node", help="processes per pod: an integer or 'auto' (default auto)")
+    group.add_argument("--container", help="the trainer container (default: first container that is not the agent)")
+    group.add_argument("--address", help="how peers are named in files: dns (default) or ip")
+    group.add_argument("--cluster-domain", help="write fully qualified names under this domain, e.g. cluster.local")
+    group.add_argument("--elastic", help="MIN:MAX nodes: torchrun elastic rendezvous (c10d)")
+    group.add_argument("--rdzv-port", help="c10d rendezvous port (default 29400)")
+    group.add_argument("--controller", help="force a controller: volcano, pytorchjob, trainjob, jobset, lws, "
+                                            "indexed-job, selector")
+    group.add_argument("--selector", help="generic: equality label selector of the job's pods, e.g. app=x,job=y")
+    group.add_argument("--index-label", help="generic: the label that holds each pod's index")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="topology-agent",
+        description="Configure a multi-pod training job from its pods: torch.env, hostfile, host files.",
+    )
+    parser.add_argument("--version", action="version", version=f"topology-agent {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    render = commands.add_parser("render", help="write the files for one pod from a pods JSON file (offline)")
+    render.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
+    render.add_argument("--self", help="this pod's name (default: $POD_NAME)")
+    render.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    _add_common(render)
+
+    explain = commands.add_parser("explain", help="print every variable, its value and the rule behind it")
+    explain.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
+    explain.add_argument("--self", help="this pod's name (default: $POD_NAME)")
+    _add_common(explain)
+    return parser
+
+
+def _render(args: argparse.Namespace) -> int:
+    from agent.files.writing import write_files
+
+    rendered = render_pod(read_pods(args.pods), _self_name(args), options_from_args(args))
+    out = Path(args.out or _env("out") or DEFAULT_OUT)
+    write_files(out, rendered.files)
+    me = rendered.plan.topology.me
+    print(f"wrote {', '.join(rendered.files)} to {out} for pod '{me.name}' (role {me.role})")
+    return 0
+
+
+def format_explanation(rendered: Rendered) -> str:
+    plan = rendered.plan
+    topo = plan.topology
+    me = topo.me
+    lines = [
+        f"pod '{me.name}' of {plan.controller.title} '{topo.job}' in namespace '{topo.namespace}': role "
+        f"'{me.role}' ({'training' if me.training else 'not training'}), address {me.address}",
+        "",
+        "variables (torch.env):",
+    ]
+    width = min(48, max((len(f"{v.name}={v.value}") for v in rendered.variables), default=0))
+    for var in rendered.variables:
+        text = f"unset {var.name}" if var.unset else f"{var.name}={var.value}"
+        mark = "  " if var.written else "- "
+        lines.append(f"  {mark}{text.ljust(width)}  # {var.source}")
+    notes = explain_exclusions(plan)
+    if notes:
+        lines += ["", "notes:", *[f"  {n}" for n in notes]]
+    lines += ["", "members in rank order:"]
+    lines.append(f"  {'NODE_RANK':>9}  {'RANK':>5}  {'SLOTS':>5}  {'ROLE':<12} {'POD':<32} ADDRESS")
+    for m in topo.members:
+        node_rank = "-" if m.node_rank is None else str(m.node_rank)
+        rank = "-" if m.first_rank is None else str(m.first_rank)
+        lines.append(f"  {node_rank:>9}  {rank:>5}  {m.slots:>5}  {m.role:<12} {m.name:<32} {m.address}")
+    lines += ["", f"files: {', '.join(rendered.files)}", "('- ' marks a variable that is not written)"]
+    return "\n".join(lines)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    rendered = render_pod(read_pods(args.pods), _self_name(args), options_from_args(args))
+    print(format_explanation(rendered))
+    return 0
+
+
+COMMANDS = {"render": _render, "explain": _explain}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except AgentError as err:
+        print(f"topology-agent {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The trainer container of a pod: which one it is, what the user set in its env, how many processes it runs.
+
+Decides NPROC_PER_NODE. The incumbents' ``nproc_per_node=auto`` asks the *host* for its CPU count, so a
+2-CPU container on a 128-core node starts 128 processes; here the count comes only from the container's own
+resources, never from the machine the agent runs on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from agent.core.model import Options, RawContainer, RawPod
+from agent.errors import InputError
+
+AGENT_NAME = "topology-agent"
+
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_SUFFIX = {
+    None: Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+@dataclass(frozen=True)
+class UserValue:
+    """A variable the user set in the trainer container; ``value`` is None when it comes from ``valueFrom``."""
+
+    value: str | None
+    container: str
+
+
+def parse_quantity(raw: str | int | float, *, where: str) -> Decimal:
+    """Parse a Kubernetes resource quantity ("2500m", "0.5", "1Gi", 4)."""
+    text = str(raw).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        raise InputError(f"{where}: '{text}' is not a Kubernetes quantity; use a value like 2, 500m or 1.5")
+    try:
+        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    except InvalidOperation as err:  # pragma: no cover - the regex admits only valid decimals
+        raise InputError(f"{where}: '{text}' is not a Kubernetes quantity") from err
+
+
+def is_agent_container(container: RawContainer) -> bool:
+    words = [container.get("name", ""), *container.get("command", []), *container.get("args", [])]
+    image = container.get("image", "")
+    return any(AGENT_NAME in w for w in words) or f"/{AGENT_NAME}:" in image or image.startswith(AGENT_NAME)
+
+
+def pick_trainer_container(pod: RawPod, wanted: str | None) -> RawContainer | None:
+    """The container that runs the trainer: ``--container``, else the first regular one that is not the agent."""
+    containers = pod.get("spec", {}).get("containers", [])
+    name = pod.get("metadata", {}).get("name", "?")
+    if wanted:
+        for container in containers:
+            if container.get("name") == wanted:
+                return container
+        have = ", ".join(c.get("name", "?") for c in containers) or "none"
+        raise InputError(
+            f"pod '{name}': no container named '{wanted}' (containers: {have}); fix --container"
+        )
+    for container in containers:
+        if not is_agent_container(container):
+            return container
+    return None
+
+
+def user_env(container: RawContainer | None, *, injected: frozenset[str] = frozenset()) -> dict[str, UserValue]:
+    """Variables the user set explicitly in the container.
+
+    ``injected`` names the variables the pod's controller appends to every container (training-operator's
+    WORLD_SIZE, Volcano's MASTER_ADDR, ...). Those are the agent's to replace, not the user's to keep, unless
+    the name appears twice: the controller appends after the template's env, so the first one is the user's.
+    """
+    if container is None:
+        return {}
+    entries = container.get("env", [])
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.get("name", "")] = counts.get(entry.get("name", ""), 0) + 1
+    found: dict[str, UserValue] = {}
+    for entry in entries:
+        name = entry.get("name", "")
+        if not name or name in found:
+            continue
+        if name in injected and counts[name] < 2:
+            continue
+        value = None if "valueFrom" in entry else str(entry.get("value", ""))
+        found[name] = UserValue(value=value, container=container.get("name", "?"))
+    return found
+
+
+def is_accelerator(resource: str) -> bool:
+    """``nvidia.com/gpu``, ``amd.com/gpu`` and other ``<vendor>/gpu`` names."""
+    vendor, _, kind = resource.rpartition("/")
+    return bool(vendor) and kind == "gpu"
+
+
+def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options) -> tuple[int, str]:
+    """Processes per pod and the rule that decided it.
+
+    Order: explicit value (``--nproc-per-node N``, or an integer PET_NPROC_PER_NODE / NPROC_PER_NODE in the
+    trainer's env) > accelerators in the container's limits (else requests) > CPU limit rounded up > 1.
+    """
+    pod_name = pod.get("metadata", {}).get("name", "?")
+    if isinstance(options.nproc_per_node, int):
+        return options.nproc_per_node, "--nproc-per-node"
+    env = user_env(container)
+    for var in ("PET_NPROC_PER_NODE", "NPROC_PER_NODE"):
+        user = env.get(var)
+        if user is not None and user.value is not None and user.value.strip().isdigit():
+            count = int(user.value)
+            if count < 1:
+                raise InputError(f"pod '{pod_name}': {var}={user.value} in container '{user.container}' must be >= 1")
+            return count, f"{var}={count} set by user in container '{user.container}'"
+    if container is None:
+        return 1, "no trainer container: 1"
+    resources = container.get("resources", {})
+    cname = container.get("name", "?")
+    for section in ("limits", "requests"):
+        quantities = resources.get(section, {}) or {}
+        gpus = [(k, v) for k, v in sorted(quantities.items()) if is_accelerator(k)]
+        if gpus:
+            total = 0
+            for key, raw in gpus:
+                total += int(parse_quantity(raw, where=f"pod '{pod_name}' container '{cname}' {section}.{key}"))
+            if total > 0:
+                names = ", ".join(k for k, _ in gpus)
+                return total, f"{total} accelerator(s) in container '{cname}' resources.{section} ({names})"
+    cpu = (resources.get("limits", {}) or {}).get("cpu")
+    if cpu is not None:
+        cores = parse_quantity(cpu, where=f"pod '{pod_name}' container '{cname}' limits.cpu")
+        count = max(1, math.ceil(cores))
+        return count, f"CPU limit {cpu} of container '{cname}' rounded up"
+    return 1, f"container '{cname}' has no accelerators and no CPU limit: 1"

@@ -1,0 +1,172 @@
+"""Data the core reads and computes.
+
+``Raw*`` TypedDicts name the few fields of the Kubernetes Pod JSON the core reads (the API sends many more;
+they are ignored). Everything the core computes is a frozen dataclass, so a ``Topology`` can be compared,
+hashed into a generation decision, and handed to renderers without fear of mutation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+AddressMode = Literal["dns", "ip"]
+
+
+class RawEnvVar(TypedDict, total=False):
+    name: str
+    value: str
+    valueFrom: dict[str, Any]
+
+
+class RawResources(TypedDict, total=False):
+    limits: dict[str, str | int | float]
+    requests: dict[str, str | int | float]
+
+
+class RawPort(TypedDict, total=False):
+    name: str
+    containerPort: int
+
+
+class RawContainer(TypedDict, total=False):
+    name: str
+    image: str
+    command: list[str]
+    args: list[str]
+    env: list[RawEnvVar]
+    resources: RawResources
+    ports: list[RawPort]
+
+
+class RawPodSpec(TypedDict, total=False):
+    hostname: str
+    subdomain: str
+    containers: list[RawContainer]
+    initContainers: list[RawContainer]
+
+
+class RawPodIP(TypedDict, total=False):
+    ip: str
+
+
+class RawPodStatus(TypedDict, total=False):
+    phase: str
+    podIP: str
+    podIPs: list[RawPodIP]
+
+
+class RawOwnerReference(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+
+
+class RawMetadata(TypedDict, total=False):
+    name: str
+    namespace: str
+    uid: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    deletionTimestamp: str
+    ownerReferences: list[RawOwnerReference]
+    resourceVersion: str
+
+
+class RawPod(TypedDict, total=False):
+    metadata: RawMetadata
+    spec: RawPodSpec
+    status: RawPodStatus
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user chose; ``None`` means "let the controller's convention decide"."""
+
+    roles: tuple[str, ...] | None = None
+    master_port: int | None = None
+    nproc_per_node: int | Literal["auto"] | None = None
+    container: str | None = None
+    address: AddressMode = "dns"
+    cluster_domain: str | None = None
+    elastic: tuple[int, int] | None = None
+    rdzv_port: int = 29400
+    controller: str | None = None
+    selector: str | None = None
+    index_label: str | None = None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Where a controller places one pod: its job, its role, and the key that orders it within the role."""
+
+    job: str
+    role: str
+    index: tuple[int, ...]
+    ordinal: int
+
+
+@dataclass(frozen=True)
+class Member:
+    """A live pod of the job, placed. ``node_rank``, ``first_rank`` and ``slots`` are set for training pods."""
+
+    name: str
+    role: str
+    index: tuple[int, ...]
+    ordinal: int
+    address: str
+    dns_name: str | None
+    ip: str | None
+    training: bool
+    slots: int
+    node_rank: int | None = None
+    first_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A pod that matched the job but is not a member, and why (shown by ``explain``)."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The whole job as one pod sees it. Members are in rank order: training pods first, then the others."""
+
+    controller: str
+    namespace: str
+    job: str
+    job_uid: str | None
+    self_name: str
+    training_roles: tuple[str, ...]
+    members: tuple[Member, ...]
+    excluded: tuple[Excluded, ...] = field(default=())
+
+    @property
+    def training(self) -> tuple[Member, ...]:
+        return tuple(m for m in self.members if m.training)
+
+    @property
+    def me(self) -> Member:
+        for member in self.members:
+            if member.name == self.self_name:
+                return member
+        raise LookupError(self.self_name)  # build_topology guarantees self is a member
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Every role present, training roles first in their order, then the others by name."""
+        present = {m.role for m in self.members}
+        ordered = [r for r in self.training_roles if r in present]
+        return (*ordered, *sorted(present - set(ordered)))
+
+    def role_members(self, role: str) -> tuple[Member, ...]:
+        return tuple(m for m in self.members if m.role == role)
+
+    @property
+    def world_size(self) -> int:
+        return sum(m.slots for m in self.training)

@@ -1,0 +1,105 @@
+"""Topology and variables -> the bytes of every file the agent writes. Pure: the writer does the I/O.
+
+File formats are the consumers' own: ``torch.env`` is POSIX sh (``export KEY='value'``, so a value from pod
+data such as ``$(rm -rf /)`` stays inert text); ``hostfile`` is DeepSpeed's and OpenMPI's
+``<host> slots=<n>`` (``slots``, plural: DeepSpeed's parser rejects ``slot=``); ``<task>.host`` files are
+Volcano's one-host-per-line lists; ``topology.json`` is the machine-readable whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from agent.core.model import Member, Topology
+from agent.core.topology import Plan
+from agent.core.variables import Variable, host_file_name
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TOPOLOGY_SCHEMA = 1
+
+
+def shell_quote(value: str) -> str:
+    """Single-quote for sh: nothing inside single quotes is expanded, and ' is closed, escaped, reopened."""
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def render_env(variables: Sequence[Variable]) -> str:
+    lines = ["# Written by topology-agent. Source it: . /shared/torch.env"]
+    for var in variables:
+        if not var.written:
+            continue
+        if not _NAME.match(var.name):  # pragma: no cover - names are built from env_key()
+            raise ValueError(var.name)
+        if var.unset:
+            lines.append(f"unset {var.name}")
+            continue
+        value = f'"{var.value}"' if var.reference else shell_quote(var.value)
+        lines.append(f"export {var.name}={value}")
+    return "\n".join(lines) + "\n"
+
+
+def render_hostfile(topology: Topology) -> str:
+    return "".join(f"{m.address} slots={m.slots}\n" for m in topology.training)
+
+
+def render_role_hosts(topology: Topology) -> dict[str, str]:
+    return {
+        host_file_name(role): "".join(f"{m.address}\n" for m in topology.role_members(role))
+        for role in topology.roles
+    }
+
+
+def _member_json(member: Member) -> dict[str, Any]:
+    return {
+        "name": member.name,
+        "role": member.role,
+        "index": list(member.index),
+        "ordinal": member.ordinal,
+        "address": member.address,
+        "dnsName": member.dns_name,
+        "ip": member.ip,
+        "training": member.training,
+        "slots": member.slots,
+        "nodeRank": member.node_rank,
+        "rank": member.first_rank,
+    }
+
+
+def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: int) -> dict[str, Any]:
+    topo = plan.topology
+    training = topo.training
+    return {
+        "schema": TOPOLOGY_SCHEMA,
+        "generation": generation,
+        "controller": topo.controller,
+        "namespace": topo.namespace,
+        "job": topo.job,
+        "jobUid": topo.job_uid,
+        "self": topo.self_name,
+        "trainingRoles": list(topo.training_roles),
+        "masterAddr": training[0].address if training else None,
+        "masterPort": plan.master_port if training else None,
+        "nnodes": len(training),
+        "worldSize": topo.world_size,
+        "members": [_member_json(m) for m in topo.members],
+        "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
+        "env": {v.name: v.value for v in variables if v.written and not v.unset},
+    }
+
+
+def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int) -> str:
+    return json.dumps(topology_document(plan, variables, generation=generation), indent=2) + "\n"
+
+
+def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int) -> dict[str, bytes]:
+    """Every file of one generation, by name relative to the output directory, in write order."""
+    files = {
+        "torch.env": render_env(variables),
+        "hostfile": render_hostfile(plan.topology),
+        **render_role_hosts(plan.topology),
+        "topology.json": render_topology_json(plan, variables, generation=generation),
+    }
+    return {name: text.encode() for name, text in files.items()}

@@ -1,0 +1,208 @@
+"""Plan -> the environment variables of one pod, each with the rule that produced it.
+
+Every variable carries its provenance, so ``explain`` and ``render`` share one computation: ``explain``
+prints all of them, ``render`` writes those with ``written``. Two rules shape the list:
+
+* Training variables (MASTER_*, WORLD_SIZE, RANK, NODE_RANK, PET_*) go to training pods only. Volcano's and
+  training-operator's plugins inject them into every container of every task, so a parameter server or a
+  data loader believes it is a rank; here it gets host information and nothing else.
+* What the user set in the trainer container is theirs: it is not written, and the variables derived from it
+  follow it (a user-set MASTER_PORT=12345 gives PET_MASTER_PORT=12345).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agent.core.containers import UserValue, pick_trainer_container, user_env
+from agent.core.model import Options
+from agent.core.topology import Plan
+
+# Each group names one fact under several variable names; a user value for any of them is the fact.
+_ALIASES: tuple[tuple[str, ...], ...] = (
+    ("MASTER_ADDR", "PET_MASTER_ADDR"),
+    ("MASTER_PORT", "PET_MASTER_PORT"),
+    ("NODE_RANK", "PET_NODE_RANK"),
+    ("NNODES", "PET_NNODES"),
+)
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One variable for ``torch.env``. ``reference`` values are shell expansions of a user variable."""
+
+    name: str
+    value: str
+    source: str
+    written: bool = True
+    reference: bool = False
+    unset: bool = False
+
+
+def env_key(role: str) -> str:
+    """Volcano's env spelling of a task name: upper case, '-' (and anything else not a name char) -> '_'."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", role).upper()
+
+
+def host_file_name(role: str) -> str:
+    """Volcano's ``/etc/volcano/<task>.host`` spelling: '-' -> '_', case kept."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", role) + ".host"
+
+
+def _bracketed(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def _training_variables(plan: Plan, options: Options) -> list[Variable]:
+    topo = plan.topology
+    me = topo.me
+    rank0 = topo.training[0]
+    nnodes = len(topo.training)
+    world = topo.world_size
+    slots_rule = plan.slots_source[me.name]
+    homogeneous = len({m.slots for m in topo.training}) == 1
+    world_rule = (
+        f"NNODES {nnodes} x NPROC_PER_NODE {me.slots}" if homogeneous
+        else "sum of every training pod's NPROC_PER_NODE (pods differ)"
+    )
+    rank_rule = (
+        f"NODE_RANK {me.node_rank} x NPROC_PER_NODE {me.slots}" if homogeneous
+        else "sum of NPROC_PER_NODE of the pods ranked before this one"
+    )
+    order_rule = f"position in rank order (roles {', '.join(topo.training_roles) or '-'}, then index)"
+    out = [
+        Variable("MASTER_ADDR", rank0.address, f"address of node rank 0, pod '{rank0.name}'"),
+        Variable("MASTER_PORT", str(plan.master_port), plan.master_port_source),
+        Variable("WORLD_SIZE", str(world), world_rule),
+        Variable("RANK", str(me.first_rank), f"global rank of this pod's first process: {rank_rule}"),
+        Variable("NODE_RANK", str(me.node_rank), order_rule),
+        Variable("NNODES", str(nnodes), "number of training pods"),
+        Variable("NPROC_PER_NODE", str(me.slots), slots_rule),
+        Variable("LOCAL_WORLD_SIZE", str(me.slots), "= NPROC_PER_NODE"),
+        Variable("PET_MASTER_ADDR", rank0.address, "= MASTER_ADDR (torchrun --master-addr)"),
+        Variable("PET_MASTER_PORT", str(plan.master_port), "= MASTER_PORT (torchrun --master-port)"),
+        Variable("PET_NODE_RANK", str(me.node_rank), "= NODE_RANK (torchrun --node-rank)"),
+        Variable("PET_NPROC_PER_NODE", str(me.slots), "= NPROC_PER_NODE (torchrun --nproc-per-node)"),
+    ]
+    if options.elastic is None:
+        out.append(Variable("PET_NNODES", str(nnodes), "= NNODES (torchrun --nnodes)"))
+    else:
+        low, high = options.elastic
+        rdzv_id = topo.job_uid or topo.job.replace("/", "-")
+        id_rule = "uid of the job object" if topo.job_uid else "job name (the pods' owner is not the job)"
+        out += [
+            Variable("PET_NNODES", f"{low}:{high}", "--elastic MIN:MAX (torchrun --nnodes)"),
+            Variable("PET_RDZV_BACKEND", "c10d", "elastic: torchrun's c10d rendezvous"),
+            Variable(
+                "PET_RDZV_ENDPOINT", f"{_bracketed(rank0.address)}:{options.rdzv_port}",
+                f"address of node rank 0, pod '{rank0.name}', : --rdzv-port",
+            ),
+            Variable("PET_RDZV_ID", rdzv_id, id_rule),
+            Variable(
+                "PET_LOCAL_ADDR", me.address,
+                "this pod's own address (c10d would otherwise advertise an unresolvable hostname)",
+            ),
+        ]
+    return out
+
+
+def _host_variables(plan: Plan) -> list[Variable]:
+    topo = plan.topology
+    me = topo.me
+    out = [
+        Variable("TOPOLOGY_ROLE", me.role, "this pod's role"),
+        Variable("TOPOLOGY_TRAINING", "1" if me.training else "0", "is the role a training role"),
+        Variable("VC_TASK_INDEX", str(me.ordinal), f"this pod's index within role '{me.role}' (Volcano)"),
+    ]
+    for role in topo.roles:
+        members = topo.role_members(role)
+        key = env_key(role)
+        out.append(Variable(f"VC_{key}_HOSTS", ",".join(m.address for m in members),
+                            f"addresses of role '{role}' in index order (Volcano)"))
+        out.append(Variable(f"VC_{key}_NUM", str(len(members)), f"number of live pods of role '{role}' (Volcano)"))
+    return out
+
+
+def _respect_user(variables: list[Variable], env: dict[str, UserValue]) -> list[Variable]:
+    """Leave user-set variables alone, and make their aliases follow the user's value."""
+    result: list[Variable] = []
+    for var in variables:
+        user = env.get(var.name)
+        if user is not None:
+            shown = user.value if user.value is not None else "(valueFrom)"
+            result.append(Variable(var.name, shown, f"set by user in container '{user.container}': left alone",
+                                   written=False))
+            continue
+        group = next((g for g in _ALIASES if var.name in g), ())
+        leader = next((name for name in group if name in env), None)
+        if leader is not None:
+            user = env[leader]
+            if user.value is None:
+                result.append(Variable(var.name, f"${{{leader}}}", f"follows user-set {leader} (valueFrom)",
+                                       reference=True))
+            else:
+                result.append(Variable(var.name, user.value,
+                                       f"follows {leader}={user.value} set by user in container '{user.container}'"))
+            continue
+        result.append(var)
+    return result
+
+
+TRAINING_NAMES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "NPROC_PER_NODE",
+    "LOCAL_WORLD_SIZE", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_LOCAL_ADDR",
+})
+
+
+def _injected_values(plan: Plan, options: Options) -> dict[str, str]:
+    """Variables the controller injected into the trainer container (and the user did not set)."""
+    container = pick_trainer_container(plan.self_pod, options.container)
+    everything = user_env(container)
+    users = user_env(container, injected=plan.controller.injected)
+    return {name: (v.value if v.value is not None else "(valueFrom)") for name, v in everything.items()
+            if name in plan.controller.injected and name not in users}
+
+
+def compute_variables(plan: Plan, options: Options, *, generation: int) -> list[Variable]:
+    """Every variable for the plan's own pod, written or not, in the order ``torch.env`` lists them."""
+    me = plan.topology.me
+    container = pick_trainer_container(plan.self_pod, options.container)
+    env = user_env(container, injected=plan.controller.injected)
+    injected = _injected_values(plan, options)
+    variables: list[Variable] = []
+    if me.training:
+        variables += _training_variables(plan, options)
+    variables += _host_variables(plan)
+    variables.append(Variable("TOPOLOGY_GENERATION", str(generation), "generation of these files"))
+    result = []
+    for var in _respect_user(variables, env):
+        if var.written and var.name in injected and injected[var.name] != var.value:
+            title = plan.controller.title
+            var = Variable(var.name, var.value, f"{var.source}; replaces {var.name}={injected[var.name]} "
+                           f"injected by {title}", reference=var.reference)
+        result.append(var)
+    if not me.training:
+        # The controller put training variables into a pod that does not train: take them back out, or a
+        # data loader or parameter server believes it is a rank.
+        result += [
+            Variable(name, "", f"{name}={value} injected by {plan.controller.title} into a non-training pod: "
+                     "unset", unset=True)
+            for name, value in sorted(injected.items()) if name in TRAINING_NAMES
+        ]
+    return result
+
+
+def explain_exclusions(plan: Plan) -> list[str]:
+    """Lines for ``explain`` about what is not written and why."""
+    topo = plan.topology
+    lines = []
+    if not topo.me.training:
+        roles = ", ".join(topo.training_roles) or "none"
+        lines.append(
+            f"pod is role '{topo.me.role}', not a training role ({roles}): no training variables "
+            "(MASTER_*, WORLD_SIZE, RANK, NODE_RANK, PET_*)"
+        )
+    lines += [f"pod '{e.name}' is not a member: {e.reason}" for e in topo.excluded]
+    return lines

@@ -1,0 +1,312 @@
+"""Example jobs: the pods each controller creates, shaped as the API server returns them.
+
+Used by ``examples/*.json`` (regenerate with ``python -m agent.examples examples``), by the tests, and by
+``demo``. Labels, names, hostnames and the env the controllers inject follow the controllers' own code, so
+the examples exercise the same traps real pods do (Volcano's WORLD_SIZE in a non-training task, for one).
+Pod IPs are loopback addresses so that anything started from these examples stays on this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+Pod = dict[str, Any]
+AGENT_IMAGE = "ghcr.io/example/topology-agent:0.1.0"
+
+
+def _uid(*parts: object) -> str:
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
+    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def _suffix(*parts: object) -> str:
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return "".join(alphabet[b % len(alphabet)] for b in digest[:5])
+
+
+def loopback_ip(n: int) -> str:
+    """The n-th pod address (n >= 0) in 127.0.0.0/8, skipping 127.0.0.0/24 where 127.0.0.1 lives."""
+    n += 256
+    return f"127.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255 or 1}"
+
+
+def agent_init_container() -> dict[str, Any]:
+    return {
+        "name": "topology-agent",
+        "image": AGENT_IMAGE,
+        "args": ["init", "--out", "/shared"],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+    }
+
+
+def trainer_container(name: str = "trainer", *, env: list[dict[str, Any]] | None = None,
+                      cpu: str | None = "2", gpus: int = 0, port: int | None = None) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    if cpu is not None:
+        limits["cpu"] = cpu
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    container: dict[str, Any] = {
+        "name": name,
+        "image": "ghcr.io/example/pytorch-trainer:2.13",
+        "command": ["bash", "-c", ". /shared/torch.env && exec torchrun train.py"],
+        "env": env or [],
+        "resources": {"limits": limits, "requests": dict(limits)},
+        "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+    }
+    if port is not None:
+        container["ports"] = [{"name": "pytorchjob-port", "containerPort": port, "protocol": "TCP"}]
+    return container
+
+
+def make_pod(name: str, *, namespace: str = "default", labels: dict[str, str],
+             annotations: dict[str, str] | None = None, hostname: str | None = None,
+             subdomain: str | None = None, ip: str | None, phase: str = "Running",
+             containers: list[dict[str, Any]] | None = None, owner: dict[str, Any] | None = None,
+             terminating: bool = False) -> Pod:
+    """A Pod as the API server returns it (the fields the agent reads, plus the usual metadata)."""
+    spec: dict[str, Any] = {
+        "initContainers": [agent_init_container()],
+        "containers": containers or [trainer_container()],
+        "volumes": [{"name": "shared", "emptyDir": {}}],
+        "restartPolicy": "Never",
+    }
+    if hostname:
+        spec["hostname"] = hostname
+    if subdomain:
+        spec["subdomain"] = subdomain
+    status: dict[str, Any] = {"phase": phase if ip or phase != "Running" else "Pending"}
+    if ip:
+        status.update(podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1")
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": _uid("pod", namespace, name),
+        "labels": labels,
+        "annotations": annotations or {},
+        "creationTimestamp": "2026-11-22T00:00:00Z",
+    }
+    if owner:
+        metadata["ownerReferences"] = [{**owner, "controller": True, "blockOwnerDeletion": True}]
+    if terminating:
+        metadata["deletionTimestamp"] = "2026-11-22T00:05:00Z"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+
+def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("master", 1), ("worker", 3), ("extras", 4)),
+                *, namespace: str = "default", ip_base: int = 0, master_port: int = 23456) -> list[Pod]:
+    """A Volcano Job with the svc, env and pytorch plugins (``plugins: {pytorch: [], svc: [], env: []}``)."""
+    owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": name,
+             "uid": _uid("vcjob", namespace, name)}
+    world = sum(n for task, n in tasks if task in ("master", "worker"))
+    pods, n = [], ip_base
+    for task, replicas in tasks:
+        for i in range(replicas):
+            pod_name = f"{name}-{task}-{i}"
+            # Volcano's pytorch plugin appends these to every container of every task (WORLD_SIZE too).
+            injected = [
+                {"name": "MASTER_ADDR", "value": f"{name}-master-0.{name}"},
+                {"name": "MASTER_PORT", "value": str(master_port)},
+                {"name": "WORLD_SIZE", "value": str(world)},
+            ]
+            if task in ("master", "worker"):
+                injected.append({"name": "RANK", "value": str(i + 1 if task == "worker" else 0)})
+            injected += [{"name": "VK_TASK_INDEX", "value": str(i)}, {"name": "VC_TASK_INDEX", "value": str(i)}]
+            labels = {"volcano.sh/job-name": name, "volcano.sh/job-namespace": namespace,
+                      "volcano.sh/queue-name": "default", "volcano.sh/task-spec": task,
+                      "volcano.sh/task-index": str(i)}
+            annotations = {"scheduling.k8s.io/group-name": f"{name}-{owner['uid']}", "volcano.sh/job-name": name,
+                           "volcano.sh/task-spec": task, "volcano.sh/task-index": str(i), "volcano.sh/job-version": "0"}
+            pods.append(make_pod(
+                pod_name, namespace=namespace, labels=labels, annotations=annotations, hostname=pod_name,
+                subdomain=name, ip=loopback_ip(n), owner=owner,
+                containers=[trainer_container(env=injected, port=master_port, cpu="1")],
+            ))
+            n += 1
+    return pods
+
+
+def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "default", gpus: int = 0,
+               ip_base: int = 0) -> list[Pod]:
+    """A Kubeflow PyTorchJob (training-operator v1): one master, N workers, one Service per replica."""
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name,
+             "uid": _uid("pytorchjob", namespace, name)}
+    pods, n = [], ip_base
+    for rtype, count in (("master", 1), ("worker", workers)):
+        for i in range(count):
+            injected = [
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                {"name": "MASTER_PORT", "value": "23456"},
+                {"name": "MASTER_ADDR", "value": f"{name}-master-0"},
+                {"name": "WORLD_SIZE", "value": str(workers + 1)},
+                {"name": "RANK", "value": str(i + 1 if rtype == "worker" else 0)},
+            ]
+            labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/operator-name":
+                      "pytorchjob-controller", "training.kubeflow.org/replica-type": rtype,
+                      "training.kubeflow.org/replica-index": str(i)}
+            if rtype == "master":
+                labels["training.kubeflow.org/job-role"] = "master"
+            pods.append(make_pod(
+                f"{name}-{rtype}-{i}", namespace=namespace, labels=labels, ip=loopback_ip(n), owner=owner,
+                containers=[trainer_container("pytorch", env=injected, port=23456, gpus=gpus,
+                                              cpu="4" if not gpus else "8")],
+            ))
+            n += 1
+    return pods
+
+
+def _jobset_pods(name: str, rjobs: tuple[tuple[str, int, int], ...], *, namespace: str, ip_base: int,
+                 extra_labels: dict[str, str], container: str, phases: dict[str, str] | None = None,
+                 env: list[dict[str, Any]] | None = None) -> list[Pod]:
+    pods, n, global_index = [], ip_base, 0
+    global_replicas = sum(r for _, r, _ in rjobs)
+    for rjob, replicas, parallelism in rjobs:
+        for job_index in range(replicas):
+            job_name = f"{name}-{rjob}-{job_index}"
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+                     "uid": _uid("job", namespace, job_name)}
+            for completion in range(parallelism):
+                common = {
+                    "jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                    "jobset.sigs.k8s.io/replicatedjob-replicas": str(replicas),
+                    "jobset.sigs.k8s.io/global-replicas": str(global_replicas),
+                    "jobset.sigs.k8s.io/job-index": str(job_index),
+                    "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                    "jobset.sigs.k8s.io/restart-attempt": "0",
+                    "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest(),
+                }
+                labels = {**common, **extra_labels.get(rjob, {}),  # type: ignore[dict-item]
+                          "batch.kubernetes.io/job-name": job_name, "job-name": job_name,
+                          "batch.kubernetes.io/controller-uid": owner["uid"], "controller-uid": owner["uid"],
+                          "batch.kubernetes.io/job-completion-index": str(completion)}
+                annotations = {**common, "batch.kubernetes.io/job-completion-index": str(completion)}
+                phase = (phases or {}).get(rjob, "Running")
+                pods.append(make_pod(
+                    f"{job_name}-{completion}-{_suffix(job_name, completion)}", namespace=namespace,
+                    labels=labels, annotations=annotations, hostname=f"{job_name}-{completion}",
+                    subdomain=name, ip=loopback_ip(n), owner=owner, phase=phase,
+                    containers=[trainer_container(rjob if container == "@rjob" else container, env=env)],
+                ))
+                n += 1
+            global_index += 1
+    return pods
+
+
+def jobset(name: str = "trainer", rjobs: tuple[tuple[str, int, int], ...] = (("driver", 1, 1), ("workers", 2, 2)),
+           *, namespace: str = "default", ip_base: int = 0) -> list[Pod]:
+    """A JobSet: replicated jobs (name, replicas, parallelism) of Indexed Jobs behind one headless Service."""
+    return _jobset_pods(name, rjobs, namespace=namespace, ip_base=ip_base, extra_labels={}, container="trainer")
+
+
+def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0) -> list[Pod]:
+    """A Kubeflow TrainJob (Trainer v2) on the torch-distributed runtime: a finished dataset initializer and
+    ``num_nodes`` pods of replicated job ``node`` (container ``node``)."""
+    env = [
+        {"name": "PET_NNODES", "value": str(num_nodes)},
+        {"name": "PET_NPROC_PER_NODE", "value": "auto"},
+        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
+        {"name": "PET_MASTER_PORT", "value": "29400"},
+    ]
+    initializer = _jobset_pods(
+        name, (("dataset-initializer", 1, 1),), namespace=namespace, ip_base=ip_base, container="@rjob",
+        extra_labels={"dataset-initializer": {"trainer.kubeflow.org/trainjob-ancestor-step": "dataset-initializer"}},
+        phases={"dataset-initializer": "Succeeded"},
+    )
+    nodes = _jobset_pods(
+        name, (("node", 1, num_nodes),), namespace=namespace, ip_base=ip_base + 1, container="node", env=env,
+        extra_labels={"node": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+    )
+    for pod in nodes:  # Trainer v2 puts the node job after the initializer: global index 1.
+        for section in ("labels", "annotations"):
+            pod["metadata"][section]["jobset.sigs.k8s.io/job-global-index"] = "1"
+            pod["metadata"][section]["jobset.sigs.k8s.io/global-replicas"] = "2"
+    return initializer + nodes
+
+
+def leaderworkerset(name: str = "vllm", size: int = 4, groups: int = 2, *, namespace: str = "default",
+                    ip_base: int = 0) -> list[Pod]:
+    """A LeaderWorkerSet: ``groups`` groups of ``size`` pods; each group is one training world."""
+    pods, n = [], ip_base
+    for group in range(groups):
+        leader = f"{name}-{group}"
+        group_key = hashlib.sha1(f"{namespace}/{leader}".encode()).hexdigest()
+        for worker in range(size):
+            pod_name = leader if worker == 0 else f"{leader}-{worker}"
+            owner_name = leader if worker else name
+            owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": owner_name,
+                     "uid": _uid("sts", namespace, owner_name)}
+            labels = {"leaderworkerset.sigs.k8s.io/name": name, "leaderworkerset.sigs.k8s.io/group-index": str(group),
+                      "leaderworkerset.sigs.k8s.io/worker-index": str(worker),
+                      "leaderworkerset.sigs.k8s.io/group-key": group_key,
+                      "leaderworkerset.sigs.k8s.io/template-revision-hash": "5d4f8b7c9"}
+            annotations = {"leaderworkerset.sigs.k8s.io/size": str(size)}
+            if worker:
+                annotations["leaderworkerset.sigs.k8s.io/leader-name"] = leader
+            env = [{"name": "LWS_LEADER_ADDRESS", "value": f"{leader}.{name}.{namespace}"},
+                   {"name": "LWS_GROUP_SIZE", "value": str(size)},
+                   {"name": "LWS_WORKER_INDEX", "value": str(worker)}]
+            pods.append(make_pod(
+                pod_name, namespace=namespace, labels=labels, annotations=annotations, hostname=pod_name,
+                subdomain=name, ip=loopback_ip(n), owner=owner, containers=[trainer_container(env=env, gpus=2)],
+            ))
+            n += 1
+    return pods
+
+
+def indexed_job(name: str = "sweep", completions: int = 3, *, namespace: str = "default", ip_base: int = 0,
+                subdomain: str | None = "sweep") -> list[Pod]:
+    """A batch/v1 Job with completionMode Indexed and a headless Service named by ``subdomain``."""
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": _uid("job", namespace, name)}
+    pods = []
+    for i in range(completions):
+        labels = {"batch.kubernetes.io/job-name": name, "job-name": name,
+                  "batch.kubernetes.io/controller-uid": owner["uid"], "controller-uid": owner["uid"],
+                  "batch.kubernetes.io/job-completion-index": str(i)}
+        pods.append(make_pod(
+            f"{name}-{i}-{_suffix(name, i)}", namespace=namespace, labels=labels,
+            annotations={"batch.kubernetes.io/job-completion-index": str(i)},
+            hostname=f"{name}-{i}" if subdomain else None, subdomain=subdomain, ip=loopback_ip(ip_base + i),
+            owner=owner, containers=[trainer_container(cpu="2500m")],
+        ))
+    return pods
+
+
+def as_list(pods: list[Pod]) -> dict[str, Any]:
+    """Wrap pods the way ``kubectl get pods -o json`` does."""
+    return {"apiVersion": "v1", "kind": "List", "items": pods, "metadata": {"resourceVersion": ""}}
+
+
+EXAMPLES = {
+    "volcano": volcano_job,
+    "pytorchjob": pytorchjob,
+    "trainjob": trainjob,
+    "jobset": jobset,
+    "lws": leaderworkerset,
+    "indexed-job": indexed_job,
+}
+
+
+def write_examples(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, build in EXAMPLES.items():
+        path = directory / f"{key}-pods.json"
+        path.write_text(json.dumps(as_list(build()), indent=2) + "\n")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # pragma: no cover
+    for path in write_examples(Path(sys.argv[1] if len(sys.argv) > 1 else "examples")):
+        print(path)

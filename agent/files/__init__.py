@@ -1,0 +1,1 @@
+"""Writing files: the only place the agent touches the output directory."""
