@@ -30,9 +30,9 @@ def _suffix(*parts: object) -> str:
 
 
 def loopback_ip(n: int) -> str:
-    """The n-th pod address (n >= 0) in 127.0.0.0/8, skipping 127.0.0.0/24 where 127.0.0.1 lives."""
-    n += 256
-    return f"127.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255 or 1}"
+    """The n-th pod address (n >= 0): unique, in 127.1.0.0 and up, never a .0 or .255 host."""
+    net, host = divmod(n, 254)
+    return f"127.{1 + net // 256}.{net % 256}.{host + 1}"
 
 
 def agent_init_container() -> dict[str, Any]:

@@ -129,6 +129,11 @@ def _respect_user(variables: list[Variable], env: dict[str, UserValue]) -> list[
     result: list[Variable] = []
     for var in variables:
         user = env.get(var.name)
+        if user is not None and user.value == "auto" and var.name in ("PET_NPROC_PER_NODE", "NPROC_PER_NODE"):
+            # torchrun's auto counts the host's CPUs (or all GPUs of the node); the container's own count wins.
+            result.append(Variable(var.name, var.value, f"user asked for 'auto' in container '{user.container}': "
+                                   f"resolved from the container, not the host ({var.source})"))
+            continue
         if user is not None:
             shown = user.value if user.value is not None else "(valueFrom)"
             result.append(Variable(var.name, shown, f"set by user in container '{user.container}': left alone",

@@ -1,0 +1,151 @@
+"""One table per controller: for a pod of an example job, the variables and addresses it must get."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import examples
+from tests.conftest import env_of, render
+
+TRAINING_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "PET_NNODES",
+                 "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def check(pods, self_name, expected, options=None):
+    env = env_of(render(pods, self_name, **(options or {})))
+    for key, value in expected.items():
+        if value is None:
+            assert key not in env, f"{key} must not be written for {self_name}"
+        else:
+            assert env.get(key) == value, f"{key}: {env.get(key)!r} != {value!r}"
+
+
+VOLCANO = examples.volcano_job()  # master=1, worker=3, extras=4; one CPU each
+VOLCANO_CASES = [
+    ("master is node rank 0", "demo-master-0",
+     {"MASTER_ADDR": "demo-master-0.demo", "MASTER_PORT": "23456", "WORLD_SIZE": "4", "RANK": "0",
+      "NODE_RANK": "0", "NNODES": "4", "PET_NNODES": "4", "VC_TASK_INDEX": "0"}),
+    ("worker-0 follows the master", "demo-worker-0", {"RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4"}),
+    ("worker-2 is last", "demo-worker-2", {"RANK": "3", "NODE_RANK": "3", "PET_NODE_RANK": "3"}),
+    ("extras get hosts but no training variables", "demo-extras-3",
+     {**dict.fromkeys(TRAINING_KEYS), "VC_EXTRAS_NUM": "4", "VC_WORKER_NUM": "3", "VC_MASTER_NUM": "1",
+      "VC_TASK_INDEX": "3", "TOPOLOGY_TRAINING": "0",
+      "VC_WORKER_HOSTS": "demo-worker-0.demo,demo-worker-1.demo,demo-worker-2.demo"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in VOLCANO_CASES], ids=[c[0] for c in VOLCANO_CASES])
+def test_volcano_job(self_name, expected):
+    check(VOLCANO, self_name, expected)
+
+
+def test_volcano_extras_unset_the_training_variables_volcano_injected():
+    rendered = render(VOLCANO, "demo-extras-0")
+    unset = {v.name for v in rendered.variables if v.unset}
+    assert unset == {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"}
+    text = rendered.files["torch.env"].decode()
+    assert "unset WORLD_SIZE\n" in text and "export WORLD_SIZE" not in text
+
+
+PYTORCHJOB = examples.pytorchjob(workers=3)  # 4 CPUs per pod
+PYTORCHJOB_CASES = [
+    ("master on its per-replica Service", "mnist-master-0",
+     {"MASTER_ADDR": "mnist-master-0", "MASTER_PORT": "23456", "NODE_RANK": "0", "RANK": "0",
+      "WORLD_SIZE": "16", "NPROC_PER_NODE": "4", "LOCAL_WORLD_SIZE": "4"}),
+    ("worker RANK is the global rank of its first process", "mnist-worker-1",
+     {"NODE_RANK": "2", "RANK": "8", "PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "4"}),
+    ("one process per pod with --nproc-per-node 1", "mnist-worker-2",
+     {"NODE_RANK": "3", "RANK": "3", "WORLD_SIZE": "4"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in PYTORCHJOB_CASES],
+                         ids=[c[0] for c in PYTORCHJOB_CASES])
+def test_pytorchjob(self_name, expected):
+    options = {"nproc_per_node": 1} if "RANK" in expected and expected.get("WORLD_SIZE") == "4" else {}
+    check(PYTORCHJOB, self_name, expected, options)
+
+
+TRAINJOB = examples.trainjob(num_nodes=3)  # node pods 2 CPUs; a Succeeded dataset initializer
+TRAINJOB_CASES = [
+    ("node 0 is master on Trainer's port", "llm-node-0-0-cpc5v",
+     {"MASTER_ADDR": "llm-node-0-0.llm", "MASTER_PORT": "29400", "NODE_RANK": "0", "NNODES": "3"}),
+    ("completion index orders nodes", "llm-node-0-2-f59jk", {"NODE_RANK": "2", "RANK": "4", "WORLD_SIZE": "6"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in TRAINJOB_CASES], ids=[c[0] for c in TRAINJOB_CASES])
+def test_trainjob(self_name, expected):
+    check(TRAINJOB, self_name, expected)
+
+
+def test_trainjob_finished_initializer_is_not_a_member():
+    rendered = render(TRAINJOB, "llm-node-0-1-8mkv7")
+    assert [e.reason for e in rendered.plan.topology.excluded] == ["phase Succeeded"]
+    assert rendered.plan.controller.key == "trainjob"
+
+
+JOBSET = examples.jobset()  # driver 1x1, workers 2x2
+JOBSET_CASES = [
+    ("global index first: driver is rank 0", "trainer-driver-0-0-cht55",
+     {"MASTER_ADDR": "trainer-driver-0-0.trainer", "NODE_RANK": "0", "NNODES": "5"}),
+    ("then job-global-index and completion index", "trainer-workers-0-1-4g2nz", {"NODE_RANK": "2"}),
+    ("last job, last completion", "trainer-workers-1-1-mpjsn", {"NODE_RANK": "4", "RANK": "8", "WORLD_SIZE": "10"}),
+    ("--roles workers makes the driver a non-training pod", "trainer-workers-0-0-kwhz6",
+     {"NODE_RANK": "0", "NNODES": "4", "MASTER_ADDR": "trainer-workers-0-0.trainer"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in JOBSET_CASES], ids=[c[0] for c in JOBSET_CASES])
+def test_jobset(self_name, expected):
+    options = {"roles": ("workers",)} if expected.get("NNODES") == "4" else {}
+    check(JOBSET, self_name, expected, options)
+
+
+LWS = examples.leaderworkerset(size=4, groups=2)  # 2 GPUs per pod
+LWS_CASES = [
+    ("leader of group 0", "vllm-0", {"MASTER_ADDR": "vllm-0.vllm", "NODE_RANK": "0", "NNODES": "4",
+                                     "NPROC_PER_NODE": "2", "WORLD_SIZE": "8"}),
+    ("worker of group 1 sees only its own group", "vllm-1-2",
+     {"MASTER_ADDR": "vllm-1.vllm", "NODE_RANK": "2", "RANK": "4", "NNODES": "4",
+      "VC_WORKER_HOSTS": "vllm-1-1.vllm,vllm-1-2.vllm,vllm-1-3.vllm"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in LWS_CASES], ids=[c[0] for c in LWS_CASES])
+def test_leaderworkerset(self_name, expected):
+    check(LWS, self_name, expected)
+
+
+INDEXED = examples.indexed_job(completions=3)  # cpu 2500m -> 3 processes
+INDEXED_CASES = [
+    ("index 0 is master", "sweep-0-4vtwl", {"MASTER_ADDR": "sweep-0.sweep", "NODE_RANK": "0", "NPROC_PER_NODE": "3"}),
+    ("index 2", "sweep-2-dl25p", {"NODE_RANK": "2", "RANK": "6", "WORLD_SIZE": "9"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in INDEXED_CASES], ids=[c[0] for c in INDEXED_CASES])
+def test_indexed_job(self_name, expected):
+    check(INDEXED, self_name, expected)
+
+
+def _generic_pods():
+    pods = []
+    for i in (2, 0, 1):  # list order must not matter
+        pods.append(examples.make_pod(f"w-{i}", labels={"app": "train", "run": "r1", "idx": str(i)},
+                                      ip=examples.loopback_ip(i)))
+    pods.append(examples.make_pod("other", labels={"app": "train", "run": "r2", "idx": "0"}, ip="127.0.9.9"))
+    return pods
+
+
+GENERIC_CASES = [
+    ("index label orders, list order does not", "w-0", {"NODE_RANK": "0", "MASTER_ADDR": "127.1.0.1",
+                                                        "NNODES": "3"}),
+    ("pods outside the selector are not peers", "w-2", {"NODE_RANK": "2", "NNODES": "3", "WORLD_SIZE": "6"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in GENERIC_CASES], ids=[c[0] for c in GENERIC_CASES])
+def test_generic_selector(self_name, expected):
+    check(_generic_pods(), self_name, expected, {"selector": "app=train,run=r1", "index_label": "idx",
+                                                 "address": "ip"})

@@ -1,0 +1,74 @@
+"""Real consumers read what render writes: torch.distributed (gloo, env://) and DeepSpeed's hostfile parser."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent import examples
+from agent.cli import main
+
+pytestmark = pytest.mark.consumer
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def three_pod_job(tmp_path: Path) -> Path:
+    pods = examples.volcano_job(name="e2e", tasks=(("master", 1), ("worker", 2)))
+    for pod in pods:  # every "pod" is a process on this machine
+        pod["status"]["podIP"] = "127.0.0.1"
+        pod["status"]["podIPs"] = [{"ip": "127.0.0.1"}]
+    path = tmp_path / "pods.json"
+    path.write_text(__import__("json").dumps(examples.as_list(pods)))
+    return path
+
+
+def test_torch_all_reduce_across_one_process_per_pod_from_rendered_torch_env(tmp_path):
+    pytest.importorskip("torch", reason="torch is installed by .ci/run (pip install torch==2.13.0)")
+    pods = three_pod_job(tmp_path)
+    port = free_port()
+    names = ["e2e-master-0", "e2e-worker-0", "e2e-worker-1"]
+    for name in names:
+        assert main(["render", "--pods", str(pods), "--self", name, "--out", str(tmp_path / name),
+                     "--address", "ip", "--master-port", str(port), "--nproc-per-node", "1"]) == 0
+    env = {"PATH": os.environ["PATH"], "GLOO_SOCKET_IFNAME": "lo", "HOME": str(tmp_path)}
+    procs = [
+        subprocess.Popen(["bash", "-c", f'. {tmp_path / name}/torch.env && exec "{sys.executable}" '
+                                        f'{HERE / "worker_allreduce.py"}'],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in reversed(names)  # start order must not matter
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(out.strip())
+    assert sorted(outputs) == [
+        "rank=0 node_rank=0 world=3 sum=6",
+        "rank=1 node_rank=1 world=3 sum=6",
+        "rank=2 node_rank=2 world=3 sum=6",
+    ]
+
+
+def test_deepspeed_parses_the_hostfile_with_hosts_in_rank_order_and_slots(tmp_path):
+    runner = pytest.importorskip("deepspeed.launcher.runner",
+                                 reason="DeepSpeed is installed by .ci/run (pip install --no-build-isolation deepspeed)")
+    pods = examples.pytorchjob(workers=3, gpus=2)
+    path = tmp_path / "pods.json"
+    path.write_text(__import__("json").dumps(pods))
+    out = tmp_path / "shared"
+    assert main(["render", "--pods", str(path), "--self", "mnist-worker-1", "--out", str(out)]) == 0
+    resources = runner.fetch_hostfile(str(out / "hostfile"))
+    assert list(resources.items()) == [
+        ("mnist-master-0", 2), ("mnist-worker-0", 2), ("mnist-worker-1", 2), ("mnist-worker-2", 2),
+    ]
