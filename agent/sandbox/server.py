@@ -1,0 +1,634 @@
+"""The sandbox API server: the slice of the Kubernetes API that the agent and kubectl use, over real HTTPS.
+
+It is the embedded default (``topology-agent sandbox``, ``demo``) and the test fixture. It serves
+discovery, namespaced CRUD with merge and JSON patches for pods, ``pods/status``, Services and the owner kinds
+the init container reads, list/watch with label and field selectors, resourceVersion semantics, BOOKMARKs and
+410 Gone. Fault knobs (``POST /sandbox/faults``) make it refuse connections, fail with a status (5xx, 429
+with Retry-After, 403), slow down, drop watch streams or forget its event log, so tests can prove the agent's
+behaviour under each fault. ``GET /sandbox/stats`` counts requests and bytes per client (User-Agent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import datetime
+import ipaddress
+import json
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
+from agent.sandbox.store import Conflict, Gone, NotFound, Obj, Store, Watcher
+
+# (group, version, plural) -> (kind, namespaced)
+RESOURCES: dict[tuple[str, str, str], tuple[str, bool]] = {
+    ("", "v1", "pods"): ("Pod", True),
+    ("", "v1", "services"): ("Service", True),
+    ("", "v1", "secrets"): ("Secret", True),
+    ("", "v1", "configmaps"): ("ConfigMap", True),
+    ("", "v1", "namespaces"): ("Namespace", False),
+    ("", "v1", "serviceaccounts"): ("ServiceAccount", True),
+    ("batch", "v1", "jobs"): ("Job", True),
+    ("batch.volcano.sh", "v1alpha1", "jobs"): ("Job", True),
+    ("kubeflow.org", "v1", "pytorchjobs"): ("PyTorchJob", True),
+    ("jobset.x-k8s.io", "v1alpha2", "jobsets"): ("JobSet", True),
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"): ("LeaderWorkerSet", True),
+    ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): ("TrainJob", True),
+}
+SUBRESOURCES = {("", "v1", "pods"): ("status",), ("batch", "v1", "jobs"): ("status",)}
+VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platform": "linux/amd64",
+           "goVersion": "go1.23", "compiler": "gc", "buildDate": "2026-01-01T00:00:00Z", "gitCommit": "sandbox",
+           "gitTreeState": "clean"}
+
+
+def resource_key(group: str, version: str, plural: str) -> str:
+    return f"{group}/{version}/{plural}"
+
+
+def status(code: int, reason: str, message: str, *, details: dict[str, Any] | None = None) -> web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+    if details:
+        body["details"] = details
+    return web.json_response(body, status=code)
+
+
+@dataclass
+class Faults:
+    """What the sandbox does wrong, and for how many more requests (``count`` -1: until cleared)."""
+
+    status: int | None = None
+    count: int = 0
+    retry_after: float | None = None
+    delay: float = 0.0
+    delay_count: int = 0
+    path: str | None = None
+    down_until: float = 0.0
+    reset: bool = False  # close the connection without an answer (a cut stream)
+
+    def take_status(self, path: str) -> int | None:
+        if self.status is None or self.count == 0 or (self.path and self.path not in path):
+            return None
+        if self.count > 0:
+            self.count -= 1
+        return self.status
+
+    def take_delay(self, path: str) -> float:
+        if self.delay <= 0 or self.delay_count == 0 or (self.path and self.path not in path):
+            return 0.0
+        if self.delay_count > 0:
+            self.delay_count -= 1
+        return self.delay
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    bytes: int = 0
+    watches: int = 0
+    by_agent: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def count(self, agent: str, *, nbytes: int = 0, request: bool = False, watch: bool = False) -> None:
+        entry = self.by_agent.setdefault(agent, {"requests": 0, "bytes": 0, "watches": 0})
+        if request:
+            self.requests += 1
+            entry["requests"] += 1
+        if watch:
+            self.watches += 1
+            entry["watches"] += 1
+        self.bytes += nbytes
+        entry["bytes"] += nbytes
+
+
+class Sandbox:
+    """One sandbox API server. ``start()`` listens on 127.0.0.1; ``kubeconfig`` points kubectl at it."""
+
+    def __init__(self, state_dir: Path, *, port: int = 0, token: str = "sandbox-token",
+                 bookmark_interval: float = 1.0, tls: bool = True, history: int = 100_000) -> None:
+        self.state_dir = state_dir
+        self.port = port
+        self.token = token
+        self.bookmark_interval = bookmark_interval
+        self.tls = tls
+        self.store = Store(history=history)
+        self.faults = Faults()
+        self.stats = Stats()
+        self.watch_tasks: set[asyncio.Task[Any]] = set()
+        self._streams: set[web.StreamResponse] = set()
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._restart: asyncio.Task[None] | None = None
+        self.app = self._build_app()
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls:
+            self._ssl = self._make_tls()
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await self._listen()
+        self._write_client_files()
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._ssl, reuse_address=True)
+        await self._site.start()
+        if self.port == 0:
+            server = self._site._server  # aiohttp exposes the bound port only here
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._restart:
+            self._restart.cancel()
+        await self._drop_watches()
+        if self._runner:
+            await self._runner.cleanup()
+
+    async def go_down(self, seconds: float) -> None:
+        """Refuse connections for ``seconds``: stop listening, cut open streams, then listen again."""
+        loop = asyncio.get_running_loop()
+        self.faults.down_until = loop.time() + seconds
+        await self._drop_watches()
+        if self._site:
+            await self._site.stop()
+
+        async def come_back() -> None:
+            await asyncio.sleep(seconds)
+            self.faults.down_until = 0.0
+            await self._listen()
+
+        self._restart = asyncio.create_task(come_back())
+
+    async def _drop_watches(self) -> None:
+        for stream in list(self._streams):
+            transport = stream._req.transport if stream._req else None  # cut, not close: no final chunk
+            if transport:
+                transport.abort()
+        for task in list(self.watch_tasks):
+            task.cancel()
+
+    # --- TLS and client files ----------------------------------------------------------------------------
+
+    def _make_tls(self) -> ssl.SSLContext:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        now = datetime.datetime.now(datetime.UTC)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "topology-agent sandbox CA")])
+        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+              .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
+              .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+              .sign(ca_key, hashes.SHA256()))
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandbox-apiserver")]))
+                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
+                .add_extension(x509.SubjectAlternativeName([
+                    x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        pem = serialization.Encoding.PEM
+        (self.state_dir / "ca.crt").write_bytes(ca.public_bytes(pem))
+        (self.state_dir / "server.crt").write_bytes(cert.public_bytes(pem))
+        (self.state_dir / "server.key").write_bytes(key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        (self.state_dir / "server.key").chmod(0o600)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.state_dir / "server.crt", self.state_dir / "server.key")
+        return context
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def serviceaccount_dir(self) -> Path:
+        """An in-cluster service account mount: token, ca.crt, namespace (the agent's production path)."""
+        return self.state_dir / "serviceaccount"
+
+    def _write_client_files(self) -> None:
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.tls:
+            cluster["certificate-authority-data"] = base64.b64encode((self.state_dir / "ca.crt").read_bytes()).decode()
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "sandbox",
+            "clusters": [{"name": "sandbox", "cluster": cluster}],
+            "users": [{"name": "sandbox", "user": {"token": self.token}}],
+            "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox",
+                                                          "namespace": "default"}}],
+        }
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+        self.kubeconfig.chmod(0o600)
+        sa = self.serviceaccount_dir
+        sa.mkdir(exist_ok=True)
+        (sa / "token").write_text(self.token)
+        (sa / "namespace").write_text("default")
+        if self.tls:
+            (sa / "ca.crt").write_bytes((self.state_dir / "ca.crt").read_bytes())
+
+    # --- HTTP --------------------------------------------------------------------------------------------
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_get("/sandbox/stats", self._get_stats)
+        r.add_post("/sandbox/stats/reset", self._reset_stats)
+        r.add_post("/sandbox/faults", self._set_faults)
+        r.add_delete("/sandbox/faults", self._clear_faults)
+        r.add_get("/version", lambda _: self._json(VERSION))
+        r.add_get("/healthz", lambda _: web.Response(text="ok"))
+        r.add_get("/readyz", lambda _: web.Response(text="ok"))
+        r.add_get("/api", lambda _: self._json({"kind": "APIVersions", "versions": ["v1"],
+                                                 "serverAddressByClientCIDRs": [
+                                                     {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}))
+        r.add_get("/apis", self._apis)
+        r.add_get("/api/v1", lambda _: self._resource_list("", "v1"))
+        r.add_get("/apis/{group}/{version}", lambda req: self._resource_list(req.match_info["group"],
+                                                                            req.match_info["version"]))
+        # No OpenAPI documents: kubectl's client-side schema validation needs them, so tests and docs pass
+        # --validate=false to apply/create (the server-side behaviour under test is unaffected).
+        r.add_get("/openapi/v2", lambda _: status(404, "NotFound", "the sandbox serves no OpenAPI"))
+        r.add_get("/openapi/v3", lambda _: status(404, "NotFound", "the sandbox serves no OpenAPI"))
+        for prefix in ("/api/{version}", "/apis/{group}/{version}"):
+            r.add_route("*", prefix + "/{plural}", self._collection)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self._collection)
+            r.add_route("*", prefix + "/{plural}/{name}", self._item)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}", self._item)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}/{sub}", self._item)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        agent = request.headers.get("User-Agent", "?")
+        if self.faults.down_until and request.transport:
+            request.transport.abort()
+            raise web.HTTPServiceUnavailable()
+        if not request.path.startswith("/sandbox/"):
+            self.stats.count(agent, request=True)
+            if request.headers.get("Authorization") != f"Bearer {self.token}":
+                return status(401, "Unauthorized", "Unauthorized")
+            delay = self.faults.take_delay(request.path)
+            if delay:
+                await asyncio.sleep(delay)
+            code = self.faults.take_status(request.path)
+            if code is not None:
+                if self.faults.reset and request.transport:
+                    request.transport.abort()
+                    raise web.HTTPServiceUnavailable()
+                return self._fault_response(code, request)
+        response = await handler(request)
+        if isinstance(response, web.Response) and response.body is not None:
+            self.stats.count(agent, nbytes=len(response.body))  # type: ignore[arg-type]
+        return response
+
+    def _fault_response(self, code: int, request: web.Request) -> web.Response:
+        reasons = {403: "Forbidden", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
+                   504: "Timeout"}
+        message = {
+            403: f'pods is forbidden: User "system:serviceaccount:default:default" cannot {request.method.lower()} '
+                 'resource "pods" in API group "" in the namespace "default"',
+        }.get(code, f"sandbox fault: {code}")
+        response = status(code, reasons.get(code, "InternalError"), message)
+        if self.faults.retry_after is not None:
+            response.headers["Retry-After"] = str(int(self.faults.retry_after) if self.faults.retry_after >= 1
+                                                  else self.faults.retry_after)
+        return response
+
+    @staticmethod
+    def _json(body: Any, code: int = 200) -> web.Response:
+        return web.json_response(body, status=code)
+
+    async def _get_stats(self, _: web.Request) -> web.Response:
+        return self._json({"requests": self.stats.requests, "bytes": self.stats.bytes,
+                           "watches": self.stats.watches, "byAgent": self.stats.by_agent,
+                           "resourceVersion": self.store.rv})
+
+    async def _reset_stats(self, _: web.Request) -> web.Response:
+        self.stats = Stats()
+        return self._json({})
+
+    async def _set_faults(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if body.get("dropWatches"):
+            await self._drop_watches()
+        if body.get("compact"):
+            self.store.compact()
+        if "downFor" in body:
+            await self.go_down(float(body["downFor"]))
+        if "status" in body:
+            self.faults.status = int(body["status"])
+            self.faults.count = int(body.get("count", -1))
+            self.faults.retry_after = body.get("retryAfter")
+            self.faults.reset = bool(body.get("reset", False))
+        if "delay" in body:
+            self.faults.delay = float(body["delay"])
+            self.faults.delay_count = int(body.get("delayCount", -1))
+        if "path" in body:
+            self.faults.path = body["path"]
+        return self._json({"ok": True})
+
+    async def _clear_faults(self, _: web.Request) -> web.Response:
+        self.faults = Faults()
+        return self._json({"ok": True})
+
+    async def _apis(self, _: web.Request) -> web.Response:
+        groups: dict[str, list[str]] = {}
+        for group, version, _plural in RESOURCES:
+            if group and version not in groups.setdefault(group, []):
+                groups[group].append(version)
+        body = {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+             "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
+            for g, vs in groups.items()]}
+        return self._json(body)
+
+    def _resource_list(self, group: str, version: str) -> web.Response:
+        resources = []
+        for (g, v, plural), (kind, namespaced) in RESOURCES.items():
+            if (g, v) != (group, version):
+                continue
+            resources.append({"name": plural, "singularName": kind.lower(), "namespaced": namespaced,
+                              "kind": kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                              **({"shortNames": ["po"]} if plural == "pods" else {})})
+            for sub in SUBRESOURCES.get((g, v, plural), ()):
+                resources.append({"name": f"{plural}/{sub}", "singularName": "", "namespaced": namespaced,
+                                  "kind": kind, "verbs": ["get", "patch", "update"]})
+        if not resources:
+            return status(404, "NotFound", f"the server could not find the requested resource {group}/{version}")
+        return self._json({"kind": "APIResourceList", "apiVersion": "v1",
+                           "groupVersion": f"{group}/{version}" if group else version, "resources": resources})
+
+    def _resolve(self, request: web.Request) -> tuple[str, str, str, bool] | web.Response:
+        info = request.match_info
+        group, version, plural = info.get("group", ""), info["version"], info["plural"]
+        found = RESOURCES.get((group, version, plural))
+        if found is None:
+            return status(404, "NotFound", "the server could not find the requested resource")
+        kind, namespaced = found
+        return resource_key(group, version, plural), kind, f"{group}/{version}" if group else version, namespaced
+
+    async def _collection(self, request: web.Request) -> web.StreamResponse:
+        resolved = self._resolve(request)
+        if isinstance(resolved, web.Response):
+            return resolved
+        resource, kind, api_version, namespaced = resolved
+        namespace = request.match_info.get("namespace") if namespaced else ""
+        if request.method == "GET":
+            try:
+                matches = self._matcher(request)
+            except SelectorError as err:
+                return status(400, "BadRequest", str(err))
+            if request.query.get("watch") in ("1", "true"):
+                return await self._watch(request, resource, namespace, matches, kind, api_version)
+            items = sorted((o for o in self.store.list(resource, namespace) if matches(o)),
+                           key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+            limit = int(request.query.get("limit", "0") or 0)
+            start = int(request.query.get("continue", "0") or 0)
+            meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
+            if limit and len(items) > start + limit:
+                meta["continue"] = str(start + limit)
+                meta["remainingItemCount"] = len(items) - start - limit
+            page = items[start:start + limit] if limit else items
+            return self._json({"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page})
+        if request.method == "POST":
+            if namespace is None:
+                return status(405, "MethodNotAllowed", "create needs a namespace")
+            body = await request.json()
+            body.setdefault("apiVersion", api_version)
+            body.setdefault("kind", kind)
+            try:
+                created = self.store.create(resource, namespace, body)
+            except Conflict:
+                name = body["metadata"]["name"]
+                return status(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists',
+                              details={"name": name, "kind": kind.lower() + "s"})
+            return self._json(created, 201)
+        return status(405, "MethodNotAllowed", f"{request.method} is not supported on a collection")
+
+    def _matcher(self, request: web.Request) -> Callable[[Obj], bool]:
+        labels = parse_label_selector(request.query.get("labelSelector"))
+        fields = parse_field_selector(request.query.get("fieldSelector"))
+        return lambda obj: labels(obj) and fields(obj)
+
+    async def _item(self, request: web.Request) -> web.StreamResponse:
+        resolved = self._resolve(request)
+        if isinstance(resolved, web.Response):
+            return resolved
+        resource, kind, _api_version, namespaced = resolved
+        namespace = request.match_info.get("namespace", "") if namespaced else ""
+        name, sub = request.match_info["name"], request.match_info.get("sub")
+        try:
+            current = self.store.get(resource, namespace, name)
+        except NotFound:
+            return status(404, "NotFound", f'{kind.lower()}s "{name}" not found',
+                          details={"name": name, "kind": kind.lower() + "s"})
+        if request.method == "GET":
+            return self._json(current)
+        if request.method == "DELETE":
+            graceful = resource == "/v1/pods" and request.query.get("gracePeriodSeconds") not in (None, "0") \
+                and bool(current.get("metadata", {}).get("finalizers"))
+            return self._json(self.store.delete(resource, namespace, name, graceful=graceful))
+        if request.method == "PUT":
+            body = await request.json()
+            if sub == "status":
+                merged = copy.deepcopy(current)
+                merged["status"] = body.get("status", {})
+                body = merged
+            try:
+                return self._json(self.store.replace(resource, namespace, name, body))
+            except Conflict:
+                return status(409, "Conflict", f'Operation cannot be fulfilled on {kind.lower()}s "{name}": '
+                                               "the object has been modified; please apply your changes to the "
+                                               "latest version and try again")
+        if request.method == "PATCH":
+            patch = await request.json()
+            ctype = request.content_type
+            new = copy.deepcopy(current)
+            if ctype == "application/json-patch+json":
+                new = apply_json_patch(new, patch)
+            else:  # merge-patch and strategic-merge-patch (lists are replaced: enough for pods' fields here)
+                new = merge_patch(new, patch)
+            if sub == "status":
+                kept = copy.deepcopy(current)
+                kept["status"] = new.get("status", {})
+                new = kept
+            elif sub is None:
+                new["status"] = current.get("status", {})
+            new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            return self._json(self.store.replace(resource, namespace, name, new))
+        return status(405, "MethodNotAllowed", f"{request.method} is not supported")
+
+    async def _watch(self, request: web.Request, resource: str, namespace: str | None,
+                     matches: Callable[[Obj], bool], kind: str, api_version: str) -> web.StreamResponse:
+        self.stats.count(request.headers.get("User-Agent", "?"), watch=True)
+        raw_rv = request.query.get("resourceVersion", "")
+        bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
+        timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
+        watcher = Watcher(resource=resource, namespace=namespace)
+        self.store.watchers.add(watcher)
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+        await response.prepare(request)
+        self._streams.add(response)
+        agent = request.headers.get("User-Agent", "?")
+        task = asyncio.current_task()
+        if task:
+            self.watch_tasks.add(task)
+
+        async def send(event_type: str, obj: Obj) -> None:
+            line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+            self.stats.count(agent, nbytes=len(line))
+            await response.write(line)
+
+        def in_scope(obj: Obj | None) -> bool:
+            return obj is not None and (not namespace or obj["metadata"].get("namespace") == namespace) \
+                and matches(obj)
+
+        async def deliver(event_type: str, old: Obj | None, new: Obj) -> None:
+            was, now_ = in_scope(old), in_scope(new)
+            if event_type == "DELETED":
+                if was:
+                    await send("DELETED", new)
+            elif event_type == "ADDED":
+                if now_:
+                    await send("ADDED", new)
+            elif was and not now_:
+                await send("DELETED", new)
+            elif now_ and not was:
+                await send("ADDED", new)
+            elif now_:
+                await send("MODIFIED", new)
+
+        try:
+            if raw_rv in ("", "0"):
+                for obj in sorted(self.store.list(resource, namespace), key=lambda o: o["metadata"]["name"]):
+                    if in_scope(obj):
+                        await send("ADDED", obj)
+            else:
+                try:
+                    backlog = self.store.events_since(int(raw_rv), resource)
+                except (Gone, ValueError):
+                    await send("ERROR", {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                         "message": f"too old resource version: {raw_rv} ({self.store.oldest})",
+                                         "reason": "Expired", "code": 410})
+                    return response
+                for event in backlog:
+                    await deliver(event.kind, event.old, event.new)
+                # Events already replayed from the log are also in the queue: skip what we sent.
+                replayed = backlog[-1].rv if backlog else int(raw_rv)
+                while not watcher.queue.empty():
+                    item = watcher.queue.get_nowait()
+                    if item and item[1].rv > replayed:  # type: ignore[attr-defined]
+                        await deliver(item[0], item[1].old, item[1].new)  # type: ignore[attr-defined]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout if timeout else None
+            while True:
+                wait = self.bookmark_interval if bookmarks else 3600.0
+                if deadline is not None:
+                    wait = min(wait, deadline - loop.time())
+                    if wait <= 0:
+                        break
+                try:
+                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                except TimeoutError:
+                    if bookmarks:
+                        await send("BOOKMARK", {"kind": kind, "apiVersion": api_version,
+                                                "metadata": {"resourceVersion": str(self.store.rv)}})
+                    continue
+                if item is None:
+                    break
+                event = item[1]
+                await deliver(item[0], event.old, event.new)  # type: ignore[attr-defined]
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            pass
+        finally:
+            self.store.watchers.discard(watcher)
+            self._streams.discard(response)
+            if task:
+                self.watch_tasks.discard(task)
+        return response
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$"):  # strategic-merge directives ($patch, $retainKeys): not needed here
+            continue
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def apply_json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+    """RFC 6902 add/replace/remove/test (what kubectl and the agent send)."""
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
+        last = parts[-1] if parts else ""
+        if op["op"] in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op["value"])
+                elif op["op"] == "add":
+                    parent.insert(int(last), op["value"])
+                else:
+                    parent[int(last)] = op["value"]
+            else:
+                parent[last] = op["value"]
+        elif op["op"] == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            else:
+                parent.pop(last, None)
+    return doc
+
+
+async def serve(state_dir: Path, *, port: int, ready: Callable[[Sandbox], None] | None = None,
+                stop: asyncio.Event | None = None, **kwargs: Any) -> None:
+    """Run a sandbox until ``stop`` is set (or forever)."""
+    sandbox = Sandbox(state_dir, port=port, **kwargs)
+    await sandbox.start()
+    try:
+        if ready:
+            ready(sandbox)
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await sandbox.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(state_dir: Path, **kwargs: Any) -> AsyncIterator[Sandbox]:
+    sandbox = Sandbox(state_dir, **kwargs)
+    await sandbox.start()
+    try:
+        yield sandbox
+    finally:
+        await sandbox.stop()

@@ -1,0 +1,141 @@
+"""The sandbox API server's object store: objects, one resourceVersion counter, an event log, watchers.
+
+Semantics follow the real API server where the agent and kubectl can tell: every write bumps one global
+resourceVersion; a watch from resourceVersion N replays the logged events after N, then streams new ones; a
+watch from a version older than the log keeps gets 410 Gone; a label-selected watch sees an object that
+stops matching as DELETED and one that starts matching as ADDED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+Obj = dict[str, Any]
+Key = tuple[str, str, str]  # (resource key "group/version/plural", namespace, name)
+
+
+class Conflict(Exception):
+    pass
+
+
+class NotFound(Exception):
+    pass
+
+
+class Gone(Exception):
+    pass
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Watcher:
+    resource: str
+    namespace: str | None
+    queue: asyncio.Queue[tuple[str, Obj] | None] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class Event:
+    rv: int
+    resource: str
+    kind: str
+    old: Obj | None
+    new: Obj
+
+
+class Store:
+    def __init__(self, *, history: int = 100_000) -> None:
+        self.objects: dict[Key, Obj] = {}
+        self.rv = 1
+        self.log: deque[Event] = deque(maxlen=history)
+        self.oldest = 1  # a watch from an rv below this gets 410
+        self.watchers: set[Watcher] = set()
+
+    # --- reads -------------------------------------------------------------------------------------------
+
+    def list(self, resource: str, namespace: str | None) -> list[Obj]:
+        return [obj for (res, ns, _), obj in self.objects.items()
+                if res == resource and (namespace is None or ns == namespace)]
+
+    def get(self, resource: str, namespace: str, name: str) -> Obj:
+        try:
+            return self.objects[(resource, namespace, name)]
+        except KeyError:
+            raise NotFound(name) from None
+
+    def events_since(self, rv: int, resource: str) -> list[Event]:
+        if rv < self.oldest - 1:
+            raise Gone(rv)
+        return [e for e in self.log if e.rv > rv and e.resource == resource]
+
+    # --- writes ------------------------------------------------------------------------------------------
+
+    def _publish(self, resource: str, kind: str, old: Obj | None, new: Obj) -> None:
+        event = Event(self.rv, resource, kind, old, new)
+        if len(self.log) == self.log.maxlen:
+            self.oldest = self.log[0].rv + 1
+        self.log.append(event)
+        for watcher in list(self.watchers):
+            if watcher.resource == resource:
+                watcher.queue.put_nowait((kind, event))  # type: ignore[arg-type]
+
+    def _bump(self, obj: Obj) -> None:
+        self.rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+
+    def create(self, resource: str, namespace: str, obj: Obj) -> Obj:
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        key = (resource, namespace, meta["name"])
+        if key in self.objects:
+            raise Conflict(meta["name"])
+        meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now())
+        meta.setdefault("labels", {})
+        meta.setdefault("annotations", {})
+        meta.pop("deletionTimestamp", None)
+        if resource == "/v1/pods":
+            obj.setdefault("status", {}).setdefault("phase", "Pending")
+        self._bump(obj)
+        self.objects[key] = obj
+        self._publish(resource, "ADDED", None, copy.deepcopy(obj))
+        return obj
+
+    def replace(self, resource: str, namespace: str, name: str, obj: Obj) -> Obj:
+        old = self.get(resource, namespace, name)
+        expected = obj.get("metadata", {}).get("resourceVersion")
+        if expected and expected != old["metadata"]["resourceVersion"]:
+            raise Conflict(name)
+        meta = obj.setdefault("metadata", {})
+        for keep in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"):
+            if keep in old["metadata"]:
+                meta[keep] = old["metadata"][keep]
+        self._bump(obj)
+        self.objects[(resource, namespace, name)] = obj
+        self._publish(resource, "MODIFIED", copy.deepcopy(old), copy.deepcopy(obj))
+        return obj
+
+    def delete(self, resource: str, namespace: str, name: str, *, graceful: bool = False) -> Obj:
+        obj = self.get(resource, namespace, name)
+        if graceful and not obj["metadata"].get("deletionTimestamp"):
+            new = copy.deepcopy(obj)
+            new["metadata"]["deletionTimestamp"] = now()
+            return self.replace(resource, namespace, name, new)
+        del self.objects[(resource, namespace, name)]
+        self._bump(obj)
+        self._publish(resource, "DELETED", copy.deepcopy(obj), copy.deepcopy(obj))
+        return obj
+
+    def compact(self) -> None:
+        """Forget the event log: every watch from an older resourceVersion now gets 410 Gone."""
+        self.log.clear()
+        self.oldest = self.rv + 1
