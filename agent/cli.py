@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -160,6 +161,23 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
     explain.add_argument("--self", help="this pod's name (default: $POD_NAME)")
     _add_common(explain)
+    init = commands.add_parser("init", help="init container: wait for the job's pods, then write the files")
+    init.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    init.add_argument("--expect", help="number of training pods to wait for (default: read from the owner object)")
+    init.add_argument("--timeout", help="seconds to wait for the gang (default 600)")
+    init.add_argument("--wait-dns", action="store_true", default=None,
+                      help="also wait until every peer's DNS name resolves")
+    init.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
+    init.add_argument("--log-format", help="text (default) or json")
+    _add_common(init)
+
+    sandbox = commands.add_parser("sandbox", help="run the sandbox API server (for kubectl and the agent, no cluster)")
+    sandbox.add_argument("--port", default="0", help="port on 127.0.0.1 (default: any free port)")
+    sandbox.add_argument("--state-dir", help="where to write the kubeconfig and TLS files (default: a temp dir)")
+    sandbox.add_argument("--bookmark-interval", default="1.0", help="seconds between watch BOOKMARKs")
+
+    demo = commands.add_parser("demo", help="show the agent at work on an example Volcano job in the sandbox")
+    demo.add_argument("--out", default="demo-out", help="where each pod's files go (default ./demo-out)")
     return parser
 
 
@@ -208,7 +226,61 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"render": _render, "explain": _explain}
+def _init(args: argparse.Namespace) -> int:
+    from agent.k8s.client import ApiClient
+    from agent.k8s.config import load_config, serviceaccount_dir
+    from agent.runtime.init import InitSettings, run_init
+    from agent.runtime.logs import setup_logging
+
+    log_format = _choice("--log-format", args.log_format or _env("log-format") or "text", ("text", "json"))
+    setup_logging(log_format)
+    options = options_from_args(args)
+    config = load_config(args.kubeconfig or _env("kubeconfig"))
+    pod_name = os.environ.get("POD_NAME") or socket.gethostname()
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        ns_file = serviceaccount_dir() / "namespace"
+        namespace = ns_file.read_text().strip() if ns_file.is_file() else (config.namespace or "default")
+    timeout = _int("--timeout", args.timeout or _env("timeout"), high=86_400)
+    wait_dns = args.wait_dns if args.wait_dns is not None else (_env("wait-dns") or "").lower() in ("1", "true")
+    settings = InitSettings(
+        namespace=namespace, pod_name=pod_name, options=options,
+        out_dir=Path(args.out or _env("out") or DEFAULT_OUT),
+        expect=_int("--expect", args.expect or _env("expect"), high=1_000_000),
+        timeout=float(timeout if timeout is not None else 600), wait_dns=wait_dns,
+    )
+    api = ApiClient(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
+    run_init(api, settings)
+    return 0
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    import asyncio
+    import tempfile
+
+    from agent.sandbox.server import Sandbox, serve
+
+    state = Path(args.state_dir or tempfile.mkdtemp(prefix="topology-sandbox-"))
+    port = _int("--port", args.port, low=0)
+
+    def ready(sandbox: Sandbox) -> None:
+        print(f"sandbox API server at {sandbox.url}", flush=True)
+        print(f"export KUBECONFIG={sandbox.kubeconfig}", flush=True)
+
+    try:
+        asyncio.run(serve(state, port=port or 0, ready=ready, bookmark_interval=float(args.bookmark_interval)))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from agent.runtime.demo import run_demo
+
+    return run_demo(Path(args.out))
+
+
+COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sandbox": _sandbox, "demo": _demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

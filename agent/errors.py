@@ -7,7 +7,13 @@ library (``raise ... from err``) and never cross into the core or the CLI.
 
     AgentError                 exit 1
     ├── InputError             exit 2   bad pods, labels, options or files given to the agent
-    └── OutputError            exit 1   the output directory cannot be written
+    ├── OutputError            exit 1   the output directory cannot be written
+    ├── GangTimeout            exit 4   the job's pods did not all appear (or get addresses) in time
+    └── ApiError               exit 3   the API server said no, or could not be reached
+        ├── ApiUnavailable              connection refused/reset, 5xx, 429: retried with backoff first
+        ├── ApiForbidden                401/403: RBAC is missing; never retried
+        ├── ApiNotFound                 404
+        └── ApiGone                     410: a watch's resourceVersion is too old; the caller relists
 """
 
 from __future__ import annotations
@@ -29,3 +35,36 @@ class OutputError(AgentError):
     """The files could not be written; the previous files, if any, are left in place."""
 
     exit_code = 1
+
+
+class GangTimeout(AgentError):
+    """The gang did not form before --timeout; the message names the pods still missing."""
+
+    exit_code = 4
+
+
+class ApiError(AgentError):
+    """The API server refused or failed a request. ``status`` is the HTTP status (0: no answer)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, status: int = 0, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class ApiUnavailable(ApiError):
+    """Transient: no connection, a 5xx, or 429. The retry loop backs off and tries again."""
+
+
+class ApiForbidden(ApiError):
+    """401/403. Retrying cannot help; the message names the verb, resource and namespace refused."""
+
+
+class ApiNotFound(ApiError):
+    """404: the object (own pod, owner) does not exist."""
+
+
+class ApiGone(ApiError):
+    """410: the watch's resourceVersion was compacted away; list again."""

@@ -109,13 +109,27 @@ def _master_port(rank0: RawPod | None, controller: Controller, options: Options)
     return 29500, "torchrun's default 29500"
 
 
-def build_plan(pods: Sequence[RawPod], self_name: str, options: Options) -> Plan:
-    """Place every pod of ``self_name``'s job; raise ``InputError`` with one line when the pods say no job."""
+@dataclass(frozen=True)
+class Collected:
+    """The live pods of one job with their identities, before addresses and ranks are given."""
+
+    me: RawPod
+    controller: Controller
+    me_id: Identity
+    live: tuple[tuple[RawPod, Identity], ...]
+    excluded: tuple[Excluded, ...]
+    training_roles: tuple[str, ...]
+    explicit_roles: bool
+
+    def is_training(self, ident: Identity) -> bool:
+        return ident.role in self.training_roles
+
+
+def collect(pods: Sequence[RawPod], self_name: str, options: Options) -> Collected:
+    """Find the job's live pods and identify each; raise ``InputError`` on labels that make no job."""
     me = find_pod(pods, self_name)
     controller = detect_controller(me, options)
     me_id = controller.identify(me, options)
-    namespace = me.get("metadata", {}).get("namespace", "default")
-
     live: list[tuple[RawPod, Identity]] = []
     excluded: list[Excluded] = []
     seen: dict[tuple[str, tuple[int, ...]], str] = {}
@@ -139,14 +153,26 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options) -> Plan
             )
         seen[key] = name
         live.append((pod, ident))
+    roles = options.roles if options.roles is not None else controller.default_roles
+    present = {ident.role for _, ident in live}
+    training_roles = tuple(roles) if roles is not None else tuple(sorted(present))
+    return Collected(me=me, controller=controller, me_id=me_id, live=tuple(live), excluded=tuple(excluded),
+                     training_roles=training_roles, explicit_roles=roles is not None)
+
+
+def build_plan(pods: Sequence[RawPod], self_name: str, options: Options) -> Plan:
+    """Place every pod of ``self_name``'s job; raise ``InputError`` with one line when the pods say no job."""
+    found = collect(pods, self_name, options)
+    me, controller, me_id = found.me, found.controller, found.me_id
+    namespace = me.get("metadata", {}).get("namespace", "default")
+    excluded = list(found.excluded)
+    live = list(found.live)
+    training_roles = found.training_roles
+    roles = training_roles if found.explicit_roles else None
 
     if self_name in {e.name for e in excluded}:
         reason = next(e.reason for e in excluded if e.name == self_name)
         raise InputError(f"pod '{self_name}' is not a member of its own job ({reason}); nothing to configure")
-
-    roles = options.roles if options.roles is not None else controller.default_roles
-    present = {ident.role for _, ident in live}
-    training_roles = tuple(roles) if roles is not None else tuple(sorted(present))
 
     def order(item: tuple[RawPod, Identity]) -> tuple[int, str, tuple[int, ...]]:
         ident = item[1]
@@ -163,6 +189,10 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options) -> Plan
     role_positions: dict[str, int] = {}
     for pod, ident in live:
         training = ident.role in training_roles
+        if not training and options.address == "ip" and not pod_ip(pod) and pod is not me:
+            # A pod that does not train is not waited for; until it has an IP it is left out of host lists.
+            excluded.append(Excluded(name=pod_name(pod), reason="no IP yet (--address ip), not a training pod"))
+            continue
         address, dns, ip = _address(pod, ident, controller, namespace, options)
         ordinal = ident.ordinal if ident.ordinal >= 0 else role_positions.get(ident.role, 0)
         role_positions[ident.role] = role_positions.get(ident.role, 0) + 1

@@ -36,7 +36,7 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@dataclass
+@dataclass(eq=False)
 class Watcher:
     resource: str
     namespace: str | None

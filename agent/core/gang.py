@@ -1,0 +1,139 @@
+"""How many training pods the job should have, and whether the pods seen so far form the whole gang.
+
+The expected count comes from ``--expect``, else from the owner object (read through the API by the shell;
+interpreted here): Volcano task replicas, PyTorchJob replica specs, JobSet replicated jobs (replicas x
+parallelism), an Indexed Job's parallelism, a LeaderWorkerSet group's size annotation. Per-role counts, where
+the owner gives them, let a timeout name exactly which role and index never appeared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core import controllers as c
+from agent.core.controllers import Controller
+from agent.core.model import Options, RawPod
+from agent.core.topology import collect, pod_ip
+from agent.errors import InputError
+
+
+@dataclass(frozen=True)
+class Expectation:
+    total: int
+    per_role: dict[str, int] | None
+    source: str
+
+
+@dataclass(frozen=True)
+class GangStatus:
+    ready: bool
+    present: int
+    expected: int
+    missing: tuple[str, ...]
+    without_ip: tuple[str, ...]
+
+    def describe(self) -> str:
+        parts = [f"{self.present} of {self.expected} training pods present"]
+        if self.missing:
+            parts.append(f"missing: {', '.join(self.missing)}")
+        if self.without_ip:
+            parts.append(f"without IP: {', '.join(self.without_ip)}")
+        return "; ".join(parts)
+
+
+def owner_path(controller: Controller, pod: RawPod) -> str | None:
+    """API path of the object that says how big the job is; None when the pod itself says (LWS)."""
+    meta = pod.get("metadata", {})
+    namespace = meta.get("namespace", "default")
+    labels = meta.get("labels", {}) or {}
+    if controller.key in ("jobset", "trainjob"):
+        return f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets/{labels[c.JOBSET_NAME]}"
+    wanted = {"volcano": ("batch.volcano.sh/", "Job", "jobs"), "pytorchjob": ("kubeflow.org/", "PyTorchJob",
+                                                                              "pytorchjobs"),
+              "indexed-job": ("batch/", "Job", "jobs")}.get(controller.key)
+    if wanted is None:
+        return None
+    for ref in meta.get("ownerReferences", []):
+        if ref.get("kind") == wanted[1] and ref.get("apiVersion", "").startswith(wanted[0]):
+            return f"/apis/{ref['apiVersion']}/namespaces/{namespace}/{wanted[2]}/{ref['name']}"
+    return None
+
+
+def _replicas(value: Any, default: int = 1) -> int:
+    try:
+        return int(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
+def expectation_from_pod(controller: Controller, pod: RawPod) -> Expectation | None:
+    if controller.key != "lws":
+        return None
+    annotations = pod.get("metadata", {}).get("annotations", {}) or {}
+    raw = annotations.get(c.LWS_SIZE)
+    if raw is None or not raw.isdigit():
+        return None
+    size = int(raw)
+    return Expectation(total=size, per_role={"leader": 1, "worker": size - 1}, source=f"annotation {c.LWS_SIZE}")
+
+
+def expectation_from_owner(controller: Controller, owner: dict[str, Any], training_roles: Sequence[str] | None,
+                           options: Options) -> Expectation:
+    """Interpret the owner object fetched from ``owner_path``."""
+    spec = owner.get("spec", {}) or {}
+    name = owner.get("metadata", {}).get("name", "?")
+    kind = owner.get("kind", controller.title)
+    counts: dict[str, int] = {}
+    if controller.key == "volcano":
+        counts = {t.get("name", ""): _replicas(t.get("replicas")) for t in spec.get("tasks", [])}
+    elif controller.key == "pytorchjob":
+        counts = {k.lower(): _replicas(v.get("replicas")) for k, v in (spec.get("pytorchReplicaSpecs") or {}).items()}
+    elif controller.key in ("jobset", "trainjob"):
+        for rjob in spec.get("replicatedJobs", []):
+            job_spec = rjob.get("template", {}).get("spec", {}) or {}
+            parallelism = _replicas(job_spec.get("parallelism"))
+            completions = _replicas(job_spec.get("completions"), parallelism)
+            counts[rjob.get("name", "")] = _replicas(rjob.get("replicas")) * min(parallelism, completions)
+    elif controller.key == "indexed-job":
+        parallelism = _replicas(spec.get("parallelism"))
+        completions = _replicas(spec.get("completions"), parallelism)
+        counts = {"worker": min(parallelism, completions)}
+    roles = list(training_roles) if training_roles is not None else list(counts)
+    per_role = {role: counts[role] for role in roles if role in counts}
+    if not per_role:
+        raise InputError(f"{kind} '{name}' lists no training roles ({', '.join(roles)}); check --roles, or pass "
+                         "--expect N")
+    total = sum(per_role.values())
+    if options.elastic is not None:
+        return Expectation(total=options.elastic[0], per_role=None,
+                           source=f"--elastic minimum {options.elastic[0]} ({kind} '{name}' asks for {total})")
+    return Expectation(total=total, per_role=per_role, source=f"{kind} '{name}' replicas")
+
+
+def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expected: Expectation) -> GangStatus:
+    found = collect(pods, self_name, options)
+    training = [(pod, ident) for pod, ident in found.live if found.is_training(ident)]
+    waiting = [pod for pod, _ in training]
+    if not found.is_training(found.me_id):
+        waiting.append(found.me)  # a pod that does not train still needs its own address
+    without_ip = tuple(sorted(pod.get("metadata", {}).get("name", "?") for pod in waiting
+                              if options.address == "ip" and not pod_ip(pod)))
+    missing: list[str] = []
+    if expected.per_role:
+        have: dict[str, set[int]] = {}
+        for _, ident in training:
+            have.setdefault(ident.role, set()).add(ident.ordinal if ident.ordinal >= 0 else len(have.get(
+                ident.role, ())))
+        for role, count in expected.per_role.items():
+            present = have.get(role, set())
+            if len(present) < count:
+                lacking = [str(i) for i in range(count) if i not in present][: count - len(present)]
+                shown = ", ".join(lacking[:8]) + (" ..." if len(lacking) > 8 else "")
+                missing.append(f"{role} {shown}" if lacking else f"{role} x{count - len(present)}")
+    elif len(training) < expected.total:
+        missing.append(f"{expected.total - len(training)} pod(s)")
+    ready = len(training) >= expected.total and not missing and not without_ip
+    return GangStatus(ready=ready, present=len(training), expected=expected.total, missing=tuple(missing),
+                      without_ip=without_ip)

@@ -1,0 +1,1 @@
+"""Kubernetes API access: configuration, one HTTP client, retries. No other module talks HTTP."""

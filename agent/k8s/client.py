@@ -1,0 +1,208 @@
+"""The one HTTP client of the agent: GET, LIST and WATCH of pods and the owner kinds, over urllib3.
+
+Every urllib3 and socket exception is mapped here to the agent's ``ApiError`` tree (one context manager,
+``_mapped``), so nothing above this module knows which HTTP library is underneath. Bodies in error messages
+are truncated to the API server's own ``message`` so a token or object dump never reaches a log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+import urllib3
+
+from agent import __version__
+from agent.core.model import RawPod
+from agent.errors import ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable
+from agent.k8s.config import ApiConfig
+
+RBAC_HINT = "grant it with manifests/rbac (Role: get/list/watch pods, get the job's owner kind)"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.object.get("metadata", {}).get("resourceVersion")
+
+
+class PodSource(Protocol):
+    """What the init and sidecar loops need from the API; tests substitute an in-memory fake."""
+
+    def get_pod(self, namespace: str, name: str) -> RawPod: ...
+
+    def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]: ...
+
+    def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
+                   timeout: float) -> Iterator[WatchEvent]: ...
+
+    def get_object(self, path: str) -> dict[str, Any]: ...
+
+
+@dataclass
+class Traffic:
+    """What this client cost the API server: for benchmarks and the sidecar's metrics."""
+
+    requests: int = 0
+    watches: int = 0
+    bytes: int = 0
+    by_verb: dict[str, int] = field(default_factory=dict)
+
+    def count(self, verb: str) -> None:
+        self.requests += 1
+        self.by_verb[verb] = self.by_verb.get(verb, 0) + 1
+
+
+def _message(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+        return str(data.get("message", ""))[:300]
+    except (ValueError, AttributeError):
+        return body[:120].decode(errors="replace")
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+class ApiClient:
+    def __init__(self, config: ApiConfig, *, user_agent: str | None = None, timeout: float = 30.0) -> None:
+        self.config = config
+        self.traffic = Traffic()
+        self.timeout = timeout
+        self.user_agent = user_agent or f"topology-agent/{__version__}"
+        kwargs: dict[str, Any] = {"maxsize": 2, "retries": False}
+        if config.server.startswith("https"):
+            context = ssl.create_default_context(cafile=config.ca_file) if config.verify else \
+                ssl._create_unverified_context()  # kubeconfig said insecure-skip-tls-verify
+            if config.cert_file:
+                context.load_cert_chain(config.cert_file, config.key_file)
+            kwargs["ssl_context"] = context
+            if not config.verify:
+                kwargs["cert_reqs"] = "CERT_NONE"
+        self.pool = urllib3.PoolManager(**kwargs)
+
+    # --- plumbing ----------------------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
+        token = self.config.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    @contextlib.contextmanager
+    def _mapped(self, verb: str, what: str) -> Iterator[None]:
+        try:
+            yield
+        except ApiError:
+            raise
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            reason = type(err).__name__
+            raise ApiUnavailable(f"API server {self.config.server} unreachable during {verb} {what}: {reason}") \
+                from err
+
+    def _check(self, response: urllib3.BaseHTTPResponse, verb: str, what: str, namespace: str) -> None:
+        code = response.status
+        if code < 400:
+            return
+        body = response.data if response.data is not None else b""
+        message = _message(body)
+        where = f"in namespace '{namespace}'" if namespace else "cluster-wide"
+        if code in (401, 403):
+            raise ApiForbidden(
+                f"API refused {verb} {what} {where} ({code}: {message or 'forbidden'}); the pod's service "
+                f"account needs that permission: {RBAC_HINT}", status=code)
+        if code == 404:
+            raise ApiNotFound(f"{what} not found {where} ({message})", status=code)
+        if code == 410:
+            raise ApiGone(f"{verb} {what}: resourceVersion too old ({message})", status=code)
+        if code == 429 or code >= 500:
+            raise ApiUnavailable(f"API answered {code} to {verb} {what}: {message}", status=code,
+                                 retry_after=_retry_after(response.headers.get("Retry-After")))
+        raise ApiError(f"API answered {code} to {verb} {what} {where}: {message}", status=code)
+
+    def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
+                  query: dict[str, str] | None = None) -> dict[str, Any]:
+        url = self.config.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+        self.traffic.count(verb)
+        with self._mapped(verb, what):
+            response = self.pool.request("GET", url, headers=self._headers(),
+                                         timeout=urllib3.Timeout(connect=5.0, read=self.timeout))
+            self.traffic.bytes += len(response.data or b"")
+            self._check(response, verb, what, namespace)
+            try:
+                return json.loads(response.data)
+            except ValueError as err:
+                raise ApiUnavailable(f"API answered {verb} {what} with a body that is not JSON") from err
+
+    # --- the calls ---------------------------------------------------------------------------------------
+
+    def get_pod(self, namespace: str, name: str) -> RawPod:
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+        return self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore[return-value]
+
+    def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]:
+        # resourceVersion=0 lets the API server answer from its watch cache instead of a quorum read of etcd.
+        data = self._get_json(f"/api/v1/namespaces/{quote(namespace)}/pods", verb="list", what="pods",
+                              namespace=namespace, query={"labelSelector": selector, "resourceVersion": "0"})
+        return data.get("items", []), str(data.get("metadata", {}).get("resourceVersion", ""))
+
+    def get_object(self, path: str) -> dict[str, Any]:
+        parts = path.strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        return self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace)
+
+    def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
+                   timeout: float) -> Iterator[WatchEvent]:
+        """Stream events after ``resource_version`` until the server ends the watch (after ``timeout``)."""
+        query = {"watch": "1", "labelSelector": selector, "resourceVersion": resource_version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(max(1, int(timeout)))}
+        url = f"{self.config.server.rstrip('/')}/api/v1/namespaces/{quote(namespace)}/pods?{urlencode(query)}"
+        self.traffic.count("watch")
+        self.traffic.watches += 1
+        with self._mapped("watch", "pods"):
+            response = self.pool.request("GET", url, headers=self._headers(), preload_content=False,
+                                         timeout=urllib3.Timeout(connect=5.0, read=timeout + 30.0))
+            try:
+                if response.status >= 400:
+                    self._check(response, "watch", "pods", namespace)  # .data reads the error body
+                buffer = b""
+                for chunk in response.stream(64 * 1024, decode_content=True):
+                    self.traffic.bytes += len(chunk)
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.strip():
+                            yield self._event(line)
+            finally:
+                response.release_conn()
+
+    @staticmethod
+    def _event(line: bytes) -> WatchEvent:
+        try:
+            data = json.loads(line)
+        except ValueError as err:
+            raise ApiUnavailable("watch stream sent a line that is not JSON (cut mid-event?)") from err
+        event = WatchEvent(type=data.get("type", ""), object=data.get("object", {}))
+        if event.type == "ERROR":
+            code = int(event.object.get("code", 0) or 0)
+            message = str(event.object.get("message", ""))[:200]
+            if code == 410:
+                raise ApiGone(f"watch expired: {message}", status=410)
+            raise ApiUnavailable(f"watch ended with an error event ({code}: {message})", status=code)
+        return event

@@ -1,0 +1,99 @@
+"""Where the API server is and how to authenticate: in-cluster service account first, then kubeconfig.
+
+In a pod the service account mount is read directly (three files and two environment variables; re-read on
+every request, because bound tokens rotate). Outside a cluster the ``kubernetes`` package's kubeconfig
+loader is used, imported only then: it understands every kubeconfig form (exec plugins, client
+certificates, contexts) and costs ~0.6 s of imports that an init container in a pod should not pay.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import InputError
+
+SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    server: str
+    token: str | None = None
+    token_file: Path | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+    namespace: str | None = None
+    source: str = ""
+
+    def bearer(self) -> str | None:
+        if self.token_file is not None:
+            try:
+                return self.token_file.read_text().strip()
+            except OSError:
+                return self.token
+        return self.token
+
+
+def serviceaccount_dir() -> Path:
+    return Path(os.environ.get("TOPOLOGY_SERVICEACCOUNT_DIR") or SERVICEACCOUNT_DIR)
+
+
+def in_cluster_config() -> ApiConfig | None:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    sa = serviceaccount_dir()
+    if not host or not port or not (sa / "token").is_file():
+        return None
+    host = f"[{host}]" if ":" in host else host
+    namespace_file = sa / "namespace"
+    return ApiConfig(
+        server=f"https://{host}:{port}",
+        token_file=sa / "token",
+        ca_file=str(sa / "ca.crt") if (sa / "ca.crt").is_file() else None,
+        namespace=namespace_file.read_text().strip() if namespace_file.is_file() else None,
+        source=f"in-cluster service account ({sa})",
+    )
+
+
+def kubeconfig_config(path: str | None = None) -> ApiConfig:
+    try:
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+        from kubernetes.config.config_exception import ConfigException
+    except ImportError as err:  # pragma: no cover - a dependency
+        raise InputError("the 'kubernetes' package is missing; pip install topology-agent") from err
+    configuration = k8s_client.Configuration()
+    where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    try:
+        k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+        _, context = k8s_config.list_kube_config_contexts(config_file=path)
+    except (ConfigException, OSError, TypeError) as err:
+        raise InputError(
+            f"no API server configuration: not in a pod (no service account) and kubeconfig {where} is unusable "
+            f"({err}); run in a pod, or point KUBECONFIG at a valid file"
+        ) from err
+    auth = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
+    token = auth.split(" ", 1)[1] if auth and " " in auth else auth
+    return ApiConfig(
+        server=configuration.host,
+        token=token,
+        ca_file=configuration.ssl_ca_cert,
+        cert_file=configuration.cert_file,
+        key_file=configuration.key_file,
+        verify=bool(configuration.verify_ssl),
+        namespace=(context or {}).get("context", {}).get("namespace"),
+        source=f"kubeconfig {where}",
+    )
+
+
+def load_config(kubeconfig: str | None = None) -> ApiConfig:
+    """In-cluster when the service account is mounted (and no kubeconfig is named), else kubeconfig."""
+    if not kubeconfig:
+        found = in_cluster_config()
+        if found is not None:
+            return found
+    return kubeconfig_config(kubeconfig)
+

@@ -1,0 +1,1 @@
+"""The shell around the core: init, sidecar, demo, logging."""

@@ -1,0 +1,223 @@
+"""``topology-agent init``: read my pod, find my peers, wait for the gang with one watch, write the files.
+
+API cost is fixed whatever the job size: GET own pod, GET the owner object (skipped with ``--expect`` and
+for LeaderWorkerSets), one LIST of the job's pods, then one WATCH from the list's resourceVersion until the
+gang is complete. A watch that the server ends or that breaks resumes from the last resourceVersion seen; a
+410 Gone relists. No polling.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.core import Options, Rendered, render_pod
+from agent.core.controllers import detect_controller
+from agent.core.gang import (
+    Expectation,
+    GangStatus,
+    expectation_from_owner,
+    expectation_from_pod,
+    gang_status,
+    owner_path,
+)
+from agent.core.model import RawPod
+from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTimeout, InputError
+from agent.files.writing import write_files
+from agent.k8s.client import PodSource
+from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
+
+log = logging.getLogger("topology_agent.init")
+Resolver = Callable[[str], bool]
+
+
+def resolves(name: str) -> bool:
+    try:
+        socket.getaddrinfo(name, None)
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class InitSettings:
+    namespace: str
+    pod_name: str
+    options: Options
+    out_dir: Path
+    expect: int | None = None
+    timeout: float = 600.0
+    wait_dns: bool = False
+
+
+class GangWaiter:
+    """Holds the job's pods as the API reports them, and decides when the gang is complete."""
+
+    def __init__(self, api: PodSource, settings: InitSettings, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.api = api
+        self.settings = settings
+        self.clock = clock
+        self.sleep = sleep
+        self.deadline = clock() + settings.timeout
+        self.pods: dict[str, RawPod] = {}
+        self.resource_version = ""
+
+    def _retry(self, call: Callable[[], object], what: str) -> object:
+        try:
+            return with_retries(call, what=what, deadline=self.deadline, sleep=self.sleep, clock=self.clock)
+        except DeadlineExceeded as err:
+            raise GangTimeout(f"timed out after {self.settings.timeout:.0f} s: the API server kept failing "
+                              f"({err.last}); check the API server and the pod's network") from err
+
+    def own_pod(self) -> RawPod:
+        s = self.settings
+        try:
+            return self._retry(lambda: self.api.get_pod(s.namespace, s.pod_name), "get own pod")  # type: ignore
+        except ApiNotFound as err:
+            raise InputError(
+                f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and POD_NAMESPACE "
+                "from the downward API (metadata.name, metadata.namespace)"
+            ) from err
+
+    def expectation(self, me: RawPod) -> Expectation:
+        s = self.settings
+        if s.expect is not None:
+            return Expectation(total=s.expect, per_role=None, source="--expect")
+        controller = detect_controller(me, s.options)
+        from_pod = expectation_from_pod(controller, me)
+        if from_pod is not None:
+            return from_pod
+        path = owner_path(controller, me)
+        if path is None:
+            raise InputError(
+                f"pod '{s.pod_name}': cannot tell how many pods the {controller.title} has (no owner to read); "
+                "pass --expect N"
+            )
+        try:
+            owner = self._retry(lambda: self.api.get_object(path), "get owner")
+        except ApiNotFound as err:
+            raise InputError(f"owner {path} of pod '{s.pod_name}' not found; pass --expect N") from err
+        roles = s.options.roles if s.options.roles is not None else controller.default_roles
+        return expectation_from_owner(controller, owner, roles, s.options)  # type: ignore[arg-type]
+
+    def relist(self, selector: str) -> None:
+        s = self.settings
+        items, rv = self._retry(lambda: self.api.list_pods(s.namespace, selector), "list pods")  # type: ignore
+        self.pods = {p["metadata"]["name"]: p for p in items}
+        self.resource_version = rv
+
+    def status(self, expected: Expectation) -> GangStatus:
+        s = self.settings
+        return gang_status(list(self.pods.values()), s.pod_name, s.options, expected)
+
+    def wait(self, selector: str, expected: Expectation) -> GangStatus:
+        """Watch until the gang is complete; raise ``GangTimeout`` naming what is missing at the deadline."""
+        s = self.settings
+        current = self.status(expected)
+        backoff = Backoff()
+        while not current.ready:
+            remaining = self.deadline - self.clock()
+            if remaining <= 0:
+                raise GangTimeout(self._timeout_message(current, selector))
+            log.info("waiting for the gang: %s", current.describe())
+            try:
+                for event in self.api.watch_pods(s.namespace, selector, self.resource_version,
+                                                 timeout=max(1.0, remaining)):
+                    backoff.reset()
+                    if event.resource_version:
+                        self.resource_version = event.resource_version
+                    if event.type == "BOOKMARK":
+                        continue
+                    name = event.object.get("metadata", {}).get("name", "")
+                    if event.type == "DELETED":
+                        self.pods.pop(name, None)
+                    else:
+                        self.pods[name] = event.object  # type: ignore[assignment]
+                    current = self.status(expected)
+                    if current.ready:
+                        break
+                    if self.clock() >= self.deadline:
+                        break
+            except ApiGone:
+                log.info("watch resourceVersion %s expired (410); listing again", self.resource_version)
+                self.relist(selector)
+                current = self.status(expected)
+            except ApiUnavailable as err:
+                delay = backoff.next_delay(err.retry_after)
+                if self.clock() + delay >= self.deadline:
+                    raise GangTimeout(self._timeout_message(current, selector) + f"; last API error: {err}") \
+                        from err
+                log.info("watch broke (%s); resuming from resourceVersion %s, retry %d in %.1f s",
+                         err, self.resource_version, backoff.attempt, delay)
+                self.sleep(delay)
+        return current
+
+    def _timeout_message(self, current: GangStatus, selector: str) -> str:
+        s = self.settings
+        return (f"timed out after {s.timeout:.0f} s waiting for the gang: {current.describe()}; see "
+                f"kubectl get pods -n {s.namespace} -l {selector} (unscheduled pods? quota? wrong --expect?)")
+
+
+def check_dns(api: PodSource, rendered: Rendered, settings: InitSettings, *, resolver: Resolver,
+              clock: Callable[[], float], sleep: Callable[[float], None], deadline: float) -> None:
+    """Wait until every peer's name resolves, after ruling out the headless-Service trap."""
+    topo = rendered.plan.topology
+    names = [m.address for m in topo.members if m.dns_name and m.address == m.dns_name]
+    subdomains = {rendered.plan.self_pod.get("spec", {}).get("subdomain")} - {None}
+    for subdomain in subdomains:
+        path = f"/api/v1/namespaces/{settings.namespace}/services/{subdomain}"
+        try:
+            service = api.get_object(path)
+        except ApiNotFound as err:
+            raise InputError(f"--wait-dns: headless Service '{subdomain}' (the pods' spec.subdomain) does not exist; "
+                             "create it (clusterIP: None, selecting the job's pods) or drop --wait-dns") from err
+        except ApiError as err:
+            log.warning("cannot read Service '%s' to check publishNotReadyAddresses: %s", subdomain, err)
+            continue
+        if not service.get("spec", {}).get("publishNotReadyAddresses"):
+            raise InputError(
+                f"--wait-dns would wait forever: headless Service '{subdomain}' has no publishNotReadyAddresses, "
+                "so pods still in their init containers get no DNS record; set spec.publishNotReadyAddresses: true "
+                "(Volcano: svc plugin --publish-not-ready-addresses=true) or drop --wait-dns"
+            )
+    pending = list(names)
+    delay = 0.2
+    while pending:
+        pending = [name for name in pending if not resolver(name)]
+        if not pending:
+            break
+        if clock() + delay > deadline:
+            raise GangTimeout(f"timed out after {settings.timeout:.0f} s waiting for DNS: "
+                              f"{', '.join(pending[:8])} do not resolve; check the headless Service and CoreDNS")
+        log.info("waiting for DNS: %d name(s) do not resolve yet (%s)", len(pending), pending[0])
+        sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = resolves,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Rendered:
+    waiter = GangWaiter(api, settings, clock=clock, sleep=sleep)
+    me = waiter.own_pod()
+    controller = detect_controller(me, settings.options)
+    selector = controller.selector(me, settings.options)
+    expected = waiter.expectation(me)
+    log.info("pod %s: %s, selector %s, expecting %d training pods (%s)", settings.pod_name, controller.title,
+             selector, expected.total, expected.source)
+    waiter.relist(selector)
+    if settings.pod_name not in waiter.pods:
+        waiter.pods[settings.pod_name] = me
+    status = waiter.wait(selector, expected)
+    log.info("gang complete: %s", status.describe())
+    rendered = render_pod(list(waiter.pods.values()), settings.pod_name, settings.options)
+    if settings.wait_dns:
+        check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
+    write_files(settings.out_dir, rendered.files)
+    me_member = rendered.plan.topology.me
+    log.info("wrote %s to %s: role %s, node rank %s of %d", ", ".join(rendered.files), settings.out_dir,
+             me_member.role, me_member.node_rank, len(rendered.plan.topology.training))
+    return rendered

@@ -1,0 +1,118 @@
+"""A sandbox running on its own event loop in a background thread, with blocking helpers to change it.
+
+For ``demo``, tests and benchmarks that drive the sandbox from ordinary (blocking) code while agents,
+kubectl or other processes talk to it over HTTPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agent.sandbox.server import Sandbox
+
+T = TypeVar("T")
+PODS = "/v1/pods"
+
+
+class SandboxThread:
+    def __init__(self, state_dir: Path, **kwargs: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.sandbox = Sandbox(state_dir, **kwargs)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sandbox", daemon=True)
+
+    def __enter__(self) -> SandboxThread:
+        self._thread.start()
+        self.call(self.sandbox.start())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.call(self.sandbox.stop())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        async def wrapped() -> Any:
+            return fn(*args, **kwargs)
+
+        return self.call(wrapped())
+
+    # --- blocking helpers ----------------------------------------------------------------------------------
+
+    def create(self, resource: str, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return self._run(self.sandbox.store.create, resource, namespace, copy.deepcopy(obj))
+
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        return self.create(PODS, pod["metadata"].get("namespace", "default"), pod)
+
+    def update_pod(self, namespace: str, name: str, change: Any) -> dict[str, Any]:
+        """Apply ``change(pod)`` (mutating a copy) as one MODIFIED event."""
+        def apply() -> dict[str, Any]:
+            pod = copy.deepcopy(self.sandbox.store.get(PODS, namespace, name))
+            change(pod)
+            pod["metadata"].pop("resourceVersion", None)
+            return self.sandbox.store.replace(PODS, namespace, name, pod)
+
+        return self._run(apply)
+
+    def set_pod_ip(self, namespace: str, name: str, ip: str) -> dict[str, Any]:
+        def change(pod: dict[str, Any]) -> None:
+            pod.setdefault("status", {}).update(phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1")
+
+        return self.update_pod(namespace, name, change)
+
+    def delete_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._run(self.sandbox.store.delete, PODS, namespace, name)
+
+    def faults(self, **knobs: Any) -> None:
+        async def apply() -> None:
+            s = self.sandbox
+            if knobs.get("down_for"):
+                await s.go_down(float(knobs["down_for"]))
+            if knobs.get("drop_watches"):
+                await s._drop_watches()
+            if knobs.get("compact"):
+                s.store.compact()
+            if "status" in knobs:
+                s.faults.status = knobs["status"]
+                s.faults.count = knobs.get("count", -1)
+                s.faults.retry_after = knobs.get("retry_after")
+                s.faults.reset = knobs.get("reset", False)
+                s.faults.path = knobs.get("path")
+            if "delay" in knobs:
+                s.faults.delay = knobs["delay"]
+                s.faults.delay_count = knobs.get("delay_count", -1)
+                s.faults.path = knobs.get("path")
+
+        self.call(apply())
+
+    def stats(self) -> dict[str, Any]:
+        st = self.sandbox.stats
+        return {"requests": st.requests, "bytes": st.bytes, "watches": st.watches, "byAgent": dict(st.by_agent)}
+
+    def reset_stats(self) -> None:
+        from agent.sandbox.server import Stats
+
+        async def reset() -> None:
+            self.sandbox.stats = Stats()
+
+        self.call(reset())
+
+    def client_env(self) -> dict[str, str]:
+        """Environment that makes an agent process see this sandbox as its in-cluster API server."""
+        return {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.sandbox.port),
+            "TOPOLOGY_SERVICEACCOUNT_DIR": str(self.sandbox.serviceaccount_dir),
+        }
