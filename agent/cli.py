@@ -8,6 +8,7 @@ Every option can also come from an environment variable ``TOPOLOGY_<NAME>`` (``-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -267,10 +268,8 @@ def _sandbox(args: argparse.Namespace) -> int:
         print(f"sandbox API server at {sandbox.url}", flush=True)
         print(f"export KUBECONFIG={sandbox.kubeconfig}", flush=True)
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(state, port=port or 0, ready=ready, bookmark_interval=float(args.bookmark_interval)))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -96,6 +96,9 @@ class ApiClient:
                 kwargs["cert_reqs"] = "CERT_NONE"
         self.pool = urllib3.PoolManager(**kwargs)
 
+    def close(self) -> None:
+        self.pool.clear()
+
     # --- plumbing ----------------------------------------------------------------------------------------
 
     def _headers(self) -> dict[str, str]:

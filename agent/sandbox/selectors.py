@@ -53,7 +53,8 @@ def parse_label_selector(selector: str | None) -> Matcher:
                 raise SelectorError(f"invalid label selector {selector!r}")
             tests.append(lambda labels, k=key, v=value: labels.get(k) == v)
         elif part.startswith("!"):
-            tests.append(lambda labels, k=part[1:].strip(): k not in labels)
+            absent = part[1:].strip()
+            tests.append(lambda labels, k=absent: k not in labels)
         elif re.fullmatch(r"[A-Za-z0-9_./-]+", part):
             tests.append(lambda labels, k=part: k in labels)
         else:

@@ -157,7 +157,12 @@ class Sandbox:
             self._restart.cancel()
         await self._drop_watches()
         if self._runner:
+            server = self._runner.server
+            transports = list(getattr(server, "_connections", {}).values()) if server else []
             await self._runner.cleanup()
+            for transport in transports:  # keep-alive connections: abort, a TLS close would wait for the peer
+                transport.abort()
+        await asyncio.sleep(0.05)  # let the transports' connection_lost callbacks run before the loop ends
 
     async def go_down(self, seconds: float) -> None:
         """Refuse connections for ``seconds``: stop listening, cut open streams, then listen again."""
@@ -254,20 +259,18 @@ class Sandbox:
         r.add_post("/sandbox/stats/reset", self._reset_stats)
         r.add_post("/sandbox/faults", self._set_faults)
         r.add_delete("/sandbox/faults", self._clear_faults)
-        r.add_get("/version", lambda _: self._json(VERSION))
-        r.add_get("/healthz", lambda _: web.Response(text="ok"))
-        r.add_get("/readyz", lambda _: web.Response(text="ok"))
-        r.add_get("/api", lambda _: self._json({"kind": "APIVersions", "versions": ["v1"],
-                                                 "serverAddressByClientCIDRs": [
-                                                     {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}))
+        r.add_get("/version", self._constant(VERSION))
+        r.add_get("/healthz", self._constant("ok"))
+        r.add_get("/readyz", self._constant("ok"))
+        r.add_get("/api", self._constant({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}))
         r.add_get("/apis", self._apis)
-        r.add_get("/api/v1", lambda _: self._resource_list("", "v1"))
-        r.add_get("/apis/{group}/{version}", lambda req: self._resource_list(req.match_info["group"],
-                                                                            req.match_info["version"]))
+        r.add_get("/api/v1", self._core_resources)
+        r.add_get("/apis/{group}/{version}", self._group_resources)
         # No OpenAPI documents: kubectl's client-side schema validation needs them, so tests and docs pass
         # --validate=false to apply/create (the server-side behaviour under test is unaffected).
-        r.add_get("/openapi/v2", lambda _: status(404, "NotFound", "the sandbox serves no OpenAPI"))
-        r.add_get("/openapi/v3", lambda _: status(404, "NotFound", "the sandbox serves no OpenAPI"))
+        r.add_get("/openapi/v2", self._no_openapi)
+        r.add_get("/openapi/v3", self._no_openapi)
         for prefix in ("/api/{version}", "/apis/{group}/{version}"):
             r.add_route("*", prefix + "/{plural}", self._collection)
             r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self._collection)
@@ -275,6 +278,22 @@ class Sandbox:
             r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}", self._item)
             r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}/{sub}", self._item)
         return app
+
+    @staticmethod
+    def _constant(body: Any) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(_: web.Request) -> web.Response:
+            return web.Response(text=body) if isinstance(body, str) else web.json_response(body)
+
+        return handler
+
+    async def _no_openapi(self, _: web.Request) -> web.Response:
+        return status(404, "NotFound", "the sandbox serves no OpenAPI")
+
+    async def _core_resources(self, _: web.Request) -> web.Response:
+        return self._resource_list("", "v1")
+
+    async def _group_resources(self, request: web.Request) -> web.Response:
+        return self._resource_list(request.match_info["group"], request.match_info["version"])
 
     @web.middleware
     async def _middleware(self, request: web.Request,
@@ -463,11 +482,9 @@ class Sandbox:
         if request.method == "PATCH":
             patch = await request.json()
             ctype = request.content_type
+            # merge-patch and strategic-merge-patch alike: lists are replaced, enough for the pod fields here
             new = copy.deepcopy(current)
-            if ctype == "application/json-patch+json":
-                new = apply_json_patch(new, patch)
-            else:  # merge-patch and strategic-merge-patch (lists are replaced: enough for pods' fields here)
-                new = merge_patch(new, patch)
+            new = apply_json_patch(new, patch) if ctype == "application/json-patch+json" else merge_patch(new, patch)
             if sub == "status":
                 kept = copy.deepcopy(current)
                 kept["status"] = new.get("status", {})

@@ -38,6 +38,8 @@ class SandboxThread:
             self.call(self.sandbox.stop())
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)
+        if not self.loop.is_running() and not self.loop.is_closed():
+            self.loop.close()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

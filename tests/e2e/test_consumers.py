@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -29,7 +30,7 @@ def three_pod_job(tmp_path: Path) -> Path:
         pod["status"]["podIP"] = "127.0.0.1"
         pod["status"]["podIPs"] = [{"ip": "127.0.0.1"}]
     path = tmp_path / "pods.json"
-    path.write_text(__import__("json").dumps(examples.as_list(pods)))
+    path.write_text(json.dumps(examples.as_list(pods)))
     return path
 
 
@@ -61,11 +62,13 @@ def test_torch_all_reduce_across_one_process_per_pod_from_rendered_torch_env(tmp
 
 
 def test_deepspeed_parses_the_hostfile_with_hosts_in_rank_order_and_slots(tmp_path):
-    runner = pytest.importorskip("deepspeed.launcher.runner",
-                                 reason="DeepSpeed is installed by .ci/run (pip install --no-build-isolation deepspeed)")
+    runner = pytest.importorskip(
+        "deepspeed.launcher.runner",
+        reason="DeepSpeed is installed by .ci/run (pip install --no-build-isolation deepspeed)",
+    )
     pods = examples.pytorchjob(workers=3, gpus=2)
     path = tmp_path / "pods.json"
-    path.write_text(__import__("json").dumps(pods))
+    path.write_text(json.dumps(pods))
     out = tmp_path / "shared"
     assert main(["render", "--pods", str(path), "--self", "mnist-worker-1", "--out", str(out)]) == 0
     resources = runner.fetch_hostfile(str(out / "hostfile"))

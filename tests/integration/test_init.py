@@ -1,0 +1,200 @@
+"""init against the sandbox API server over real HTTPS, one real process per pod."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import examples
+from agent.runtime.demo import volcano_owner
+from tests.integration.conftest import finish, start_init
+
+HERE = Path(__file__).resolve().parent.parent / "e2e"
+
+
+def create_volcano_job(sandbox, tasks=(("master", 1), ("worker", 3), ("extras", 1)), *, with_ips=True):
+    owner = volcano_owner()
+    owner["spec"]["tasks"] = [{"name": n, "replicas": r, "template": {}} for n, r in tasks]
+    created = sandbox.create("batch.volcano.sh/v1alpha1/jobs", "default", owner)
+    pods = examples.volcano_job("demo", tasks)
+    for pod in pods:
+        pod["metadata"]["ownerReferences"][0]["uid"] = created["metadata"]["uid"]
+        if not with_ips:
+            pod["status"] = {"phase": "Pending"}
+        sandbox.create_pod(pod)
+    return pods
+
+
+def test_init_in_one_process_per_pod_agrees_on_the_topology(sandbox, tmp_path):
+    pods = create_volcano_job(sandbox)
+    procs = {p["metadata"]["name"]: start_init(sandbox, p["metadata"]["name"], tmp_path / p["metadata"]["name"])
+             for p in pods}
+    docs = {}
+    for name, proc in procs.items():
+        code, err = finish(proc)
+        assert code == 0, err
+        docs[name] = json.loads((tmp_path / name / "topology.json").read_text())
+    views = {json.dumps([(m["name"], m["nodeRank"], m["address"]) for m in d["members"]]) for d in docs.values()}
+    assert len(views) == 1
+    assert docs["demo-worker-2"]["env"]["NODE_RANK"] == "3"
+    assert docs["demo-worker-2"]["env"]["WORLD_SIZE"] == "4"
+    assert "WORLD_SIZE" not in docs["demo-extras-0"]["env"]
+
+
+def test_init_waits_for_ips_given_later_with_kubectl_patch_status(sandbox, kubectl, tmp_path):
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 2)), with_ips=False)
+    proc = start_init(sandbox, "demo-worker-1", tmp_path / "out", "--address", "ip", "--timeout", "60")
+    time.sleep(1.5)
+    assert proc.poll() is None, "init must wait while pods have no IP"
+    assert not (tmp_path / "out").exists()
+    for pod in pods:
+        name, ip = pod["metadata"]["name"], examples.loopback_ip(pods.index(pod))
+        patch = json.dumps({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
+        kubectl("patch", "pod", name, "--subresource=status", "--type=merge", "-p", patch)
+    code, err = finish(proc)
+    assert code == 0, err
+    env = json.loads((tmp_path / "out" / "topology.json").read_text())["env"]
+    assert env["MASTER_ADDR"] == examples.loopback_ip(0) and env["NODE_RANK"] == "2"
+    assert "waiting for the gang" in err
+
+
+def test_a_missing_pod_times_out_naming_it(sandbox, tmp_path):
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 3)))
+    sandbox.delete_pod("default", "demo-worker-2")
+    proc = start_init(sandbox, pods[0]["metadata"]["name"], tmp_path / "out", "--timeout", "3")
+    code, err = finish(proc)
+    assert code == 4
+    last = err.strip().splitlines()[-1]
+    assert "timed out after 3 s waiting for the gang: 3 of 4 training pods present; missing: worker 2" in last
+    assert not (tmp_path / "out").exists()
+
+
+def test_api_down_at_start_then_up_a_few_seconds_later(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    sandbox.faults(down_for=2.5)
+    proc = start_init(sandbox, "demo-worker-0", tmp_path / "out", "--timeout", "60")
+    code, err = finish(proc)
+    assert code == 0, err
+    assert "unreachable" in err and "retry 1 in" in err
+    assert (tmp_path / "out" / "torch.env").is_file()
+
+
+def test_forbidden_gives_one_line_naming_verb_resource_namespace_and_rbac(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    sandbox.faults(status=403)
+    proc = start_init(sandbox, "demo-worker-0", tmp_path / "out", "--timeout", "30")
+    code, err = finish(proc)
+    assert code == 3
+    lines = [line for line in err.strip().splitlines() if "error:" in line]
+    assert len(lines) == 1
+    assert "refused get pod 'demo-worker-0' in namespace 'default' (403" in lines[0]
+    assert "manifests/rbac" in lines[0]
+    assert "retry" not in err
+
+
+def test_429_with_retry_after_is_honoured_then_succeeds(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    sandbox.faults(status=429, count=2, retry_after=1)
+    started = time.monotonic()
+    proc = start_init(sandbox, "demo-master-0", tmp_path / "out", "--timeout", "60")
+    code, err = finish(proc)
+    assert code == 0, err
+    assert err.count("API answered 429") == 2 and "retry 2 in 1.0 s" in err
+    assert time.monotonic() - started >= 2.0
+
+
+def test_watch_resumes_after_a_dropped_stream_and_relists_after_410(sandbox, tmp_path):
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 2)), with_ips=False)
+    proc = start_init(sandbox, "demo-master-0", tmp_path / "out", "--address", "ip", "--timeout", "60")
+    time.sleep(1.5)
+    sandbox.set_pod_ip("default", "demo-master-0", examples.loopback_ip(0))
+    sandbox.faults(drop_watches=True)
+    sandbox.set_pod_ip("default", "demo-worker-0", examples.loopback_ip(1))  # happens while disconnected
+    sandbox.faults(compact=True)  # and its resourceVersion is forgotten: the resume gets 410
+    time.sleep(0.5)
+    sandbox.set_pod_ip("default", "demo-worker-1", examples.loopback_ip(2))
+    code, err = finish(proc)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "out" / "topology.json").read_text())
+    assert [m["address"] for m in doc["members"]] == [examples.loopback_ip(i) for i in range(3)]
+    assert len(pods) == 3
+
+
+def test_json_logs_are_one_object_per_line(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1),))
+    proc = start_init(sandbox, "demo-master-0", tmp_path / "out", "--log-format", "json")
+    code, err = finish(proc)
+    assert code == 0, err
+    entries = [json.loads(line) for line in err.strip().splitlines()]
+    assert entries and all({"ts", "level", "msg"} <= set(e) for e in entries)
+
+
+def test_wait_dns_refuses_a_headless_service_that_hides_not_ready_pods(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    sandbox.create("/v1/services", "default", {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "demo"},
+                                               "spec": {"clusterIP": "None", "selector": {"app": "x"}}})
+    proc = start_init(sandbox, "demo-worker-0", tmp_path / "out", "--wait-dns", "--timeout", "20")
+    code, err = finish(proc)
+    assert code == 2
+    assert "publishNotReadyAddresses" in err.strip().splitlines()[-1]
+
+
+def test_wait_dns_waits_until_the_injected_resolver_answers():
+    from agent.core import Options
+    from agent.runtime.init import InitSettings, check_dns
+    from agent.core import render_pod
+
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 1)))
+    rendered = render_pod(pods, "demo-worker-0", Options())
+
+    class Api:
+        def get_object(self, path):
+            assert path.endswith("/services/demo")
+            return {"spec": {"publishNotReadyAddresses": True}}
+
+    answers = {"demo-master-0.demo": 3, "demo-worker-0.demo": 1}
+    asked = []
+
+    def resolver(name):
+        asked.append(name)
+        answers[name] -= 1
+        return answers[name] <= 0
+
+    now = [0.0]
+    check_dns(Api(), rendered, InitSettings("default", "demo-worker-0", Options(), Path("/nonexistent")),
+              resolver=resolver, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s), deadline=60)
+    assert asked.count("demo-master-0.demo") == 3 and asked.count("demo-worker-0.demo") == 1
+
+
+def test_torch_all_reduce_from_files_written_by_init(sandbox, tmp_path):
+    pytest.importorskip("torch", reason="torch is installed by .ci/run (pip install torch==2.13.0)")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 2)), with_ips=False)
+    names = [p["metadata"]["name"] for p in pods]
+    procs = [start_init(sandbox, n, tmp_path / n, "--address", "ip", "--master-port", str(port),
+                        "--nproc-per-node", "1") for n in names]
+    for name in names:
+        sandbox.set_pod_ip("default", name, "127.0.0.1")
+    for proc in procs:
+        code, err = finish(proc)
+        assert code == 0, err
+    env = {"PATH": os.environ["PATH"], "GLOO_SOCKET_IFNAME": "lo", "HOME": str(tmp_path)}
+    workers = [subprocess.Popen(["bash", "-c", f'. {tmp_path / n}/torch.env && exec "{sys.executable}" '
+                                               f'{HERE / "worker_allreduce.py"}'],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in names]
+    results = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+        results.append(out.strip())
+    assert sorted(results) == [f"rank={r} node_rank={r} world=3 sum=6" for r in range(3)]

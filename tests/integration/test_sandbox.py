@@ -1,0 +1,125 @@
+"""The sandbox API server's fidelity, shown with real kubectl and with the agent's own client."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from agent import examples
+from agent.errors import ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable
+from agent.k8s.client import ApiClient
+from agent.k8s.config import kubeconfig_config
+
+POD_YAML = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {{app: demo, role: {role}}}
+spec:
+  containers: [{{name: trainer, image: trainer:1}}]
+"""
+
+
+@pytest.fixture
+def client(sandbox):
+    api = ApiClient(kubeconfig_config(str(sandbox.sandbox.kubeconfig)))
+    yield api
+    api.close()
+
+
+def test_kubectl_apply_get_label_patch_status_delete(kubectl):
+    for name, role in (("a-0", "master"), ("a-1", "worker")):
+        out = kubectl("apply", "--validate=false", "-f", "-", input=POD_YAML.format(name=name, role=role))
+        assert f"pod/{name} created" in out.stdout
+    again = kubectl("apply", "--validate=false", "-f", "-", input=POD_YAML.format(name="a-0", role="master"))
+    assert "pod/a-0 unchanged" in again.stdout
+    listed = json.loads(kubectl("get", "pods", "-o", "json").stdout)
+    assert [p["metadata"]["name"] for p in listed["items"]] == ["a-0", "a-1"]
+    assert all(p["metadata"]["uid"] and p["metadata"]["resourceVersion"] for p in listed["items"])
+    assert listed["items"][0]["status"]["phase"] == "Pending"
+    kubectl("label", "pod", "a-1", "gen=2")
+    selected = json.loads(kubectl("get", "pods", "-l", "gen=2,role in (worker)", "-o", "json").stdout)
+    assert [p["metadata"]["name"] for p in selected["items"]] == ["a-1"]
+    kubectl("patch", "pod", "a-1", "--subresource=status", "-p",
+            '{"status":{"phase":"Running","podIP":"127.1.0.9"}}')
+    pod = json.loads(kubectl("get", "pod", "a-1", "-o", "json").stdout)
+    assert pod["status"]["podIP"] == "127.1.0.9" and pod["metadata"]["labels"]["gen"] == "2"
+    by_field = json.loads(kubectl("get", "pods", "--field-selector", "status.phase=Running", "-o", "json").stdout)
+    assert [p["metadata"]["name"] for p in by_field["items"]] == ["a-1"]
+    kubectl("delete", "pod", "a-0")
+    missing = kubectl("get", "pod", "a-0", check=False)
+    assert missing.returncode != 0 and 'pods "a-0" not found' in missing.stderr
+
+
+def test_kubectl_get_pods_output_feeds_render(kubectl, sandbox, tmp_path):
+    for pod in examples.pytorchjob(workers=1):
+        sandbox.create_pod(pod)
+    path = tmp_path / "pods.json"
+    path.write_text(kubectl("get", "pods", "-o", "json").stdout)
+    from agent.cli import main
+
+    assert main(["render", "--pods", str(path), "--self", "mnist-worker-0", "--out", str(tmp_path / "o")]) == 0
+    assert "export NODE_RANK='1'" in (tmp_path / "o" / "torch.env").read_text()
+
+
+def test_kubectl_sees_a_403_fault_as_forbidden(kubectl, sandbox):
+    sandbox.faults(status=403)
+    result = kubectl("get", "pods", check=False)
+    assert result.returncode != 0 and "forbidden" in result.stderr.lower()
+
+
+def test_list_then_watch_from_its_resource_version_sees_only_later_changes(client, sandbox):
+    for pod in examples.volcano_job(tasks=(("master", 1), ("worker", 1))):
+        sandbox.create_pod(pod)
+    items, rv = client.list_pods("default", "volcano.sh/job-name=demo")
+    assert len(items) == 2 and rv
+
+    seen = []
+
+    def watch():
+        for event in client.watch_pods("default", "volcano.sh/job-name=demo", rv, timeout=3):
+            seen.append((event.type, event.object["metadata"].get("name")))
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    sandbox.set_pod_ip("default", "demo-worker-0", "127.1.0.7")
+    sandbox.update_pod("default", "demo-master-0", lambda p: p["metadata"]["labels"].pop("volcano.sh/job-name"))
+    thread.join(10)
+    changes = [e for e in seen if e[0] != "BOOKMARK"]
+    assert changes == [("MODIFIED", "demo-worker-0"), ("DELETED", "demo-master-0")]
+    assert ("BOOKMARK", None) in seen  # bookmarks every 0.5 s in the fixture
+
+
+def test_watch_from_a_compacted_resource_version_gets_410(client, sandbox):
+    sandbox.create_pod(examples.indexed_job(completions=1)[0])
+    _, rv = client.list_pods("default", "")
+    sandbox.create_pod(examples.indexed_job("other", completions=1)[0])
+    sandbox.faults(compact=True)
+    with pytest.raises(ApiGone):
+        list(client.watch_pods("default", "", rv, timeout=2))
+
+
+def test_client_maps_statuses_to_the_agent_errors(client, sandbox):
+    with pytest.raises(ApiNotFound):
+        client.get_pod("default", "nope")
+    sandbox.faults(status=503, count=1, retry_after=2)
+    with pytest.raises(ApiUnavailable) as info:
+        client.get_pod("default", "nope")
+    assert info.value.retry_after == 2.0
+    sandbox.faults(status=401, count=1)
+    with pytest.raises(ApiForbidden):
+        client.get_pod("default", "nope")
+
+
+def test_no_library_exception_leaks_from_the_client_when_the_server_is_gone(sandbox):
+    config = kubeconfig_config(str(sandbox.sandbox.kubeconfig))
+    sandbox.stop()
+    client = ApiClient(config)
+    with pytest.raises(ApiUnavailable):
+        client.get_pod("default", "x")
+    with pytest.raises(ApiUnavailable):
+        list(client.watch_pods("default", "", "1", timeout=1))
+    client.close()
