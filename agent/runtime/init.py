@@ -218,6 +218,18 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
     write_files(settings.out_dir, rendered.files)
     me_member = rendered.plan.topology.me
-    log.info("wrote %s to %s: role %s, node rank %s of %d", ", ".join(rendered.files), settings.out_dir,
-             me_member.role, me_member.node_rank, len(rendered.plan.topology.training))
+    log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(rendered.files),
+             settings.out_dir, me_member.role, me_member.node_rank, len(rendered.plan.topology.training),
+             peak_rss_mb())
     return rendered
+
+
+def peak_rss_mb() -> str:
+    """This process's own peak RSS (VmHWM): rusage would include the parent's memory at fork."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return f"{int(line.split()[1]) / 1024:.0f}"
+    except OSError:
+        pass
+    return "?"

@@ -146,9 +146,8 @@ def test_wait_dns_refuses_a_headless_service_that_hides_not_ready_pods(sandbox, 
 
 
 def test_wait_dns_waits_until_the_injected_resolver_answers():
-    from agent.core import Options
+    from agent.core import Options, render_pod
     from agent.runtime.init import InitSettings, check_dns
-    from agent.core import render_pod
 
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 1)))
     rendered = render_pod(pods, "demo-worker-0", Options())

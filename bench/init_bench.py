@@ -1,0 +1,117 @@
+"""Benchmark: ``topology-agent init`` for one pod of a large job in the sandbox.
+
+Measures, per run, from process start to exit (files written): wall time, API requests and bytes the sandbox
+served to that process, and the process's peak RSS (VmHWM, as the agent logs it). Prints medians over the runs as a
+Markdown table. The job's pods all have IPs, so the gang is complete at the first LIST; ``--late N`` leaves
+N pods without IP until 0.5 s after init starts, which exercises the one WATCH.
+
+    python bench/init_bench.py --pods 1024 --runs 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from agent import examples
+from agent.runtime.demo import volcano_owner
+from agent.sandbox.threaded import SandboxThread
+
+
+def managed_fields(pod: dict) -> list[dict]:
+    """Server-side-apply bookkeeping as real pods carry it (~5 KB): most of a real pod's bytes."""
+    fields = {f"f:{k}": {} for k in ("metadata", "spec", "status")}
+    fields["f:spec"] = {f"f:containers": {f'k:{{"name":"c{i}"}}': {".": {}, "f:image": {}, "f:env": {
+        f'k:{{"name":"VAR_{j}"}}': {".": {}, "f:name": {}, "f:value": {}} for j in range(12)}} for i in range(2)}}
+    return [{"manager": "volcano-controller", "operation": "Update", "apiVersion": "v1",
+             "time": "2026-11-22T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields}]
+
+
+def build_job(sandbox: SandboxThread, n: int, late: int) -> list[str]:
+    owner = volcano_owner()
+    owner["spec"]["tasks"] = [{"name": "master", "replicas": 1, "template": {}},
+                              {"name": "worker", "replicas": n - 1, "template": {}}]
+    created = sandbox.create("batch.volcano.sh/v1alpha1/jobs", "default", owner)
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", n - 1)))
+    late_names = []
+    for i, pod in enumerate(pods):
+        pod["metadata"]["ownerReferences"][0]["uid"] = created["metadata"]["uid"]
+        pod["metadata"]["managedFields"] = managed_fields(pod)
+        if i >= n - late:
+            pod["status"] = {"phase": "Pending"}
+            late_names.append(pod["metadata"]["name"])
+        sandbox.create_pod(pod)
+    return late_names
+
+
+def one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: dict[str, str]) -> dict:
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": pod, "POD_NAMESPACE": "default"}
+    env.pop("KUBECONFIG", None)
+    agent = f"topology-agent/0.1.0 init (default/{pod})"
+    sandbox.reset_stats()
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "init", "--out", str(out), "--address", "ip",
+                             "--log-format", "json"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    timer = None
+    if late:
+        def give_ips() -> None:
+            for name in late:
+                sandbox.set_pod_ip("default", name, ips[name])
+        timer = threading.Timer(0.5, give_ips)
+        timer.start()
+    _, status, _usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.returncode != 0:
+        raise SystemExit(f"init failed: {err[-500:]}")
+    if timer:
+        timer.join()
+        for name in late:  # reset for the next run
+            sandbox.update_pod("default", name, lambda p: p.__setitem__("status", {"phase": "Pending"}))
+    stats = sandbox.stats()["byAgent"].get(agent, {"requests": 0, "bytes": 0, "watches": 0})
+    # rusage's ru_maxrss would include this (large) parent's memory at fork; the agent logs its own VmHWM.
+    last = json.loads(err.strip().splitlines()[-1])["msg"]
+    rss_mb = float(last.rsplit("peak RSS ", 1)[1].split()[0])
+    return {"wall": wall, "rss_mb": rss_mb, "requests": stats["requests"] - stats["watches"],
+            "watches": stats["watches"], "bytes": stats["bytes"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pods", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--late", type=int, default=0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, SandboxThread(Path(tmp) / "sb") as sandbox:
+        late = build_job(sandbox, args.pods, args.late)
+        ips = {p["metadata"]["name"]: p["status"]["podIP"]
+               for p in examples.volcano_job("demo", (("master", 1), ("worker", args.pods - 1)))}
+        pod = f"demo-worker-{args.pods // 2}"
+        baseline = []
+        for _ in range(args.runs):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            baseline.append(time.perf_counter() - t)
+        runs = [one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips) for i in range(args.runs)]
+        pod_bytes = len(json.dumps(sandbox.sandbox.store.get("/v1/pods", "default", pod)))
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print(f"| pods | late pods | runs | wall median (s) | wall min-max (s) | API requests (+watches) | bytes received |"
+          f" peak RSS median (MB) | bare `python -c pass` (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| {args.pods} | {args.late} | {args.runs} | {med['wall']:.2f} | {min(r['wall'] for r in runs):.2f}-"
+          f"{max(r['wall'] for r in runs):.2f} | {med['requests']:.0f} (+{med['watches']:.0f}) | "
+          f"{med['bytes'] / 1e6:.1f} MB | {med['rss_mb']:.0f} | {statistics.median(baseline):.2f} |")
+    print(f"\none pod object is {pod_bytes} bytes of JSON")
+
+
+if __name__ == "__main__":
+    main()
