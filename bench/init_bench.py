@@ -29,7 +29,7 @@ from agent.sandbox.threaded import SandboxThread
 def managed_fields(pod: dict) -> list[dict]:
     """Server-side-apply bookkeeping as real pods carry it (~5 KB): most of a real pod's bytes."""
     fields = {f"f:{k}": {} for k in ("metadata", "spec", "status")}
-    fields["f:spec"] = {f"f:containers": {f'k:{{"name":"c{i}"}}': {".": {}, "f:image": {}, "f:env": {
+    fields["f:spec"] = {"f:containers": {f'k:{{"name":"c{i}"}}': {".": {}, "f:image": {}, "f:env": {
         f'k:{{"name":"VAR_{j}"}}': {".": {}, "f:name": {}, "f:value": {}} for j in range(12)}} for i in range(2)}}
     return [{"manager": "volcano-controller", "operation": "Update", "apiVersion": "v1",
              "time": "2026-11-22T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields}]
@@ -104,8 +104,8 @@ def main() -> None:
         runs = [one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips) for i in range(args.runs)]
         pod_bytes = len(json.dumps(sandbox.sandbox.store.get("/v1/pods", "default", pod)))
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"| pods | late pods | runs | wall median (s) | wall min-max (s) | API requests (+watches) | bytes received |"
-          f" peak RSS median (MB) | bare `python -c pass` (s) |")
+    print("| pods | late pods | runs | wall median (s) | wall min-max (s) | API requests (+watches) | bytes received |"
+          " peak RSS median (MB) | bare `python -c pass` (s) |")
     print("|---|---|---|---|---|---|---|---|---|")
     print(f"| {args.pods} | {args.late} | {args.runs} | {med['wall']:.2f} | {min(r['wall'] for r in runs):.2f}-"
           f"{max(r['wall'] for r in runs):.2f} | {med['requests']:.0f} (+{med['watches']:.0f}) | "
