@@ -142,6 +142,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                                             "indexed-job, selector")
     group.add_argument("--selector", help="generic: equality label selector of the job's pods, e.g. app=x,job=y")
     group.add_argument("--index-label", help="generic: the label that holds each pod's index")
+    ssh = parser.add_argument_group("SSH for DeepSpeed/MPI (written when the job's Secret is mounted)")
+    ssh.add_argument("--ssh-secret-dir", help="the mounted Secret from 'topology-agent keygen', e.g. /etc/topology/ssh")
+    ssh.add_argument("--ssh-port", help="port the trainers' sshd listens on (default 2222: non-root)")
+    ssh.add_argument("--ssh-owner", help="UID:GID that owns the SSH files (the trainer's user; sshd checks it)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,19 +181,38 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox.add_argument("--state-dir", help="where to write the kubeconfig and TLS files (default: a temp dir)")
     sandbox.add_argument("--bookmark-interval", default="1.0", help="seconds between watch BOOKMARKs")
 
+    keygen = commands.add_parser("keygen", help="print (or --apply) the job's SSH Secret: user key pair and host CA")
+    keygen.add_argument("--job", required=True, help="job name; the Secret is <job>-ssh")
+    keygen.add_argument("--namespace", default="default", help="namespace of the Secret (default: default)")
+    keygen.add_argument("--apply", action="store_true", help="create the Secret through the API instead of printing")
+    keygen.add_argument("--kubeconfig", help="kubeconfig file for --apply")
+
     demo = commands.add_parser("demo", help="show the agent at work on an example Volcano job in the sandbox")
     demo.add_argument("--out", default="demo-out", help="where each pod's files go (default ./demo-out)")
     return parser
 
 
-def _render(args: argparse.Namespace) -> int:
-    from agent.files.writing import write_files
+def ssh_settings(args: argparse.Namespace) -> Any:
+    """``SshSettings`` when --ssh-secret-dir (or TOPOLOGY_SSH_SECRET_DIR) is given, else None."""
+    secret_dir = getattr(args, "ssh_secret_dir", None) or _env("ssh-secret-dir")
+    if not secret_dir:
+        return None
+    from agent.ssh.material import SshSettings, parse_owner
 
-    rendered = render_pod(read_pods(args.pods), _self_name(args), options_from_args(args))
+    port = _int("--ssh-port", getattr(args, "ssh_port", None) or _env("ssh-port")) or 2222
+    owner = parse_owner(getattr(args, "ssh_owner", None) or _env("ssh-owner"))
+    return SshSettings(secret_dir=Path(secret_dir), port=port, owner=owner)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from agent.runtime.output import write_generation
+
+    options = options_from_args(args)
+    rendered = render_pod(read_pods(args.pods), _self_name(args), options)
     out = Path(args.out or _env("out") or DEFAULT_OUT)
-    write_files(out, rendered.files)
+    names = write_generation(out, rendered, options, ssh_settings(args))
     me = rendered.plan.topology.me
-    print(f"wrote {', '.join(rendered.files)} to {out} for pod '{me.name}' (role {me.role})")
+    print(f"wrote {', '.join(names)} to {out} for pod '{me.name}' (role {me.role})")
     return 0
 
 
@@ -251,7 +274,7 @@ def _init(args: argparse.Namespace) -> int:
         timeout=float(timeout if timeout is not None else 600), wait_dns=wait_dns,
     )
     api = ApiClient(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
-    run_init(api, settings)
+    run_init(api, settings, ssh=ssh_settings(args))
     return 0
 
 
@@ -273,13 +296,32 @@ def _sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    import yaml
+
+    from agent.ssh.material import generate_secret_manifest
+
+    manifest = generate_secret_manifest(args.job, args.namespace)
+    if not args.apply:
+        print(manifest, end="")
+        return 0
+    from agent.k8s.client import ApiClient
+    from agent.k8s.config import load_config
+
+    api = ApiClient(load_config(args.kubeconfig))
+    created = api.create(f"/api/v1/namespaces/{args.namespace}/secrets", yaml.safe_load(manifest))
+    print(f"secret/{created['metadata']['name']} created in namespace {args.namespace}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from agent.runtime.demo import run_demo
 
     return run_demo(Path(args.out))
 
 
-COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sandbox": _sandbox, "demo": _demo}
+COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sandbox": _sandbox, "demo": _demo,
+            "keygen": _keygen}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

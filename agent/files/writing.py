@@ -26,12 +26,31 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_files(out_dir: Path, files: Mapping[str, bytes], *, modes: Mapping[str, int] | None = None) -> None:
-    """Write ``files`` (name -> bytes, names relative to ``out_dir``) atomically, in the given order."""
+def _private_dir(path: Path, owner: tuple[int, int] | None) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    if owner is not None:
+        os.chown(path, *owner)
+
+
+def write_files(out_dir: Path, files: Mapping[str, bytes], *, modes: Mapping[str, int] | None = None,
+                owner: tuple[int, int] | None = None, private_dirs: tuple[str, ...] = ()) -> None:
+    """Write ``files`` (name -> bytes, names relative to ``out_dir``) atomically, in the given order.
+
+    ``private_dirs`` (e.g. ``ssh``) are made 0700; with them the output directory loses group/other write,
+    because sshd's StrictModes refuses keys below a directory others can write (an emptyDir is 0777).
+    ``owner`` (uid, gid) is given to every file and private directory, so a non-root trainer owns its keys.
+    """
     modes = modes or {}
     staged: list[tuple[str, Path]] = []
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
+        if private_dirs:
+            mode = out_dir.stat().st_mode & 0o777
+            if mode & 0o022:
+                os.chmod(out_dir, mode & ~0o022)
+            for name in private_dirs:
+                _private_dir(out_dir / name, owner)
         for name, data in files.items():
             target = out_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -42,6 +61,8 @@ def write_files(out_dir: Path, files: Mapping[str, bytes], *, modes: Mapping[str
                 handle.flush()
                 os.fsync(handle.fileno())
             os.chmod(tmp, modes.get(name, 0o644))
+            if owner is not None:
+                os.chown(tmp, *owner)
         for name, tmp in staged:
             os.replace(tmp, out_dir / name)
         _fsync_dir(out_dir)

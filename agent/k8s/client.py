@@ -155,6 +155,22 @@ class ApiClient:
 
     # --- the calls ---------------------------------------------------------------------------------------
 
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST an object (``keygen --apply``; the init and sidecar loops only read)."""
+        parts = path.strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        what = f"{parts[-1]} '{body.get('metadata', {}).get('name', '?')}'"
+        self.traffic.count("create")
+        with self._mapped("create", what):
+            response = self.pool.request("POST", self.config.server.rstrip("/") + path, body=json.dumps(body),
+                                         headers={**self._headers(), "Content-Type": "application/json"},
+                                         timeout=urllib3.Timeout(connect=5.0, read=self.timeout))
+            if response.status == 409:
+                raise ApiError(f"{what} already exists in namespace '{namespace}'; delete it first to rotate keys",
+                               status=409)
+            self._check(response, "create", what, namespace)
+            return json.loads(response.data)
+
     def get_pod(self, namespace: str, name: str) -> RawPod:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
         return self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore[return-value]

@@ -27,9 +27,9 @@ from agent.core.gang import (
 )
 from agent.core.model import RawPod
 from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTimeout, InputError
-from agent.files.writing import write_files
 from agent.k8s.client import PodSource
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
+from agent.runtime.output import write_generation
 
 log = logging.getLogger("topology_agent.init")
 Resolver = Callable[[str], bool]
@@ -200,7 +200,8 @@ def check_dns(api: PodSource, rendered: Rendered, settings: InitSettings, *, res
 
 
 def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = resolves,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Rendered:
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+             ssh: object | None = None) -> Rendered:
     waiter = GangWaiter(api, settings, clock=clock, sleep=sleep)
     me = waiter.own_pod()
     controller = detect_controller(me, settings.options)
@@ -216,9 +217,9 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
     rendered = render_pod(list(waiter.pods.values()), settings.pod_name, settings.options)
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
-    write_files(settings.out_dir, rendered.files)
+    names = write_generation(settings.out_dir, rendered, settings.options, ssh)
     me_member = rendered.plan.topology.me
-    log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(rendered.files),
+    log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names),
              settings.out_dir, me_member.role, me_member.node_rank, len(rendered.plan.topology.training),
              peak_rss_mb())
     return rendered

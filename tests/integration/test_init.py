@@ -197,3 +197,32 @@ def test_torch_all_reduce_from_files_written_by_init(sandbox, tmp_path):
         assert worker.returncode == 0, err
         results.append(out.strip())
     assert sorted(results) == [f"rank={r} node_rank={r} world=3 sum=6" for r in range(3)]
+
+
+def test_init_writes_ssh_material_and_never_logs_a_private_key(sandbox, tmp_path):
+    import base64
+
+    import yaml
+
+    from agent.ssh.material import generate_secret_manifest
+
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    manifest = yaml.safe_load(generate_secret_manifest("demo", "default"))
+    for key, value in manifest["data"].items():
+        (secret / key).write_bytes(base64.b64decode(value))
+        (secret / key).chmod(0o644)  # readable by others: the agent must warn
+    proc = start_init(sandbox, "demo-worker-0", tmp_path / "out", "--ssh-secret-dir", str(secret))
+    code, err = finish(proc)
+    assert code == 0, err
+    ssh_dir = tmp_path / "out" / "ssh"
+    assert {p.name for p in ssh_dir.iterdir()} >= {"id_ed25519", "ssh_host_ed25519_key-cert.pub", "known_hosts",
+                                                   "ssh_config", "sshd_config", "authorized_keys"}
+    assert "readable by group or others" in err
+    assert "PRIVATE KEY" not in err
+    for key in ("id_ed25519", "host_ca"):
+        body = (secret / key).read_text().splitlines()[1]
+        assert body not in err
+    host_key = (ssh_dir / "ssh_host_ed25519_key").read_text().splitlines()[1]
+    assert host_key not in err

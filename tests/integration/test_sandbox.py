@@ -123,3 +123,19 @@ def test_no_library_exception_leaks_from_the_client_when_the_server_is_gone(sand
     with pytest.raises(ApiUnavailable):
         list(client.watch_pods("default", "", "1", timeout=1))
     client.close()
+
+
+def test_keygen_prints_a_secret_and_apply_creates_it(sandbox, capsys):
+    import yaml
+
+    from agent.cli import main
+
+    assert main(["keygen", "--job", "train"]) == 0
+    manifest = yaml.safe_load(capsys.readouterr().out)
+    assert manifest["kind"] == "Secret" and manifest["metadata"]["name"] == "train-ssh"
+    assert set(manifest["data"]) == {"id_ed25519", "id_ed25519.pub", "host_ca", "host_ca.pub"}
+    assert main(["keygen", "--job", "train", "--apply", "--kubeconfig", str(sandbox.sandbox.kubeconfig)]) == 0
+    assert "secret/train-ssh created" in capsys.readouterr().out
+    stored = sandbox.sandbox.store.get("/v1/secrets", "default", "train-ssh")
+    assert set(stored["data"]) == set(manifest["data"])
+    assert stored["data"]["host_ca"] != manifest["data"]["host_ca"]  # every keygen makes new keys

@@ -1,0 +1,132 @@
+"""SSH key material: the job's Secret (``keygen``) and each pod's host key and host certificate.
+
+The Secret holds a user key pair (for passwordless login between pods) and a host certificate authority.
+Every pod's init container generates a fresh host key and signs it with the CA for the pod's own names, so a
+pod that lacks the Secret cannot pose as a member. Keys are ed25519, made and signed with asyncssh. Private
+keys are never logged; only ``keygen`` prints one (into the Secret manifest it outputs).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+import yaml
+
+from agent.core import Rendered
+from agent.core.ssh_config import (
+    SshPaths,
+    host_principals,
+    render_known_hosts,
+    render_ssh_config,
+    render_sshd_config,
+)
+from agent.errors import InputError
+
+log = logging.getLogger("topology_agent.ssh")
+SECRET_KEYS = ("id_ed25519", "id_ed25519.pub", "host_ca", "host_ca.pub")
+PRIVATE = 0o600
+PUBLIC = 0o644
+CERT_VALIDITY = 365 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    user_private: str
+    user_public: str
+    ca_private: asyncssh.SSHKey
+    ca_public: str
+
+
+def generate_secret_manifest(job: str, namespace: str) -> str:
+    """A Secret with a fresh user key pair and host CA; printed by ``keygen``."""
+    user = asyncssh.generate_private_key("ssh-ed25519", comment=f"{job} user")
+    ca = asyncssh.generate_private_key("ssh-ed25519", comment=f"{job} host CA")
+    data = {
+        "id_ed25519": user.export_private_key("openssh").decode(),
+        "id_ed25519.pub": user.export_public_key().decode(),
+        "host_ca": ca.export_private_key("openssh").decode(),
+        "host_ca.pub": ca.export_public_key().decode(),
+    }
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": secret_name(job), "namespace": namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "topology-agent", "topology-agent/job": job}},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+    }
+    return yaml.safe_dump(manifest, sort_keys=False)
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-ssh"
+
+
+def load_job_keys(secret_dir: Path) -> JobKeys:
+    """Read the mounted Secret; warn when its private keys are readable by group or others."""
+    missing = [k for k in SECRET_KEYS if not (secret_dir / k).is_file()]
+    if missing:
+        raise InputError(f"--ssh-secret-dir {secret_dir}: missing {', '.join(missing)}; mount the Secret made by "
+                         "topology-agent keygen")
+    for name in ("id_ed25519", "host_ca"):
+        mode = (secret_dir / name).stat().st_mode
+        if mode & (stat.S_IRGRP | stat.S_IROTH):
+            log.warning("%s is readable by group or others (mode %o); mount the Secret with defaultMode: 0400",
+                        secret_dir / name, stat.S_IMODE(mode))
+    try:
+        user_private = (secret_dir / "id_ed25519").read_text()
+        asyncssh.import_private_key(user_private)
+        ca = asyncssh.import_private_key((secret_dir / "host_ca").read_text())
+    except (asyncssh.KeyImportError, ValueError) as err:
+        raise InputError(f"--ssh-secret-dir {secret_dir}: a private key does not parse ({type(err).__name__}); "
+                         "recreate the Secret with topology-agent keygen") from None
+    return JobKeys(user_private=user_private, user_public=(secret_dir / "id_ed25519.pub").read_text().strip(),
+                   ca_private=ca, ca_public=(secret_dir / "host_ca.pub").read_text().strip())
+
+
+def ssh_files(rendered: Rendered, keys: JobKeys, *, paths: SshPaths, port: int, cluster_domain: str | None,
+              now: float | None = None) -> tuple[dict[str, bytes], dict[str, int]]:
+    """Files (relative names under ``ssh/``) and their modes for this pod."""
+    topo = rendered.plan.topology
+    me = topo.me
+    principals = host_principals(me, topo, cluster_domain)
+    host_key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{me.name} host key")
+    issued = int(now if now is not None else time.time())
+    cert = keys.ca_private.generate_host_certificate(
+        host_key, me.name, principals=principals, valid_after=issued - 300, valid_before=issued + CERT_VALIDITY)
+    log.info("host certificate for %s signed by the job CA, principals: %s", me.name, ", ".join(principals))
+    files = {
+        "ssh/id_ed25519": keys.user_private.encode(),
+        "ssh/id_ed25519.pub": (keys.user_public + "\n").encode(),
+        "ssh/authorized_keys": (keys.user_public + "\n").encode(),
+        "ssh/ssh_host_ed25519_key": host_key.export_private_key("openssh"),
+        "ssh/ssh_host_ed25519_key.pub": host_key.export_public_key(),
+        "ssh/ssh_host_ed25519_key-cert.pub": cert.export_certificate(),
+        "ssh/known_hosts": render_known_hosts(topo, keys.ca_public, port).encode(),
+        "ssh/ssh_config": render_ssh_config(topo, paths, port).encode(),
+        "ssh/sshd_config": render_sshd_config(paths, port, pod_name=me.name).encode(),
+    }
+    modes = {name: PRIVATE if name.endswith(("id_ed25519", "_key")) else PUBLIC for name in files}
+    return files, modes
+
+
+def parse_owner(raw: str | None) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    uid, sep, gid = raw.partition(":")
+    if not uid.isdigit() or (sep and not gid.isdigit()):
+        raise InputError(f"--ssh-owner '{raw}' must be UID:GID in numbers, e.g. --ssh-owner 1000:1000")
+    return int(uid), int(gid) if sep else int(uid)
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    secret_dir: Path
+    port: int = 2222
+    owner: tuple[int, int] | None = None

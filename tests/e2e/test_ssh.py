@@ -1,0 +1,205 @@
+"""Passwordless SSH with verified host keys, driven with real OpenSSH sshd/ssh, pdsh and DeepSpeed's launcher.
+
+Each "pod" is an sshd on its own loopback address (127.1.0.x) with the host key, certificate and sshd_config
+snippet the agent wrote for that pod. The client side uses the agent's ssh_config (through an ``ssh`` wrapper on
+PATH that adds ``-F``, as a trainer image would by linking ~/.ssh/config: ssh reads the passwd home, not $HOME).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent import examples
+from agent.cli import main
+from agent.ssh.material import generate_secret_manifest
+
+pytestmark = pytest.mark.consumer
+SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+SSH = shutil.which("ssh")
+if SSHD is None or SSH is None:
+    pytest.skip("OpenSSH sshd/ssh are not installed (.ci/run installs openssh-server)", allow_module_level=True)
+
+NAMES = ["demo-master-0", "demo-worker-0", "demo-worker-1"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_sshd(config: Path, address: str, log: Path) -> subprocess.Popen:
+    with log.open("w") as handle:
+        return subprocess.Popen([SSHD, "-D", "-e", "-f", str(config), "-o", f"ListenAddress={address}"],
+                                stderr=handle)
+
+
+def wait_listening(address: str, port: int, proc: subprocess.Popen, log: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"sshd exited: {log.read_text()}")
+        with socket.socket() as sock:
+            if sock.connect_ex((address, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"sshd on {address}:{port} did not listen")
+
+
+def write_secret(directory: Path, job: str = "demo") -> Path:
+    manifest = yaml.safe_load(generate_secret_manifest(job, "default"))
+    directory.mkdir(mode=0o700, parents=True)
+    for key, value in manifest["data"].items():
+        path = directory / key
+        path.write_bytes(base64.b64decode(value))
+        path.chmod(0o400)
+    return directory
+
+
+@pytest.fixture
+def workdir():
+    # sshd's StrictModes refuses keys below a world-writable directory, and /tmp is one: work under $HOME.
+    base = Path(tempfile.mkdtemp(prefix="topology-ssh-", dir=Path.home()))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def job(workdir):
+    """Three pods, each rendered with the job's Secret, each with its own running sshd."""
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+    port = free_port()
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 2)))
+    pods_file = workdir / "pods.json"
+    pods_file.write_text(json.dumps(pods))
+    secret = write_secret(workdir / "secret")
+    ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
+    procs = []
+    for name in NAMES:
+        assert main(["render", "--pods", str(pods_file), "--self", name, "--out", str(workdir / name),
+                     "--address", "ip", "--ssh-secret-dir", str(secret), "--ssh-port", str(port),
+                     "--nproc-per-node", "1"]) == 0
+        log = workdir / f"sshd-{name}.log"
+        proc = start_sshd(workdir / name / "ssh" / "sshd_config", ips[name], log)
+        procs.append(proc)
+        wait_listening(ips[name], port, proc, log)
+    bindir = workdir / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "ssh"
+    wrapper.write_text(f'#!/bin/sh\nexec {SSH} -F {workdir / NAMES[0] / "ssh" / "ssh_config"} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
+    yield {"dir": workdir, "port": port, "ips": ips, "secret": secret, "env": env, "procs": procs}
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+
+
+def ssh(job, *args, config_pod=NAMES[0]):
+    config = job["dir"] / config_pod / "ssh" / "ssh_config"
+    return subprocess.run([SSH, "-F", str(config), "-o", "BatchMode=yes", *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_written_files_have_safe_modes_and_strict_checking(job):
+    ssh_dir = job["dir"] / NAMES[1] / "ssh"
+    assert ssh_dir.stat().st_mode & 0o777 == 0o700
+    assert (ssh_dir / "id_ed25519").stat().st_mode & 0o777 == 0o600
+    assert (ssh_dir / "ssh_host_ed25519_key").stat().st_mode & 0o777 == 0o600
+    config = (ssh_dir / "ssh_config").read_text()
+    assert "StrictHostKeyChecking yes" in config and "StrictHostKeyChecking no" not in config
+    known = (ssh_dir / "known_hosts").read_text()
+    assert f"@cert-authority [*.demo]:{job['port']}," in known and f"[127.1.0.1]:{job['port']}" in known
+
+
+@pytest.mark.parametrize("peer", NAMES)
+def test_ssh_reaches_every_peer_with_strict_host_key_checking(job, peer):
+    result = ssh(job, peer, "echo $TOPOLOGY_SSH_POD")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == peer
+
+
+def test_ssh_by_address_as_the_hostfile_names_it(job):
+    for name, ip in job["ips"].items():
+        result = ssh(job, ip, "echo $TOPOLOGY_SSH_POD", config_pod=NAMES[2])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == name
+
+
+def test_a_server_whose_host_key_the_job_ca_did_not_sign_is_refused(job, workdir):
+    # An impostor takes demo-worker-1's address and port with a certificate from another CA for the same names.
+    victim = NAMES[2]
+    job["procs"][2].terminate()
+    job["procs"][2].wait(10)
+    other_secret = write_secret(workdir / "other-secret", job="impostor")
+    pods_file = workdir / "pods.json"
+    assert main(["render", "--pods", str(pods_file), "--self", victim, "--out", str(workdir / "impostor"),
+                 "--address", "ip", "--ssh-secret-dir", str(other_secret), "--ssh-port", str(job["port"])]) == 0
+    # It even accepts the job's user key, so only the host check stands in the way.
+    (workdir / "impostor" / "ssh" / "authorized_keys").write_text(
+        (job["secret"] / "id_ed25519.pub").read_text() + "\n")
+    log = workdir / "sshd-impostor.log"
+    impostor = start_sshd(workdir / "impostor" / "ssh" / "sshd_config", job["ips"][victim], log)
+    try:
+        wait_listening(job["ips"][victim], job["port"], impostor, log)
+        result = ssh(job, victim, "echo reached")
+        assert result.returncode == 255
+        assert "reached" not in result.stdout
+        assert "Host key verification failed" in result.stderr or "certificate" in result.stderr.lower()
+        # The same server is accepted when the client skips verification: the refusal came from the CA check.
+        lax = ssh(job, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", victim, "echo reached")
+        assert lax.returncode == 0 and lax.stdout.strip() == "reached", lax.stderr
+    finally:
+        impostor.terminate()
+        impostor.wait(10)
+
+
+def test_deepspeeds_own_ssh_check_succeeds(job):
+    # DeepSpeed's runner runs exactly this for the first hostfile entry (ssh finds the config like ~/.ssh/config).
+    first = (job["dir"] / NAMES[1] / "hostfile").read_text().split()[0]
+    result = subprocess.run(["ssh", "-o", "PasswordAuthentication=no", first, "hostname"], env=job["env"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == socket.gethostname()
+
+
+def test_pdsh_runs_a_command_on_every_peer(job):
+    if shutil.which("pdsh") is None:
+        pytest.skip("pdsh is not installed (.ci/run installs it)")
+    hosts = ",".join(job["ips"].values())
+    result = subprocess.run(["pdsh", "-R", "ssh", "-w", hosts, "echo $TOPOLOGY_SSH_POD"], env=job["env"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    got = sorted(line.split(": ", 1)[1] for line in result.stdout.strip().splitlines())
+    assert got == sorted(NAMES)
+
+
+def test_deepspeed_pdsh_launcher_starts_the_script_on_every_peer(job):
+    pytest.importorskip("deepspeed", reason="DeepSpeed is installed by .ci/run")
+    if shutil.which("pdsh") is None:
+        pytest.skip("pdsh is not installed (.ci/run installs it)")
+    marks = job["dir"] / "marks"
+    marks.mkdir()
+    script = job["dir"] / "trivial.py"
+    script.write_text(f"import os, pathlib\npathlib.Path('{marks}', os.environ['RANK'])"
+                      ".write_text(os.environ.get('TOPOLOGY_SSH_POD', '?'))\n")
+    hostfile = job["dir"] / NAMES[0] / "hostfile"
+    result = subprocess.run(
+        [sys.executable, "-m", "deepspeed.launcher.runner", "--launcher", "pdsh", "--hostfile", str(hostfile),
+         "--master_addr", job["ips"][NAMES[0]], "--master_port", str(free_port()), str(script)],
+        env={**job["env"], "PDSH_RCMD_TYPE": "ssh"}, capture_output=True, text=True, timeout=240, cwd=job["dir"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert sorted(p.name for p in marks.iterdir()) == ["0", "1", "2"]
