@@ -176,6 +176,19 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--log-format", help="text (default) or json")
     _add_common(init)
 
+    sidecar = commands.add_parser("sidecar", help="elastic jobs: follow membership, rewrite files, signal the trainer")
+    sidecar.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    sidecar.add_argument("--debounce", help="seconds to gather changes before rewriting (default 1, 0 allowed)")
+    sidecar.add_argument("--signal", help="signal for the trainer after a rewrite: SIGUSR1 (default), ..., none")
+    sidecar.add_argument("--trainer-pid-file", help="file holding the trainer's pid")
+    sidecar.add_argument("--trainer-match", help="regular expression over the trainer's command line")
+    sidecar.add_argument("--health-port", help="port of /healthz /readyz /metrics /topology (default 8090; 0: off)")
+    sidecar.add_argument("--health-host", help="address to bind the health server (default 0.0.0.0)")
+    sidecar.add_argument("--stuck-after", help="seconds without watch progress before /healthz fails (default 600)")
+    sidecar.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
+    sidecar.add_argument("--log-format", help="text (default) or json")
+    _add_common(sidecar)
+
     sandbox = commands.add_parser("sandbox", help="run the sandbox API server (for kubectl and the agent, no cluster)")
     sandbox.add_argument("--port", default="0", help="port on 127.0.0.1 (default: any free port)")
     sandbox.add_argument("--state-dir", help="where to write the kubeconfig and TLS files (default: a temp dir)")
@@ -252,7 +265,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     from agent.k8s.client import ApiClient
-    from agent.k8s.config import load_config, serviceaccount_dir
+    from agent.k8s.config import load_config
     from agent.runtime.init import InitSettings, run_init
     from agent.runtime.logs import setup_logging
 
@@ -260,11 +273,7 @@ def _init(args: argparse.Namespace) -> int:
     setup_logging(log_format)
     options = options_from_args(args)
     config = load_config(args.kubeconfig or _env("kubeconfig"))
-    pod_name = os.environ.get("POD_NAME") or socket.gethostname()
-    namespace = os.environ.get("POD_NAMESPACE")
-    if not namespace:
-        ns_file = serviceaccount_dir() / "namespace"
-        namespace = ns_file.read_text().strip() if ns_file.is_file() else (config.namespace or "default")
+    namespace, pod_name = _pod_identity(config)
     timeout = _int("--timeout", args.timeout or _env("timeout"), high=86_400)
     wait_dns = args.wait_dns if args.wait_dns is not None else (_env("wait-dns") or "").lower() in ("1", "true")
     settings = InitSettings(
@@ -275,6 +284,75 @@ def _init(args: argparse.Namespace) -> int:
     )
     api = ApiClient(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
     run_init(api, settings, ssh=ssh_settings(args))
+    return 0
+
+
+def _pod_identity(config: Any) -> tuple[str, str]:
+    from agent.k8s.config import serviceaccount_dir
+
+    pod_name = os.environ.get("POD_NAME") or socket.gethostname()
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        ns_file = serviceaccount_dir() / "namespace"
+        namespace = ns_file.read_text().strip() if ns_file.is_file() else (config.namespace or "default")
+    return namespace, pod_name
+
+
+def _float(option: str, raw: str | None, default: float) -> float:
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise InputError(f"{option} '{raw}' must be a number of seconds >= 0")
+    return value
+
+
+def _sidecar(args: argparse.Namespace) -> int:
+    import asyncio
+    import re
+    import signal
+
+    from agent.k8s.async_client import AsyncApiClient
+    from agent.k8s.config import load_config
+    from agent.runtime.logs import setup_logging
+    from agent.runtime.sidecar import SidecarSettings, run_sidecar
+    from agent.runtime.signalling import TrainerFinder, parse_signal
+
+    setup_logging(_choice("--log-format", args.log_format or _env("log-format") or "text", ("text", "json")))
+    options = options_from_args(args)
+    config = load_config(args.kubeconfig or _env("kubeconfig"))
+    namespace, pod_name = _pod_identity(config)
+    pattern = args.trainer_match or _env("trainer-match")
+    try:
+        match = re.compile(pattern) if pattern else None
+    except re.error as err:
+        raise InputError(f"--trainer-match '{pattern}' is not a regular expression ({err})") from None
+    pid_file = args.trainer_pid_file or _env("trainer-pid-file")
+    settings = SidecarSettings(
+        namespace=namespace, pod_name=pod_name, options=options,
+        out_dir=Path(args.out or _env("out") or DEFAULT_OUT),
+        debounce=_float("--debounce", args.debounce or _env("debounce"), 1.0),
+        signal=parse_signal(args.signal or _env("signal") or "SIGUSR1"),
+        finder=TrainerFinder(pid_file=Path(pid_file) if pid_file else None, match=match),
+        stuck_after=_float("--stuck-after", args.stuck_after or _env("stuck-after"), 600.0),
+    )
+    port = _int("--health-port", args.health_port or _env("health-port"), low=0)
+    port = 8090 if port is None else port
+
+    async def main_async() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        user_agent = f"topology-agent/{__version__} sidecar ({namespace}/{pod_name})"
+        async with AsyncApiClient(config, user_agent=user_agent) as api:
+            await run_sidecar(api, settings, stop=stop, health_port=port or None,
+                              health_host=args.health_host or _env("health-host") or "0.0.0.0")
+
+    asyncio.run(main_async())
     return 0
 
 
@@ -320,8 +398,8 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out))
 
 
-COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sandbox": _sandbox, "demo": _demo,
-            "keygen": _keygen}
+COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sidecar": _sidecar, "sandbox": _sandbox,
+            "demo": _demo, "keygen": _keygen}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

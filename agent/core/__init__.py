@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from agent.core.model import Options, RawPod
 from agent.core.rendering import render_files
-from agent.core.topology import Plan, build_plan
+from agent.core.topology import Memo, Plan, build_plan
 from agent.core.variables import Variable, compute_variables
 
 
@@ -20,11 +20,12 @@ class Rendered:
     files: dict[str, bytes]
 
 
-def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, generation: int = 1) -> Rendered:
-    plan = build_plan(pods, self_name, options)
+def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, generation: int = 1,
+               memo: Memo | None = None) -> Rendered:
+    plan = build_plan(pods, self_name, options, memo=memo)
     variables = compute_variables(plan, options, generation=generation)
     return Rendered(plan=plan, variables=tuple(variables),
                     files=render_files(plan, variables, generation=generation))
 
 
-__all__ = ["Options", "Rendered", "render_pod"]
+__all__ = ["Memo", "Options", "Rendered", "render_pod"]

@@ -7,6 +7,7 @@ resources, never from the machine the agent runs on.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -44,16 +45,24 @@ class UserValue:
     container: str
 
 
-def parse_quantity(raw: str | int | float, *, where: str) -> Decimal:
-    """Parse a Kubernetes resource quantity ("2500m", "0.5", "1Gi", 4)."""
-    text = str(raw).strip()
+@functools.lru_cache(maxsize=256)
+def _quantity(text: str) -> Decimal | None:
     match = _QUANTITY.match(text)
     if not match:
-        raise InputError(f"{where}: '{text}' is not a Kubernetes quantity; use a value like 2, 500m or 1.5")
+        return None
     try:
         return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-    except InvalidOperation as err:  # pragma: no cover - the regex admits only valid decimals
-        raise InputError(f"{where}: '{text}' is not a Kubernetes quantity") from err
+    except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
+        return None
+
+
+def parse_quantity(raw: str | int | float, *, where: str) -> Decimal:
+    """Parse a Kubernetes resource quantity ("2500m", "0.5", "1Gi", 4). Cached: a job has few distinct values."""
+    text = str(raw).strip()
+    value = _quantity(text)
+    if value is None:
+        raise InputError(f"{where}: '{text}' is not a Kubernetes quantity; use a value like 2, 500m or 1.5")
+    return value
 
 
 def is_agent_container(container: RawContainer) -> bool:
@@ -111,6 +120,9 @@ def is_accelerator(resource: str) -> bool:
     return bool(vendor) and kind == "gpu"
 
 
+_NPROC_VARS = ("PET_NPROC_PER_NODE", "NPROC_PER_NODE")
+
+
 def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options) -> tuple[int, str]:
     """Processes per pod and the rule that decided it.
 
@@ -120,14 +132,16 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     pod_name = pod.get("metadata", {}).get("name", "?")
     if isinstance(options.nproc_per_node, int):
         return options.nproc_per_node, "--nproc-per-node"
-    env = user_env(container)
-    for var in ("PET_NPROC_PER_NODE", "NPROC_PER_NODE"):
-        user = env.get(var)
-        if user is not None and user.value is not None and user.value.strip().isdigit():
-            count = int(user.value)
+    explicit = {e.get("name"): e for e in (container or {}).get("env", ()) if e.get("name") in _NPROC_VARS}
+    for var in _NPROC_VARS:
+        entry = explicit.get(var)
+        value = str(entry.get("value", "")) if entry is not None and "valueFrom" not in entry else ""
+        if value.strip().isdigit():
+            count = int(value)
+            cname = (container or {}).get("name", "?")
             if count < 1:
-                raise InputError(f"pod '{pod_name}': {var}={user.value} in container '{user.container}' must be >= 1")
-            return count, f"{var}={count} set by user in container '{user.container}'"
+                raise InputError(f"pod '{pod_name}': {var}={value} in container '{cname}' must be >= 1")
+            return count, f"{var}={count} set by user in container '{cname}'"
     if container is None:
         return 1, "no trainer container: 1"
     resources = container.get("resources", {})

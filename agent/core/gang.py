@@ -114,7 +114,7 @@ def expectation_from_owner(controller: Controller, owner: dict[str, Any], traini
 
 def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expected: Expectation) -> GangStatus:
     found = collect(pods, self_name, options)
-    training = [(pod, ident) for pod, ident in found.live if found.is_training(ident)]
+    training = [(pod, ident) for pod, ident, _ in found.live if found.is_training(ident)]
     waiting = [pod for pod, _ in training]
     if not found.is_training(found.me_id):
         waiting.append(found.me)  # a pod that does not train still needs its own address

@@ -7,6 +7,7 @@ hashed into a generation decision, and handed to renderers without fear of mutat
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
@@ -146,7 +147,7 @@ class Topology:
     members: tuple[Member, ...]
     excluded: tuple[Excluded, ...] = field(default=())
 
-    @property
+    @functools.cached_property
     def training(self) -> tuple[Member, ...]:
         return tuple(m for m in self.members if m.training)
 
@@ -157,7 +158,7 @@ class Topology:
                 return member
         raise LookupError(self.self_name)  # build_topology guarantees self is a member
 
-    @property
+    @functools.cached_property
     def roles(self) -> tuple[str, ...]:
         """Every role present, training roles first in their order, then the others by name."""
         present = {m.role for m in self.members}

@@ -91,7 +91,18 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
 
 
 def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int) -> str:
-    return json.dumps(topology_document(plan, variables, generation=generation), indent=2) + "\n"
+    # Compact: the C encoder is ~20x faster than indent=2 at 1024 pods, and the sidecar writes this per change.
+    return json.dumps(topology_document(plan, variables, generation=generation)) + "\n"
+
+
+def render_discover_hosts(topology: Topology) -> str:
+    """Horovod elastic's ``--host-discovery-script``: prints ``host:slots`` for each live training pod."""
+    lines = "".join(f"{m.address}:{m.slots}\n" for m in topology.training)
+    return f"#!/bin/sh\n# Written by topology-agent: live training pods as host:slots.\ncat <<'EOF'\n{lines}EOF\n"
+
+
+MARKERS = ("topology.json", "generation")  # written last, in this order: a reader that sees them sees the rest
+EXECUTABLE = frozenset({"discover_hosts.sh"})
 
 
 def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int) -> dict[str, bytes]:
@@ -100,6 +111,19 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int) 
         "torch.env": render_env(variables),
         "hostfile": render_hostfile(plan.topology),
         **render_role_hosts(plan.topology),
+        "discover_hosts.sh": render_discover_hosts(plan.topology),
         "topology.json": render_topology_json(plan, variables, generation=generation),
+        "generation": f"{generation}\n",
     }
     return {name: text.encode() for name, text in files.items()}
+
+
+def membership_key(topology: Topology) -> tuple[tuple[object, ...], ...]:
+    """What a change must alter to be worth a rewrite and a signal: who is in, where, with what rank."""
+    return tuple((m.name, m.role, m.address, m.training, m.slots, m.node_rank) for m in topology.members)
+
+
+def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:
+    """The same key read back from a ``topology.json`` (the sidecar continues where init left off)."""
+    return tuple((m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"])
+                 for m in document.get("members", []))

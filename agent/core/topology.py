@@ -7,13 +7,50 @@ those differ between the pods' views of the same job, and two pods that disagree
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import Controller, detect_controller, parse_selector, selector_matches
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
 from agent.errors import InputError
+
+
+class Memo:
+    """Per-pod results (identity, address, slots) remembered by (pod name, resourceVersion).
+
+    A pod's facts depend only on the pod object and the options, and the API server changes resourceVersion
+    whenever the object changes, so a long-lived caller (the sidecar) recomputes only the pods that changed.
+    Entries of pods not seen in the last computation are dropped. Results are the same with or without it.
+    """
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._old: dict[tuple[str, str, str], object] = {}
+        self._new: dict[tuple[str, str, str], object] = {}
+
+    def begin(self) -> None:
+        self._old, self._new = {**self._old, **self._new}, {}
+
+    def end(self) -> None:
+        self._old, self._new = self._new, {}
+
+    def get(self, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:
+        rv = pod.get("metadata", {}).get("resourceVersion")
+        if not rv:
+            return compute()
+        key = (kind, pod_name(pod), rv)
+        if key in self._new:
+            return self._new[key]  # type: ignore[return-value]
+        value = self._old[key] if key in self._old else compute()
+        self._new[key] = value
+        return value  # type: ignore[return-value]
+
+
+def _memo_get(memo: Memo | None, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:
+    return compute() if memo is None else memo.get(kind, pod, compute)
 
 
 @dataclass(frozen=True)
@@ -38,6 +75,29 @@ def pod_ip(pod: RawPod) -> str | None:
     return status.get("podIP") or (ips[0] if ips else None)
 
 
+T = TypeVar("T")
+_SPEC_KEEP = ("hostname", "subdomain", "containers")
+_CONTAINER_KEEP = ("name", "image", "command", "args", "env", "resources", "ports")
+_META_KEEP = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "ownerReferences",
+              "resourceVersion")
+
+
+def slim_pod(pod: RawPod) -> RawPod:
+    """Only the fields the core reads: a long-lived watcher keeps 1/4 of the bytes (no managedFields, volumes,
+    conditions, container statuses)."""
+    meta = pod.get("metadata", {})
+    spec = pod.get("spec", {})
+    status = pod.get("status", {})
+    slim_spec: dict[str, object] = {k: spec[k] for k in _SPEC_KEEP[:2] if k in spec}  # type: ignore[literal-required]
+    slim_spec["containers"] = [{k: c[k] for k in _CONTAINER_KEEP if k in c}  # type: ignore[literal-required]
+                               for c in spec.get("containers", [])]
+    return {  # type: ignore[return-value]
+        "metadata": {k: meta[k] for k in _META_KEEP if k in meta},  # type: ignore[literal-required]
+        "spec": slim_spec,
+        "status": {k: status[k] for k in ("phase", "podIP", "podIPs") if k in status},  # type: ignore
+    }
+
+
 def why_not_member(pod: RawPod) -> str | None:
     """Terminating, Failed and Succeeded pods are gone for training purposes, whatever their labels say."""
     if pod.get("metadata", {}).get("deletionTimestamp"):
@@ -55,22 +115,46 @@ def find_pod(pods: Sequence[RawPod], name: str) -> RawPod:
     raise InputError(f"pod '{name}' (--self / POD_NAME) is not in the pod list; check the name and namespace")
 
 
-def _job_pods(pods: Sequence[RawPod], me: RawPod, me_id: Identity, controller: Controller,
-              options: Options) -> list[RawPod]:
-    """The pods of my job in my namespace; pods of other jobs or controllers are not my concern."""
-    namespace = me.get("metadata", {}).get("namespace", "default")
-    pairs = parse_selector(options.selector) if options.selector else None
-    mine: list[RawPod] = []
-    for pod in pods:
-        if pod.get("metadata", {}).get("namespace", "default") != namespace:
-            continue
-        if pairs is not None:
-            if pod is me or selector_matches(pod, pairs):
-                mine.append(pod)
-            continue
-        if pod is me or controller.job_of(pod) == me_id.job:
-            mine.append(pod)
-    return mine
+@dataclass(frozen=True)
+class _Facts:
+    """What one pod object says, independent of the other pods (memoised per resourceVersion)."""
+
+    name: str
+    namespace: str
+    job: str | None
+    reason: str | None
+    ident: Identity | None
+    error: InputError | None
+    has_ip: bool = False
+    place: tuple[str, str | None, str | None] | None = None  # address, DNS name, IP
+    place_error: InputError | None = None
+    slots: tuple[int, str] | None = None  # processes, the rule that decided
+    slots_error: InputError | None = None
+
+
+def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
+    try:
+        return compute(), None
+    except InputError as err:
+        return None, err
+
+
+def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None) -> _Facts:
+    meta = pod.get("metadata", {})
+    namespace = meta.get("namespace", "default")
+    matched = pairs is None or selector_matches(pod, pairs)
+    job = controller.job_of(pod) if pairs is None else (options.selector if matched else None)
+    reason = why_not_member(pod)
+    facts = _Facts(name=meta.get("name", ""), namespace=namespace, job=job, reason=reason, ident=None, error=None)
+    if job is None or reason is not None:
+        return facts
+    ident, error = _attempt(lambda: controller.identify(pod, options))
+    if ident is None:
+        return dataclasses.replace(facts, error=error)
+    place, place_error = _attempt(lambda: _address(pod, ident, controller, namespace, options))
+    slots, slots_error = _attempt(lambda: resolve_nproc(pod, pick_trainer_container(pod, options.container), options))
+    return dataclasses.replace(facts, ident=ident, has_ip=bool(pod_ip(pod)), place=place, place_error=place_error,
+                               slots=slots, slots_error=slots_error)
 
 
 def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str,
@@ -116,7 +200,7 @@ class Collected:
     me: RawPod
     controller: Controller
     me_id: Identity
-    live: tuple[tuple[RawPod, Identity], ...]
+    live: tuple[tuple[RawPod, Identity, _Facts], ...]
     excluded: tuple[Excluded, ...]
     training_roles: tuple[str, ...]
     explicit_roles: bool
@@ -125,25 +209,35 @@ class Collected:
         return ident.role in self.training_roles
 
 
-def collect(pods: Sequence[RawPod], self_name: str, options: Options) -> Collected:
+def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: Memo | None = None) -> Collected:
     """Find the job's live pods and identify each; raise ``InputError`` on labels that make no job."""
     me = find_pod(pods, self_name)
     controller = detect_controller(me, options)
     me_id = controller.identify(me, options)
-    live: list[tuple[RawPod, Identity]] = []
+    namespace = me.get("metadata", {}).get("namespace", "default")
+    pairs = parse_selector(options.selector) if options.selector else None
+    job = options.selector if pairs is not None else me_id.job
+    live: list[tuple[RawPod, Identity, _Facts]] = []
     excluded: list[Excluded] = []
     seen: dict[tuple[str, tuple[int, ...]], str] = {}
     names: set[str] = set()
-    for pod in _job_pods(pods, me, me_id, controller, options):
-        name = pod_name(pod)
+    for pod in pods:
+        facts = _memo_get(memo, "facts", pod, lambda p=pod: _facts(p, controller, options, pairs))
+        if facts.namespace != namespace or (facts.job != job and pod is not me):
+            continue  # pods of other jobs or namespaces are not my concern
+        name = facts.name
         if name in names:
             raise InputError(f"pod '{name}' appears twice in the pod list; pass each pod once")
         names.add(name)
-        reason = why_not_member(pod)
-        if reason:
-            excluded.append(Excluded(name=name, reason=reason))
+        if facts.reason:
+            excluded.append(Excluded(name=name, reason=facts.reason))
             continue
-        ident = me_id if pod is me else controller.identify(pod, options)
+        if pod is me:
+            ident = me_id
+        elif facts.ident is None:
+            raise facts.error or InputError(f"pod '{name}': cannot be identified")
+        else:
+            ident = facts.ident
         key = (ident.role, ident.index)
         if key in seen:
             where = ", ".join(map(str, ident.index))
@@ -152,17 +246,21 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options) -> Collect
                 "delete the stale pod or fix its index label"
             )
         seen[key] = name
-        live.append((pod, ident))
+        live.append((pod, ident, facts))
     roles = options.roles if options.roles is not None else controller.default_roles
-    present = {ident.role for _, ident in live}
+    present = {ident.role for _, ident, _ in live}
     training_roles = tuple(roles) if roles is not None else tuple(sorted(present))
     return Collected(me=me, controller=controller, me_id=me_id, live=tuple(live), excluded=tuple(excluded),
                      training_roles=training_roles, explicit_roles=roles is not None)
 
 
-def build_plan(pods: Sequence[RawPod], self_name: str, options: Options) -> Plan:
+def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: Memo | None = None) -> Plan:
     """Place every pod of ``self_name``'s job; raise ``InputError`` with one line when the pods say no job."""
-    found = collect(pods, self_name, options)
+    if memo is not None:
+        if memo.options != options:
+            raise ValueError("a Memo serves one set of options")
+        memo.begin()
+    found = collect(pods, self_name, options, memo=memo)
     me, controller, me_id = found.me, found.controller, found.me_id
     namespace = me.get("metadata", {}).get("namespace", "default")
     excluded = list(found.excluded)
@@ -174,7 +272,7 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options) -> Plan
         reason = next(e.reason for e in excluded if e.name == self_name)
         raise InputError(f"pod '{self_name}' is not a member of its own job ({reason}); nothing to configure")
 
-    def order(item: tuple[RawPod, Identity]) -> tuple[int, str, tuple[int, ...]]:
+    def order(item: tuple[RawPod, Identity, _Facts]) -> tuple[int, str, tuple[int, ...]]:
         ident = item[1]
         if ident.role in training_roles:
             # Without explicit roles (JobSet: every replicated job) the controller's global index alone orders.
@@ -187,32 +285,35 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options) -> Plan
     node_rank = 0
     first_rank = 0
     role_positions: dict[str, int] = {}
-    for pod, ident in live:
+    for pod, ident, facts in live:
         training = ident.role in training_roles
-        if not training and options.address == "ip" and not pod_ip(pod) and pod is not me:
+        if not training and options.address == "ip" and not facts.has_ip and pod is not me:
             # A pod that does not train is not waited for; until it has an IP it is left out of host lists.
-            excluded.append(Excluded(name=pod_name(pod), reason="no IP yet (--address ip), not a training pod"))
+            excluded.append(Excluded(name=facts.name, reason="no IP yet (--address ip), not a training pod"))
             continue
-        address, dns, ip = _address(pod, ident, controller, namespace, options)
+        if facts.place is None:
+            raise facts.place_error or InputError(f"pod '{facts.name}': no address")
+        address, dns, ip = facts.place
         ordinal = ident.ordinal if ident.ordinal >= 0 else role_positions.get(ident.role, 0)
         role_positions[ident.role] = role_positions.get(ident.role, 0) + 1
         if training:
-            container = pick_trainer_container(pod, options.container)
-            slots, source = resolve_nproc(pod, container, options)
-            slots_source[pod_name(pod)] = source
+            if facts.slots is None:
+                raise facts.slots_error or InputError(f"pod '{facts.name}': no process count")
+            slots, source = facts.slots
+            slots_source[facts.name] = source
             members.append(Member(
-                name=pod_name(pod), role=ident.role, index=ident.index, ordinal=ordinal, address=address,
+                name=facts.name, role=ident.role, index=ident.index, ordinal=ordinal, address=address,
                 dns_name=dns, ip=ip, training=True, slots=slots, node_rank=node_rank, first_rank=first_rank,
             ))
             node_rank += 1
             first_rank += slots
         else:
             members.append(Member(
-                name=pod_name(pod), role=ident.role, index=ident.index, ordinal=ordinal, address=address,
+                name=facts.name, role=ident.role, index=ident.index, ordinal=ordinal, address=address,
                 dns_name=dns, ip=ip, training=False, slots=0,
             ))
 
-    rank0 = next((pod for pod, ident in live if ident.role in training_roles), None)
+    rank0 = next((pod for pod, ident, _ in live if ident.role in training_roles), None)
     master_port, port_source = _master_port(rank0, controller, options)
     meta = me.get("metadata", {})
     owner_uid = None
@@ -228,6 +329,8 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options) -> Plan
         members=tuple(members),
         excluded=tuple(excluded),
     )
+    if memo is not None:
+        memo.end()
     return Plan(
         topology=topology,
         controller=controller,

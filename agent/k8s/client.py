@@ -9,75 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import ssl
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote, urlencode
 
 import urllib3
 
 from agent import __version__
 from agent.core.model import RawPod
-from agent.errors import ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable
+from agent.errors import ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
+from agent.k8s.wire import PodSource, Traffic, WatchEvent, error_for_status, parse_event, ssl_context
 
-RBAC_HINT = "grant it with manifests/rbac (Role: get/list/watch pods, get the job's owner kind)"
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
-    object: dict[str, Any]
-
-    @property
-    def resource_version(self) -> str | None:
-        return self.object.get("metadata", {}).get("resourceVersion")
-
-
-class PodSource(Protocol):
-    """What the init and sidecar loops need from the API; tests substitute an in-memory fake."""
-
-    def get_pod(self, namespace: str, name: str) -> RawPod: ...
-
-    def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]: ...
-
-    def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
-                   timeout: float) -> Iterator[WatchEvent]: ...
-
-    def get_object(self, path: str) -> dict[str, Any]: ...
-
-
-@dataclass
-class Traffic:
-    """What this client cost the API server: for benchmarks and the sidecar's metrics."""
-
-    requests: int = 0
-    watches: int = 0
-    bytes: int = 0
-    by_verb: dict[str, int] = field(default_factory=dict)
-
-    def count(self, verb: str) -> None:
-        self.requests += 1
-        self.by_verb[verb] = self.by_verb.get(verb, 0) + 1
-
-
-def _message(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-        return str(data.get("message", ""))[:300]
-    except (ValueError, AttributeError):
-        return body[:120].decode(errors="replace")
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
-
+__all__ = ["ApiClient", "PodSource", "WatchEvent"]
 
 class ApiClient:
     def __init__(self, config: ApiConfig, *, user_agent: str | None = None, timeout: float = 30.0) -> None:
@@ -86,11 +30,8 @@ class ApiClient:
         self.timeout = timeout
         self.user_agent = user_agent or f"topology-agent/{__version__}"
         kwargs: dict[str, Any] = {"maxsize": 2, "retries": False}
-        if config.server.startswith("https"):
-            context = ssl.create_default_context(cafile=config.ca_file) if config.verify else \
-                ssl._create_unverified_context()  # kubeconfig said insecure-skip-tls-verify
-            if config.cert_file:
-                context.load_cert_chain(config.cert_file, config.key_file)
+        context = ssl_context(config)
+        if context is not None:
             kwargs["ssl_context"] = context
             if not config.verify:
                 kwargs["cert_reqs"] = "CERT_NONE"
@@ -120,24 +61,10 @@ class ApiClient:
                 from err
 
     def _check(self, response: urllib3.BaseHTTPResponse, verb: str, what: str, namespace: str) -> None:
-        code = response.status
-        if code < 400:
-            return
-        body = response.data if response.data is not None else b""
-        message = _message(body)
-        where = f"in namespace '{namespace}'" if namespace else "cluster-wide"
-        if code in (401, 403):
-            raise ApiForbidden(
-                f"API refused {verb} {what} {where} ({code}: {message or 'forbidden'}); the pod's service "
-                f"account needs that permission: {RBAC_HINT}", status=code)
-        if code == 404:
-            raise ApiNotFound(f"{what} not found {where} ({message})", status=code)
-        if code == 410:
-            raise ApiGone(f"{verb} {what}: resourceVersion too old ({message})", status=code)
-        if code == 429 or code >= 500:
-            raise ApiUnavailable(f"API answered {code} to {verb} {what}: {message}", status=code,
-                                 retry_after=_retry_after(response.headers.get("Retry-After")))
-        raise ApiError(f"API answered {code} to {verb} {what} {where}: {message}", status=code)
+        if response.status >= 400:
+            body = response.data if response.data is not None else b""
+            raise error_for_status(response.status, body, response.headers.get("Retry-After"), verb=verb,
+                                   what=what, namespace=namespace)
 
     def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
                   query: dict[str, str] | None = None) -> dict[str, Any]:
@@ -207,21 +134,6 @@ class ApiClient:
                     while b"\n" in buffer:
                         line, buffer = buffer.split(b"\n", 1)
                         if line.strip():
-                            yield self._event(line)
+                            yield parse_event(line)
             finally:
                 response.release_conn()
-
-    @staticmethod
-    def _event(line: bytes) -> WatchEvent:
-        try:
-            data = json.loads(line)
-        except ValueError as err:
-            raise ApiUnavailable("watch stream sent a line that is not JSON (cut mid-event?)") from err
-        event = WatchEvent(type=data.get("type", ""), object=data.get("object", {}))
-        if event.type == "ERROR":
-            code = int(event.object.get("code", 0) or 0)
-            message = str(event.object.get("message", ""))[:200]
-            if code == 410:
-                raise ApiGone(f"watch expired: {message}", status=410)
-            raise ApiUnavailable(f"watch ended with an error event ({code}: {message})", status=code)
-        return event

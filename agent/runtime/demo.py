@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from agent import examples
 from agent.sandbox.threaded import SandboxThread
@@ -66,14 +67,61 @@ def run_demo(out: Path, *, stream: object = None) -> int:
                 failed += 1
                 write(f"init for {name} failed ({proc.returncode}): {err.strip().splitlines()[-1:]}\n")
         stats = sandbox.stats()
-    if failed:
-        return 1
-    write("\n" + format_table(out, list(ips)) + "\n")
-    write(f"\nAPI load: {stats['requests']} requests ({stats['watches']} watches) for {len(ips)} pods; "
-          f"bytes sent {stats['bytes']}\n")
+        if failed:
+            return 1
+        write("\n" + format_table(out, list(ips)) + "\n")
+        if not show_sidecar(sandbox, out / "demo-worker-0", write):
+            return 1
+    write(f"\nAPI load of the init step: {stats['requests']} requests ({stats['watches']} watches) for {len(ips)} "
+          f"pods; bytes sent {stats['bytes']}\n")
     write(f"Try: cat {out / 'demo-worker-0' / 'torch.env'}  |  topology-agent explain --pods "
           f"examples/volcano-pods.json --self demo-extras-0\n")
     return 0
+
+
+def _generation(directory: Path) -> int:
+    try:
+        return int((directory / "generation").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def show_sidecar(sandbox: SandboxThread, shared: Path, write: Any) -> bool:
+    """Run the sidecar for demo-worker-0, add a worker, and show the files following."""
+    name = shared.name
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
+    env.pop("KUBECONFIG", None)
+    write(f"\nstarting the sidecar for {name} (generation {_generation(shared)}); adding a worker...\n")
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--address", "ip",
+                             "--debounce", "0.2", "--signal", "none", "--health-port", "0"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        pod = examples.volcano_job(JOB, (("master", 1), ("worker", 4)), namespace=NAMESPACE)[4]
+        pod["status"] = {"phase": "Running", "podIP": "127.1.0.9", "podIPs": [{"ip": "127.1.0.9"}]}
+        base = _generation(shared)
+        if base > 1:
+            write(f"  (generation {base} already: the sidecar added demo-extras-0, which got its IP after init ran)\n")
+        started = time.monotonic()
+        sandbox.create_pod(pod)
+        write(f"  created {pod['metadata']['name']} at 127.1.0.9\n")
+        deadline = started + 15
+        while _generation(shared) <= base and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _generation(shared) <= base:
+            write("  the sidecar did not follow within 15 s\n")
+            return False
+        env_now = json.loads((shared / "topology.json").read_text())["env"]
+        write(f"  generation {_generation(shared)} after {time.monotonic() - started:.2f} s: "
+              f"WORLD_SIZE={env_now['WORLD_SIZE']}, NNODES={env_now['NNODES']}; hostfile now:\n")
+        for line in (shared / "hostfile").read_text().splitlines():
+            write(f"    {line}\n")
+        return True
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        if proc.stderr:
+            proc.stderr.close()
 
 
 def format_table(out: Path, names: list[str]) -> str:

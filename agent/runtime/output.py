@@ -6,6 +6,7 @@ from pathlib import Path
 
 from agent.core import Rendered
 from agent.core.model import Options
+from agent.core.rendering import EXECUTABLE, MARKERS
 from agent.core.ssh_config import SshPaths
 from agent.files.writing import write_files
 
@@ -23,11 +24,12 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
         keys = load_job_keys(ssh.secret_dir)
         ssh_out, modes = ssh_files(rendered, keys, paths=SshPaths(str(out_dir.resolve() / "ssh")), port=ssh.port,
                                    cluster_domain=options.cluster_domain)
-        # SSH files first, topology.json (the generation marker) still last.
-        last = files.pop("topology.json")
+        markers = {name: files.pop(name) for name in MARKERS}
         files.update(ssh_out)
-        files["topology.json"] = last
+        files.update(markers)  # the markers stay last
         owner = ssh.owner
         private = ("ssh",)
+    for name in EXECUTABLE:
+        modes[name] = 0o755
     write_files(out_dir, files, modes=modes, owner=owner, private_dirs=private)
     return list(files)

@@ -1,0 +1,117 @@
+"""The sidecar's API client: the same calls and the same error mapping as ``client.py``, on aiohttp.
+
+The sidecar is asyncio (its watch, debounce and health server run side by side), so its long watch must not
+block a thread. Status codes and watch lines are interpreted by the helpers in ``client.py``; this module only
+moves bytes, and maps aiohttp and socket exceptions to ``ApiUnavailable`` in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+
+from agent import __version__
+from agent.core.model import RawPod
+from agent.errors import ApiError, ApiUnavailable
+from agent.k8s.config import ApiConfig
+from agent.k8s.wire import Traffic, WatchEvent, error_for_status, parse_event, ssl_context
+
+
+class AsyncApiClient:
+    def __init__(self, config: ApiConfig, *, user_agent: str | None = None, timeout: float = 30.0) -> None:
+        self.config = config
+        self.traffic = Traffic()
+        self.timeout = timeout
+        self.user_agent = user_agent or f"topology-agent/{__version__}"
+        self._ssl = ssl_context(config)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncApiClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=4)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
+        token = self.config.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    @contextlib.contextmanager
+    def _mapped(self, verb: str, what: str) -> Iterator[None]:
+        try:
+            yield
+        except ApiError:
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            raise ApiUnavailable(
+                f"API server {self.config.server} unreachable during {verb} {what}: {type(err).__name__}") from err
+
+    async def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
+                        query: dict[str, str] | None = None) -> dict[str, Any]:
+        url = self.config.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+        self.traffic.count(verb)
+        with self._mapped(verb, what):
+            async with self.session.get(url, headers=self._headers(),
+                                        timeout=aiohttp.ClientTimeout(total=self.timeout, connect=5.0)) as resp:
+                body = await resp.read()
+                self.traffic.bytes += len(body)
+                if resp.status >= 400:
+                    raise error_for_status(resp.status, body, resp.headers.get("Retry-After"), verb=verb,
+                                           what=what, namespace=namespace)
+                try:
+                    return json.loads(body)
+                except ValueError as err:
+                    raise ApiUnavailable(f"API answered {verb} {what} with a body that is not JSON") from err
+
+    async def get_pod(self, namespace: str, name: str) -> RawPod:
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+        return await self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore
+
+    async def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]:
+        data = await self._get_json(f"/api/v1/namespaces/{quote(namespace)}/pods", verb="list", what="pods",
+                                    namespace=namespace, query={"labelSelector": selector, "resourceVersion": "0"})
+        return data.get("items", []), str(data.get("metadata", {}).get("resourceVersion", ""))
+
+    async def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
+                         timeout: float) -> AsyncIterator[WatchEvent]:
+        query = {"watch": "1", "labelSelector": selector, "resourceVersion": resource_version,
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(max(1, int(timeout)))}
+        url = f"{self.config.server.rstrip('/')}/api/v1/namespaces/{quote(namespace)}/pods?{urlencode(query)}"
+        self.traffic.count("watch")
+        self.traffic.watches += 1
+        with self._mapped("watch", "pods"):
+            client_timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout + 30.0)
+            async with self.session.get(url, headers=self._headers(), timeout=client_timeout) as resp:
+                if resp.status >= 400:
+                    body = await resp.read()
+                    raise error_for_status(resp.status, body, resp.headers.get("Retry-After"), verb="watch",
+                                           what="pods", namespace=namespace)
+                buffer = b""
+                async for chunk in resp.content.iter_any():
+                    self.traffic.bytes += len(chunk)
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.strip():
+                            yield parse_event(line)
+                if buffer.strip():
+                    raise ApiUnavailable("watch stream ended mid-event (connection cut)")

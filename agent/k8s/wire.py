@@ -1,0 +1,121 @@
+"""What both API clients share: the watch event type, traffic counters, the TLS context, and how HTTP statuses
+and watch lines map to the agent's ``ApiError`` tree. No HTTP library is imported here, so the sidecar (aiohttp)
+does not load urllib3 and init (urllib3) does not load aiohttp.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent.core.model import RawPod
+from agent.errors import ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable
+from agent.k8s.config import ApiConfig
+
+RBAC_HINT = "grant it with manifests/rbac (Role: get/list/watch pods, get the job's owner kind)"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.object.get("metadata", {}).get("resourceVersion")
+
+
+class PodSource(Protocol):
+    """What the init and sidecar loops need from the API; tests substitute an in-memory fake."""
+
+    def get_pod(self, namespace: str, name: str) -> RawPod: ...
+
+    def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]: ...
+
+    def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
+                   timeout: float) -> Iterator[WatchEvent]: ...
+
+    def get_object(self, path: str) -> dict[str, Any]: ...
+
+
+@dataclass
+class Traffic:
+    """What this client cost the API server: for benchmarks and the sidecar's metrics."""
+
+    requests: int = 0
+    watches: int = 0
+    bytes: int = 0
+    by_verb: dict[str, int] = field(default_factory=dict)
+
+    def count(self, verb: str) -> None:
+        self.requests += 1
+        self.by_verb[verb] = self.by_verb.get(verb, 0) + 1
+
+
+def _message(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+        return str(data.get("message", ""))[:300]
+    except (ValueError, AttributeError):
+        return body[:120].decode(errors="replace")
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def error_for_status(code: int, body: bytes, retry_after: str | None, *, verb: str, what: str,
+                     namespace: str) -> ApiError:
+    """The agent's exception for an HTTP error status (shared by the sync and the async client)."""
+    message = _message(body)
+    where = f"in namespace '{namespace}'" if namespace else "cluster-wide"
+    if code in (401, 403):
+        return ApiForbidden(
+            f"API refused {verb} {what} {where} ({code}: {message or 'forbidden'}); the pod's service "
+            f"account needs that permission: {RBAC_HINT}", status=code)
+    if code == 404:
+        return ApiNotFound(f"{what} not found {where} ({message})", status=code)
+    if code == 410:
+        return ApiGone(f"{verb} {what}: resourceVersion too old ({message})", status=code)
+    if code == 429 or code >= 500:
+        return ApiUnavailable(f"API answered {code} to {verb} {what}: {message}", status=code,
+                              retry_after=_retry_after(retry_after))
+    return ApiError(f"API answered {code} to {verb} {what} {where}: {message}", status=code)
+
+
+def parse_event(line: bytes) -> WatchEvent:
+    """One line of a watch stream; ERROR events become the matching ``ApiError``."""
+    try:
+        data = json.loads(line)
+    except ValueError as err:
+        raise ApiUnavailable("watch stream sent a line that is not JSON (cut mid-event?)") from err
+    event = WatchEvent(type=data.get("type", ""), object=data.get("object", {}))
+    if event.type == "ERROR":
+        code = int(event.object.get("code", 0) or 0)
+        message = str(event.object.get("message", ""))[:200]
+        if code == 410:
+            raise ApiGone(f"watch expired: {message}", status=410)
+        raise ApiUnavailable(f"watch ended with an error event ({code}: {message})", status=code)
+    return event
+
+
+def ssl_context(config: ApiConfig) -> ssl.SSLContext | None:
+    if not config.server.startswith("https"):
+        return None
+    if config.verify:
+        context = ssl.create_default_context(cafile=config.ca_file)
+    else:  # the kubeconfig said insecure-skip-tls-verify
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if config.cert_file:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    return context

@@ -1,0 +1,276 @@
+"""``topology-agent sidecar``: keep the files equal to the job's live membership, within a second.
+
+One LIST, then one WATCH from its resourceVersion for the pod's life: BOOKMARKs keep the resourceVersion
+fresh, a 410 relists, errors reconnect with jittered backoff, nothing polls. A membership change (a pod joins,
+leaves, terminates, gets or changes its IP) marks the state dirty; after ``--debounce`` the same core as
+``init`` recomputes the topology, and only when who-is-where changed are the files rewritten under a new,
+strictly increasing generation (``generation`` written last) and the trainer signalled. The last complete
+files always stay in place: while the API server is away, on SIGTERM, and when the current pods make no
+valid topology.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import gc
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.core import Memo, Options, Rendered, render_pod
+from agent.core.controllers import detect_controller
+from agent.core.model import RawPod
+from agent.core.rendering import membership_key, membership_key_of_document
+from agent.core.topology import pod_ip, slim_pod
+from agent.errors import ApiGone, ApiNotFound, ApiUnavailable, InputError
+from agent.k8s.async_client import AsyncApiClient
+from agent.k8s.retrying import Backoff
+from agent.runtime.metrics import SidecarMetrics
+from agent.runtime.output import write_generation
+from agent.runtime.signalling import TrainerFinder, signal_trainer
+
+log = logging.getLogger("topology_agent.sidecar")
+
+
+def release_memory() -> None:
+    """Give the LIST's transient megabytes back to the OS: the sidecar's RSS is paid in every pod of the job.
+
+    Python frees the parsed objects, but glibc keeps the freed heap until asked (malloc_trim)."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+WATCH_SECONDS = 300.0
+
+
+@dataclass
+class SidecarSettings:
+    namespace: str
+    pod_name: str
+    options: Options
+    out_dir: Path
+    debounce: float = 1.0
+    signal: Any = None  # signal.Signals | None
+    finder: TrainerFinder = field(default_factory=TrainerFinder)
+    stuck_after: float = 600.0
+
+
+class Sidecar:
+    def __init__(self, api: AsyncApiClient, settings: SidecarSettings, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = api
+        self.settings = settings
+        self.clock = clock
+        self.metrics = SidecarMetrics()
+        self.pods: dict[str, RawPod] = {}
+        self.resource_version = ""
+        self.generation = 0
+        self.last_key: tuple[tuple[object, ...], ...] | None = None
+        self.document: bytes | None = None  # topology.json as written, served by /topology
+        self.dirty = asyncio.Event()
+        self.dirty_since: float | None = None
+        self.evaluated = False
+        self.valid = False
+        self.last_progress = clock()
+        self.selector = ""
+        self.memo = Memo(settings.options)
+        self._trim: asyncio.TimerHandle | None = None
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    def load_previous(self) -> None:
+        """Continue from init's (or a previous sidecar's) generation: same membership -> no rewrite."""
+        path = self.settings.out_dir / "topology.json"
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        self.generation = int(document.get("generation", 0))
+        self.last_key = membership_key_of_document(document)
+        self.document = path.read_bytes()
+        self.metrics.generation.set(self.generation)
+
+    def mark_dirty(self, when: float) -> None:
+        if self.dirty_since is None:
+            self.dirty_since = when
+        self.dirty.set()
+
+    def apply(self, event_type: str, obj: RawPod) -> None:
+        name = obj.get("metadata", {}).get("name", "")
+        if event_type == "DELETED":
+            self.pods.pop(name, None)
+        else:
+            self.pods[name] = slim_pod(obj)
+
+    @property
+    def ready(self) -> bool:
+        return self.evaluated and self.valid and self.dirty_since is None
+
+    @property
+    def healthy(self) -> bool:
+        return self.clock() - self.last_progress < self.settings.stuck_after
+
+    # --- loops ---------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        backoff = Backoff()
+        while True:
+            try:
+                me = await self.api.get_pod(s.namespace, s.pod_name)
+                break
+            except ApiNotFound as err:
+                raise InputError(f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and "
+                                 "POD_NAMESPACE from the downward API") from err
+            except ApiUnavailable as err:
+                delay = backoff.next_delay(err.retry_after)
+                log.info("get own pod failed (%s); retry %d in %.1f s", err, backoff.attempt, delay)
+                await asyncio.sleep(delay)
+        controller = detect_controller(me, s.options)
+        self.selector = controller.selector(me, s.options)
+        self.load_previous()
+        log.info("following %s pods with selector %s from generation %d", controller.title, self.selector,
+                 self.generation)
+
+    async def watch_loop(self) -> None:
+        s = self.settings
+        backoff = Backoff()
+        need_list = True
+        first = True
+        while True:
+            try:
+                if need_list:
+                    items, self.resource_version = await self.api.list_pods(s.namespace, self.selector)
+                    # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
+                    self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p) for p in items}))
+                    del items
+                    release_memory()
+                    if not first:
+                        self.metrics.relists.inc()
+                    first = False
+                    need_list = False
+                    self.last_progress = self.clock()
+                    self.mark_dirty(self.clock())
+                async for event in self.api.watch_pods(s.namespace, self.selector, self.resource_version,
+                                                       timeout=WATCH_SECONDS):
+                    received = self.clock()
+                    self.last_progress = received
+                    backoff.reset()
+                    self.metrics.events.labels(event.type).inc()
+                    if event.resource_version:
+                        self.resource_version = event.resource_version
+                    if event.type == "BOOKMARK":
+                        continue
+                    self.apply(event.type, event.object)  # type: ignore[arg-type]
+                    self.mark_dirty(received)
+                self.metrics.watch_restarts.inc()  # the server ended the watch: resume from the last version
+            except ApiGone:
+                log.info("resourceVersion %s expired (410); listing again", self.resource_version)
+                need_list = True
+            except ApiUnavailable as err:
+                self.metrics.watch_restarts.inc()
+                delay = backoff.next_delay(err.retry_after)
+                self.last_progress = self.clock()
+                log.info("watch broke (%s); keeping generation %d, reconnect %d in %.1f s from resourceVersion %s",
+                         err, self.generation, backoff.attempt, delay, self.resource_version or "(list)")
+                await asyncio.sleep(delay)
+                if not self.resource_version:
+                    need_list = True
+
+    async def evaluate_loop(self) -> None:
+        while True:
+            await self.dirty.wait()
+            if self.settings.debounce > 0:
+                await asyncio.sleep(self.settings.debounce)
+            else:
+                await asyncio.sleep(0)  # take the events already buffered in the same pass
+            since = self.dirty_since if self.dirty_since is not None else self.clock()
+            self.dirty.clear()
+            self.dirty_since = None
+            if self.evaluate(since):
+                # Once the burst is over, hand the freed memory back (a full gc costs a few ms: not per change).
+                if self._trim is not None:
+                    self._trim.cancel()
+                self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+
+    # --- one evaluation -------------------------------------------------------------------------------------
+
+    def evaluate(self, since: float) -> bool:
+        """Recompute; rewrite and signal only if membership changed. Returns whether files were written."""
+        s = self.settings
+        self.evaluated = True
+        pods = list(self.pods.values())
+        if s.options.address == "ip":  # a pod joins once it has an address
+            pods = [p for p in pods if pod_ip(p) or p["metadata"]["name"] == s.pod_name]
+        try:
+            rendered: Rendered = render_pod(pods, s.pod_name, s.options, generation=self.generation + 1,
+                                            memo=self.memo)
+        except InputError as err:
+            self.valid = False
+            log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
+            return False
+        self.valid = True
+        key = membership_key(rendered.plan.topology)
+        if key == self.last_key:
+            return False
+        self.generation += 1
+        write_generation(s.out_dir, rendered, s.options)
+        written = self.clock()
+        self.last_key = key
+        self.document = rendered.files["topology.json"]
+        self.metrics.rewrites.inc()
+        self.metrics.generation.set(self.generation)
+        self.metrics.latency.observe(max(0.0, written - since))
+        topo = rendered.plan.topology
+        log.info("generation %d written: %d training pods, world size %d (rv=%s files_at=%.6f)", self.generation,
+                 len(topo.training), topo.world_size, self.resource_version, written)
+        result = signal_trainer(s.finder, s.signal)
+        self.metrics.signals.labels(result).inc()
+        if result == "sent":
+            log.info("trainer signalled for generation %d (signal_at=%.6f)", self.generation, self.clock())
+        return True
+
+
+async def run_tasks(tasks: dict[str, Awaitable[None]], stop: asyncio.Event) -> None:
+    """Run root tasks until one ends or ``stop`` is set; cancel the rest; re-raise the first failure."""
+    running = {asyncio.ensure_future(coro): name for name, coro in tasks.items()}
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*running, stopper], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in [*running, stopper]:
+            task.cancel()
+        for task in [*running, stopper]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    for task in done:
+        if task is not stopper and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+async def run_sidecar(api: AsyncApiClient, settings: SidecarSettings, *, stop: asyncio.Event,
+                      health_port: int | None = None, health_host: str = "0.0.0.0",
+                      on_ready: Callable[[Sidecar, int | None], None] | None = None) -> Sidecar:
+    from agent.runtime.health import serve_health
+
+    sidecar = Sidecar(api, settings)
+    await sidecar.start()
+    tasks: dict[str, Awaitable[None]] = {"watch": sidecar.watch_loop(), "evaluate": sidecar.evaluate_loop()}
+    bound: list[int] = []
+    if health_port is not None:
+        tasks["health"] = serve_health(sidecar, health_host, health_port, bound)
+    if on_ready is not None:
+        async def announce() -> None:
+            while health_port is not None and not bound:
+                await asyncio.sleep(0.01)
+            on_ready(sidecar, bound[0] if bound else None)
+            await asyncio.Event().wait()
+        tasks["announce"] = announce()
+    await run_tasks(tasks, stop)
+    log.info("stopping at generation %d; the files stay in place", sidecar.generation)
+    return sidecar

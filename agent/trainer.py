@@ -1,0 +1,115 @@
+"""For training scripts: learn about a new world when the sidecar signals one.
+
+The signal handler only sets a flag (nothing else is safe inside a handler); the script asks between steps::
+
+    from agent.trainer import TopologyWatcher
+
+    world = TopologyWatcher("/shared")          # installs a SIGUSR1 handler
+    for step in range(steps):
+        if world.changed():
+            new = world.reload()                 # re-reads topology.json and torch.env
+            print("world is now", new.world_size, "ranks; I am node", new.node_rank)
+            # checkpoint, tear down the process group, re-initialise with new.env ...
+        train_step()
+
+``reload(apply_env=True)`` also copies the new variables into ``os.environ`` so that a fresh
+``init_process_group(init_method="env://")`` sees them. Importing this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class World:
+    """One generation of the files, as the script needs it."""
+
+    generation: int
+    env: dict[str, str]
+    document: dict[str, Any]
+
+    @property
+    def world_size(self) -> int:
+        return int(self.env.get("WORLD_SIZE", "0"))
+
+    @property
+    def rank(self) -> int:
+        return int(self.env.get("RANK", "-1"))
+
+    @property
+    def node_rank(self) -> int:
+        return int(self.env.get("NODE_RANK", "-1"))
+
+    @property
+    def nnodes(self) -> int:
+        return int(self.env.get("NNODES", "0"))
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """The ``export KEY='value'`` lines of torch.env (and ``unset KEY``), as sh would leave them."""
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, raw = line[len("export "):].split("=", 1)
+            if raw.startswith('"'):  # a reference to a variable the user set: "${MASTER_PORT}"
+                env[key] = os.path.expandvars(raw.strip('"'))
+            else:
+                env[key] = shlex.split(raw)[0] if raw else ""
+        elif line.startswith("unset "):
+            for key in line.split()[1:]:
+                env.pop(key, None)
+    return env
+
+
+def read_world(directory: Path | str) -> World:
+    directory = Path(directory)
+    document = json.loads((directory / "topology.json").read_text())
+    env = parse_env_file((directory / "torch.env").read_text())
+    return World(generation=int(document.get("generation", 0)), env=env, document=document)
+
+
+class TopologyWatcher:
+    """Tracks the generation of the files in ``directory``; ``changed()`` is true after a signal or a newer file."""
+
+    def __init__(self, directory: Path | str = "/shared", *, signum: int = signal.SIGUSR1,
+                 callback: Callable[[World], None] | None = None, install: bool = True) -> None:
+        self.directory = Path(directory)
+        self.signum = signum
+        self.callback = callback
+        self.signalled = threading.Event()
+        self.current = read_world(self.directory)
+        if install:
+            signal.signal(signum, self._handler)
+
+    def _handler(self, _signum: int, _frame: FrameType | None) -> None:
+        self.signalled.set()
+
+    def _on_disk_generation(self) -> int:
+        try:
+            return int((self.directory / "generation").read_text().strip())
+        except (OSError, ValueError):
+            return self.current.generation
+
+    def changed(self) -> bool:
+        """A signal arrived, or the files moved on (a signal can be lost if it came before the handler)."""
+        return self.signalled.is_set() or self._on_disk_generation() > self.current.generation
+
+    def reload(self, *, apply_env: bool = False) -> World:
+        self.signalled.clear()
+        world = read_world(self.directory)
+        self.current = world
+        if apply_env:
+            os.environ.update(world.env)
+        if self.callback is not None:
+            self.callback(world)
+        return world

@@ -1,0 +1,24 @@
+"""A stand-in trainer: records every signal it gets, with the generation on disk at that moment."""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+record, shared = Path(sys.argv[1]), Path(sys.argv[2])
+
+
+def handler(signum, _frame):
+    try:
+        generation = (shared / "generation").read_text().strip()
+    except OSError:
+        generation = "?"
+    with record.open("a") as out:
+        out.write(f"{signal.Signals(signum).name} {generation}\n")
+
+
+for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+    signal.signal(sig, handler)
+Path(str(record) + ".pid").write_text(str(os.getpid()))
+while True:
+    signal.pause()

@@ -1,0 +1,238 @@
+"""The sidecar against the sandbox API server: files and generation follow membership; the trainer is signalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import examples
+from tests.integration.conftest import finish, start_init
+from tests.integration.test_init import create_volcano_job
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def generation(out: Path) -> int:
+    try:
+        return int((out / "generation").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+class Running:
+    def __init__(self, sandbox, tmp_path, *extra, pod="demo-worker-0", debounce="0", with_init=True):
+        self.out = tmp_path / "shared"
+        self.record = tmp_path / "signals.txt"
+        self.record.touch()
+        if with_init:
+            code, err = finish(start_init(sandbox, pod, self.out, "--address", "ip"))
+            assert code == 0, err
+        self.trainer = subprocess.Popen([sys.executable, str(HERE / "fake_trainer.py"), str(self.record),
+                                         str(self.out)])
+        self.bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)  # fake_trainer?"])
+        wait_for(lambda: Path(str(self.record) + ".pid").exists(), what="trainer start")
+        self.port = free_port()
+        env = {**os.environ, **sandbox.client_env(), "POD_NAME": pod, "POD_NAMESPACE": "default"}
+        env.pop("KUBECONFIG", None)
+        self.log = tmp_path / "sidecar.log"
+        with self.log.open("w") as handle:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(self.out), "--address", "ip",
+                 "--debounce", debounce, "--trainer-match", r"fake_trainer\.py", "--health-port", str(self.port),
+                 "--health-host", "127.0.0.1", *extra], env=env, stderr=handle)
+        wait_for(lambda: self.get("/readyz")[0] == 200, what="sidecar ready")
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+        except OSError:
+            return 0, ""
+
+    def signals(self):
+        return self.record.read_text().splitlines()
+
+    def env(self):
+        return json.loads((self.out / "topology.json").read_text())["env"]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(15)
+        for proc in (self.trainer, self.bystander):
+            proc.kill()
+            proc.wait(5)
+        return code
+
+
+@pytest.fixture
+def job(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 2)))
+    running = Running(sandbox, tmp_path)
+    yield running
+    if running.proc.poll() is None:
+        running.stop()
+
+
+def add_worker(sandbox, index, ip_index):
+    pod = examples.volcano_job("demo", (("master", 1), ("worker", index + 1)))[-1]
+    pod["status"].update(podIP=examples.loopback_ip(ip_index), podIPs=[{"ip": examples.loopback_ip(ip_index)}])
+    sandbox.create_pod(pod)
+
+
+def test_start_from_init_files_rewrites_nothing_and_signals_nobody(job):
+    assert generation(job.out) == 1
+    time.sleep(0.5)
+    assert generation(job.out) == 1 and job.signals() == []
+
+
+def test_scale_up_rewrites_with_a_new_generation_and_signals_the_trainer(job, sandbox):
+    add_worker(sandbox, 2, 10)
+    wait_for(lambda: generation(job.out) == 2, what="generation 2")
+    assert job.env()["WORLD_SIZE"] == "4"
+    assert (job.out / "hostfile").read_text().splitlines()[-1] == f"{examples.loopback_ip(10)} slots=1"
+    assert (job.out / "discover_hosts.sh").stat().st_mode & 0o111
+    hosts = subprocess.run([str(job.out / "discover_hosts.sh")], capture_output=True, text=True, check=True)
+    assert hosts.stdout.splitlines()[-1] == f"{examples.loopback_ip(10)}:1"
+    wait_for(lambda: job.signals() == ["SIGUSR1 2"], what="one signal at generation 2")
+    assert job.bystander.poll() is None  # the process that does not match was not signalled (SIGUSR1 kills)
+
+
+def test_scale_down_delete_terminate_and_replace_are_followed(job, sandbox):
+    sandbox.delete_pod("default", "demo-worker-1")
+    wait_for(lambda: generation(job.out) == 2 and job.env()["WORLD_SIZE"] == "2", what="scale down")
+    add_worker(sandbox, 1, 20)  # replacement with a new IP
+    wait_for(lambda: generation(job.out) == 3, what="replacement")
+    assert json.loads((job.out / "topology.json").read_text())["members"][2]["address"] == examples.loopback_ip(20)
+    sandbox.update_pod("default", "demo-worker-1",
+                       lambda p: p["metadata"].__setitem__("deletionTimestamp", "2026-11-22T01:00:00Z"))
+    wait_for(lambda: generation(job.out) == 4 and job.env()["WORLD_SIZE"] == "2", what="terminating excluded")
+    wait_for(lambda: len(job.signals()) == 3, what="three signals")
+    assert [line.split()[1] for line in job.signals()] == ["2", "3", "4"]
+
+
+def test_an_unchanged_relist_after_410_triggers_nothing(job, sandbox):
+    sandbox.faults(down_for=1.0)  # while the sidecar is away, a change that moves no one, then compaction
+    sandbox.update_pod("default", "demo-worker-1", lambda p: p["metadata"]["annotations"].__setitem__("note", "x"))
+    sandbox.faults(compact=True)
+    wait_for(lambda: "topology_agent_relists_total 1.0" in job.get("/metrics")[1], what="relist")
+    time.sleep(0.3)
+    assert generation(job.out) == 1 and job.signals() == []
+
+
+def test_changes_during_a_dropped_watch_a_410_and_5xx_are_not_lost(job, sandbox):
+    sandbox.faults(status=500, count=2, path="/pods")
+    sandbox.faults(drop_watches=True)
+    add_worker(sandbox, 2, 30)  # while the sidecar is disconnected and failing
+    wait_for(lambda: generation(job.out) == 2, what="catch-up after 5xx")
+    sandbox.faults(down_for=1.0)
+    sandbox.delete_pod("default", "demo-worker-2")
+    sandbox.faults(compact=True)  # and the version it resumes from is gone: 410, relist
+    wait_for(lambda: generation(job.out) == 3 and job.env()["WORLD_SIZE"] == "3", timeout=20,
+             what="catch-up after outage and 410")
+    assert (job.out / "torch.env").read_text().count("export WORLD_SIZE='3'") == 1
+
+
+def test_metrics_parse_and_health_endpoints_answer(job, sandbox):
+    add_worker(sandbox, 2, 40)
+    wait_for(lambda: generation(job.out) == 2, what="generation 2")
+    code, text = job.get("/metrics")
+    assert code == 200
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["topology_agent_rewrites"].samples[0].value == 1.0
+    assert families["topology_agent_generation"].samples[0].value == 2.0
+    assert any(s.labels.get("result") == "sent" and s.value == 1.0 for s in families["topology_agent_signals"].samples)
+    assert any(s.name.endswith("_count") and s.value == 1.0
+               for s in families["topology_agent_event_to_file_seconds"].samples)
+    assert job.get("/healthz")[0] == 200
+    assert job.get("/readyz") == (200, "generation 2\n")
+    code, body = job.get("/topology")
+    assert code == 200 and json.loads(body)["generation"] == 2
+
+
+def test_sigterm_exits_0_and_leaves_the_last_complete_files(job, sandbox):
+    add_worker(sandbox, 2, 50)
+    wait_for(lambda: generation(job.out) == 2, what="generation 2")
+    before = {p.name: p.read_bytes() for p in job.out.iterdir() if p.is_file()}
+    assert job.stop() == 0
+    after = {p.name: p.read_bytes() for p in job.out.iterdir() if p.is_file()}
+    assert before == after
+    assert not [n for n in after if n.startswith(".topology-agent-")]
+
+
+def test_debounce_coalesces_a_burst_into_one_generation(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    running = Running(sandbox, tmp_path, debounce="0.8")
+    try:
+        for i in range(1, 4):
+            add_worker(sandbox, i, 60 + i)
+        wait_for(lambda: generation(running.out) == 2 and running.env()["WORLD_SIZE"] == "5", what="one rewrite")
+        time.sleep(1.0)
+        assert generation(running.out) == 2
+        wait_for(lambda: running.signals() == ["SIGUSR1 2"], what="one signal")
+    finally:
+        running.stop()
+
+
+def test_a_trainer_using_agent_trainer_sees_the_new_world_size(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    script = tmp_path / "train.py"
+    report = tmp_path / "report.txt"
+    script.write_text(
+        "import sys, time\n"
+        "from agent.trainer import TopologyWatcher\n"
+        f"world = TopologyWatcher({str(tmp_path / 'shared')!r})\n"
+        f"open({str(report)!r}, 'w').write(f'start {{world.current.world_size}}\\n')\n"
+        "deadline = time.monotonic() + 60\n"
+        "while time.monotonic() < deadline:\n"
+        "    if world.changed():\n"
+        "        new = world.reload(apply_env=True)\n"
+        f"        open({str(report)!r}, 'a').write(f'now {{new.world_size}} gen {{new.generation}}\\n')\n"
+        "        break\n"
+        "    time.sleep(0.05)  # one training step\n"
+    )
+    out = tmp_path / "shared"
+    code, err = finish(start_init(sandbox, "demo-worker-0", out, "--address", "ip"))
+    assert code == 0, err
+    trainer = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[2])
+    wait_for(lambda: report.exists() and report.read_text().startswith("start 2"), what="trainer start")
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-0", "POD_NAMESPACE": "default"}
+    env.pop("KUBECONFIG", None)
+    sidecar = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(out), "--address", "ip",
+                                "--debounce", "0", "--trainer-match", r"train\.py", "--health-port", "0"],
+                               env=env, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        add_worker(sandbox, 1, 70)
+        assert trainer.wait(30) == 0
+        assert report.read_text().splitlines()[1] == "now 3 gen 2"
+    finally:
+        sidecar.send_signal(signal.SIGTERM)
+        assert sidecar.wait(15) == 0
