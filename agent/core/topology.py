@@ -38,15 +38,21 @@ class Memo:
         self._old, self._new = self._new, {}
 
     def get(self, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:
-        rv = pod.get("metadata", {}).get("resourceVersion")
+        meta = pod.get("metadata", {})
+        rv = meta.get("resourceVersion")
         if not rv:
             return compute()
-        key = (kind, pod_name(pod), rv)
-        if key in self._new:
-            return self._new[key]  # type: ignore[return-value]
-        value = self._old[key] if key in self._old else compute()
-        self._new[key] = value
+        key = (kind, meta.get("name", ""), rv)
+        value = self._new.get(key, _MISSING)
+        if value is _MISSING:
+            value = self._old.get(key, _MISSING)
+            if value is _MISSING:
+                value = compute()
+            self._new[key] = value
         return value  # type: ignore[return-value]
+
+
+_MISSING = object()
 
 
 def _memo_get(memo: Memo | None, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:

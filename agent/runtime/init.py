@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.core import Options, Rendered, render_pod
+from agent.core import Memo, Options, Rendered, render_pod
 from agent.core.controllers import detect_controller
 from agent.core.gang import (
     Expectation,
@@ -66,6 +66,7 @@ class GangWaiter:
         self.deadline = clock() + settings.timeout
         self.pods: dict[str, RawPod] = {}
         self.resource_version = ""
+        self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
 
     def _retry(self, call: Callable[[], object], what: str) -> object:
         try:
@@ -113,7 +114,7 @@ class GangWaiter:
 
     def status(self, expected: Expectation) -> GangStatus:
         s = self.settings
-        return gang_status(list(self.pods.values()), s.pod_name, s.options, expected)
+        return gang_status(list(self.pods.values()), s.pod_name, s.options, expected, memo=self.memo)
 
     def wait(self, selector: str, expected: Expectation) -> GangStatus:
         """Watch until the gang is complete; raise ``GangTimeout`` naming what is missing at the deadline."""
@@ -214,7 +215,7 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         waiter.pods[settings.pod_name] = me
     status = waiter.wait(selector, expected)
     log.info("gang complete: %s", status.describe())
-    rendered = render_pod(list(waiter.pods.values()), settings.pod_name, settings.options)
+    rendered = render_pod(list(waiter.pods.values()), settings.pod_name, settings.options, memo=waiter.memo)
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
     names = write_generation(settings.out_dir, rendered, settings.options, ssh)

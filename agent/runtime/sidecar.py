@@ -79,6 +79,7 @@ class Sidecar:
         self.last_progress = clock()
         self.selector = ""
         self.memo = Memo(settings.options)
+        self.unaddressed: set[str] = set()  # pods without an IP yet (kept per event, not rescanned per change)
         self._trim: asyncio.TimerHandle | None = None
 
     # --- state -------------------------------------------------------------------------------------------
@@ -104,8 +105,16 @@ class Sidecar:
         name = obj.get("metadata", {}).get("name", "")
         if event_type == "DELETED":
             self.pods.pop(name, None)
+            self.unaddressed.discard(name)
         else:
             self.pods[name] = slim_pod(obj)
+            self._track_address(name, obj)
+
+    def _track_address(self, name: str, pod: RawPod) -> None:
+        if pod_ip(pod) or name == self.settings.pod_name:
+            self.unaddressed.discard(name)
+        else:
+            self.unaddressed.add(name)
 
     @property
     def ready(self) -> bool:
@@ -149,6 +158,9 @@ class Sidecar:
                     # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
                     self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p) for p in items}))
                     del items
+                    self.unaddressed = set()
+                    for name, pod in self.pods.items():
+                        self._track_address(name, pod)
                     release_memory()
                     if not first:
                         self.metrics.relists.inc()
@@ -205,8 +217,8 @@ class Sidecar:
         s = self.settings
         self.evaluated = True
         pods = list(self.pods.values())
-        if s.options.address == "ip":  # a pod joins once it has an address
-            pods = [p for p in pods if pod_ip(p) or p["metadata"]["name"] == s.pod_name]
+        if s.options.address == "ip" and self.unaddressed:  # a pod joins once it has an address
+            pods = [p for p in pods if p["metadata"]["name"] not in self.unaddressed]
         try:
             rendered: Rendered = render_pod(pods, s.pod_name, s.options, generation=self.generation + 1,
                                             memo=self.memo)
