@@ -107,6 +107,11 @@ class TopologyWatcher:
         """A signal arrived, or the files moved on (a signal can be lost if it came before the handler)."""
         return self.signalled.is_set() or self._on_disk_generation() > self.current.generation
 
+    def close(self) -> None:
+        """Ignore further signals: a script that ends right after a change may see the files before the signal
+        lands, and a signal that arrives during interpreter shutdown would otherwise kill it (default action)."""
+        signal.signal(self.signum, signal.SIG_IGN)
+
     def reload(self, *, apply_env: bool = False) -> World:
         self.signalled.clear()
         world = read_world(self.directory)

@@ -203,3 +203,19 @@ def test_deepspeed_pdsh_launcher_starts_the_script_on_every_peer(job):
         env={**job["env"], "PDSH_RCMD_TYPE": "ssh"}, capture_output=True, text=True, timeout=240, cwd=job["dir"])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert sorted(p.name for p in marks.iterdir()) == ["0", "1", "2"]
+
+
+def test_ssh_owner_gives_the_trainers_user_the_files(workdir):
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root (CI runs as root)")
+    pods_file = workdir / "pods.json"
+    pods_file.write_text(json.dumps(examples.volcano_job("demo", (("master", 1),))))
+    secret = write_secret(workdir / "secret")
+    out = workdir / "shared"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)  # as an emptyDir is created
+    assert main(["render", "--pods", str(pods_file), "--self", "demo-master-0", "--out", str(out),
+                 "--ssh-secret-dir", str(secret), "--ssh-owner", "1234:2345"]) == 0
+    for path in [out / "ssh", *(out / "ssh").iterdir()]:
+        assert (path.stat().st_uid, path.stat().st_gid) == (1234, 2345), path
+    assert out.stat().st_mode & 0o777 == 0o755  # sshd's StrictModes: no group/other write above the keys

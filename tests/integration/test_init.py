@@ -226,3 +226,12 @@ def test_init_writes_ssh_material_and_never_logs_a_private_key(sandbox, tmp_path
         assert body not in err
     host_key = (ssh_dir / "ssh_host_ed25519_key").read_text().splitlines()[1]
     assert host_key not in err
+
+
+def test_slow_api_responses_delay_init_but_it_completes(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    sandbox.faults(delay=1.0, delay_count=3)
+    started = time.monotonic()
+    code, err = finish(start_init(sandbox, "demo-worker-0", tmp_path / "out", "--timeout", "30"))
+    assert code == 0, err
+    assert time.monotonic() - started >= 3.0  # three answers, a second each

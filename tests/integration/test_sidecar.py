@@ -213,8 +213,12 @@ def test_a_trainer_using_agent_trainer_sees_the_new_world_size(sandbox, tmp_path
         "deadline = time.monotonic() + 60\n"
         "while time.monotonic() < deadline:\n"
         "    if world.changed():\n"
+        "        early = world.signalled.is_set()\n"
         "        new = world.reload(apply_env=True)\n"
-        f"        open({str(report)!r}, 'a').write(f'now {{new.world_size}} gen {{new.generation}}\\n')\n"
+        "        # the files can be seen before the signal lands: wait for it, then report both\n"
+        "        got = early or world.signalled.wait(10)\n"
+        f"        line = f'now {{new.world_size}} gen {{new.generation}} signal {{got}}\\n'\n"
+        f"        open({str(report)!r}, 'a').write(line)\n"
         "        break\n"
         "    time.sleep(0.05)  # one training step\n"
     )
@@ -225,14 +229,16 @@ def test_a_trainer_using_agent_trainer_sees_the_new_world_size(sandbox, tmp_path
     wait_for(lambda: report.exists() and report.read_text().startswith("start 2"), what="trainer start")
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-0", "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
+    sidecar_log = (tmp_path / "sidecar.log").open("w")
     sidecar = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(out), "--address", "ip",
                                 "--debounce", "0", "--trainer-match", r"train\.py", "--health-port", "0"],
-                               env=env, stderr=subprocess.DEVNULL)
+                               env=env, stderr=sidecar_log)
     try:
         time.sleep(0.5)
         add_worker(sandbox, 1, 70)
-        assert trainer.wait(30) == 0
-        assert report.read_text().splitlines()[1] == "now 3 gen 2"
+        assert trainer.wait(30) == 0, (tmp_path / "sidecar.log").read_text() + report.read_text()
+        assert report.read_text().splitlines()[1] == "now 3 gen 2 signal True"
     finally:
         sidecar.send_signal(signal.SIGTERM)
         assert sidecar.wait(15) == 0
+        sidecar_log.close()
