@@ -1,0 +1,19 @@
+# The topology-agent image: init container and sidecar. Build: docker build -t topology-agent:0.1.0 .
+FROM python:3.11-slim AS build
+WORKDIR /src
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY requirements.lock ./
+RUN python -m pip install --prefix=/install --no-deps -r requirements.lock
+COPY pyproject.toml README.md ./
+COPY agent ./agent
+RUN python -m pip install --prefix=/install --no-deps .
+
+FROM python:3.11-slim
+LABEL org.opencontainers.image.title="topology-agent" \
+      org.opencontainers.image.description="Configures multi-pod training jobs: torch.env, hostfile, SSH, elastic sidecar"
+COPY --from=build /install /usr/local
+RUN groupadd --system --gid 65532 agent \
+    && useradd --system --uid 65532 --gid agent --no-create-home --shell /usr/sbin/nologin agent
+USER 65532:65532
+ENTRYPOINT ["topology-agent"]
+CMD ["init"]

