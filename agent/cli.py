@@ -19,7 +19,7 @@ from typing import Any
 
 from agent import __version__
 from agent.core import Options, Rendered, render_pod
-from agent.core.model import RawPod
+from agent.core.model import RawPod, is_whole_number
 from agent.core.variables import explain_exclusions
 from agent.errors import AgentError, InputError
 
@@ -34,7 +34,7 @@ def _env(name: str) -> str | None:
 def _int(option: str, raw: str | None, *, low: int = 1, high: int = 65535) -> int | None:
     if raw is None:
         return None
-    if not raw.strip().isdigit() or not low <= int(raw) <= high:
+    if not is_whole_number(raw) or not low <= int(raw) <= high:
         raise InputError(f"{option} '{raw}' must be a whole number from {low} to {high}")
     return int(raw)
 
@@ -148,6 +148,17 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     ssh.add_argument("--ssh-owner", help="UID:GID that owns the SSH files (the trainer's user; sshd checks it)")
 
 
+def _add_offline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
+    parser.add_argument("--self", help="this pod's name (default: $POD_NAME)")
+
+
+def _add_in_cluster(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
+    parser.add_argument("--log-format", help="text (default) or json")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="topology-agent",
@@ -157,27 +168,24 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     render = commands.add_parser("render", help="write the files for one pod from a pods JSON file (offline)")
-    render.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
-    render.add_argument("--self", help="this pod's name (default: $POD_NAME)")
+    _add_offline(render)
     render.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
     _add_common(render)
 
     explain = commands.add_parser("explain", help="print every variable, its value and the rule behind it")
-    explain.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
-    explain.add_argument("--self", help="this pod's name (default: $POD_NAME)")
+    _add_offline(explain)
     _add_common(explain)
+
     init = commands.add_parser("init", help="init container: wait for the job's pods, then write the files")
-    init.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    _add_in_cluster(init)
     init.add_argument("--expect", help="number of training pods to wait for (default: read from the owner object)")
     init.add_argument("--timeout", help="seconds to wait for the gang (default 600)")
     init.add_argument("--wait-dns", action="store_true", default=None,
                       help="also wait until every peer's DNS name resolves")
-    init.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
-    init.add_argument("--log-format", help="text (default) or json")
     _add_common(init)
 
     sidecar = commands.add_parser("sidecar", help="elastic jobs: follow membership, rewrite files, signal the trainer")
-    sidecar.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    _add_in_cluster(sidecar)
     sidecar.add_argument("--debounce", help="seconds to gather changes before rewriting (default 1, 0 allowed)")
     sidecar.add_argument("--signal", help="signal for the trainer after a rewrite: SIGUSR1 (default), ..., none")
     sidecar.add_argument("--trainer-pid-file", help="file holding the trainer's pid")
@@ -185,8 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--health-port", help="port of /healthz /readyz /metrics /topology (default 8090; 0: off)")
     sidecar.add_argument("--health-host", help="address to bind the health server (default 0.0.0.0)")
     sidecar.add_argument("--stuck-after", help="seconds without watch progress before /healthz fails (default 600)")
-    sidecar.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
-    sidecar.add_argument("--log-format", help="text (default) or json")
     _add_common(sidecar)
 
     sandbox = commands.add_parser("sandbox", help="run the sandbox API server (for kubectl and the agent, no cluster)")

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from agent.core.model import Options, RawContainer, RawPod
+from agent.core.model import Options, RawContainer, RawPod, is_whole_number
 from agent.errors import InputError
 
 AGENT_NAME = "topology-agent"
@@ -136,7 +136,7 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     for var in _NPROC_VARS:
         entry = explicit.get(var)
         value = str(entry.get("value", "")) if entry is not None and "valueFrom" not in entry else ""
-        if value.strip().isdigit():
+        if is_whole_number(value):
             count = int(value)
             cname = (container or {}).get("name", "?")
             if count < 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.core.model import Identity, Options, RawPod
+from agent.core.model import Identity, Options, RawPod, is_whole_number
 from agent.errors import InputError
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -54,7 +54,7 @@ def _number(pod: RawPod, key: str, *, fix: str) -> int:
     """A non-negative integer label (falling back to the annotation of the same key)."""
     raw = _required(pod, key, fix=fix)
     name = _meta(pod)[0]
-    if not raw.isascii() or not raw.isdigit():
+    if not is_whole_number(raw) or raw != raw.strip():
         raise InputError(f"pod '{name}': label '{key}' is '{raw}', not a non-negative integer; {fix}")
     return int(raw)
 

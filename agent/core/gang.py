@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.core import controllers as c
 from agent.core.controllers import Controller
-from agent.core.model import Options, RawPod
+from agent.core.model import Options, RawPod, is_whole_number
 from agent.core.topology import Memo, collect, pod_ip
 from agent.errors import InputError
 
@@ -73,7 +73,7 @@ def expectation_from_pod(controller: Controller, pod: RawPod) -> Expectation | N
         return None
     annotations = pod.get("metadata", {}).get("annotations", {}) or {}
     raw = annotations.get(c.LWS_SIZE)
-    if raw is None or not raw.isdigit():
+    if raw is None or not is_whole_number(raw):
         return None
     size = int(raw)
     return Expectation(total=size, per_role={"leader": 1, "worker": size - 1}, source=f"annotation {c.LWS_SIZE}")

@@ -8,10 +8,17 @@ hashed into a generation decision, and handed to renderers without fear of mutat
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypedDict
 
 AddressMode = Literal["dns", "ip"]
+_WHOLE = re.compile(r"[0-9]+")
+
+
+def is_whole_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²' and '٣', which int() then rejects or reads."""
+    return bool(_WHOLE.fullmatch(text.strip()))
 
 
 class RawEnvVar(TypedDict, total=False):

@@ -19,7 +19,7 @@ from agent import __version__
 from agent.core.model import RawPod
 from agent.errors import ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
-from agent.k8s.wire import PodSource, Traffic, WatchEvent, error_for_status, parse_event, ssl_context
+from agent.k8s.wire import PodSource, Traffic, WatchEvent, error_for_status, parse_event, request_headers, ssl_context
 
 __all__ = ["ApiClient", "PodSource", "WatchEvent"]
 
@@ -43,11 +43,7 @@ class ApiClient:
     # --- plumbing ----------------------------------------------------------------------------------------
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": self.user_agent}
-        token = self.config.bearer()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        return headers
+        return request_headers(self.config, self.user_agent)
 
     @contextlib.contextmanager
     def _mapped(self, verb: str, what: str) -> Iterator[None]:

@@ -107,6 +107,14 @@ def parse_event(line: bytes) -> WatchEvent:
     return event
 
 
+def request_headers(config: ApiConfig, user_agent: str) -> dict[str, str]:
+    headers = {"Accept": "application/json", "User-Agent": user_agent}
+    token = config.bearer()  # re-read each time: in-cluster tokens rotate
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
 def ssl_context(config: ApiConfig) -> ssl.SSLContext | None:
     if not config.server.startswith("https"):
         return None

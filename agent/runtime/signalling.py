@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from agent.core.model import is_whole_number
 from agent.errors import InputError
 
 log = logging.getLogger("topology_agent.signal")
@@ -27,7 +28,7 @@ def parse_signal(name: str | None) -> signal.Signals | None:
         return None
     text = name.upper()
     try:
-        if text.isdigit():
+        if is_whole_number(text):
             return signal.Signals(int(text))
         return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
     except (KeyError, ValueError):

@@ -19,6 +19,7 @@ import asyncssh
 import yaml
 
 from agent.core import Rendered
+from agent.core.model import is_whole_number
 from agent.core.ssh_config import (
     SshPaths,
     host_principals,
@@ -120,7 +121,7 @@ def parse_owner(raw: str | None) -> tuple[int, int] | None:
     if raw is None:
         return None
     uid, sep, gid = raw.partition(":")
-    if not uid.isdigit() or (sep and not gid.isdigit()):
+    if not is_whole_number(uid) or (sep and not is_whole_number(gid)):
         raise InputError(f"--ssh-owner '{raw}' must be UID:GID in numbers, e.g. --ssh-owner 1000:1000")
     return int(uid), int(gid) if sep else int(uid)
 
