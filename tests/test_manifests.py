@@ -16,9 +16,9 @@ from tests.manifest_pods import pod_templates, pods_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
-RBAC = sorted((ROOT / "manifests" / "rbac").glob("*.yaml"))
+RBAC = sorted((ROOT / "manifests" / "rbac").glob("*.yaml")) + sorted((ROOT / "manifests" / "apf").glob("*.yaml"))
 K8S_VERSION = "1.32"
-CORE_GROUPS = ("v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1")
+CORE_GROUPS = ("v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1", "flowcontrol.apiserver.k8s.io/v1")
 
 
 def documents(paths):

@@ -1,0 +1,99 @@
+"""Scaling of the current design (every pod lists and watches every pod of its job): cost per pod and in total.
+
+For each job size it runs init for one pod (median of --runs) and a sidecar through --changes membership
+changes, then reports per-pod API requests and bytes at start, init wall time, sidecar RSS and event-to-file
+latency, and the whole job's API traffic at start (N pods x bytes per pod: the N^2 of issue 7).
+
+    python bench/scale_bench.py --sizes 256 1024 4096 --runs 3 --changes 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from agent import examples
+from agent.sandbox.threaded import SandboxThread
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from init_bench import build_job, one_run
+from sidecar_bench import rss_mb
+
+
+def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int) -> dict[str, float]:
+    shared = tmp / "sidecar-shared"
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-1", "POD_NAMESPACE": "default"}
+    env.pop("KUBECONFIG", None)
+    subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--address", "ip"], env=env,
+                   check=True, stderr=subprocess.DEVNULL)
+    agent = "topology-agent/0.1.0 sidecar (default/demo-worker-1)"
+    sandbox.reset_stats()
+    log_path = tmp / "sidecar.log"
+    with log_path.open("w") as log:
+        sidecar = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--address",
+                                    "ip", "--debounce", "0", "--signal", "none", "--health-port", "0",
+                                    "--log-format", "json"], env=env, stderr=log)
+    time.sleep(3.0 + pods / 1000)
+    start_stats = dict(sandbox.stats()["byAgent"].get(agent, {}))
+    emitted, versions = [], []
+    for i in range(changes):
+        emitted.append(time.monotonic())
+        obj = sandbox.set_pod_ip("default", f"demo-worker-{2 + i}", examples.loopback_ip(9000 + i))
+        versions.append(int(obj["metadata"]["resourceVersion"]))
+        time.sleep(0.1)
+    time.sleep(2.0)
+    rss = rss_mb(sidecar.pid)
+    psutil.Process(sidecar.pid).terminate()
+    sidecar.wait(15)
+    generations = []
+    for line in log_path.read_text().splitlines():
+        msg = json.loads(line)["msg"]
+        if "files_at=" in msg:
+            generations.append((int(msg.split("rv=")[1].split()[0]), float(msg.split("files_at=")[1].rstrip(")"))))
+    latencies = []
+    for at, version in zip(emitted, versions, strict=True):
+        found = next((t for rv, t in generations if rv >= version), None)
+        if found is not None:
+            latencies.append((found - at) * 1000)
+    latencies.sort()
+    return {"rss": rss, "p50": statistics.median(latencies), "p99": latencies[min(len(latencies) - 1,
+                                                                                   round(0.99 * len(latencies)))],
+            "start_bytes": start_stats.get("bytes", 0), "start_requests": start_stats.get("requests", 0)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--changes", type=int, default=50)
+    args = parser.parse_args()
+    rows = []
+    for size in args.sizes:
+        with tempfile.TemporaryDirectory() as tmp_name, SandboxThread(Path(tmp_name) / "sb") as sandbox:
+            tmp = Path(tmp_name)
+            build_job(sandbox, size, 0)
+            runs = [one_run(sandbox, f"demo-worker-{size // 2}", tmp / f"out{i}", [], {}) for i in range(args.runs)]
+            init = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            side = sidecar_run(sandbox, tmp, size, args.changes)
+        rows.append((size, init, side))
+    print("| pods | init wall (s) | init requests (+watch) | init bytes per pod | job total at start (all pods' init) |"
+          " init peak RSS (MB) | sidecar start bytes per pod | sidecar RSS (MB) | event-to-file p50 / p99 (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for size, init, side in rows:
+        total = size * init["bytes"]
+        print(f"| {size} | {init['wall']:.2f} | {init['requests']:.0f} (+{init['watches']:.0f}) | "
+              f"{init['bytes'] / 2**20:.1f} MiB | {total / 2**30:.2f} GiB | {init['rss_mb']:.0f} | "
+              f"{side['start_bytes'] / 2**20:.1f} MiB | {side['rss']:.0f} | {side['p50']:.0f} / {side['p99']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
