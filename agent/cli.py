@@ -21,7 +21,7 @@ from agent import __version__
 from agent.core import Options, Rendered, render_pod
 from agent.core.model import RawPod, is_whole_number
 from agent.core.variables import explain_exclusions
-from agent.errors import AgentError, InputError
+from agent.errors import AgentError, ApiConflict, InputError
 
 DEFAULT_OUT = "/shared"
 
@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--timeout", help="seconds to wait for the gang (default 600)")
     init.add_argument("--wait-dns", action="store_true", default=None,
                       help="also wait until every peer's DNS name resolves")
+    init.add_argument("--source", help="where peers come from: pods (every pod lists the job's pods), published "
+                                       "(the leader publishes a compact topology), auto (default: published from "
+                                       "256 training pods)")
     _add_common(init)
 
     sidecar = commands.add_parser("sidecar", help="elastic jobs: follow membership, rewrite files, signal the trainer")
@@ -287,6 +290,7 @@ def _init(args: argparse.Namespace) -> int:
         out_dir=Path(args.out or _env("out") or DEFAULT_OUT),
         expect=_int("--expect", args.expect or _env("expect"), high=1_000_000),
         timeout=float(timeout if timeout is not None else 600), wait_dns=wait_dns,
+        source=_choice("--source", args.source or _env("source") or "auto", ("auto", "pods", "published")),
     )
     api = ApiClient(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
     run_init(api, settings, ssh=ssh_settings(args))
@@ -393,7 +397,11 @@ def _keygen(args: argparse.Namespace) -> int:
     from agent.k8s.config import load_config
 
     api = ApiClient(load_config(args.kubeconfig))
-    created = api.create(f"/api/v1/namespaces/{args.namespace}/secrets", yaml.safe_load(manifest))
+    try:
+        created = api.create(f"/api/v1/namespaces/{args.namespace}/secrets", yaml.safe_load(manifest))
+    except ApiConflict as err:
+        raise ApiConflict(f"secrets '{args.job}-ssh' already exists in namespace '{args.namespace}'; delete it "
+                          "first to rotate keys", status=409) from err
     print(f"secret/{created['metadata']['name']} created in namespace {args.namespace}")
     return 0
 

@@ -13,6 +13,7 @@ library (``raise ... from err``) and never cross into the core or the CLI.
         ├── ApiUnavailable              connection refused/reset, 5xx, 429: retried with backoff first
         ├── ApiForbidden                401/403: RBAC is missing; never retried
         ├── ApiNotFound                 404
+        ├── ApiConflict                 409: exists already, or changed since it was read
         └── ApiGone                     410: a watch's resourceVersion is too old; the caller relists
 """
 
@@ -68,3 +69,7 @@ class ApiNotFound(ApiError):
 
 class ApiGone(ApiError):
     """410: the watch's resourceVersion was compacted away; list again."""
+
+
+class ApiConflict(ApiError):
+    """409: a create found the object, or a compare-and-swap update lost to another writer."""

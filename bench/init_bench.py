@@ -52,14 +52,16 @@ def build_job(sandbox: SandboxThread, n: int, late: int) -> list[str]:
     return late_names
 
 
-def one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: dict[str, str]) -> dict:
+def one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: dict[str, str],
+            extra: tuple[str, ...] = ()) -> dict:
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": pod, "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
     agent = f"topology-agent/0.1.0 init (default/{pod})"
     sandbox.reset_stats()
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "init", "--out", str(out), "--address", "ip",
-                             "--log-format", "json"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--log-format", "json", *extra], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     timer = None
     if late:
         def give_ips() -> None:
@@ -90,6 +92,7 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--late", type=int, default=0)
+    parser.add_argument("--source", default="pods", choices=["pods", "published"])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, SandboxThread(Path(tmp) / "sb") as sandbox:
         late = build_job(sandbox, args.pods, args.late)
@@ -101,7 +104,10 @@ def main() -> None:
             t = time.perf_counter()
             subprocess.run([sys.executable, "-c", "pass"], check=True)
             baseline.append(time.perf_counter() - t)
-        runs = [one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips) for i in range(args.runs)]
+        extra = ("--source", args.source)
+        if args.source == "published":  # the leader (node rank 0) publishes once; the runs measure a follower
+            one_run(sandbox, "demo-master-0", Path(tmp) / "leader", [], ips, extra)
+        runs = [one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips, extra) for i in range(args.runs)]
         pod_bytes = len(json.dumps(sandbox.sandbox.store.get("/v1/pods", "default", pod)))
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print("| pods | late pods | runs | wall median (s) | wall min-max (s) | API requests (+watches) | bytes received |"
@@ -109,7 +115,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     print(f"| {args.pods} | {args.late} | {args.runs} | {med['wall']:.2f} | {min(r['wall'] for r in runs):.2f}-"
           f"{max(r['wall'] for r in runs):.2f} | {med['requests']:.0f} (+{med['watches']:.0f}) | "
-          f"{med['bytes'] / 1e6:.1f} MB | {med['rss_mb']:.0f} | {statistics.median(baseline):.2f} |")
+          f"{med['bytes'] / 1e3:.0f} kB | {med['rss_mb']:.0f} | {statistics.median(baseline):.2f} |")
     print(f"\none pod object is {pod_bytes} bytes of JSON")
 
 

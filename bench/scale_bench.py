@@ -29,12 +29,20 @@ from init_bench import build_job, one_run
 from sidecar_bench import rss_mb
 
 
-def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int) -> dict[str, float]:
+def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int, source: str,
+                gap: float) -> dict[str, float]:
+    """The sidecar of demo-worker-1; with a published topology it is a follower, and the leader's sidecar runs too."""
     shared = tmp / "sidecar-shared"
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-1", "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
-    subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--address", "ip"], env=env,
-                   check=True, stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--address", "ip", "--source",
+                    source], env=env, check=True, stderr=subprocess.DEVNULL)
+    leader = None
+    if source == "published":
+        leader_env = {**env, "POD_NAME": "demo-master-0"}
+        leader = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(tmp / "leader-shared"),
+                                   "--address", "ip", "--debounce", "0", "--signal", "none", "--health-port", "0"],
+                                  env=leader_env, stderr=subprocess.DEVNULL)
     agent = "topology-agent/0.1.0 sidecar (default/demo-worker-1)"
     sandbox.reset_stats()
     log_path = tmp / "sidecar.log"
@@ -49,11 +57,14 @@ def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int) -> d
         emitted.append(time.monotonic())
         obj = sandbox.set_pod_ip("default", f"demo-worker-{2 + i}", examples.loopback_ip(9000 + i))
         versions.append(int(obj["metadata"]["resourceVersion"]))
-        time.sleep(0.1)
+        time.sleep(gap)
     time.sleep(2.0)
     rss = rss_mb(sidecar.pid)
     psutil.Process(sidecar.pid).terminate()
     sidecar.wait(15)
+    if leader is not None:
+        leader.terminate()
+        leader.wait(15)
     generations = []
     for line in log_path.read_text().splitlines():
         msg = json.loads(line)["msg"]
@@ -75,23 +86,31 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--changes", type=int, default=50)
+    parser.add_argument("--source", default="pods", choices=["pods", "published"])
+    parser.add_argument("--gap", type=float, default=0.1, help="seconds between membership changes")
     args = parser.parse_args()
     rows = []
     for size in args.sizes:
         with tempfile.TemporaryDirectory() as tmp_name, SandboxThread(Path(tmp_name) / "sb") as sandbox:
             tmp = Path(tmp_name)
             build_job(sandbox, size, 0)
-            runs = [one_run(sandbox, f"demo-worker-{size // 2}", tmp / f"out{i}", [], {}) for i in range(args.runs)]
+            extra = ("--source", args.source)
+            leader = None
+            if args.source == "published":  # the leader publishes once; the runs measure a follower
+                leader = one_run(sandbox, "demo-master-0", tmp / "leader", [], {}, extra)
+            runs = [one_run(sandbox, f"demo-worker-{size // 2}", tmp / f"out{i}", [], {}, extra)
+                    for i in range(args.runs)]
             init = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            side = sidecar_run(sandbox, tmp, size, args.changes)
-        rows.append((size, init, side))
+            side = sidecar_run(sandbox, tmp, size, args.changes, args.source, args.gap)
+        rows.append((size, init, side, leader))
+    print(f"source: {args.source}, a membership change every {args.gap} s")
     print("| pods | init wall (s) | init requests (+watch) | init bytes per pod | job total at start (all pods' init) |"
           " init peak RSS (MB) | sidecar start bytes per pod | sidecar RSS (MB) | event-to-file p50 / p99 (ms) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for size, init, side in rows:
-        total = size * init["bytes"]
+    for size, init, side, leader in rows:
+        total = size * init["bytes"] + (leader["bytes"] - init["bytes"] if leader else 0)
         print(f"| {size} | {init['wall']:.2f} | {init['requests']:.0f} (+{init['watches']:.0f}) | "
-              f"{init['bytes'] / 2**20:.1f} MiB | {total / 2**30:.2f} GiB | {init['rss_mb']:.0f} | "
+              f"{init['bytes'] / 2**10:.0f} KiB | {total / 2**30:.3f} GiB | {init['rss_mb']:.0f} | "
               f"{side['start_bytes'] / 2**20:.1f} MiB | {side['rss']:.0f} | {side['p50']:.0f} / {side['p99']:.0f} |")
 
 

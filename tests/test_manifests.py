@@ -118,7 +118,8 @@ def test_kubectl_kustomize_builds_the_rbac_base():
     role = next(doc for doc in yaml.safe_load_all(out) if doc["kind"] == "Role")
     verbs = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert verbs[(("",), ("pods",))] == {"get", "list", "watch"}
-    assert all(v <= {"get", "list", "watch"} for v in verbs.values()), "the agent only reads"
+    writes = {k: v - {"get", "list", "watch"} for k, v in verbs.items() if v - {"get", "list", "watch"}}
+    assert writes == {(("",), ("configmaps",)): {"create", "update"}}, "the only write: the published topology"
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "images/pytorch-trainer/Dockerfile",

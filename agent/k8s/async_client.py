@@ -17,7 +17,7 @@ import aiohttp
 
 from agent import __version__
 from agent.core.model import RawPod
-from agent.errors import ApiError, ApiUnavailable
+from agent.errors import ApiConflict, ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
 from agent.k8s.wire import Traffic, WatchEvent, error_for_status, parse_event, request_headers, ssl_context
 
@@ -83,24 +83,66 @@ class AsyncApiClient:
         return await self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore
 
     async def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]:
-        data = await self._get_json(f"/api/v1/namespaces/{quote(namespace)}/pods", verb="list", what="pods",
-                                    namespace=namespace, query={"labelSelector": selector, "resourceVersion": "0"})
+        items, rv = await self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector)
+        return items, rv  # type: ignore[return-value]
+
+    async def list_objects(self, path: str, *, label_selector: str = "",
+                           field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        query = {"resourceVersion": "0"}  # served from the API server's watch cache
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        parts = path.strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        data = await self._get_json(path, verb="list", what=parts[-1], namespace=namespace, query=query)
         return data.get("items", []), str(data.get("metadata", {}).get("resourceVersion", ""))
 
-    async def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
-                         timeout: float) -> AsyncIterator[WatchEvent]:
-        query = {"watch": "1", "labelSelector": selector, "resourceVersion": resource_version,
-                 "allowWatchBookmarks": "true", "timeoutSeconds": str(max(1, int(timeout)))}
-        url = f"{self.config.server.rstrip('/')}/api/v1/namespaces/{quote(namespace)}/pods?{urlencode(query)}"
+    async def write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST (create) to a collection or PUT (replace) to an object; 409 becomes ``ApiConflict``."""
+        parts = path.strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        verb = "create" if method == "POST" else "update"
+        what = f"{parts[-1] if method == 'POST' else parts[-2]} '{body.get('metadata', {}).get('name', '?')}'"
+        self.traffic.count(verb)
+        with self._mapped(verb, what):
+            async with self.session.request(method, self.config.server.rstrip("/") + path, data=json.dumps(body),
+                                            headers={**self._headers(), "Content-Type": "application/json"},
+                                            timeout=aiohttp.ClientTimeout(total=self.timeout, connect=5.0)) as resp:
+                data = await resp.read()
+                self.traffic.bytes += len(data)
+                if resp.status == 409:
+                    raise ApiConflict(f"{what} already exists or changed in namespace '{namespace}'", status=409)
+                if resp.status >= 400:
+                    raise error_for_status(resp.status, data, resp.headers.get("Retry-After"), verb=verb, what=what,
+                                           namespace=namespace)
+                return json.loads(data)
+
+    def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
+                   timeout: float) -> AsyncIterator[WatchEvent]:
+        return self.watch_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", resource_version, timeout=timeout,
+                                  label_selector=selector)
+
+    async def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
+                            field_selector: str = "") -> AsyncIterator[WatchEvent]:
+        query = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                 "timeoutSeconds": str(max(1, int(timeout)))}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        parts = path.strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        url = f"{self.config.server.rstrip('/')}{path}?{urlencode(query)}"
         self.traffic.count("watch")
         self.traffic.watches += 1
-        with self._mapped("watch", "pods"):
+        with self._mapped("watch", parts[-1]):
             client_timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout + 30.0)
             async with self.session.get(url, headers=self._headers(), timeout=client_timeout) as resp:
                 if resp.status >= 400:
                     body = await resp.read()
                     raise error_for_status(resp.status, body, resp.headers.get("Retry-After"), verb="watch",
-                                           what="pods", namespace=namespace)
+                                           what=parts[-1], namespace=namespace)
                 buffer = b""
                 async for chunk in resp.content.iter_any():
                     self.traffic.bytes += len(chunk)

@@ -17,7 +17,7 @@ import urllib3
 
 from agent import __version__
 from agent.core.model import RawPod
-from agent.errors import ApiError, ApiUnavailable
+from agent.errors import ApiConflict, ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
 from agent.k8s.wire import PodSource, Traffic, WatchEvent, error_for_status, parse_event, request_headers, ssl_context
 
@@ -79,19 +79,26 @@ class ApiClient:
     # --- the calls ---------------------------------------------------------------------------------------
 
     def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST an object (``keygen --apply``; the init and sidecar loops only read)."""
+        """POST an object to a collection path (``keygen --apply``, the leader's published topology)."""
+        return self._write("POST", path, body, verb="create")
+
+    def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT an object to its own path; ``metadata.resourceVersion`` in the body makes it a compare-and-swap."""
+        return self._write("PUT", path, body, verb="update")
+
+    def _write(self, method: str, path: str, body: dict[str, Any], *, verb: str) -> dict[str, Any]:
         parts = path.strip("/").split("/")
         namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
-        what = f"{parts[-1]} '{body.get('metadata', {}).get('name', '?')}'"
-        self.traffic.count("create")
-        with self._mapped("create", what):
-            response = self.pool.request("POST", self.config.server.rstrip("/") + path, body=json.dumps(body),
+        what = f"{parts[-1] if method == 'POST' else parts[-2]} '{body.get('metadata', {}).get('name', '?')}'"
+        self.traffic.count(verb)
+        with self._mapped(verb, what):
+            response = self.pool.request(method, self.config.server.rstrip("/") + path, body=json.dumps(body),
                                          headers={**self._headers(), "Content-Type": "application/json"},
                                          timeout=urllib3.Timeout(connect=5.0, read=self.timeout))
+            self.traffic.bytes += len(response.data or b"")
             if response.status == 409:
-                raise ApiError(f"{what} already exists in namespace '{namespace}'; delete it first to rotate keys",
-                               status=409)
-            self._check(response, "create", what, namespace)
+                raise ApiConflict(f"{what} already exists or changed in namespace '{namespace}'", status=409)
+            self._check(response, verb, what, namespace)
             return json.loads(response.data)
 
     def get_pod(self, namespace: str, name: str) -> RawPod:
@@ -99,9 +106,19 @@ class ApiClient:
         return self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore[return-value]
 
     def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]:
+        return self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector)  # type: ignore
+
+    def list_objects(self, path: str, *, label_selector: str = "",
+                     field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
         # resourceVersion=0 lets the API server answer from its watch cache instead of a quorum read of etcd.
-        data = self._get_json(f"/api/v1/namespaces/{quote(namespace)}/pods", verb="list", what="pods",
-                              namespace=namespace, query={"labelSelector": selector, "resourceVersion": "0"})
+        query = {"resourceVersion": "0"}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        parts = path.strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        data = self._get_json(path, verb="list", what=parts[-1], namespace=namespace, query=query)
         return data.get("items", []), str(data.get("metadata", {}).get("resourceVersion", ""))
 
     def get_object(self, path: str) -> dict[str, Any]:
@@ -112,17 +129,28 @@ class ApiClient:
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
                    timeout: float) -> Iterator[WatchEvent]:
         """Stream events after ``resource_version`` until the server ends the watch (after ``timeout``)."""
-        query = {"watch": "1", "labelSelector": selector, "resourceVersion": resource_version,
-                 "allowWatchBookmarks": "true", "timeoutSeconds": str(max(1, int(timeout)))}
-        url = f"{self.config.server.rstrip('/')}/api/v1/namespaces/{quote(namespace)}/pods?{urlencode(query)}"
+        return self.watch_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", resource_version, timeout=timeout,
+                                  label_selector=selector)
+
+    def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
+                      field_selector: str = "") -> Iterator[WatchEvent]:
+        query = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                 "timeoutSeconds": str(max(1, int(timeout)))}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        parts = path.strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        url = f"{self.config.server.rstrip('/')}{path}?{urlencode(query)}"
         self.traffic.count("watch")
         self.traffic.watches += 1
-        with self._mapped("watch", "pods"):
+        with self._mapped("watch", parts[-1]):
             response = self.pool.request("GET", url, headers=self._headers(), preload_content=False,
                                          timeout=urllib3.Timeout(connect=5.0, read=timeout + 30.0))
             try:
                 if response.status >= 400:
-                    self._check(response, "watch", "pods", namespace)  # .data reads the error body
+                    self._check(response, "watch", parts[-1], namespace)  # .data reads the error body
                 buffer = b""
                 for chunk in response.stream(64 * 1024, decode_content=True):
                     self.traffic.bytes += len(chunk)

@@ -26,10 +26,12 @@ from agent.core.gang import (
     owner_path,
 )
 from agent.core.model import RawPod
+from agent.core.published import configmap_name, encode, is_leader, leader_identity
 from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTimeout, InputError
 from agent.k8s.client import PodSource
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
 from agent.runtime.output import write_generation
+from agent.runtime.publishing import publish, read_published
 
 log = logging.getLogger("topology_agent.init")
 Resolver = Callable[[str], bool]
@@ -52,6 +54,10 @@ class InitSettings:
     expect: int | None = None
     timeout: float = 600.0
     wait_dns: bool = False
+    source: str = "auto"  # pods | published | auto (published from PUBLISH_THRESHOLD training pods up)
+
+
+PUBLISH_THRESHOLD = 256
 
 
 class GangWaiter:
@@ -67,6 +73,7 @@ class GangWaiter:
         self.pods: dict[str, RawPod] = {}
         self.resource_version = ""
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
+        self.owner: dict[str, object] | None = None
 
     def _retry(self, call: Callable[[], object], what: str) -> object:
         try:
@@ -103,6 +110,7 @@ class GangWaiter:
             owner = self._retry(lambda: self.api.get_object(path), "get owner")
         except ApiNotFound as err:
             raise InputError(f"owner {path} of pod '{s.pod_name}' not found; pass --expect N") from err
+        self.owner = owner  # type: ignore[assignment]
         roles = s.options.roles if s.options.roles is not None else controller.default_roles
         return expectation_from_owner(controller, owner, roles, s.options)  # type: ignore[arg-type]
 
@@ -200,6 +208,12 @@ def check_dns(api: PodSource, rendered: Rendered, settings: InitSettings, *, res
         delay = min(delay * 2, 5.0)
 
 
+def choose_source(settings: InitSettings, expected: Expectation) -> str:
+    if settings.source != "auto":
+        return settings.source
+    return "published" if expected.total >= PUBLISH_THRESHOLD else "pods"
+
+
 def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = resolves,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
              ssh: object | None = None) -> Rendered:
@@ -208,14 +222,38 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
     controller = detect_controller(me, settings.options)
     selector = controller.selector(me, settings.options)
     expected = waiter.expectation(me)
-    log.info("pod %s: %s, selector %s, expecting %d training pods (%s)", settings.pod_name, controller.title,
-             selector, expected.total, expected.source)
-    waiter.relist(selector)
-    if settings.pod_name not in waiter.pods:
-        waiter.pods[settings.pod_name] = me
-    status = waiter.wait(selector, expected)
-    log.info("gang complete: %s", status.describe())
-    rendered = render_pod(list(waiter.pods.values()), settings.pod_name, settings.options, memo=waiter.memo)
+    source = choose_source(settings, expected)
+    leader = None
+    if source == "published":
+        roles = settings.options.roles if settings.options.roles is not None else controller.default_roles
+        leader = leader_identity(controller, expected, waiter.owner, roles)  # type: ignore[arg-type]
+        if leader is None:
+            log.info("cannot tell which pod leads (no per-role counts); reading the pods directly")
+            source = "pods"
+    me_id = controller.identify(me, settings.options)
+    cm_name = configmap_name(me_id.job)
+    log.info("pod %s: %s, selector %s, expecting %d training pods (%s); topology from %s", settings.pod_name,
+             controller.title, selector, expected.total, expected.source,
+             "the pods" if source == "pods" else ("the pods, published for the others (leader)"
+                                                    if is_leader(me_id, leader) else f"configmap {cm_name}"))
+    if source == "published" and not is_leader(me_id, leader):
+        published = read_published(api, settings.namespace, cm_name, settings.pod_name,  # type: ignore[arg-type]
+                                   deadline=waiter.deadline, clock=clock, sleep=sleep)
+        pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p for p in published]
+    else:
+        waiter.relist(selector)
+        if settings.pod_name not in waiter.pods:
+            waiter.pods[settings.pod_name] = me
+        status = waiter.wait(selector, expected)
+        log.info("gang complete: %s", status.describe())
+        pods = list(waiter.pods.values())
+        if source == "published":
+            owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
+            publish(api, settings.namespace, cm_name,  # type: ignore[arg-type]
+                    encode(me_id.job, pods, settings.options, generation=1),
+                    generation=1, leader=settings.pod_name,
+                    owner=dict(owners[0]) if owners else None)  # type: ignore[arg-type]
+    rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo)
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
     names = write_generation(settings.out_dir, rendered, settings.options, ssh)

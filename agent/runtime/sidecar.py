@@ -26,9 +26,10 @@ from typing import Any
 from agent.core import Memo, Options, Rendered, render_pod
 from agent.core.controllers import detect_controller
 from agent.core.model import RawPod
+from agent.core.published import Encoder, configmap_body, configmap_name, read_configmap
 from agent.core.rendering import membership_key, membership_key_of_document
 from agent.core.topology import pod_ip, slim_pod
-from agent.errors import ApiGone, ApiNotFound, ApiUnavailable, InputError
+from agent.errors import ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.async_client import AsyncApiClient
 from agent.k8s.retrying import Backoff
 from agent.runtime.metrics import SidecarMetrics
@@ -78,7 +79,13 @@ class Sidecar:
         self.valid = False
         self.last_progress = clock()
         self.selector = ""
+        self.mode = "pods"  # pods: watch the pods; leader: watch the pods and publish; follower: watch the ConfigMap
+        self.configmap = ""
+        self.me_job = ""
+        self.me: RawPod | None = None
+        self.owner: dict[str, Any] | None = None
         self.memo = Memo(settings.options)
+        self.encoder = Encoder(settings.options)  # the leader re-encodes only the pods that changed
         self.unaddressed: set[str] = set()  # pods without an IP yet (kept per event, not rescanned per change)
         self._trim: asyncio.TimerHandle | None = None
 
@@ -142,11 +149,49 @@ class Sidecar:
                 await asyncio.sleep(delay)
         controller = detect_controller(me, s.options)
         self.selector = controller.selector(me, s.options)
+        self.me = me
+        owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
+        self.owner = dict(owners[0]) if owners else None
+        self.me_job = controller.identify(me, s.options).job
+        self.configmap = configmap_name(self.me_job)
         self.load_previous()
-        log.info("following %s pods with selector %s from generation %d", controller.title, self.selector,
-                 self.generation)
+        await self._choose_mode()
+        what = f"configmap {self.configmap}" if self.mode == "follower" else f"pods with selector {self.selector}"
+        log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation, self.mode)
+
+    async def _choose_mode(self) -> None:
+        """The init container published the topology (large jobs): then only its leader reads the pods."""
+        try:
+            items, _ = await self.api.list_objects(self._cm_collection,
+                                                   field_selector=f"metadata.name={self.configmap}")
+        except (ApiUnavailable, ApiForbidden) as err:
+            log.info("cannot look for a published topology (%s); following the pods", err)
+            return
+        found = read_configmap(items[0]) if items else None
+        if found is not None:
+            self.mode = "leader" if found[0] == self.settings.pod_name else "follower"
+
+    @property
+    def _cm_collection(self) -> str:
+        return f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
+
+    def apply_published(self, configmap: dict[str, Any]) -> bool:
+        found = read_configmap(configmap)
+        if found is None:
+            return False
+        pods = {p["metadata"]["name"]: p for p in found[2]}
+        if self.me is not None and self.settings.pod_name in pods:
+            pods[self.settings.pod_name] = slim_pod(self.me)  # own pod in full: the user's env is read from it
+        self.pods = pods
+        self.unaddressed = set()
+        for name, pod in self.pods.items():
+            self._track_address(name, pod)
+        return True
 
     async def watch_loop(self) -> None:
+        if self.mode == "follower":
+            await self.follow_published()
+            return
         s = self.settings
         backoff = Backoff()
         need_list = True
@@ -194,6 +239,62 @@ class Sidecar:
                 if not self.resource_version:
                     need_list = True
 
+    async def follow_published(self) -> None:
+        """Follower: one LIST and one WATCH of the ConfigMap by name; every new version is a full topology."""
+        backoff = Backoff()
+        selector = f"metadata.name={self.configmap}"
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    items, self.resource_version = await self.api.list_objects(self._cm_collection,
+                                                                               field_selector=selector)
+                    need_list = False
+                    self.last_progress = self.clock()
+                    if items and self.apply_published(items[0]):
+                        self.mark_dirty(self.clock())
+                async for event in self.api.watch_objects(self._cm_collection, self.resource_version,
+                                                          timeout=WATCH_SECONDS, field_selector=selector):
+                    received = self.clock()
+                    self.last_progress = received
+                    backoff.reset()
+                    self.metrics.events.labels(event.type).inc()
+                    if event.resource_version:
+                        self.resource_version = event.resource_version
+                    if event.type in ("ADDED", "MODIFIED") and self.apply_published(event.object):
+                        self.mark_dirty(received)
+                self.metrics.watch_restarts.inc()
+            except ApiGone:
+                need_list = True
+                self.metrics.relists.inc()
+            except ApiUnavailable as err:
+                self.metrics.watch_restarts.inc()
+                delay = backoff.next_delay(err.retry_after)
+                self.last_progress = self.clock()
+                log.info("watch of configmap %s broke (%s); reconnect %d in %.1f s", self.configmap, err,
+                         backoff.attempt, delay)
+                await asyncio.sleep(delay)
+
+    async def publish(self) -> None:
+        """Leader: put the new membership where the followers read it."""
+        data = self.encoder.encode(self.me_job, self.settings.namespace, list(self.pods.values()),
+                                   generation=self.generation)
+        body = configmap_body(self.configmap, data, generation=self.generation, leader=self.settings.pod_name,
+                              owner=self.owner)
+        backoff = Backoff()
+        while True:
+            try:
+                await self.api.write("PUT", f"{self._cm_collection}/{self.configmap}", body)
+                return
+            except ApiNotFound:
+                await self.api.write("POST", self._cm_collection, body)
+                return
+            except ApiUnavailable as err:
+                delay = backoff.next_delay(err.retry_after)
+                log.info("publishing generation %d failed (%s); retry %d in %.1f s", self.generation, err,
+                         backoff.attempt, delay)
+                await asyncio.sleep(delay)
+
     async def evaluate_loop(self) -> None:
         while True:
             await self.dirty.wait()
@@ -205,6 +306,8 @@ class Sidecar:
             self.dirty.clear()
             self.dirty_since = None
             if self.evaluate(since):
+                if self.mode == "leader":
+                    await self.publish()
                 # Once the burst is over, hand the freed memory back (a full gc costs a few ms: not per change).
                 if self._trim is not None:
                     self._trim.cancel()

@@ -235,3 +235,29 @@ def test_slow_api_responses_delay_init_but_it_completes(sandbox, tmp_path):
     code, err = finish(start_init(sandbox, "demo-worker-0", tmp_path / "out", "--timeout", "30"))
     assert code == 0, err
     assert time.monotonic() - started >= 3.0  # three answers, a second each
+
+
+def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_bytes(sandbox, tmp_path):
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 5), ("extras", 2)))
+    names = [p["metadata"]["name"] for p in pods]
+    results = {}
+    for source in ("pods", "published"):
+        sandbox.reset_stats()
+        # followers first: they must wait for the leader (demo-master-0) to publish
+        procs = {n: start_init(sandbox, n, tmp_path / source / n, "--source", source, "--timeout", "60")
+                 for n in reversed(names)}
+        for proc in procs.values():
+            code, err = finish(proc)
+            assert code == 0, err
+        stats = sandbox.stats()["byAgent"]
+        results[source] = {name: ((tmp_path / source / name / "torch.env").read_text(),
+                                  stats[f"topology-agent/0.1.0 init (default/{name})"]) for name in names}
+    for name in names:
+        assert results["published"][name][0] == results["pods"][name][0], name
+    leader = results["published"]["demo-master-0"][1]
+    follower = results["published"]["demo-worker-3"][1]
+    assert follower["requests"] - follower["watches"] <= 3
+    assert follower["bytes"] < results["pods"]["demo-worker-3"][1]["bytes"] / 2
+    assert leader["requests"] - leader["watches"] == 4  # get pod, get owner, list pods, create configmap
+    configmap = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
+    assert configmap["metadata"]["ownerReferences"][0]["kind"] == "Job"

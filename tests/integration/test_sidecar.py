@@ -242,3 +242,37 @@ def test_a_trainer_using_agent_trainer_sees_the_new_world_size(sandbox, tmp_path
         sidecar.send_signal(signal.SIGTERM)
         assert sidecar.wait(15) == 0
         sidecar_log.close()
+
+
+def test_with_a_published_topology_only_the_leader_watches_pods_and_followers_follow(sandbox, tmp_path):
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 3)))
+    for pod in pods:
+        code, err = finish(start_init(sandbox, pod["metadata"]["name"], tmp_path / pod["metadata"]["name"],
+                                      "--address", "ip", "--source", "published"))
+        assert code == 0, err
+    sidecars = {}
+    for name in ("demo-master-0", "demo-worker-2"):
+        env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": "default"}
+        env.pop("KUBECONFIG", None)
+        log = (tmp_path / f"{name}.log").open("w")
+        sidecars[name] = (subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(tmp_path / name), "--address", "ip",
+             "--debounce", "0", "--signal", "none", "--health-port", "0"], env=env, stderr=log), log)
+    try:
+        wait_for(lambda: "(follower)" in (tmp_path / "demo-worker-2.log").read_text()
+                 and "(leader)" in (tmp_path / "demo-master-0.log").read_text(), what="modes chosen")
+        sandbox.reset_stats()
+        add_worker(sandbox, 3, 80)
+        follower_out = tmp_path / "demo-worker-2"
+        wait_for(lambda: generation(follower_out) == 2, what="the follower follows the leader's publication")
+        env = json.loads((follower_out / "topology.json").read_text())["env"]
+        assert env["WORLD_SIZE"] == "5" and env["NODE_RANK"] == "3"
+        assert (follower_out / "hostfile").read_text() == (tmp_path / "demo-master-0" / "hostfile").read_text()
+        stats = sandbox.stats()["byAgent"]
+        assert "topology-agent/0.1.0 sidecar (default/demo-worker-2)" not in stats or \
+            stats["topology-agent/0.1.0 sidecar (default/demo-worker-2)"]["requests"] == 0  # the watch was open
+    finally:
+        for proc, log in sidecars.values():
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+            log.close()

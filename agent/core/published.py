@@ -1,0 +1,187 @@
+"""The compact topology a job's leader publishes, so the other pods need not read every pod.
+
+Every pod listing every pod costs N x ~4 KB per pod, N^2 for the job: 63 GiB through the API server at 4096
+pods. Instead one pod (the leader: the pod that will be node rank 0) lists the pods once and publishes them,
+cut to the fields the core reads, gzip-compressed, in one ConfigMap named ``<job>-topology``; every other pod
+reads that object by name. The others then run the same core over the same pods, so files and rank rules are
+identical in both modes.
+
+Who leads is decided from the pod's own labels and the owner object, never by a race: the first index of the
+first training role that has replicas (for a JobSet, the first job of that replicated job).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from agent.core import controllers as c
+from agent.core.containers import pick_trainer_container
+from agent.core.controllers import Controller
+from agent.core.gang import Expectation
+from agent.core.model import Identity, Options, RawPod
+from agent.errors import InputError
+
+SCHEMA = 1
+DATA_KEY = "topology.json.gz"
+_ROLE_LABELS = frozenset({
+    c.VOLCANO_JOB, c.VOLCANO_TASK, c.VOLCANO_INDEX, c.PYTORCHJOB_JOB, c.PYTORCHJOB_TYPE, c.PYTORCHJOB_INDEX,
+    c.JOBSET_NAME, c.JOBSET_RJOB, c.JOBSET_JOB_INDEX, c.JOBSET_GLOBAL_INDEX, c.COMPLETION_INDEX, c.JOB_NAME,
+    c.LWS_NAME, c.LWS_GROUP, c.LWS_WORKER,
+})
+_NPROC_ENV = frozenset({"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})
+
+
+def configmap_name(job: str) -> str:
+    """``<job>-topology``, made a valid object name (LWS jobs are ``name/group``)."""
+    name = re.sub(r"[^a-z0-9.-]", "-", job.lower()).strip("-.")
+    return f"{name[:240]}-topology"
+
+
+def _trainer(pod: RawPod, options: Options) -> dict[str, Any]:
+    trainer = pick_trainer_container(pod, options.container)
+    if trainer is None:
+        return {}
+    ports = [p for p in trainer.get("ports", []) if p.get("name") == "pytorchjob-port"]
+    env = [e for e in trainer.get("env", []) if e.get("name") in _NPROC_ENV]
+    return {k: v for k, v in (("name", trainer.get("name")), ("resources", trainer.get("resources")),
+                              ("ports", ports), ("env", env)) if v}
+
+
+def _row(pod: RawPod, options: Options, containers: dict[str, int]) -> list[Any]:
+    """One pod as a row: [name, resourceVersion, labels, annotations, hostname, subdomain, container, phase, ip,
+    deletionTimestamp]. Containers are stored once per distinct shape (a job's pods share templates)."""
+    meta = pod.get("metadata", {})
+    spec = pod.get("spec", {})
+    status = pod.get("status", {})
+    keep = _ROLE_LABELS | ({options.index_label} if options.index_label else set())
+    labels = {k: v for k, v in (meta.get("labels") or {}).items()
+              if k in keep or k.startswith(c.TRAINJOB_PREFIX) or (options.selector and k in options.selector)}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                   if (k in keep and k not in labels) or k == c.LWS_SIZE}
+    shape = json.dumps(_trainer(pod, options), sort_keys=True, separators=(",", ":"))
+    index = containers.setdefault(shape, len(containers))
+    ip = status.get("podIP") or next((e.get("ip") for e in status.get("podIPs", []) if e.get("ip")), "")
+    return [meta.get("name", ""), meta.get("resourceVersion", ""), labels, annotations, spec.get("hostname", ""),
+            spec.get("subdomain", ""), index, status.get("phase", ""), ip, meta.get("deletionTimestamp", "")]
+
+
+def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) -> RawPod:
+    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted = row
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
+    if rv:
+        meta["resourceVersion"] = rv
+    if deleted:
+        meta["deletionTimestamp"] = deleted
+    spec: dict[str, Any] = {"containers": [containers[index]] if containers[index] else []}
+    if hostname:
+        spec["hostname"] = hostname
+    if subdomain:
+        spec["subdomain"] = subdomain
+    status: dict[str, Any] = {"phase": phase}
+    if ip:
+        status.update(podIP=ip, podIPs=[{"ip": ip}])
+    return {"metadata": meta, "spec": spec, "status": status}  # type: ignore[typeddict-item]
+
+
+class Encoder:
+    """Builds the published document; rows are remembered per (pod, resourceVersion), so a change costs one row."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._rows: dict[tuple[str, str], tuple[str, int]] = {}
+        self._containers: dict[str, int] = {}
+
+    def encode(self, job: str, namespace: str, pods: Sequence[RawPod], *, generation: int) -> bytes:
+        rows: list[str] = []
+        fresh: dict[tuple[str, str], tuple[str, int]] = {}
+        for pod in pods:
+            meta = pod.get("metadata", {})
+            key = (meta.get("name", ""), meta.get("resourceVersion", ""))
+            cached = self._rows.get(key) if key[1] else None
+            if cached is None:
+                cached = (json.dumps(_row(pod, self.options, self._containers), separators=(",", ":")), 0)
+            fresh[key] = cached
+            rows.append(cached[0])
+        self._rows = fresh
+        containers = [json.loads(shape) for shape, _ in sorted(self._containers.items(), key=lambda kv: kv[1])]
+        head = json.dumps({"schema": SCHEMA, "job": job, "namespace": namespace, "generation": generation,
+                           "containers": containers}, separators=(",", ":"))
+        text = head[:-1] + ',"pods":[' + ",".join(rows) + "]}"
+        return gzip.compress(text.encode(), compresslevel=1, mtime=0)
+
+
+def encode(job: str, pods: Sequence[RawPod], options: Options, *, generation: int) -> bytes:
+    namespace = pods[0].get("metadata", {}).get("namespace", "default") if pods else "default"
+    return Encoder(options).encode(job, namespace, pods, generation=generation)
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(gzip.decompress(data))
+    except (OSError, ValueError) as err:
+        raise InputError(f"the published topology does not decode ({type(err).__name__}); delete the ConfigMap so "
+                         "the leader publishes it again") from None
+    if document.get("schema") != SCHEMA:
+        raise InputError(f"the published topology has schema {document.get('schema')}, this agent reads "
+                         f"{SCHEMA}; run one agent version per job")
+    return document
+
+
+def pods_of(document: dict[str, Any]) -> list[RawPod]:
+    containers = document.get("containers", [])
+    namespace = document.get("namespace", "default")
+    return [_pod_of(row, containers, namespace) for row in document.get("pods", [])]
+
+
+def configmap_body(name: str, data: bytes, *, generation: int, leader: str,
+                   owner: dict[str, Any] | None) -> dict[str, Any]:
+    """The ConfigMap that carries the compressed topology; owned by the job so it goes with it."""
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "topology-agent"}},
+        "data": {"generation": str(generation), "leader": leader},
+        "binaryData": {DATA_KEY: base64.b64encode(data).decode()},
+    }
+    if owner:
+        body["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
+    return body
+
+
+def read_configmap(configmap: dict[str, Any]) -> tuple[str, int, list[RawPod]] | None:
+    """(leader, generation, pods) of a published ConfigMap, or None while it holds no topology."""
+    raw = (configmap.get("binaryData") or {}).get(DATA_KEY)
+    if not raw:
+        return None
+    document = decode(base64.b64decode(raw))
+    leader = (configmap.get("data") or {}).get("leader", "")
+    return leader, int(document.get("generation", 0)), pods_of(document)
+
+
+def leader_identity(controller: Controller, expected: Expectation, owner: dict[str, Any] | None,
+                    training_roles: Sequence[str] | None) -> tuple[str, tuple[int, ...]] | None:
+    """(role, index) of the pod that will be node rank 0, from the owner's replica counts; None if unknown."""
+    if not expected.per_role:
+        return None
+    roles = list(training_roles) if training_roles is not None else list(expected.per_role)
+    role = next((r for r in roles if expected.per_role.get(r, 0) > 0), None)
+    if role is None:
+        return None
+    if controller.key in ("jobset", "trainjob"):
+        if owner is None:
+            return None
+        global_index = 0
+        for rjob in owner.get("spec", {}).get("replicatedJobs", []):
+            if rjob.get("name") == role:
+                return role, (global_index, 0)
+            global_index += int(rjob.get("replicas", 1))
+        return None
+    return role, (0,)
+
+
+def is_leader(me: Identity, leader: tuple[str, tuple[int, ...]] | None) -> bool:
+    return leader is not None and (me.role, me.index) == leader
