@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,7 @@ def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "defau
 
 
 def _jobset_pods(name: str, rjobs: tuple[tuple[str, int, int], ...], *, namespace: str, ip_base: int,
-                 extra_labels: dict[str, str], container: str, phases: dict[str, str] | None = None,
+                 extra_labels: dict[str, dict[str, str]], container: str, phases: dict[str, str] | None = None,
                  env: list[dict[str, Any]] | None = None) -> list[Pod]:
     pods, n, global_index = [], ip_base, 0
     global_replicas = sum(r for _, r, _ in rjobs)
@@ -210,7 +211,7 @@ def jobset(name: str = "trainer", rjobs: tuple[tuple[str, int, int], ...] = (("d
 def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0) -> list[Pod]:
     """A Kubeflow TrainJob (Trainer v2) on the torch-distributed runtime: a finished dataset initializer and
     ``num_nodes`` pods of replicated job ``node`` (container ``node``)."""
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "PET_NNODES", "value": str(num_nodes)},
         {"name": "PET_NPROC_PER_NODE", "value": "auto"},
         {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
@@ -287,7 +288,7 @@ def as_list(pods: list[Pod]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "items": pods, "metadata": {"resourceVersion": ""}}
 
 
-EXAMPLES = {
+EXAMPLES: dict[str, Callable[[], list[Pod]]] = {
     "volcano": volcano_job,
     "pytorchjob": pytorchjob,
     "trainjob": trainjob,

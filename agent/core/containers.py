@@ -147,7 +147,7 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     resources = container.get("resources", {})
     cname = container.get("name", "?")
     for section in ("limits", "requests"):
-        quantities = resources.get(section, {}) or {}
+        quantities: dict[str, str | int | float] = resources.get(section, {}) or {}  # type: ignore[assignment]
         gpus = [(k, v) for k, v in sorted(quantities.items()) if is_accelerator(k)]
         if gpus:
             total = 0

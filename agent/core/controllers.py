@@ -144,7 +144,7 @@ def _pytorchjob_dns(pod: RawPod, ident: Identity, namespace: str, domain: str | 
 
 # --- JobSet and Kubeflow TrainJob (Trainer v2 runs on JobSet) ----------------------------------------------
 
-def _jobset_identify(pod: RawPod, _: Options) -> Identity:
+def _jobset_identify(pod: RawPod, _options: Options) -> Identity:
     fix = "the pod must be created by a JobSet (or pass --controller)"
     _, labels, annotations = _meta(pod)
     job = _required(pod, JOBSET_NAME, fix=fix)

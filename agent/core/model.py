@@ -124,7 +124,7 @@ class Member(NamedTuple):
 
     name: str
     role: str
-    index: tuple[int, ...]
+    index: tuple[int, ...]  # type: ignore[assignment]  # shadows tuple.index: the controller's index reads best
     ordinal: int
     address: str
     dns_name: str | None

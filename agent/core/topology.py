@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import Controller, detect_controller, parse_selector, selector_matches
@@ -97,11 +97,12 @@ def slim_pod(pod: RawPod) -> RawPod:
     slim_spec: dict[str, object] = {k: spec[k] for k in _SPEC_KEEP[:2] if k in spec}  # type: ignore[literal-required]
     slim_spec["containers"] = [{k: c[k] for k in _CONTAINER_KEEP if k in c}  # type: ignore[literal-required]
                                for c in spec.get("containers", [])]
-    return {  # type: ignore[return-value]
+    slim: dict[str, Any] = {
         "metadata": {k: meta[k] for k in _META_KEEP if k in meta},  # type: ignore[literal-required]
         "spec": slim_spec,
         "status": {k: status[k] for k in ("phase", "podIP", "podIPs") if k in status},  # type: ignore
     }
+    return slim  # type: ignore[return-value]
 
 
 def why_not_member(pod: RawPod) -> str | None:
@@ -228,7 +229,7 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
     seen: dict[tuple[str, tuple[int, ...]], str] = {}
     names: set[str] = set()
     for pod in pods:
-        facts = _memo_get(memo, "facts", pod, lambda p=pod: _facts(p, controller, options, pairs))
+        facts: _Facts = _memo_get(memo, "facts", pod, lambda p=pod: _facts(p, controller, options, pairs))  # type: ignore[misc]
         if facts.namespace != namespace or (facts.job != job and pod is not me):
             continue  # pods of other jobs or namespaces are not my concern
         name = facts.name

@@ -48,8 +48,9 @@ def write_files(out_dir: Path, files: Mapping[str, bytes], *, modes: Mapping[str
         for name, data in files.items():
             target = out_dir / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
-            staged.append((name, Path(tmp)))
+            fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
+            tmp = Path(tmp_name)
+            staged.append((name, tmp))
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
             os.chmod(tmp, modes.get(name, 0o644))

@@ -40,6 +40,16 @@ class PodSource(Protocol):
 
     def get_object(self, path: str) -> dict[str, Any]: ...
 
+    def list_objects(self, path: str, *, label_selector: str = "",
+                     field_selector: str = "") -> tuple[list[dict[str, Any]], str]: ...
+
+    def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
+                      field_selector: str = "") -> Iterator[WatchEvent]: ...
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
 
 @dataclass
 class Traffic:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from agent import examples
 from agent.sandbox.threaded import SandboxThread
@@ -34,8 +34,8 @@ def volcano_owner() -> dict[str, object]:
     }
 
 
-def run_demo(out: Path, *, stream: object = None) -> int:
-    write = (stream or sys.stdout).write  # type: ignore[attr-defined]
+def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
+    write = (stream or sys.stdout).write
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     pods = examples.volcano_job(JOB, TASKS, namespace=NAMESPACE)

@@ -116,7 +116,9 @@ class GangWaiter:
 
     def relist(self, selector: str) -> None:
         s = self.settings
-        items, rv = self._retry(lambda: self.api.list_pods(s.namespace, selector), "list pods")  # type: ignore
+        found: tuple[list[RawPod], str] = self._retry(  # type: ignore[assignment]
+            lambda: self.api.list_pods(s.namespace, selector), "list pods")
+        items, rv = found
         self.pods = {p["metadata"]["name"]: p for p in items}
         self.resource_version = rv
 
@@ -237,7 +239,7 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
              "the pods" if source == "pods" else ("the pods, published for the others (leader)"
                                                     if is_leader(me_id, leader) else f"configmap {cm_name}"))
     if source == "published" and not is_leader(me_id, leader):
-        published = read_published(api, settings.namespace, cm_name, settings.pod_name,  # type: ignore[arg-type]
+        published = read_published(api, settings.namespace, cm_name, settings.pod_name,
                                    deadline=waiter.deadline, clock=clock, sleep=sleep)
         pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p for p in published]
     else:
@@ -249,10 +251,8 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         pods = list(waiter.pods.values())
         if source == "published":
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
-            publish(api, settings.namespace, cm_name,  # type: ignore[arg-type]
-                    encode(me_id.job, pods, settings.options, generation=1),
-                    generation=1, leader=settings.pod_name,
-                    owner=dict(owners[0]) if owners else None)  # type: ignore[arg-type]
+            publish(api, settings.namespace, cm_name, encode(me_id.job, pods, settings.options, generation=1),
+                    generation=1, leader=settings.pod_name, owner=dict(owners[0]) if owners else None)
     rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo)
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)

@@ -16,13 +16,13 @@ from typing import Any
 from agent.core.model import RawPod
 from agent.core.published import configmap_body, read_configmap
 from agent.errors import ApiConflict, ApiGone, ApiUnavailable, GangTimeout
-from agent.k8s.client import ApiClient
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
+from agent.k8s.wire import PodSource
 
 log = logging.getLogger("topology_agent.published")
 
 
-def publish(api: ApiClient, namespace: str, name: str, data: bytes, *, generation: int, leader: str,
+def publish(api: PodSource, namespace: str, name: str, data: bytes, *, generation: int, leader: str,
             owner: dict[str, Any] | None) -> None:
     """Create the ConfigMap, or overwrite it (only the leader writes it, so last writer wins is right)."""
     body = configmap_body(name, data, generation=generation, leader=leader, owner=owner)
@@ -35,7 +35,7 @@ def publish(api: ApiClient, namespace: str, name: str, data: bytes, *, generatio
              generation)
 
 
-def read_published(api: ApiClient, namespace: str, name: str, pod_name: str, *, deadline: float,
+def read_published(api: PodSource, namespace: str, name: str, pod_name: str, *, deadline: float,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> list[RawPod]:
     """The published pods once they include ``pod_name``; ``GangTimeout`` at the deadline."""

@@ -6,6 +6,7 @@ Field selectors: ``path=v``, ``path==v``, ``path!=v`` on dotted paths (``metadat
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -35,28 +36,48 @@ def _split(selector: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def _has_value_in(key: str, values: set[str], labels: dict[str, str]) -> bool:
+    return labels.get(key) in values
+
+
+def _has_value_not_in(key: str, values: set[str], labels: dict[str, str]) -> bool:
+    return labels.get(key) not in values
+
+
+def _equals(key: str, value: str, labels: dict[str, str]) -> bool:
+    return labels.get(key) == value
+
+
+def _differs(key: str, value: str, labels: dict[str, str]) -> bool:
+    return labels.get(key) != value
+
+
+def _exists(key: str, labels: dict[str, str]) -> bool:
+    return key in labels
+
+
+def _absent(key: str, labels: dict[str, str]) -> bool:
+    return key not in labels
+
+
 def parse_label_selector(selector: str | None) -> Matcher:
     tests: list[Callable[[dict[str, str]], bool]] = []
     for part in _split(selector or ""):
         if match := _SET.match(part):
             key, op, values = match.group(1), match.group(2), {v.strip() for v in match.group(3).split(",")}
-            if op == "in":
-                tests.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
-            else:
-                tests.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+            tests.append(functools.partial(_has_value_in if op == "in" else _has_value_not_in, key, values))
         elif "!=" in part:
             key, value = (s.strip() for s in part.split("!=", 1))
-            tests.append(lambda labels, k=key, v=value: labels.get(k) != v)
+            tests.append(functools.partial(_differs, key, value))
         elif "=" in part:
             key, value = (s.strip() for s in part.replace("==", "=").split("=", 1))
             if not key:
                 raise SelectorError(f"invalid label selector {selector!r}")
-            tests.append(lambda labels, k=key, v=value: labels.get(k) == v)
+            tests.append(functools.partial(_equals, key, value))
         elif part.startswith("!"):
-            absent = part[1:].strip()
-            tests.append(lambda labels, k=absent: k not in labels)
+            tests.append(functools.partial(_absent, part[1:].strip()))
         elif re.fullmatch(r"[A-Za-z0-9_./-]+", part):
-            tests.append(lambda labels, k=part: k in labels)
+            tests.append(functools.partial(_exists, part))
         else:
             raise SelectorError(f"invalid label selector {selector!r}")
 
@@ -74,15 +95,19 @@ def _field(obj: dict[str, Any], path: str) -> str:
     return "" if value is None else str(value)
 
 
+def _field_equals(path: str, value: str, want: bool, obj: dict[str, Any]) -> bool:
+    return (_field(obj, path) == value) == want
+
+
 def parse_field_selector(selector: str | None) -> Matcher:
     tests: list[Matcher] = []
     for part in _split(selector or ""):
         if "!=" in part:
             path, value = (s.strip() for s in part.split("!=", 1))
-            tests.append(lambda obj, p=path, v=value: _field(obj, p) != v)
+            tests.append(functools.partial(_field_equals, path, value, False))
         elif "=" in part:
             path, value = (s.strip() for s in part.replace("==", "=").split("=", 1))
-            tests.append(lambda obj, p=path, v=value: _field(obj, p) == v)
+            tests.append(functools.partial(_field_equals, path, value, True))
         else:
             raise SelectorError(f"invalid field selector {selector!r}")
     return lambda obj: all(test(obj) for test in tests)

@@ -573,8 +573,8 @@ class Sandbox:
                     continue
                 if item is None:
                     break
-                event = item[1]
-                await deliver(item[0], event.old, event.new)  # type: ignore[attr-defined]
+                logged = item[1]
+                await deliver(item[0], logged.old, logged.new)  # type: ignore[attr-defined]
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
         except (asyncio.CancelledError, ConnectionResetError):

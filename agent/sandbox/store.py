@@ -9,6 +9,7 @@ stops matching as DELETED and one that starts matching as ADDED.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import uuid
 from collections import deque
@@ -72,7 +73,7 @@ class Store:
         except KeyError:
             raise NotFound(name) from None
 
-    def events_since(self, rv: int, resource: str) -> list[Event]:
+    def events_since(self, rv: int, resource: str) -> builtins.list[Event]:
         if rv < self.oldest - 1:
             raise Gone(rv)
         return [e for e in self.log if e.rv > rv and e.resource == resource]
