@@ -19,7 +19,17 @@ from agent import __version__
 from agent.core.model import RawPod
 from agent.errors import ApiConflict, ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
-from agent.k8s.wire import Traffic, WatchEvent, error_for_status, parse_event, request_headers, ssl_context
+from agent.k8s.wire import (
+    Traffic,
+    WatchEvent,
+    error_for_status,
+    list_query,
+    namespace_of,
+    parse_event,
+    request_headers,
+    ssl_context,
+    watch_query,
+)
 
 
 class AsyncApiClient:
@@ -88,20 +98,16 @@ class AsyncApiClient:
 
     async def list_objects(self, path: str, *, label_selector: str = "",
                            field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
-        query = {"resourceVersion": "0"}  # served from the API server's watch cache
-        if label_selector:
-            query["labelSelector"] = label_selector
-        if field_selector:
-            query["fieldSelector"] = field_selector
+        query = list_query(label_selector, field_selector)
         parts = path.strip("/").split("/")
-        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        namespace = namespace_of(path)
         data = await self._get_json(path, verb="list", what=parts[-1], namespace=namespace, query=query)
         return data.get("items", []), str(data.get("metadata", {}).get("resourceVersion", ""))
 
     async def write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST (create) to a collection or PUT (replace) to an object; 409 becomes ``ApiConflict``."""
         parts = path.strip("/").split("/")
-        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        namespace = namespace_of(path)
         verb = "create" if method == "POST" else "update"
         what = f"{parts[-1] if method == 'POST' else parts[-2]} '{body.get('metadata', {}).get('name', '?')}'"
         self.traffic.count(verb)
@@ -125,14 +131,9 @@ class AsyncApiClient:
 
     async def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
                             field_selector: str = "") -> AsyncIterator[WatchEvent]:
-        query = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(max(1, int(timeout)))}
-        if label_selector:
-            query["labelSelector"] = label_selector
-        if field_selector:
-            query["fieldSelector"] = field_selector
+        query = watch_query(resource_version, timeout, label_selector, field_selector)
         parts = path.strip("/").split("/")
-        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        namespace = namespace_of(path)
         url = f"{self.config.server.rstrip('/')}{path}?{urlencode(query)}"
         self.traffic.count("watch")
         self.traffic.watches += 1

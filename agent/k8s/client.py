@@ -19,7 +19,18 @@ from agent import __version__
 from agent.core.model import RawPod
 from agent.errors import ApiConflict, ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
-from agent.k8s.wire import PodSource, Traffic, WatchEvent, error_for_status, parse_event, request_headers, ssl_context
+from agent.k8s.wire import (
+    PodSource,
+    Traffic,
+    WatchEvent,
+    error_for_status,
+    list_query,
+    namespace_of,
+    parse_event,
+    request_headers,
+    ssl_context,
+    watch_query,
+)
 
 __all__ = ["ApiClient", "PodSource", "WatchEvent"]
 
@@ -88,7 +99,7 @@ class ApiClient:
 
     def _write(self, method: str, path: str, body: dict[str, Any], *, verb: str) -> dict[str, Any]:
         parts = path.strip("/").split("/")
-        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        namespace = namespace_of(path)
         what = f"{parts[-1] if method == 'POST' else parts[-2]} '{body.get('metadata', {}).get('name', '?')}'"
         self.traffic.count(verb)
         with self._mapped(verb, what):
@@ -110,20 +121,15 @@ class ApiClient:
 
     def list_objects(self, path: str, *, label_selector: str = "",
                      field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
-        # resourceVersion=0 lets the API server answer from its watch cache instead of a quorum read of etcd.
-        query = {"resourceVersion": "0"}
-        if label_selector:
-            query["labelSelector"] = label_selector
-        if field_selector:
-            query["fieldSelector"] = field_selector
+        query = list_query(label_selector, field_selector)
         parts = path.strip("/").split("/")
-        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        namespace = namespace_of(path)
         data = self._get_json(path, verb="list", what=parts[-1], namespace=namespace, query=query)
         return data.get("items", []), str(data.get("metadata", {}).get("resourceVersion", ""))
 
     def get_object(self, path: str) -> dict[str, Any]:
         parts = path.strip("/").split("/")
-        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        namespace = namespace_of(path)
         return self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace)
 
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
@@ -134,14 +140,9 @@ class ApiClient:
 
     def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
                       field_selector: str = "") -> Iterator[WatchEvent]:
-        query = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(max(1, int(timeout)))}
-        if label_selector:
-            query["labelSelector"] = label_selector
-        if field_selector:
-            query["fieldSelector"] = field_selector
+        query = watch_query(resource_version, timeout, label_selector, field_selector)
         parts = path.strip("/").split("/")
-        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+        namespace = namespace_of(path)
         url = f"{self.config.server.rstrip('/')}{path}?{urlencode(query)}"
         self.traffic.count("watch")
         self.traffic.watches += 1

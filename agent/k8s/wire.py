@@ -117,6 +117,33 @@ def parse_event(line: bytes) -> WatchEvent:
     return event
 
 
+def namespace_of(path: str) -> str:
+    """The namespace segment of an API path ('' for cluster-scoped paths)."""
+    parts = path.strip("/").split("/")
+    return parts[parts.index("namespaces") + 1] if "namespaces" in parts else ""
+
+
+def list_query(label_selector: str = "", field_selector: str = "") -> dict[str, str]:
+    """resourceVersion=0: the API server answers from its watch cache instead of a quorum read of etcd."""
+    query = {"resourceVersion": "0"}
+    if label_selector:
+        query["labelSelector"] = label_selector
+    if field_selector:
+        query["fieldSelector"] = field_selector
+    return query
+
+
+def watch_query(resource_version: str, timeout: float, label_selector: str = "",
+                field_selector: str = "") -> dict[str, str]:
+    query = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+             "timeoutSeconds": str(max(1, int(timeout)))}
+    if label_selector:
+        query["labelSelector"] = label_selector
+    if field_selector:
+        query["fieldSelector"] = field_selector
+    return query
+
+
 def request_headers(config: ApiConfig, user_agent: str) -> dict[str, str]:
     headers = {"Accept": "application/json", "User-Agent": user_agent}
     token = config.bearer()  # re-read each time: in-cluster tokens rotate
