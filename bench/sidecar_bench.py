@@ -65,8 +65,9 @@ def main() -> None:
         shared = tmp / "shared"
         env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-1", "POD_NAMESPACE": "default"}
         env.pop("KUBECONFIG", None)
-        subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--address", "ip"],
-                       env=env, check=True, stderr=subprocess.DEVNULL)
+        # Every pod follows the pods here; the published mode is measured by scale_bench.py --source published.
+        subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--address", "ip",
+                        "--source", "pods"], env=env, check=True, stderr=subprocess.DEVNULL)
         record = tmp / "signals.txt"
         trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(record)])
         while not Path(str(record) + ".ready").exists():

@@ -18,7 +18,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from agent.core.topology import pod_ip, slim_pod
 from agent.errors import ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.async_client import AsyncApiClient
 from agent.k8s.retrying import Backoff
+from agent.k8s.wire import WatchEvent
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
 from agent.runtime.signalling import TrainerFinder, signal_trainer
@@ -189,91 +190,87 @@ class Sidecar:
         return True
 
     async def watch_loop(self) -> None:
+        """Follow the pods (pods and leader modes) or the published ConfigMap (follower mode)."""
         if self.mode == "follower":
-            await self.follow_published()
-            return
-        s = self.settings
+            selector = f"metadata.name={self.configmap}"
+            await self._reflect(
+                lambda: self.api.list_objects(self._cm_collection, field_selector=selector),
+                lambda rv: self.api.watch_objects(self._cm_collection, rv, timeout=WATCH_SECONDS,
+                                                  field_selector=selector),
+                self._on_configmaps, self._on_configmap_event, what=f"configmap {self.configmap}")
+        else:
+            s = self.settings
+            await self._reflect(
+                lambda: self.api.list_pods(s.namespace, self.selector),  # type: ignore[arg-type,return-value]
+                lambda rv: self.api.watch_pods(s.namespace, self.selector, rv, timeout=WATCH_SECONDS),
+                self._on_pods, self._on_pod_event, what="pods")
+
+    def _on_pods(self, items: list[dict[str, Any]]) -> bool:
+        # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
+        self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p) for p in items}))  # type: ignore
+        self.unaddressed = set()
+        for name, pod in self.pods.items():
+            self._track_address(name, pod)
+        release_memory()
+        return True
+
+    def _on_pod_event(self, event: WatchEvent) -> bool:
+        if event.type == "BOOKMARK":
+            return False
+        self.apply(event.type, event.object)  # type: ignore[arg-type]
+        return True
+
+    def _on_configmaps(self, items: list[dict[str, Any]]) -> bool:
+        return bool(items) and self.apply_published(items[0])
+
+    def _on_configmap_event(self, event: WatchEvent) -> bool:
+        return event.type in ("ADDED", "MODIFIED") and self.apply_published(event.object)
+
+    async def _reflect(self, list_call: Callable[[], Awaitable[tuple[list[dict[str, Any]], str]]],
+                       watch_call: Callable[[str], AsyncIterator[WatchEvent]],
+                       on_list: Callable[[list[dict[str, Any]]], bool], on_event: Callable[[WatchEvent], bool], *,
+                       what: str) -> None:
+        """One LIST, then WATCH from its resourceVersion forever: resume after a broken or ended watch, relist
+        only on 410 (or when no resourceVersion is known), back off with jitter on errors, never poll."""
         backoff = Backoff()
         need_list = True
         first = True
         while True:
             try:
                 if need_list:
-                    items, self.resource_version = await self.api.list_pods(s.namespace, self.selector)
-                    # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
-                    self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p) for p in items}))
+                    items, self.resource_version = await list_call()
+                    changed = on_list(items)
                     del items
-                    self.unaddressed = set()
-                    for name, pod in self.pods.items():
-                        self._track_address(name, pod)
-                    release_memory()
                     if not first:
                         self.metrics.relists.inc()
                     first = False
                     need_list = False
                     self.last_progress = self.clock()
-                    self.mark_dirty(self.clock())
-                async for event in self.api.watch_pods(s.namespace, self.selector, self.resource_version,
-                                                       timeout=WATCH_SECONDS):
+                    if changed:
+                        self.mark_dirty(self.clock())
+                async for event in watch_call(self.resource_version):
                     received = self.clock()
                     self.last_progress = received
                     backoff.reset()
                     self.metrics.events.labels(event.type).inc()
                     if event.resource_version:
                         self.resource_version = event.resource_version
-                    if event.type == "BOOKMARK":
-                        continue
-                    self.apply(event.type, event.object)  # type: ignore[arg-type]
-                    self.mark_dirty(received)
+                    if on_event(event):
+                        self.mark_dirty(received)
                 self.metrics.watch_restarts.inc()  # the server ended the watch: resume from the last version
             except ApiGone:
-                log.info("resourceVersion %s expired (410); listing again", self.resource_version)
+                log.info("resourceVersion %s of %s expired (410); listing again", self.resource_version, what)
                 need_list = True
             except ApiUnavailable as err:
                 self.metrics.watch_restarts.inc()
                 delay = backoff.next_delay(err.retry_after)
                 self.last_progress = self.clock()
-                log.info("watch broke (%s); keeping generation %d, reconnect %d in %.1f s from resourceVersion %s",
-                         err, self.generation, backoff.attempt, delay, self.resource_version or "(list)")
+                log.info("watch of %s broke (%s); keeping generation %d, reconnect %d in %.1f s from "
+                         "resourceVersion %s", what, err, self.generation, backoff.attempt, delay,
+                         self.resource_version or "(list)")
                 await asyncio.sleep(delay)
                 if not self.resource_version:
                     need_list = True
-
-    async def follow_published(self) -> None:
-        """Follower: one LIST and one WATCH of the ConfigMap by name; every new version is a full topology."""
-        backoff = Backoff()
-        selector = f"metadata.name={self.configmap}"
-        need_list = True
-        while True:
-            try:
-                if need_list:
-                    items, self.resource_version = await self.api.list_objects(self._cm_collection,
-                                                                               field_selector=selector)
-                    need_list = False
-                    self.last_progress = self.clock()
-                    if items and self.apply_published(items[0]):
-                        self.mark_dirty(self.clock())
-                async for event in self.api.watch_objects(self._cm_collection, self.resource_version,
-                                                          timeout=WATCH_SECONDS, field_selector=selector):
-                    received = self.clock()
-                    self.last_progress = received
-                    backoff.reset()
-                    self.metrics.events.labels(event.type).inc()
-                    if event.resource_version:
-                        self.resource_version = event.resource_version
-                    if event.type in ("ADDED", "MODIFIED") and self.apply_published(event.object):
-                        self.mark_dirty(received)
-                self.metrics.watch_restarts.inc()
-            except ApiGone:
-                need_list = True
-                self.metrics.relists.inc()
-            except ApiUnavailable as err:
-                self.metrics.watch_restarts.inc()
-                delay = backoff.next_delay(err.retry_after)
-                self.last_progress = self.clock()
-                log.info("watch of configmap %s broke (%s); reconnect %d in %.1f s", self.configmap, err,
-                         backoff.attempt, delay)
-                await asyncio.sleep(delay)
 
     async def publish(self) -> None:
         """Leader: put the new membership where the followers read it."""
