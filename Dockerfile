@@ -3,7 +3,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY requirements.lock ./
-RUN python -m pip install --prefix=/install --no-deps -r requirements.lock
+RUN python -m pip install --prefix=/install --no-deps --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY agent ./agent
 RUN python -m pip install --prefix=/install --no-deps .
