@@ -11,32 +11,66 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import socket
 import sys
+import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from agent import __version__
 from agent.core import Options, Rendered, render_pod
+from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.model import RawPod, is_whole_number
 from agent.core.variables import explain_exclusions
-from agent.errors import AgentError, ApiConflict, InputError
+from agent.errors import AgentError, ApiConflict, InputError, OutputError
 
 DEFAULT_OUT = "/shared"
 
 
+def _env_name(name: str) -> str:
+    return f"TOPOLOGY_{name.upper().replace('-', '_')}"
+
+
 def _env(name: str) -> str | None:
-    value = os.environ.get(f"TOPOLOGY_{name.upper().replace('-', '_')}")
+    value = os.environ.get(_env_name(name))
     return value if value not in (None, "") else None
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One option's value and the name the user gave it by (``--master-port`` or ``TOPOLOGY_MASTER_PORT``), so
+    a message names the knob the user actually turned."""
+
+    value: str | None
+    label: str
+
+
+def knob(args: argparse.Namespace, name: str, default: str | None = None) -> Knob:
+    """The flag if given, else ``TOPOLOGY_<NAME>``, else ``default`` (labelled with the flag)."""
+    value = getattr(args, name.replace("-", "_"), None)
+    if value is not None:
+        return Knob(str(value), f"--{name}")
+    from_env = _env(name)
+    if from_env is not None:
+        return Knob(from_env, _env_name(name))
+    return Knob(default, f"--{name}")
 
 
 def _int(option: str, raw: str | None, *, low: int = 1, high: int = 65535) -> int | None:
     if raw is None:
         return None
-    if not is_whole_number(raw) or not low <= int(raw) <= high:
-        raise InputError(f"{option} '{raw}' must be a whole number from {low} to {high}")
+    # Length first: int() of thousands of digits is refused by Python (and slow before that).
+    if not is_whole_number(raw) or len(raw.strip()) > len(str(high)) or not low <= int(raw) <= high:
+        shown = raw if len(raw) <= 40 else raw[:37] + "..."
+        raise InputError(f"{option} '{shown}' must be a whole number from {low} to {high}")
     return int(raw)
+
+
+def _int_knob(k: Knob, *, low: int = 1, high: int = 65535) -> int | None:
+    return _int(k.label, k.value, low=low, high=high)
 
 
 def _choice(option: str, raw: str, allowed: Sequence[str]) -> str:
@@ -45,50 +79,97 @@ def _choice(option: str, raw: str, allowed: Sequence[str]) -> str:
     return raw
 
 
+def _choice_knob(k: Knob, allowed: Sequence[str]) -> str:
+    return _choice(k.label, k.value or allowed[0], allowed)
+
+
+def _float(option: str, raw: str | None, default: float, *, high: float = 86_400.0) -> float:
+    """Seconds: a finite number from 0 to ``high`` (float('nan') and 'inf' parse, and must not pass)."""
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= high:  # also false for NaN
+        raise InputError(f"{option} '{raw}' must be a number of seconds from 0 to {high:g}")
+    return value
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
+
+
+def _container(k: Knob) -> str | None:
+    if k.value is not None and not _DNS_LABEL.fullmatch(k.value):
+        raise InputError(f"{k.label} '{k.value}' is not a container name (lower-case letters, digits and '-'); "
+                         "give the name of the trainer container")
+    return k.value
+
+
 def options_from_args(args: argparse.Namespace) -> Options:
     """Flags first, then ``TOPOLOGY_*`` variables; values are checked here so the core sees only good ones."""
+    roles_k = knob(args, "roles")
+    roles = tuple(r.strip() for r in roles_k.value.split(",") if r.strip()) if roles_k.value is not None else None
+    if roles_k.value is not None and not roles:
+        raise InputError(f"{roles_k.label} is empty; give the training roles in rank order, e.g. master,worker")
 
-    def pick(name: str) -> Any:
-        value = getattr(args, name.replace("-", "_"), None)
-        return value if value is not None else _env(name)
-
-    roles_raw = pick("roles")
-    roles = tuple(r.strip() for r in roles_raw.split(",") if r.strip()) if roles_raw else None
-    if roles_raw is not None and not roles:
-        raise InputError("--roles is empty; give the training roles in rank order, e.g. --roles master,worker")
-
-    nproc_raw = pick("nproc-per-node")
+    nproc_k = knob(args, "nproc-per-node")
     nproc: int | str | None = None
-    if nproc_raw is not None:
-        nproc = "auto" if nproc_raw == "auto" else _int("--nproc-per-node", nproc_raw, high=1_000_000)
+    if nproc_k.value is not None:
+        nproc = "auto" if nproc_k.value == "auto" else _int(nproc_k.label, nproc_k.value, high=1_000_000)
 
-    elastic_raw = pick("elastic")
+    elastic_k = knob(args, "elastic")
     elastic = None
-    if elastic_raw is not None:
-        low, sep, high = elastic_raw.partition(":")
-        lo = _int("--elastic MIN", low.strip() or None, high=1_000_000) if sep else None
-        hi = _int("--elastic MAX", high.strip() or None, high=1_000_000) if sep else None
-        if lo is None or hi is None or lo > hi:
-            raise InputError(f"--elastic '{elastic_raw}' must be MIN:MAX with 1 <= MIN <= MAX, e.g. --elastic 2:8")
-        elastic = (lo, hi)
+    if elastic_k.value is not None:
+        low, sep, high = elastic_k.value.partition(":")
+        ok = sep and is_whole_number(low) and is_whole_number(high) and len(low.strip()) <= 7 \
+            and len(high.strip()) <= 7 and 1 <= int(low) <= int(high)
+        if not ok:
+            raise InputError(f"{elastic_k.label} '{elastic_k.value}' must be MIN:MAX with 1 <= MIN <= MAX, e.g. 2:8")
+        elastic = (int(low), int(high))
 
-    selector = pick("selector")
-    index_label = pick("index-label")
-    if index_label and not selector:
-        raise InputError("--index-label needs --selector (the labels that pick the job's pods)")
+    controller_k = knob(args, "controller")
+    if controller_k.value is not None and controller_k.value not in CONTROLLERS:
+        known = ", ".join(CONTROLLERS)
+        raise InputError(f"{controller_k.label} '{controller_k.value}' is unknown; use one of: {known}")
+    selector_k = knob(args, "selector")
+    index_k = knob(args, "index-label")
+    if index_k.value and not selector_k.value:
+        raise InputError(f"{index_k.label} needs --selector (the labels that pick the job's pods)")
+    if selector_k.value and controller_k.value not in (None, "selector"):
+        raise InputError(f"{selector_k.label} and {controller_k.label} {controller_k.value} contradict: the selector "
+                         f"picks pods by your labels, the controller by its own; give one of them")
+    if selector_k.value:
+        parse_selector(selector_k.value, label=selector_k.label)
+        if not index_k.value:
+            raise InputError(f"{selector_k.label} needs --index-label KEY (the label holding each pod's index)")
 
+    address_k = knob(args, "address")
+    address = _choice_knob(Knob(address_k.value or "dns", address_k.label), ("dns", "ip"))
+    domain_k = knob(args, "cluster-domain")
+    if domain_k.value is not None:
+        if not _DNS_SUBDOMAIN.fullmatch(domain_k.value.strip(".")):
+            raise InputError(f"{domain_k.label} '{domain_k.value}' is not a DNS domain; use e.g. cluster.local")
+        if address == "ip":
+            raise InputError(f"{domain_k.label} and {address_k.label} ip contradict: domain names are not written "
+                             "when peers are named by IP; drop one of them")
+
+    given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k)
     return Options(
+        labels=tuple((k.label.removeprefix("TOPOLOGY_").lower(), k.label) for k in given
+                     if k.label.startswith("TOPOLOGY_")),
         roles=roles,
-        master_port=_int("--master-port", pick("master-port")),
+        master_port=_int_knob(knob(args, "master-port")),
         nproc_per_node=nproc,  # type: ignore[arg-type]
-        container=pick("container"),
-        address=_choice("--address", pick("address") or "dns", ("dns", "ip")),  # type: ignore[arg-type]
-        cluster_domain=pick("cluster-domain"),
+        container=_container(knob(args, "container")),
+        address=address,  # type: ignore[arg-type]
+        cluster_domain=domain_k.value,
         elastic=elastic,
-        rdzv_port=_int("--rdzv-port", pick("rdzv-port")) or 29400,
-        controller=pick("controller"),
-        selector=selector,
-        index_label=index_label,
+        rdzv_port=_int_knob(knob(args, "rdzv-port")) or 29400,
+        controller=controller_k.value,
+        selector=selector_k.value,
+        index_label=index_k.value,
     )
 
 
@@ -98,7 +179,8 @@ def read_pods(source: str) -> list[RawPod]:
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text()
     except OSError as err:
-        raise InputError(f"cannot read --pods {where}: {err.strerror or err}") from err
+        reason = "file not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
+        raise InputError(f"--pods {where}: {reason}; give the output of kubectl get pods -o json") from err
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -114,6 +196,9 @@ def read_pods(source: str) -> list[RawPod]:
         items = [data]
     else:
         raise InputError(f"--pods {where} holds no pods: expected a List with 'items' or a JSON array of Pods")
+    if not items:
+        raise InputError(f"--pods {where}: the pod list is empty; check the namespace and label selector of the "
+                         "kubectl get pods that made it")
     for position, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("metadata"), dict) \
                 or not item["metadata"].get("name"):
@@ -159,13 +244,22 @@ def _add_in_cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", help="text (default) or json")
 
 
+class UsageError(Exception):
+    """argparse's complaint, as one line (argparse itself prints the whole usage first)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="topology-agent",
         description="Configure a multi-pod training job from its pods: torch.env, hostfile, host files.",
     )
     parser.add_argument("--version", action="version", version=f"topology-agent {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     render = commands.add_parser("render", help="write the files for one pod from a pods JSON file (offline)")
     _add_offline(render)
@@ -215,24 +309,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def ssh_settings(args: argparse.Namespace) -> Any:
-    """``SshSettings`` when --ssh-secret-dir (or TOPOLOGY_SSH_SECRET_DIR) is given, else None."""
-    secret_dir = getattr(args, "ssh_secret_dir", None) or _env("ssh-secret-dir")
-    if not secret_dir:
-        return None
+    """``SshSettings`` when --ssh-secret-dir (or TOPOLOGY_SSH_SECRET_DIR) is given, else None. The SSH options
+    are checked either way: a bad value is a mistake even where it is not used yet."""
     from agent.ssh.material import SshSettings, parse_owner
 
-    port = _int("--ssh-port", getattr(args, "ssh_port", None) or _env("ssh-port")) or 2222
-    owner = parse_owner(getattr(args, "ssh_owner", None) or _env("ssh-owner"))
-    return SshSettings(secret_dir=Path(secret_dir), port=port, owner=owner)
+    port = _int_knob(knob(args, "ssh-port")) or 2222
+    owner_k = knob(args, "ssh-owner")
+    owner = parse_owner(owner_k.value, label=owner_k.label)
+    secret_dir = knob(args, "ssh-secret-dir")
+    if not secret_dir.value:
+        return None
+    if not Path(secret_dir.value).is_dir():
+        raise InputError(f"{secret_dir.label} {secret_dir.value}: directory not found; mount the job's SSH Secret "
+                         "(topology-agent keygen) there, or drop the option")
+    return SshSettings(secret_dir=Path(secret_dir.value), port=port, owner=owner)
+
+
+def _out_dir(args: argparse.Namespace, *, check: bool = False) -> Path:
+    """The output directory; with ``check``, made and proven writable now (init would otherwise find out only
+    after waiting for the whole gang)."""
+    k = knob(args, "out", DEFAULT_OUT)
+    out = Path(k.value or DEFAULT_OUT)
+    if check:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=out, prefix=".topology-agent-probe-"):
+                pass
+        except OSError as err:
+            raise OutputError(f"{k.label} {out}: cannot write there ({err.strerror or err}); mount a writable "
+                              "volume (an emptyDir) there") from None
+    return out
 
 
 def _render(args: argparse.Namespace) -> int:
     from agent.runtime.output import write_generation
 
     options = options_from_args(args)
+    ssh = ssh_settings(args)
     rendered = render_pod(read_pods(args.pods), _self_name(args), options)
-    out = Path(args.out or _env("out") or DEFAULT_OUT)
-    names = write_generation(out, rendered, options, ssh_settings(args))
+    out = _out_dir(args)
+    names = write_generation(out, rendered, options, ssh)
     me = rendered.plan.topology.me
     print(f"wrote {', '.join(names)} to {out} for pod '{me.name}' (role {me.role})")
     return 0
@@ -267,9 +383,23 @@ def format_explanation(rendered: Rendered) -> str:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    rendered = render_pod(read_pods(args.pods), _self_name(args), options_from_args(args))
+    options = options_from_args(args)
+    ssh_settings(args)
+    rendered = render_pod(read_pods(args.pods), _self_name(args), options)
     print(format_explanation(rendered))
     return 0
+
+
+def _log_format(args: argparse.Namespace) -> str:
+    return _choice_knob(Knob(knob(args, "log-format").value or "text", knob(args, "log-format").label),
+                        ("text", "json"))
+
+
+def _kubeconfig(args: argparse.Namespace) -> str | None:
+    k = knob(args, "kubeconfig")
+    if k.value is not None and not Path(k.value).expanduser().is_file():
+        raise InputError(f"{k.label} {k.value}: file not found; give the path of a kubeconfig file")
+    return k.value
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -278,22 +408,25 @@ def _init(args: argparse.Namespace) -> int:
     from agent.runtime.init import InitSettings, run_init
     from agent.runtime.logs import setup_logging
 
-    log_format = _choice("--log-format", args.log_format or _env("log-format") or "text", ("text", "json"))
-    setup_logging(log_format)
+    log_format = _log_format(args)
     options = options_from_args(args)
-    config = load_config(args.kubeconfig or _env("kubeconfig"))
-    namespace, pod_name = _pod_identity(config)
-    timeout = _int("--timeout", args.timeout or _env("timeout"), high=86_400)
+    timeout = _int_knob(knob(args, "timeout"), high=86_400)
+    expect = _int_knob(knob(args, "expect"), high=1_000_000)
+    source = _choice_knob(Knob(knob(args, "source").value or "auto", knob(args, "source").label),
+                          ("auto", "pods", "published"))
     wait_dns = args.wait_dns if args.wait_dns is not None else (_env("wait-dns") or "").lower() in ("1", "true")
+    ssh = ssh_settings(args)
+    kubeconfig = _kubeconfig(args)
+    out_dir = _out_dir(args, check=True)
+    setup_logging(log_format)
+    config = load_config(kubeconfig)
+    namespace, pod_name = _pod_identity(config)
     settings = InitSettings(
-        namespace=namespace, pod_name=pod_name, options=options,
-        out_dir=Path(args.out or _env("out") or DEFAULT_OUT),
-        expect=_int("--expect", args.expect or _env("expect"), high=1_000_000),
-        timeout=float(timeout if timeout is not None else 600), wait_dns=wait_dns,
-        source=_choice("--source", args.source or _env("source") or "auto", ("auto", "pods", "published")),
+        namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, expect=expect,
+        timeout=float(timeout if timeout is not None else 600), wait_dns=wait_dns, source=source,
     )
     api = ApiClient(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
-    run_init(api, settings, ssh=ssh_settings(args))
+    run_init(api, settings, ssh=ssh)
     return 0
 
 
@@ -308,21 +441,8 @@ def _pod_identity(config: Any) -> tuple[str, str]:
     return namespace, pod_name
 
 
-def _float(option: str, raw: str | None, default: float) -> float:
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise InputError(f"{option} '{raw}' must be a number of seconds >= 0")
-    return value
-
-
 def _sidecar(args: argparse.Namespace) -> int:
     import asyncio
-    import re
     import signal
 
     from agent.k8s.async_client import AsyncApiClient
@@ -331,26 +451,36 @@ def _sidecar(args: argparse.Namespace) -> int:
     from agent.runtime.sidecar import SidecarSettings, run_sidecar
     from agent.runtime.signalling import TrainerFinder, parse_signal
 
-    setup_logging(_choice("--log-format", args.log_format or _env("log-format") or "text", ("text", "json")))
+    log_format = _log_format(args)
     options = options_from_args(args)
-    config = load_config(args.kubeconfig or _env("kubeconfig"))
-    namespace, pod_name = _pod_identity(config)
-    pattern = args.trainer_match or _env("trainer-match")
+    match_k = knob(args, "trainer-match")
     try:
-        match = re.compile(pattern) if pattern else None
+        match = re.compile(match_k.value) if match_k.value else None
     except re.error as err:
-        raise InputError(f"--trainer-match '{pattern}' is not a regular expression ({err})") from None
-    pid_file = args.trainer_pid_file or _env("trainer-pid-file")
-    settings = SidecarSettings(
-        namespace=namespace, pod_name=pod_name, options=options,
-        out_dir=Path(args.out or _env("out") or DEFAULT_OUT),
-        debounce=_float("--debounce", args.debounce or _env("debounce"), 1.0),
-        signal=parse_signal(args.signal or _env("signal") or "SIGUSR1"),
-        finder=TrainerFinder(pid_file=Path(pid_file) if pid_file else None, match=match),
-        stuck_after=_float("--stuck-after", args.stuck_after or _env("stuck-after"), 600.0),
-    )
-    port = _int("--health-port", args.health_port or _env("health-port"), low=0)
+        raise InputError(f"{match_k.label} '{match_k.value}' is not a regular expression ({err})") from None
+    pid_k = knob(args, "trainer-pid-file")
+    pid_file = pid_k.value
+    if pid_file is not None and Path(pid_file).is_dir():
+        raise InputError(f"{pid_k.label} {pid_file} is a directory; give the file the trainer writes its pid to")
+    debounce_k, stuck_k, signal_k = knob(args, "debounce"), knob(args, "stuck-after"), knob(args, "signal")
+    debounce = _float(debounce_k.label, debounce_k.value, 1.0, high=3600)
+    stuck_after = _float(stuck_k.label, stuck_k.value, 600.0)
+    trainer_signal = parse_signal(signal_k.value or "SIGUSR1", label=signal_k.label)
+    port = _int_knob(knob(args, "health-port"), low=0)
     port = 8090 if port is None else port
+    host_k = knob(args, "health-host", "0.0.0.0")
+    health_host = _address_knob(host_k)
+    kubeconfig = _kubeconfig(args)
+    ssh_settings(args)
+    out_dir = _out_dir(args, check=True)
+    setup_logging(log_format)
+    config = load_config(kubeconfig)
+    namespace, pod_name = _pod_identity(config)
+    settings = SidecarSettings(
+        namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, debounce=debounce,
+        signal=trainer_signal, finder=TrainerFinder(pid_file=Path(pid_file) if pid_file else None, match=match),
+        stuck_after=stuck_after,
+    )
 
     async def main_async() -> None:
         stop = asyncio.Event()
@@ -359,28 +489,49 @@ def _sidecar(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGINT, stop.set)
         user_agent = f"topology-agent/{__version__} sidecar ({namespace}/{pod_name})"
         async with AsyncApiClient(config, user_agent=user_agent) as api:
-            await run_sidecar(api, settings, stop=stop, health_port=port or None,
-                              health_host=args.health_host or _env("health-host") or "0.0.0.0")
+            await run_sidecar(api, settings, stop=stop, health_port=port or None, health_host=health_host,
+                              health_label=f"{knob(args, 'health-port').label} {port} on {health_host}")
 
     asyncio.run(main_async())
     return 0
 
 
+def _address_knob(k: Knob) -> str:
+    """An IP address to bind: a host name here would bind whatever it resolves to today."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(k.value or ""))
+    except ValueError:
+        raise InputError(f"{k.label} '{k.value}' is not an IP address; use e.g. 0.0.0.0, 127.0.0.1 or ::") from None
+
+
 def _sandbox(args: argparse.Namespace) -> int:
     import asyncio
-    import tempfile
 
     from agent.sandbox.server import Sandbox, serve
 
-    state = Path(args.state_dir or tempfile.mkdtemp(prefix="topology-sandbox-"))
     port = _int("--port", args.port, low=0)
+    interval = _float("--bookmark-interval", args.bookmark_interval, 1.0, high=3600)
+    if interval == 0:
+        raise InputError(f"--bookmark-interval '{args.bookmark_interval}' must be more than 0 seconds")
+    try:
+        state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="topology-sandbox-"))
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"--state-dir {args.state_dir}: cannot create it ({err.strerror or err}); "
+                          "give a writable directory") from None
 
     def ready(sandbox: Sandbox) -> None:
         print(f"sandbox API server at {sandbox.url}", flush=True)
         print(f"export KUBECONFIG={sandbox.kubeconfig}", flush=True)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(state, port=port or 0, ready=ready, bookmark_interval=float(args.bookmark_interval)))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(state, port=port or 0, ready=ready, bookmark_interval=interval))
+    except OSError as err:
+        raise InputError(f"--port {port}: cannot listen on 127.0.0.1 ({err.strerror or err}); choose another "
+                         "port, or 0 for any free one") from None
     return 0
 
 
@@ -389,6 +540,11 @@ def _keygen(args: argparse.Namespace) -> int:
 
     from agent.ssh.material import generate_secret_manifest
 
+    for option, value in (("--job", args.job), ("--namespace", args.namespace)):
+        if not _DNS_LABEL.fullmatch(value):
+            raise InputError(f"{option} '{value}' is not a valid Kubernetes name: lower-case letters, digits and "
+                             "'-', starting and ending with a letter or digit, at most 63 characters")
+    kubeconfig = _kubeconfig(args) if args.apply else None
     manifest = generate_secret_manifest(args.job, args.namespace)
     if not args.apply:
         print(manifest, end="")
@@ -396,7 +552,7 @@ def _keygen(args: argparse.Namespace) -> int:
     from agent.k8s.client import ApiClient
     from agent.k8s.config import load_config
 
-    api = ApiClient(load_config(args.kubeconfig))
+    api = ApiClient(load_config(kubeconfig))
     try:
         created = api.create(f"/api/v1/namespaces/{args.namespace}/secrets", yaml.safe_load(manifest))
     except ApiConflict as err:
@@ -409,20 +565,46 @@ def _keygen(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from agent.runtime.demo import run_demo
 
-    return run_demo(Path(args.out))
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".topology-agent-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise OutputError(f"--out {out}: cannot write there ({err.strerror or err}); give a writable directory, "
+                          "e.g. --out ./demo-out") from None
+    return run_demo(out)
 
 
 COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sidecar": _sidecar, "sandbox": _sandbox,
             "demo": _demo, "keygen": _keygen}
 
 
+BUG_EXIT = 70  # EX_SOFTWARE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as err:
+        print(str(err), file=sys.stderr)
+        return 2
     try:
         return COMMANDS[args.command](args)
     except AgentError as err:
         print(f"topology-agent {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        # A bug, not bad input: still one line, so a log shows what broke; the traceback on request.
+        if os.environ.get("TOPOLOGY_DEBUG"):
+            raise
+        first = (str(err).splitlines() or [""])[0][:200]
+        print(f"topology-agent {args.command}: internal error: {type(err).__name__}: {first} (a bug in the agent; "
+              "run again with TOPOLOGY_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        return BUG_EXIT
 
 
 if __name__ == "__main__":  # pragma: no cover

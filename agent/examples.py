@@ -104,7 +104,8 @@ def make_pod(name: str, *, namespace: str = "default", labels: dict[str, str],
 
 
 def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("master", 1), ("worker", 3), ("extras", 4)),
-                *, namespace: str = "default", ip_base: int = 0, master_port: int = 23456) -> list[Pod]:
+                *, namespace: str = "default", ip_base: int = 0, master_port: int = 23456,
+                cpu: str = "1") -> list[Pod]:
     """A Volcano Job with the svc, env and pytorch plugins (``plugins: {pytorch: [], svc: [], env: []}``)."""
     owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": name,
              "uid": _uid("vcjob", namespace, name)}
@@ -130,7 +131,7 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
             pods.append(make_pod(
                 pod_name, namespace=namespace, labels=labels, annotations=annotations, hostname=pod_name,
                 subdomain=name, ip=loopback_ip(n), owner=owner,
-                containers=[trainer_container(env=injected, port=master_port, cpu="1")],
+                containers=[trainer_container(env=injected, port=master_port, cpu=cpu)],
             ))
             n += 1
     return pods
@@ -288,9 +289,11 @@ def as_list(pods: list[Pod]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "items": pods, "metadata": {"resourceVersion": ""}}
 
 
+# The shipped examples/*.json: the same jobs as manifests/examples/ (sizes, resources), so that the tables in
+# docs/controllers.md describe both (tests/test_manifests.py checks).
 EXAMPLES: dict[str, Callable[[], list[Pod]]] = {
-    "volcano": volcano_job,
-    "pytorchjob": pytorchjob,
+    "volcano": lambda: volcano_job(tasks=(("master", 1), ("worker", 3), ("extras", 2)), cpu="2"),
+    "pytorchjob": lambda: pytorchjob(gpus=1),
     "trainjob": trainjob,
     "jobset": jobset,
     "lws": leaderworkerset,

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import os
+from collections.abc import Generator
 from typing import Any
+
+import pytest
 
 from agent.core import Options, Rendered, render_pod
 
@@ -12,3 +16,18 @@ def env_of(rendered: Rendered) -> dict[str, str]:
 
 def render(pods: list[dict[str, Any]], self_name: str, **options: Any) -> Rendered:
     return render_pod(pods, self_name, Options(**options))
+
+
+# CI sets TOPOLOGY_TESTS_REQUIRE_ALL=1: every tool a test needs is installed there, so a skip would hide a test
+# that did not run. Locally a missing tool still skips, with the reason.
+REQUIRE_ALL = os.environ.get("TOPOLOGY_TESTS_REQUIRE_ALL") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_ALL and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped where every test must run (TOPOLOGY_TESTS_REQUIRE_ALL=1): {reason}"

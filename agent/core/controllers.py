@@ -213,17 +213,17 @@ def _indexed_dns(pod: RawPod, ident: Identity, namespace: str, domain: str | Non
 
 # --- generic label selector -------------------------------------------------------------------------------
 
-def parse_selector(selector: str) -> dict[str, str]:
+def parse_selector(selector: str, *, label: str = "--selector") -> dict[str, str]:
     """``a=b,c=d`` (equality only: the agent needs a set it can also match offline)."""
     pairs: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in selector.split(","))):
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip().lstrip("=")
         if not sep or not key or key.endswith("!"):
-            raise InputError(f"--selector '{selector}': '{part}' is not key=value; use --selector app=x,job=y")
+            raise InputError(f"{label} '{selector}': '{part}' is not key=value; use e.g. app=x,job=y")
         pairs[key] = value
     if not pairs:
-        raise InputError("--selector is empty; use --selector app=x,job=y")
+        raise InputError(f"{label} is empty; use e.g. app=x,job=y")
     return pairs
 
 

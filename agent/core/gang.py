@@ -100,6 +100,13 @@ def expectation_from_owner(controller: Controller, owner: dict[str, Any], traini
         parallelism = _replicas(spec.get("parallelism"))
         completions = _replicas(spec.get("completions"), parallelism)
         counts = {"worker": min(parallelism, completions)}
+    if options.roles is not None and counts:
+        unknown = [r for r in options.roles if r not in counts]
+        if unknown:
+            raise InputError(
+                f"{options.label('roles')} names {', '.join(repr(r) for r in unknown)}, but {kind} '{name}' has no "
+                f"such role (roles present: {', '.join(sorted(counts))}); fix the role names"
+            )
     roles = list(training_roles) if training_roles is not None else list(counts)
     per_role = {role: counts[role] for role in roles if role in counts}
     if not per_role:

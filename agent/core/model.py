@@ -104,6 +104,11 @@ class Options:
     controller: str | None = None
     selector: str | None = None
     index_label: str | None = None
+    # How the user spelled each option given ("roles" -> "TOPOLOGY_ROLES"), so the core's messages name it.
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def label(self, name: str) -> str:
+        return dict(self.labels).get(name, f"--{name.replace('_', '-')}")
 
 
 @dataclass(frozen=True)

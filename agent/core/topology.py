@@ -275,6 +275,15 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
     training_roles = found.training_roles
     roles = training_roles if found.explicit_roles else None
 
+    if options.roles is not None:
+        present = {ident.role for _, ident, _ in live}
+        missing = [r for r in options.roles if r not in present]
+        if missing:
+            have = ", ".join(sorted(present)) or "none"
+            raise InputError(
+                f"{options.label('roles')} names {', '.join(repr(r) for r in missing)}, but no live pod of "
+                f"{controller.title} '{me_id.job}' has that role (roles present: {have}); fix the role names"
+            )
     if self_name in {e.name for e in excluded}:
         reason = next(e.reason for e in excluded if e.name == self_name)
         raise InputError(f"pod '{self_name}' is not a member of its own job ({reason}); nothing to configure")

@@ -67,6 +67,10 @@ def kubeconfig_config(path: str | None = None) -> ApiConfig:
         raise InputError("the 'kubernetes' package is missing; pip install topology-agent") from err
     configuration = k8s_client.Configuration()
     where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    files = [Path(p).expanduser() for p in where.split(os.pathsep) if p]
+    if not any(f.is_file() for f in files):
+        raise InputError(f"no API server configuration: not in a pod (no service account) and kubeconfig {where}: "
+                         "file not found; run in a pod, or point KUBECONFIG (or --kubeconfig) at a kubeconfig file")
     try:
         k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
         _, context = k8s_config.list_kube_config_contexts(config_file=path)

@@ -49,14 +49,23 @@ class DeadlineExceeded(Exception):
 def with_retries(call: Callable[[], T], *, what: str, deadline: float | None = None,
                  backoff: Backoff | None = None, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> T:
-    """Run ``call`` until it succeeds or fails for good; each retry is logged at info with its attempt."""
+    """Run ``call`` until it succeeds or fails for good; each retry is logged at info with its attempt.
+
+    When the next wait would pass ``deadline``, the wait is cut to end at the deadline and that attempt is the
+    last: the caller's whole budget is used, not given up one backoff early."""
     backoff = backoff or Backoff()
+    last = False
     while True:
         try:
             return call()
         except ApiUnavailable as err:
             delay = backoff.next_delay(err.retry_after)
-            if deadline is not None and clock() + delay > deadline:
-                raise DeadlineExceeded(err) from err
-            log.info("%s failed (%s); retry %d in %.1f s", what, err, backoff.attempt, delay)
+            if deadline is not None:
+                remaining = deadline - clock()
+                if last or remaining <= 0:
+                    raise DeadlineExceeded(err) from err
+                if delay >= remaining:
+                    delay, last = remaining, True
+            log.info("%s failed (%s); retry %d in %.1f s%s", what, err, backoff.attempt, delay,
+                     " (the last, at the deadline)" if last else "")
             sleep(delay)

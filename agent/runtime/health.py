@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from agent.errors import InputError
+
 if TYPE_CHECKING:
     from agent.runtime.sidecar import Sidecar
 
@@ -39,14 +41,24 @@ def make_app(sidecar: Sidecar) -> web.Application:
     return app
 
 
-async def serve_health(sidecar: Sidecar, host: str, port: int, bound: list[int]) -> None:
+async def start_health(sidecar: Sidecar, host: str, port: int, *, label: str) -> tuple[web.AppRunner, int]:
+    """Bind first, before the sidecar talks to the API: a port in use is the user's to fix, at once."""
     runner = web.AppRunner(make_app(sidecar), access_log=None, handle_signals=False)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        server = site._server
-        bound.append(server.sockets[0].getsockname()[1] if server and server.sockets else port)  # type: ignore
+    except OSError as err:
+        await runner.cleanup()
+        raise InputError(f"{label}: cannot listen ({err.strerror or err}); choose another port, or 0 to turn "
+                         "the health server off") from None
+    server = site._server
+    return runner, (server.sockets[0].getsockname()[1] if server and server.sockets else port)  # type: ignore
+
+
+async def serve_health(runner: web.AppRunner) -> None:
+    """Serve until cancelled, then close the listener."""
+    try:
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()

@@ -69,7 +69,8 @@ class GangWaiter:
         self.settings = settings
         self.clock = clock
         self.sleep = sleep
-        self.deadline = clock() + settings.timeout
+        self.started = clock()
+        self.deadline = self.started + settings.timeout
         self.pods: dict[str, RawPod] = {}
         self.resource_version = ""
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
@@ -79,8 +80,11 @@ class GangWaiter:
         try:
             return with_retries(call, what=what, deadline=self.deadline, sleep=self.sleep, clock=self.clock)
         except DeadlineExceeded as err:
-            raise GangTimeout(f"timed out after {self.settings.timeout:.0f} s: the API server kept failing "
+            raise GangTimeout(f"timed out after {self.elapsed():.1f} s: the API server kept failing "
                               f"({err.last}); check the API server and the pod's network") from err
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
 
     def own_pod(self) -> RawPod:
         s = self.settings
@@ -131,10 +135,12 @@ class GangWaiter:
         s = self.settings
         current = self.status(expected)
         backoff = Backoff()
+        at_deadline = False  # a watch that broke gets one last try at the deadline
         while not current.ready:
             remaining = self.deadline - self.clock()
-            if remaining <= 0:
+            if remaining <= 0 and not at_deadline:
                 raise GangTimeout(self._timeout_message(current, selector))
+            at_deadline = False
             log.info("waiting for the gang: %s", current.describe())
             try:
                 for event in self.api.watch_pods(s.namespace, selector, self.resource_version,
@@ -160,9 +166,12 @@ class GangWaiter:
                 current = self.status(expected)
             except ApiUnavailable as err:
                 delay = backoff.next_delay(err.retry_after)
-                if self.clock() + delay >= self.deadline:
+                remaining = self.deadline - self.clock()
+                if remaining <= 0:
                     raise GangTimeout(self._timeout_message(current, selector) + f"; last API error: {err}") \
                         from err
+                if delay >= remaining:  # the last attempt goes at the deadline, not one backoff early
+                    delay, at_deadline = remaining, True
                 log.info("watch broke (%s); resuming from resourceVersion %s, retry %d in %.1f s",
                          err, self.resource_version, backoff.attempt, delay)
                 self.sleep(delay)
@@ -170,7 +179,8 @@ class GangWaiter:
 
     def _timeout_message(self, current: GangStatus, selector: str) -> str:
         s = self.settings
-        return (f"timed out after {s.timeout:.0f} s waiting for the gang: {current.describe()}; see "
+        return (f"timed out after {self.elapsed():.1f} s (--timeout {s.timeout:g}) waiting for the gang: "
+                f"{current.describe()}; see "
                 f"kubectl get pods -n {s.namespace} -l {selector} (unscheduled pods? quota? wrong --expect?)")
 
 
@@ -203,7 +213,8 @@ def check_dns(api: PodSource, rendered: Rendered, settings: InitSettings, *, res
         if not pending:
             break
         if clock() + delay > deadline:
-            raise GangTimeout(f"timed out after {settings.timeout:.0f} s waiting for DNS: "
+            elapsed = settings.timeout - (deadline - clock())
+            raise GangTimeout(f"timed out after {elapsed:.1f} s waiting for DNS: "
                               f"{', '.join(pending[:8])} do not resolve; check the headless Service and CoreDNS")
         log.info("waiting for DNS: %d name(s) do not resolve yet (%s)", len(pending), pending[0])
         sleep(delay)

@@ -366,21 +366,28 @@ async def run_tasks(tasks: dict[str, Awaitable[None]], stop: asyncio.Event) -> N
 
 
 async def run_sidecar(api: AsyncApiClient, settings: SidecarSettings, *, stop: asyncio.Event,
-                      health_port: int | None = None, health_host: str = "0.0.0.0",
+                      health_port: int | None = None, health_host: str = "0.0.0.0", health_label: str = "",
                       on_ready: Callable[[Sidecar, int | None], None] | None = None) -> Sidecar:
-    from agent.runtime.health import serve_health
+    from agent.runtime.health import serve_health, start_health
 
     sidecar = Sidecar(api, settings)
-    await sidecar.start()
-    tasks: dict[str, Awaitable[None]] = {"watch": sidecar.watch_loop(), "evaluate": sidecar.evaluate_loop()}
-    bound: list[int] = []
+    runner = None
+    bound: int | None = None
     if health_port is not None:
-        tasks["health"] = serve_health(sidecar, health_host, health_port, bound)
+        runner, bound = await start_health(sidecar, health_host, health_port,
+                                           label=health_label or f"health port {health_port}")
+    try:
+        await sidecar.start()
+    except BaseException:
+        if runner is not None:
+            await runner.cleanup()
+        raise
+    tasks: dict[str, Awaitable[None]] = {"watch": sidecar.watch_loop(), "evaluate": sidecar.evaluate_loop()}
+    if runner is not None:
+        tasks["health"] = serve_health(runner)
     if on_ready is not None:
         async def announce() -> None:
-            while health_port is not None and not bound:
-                await asyncio.sleep(0.01)
-            on_ready(sidecar, bound[0] if bound else None)
+            on_ready(sidecar, bound)
             await asyncio.Event().wait()
         tasks["announce"] = announce()
     await run_tasks(tasks, stop)

@@ -22,17 +22,17 @@ from agent.errors import InputError
 log = logging.getLogger("topology_agent.signal")
 
 
-def parse_signal(name: str | None) -> signal.Signals | None:
+def parse_signal(name: str | None, *, label: str = "--signal") -> signal.Signals | None:
     """``SIGUSR1``, ``USR1``, ``10`` or ``none``."""
     if name is None or name.lower() == "none":
         return None
     text = name.upper()
     try:
-        if is_whole_number(text):
+        if is_whole_number(text) and len(text) <= 3:
             return signal.Signals(int(text))
         return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
     except (KeyError, ValueError):
-        raise InputError(f"--signal '{name}' is not a signal; use a name like SIGUSR1, or none") from None
+        raise InputError(f"{label} '{name}' is not a signal; use a name like SIGUSR1, or none") from None
 
 
 @dataclass(frozen=True)

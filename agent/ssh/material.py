@@ -117,12 +117,13 @@ def ssh_files(rendered: Rendered, keys: JobKeys, *, paths: SshPaths, port: int, 
     return files, modes
 
 
-def parse_owner(raw: str | None) -> tuple[int, int] | None:
+def parse_owner(raw: str | None, *, label: str = "--ssh-owner") -> tuple[int, int] | None:
     if raw is None:
         return None
     uid, sep, gid = raw.partition(":")
-    if not is_whole_number(uid) or (sep and not is_whole_number(gid)):
-        raise InputError(f"--ssh-owner '{raw}' must be UID:GID in numbers, e.g. --ssh-owner 1000:1000")
+    ids = (uid, gid) if sep else (uid,)
+    if not all(is_whole_number(i) and len(i.strip()) <= 10 and int(i) < 2**32 - 1 for i in ids):
+        raise InputError(f"{label} '{raw}' must be UID:GID in numbers below 4294967295, e.g. 1000:1000")
     return int(uid), int(gid) if sep else int(uid)
 
 

@@ -35,7 +35,7 @@ def three_pod_job(tmp_path: Path) -> Path:
 
 
 def test_torch_all_reduce_across_one_process_per_pod_from_rendered_torch_env(tmp_path):
-    pytest.importorskip("torch", reason="torch is installed by .ci/run (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
     pods = three_pod_job(tmp_path)
     port = free_port()
     names = ["e2e-master-0", "e2e-worker-0", "e2e-worker-1"]
@@ -64,7 +64,7 @@ def test_torch_all_reduce_across_one_process_per_pod_from_rendered_torch_env(tmp
 def test_deepspeed_parses_the_hostfile_with_hosts_in_rank_order_and_slots(tmp_path):
     runner = pytest.importorskip(
         "deepspeed.launcher.runner",
-        reason="DeepSpeed is installed by .ci/run (pip install --no-build-isolation deepspeed)",
+        reason="DeepSpeed is installed by scripts/test (pip install --no-build-isolation deepspeed)",
     )
     pods = examples.pytorchjob(workers=3, gpus=2)
     path = tmp_path / "pods.json"

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.consumer
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 SSH = shutil.which("ssh")
 if SSHD is None or SSH is None:
-    pytest.skip("OpenSSH sshd/ssh are not installed (.ci/run installs openssh-server)", allow_module_level=True)
+    pytest.skip("OpenSSH sshd/ssh are not installed (apt-get install openssh-server openssh-client; .ci/run does)",
+                allow_module_level=True)
 
 NAMES = ["demo-master-0", "demo-worker-0", "demo-worker-1"]
 
@@ -178,7 +179,7 @@ def test_deepspeeds_own_ssh_check_succeeds(job):
 
 def test_pdsh_runs_a_command_on_every_peer(job):
     if shutil.which("pdsh") is None:
-        pytest.skip("pdsh is not installed (.ci/run installs it)")
+        pytest.skip("pdsh is not installed (apt-get install pdsh; .ci/run does)")
     hosts = ",".join(job["ips"].values())
     result = subprocess.run(["pdsh", "-R", "ssh", "-w", hosts, "echo $TOPOLOGY_SSH_POD"], env=job["env"],
                             capture_output=True, text=True, timeout=60)
@@ -188,9 +189,9 @@ def test_pdsh_runs_a_command_on_every_peer(job):
 
 
 def test_deepspeed_pdsh_launcher_starts_the_script_on_every_peer(job):
-    pytest.importorskip("deepspeed", reason="DeepSpeed is installed by .ci/run")
+    pytest.importorskip("deepspeed", reason="DeepSpeed is installed by scripts/test")
     if shutil.which("pdsh") is None:
-        pytest.skip("pdsh is not installed (.ci/run installs it)")
+        pytest.skip("pdsh is not installed (apt-get install pdsh; .ci/run does)")
     marks = job["dir"] / "marks"
     marks.mkdir()
     script = job["dir"] / "trivial.py"

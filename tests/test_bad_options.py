@@ -1,0 +1,210 @@
+"""Every subcommand, a bad value for each of its options: one line on stderr, a non-zero exit, no traceback.
+
+The table is checked against the real parser: an option added to a subcommand without a row here fails
+``test_every_option_of_every_subcommand_has_a_bad_value_row``. Each row gives words the line must contain
+(the option as the user spelled it, and what to do), so a generic catch-all message cannot pass for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.cli import build_parser, main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PODS = str(EXAMPLES / "volcano-pods.json")
+BLOCKER = "@blocker"  # replaced by a path below a regular file: no one, not even root, can create it
+MISSING = "/nonexistent/topology-agent-test"
+OFFLINE = ["--pods", PODS, "--self", "demo-worker-0"]
+
+# (subcommands, option, argv after the subcommand, words the one line must contain)
+COMMON = [
+    ("--roles", ["--roles", ","], ["--roles", "empty"]),
+    ("--master-port", ["--master-port", "abc"], ["--master-port 'abc'", "whole number from 1 to 65535"]),
+    ("--master-port", ["--master-port", "70000"], ["--master-port '70000'"]),
+    ("--nproc-per-node", ["--nproc-per-node", "0"], ["--nproc-per-node '0'"]),
+    ("--nproc-per-node", ["--nproc-per-node", "9" * 5000], ["--nproc-per-node", "whole number"]),
+    ("--container", ["--container", "Trainer 1"], ["--container 'Trainer 1'", "container name"]),
+    ("--address", ["--address", "dnss"], ["--address 'dnss'", "dns, ip"]),
+    ("--cluster-domain", ["--cluster-domain", "bad domain"], ["--cluster-domain 'bad domain'", "cluster.local"]),
+    ("--cluster-domain", ["--cluster-domain", "cluster.local", "--address", "ip"],
+     ["--cluster-domain and --address ip contradict"]),
+    ("--elastic", ["--elastic", "3:2"], ["--elastic '3:2'", "MIN:MAX"]),
+    ("--elastic", ["--elastic", "2"], ["--elastic '2'", "MIN:MAX"]),
+    ("--rdzv-port", ["--rdzv-port", "-1"], ["--rdzv-port '-1'"]),
+    ("--controller", ["--controller", "kubeflow"], ["--controller 'kubeflow' is unknown", "volcano"]),
+    ("--selector", ["--selector", "app"], ["--selector 'app'", "key=value"]),
+    ("--selector", ["--selector", "app=x", "--index-label", "i", "--controller", "pytorchjob"],
+     ["--selector and --controller pytorchjob contradict"]),
+    ("--selector", ["--selector", "app=x"], ["--selector needs --index-label"]),
+    ("--index-label", ["--index-label", "idx"], ["--index-label needs --selector"]),
+    ("--ssh-secret-dir", ["--ssh-secret-dir", MISSING], ["--ssh-secret-dir", "directory not found", "keygen"]),
+    ("--ssh-port", ["--ssh-port", "ssh"], ["--ssh-port 'ssh'"]),
+    ("--ssh-owner", ["--ssh-owner", "root"], ["--ssh-owner 'root'", "UID:GID"]),
+]
+# Checked against the pods: offline here; init is tested against the sandbox (tests/integration/test_init.py),
+# and the sidecar keeps its last files on a topology error by design (pods change; init has refused already).
+POD_DEPENDENT = [
+    ("--roles", ["--roles", "mastr,worker"], ["--roles", "'mastr'", "roles present: extras, master, worker"]),
+    ("--container", ["--container", "nope"], ["'nope'", "fix --container"]),
+]
+IN_CLUSTER = [
+    ("--out", ["--out", BLOCKER], ["--out", "cannot write"]),
+    ("--kubeconfig", ["--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),
+    ("--log-format", ["--log-format", "xml"], ["--log-format 'xml'", "text, json"]),
+]
+CASES: list[tuple[str, str, list[str], list[str]]] = []
+for command in ("render", "explain"):
+    CASES += [(command, opt, [*OFFLINE, *argv], words) for opt, argv, words in COMMON + POD_DEPENDENT]
+    CASES += [
+        (command, "--pods", ["--pods", MISSING, "--self", "x"], ["--pods", "file not found"]),
+        (command, "--pods", ["--pods", "@empty", "--self", "x"], ["the pod list is empty"]),
+        (command, "--self", ["--pods", PODS, "--self", "nope-0"], ["'nope-0'", "not in the pod list"]),
+    ]
+CASES.append(("render", "--out", [*OFFLINE, "--out", BLOCKER], ["cannot"]))
+for command in ("init", "sidecar"):
+    CASES += [(command, opt, argv, words) for opt, argv, words in COMMON + IN_CLUSTER]
+CASES += [
+    ("init", "--expect", ["--expect", "0"], ["--expect '0'"]),
+    ("init", "--timeout", ["--timeout", "soon"], ["--timeout 'soon'"]),
+    ("init", "--source", ["--source", "both"], ["--source 'both'", "auto, pods, published"]),
+    ("sidecar", "--debounce", ["--debounce", "nan"], ["--debounce 'nan'", "seconds"]),
+    ("sidecar", "--debounce", ["--debounce", "-1"], ["--debounce '-1'"]),
+    ("sidecar", "--signal", ["--signal", "SIGFOO"], ["--signal 'SIGFOO'", "SIGUSR1"]),
+    ("sidecar", "--trainer-pid-file", ["--trainer-pid-file", "/"], ["--trainer-pid-file /", "directory"]),
+    ("sidecar", "--trainer-match", ["--trainer-match", "(torchrun"], ["--trainer-match '(torchrun'"]),
+    ("sidecar", "--health-port", ["--health-port", "http"], ["--health-port 'http'"]),
+    ("sidecar", "--health-host", ["--health-host", "everywhere"], ["--health-host 'everywhere'", "IP address"]),
+    ("sidecar", "--stuck-after", ["--stuck-after", "inf"], ["--stuck-after 'inf'"]),
+    ("sandbox", "--port", ["--port", "99999"], ["--port '99999'"]),
+    ("sandbox", "--state-dir", ["--state-dir", BLOCKER], ["--state-dir", "writable directory"]),
+    ("sandbox", "--bookmark-interval", ["--bookmark-interval", "abc"], ["--bookmark-interval 'abc'"]),
+    ("sandbox", "--bookmark-interval", ["--bookmark-interval", "0"], ["--bookmark-interval '0'"]),
+    ("keygen", "--job", ["--job", "Bad_Name"], ["--job 'Bad_Name'", "Kubernetes name"]),
+    ("keygen", "--namespace", ["--job", "j", "--namespace", "team a"], ["--namespace 'team a'"]),
+    ("keygen", "--kubeconfig", ["--job", "j", "--apply", "--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),
+    ("demo", "--out", ["--out", BLOCKER], ["--out", "cannot write there"]),
+    ("render", "(usage)", ["--pods"], ["expected one argument", "--help"]),
+    ("init", "(usage)", ["--no-such-option"], ["unrecognized arguments", "--help"]),
+]
+NO_VALUE = {"--help", "--version", "--wait-dns", "--apply"}  # flags: there is no bad value to give
+
+
+def _case_id(case: tuple[str, str, list[str], list[str]]) -> str:
+    command, _, argv, _ = case
+    return f"{command} {' '.join(a if len(a) < 20 else a[:8] + '...' for a in argv)}"
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for name in list(os.environ):
+        if name.startswith("TOPOLOGY_") or name in ("KUBERNETES_SERVICE_HOST", "KUBECONFIG"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("POD_NAME", "demo-worker-0")
+    monkeypatch.setenv("POD_NAMESPACE", "default")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config from the machine
+
+
+def _materialise(argv: list[str], tmp_path: Path) -> list[str]:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"kind": "List", "items": []}')
+    return [str(blocker / "sub") if a == BLOCKER else str(empty) if a == "@empty" else a for a in argv]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_a_bad_value_gives_one_line_and_a_non_zero_exit(case, clean_env, tmp_path, capsys):
+    command, _, argv, words = case
+    code = main([command, *_materialise(argv, tmp_path)])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code not in (0, None), captured
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err and "internal error" not in captured.err, captured.err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert not (tmp_path / "a-file" / "sub").exists()
+
+
+def test_every_option_of_every_subcommand_has_a_bad_value_row():
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    covered = {(command, option) for command, option, _, _ in CASES}
+    missing = [
+        (name, opt)
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        for opt in action.option_strings[-1:]
+        if opt not in NO_VALUE and (name, opt) not in covered
+    ]
+    assert not missing, f"options with no bad-value row: {missing}"
+
+
+def test_a_knob_from_the_environment_is_named_as_the_user_set_it(clean_env, monkeypatch, capsys):
+    monkeypatch.setenv("TOPOLOGY_MASTER_PORT", "http")
+    assert main(["render", *OFFLINE]) == 2
+    assert "TOPOLOGY_MASTER_PORT 'http' must be a whole number" in capsys.readouterr().err
+    monkeypatch.delenv("TOPOLOGY_MASTER_PORT")
+    monkeypatch.setenv("TOPOLOGY_ROLES", "mastr,worker")
+    assert main(["explain", *OFFLINE]) == 2
+    assert "TOPOLOGY_ROLES names 'mastr'" in capsys.readouterr().err
+
+
+def _busy_port() -> tuple[socket.socket, int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TOPOLOGY_") and k != "KUBERNETES_SERVICE_HOST"}
+    return subprocess.run([sys.executable, "-m", "agent.cli", *argv], capture_output=True, text=True, timeout=60,
+                          env={**base, **env})
+
+
+def test_sandbox_on_a_port_in_use_says_so_in_one_line():
+    sock, port = _busy_port()
+    with sock:
+        run = _run(["sandbox", "--port", str(port)])
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [run.stderr.strip()]
+    assert f"--port {port}: cannot listen on 127.0.0.1" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_sidecar_health_port_in_use_fails_at_once_before_the_api_is_reached(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    sock, port = _busy_port()
+    with sock:
+        run = _run(["sidecar", "--kubeconfig", str(kubeconfig), "--health-port", str(port),
+                    "--health-host", "127.0.0.1", "--out", str(tmp_path / "out")],
+                   POD_NAME="p", POD_NAMESPACE="default")
+    assert run.returncode == 2, run.stderr
+    line = run.stderr.strip()
+    assert "\n" not in line and f"--health-port {port} on 127.0.0.1: cannot listen" in line, run.stderr
+
+
+def test_an_unexpected_exception_is_one_line_that_asks_for_a_report(monkeypatch, capsys):
+    import agent.cli as cli
+
+    def broken(_args):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setitem(cli.COMMANDS, "explain", broken)
+    monkeypatch.delenv("TOPOLOGY_DEBUG", raising=False)
+    assert main(["explain", *OFFLINE]) == cli.BUG_EXIT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error: RuntimeError: boom" in err and "TOPOLOGY_DEBUG=1" in err
