@@ -24,7 +24,7 @@ from agent import __version__
 from agent.core import Options, Rendered, render_pod
 from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.model import RawPod, is_whole_number
-from agent.core.variables import explain_exclusions
+from agent.core.variables import explain_exclusions, warnings_for
 from agent.errors import AgentError, ApiConflict, InputError, OutputError
 
 DEFAULT_OUT = "/shared"
@@ -166,7 +166,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         address=address,  # type: ignore[arg-type]
         cluster_domain=domain_k.value,
         elastic=elastic,
-        rdzv_port=_int_knob(knob(args, "rdzv-port")) or 29400,
+        rdzv_port=_int_knob(knob(args, "rdzv-port")),
         controller=controller_k.value,
         selector=selector_k.value,
         index_label=index_k.value,
@@ -369,6 +369,9 @@ def format_explanation(rendered: Rendered) -> str:
         text = f"unset {var.name}" if var.unset else f"{var.name}={var.value}"
         mark = "  " if var.written else "- "
         lines.append(f"  {mark}{text.ljust(width)}  # {var.source}")
+    warnings = warnings_for(plan, rendered.variables)
+    if warnings:
+        lines += ["", "warnings:", *[f"  {w}" for w in warnings]]
     notes = explain_exclusions(plan)
     if notes:
         lines += ["", "notes:", *[f"  {n}" for n in notes]]

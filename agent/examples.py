@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.core.injected import injected_env
+
 Pod = dict[str, Any]
 AGENT_IMAGE = "ghcr.io/example/topology-agent:0.1.0"
 
@@ -138,20 +140,23 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
 
 
 def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "default", gpus: int = 0,
-               ip_base: int = 0) -> list[Pod]:
-    """A Kubeflow PyTorchJob (training-operator v1): one master, N workers, one Service per replica."""
+               ip_base: int = 0, release: str = "v1.9.0", master: bool = True,
+               elastic: tuple[int, int] | None = None, nproc_per_node: str | None = None) -> list[Pod]:
+    """A Kubeflow PyTorchJob (training-operator ``release``): a master (unless ``master=False``), N workers, one
+    Service per replica; the env the operator appends comes from ``agent.core.injected``."""
     owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name,
              "uid": _uid("pytorchjob", namespace, name)}
+    features = {f for f, on in (("master", master), ("elastic", elastic), ("nprocPerNode", nproc_per_node)) if on}
+    replicas = workers + (1 if master else 0)
+    nproc_int = int(nproc_per_node) if nproc_per_node and nproc_per_node.isdigit() else 1
     pods, n = [], ip_base
-    for rtype, count in (("master", 1), ("worker", workers)):
+    for rtype, count in (("master", 1 if master else 0), ("worker", workers)):
         for i in range(count):
-            injected = [
-                {"name": "PYTHONUNBUFFERED", "value": "1"},
-                {"name": "MASTER_PORT", "value": "23456"},
-                {"name": "MASTER_ADDR", "value": f"{name}-master-0"},
-                {"name": "WORLD_SIZE", "value": str(workers + 1)},
-                {"name": "RANK", "value": str(i + 1 if rtype == "worker" else 0)},
-            ]
+            facts = {"port": 23456, "master": f"{name}-master-0", "replicas": replicas,
+                     "world": replicas * nproc_int, "rank": i + 1 if rtype == "worker" else 0,
+                     "nproc": nproc_per_node, "rdzv_host": f"{name}-worker-0", "rdzv_port": 23456,
+                     "min": elastic[0] if elastic else 0, "max": elastic[1] if elastic else 0}
+            injected: list[dict[str, Any]] = injected_env("pytorchjob", release, features, facts)  # type: ignore
             labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/operator-name":
                       "pytorchjob-controller", "training.kubeflow.org/replica-type": rtype,
                       "training.kubeflow.org/replica-index": str(i)}
@@ -209,17 +214,13 @@ def jobset(name: str = "trainer", rjobs: tuple[tuple[str, int, int], ...] = (("d
     return _jobset_pods(name, rjobs, namespace=namespace, ip_base=ip_base, extra_labels={}, container="trainer")
 
 
-def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0) -> list[Pod]:
+def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0,
+             release: str = "v2.3.0", nproc: str = "auto") -> list[Pod]:
     """A Kubeflow TrainJob (Trainer v2) on the torch-distributed runtime: a finished dataset initializer and
-    ``num_nodes`` pods of replicated job ``node`` (container ``node``)."""
-    env: list[dict[str, Any]] = [
-        {"name": "PET_NNODES", "value": str(num_nodes)},
-        {"name": "PET_NPROC_PER_NODE", "value": "auto"},
-        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
-        {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
-        {"name": "PET_MASTER_PORT", "value": "29400"},
-    ]
+    ``num_nodes`` pods of replicated job ``node`` (container ``node``), with the env the torch plugin of
+    ``release`` writes (from ``agent.core.injected``)."""
+    env: list[dict[str, Any]] = injected_env(  # type: ignore[assignment]
+        "trainjob", release, set(), {"nnodes": num_nodes, "nproc": nproc, "trainjob": name})
     initializer = _jobset_pods(
         name, (("dataset-initializer", 1, 1),), namespace=namespace, ip_base=ip_base, container="@rjob",
         extra_labels={"dataset-initializer": {"trainer.kubeflow.org/trainjob-ancestor-step": "dataset-initializer"}},

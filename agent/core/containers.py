@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from agent.core.injected import controller_entries
 from agent.core.model import Options, RawContainer, RawPod, is_whole_number
 from agent.errors import InputError
 
@@ -89,25 +90,31 @@ def pick_trainer_container(pod: RawPod, wanted: str | None) -> RawContainer | No
     return None
 
 
-def user_env(container: RawContainer | None, *, injected: frozenset[str] = frozenset()) -> dict[str, UserValue]:
+def user_env(container: RawContainer | None, *, injected: frozenset[str] = frozenset(),
+             controller: str | None = None) -> dict[str, UserValue]:
     """Variables the user set explicitly in the container.
 
-    ``injected`` names the variables the pod's controller appends to every container (training-operator's
-    WORLD_SIZE, Volcano's MASTER_ADDR, ...). Those are the agent's to replace, not the user's to keep, unless
-    the name appears twice: the controller appends after the template's env, so the first one is the user's.
+    Where ``agent.core.injected`` has the controller's rows, its entries are told apart from the user's by how
+    that controller writes (appended block, or upsert). Otherwise ``injected`` names the variables the
+    controller appends (Volcano's MASTER_ADDR, ...): those are the agent's to replace unless the name appears
+    twice (the controller appends after the template's env, so the first one is the user's).
     """
     if container is None:
         return {}
     entries = container.get("env", [])
+    by_table = controller_entries(controller, entries) if controller else None
     counts: dict[str, int] = {}
     for entry in entries:
         counts[entry.get("name", "")] = counts.get(entry.get("name", ""), 0) + 1
     found: dict[str, UserValue] = {}
-    for entry in entries:
+    for position, entry in enumerate(entries):
         name = entry.get("name", "")
         if not name or name in found:
             continue
-        if name in injected and counts[name] < 2:
+        if by_table is not None:
+            if position in by_table:
+                continue
+        elif name in injected and counts[name] < 2:
             continue
         value = None if "valueFrom" in entry else str(entry.get("value", ""))
         found[name] = UserValue(value=value, container=container.get("name", "?"))

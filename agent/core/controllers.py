@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agent.core.injected import TRAINJOB_MASTER_PORT, injected_names
 from agent.core.model import Identity, Options, RawPod, is_whole_number
 from agent.errors import InputError
 
@@ -284,11 +285,7 @@ PYTORCHJOB = Controller(
     identify_fn=_pytorchjob_identify,
     dns_fn=_pytorchjob_dns,
     selector_fn=_label_selector(PYTORCHJOB_JOB),
-    injected=frozenset({
-        "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PYTHONUNBUFFERED",
-        "PET_NNODES", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_NPROC_PER_NODE",
-        "PET_MAX_RESTARTS",
-    }),
+    injected=injected_names("pytorchjob"),
     job_fn=_job_label(PYTORCHJOB_JOB),
     owner_is_job=True,
 )
@@ -300,9 +297,9 @@ TRAINJOB = Controller(
     identify_fn=_jobset_identify,
     dns_fn=_jobset_dns,
     selector_fn=_jobset_selector,
-    injected=frozenset({"PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}),
+    injected=injected_names("trainjob"),
     job_fn=_job_label(JOBSET_NAME),
-    default_master_port=29400,
+    default_master_port=TRAINJOB_MASTER_PORT,
 )
 JOBSET = Controller(
     key="jobset",

@@ -113,6 +113,11 @@ def expectation_from_owner(controller: Controller, owner: dict[str, Any], traini
         raise InputError(f"{kind} '{name}' lists no training roles ({', '.join(roles)}); check --roles, or pass "
                          "--expect N")
     total = sum(per_role.values())
+    policy = spec.get("elasticPolicy") if controller.key == "pytorchjob" else None
+    if options.elastic is None and isinstance(policy, dict) and isinstance(policy.get("minReplicas"), int):
+        low = max(1, policy["minReplicas"])  # the operator's elastic job: wait for its minimum, as torchrun does
+        return Expectation(total=low, per_role=None,
+                           source=f"elasticPolicy.minReplicas {low} of {kind} '{name}' (asks for {total})")
     if options.elastic is not None:
         return Expectation(total=options.elastic[0], per_role=None,
                            source=f"--elastic minimum {options.elastic[0]} ({kind} '{name}' asks for {total})")

@@ -100,7 +100,7 @@ class Options:
     address: AddressMode = "dns"
     cluster_domain: str | None = None
     elastic: tuple[int, int] | None = None
-    rdzv_port: int = 29400
+    rdzv_port: int | None = None  # None: the controller's, else 29400
     controller: str | None = None
     selector: str | None = None
     index_label: str | None = None

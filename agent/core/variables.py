@@ -13,6 +13,7 @@ prints all of them, ``render`` writes those with ``written``. Two rules shape th
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
@@ -54,7 +55,39 @@ def _bracketed(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def _training_variables(plan: Plan, options: Options) -> list[Variable]:
+@dataclass(frozen=True)
+class Elastic:
+    """torchrun's elastic rendezvous, from --elastic or from what the controller wrote (PET_NNODES=MIN:MAX)."""
+
+    low: int
+    high: int
+    port: int
+    rule: str
+
+
+_RANGE = re.compile(r"([0-9]{1,7}):([0-9]{1,7})")
+DEFAULT_RDZV_PORT = 29400
+
+
+def elastic_of(plan: Plan, options: Options, injected: dict[str, str]) -> Elastic | None:
+    """--elastic wins; else an elastic job the controller set up (training-operator's elasticPolicy) stays
+    elastic, on the controller's rendezvous port, instead of silently becoming fixed-size."""
+    if options.elastic is not None:
+        return Elastic(*options.elastic, port=options.rdzv_port or DEFAULT_RDZV_PORT,
+                       rule=f"{options.label('elastic')} MIN:MAX")
+    found = _RANGE.fullmatch(injected.get("PET_NNODES", ""))
+    if found is None or int(found.group(1)) > int(found.group(2)):
+        return None
+    port = options.rdzv_port
+    endpoint_port = injected.get("PET_RDZV_ENDPOINT", "").rpartition(":")[2]
+    if port is None:
+        port = int(endpoint_port) if endpoint_port.isdigit() and 0 < int(endpoint_port) < 65536 \
+            else DEFAULT_RDZV_PORT
+    rule = f"PET_NNODES={found.group(0)} injected by {plan.controller.title} (its elastic policy)"
+    return Elastic(int(found.group(1)), int(found.group(2)), port=port, rule=rule)
+
+
+def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -> list[Variable]:
     topo = plan.topology
     me = topo.me
     rank0 = topo.training[0]
@@ -85,18 +118,17 @@ def _training_variables(plan: Plan, options: Options) -> list[Variable]:
         Variable("PET_NODE_RANK", str(me.node_rank), "= NODE_RANK (torchrun --node-rank)"),
         Variable("PET_NPROC_PER_NODE", str(me.slots), "= NPROC_PER_NODE (torchrun --nproc-per-node)"),
     ]
-    if options.elastic is None:
+    if elastic is None:
         out.append(Variable("PET_NNODES", str(nnodes), "= NNODES (torchrun --nnodes)"))
     else:
-        low, high = options.elastic
         rdzv_id = topo.job_uid or topo.job.replace("/", "-")
         id_rule = "uid of the job object" if topo.job_uid else "job name (the pods' owner is not the job)"
         out += [
-            Variable("PET_NNODES", f"{low}:{high}", "--elastic MIN:MAX (torchrun --nnodes)"),
+            Variable("PET_NNODES", f"{elastic.low}:{elastic.high}", f"{elastic.rule} (torchrun --nnodes)"),
             Variable("PET_RDZV_BACKEND", "c10d", "elastic: torchrun's c10d rendezvous"),
             Variable(
-                "PET_RDZV_ENDPOINT", f"{_bracketed(rank0.address)}:{options.rdzv_port}",
-                f"address of node rank 0, pod '{rank0.name}', : --rdzv-port",
+                "PET_RDZV_ENDPOINT", f"{_bracketed(rank0.address)}:{elastic.port}",
+                f"address of node rank 0, pod '{rank0.name}', : rendezvous port",
             ),
             Variable("PET_RDZV_ID", rdzv_id, id_rule),
             Variable(
@@ -165,7 +197,7 @@ def _injected_values(plan: Plan, options: Options) -> dict[str, str]:
     """Variables the controller injected into the trainer container (and the user did not set)."""
     container = pick_trainer_container(plan.self_pod, options.container)
     everything = user_env(container)
-    users = user_env(container, injected=plan.controller.injected)
+    users = user_env(container, injected=plan.controller.injected, controller=plan.controller.key)
     return {name: (v.value if v.value is not None else "(valueFrom)") for name, v in everything.items()
             if name in plan.controller.injected and name not in users}
 
@@ -174,11 +206,11 @@ def compute_variables(plan: Plan, options: Options, *, generation: int) -> list[
     """Every variable for the plan's own pod, written or not, in the order ``torch.env`` lists them."""
     me = plan.topology.me
     container = pick_trainer_container(plan.self_pod, options.container)
-    env = user_env(container, injected=plan.controller.injected)
+    env = user_env(container, injected=plan.controller.injected, controller=plan.controller.key)
     injected = _injected_values(plan, options)
     variables: list[Variable] = []
     if me.training:
-        variables += _training_variables(plan, options)
+        variables += _training_variables(plan, options, elastic_of(plan, options, injected))
     variables += _host_variables(plan)
     variables.append(Variable("TOPOLOGY_GENERATION", str(generation), "generation of these files"))
     result = []
@@ -197,6 +229,22 @@ def compute_variables(plan: Plan, options: Options, *, generation: int) -> list[
             for name, value in sorted(injected.items()) if name in TRAINING_NAMES
         ]
     return result
+
+
+def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
+    """Where a value the user set (and the agent kept) contradicts the topology: explain and init say so."""
+    topo = plan.topology
+    if not topo.me.training:
+        return []
+    kept = {v.name: v.value for v in variables if not v.written and "set by user" in v.source}
+    computed = {"WORLD_SIZE": str(topo.world_size), "NNODES": str(len(topo.training)),
+                "PET_NNODES": str(len(topo.training))}
+    return [
+        f"{name}={kept[name]} set by the user is kept, but the job's pods make {name}={value}; torchrun and "
+        "torch.distributed will wait for ranks that never come (or refuse extra ones)"
+        for name, value in computed.items()
+        if name in kept and kept[name] != value and not (name == "PET_NNODES" and ":" in kept[name])
+    ]
 
 
 def explain_exclusions(plan: Plan) -> list[str]:

@@ -27,6 +27,7 @@ from agent.core.gang import (
 )
 from agent.core.model import RawPod
 from agent.core.published import configmap_name, encode, is_leader, leader_identity
+from agent.core.variables import warnings_for
 from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTimeout, InputError
 from agent.k8s.client import PodSource
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
@@ -267,6 +268,8 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
     rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo)
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
+    for warning in warnings_for(rendered.plan, rendered.variables):
+        log.warning("%s", warning)
     names = write_generation(settings.out_dir, rendered, settings.options, ssh)
     me_member = rendered.plan.topology.me
     log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names),

@@ -68,8 +68,10 @@ def test_pytorchjob(self_name, expected):
 
 TRAINJOB = examples.trainjob(num_nodes=3)  # node pods 2 CPUs; a Succeeded dataset initializer
 TRAINJOB_CASES = [
+    # Port: Trainer's ContainerTrainerPort, 29500 in v2.0.0-v2.3.0 (pkg/constants/constants.go), not the 29400
+    # of the design proposal that this row said before.
     ("node 0 is master on Trainer's port", "llm-node-0-0-cpc5v",
-     {"MASTER_ADDR": "llm-node-0-0.llm", "MASTER_PORT": "29400", "NODE_RANK": "0", "NNODES": "3"}),
+     {"MASTER_ADDR": "llm-node-0-0.llm", "MASTER_PORT": "29500", "NODE_RANK": "0", "NNODES": "3"}),
     ("completion index orders nodes", "llm-node-0-2-f59jk", {"NODE_RANK": "2", "RANK": "4", "WORLD_SIZE": "6"}),
 ]
 

@@ -1,0 +1,97 @@
+"""Pods as each controller release really writes them (agent.core.injected): the agent replaces what the
+controller wrote and keeps what the user wrote. Each case names the issue-11 bug it pins."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import examples
+from agent.core import Options, render_pod
+from agent.core.injected import RELEASES, ROWS, controller_entries, injected_env
+from agent.core.variables import warnings_for
+from tests.conftest import env_of
+
+
+def _render(pods, name, **options):
+    return render_pod(pods, name, Options(**options))
+
+
+@pytest.mark.parametrize("release", ["v1.7.0", "v1.8.0", "v1.9.0"])
+def test_pytorchjob_pet_master_vars_follow_address_ip_and_master_port(release):
+    # Bug 1: PET_MASTER_ADDR/PET_MASTER_PORT injected since v1.7 were taken for the user's.
+    pods = examples.pytorchjob(release=release)
+    env = env_of(_render(pods, "mnist-worker-1", address="ip", master_port=12345))
+    master_ip = examples.loopback_ip(0)
+    assert (env["MASTER_ADDR"], env["PET_MASTER_ADDR"]) == (master_ip, master_ip)
+    assert (env["MASTER_PORT"], env["PET_MASTER_PORT"]) == ("12345", "12345")
+
+
+@pytest.mark.parametrize("release", ["v1.7.0", "v1.9.0"])
+def test_pytorchjob_node_rank_after_a_worker_left_is_below_nnodes(release):
+    # Bug 1: the injected PET_NODE_RANK (index + 1) was kept as user-set: NODE_RANK=3 with NNODES=3.
+    pods = [p for p in examples.pytorchjob(release=release) if p["metadata"]["name"] != "mnist-worker-1"]
+    env = env_of(_render(pods, "mnist-worker-2"))
+    assert (env["NODE_RANK"], env["PET_NODE_RANK"], env["NNODES"], env["PET_NNODES"]) == ("2", "2", "3", "3")
+
+
+def test_a_user_variable_just_before_the_operators_block_stays_the_users():
+    pods = examples.pytorchjob(release="v1.6.0")
+    trainer = pods[2]["spec"]["containers"][0]
+    block = controller_entries("pytorchjob", trainer["env"])
+    trainer["env"].insert(min(block), {"name": "PET_NODE_RANK", "value": "7"})  # v1.6 writes no PET_NODE_RANK
+    rendered = _render(pods, pods[2]["metadata"]["name"])
+    node_rank = next(v for v in rendered.variables if v.name == "PET_NODE_RANK")
+    assert not node_rank.written and "set by user" in node_rank.source
+
+
+def test_a_users_own_copy_of_an_injected_name_is_kept():
+    pods = examples.pytorchjob(release="v1.9.0")
+    trainer = pods[1]["spec"]["containers"][0]
+    trainer["env"].insert(0, {"name": "MASTER_PORT", "value": "31000"})  # the template's, before the block
+    env = env_of(_render(pods, pods[1]["metadata"]["name"]))
+    assert "MASTER_PORT" not in env and env["PET_MASTER_PORT"] == "31000"
+
+
+def test_trainjob_master_port_is_trainers_29500_and_its_auto_is_not_called_the_users():
+    # Bug 2: Trainer's ContainerTrainerPort is 29500 in every v2 release; its injected 'auto' is Trainer's.
+    pods = examples.trainjob(num_nodes=2)
+    rendered = _render(pods, "llm-node-0-1-8mkv7")
+    env = env_of(rendered)
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "29500"
+    nproc = next(v for v in rendered.variables if v.name == "PET_NPROC_PER_NODE")
+    assert "user" not in nproc.source and "injected by Kubeflow TrainJob" in nproc.source
+
+
+def test_an_elastic_pytorchjob_stays_elastic_without_the_elastic_option():
+    # Bug 6: PET_NNODES=MIN:MAX and PET_RDZV_* injected by the operator; without --elastic it became fixed-size.
+    pods = examples.pytorchjob("elastic", workers=3, master=False, elastic=(2, 4))
+    env = env_of(_render(pods, "elastic-worker-1"))
+    assert env["PET_NNODES"] == "2:4" and env["PET_RDZV_BACKEND"] == "c10d"
+    assert env["PET_RDZV_ENDPOINT"].startswith("elastic-worker-0")
+    assert "NNODES" not in env or env["NNODES"] == "3"
+
+
+def test_a_user_world_size_that_contradicts_the_world_is_kept_and_warned_about():
+    # Bug 9: user wins, but explain and init say so.
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)), cpu="2")
+    pods[1]["spec"]["containers"][0]["env"].insert(0, {"name": "WORLD_SIZE", "value": "3"})
+    pods[1]["spec"]["containers"][0]["env"].append({"name": "WORLD_SIZE", "value": "3"})
+    rendered = _render(pods, "demo-worker-0")
+    assert "WORLD_SIZE" not in env_of(rendered)
+    assert any("WORLD_SIZE=3" in w and "6" in w for w in warnings_for(rendered.plan, rendered.variables))
+
+
+@pytest.mark.parametrize("controller", sorted(RELEASES))
+def test_every_release_of_the_table_has_rows_with_a_cited_source(controller):
+    for release in RELEASES[controller]:
+        rows = [r for r in ROWS if r.controller == controller and release in r.releases]
+        assert rows and all(r.source.startswith("kubeflow/") and ".go" in r.source for r in rows)
+
+
+@pytest.mark.parametrize("release", RELEASES["pytorchjob"])
+def test_the_whole_operator_block_is_recognised_in_every_release(release):
+    features = {"master", "nprocPerNode"}
+    facts = {"port": 1, "master": "m", "replicas": 2, "world": 2, "rank": 1, "nproc": "1"}
+    block = injected_env("pytorchjob", release, features, facts)
+    env = [{"name": "USER_A", "value": "1"}, *block]
+    assert controller_entries("pytorchjob", env) == set(range(1, len(env)))
