@@ -107,8 +107,11 @@ def make_pod(name: str, *, namespace: str = "default", labels: dict[str, str],
 
 def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("master", 1), ("worker", 3), ("extras", 4)),
                 *, namespace: str = "default", ip_base: int = 0, master_port: int = 23456,
-                cpu: str = "1") -> list[Pod]:
-    """A Volcano Job with the svc, env and pytorch plugins (``plugins: {pytorch: [], svc: [], env: []}``)."""
+                cpu: str = "1", release: str = "v1.15.0", plugins: tuple[str, ...] = ("pytorch", "svc", "env"),
+                user_env: list[dict[str, Any]] | None = None) -> list[Pod]:
+    """A Volcano Job with job plugins (default ``{pytorch: [], svc: [], env: []}``), each appending its block
+    to every container in ``plugins`` order (Volcano's is a Go map's: any order), from ``agent.core.injected``.
+    ``user_env`` is the template's own env, before the plugins' blocks."""
     owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": name,
              "uid": _uid("vcjob", namespace, name)}
     world = sum(n for task, n in tasks if task in ("master", "worker"))
@@ -116,15 +119,10 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
     for task, replicas in tasks:
         for i in range(replicas):
             pod_name = f"{name}-{task}-{i}"
-            # Volcano's pytorch plugin appends these to every container of every task (WORLD_SIZE too).
-            injected = [
-                {"name": "MASTER_ADDR", "value": f"{name}-master-0.{name}"},
-                {"name": "MASTER_PORT", "value": str(master_port)},
-                {"name": "WORLD_SIZE", "value": str(world)},
-            ]
-            if task in ("master", "worker"):
-                injected.append({"name": "RANK", "value": str(i + 1 if task == "worker" else 0)})
-            injected += [{"name": "VK_TASK_INDEX", "value": str(i)}, {"name": "VC_TASK_INDEX", "value": str(i)}]
+            features = {f"plugin {p}" for p in plugins} | ({"training task"} if task in ("master", "worker") else set())
+            facts = {"plugin_order": plugins, "tasks": [t for t, _ in tasks], "job": name, "index": i,
+                     "port": master_port, "replicas": world, "rank": i + 1 if task == "worker" else 0}
+            injected = [*(user_env or []), *injected_env("volcano", release, features, facts)]
             labels = {"volcano.sh/job-name": name, "volcano.sh/job-namespace": namespace,
                       "volcano.sh/queue-name": "default", "volcano.sh/task-spec": task,
                       "volcano.sh/task-index": str(i)}
@@ -238,8 +236,9 @@ def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default
 
 
 def leaderworkerset(name: str = "vllm", size: int = 4, groups: int = 2, *, namespace: str = "default",
-                    ip_base: int = 0) -> list[Pod]:
-    """A LeaderWorkerSet: ``groups`` groups of ``size`` pods; each group is one training world."""
+                    ip_base: int = 0, release: str = "v0.10.0") -> list[Pod]:
+    """A LeaderWorkerSet: ``groups`` groups of ``size`` pods; each group is one training world. The env is what
+    the LWS webhook of ``release`` puts first (``agent.core.injected``)."""
     pods, n = [], ip_base
     for group in range(groups):
         leader = f"{name}-{group}"
@@ -256,9 +255,9 @@ def leaderworkerset(name: str = "vllm", size: int = 4, groups: int = 2, *, names
             annotations = {"leaderworkerset.sigs.k8s.io/size": str(size)}
             if worker:
                 annotations["leaderworkerset.sigs.k8s.io/leader-name"] = leader
-            env = [{"name": "LWS_LEADER_ADDRESS", "value": f"{leader}.{name}.{namespace}"},
-                   {"name": "LWS_GROUP_SIZE", "value": str(size)},
-                   {"name": "LWS_WORKER_INDEX", "value": str(worker)}]
+            facts = {"lws": name, "group": group, "subdomain": name, "namespace": namespace, "size": size,
+                     "worker": worker}
+            env: list[dict[str, Any]] = injected_env("lws", release, set(), facts)  # type: ignore[assignment]
             pods.append(make_pod(
                 pod_name, namespace=namespace, labels=labels, annotations=annotations, hostname=pod_name,
                 subdomain=name, ip=loopback_ip(n), owner=owner, containers=[trainer_container(env=env, gpus=2)],

@@ -273,7 +273,7 @@ VOLCANO = Controller(
     identify_fn=_volcano_identify,
     dns_fn=_volcano_dns,
     selector_fn=_label_selector(VOLCANO_JOB),
-    injected=frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "VC_TASK_INDEX", "VK_TASK_INDEX"}),
+    injected=injected_names("volcano"),
     job_fn=_job_label(VOLCANO_JOB),
     owner_is_job=True,
 )
@@ -319,7 +319,7 @@ LWS = Controller(
     identify_fn=_lws_identify,
     dns_fn=_lws_dns,
     selector_fn=_lws_selector,
-    injected=frozenset({"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"}),
+    injected=injected_names("lws"),
     job_fn=_lws_job,
 )
 INDEXED_JOB = Controller(

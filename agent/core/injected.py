@@ -11,20 +11,26 @@ How a controller writes decides how "user or controller?" is answered:
   named like an injected one is the user's when the same name appears again later (the controller's copy).
 * ``upsert`` (Trainer v2): the controller replaces a same-named entry in place or appends; its admission webhook
   refuses TrainJobs that set the reserved PET_* names. An entry with an injected name is always the controller's.
+* ``prepend`` (LeaderWorkerSet): the webhook puts its variables first and drops the template's entries of the
+  same names, so an entry with an injected name is always the controller's too.
+* ``plugins`` (Volcano): each job plugin (env, svc, pytorch) appends its own block, and the job controller runs
+  the plugins in Go map order, so the blocks follow the template's env in any order. The controller's part is
+  the longest run of whole blocks at the end; a lone ``RANK`` a user wrote last is not a pytorch block.
 
-Rows for Volcano, JobSet, LeaderWorkerSet and the MPI operator are not in this table yet (issue 11): for those
-controllers ``Controller.injected`` in ``controllers.py`` still holds the names from the previous reading.
+JobSet and the MPI operator write no variable the agent writes too (JobSet: none; MPI operator v2:
+``K_MPI_JOB_ROLE`` and the MPI implementation's ``OMPI_*``/``I_MPI_*``/``HYDRA_*``), so they have no rows here.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent.core.model import RawEnvVar
 
-Mode = Literal["append", "upsert"]
+Mode = Literal["append", "upsert", "prepend", "plugins"]
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
@@ -40,6 +46,8 @@ class Injection:
     when: str
     source: str
     field_ref: bool = False
+    block: str = "main"  # plugins mode: the plugin that writes it
+    config_map_key: str = ""  # valueFrom.configMapKeyRef of this ConfigMap (a template), key = the name
 
 
 TO = "kubeflow/training-operator"
@@ -92,33 +100,92 @@ ROWS: tuple[Injection, ...] = (
               f"{TRAINER} {_TORCH} (ContainerTrainerPort = 29500)"),
 )
 
-MODES: Mapping[str, Mode] = {"pytorchjob": "append", "trainjob": "upsert"}
-RELEASES: Mapping[str, tuple[str, ...]] = {"pytorchjob": TO_OLD + TO_NEW, "trainjob": TRAINER_V2}
+VC = "volcano-sh/volcano"
+VC_RELEASES = ("v1.7.0", "v1.8.0", "v1.9.0", "v1.10.0", "v1.11.0", "v1.12.0", "v1.13.0", "v1.14.0", "v1.15.0")
+_VC_ENV = "pkg/controllers/job/plugins/env/env.go envPlugin.OnPodCreate; env/const.go"
+_VC_SVC = "pkg/controllers/job/plugins/svc/svc.go servicePlugin.OnPodCreate; svc/const.go"
+_VC_PT = "pkg/controllers/job/plugins/distributed-framework/pytorch/pytorch.go pytorchPlugin.OnPodCreate"
+LWS = "kubernetes-sigs/lws"
+LWS_RELEASES = ("v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0", "v0.8.0", "v0.9.0", "v0.10.0")
+_LWS = "pkg/utils/pod/pod_utils.go AddLWSVariables (addEnvVarsIfNotExists)"
+
+ROWS += (
+    # Volcano job plugins, every container of every task. {task_key}: the task name upper-cased, '-' -> '_'.
+    Injection("volcano", VC_RELEASES, "VK_TASK_INDEX", "{index}", "plugin env", f"{VC} {_VC_ENV}", block="env"),
+    Injection("volcano", VC_RELEASES, "VC_TASK_INDEX", "{index}", "plugin env", f"{VC} {_VC_ENV}", block="env"),
+    Injection("volcano", VC_RELEASES, "VC_{task_key}_HOSTS", "", "plugin svc (each task, in job order)",
+              f"{VC} {_VC_SVC}", block="svc", config_map_key="{job}-svc"),
+    Injection("volcano", VC_RELEASES, "VC_{task_key}_NUM", "", "plugin svc (each task, in job order)",
+              f"{VC} {_VC_SVC}", block="svc", config_map_key="{job}-svc"),
+    Injection("volcano", VC_RELEASES, "MASTER_ADDR", "{job}-master-0.{job}", "plugin pytorch",
+              f"{VC} {_VC_PT} (<master hostname>.<subdomain>)", block="pytorch"),
+    Injection("volcano", VC_RELEASES, "MASTER_PORT", "{port}", "plugin pytorch", f"{VC} {_VC_PT} (--port, 23456)",
+              block="pytorch"),
+    Injection("volcano", VC_RELEASES, "WORLD_SIZE", "{replicas}", "plugin pytorch",
+              f"{VC} {_VC_PT} (master + worker replicas: pods, not processes)", block="pytorch"),
+    Injection("volcano", VC_RELEASES, "RANK", "{rank}", "plugin pytorch, master or worker task",
+              f"{VC} {_VC_PT} (master 0, worker index + 1)", block="pytorch"),
+    # LeaderWorkerSet webhook, every container; put first, replacing the template's entries of these names.
+    Injection("lws", LWS_RELEASES, "LWS_LEADER_ADDRESS", "{lws}-{group}.{subdomain}.{namespace}", "always",
+              f"{LWS} {_LWS}"),
+    Injection("lws", LWS_RELEASES, "LWS_GROUP_SIZE", "{size}", "always", f"{LWS} {_LWS}"),
+    Injection("lws", LWS_RELEASES[2:], "LWS_WORKER_INDEX", "{worker}", "always", f"{LWS} {_LWS}"),
+)
+
+MODES: Mapping[str, Mode] = {"pytorchjob": "append", "trainjob": "upsert", "lws": "prepend", "volcano": "plugins"}
+RELEASES: Mapping[str, tuple[str, ...]] = {"pytorchjob": TO_OLD + TO_NEW, "trainjob": TRAINER_V2,
+                                          "volcano": VC_RELEASES, "lws": LWS_RELEASES}
 TRAINJOB_MASTER_PORT = 29500  # Trainer's ContainerTrainerPort, in every v2 release above
 
 
 def injected_names(controller: str) -> frozenset[str]:
-    """Every name the controller writes in any release of the table."""
-    return frozenset(row.name for row in ROWS if row.controller == controller)
+    """Every fixed name the controller writes in any release of the table (templated names left out)."""
+    return frozenset(row.name for row in ROWS if row.controller == controller and "{" not in row.name)
 
 
 def rows_for(controller: str, release: str) -> tuple[Injection, ...]:
     return tuple(row for row in ROWS if row.controller == controller and release in row.releases)
 
 
+def _entry(row: Injection, facts: Mapping[str, Any]) -> RawEnvVar:
+    name = row.name.format(**facts)
+    if row.field_ref:
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": row.value}}}
+    if row.config_map_key:
+        return {"name": name, "valueFrom": {"configMapKeyRef": {"name": row.config_map_key.format(**facts),
+                                                                "key": name}}}
+    return {"name": name, "value": row.value.format(**facts)}
+
+
 def injected_env(controller: str, release: str, features: set[str], facts: Mapping[str, Any]) -> list[RawEnvVar]:
     """The entries the controller writes at ``release`` for a job with ``features`` (e.g. {"master",
-    "elastic"}), in its order: what a fixture appends to a container's env."""
+    "elastic"}, or for Volcano the plugins and "training task"), in its order: what a fixture appends to a
+    container's env. Volcano's svc rows repeat for each of ``facts["tasks"]``; its blocks follow
+    ``facts["plugin_order"]`` (the job controller's map order is random)."""
     out: list[RawEnvVar] = []
-    for row in rows_for(controller, release):
+    rows = rows_for(controller, release)
+    if MODES[controller] == "plugins":
+        for plugin in facts["plugin_order"]:
+            if f"plugin {plugin}" not in features:
+                continue
+            for row in (r for r in rows if r.block == plugin):
+                if row.name == "RANK" and "training task" not in features:
+                    continue
+                if "{task_key}" in row.name:
+                    if row.name.endswith("_HOSTS"):  # one HOSTS/NUM pair per task, in job order
+                        num = next(r for r in rows if r.block == "svc" and r.name.endswith("_NUM"))
+                        for task in facts["tasks"]:
+                            task_facts = {**facts, "task_key": task.replace("-", "_").upper()}
+                            out += [_entry(row, task_facts), _entry(num, task_facts)]
+                    continue
+                out.append(_entry(row, facts))
+        return out
+    for row in rows:
         negated = row.when.startswith("not ")
         wanted = row.when.removeprefix("not ")
         if row.when != "always" and (wanted in features) == negated:
             continue
-        if row.field_ref:
-            out.append({"name": row.name, "valueFrom": {"fieldRef": {"fieldPath": row.value}}})
-        else:
-            out.append({"name": row.name, "value": row.value.format(**facts)})
+        out.append(_entry(row, facts))
     return out
 
 
@@ -139,14 +206,54 @@ def _block_length(controller: str, release: str, names: list[str]) -> int:
     return start_ok
 
 
+_SVC_NAME = re.compile(r"VC_[A-Z0-9_]+_(HOSTS|NUM)")
+
+
+def _is_svc_entry(entry: RawEnvVar) -> bool:
+    ref = (entry.get("valueFrom") or {}).get("configMapKeyRef") or {}
+    name = entry.get("name", "")
+    return bool(_SVC_NAME.fullmatch(name)) and ref.get("key") == name and str(ref.get("name", "")).endswith("-svc")
+
+
+def _plugin_blocks_length(controller: str, env: list[RawEnvVar]) -> int:
+    """Volcano: the longest run of whole plugin blocks at the end of ``env``, each plugin at most once."""
+    rows = rows_for(controller, RELEASES[controller][-1])
+    fixed = {block: [r.name for r in rows if r.block == block and "{" not in r.name]
+             for block in ("env", "pytorch")}
+    names = [e.get("name", "") for e in env]
+    end, used = len(env), set()
+    while end > 0:
+        for block, sequence in fixed.items():
+            options = [sequence, sequence[:-1]] if block == "pytorch" else [sequence]  # RANK: training tasks
+            found = next((s for s in options if block not in used and len(s) <= end
+                          and names[end - len(s):end] == s), None)
+            if found is not None:
+                used.add(block)
+                end -= len(found)
+                break
+        else:
+            start = end
+            while start >= 2 and _is_svc_entry(env[start - 1]) and _is_svc_entry(env[start - 2]) \
+                    and names[start - 1].endswith("_NUM") and names[start - 2].endswith("_HOSTS"):
+                start -= 2
+            if start == end or "svc" in used:
+                break
+            used.add("svc")
+            end = start
+    return len(env) - end
+
+
 def controller_entries(controller: str, env: list[RawEnvVar]) -> set[int] | None:
     """Positions in ``env`` that the controller wrote, or None when the table has no rows for it yet."""
     mode = MODES.get(controller)
     if mode is None:
         return None
     names = [e.get("name", "") for e in env]
-    if mode == "upsert":
+    if mode in ("upsert", "prepend"):
         known = injected_names(controller)
         return {i for i, name in enumerate(names) if name in known}
+    if mode == "plugins":
+        length = _plugin_blocks_length(controller, env)
+        return set(range(len(env) - length, len(env)))
     longest = max(_block_length(controller, release, names) for release in RELEASES[controller])
     return set(range(len(names) - longest, len(names)))

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
+from agent.core.injected import controller_entries
 from agent.core.model import Options
 from agent.core.topology import Plan
 
@@ -194,12 +195,18 @@ TRAINING_NAMES = frozenset({
 
 
 def _injected_values(plan: Plan, options: Options) -> dict[str, str]:
-    """Variables the controller injected into the trainer container (and the user did not set)."""
+    """Variables the controller wrote into the trainer container (the last entry of a name wins, as in a
+    container's environment)."""
     container = pick_trainer_container(plan.self_pod, options.container)
-    everything = user_env(container)
-    users = user_env(container, injected=plan.controller.injected, controller=plan.controller.key)
-    return {name: (v.value if v.value is not None else "(valueFrom)") for name, v in everything.items()
-            if name in plan.controller.injected and name not in users}
+    env = (container or {}).get("env", [])
+    positions = controller_entries(plan.controller.key, env)
+    if positions is None:
+        everything = user_env(container)
+        users = user_env(container, injected=plan.controller.injected)
+        return {name: (v.value if v.value is not None else "(valueFrom)") for name, v in everything.items()
+                if name in plan.controller.injected and name not in users}
+    return {env[i].get("name", ""): ("(valueFrom)" if "valueFrom" in env[i] else str(env[i].get("value", "")))
+            for i in sorted(positions)}
 
 
 def compute_variables(plan: Plan, options: Options, *, generation: int) -> list[Variable]:

@@ -3,6 +3,8 @@ controller wrote and keeps what the user wrote. Each case names the issue-11 bug
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agent import examples
@@ -85,7 +87,7 @@ def test_a_user_world_size_that_contradicts_the_world_is_kept_and_warned_about()
 def test_every_release_of_the_table_has_rows_with_a_cited_source(controller):
     for release in RELEASES[controller]:
         rows = [r for r in ROWS if r.controller == controller and release in r.releases]
-        assert rows and all(r.source.startswith("kubeflow/") and ".go" in r.source for r in rows)
+        assert rows and all(re.match(r"[\w.-]+/[\w.-]+ pkg/\S+\.go", r.source) for r in rows), release
 
 
 @pytest.mark.parametrize("release", RELEASES["pytorchjob"])
@@ -95,3 +97,49 @@ def test_the_whole_operator_block_is_recognised_in_every_release(release):
     block = injected_env("pytorchjob", release, features, facts)
     env = [{"name": "USER_A", "value": "1"}, *block]
     assert controller_entries("pytorchjob", env) == set(range(1, len(env)))
+
+
+PLUGIN_ORDERS = [("pytorch", "svc", "env"), ("env", "svc", "pytorch"), ("svc", "pytorch", "env"),
+                 ("svc", "env", "pytorch"), ("env", "pytorch", "svc"), ("pytorch", "env", "svc")]
+
+
+@pytest.mark.parametrize("order", PLUGIN_ORDERS, ids=["-".join(o) for o in PLUGIN_ORDERS])
+def test_volcano_svc_host_lists_are_volcanos_and_replaced_in_any_plugin_order(order):
+    # Bug 4: VC_<TASK>_HOSTS/_NUM come from the svc plugin's ConfigMap; they were taken for the user's.
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2), ("extras", 1)), plugins=order)
+    rendered = _render(pods, "demo-worker-1")
+    env = env_of(rendered)
+    assert env["VC_WORKER_HOSTS"] == "demo-worker-0.demo,demo-worker-1.demo" and env["VC_WORKER_NUM"] == "2"
+    hosts = next(v for v in rendered.variables if v.name == "VC_WORKER_HOSTS")
+    assert "replaces VC_WORKER_HOSTS=(valueFrom) injected by Volcano Job" in hosts.source
+    assert (env["RANK"], env["WORLD_SIZE"]) == ("2", "3")
+
+
+@pytest.mark.parametrize("plugins", [("svc", "env"), ("env",), ()])
+def test_a_users_single_rank_in_a_volcano_job_without_the_pytorch_plugin_is_kept(plugins):
+    # Bug 4: a single RANK was taken for the pytorch plugin's and overwritten ("users cannot override").
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)), plugins=plugins,
+                                user_env=[{"name": "RANK", "value": "5"}])
+    rendered = _render(pods, "demo-worker-0")
+    rank = next(v for v in rendered.variables if v.name == "RANK")
+    assert not rank.written and rank.value == "5" and "set by user" in rank.source
+
+
+def test_a_users_rank_before_the_pytorch_block_is_kept_and_volcanos_replaced_elsewhere():
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)), user_env=[{"name": "WORLD_SIZE", "value": "6"}])
+    rendered = _render(pods, "demo-worker-0")
+    assert "WORLD_SIZE" not in env_of(rendered) and env_of(rendered)["RANK"] == "1"
+
+
+def test_volcano_injected_training_variables_are_unset_in_a_non_training_task():
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 1), ("extras", 1)), plugins=("env", "pytorch", "svc"))
+    rendered = _render(pods, "demo-extras-0")
+    unset = {v.name for v in rendered.variables if v.unset}
+    assert unset == {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"}
+
+
+@pytest.mark.parametrize("release", RELEASES["lws"])
+def test_lws_variables_are_the_webhooks_in_every_release(release):
+    pods = examples.leaderworkerset(size=2, groups=1, release=release)
+    trainer = pods[1]["spec"]["containers"][0]
+    assert controller_entries("lws", trainer["env"]) == set(range(len(trainer["env"])))
