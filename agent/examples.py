@@ -122,7 +122,8 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
             features = {f"plugin {p}" for p in plugins} | ({"training task"} if task in ("master", "worker") else set())
             facts = {"plugin_order": plugins, "tasks": [t for t, _ in tasks], "job": name, "index": i,
                      "port": master_port, "replicas": world, "rank": i + 1 if task == "worker" else 0}
-            injected = [*(user_env or []), *injected_env("volcano", release, features, facts)]
+            injected: list[dict[str, Any]] = [*(user_env or []),
+                                              *injected_env("volcano", release, features, facts)]  # type: ignore
             labels = {"volcano.sh/job-name": name, "volcano.sh/job-namespace": namespace,
                       "volcano.sh/queue-name": "default", "volcano.sh/task-spec": task,
                       "volcano.sh/task-index": str(i)}
