@@ -170,6 +170,39 @@ def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "defau
     return pods
 
 
+def mpijob(name: str = "allreduce", workers: int = 3, *, namespace: str = "default", ip_base: int = 0,
+           cpu: str = "2", running: int | None = None) -> list[Pod]:
+    """An MPIJob (MPI operator v2, OpenMPI): a launcher (a batch Job's pod) and N workers owned by the MPIJob,
+    with the operator's labels, hostnames and env (pkg/controller/mpi_job_controller.go, v0.5.0-v0.8.0).
+    ``running`` workers are Running, the rest Pending with an IP (still starting)."""
+    mpi_owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": name,
+                 "uid": _uid("mpijob", namespace, name)}
+    launcher_owner = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{name}-launcher",
+                      "uid": _uid("job", namespace, f"{name}-launcher")}
+    base = {"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": name}
+    ompi = [{"name": "OMPI_MCA_orte_keep_fqdn_hostnames", "value": "true"},
+            {"name": "OMPI_MCA_orte_default_hostfile", "value": "/etc/mpi/hostfile"},
+            {"name": "OMPI_MCA_plm_rsh_args", "value": "-o ConnectionAttempts=10"},
+            {"name": "OMPI_MCA_orte_set_default_slots", "value": "1"}]
+    pods = [make_pod(
+        f"{name}-launcher-{_suffix(name, 'launcher')}", namespace=namespace,
+        labels={**base, "training.kubeflow.org/job-role": "launcher"}, hostname=f"{name}-launcher", subdomain=name,
+        ip=loopback_ip(ip_base), owner=launcher_owner,
+        containers=[trainer_container("launcher", env=[{"name": "K_MPI_JOB_ROLE", "value": "launcher"}, *ompi],
+                                      cpu="1")],
+    )]
+    for i in range(workers):
+        phase = "Running" if running is None or i < running else "Pending"
+        pods.append(make_pod(
+            f"{name}-worker-{i}", namespace=namespace,
+            labels={**base, "training.kubeflow.org/job-role": "worker", "training.kubeflow.org/replica-index": str(i)},
+            hostname=f"{name}-worker-{i}", subdomain=name, ip=loopback_ip(ip_base + 1 + i), owner=mpi_owner,
+            phase=phase, containers=[trainer_container("worker", env=[{"name": "K_MPI_JOB_ROLE", "value": "worker"}],
+                                                       cpu=cpu)],
+        ))
+    return pods
+
+
 def _jobset_pods(name: str, rjobs: tuple[tuple[str, int, int], ...], *, namespace: str, ip_base: int,
                  extra_labels: dict[str, dict[str, str]], container: str, phases: dict[str, str] | None = None,
                  env: list[dict[str, Any]] | None = None) -> list[Pod]:
@@ -296,6 +329,7 @@ EXAMPLES: dict[str, Callable[[], list[Pod]]] = {
     "volcano": lambda: volcano_job(tasks=(("master", 1), ("worker", 3), ("extras", 2)), cpu="2"),
     "pytorchjob": lambda: pytorchjob(gpus=1),
     "trainjob": trainjob,
+    "mpijob": mpijob,
     "jobset": jobset,
     "lws": leaderworkerset,
     "indexed-job": indexed_job,

@@ -36,6 +36,16 @@ def pods_for(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/replica-type": rtype.lower(),
                           "training.kubeflow.org/replica-index": str(i)}
                 pods.append(_pod(f"{name}-{rtype.lower()}-{i}", replica["template"], labels, len(pods)))
+    elif kind == "MPIJob":
+        base = {"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": name}
+        launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]
+        pods.append(_pod(f"{name}-launcher-abcde", launcher, {**base, "training.kubeflow.org/job-role": "launcher"},
+                         0, hostname=f"{name}-launcher", subdomain=name))
+        worker = spec["mpiReplicaSpecs"]["Worker"]
+        for i in range(worker["replicas"]):
+            labels = {**base, "training.kubeflow.org/job-role": "worker", "training.kubeflow.org/replica-index": str(i)}
+            pods.append(_pod(f"{name}-worker-{i}", worker["template"], labels, i + 1, hostname=f"{name}-worker-{i}",
+                             subdomain=name))
     elif kind == "JobSet":
         global_index = 0
         for rjob in spec["replicatedJobs"]:
@@ -78,6 +88,8 @@ def pod_templates(doc: dict[str, Any]) -> list[dict[str, Any]]:
         return [t["template"] for t in spec["tasks"]]
     if kind == "PyTorchJob":
         return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+    if kind == "MPIJob":
+        return [r["template"] for r in spec["mpiReplicaSpecs"].values()]
     if kind == "JobSet":
         return [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
     if kind == "LeaderWorkerSet":

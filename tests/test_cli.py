@@ -20,6 +20,7 @@ EXPECTED = {
     "volcano": ("demo-master-0", "demo-worker-2", "3"),
     "pytorchjob": ("mnist-master-0", "mnist-worker-2", "3"),
     "trainjob": ("llm-node-0-0-cpc5v", "llm-node-0-2-f59jk", "2"),
+    "mpijob": ("allreduce-worker-0", "allreduce-worker-2", "2"),
     "jobset": ("trainer-driver-0-0-cht55", "trainer-workers-1-1-mpjsn", "4"),
     "lws": ("vllm-0", "vllm-0-3", "3"),
     "indexed-job": ("sweep-0-4vtwl", "sweep-2-dl25p", "2"),

@@ -42,7 +42,8 @@ def agent_command_lines():
 
 def test_there_is_an_example_for_every_controller():
     kinds = {(doc["apiVersion"].split("/")[0], doc["kind"]) for _, doc in ALL}
-    for wanted in [("batch.volcano.sh", "Job"), ("kubeflow.org", "PyTorchJob"), ("jobset.x-k8s.io", "JobSet"),
+    for wanted in [("batch.volcano.sh", "Job"), ("kubeflow.org", "PyTorchJob"), ("kubeflow.org", "MPIJob"),
+                   ("jobset.x-k8s.io", "JobSet"),
                    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"), ("batch", "Job")]:
         assert wanted in kinds
 
@@ -108,6 +109,7 @@ def test_the_examples_pods_give_the_documented_ranks(path):
 
 
 SHIPPED = {"volcano": "volcano-job.yaml", "pytorchjob": "pytorchjob.yaml", "trainjob": "trainjob-pods.json",
+           "mpijob": "mpijob.yaml",
            "jobset": "jobset.yaml", "lws": "leaderworkerset.yaml", "indexed-job": "indexed-job.yaml"}
 
 

@@ -26,10 +26,17 @@ PYTORCHJOB_JOB = "training.kubeflow.org/job-name"
 PYTORCHJOB_TYPE = "training.kubeflow.org/replica-type"
 PYTORCHJOB_INDEX = "training.kubeflow.org/replica-index"
 
+# MPI operator v2 (kubeflow/mpi-operator v0.5.0-v0.8.0, pkg/apis/kubeflow/v2beta1/constants.go; the labels
+# are set by defaultLabels() and newWorker() in pkg/controller/mpi_job_controller.go).
+MPI_OPERATOR_NAME = "training.kubeflow.org/operator-name"
+MPI_OPERATOR = "mpi-operator"
+MPI_JOB_ROLE = "training.kubeflow.org/job-role"
+
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_RJOB = "jobset.sigs.k8s.io/replicatedjob-name"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JOBSET_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
+COORDINATOR = "jobset.sigs.k8s.io/coordinator"  # api/jobset/v1alpha2/jobset_types.go CoordinatorKey, v0.6.0+
 TRAINJOB_PREFIX = "trainer.kubeflow.org/"
 
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
@@ -141,6 +148,26 @@ def _pytorchjob_dns(pod: RawPod, ident: Identity, namespace: str, domain: str | 
     if spec := _spec_dns(pod):
         return qualify(f"{spec[0]}.{spec[1]}", namespace, domain)
     return qualify(f"{ident.job}-{ident.role}-{ident.ordinal}", namespace, domain)
+
+
+# --- MPIJob (MPI operator v2): a launcher runs mpirun, workers run the ranks ------------------------------------
+
+def _mpijob_identify(pod: RawPod, _: Options) -> Identity:
+    fix = "the pod must be created by an MPIJob of the MPI operator v2 (or pass --controller)"
+    job = _required(pod, PYTORCHJOB_JOB, fix=fix)
+    role = _required(pod, MPI_JOB_ROLE, fix=fix)
+    if role not in ("launcher", "worker"):
+        raise InputError(f"pod '{_meta(pod)[0]}': label '{MPI_JOB_ROLE}' is '{role}', not launcher or worker; {fix}")
+    index = 0 if role == "launcher" else _number(pod, PYTORCHJOB_INDEX, fix=fix)
+    return Identity(job=job, role=role, index=(index,), ordinal=index)
+
+
+def _mpijob_dns(pod: RawPod, ident: Identity, namespace: str, domain: str | None) -> str:
+    # The operator sets hostname <job>-launcher / <job>-worker-<i> and subdomain <job> (its headless Service).
+    if spec := _spec_dns(pod):
+        return qualify(f"{spec[0]}.{spec[1]}", namespace, domain)
+    host = f"{ident.job}-launcher" if ident.role == "launcher" else f"{ident.job}-worker-{ident.ordinal}"
+    return qualify(f"{host}.{ident.job}", namespace, domain)
 
 
 # --- JobSet and Kubeflow TrainJob (Trainer v2 runs on JobSet) ----------------------------------------------
@@ -289,6 +316,16 @@ PYTORCHJOB = Controller(
     job_fn=_job_label(PYTORCHJOB_JOB),
     owner_is_job=True,
 )
+MPIJOB = Controller(
+    key="mpijob",
+    title="MPIJob (MPI operator v2)",
+    marker=MPI_OPERATOR_NAME,
+    default_roles=("worker",),  # the launcher runs mpirun; with runLauncherAsWorker init adds it (docs)
+    identify_fn=_mpijob_identify,
+    dns_fn=_mpijob_dns,
+    selector_fn=_label_selector(PYTORCHJOB_JOB, MPI_OPERATOR_NAME),
+    job_fn=_job_label(PYTORCHJOB_JOB),
+)
 TRAINJOB = Controller(
     key="trainjob",
     title="Kubeflow TrainJob (via JobSet)",
@@ -345,15 +382,19 @@ GENERIC = Controller(
 )
 
 CONTROLLERS: dict[str, Controller] = {
-    c.key: c for c in (VOLCANO, PYTORCHJOB, TRAINJOB, JOBSET, LWS, INDEXED_JOB, GENERIC)
+    c.key: c for c in (VOLCANO, PYTORCHJOB, MPIJOB, TRAINJOB, JOBSET, LWS, INDEXED_JOB, GENERIC)
 }
 
-# A controller that creates another's objects outranks it: a TrainJob makes a JobSet, which makes Jobs.
-_SUPERSEDES = {"trainjob": {"jobset", "indexed-job"}, "jobset": {"indexed-job"}}
+# A controller that creates another's objects outranks it: a TrainJob makes a JobSet, which makes Jobs; the MPI
+# operator's launcher is a Job's pod. MPIJob pods carry training-operator's job-name label too.
+_SUPERSEDES = {"trainjob": {"jobset", "indexed-job"}, "jobset": {"indexed-job"},
+               "mpijob": {"pytorchjob", "indexed-job"}}
 
 
 def _claims(controller: Controller, pod: RawPod) -> bool:
     labels = _meta(pod)[1]
+    if controller is MPIJOB:
+        return labels.get(MPI_OPERATOR_NAME) == MPI_OPERATOR
     if controller is TRAINJOB:
         # Trainer v2 labels its Jobs; pods show it either by a trainer.kubeflow.org/ label or by the runtime's
         # convention: replicated job "node" running container "node".
@@ -381,8 +422,8 @@ def detect_controller(pod: RawPod, options: Options) -> Controller:
         found -= _SUPERSEDES.get(key, set())
     if not found:
         raise InputError(
-            f"pod '{name}': no controller labels found (Volcano, PyTorchJob, JobSet/TrainJob, LeaderWorkerSet, "
-            "Indexed Job); pass --controller, or --selector with --index-label"
+            f"pod '{name}': no controller labels found (Volcano, PyTorchJob, MPIJob, JobSet/TrainJob, "
+            "LeaderWorkerSet, Indexed Job); pass --controller, or --selector with --index-label"
         )
     if len(found) > 1:
         raise InputError(

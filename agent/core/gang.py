@@ -8,6 +8,7 @@ the owner gives them, let a timeout name exactly which role and index never appe
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,8 @@ def owner_path(controller: Controller, pod: RawPod) -> str | None:
     labels = meta.get("labels", {}) or {}
     if controller.key in ("jobset", "trainjob"):
         return f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets/{labels[c.JOBSET_NAME]}"
+    if controller.key == "mpijob":  # the launcher's owner is a batch Job; the job name label names the MPIJob
+        return f"/apis/kubeflow.org/v2beta1/namespaces/{namespace}/mpijobs/{labels[c.PYTORCHJOB_JOB]}"
     wanted = {"volcano": ("batch.volcano.sh/", "Job", "jobs"), "pytorchjob": ("kubeflow.org/", "PyTorchJob",
                                                                               "pytorchjobs"),
               "indexed-job": ("batch/", "Job", "jobs")}.get(controller.key)
@@ -90,6 +93,8 @@ def expectation_from_owner(controller: Controller, owner: dict[str, Any], traini
         counts = {t.get("name", ""): _replicas(t.get("replicas")) for t in spec.get("tasks", [])}
     elif controller.key == "pytorchjob":
         counts = {k.lower(): _replicas(v.get("replicas")) for k, v in (spec.get("pytorchReplicaSpecs") or {}).items()}
+    elif controller.key == "mpijob":
+        counts = {k.lower(): _replicas(v.get("replicas")) for k, v in (spec.get("mpiReplicaSpecs") or {}).items()}
     elif controller.key in ("jobset", "trainjob"):
         for rjob in spec.get("replicatedJobs", []):
             job_spec = rjob.get("template", {}).get("spec", {}) or {}
@@ -122,6 +127,25 @@ def expectation_from_owner(controller: Controller, owner: dict[str, Any], traini
         return Expectation(total=options.elastic[0], per_role=None,
                            source=f"--elastic minimum {options.elastic[0]} ({kind} '{name}' asks for {total})")
     return Expectation(total=total, per_role=per_role, source=f"{kind} '{name}' replicas")
+
+
+def options_from_owner(controller: Controller, owner: dict[str, Any], options: Options) -> tuple[Options, list[str]]:
+    """What the job object says that its pods do not, for the options the user left open. MPIJob:
+    ``runLauncherAsWorker`` makes the launcher a node (first, as the operator's hostfile lists it) and
+    ``slotsPerWorker`` is the slots of every host (newConfigMap, pkg/controller/mpi_job_controller.go)."""
+    if controller.key != "mpijob":
+        return options, []
+    spec = owner.get("spec", {}) or {}
+    notes = []
+    if options.roles is None and spec.get("runLauncherAsWorker") is True:
+        options = dataclasses.replace(options, roles=("launcher", "worker"))
+        notes.append("MPIJob runLauncherAsWorker: the launcher is node rank 0")
+    slots = spec.get("slotsPerWorker")
+    if options.nproc_per_node is None and isinstance(slots, int) and not isinstance(slots, bool) \
+            and 1 <= slots <= 1_000_000:
+        options = dataclasses.replace(options, nproc_per_node=slots)
+        notes.append(f"MPIJob slotsPerWorker: {slots} slots per host")
+    return options, notes
 
 
 def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expected: Expectation, *,

@@ -138,6 +138,7 @@ class Member(NamedTuple):
     slots: int
     node_rank: int | None = None
     first_rank: int | None = None
+    running: bool = True  # phase Running: discover_hosts.sh lists only these (and the pod itself)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ def _member_json(member: Member) -> dict[str, Any]:
         "slots": member.slots,
         "nodeRank": member.node_rank,
         "rank": member.first_rank,
+        "running": member.running,
     }
 
 
@@ -96,8 +97,10 @@ def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generatio
 
 
 def render_discover_hosts(topology: Topology) -> str:
-    """Horovod elastic's ``--host-discovery-script``: prints ``host:slots`` for each live training pod."""
-    lines = "".join(f"{m.address}:{m.slots}\n" for m in topology.training)
+    """Horovod elastic's ``--host-discovery-script``: prints ``host:slots`` for each training pod that can run a
+    process now (phase Running, and this pod itself), as the MPI operator's discover_hosts.sh lists only
+    Running pods (updateDiscoverHostsInConfigMap, pkg/controller/mpi_job_controller.go, v0.5.0+)."""
+    lines = "".join(f"{m.address}:{m.slots}\n" for m in topology.training if m.running)
     return f"#!/bin/sh\n# Written by topology-agent: live training pods as host:slots.\ncat <<'EOF'\n{lines}EOF\n"
 
 
@@ -120,10 +123,11 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int) 
 
 def membership_key(topology: Topology) -> tuple[tuple[object, ...], ...]:
     """What a change must alter to be worth a rewrite and a signal: who is in, where, with what rank."""
-    return tuple((m.name, m.role, m.address, m.training, m.slots, m.node_rank) for m in topology.members)
+    return tuple((m.name, m.role, m.address, m.training, m.slots, m.node_rank, m.running)
+                 for m in topology.members)
 
 
 def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:
     """The same key read back from a ``topology.json`` (the sidecar continues where init left off)."""
-    return tuple((m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"])
-                 for m in document.get("members", []))
+    return tuple((m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"],
+                  m.get("running", True)) for m in document.get("members", []))

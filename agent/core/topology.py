@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agent.core.containers import pick_trainer_container, resolve_nproc
-from agent.core.controllers import Controller, detect_controller, parse_selector, selector_matches
+from agent.core.controllers import COORDINATOR, Controller, detect_controller, parse_selector, selector_matches
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
 from agent.errors import InputError
 
@@ -200,6 +200,23 @@ def _master_port(rank0: RawPod | None, controller: Controller, options: Options)
     return 29500, "torchrun's default 29500"
 
 
+def _host_name(pod: RawPod) -> str | None:
+    spec = pod.get("spec", {})
+    hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
+    return f"{hostname}.{subdomain}" if hostname and subdomain else None
+
+
+def coordinator_of(pod: RawPod, controller: Controller) -> str | None:
+    """JobSet >= v0.6.0 labels (and annotates) every pod with ``jobset.sigs.k8s.io/coordinator`` =
+    ``<pod hostname>.<subdomain>`` of the pod its ``spec.coordinator`` names (CoordinatorEndpoint in
+    pkg/controllers/jobset_controller.go)."""
+    if controller.key not in ("jobset", "trainjob"):
+        return None
+    meta = pod.get("metadata", {})
+    value = (meta.get("labels") or {}).get(COORDINATOR) or (meta.get("annotations") or {}).get(COORDINATOR)
+    return value or None
+
+
 @dataclass(frozen=True)
 class Collected:
     """The live pods of one job with their identities, before addresses and ranks are given."""
@@ -288,12 +305,16 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
         reason = next(e.reason for e in excluded if e.name == self_name)
         raise InputError(f"pod '{self_name}' is not a member of its own job ({reason}); nothing to configure")
 
-    def order(item: tuple[RawPod, Identity, _Facts]) -> tuple[int, str, tuple[int, ...]]:
-        ident = item[1]
+    coordinator = coordinator_of(me, controller)
+
+    def order(item: tuple[RawPod, Identity, _Facts]) -> tuple[int, int, str, tuple[int, ...]]:
+        pod, ident, _ = item
         if ident.role in training_roles:
-            # Without explicit roles (JobSet: every replicated job) the controller's global index alone orders.
-            return (training_roles.index(ident.role) if roles is not None else 0, "", ident.index)
-        return (len(training_roles), ident.role, ident.index)
+            # JobSet's spec.coordinator names the rank-0 endpoint; then the role order, then the controller's
+            # index (without explicit roles, JobSet's global index alone orders every replicated job).
+            first = 0 if coordinator is not None and _host_name(pod) == coordinator else 1
+            return (first, training_roles.index(ident.role) if roles is not None else 0, "", ident.index)
+        return (2, len(training_roles), ident.role, ident.index)
 
     live.sort(key=order)
     members: list[Member] = []
@@ -320,6 +341,7 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
             members.append(Member(
                 name=facts.name, role=ident.role, index=ident.index, ordinal=ordinal, address=address,
                 dns_name=dns, ip=ip, training=True, slots=slots, node_rank=node_rank, first_rank=first_rank,
+                running=pod is me or pod.get("status", {}).get("phase") == "Running",
             ))
             node_rank += 1
             first_rank += slots
@@ -327,6 +349,7 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
             members.append(Member(
                 name=facts.name, role=ident.role, index=ident.index, ordinal=ordinal, address=address,
                 dns_name=dns, ip=ip, training=False, slots=0,
+                running=pod is me or pod.get("status", {}).get("phase") == "Running",
             ))
 
     rank0 = next((pod for pod, ident, _ in live if ident.role in training_roles), None)

@@ -8,6 +8,7 @@ gang is complete. A watch that the server ends or that breaks resumes from the l
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -23,6 +24,7 @@ from agent.core.gang import (
     expectation_from_owner,
     expectation_from_pod,
     gang_status,
+    options_from_owner,
     owner_path,
 )
 from agent.core.model import RawPod
@@ -116,6 +118,12 @@ class GangWaiter:
         except ApiNotFound as err:
             raise InputError(f"owner {path} of pod '{s.pod_name}' not found; pass --expect N") from err
         self.owner = owner  # type: ignore[assignment]
+        options, notes = options_from_owner(controller, owner, s.options)  # type: ignore[arg-type]
+        if options != s.options:
+            for note in notes:
+                log.info("%s", note)
+            self.settings = s = dataclasses.replace(s, options=options)
+            self.memo = Memo(options)
         roles = s.options.roles if s.options.roles is not None else controller.default_roles
         return expectation_from_owner(controller, owner, roles, s.options)  # type: ignore[arg-type]
 
@@ -236,6 +244,7 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
     controller = detect_controller(me, settings.options)
     selector = controller.selector(me, settings.options)
     expected = waiter.expectation(me)
+    settings = waiter.settings  # the job object may have filled options the user left open (MPIJob)
     source = choose_source(settings, expected)
     leader = None
     if source == "published":

@@ -39,6 +39,7 @@ RESOURCES: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("batch", "v1", "jobs"): ("Job", True),
     ("batch.volcano.sh", "v1alpha1", "jobs"): ("Job", True),
     ("kubeflow.org", "v1", "pytorchjobs"): ("PyTorchJob", True),
+    ("kubeflow.org", "v2beta1", "mpijobs"): ("MPIJob", True),
     ("jobset.x-k8s.io", "v1alpha2", "jobsets"): ("JobSet", True),
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"): ("LeaderWorkerSet", True),
     ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): ("TrainJob", True),

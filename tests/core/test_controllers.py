@@ -104,6 +104,57 @@ def test_jobset(self_name, expected):
     check(JOBSET, self_name, expected, options)
 
 
+def _with_coordinator(pods, endpoint):
+    for pod in pods:
+        for section in ("labels", "annotations"):
+            pod["metadata"][section]["jobset.sigs.k8s.io/coordinator"] = endpoint
+    return pods
+
+
+def test_jobset_coordinator_names_rank_zero():
+    # Bug 5 (issue 11): JobSet >= v0.6.0 labels every pod with spec.coordinator's endpoint,
+    # <jobset>-<rjob>-<jobIndex>-<podIndex>.<subdomain> (pkg/controllers/jobset_controller.go CoordinatorEndpoint).
+    pods = _with_coordinator(examples.jobset(), "trainer-workers-1-0.trainer")
+    check(pods, "trainer-driver-0-0-cht55", {"MASTER_ADDR": "trainer-workers-1-0.trainer", "NODE_RANK": "1"})
+    check(pods, "trainer-workers-1-0-5q6rr", {"NODE_RANK": "0", "RANK": "0", "WORLD_SIZE": "10"})
+    check(pods, "trainer-workers-1-1-mpjsn", {"NODE_RANK": "4"})
+
+
+MPIJOB = examples.mpijob(workers=3)  # launcher + 3 workers, 2 CPUs per worker
+MPIJOB_CASES = [
+    ("worker 0 is node rank 0", "allreduce-worker-0",
+     {"MASTER_ADDR": "allreduce-worker-0.allreduce", "NODE_RANK": "0", "NNODES": "3", "WORLD_SIZE": "6"}),
+    ("workers follow replica-index", "allreduce-worker-2", {"NODE_RANK": "2", "RANK": "4"}),
+    ("the launcher gets hosts, no rank", "allreduce-launcher-wt6j6",
+     {"NODE_RANK": None, "WORLD_SIZE": None, "VC_WORKER_HOSTS":
+      "allreduce-worker-0.allreduce,allreduce-worker-1.allreduce,allreduce-worker-2.allreduce"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in MPIJOB_CASES], ids=[c[0] for c in MPIJOB_CASES])
+def test_mpijob(self_name, expected):
+    # Bug 7 (issue 11): MPIJob pods carry training-operator's job-name label; they were taken for a PyTorchJob.
+    check(MPIJOB, self_name, expected)
+    assert render(MPIJOB, self_name).plan.controller.key == "mpijob"
+
+
+def test_mpijob_run_launcher_as_worker_puts_the_launcher_first_in_the_hostfile():
+    rendered = render(MPIJOB, "allreduce-worker-0", roles=("launcher", "worker"))
+    assert rendered.files["hostfile"].decode().splitlines() == [
+        "allreduce-launcher.allreduce slots=1", "allreduce-worker-0.allreduce slots=2",
+        "allreduce-worker-1.allreduce slots=2", "allreduce-worker-2.allreduce slots=2"]
+    assert env_of(render(MPIJOB, "allreduce-launcher-wt6j6", roles=("launcher", "worker")))["NODE_RANK"] == "0"
+
+
+def test_discover_hosts_lists_only_running_training_pods_and_itself():
+    # Bug 7: as the MPI operator's discover_hosts.sh (updateDiscoverHostsInConfigMap) lists Running pods only.
+    pods = examples.mpijob(workers=4, running=2)
+    script = render(pods, "allreduce-worker-3").files["discover_hosts.sh"].decode()
+    listed = [line for line in script.splitlines() if line.startswith("allreduce-")]
+    assert listed == ["allreduce-worker-0.allreduce:2", "allreduce-worker-1.allreduce:2",
+                      "allreduce-worker-3.allreduce:2"]
+
+
 LWS = examples.leaderworkerset(size=4, groups=2)  # 2 GPUs per pod
 LWS_CASES = [
     ("leader of group 0", "vllm-0", {"MASTER_ADDR": "vllm-0.vllm", "NODE_RANK": "0", "NNODES": "4",

@@ -276,3 +276,22 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
     assert leader["requests"] - leader["watches"] == 4  # get pod, get owner, list pods, create configmap
     configmap = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
     assert configmap["metadata"]["ownerReferences"][0]["kind"] == "Job"
+
+
+def test_init_takes_run_launcher_as_worker_and_slots_from_the_mpijob(sandbox, tmp_path):
+    owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "allreduce",
+             "namespace": "default"},
+             "spec": {"slotsPerWorker": 4, "runLauncherAsWorker": True,
+                      "mpiReplicaSpecs": {"Launcher": {"replicas": 1}, "Worker": {"replicas": 2}}}}
+    sandbox.create("kubeflow.org/v2beta1/mpijobs", "default", owner)
+    for pod in examples.mpijob(workers=2):
+        sandbox.create_pod(pod)
+    proc = start_init(sandbox, "allreduce-worker-0", tmp_path / "out", "--timeout", "30")
+    code, err = finish(proc)
+    assert code == 0, err
+    assert "MPIJob runLauncherAsWorker: the launcher is node rank 0" in err
+    assert (tmp_path / "out" / "hostfile").read_text().splitlines() == [
+        "allreduce-launcher.allreduce slots=4", "allreduce-worker-0.allreduce slots=4",
+        "allreduce-worker-1.allreduce slots=4"]
+    env = json.loads((tmp_path / "out" / "topology.json").read_text())["env"]
+    assert (env["NODE_RANK"], env["RANK"], env["WORLD_SIZE"]) == ("1", "4", "12")
