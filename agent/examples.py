@@ -269,6 +269,24 @@ def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default
     return initializer + nodes
 
 
+def trainjob_mpi(name: str = "ds", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0) -> list[Pod]:
+    """A TrainJob on Trainer v2's deepspeed-distributed runtime (manifests/base/runtimes/deepspeed_distributed.yaml,
+    v2.3.0): replicated job ``node`` (numNodes - 1 pods, sshd) then ``launcher`` (1 pod), both running container
+    ``node`` because the runtime sets runLauncherAsNode: true (pkg/constants/constants.go: "When
+    RunLauncherAsNode: true, for the launcher Job the container name is node")."""
+    nodes = _jobset_pods(name, (("node", 1, max(num_nodes - 1, 1)),), namespace=namespace, ip_base=ip_base,
+                         container="node", extra_labels={})
+    launcher = _jobset_pods(name, (("launcher", 1, 1),), namespace=namespace, ip_base=ip_base + len(nodes),
+                            container="node", extra_labels={})
+    for pod in launcher:  # the launcher's Job comes after node's: global index 1 of 2
+        for section in ("labels", "annotations"):
+            pod["metadata"][section]["jobset.sigs.k8s.io/job-global-index"] = "1"
+    for pod in nodes + launcher:
+        for section in ("labels", "annotations"):
+            pod["metadata"][section]["jobset.sigs.k8s.io/global-replicas"] = "2"
+    return nodes + launcher
+
+
 def leaderworkerset(name: str = "vllm", size: int = 4, groups: int = 2, *, namespace: str = "default",
                     ip_base: int = 0, release: str = "v0.10.0") -> list[Pod]:
     """A LeaderWorkerSet: ``groups`` groups of ``size`` pods; each group is one training world. The env is what

@@ -330,7 +330,10 @@ TRAINJOB = Controller(
     key="trainjob",
     title="Kubeflow TrainJob (via JobSet)",
     marker=TRAINJOB_PREFIX,
-    default_roles=("node",),
+    # One world: the nodes, then the launcher when it runs as a node (the MPI runtimes' hostfile lists the node
+    # pod set, then the launcher: buildHostFileConfigMap in pkg/runtime/framework/plugins/mpi/mpi.go). A runtime
+    # with runLauncherAsNode: false runs container "launcher" there: pass --roles node.
+    default_roles=("node", "launcher"),
     identify_fn=_jobset_identify,
     dns_fn=_jobset_dns,
     selector_fn=_jobset_selector,
@@ -396,12 +399,13 @@ def _claims(controller: Controller, pod: RawPod) -> bool:
     if controller is MPIJOB:
         return labels.get(MPI_OPERATOR_NAME) == MPI_OPERATOR
     if controller is TRAINJOB:
-        # Trainer v2 labels its Jobs; pods show it either by a trainer.kubeflow.org/ label or by the runtime's
-        # convention: replicated job "node" running container "node".
+        # Trainer v2 labels its Jobs, not always its pods; pods show it by a trainer.kubeflow.org/ label or by
+        # the runtimes' convention: container "node" in replicated job "node", or in "launcher" when the MPI
+        # runtime runs the launcher as a node (Trainer v2.0-v2.3 pkg/constants/constants.go Node, Launcher).
         containers = {c.get("name") for c in pod.get("spec", {}).get("containers", [])}
         return JOBSET_NAME in labels and (
             any(k.startswith(TRAINJOB_PREFIX) for k in labels)
-            or (labels.get(JOBSET_RJOB) == "node" and "node" in containers)
+            or (labels.get(JOBSET_RJOB) in ("node", "launcher") and "node" in containers)
         )
     return controller.claims(pod)
 

@@ -143,3 +143,19 @@ def test_lws_variables_are_the_webhooks_in_every_release(release):
     pods = examples.leaderworkerset(size=2, groups=1, release=release)
     trainer = pods[1]["spec"]["containers"][0]
     assert controller_entries("lws", trainer["env"]) == set(range(len(trainer["env"])))
+
+
+def test_a_trainjob_on_an_mpi_runtime_is_one_world_from_every_pod():
+    # Bug 3: the launcher (container "node" in replicated job "launcher") was taken for a plain JobSet (its own
+    # 3-node world on port 29500) while the node pods were a TrainJob of 2 nodes.
+    pods = examples.trainjob_mpi(num_nodes=3)
+    views = {}
+    for pod in pods:
+        rendered = _render(pods, pod["metadata"]["name"])
+        assert rendered.plan.controller.key == "trainjob"
+        env = env_of(rendered)
+        views[pod["metadata"]["name"]] = (env["NNODES"], env["MASTER_ADDR"], env["MASTER_PORT"], env["NODE_RANK"])
+    assert {v[:3] for v in views.values()} == {("3", "ds-node-0-0.ds", "29500")}
+    assert sorted(v[3] for v in views.values()) == ["0", "1", "2"]
+    launcher = next(n for n in views if "launcher" in n)
+    assert views[launcher][3] == "2"  # after the node pod set, as Trainer's hostfile lists it
