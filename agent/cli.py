@@ -346,8 +346,8 @@ def _render(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     ssh = ssh_settings(args)
-    rendered = render_pod(read_pods(args.pods), _self_name(args), options)
     out = _out_dir(args)
+    rendered = render_pod(read_pods(args.pods), _self_name(args), options, files_dir=str(out.absolute()))
     names = write_generation(out, rendered, options, ssh)
     me = rendered.plan.topology.me
     print(f"wrote {', '.join(names)} to {out} for pod '{me.name}' (role {me.role})")

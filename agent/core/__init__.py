@@ -21,9 +21,9 @@ class Rendered:
 
 
 def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, generation: int = 1,
-               memo: Memo | None = None) -> Rendered:
+               memo: Memo | None = None, files_dir: str | None = None) -> Rendered:
     plan = build_plan(pods, self_name, options, memo=memo)
-    variables = compute_variables(plan, options, generation=generation)
+    variables = compute_variables(plan, options, generation=generation, files_dir=files_dir)
     return Rendered(plan=plan, variables=tuple(variables),
                     files=render_files(plan, variables, generation=generation))
 

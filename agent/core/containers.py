@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from agent.core.accelerators import accelerator_of, is_unknown_extended
 from agent.core.injected import controller_entries
 from agent.core.model import Options, RawContainer, RawPod, is_whole_number
 from agent.errors import InputError
@@ -121,12 +122,6 @@ def user_env(container: RawContainer | None, *, injected: frozenset[str] = froze
     return found
 
 
-def is_accelerator(resource: str) -> bool:
-    """``nvidia.com/gpu``, ``amd.com/gpu`` and other ``<vendor>/gpu`` names."""
-    vendor, _, kind = resource.rpartition("/")
-    return bool(vendor) and kind == "gpu"
-
-
 _NPROC_VARS = ("PET_NPROC_PER_NODE", "NPROC_PER_NODE")
 
 
@@ -153,19 +148,25 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
         return 1, "no trainer container: 1"
     resources = container.get("resources", {})
     cname = container.get("name", "?")
+    named: set[str] = set(resources.get("limits") or {}) | set(resources.get("requests") or {})
+    unknown = sorted(k for k in named if is_unknown_extended(k))
+    unknown_note = (f"; extended resource(s) {', '.join(unknown)} not counted: not a known accelerator (set "
+                    "--nproc-per-node if they are)") if unknown else ""
     for section in ("limits", "requests"):
         quantities: dict[str, str | int | float] = resources.get(section, {}) or {}  # type: ignore[assignment]
-        gpus = [(k, v) for k, v in sorted(quantities.items()) if is_accelerator(k)]
-        if gpus:
+        devices = [(k, v, row) for k, v in sorted(quantities.items()) if (row := accelerator_of(k)) is not None]
+        if devices:
             total = 0
-            for key, raw in gpus:
+            for key, raw, _ in devices:
                 total += int(parse_quantity(raw, where=f"pod '{pod_name}' container '{cname}' {section}.{key}"))
             if total > 0:
-                names = ", ".join(k for k, _ in gpus)
-                return total, f"{total} accelerator(s) in container '{cname}' resources.{section} ({names})"
+                names = ", ".join(f"{k}: {row.family}" for k, _, row in devices)
+                notes = "".join(f"; {row.note}" for _, _, row in devices if row.note)
+                return total, (f"{total} accelerator(s) in container '{cname}' resources.{section} ({names})"
+                               f"{notes}{unknown_note}")
     cpu = (resources.get("limits", {}) or {}).get("cpu")
     if cpu is not None:
         cores = parse_quantity(cpu, where=f"pod '{pod_name}' container '{cname}' limits.cpu")
         count = max(1, math.ceil(cores))
-        return count, f"CPU limit {cpu} of container '{cname}' rounded up"
-    return 1, f"container '{cname}' has no accelerators and no CPU limit: 1"
+        return count, f"CPU limit {cpu} of container '{cname}' rounded up{unknown_note}"
+    return 1, f"container '{cname}' has no accelerators and no CPU limit: 1{unknown_note}"

@@ -209,8 +209,45 @@ def _injected_values(plan: Plan, options: Options) -> dict[str, str]:
             for i in sorted(positions)}
 
 
-def compute_variables(plan: Plan, options: Options, *, generation: int) -> list[Variable]:
-    """Every variable for the plan's own pod, written or not, in the order ``torch.env`` lists them."""
+ENV_BUDGET = 60 * 1024  # torch.env stays under 64 KiB whatever the job size (Linux: 128 KiB per string, ~2 MiB all)
+
+
+def _env_line_size(var: Variable) -> int:
+    return len(var.name) + len(var.value.encode()) + 12  # export NAME='value'\n, quotes escaped rarely
+
+
+def _fit_environment(variables: list[Variable], files_dir: str | None, roles: dict[str, str]) -> list[Variable]:
+    """Move the longest host lists out of the environment until the file fits ``ENV_BUDGET``: at 4096 pods with
+    --cluster-domain, VC_WORKER_HOSTS alone is ~190 KB and ``exec`` fails with "Argument list too long". The
+    lists stay in ``<role>.host``; ``VC_<ROLE>_HOSTS_FILE`` names that file."""
+    total = sum(_env_line_size(v) for v in variables if v.written and not v.unset)
+    if total <= ENV_BUDGET:
+        return variables
+    longest = sorted((v for v in variables if v.written and v.name in roles), key=lambda v: len(v.value),
+                     reverse=True)
+    moved: dict[str, Variable] = {}
+    for var in longest:
+        if total <= ENV_BUDGET:
+            break
+        role = roles[var.name]
+        path = f"{files_dir.rstrip('/')}/{host_file_name(role)}" if files_dir else host_file_name(role)
+        moved[var.name] = Variable(
+            var.name, f"({len(var.value.encode())} bytes)", f"{var.source}: too long for the environment; the list "
+            f"is in {path} (torch.env stays under 64 KiB)", written=False)
+        pointer = Variable(f"{var.name}_FILE", path, f"file with the addresses of role '{role}', one per line")
+        total += _env_line_size(pointer) - _env_line_size(var)
+        moved[f"{var.name}+"] = pointer
+    out: list[Variable] = []
+    for var in variables:
+        out.append(moved.get(var.name, var))
+        if f"{var.name}+" in moved:
+            out.append(moved[f"{var.name}+"])
+    return out
+
+
+def compute_variables(plan: Plan, options: Options, *, generation: int, files_dir: str | None = None) -> list[Variable]:
+    """Every variable for the plan's own pod, written or not, in the order ``torch.env`` lists them.
+    ``files_dir`` is where the files will be (for the paths torch.env names)."""
     me = plan.topology.me
     container = pick_trainer_container(plan.self_pod, options.container)
     env = user_env(container, injected=plan.controller.injected, controller=plan.controller.key)
@@ -235,7 +272,7 @@ def compute_variables(plan: Plan, options: Options, *, generation: int) -> list[
                      "unset", unset=True)
             for name, value in sorted(injected.items()) if name in TRAINING_NAMES
         ]
-    return result
+    return _fit_environment(result, files_dir, {f"VC_{env_key(r)}_HOSTS": r for r in plan.topology.roles})
 
 
 def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
@@ -250,7 +287,8 @@ def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
         f"{name}={kept[name]} set by the user is kept, but the job's pods make {name}={value}; torchrun and "
         "torch.distributed will wait for ranks that never come (or refuse extra ones)"
         for name, value in computed.items()
-        if name in kept and kept[name] != value and not (name == "PET_NNODES" and ":" in kept[name])
+        if name in kept and kept[name] not in (value, "(valueFrom)")
+        and not (name == "PET_NNODES" and ":" in kept[name])
     ]
 
 

@@ -274,7 +274,8 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
             publish(api, settings.namespace, cm_name, encode(me_id.job, pods, settings.options, generation=1),
                     generation=1, leader=settings.pod_name, owner=dict(owners[0]) if owners else None)
-    rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo)
+    rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo,
+                          files_dir=str(settings.out_dir.absolute()))
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
     for warning in warnings_for(rendered.plan, rendered.variables):

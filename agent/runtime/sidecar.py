@@ -321,6 +321,7 @@ class Sidecar:
             pods = [p for p in pods if p["metadata"]["name"] not in self.unaddressed]
         try:
             rendered: Rendered = render_pod(pods, s.pod_name, s.options, generation=self.generation + 1,
+                                            files_dir=str(s.out_dir.absolute()),
                                             memo=self.memo)
         except InputError as err:
             self.valid = False

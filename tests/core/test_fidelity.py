@@ -159,3 +159,54 @@ def test_a_trainjob_on_an_mpi_runtime_is_one_world_from_every_pod():
     assert sorted(v[3] for v in views.values()) == ["0", "1", "2"]
     launcher = next(n for n in views if "launcher" in n)
     assert views[launcher][3] == "2"  # after the node pod set, as Trainer's hostfile lists it
+
+
+def test_torch_env_of_a_4096_plus_4096_pod_job_stays_small_and_bash_sources_and_execs_it(tmp_path):
+    # Limit from issue 11: VC_WORKER_HOSTS alone was ~180 KB at 4096 pods with --cluster-domain, and
+    # ". torch.env && exec torchrun" failed with "Argument list too long".
+    import subprocess
+
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 4095), ("extras", 4096)))
+    rendered = render_pod(pods, "demo-worker-7", Options(cluster_domain="cluster.local"),
+                          files_dir=str(tmp_path))
+    text = rendered.files["torch.env"]
+    assert len(text) <= 64 * 1024
+    for name, data in rendered.files.items():
+        (tmp_path / name).write_bytes(data)
+    run = subprocess.run(["bash", "-c", f". {tmp_path}/torch.env && exec env"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    env = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+    assert env["WORLD_SIZE"] == "4096" and env["VC_EXTRAS_NUM"] == "4096"
+    assert "VC_WORKER_HOSTS" not in env
+    workers = (tmp_path / "worker.host").read_text().splitlines()
+    assert env["VC_WORKER_HOSTS_FILE"] == str(tmp_path / "worker.host") and len(workers) == 4095
+    assert workers[0] == "demo-worker-0.demo.default.svc.cluster.local"
+    assert env["VC_MASTER_HOSTS"] == "demo-master-0.demo.default.svc.cluster.local"  # short lists stay
+
+
+ACCELERATOR_CASES = [
+    ("nvidia.com/mig-3g.20gb", "2", 2), ("nvidia.com/mig-1g.5gb", "7", 7), ("amd.com/gpu", "8", 8),
+    ("habana.ai/gaudi", "8", 8), ("gpu.intel.com/i915", "2", 2), ("gpu.intel.com/xe", "4", 4),
+    ("aws.amazon.com/neuroncore", "32", 32), ("google.com/tpu", "4", 4), ("nvidia.com/gpu.shared", "1", 1),
+]
+
+
+@pytest.mark.parametrize(("resource", "quantity", "nproc"), ACCELERATOR_CASES, ids=[c[0] for c in ACCELERATOR_CASES])
+def test_processes_follow_the_accelerator_not_the_cpu_limit(resource, quantity, nproc):
+    # Limit from issue 11: a Gaudi pod with cpu 32 got 32 processes; MIG, Intel, Neuron and TPU likewise.
+    pods = examples.indexed_job(completions=2)
+    for pod in pods:
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        limits.update({"cpu": "32", resource: quantity})
+    rendered = _render(pods, pods[1]["metadata"]["name"])
+    assert env_of(rendered)["NPROC_PER_NODE"] == str(nproc)
+    assert env_of(rendered)["WORLD_SIZE"] == str(2 * nproc)
+
+
+def test_an_unknown_extended_resource_is_named_in_explain_never_silently_ignored():
+    pods = examples.indexed_job(completions=2)
+    for pod in pods:
+        pod["spec"]["containers"][0]["resources"]["limits"].update({"cpu": "4", "example.com/npu": "2"})
+    rendered = _render(pods, pods[0]["metadata"]["name"])
+    nproc = next(v for v in rendered.variables if v.name == "NPROC_PER_NODE")
+    assert nproc.value == "4" and "example.com/npu not counted: not a known accelerator" in nproc.source

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.rendering import render_env
-from agent.core.variables import Variable
+from agent.core.variables import Variable, warnings_for
 from agent.errors import InputError
 
 odd_text = st.one_of(
@@ -71,8 +71,16 @@ def check_rank_rules(rendered):
         assert keys == sorted(keys)
     env = {v.name: v.value for v in rendered.variables if v.written and not v.unset}
     if topo.me.training:
-        assert env["WORLD_SIZE"] == str(sum(m.slots for m in training))
-        assert env["NODE_RANK"] == str(topo.me.node_rank)
+        world = str(sum(m.slots for m in training))
+        variable = next(v for v in rendered.variables if v.name == "WORLD_SIZE")
+        if variable.written:
+            assert env["WORLD_SIZE"] == world
+        else:  # the user's own WORLD_SIZE is kept (issue 11), and a contradiction is warned about
+            assert "set by user" in variable.source
+            warned = any("WORLD_SIZE=" in w for w in warnings_for(rendered.plan, rendered.variables))
+            assert warned == (variable.value not in (world, "(valueFrom)"))
+        if "NODE_RANK" in env:
+            assert env["NODE_RANK"] == str(topo.me.node_rank)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,66 @@
+"""Which extended resources are accelerators, and how many training processes one unit runs: data, one row per
+device plugin, each naming where the resource name comes from.
+
+NPROC_PER_NODE follows the accelerators the trainer container asks for. A resource that is not in this table
+(and is not a ``<vendor>/gpu``) is never counted silently: ``explain`` names it and says what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """``name`` is a resource name, or a prefix when it ends with ``*``."""
+
+    name: str
+    family: str
+    source: str
+    note: str = ""
+
+    def matches(self, resource: str) -> bool:
+        return resource.startswith(self.name[:-1]) if self.name.endswith("*") else resource == self.name
+
+
+ACCELERATORS: tuple[Accelerator, ...] = (
+    Accelerator("nvidia.com/gpu", "NVIDIA GPU", "NVIDIA/k8s-device-plugin README (resource name)"),
+    Accelerator("nvidia.com/gpu.shared", "NVIDIA GPU (time-sliced)",
+                "NVIDIA/k8s-device-plugin README, sharing.timeSlicing.renameByDefault"),
+    Accelerator("nvidia.com/mig-*", "NVIDIA MIG slice",
+                "NVIDIA/k8s-device-plugin v0.7.0 release notes: MIG strategy mixed, e.g. nvidia.com/mig-3g.20gb"),
+    Accelerator("amd.com/gpu", "AMD GPU", "ROCm/k8s-device-plugin README (resource name)"),
+    Accelerator("habana.ai/gaudi", "Intel Gaudi", "HabanaAI habana-k8s-device-plugin (resource name)"),
+    Accelerator("gpu.intel.com/i915", "Intel GPU (i915)",
+                "intel/intel-device-plugins-for-kubernetes cmd/gpu_plugin README"),
+    Accelerator("gpu.intel.com/xe", "Intel GPU (xe)",
+                "intel/intel-device-plugins-for-kubernetes cmd/gpu_plugin README"),
+    Accelerator("aws.amazon.com/neuroncore", "AWS NeuronCore",
+                "aws-neuron neuron device plugin docs: one NeuronCore per process"),
+    Accelerator("aws.amazon.com/neurondevice", "AWS Neuron device", "aws-neuron neuron device plugin docs",
+                note="cores per device depend on the instance: request aws.amazon.com/neuroncore or set "
+                     "--nproc-per-node"),
+    Accelerator("aws.amazon.com/neuron", "AWS Neuron device", "aws-neuron neuron device plugin docs",
+                note="cores per device depend on the instance: request aws.amazon.com/neuroncore or set "
+                     "--nproc-per-node"),
+    Accelerator("google.com/tpu", "Google TPU chip", "GKE TPU docs (resource google.com/tpu)"),
+)
+
+# Extended resources that are not devices a training process drives.
+NOT_DEVICES = ("hugepages-", "ephemeral-storage", "cpu", "memory", "vpc.amazonaws.com/", "rdma/", "smarter-devices/")
+
+
+def accelerator_of(resource: str) -> Accelerator | None:
+    """The table row for a resource; an unlisted ``<vendor>/gpu`` counts as a GPU of that vendor."""
+    for row in ACCELERATORS:
+        if row.matches(resource):
+            return row
+    vendor, _, kind = resource.rpartition("/")
+    if vendor and kind == "gpu":
+        return Accelerator(resource, f"{vendor} GPU", "convention: <vendor>/gpu")
+    return None
+
+
+def is_unknown_extended(resource: str) -> bool:
+    """An extended resource (``domain/name``) that is neither a known accelerator nor a known non-device."""
+    return "/" in resource and accelerator_of(resource) is None and not resource.startswith(NOT_DEVICES)
