@@ -31,6 +31,13 @@ from typing import Any, Literal
 from agent.core.model import RawEnvVar
 
 Mode = Literal["append", "upsert", "prepend", "plugins"]
+# The variables that make a process a rank: written to training pods only, and unset in the others' torch.env
+# where a controller put them there.
+TRAINING_NAMES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "NPROC_PER_NODE",
+    "LOCAL_WORLD_SIZE", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_LOCAL_ADDR",
+})
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
@@ -257,3 +264,35 @@ def controller_entries(controller: str, env: list[RawEnvVar]) -> set[int] | None
         return set(range(len(env) - length, len(env)))
     longest = max(_block_length(controller, release, names) for release in RELEASES[controller])
     return set(range(len(names) - longest, len(names)))
+
+
+TITLES: Mapping[str, str] = {"pytorchjob": "Kubeflow training-operator (PyTorchJob)", "trainjob": "Kubeflow Trainer v2 "
+                             "(TrainJob, torch plugin)", "volcano": "Volcano (job plugins)", "lws": "LeaderWorkerSet"}
+WHAT_THE_AGENT_DOES: Mapping[str, str] = {
+    "PYTHONUNBUFFERED": "left as it is (not a topology fact)",
+    "VK_TASK_INDEX": "left as it is (the agent writes VC_TASK_INDEX)",
+    "PET_MAX_RESTARTS": "left as it is", "PET_RDZV_CONF": "left as it is", "PET_STANDALONE": "left as it is",
+    "LWS_LEADER_ADDRESS": "left as it is (MASTER_ADDR is the leader's address)",
+    "LWS_GROUP_SIZE": "left as it is (NNODES is the group's live size)", "LWS_WORKER_INDEX": "left as it is",
+}
+
+
+def injection_table_markdown() -> str:
+    """The table of docs/variables.md, made from the rows (tests/core/test_fidelity.py keeps them equal)."""
+    lines = []
+    for controller, title in TITLES.items():
+        releases = RELEASES[controller]
+        lines += [f"### {title}, {releases[0]} to {releases[-1]} ({MODES[controller]})", "",
+                  "| variable | value | when | releases | source | the agent |", "|---|---|---|---|---|---|"]
+        for row in ROWS:
+            if row.controller != controller:
+                continue
+            value = f"fieldRef `{row.value}`" if row.field_ref else (
+                f"configMapKeyRef `{row.config_map_key}`" if row.config_map_key else f"`{row.value}`")
+            span = row.releases[0] if len(row.releases) == 1 else f"{row.releases[0]}-{row.releases[-1]}"
+            agent = WHAT_THE_AGENT_DOES.get(row.name, "replaced (training pods) / unset (others)"
+                                            if row.name in TRAINING_NAMES else "replaced")
+            lines.append(f"| `{row.name}` | {value} | {row.when} | {span} | {row.source} | {agent} |")
+        lines.append("")
+    return "\n".join(lines)
+

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
-from agent.core.injected import controller_entries
+from agent.core.injected import TRAINING_NAMES, controller_entries
 from agent.core.model import Options
 from agent.core.topology import Plan
 
@@ -187,11 +187,6 @@ def _respect_user(variables: list[Variable], env: dict[str, UserValue]) -> list[
     return result
 
 
-TRAINING_NAMES = frozenset({
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "NPROC_PER_NODE",
-    "LOCAL_WORLD_SIZE", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_LOCAL_ADDR",
-})
 
 
 def _injected_values(plan: Plan, options: Options) -> dict[str, str]:

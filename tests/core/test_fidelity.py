@@ -210,3 +210,13 @@ def test_an_unknown_extended_resource_is_named_in_explain_never_silently_ignored
     rendered = _render(pods, pods[0]["metadata"]["name"])
     nproc = next(v for v in rendered.variables if v.name == "NPROC_PER_NODE")
     assert nproc.value == "4" and "example.com/npu not counted: not a known accelerator" in nproc.source
+
+
+def test_docs_variables_md_holds_the_injection_table_made_from_the_rows():
+    from pathlib import Path
+
+    from agent.core.injected import injection_table_markdown
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "variables.md").read_text()
+    assert injection_table_markdown() in doc, (
+        "regenerate: python -c 'from agent.core.injected import injection_table_markdown as t; print(t())'")
