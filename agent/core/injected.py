@@ -175,6 +175,8 @@ def injected_env(controller: str, release: str, features: set[str], facts: Mappi
         for plugin in facts["plugin_order"]:
             if f"plugin {plugin}" not in features:
                 continue
+            if plugin == "pytorch" and facts.get("master_task", "master") not in facts["tasks"]:
+                continue  # OnPodCreate returns early: "job ... doesn't have task master"
             for row in (r for r in rows if r.block == plugin):
                 if row.name == "RANK" and "training task" not in features:
                     continue
