@@ -220,3 +220,17 @@ def test_docs_variables_md_holds_the_injection_table_made_from_the_rows():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "variables.md").read_text()
     assert injection_table_markdown() in doc, (
         "regenerate: python -c 'from agent.core.injected import injection_table_markdown as t; print(t())'")
+
+
+def test_with_address_ip_a_non_training_pod_without_ip_is_left_out_until_it_has_one():
+    # Bug 8, decided (docs/variables.md): listed once addressed; the same pods always give the same files.
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 1), ("extras", 2)))
+    extras = pods[3]
+    ip = extras["status"].pop("podIP")
+    extras["status"].pop("podIPs")
+    rendered = _render(pods, "demo-worker-0", address="ip")
+    assert env_of(rendered)["VC_EXTRAS_NUM"] == "1"
+    assert [e.reason for e in rendered.plan.topology.excluded] == ["no IP yet (--address ip), not a training pod"]
+    extras["status"].update(podIP=ip, podIPs=[{"ip": ip}])
+    env = env_of(_render(pods, "demo-worker-0", address="ip"))
+    assert env["VC_EXTRAS_NUM"] == "2" and ip in env["VC_EXTRAS_HOSTS"]
