@@ -19,7 +19,6 @@ import asyncssh
 import yaml
 
 from agent.core import Rendered
-from agent.core.model import is_whole_number
 from agent.core.ssh_config import (
     SshPaths,
     host_principals,
@@ -115,16 +114,6 @@ def ssh_files(rendered: Rendered, keys: JobKeys, *, paths: SshPaths, port: int, 
     }
     modes = {name: PRIVATE if name.endswith(("id_ed25519", "_key")) else PUBLIC for name in files}
     return files, modes
-
-
-def parse_owner(raw: str | None, *, label: str = "--ssh-owner") -> tuple[int, int] | None:
-    if raw is None:
-        return None
-    uid, sep, gid = raw.partition(":")
-    ids = (uid, gid) if sep else (uid,)
-    if not all(is_whole_number(i) and len(i.strip()) <= 10 and int(i) < 2**32 - 1 for i in ids):
-        raise InputError(f"{label} '{raw}' must be UID:GID in numbers below 4294967295, e.g. 1000:1000")
-    return int(uid), int(gid) if sep else int(uid)
 
 
 @dataclass(frozen=True)
