@@ -68,3 +68,19 @@ def test_lws_rows_match_lws_test(case, lws, group, worker, namespace, size, lead
     got = [(e["name"], e["value"]) for e in injected_env("lws", "v0.10.0", set(), facts)]
     assert got == [("LWS_LEADER_ADDRESS", leader), ("LWS_GROUP_SIZE", str(size)),
                    ("LWS_WORKER_INDEX", str(worker))], f"{LWS_TEST}: {case}"
+
+
+TRAINER_TORCH = ("kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/torch/torch_test.go "
+                 "\"trainJob numNodes is respected rather than mlPolicy one\"")
+
+
+def test_trainer_torch_rows_match_trainers_test():
+    got = injected_env("trainjob", "v2.3.0", set(), {"nnodes": 2, "nproc": "1", "trainjob": "trainJob"})
+    assert got == [
+        {"name": "PET_NNODES", "value": "2"},
+        {"name": "PET_NPROC_PER_NODE", "value": "1"},
+        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": "PET_MASTER_ADDR", "value": "trainJob-node-0-0.trainJob"},
+        {"name": "PET_MASTER_PORT", "value": "29500"},  # constants.ContainerTrainerPort
+    ], TRAINER_TORCH
