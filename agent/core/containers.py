@@ -61,9 +61,11 @@ def _quantity(text: str) -> Decimal | None:
 def parse_quantity(raw: str | int | float, *, where: str) -> Decimal:
     """Parse a Kubernetes resource quantity ("2500m", "0.5", "1Gi", 4). Cached: a job has few distinct values."""
     text = str(raw).strip()
-    value = _quantity(text)
-    if value is None:
-        raise InputError(f"{where}: '{text}' is not a Kubernetes quantity; use a value like 2, 500m or 1.5")
+    value = _quantity(text) if len(text) <= 64 else None
+    if value is None or value < 0 or value.adjusted() > 18:  # 1e999999 parses, and ceil() of it never ends
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise InputError(f"{where}: '{shown}' is not a Kubernetes quantity below 10^18; use a value like 2, 500m "
+                         "or 1.5")
     return value
 
 

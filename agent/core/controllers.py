@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.core.injected import TRAINJOB_MASTER_PORT, injected_names
-from agent.core.model import Identity, Options, RawPod, is_whole_number
+from agent.core.model import Identity, Options, RawPod
+from agent.core.validation import index_value, role_value
 from agent.errors import InputError
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -51,20 +52,22 @@ def _meta(pod: RawPod) -> tuple[str, dict[str, str], dict[str, str]]:
 
 
 def _required(pod: RawPod, key: str, *, fix: str) -> str:
+    """A label the controller sets (falling back to the annotation of the same key, which Volcano and JobSet
+    also set), checked as a label value: annotations are free text, and the value reaches files."""
     name, labels, annotations = _meta(pod)
     value = labels.get(key, annotations.get(key))
     if value is None or value == "":
         raise InputError(f"pod '{name}': label '{key}' is missing; {fix}")
-    return value
+    return role_value(pod, key, value, fix=fix)  # type: ignore[arg-type]
 
 
 def _number(pod: RawPod, key: str, *, fix: str) -> int:
-    """A non-negative integer label (falling back to the annotation of the same key)."""
-    raw = _required(pod, key, fix=fix)
-    name = _meta(pod)[0]
-    if not is_whole_number(raw) or raw != raw.strip():
-        raise InputError(f"pod '{name}': label '{key}' is '{raw}', not a non-negative integer; {fix}")
-    return int(raw)
+    """A non-negative integer label below 10^9 (falling back to the annotation of the same key)."""
+    name, labels, annotations = _meta(pod)
+    raw = labels.get(key, annotations.get(key))
+    if raw is None or raw == "":
+        raise InputError(f"pod '{name}': label '{key}' is missing; {fix}")
+    return index_value(pod, key, raw, fix=fix)  # type: ignore[arg-type]
 
 
 def _spec_dns(pod: RawPod) -> tuple[str, str] | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import io
 import json
 import re
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from agent.core.containers import pick_trainer_container
 from agent.core.controllers import Controller
 from agent.core.gang import Expectation
 from agent.core.model import Identity, Options, RawPod
+from agent.core.validation import check_pod
 from agent.errors import InputError
 
 SCHEMA = 1
@@ -120,22 +122,54 @@ def encode(job: str, pods: Sequence[RawPod], options: Options, *, generation: in
     return Encoder(options).encode(job, namespace, pods, generation=generation)
 
 
+MAX_DOCUMENT = 64 * 1024 * 1024  # 4096 pods publish ~0.5 MB; anything near this is not our document
+
+
+def _refuse(what: str) -> InputError:
+    return InputError(f"the published topology is not valid ({what}); delete the ConfigMap so the leader "
+                      "publishes it again, and check who else can write ConfigMaps (docs/security.md)")
+
+
 def decode(data: bytes) -> dict[str, Any]:
+    """The document, or ``InputError``: it is data from the API like any pod, and is checked as such (followers
+    run the same core over it, pod by pod, through ``check_pod`` and the value grammars)."""
     try:
-        document = json.loads(gzip.decompress(data))
-    except (OSError, ValueError) as err:
-        raise InputError(f"the published topology does not decode ({type(err).__name__}); delete the ConfigMap so "
-                         "the leader publishes it again") from None
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            text = stream.read(MAX_DOCUMENT + 1)
+        if len(text) > MAX_DOCUMENT:
+            raise _refuse(f"more than {MAX_DOCUMENT} bytes uncompressed")
+        document = json.loads(text, parse_constant=_no_constant)
+    except (OSError, ValueError, EOFError, RecursionError) as err:
+        raise _refuse(f"does not decode: {type(err).__name__}") from None
+    if not isinstance(document, dict):
+        raise _refuse("not an object")
     if document.get("schema") != SCHEMA:
-        raise InputError(f"the published topology has schema {document.get('schema')}, this agent reads "
+        raise InputError(f"the published topology has schema {str(document.get('schema'))[:20]}, this agent reads "
                          f"{SCHEMA}; run one agent version per job")
+    if not isinstance(document.get("generation", 0), int) or isinstance(document.get("generation"), bool):
+        raise _refuse("generation is not a whole number")
     return document
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def pods_of(document: dict[str, Any]) -> list[RawPod]:
     containers = document.get("containers", [])
     namespace = document.get("namespace", "default")
-    return [_pod_of(row, containers, namespace) for row in document.get("pods", [])]
+    rows = document.get("pods", [])
+    if not isinstance(containers, list) or not all(isinstance(x, dict) for x in containers):
+        raise _refuse("containers is not a list of objects")
+    if not isinstance(namespace, str) or not isinstance(rows, list):
+        raise _refuse("namespace or pods has the wrong type")
+    pods = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 10 or not isinstance(row[6], int) or isinstance(row[6], bool) \
+                or not 0 <= row[6] < len(containers) or not all(isinstance(row[i], str) for i in (0, 1, 4, 5, 7, 8, 9)):
+            raise _refuse("a pod row has the wrong shape")
+        pods.append(check_pod(_pod_of(row, containers, namespace)))
+    return pods  # type: ignore[return-value]
 
 
 def configmap_body(name: str, data: bytes, *, generation: int, leader: str,
@@ -154,11 +188,21 @@ def configmap_body(name: str, data: bytes, *, generation: int, leader: str,
 
 def read_configmap(configmap: dict[str, Any]) -> tuple[str, int, list[RawPod]] | None:
     """(leader, generation, pods) of a published ConfigMap, or None while it holds no topology."""
-    raw = (configmap.get("binaryData") or {}).get(DATA_KEY)
+    binary = configmap.get("binaryData") or {}
+    raw = binary.get(DATA_KEY) if isinstance(binary, dict) else None
     if not raw:
         return None
-    document = decode(base64.b64decode(raw))
-    leader = (configmap.get("data") or {}).get("leader", "")
+    if not isinstance(raw, str):
+        raise _refuse("binaryData is not a string")
+    try:
+        packed = base64.b64decode(raw, validate=True)
+    except ValueError:
+        raise _refuse("binaryData is not base64") from None
+    document = decode(packed)
+    data = configmap.get("data") or {}
+    leader = data.get("leader", "") if isinstance(data, dict) else ""
+    if not isinstance(leader, str):
+        raise _refuse("data.leader is not a string")
     return leader, int(document.get("generation", 0)), pods_of(document)
 
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import COORDINATOR, Controller, detect_controller, parse_selector, selector_matches
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
+from agent.core.validation import check_pod, dns_value, ip_value
 from agent.errors import InputError
 
 
@@ -38,11 +39,12 @@ class Memo:
         self._old, self._new = self._new, {}
 
     def get(self, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:
-        meta = pod.get("metadata", {})
-        rv = meta.get("resourceVersion")
-        if not rv:
-            return compute()
-        key = (kind, meta.get("name", ""), rv)
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not rv or not isinstance(rv, str) or not isinstance(name, str):
+            return compute()  # no key to remember it by (and an odd pod: compute() refuses it)
+        key = (kind, name, rv)
         value = self._new.get(key, _MISSING)
         if value is _MISSING:
             value = self._old.get(key, _MISSING)
@@ -72,12 +74,15 @@ class Plan:
 
 
 def pod_name(pod: RawPod) -> str:
-    return pod.get("metadata", {}).get("name", "")
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def pod_ip(pod: RawPod) -> str | None:
-    status = pod.get("status", {})
-    ips = [entry.get("ip") for entry in status.get("podIPs", []) if entry.get("ip")]
+    """The pod's IP as the kubelet reported it (unchecked: ``_address`` checks it before it reaches a file)."""
+    status = pod.get("status") or {}
+    ips = [entry.get("ip") for entry in status.get("podIPs") or [] if entry.get("ip")]
     return status.get("podIP") or (ips[0] if ips else None)
 
 
@@ -116,9 +121,12 @@ def why_not_member(pod: RawPod) -> str | None:
 
 
 def find_pod(pods: Sequence[RawPod], name: str) -> RawPod:
+    if not pods:
+        raise InputError(f"the pod list is empty, so pod '{name}' (--self / POD_NAME) is not in it; check the "
+                         "namespace and label selector that listed it")
     for pod in pods:
         if pod_name(pod) == name:
-            return pod
+            return check_pod(pod)  # type: ignore[return-value]
     raise InputError(f"pod '{name}' (--self / POD_NAME) is not in the pod list; check the name and namespace")
 
 
@@ -147,6 +155,7 @@ def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
 
 
 def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None) -> _Facts:
+    check_pod(pod)
     meta = pod.get("metadata", {})
     namespace = meta.get("namespace", "default")
     matched = pairs is None or selector_matches(pod, pairs)
@@ -167,8 +176,11 @@ def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[st
 def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str,
              options: Options) -> tuple[str, str | None, str | None]:
     name = pod_name(pod)
-    ip = pod_ip(pod)
+    raw_ip = pod_ip(pod)
+    ip = ip_value(pod, raw_ip) if raw_ip else None  # type: ignore[arg-type]
     dns = controller.dns_name(pod, ident, namespace, options.cluster_domain)
+    if dns is not None:
+        dns = dns_value(pod, dns, field="spec.hostname/spec.subdomain or the job's labels")  # type: ignore[arg-type]
     if options.address == "ip":
         if not ip:
             raise InputError(

@@ -28,7 +28,8 @@ from agent.core.controllers import detect_controller
 from agent.core.model import RawPod
 from agent.core.published import Encoder, configmap_body, configmap_name, read_configmap
 from agent.core.rendering import membership_key, membership_key_of_document
-from agent.core.topology import pod_ip, slim_pod
+from agent.core.topology import pod_ip, pod_name, slim_pod
+from agent.core.validation import check_pod
 from agent.errors import ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.async_client import AsyncApiClient
 from agent.k8s.retrying import Backoff
@@ -110,7 +111,13 @@ class Sidecar:
         self.dirty.set()
 
     def apply(self, event_type: str, obj: RawPod) -> None:
-        name = obj.get("metadata", {}).get("name", "")
+        name = pod_name(obj)
+        if event_type != "DELETED":
+            try:
+                check_pod(obj)
+            except InputError as err:  # one hostile or broken object must not stop the sidecar
+                log.warning("ignoring a pod the API sent: %s", err)
+                event_type = "DELETED"
         if event_type == "DELETED":
             self.pods.pop(name, None)
             self.unaddressed.discard(name)
@@ -168,7 +175,11 @@ class Sidecar:
         except (ApiUnavailable, ApiForbidden) as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return
-        found = read_configmap(items[0]) if items else None
+        try:
+            found = read_configmap(items[0]) if items else None
+        except InputError as err:
+            log.warning("the published topology is not usable (%s); following the pods", err)
+            return
         if found is not None:
             self.mode = "leader" if found[0] == self.settings.pod_name else "follower"
 
@@ -177,7 +188,11 @@ class Sidecar:
         return f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
 
     def apply_published(self, configmap: dict[str, Any]) -> bool:
-        found = read_configmap(configmap)
+        try:
+            found = read_configmap(configmap)
+        except InputError as err:  # broken or forged: keep the last good files
+            log.warning("ignoring the published topology: %s", err)
+            return False
         if found is None:
             return False
         pods = {p["metadata"]["name"]: p for p in found[2]}
@@ -207,7 +222,8 @@ class Sidecar:
 
     def _on_pods(self, items: list[dict[str, Any]]) -> bool:
         # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
-        self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p) for p in items}))  # type: ignore
+        self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p)  # type: ignore[arg-type]
+                                           for p in _usable(items)}))
         self.unaddressed = set()
         for name, pod in self.pods.items():
             self._track_address(name, pod)
@@ -347,6 +363,17 @@ class Sidecar:
         if result == "sent":
             log.info("trainer signalled for generation %d (signal_at=%.6f)", self.generation, self.clock())
         return True
+
+
+def _usable(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods of a LIST that have the shape of a pod; the others are logged and left out."""
+    usable = []
+    for item in items:
+        try:
+            usable.append(check_pod(item))
+        except InputError as err:
+            log.warning("ignoring a pod the API sent: %s", err)
+    return usable
 
 
 async def run_tasks(tasks: dict[str, Awaitable[None]], stop: asyncio.Event) -> None:

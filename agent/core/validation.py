@@ -1,0 +1,162 @@
+"""The edge of the core: every pod field the agent reads is free text someone else wrote, checked here.
+
+Two layers. ``check_pod`` checks the shape of the few fields the core reads (a label map is a map of strings,
+a container list is a list of objects, ...), so no malformed object gets further than one ``InputError``
+naming the pod and the field. The ``*_value`` functions check a value against the grammar of the place it
+goes before it reaches a file: a name is a DNS-1123 label or subdomain, an index a small whole number, an
+address a DNS name or an IP, a role a label value. Nothing that passes can carry a line break, a space, a
+quote, a ``#``, a ``*`` or a ``$`` into torch.env, the hostfile, ssh_config, known_hosts or
+discover_hosts.sh, whatever the source: a pod, an annotation, or the published topology (decoded into pods
+and checked the same way).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from agent.errors import InputError
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
+LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+MAX_INDEX_DIGITS = 9  # a controller index below 10^9; int() of thousands of digits is refused or slow
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def pod_label(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return f"pod '{name}'" if isinstance(name, str) and len(name) <= 253 and name.isprintable() else "a pod"
+
+
+def _fail(pod: dict[str, Any], field: str, value: object, expected: str) -> InputError:
+    return InputError(f"{pod_label(pod)}: {field} is {_shown(value)}, not {expected}; the pod cannot be used "
+                      "(fix or delete it)")
+
+
+def _mapping_of_strings(pod: dict[str, Any], obj: dict[str, Any], key: str, field: str) -> None:
+    value = obj.get(key)
+    if value is None:
+        return
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise _fail(pod, field, value, "a map of strings")
+
+
+def _dict(pod: dict[str, Any], obj: dict[str, Any], key: str, field: str, *, required: bool = False) -> dict[str, Any]:
+    # Absent is fine (the API omits empty fields); present and null is not what the API sends.
+    if key not in obj and not required:
+        return {}
+    value = obj.get(key)
+    if not isinstance(value, dict):
+        raise _fail(pod, field, value, "an object")
+    return value
+
+
+def _list_of_dicts(pod: dict[str, Any], obj: dict[str, Any], key: str, field: str) -> list[dict[str, Any]]:
+    if key not in obj:
+        return []
+    value = obj.get(key)
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise _fail(pod, field, value, "a list of objects")
+    return value
+
+
+def _string(pod: dict[str, Any], obj: dict[str, Any], key: str, field: str) -> None:
+    value = obj.get(key)
+    if key in obj and not isinstance(value, str):
+        raise _fail(pod, field, value, "a string")
+
+
+def check_pod(pod: object) -> dict[str, Any]:
+    """The pod if the fields the core reads have the shapes the API gives them; else one ``InputError``."""
+    if not isinstance(pod, dict):
+        raise InputError(f"a pod is {_shown(pod)}, not an object; the pod list cannot be used")
+    meta = _dict(pod, pod, "metadata", "metadata", required=True)
+    name = meta.get("name")
+    if not isinstance(name, str) or not DNS_SUBDOMAIN.fullmatch(name):
+        raise _fail(pod, "metadata.name", name, "a DNS-1123 subdomain (what Kubernetes allows for pod names)")
+    namespace = meta.get("namespace")
+    if "namespace" in meta and (not isinstance(namespace, str) or not DNS_LABEL.fullmatch(namespace)):
+        raise _fail(pod, "metadata.namespace", namespace, "a DNS-1123 label")
+    for key in ("uid", "resourceVersion", "deletionTimestamp"):
+        _string(pod, meta, key, f"metadata.{key}")
+    _mapping_of_strings(pod, meta, "labels", "metadata.labels")
+    _mapping_of_strings(pod, meta, "annotations", "metadata.annotations")
+    for i, ref in enumerate(_list_of_dicts(pod, meta, "ownerReferences", "metadata.ownerReferences")):
+        for key in ("apiVersion", "kind", "name", "uid"):
+            _string(pod, ref, key, f"metadata.ownerReferences[{i}].{key}")
+    spec = _dict(pod, pod, "spec", "spec")
+    for key in ("hostname", "subdomain"):
+        value = spec.get(key)
+        if key in spec and (not isinstance(value, str) or not DNS_LABEL.fullmatch(value)):
+            raise _fail(pod, f"spec.{key}", value, "a DNS-1123 label")
+    for section in ("containers", "initContainers"):
+        for i, container in enumerate(_list_of_dicts(pod, spec, section, f"spec.{section}")):
+            where = f"spec.{section}[{i}]"
+            for key in ("name", "image"):
+                _string(pod, container, key, f"{where}.{key}")
+            for key in ("command", "args"):
+                value = container.get(key)
+                if key in container and (not isinstance(value, list) or not all(isinstance(a, str) for a in value)):
+                    raise _fail(pod, f"{where}.{key}", value, "a list of strings")
+            for j, entry in enumerate(_list_of_dicts(pod, container, "env", f"{where}.env")):
+                if not isinstance(entry.get("name"), str):
+                    raise _fail(pod, f"{where}.env[{j}].name", entry.get("name"), "a string")
+                _string(pod, entry, "value", f"{where}.env[{j}].value")
+                _dict(pod, entry, "valueFrom", f"{where}.env[{j}].valueFrom")
+            resources = _dict(pod, container, "resources", f"{where}.resources")
+            for key in ("limits", "requests"):
+                quantities = _dict(pod, resources, key, f"{where}.resources.{key}")
+                for resource, quantity in quantities.items():
+                    if not isinstance(quantity, str | int) or isinstance(quantity, bool):
+                        raise _fail(pod, f"{where}.resources.{key}.{resource}", quantity, "a quantity")
+            for j, port in enumerate(_list_of_dicts(pod, container, "ports", f"{where}.ports")):
+                _string(pod, port, "name", f"{where}.ports[{j}].name")
+                number = port.get("containerPort")
+                if number is not None and (not isinstance(number, int) or isinstance(number, bool)
+                                           or not 1 <= number <= 65535):
+                    raise _fail(pod, f"{where}.ports[{j}].containerPort", number, "a port from 1 to 65535")
+    status = _dict(pod, pod, "status", "status")
+    for key in ("phase", "podIP"):
+        _string(pod, status, key, f"status.{key}")
+    for i, entry in enumerate(_list_of_dicts(pod, status, "podIPs", "status.podIPs")):
+        _string(pod, entry, "ip", f"status.podIPs[{i}].ip")
+    return pod
+
+
+def index_value(pod: dict[str, Any], key: str, raw: str, *, fix: str) -> int:
+    """A controller index: ASCII digits, at most nine of them."""
+    text = raw.strip()
+    if raw != text or not text.isascii() or not text.isdigit() or len(text) > MAX_INDEX_DIGITS:
+        raise InputError(f"{pod_label(pod)}: label '{key}' is {_shown(raw)}, not a whole number below 10^9; {fix}")
+    return int(text)
+
+
+def role_value(pod: dict[str, Any], key: str, raw: str, *, fix: str) -> str:
+    """A role (task, replica type, replicated job): a label value, so it is safe in every file."""
+    if not LABEL_VALUE.fullmatch(raw):
+        raise InputError(f"{pod_label(pod)}: label '{key}' is {_shown(raw)}, not a Kubernetes label value "
+                         f"(letters, digits, '-', '_', '.'; at most 63); {fix}")
+    return raw
+
+
+def dns_value(pod: dict[str, Any], name: str, *, field: str) -> str:
+    if not DNS_SUBDOMAIN.fullmatch(name):
+        raise InputError(f"{pod_label(pod)}: {field} makes the address {_shown(name)}, not a DNS name; fix the "
+                         "pod's hostname/subdomain or the job's name, or use --address ip")
+    return name
+
+
+def ip_value(pod: dict[str, Any], raw: str) -> str | None:
+    """The canonical text of an IP address, or None when the field holds none."""
+    try:
+        return str(ipaddress.ip_address(raw.strip()))
+    except ValueError:
+        raise InputError(f"{pod_label(pod)}: status.podIP is {_shown(raw)}, not an IP address; the pod cannot be "
+                         "used (its status was not written by a kubelet)") from None

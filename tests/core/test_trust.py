@@ -1,0 +1,172 @@
+"""Issue 12: nothing a pod, an annotation or a published ConfigMap says can reach a file as a directive.
+
+Each case failed before the validation layer (agent/core/validation.py): either a traceback, a hang, or a line
+written into a file from data."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import examples
+from agent.core import Options, render_pod
+from agent.core.published import read_configmap
+from agent.errors import InputError
+
+PROXY = "worker\nHost *\n    ProxyCommand sh -c 'touch /tmp/pwned'"
+
+
+def _job():
+    return examples.volcano_job(tasks=(("master", 1), ("worker", 2)))
+
+
+def _intruder(role_annotation: str, *, index: str = "7") -> dict:
+    """A pod anyone who can create pods could label into the job: job label only, role in an annotation."""
+    pod = examples.make_pod("intruder", labels={"volcano.sh/job-name": "demo"},
+                            annotations={"volcano.sh/task-spec": role_annotation, "volcano.sh/task-index": index},
+                            hostname="intruder", subdomain="demo", ip="127.1.0.99")
+    return pod
+
+
+@pytest.mark.parametrize("annotation", [
+    PROXY,
+    "worker\n@cert-authority * ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostile",
+    "worker slots=999\nevil.example.com",
+    "w'; touch /tmp/pwned; '",
+    "worker\u2028x",
+    "EOF\nrm -rf /\nEOF",
+], ids=["ssh_config", "known_hosts", "hostfile", "quote", "u2028", "heredoc"])
+def test_a_role_from_an_annotation_cannot_carry_a_line_into_any_file(annotation):
+    pods = [*_job(), _intruder(annotation)]
+    with pytest.raises(InputError) as err:
+        render_pod(pods, "demo-worker-0", Options())
+    assert "pod 'intruder'" in str(err.value) and "volcano.sh/task-spec" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "1" * 10, "-1", "1_000", "١٢"])
+def test_an_index_is_a_small_whole_number_or_the_pod_is_refused(value):
+    pods = _job()
+    pods[1]["metadata"]["labels"]["volcano.sh/task-index"] = value
+    started = time.monotonic()
+    with pytest.raises(InputError) as err:
+        render_pod(pods, "demo-worker-0", Options())
+    assert time.monotonic() - started < 5
+    assert "volcano.sh/task-index" in str(err.value)
+
+
+def test_a_huge_cpu_limit_is_refused_at_once_not_computed_for_minutes():
+    pods = _job()
+    pods[1]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "1e999999"
+    started = time.monotonic()
+    with pytest.raises(InputError) as err:
+        render_pod(pods, "demo-worker-0", Options())
+    assert time.monotonic() - started < 5
+    assert "limits.cpu" in str(err.value)
+
+
+def _set(path: str, value):
+    def mutate(pod):
+        keys = path.split(".")
+        target = pod
+        for key in keys[:-1]:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        last = keys[-1]
+        if isinstance(target, list):
+            target[int(last)] = value
+        else:
+            target[last] = value
+    return mutate
+
+
+# The shapes a hand-made or hostile pod file can have (32 of them): each refused in one line.
+MALFORMED = [
+    ("metadata null", _set("metadata", None)), ("metadata a list", _set("metadata", [])),
+    ("name an int", _set("metadata.name", 7)), ("name with a newline", _set("metadata.name", "a\nb")),
+    ("name upper case", _set("metadata.name", "Demo-Worker-0")), ("namespace a list", _set("metadata.namespace", [])),
+    ("labels a list", _set("metadata.labels", ["a"])), ("label value an int", _set("metadata.labels.x", 1)),
+    ("annotations a string", _set("metadata.annotations", "x")),
+    ("ownerReferences an object", _set("metadata.ownerReferences", {})),
+    ("owner uid an int", _set("metadata.ownerReferences.0.uid", 3)),
+    ("resourceVersion an int", _set("metadata.resourceVersion", 12)),
+    ("spec null", _set("spec", None)), ("spec a string", _set("spec", "x")),
+    ("hostname with a dot", _set("spec.hostname", "a.b")), ("subdomain upper", _set("spec.subdomain", "DEMO")),
+    ("containers null", _set("spec.containers", None)), ("containers an object", _set("spec.containers", {})),
+    ("container a string", _set("spec.containers.0", "trainer")),
+    ("container name an int", _set("spec.containers.0.name", 1)),
+    ("command a string", _set("spec.containers.0.command", "bash")),
+    ("env an object", _set("spec.containers.0.env", {"A": "1"})),
+    ("env name missing", _set("spec.containers.0.env", [{"value": "1"}])),
+    ("env value an int", _set("spec.containers.0.env", [{"name": "A", "value": 1}])),
+    ("resources a list", _set("spec.containers.0.resources", [])),
+    ("limits null", _set("spec.containers.0.resources.limits", None)),
+    ("quantity a bool", _set("spec.containers.0.resources.limits.cpu", True)),
+    ("port a string", _set("spec.containers.0.ports", [{"name": "p", "containerPort": "80"}])),
+    ("status a list", _set("status", [])), ("phase an int", _set("status.phase", 1)),
+    ("podIPs a string", _set("status.podIPs", "1.2.3.4")), ("podIP not an IP", _set("status.podIP", "1.2.3.4\nx")),
+]
+
+
+@pytest.mark.parametrize("mutate", [m for _, m in MALFORMED], ids=[n for n, _ in MALFORMED])
+def test_a_malformed_pod_file_is_one_line_and_exit_2(tmp_path, mutate):
+    pods = _job()
+    target = copy.deepcopy(pods[1])
+    mutate(target)
+    pods[1] = target
+    path = tmp_path / "pods.json"
+    path.write_text(json.dumps({"kind": "List", "items": pods}))
+    run = subprocess.run([sys.executable, "-m", "agent.cli", "render", "--pods", str(path), "--self", "demo-master-0",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def _configmap(document: object, *, raw: bytes | None = None) -> dict:
+    data = raw if raw is not None else gzip.compress(json.dumps(document).encode())
+    return {"data": {"leader": "demo-master-0", "generation": "1"},
+            "binaryData": {"topology.json.gz": base64.b64encode(data).decode()}}
+
+
+FORGED = [
+    ("not gzip", _configmap(None, raw=b"plain")),
+    ("a gzip bomb", _configmap(None, raw=gzip.compress(b"{" + b" " * (70 * 1024 * 1024)))),
+    ("a list", _configmap([1, 2])),
+    ("NaN", _configmap(None, raw=gzip.compress(b'{"schema": NaN}'))),
+    ("deep nesting", _configmap(None, raw=gzip.compress(b"[" * 100000 + b"]" * 100000))),
+    ("rows of the wrong shape", _configmap({"schema": 1, "generation": 1, "containers": [], "pods": [[1, 2]]})),
+    ("a container index out of range", _configmap({"schema": 1, "generation": 1, "containers": [],
+                                                   "pods": [["a", "1", {}, {}, "", "", 5, "Running", "", ""]]})),
+    ("a role with a newline", _configmap({"schema": 1, "generation": 1, "namespace": "default", "containers": [{}],
+                                          "pods": [["demo-worker-0", "1", {"volcano.sh/job-name": "demo",
+                                                    "volcano.sh/task-spec": PROXY, "volcano.sh/task-index": "0"},
+                                                    {}, "", "", 0, "Running", "", ""]]})),
+    ("not base64", {"data": {"leader": "x"}, "binaryData": {"topology.json.gz": "!!!"}}),
+]
+
+
+@pytest.mark.parametrize("configmap", [c for _, c in FORGED], ids=[n for n, _ in FORGED])
+def test_a_broken_or_forged_published_topology_is_refused_in_one_line(configmap):
+    started = time.monotonic()
+    try:
+        found = read_configmap(configmap)
+    except InputError as err:
+        assert "\n" not in str(err)
+    else:  # decoded: then the core refuses the pods it holds
+        assert found is not None
+        with pytest.raises(InputError):
+            render_pod(found[2], found[2][0]["metadata"]["name"], Options())
+    assert time.monotonic() - started < 5
+
+
+def test_the_troubleshooting_page_explains_the_new_refusals():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
+    assert "not a Kubernetes label value" in doc and "published topology is not valid" in doc
