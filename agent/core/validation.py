@@ -160,3 +160,15 @@ def ip_value(pod: dict[str, Any], raw: str) -> str | None:
     except ValueError:
         raise InputError(f"{pod_label(pod)}: status.podIP is {_shown(raw)}, not an IP address; the pod cannot be "
                          "used (its status was not written by a kubelet)") from None
+
+
+def split_pods(items: list[Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The items of a LIST or watch event that have the shape of a pod, and one line for each that has not
+    (the shells log those and leave the pods out: one broken object must not stop the agent)."""
+    usable, refused = [], []
+    for item in items:
+        try:
+            usable.append(check_pod(item))
+        except InputError as err:
+            refused.append(str(err))
+    return usable, refused

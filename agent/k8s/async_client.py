@@ -23,9 +23,11 @@ from agent.k8s.wire import (
     Traffic,
     WatchEvent,
     error_for_status,
+    list_items,
     list_query,
     namespace_of,
     parse_event,
+    parse_json,
     request_headers,
     ssl_context,
     watch_query,
@@ -83,10 +85,7 @@ class AsyncApiClient:
                 if resp.status >= 400:
                     raise error_for_status(resp.status, body, resp.headers.get("Retry-After"), verb=verb,
                                            what=what, namespace=namespace)
-                try:
-                    return json.loads(body)
-                except ValueError as err:
-                    raise ApiUnavailable(f"API answered {verb} {what} with a body that is not JSON") from err
+                return parse_json(body, what=f"{verb} {what}")
 
     async def get_pod(self, namespace: str, name: str) -> RawPod:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
@@ -102,7 +101,7 @@ class AsyncApiClient:
         parts = path.strip("/").split("/")
         namespace = namespace_of(path)
         data = await self._get_json(path, verb="list", what=parts[-1], namespace=namespace, query=query)
-        return data.get("items", []), str(data.get("metadata", {}).get("resourceVersion", ""))
+        return list_items(data, what=parts[-1])
 
     async def write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST (create) to a collection or PUT (replace) to an object; 409 becomes ``ApiConflict``."""
@@ -122,7 +121,7 @@ class AsyncApiClient:
                 if resp.status >= 400:
                     raise error_for_status(resp.status, data, resp.headers.get("Retry-After"), verb=verb, what=what,
                                            namespace=namespace)
-                return json.loads(data)
+                return parse_json(data, what=f"{verb} {what}")
 
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
                    timeout: float) -> AsyncIterator[WatchEvent]:

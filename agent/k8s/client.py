@@ -24,9 +24,11 @@ from agent.k8s.wire import (
     Traffic,
     WatchEvent,
     error_for_status,
+    list_items,
     list_query,
     namespace_of,
     parse_event,
+    parse_json,
     request_headers,
     ssl_context,
     watch_query,
@@ -82,10 +84,7 @@ class ApiClient:
                                          timeout=urllib3.Timeout(connect=5.0, read=self.timeout))
             self.traffic.bytes += len(response.data or b"")
             self._check(response, verb, what, namespace)
-            try:
-                return json.loads(response.data)
-            except ValueError as err:
-                raise ApiUnavailable(f"API answered {verb} {what} with a body that is not JSON") from err
+            return parse_json(response.data or b"", what=f"{verb} {what}")
 
     # --- the calls ---------------------------------------------------------------------------------------
 
@@ -110,7 +109,7 @@ class ApiClient:
             if response.status == 409:
                 raise ApiConflict(f"{what} already exists or changed in namespace '{namespace}'", status=409)
             self._check(response, verb, what, namespace)
-            return json.loads(response.data)
+            return parse_json(response.data or b"", what=f"{verb} {what}")
 
     def get_pod(self, namespace: str, name: str) -> RawPod:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
@@ -125,7 +124,7 @@ class ApiClient:
         parts = path.strip("/").split("/")
         namespace = namespace_of(path)
         data = self._get_json(path, verb="list", what=parts[-1], namespace=namespace, query=query)
-        return data.get("items", []), str(data.get("metadata", {}).get("resourceVersion", ""))
+        return list_items(data, what=parts[-1])
 
     def get_object(self, path: str) -> dict[str, Any]:
         parts = path.strip("/").split("/")

@@ -101,20 +101,60 @@ def error_for_status(code: int, body: bytes, retry_after: str | None, *, verb: s
     return ApiError(f"API answered {code} to {verb} {what} {where}: {message}", status=code)
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:20]} overflows")
+    return value
+
+
+def parse_json(body: bytes, *, what: str) -> dict[str, Any]:
+    """A JSON object from the API, or ``ApiUnavailable``: invalid UTF-8, NaN, 1e9999, a 5000-digit number,
+    nesting deeper than Python's stack, or a body that is not an object all mean a broken or hostile answer,
+    treated like a cut connection (retried with backoff), never a traceback."""
+    try:
+        data = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, RecursionError) as err:
+        raise ApiUnavailable(f"{what}: the answer is not valid JSON ({type(err).__name__})") from None
+    if not isinstance(data, dict):
+        raise ApiUnavailable(f"{what}: the answer is JSON but not an object")
+    return data
+
+
 def parse_event(line: bytes) -> WatchEvent:
     """One line of a watch stream; ERROR events become the matching ``ApiError``."""
-    try:
-        data = json.loads(line)
-    except ValueError as err:
-        raise ApiUnavailable("watch stream sent a line that is not JSON (cut mid-event?)") from err
-    event = WatchEvent(type=data.get("type", ""), object=data.get("object", {}))
+    data = parse_json(line, what="watch stream line (cut mid-event?)")
+    kind, obj = data.get("type"), data.get("object")
+    if not isinstance(kind, str) or not isinstance(obj, dict):
+        raise ApiUnavailable("watch stream sent an event without a type or an object")
+    event = WatchEvent(type=kind, object=obj)
     if event.type == "ERROR":
-        code = int(event.object.get("code", 0) or 0)
-        message = str(event.object.get("message", ""))[:200]
+        raw_code = obj.get("code", 0)
+        code = raw_code if isinstance(raw_code, int) and not isinstance(raw_code, bool) and 0 <= raw_code < 1000 \
+            else 0
+        message = str(obj.get("message", ""))[:200].replace("\n", " ")
         if code == 410:
             raise ApiGone(f"watch expired: {message}", status=410)
         raise ApiUnavailable(f"watch ended with an error event ({code}: {message})", status=code)
+    if event.type not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+        raise ApiUnavailable(f"watch stream sent an event of type {event.type[:20]!r}")
+    meta = obj.get("metadata")
+    if meta is not None and (not isinstance(meta, dict) or not isinstance(meta.get("resourceVersion", ""), str)):
+        raise ApiUnavailable("watch stream sent an object whose metadata is not an object")
     return event
+
+
+def list_items(data: dict[str, Any], *, what: str) -> tuple[list[dict[str, Any]], str]:
+    """The items and resourceVersion of a LIST answer (items of the wrong shape are the caller's to refuse)."""
+    items, meta = data.get("items"), data.get("metadata")
+    items, meta = ([] if items is None else items), ({} if meta is None else meta)
+    if not isinstance(items, list) or not isinstance(meta, dict):
+        raise ApiUnavailable(f"list {what}: the answer has no list of items")
+    return items, str(meta.get("resourceVersion", ""))[:100]
 
 
 def namespace_of(path: str) -> str:

@@ -29,10 +29,12 @@ from agent.core.gang import (
 )
 from agent.core.model import RawPod
 from agent.core.published import configmap_name, encode, is_leader, leader_identity
+from agent.core.topology import pod_name
 from agent.core.variables import warnings_for
 from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTimeout, InputError
 from agent.k8s.client import PodSource
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
+from agent.runtime.intake import usable_pods
 from agent.runtime.output import write_generation
 from agent.runtime.publishing import publish, read_published
 
@@ -132,7 +134,7 @@ class GangWaiter:
         found: tuple[list[RawPod], str] = self._retry(  # type: ignore[assignment]
             lambda: self.api.list_pods(s.namespace, selector), "list pods")
         items, rv = found
-        self.pods = {p["metadata"]["name"]: p for p in items}
+        self.pods = {p["metadata"]["name"]: p for p in usable_pods(items)}
         self.resource_version = rv
 
     def status(self, expected: Expectation) -> GangStatus:
@@ -159,8 +161,8 @@ class GangWaiter:
                         self.resource_version = event.resource_version
                     if event.type == "BOOKMARK":
                         continue
-                    name = event.object.get("metadata", {}).get("name", "")
-                    if event.type == "DELETED":
+                    name = pod_name(event.object)  # type: ignore[arg-type]
+                    if event.type == "DELETED" or not usable_pods([event.object]):
                         self.pods.pop(name, None)
                     else:
                         self.pods[name] = event.object  # type: ignore[assignment]

@@ -29,11 +29,11 @@ from agent.core.model import RawPod
 from agent.core.published import Encoder, configmap_body, configmap_name, read_configmap
 from agent.core.rendering import membership_key, membership_key_of_document
 from agent.core.topology import pod_ip, pod_name, slim_pod
-from agent.core.validation import check_pod
 from agent.errors import ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.async_client import AsyncApiClient
 from agent.k8s.retrying import Backoff
 from agent.k8s.wire import WatchEvent
+from agent.runtime.intake import usable_pods
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
 from agent.runtime.signalling import TrainerFinder, signal_trainer
@@ -112,12 +112,8 @@ class Sidecar:
 
     def apply(self, event_type: str, obj: RawPod) -> None:
         name = pod_name(obj)
-        if event_type != "DELETED":
-            try:
-                check_pod(obj)
-            except InputError as err:  # one hostile or broken object must not stop the sidecar
-                log.warning("ignoring a pod the API sent: %s", err)
-                event_type = "DELETED"
+        if event_type != "DELETED" and not usable_pods([obj]):
+            event_type = "DELETED"  # one hostile or broken object must not stop the sidecar
         if event_type == "DELETED":
             self.pods.pop(name, None)
             self.unaddressed.discard(name)
@@ -223,7 +219,7 @@ class Sidecar:
     def _on_pods(self, items: list[dict[str, Any]]) -> bool:
         # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
         self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p)  # type: ignore[arg-type]
-                                           for p in _usable(items)}))
+                                           for p in usable_pods(items)}))
         self.unaddressed = set()
         for name, pod in self.pods.items():
             self._track_address(name, pod)
@@ -363,17 +359,6 @@ class Sidecar:
         if result == "sent":
             log.info("trainer signalled for generation %d (signal_at=%.6f)", self.generation, self.clock())
         return True
-
-
-def _usable(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The pods of a LIST that have the shape of a pod; the others are logged and left out."""
-    usable = []
-    for item in items:
-        try:
-            usable.append(check_pod(item))
-        except InputError as err:
-            log.warning("ignoring a pod the API sent: %s", err)
-    return usable
 
 
 async def run_tasks(tasks: dict[str, Awaitable[None]], stop: asyncio.Event) -> None:

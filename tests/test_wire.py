@@ -1,0 +1,53 @@
+"""Hostile or broken watch streams and API bodies: every one is an ApiError (retried as a broken stream),
+never another exception, never a hang."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.errors import ApiError, ApiGone, ApiUnavailable
+from agent.k8s.wire import list_items, parse_event, parse_json
+
+POD = {"metadata": {"name": "p", "resourceVersion": "5"}}
+BROKEN_LINES = [
+    ("object null", json.dumps({"type": "ADDED", "object": None}).encode()),
+    ("object a list", json.dumps({"type": "ADDED", "object": []}).encode()),
+    ("no type", json.dumps({"object": POD}).encode()),
+    ("type an int", json.dumps({"type": 3, "object": POD}).encode()),
+    ("unknown type", json.dumps({"type": "EXPLODED", "object": POD}).encode()),
+    ("ERROR with a non-numeric code", json.dumps({"type": "ERROR", "object": {"code": "x", "message": "m"}}).encode()),
+    ("ERROR with a huge code", b'{"type": "ERROR", "object": {"code": ' + b"9" * 5000 + b"}}"),
+    ("deep nesting", b"[" * 100000 + b"]" * 100000),
+    ("invalid UTF-8", b'{"type": "ADDED", "object": {"metadata": {"name": "\xff\xfe"}}}'),
+    ("NaN", b'{"type": "ADDED", "object": {"metadata": {"name": "p"}, "x": NaN}}'),
+    ("1e9999", b'{"type": "ADDED", "object": {"metadata": {"name": "p"}, "x": 1e9999}}'),
+    ("metadata a string", json.dumps({"type": "MODIFIED", "object": {"metadata": "p"}}).encode()),
+    ("cut mid-event", b'{"type": "ADDED", "object": {"metad'),
+    ("a JSON array", b"[1, 2, 3]"),
+]
+
+
+@pytest.mark.parametrize("line", [b for _, b in BROKEN_LINES], ids=[n for n, _ in BROKEN_LINES])
+def test_a_broken_watch_line_is_an_api_error(line):
+    with pytest.raises(ApiError):
+        parse_event(line)
+
+
+def test_error_events_map_410_to_gone_and_the_rest_to_unavailable():
+    with pytest.raises(ApiGone):
+        parse_event(json.dumps({"type": "ERROR", "object": {"code": 410, "message": "too old"}}).encode())
+    with pytest.raises(ApiUnavailable):
+        parse_event(json.dumps({"type": "ERROR", "object": {"code": 500, "message": "x\ny"}}).encode())
+
+
+def test_a_good_event_passes():
+    event = parse_event(json.dumps({"type": "ADDED", "object": POD}).encode())
+    assert (event.type, event.resource_version) == ("ADDED", "5")
+
+
+@pytest.mark.parametrize("body", [b'{"items": "x"}', b'{"items": [], "metadata": []}', b"null", b"\xff"])
+def test_a_broken_list_answer_is_an_api_error(body):
+    with pytest.raises(ApiError):
+        list_items(parse_json(body, what="list pods"), what="pods")
