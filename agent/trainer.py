@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import threading
 from collections.abc import Callable
@@ -55,19 +54,44 @@ class World:
         return int(self.env.get("NNODES", "0"))
 
 
+def _read_word(text: str, i: int) -> tuple[str, int]:
+    """One sh word of the forms torch.env uses: '...' (literal, across line breaks) and "${NAME}" pieces."""
+    out = []
+    while i < len(text) and text[i] not in " \t\n":
+        quote = text[i]
+        if quote in "'\"":
+            end = text.find(quote, i + 1)
+            if end < 0:
+                raise ValueError("torch.env: a quote is not closed")
+            piece = text[i + 1:end]
+            out.append(piece if quote == "'" else os.path.expandvars(piece))
+            i = end + 1
+        else:
+            out.append(quote)
+            i += 1
+    return "".join(out), i
+
+
 def parse_env_file(text: str) -> dict[str, str]:
-    """The ``export KEY='value'`` lines of torch.env (and ``unset KEY``), as sh would leave them."""
+    """The ``export KEY='value'`` and ``unset KEY`` statements of torch.env, as sh reads them: a value may hold
+    any character, line breaks and U+2028 included (``str.splitlines`` would cut it there; sh does not)."""
     env: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("export ") and "=" in line:
-            key, raw = line[len("export "):].split("=", 1)
-            if raw.startswith('"'):  # a reference to a variable the user set: "${MASTER_PORT}"
-                env[key] = os.path.expandvars(raw.strip('"'))
-            else:
-                env[key] = shlex.split(raw)[0] if raw else ""
-        elif line.startswith("unset "):
-            for key in line.split()[1:]:
-                env.pop(key, None)
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] in " \t\n":
+            i += 1
+        elif text.startswith("export ", i) and "=" in text[i:text.find("\n", i) if "\n" in text[i:] else n]:
+            eq = text.index("=", i)
+            key = text[i + len("export "):eq]
+            env[key], i = _read_word(text, eq + 1)
+        else:  # a comment, or unset KEY...: one physical line
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            words = text[i:end].split()
+            if words[:1] == ["unset"]:
+                for key in words[1:]:
+                    env.pop(key, None)
+            i = end + 1
     return env
 
 

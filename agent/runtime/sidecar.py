@@ -17,6 +17,7 @@ import ctypes
 import gc
 import json
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ def release_memory() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 WATCH_SECONDS = 300.0
+RELIST_JITTER = 2.0  # seconds: relists after a 410 are spread over this, so N sidecars do not LIST at once
 
 
 @dataclass
@@ -271,8 +273,12 @@ class Sidecar:
                         self.mark_dirty(received)
                 self.metrics.watch_restarts.inc()  # the server ended the watch: resume from the last version
             except ApiGone:
-                log.info("resourceVersion %s of %s expired (410); listing again", self.resource_version, what)
+                # Every pod's watch expires together when the API server compacts: spread the relists.
+                pause = random.uniform(0.0, RELIST_JITTER)
+                log.info("resourceVersion %s of %s expired (410); listing again in %.1f s", self.resource_version,
+                         what, pause)
                 need_list = True
+                await asyncio.sleep(pause)
             except ApiUnavailable as err:
                 self.metrics.watch_restarts.inc()
                 delay = backoff.next_delay(err.retry_after)
@@ -390,7 +396,20 @@ async def run_sidecar(api: AsyncApiClient, settings: SidecarSettings, *, stop: a
         runner, bound = await start_health(sidecar, health_host, health_port,
                                            label=health_label or f"health port {health_port}")
     try:
-        await sidecar.start()
+        # SIGTERM must work while the API server is away at start too (start retries forever).
+        starting = asyncio.ensure_future(sidecar.start())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            log.info("stopped before the first list; no files written by this sidecar")
+            if runner is not None:
+                await runner.cleanup()
+            return sidecar
+        starting.result()
     except BaseException:
         if runner is not None:
             await runner.cleanup()

@@ -7,6 +7,7 @@ signalled: that is the launcher (torchrun's agent, deepspeed, mpirun), not one o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -43,24 +44,51 @@ class TrainerFinder:
     def find(self) -> psutil.Process | None:
         if self.pid_file is not None:
             try:
-                pid = int(self.pid_file.read_text().strip())
-                return psutil.Process(pid)
+                text = self.pid_file.read_text()[:20].strip()
+                pid = int(text) if is_whole_number(text) else -1
+                proc = psutil.Process(pid) if pid > 0 else None
             except (OSError, ValueError, psutil.Error):
                 return None
+            if proc is None or pid in _untouchable():
+                # The pid file is written by the trainer's side: pid 1 (the pod's pause process or init), the
+                # sidecar itself or its parents are never signalled, whatever it says.
+                log.warning("pid file %s names pid %s, which is not a trainer; nobody signalled", self.pid_file,
+                            text[:20])
+                return None
+            return proc
         if self.match is None:
             return None
-        me = os.getpid()
+        untouchable = _untouchable()
         candidates = []
         for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
             try:
-                cmdline = " ".join(proc.info["cmdline"] or [])
+                argv = list(proc.info["cmdline"] or [])
             except (psutil.Error, KeyError):
                 continue
-            if proc.info["pid"] != me and cmdline and self.match.search(cmdline):
+            cmdline = " ".join(argv)
+            if proc.info["pid"] not in untouchable and cmdline and self.match.search(cmdline) \
+                    and not is_shell_wrapper(argv):
                 candidates.append(proc)
         if not candidates:
             return None
         return min(candidates, key=lambda p: (p.info["create_time"], p.info["pid"]))
+
+
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+
+
+def is_shell_wrapper(argv: list[str]) -> bool:
+    """``sh -c "... torchrun ..."``: the pattern matches the wrapper's command line too, and it is the oldest
+    match, but a signal to the shell kills it or is ignored, never reaching the trainer (use exec)."""
+    return len(argv) >= 2 and os.path.basename(argv[0]) in _SHELLS and argv[1].startswith("-") and "c" in argv[1]
+
+
+def _untouchable() -> set[int]:
+    """Pid 1, this process and its ancestors: never the trainer, whatever a pid file or a pattern says."""
+    pids = {1, os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        pids |= {p.pid for p in psutil.Process().parents()}
+    return pids
 
 
 def signal_trainer(finder: TrainerFinder, signum: signal.Signals | None) -> str:

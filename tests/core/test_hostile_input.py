@@ -127,3 +127,21 @@ def test_a_pod_whose_role_changes_is_placed_by_its_current_role():
     pods[2]["metadata"]["labels"]["volcano.sh/task-spec"] = "extras"
     rendered = render_pod(pods, "demo-worker-0", Options())
     assert [m.name for m in rendered.plan.topology.training] == ["demo-master-0", "demo-worker-0"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True),
+                       st.text(min_size=0, max_size=40).map(lambda v: v.replace("\x00", "")), max_size=5))
+def test_agent_trainer_reads_back_exactly_what_torch_env_holds(values):
+    # Issue 12: values with a line break or U+2028 (which bash reads fine) broke agent.trainer's parser.
+    from agent.trainer import parse_env_file
+
+    text = render_env([Variable(name, value, "test") for name, value in values.items()])
+    assert parse_env_file(text) == values
+
+
+def test_agent_trainer_reads_the_unicode_line_separators_sh_ignores():
+    from agent.trainer import parse_env_file
+
+    value = "a\nb\u2028c\u2029d\x85e\x1cf'g\"h$i"
+    assert parse_env_file(render_env([Variable("V", value, "t")])) == {"V": value}

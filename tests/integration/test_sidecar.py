@@ -276,3 +276,19 @@ def test_with_a_published_topology_only_the_leader_watches_pods_and_followers_fo
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(15) == 0
             log.close()
+
+
+def test_sigterm_while_the_api_is_down_at_start_exits_0_at_once(sandbox, tmp_path):
+    # Issue 12: the start-up retry loop ignored SIGTERM; the pod then waited for its grace period's SIGKILL.
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    sandbox.faults(down_for=60)
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-0", "POD_NAMESPACE": "default"}
+    env.pop("KUBECONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(tmp_path / "out"),
+                             "--health-port", "0"], env=env, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    assert proc.poll() is None, "the sidecar keeps retrying while the API is down"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=5)
+    assert proc.returncode == 0, err
+    assert "stopped before the first list" in err
