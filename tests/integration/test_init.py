@@ -120,7 +120,8 @@ def test_429_with_retry_after_is_honoured_then_succeeds(sandbox, tmp_path):
     proc = start_init(sandbox, "demo-master-0", tmp_path / "out", "--timeout", "60")
     code, err = finish(proc)
     assert code == 0, err
-    assert err.count("API answered 429") == 2 and "retry 2 in 1.0 s" in err
+    # Retry-After is honoured as the least wait; up to 50 % jitter spreads the pods that got it together.
+    assert err.count("API answered 429") == 2 and re.search(r"retry 2 in 1\.[0-5] s", err), err
     assert time.monotonic() - started >= 2.0
 
 
