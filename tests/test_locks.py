@@ -26,7 +26,12 @@ def test_every_declared_dependency_is_pinned_in_the_locks():
     assert {"torch", "deepspeed"} <= set(pins("requirements-consumers.lock"))
 
 
-def test_a_package_in_two_locks_has_one_version():
+def test_the_scanner_is_locked_at_the_version_its_input_names():
+    wanted = [line for line in (ROOT / "requirements-scan.in").read_text().splitlines() if line and line[0] != "#"]
+    assert wanted == ["checkov==3.3.30"] and pins("requirements-scan.lock")["checkov"] == "3.3.30"
+
+
+def test_a_package_in_two_locks_has_one_version():  # the scanner's lock is for its own venv and may differ
     locks = {name: pins(name) for name in ("requirements.lock", "requirements-test.lock",
                                            "requirements-consumers.lock")}
     seen: dict[str, tuple[str, str]] = {}
@@ -40,7 +45,7 @@ def test_a_package_in_two_locks_has_one_version():
 
 
 def test_the_hashed_locks_carry_a_hash_for_every_pin():
-    for name in ("requirements.lock", "requirements-test.lock"):
+    for name in ("requirements.lock", "requirements-test.lock", "requirements-scan.lock"):
         text = (ROOT / name).read_text()
         entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n\n", 1)[-1])
         unhashed = [e.split()[0] for e in entries if PIN.match(e) and "--hash=sha256:" not in e]
