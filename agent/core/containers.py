@@ -63,8 +63,8 @@ def parse_quantity(raw: str | int | float, *, where: str) -> Decimal:
     text = str(raw).strip()
     value = _quantity(text) if len(text) <= 64 else None
     if value is None or value < 0 or value.adjusted() > 18:  # 1e999999 parses, and ceil() of it never ends
-        shown = text if len(text) <= 40 else text[:37] + "..."
-        raise InputError(f"{where}: '{shown}' is not a Kubernetes quantity below 10^18; use a value like 2, 500m "
+        shown = repr(text if len(text) <= 40 else text[:37] + "...")
+        raise InputError(f"{where}: {shown} is not a Kubernetes quantity below 10^18; use a value like 2, 500m "
                          "or 1.5")
     return value
 
@@ -141,10 +141,12 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
         entry = explicit.get(var)
         value = str(entry.get("value", "")) if entry is not None and "valueFrom" not in entry else ""
         if is_whole_number(value):
-            count = int(value)
             cname = (container or {}).get("name", "?")
-            if count < 1:
-                raise InputError(f"pod '{pod_name}': {var}={value} in container '{cname}' must be >= 1")
+            count = int(value) if len(value.strip()) <= 7 else 0  # int() of thousands of digits is refused
+            if not 1 <= count <= 1_000_000:
+                shown = repr(value if len(value) <= 20 else value[:17] + "...")
+                raise InputError(f"pod '{pod_name}': {var}={shown} in container '{cname}' must be a whole number "
+                                 "from 1 to 1000000")
             return count, f"{var}={count} set by user in container '{cname}'"
     if container is None:
         return 1, "no trainer container: 1"

@@ -219,9 +219,10 @@ _SVC_NAME = re.compile(r"VC_[A-Z0-9_]+_(HOSTS|NUM)")
 
 
 def _is_svc_entry(entry: RawEnvVar) -> bool:
-    ref = (entry.get("valueFrom") or {}).get("configMapKeyRef") or {}
+    ref = (entry.get("valueFrom") or {}).get("configMapKeyRef")
     name = entry.get("name", "")
-    return bool(_SVC_NAME.fullmatch(name)) and ref.get("key") == name and str(ref.get("name", "")).endswith("-svc")
+    return isinstance(ref, dict) and bool(_SVC_NAME.fullmatch(name)) and ref.get("key") == name \
+        and str(ref.get("name", "")).endswith("-svc")
 
 
 def _plugin_blocks_length(controller: str, env: list[RawEnvVar]) -> int:

@@ -99,8 +99,10 @@ def check_pod(pod: object) -> dict[str, Any]:
     for section in ("containers", "initContainers"):
         for i, container in enumerate(_list_of_dicts(pod, spec, section, f"spec.{section}")):
             where = f"spec.{section}[{i}]"
-            for key in ("name", "image"):
-                _string(pod, container, key, f"{where}.{key}")
+            _string(pod, container, "image", f"{where}.image")
+            cname = container.get("name")
+            if "name" in container and (not isinstance(cname, str) or not DNS_LABEL.fullmatch(cname)):
+                raise _fail(pod, f"{where}.name", cname, "a DNS-1123 label (a container name)")
             for key in ("command", "args"):
                 value = container.get(key)
                 if key in container and (not isinstance(value, list) or not all(isinstance(a, str) for a in value)):

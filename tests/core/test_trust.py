@@ -170,3 +170,12 @@ def test_a_broken_or_forged_published_topology_is_refused_in_one_line(configmap)
 def test_the_troubleshooting_page_explains_the_new_refusals():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
     assert "not a Kubernetes label value" in doc and "published topology is not valid" in doc
+
+
+def test_a_5000_digit_nproc_in_the_env_is_refused_in_one_line():
+    # Found by bench/fuzz.py (seed 3): int() of a 5000-digit PET_NPROC_PER_NODE raised ValueError.
+    pods = _job()
+    pods[1]["spec"]["containers"][0]["env"].insert(0, {"name": "PET_NPROC_PER_NODE", "value": "9" * 5000})
+    with pytest.raises(InputError) as err:
+        render_pod(pods, "demo-worker-0", Options())
+    assert "PET_NPROC_PER_NODE='99999999999999999...'" in str(err.value)

@@ -1,0 +1,249 @@
+"""Fuzz the trust boundary (issue 12): mutated pod lists through the core, mutated watch streams through the
+wire parser and the sidecar's intake. A finding is a traceback (any exception but InputError/ApiError), a
+render slower than 5 s, or a file with a line the members do not account for.
+
+    python bench/fuzz.py --pod-lists 10000 --streams 10000 --seed 1
+
+Prints one Markdown row per kind, for docs/reliability.md. Exit 1 if anything was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import re
+import signal
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent import examples  # noqa: E402
+from agent.core import Options, render_pod  # noqa: E402
+from agent.core.ssh_config import SshPaths, render_known_hosts, render_ssh_config  # noqa: E402
+from agent.errors import ApiError, InputError  # noqa: E402
+from agent.k8s.wire import parse_event  # noqa: E402
+from agent.runtime.intake import usable_pods  # noqa: E402
+from agent.trainer import parse_env_file  # noqa: E402
+
+HOSTILE: list[Any] = [
+    None, [], {}, True, 0, -1, 10**30, 1.5, float("nan"), "", " ", "\n", "a\nb", "worker\nHost *\n ProxyCommand x",
+    "$(id)", "'", '"', "`id`", "x" * 300, "9" * 5000, "1e999999", "-1", "١", "w\u2028x", "@cert-authority",
+    "*", "a b", "a,b", "#", "EOF", "../../etc", "127.1.0.1", "fd00::1", "256.1.1.1", "worker", "master", "0",
+    {"a": 1}, [1, "x"], [[[[[]]]]], "Running", "Failed", "nvidia.com/gpu", "2", "500m",
+]
+JOBS: list[Callable[[], list[dict[str, Any]]]] = [
+    lambda: examples.volcano_job(tasks=(("master", 1), ("worker", 2), ("extras", 1))),
+    lambda: examples.pytorchjob(workers=2), lambda: examples.jobset(), lambda: examples.leaderworkerset(size=3, groups=1),
+    lambda: examples.mpijob(workers=2), lambda: examples.indexed_job(completions=3), lambda: examples.trainjob(num_nodes=2),
+]
+_HOST_LINE = re.compile(r"[A-Za-z0-9.:\[\]-]+")
+
+
+def _where(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    last = frames[-1] if frames else None
+    return f"{Path(last.filename).name}:{last.lineno}" if last else "?"
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(_signum: int, _frame: object) -> None:
+    raise Hang
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            out += _paths(value, (*prefix, key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            out += _paths(value, (*prefix, i))
+    return out
+
+
+def _mutate(pods: list[dict[str, Any]], rng: random.Random) -> None:
+    for _ in range(rng.randint(1, 5)):
+        pod = rng.choice(pods)
+        paths = _paths(pod)
+        if not paths:
+            return
+        path = rng.choice(paths)
+        parent: Any = pod
+        for key in path[:-1]:
+            parent = parent[key]
+        action = rng.random()
+        if action < 0.15 and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif action < 0.25 and isinstance(parent, dict):
+            parent[rng.choice(["extra", "labels", "spec", "hostname", "env"])] = copy.deepcopy(rng.choice(HOSTILE))
+        else:
+            parent[path[-1]] = copy.deepcopy(rng.choice(HOSTILE))
+
+
+def check_files(rendered: Any) -> str | None:
+    """What a file holds that the members do not account for (None: nothing)."""
+    topo = rendered.plan.topology
+    files = {k: v.decode() for k, v in rendered.files.items()}
+    hostfile = files["hostfile"].splitlines()
+    if hostfile != [f"{m.address} slots={m.slots}" for m in topo.training]:
+        return "hostfile"
+    for member in topo.members:
+        if not _HOST_LINE.fullmatch(member.address):
+            return f"address {member.address!r}"
+    written = {v.name: v.value for v in rendered.variables if v.written and not v.unset and not v.reference}
+    parsed = parse_env_file(files["torch.env"])
+    if any(parsed.get(k) != v for k, v in written.items()) or not set(parsed) <= {v.name for v in rendered.variables}:
+        return "torch.env"
+    body = files["discover_hosts.sh"].split("<<'EOF'\n", 1)[1].rsplit("EOF\n", 1)[0].splitlines()
+    if body != [f"{m.address}:{m.slots}" for m in topo.training if m.running]:
+        return "discover_hosts.sh"
+    known = render_known_hosts(topo, "ssh-ed25519 AAAA job-ca", 2222)
+    if len([line for line in known.splitlines() if line and not line.startswith("#")]) != 1:
+        return "known_hosts"
+    config = render_ssh_config(topo, SshPaths("/shared/ssh"), 2222).splitlines()
+    if sum(line.startswith("Host ") for line in config) != len(topo.members) + 1 or \
+            any(line and not line.startswith(("Host ", "    ", "#")) for line in config):
+        return "ssh_config"
+    return None
+
+
+def fuzz_pod_lists(count: int, rng: random.Random) -> tuple[Counter[str], list[str], float]:
+    outcomes: Counter[str] = Counter()
+    findings: list[str] = []
+    slowest = 0.0
+    for i in range(count):
+        pods = JOBS[i % len(JOBS)]()
+        _mutate(pods, rng)
+        names = [p["metadata"]["name"] for p in pods if isinstance(p, dict) and isinstance(p.get("metadata"), dict)
+                 and isinstance(p["metadata"].get("name"), str)] or ["nobody"]
+        started = time.monotonic()
+        signal.alarm(5)
+        try:
+            rendered = render_pod(pods, rng.choice(names), Options(address=rng.choice(["dns", "ip"])))
+            problem = check_files(rendered)
+            outcomes["rendered"] += 1
+            if problem:
+                findings.append(f"pod list {i}: injected into {problem}")
+        except InputError as err:
+            outcomes["refused"] += 1
+            if "\n" in str(err):
+                findings.append(f"pod list {i}: a message of several lines: {str(err)[:300]!r}")
+        except Hang:
+            findings.append(f"pod list {i}: over 5 s")
+        except Exception as err:  # noqa: BLE001 - a finding, recorded
+            findings.append(f"pod list {i}: {type(err).__name__}: {str(err)[:100]} at {_where(err)}")
+        finally:
+            signal.alarm(0)
+        slowest = max(slowest, time.monotonic() - started)
+    return outcomes, findings, slowest
+
+
+def _event_lines(rng: random.Random) -> list[bytes]:
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)))
+    lines = []
+    for n, pod in enumerate(pods):
+        pod["metadata"]["resourceVersion"] = str(100 + n)
+        lines.append(json.dumps({"type": rng.choice(["ADDED", "MODIFIED"]), "object": pod}).encode())
+    lines.append(json.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "200"}}}).encode())
+    lines.append(json.dumps({"type": "DELETED", "object": pods[-1]}).encode())
+    return lines
+
+
+def _mutate_line(line: bytes, rng: random.Random) -> bytes:
+    choice = rng.random()
+    if choice < 0.3:
+        data = bytearray(line)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        return bytes(data)
+    if choice < 0.45:
+        return line[:rng.randrange(len(line))]
+    if choice < 0.6:
+        return rng.choice([b"[" * 50000 + b"]" * 50000, b"NaN", b'{"type":"ERROR","object":{"code":"x"}}',
+                           b'{"type":"ADDED","object":null}', b"\xff\xfe", b'{"a":1e9999}', b"9" * 5000])
+    event = json.loads(line)
+    _mutate([event], rng)
+    return json.dumps(event).encode()
+
+
+def fuzz_streams(count: int, rng: random.Random) -> tuple[Counter[str], list[str], float]:
+    outcomes: Counter[str] = Counter()
+    findings: list[str] = []
+    slowest = 0.0
+    for i in range(count):
+        lines = [_mutate_line(line, rng) if rng.random() < 0.5 else line for line in _event_lines(rng)]
+        pods: dict[str, Any] = {}
+        started = time.monotonic()
+        signal.alarm(5)
+        try:
+            for line in lines:
+                try:
+                    event = parse_event(line)
+                except ApiError:
+                    outcomes["broken line"] += 1
+                    continue
+                outcomes["event"] += 1
+                kept = usable_pods([event.object])
+                name = kept[0]["metadata"]["name"] if kept else None
+                if event.type in ("DELETED", "BOOKMARK") or not kept:
+                    pods.pop(name, None)
+                    continue
+                pods[name] = kept[0]
+            try:
+                if pods:
+                    rendered = render_pod(list(pods.values()), next(iter(pods)), Options())
+                    problem = check_files(rendered)
+                    if problem:
+                        findings.append(f"stream {i}: injected into {problem}")
+                outcomes["stream rendered"] += 1
+            except InputError:
+                outcomes["stream refused"] += 1
+        except Hang:
+            findings.append(f"stream {i}: over 5 s")
+        except Exception as err:  # noqa: BLE001 - a finding, recorded
+            findings.append(f"stream {i}: {type(err).__name__}: {str(err)[:100]} at {_where(err)}")
+        finally:
+            signal.alarm(0)
+        slowest = max(slowest, time.monotonic() - started)
+    return outcomes, findings, slowest
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pod-lists", type=int, default=10000)
+    parser.add_argument("--streams", type=int, default=10000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    signal.signal(signal.SIGALRM, _alarm)
+    import logging
+
+    logging.disable(logging.WARNING)  # the intake logs every refused pod; the counts are below
+    rng = random.Random(args.seed)
+    print("| input | tried | outcomes | findings | slowest (s) |")
+    print("|---|---|---|---|---|")
+    found = []
+    for kind, run, count in (("pod lists", fuzz_pod_lists, args.pod_lists), ("watch streams", fuzz_streams,
+                                                                              args.streams)):
+        started = time.monotonic()
+        outcomes, findings, slowest = run(count, rng)
+        found += findings
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+        print(f"| {kind} | {count} | {shown} | {len(findings)} | {slowest:.2f} (all: {time.monotonic() - started:.0f}) |")
+    for finding in found[:20]:
+        print(finding, file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
