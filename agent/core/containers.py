@@ -93,31 +93,17 @@ def pick_trainer_container(pod: RawPod, wanted: str | None) -> RawContainer | No
     return None
 
 
-def user_env(container: RawContainer | None, *, injected: frozenset[str] = frozenset(),
-             controller: str | None = None) -> dict[str, UserValue]:
-    """Variables the user set explicitly in the container.
-
-    Where ``agent.core.injected`` has the controller's rows, its entries are told apart from the user's by how
-    that controller writes (appended block, or upsert). Otherwise ``injected`` names the variables the
-    controller appends (Volcano's MASTER_ADDR, ...): those are the agent's to replace unless the name appears
-    twice (the controller appends after the template's env, so the first one is the user's).
-    """
+def user_env(container: RawContainer | None, *, controller: str | None = None) -> dict[str, UserValue]:
+    """Variables the user set explicitly in the container: every entry but those the controller wrote, which
+    ``agent.core.injected`` tells apart by how that controller writes (appended block, upsert, plugin blocks)."""
     if container is None:
         return {}
     entries = container.get("env", [])
-    by_table = controller_entries(controller, entries) if controller else None
-    counts: dict[str, int] = {}
-    for entry in entries:
-        counts[entry.get("name", "")] = counts.get(entry.get("name", ""), 0) + 1
+    written = controller_entries(controller, entries) if controller else set()
     found: dict[str, UserValue] = {}
     for position, entry in enumerate(entries):
         name = entry.get("name", "")
-        if not name or name in found:
-            continue
-        if by_table is not None:
-            if position in by_table:
-                continue
-        elif name in injected and counts[name] < 2:
+        if not name or name in found or position in written:
             continue
         value = None if "valueFrom" in entry else str(entry.get("value", ""))
         found[name] = UserValue(value=value, container=container.get("name", "?"))

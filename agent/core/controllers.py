@@ -9,9 +9,9 @@ controller lives outside this module.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from agent.core.injected import TRAINJOB_MASTER_PORT, injected_names
+from agent.core.injected import TRAINJOB_MASTER_PORT
 from agent.core.model import Identity, Options, RawPod
 from agent.core.validation import index_value, role_value
 from agent.errors import InputError
@@ -98,7 +98,6 @@ class Controller:
     dns_fn: Callable[[RawPod, Identity, str, str | None], str | None]
     selector_fn: Callable[[RawPod, Options], str]
     job_fn: Callable[[RawPod], str | None]
-    injected: frozenset[str] = field(default=frozenset())
     owner_is_job: bool = False
     default_master_port: int | None = None
 
@@ -303,7 +302,6 @@ VOLCANO = Controller(
     identify_fn=_volcano_identify,
     dns_fn=_volcano_dns,
     selector_fn=_label_selector(VOLCANO_JOB),
-    injected=injected_names("volcano"),
     job_fn=_job_label(VOLCANO_JOB),
     owner_is_job=True,
 )
@@ -315,7 +313,6 @@ PYTORCHJOB = Controller(
     identify_fn=_pytorchjob_identify,
     dns_fn=_pytorchjob_dns,
     selector_fn=_label_selector(PYTORCHJOB_JOB),
-    injected=injected_names("pytorchjob"),
     job_fn=_job_label(PYTORCHJOB_JOB),
     owner_is_job=True,
 )
@@ -340,7 +337,6 @@ TRAINJOB = Controller(
     identify_fn=_jobset_identify,
     dns_fn=_jobset_dns,
     selector_fn=_jobset_selector,
-    injected=injected_names("trainjob"),
     job_fn=_job_label(JOBSET_NAME),
     default_master_port=TRAINJOB_MASTER_PORT,
 )
@@ -362,7 +358,6 @@ LWS = Controller(
     identify_fn=_lws_identify,
     dns_fn=_lws_dns,
     selector_fn=_lws_selector,
-    injected=injected_names("lws"),
     job_fn=_lws_job,
 )
 INDEXED_JOB = Controller(

@@ -253,11 +253,12 @@ def _plugin_blocks_length(controller: str, env: list[RawEnvVar]) -> int:
     return len(env) - end
 
 
-def controller_entries(controller: str, env: list[RawEnvVar]) -> set[int] | None:
-    """Positions in ``env`` that the controller wrote, or None when the table has no rows for it yet."""
+def controller_entries(controller: str, env: list[RawEnvVar]) -> set[int]:
+    """Positions in ``env`` that the controller wrote (none for a controller without rows: JobSet, the MPI
+    operator, the Job controller and a label selector write no variable the agent writes)."""
     mode = MODES.get(controller)
     if mode is None:
-        return None
+        return set()
     names = [e.get("name", "") for e in env]
     if mode in ("upsert", "prepend"):
         known = injected_names(controller)

@@ -195,11 +195,6 @@ def _injected_values(plan: Plan, options: Options) -> dict[str, str]:
     container = pick_trainer_container(plan.self_pod, options.container)
     env = (container or {}).get("env", [])
     positions = controller_entries(plan.controller.key, env)
-    if positions is None:
-        everything = user_env(container)
-        users = user_env(container, injected=plan.controller.injected)
-        return {name: (v.value if v.value is not None else "(valueFrom)") for name, v in everything.items()
-                if name in plan.controller.injected and name not in users}
     return {env[i].get("name", ""): ("(valueFrom)" if "valueFrom" in env[i] else str(env[i].get("value", "")))
             for i in sorted(positions)}
 
@@ -245,7 +240,7 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
     ``files_dir`` is where the files will be (for the paths torch.env names)."""
     me = plan.topology.me
     container = pick_trainer_container(plan.self_pod, options.container)
-    env = user_env(container, injected=plan.controller.injected, controller=plan.controller.key)
+    env = user_env(container, controller=plan.controller.key)
     injected = _injected_values(plan, options)
     variables: list[Variable] = []
     if me.training:
