@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import re
@@ -603,6 +604,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(str(err), file=sys.stderr)
         return 2
+    if args.command in ("render", "explain", "init"):
+        # One-shot processes that parse up to millions of small objects and create no garbage cycles worth
+        # collecting: the cyclic collector's passes over them made parsing super-linear (16384 pods: 3.0 s,
+        # 1.5 s without; init at 4096: 0.45 of 1.6 s). Memory is returned when the process ends.
+        gc.disable()
     try:
         return COMMANDS[args.command](args)
     except AgentError as err:

@@ -7,6 +7,7 @@ NPROC_PER_NODE follows the accelerators the trainer container asks for. A resour
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -50,6 +51,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
 NOT_DEVICES = ("hugepages-", "ephemeral-storage", "cpu", "memory", "vpc.amazonaws.com/", "rdma/", "smarter-devices/")
 
 
+@functools.lru_cache(maxsize=1024)
 def accelerator_of(resource: str) -> Accelerator | None:
     """The table row for a resource; an unlisted ``<vendor>/gpu`` counts as a GPU of that vendor."""
     for row in ACCELERATORS:

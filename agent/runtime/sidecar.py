@@ -222,6 +222,10 @@ class Sidecar:
         # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
         self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p)  # type: ignore[arg-type]
                                            for p in usable_pods(items)}))
+        # The pods live until the next relist and hold no cycles: keep the cyclic collector off them, so a
+        # collection during a change does not walk every pod of the job (refcounting still frees them).
+        gc.collect()
+        gc.freeze()
         self.unaddressed = set()
         for name, pod in self.pods.items():
             self._track_address(name, pod)
