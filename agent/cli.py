@@ -284,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sidecar = commands.add_parser("sidecar", help="elastic jobs: follow membership, rewrite files, signal the trainer")
     _add_in_cluster(sidecar)
-    sidecar.add_argument("--debounce", help="seconds to gather changes before rewriting (default 1, 0 allowed)")
+    sidecar.add_argument("--debounce", help="longest wait to gather a burst of changes into one rewrite (default 1; "
+                                            "a lone change waits 50 ms; 0: rewrite at once)")
     sidecar.add_argument("--signal", help="signal for the trainer after a rewrite: SIGUSR1 (default), ..., none")
     sidecar.add_argument("--trainer-pid-file", help="file holding the trainer's pid")
     sidecar.add_argument("--trainer-match", help="regular expression over the trainer's command line")

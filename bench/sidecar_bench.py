@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=1024)
     parser.add_argument("--changes", type=int, default=200)
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between changes")
+    parser.add_argument("--debounce", default="0", help="the sidecar's --debounce; 'default' passes none")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name, SandboxThread(Path(tmp_name) / "sb",
                                                                   bookmark_interval=1.0) as sandbox:
@@ -77,8 +78,9 @@ def main() -> None:
         pid_file.write_text(str(trainer.pid))
         with log_path.open("w") as log:
             sidecar = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--address", "ip", "--debounce",
-                 "0", "--trainer-pid-file", str(pid_file), "--health-port", "0", "--log-format", "json"],
+                [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--address", "ip",
+                 *([] if args.debounce == "default" else ["--debounce", args.debounce]),
+                 "--trainer-pid-file", str(pid_file), "--health-port", "0", "--log-format", "json"],
                 env=env, stderr=log)
         proc = psutil.Process(sidecar.pid)
         time.sleep(3.0)  # list, watch, settle

@@ -50,6 +50,7 @@ def release_memory() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 WATCH_SECONDS = 300.0
+SETTLE = 0.05  # seconds without a change before the files are rewritten (at most --debounce in all)
 RELIST_JITTER = 2.0  # seconds: relists after a 410 are spread over this, so N sidecars do not LIST at once
 
 
@@ -78,6 +79,7 @@ class Sidecar:
         self.last_key: tuple[tuple[object, ...], ...] | None = None
         self.document: bytes | None = None  # topology.json as written, served by /topology
         self.dirty = asyncio.Event()
+        self.changes = 0  # membership-relevant events seen: the debounce waits until they stop coming
         self.dirty_since: float | None = None
         self.evaluated = False
         self.valid = False
@@ -110,6 +112,7 @@ class Sidecar:
     def mark_dirty(self, when: float) -> None:
         if self.dirty_since is None:
             self.dirty_since = when
+        self.changes += 1
         self.dirty.set()
 
     def apply(self, event_type: str, obj: RawPod) -> None:
@@ -318,7 +321,7 @@ class Sidecar:
         while True:
             await self.dirty.wait()
             if self.settings.debounce > 0:
-                await asyncio.sleep(self.settings.debounce)
+                await self._settle()
             else:
                 await asyncio.sleep(0)  # take the events already buffered in the same pass
             since = self.dirty_since if self.dirty_since is not None else self.clock()
@@ -331,6 +334,18 @@ class Sidecar:
                 if self._trim is not None:
                     self._trim.cancel()
                 self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+
+    async def _settle(self) -> None:
+        """Wait until the changes stop for SETTLE seconds, and never longer than --debounce: a lone change is
+        written after SETTLE (it used to wait the whole --debounce, 1 s by default), a burst (a job scaling, a
+        node draining) is still one generation and one signal."""
+        started = self.clock()
+        settle = min(SETTLE, self.settings.debounce)
+        while True:
+            seen = self.changes
+            await asyncio.sleep(settle)
+            if self.changes == seen or self.clock() - started + settle > self.settings.debounce:
+                return
 
     # --- one evaluation -------------------------------------------------------------------------------------
 
