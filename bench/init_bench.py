@@ -53,7 +53,7 @@ def build_job(sandbox: SandboxThread, n: int, late: int) -> list[str]:
 
 
 def one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: dict[str, str],
-            extra: tuple[str, ...] = ()) -> dict:
+            extra: tuple[str, ...] = (), spread: float = 0.0) -> dict:
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": pod, "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
     agent = f"topology-agent/0.1.0 init (default/{pod})"
@@ -63,14 +63,19 @@ def one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: d
                              "--log-format", "json", *extra], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     timer = None
+    last_ip = [started]
     if late:
         def give_ips() -> None:
-            for name in late:
+            for k, name in enumerate(late):  # evenly over `spread` seconds: pods start one by one in a cluster
+                if spread:
+                    time.sleep(max(0.0, started + 0.5 + spread * (k + 1) / len(late) - time.perf_counter()))
                 sandbox.set_pod_ip("default", name, ips[name])
+            last_ip[0] = time.perf_counter()
         timer = threading.Timer(0.5, give_ips)
         timer.start()
-    _, status, _usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
+    _, status, usage = os.wait4(proc.pid, 0)
+    ended = time.perf_counter()
+    wall = ended - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode != 0:
@@ -84,7 +89,8 @@ def one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: d
     last = json.loads(err.strip().splitlines()[-1])["msg"]
     rss_mb = float(last.rsplit("peak RSS ", 1)[1].split()[0])
     return {"wall": wall, "rss_mb": rss_mb, "requests": stats["requests"] - stats["watches"],
-            "watches": stats["watches"], "bytes": stats["bytes"]}
+            "watches": stats["watches"], "bytes": stats["bytes"], "cpu": usage.ru_utime + usage.ru_stime,
+            "after_last_ip": ended - last_ip[0] if late else 0.0}
 
 
 def main() -> None:
@@ -93,6 +99,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--late", type=int, default=0)
     parser.add_argument("--source", default="pods", choices=["pods", "published"])
+    parser.add_argument("--spread", type=float, default=0.0, help="late pods get their IPs evenly over this many s")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, SandboxThread(Path(tmp) / "sb") as sandbox:
         late = build_job(sandbox, args.pods, args.late)
@@ -107,7 +114,8 @@ def main() -> None:
         extra = ("--source", args.source)
         if args.source == "published":  # the leader (node rank 0) publishes once; the runs measure a follower
             one_run(sandbox, "demo-master-0", Path(tmp) / "leader", [], ips, extra)
-        runs = [one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips, extra) for i in range(args.runs)]
+        runs = [one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips, extra, args.spread)
+                for i in range(args.runs)]
         pod_bytes = len(json.dumps(sandbox.sandbox.store.get("/v1/pods", "default", pod)))
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print("| pods | late pods | runs | wall median (s) | wall min-max (s) | API requests (+watches) | bytes received |"
@@ -116,7 +124,10 @@ def main() -> None:
     print(f"| {args.pods} | {args.late} | {args.runs} | {med['wall']:.2f} | {min(r['wall'] for r in runs):.2f}-"
           f"{max(r['wall'] for r in runs):.2f} | {med['requests']:.0f} (+{med['watches']:.0f}) | "
           f"{med['bytes'] / 1e3:.0f} kB | {med['rss_mb']:.0f} | {statistics.median(baseline):.2f} |")
-    print(f"\none pod object is {pod_bytes} bytes of JSON")
+    print(f"\none pod object is {pod_bytes} bytes of JSON; init CPU median {med['cpu']:.2f} s "
+          f"({min(r['cpu'] for r in runs):.2f}-{max(r['cpu'] for r in runs):.2f}); done after the last pod's IP: "
+          f"median {med['after_last_ip']:.2f} s ({min(r['after_last_ip'] for r in runs):.2f}-"
+          f"{max(r['after_last_ip'] for r in runs):.2f})")
 
 
 if __name__ == "__main__":

@@ -229,6 +229,12 @@ def coordinator_of(pod: RawPod, controller: Controller) -> str | None:
     return value or None
 
 
+def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,
+             memo: Memo | None) -> _Facts:
+    """What one pod object says (identity, address, slots, or why it is not a member), once per resourceVersion."""
+    return _memo_get(memo, "facts", pod, lambda: _facts(pod, controller, options, pairs))
+
+
 @dataclass(frozen=True)
 class Collected:
     """The live pods of one job with their identities, before addresses and ranks are given."""
@@ -258,7 +264,7 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
     seen: dict[tuple[str, tuple[int, ...]], str] = {}
     names: set[str] = set()
     for pod in pods:
-        facts: _Facts = _memo_get(memo, "facts", pod, lambda p=pod: _facts(p, controller, options, pairs))  # type: ignore[misc]
+        facts = facts_of(pod, controller, options, pairs, memo)
         if facts.namespace != namespace or (facts.job != job and pod is not me):
             continue  # pods of other jobs or namespaces are not my concern
         name = facts.name

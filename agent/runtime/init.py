@@ -21,9 +21,9 @@ from agent.core.controllers import detect_controller
 from agent.core.gang import (
     Expectation,
     GangStatus,
+    GangTracker,
     expectation_from_owner,
     expectation_from_pod,
-    gang_status,
     options_from_owner,
     owner_path,
 )
@@ -80,6 +80,7 @@ class GangWaiter:
         self.resource_version = ""
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
         self.owner: dict[str, object] | None = None
+        self.me: RawPod | None = None
 
     def _retry(self, call: Callable[[], object], what: str) -> object:
         try:
@@ -94,7 +95,9 @@ class GangWaiter:
     def own_pod(self) -> RawPod:
         s = self.settings
         try:
-            return self._retry(lambda: self.api.get_pod(s.namespace, s.pod_name), "get own pod")  # type: ignore
+            me: RawPod = self._retry(lambda: self.api.get_pod(s.namespace, s.pod_name), "get own pod")  # type: ignore
+            self.me = me
+            return me
         except ApiNotFound as err:
             raise InputError(
                 f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and POD_NAMESPACE "
@@ -135,16 +138,25 @@ class GangWaiter:
             lambda: self.api.list_pods(s.namespace, selector), "list pods")
         items, rv = found
         self.pods = {p["metadata"]["name"]: p for p in usable_pods(items)}
+        if s.pod_name not in self.pods and self.me is not None:
+            self.pods[s.pod_name] = self.me  # not listed yet (a cache behind the GET): it is a member all the same
         self.resource_version = rv
 
-    def status(self, expected: Expectation) -> GangStatus:
+    def track(self, expected: Expectation) -> GangTracker:
+        """A tracker over the pods held now (after a LIST); events then update it one pod at a time."""
         s = self.settings
-        return gang_status(list(self.pods.values()), s.pod_name, s.options, expected, memo=self.memo)
+        tracker = GangTracker(self.pods[s.pod_name], s.pod_name, s.options, expected, memo=self.memo)
+        for pod in self.pods.values():
+            tracker.put(pod)
+        return tracker
 
     def wait(self, selector: str, expected: Expectation) -> GangStatus:
-        """Watch until the gang is complete; raise ``GangTimeout`` naming what is missing at the deadline."""
+        """Watch until the gang is complete; raise ``GangTimeout`` naming what is missing at the deadline.
+        Each event costs O(1) (``GangTracker``): with every pod of a 4096-pod job arriving late, the wait used to
+        recompute the whole job per event."""
         s = self.settings
-        current = self.status(expected)
+        tracker = self.track(expected)
+        current = tracker.status()
         backoff = Backoff()
         at_deadline = False  # a watch that broke gets one last try at the deadline
         while not current.ready:
@@ -164,9 +176,11 @@ class GangWaiter:
                     name = pod_name(event.object)  # type: ignore[arg-type]
                     if event.type == "DELETED" or not usable_pods([event.object]):
                         self.pods.pop(name, None)
+                        tracker.remove(name)
                     else:
                         self.pods[name] = event.object  # type: ignore[assignment]
-                    current = self.status(expected)
+                        tracker.put(event.object)  # type: ignore[arg-type]
+                    current = tracker.status()
                     if current.ready:
                         break
                     if self.clock() >= self.deadline:
@@ -174,7 +188,8 @@ class GangWaiter:
             except ApiGone:
                 log.info("watch resourceVersion %s expired (410); listing again", self.resource_version)
                 self.relist(selector)
-                current = self.status(expected)
+                tracker = self.track(expected)
+                current = tracker.status()
             except ApiUnavailable as err:
                 delay = backoff.next_delay(err.retry_after)
                 remaining = self.deadline - self.clock()
@@ -267,8 +282,6 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p for p in published]
     else:
         waiter.relist(selector)
-        if settings.pod_name not in waiter.pods:
-            waiter.pods[settings.pod_name] = me
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
         pods = list(waiter.pods.values())
