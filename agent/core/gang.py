@@ -202,9 +202,11 @@ class GangTracker:
         self.errors: dict[str, InputError] = {}
         self.claims: dict[tuple[str, tuple[int, ...]], list[str]] = {}
         self.ordinals: dict[str, Counter[int]] = {}
+        self.distinct: Counter[str] = Counter()  # per role: ordinals held by at least one pod
         self.unordered: Counter[str] = Counter()
         self.training = 0
         self.without_ip: set[str] = set()
+        self.clashes = 0  # (role, index) keys claimed by two pods or more
 
     def _trains(self, role: str) -> bool:
         return self.roles is None or role in self.roles
@@ -222,7 +224,9 @@ class GangTracker:
             self.errors[name] = facts.error or InputError(f"pod '{name}': cannot be identified")
             return
         self.members[name] = (ident.role, ident.index, ident.ordinal, facts.has_ip)
-        self.claims.setdefault((ident.role, ident.index), []).append(name)
+        claimants = self.claims.setdefault((ident.role, ident.index), [])
+        claimants.append(name)
+        self.clashes += len(claimants) == 2
         self._count(name, +1)
 
     def remove(self, name: str) -> None:
@@ -235,6 +239,7 @@ class GangTracker:
         del self.members[name]
         claimants = self.claims[(entry[0], entry[1])]
         claimants.remove(name)
+        self.clashes -= len(claimants) == 1
         if not claimants:
             del self.claims[(entry[0], entry[1])]
 
@@ -244,12 +249,26 @@ class GangTracker:
         if training:
             self.training += sign
             if ordinal >= 0:
-                self.ordinals.setdefault(role, Counter())[ordinal] += sign
+                held = self.ordinals.setdefault(role, Counter())
+                held[ordinal] += sign
+                if held[ordinal] == (1 if sign > 0 else 0):
+                    self.distinct[role] += sign
             else:
                 self.unordered[role] += sign
         waits = training or name == self.self_name
         if waits and self.options.address == "ip" and not has_ip:
             (self.without_ip.add if sign > 0 else self.without_ip.discard)(name)
+
+    def ready(self) -> bool:
+        """``status().ready`` in O(roles): what init asks after every event (the full status, with the indices
+        still missing, is for the log and the timeout message)."""
+        if self.errors or self.clashes:
+            self.status()  # raises the error gang_status raises
+        if self.training < self.expected.total or self.without_ip:
+            return False
+        per_role = self.expected.per_role or {}
+        return all(self.distinct[role] + self.unordered[role] >= count for role, count in per_role.items()) \
+            and self.status().ready  # the exact answer, once, when the counts say complete
 
     def status(self) -> GangStatus:
         if self.errors:

@@ -180,17 +180,18 @@ class GangWaiter:
                     else:
                         self.pods[name] = event.object  # type: ignore[assignment]
                         tracker.put(event.object)  # type: ignore[arg-type]
-                    current = tracker.status()
-                    if current.ready:
+                    if tracker.ready():
                         break
                     if self.clock() >= self.deadline:
                         break
+                current = tracker.status()
             except ApiGone:
                 log.info("watch resourceVersion %s expired (410); listing again", self.resource_version)
                 self.relist(selector)
                 tracker = self.track(expected)
                 current = tracker.status()
             except ApiUnavailable as err:
+                current = tracker.status()
                 delay = backoff.next_delay(err.retry_after)
                 remaining = self.deadline - self.clock()
                 if remaining <= 0:

@@ -78,6 +78,8 @@ def test_the_tracker_agrees_with_gang_status_after_every_event(run):
         want = _outcome(lambda: gang_status(list(current.values()), me_name, options, expected))
         got = _outcome(tracker.status)
         assert got == want
+        ready = _outcome(tracker.ready)
+        assert ready == (("refused", None) if want[0] == "refused" else ("status", want[1].ready))
 
 
 def test_a_late_pod_completes_the_gang_in_one_event():
