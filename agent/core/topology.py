@@ -57,10 +57,6 @@ class Memo:
 _MISSING = object()
 
 
-def _memo_get(memo: Memo | None, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:
-    return compute() if memo is None else memo.get(kind, pod, compute)
-
-
 @dataclass(frozen=True)
 class Plan:
     """A topology plus the facts the renderers and ``explain`` need about how it was reached."""
@@ -232,7 +228,8 @@ def coordinator_of(pod: RawPod, controller: Controller) -> str | None:
 def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,
              memo: Memo | None) -> _Facts:
     """What one pod object says (identity, address, slots, or why it is not a member), once per resourceVersion."""
-    return _memo_get(memo, "facts", pod, lambda: _facts(pod, controller, options, pairs))
+    compute = lambda: _facts(pod, controller, options, pairs)  # noqa: E731
+    return compute() if memo is None else memo.get("facts", pod, compute)
 
 
 @dataclass(frozen=True)
