@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import gc
 import json
+import logging
 import os
 import re
 import socket
@@ -597,6 +598,8 @@ COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sidecar": _s
 
 
 BUG_EXIT = 70  # EX_SOFTWARE
+ONE_SHOT = ("render", "explain", "init")
+_ran: list[str] = []  # the command main() ran, for console()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -605,7 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(str(err), file=sys.stderr)
         return 2
-    if args.command in ("render", "explain", "init"):
+    _ran.append(args.command)
+    if args.command in ONE_SHOT:
         # One-shot processes that parse up to millions of small objects and create no garbage cycles worth
         # collecting: the cyclic collector's passes over them made parsing super-linear (16384 pods: 3.0 s,
         # 1.5 s without; init at 4096: 0.45 of 1.6 s). Memory is returned when the process ends.
@@ -627,5 +631,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return BUG_EXIT
 
 
+def console() -> NoReturn:
+    """The ``topology-agent`` command. A one-shot command ends without tearing down its heap: freeing a
+    4096-pod job's objects one by one took 0.25 s after the files were in place, on every pod's start-up path
+    (the files are renamed into place and the logs flushed first; nothing is left to clean up)."""
+    code = main()
+    if _ran and _ran[-1] in ONE_SHOT:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console()

@@ -28,6 +28,9 @@ class Expectation:
     source: str
 
 
+SHOWN = 8  # names a status line shows before it says how many more
+
+
 @dataclass(frozen=True)
 class GangStatus:
     ready: bool
@@ -40,7 +43,9 @@ class GangStatus:
         parts = [f"{self.present} of {self.expected} training pods present"]
         if self.missing:
             parts.append(f"missing: {', '.join(self.missing)}")
-        if self.without_ip:
+        if len(self.without_ip) > SHOWN:  # one line per watch: 4096 names would be 70 KB
+            parts.append(f"{len(self.without_ip)} pods without IP: {', '.join(self.without_ip[:SHOWN])} ...")
+        elif self.without_ip:
             parts.append(f"without IP: {', '.join(self.without_ip)}")
         return "; ".join(parts)
 
@@ -168,7 +173,7 @@ def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expect
             present = have.get(role, set())
             if len(present) < count:
                 lacking = [str(i) for i in range(count) if i not in present][: count - len(present)]
-                shown = ", ".join(lacking[:8]) + (" ..." if len(lacking) > 8 else "")
+                shown = ", ".join(lacking[:SHOWN]) + (" ..." if len(lacking) > SHOWN else "")
                 missing.append(f"{role} {shown}" if lacking else f"{role} x{count - len(present)}")
     elif len(training) < expected.total:
         missing.append(f"{expected.total - len(training)} pod(s)")
@@ -189,8 +194,9 @@ class GangTracker:
     """
 
     def __init__(self, me: RawPod, self_name: str, options: Options, expected: Expectation, *,
-                 memo: Memo | None = None) -> None:
+                 memo: Memo | None = None, checked: bool = False) -> None:
         self.options, self.expected, self.memo, self.self_name = options, expected, memo, self_name
+        self.checked = checked  # pods given to put() have passed check_pod already (init's intake)
         self.controller = detect_controller(me, options)
         self.me_id = self.controller.identify(me, options)
         self.namespace = me.get("metadata", {}).get("namespace", "default")
@@ -215,7 +221,7 @@ class GangTracker:
         """A pod as the API reports it now (added or modified)."""
         name = pod.get("metadata", {}).get("name", "")
         self.remove(name)
-        facts = facts_of(pod, self.controller, self.options, self.pairs, self.memo)
+        facts = facts_of(pod, self.controller, self.options, self.pairs, self.memo, checked=self.checked)
         is_me = name == self.self_name
         if facts.namespace != self.namespace or (facts.job != self.job and not is_me) or facts.reason:
             return
@@ -286,7 +292,7 @@ class GangTracker:
                 present |= set(range(self.unordered.get(role, 0)))
                 if len(present) < count:
                     lacking = [str(i) for i in range(count) if i not in present][: count - len(present)]
-                    shown = ", ".join(lacking[:8]) + (" ..." if len(lacking) > 8 else "")
+                    shown = ", ".join(lacking[:SHOWN]) + (" ..." if len(lacking) > SHOWN else "")
                     missing.append(f"{role} {shown}" if lacking else f"{role} x{count - len(present)}")
         elif self.training < expected.total:
             missing.append(f"{expected.total - self.training} pod(s)")

@@ -150,8 +150,10 @@ def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
         return None, err
 
 
-def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None) -> _Facts:
-    check_pod(pod)
+def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None, *,
+           checked: bool = False) -> _Facts:
+    if not checked:
+        check_pod(pod)
     meta = pod.get("metadata", {})
     namespace = meta.get("namespace", "default")
     matched = pairs is None or selector_matches(pod, pairs)
@@ -226,9 +228,10 @@ def coordinator_of(pod: RawPod, controller: Controller) -> str | None:
 
 
 def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,
-             memo: Memo | None) -> _Facts:
-    """What one pod object says (identity, address, slots, or why it is not a member), once per resourceVersion."""
-    compute = lambda: _facts(pod, controller, options, pairs)  # noqa: E731
+             memo: Memo | None, *, checked: bool = False) -> _Facts:
+    """What one pod object says (identity, address, slots, or why it is not a member), once per resourceVersion.
+    ``checked``: the caller already passed the pod through ``check_pod`` (init's intake does, for every event)."""
+    compute = lambda: _facts(pod, controller, options, pairs, checked=checked)  # noqa: E731
     return compute() if memo is None else memo.get("facts", pod, compute)
 
 

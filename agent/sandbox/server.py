@@ -18,6 +18,7 @@ import datetime
 import ipaddress
 import json
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,7 @@ class Stats:
     bytes: int = 0
     watches: int = 0
     by_agent: dict[str, dict[str, int]] = field(default_factory=dict)
+    last_event: dict[str, float] = field(default_factory=dict)  # per agent: perf_counter() of its last watch line
 
     def count(self, agent: str, *, nbytes: int = 0, request: bool = False, watch: bool = False) -> None:
         entry = self.by_agent.setdefault(agent, {"requests": 0, "bytes": 0, "watches": 0})
@@ -341,6 +343,7 @@ class Sandbox:
     async def _get_stats(self, _: web.Request) -> web.Response:
         return self._json({"requests": self.stats.requests, "bytes": self.stats.bytes,
                            "watches": self.stats.watches, "byAgent": self.stats.by_agent,
+                           "lastEventAt": self.stats.last_event,
                            "resourceVersion": self.store.rv})
 
     async def _reset_stats(self, _: web.Request) -> web.Response:
@@ -516,6 +519,7 @@ class Sandbox:
             line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
             self.stats.count(agent, nbytes=len(line))
             await response.write(line)
+            self.stats.last_event[agent] = time.perf_counter()  # benchmarks: when the API sent it, not when set
 
         def in_scope(obj: Obj | None) -> bool:
             return obj is not None and (not namespace or obj["metadata"].get("namespace") == namespace) \

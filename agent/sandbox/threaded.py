@@ -101,7 +101,8 @@ class SandboxThread:
 
     def stats(self) -> dict[str, Any]:
         st = self.sandbox.stats
-        return {"requests": st.requests, "bytes": st.bytes, "watches": st.watches, "byAgent": dict(st.by_agent)}
+        return {"requests": st.requests, "bytes": st.bytes, "watches": st.watches, "byAgent": dict(st.by_agent),
+                "lastEventAt": dict(st.last_event)}
 
     def reset_stats(self) -> None:
         from agent.sandbox.server import Stats

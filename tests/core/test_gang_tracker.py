@@ -108,3 +108,16 @@ def test_two_pods_claiming_one_index_are_refused(n):
     with pytest.raises(InputError) as err:
         tracker.status()
     assert "both claim role 'worker' index 1" in str(err.value)
+
+
+def test_the_status_line_stays_short_with_thousands_of_pods_without_ip():
+    """A 4096-pod job waiting for IPs logged one 70 KB line per watch: a reader gets a count and a few names,
+    and init_bench hung on the full pipe."""
+    from agent.core.gang import GangStatus
+
+    names = tuple(f"demo-worker-{i}" for i in range(4095))
+    line = GangStatus(ready=False, present=4096, expected=4096, missing=(), without_ip=names).describe()
+    assert len(line) < 300
+    assert "4095 pods without IP" in line and "demo-worker-0" in line and "demo-worker-4094" not in line
+    few = GangStatus(ready=False, present=3, expected=3, missing=(), without_ip=("a", "b")).describe()
+    assert few.endswith("without IP: a, b")
