@@ -117,6 +117,11 @@ class Encoder:
         return gzip.compress(text.encode(), compresslevel=1, mtime=0)
 
 
+def pack(document: dict[str, Any]) -> bytes:
+    """A snapshot document as stored in the ConfigMap (``decode`` reads it back)."""
+    return gzip.compress(json.dumps(document, separators=(",", ":")).encode(), compresslevel=1, mtime=0)
+
+
 def encode(job: str, pods: Sequence[RawPod], options: Options, *, generation: int) -> bytes:
     namespace = pods[0].get("metadata", {}).get("namespace", "default") if pods else "default"
     return Encoder(options).encode(job, namespace, pods, generation=generation)
@@ -165,11 +170,16 @@ def pods_of(document: dict[str, Any]) -> list[RawPod]:
         raise _refuse("namespace or pods has the wrong type")
     pods = []
     for row in rows:
-        if not isinstance(row, list) or len(row) != 10 or not isinstance(row[6], int) or isinstance(row[6], bool) \
-                or not 0 <= row[6] < len(containers) or not all(isinstance(row[i], str) for i in (0, 1, 4, 5, 7, 8, 9)):
-            raise _refuse("a pod row has the wrong shape")
+        check_row(row, len(containers))
         pods.append(check_pod(_pod_of(row, containers, namespace)))
     return pods  # type: ignore[return-value]
+
+
+def check_row(row: Any, shapes: int) -> None:
+    """A row has the shape ``_row`` writes (its values are checked as a pod's by ``check_pod`` after)."""
+    if not isinstance(row, list) or len(row) != 10 or not isinstance(row[6], int) or isinstance(row[6], bool) \
+            or not 0 <= row[6] < shapes or not all(isinstance(row[i], str) for i in (0, 1, 4, 5, 7, 8, 9)):
+        raise _refuse("a pod row has the wrong shape")
 
 
 def configmap_body(name: str, data: bytes, *, generation: int, leader: str,

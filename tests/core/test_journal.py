@@ -1,0 +1,181 @@
+"""The journal (issue 13): followers that apply the leader's changes hold exactly the leader's members, whether
+they keep up, fall behind the journal's reach (then the snapshot), or meet a leader that took over; a change
+costs each of them a few KiB whatever the job size; forged journals are refused."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent import examples
+from agent.core import Options, render_pod
+from agent.core.journal import JOURNAL_BYTES, PublishedState, Publisher, read_journal
+from agent.core.published import decode, pack
+from agent.errors import InputError
+
+OPTIONS = Options(address="ip")
+
+
+def job(n: int) -> dict[str, dict]:
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", n - 1)))
+    for i, pod in enumerate(pods):
+        pod["metadata"]["resourceVersion"] = str(1000 + i)
+    return {p["metadata"]["name"]: p for p in pods}
+
+
+def leader_for(pods: dict[str, dict]) -> Publisher:
+    publisher = Publisher(PublishedState(job="demo", namespace="default"), OPTIONS, leader="demo-master-0")
+    publisher.change(pods, pods)
+    publisher.snapshot_written(publisher.state.seq)
+    return publisher
+
+
+def snapshot_of(publisher: Publisher) -> PublishedState:
+    """What a follower reads from the snapshot ConfigMap (through its bytes, as from the API)."""
+    return PublishedState.from_document(decode(pack(publisher.snapshot_document())))
+
+
+def journal_of(publisher: Publisher):
+    return read_journal({"data": json.loads(json.dumps(publisher.journal_data()))})
+
+
+def files(pods: dict[str, dict], me: str = "demo-worker-1", full: dict | None = None) -> dict[str, bytes]:
+    """A follower's files: its own pod whole (it reads its own env from it), the others as published."""
+    own = (full or JOB_ME)[me]
+    return render_pod([own if name == me else pod for name, pod in pods.items()], me, OPTIONS).files
+
+
+JOB_ME = job(6)
+
+
+RV = [5000]
+
+
+def mutate(pods: dict[str, dict], what: str, k: int) -> set[str]:
+    """One change a cluster makes; returns the names touched (what the leader's watch saw)."""
+    RV[0] += 1
+    names = sorted(pods)
+    if what == "join":
+        name = f"demo-worker-{100 + k}"
+        pod = copy.deepcopy(pods["demo-worker-1"])
+        pod["metadata"]["name"] = pod["spec"]["hostname"] = name
+        pod["metadata"]["labels"]["volcano.sh/task-index"] = str(100 + k)
+        pod["metadata"]["annotations"]["volcano.sh/task-index"] = str(100 + k)
+        pod["status"]["podIP"] = f"127.3.{k % 200}.{k % 250 + 1}"
+        pod["status"]["podIPs"] = [{"ip": pod["status"]["podIP"]}]
+        pod["metadata"]["resourceVersion"] = str(RV[0])
+        pods[name] = pod
+        return {name}
+    name = names[k % len(names)]
+    if name == "demo-master-0" or name == "demo-worker-1":
+        return set()
+    if what == "leave":
+        del pods[name]
+    elif what == "new-ip":
+        pods[name]["status"]["podIP"] = f"127.4.{k % 200}.{k % 250 + 1}"
+        pods[name]["status"]["podIPs"] = [{"ip": pods[name]["status"]["podIP"]}]
+    elif what == "status-only":  # a condition changed: a new resourceVersion, nothing the core reads
+        pass
+    elif what == "new-shape":
+        pods[name]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": str(1 + k % 7)}}
+    pods.get(name, {}).get("metadata", {})["resourceVersion"] = str(RV[0])
+    return {name}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "new-ip", "status-only", "new-shape"]),
+                          st.integers(0, 10_000)), min_size=1, max_size=40),
+       st.integers(1, 12))
+def test_followers_hold_the_leaders_members_after_every_change(changes, away):
+    pods = job(6)
+    leader = leader_for(pods)
+    keeping_up = snapshot_of(leader)
+    coming_back = snapshot_of(leader)
+    for step, (what, k) in enumerate(changes):
+        touched = mutate(pods, what, k)
+        leader.change(pods, touched)  # None when nothing followers read changed (the files then agree too)
+        if leader.snapshot_due:
+            leader.snapshot_written(leader.state.seq)  # the shell writes it before the journal
+            snapshot = pack(leader.snapshot_document())
+        else:
+            snapshot = None
+        journal = journal_of(leader)
+        assert keeping_up.apply(journal) is not None  # one who applies every journal never needs the snapshot
+        assert set(keeping_up.pods) == set(pods) and files(keeping_up.pods) == files(pods)
+        if step % away == away - 1:  # another one reads only now and then
+            if coming_back.apply(journal) is None:
+                coming_back = PublishedState.from_document(decode(snapshot or pack(leader.snapshot_document())))
+                assert coming_back.apply(journal) is not None
+        assert len(json.dumps(leader.journal_data())) <= JOURNAL_BYTES + 1024 or len(leader.entries) == 1
+    assert files(keeping_up.pods) == files(pods)
+    if coming_back.apply(journal_of(leader)) is None:
+        coming_back = snapshot_of(leader)
+    assert files(coming_back.pods) == files(pods)
+
+
+def test_a_status_update_that_moves_nothing_is_not_published():
+    pods = job(8)
+    leader = leader_for(pods)
+    seq = leader.state.seq
+    pods["demo-worker-3"]["metadata"]["resourceVersion"] = "99999"
+    assert leader.change(pods, {"demo-worker-3"}) is None
+    assert leader.state.seq == seq
+
+
+@pytest.mark.parametrize("n", [1024, 4096])
+def test_a_single_pod_change_costs_each_follower_a_few_kib_at_any_size(n):
+    pods = job(n)
+    leader = leader_for(pods)
+    sizes = []
+    for k in range(40):
+        name = f"demo-worker-{1 + k}"
+        pods[name]["status"]["podIP"] = f"127.9.0.{k + 1}"
+        pods[name]["metadata"]["resourceVersion"] = str(90000 + k)
+        assert leader.change(pods, {name}) is not None
+        sizes.append(len(json.dumps({"data": leader.journal_data()})))
+        if leader.snapshot_due:
+            leader.snapshot_written(leader.state.seq)
+    assert max(sizes) <= 4096  # issue 13's target per follower per single-pod change
+    before = len(base64.b64encode(pack(leader.snapshot_document())))  # what each follower received per change
+    assert before > n // 100 * max(sizes)
+
+
+def test_a_new_leader_continues_the_sequence_from_what_it_followed():
+    pods = job(10)
+    old = leader_for(pods)
+    follower = snapshot_of(old)
+    touched = mutate(pods, "new-ip", 4)
+    old.change(pods, touched)
+    follower.apply(journal_of(old))
+    other = snapshot_of(old)
+    other.apply(journal_of(old))
+    # The old leader's pod goes; the follower takes over from its own state and publishes only the difference.
+    gone = "demo-master-0"
+    del pods[gone]
+    new = Publisher(follower, OPTIONS, leader="demo-worker-1", journal=journal_of(old).entries)
+    entry = new.change(pods, set(pods) | {gone})
+    assert entry is not None and entry.gone == (gone,) and entry.put == ()
+    assert other.apply(journal_of(new)) == {gone}
+    assert set(other.pods) == set(pods)
+
+
+@pytest.mark.parametrize("data", [
+    {"changes.json": "[{\"seq\": 3, \"put\": [], \"gone\": [], \"shapes\": {}}]", "base": "1", "seq": "3"},  # hole
+    {"changes.json": "[{\"seq\": 2, \"put\": [[1]], \"gone\": [], \"shapes\": {}}]", "base": "1", "seq": "2"},
+    {"changes.json": "[{\"seq\": 2, \"put\": [], \"gone\": [7], \"shapes\": {}}]", "base": "1", "seq": "2"},
+    {"changes.json": "{}", "base": "1", "seq": "2"},
+    {"changes.json": "[]", "base": "x", "seq": "2"},
+    {"changes.json": "[NaN]", "base": "1", "seq": "2"},
+    {"changes.json": "[" * 100000 + "]" * 100000, "base": "1", "seq": "2"},
+])
+def test_a_forged_or_broken_journal_is_refused_in_one_line(data):
+    state = PublishedState.from_document(decode(pack(leader_for(job(4)).snapshot_document())))
+    with pytest.raises(InputError) as err:
+        journal = read_journal({"data": data})
+        state.apply(journal)  # type: ignore[arg-type]
+    assert "\n" not in str(err.value) and "published topology" in str(err.value)
