@@ -26,7 +26,16 @@ from itertools import pairwise
 from typing import Any
 
 from agent.core.model import Options, RawPod
-from agent.core.published import SCHEMA, _pod_of, _refuse, _row, check_row
+from agent.core.published import (
+    SCHEMA,
+    SELECT_LABEL,
+    _pod_of,
+    _refuse,
+    _row,
+    check_row,
+    decode_configmap,
+    select_value,
+)
 from agent.core.validation import check_pod
 
 JOURNAL_KEY = "changes.json"
@@ -51,9 +60,13 @@ class Entry:
                            "shapes": {str(i): s for i, s in self.shapes}}, separators=(",", ":"), sort_keys=True)
 
 
+STANDBYS = 2  # pods that watch the pods too and take over from the leader (node ranks 1 and 2)
+
+
 @dataclass(frozen=True)
 class Journal:
     leader: str
+    standby: tuple[str, ...]  # the pods that stand by to take over (the leader names them)
     base: int  # the entries cover (base, seq]
     seq: int
     entries: tuple[Entry, ...]
@@ -139,6 +152,7 @@ class Publisher:
         self.state = state
         self.options = options
         self.leader = leader
+        self.standby: tuple[str, ...] = ()
         self.entries: list[Entry] = list(journal)
         self._encoded: list[str] = [e.encoded() for e in self.entries]
         self._content = {name: _content(row) for name, row in state.rows.items()}
@@ -165,8 +179,8 @@ class Publisher:
                 continue
             known = len(self._shape_index)
             row = _row(pod, self.options, self._shape_index)
-            for shape, index in list(self._shape_index.items())[known:]:
-                shapes.append((index, json.loads(shape)))
+            for encoded, index in list(self._shape_index.items())[known:]:
+                shapes.append((index, json.loads(encoded)))
             content = _content(row)
             if self._content.get(name) != content:
                 self._content[name] = content
@@ -204,8 +218,40 @@ class Publisher:
 
     def journal_data(self) -> dict[str, str]:
         """The journal ConfigMap's ``data``."""
-        return {"leader": self.leader, "base": str(self.base), "seq": str(self.state.seq),
-                JOURNAL_KEY: "[" + ",".join(self._encoded) + "]"}
+        return {"leader": self.leader, "standby": ",".join(self.standby), "base": str(self.base),
+                "seq": str(self.state.seq), JOURNAL_KEY: "[" + ",".join(self._encoded) + "]"}
+
+
+def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, Any] | None,
+                 resource_version: str = "") -> dict[str, Any]:
+    """The journal ConfigMap (labelled like the snapshot, so one LIST by label reads both)."""
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": journal_name(snapshot_name),
+                     "labels": {"app.kubernetes.io/managed-by": "topology-agent",
+                                SELECT_LABEL: select_value(snapshot_name)}},
+        "data": data,
+    }
+    if owner:
+        body["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
+    if resource_version:
+        body["metadata"]["resourceVersion"] = resource_version
+    return body
+
+
+def state_from(items: list[dict[str, Any]], snapshot_name: str) -> tuple[PublishedState | None, Journal | None]:
+    """The snapshot's state brought forward by the journal, from one LIST of both objects; the state is None
+    when there is no snapshot yet or the journal has moved past it (read again)."""
+    by_name = {item.get("metadata", {}).get("name"): item for item in items if isinstance(item, dict)}
+    journal = read_journal(by_name[journal_name(snapshot_name)]) if journal_name(snapshot_name) in by_name else None
+    snapshot = by_name.get(snapshot_name)
+    document = decode_configmap(snapshot) if snapshot is not None else None
+    if document is None:
+        return None, journal
+    state = PublishedState.from_document(document)
+    if journal is not None and state.apply(journal) is None:
+        return None, journal
+    return state, journal
 
 
 def _whole(value: Any, what: str) -> int:
@@ -219,8 +265,9 @@ def read_journal(configmap: dict[str, Any]) -> Journal | None:
     data = configmap.get("data")
     if not isinstance(data, dict) or JOURNAL_KEY not in data:
         return None
-    raw, leader = data.get(JOURNAL_KEY), data.get("leader", "")
-    if not isinstance(raw, str) or not isinstance(leader, str) or len(raw) > MAX_JOURNAL:
+    raw, leader, standby = data.get(JOURNAL_KEY), data.get("leader", ""), data.get("standby", "")
+    if not isinstance(raw, str) or not isinstance(leader, str) or not isinstance(standby, str) or \
+            len(raw) > MAX_JOURNAL:
         raise _refuse("the journal is not a string under 1 MiB")
     try:
         base, seq = int(data.get("base", "")), int(data.get("seq", ""))
@@ -245,7 +292,8 @@ def read_journal(configmap: dict[str, Any]) -> Journal | None:
     if entries and (entries[0].seq != base + 1 or entries[-1].seq != seq or
                     any(b.seq != a.seq + 1 for a, b in pairwise(entries))):
         raise _refuse("the journal's sequence numbers do not follow each other")
-    return Journal(leader=leader, base=_whole(base, "base"), seq=_whole(seq, "seq"), entries=tuple(entries))
+    return Journal(leader=leader, standby=tuple(n for n in standby.split(",")[:STANDBYS] if n),
+                   base=_whole(base, "base"), seq=_whole(seq, "seq"), entries=tuple(entries))
 
 
 def _no_constant(name: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import io
 import json
 import re
@@ -182,22 +183,35 @@ def check_row(row: Any, shapes: int) -> None:
         raise _refuse("a pod row has the wrong shape")
 
 
+SELECT_LABEL = "topology-agent.io/topology"  # on the snapshot and the journal: one LIST reads both
+
+
+def select_value(snapshot_name: str) -> str:
+    """The label value naming a job's published objects (a label value is at most 63 characters)."""
+    if len(snapshot_name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", snapshot_name):
+        return snapshot_name
+    return "h-" + hashlib.sha256(snapshot_name.encode()).hexdigest()[:40]
+
+
 def configmap_body(name: str, data: bytes, *, generation: int, leader: str,
-                   owner: dict[str, Any] | None) -> dict[str, Any]:
+                   owner: dict[str, Any] | None, resource_version: str = "") -> dict[str, Any]:
     """The ConfigMap that carries the compressed topology; owned by the job so it goes with it."""
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "topology-agent"}},
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "topology-agent",
+                                              SELECT_LABEL: select_value(name)}},
         "data": {"generation": str(generation), "leader": leader},
         "binaryData": {DATA_KEY: base64.b64encode(data).decode()},
     }
     if owner:
         body["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
+    if resource_version:  # overwrite only the version read: a deposed leader's late write fails with 409
+        body["metadata"]["resourceVersion"] = resource_version
     return body
 
 
-def read_configmap(configmap: dict[str, Any]) -> tuple[str, int, list[RawPod]] | None:
-    """(leader, generation, pods) of a published ConfigMap, or None while it holds no topology."""
+def decode_configmap(configmap: dict[str, Any]) -> dict[str, Any] | None:
+    """The snapshot document a ConfigMap holds (checked as data from the API), or None while it holds none."""
     binary = configmap.get("binaryData") or {}
     raw = binary.get(DATA_KEY) if isinstance(binary, dict) else None
     if not raw:
@@ -208,7 +222,14 @@ def read_configmap(configmap: dict[str, Any]) -> tuple[str, int, list[RawPod]] |
         packed = base64.b64decode(raw, validate=True)
     except ValueError:
         raise _refuse("binaryData is not base64") from None
-    document = decode(packed)
+    return decode(packed)
+
+
+def read_configmap(configmap: dict[str, Any]) -> tuple[str, int, list[RawPod]] | None:
+    """(leader, generation, pods) of a published ConfigMap, or None while it holds no topology."""
+    document = decode_configmap(configmap)
+    if document is None:
+        return None
     data = configmap.get("data") or {}
     leader = data.get("leader", "") if isinstance(data, dict) else ""
     if not isinstance(leader, str):

@@ -91,6 +91,10 @@ class AsyncApiClient:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
         return await self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore
 
+    async def get_object(self, path: str) -> dict[str, Any]:
+        parts = path.strip("/").split("/")
+        return await self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace_of(path))
+
     async def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]:
         items, rv = await self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector)
         return items, rv  # type: ignore[return-value]

@@ -28,7 +28,7 @@ from agent.core.gang import (
     owner_path,
 )
 from agent.core.model import RawPod
-from agent.core.published import configmap_name, encode, is_leader, leader_identity
+from agent.core.published import configmap_name, is_leader, leader_identity
 from agent.core.topology import pod_name, slim_pod
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
@@ -37,7 +37,7 @@ from agent.k8s.client import PodSource
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
 from agent.runtime.intake import usable_pods
 from agent.runtime.output import write_generation
-from agent.runtime.publishing import publish, read_published
+from agent.runtime.publishing import publish_first, read_published
 
 log = logging.getLogger("topology_agent.init")
 Resolver = Callable[[str], bool]
@@ -283,19 +283,20 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
              controller.title, selector, expected.total, expected.source,
              "the pods" if source == "pods" else ("the pods, published for the others (leader)"
                                                     if is_leader(me_id, leader) else f"configmap {cm_name}"))
-    if source == "published" and not is_leader(me_id, leader):
-        published = read_published(api, settings.namespace, cm_name, settings.pod_name,
-                                   deadline=waiter.deadline, clock=clock, sleep=sleep)
-        pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p for p in published]
-    else:
+    follow = source == "published" and not is_leader(me_id, leader)
+    if not follow:
         waiter.relist(selector)
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
         pods = list(waiter.pods.values())
         if source == "published":
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
-            publish(api, settings.namespace, cm_name, encode(me_id.job, pods, settings.options, generation=1),
-                    generation=1, leader=settings.pod_name, owner=dict(owners[0]) if owners else None)
+            follow = not publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
+                                       leader=settings.pod_name, owner=dict(owners[0]) if owners else None)
+    if follow:
+        published = read_published(api, settings.namespace, cm_name, settings.pod_name,
+                                   deadline=waiter.deadline, clock=clock, sleep=sleep)
+        pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p for p in published]
     rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo,
                           files_dir=str(settings.out_dir.absolute()))
     if settings.wait_dns:

@@ -17,6 +17,9 @@ class SidecarMetrics:
         self.watch_restarts = Counter("topology_agent_watch_restarts_total", "Watches ended or broken and resumed",
                                       registry=r)
         self.relists = Counter("topology_agent_relists_total", "LISTs after the first (410 Gone)", registry=r)
+        self.published = Counter("topology_agent_published_changes_total",
+                                 "Journal writes made while this pod led the publication", registry=r)
+        self.leading = Gauge("topology_agent_leading", "1 while this pod holds the publisher Lease", registry=r)
         self.generation = Gauge("topology_agent_generation", "Generation of the files in place", registry=r)
         self.latency = Histogram(
             "topology_agent_event_to_file_seconds", "From the first event of a change to its files renamed",

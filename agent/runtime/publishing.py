@@ -1,9 +1,10 @@
-"""Reading and writing the job's published topology (a ConfigMap ``<job>-topology``; see core/published.py).
+"""Reading and writing a large job's published topology (see core/published.py and core/journal.py).
 
-The leader writes it once its gang is complete; the others LIST it by name (``metadata.name`` field selector,
-served from the watch cache) and WATCH it by name until it exists and includes their own pod. Each follower
-makes 3 requests and one watch, and receives the compressed topology (~40 B per pod) instead of every pod
-(~4 KB each).
+The leader's init creates the snapshot ``<job>-topology`` (sequence 1), the journal ``<job>-topology-journal``
+and the Lease ``<job>-topology`` it holds; from then on its sidecar keeps them current. Every other init makes
+one LIST (by label: the snapshot and the journal together, from the watch cache) and, only while its own pod is
+not yet published, one WATCH of the journal by name. Followers make 3 requests and receive ~40 B per pod once,
+then a few KiB per change, instead of every pod (~4 KB each).
 """
 
 from __future__ import annotations
@@ -13,55 +14,110 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.core.model import RawPod
-from agent.core.published import configmap_body, read_configmap
-from agent.errors import ApiConflict, ApiGone, ApiUnavailable, GangTimeout
+from agent.core.journal import (
+    Journal,
+    PublishedState,
+    Publisher,
+    journal_body,
+    journal_name,
+    read_journal,
+    state_from,
+)
+from agent.core.lease import lease_body
+from agent.core.model import Options, RawPod
+from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, pack, select_value
+from agent.errors import ApiConflict, ApiError, ApiGone, ApiUnavailable, GangTimeout
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
 from agent.k8s.wire import PodSource
 
 log = logging.getLogger("topology_agent.published")
 
 
-def publish(api: PodSource, namespace: str, name: str, data: bytes, *, generation: int, leader: str,
-            owner: dict[str, Any] | None) -> None:
-    """Create the ConfigMap, or overwrite it (only the leader writes it, so last writer wins is right)."""
-    body = configmap_body(name, data, generation=generation, leader=leader, owner=owner)
+def now_wall() -> str:
+    """A Lease's MicroTime."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e6) % 1_000_000:06d}Z"
+
+
+def lease_path(namespace: str, name: str = "") -> str:
+    collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    return f"{collection}/{name}" if name else collection
+
+
+def publish_first(api: PodSource, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
+                  leader: str, owner: dict[str, Any] | None) -> bool:
+    """The leader's init: the snapshot, the journal and the Lease. False when the snapshot exists already (this
+    init runs again after a restart, and whoever holds the Lease keeps it current): then read it as a follower."""
+    publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader)
+    publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods])
+    seq = publisher.state.seq
+    data = pack(publisher.snapshot_document())
+    publisher.snapshot_written(seq)
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
+    body = configmap_body(name, data, generation=seq, leader=leader, owner=owner)
     try:
         with_retries(lambda: api.create(collection, body), what="publish topology")
     except ApiConflict:
-        with_retries(lambda: api.replace(f"{collection}/{name}", body), what="publish topology")
-    log.info("published the topology as configmap %s (%d bytes compressed, generation %d)", name, len(data),
-             generation)
+        log.info("configmap %s exists already (this init ran before); reading it like the other pods", name)
+        return False
+    journal = journal_body(name, publisher.journal_data(), owner=owner)
+    try:
+        with_retries(lambda: api.create(collection, journal), what="publish topology journal")
+    except ApiConflict:  # left by an init that stopped between the two writes
+        with_retries(lambda: api.replace(f"{collection}/{journal_name(name)}", journal),
+                     what="publish topology journal")
+    try:
+        with_retries(lambda: api.create(lease_path(namespace), lease_body(name, leader, now_wall=now_wall(),
+                                                                          previous=None, owner=owner)),
+                     what="create the publisher's Lease")
+    except ApiConflict:
+        log.info("lease %s exists already; the sidecars elect the publisher", name)
+    except ApiError as err:  # no RBAC for leases: the sidecars publish without failover (they say so)
+        log.warning("cannot create lease %s (%s); the topology is published, but without leader failover", name,
+                    err)
+    log.info("published the topology as configmap %s (%d bytes compressed, sequence %d) and its journal", name,
+             len(data), seq)
+    return True
 
 
 def read_published(api: PodSource, namespace: str, name: str, pod_name: str, *, deadline: float,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> list[RawPod]:
-    """The published pods once they include ``pod_name``; ``GangTimeout`` at the deadline."""
+    """The published pods once they include ``pod_name``; ``GangTimeout`` at the deadline.
+
+    One LIST by label reads the snapshot and the journal together; while this pod is not in them yet, one WATCH
+    with the same label brings the leader's writes in order (a snapshot always before the journal that needs
+    it), so no further GET is made."""
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
-    selector = f"metadata.name={name}"
+    selector = f"{SELECT_LABEL}={select_value(name)}"
     backoff = Backoff()
+    state: PublishedState | None = None
+    journal: Journal | None = None
 
-    def lookup(items: list[dict[str, Any]]) -> list[RawPod] | None:
-        for item in items:
-            found = read_configmap(item)
-            if found and any(p.get("metadata", {}).get("name") == pod_name for p in found[2]):
-                log.info("read the published topology %s: generation %d, %d pods", name, found[1], len(found[2]))
-                return found[2]
-        return None
-
-    def relist() -> tuple[list[RawPod] | None, str]:
+    def relist() -> str:
+        nonlocal state, journal
         try:
-            items, rv = with_retries(lambda: api.list_objects(collection, field_selector=selector),
+            items, rv = with_retries(lambda: api.list_objects(collection, label_selector=selector),
                                      what="list published topology", deadline=deadline, sleep=sleep, clock=clock)
         except DeadlineExceeded as err:
             raise GangTimeout(f"timed out reading configmap {name}: the API server kept failing ({err.last})") \
                 from err
-        return lookup(items), rv
+        state, journal = state_from(items, name)
+        return rv  # type: ignore[no-any-return]
 
-    pods, rv = relist()
-    while pods is None:
+    def take(obj: dict[str, Any]) -> None:
+        nonlocal state, journal
+        if obj.get("metadata", {}).get("name") == name:
+            document = decode_configmap(obj)
+            state = PublishedState.from_document(document) if document is not None else None
+            if state is not None and journal is not None and state.apply(journal) is None:
+                journal = None  # older than this snapshot
+        else:
+            journal = read_journal(obj)
+            if state is not None and journal is not None and state.apply(journal) is None:
+                state = None  # past this snapshot's reach: the leader's newer snapshot is on its way
+
+    rv = relist()
+    while state is None or pod_name not in state.pods:
         remaining = deadline - clock()
         if remaining <= 0:
             raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
@@ -69,20 +125,21 @@ def read_published(api: PodSource, namespace: str, name: str, pod_name: str, *, 
                               f"{name} -n {namespace}")
         log.info("waiting for the leader to publish configmap %s", name)
         try:
-            for event in api.watch_objects(collection, rv, timeout=max(1.0, remaining), field_selector=selector):
+            for event in api.watch_objects(collection, rv, timeout=max(1.0, remaining), label_selector=selector):
                 backoff.reset()
                 if event.resource_version:
                     rv = event.resource_version
                 if event.type in ("ADDED", "MODIFIED"):
-                    pods = lookup([event.object])
-                    if pods is not None:
+                    take(event.object)
+                    if state is not None and pod_name in state.pods:
                         break
                 if clock() >= deadline:
                     break
         except ApiGone:
-            pods, rv = relist()
+            rv = relist()
         except ApiUnavailable as err:
             delay = backoff.next_delay(err.retry_after)
             log.info("watch of configmap %s broke (%s); retry %d in %.1f s", name, err, backoff.attempt, delay)
             sleep(delay)
-    return pods
+    log.info("read the published topology %s: sequence %d, %d pods", name, state.seq, len(state.pods))
+    return list(state.pods.values())

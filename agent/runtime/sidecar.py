@@ -26,14 +26,16 @@ from typing import Any
 
 from agent.core import Memo, Options, Rendered, render_pod
 from agent.core.controllers import detect_controller
+from agent.core.journal import STANDBYS, PublishedState, Publisher, journal_body, journal_name, read_journal, state_from
 from agent.core.model import RawPod
-from agent.core.published import Encoder, configmap_body, configmap_name, read_configmap
+from agent.core.published import SELECT_LABEL, configmap_body, configmap_name, pack, select_value
 from agent.core.rendering import membership_key, membership_key_of_document
 from agent.core.topology import pod_ip, pod_name, slim_pod
-from agent.errors import ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
+from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.async_client import AsyncApiClient
 from agent.k8s.retrying import Backoff
 from agent.k8s.wire import WatchEvent
+from agent.runtime.election import Elector
 from agent.runtime.intake import usable_pods
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
@@ -85,13 +87,23 @@ class Sidecar:
         self.valid = False
         self.last_progress = clock()
         self.selector = ""
-        self.mode = "pods"  # pods: watch the pods; leader: watch the pods and publish; follower: watch the ConfigMap
+        # pods: watch the pods (a small job); candidate: watch the pods and publish while holding the Lease (the
+        # leader and its standbys); follower: watch the published journal
+        self.mode = "pods"
         self.configmap = ""
         self.me_job = ""
         self.me: RawPod | None = None
         self.owner: dict[str, Any] | None = None
         self.memo = Memo(settings.options)
-        self.encoder = Encoder(settings.options)  # the leader re-encodes only the pods that changed
+        self.published: PublishedState | None = None  # follower: what the leader published
+        self.publisher: Publisher | None = None  # leader: what it has published, and the journal
+        self.written_rv: dict[str, str] = {}  # leader: resourceVersion of each object it wrote (a stale leader's
+        #                                        write then fails with 409 instead of overwriting a newer one)
+        self.touched: set[str] = set()  # pods changed since the last publication
+        self.standby_now: tuple[str, ...] = ()  # node ranks 1.. in the last evaluation: the leader names them
+        self.elector: Elector | None = None
+        self.candidate = asyncio.Event()
+        self.switch = asyncio.Event()
         self.unaddressed: set[str] = set()  # pods without an IP yet (kept per event, not rescanned per change)
         self._trim: asyncio.TimerHandle | None = None
 
@@ -117,6 +129,7 @@ class Sidecar:
 
     def apply(self, event_type: str, obj: RawPod) -> None:
         name = pod_name(obj)
+        self.touched.add(name)
         if event_type != "DELETED" and not usable_pods([obj]):
             event_type = "DELETED"  # one hostile or broken object must not stop the sidecar
         if event_type == "DELETED":
@@ -165,55 +178,120 @@ class Sidecar:
         self.configmap = configmap_name(self.me_job)
         self.load_previous()
         await self._choose_mode()
-        what = f"configmap {self.configmap}" if self.mode == "follower" else f"pods with selector {self.selector}"
+        what = f"configmap {journal_name(self.configmap)}" if self.mode == "follower" \
+            else f"pods with selector {self.selector}"
         log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation, self.mode)
 
+    @property
+    def _published_selector(self) -> str:
+        return f"{SELECT_LABEL}={select_value(self.configmap)}"
+
     async def _choose_mode(self) -> None:
-        """The init container published the topology (large jobs): then only its leader reads the pods."""
+        """The leader's init published the topology (large jobs): then only the leader and its standbys read the
+        pods, the others follow the journal."""
         try:
-            items, _ = await self.api.list_objects(self._cm_collection,
-                                                   field_selector=f"metadata.name={self.configmap}")
+            items, _ = await self.api.list_objects(self._cm_collection, label_selector=self._published_selector)
         except (ApiUnavailable, ApiForbidden) as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return
         try:
-            found = read_configmap(items[0]) if items else None
+            state, journal = state_from(items, self.configmap)
         except InputError as err:
             log.warning("the published topology is not usable (%s); following the pods", err)
             return
-        if found is not None:
-            self.mode = "leader" if found[0] == self.settings.pod_name else "follower"
+        if state is None and journal is None:
+            return
+        me = self.settings.pod_name
+        self.elector = Elector(self.api, self.settings.namespace, self.configmap, me, owner=self.owner)
+        if journal is not None and (journal.leader == me or me in journal.standby):
+            self.mode = "candidate"
+            self.candidate.set()
+        else:
+            self.mode = "follower"
 
     @property
     def _cm_collection(self) -> str:
         return f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
 
-    def apply_published(self, configmap: dict[str, Any]) -> bool:
+    def _own(self, pods: dict[str, RawPod]) -> dict[str, RawPod]:
+        if self.me is not None and self.settings.pod_name in pods:
+            pods[self.settings.pod_name] = slim_pod(self.me)  # own pod in full: the user's env is read from it
+        return pods
+
+    def _on_published(self, items: list[dict[str, Any]]) -> bool:
         try:
-            found = read_configmap(configmap)
+            state, journal = state_from(items, self.configmap)
         except InputError as err:  # broken or forged: keep the last good files
             log.warning("ignoring the published topology: %s", err)
             return False
-        if found is None:
+        if state is None:
             return False
-        pods = {p["metadata"]["name"]: p for p in found[2]}
-        if self.me is not None and self.settings.pod_name in pods:
-            pods[self.settings.pod_name] = slim_pod(self.me)  # own pod in full: the user's env is read from it
-        self.pods = pods
+        self.published = state
+        self.pods = self._own(dict(state.pods))
         self.unaddressed = set()
         for name, pod in self.pods.items():
             self._track_address(name, pod)
+        self._maybe_stand_by(journal.standby if journal else ())
         return True
 
+    def _on_journal_event(self, event: WatchEvent) -> bool:
+        if event.type not in ("ADDED", "MODIFIED"):
+            return False
+        try:
+            journal = read_journal(event.object)
+            changed = self.published.apply(journal) if self.published is not None and journal is not None else None
+        except InputError as err:
+            log.warning("ignoring the published journal: %s", err)
+            return False
+        if journal is None:
+            return False
+        if changed is None:  # the journal moved past what this pod holds: read the snapshot again
+            raise ApiGone(f"journal {journal_name(self.configmap)} starts after sequence "
+                          f"{self.published.seq if self.published else 0}", status=410)
+        assert self.published is not None
+        for name in changed:
+            pod = self.published.pods.get(name)
+            if pod is None:
+                self.pods.pop(name, None)
+                self.unaddressed.discard(name)
+            else:
+                self.pods[name] = slim_pod(self.me) if name == self.settings.pod_name and self.me else pod
+                self._track_address(name, pod)
+        self._maybe_stand_by(journal.standby)
+        return bool(changed)
+
+    def _maybe_stand_by(self, standby: tuple[str, ...]) -> None:
+        """Named a standby by the leader: watch the pods too, and contend for the Lease."""
+        if self.mode == "follower" and self.settings.pod_name in standby and self.elector is not None:
+            log.info("named a standby publisher; following the pods from now on")
+            self.mode = "candidate"
+            self.candidate.set()
+            self.switch.set()
+
     async def watch_loop(self) -> None:
-        """Follow the pods (pods and leader modes) or the published ConfigMap (follower mode)."""
+        """Follow the pods (pods and candidate modes) or the published journal (follower mode); a follower that
+        the leader names a standby switches to the pods."""
+        while True:
+            self.switch = asyncio.Event()
+            reflecting = asyncio.ensure_future(self._reflect_mode())
+            switching = asyncio.ensure_future(self.switch.wait())
+            done, _ = await asyncio.wait([reflecting, switching], return_when=asyncio.FIRST_COMPLETED)
+            for task in (reflecting, switching):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if reflecting in done:
+                reflecting.result()
+                return
+
+    async def _reflect_mode(self) -> None:
         if self.mode == "follower":
-            selector = f"metadata.name={self.configmap}"
+            journal = f"metadata.name={journal_name(self.configmap)}"
             await self._reflect(
-                lambda: self.api.list_objects(self._cm_collection, field_selector=selector),
+                lambda: self.api.list_objects(self._cm_collection, label_selector=self._published_selector),
                 lambda rv: self.api.watch_objects(self._cm_collection, rv, timeout=WATCH_SECONDS,
-                                                  field_selector=selector),
-                self._on_configmaps, self._on_configmap_event, what=f"configmap {self.configmap}")
+                                                  field_selector=journal),
+                self._on_published, self._on_journal_event, what=f"configmap {journal_name(self.configmap)}")
         else:
             s = self.settings
             await self._reflect(
@@ -222,6 +300,7 @@ class Sidecar:
                 self._on_pods, self._on_pod_event, what="pods")
 
     def _on_pods(self, items: list[dict[str, Any]]) -> bool:
+        self.touched |= set(self.pods)
         # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
         self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p)  # type: ignore[arg-type]
                                            for p in usable_pods(items)}))
@@ -229,6 +308,7 @@ class Sidecar:
         # collection during a change does not walk every pod of the job (refcounting still frees them).
         gc.collect()
         gc.freeze()
+        self.touched |= set(self.pods)
         self.unaddressed = set()
         for name, pod in self.pods.items():
             self._track_address(name, pod)
@@ -240,12 +320,6 @@ class Sidecar:
             return False
         self.apply(event.type, event.object)  # type: ignore[arg-type]
         return True
-
-    def _on_configmaps(self, items: list[dict[str, Any]]) -> bool:
-        return bool(items) and self.apply_published(items[0])
-
-    def _on_configmap_event(self, event: WatchEvent) -> bool:
-        return event.type in ("ADDED", "MODIFIED") and self.apply_published(event.object)
 
     async def _reflect(self, list_call: Callable[[], Awaitable[tuple[list[dict[str, Any]], str]]],
                        watch_call: Callable[[str], AsyncIterator[WatchEvent]],
@@ -297,24 +371,83 @@ class Sidecar:
                 if not self.resource_version:
                     need_list = True
 
+    async def elect_loop(self) -> None:
+        """The leader and its standbys contend for the Lease; followers never touch it."""
+        if self.elector is None:
+            await asyncio.Event().wait()
+            return
+        await self.candidate.wait()
+        await self.elector.run(self._on_leading)
+
+    async def _on_leading(self, leading: bool) -> None:
+        self.metrics.leading.set(1 if leading else 0)
+        self.publisher = None  # a new leader starts from what is published now, read at its first publication
+        if leading:
+            self.mark_dirty(self.clock())
+
+    async def release(self) -> None:
+        if self.elector is not None:
+            await self.elector.release()
+
     async def publish(self) -> None:
-        """Leader: put the new membership where the followers read it."""
-        data = self.encoder.encode(self.me_job, self.settings.namespace, list(self.pods.values()),
-                                   generation=self.generation)
-        body = configmap_body(self.configmap, data, generation=self.generation, leader=self.settings.pod_name,
-                              owner=self.owner)
+        """Leader: put what changed where the followers read it (the journal; the snapshot when it is due)."""
+        if self.publisher is None:
+            items, _ = await self.api.list_objects(self._cm_collection, label_selector=self._published_selector)
+            state, journal = state_from(items, self.configmap)
+            self.written_rv = {i["metadata"]["name"]: i["metadata"].get("resourceVersion", "") for i in items}
+            if state is None:  # nothing usable published: start a new sequence after the journal's
+                state = PublishedState(job=self.me_job, namespace=self.settings.namespace,
+                                       seq=journal.seq if journal else 0, snapshot_seq=-1)
+                journal = None
+            self.publisher = Publisher(state, self.settings.options, leader=self.settings.pod_name,
+                                       journal=journal.entries if journal else ())
+            self.publisher.standby = journal.standby if journal else ()
+            self.touched |= set(self.pods) | set(state.rows)
+            if journal is None or journal.leader != self.settings.pod_name:
+                self.publisher.standby = ()  # write the journal once at least: it names the new leader
+        publisher = self.publisher
+        entry = publisher.change(self.pods, self.touched)
+        self.touched = set()
+        if entry is None and publisher.standby == self.standby_now:
+            return
+        publisher.standby = self.standby_now
+        try:
+            if publisher.snapshot_due:
+                seq = publisher.state.seq
+                body = configmap_body(self.configmap, pack(publisher.snapshot_document()), generation=seq,
+                                      leader=self.settings.pod_name, owner=self.owner)
+                await self._write(self.configmap, body)
+                publisher.snapshot_written(seq)
+            journal_cm = journal_name(self.configmap)
+            await self._write(journal_cm, journal_body(self.configmap, publisher.journal_data(), owner=self.owner))
+        except ApiConflict:
+            log.warning("the published topology was changed by another pod; no longer publishing")
+            self.publisher = None
+            if self.elector is not None:
+                self.elector.leading = False
+            return
+        self.metrics.published.inc()
+
+    async def _write(self, name: str, body: dict[str, Any]) -> None:
+        """Overwrite the version this leader last saw (create it if it is gone); retried while the API is away."""
         backoff = Backoff()
         while True:
+            rv = self.written_rv.get(name, "")
             try:
-                await self.api.write("PUT", f"{self._cm_collection}/{self.configmap}", body)
+                if rv:
+                    body["metadata"]["resourceVersion"] = rv
+                    written = await self.api.write("PUT", f"{self._cm_collection}/{name}", body)
+                else:
+                    body["metadata"].pop("resourceVersion", None)
+                    written = await self.api.write("POST", self._cm_collection, body)
+                self.written_rv[name] = written.get("metadata", {}).get("resourceVersion", "")
                 return
             except ApiNotFound:
-                await self.api.write("POST", self._cm_collection, body)
-                return
+                self.written_rv[name] = ""
             except ApiUnavailable as err:
                 delay = backoff.next_delay(err.retry_after)
-                log.info("publishing generation %d failed (%s); retry %d in %.1f s", self.generation, err,
-                         backoff.attempt, delay)
+                log.info("publishing sequence %d failed (%s); retry %d in %.1f s",
+                         self.publisher.state.seq if self.publisher else 0, err, backoff.attempt, delay)
                 await asyncio.sleep(delay)
 
     async def evaluate_loop(self) -> None:
@@ -327,9 +460,16 @@ class Sidecar:
             since = self.dirty_since if self.dirty_since is not None else self.clock()
             self.dirty.clear()
             self.dirty_since = None
-            if self.evaluate(since):
-                if self.mode == "leader":
+            written = self.evaluate(since)
+            # Publish only what makes a valid topology (never the empty view before the first LIST).
+            if self.valid and self.elector is not None and self.elector.leading and self.mode == "candidate":
+                try:
                     await self.publish()
+                except (ApiError, InputError) as err:
+                    log.warning("publishing failed (%s); trying again at the next change", err)
+                    self.publisher = None
+                    self.touched |= set(self.pods)
+            if written:
                 # Once the burst is over, hand the freed memory back (a full gc costs a few ms: not per change).
                 if self._trim is not None:
                     self._trim.cancel()
@@ -365,6 +505,7 @@ class Sidecar:
             log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
             return False
         self.valid = True
+        self.standby_now = tuple(m.name for m in rendered.plan.topology.training[1:1 + STANDBYS])
         key = membership_key(rendered.plan.topology)
         if key == self.last_key:
             return False
@@ -433,7 +574,8 @@ async def run_sidecar(api: AsyncApiClient, settings: SidecarSettings, *, stop: a
         if runner is not None:
             await runner.cleanup()
         raise
-    tasks: dict[str, Awaitable[None]] = {"watch": sidecar.watch_loop(), "evaluate": sidecar.evaluate_loop()}
+    tasks: dict[str, Awaitable[None]] = {"watch": sidecar.watch_loop(), "evaluate": sidecar.evaluate_loop(),
+                                         "elect": sidecar.elect_loop()}
     if runner is not None:
         tasks["health"] = serve_health(runner)
     if on_ready is not None:
@@ -441,6 +583,9 @@ async def run_sidecar(api: AsyncApiClient, settings: SidecarSettings, *, stop: a
             on_ready(sidecar, bound)
             await asyncio.Event().wait()
         tasks["announce"] = announce()
-    await run_tasks(tasks, stop)
+    try:
+        await run_tasks(tasks, stop)
+    finally:
+        await sidecar.release()
     log.info("stopping at generation %d; the files stay in place", sidecar.generation)
     return sidecar

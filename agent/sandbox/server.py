@@ -38,6 +38,7 @@ RESOURCES: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("", "v1", "namespaces"): ("Namespace", False),
     ("", "v1", "serviceaccounts"): ("ServiceAccount", True),
     ("batch", "v1", "jobs"): ("Job", True),
+    ("coordination.k8s.io", "v1", "leases"): ("Lease", True),
     ("batch.volcano.sh", "v1alpha1", "jobs"): ("Job", True),
     ("kubeflow.org", "v1", "pytorchjobs"): ("PyTorchJob", True),
     ("kubeflow.org", "v2beta1", "mpijobs"): ("MPIJob", True),

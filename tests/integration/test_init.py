@@ -274,7 +274,8 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
     follower = results["published"]["demo-worker-3"][1]
     assert follower["requests"] - follower["watches"] <= 3
     assert follower["bytes"] < results["pods"]["demo-worker-3"][1]["bytes"] / 2
-    assert leader["requests"] - leader["watches"] == 4  # get pod, get owner, list pods, create configmap
+    # get pod, get owner, list pods; create the snapshot, the journal and the Lease
+    assert leader["requests"] - leader["watches"] == 6
     configmap = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
     assert configmap["metadata"]["ownerReferences"][0]["kind"] == "Job"
 

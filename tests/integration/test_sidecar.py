@@ -260,7 +260,7 @@ def test_with_a_published_topology_only_the_leader_watches_pods_and_followers_fo
              "--debounce", "0", "--signal", "none", "--health-port", "0"], env=env, stderr=log), log)
     try:
         wait_for(lambda: "(follower)" in (tmp_path / "demo-worker-2.log").read_text()
-                 and "(leader)" in (tmp_path / "demo-master-0.log").read_text(), what="modes chosen")
+                 and "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="modes chosen")
         sandbox.reset_stats()
         add_worker(sandbox, 3, 80)
         follower_out = tmp_path / "demo-worker-2"

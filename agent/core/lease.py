@@ -1,0 +1,105 @@
+"""Who publishes a large job's topology: a coordination.k8s.io/v1 Lease, used the way client-go's leaderelection
+package uses it (tryAcquireOrRenew in tools/leaderelection/leaderelection.go).
+
+- The holder renews ``spec.renewTime`` every few seconds; every write carries the resourceVersion it read, so
+  two candidates never both win (the loser gets 409 Conflict).
+- A candidate takes the Lease only when it is free (no holder) or when the record it observed has not changed
+  for ``leaseDurationSeconds`` of the candidate's own clock. Like client-go, the remote timestamps are never
+  compared with the local clock: pods' clocks may disagree.
+- A holder that stops (SIGTERM) releases the Lease (holder emptied, duration 1 s), so a standby takes over within
+  one retry period instead of one lease duration.
+
+Pure: the caller passes the object it read and its own monotonic and wall times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+LEASE_SECONDS = 15  # client-go's defaults for kube-controller-manager: 15 s lease,
+RENEW_SECONDS = 10  # 10 s renew deadline,
+RENEW_EVERY = 2.0  # the holder renews every 2 s;
+RETRY_EVERY = 1.0  # standbys look every second (two of them: 2 GETs/s for the whole job), so a crash is taken
+#                    over within LEASE_SECONDS + 1 s of the last renewal
+
+
+@dataclass(frozen=True)
+class Record:
+    holder: str
+    duration: int
+    transitions: int
+    acquire_time: str
+    renew_time: str
+    resource_version: str
+
+    @property
+    def key(self) -> tuple[str, int, int, str, str]:
+        """What must change for the holder to count as alive (the resourceVersion changes with it)."""
+        return self.holder, self.duration, self.transitions, self.acquire_time, self.renew_time
+
+
+def read_record(lease: dict[str, Any]) -> Record:
+    """The election record of a Lease as the API returned it; odd values read as 'no holder', never as a crash."""
+    raw_spec, raw_meta = lease.get("spec"), lease.get("metadata")
+    spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+    meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+
+    def text(value: Any) -> str:
+        return value if isinstance(value, str) else ""
+
+    def whole(value: Any, default: int) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else default
+
+    return Record(holder=text(spec.get("holderIdentity")), duration=whole(spec.get("leaseDurationSeconds"),
+                                                                          LEASE_SECONDS),
+                  transitions=whole(spec.get("leaseTransitions"), 0), acquire_time=text(spec.get("acquireTime")),
+                  renew_time=text(spec.get("renewTime")), resource_version=text(meta.get("resourceVersion")))
+
+
+@dataclass
+class Observation:
+    """The last record a candidate saw and when (its own monotonic clock) it last changed."""
+
+    record: Record | None = None
+    changed_at: float = 0.0
+
+    def see(self, record: Record, now: float) -> None:
+        if self.record is None or self.record.key != record.key:
+            self.changed_at = now
+        self.record = record
+
+
+def lease_body(name: str, holder: str, *, now_wall: str, previous: Record | None,
+               owner: dict[str, Any] | None, duration: int = LEASE_SECONDS) -> dict[str, Any]:
+    """The Lease to create (previous None) or to write over ``previous`` (with its resourceVersion)."""
+    if previous is not None and previous.holder == holder:
+        acquire, transitions = previous.acquire_time or now_wall, previous.transitions
+    else:
+        acquire, transitions = now_wall, (previous.transitions + 1 if previous is not None else 0)
+    body: dict[str, Any] = {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "topology-agent"}},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "acquireTime": acquire,
+                 "renewTime": now_wall, "leaseTransitions": transitions},
+    }
+    if previous is not None:
+        body["metadata"]["resourceVersion"] = previous.resource_version
+    if owner:
+        body["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
+    return body
+
+
+def release_body(name: str, previous: Record, *, now_wall: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+    """What a holder writes when it stops: no holder, so a standby need not wait out the lease."""
+    body = lease_body(name, "", now_wall=now_wall, previous=previous, owner=owner, duration=1)
+    body["spec"]["leaseTransitions"] = previous.transitions
+    return body
+
+
+def may_take(observed: Observation, me: str, now: float) -> bool:
+    """Whether ``me`` may write the Lease now: it holds it, nobody does, or the holder stopped renewing."""
+    record = observed.record
+    if record is None or not record.holder or record.holder == me:
+        return True
+    return now - observed.changed_at >= record.duration

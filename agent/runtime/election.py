@@ -1,0 +1,106 @@
+"""The sidecar's side of the publisher election: one coordination.k8s.io/v1 Lease per job (rules in core/lease.py).
+
+Only the leader and the standbys it names run this (2 GETs/s for the whole job while the leader is healthy);
+followers never touch the Lease. The leader renews every ``RENEW_EVERY`` and counts as leader until it has failed
+to renew for ``RENEW_SECONDS``; a standby writes the Lease only when ``may_take`` says so, always with the
+resourceVersion it read, so at most one pod publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agent.core.lease import (
+    RENEW_EVERY,
+    RENEW_SECONDS,
+    RETRY_EVERY,
+    Observation,
+    lease_body,
+    may_take,
+    read_record,
+    release_body,
+)
+from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, ApiUnavailable
+from agent.k8s.async_client import AsyncApiClient
+from agent.runtime.publishing import lease_path, now_wall
+
+log = logging.getLogger("topology_agent.election")
+
+
+class Elector:
+    def __init__(self, api: AsyncApiClient, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock
+        self.observed = Observation()
+        self.leading = False
+        self.renewed_at = 0.0
+        self.transitions = 0  # times this pod became leader (metrics)
+
+    async def attempt(self) -> bool:
+        """One client-go tryAcquireOrRenew: whether this pod holds the Lease now."""
+        path = lease_path(self.namespace, self.name)
+        try:
+            lease = await self.api.get_object(path)
+        except ApiNotFound:
+            body = lease_body(self.name, self.me, now_wall=now_wall(), previous=None, owner=self.owner)
+            try:
+                written = await self.api.write("POST", lease_path(self.namespace), body)
+            except ApiConflict:
+                return False
+            return self._took(written)
+        now = self.clock()
+        record = read_record(lease)
+        self.observed.see(record, now)
+        if not may_take(self.observed, self.me, now):
+            return False
+        body = lease_body(self.name, self.me, now_wall=now_wall(), previous=record, owner=self.owner)
+        try:
+            written = await self.api.write("PUT", path, body)
+        except ApiConflict:  # another standby wrote first
+            return False
+        return self._took(written)
+
+    def _took(self, written: dict[str, Any]) -> bool:
+        self.observed.see(read_record(written), self.clock())
+        self.renewed_at = self.clock()
+        return True
+
+    async def run(self, on_change: Callable[[bool], Awaitable[None]]) -> None:
+        """Contend or renew forever; ``on_change(True/False)`` when this pod starts or stops leading."""
+        forbidden_logged = False
+        while True:
+            try:
+                leading = await self.attempt()
+            except ApiForbidden as err:
+                if not forbidden_logged:
+                    log.warning("cannot read or write lease %s (%s); this pod will not take over publishing",
+                                self.name, err)
+                    forbidden_logged = True
+                leading = False
+            except (ApiUnavailable, ApiError) as err:
+                # A leader that cannot reach the API keeps leading until its renew deadline has passed.
+                leading = self.leading and self.clock() - self.renewed_at < RENEW_SECONDS
+                log.info("lease %s: %s (%s)", self.name, err, "still leading" if leading else "not leading")
+            if leading != self.leading:
+                self.leading = leading
+                if leading:
+                    self.transitions += 1
+                log.info("%s publishing the topology (lease %s)", "started" if leading else "stopped", self.name)
+                await on_change(leading)
+            await asyncio.sleep(RENEW_EVERY if self.leading else RETRY_EVERY)
+
+    async def release(self) -> None:
+        """On SIGTERM: let a standby take over at its next look instead of after the whole lease."""
+        if not self.leading or self.observed.record is None:
+            return
+        body = release_body(self.name, self.observed.record, now_wall=now_wall(), owner=self.owner)
+        try:
+            await self.api.write("PUT", lease_path(self.namespace, self.name), body)
+            log.info("released lease %s", self.name)
+        except ApiError as err:
+            log.info("could not release lease %s (%s); a standby takes over when it expires", self.name, err)
+        self.leading = False
