@@ -293,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--health-port", help="port of /healthz /readyz /metrics /topology (default 8090; 0: off)")
     sidecar.add_argument("--health-host", help="address to bind the health server (default 0.0.0.0)")
     sidecar.add_argument("--stuck-after", help="seconds without watch progress before /healthz fails (default 600)")
+    sidecar.add_argument("--lease-seconds", help="large jobs: duration of the Lease that elects the pod publishing the "
+                                                 "topology; a crashed publisher is replaced after it (default 15)")
     _add_common(sidecar)
 
     sandbox = commands.add_parser("sandbox", help="run the sandbox API server (for kubectl and the agent, no cluster)")
@@ -481,6 +483,11 @@ def _sidecar(args: argparse.Namespace) -> int:
     debounce_k, stuck_k, signal_k = knob(args, "debounce"), knob(args, "stuck-after"), knob(args, "signal")
     debounce = _float(debounce_k.label, debounce_k.value, 1.0, high=3600)
     stuck_after = _float(stuck_k.label, stuck_k.value, 600.0)
+    lease_k = knob(args, "lease-seconds")
+    lease_seconds = _float(lease_k.label, lease_k.value, 15.0, high=3600)
+    if lease_seconds < 2 or lease_seconds != int(lease_seconds):
+        raise InputError(f"{lease_k.label} '{lease_k.value}' must be a whole number of seconds from 2 to 3600 "
+                         "(a Lease counts whole seconds)")
     trainer_signal = parse_signal(signal_k.value or "SIGUSR1", label=signal_k.label)
     port = _int_knob(knob(args, "health-port"), low=0)
     port = 8090 if port is None else port
@@ -495,7 +502,7 @@ def _sidecar(args: argparse.Namespace) -> int:
     settings = SidecarSettings(
         namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, debounce=debounce,
         signal=trainer_signal, finder=TrainerFinder(pid_file=Path(pid_file) if pid_file else None, match=match),
-        stuck_after=stuck_after,
+        stuck_after=stuck_after, lease_seconds=int(lease_seconds),
     )
 
     async def main_async() -> None:

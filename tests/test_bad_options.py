@@ -77,6 +77,8 @@ CASES += [
     ("init", "--source", ["--source", "both"], ["--source 'both'", "auto, pods, published"]),
     ("sidecar", "--debounce", ["--debounce", "nan"], ["--debounce 'nan'", "seconds"]),
     ("sidecar", "--debounce", ["--debounce", "-1"], ["--debounce '-1'"]),
+    ("sidecar", "--lease-seconds", ["--lease-seconds", "1"], ["--lease-seconds '1'", "from 2 to 3600"]),
+    ("sidecar", "--lease-seconds", ["--lease-seconds", "2.5"], ["--lease-seconds '2.5'", "whole number"]),
     ("sidecar", "--signal", ["--signal", "SIGFOO"], ["--signal 'SIGFOO'", "SIGUSR1"]),
     ("sidecar", "--trainer-pid-file", ["--trainer-pid-file", "/"], ["--trainer-pid-file /", "directory"]),
     ("sidecar", "--trainer-match", ["--trainer-match", "(torchrun"], ["--trainer-match '(torchrun'"]),

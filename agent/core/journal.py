@@ -212,6 +212,12 @@ class Publisher:
         return {"schema": SCHEMA, "job": state.job, "namespace": state.namespace, "generation": state.seq,
                 "containers": state.shapes, "pods": [state.rows[name] for name in sorted(state.rows)]}
 
+    def start_from_snapshot(self) -> None:
+        """After the first snapshot: an empty journal (the first change held every pod: no follower needs it)."""
+        self.entries.clear()
+        self._encoded.clear()
+        self.snapshot_due = False
+
     def snapshot_written(self, seq: int) -> None:
         self.state.snapshot_seq = seq
         self.snapshot_due = self.base > seq

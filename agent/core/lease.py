@@ -17,11 +17,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-LEASE_SECONDS = 15  # client-go's defaults for kube-controller-manager: 15 s lease,
-RENEW_SECONDS = 10  # 10 s renew deadline,
-RENEW_EVERY = 2.0  # the holder renews every 2 s;
-RETRY_EVERY = 1.0  # standbys look every second (two of them: 2 GETs/s for the whole job), so a crash is taken
-#                    over within LEASE_SECONDS + 1 s of the last renewal
+LEASE_SECONDS = 15  # client-go's defaults for kube-controller-manager: a 15 s lease, a 10 s renew deadline
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How often the holder renews and the standbys look, from the lease duration (``--lease-seconds``)."""
+
+    duration: int = LEASE_SECONDS
+
+    @property
+    def renew_deadline(self) -> float:  # a holder that could not renew for this long stops publishing
+        return self.duration * 2 / 3
+
+    @property
+    def renew_every(self) -> float:
+        return min(2.0, self.duration / 5)
+
+    @property
+    def retry_every(self) -> float:
+        """Standbys look every second (two of them: 2 GETs/s for the whole job), so a crashed leader is replaced
+        within the lease duration + 1 s of its last renewal."""
+        return min(1.0, self.duration / 10)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The sidecar's side of the publisher election: one coordination.k8s.io/v1 Lease per job (rules in core/lease.py).
 
 Only the leader and the standbys it names run this (2 GETs/s for the whole job while the leader is healthy);
-followers never touch the Lease. The leader renews every ``RENEW_EVERY`` and counts as leader until it has failed
-to renew for ``RENEW_SECONDS``; a standby writes the Lease only when ``may_take`` says so, always with the
-resourceVersion it read, so at most one pod publishes.
+followers never touch the Lease. The leader renews every ``Timing.renew_every`` and counts as leader until it
+has failed to renew for ``Timing.renew_deadline``; a standby writes the Lease only when ``may_take`` says so,
+always with the resourceVersion it read, so at most one pod publishes.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agent.core.lease import (
-    RENEW_EVERY,
-    RENEW_SECONDS,
-    RETRY_EVERY,
     Observation,
+    Timing,
     lease_body,
     may_take,
     read_record,
@@ -33,8 +31,9 @@ log = logging.getLogger("topology_agent.election")
 
 class Elector:
     def __init__(self, api: AsyncApiClient, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 timing: Timing | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock
+        self.timing = timing or Timing()
         self.observed = Observation()
         self.leading = False
         self.renewed_at = 0.0
@@ -46,7 +45,8 @@ class Elector:
         try:
             lease = await self.api.get_object(path)
         except ApiNotFound:
-            body = lease_body(self.name, self.me, now_wall=now_wall(), previous=None, owner=self.owner)
+            body = lease_body(self.name, self.me, now_wall=now_wall(), previous=None, owner=self.owner,
+                              duration=self.timing.duration)
             try:
                 written = await self.api.write("POST", lease_path(self.namespace), body)
             except ApiConflict:
@@ -57,7 +57,8 @@ class Elector:
         self.observed.see(record, now)
         if not may_take(self.observed, self.me, now):
             return False
-        body = lease_body(self.name, self.me, now_wall=now_wall(), previous=record, owner=self.owner)
+        body = lease_body(self.name, self.me, now_wall=now_wall(), previous=record, owner=self.owner,
+                          duration=self.timing.duration)
         try:
             written = await self.api.write("PUT", path, body)
         except ApiConflict:  # another standby wrote first
@@ -83,7 +84,7 @@ class Elector:
                 leading = False
             except (ApiUnavailable, ApiError) as err:
                 # A leader that cannot reach the API keeps leading until its renew deadline has passed.
-                leading = self.leading and self.clock() - self.renewed_at < RENEW_SECONDS
+                leading = self.leading and self.clock() - self.renewed_at < self.timing.renew_deadline
                 log.info("lease %s: %s (%s)", self.name, err, "still leading" if leading else "not leading")
             if leading != self.leading:
                 self.leading = leading
@@ -91,7 +92,7 @@ class Elector:
                     self.transitions += 1
                 log.info("%s publishing the topology (lease %s)", "started" if leading else "stopped", self.name)
                 await on_change(leading)
-            await asyncio.sleep(RENEW_EVERY if self.leading else RETRY_EVERY)
+            await asyncio.sleep(self.timing.renew_every if self.leading else self.timing.retry_every)
 
     async def release(self) -> None:
         """On SIGTERM: let a standby take over at its next look instead of after the whole lease."""

@@ -52,6 +52,7 @@ def publish_first(api: PodSource, namespace: str, name: str, pods: list[RawPod],
     seq = publisher.state.seq
     data = pack(publisher.snapshot_document())
     publisher.snapshot_written(seq)
+    publisher.start_from_snapshot()
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
     body = configmap_body(name, data, generation=seq, leader=leader, owner=owner)
     try:

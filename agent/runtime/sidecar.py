@@ -27,6 +27,7 @@ from typing import Any
 from agent.core import Memo, Options, Rendered, render_pod
 from agent.core.controllers import detect_controller
 from agent.core.journal import STANDBYS, PublishedState, Publisher, journal_body, journal_name, read_journal, state_from
+from agent.core.lease import Timing
 from agent.core.model import RawPod
 from agent.core.published import SELECT_LABEL, configmap_body, configmap_name, pack, select_value
 from agent.core.rendering import membership_key, membership_key_of_document
@@ -66,6 +67,7 @@ class SidecarSettings:
     signal: Any = None  # signal.Signals | None
     finder: TrainerFinder = field(default_factory=TrainerFinder)
     stuck_after: float = 600.0
+    lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
 
 
 class Sidecar:
@@ -202,7 +204,8 @@ class Sidecar:
         if state is None and journal is None:
             return
         me = self.settings.pod_name
-        self.elector = Elector(self.api, self.settings.namespace, self.configmap, me, owner=self.owner)
+        self.elector = Elector(self.api, self.settings.namespace, self.configmap, me, owner=self.owner,
+                               timing=Timing(self.settings.lease_seconds))
         if journal is not None and (journal.leader == me or me in journal.standby):
             self.mode = "candidate"
             self.candidate.set()

@@ -278,6 +278,91 @@ def test_with_a_published_topology_only_the_leader_watches_pods_and_followers_fo
             log.close()
 
 
+def start_sidecar(sandbox, tmp_path, name, *extra):
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": "default"}
+    env.pop("KUBECONFIG", None)
+    log = (tmp_path / f"{name}.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(tmp_path / name), "--address", "ip",
+         "--debounce", "0", "--signal", "none", "--health-port", "0", *extra], env=env, stderr=log)
+    return proc, log
+
+
+def published_job(sandbox, tmp_path, workers):
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", workers)))
+    for pod in pods:
+        code, err = finish(start_init(sandbox, pod["metadata"]["name"], tmp_path / pod["metadata"]["name"],
+                                      "--address", "ip", "--source", "published"))
+        assert code == 0, err
+    return pods
+
+
+def world(out: Path) -> tuple[str, str]:
+    env = json.loads((out / "topology.json").read_text())["env"]
+    return env["WORLD_SIZE"], env["MASTER_ADDR"]
+
+
+def test_a_follower_receives_only_the_journal_and_the_leader_names_its_standbys(sandbox, tmp_path):
+    """Issue 13: each change reached every follower as the whole snapshot (88 KiB at 4096 pods)."""
+    published_job(sandbox, tmp_path, 7)
+    procs = {n: start_sidecar(sandbox, tmp_path, n) for n in ("demo-master-0", "demo-worker-0", "demo-worker-5")}
+    try:
+        wait_for(lambda: "named a standby" in (tmp_path / "demo-worker-0.log").read_text(), what="standby named")
+        agent = "topology-agent/0.1.0 sidecar (default/demo-worker-5)"
+        wait_for(lambda: sandbox.stats()["byAgent"].get(agent, {}).get("watches", 0) >= 1, what="follower watching")
+        assert "named a standby" not in (tmp_path / "demo-worker-5.log").read_text()
+        snapshot = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
+        sandbox.reset_stats()
+        add_worker(sandbox, 7, 90)
+        wait_for(lambda: world(tmp_path / "demo-worker-5")[0] == "9", what="the follower sees the new worker")
+        follower = sandbox.stats()["byAgent"][agent]
+        assert follower["requests"] == 0  # its watch was open already
+        assert follower["bytes"] < len(json.dumps(snapshot))  # the journal, not the snapshot
+        journal = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology-journal")
+        assert journal["data"]["leader"] == "demo-master-0"
+        assert journal["data"]["standby"] == "demo-worker-0,demo-worker-1"
+    finally:
+        for proc, log in procs.values():
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+            log.close()
+
+
+@pytest.mark.parametrize("how", ["crash", "sigterm"])
+def test_when_the_leader_goes_a_standby_takes_over_and_followers_see_the_new_membership(sandbox, tmp_path, how):
+    """Issue 13: followers kept the last membership forever when the leader pod went away."""
+    published_job(sandbox, tmp_path, 5)
+    procs = {n: start_sidecar(sandbox, tmp_path, n, "--lease-seconds", "3")
+             for n in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-4")}
+    try:
+        wait_for(lambda: "named a standby" in (tmp_path / "demo-worker-1.log").read_text(), what="standby named")
+        before = world(tmp_path / "demo-worker-4")
+        leader, leader_log = procs.pop("demo-master-0")
+        if how == "crash":
+            leader.kill()  # no release: the standbys wait out the lease
+        else:
+            leader.send_signal(signal.SIGTERM)
+        assert leader.wait(15) in (0, -signal.SIGKILL)
+        leader_log.close()
+        sandbox.delete_pod("default", "demo-master-0")
+        wait_for(lambda: world(tmp_path / "demo-worker-4")[0] == "5", timeout=30,
+                 what="the follower sees the leader gone")
+        after = world(tmp_path / "demo-worker-4")
+        assert before[0] == "6" and after[1] != before[1]  # a new rank 0, a new MASTER_ADDR
+        took = [n for n in ("demo-worker-0", "demo-worker-1")
+                if "started publishing" in (tmp_path / f"{n}.log").read_text()]
+        assert len(took) == 1
+        lease = sandbox.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")
+        assert lease["spec"]["holderIdentity"] == took[0] and lease["spec"]["leaseTransitions"] >= 1
+        if how == "sigterm":
+            assert "released lease demo-topology" in (tmp_path / "demo-master-0.log").read_text()
+    finally:
+        for proc, log in procs.values():
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+            log.close()
+
+
 def test_sigterm_while_the_api_is_down_at_start_exits_0_at_once(sandbox, tmp_path):
     # Issue 12: the start-up retry loop ignored SIGTERM; the pod then waited for its grace period's SIGKILL.
     create_volcano_job(sandbox, (("master", 1), ("worker", 1)))

@@ -1,0 +1,59 @@
+"""The publisher election follows client-go's leaderelection rules (tryAcquireOrRenew): expiry is judged by when
+the candidate itself last saw the record change, never by comparing the holder's timestamps with its own clock."""
+
+from __future__ import annotations
+
+from agent.core.lease import Observation, Timing, lease_body, may_take, read_record, release_body
+
+
+def lease(holder, renew="2026-11-22T00:00:00.000000Z", rv="7", duration=15, transitions=2):
+    return {"metadata": {"resourceVersion": rv},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration, "renewTime": renew,
+                     "acquireTime": "2026-11-21T00:00:00.000000Z", "leaseTransitions": transitions}}
+
+
+def test_a_standby_waits_a_whole_lease_duration_after_the_last_change_it_saw():
+    seen = Observation()
+    seen.see(read_record(lease("leader")), now=100.0)
+    assert not may_take(seen, "standby", 114.9)
+    seen.see(read_record(lease("leader", renew="2026-11-22T00:00:02.000000Z", rv="8")), now=110.0)  # renewed
+    assert not may_take(seen, "standby", 124.9)
+    assert may_take(seen, "standby", 125.0)
+
+
+def test_a_renew_time_from_a_skewed_clock_does_not_count_as_expired():
+    seen = Observation()
+    seen.see(read_record(lease("leader", renew="1999-01-01T00:00:00.000000Z")), now=100.0)
+    assert not may_take(seen, "standby", 101.0)  # an old-looking timestamp, but it just changed
+
+
+def test_free_or_own_leases_may_be_written_at_once_and_odd_fields_read_as_free():
+    seen = Observation()
+    assert may_take(seen, "me", 0.0)  # none seen
+    seen.see(read_record(lease("")), now=5.0)
+    assert may_take(seen, "me", 5.0)  # released
+    seen.see(read_record(lease("me")), now=6.0)
+    assert may_take(seen, "me", 6.0)
+    odd = read_record({"spec": {"holderIdentity": 7, "leaseDurationSeconds": "x", "leaseTransitions": True},
+                       "metadata": None})
+    assert odd.holder == "" and odd.duration == 15 and odd.transitions == 0
+
+
+def test_writes_carry_the_version_read_and_count_transitions_like_client_go():
+    record = read_record(lease("old"))
+    taken = lease_body("demo-topology", "new", now_wall="T1", previous=record, owner=None)
+    assert taken["metadata"]["resourceVersion"] == "7"  # a second writer of the same version gets 409
+    assert taken["spec"] == {"holderIdentity": "new", "leaseDurationSeconds": 15, "acquireTime": "T1",
+                             "renewTime": "T1", "leaseTransitions": 3}
+    renewed = lease_body("demo-topology", "old", now_wall="T2", previous=record, owner=None)
+    assert renewed["spec"]["acquireTime"] == "2026-11-21T00:00:00.000000Z"
+    assert renewed["spec"]["leaseTransitions"] == 2
+    released = release_body("demo-topology", record, now_wall="T3", owner=None)
+    assert released["spec"]["holderIdentity"] == "" and released["spec"]["leaseDurationSeconds"] == 1
+    assert released["spec"]["leaseTransitions"] == 2
+
+
+def test_timing_follows_the_lease_duration():
+    assert (Timing().renew_deadline, Timing().renew_every, Timing().retry_every) == (10.0, 2.0, 1.0)
+    short = Timing(3)
+    assert short.renew_every < short.renew_deadline < short.duration and short.retry_every <= 0.3
