@@ -494,7 +494,7 @@ def _sidecar(args: argparse.Namespace) -> int:
     host_k = knob(args, "health-host", "0.0.0.0")
     health_host = _address_knob(host_k)
     kubeconfig = _kubeconfig(args)
-    ssh_settings(args)
+    ssh = ssh_settings(args)
     out_dir = _out_dir(args, check=True)
     setup_logging(log_format)
     config = load_config(kubeconfig)
@@ -502,7 +502,7 @@ def _sidecar(args: argparse.Namespace) -> int:
     settings = SidecarSettings(
         namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, debounce=debounce,
         signal=trainer_signal, finder=TrainerFinder(pid_file=Path(pid_file) if pid_file else None, match=match),
-        stuck_after=stuck_after, lease_seconds=int(lease_seconds),
+        stuck_after=stuck_after, lease_seconds=int(lease_seconds), ssh=ssh,
     )
 
     async def main_async() -> None:

@@ -11,19 +11,28 @@ from agent.core.ssh_config import SshPaths
 from agent.files.writing import write_files
 
 
-def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: object | None = None) -> list[str]:
-    """Write everything for this pod; return the names written. ``ssh`` is an ``SshSettings`` or None."""
+def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: object | None = None, *,
+                     ssh_membership_only: bool = False) -> list[str]:
+    """Write everything for this pod; return the names written. ``ssh`` is an ``SshSettings`` or None; the
+    sidecar passes ``ssh_membership_only`` (known_hosts and ssh_config follow the members; the pod's host key,
+    which sshd has loaded, stays)."""
     files = dict(rendered.files)
     modes: dict[str, int] = {}
     owner = None
     private: tuple[str, ...] = ()
     if ssh is not None:
-        from agent.ssh.material import SshSettings, load_job_keys, ssh_files
+        from agent.ssh.material import PUBLIC, SshSettings, load_job_keys, membership_files, ssh_files
 
         assert isinstance(ssh, SshSettings)
-        keys = load_job_keys(ssh.secret_dir)
-        ssh_out, modes = ssh_files(rendered, keys, paths=SshPaths(str(out_dir.resolve() / "ssh")), port=ssh.port,
-                                   cluster_domain=options.cluster_domain)
+        paths = SshPaths(str(out_dir.resolve() / "ssh"))
+        if ssh_membership_only:
+            ca_public = (ssh.secret_dir / "host_ca.pub").read_text().strip()
+            ssh_out = membership_files(rendered, ca_public, paths=paths, port=ssh.port)
+            modes = dict.fromkeys(ssh_out, PUBLIC)
+        else:
+            keys = load_job_keys(ssh.secret_dir)
+            ssh_out, modes = ssh_files(rendered, keys, paths=paths, port=ssh.port,
+                                       cluster_domain=options.cluster_domain)
         markers = {name: files.pop(name) for name in MARKERS}
         files.update(ssh_out)
         files.update(markers)  # the markers stay last

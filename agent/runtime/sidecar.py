@@ -68,6 +68,7 @@ class SidecarSettings:
     finder: TrainerFinder = field(default_factory=TrainerFinder)
     stuck_after: float = 600.0
     lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
+    ssh: Any = None  # SshSettings: known_hosts and ssh_config follow the members
 
 
 class Sidecar:
@@ -513,7 +514,7 @@ class Sidecar:
         if key == self.last_key:
             return False
         self.generation += 1
-        write_generation(s.out_dir, rendered, s.options)
+        write_generation(s.out_dir, rendered, s.options, s.ssh, ssh_membership_only=True)
         written = self.clock()
         self.last_key = key
         self.document = rendered.files["topology.json"]

@@ -108,12 +108,19 @@ def ssh_files(rendered: Rendered, keys: JobKeys, *, paths: SshPaths, port: int, 
         "ssh/ssh_host_ed25519_key": host_key.export_private_key("openssh"),
         "ssh/ssh_host_ed25519_key.pub": host_key.export_public_key(),
         "ssh/ssh_host_ed25519_key-cert.pub": cert.export_certificate(),
-        "ssh/known_hosts": render_known_hosts(topo, keys.ca_public, port).encode(),
-        "ssh/ssh_config": render_ssh_config(topo, paths, port).encode(),
+        **membership_files(rendered, keys.ca_public, paths=paths, port=port),
         "ssh/sshd_config": render_sshd_config(paths, port, pod_name=me.name).encode(),
     }
     modes = {name: PRIVATE if name.endswith(("id_ed25519", "_key")) else PUBLIC for name in files}
     return files, modes
+
+
+def membership_files(rendered: Rendered, ca_public: str, *, paths: SshPaths, port: int) -> dict[str, bytes]:
+    """The SSH files that name the members (the sidecar rewrites these when membership changes: with
+    ``--address ip`` a new member is known by its IP only). The pod's own host key and certificate stay."""
+    topo = rendered.plan.topology
+    return {"ssh/known_hosts": render_known_hosts(topo, ca_public, port).encode(),
+            "ssh/ssh_config": render_ssh_config(topo, paths, port).encode()}
 
 
 @dataclass(frozen=True)

@@ -220,3 +220,47 @@ def test_ssh_owner_gives_the_trainers_user_the_files(workdir):
     for path in [out / "ssh", *(out / "ssh").iterdir()]:
         assert (path.stat().st_uid, path.stat().st_gid) == (1234, 2345), path
     assert out.stat().st_mode & 0o777 == 0o755  # sshd's StrictModes: no group/other write above the keys
+
+
+def test_the_sidecar_keeps_known_hosts_current_when_a_member_joins_by_ip(workdir):
+    """Issue 13: with --address ip the sidecar never rewrote ssh/, so a new member's IP was not in known_hosts and
+    strict host key checking refused it."""
+    from agent.sandbox.threaded import SandboxThread
+    from tests.integration.conftest import finish, start_init
+    from tests.integration.test_init import create_volcano_job
+    from tests.integration.test_sidecar import add_worker, generation, start_sidecar, wait_for
+
+    Path("/run/sshd").mkdir(exist_ok=True)
+    port = free_port()
+    secret = write_secret(workdir / "secret")
+    ssh_args = ("--address", "ip", "--ssh-secret-dir", str(secret), "--ssh-port", str(port), "--nproc-per-node", "1")
+    procs = []
+    with SandboxThread(workdir / "sandbox", bookmark_interval=0.5) as sandbox:
+        pods = create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+
+        def start_pod(name: str, ip: str) -> None:
+            code, err = finish(start_init(sandbox, name, workdir / name, *ssh_args))
+            assert code == 0, err
+            log = workdir / f"sshd-{name}.log"
+            procs.append(start_sshd(workdir / name / "ssh" / "sshd_config", ip, log))
+            wait_listening(ip, port, procs[-1], log)
+
+        try:
+            for pod in pods:
+                start_pod(pod["metadata"]["name"], pod["status"]["podIP"])
+            sidecar, sidecar_log = start_sidecar(sandbox, workdir, "demo-master-0", *ssh_args[2:])
+            procs.append(sidecar)
+            wait_for(lambda: "following" in (workdir / "demo-master-0.log").read_text(), what="sidecar started")
+            add_worker(sandbox, 1, 40)
+            new_ip = examples.loopback_ip(40)
+            start_pod("demo-worker-1", new_ip)
+            wait_for(lambda: generation(workdir / "demo-master-0") == 2, what="the sidecar's generation 2")
+            config = workdir / "demo-master-0" / "ssh" / "ssh_config"
+            result = subprocess.run([SSH, "-F", str(config), "-o", "BatchMode=yes", new_ip, "true"],
+                                    capture_output=True, text=True, timeout=30)
+            assert result.returncode == 0, result.stderr
+            sidecar_log.close()
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(10)
