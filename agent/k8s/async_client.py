@@ -20,12 +20,16 @@ from agent.core.model import RawPod
 from agent.errors import ApiConflict, ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
 from agent.k8s.wire import (
+    PAGE,
+    Keep,
     Traffic,
     WatchEvent,
+    continue_token,
     error_for_status,
     list_items,
     list_query,
     namespace_of,
+    page_query,
     parse_event,
     parse_json,
     request_headers,
@@ -95,17 +99,30 @@ class AsyncApiClient:
         parts = path.strip("/").split("/")
         return await self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace_of(path))
 
-    async def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]:
-        items, rv = await self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector)
+    async def list_pods(self, namespace: str, selector: str, *,
+                        keep: Keep | None = None) -> tuple[list[RawPod], str]:
+        """The job's pods, in pages of ``PAGE``; ``keep`` shrinks each page before the next is read."""
+        items, rv = await self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector,
+                                            limit=PAGE, keep=keep)
         return items, rv  # type: ignore[return-value]
 
-    async def list_objects(self, path: str, *, label_selector: str = "",
-                           field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+    async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
+                           keep: Keep | None = None) -> tuple[list[dict[str, Any]], str]:
         query = list_query(label_selector, field_selector)
         parts = path.strip("/").split("/")
         namespace = namespace_of(path)
-        data = await self._get_json(path, verb="list", what=parts[-1], namespace=namespace, query=query)
-        return list_items(data, what=parts[-1])
+        kept: list[Any] = []
+        token, version = "", ""
+        while True:
+            data = await self._get_json(path, verb="list", what=parts[-1], namespace=namespace,
+                                        query=page_query(query, limit, token))
+            items, rv = list_items(data, what=parts[-1])
+            version = version or rv  # the first page's version: the snapshot every page belongs to
+            kept.extend(keep(items) if keep is not None else items)
+            token = continue_token(data) if limit else ""
+            del data, items
+            if not token:
+                return kept, version
 
     async def write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST (create) to a collection or PUT (replace) to an object; 409 becomes ``ApiConflict``."""

@@ -20,13 +20,17 @@ from agent.core.model import RawPod
 from agent.errors import ApiConflict, ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
 from agent.k8s.wire import (
+    PAGE,
+    Keep,
     PodSource,
     Traffic,
     WatchEvent,
+    continue_token,
     error_for_status,
     list_items,
     list_query,
     namespace_of,
+    page_query,
     parse_event,
     parse_json,
     request_headers,
@@ -115,16 +119,28 @@ class ApiClient:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
         return self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore[return-value]
 
-    def list_pods(self, namespace: str, selector: str) -> tuple[list[RawPod], str]:
-        return self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector)  # type: ignore
+    def list_pods(self, namespace: str, selector: str, *, keep: Keep | None = None) -> tuple[list[RawPod], str]:
+        """The job's pods, in pages of ``PAGE``; ``keep`` shrinks each page before the next is read."""
+        return self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector,  # type: ignore
+                                 limit=PAGE, keep=keep)
 
-    def list_objects(self, path: str, *, label_selector: str = "",
-                     field_selector: str = "") -> tuple[list[dict[str, Any]], str]:
+    def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
+                     keep: Keep | None = None) -> tuple[list[dict[str, Any]], str]:
         query = list_query(label_selector, field_selector)
         parts = path.strip("/").split("/")
         namespace = namespace_of(path)
-        data = self._get_json(path, verb="list", what=parts[-1], namespace=namespace, query=query)
-        return list_items(data, what=parts[-1])
+        kept: list[Any] = []
+        token, version = "", ""
+        while True:
+            data = self._get_json(path, verb="list", what=parts[-1], namespace=namespace,
+                                  query=page_query(query, limit, token))
+            items, rv = list_items(data, what=parts[-1])
+            version = version or rv  # the first page's version: the snapshot every page belongs to
+            kept.extend(keep(items) if keep is not None else items)
+            token = continue_token(data) if limit else ""
+            del data, items
+            if not token:
+                return kept, version
 
     def get_object(self, path: str) -> dict[str, Any]:
         parts = path.strip("/").split("/")

@@ -136,12 +136,16 @@ class GangWaiter:
     def relist(self, selector: str) -> None:
         s = self.settings
         found: tuple[list[RawPod], str] = self._retry(  # type: ignore[assignment]
-            lambda: self.api.list_pods(s.namespace, selector), "list pods")
+            lambda: self.api.list_pods(s.namespace, selector, keep=self._intake), "list pods")
         items, rv = found
-        self.pods = {p["metadata"]["name"]: self._keep(p) for p in usable_pods(items)}
+        self.pods = {p["metadata"]["name"]: p for p in items}
         if s.pod_name not in self.pods and self.me is not None:
             self.pods[s.pod_name] = self.me  # not listed yet (a cache behind the GET): it is a member all the same
         self.resource_version = rv
+
+    def _intake(self, items: list[dict[str, object]]) -> list[RawPod]:
+        """What init keeps of each LIST page (the next page is read only after this one is cut down)."""
+        return [self._keep(p) for p in usable_pods(items)]
 
     def _keep(self, pod: RawPod) -> RawPod:
         """Peers cut to the fields the core reads (a 4096-pod job's full objects held 290 MB); the own pod whole."""

@@ -299,15 +299,20 @@ class Sidecar:
         else:
             s = self.settings
             await self._reflect(
-                lambda: self.api.list_pods(s.namespace, self.selector),  # type: ignore[arg-type,return-value]
+                lambda: self.api.list_pods(s.namespace, self.selector,  # type: ignore[arg-type,return-value]
+                                           keep=self._intake),
                 lambda rv: self.api.watch_pods(s.namespace, self.selector, rv, timeout=WATCH_SECONDS),
                 self._on_pods, self._on_pod_event, what="pods")
 
+    @staticmethod
+    def _intake(items: list[dict[str, Any]]) -> list[RawPod]:
+        """What the sidecar keeps of each LIST page: the usable pods, slimmed before the next page is read."""
+        return [slim_pod(p) for p in usable_pods(items)]
+
     def _on_pods(self, items: list[dict[str, Any]]) -> bool:
         self.touched |= set(self.pods)
-        # A compact copy, so the arenas of the parsed LIST empty out and can go back to the OS.
-        self.pods = json.loads(json.dumps({p["metadata"]["name"]: slim_pod(p)  # type: ignore[arg-type]
-                                           for p in usable_pods(items)}))
+        # A compact copy, so the arenas of the parsed LIST pages empty out and can go back to the OS.
+        self.pods = json.loads(json.dumps({p["metadata"]["name"]: p for p in items}))
         # The pods live until the next relist and hold no cycles: keep the cyclic collector off them, so a
         # collection during a change does not walk every pod of the job (refcounting still frees them).
         gc.collect()
@@ -522,8 +527,9 @@ class Sidecar:
         self.metrics.generation.set(self.generation)
         self.metrics.latency.observe(max(0.0, written - since))
         topo = rendered.plan.topology
-        log.info("generation %d written: %d training pods, world size %d (rv=%s files_at=%.6f)", self.generation,
-                 len(topo.training), topo.world_size, self.resource_version, written)
+        log.info("generation %d written: %d training pods, world size %d (rv=%s seq=%d files_at=%.6f)",
+                 self.generation, len(topo.training), topo.world_size, self.resource_version,
+                 self.published.seq if self.published is not None else 0, written)
         result = signal_trainer(s.finder, s.signal)
         self.metrics.signals.labels(result).inc()
         if result == "sent":

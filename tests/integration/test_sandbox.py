@@ -139,3 +139,35 @@ def test_keygen_prints_a_secret_and_apply_creates_it(sandbox, capsys):
     stored = sandbox.sandbox.store.get("/v1/secrets", "default", "train-ssh")
     assert set(stored["data"]) == set(manifest["data"])
     assert stored["data"]["host_ca"] != manifest["data"]["host_ca"]  # every keygen makes new keys
+
+
+def test_pods_are_listed_in_pages_each_cut_down_before_the_next_is_read(sandbox, client):
+    """Issue 13: a 4096-pod LIST parsed at once peaked at ~200 MB in the leader; pages of 500 bound it."""
+    import asyncio
+
+    from agent.k8s.async_client import AsyncApiClient
+    from agent.k8s.wire import PAGE, page_query
+
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 2 * PAGE + 10)))
+    for pod in pods:
+        sandbox.create_pod(pod)
+    pages: list[int] = []
+
+    def keep(items):
+        pages.append(len(items))
+        return [item["metadata"]["name"] for item in items]
+
+    before = client.traffic.requests
+    names, rv = client.list_pods("default", "volcano.sh/job-name=demo", keep=keep)
+    assert sorted(names) == sorted(p["metadata"]["name"] for p in pods) and rv
+    assert pages == [PAGE, PAGE, 11] and client.traffic.requests - before == 3
+
+    async def listed() -> list[str]:
+        async with AsyncApiClient(kubeconfig_config(str(sandbox.sandbox.kubeconfig))) as api:
+            found, _ = await api.list_pods("default", "volcano.sh/job-name=demo", keep=keep)
+            return found
+
+    assert sorted(asyncio.run(listed())) == sorted(names)
+    # The API server refuses a resourceVersion with a continue token.
+    assert page_query({"resourceVersion": "0", "labelSelector": "a=b"}, 500, "tok") == \
+        {"labelSelector": "a=b", "limit": "500", "continue": "tok"}
