@@ -24,8 +24,8 @@ def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, gene
                memo: Memo | None = None, files_dir: str | None = None) -> Rendered:
     plan = build_plan(pods, self_name, options, memo=memo)
     variables = compute_variables(plan, options, generation=generation, files_dir=files_dir)
-    return Rendered(plan=plan, variables=tuple(variables),
-                    files=render_files(plan, variables, generation=generation))
+    files = render_files(plan, variables, generation=generation, texts=memo.texts if memo is not None else None)
+    return Rendered(plan=plan, variables=tuple(variables), files=files)
 
 
 __all__ = ["Memo", "Options", "Rendered", "render_pod"]

