@@ -141,7 +141,7 @@ def steady(sandbox: SandboxThread, tmp: Path, n: int, changes: int, gap: float, 
     running = {role: start_sidecar(sandbox, tmp, pod, lease) for role, pod in roles.items()}
     agents = {role: AGENT.format(kind="sidecar", pod=pod) for role, pod in roles.items()}
     wait_until(lambda: "started publishing" in running["leader"][1].read_text(), 60, "the leader to publish")
-    wait_until(lambda: "named a standby" in running["standby"][1].read_text(), 60, "the standby to be named")
+    wait_until(lambda: "(candidate)" in running["standby"][1].read_text(), 60, "the standby to be named")
     wait_until(lambda: all(sandbox.stats()["byAgent"].get(agents[r], {}).get("watches", 0) >= 1 for r in roles),
                60, "every sidecar to watch")
     time.sleep(1.0)

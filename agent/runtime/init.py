@@ -9,6 +9,7 @@ gang is complete. A watch that the server ends or that breaks resumes from the l
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import socket
 import time
@@ -27,6 +28,7 @@ from agent.core.gang import (
     options_from_owner,
     owner_path,
 )
+from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
 from agent.core.published import configmap_name, is_leader, leader_identity
 from agent.core.topology import pod_name, slim_pod
@@ -144,8 +146,9 @@ class GangWaiter:
         self.resource_version = rv
 
     def _intake(self, items: list[dict[str, object]]) -> list[RawPod]:
-        """What init keeps of each LIST page (the next page is read only after this one is cut down)."""
-        return [self._keep(p) for p in usable_pods(items)]
+        """What init keeps of each LIST page, as a fresh copy (slimmed pods share strings with the parsed page and
+        would keep its memory alive), before the next page is read."""
+        return json.loads(json.dumps([self._keep(p) for p in usable_pods(items)]))  # type: ignore[no-any-return]
 
     def _keep(self, pod: RawPod) -> RawPod:
         """Peers cut to the fields the core reads (a 4096-pod job's full objects held 290 MB); the own pod whole."""
@@ -295,8 +298,10 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         pods = list(waiter.pods.values())
         if source == "published":
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
+            training = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo).plan.topology.training
             follow = not publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
-                                       leader=settings.pod_name, owner=dict(owners[0]) if owners else None)
+                                       leader=settings.pod_name, owner=dict(owners[0]) if owners else None,
+                                       standby=tuple(m.name for m in training[1:1 + STANDBYS]))
     if follow:
         published = read_published(api, settings.namespace, cm_name, settings.pod_name,
                                    deadline=waiter.deadline, clock=clock, sleep=sleep)

@@ -44,17 +44,18 @@ def lease_path(namespace: str, name: str = "") -> str:
 
 
 def publish_first(api: PodSource, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
-                  leader: str, owner: dict[str, Any] | None) -> bool:
+                  leader: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = ()) -> bool:
     """The leader's init: the snapshot, the journal and the Lease. False when the snapshot exists already (this
     init runs again after a restart, and whoever holds the Lease keeps it current): then read it as a follower."""
     publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader)
+    publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods])
     seq = publisher.state.seq
     data = pack(publisher.snapshot_document())
     publisher.snapshot_written(seq)
     publisher.start_from_snapshot()
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
-    body = configmap_body(name, data, generation=seq, leader=leader, owner=owner)
+    body = configmap_body(name, data, generation=seq, leader=leader, owner=owner, standby=standby)
     try:
         with_retries(lambda: api.create(collection, body), what="publish topology")
     except ApiConflict:

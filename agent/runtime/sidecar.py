@@ -306,13 +306,14 @@ class Sidecar:
 
     @staticmethod
     def _intake(items: list[dict[str, Any]]) -> list[RawPod]:
-        """What the sidecar keeps of each LIST page: the usable pods, slimmed before the next page is read."""
-        return [slim_pod(p) for p in usable_pods(items)]
+        """What the sidecar keeps of each LIST page: the usable pods, slimmed, as a fresh copy (a slimmed pod
+        shares strings with the parsed page and would keep the page's memory arenas alive), before the next page
+        is read: the peak is one page, not the whole LIST (a 4096-pod leader peaked at 200 MB)."""
+        return json.loads(json.dumps([slim_pod(p) for p in usable_pods(items)]))  # type: ignore[no-any-return]
 
     def _on_pods(self, items: list[dict[str, Any]]) -> bool:
         self.touched |= set(self.pods)
-        # A compact copy, so the arenas of the parsed LIST pages empty out and can go back to the OS.
-        self.pods = json.loads(json.dumps({p["metadata"]["name"]: p for p in items}))
+        self.pods = {p["metadata"]["name"]: p for p in items}
         # The pods live until the next relist and hold no cycles: keep the cyclic collector off them, so a
         # collection during a change does not walk every pod of the job (refcounting still frees them).
         gc.collect()
@@ -424,7 +425,7 @@ class Sidecar:
             if publisher.snapshot_due:
                 seq = publisher.state.seq
                 body = configmap_body(self.configmap, pack(publisher.snapshot_document()), generation=seq,
-                                      leader=self.settings.pod_name, owner=self.owner)
+                                      leader=self.settings.pod_name, owner=self.owner, standby=publisher.standby)
                 await self._write(self.configmap, body)
                 publisher.snapshot_written(seq)
             journal_cm = journal_name(self.configmap)

@@ -307,10 +307,10 @@ def test_a_follower_receives_only_the_journal_and_the_leader_names_its_standbys(
     published_job(sandbox, tmp_path, 7)
     procs = {n: start_sidecar(sandbox, tmp_path, n) for n in ("demo-master-0", "demo-worker-0", "demo-worker-5")}
     try:
-        wait_for(lambda: "named a standby" in (tmp_path / "demo-worker-0.log").read_text(), what="standby named")
+        wait_for(lambda: "(candidate)" in (tmp_path / "demo-worker-0.log").read_text(), what="standby named")
         agent = "topology-agent/0.1.0 sidecar (default/demo-worker-5)"
         wait_for(lambda: sandbox.stats()["byAgent"].get(agent, {}).get("watches", 0) >= 1, what="follower watching")
-        assert "named a standby" not in (tmp_path / "demo-worker-5.log").read_text()
+        assert "(follower)" in (tmp_path / "demo-worker-5.log").read_text()
         snapshot = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
         sandbox.reset_stats()
         add_worker(sandbox, 7, 90)
@@ -335,7 +335,7 @@ def test_when_the_leader_goes_a_standby_takes_over_and_followers_see_the_new_mem
     procs = {n: start_sidecar(sandbox, tmp_path, n, "--lease-seconds", "3")
              for n in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-4")}
     try:
-        wait_for(lambda: "named a standby" in (tmp_path / "demo-worker-1.log").read_text(), what="standby named")
+        wait_for(lambda: "(candidate)" in (tmp_path / "demo-worker-1.log").read_text(), what="standby named")
         before = world(tmp_path / "demo-worker-4")
         leader, leader_log = procs.pop("demo-master-0")
         if how == "crash":
