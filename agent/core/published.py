@@ -34,7 +34,7 @@ DATA_KEY = "topology.json.gz"
 _ROLE_LABELS = frozenset({
     c.VOLCANO_JOB, c.VOLCANO_TASK, c.VOLCANO_INDEX, c.PYTORCHJOB_JOB, c.PYTORCHJOB_TYPE, c.PYTORCHJOB_INDEX,
     c.JOBSET_NAME, c.JOBSET_RJOB, c.JOBSET_JOB_INDEX, c.JOBSET_GLOBAL_INDEX, c.COMPLETION_INDEX, c.JOB_NAME,
-    c.LWS_NAME, c.LWS_GROUP, c.LWS_WORKER,
+    c.LWS_NAME, c.LWS_GROUP, c.LWS_WORKER, c.MPI_OPERATOR_NAME, c.MPI_JOB_ROLE, c.COORDINATOR,
 })
 _NPROC_ENV = frozenset({"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})
 
@@ -89,6 +89,28 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
     if ip:
         status.update(podIP=ip, podIPs=[{"ip": ip}])
     return {"metadata": meta, "spec": spec, "status": status}  # type: ignore[typeddict-item]
+
+
+class Compactor:
+    """Peers as followers see them: the row's fields only, one shared container object per shape.
+
+    A sidecar that watches the pods (the publisher, its standbys, every pod of a small job) holds every peer for
+    the pod's life; cut like this a 4096-pod job's peers take a fraction of the memory (most of a slimmed pod is its
+    containers' env, which the core reads only from the pod's own container). Followers render the same files
+    from the same form (tested), so this changes no output."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._index: dict[str, int] = {}
+        self._shapes: list[dict[str, Any]] = []
+
+    def pod(self, pod: RawPod) -> RawPod:
+        """The compact pod, built from fresh strings: holding the parsed LIST page's own strings would keep the
+        page's memory arenas from being freed."""
+        row = json.loads(json.dumps(_row(pod, self.options, self._index)))
+        while len(self._shapes) < len(self._index):
+            self._shapes.append(json.loads(next(s for s, i in self._index.items() if i == len(self._shapes))))
+        return _pod_of(row, self._shapes, pod.get("metadata", {}).get("namespace", "default"))
 
 
 class Encoder:

@@ -9,7 +9,6 @@ gang is complete. A watch that the server ends or that breaks resumes from the l
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import socket
 import time
@@ -30,8 +29,8 @@ from agent.core.gang import (
 )
 from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
-from agent.core.published import configmap_name, is_leader, leader_identity
-from agent.core.topology import pod_name, slim_pod
+from agent.core.published import Compactor, configmap_name, is_leader, leader_identity
+from agent.core.topology import pod_name
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
 from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTimeout, InputError
@@ -84,6 +83,7 @@ class GangWaiter:
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
         self.owner: dict[str, object] | None = None
         self.me: RawPod | None = None
+        self.compactor: Compactor | None = None
 
     def _retry(self, call: Callable[[], object], what: str) -> object:
         try:
@@ -146,13 +146,17 @@ class GangWaiter:
         self.resource_version = rv
 
     def _intake(self, items: list[dict[str, object]]) -> list[RawPod]:
-        """What init keeps of each LIST page, as a fresh copy (slimmed pods share strings with the parsed page and
-        would keep its memory alive), before the next page is read."""
-        return json.loads(json.dumps([self._keep(p) for p in usable_pods(items)]))  # type: ignore[no-any-return]
+        """What init keeps of each LIST page, before the next page is read."""
+        return [self._keep(p) for p in usable_pods(items)]
 
     def _keep(self, pod: RawPod) -> RawPod:
-        """Peers cut to the fields the core reads (a 4096-pod job's full objects held 290 MB); the own pod whole."""
-        return pod if pod_name(pod) == self.settings.pod_name else slim_pod(pod)
+        """Peers as followers see them, from fresh strings (a 4096-pod job's full objects held 290 MB, and a
+        kept string of the parsed page keeps the page's memory); the own pod whole."""
+        if pod_name(pod) == self.settings.pod_name:
+            return pod
+        if self.compactor is None or self.compactor.options != self.settings.options:
+            self.compactor = Compactor(self.settings.options)
+        return self.compactor.pod(pod)
 
     def track(self, expected: Expectation) -> GangTracker:
         """A tracker over the pods held now (after a LIST); events then update it one pod at a time."""

@@ -17,6 +17,8 @@ JOBS = [
     ("jobset", examples.jobset, "trainer-workers-1-0-5q6rr"),
     ("lws", examples.leaderworkerset, "vllm-1-2"),
     ("indexed-job", examples.indexed_job, "sweep-1-h9q5m"),
+    ("mpijob", examples.mpijob, "allreduce-worker-1"),
+    ("trainjob-mpi", examples.trainjob_mpi, None),
 ]
 
 
@@ -24,6 +26,7 @@ JOBS = [
 @pytest.mark.parametrize("address", ["dns", "ip"])
 def test_the_compact_form_renders_the_same_files(key, build, me, address):
     pods = build()
+    me = me or pods[-1]["metadata"]["name"]
     for i, pod in enumerate(pods):
         pod["metadata"]["resourceVersion"] = str(100 + i)
     options = Options(address=address)
@@ -86,3 +89,12 @@ def test_the_leader_agrees_with_the_ranks():
                                            ("Big_Job", "big-job-topology")])
 def test_configmap_names_are_valid_object_names(job, name):
     assert configmap_name(job) == name
+
+
+def test_every_label_a_controller_reads_is_published():
+    """The MPI operator's labels were missing from the compact form: every follower of a 256+ pod MPIJob failed."""
+    from agent.core import controllers as c
+    from agent.core.published import _ROLE_LABELS
+
+    keys = {v for k, v in vars(c).items() if k.isupper() and isinstance(v, str) and "/" in v and not v.endswith("/")}
+    assert keys - _ROLE_LABELS == {c.LWS_SIZE}  # an annotation, published with the annotations
