@@ -148,7 +148,9 @@ def test_kubectl_kustomize_builds_the_rbac_base():
     verbs = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert verbs[(("",), ("pods",))] == {"get", "list", "watch"}
     writes = {k: v - {"get", "list", "watch"} for k, v in verbs.items() if v - {"get", "list", "watch"}}
-    assert writes == {(("",), ("configmaps",)): {"create", "update"}}, "the only write: the published topology"
+    # The only writes: the published topology and the Lease that elects its publisher (no delete, no patch).
+    assert writes == {(("",), ("configmaps",)): {"create", "update"},
+                      (("coordination.k8s.io",), ("leases",)): {"create", "update"}}
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "images/pytorch-trainer/Dockerfile",
