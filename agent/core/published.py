@@ -26,7 +26,6 @@ from agent.core.containers import pick_trainer_container
 from agent.core.controllers import Controller
 from agent.core.gang import Expectation
 from agent.core.model import Identity, Options, RawPod
-from agent.core.validation import check_pod
 from agent.errors import InputError
 
 SCHEMA = 1
@@ -113,41 +112,9 @@ class Compactor:
         return _pod_of(row, self._shapes, pod.get("metadata", {}).get("namespace", "default"))
 
 
-class Encoder:
-    """Builds the published document; rows are remembered per (pod, resourceVersion), so a change costs one row."""
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self._rows: dict[tuple[str, str], tuple[str, int]] = {}
-        self._containers: dict[str, int] = {}
-
-    def encode(self, job: str, namespace: str, pods: Sequence[RawPod], *, generation: int) -> bytes:
-        rows: list[str] = []
-        fresh: dict[tuple[str, str], tuple[str, int]] = {}
-        for pod in pods:
-            meta = pod.get("metadata", {})
-            key = (meta.get("name", ""), meta.get("resourceVersion", ""))
-            cached = self._rows.get(key) if key[1] else None
-            if cached is None:
-                cached = (json.dumps(_row(pod, self.options, self._containers), separators=(",", ":")), 0)
-            fresh[key] = cached
-            rows.append(cached[0])
-        self._rows = fresh
-        containers = [json.loads(shape) for shape, _ in sorted(self._containers.items(), key=lambda kv: kv[1])]
-        head = json.dumps({"schema": SCHEMA, "job": job, "namespace": namespace, "generation": generation,
-                           "containers": containers}, separators=(",", ":"))
-        text = head[:-1] + ',"pods":[' + ",".join(rows) + "]}"
-        return gzip.compress(text.encode(), compresslevel=1, mtime=0)
-
-
 def pack(document: dict[str, Any]) -> bytes:
     """A snapshot document as stored in the ConfigMap (``decode`` reads it back)."""
     return gzip.compress(json.dumps(document, separators=(",", ":")).encode(), compresslevel=1, mtime=0)
-
-
-def encode(job: str, pods: Sequence[RawPod], options: Options, *, generation: int) -> bytes:
-    namespace = pods[0].get("metadata", {}).get("namespace", "default") if pods else "default"
-    return Encoder(options).encode(job, namespace, pods, generation=generation)
 
 
 MAX_DOCUMENT = 64 * 1024 * 1024  # 4096 pods publish ~0.5 MB; anything near this is not our document
@@ -181,21 +148,6 @@ def decode(data: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
-
-
-def pods_of(document: dict[str, Any]) -> list[RawPod]:
-    containers = document.get("containers", [])
-    namespace = document.get("namespace", "default")
-    rows = document.get("pods", [])
-    if not isinstance(containers, list) or not all(isinstance(x, dict) for x in containers):
-        raise _refuse("containers is not a list of objects")
-    if not isinstance(namespace, str) or not isinstance(rows, list):
-        raise _refuse("namespace or pods has the wrong type")
-    pods = []
-    for row in rows:
-        check_row(row, len(containers))
-        pods.append(check_pod(_pod_of(row, containers, namespace)))
-    return pods  # type: ignore[return-value]
 
 
 def check_row(row: Any, shapes: int) -> None:
@@ -246,18 +198,6 @@ def decode_configmap(configmap: dict[str, Any]) -> dict[str, Any] | None:
     except ValueError:
         raise _refuse("binaryData is not base64") from None
     return decode(packed)
-
-
-def read_configmap(configmap: dict[str, Any]) -> tuple[str, int, list[RawPod]] | None:
-    """(leader, generation, pods) of a published ConfigMap, or None while it holds no topology."""
-    document = decode_configmap(configmap)
-    if document is None:
-        return None
-    data = configmap.get("data") or {}
-    leader = data.get("leader", "") if isinstance(data, dict) else ""
-    if not isinstance(leader, str):
-        raise _refuse("data.leader is not a string")
-    return leader, int(document.get("generation", 0)), pods_of(document)
 
 
 def leader_identity(controller: Controller, expected: Expectation, owner: dict[str, Any] | None,

@@ -8,7 +8,8 @@ from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import CONTROLLERS
 from agent.core.gang import Expectation
-from agent.core.published import Encoder, configmap_name, decode, is_leader, leader_identity, pods_of
+from agent.core.journal import PublishedState, Publisher
+from agent.core.published import configmap_name, decode, is_leader, leader_identity, pack
 
 JOBS = [
     ("volcano", examples.volcano_job, "demo-worker-2"),
@@ -30,27 +31,30 @@ def test_the_compact_form_renders_the_same_files(key, build, me, address):
     for i, pod in enumerate(pods):
         pod["metadata"]["resourceVersion"] = str(100 + i)
     options = Options(address=address)
-    data = Encoder(options).encode("job", "default", pods, generation=3)
+    publisher = Publisher(PublishedState(job="job", namespace="default"), options, leader=pods[0]["metadata"]["name"])
+    publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods])
+    data = pack(publisher.snapshot_document())
     document = decode(data)
-    assert document["generation"] == 3
-    compact = pods_of(document)
+    assert document["generation"] == 1
+    compact = list(PublishedState.from_document(document).pods.values())
     mine = next(p for p in pods if p["metadata"]["name"] == me)
     from_compact = [mine if p["metadata"]["name"] == me else p for p in compact]
     assert render_pod(from_compact, me, options).files == render_pod(pods, me, options).files
     assert len(data) < 40 * len(pods) + 600  # tens of bytes per pod
 
 
-def test_an_unchanged_pod_is_not_encoded_again():
+def test_only_the_changed_pod_is_published_again():
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 3)))
     for i, pod in enumerate(pods):
         pod["metadata"]["resourceVersion"] = str(i + 1)
-    encoder = Encoder(Options())
-    first = decode(encoder.encode("demo", "default", pods, generation=1))
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    publisher = Publisher(PublishedState(job="demo", namespace="default"), Options(), leader="demo-master-0")
+    publisher.change(by_name, by_name)
     pods[2]["metadata"]["resourceVersion"] = "99"
     pods[2]["status"]["podIP"] = "127.1.9.9"
-    second = decode(encoder.encode("demo", "default", pods, generation=2))
-    assert first["pods"][1] == second["pods"][1]
-    assert second["pods"][2][8] == "127.1.9.9"
+    entry = publisher.change(by_name, by_name)  # every name offered: only the changed row goes out
+    assert entry is not None and [row[0] for row in entry.put] == [pods[2]["metadata"]["name"]]
+    assert entry.put[0][8] == "127.1.9.9" and entry.gone == ()
 
 
 LEADERS = [

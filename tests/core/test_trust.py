@@ -18,7 +18,7 @@ import pytest
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.published import read_configmap
+from agent.core.journal import state_from
 from agent.errors import InputError
 
 PROXY = "worker\nHost *\n    ProxyCommand sh -c 'touch /tmp/pwned'"
@@ -132,7 +132,7 @@ def test_a_malformed_pod_file_is_one_line_and_exit_2(tmp_path, mutate):
 
 def _configmap(document: object, *, raw: bytes | None = None) -> dict:
     data = raw if raw is not None else gzip.compress(json.dumps(document).encode())
-    return {"data": {"leader": "demo-master-0", "generation": "1"},
+    return {"metadata": {"name": "demo-topology"}, "data": {"leader": "demo-master-0", "generation": "1"},
             "binaryData": {"topology.json.gz": base64.b64encode(data).decode()}}
 
 
@@ -149,7 +149,8 @@ FORGED = [
                                           "pods": [["demo-worker-0", "1", {"volcano.sh/job-name": "demo",
                                                     "volcano.sh/task-spec": PROXY, "volcano.sh/task-index": "0"},
                                                     {}, "", "", 0, "Running", "", ""]]})),
-    ("not base64", {"data": {"leader": "x"}, "binaryData": {"topology.json.gz": "!!!"}}),
+    ("not base64", {"metadata": {"name": "demo-topology"}, "data": {"leader": "x"},
+                    "binaryData": {"topology.json.gz": "!!!"}}),
 ]
 
 
@@ -157,13 +158,14 @@ FORGED = [
 def test_a_broken_or_forged_published_topology_is_refused_in_one_line(configmap):
     started = time.monotonic()
     try:
-        found = read_configmap(configmap)
+        state, _ = state_from([configmap], "demo-topology")  # what init and the sidecars read it with
     except InputError as err:
         assert "\n" not in str(err)
     else:  # decoded: then the core refuses the pods it holds
-        assert found is not None
+        assert state is not None
+        pods = list(state.pods.values())
         with pytest.raises(InputError):
-            render_pod(found[2], found[2][0]["metadata"]["name"], Options())
+            render_pod(pods, pods[0]["metadata"]["name"], Options())
     assert time.monotonic() - started < 5
 
 
