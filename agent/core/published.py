@@ -1,13 +1,14 @@
-"""The compact topology a job's leader publishes, so the other pods need not read every pod.
+"""The compact form of a job's pods that the publisher shares, so the other pods need not read every pod.
 
 Every pod listing every pod costs N x ~4 KB per pod, N^2 for the job: 63 GiB through the API server at 4096
-pods. Instead one pod (the leader: the pod that will be node rank 0) lists the pods once and publishes them,
-cut to the fields the core reads, gzip-compressed, in one ConfigMap named ``<job>-topology``; every other pod
-reads that object by name. The others then run the same core over the same pods, so files and rank rules are
-identical in both modes.
+pods. Instead one pod lists the pods and publishes them cut to the fields the core reads: one row per pod,
+container shapes stored once, gzip-compressed, in ConfigMap ``<job>-topology`` (the snapshot; the changes after
+it go to a journal, see journal.py). The others run the same core over the same rows, so files and rank rules
+are identical in both modes; the pods-watching sidecars hold their peers in this form too (``Compactor``).
 
-Who leads is decided from the pod's own labels and the owner object, never by a race: the first index of the
-first training role that has replicas (for a JobSet, the first job of that replicated job).
+Who publishes first is decided from the pod's own labels and the owner object, never by a race: the first index
+of the first training role that has replicas (for a JobSet, the first job of that replicated job). After that a
+Lease decides (lease.py).
 """
 
 from __future__ import annotations

@@ -100,8 +100,9 @@ def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generatio
     document = topology_document(plan, variables, generation=generation, members=False)
     document["members"] = []
     head = json.dumps(document)
-    if texts is None:
-        members = [json.dumps(_member_json(m)) for m in plan.topology.members]
+    if texts is None:  # one-shot (render, init): one encoder call for all members, no per-member overhead
+        listed = json.dumps([_member_json(m) for m in plan.topology.members])
+        return head.replace('"members": []', '"members": ' + listed, 1) + "\n"
     else:
         members = []
         for member in plan.topology.members:

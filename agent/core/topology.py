@@ -7,7 +7,6 @@ those differ between the pods' views of the same job, and two pods that disagree
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -162,16 +161,16 @@ def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[st
     matched = pairs is None or selector_matches(pod, pairs)
     job = controller.job_of(pod) if pairs is None else (options.selector if matched else None)
     reason = why_not_member(pod)
-    facts = _Facts(name=meta.get("name", ""), namespace=namespace, job=job, reason=reason, ident=None, error=None)
+    name = meta.get("name", "")
     if job is None or reason is not None:
-        return facts
+        return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=None, error=None)
     ident, error = _attempt(lambda: controller.identify(pod, options))
     if ident is None:
-        return dataclasses.replace(facts, error=error)
+        return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=None, error=error)
     place, place_error = _attempt(lambda: _address(pod, ident, controller, namespace, options))
     slots, slots_error = _attempt(lambda: resolve_nproc(pod, pick_trainer_container(pod, options.container), options))
-    return dataclasses.replace(facts, ident=ident, has_ip=bool(pod_ip(pod)), place=place, place_error=place_error,
-                               slots=slots, slots_error=slots_error)
+    return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=ident, error=None,
+                  has_ip=bool(pod_ip(pod)), place=place, place_error=place_error, slots=slots, slots_error=slots_error)
 
 
 def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str,

@@ -108,6 +108,7 @@ class Sidecar:
         self.elector: Elector | None = None
         self.candidate = asyncio.Event()
         self.switch = asyncio.Event()
+        self.first_list: tuple[list[dict[str, Any]], str] | None = None
         self.unaddressed: set[str] = set()  # pods without an IP yet (kept per event, not rescanned per change)
         self._trim: asyncio.TimerHandle | None = None
 
@@ -194,10 +195,11 @@ class Sidecar:
         """The leader's init published the topology (large jobs): then only the leader and its standbys read the
         pods, the others follow the journal."""
         try:
-            items, _ = await self.api.list_objects(self._cm_collection, label_selector=self._published_selector)
+            items, rv = await self.api.list_objects(self._cm_collection, label_selector=self._published_selector)
         except (ApiUnavailable, ApiForbidden) as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return
+        self.first_list = (items, rv)  # a follower starts from this LIST: no second one (~100 KiB x N pods)
         try:
             state, journal = state_from(items, self.configmap)
         except InputError as err:
@@ -233,6 +235,8 @@ class Sidecar:
             return False
         self.published = state
         self.pods = self._own(dict(state.pods))
+        gc.collect()
+        gc.freeze()  # as after a LIST of pods: the collector's passes must not walk the whole job per change
         self.unaddressed = set()
         for name, pod in self.pods.items():
             self._track_address(name, pod)
@@ -270,6 +274,7 @@ class Sidecar:
         if self.mode == "follower" and self.settings.pod_name in standby and self.elector is not None:
             log.info("named a standby publisher; following the pods from now on")
             self.mode = "candidate"
+            self.published = None
             self.candidate.set()
             self.switch.set()
 
@@ -292,8 +297,15 @@ class Sidecar:
     async def _reflect_mode(self) -> None:
         if self.mode == "follower":
             journal = f"metadata.name={journal_name(self.configmap)}"
+
+            async def list_published() -> tuple[list[dict[str, Any]], str]:
+                if self.first_list is not None:
+                    first, self.first_list = self.first_list, None
+                    return first
+                return await self.api.list_objects(self._cm_collection, label_selector=self._published_selector)
+
             await self._reflect(
-                lambda: self.api.list_objects(self._cm_collection, label_selector=self._published_selector),
+                list_published,
                 lambda rv: self.api.watch_objects(self._cm_collection, rv, timeout=WATCH_SECONDS,
                                                   field_selector=journal),
                 self._on_published, self._on_journal_event, what=f"configmap {journal_name(self.configmap)}")
