@@ -295,14 +295,17 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
              "the pods" if source == "pods" else ("the pods, published for the others (leader)"
                                                     if is_leader(me_id, leader) else f"configmap {cm_name}"))
     follow = source == "published" and not is_leader(me_id, leader)
+    files_dir = str(settings.out_dir.absolute())
+    rendered: Rendered | None = None
     if not follow:
         waiter.relist(selector)
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
         pods = list(waiter.pods.values())
-        if source == "published":
+        rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir)
+        if source == "published":  # publish first: every other pod of the job is waiting for it
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
-            training = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo).plan.topology.training
+            training = rendered.plan.topology.training
             follow = not publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
                                        leader=settings.pod_name, owner=dict(owners[0]) if owners else None,
                                        standby=tuple(m.name for m in training[1:1 + STANDBYS]))
@@ -310,8 +313,8 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         published = read_published(api, settings.namespace, cm_name, settings.pod_name,
                                    deadline=waiter.deadline, clock=clock, sleep=sleep)
         pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p for p in published]
-    rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo,
-                          files_dir=str(settings.out_dir.absolute()))
+        rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir)
+    assert rendered is not None
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
     for warning in warnings_for(rendered.plan, rendered.variables):

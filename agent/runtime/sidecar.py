@@ -332,7 +332,7 @@ class Sidecar:
 
     def _on_pods(self, items: list[dict[str, Any]]) -> bool:
         self.touched |= set(self.pods)
-        self.pods = {p["metadata"]["name"]: p for p in items}
+        self.pods = {p["metadata"]["name"]: p for p in items}  # type: ignore[misc]  # pods kept by _intake
         # The pods live until the next relist and hold no cycles: keep the cyclic collector off them, so a
         # collection during a change does not walk every pod of the job (refcounting still frees them).
         gc.collect()
