@@ -261,6 +261,8 @@ def test_with_a_published_topology_only_the_leader_watches_pods_and_followers_fo
     try:
         wait_for(lambda: "(follower)" in (tmp_path / "demo-worker-2.log").read_text()
                  and "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="modes chosen")
+        agent = "topology-agent/0.1.0 sidecar (default/demo-worker-2)"
+        wait_for(lambda: sandbox.stats()["byAgent"].get(agent, {}).get("watches", 0) >= 1, what="follower watching")
         sandbox.reset_stats()
         add_worker(sandbox, 3, 80)
         follower_out = tmp_path / "demo-worker-2"
@@ -336,6 +338,7 @@ def test_when_the_leader_goes_a_standby_takes_over_and_followers_see_the_new_mem
              for n in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-4")}
     try:
         wait_for(lambda: "(candidate)" in (tmp_path / "demo-worker-1.log").read_text(), what="standby named")
+        wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
         before = world(tmp_path / "demo-worker-4")
         leader, leader_log = procs.pop("demo-master-0")
         if how == "crash":
