@@ -31,9 +31,13 @@ log = logging.getLogger("topology_agent.election")
 
 class Elector:
     def __init__(self, api: AsyncApiClient, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
-                 timing: Timing | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 timing: Timing | None = None, named_leader: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock
         self.timing = timing or Timing()
+        # Without RBAC for Leases the pod the journal names as leader publishes anyway (no failover), as before
+        # the Lease existed; the standbys then never take over.
+        self.named_leader = named_leader
         self.observed = Observation()
         self.leading = False
         self.renewed_at = 0.0
@@ -78,10 +82,11 @@ class Elector:
                 leading = await self.attempt()
             except ApiForbidden as err:
                 if not forbidden_logged:
-                    log.warning("cannot read or write lease %s (%s); this pod will not take over publishing",
-                                self.name, err)
+                    log.warning("cannot read or write lease %s (%s); %s", self.name, err,
+                                "publishing without failover (grant leases: manifests/rbac)" if self.named_leader
+                                else "this pod will not take over publishing")
                     forbidden_logged = True
-                leading = False
+                leading = self.named_leader
             except (ApiUnavailable, ApiError) as err:
                 # A leader that cannot reach the API keeps leading until its renew deadline has passed.
                 leading = self.leading and self.clock() - self.renewed_at < self.timing.renew_deadline

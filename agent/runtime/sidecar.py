@@ -209,7 +209,8 @@ class Sidecar:
             return
         me = self.settings.pod_name
         self.elector = Elector(self.api, self.settings.namespace, self.configmap, me, owner=self.owner,
-                               timing=Timing(self.settings.lease_seconds))
+                               timing=Timing(self.settings.lease_seconds),
+                               named_leader=journal is not None and journal.leader == me)
         if journal is not None and (journal.leader == me or me in journal.standby):
             self.mode = "candidate"
             self.candidate.set()

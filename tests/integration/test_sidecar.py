@@ -330,6 +330,24 @@ def test_a_follower_receives_only_the_journal_and_the_leader_names_its_standbys(
             log.close()
 
 
+def test_without_rbac_for_leases_the_leader_still_publishes_without_failover(sandbox, tmp_path):
+    """RBAC from before the Lease (no leases rule): init says the topology is published without failover; the
+    leader named in the journal must then keep publishing, not wait for a Lease it cannot read."""
+    sandbox.faults(status=403, path="/leases", count=-1)
+    published_job(sandbox, tmp_path, 5)
+    procs = {n: start_sidecar(sandbox, tmp_path, n) for n in ("demo-master-0", "demo-worker-3")}
+    try:
+        wait_for(lambda: "(follower)" in (tmp_path / "demo-worker-3.log").read_text(), what="follower up")
+        wait_for(lambda: "without failover" in (tmp_path / "demo-master-0.log").read_text(), what="leader's notice")
+        add_worker(sandbox, 5, 91)
+        wait_for(lambda: world(tmp_path / "demo-worker-3")[0] == "7", what="the follower sees the new worker")
+    finally:
+        for proc, log in procs.values():
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+            log.close()
+
+
 @pytest.mark.parametrize("how", ["crash", "sigterm"])
 def test_when_the_leader_goes_a_standby_takes_over_and_followers_see_the_new_membership(sandbox, tmp_path, how):
     """Issue 13: followers kept the last membership forever when the leader pod went away."""
