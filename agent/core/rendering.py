@@ -9,6 +9,7 @@ Volcano's one-host-per-line lists; ``topology.json`` is the machine-readable who
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -146,8 +147,11 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int,
 
 def membership_key(topology: Topology) -> tuple[tuple[object, ...], ...]:
     """What a change must alter to be worth a rewrite and a signal: who is in, where, with what rank."""
-    return tuple((m.name, m.role, m.address, m.training, m.slots, m.node_rank, m.running)
-                 for m in topology.members)
+    return tuple(map(_KEY_FIELDS, topology.members))  # C-level projection: called per change on every member
+
+
+_KEY_FIELDS = operator.itemgetter(0, 1, 4, 7, 8, 9, 11)  # Member: name, role, address, training, slots, node_rank,
+#                                                         running (a test checks the positions against the names)
 
 
 def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:

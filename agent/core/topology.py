@@ -38,22 +38,37 @@ class Memo:
     def end(self) -> None:
         self._old, self._new = self._new, {}
 
-    def get(self, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:
+    @staticmethod
+    def _key(kind: str, pod: RawPod) -> tuple[str, str, str] | None:
         try:
             meta = pod["metadata"]
             name, rv = meta["name"], meta["resourceVersion"]
         except (KeyError, TypeError):
-            return compute()  # no key to remember it by (and an odd pod: compute() refuses it)
+            return None  # no key to remember it by (and an odd pod: computing refuses it)
         if type(name) is not str or type(rv) is not str or not rv:
-            return compute()
-        key = (kind, name, rv)
+            return None
+        return (kind, name, rv)
+
+    def lookup(self, kind: str, pod: RawPod) -> tuple[tuple[str, str, str] | None, object]:
+        """(key, remembered value or ``_MISSING``): the per-change hot path, without building a closure."""
+        key = self._key(kind, pod)
+        if key is None:
+            return None, _MISSING
         value = self._new.get(key, _MISSING)
         if value is _MISSING:
             value = self._old.get(key, _MISSING)
-            if value is _MISSING:
-                value = compute()
+            if value is not _MISSING:
+                self._new[key] = value
+        return key, value
+
+    def store(self, key: tuple[str, str, str] | None, value: T) -> T:
+        if key is not None:
             self._new[key] = value
-        return value  # type: ignore[return-value]
+        return value
+
+    def get(self, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:
+        key, value = self.lookup(kind, pod)
+        return value if value is not _MISSING else self.store(key, compute())  # type: ignore[return-value]
 
 
 _MISSING = object()
@@ -233,8 +248,12 @@ def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[
              memo: Memo | None, *, checked: bool = False) -> _Facts:
     """What one pod object says (identity, address, slots, or why it is not a member), once per resourceVersion.
     ``checked``: the caller already passed the pod through ``check_pod`` (init's intake does, for every event)."""
-    compute = lambda: _facts(pod, controller, options, pairs, checked=checked)  # noqa: E731
-    return compute() if memo is None else memo.get("facts", pod, compute)
+    if memo is None:
+        return _facts(pod, controller, options, pairs, checked=checked)
+    key, value = memo.lookup("facts", pod)
+    if value is not _MISSING:
+        return value  # type: ignore[return-value]
+    return memo.store(key, _facts(pod, controller, options, pairs, checked=checked))
 
 
 @dataclass(frozen=True)

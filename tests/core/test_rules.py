@@ -248,3 +248,12 @@ def test_shell_quoting_keeps_hostile_values_inert(value):
     out = subprocess.run(["sh", "-c", f"X={shell_quote(value)}; printf %s \"$X\""], capture_output=True, text=True,
                          check=True)
     assert out.stdout == value
+
+
+def test_the_membership_key_projects_the_named_member_fields():
+    from agent.core.model import Member
+    from agent.core.rendering import _KEY_FIELDS
+
+    member = Member("p", "worker", (3,), 3, "10.0.0.1", "p.svc", "10.0.0.1", True, 8, 2, 16, False)
+    assert _KEY_FIELDS(member) == (member.name, member.role, member.address, member.training, member.slots,
+                                   member.node_rank, member.running)
