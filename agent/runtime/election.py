@@ -41,7 +41,6 @@ class Elector:
         self.observed = Observation()
         self.leading = False
         self.renewed_at = 0.0
-        self.transitions = 0  # times this pod became leader (metrics)
 
     async def attempt(self) -> bool:
         """One client-go tryAcquireOrRenew: whether this pod holds the Lease now."""
@@ -93,8 +92,6 @@ class Elector:
                 log.info("lease %s: %s (%s)", self.name, err, "still leading" if leading else "not leading")
             if leading != self.leading:
                 self.leading = leading
-                if leading:
-                    self.transitions += 1
                 log.info("%s publishing the topology (lease %s)", "started" if leading else "stopped", self.name)
                 await on_change(leading)
             await asyncio.sleep(self.timing.renew_every if self.leading else self.timing.retry_every)
