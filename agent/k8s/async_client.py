@@ -22,14 +22,12 @@ from agent.k8s.config import ApiConfig
 from agent.k8s.wire import (
     PAGE,
     Keep,
+    Pager,
     Traffic,
     WatchEvent,
-    continue_token,
     error_for_status,
-    list_items,
     list_query,
     namespace_of,
-    page_query,
     parse_event,
     parse_json,
     request_headers,
@@ -108,21 +106,13 @@ class AsyncApiClient:
 
     async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
                            keep: Keep | None = None) -> tuple[list[dict[str, Any]], str]:
-        query = list_query(label_selector, field_selector)
         parts = path.strip("/").split("/")
         namespace = namespace_of(path)
-        kept: list[Any] = []
-        token, version = "", ""
-        while True:
-            data = await self._get_json(path, verb="list", what=parts[-1], namespace=namespace,
-                                        query=page_query(query, limit, token))
-            items, rv = list_items(data, what=parts[-1])
-            version = version or rv  # the first page's version: the snapshot every page belongs to
-            kept.extend(keep(items) if keep is not None else items)
-            token = continue_token(data) if limit else ""
-            del data, items
-            if not token:
-                return kept, version
+        pager = Pager(list_query(label_selector, field_selector), limit=limit, keep=keep, what=parts[-1])
+        while pager.take(await self._get_json(path, verb="list", what=parts[-1], namespace=namespace,
+                                             query=pager.query())):
+            pass
+        return pager.kept, pager.version
 
     async def write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST (create) to a collection or PUT (replace) to an object; 409 becomes ``ApiConflict``."""

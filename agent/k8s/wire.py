@@ -159,13 +159,6 @@ def list_items(data: dict[str, Any], *, what: str) -> tuple[list[dict[str, Any]]
     return items, str(meta.get("resourceVersion", ""))[:100]
 
 
-def continue_token(data: dict[str, Any]) -> str:
-    """The ``metadata.continue`` of a LIST page ('' on the last page)."""
-    meta = data.get("metadata")
-    token = meta.get("continue", "") if isinstance(meta, dict) else ""
-    return token if isinstance(token, str) else ""
-
-
 PAGE = 500  # pods per LIST page: a 4096-pod job's 18 MB LIST parsed at once peaked at 200 MB in the leader
 
 
@@ -178,6 +171,31 @@ def page_query(query: dict[str, str], limit: int, token: str) -> dict[str, str]:
         paged.pop("resourceVersion", None)
         paged["continue"] = token
     return paged
+
+
+class Pager:
+    """The bookkeeping of a paged LIST, shared by the sync and the async client: the query of each page (the API
+    server refuses a resourceVersion together with a continue token), what the caller keeps of each page (cut down
+    before the next page is read), and the first page's resourceVersion (the snapshot every page belongs to)."""
+
+    def __init__(self, query: dict[str, str], *, limit: int, keep: Keep | None, what: str) -> None:
+        self.base, self.limit, self.keep, self.what = query, limit, keep, what
+        self.token = ""
+        self.kept: list[Any] = []
+        self.version = ""
+
+    def query(self) -> dict[str, str]:
+        return page_query(self.base, self.limit, self.token)
+
+    def take(self, data: dict[str, Any]) -> bool:
+        """Absorb one page; whether another follows."""
+        items, rv = list_items(data, what=self.what)
+        self.version = self.version or rv
+        self.kept.extend(self.keep(items) if self.keep is not None else items)
+        meta = data.get("metadata")
+        token = meta.get("continue", "") if isinstance(meta, dict) and self.limit else ""
+        self.token = token if isinstance(token, str) else ""
+        return bool(self.token)
 
 
 def namespace_of(path: str) -> str:

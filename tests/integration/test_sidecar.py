@@ -290,6 +290,14 @@ def start_sidecar(sandbox, tmp_path, name, *extra):
     return proc, log
 
 
+def stop_sidecars(procs):
+    """SIGTERM each sidecar; each must exit 0 (it stops cleanly, releasing the Lease if it held it)."""
+    for proc, log in procs.values():
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        log.close()
+
+
 def published_job(sandbox, tmp_path, workers):
     pods = create_volcano_job(sandbox, (("master", 1), ("worker", workers)))
     for pod in pods:
@@ -324,10 +332,7 @@ def test_a_follower_receives_only_the_journal_and_the_leader_names_its_standbys(
         assert journal["data"]["leader"] == "demo-master-0"
         assert journal["data"]["standby"] == "demo-worker-0,demo-worker-1"
     finally:
-        for proc, log in procs.values():
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(15) == 0
-            log.close()
+        stop_sidecars(procs)
 
 
 def test_without_rbac_for_leases_the_leader_still_publishes_without_failover(sandbox, tmp_path):
@@ -342,10 +347,7 @@ def test_without_rbac_for_leases_the_leader_still_publishes_without_failover(san
         add_worker(sandbox, 5, 91)
         wait_for(lambda: world(tmp_path / "demo-worker-3")[0] == "7", what="the follower sees the new worker")
     finally:
-        for proc, log in procs.values():
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(15) == 0
-            log.close()
+        stop_sidecars(procs)
 
 
 @pytest.mark.parametrize("how", ["crash", "sigterm"])
@@ -378,10 +380,7 @@ def test_when_the_leader_goes_a_standby_takes_over_and_followers_see_the_new_mem
         if how == "sigterm":
             assert "released lease demo-topology" in (tmp_path / "demo-master-0.log").read_text()
     finally:
-        for proc, log in procs.values():
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(15) == 0
-            log.close()
+        stop_sidecars(procs)
 
 
 def test_sigterm_while_the_api_is_down_at_start_exits_0_at_once(sandbox, tmp_path):
