@@ -26,6 +26,7 @@ from agent import __version__
 from agent.core import Options, Rendered, render_pod
 from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.model import RawPod, is_whole_number
+from agent.core.placement import DEFAULT_LEVELS, RANK_ORDERS, parse_levels
 from agent.core.variables import explain_exclusions, warnings_for
 from agent.errors import AgentError, ApiConflict, InputError, OutputError
 
@@ -157,6 +158,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
             raise InputError(f"{domain_k.label} and {address_k.label} ip contradict: domain names are not written "
                              "when peers are named by IP; drop one of them")
 
+    order_k = knob(args, "rank-order")
+    rank_order = _choice_knob(Knob(order_k.value or "index", order_k.label), RANK_ORDERS)
+    levels_k = knob(args, "topology-levels")
+    levels = parse_levels(levels_k.value, option=levels_k.label) if levels_k.value is not None else None
+    if levels is None and (rank_order == "topology" or getattr(args, "nodes", None)):
+        levels = DEFAULT_LEVELS
+
     given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k)
     return Options(
         labels=tuple((k.label.removeprefix("TOPOLOGY_").lower(), k.label) for k in given
@@ -172,6 +180,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         controller=controller_k.value,
         selector=selector_k.value,
         index_label=index_k.value,
+        levels=levels,
+        rank_order=rank_order,  # type: ignore[arg-type]
     )
 
 
@@ -208,6 +218,33 @@ def read_pods(source: str) -> list[RawPod]:
     return items
 
 
+def read_nodes_file(source: str | None) -> dict[str, dict[str, str] | None] | None:
+    """``kubectl get nodes -o json`` output (a List, an array, or one Node) -> labels by node name."""
+    if source is None:
+        return None
+    try:
+        data = json.loads(Path(source).read_text())
+    except OSError as err:
+        reason = "file not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
+        raise InputError(f"--nodes {source}: {reason}; give the output of kubectl get nodes -o json") from err
+    except json.JSONDecodeError as err:
+        raise InputError(f"--nodes {source} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+                         "produce it with kubectl get nodes -o json") from err
+    items = data.get("items") if isinstance(data, dict) and "items" in data else \
+        [data] if isinstance(data, dict) else data
+    nodes: dict[str, dict[str, str] | None] = {}
+    for position, item in enumerate(items if isinstance(items, list) else [None]):
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        labels = meta.get("labels", {}) if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not isinstance(labels, dict) or item.get("kind", "Node") != "Node" or \
+                not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise InputError(f"--nodes {source}: item {position} is not a Node (metadata.name and a map of string "
+                             "labels); produce it with kubectl get nodes -o json")
+        nodes[name] = labels
+    return nodes
+
+
 def _self_name(args: argparse.Namespace) -> str:
     name = args.self or os.environ.get("POD_NAME")
     if not name:
@@ -229,6 +266,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                                             "indexed-job, selector")
     group.add_argument("--selector", help="generic: equality label selector of the job's pods, e.g. app=x,job=y")
     group.add_argument("--index-label", help="generic: the label that holds each pod's index")
+    group.add_argument("--rank-order", help="index (default: the controller's order) or topology (pods of each "
+                                            "network domain contiguous, rank 0 kept; reads Node labels)")
+    group.add_argument("--topology-levels", help="Node label keys outermost first, comma-separated, or 'default' "
+                                                 "(zone, region, GKE, EKS, NVLink clique): TOPOLOGY_<LEVEL> vars")
     ssh = parser.add_argument_group("SSH for DeepSpeed/MPI (written when the job's Secret is mounted)")
     ssh.add_argument("--ssh-secret-dir", help="the mounted Secret from 'topology-agent keygen', e.g. /etc/topology/ssh")
     ssh.add_argument("--ssh-port", help="port the trainers' sshd listens on (default 2222: non-root)")
@@ -237,6 +278,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _add_offline(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
+    parser.add_argument("--nodes", help="kubectl get nodes -o json output: the Nodes' labels give each pod's "
+                                        "domains (--topology-levels, --rank-order topology)")
     parser.add_argument("--self", help="this pod's name (default: $POD_NAME)")
 
 
@@ -362,7 +405,8 @@ def _render(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     ssh = ssh_settings(args)
     out = _out_dir(args)
-    rendered = render_pod(read_pods(args.pods), _self_name(args), options, files_dir=str(out.absolute()))
+    rendered = render_pod(read_pods(args.pods), _self_name(args), options, files_dir=str(out.absolute()),
+                          nodes=read_nodes_file(args.nodes))
     names = write_generation(out, rendered, options, ssh)
     me = rendered.plan.topology.me
     print(f"wrote {', '.join(names)} to {out} for pod '{me.name}' (role {me.role})")
@@ -403,7 +447,7 @@ def format_explanation(rendered: Rendered) -> str:
 def _explain(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     ssh_settings(args)
-    rendered = render_pod(read_pods(args.pods), _self_name(args), options)
+    rendered = render_pod(read_pods(args.pods), _self_name(args), options, nodes=read_nodes_file(args.nodes))
     print(format_explanation(rendered))
     return 0
 

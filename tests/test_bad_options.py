@@ -48,6 +48,12 @@ COMMON = [
     ("--ssh-secret-dir", ["--ssh-secret-dir", MISSING], ["--ssh-secret-dir", "directory not found", "keygen"]),
     ("--ssh-port", ["--ssh-port", "ssh"], ["--ssh-port 'ssh'"]),
     ("--ssh-owner", ["--ssh-owner", "root"], ["--ssh-owner 'root'", "UID:GID"]),
+    ("--rank-order", ["--rank-order", "rack"], ["--rank-order 'rack'", "index, topology"]),
+    ("--topology-levels", ["--topology-levels", "rack name"], ["--topology-levels", "'rack name'", "label key"]),
+    ("--topology-levels", ["--topology-levels", "a.io/rack,b.io/rack"],
+     ["--topology-levels", "TOPOLOGY_RACK", "only one"]),
+    ("--topology-levels", ["--topology-levels", "example.com/node"], ["TOPOLOGY_NODE", "writes itself"]),
+    ("--topology-levels", ["--topology-levels", ","], ["--topology-levels is empty", "default"]),
 ]
 # Checked against the pods: offline here; init is tested against the sandbox (tests/integration/test_init.py),
 # and the sidecar keeps its last files on a topology error by design (pods change; init has refused already).
@@ -67,6 +73,8 @@ for command in ("render", "explain"):
         (command, "--pods", ["--pods", MISSING, "--self", "x"], ["--pods", "file not found"]),
         (command, "--pods", ["--pods", "@empty", "--self", "x"], ["the pod list is empty"]),
         (command, "--self", ["--pods", PODS, "--self", "nope-0"], ["'nope-0'", "not in the pod list"]),
+        (command, "--nodes", [*OFFLINE, "--nodes", MISSING], ["--nodes", "file not found", "kubectl get nodes"]),
+        (command, "--nodes", [*OFFLINE, "--nodes", PODS], ["--nodes", "is not a Node", "kubectl get nodes"]),
     ]
 CASES.append(("render", "--out", [*OFFLINE, "--out", BLOCKER], ["cannot"]))
 for command in ("init", "sidecar"):

@@ -38,6 +38,7 @@ class GangStatus:
     expected: int
     missing: tuple[str, ...]
     without_ip: tuple[str, ...]
+    unscheduled: tuple[str, ...] = ()  # --rank-order topology: training pods without a node yet
 
     def describe(self) -> str:
         parts = [f"{self.present} of {self.expected} training pods present"]
@@ -47,6 +48,9 @@ class GangStatus:
             parts.append(f"{len(self.without_ip)} pods without IP: {', '.join(self.without_ip[:SHOWN])} ...")
         elif self.without_ip:
             parts.append(f"without IP: {', '.join(self.without_ip)}")
+        if self.unscheduled:
+            shown = ", ".join(self.unscheduled[:SHOWN]) + (" ..." if len(self.unscheduled) > SHOWN else "")
+            parts.append(f"{len(self.unscheduled)} not scheduled yet (--rank-order topology needs the node): {shown}")
         return "; ".join(parts)
 
 
@@ -163,6 +167,8 @@ def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expect
         waiting.append(found.me)  # a pod that does not train still needs its own address
     without_ip = tuple(sorted(pod.get("metadata", {}).get("name", "?") for pod in waiting
                               if options.address == "ip" and not pod_ip(pod)))
+    unscheduled = tuple(sorted(pod.get("metadata", {}).get("name", "?") for pod, _ in training
+                               if options.rank_order == "topology" and not (pod.get("spec") or {}).get("nodeName")))
     missing: list[str] = []
     if expected.per_role:
         have: dict[str, set[int]] = {}
@@ -177,9 +183,9 @@ def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expect
                 missing.append(f"{role} {shown}" if lacking else f"{role} x{count - len(present)}")
     elif len(training) < expected.total:
         missing.append(f"{expected.total - len(training)} pod(s)")
-    ready = len(training) >= expected.total and not missing and not without_ip
+    ready = len(training) >= expected.total and not missing and not without_ip and not unscheduled
     return GangStatus(ready=ready, present=len(training), expected=expected.total, missing=tuple(missing),
-                      without_ip=without_ip)
+                      without_ip=without_ip, unscheduled=unscheduled)
 
 
 class GangTracker:
@@ -204,7 +210,8 @@ class GangTracker:
         self.job = options.selector if self.pairs is not None else self.me_id.job
         roles = options.roles if options.roles is not None else self.controller.default_roles
         self.roles = tuple(roles) if roles is not None else None  # None: every role trains (JobSet)
-        self.members: dict[str, tuple[str, tuple[int, ...], int, bool]] = {}  # name -> role, index, ordinal, has IP
+        # name -> role, index, ordinal, has IP, has a node
+        self.members: dict[str, tuple[str, tuple[int, ...], int, bool, bool]] = {}
         self.errors: dict[str, InputError] = {}
         self.claims: dict[tuple[str, tuple[int, ...]], list[str]] = {}
         self.ordinals: dict[str, Counter[int]] = {}
@@ -212,6 +219,7 @@ class GangTracker:
         self.unordered: Counter[str] = Counter()
         self.training = 0
         self.without_ip: set[str] = set()
+        self.unscheduled: set[str] = set()
         self.clashes = 0  # (role, index) keys claimed by two pods or more
 
     def _trains(self, role: str) -> bool:
@@ -229,7 +237,7 @@ class GangTracker:
         if ident is None:
             self.errors[name] = facts.error or InputError(f"pod '{name}': cannot be identified")
             return
-        self.members[name] = (ident.role, ident.index, ident.ordinal, facts.has_ip)
+        self.members[name] = (ident.role, ident.index, ident.ordinal, facts.has_ip, bool(facts.node))
         claimants = self.claims.setdefault((ident.role, ident.index), [])
         claimants.append(name)
         self.clashes += len(claimants) == 2
@@ -250,7 +258,7 @@ class GangTracker:
             del self.claims[(entry[0], entry[1])]
 
     def _count(self, name: str, sign: int) -> None:
-        role, _, ordinal, has_ip = self.members[name]
+        role, _, ordinal, has_ip, has_node = self.members[name]
         training = self._trains(role)
         if training:
             self.training += sign
@@ -264,13 +272,15 @@ class GangTracker:
         waits = training or name == self.self_name
         if waits and self.options.address == "ip" and not has_ip:
             (self.without_ip.add if sign > 0 else self.without_ip.discard)(name)
+        if training and self.options.rank_order == "topology" and not has_node:
+            (self.unscheduled.add if sign > 0 else self.unscheduled.discard)(name)
 
     def ready(self) -> bool:
         """``status().ready`` in O(roles): what init asks after every event (the full status, with the indices
         still missing, is for the log and the timeout message)."""
         if self.errors or self.clashes:
             self.status()  # raises the error gang_status raises
-        if self.training < self.expected.total or self.without_ip:
+        if self.training < self.expected.total or self.without_ip or self.unscheduled:
             return False
         per_role = self.expected.per_role or {}
         return all(self.distinct[role] + self.unordered[role] >= count for role, count in per_role.items()) \
@@ -297,6 +307,7 @@ class GangTracker:
         elif self.training < expected.total:
             missing.append(f"{expected.total - self.training} pod(s)")
         without_ip = tuple(sorted(self.without_ip))
-        ready = self.training >= expected.total and not missing and not without_ip
+        unscheduled = tuple(sorted(self.unscheduled))
+        ready = self.training >= expected.total and not missing and not without_ip and not unscheduled
         return GangStatus(ready=ready, present=self.training, expected=expected.total, missing=tuple(missing),
-                          without_ip=without_ip)
+                          without_ip=without_ip, unscheduled=unscheduled)

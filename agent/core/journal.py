@@ -34,6 +34,7 @@ from agent.core.published import (
     _row,
     check_row,
     decode_configmap,
+    node_labels_of,
     select_value,
 )
 from agent.core.validation import check_pod
@@ -91,6 +92,10 @@ class PublishedState:
     rows: dict[str, list[Any]] = field(default_factory=dict)
     shapes: list[dict[str, Any]] = field(default_factory=list)
     pods: dict[str, RawPod] = field(default_factory=dict)
+
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        """The labels of the Nodes the members run on, as the publisher read them (rows carry them)."""
+        return node_labels_of(self.rows.values())
 
     @classmethod
     def from_document(cls, document: dict[str, Any]) -> PublishedState:
@@ -164,7 +169,8 @@ class Publisher:
     def base(self) -> int:
         return self.entries[0].seq - 1 if self.entries else self.state.seq
 
-    def change(self, pods: Mapping[str, RawPod], names: Iterable[str]) -> Entry | None:
+    def change(self, pods: Mapping[str, RawPod], names: Iterable[str],
+               nodes: Mapping[str, Mapping[str, str] | None] | None = None) -> Entry | None:
         """Publish what became of ``names`` (present in ``pods``: put if the row's content changed; absent: gone
         if published). Returns the new journal entry, or None when followers have nothing to learn."""
         state = self.state
@@ -178,7 +184,7 @@ class Publisher:
                     gone.append(name)
                 continue
             known = len(self._shape_index)
-            row = _row(pod, self.options, self._shape_index)
+            row = _row(pod, self.options, self._shape_index, nodes)
             for encoded, index in list(self._shape_index.items())[known:]:
                 shapes.append((index, json.loads(encoded)))
             content = _content(row)

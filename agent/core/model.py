@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypedDict
 
+from agent.core.placement import Level
+
 AddressMode = Literal["dns", "ip"]
 _WHOLE = re.compile(r"[0-9]+")
 
@@ -48,6 +50,7 @@ class RawContainer(TypedDict, total=False):
 
 
 class RawPodSpec(TypedDict, total=False):
+    nodeName: str
     hostname: str
     subdomain: str
     containers: list[RawContainer]
@@ -104,6 +107,9 @@ class Options:
     controller: str | None = None
     selector: str | None = None
     index_label: str | None = None
+    # Node labels to read, outermost first (None: Nodes are not read); ranks by index or by those domains.
+    levels: tuple[Level, ...] | None = None
+    rank_order: Literal["index", "topology"] = "index"
     # How the user spelled each option given ("roles" -> "TOPOLOGY_ROLES"), so the core's messages name it.
     labels: tuple[tuple[str, str], ...] = ()
 
@@ -139,6 +145,8 @@ class Member(NamedTuple):
     node_rank: int | None = None
     first_rank: int | None = None
     running: bool = True  # phase Running: discover_hosts.sh lists only these (and the pod itself)
+    node: str = ""  # spec.nodeName ('' while unscheduled)
+    domains: tuple[str, ...] | None = None  # the Node's value per level (Options.levels); None: not known
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,9 @@ class Topology:
     training_roles: tuple[str, ...]
     members: tuple[Member, ...]
     excluded: tuple[Excluded, ...] = field(default=())
+    levels: tuple[Level, ...] = ()
+    rank_order: str = "index"  # what was applied: "topology" only when every training pod's domains are known
+    order_note: str | None = None  # why the asked topology order was not applied
 
     @functools.cached_property
     def training(self) -> tuple[Member, ...]:

@@ -19,7 +19,7 @@ import hashlib
 import io
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agent.core import controllers as c
@@ -29,7 +29,7 @@ from agent.core.gang import Expectation
 from agent.core.model import Identity, Options, RawPod
 from agent.errors import InputError
 
-SCHEMA = 1
+SCHEMA = 2  # 2: rows carry the pod's node and its level labels
 DATA_KEY = "topology.json.gz"
 _ROLE_LABELS = frozenset({
     c.VOLCANO_JOB, c.VOLCANO_TASK, c.VOLCANO_INDEX, c.PYTORCHJOB_JOB, c.PYTORCHJOB_TYPE, c.PYTORCHJOB_INDEX,
@@ -55,9 +55,12 @@ def _trainer(pod: RawPod, options: Options) -> dict[str, Any]:
                               ("ports", ports), ("env", env)) if v}
 
 
-def _row(pod: RawPod, options: Options, containers: dict[str, int]) -> list[Any]:
+def _row(pod: RawPod, options: Options, containers: dict[str, int],
+         nodes: Mapping[str, Mapping[str, str] | None] | None = None) -> list[Any]:
     """One pod as a row: [name, resourceVersion, labels, annotations, hostname, subdomain, container, phase, ip,
-    deletionTimestamp]. Containers are stored once per distinct shape (a job's pods share templates)."""
+    deletionTimestamp, nodeName, the node's level labels (None: not read)]. Containers are stored once per
+    distinct shape (a job's pods share templates). The Node labels ride with the pod, so only the publisher
+    reads Nodes and a follower learns a new node from the journal entry that brings its pod."""
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
     status = pod.get("status", {})
@@ -69,12 +72,18 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int]) -> list[Any]
     shape = json.dumps(_trainer(pod, options), sort_keys=True, separators=(",", ":"))
     index = containers.setdefault(shape, len(containers))
     ip = status.get("podIP") or next((e.get("ip") for e in status.get("podIPs", []) if e.get("ip")), "")
+    node = spec.get("nodeName") or ""
+    node_labels = None
+    if options.levels is not None and nodes is not None and nodes.get(node) is not None:
+        wanted = {level.label for level in options.levels}
+        node_labels = {k: v for k, v in nodes[node].items() if k in wanted}  # type: ignore[union-attr]
     return [meta.get("name", ""), meta.get("resourceVersion", ""), labels, annotations, spec.get("hostname", ""),
-            spec.get("subdomain", ""), index, status.get("phase", ""), ip, meta.get("deletionTimestamp", "")]
+            spec.get("subdomain", ""), index, status.get("phase", ""), ip, meta.get("deletionTimestamp", ""), node,
+            node_labels]
 
 
 def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) -> RawPod:
-    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted = row
+    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _ = row
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
     if rv:
         meta["resourceVersion"] = rv
@@ -85,6 +94,8 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
         spec["hostname"] = hostname
     if subdomain:
         spec["subdomain"] = subdomain
+    if node:
+        spec["nodeName"] = node
     status: dict[str, Any] = {"phase": phase}
     if ip:
         status.update(podIP=ip, podIPs=[{"ip": ip}])
@@ -153,9 +164,16 @@ def _no_constant(name: str) -> None:
 
 def check_row(row: Any, shapes: int) -> None:
     """A row has the shape ``_row`` writes (its values are checked as a pod's by ``check_pod`` after)."""
-    if not isinstance(row, list) or len(row) != 10 or not isinstance(row[6], int) or isinstance(row[6], bool) \
-            or not 0 <= row[6] < shapes or not all(isinstance(row[i], str) for i in (0, 1, 4, 5, 7, 8, 9)):
+    if not isinstance(row, list) or len(row) != 12 or not isinstance(row[6], int) or isinstance(row[6], bool) \
+            or not 0 <= row[6] < shapes or not all(isinstance(row[i], str) for i in (0, 1, 4, 5, 7, 8, 9, 10)) \
+            or not (row[11] is None or (isinstance(row[11], dict)
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in row[11].items()))):
         raise _refuse("a pod row has the wrong shape")
+
+
+def node_labels_of(rows: Iterable[list[Any]]) -> dict[str, dict[str, str]]:
+    """The Node labels the publisher read, by node, from the rows that carry them."""
+    return {row[10]: row[11] for row in rows if row[10] and row[11] is not None}
 
 
 SELECT_LABEL = "topology-agent.io/topology"  # on the snapshot and the journal: one LIST reads both

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.core.model import Member, Topology
+from agent.core.placement import Level
 from agent.core.topology import Plan
 from agent.core.variables import Variable, host_file_name
 
@@ -53,7 +54,7 @@ def render_role_hosts(topology: Topology) -> dict[str, str]:
     }
 
 
-def _member_json(member: Member) -> dict[str, Any]:
+def _member_json(member: Member, levels: Sequence[Level] = ()) -> dict[str, Any]:
     return {
         "name": member.name,
         "role": member.role,
@@ -67,6 +68,9 @@ def _member_json(member: Member) -> dict[str, Any]:
         "nodeRank": member.node_rank,
         "rank": member.first_rank,
         "running": member.running,
+        "node": member.node,
+        "domains": None if member.domains is None or not levels else
+        {level.name.lower(): value for level, value in zip(levels, member.domains, strict=True)},
     }
 
 
@@ -87,7 +91,9 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
         "masterPort": plan.master_port if training else None,
         "nnodes": len(training),
         "worldSize": topo.world_size,
-        "members": [_member_json(m) for m in topo.members] if members else [],
+        "topology": {"levels": [{"name": level.name.lower(), "label": level.label} for level in topo.levels],
+                     "rankOrder": topo.rank_order, "note": topo.order_note},
+        "members": [_member_json(m, topo.levels) for m in topo.members] if members else [],
         "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
         "env": {v.name: v.value for v in variables if v.written and not v.unset},
     }
@@ -102,14 +108,14 @@ def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generatio
     document["members"] = []
     head = json.dumps(document)
     if texts is None:  # one-shot (render, init): one encoder call for all members, no per-member overhead
-        listed = json.dumps([_member_json(m) for m in plan.topology.members])
+        listed = json.dumps([_member_json(m, plan.topology.levels) for m in plan.topology.members])
         return head.replace('"members": []', '"members": ' + listed, 1) + "\n"
     else:
         members = []
         for member in plan.topology.members:
             text = texts.get(member)
             if text is None:
-                text = texts[member] = json.dumps(_member_json(member))
+                text = texts[member] = json.dumps(_member_json(member, plan.topology.levels))
             members.append(text)
         if len(texts) > 2 * len(members) + 64:  # drop the members of earlier generations
             keep = set(plan.topology.members)
@@ -150,11 +156,13 @@ def membership_key(topology: Topology) -> tuple[tuple[object, ...], ...]:
     return tuple(map(_KEY_FIELDS, topology.members))  # C-level projection: called per change on every member
 
 
-_KEY_FIELDS = operator.itemgetter(0, 1, 4, 7, 8, 9, 11)  # Member: name, role, address, training, slots, node_rank,
-#                                                         running (a test checks the positions against the names)
+_KEY_FIELDS = operator.itemgetter(0, 1, 4, 7, 8, 9, 11, 12, 13)  # Member: name, role, address, training, slots,
+#                                      node_rank, running, node, domains (a test checks the positions against the names)
 
 
 def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:
     """The same key read back from a ``topology.json`` (the sidecar continues where init left off)."""
     return tuple((m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"],
-                  m.get("running", True)) for m in document.get("members", []))
+                  m.get("running", True), m.get("node", ""),
+                  tuple(m["domains"].values()) if isinstance(m.get("domains"), dict) else None)
+                 for m in document.get("members", []))

@@ -7,13 +7,14 @@ those differ between the pods' views of the same job, and two pods that disagree
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import COORDINATOR, Controller, detect_controller, parse_selector, selector_matches
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
+from agent.core.placement import node_domains, topology_order
 from agent.core.validation import check_pod, dns_value, ip_value
 from agent.errors import InputError
 
@@ -100,7 +101,7 @@ def pod_ip(pod: RawPod) -> str | None:
 
 
 T = TypeVar("T")
-_SPEC_KEEP = ("hostname", "subdomain", "containers")
+_SPEC_KEEP = ("hostname", "subdomain", "nodeName", "containers")
 _CONTAINER_KEEP = ("name", "image", "command", "args", "env", "resources", "ports")
 _META_KEEP = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "ownerReferences",
               "resourceVersion")
@@ -112,7 +113,7 @@ def slim_pod(pod: RawPod) -> RawPod:
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
     status = pod.get("status", {})
-    slim_spec: dict[str, object] = {k: spec[k] for k in _SPEC_KEEP[:2] if k in spec}  # type: ignore[literal-required]
+    slim_spec: dict[str, object] = {k: spec[k] for k in _SPEC_KEEP[:3] if k in spec}  # type: ignore[literal-required]
     slim_spec["containers"] = [{k: c[k] for k in _CONTAINER_KEEP if k in c}  # type: ignore[literal-required]
                                for c in spec.get("containers", [])]
     slim: dict[str, Any] = {
@@ -158,6 +159,7 @@ class _Facts:
     place_error: InputError | None = None
     slots: tuple[int, str] | None = None  # processes, the rule that decided
     slots_error: InputError | None = None
+    node: str = ""  # spec.nodeName
 
 
 def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
@@ -185,7 +187,8 @@ def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[st
     place, place_error = _attempt(lambda: _address(pod, ident, controller, namespace, options))
     slots, slots_error = _attempt(lambda: resolve_nproc(pod, pick_trainer_container(pod, options.container), options))
     return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=ident, error=None,
-                  has_ip=bool(pod_ip(pod)), place=place, place_error=place_error, slots=slots, slots_error=slots_error)
+                  has_ip=bool(pod_ip(pod)), place=place, place_error=place_error, slots=slots, slots_error=slots_error,
+                  node=pod.get("spec", {}).get("nodeName") or "")
 
 
 def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str,
@@ -317,8 +320,13 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
                      training_roles=training_roles, explicit_roles=roles is not None)
 
 
-def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: Memo | None = None) -> Plan:
-    """Place every pod of ``self_name``'s job; raise ``InputError`` with one line when the pods say no job."""
+NodeLabels = Mapping[str, "Mapping[str, str] | None"]  # node name -> its labels (None: could not be read)
+
+
+def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: Memo | None = None,
+               nodes: NodeLabels | None = None) -> Plan:
+    """Place every pod of ``self_name``'s job; raise ``InputError`` with one line when the pods say no job.
+    ``nodes``: the labels of the Nodes the pods run on, read when ``options.levels`` asks for them."""
     if memo is not None:
         if memo.options != options:
             raise ValueError("a Memo serves one set of options")
@@ -364,6 +372,10 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
     else:
         keys = [order(item) for item in live]
     live = [live[k] for k in sorted(range(len(live)), key=keys.__getitem__)]
+    domains_of = _domain_reader(options, nodes)
+    order_note = None
+    if options.rank_order == "topology":
+        live, order_note = _topology_first(live, position, domains_of)
     members: list[Member] = []
     slots_source: dict[str, str] = {}
     node_rank = 0
@@ -390,12 +402,12 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
             slots, source = facts.slots
             slots_source[facts.name] = source
             members.append(Member(facts.name, role, ident.index, ordinal, place[0], place[1], place[2], True, slots,
-                                  node_rank, first_rank, running))
+                                  node_rank, first_rank, running, facts.node, domains_of(facts.node)))
             node_rank += 1
             first_rank += slots
         else:
             members.append(Member(facts.name, role, ident.index, ordinal, place[0], place[1], place[2], False, 0,
-                                  None, None, running))
+                                  None, None, running, facts.node, domains_of(facts.node)))
 
     rank0 = next((pod for pod, ident, _ in live if ident.role in training_roles), None)
     master_port, port_source = _master_port(rank0, controller, options)
@@ -412,6 +424,9 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
         training_roles=training_roles,
         members=tuple(members),
         excluded=tuple(excluded),
+        levels=options.levels or (),
+        rank_order="index" if order_note is not None else options.rank_order,
+        order_note=order_note,
     )
     if memo is not None:
         memo.end()
@@ -423,3 +438,35 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
         master_port_source=port_source,
         slots_source=slots_source,
     )
+
+
+def _domain_reader(options: Options, nodes: NodeLabels | None) -> Callable[[str], tuple[str, ...] | None]:
+    """node name -> its domains, computed once per node (a node holds several pods)."""
+    levels = options.levels
+    if levels is None:
+        return lambda _node: None
+    known: dict[str, tuple[str, ...] | None] = {}
+
+    def domains_of(node: str) -> tuple[str, ...] | None:
+        if node not in known:
+            known[node] = node_domains(node, nodes.get(node), levels) if node and nodes else None
+        return known[node]
+    return domains_of
+
+
+def _topology_first(live: list[tuple[RawPod, Identity, _Facts]], position: dict[str, int],
+                    domains_of: Callable[[str], tuple[str, ...] | None]
+                    ) -> tuple[list[tuple[RawPod, Identity, _Facts]], str | None]:
+    """``--rank-order topology``: the training pods (first in ``live``) reordered by their domains; every pod
+    computes this from the same pods and Node labels, so all agree. Index order, and the reason, when any
+    training pod's domains are unknown: a partial order would differ between pods that know more or less."""
+    count = sum(1 for _, ident, _ in live if ident.role in position)
+    training = live[:count]
+    paths = []
+    for _, _, facts in training:
+        domains = domains_of(facts.node)
+        if domains is None:
+            why = "is not scheduled yet" if not facts.node else f"runs on node '{facts.node}' whose labels are unknown"
+            return live, f"pod '{facts.name}' {why}; ranks stay in index order"
+        paths.append((*domains, facts.node))
+    return [training[i] for i in topology_order(paths)] + live[count:], None

@@ -107,6 +107,9 @@ def check_pod(pod: object) -> dict[str, Any]:
     for key in ("hostname", "subdomain"):
         if key in spec and (type(spec[key]) is not str or not DNS_LABEL.fullmatch(spec[key])):
             raise _fail(pod, ("spec", key), spec[key], "a DNS-1123 label")
+    if spec.get("nodeName", "") != "" and (type(spec["nodeName"]) is not str
+                                           or not DNS_SUBDOMAIN.fullmatch(spec["nodeName"])):
+        raise _fail(pod, ("spec", "nodeName"), spec["nodeName"], "a DNS-1123 subdomain (a Node name)")
     for i, container in enumerate(_list_of_dicts(pod, spec, "containers", "spec.containers")):
         _string(pod, container, "image", ("spec", "containers", i, "image"))
         cname = container.get("name")

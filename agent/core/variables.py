@@ -105,6 +105,8 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
         else "sum of NPROC_PER_NODE of the pods ranked before this one"
     )
     order_rule = f"position in rank order (roles {', '.join(topo.training_roles) or '-'}, then index)"
+    if topo.rank_order == "topology":
+        order_rule = "position in topology order (pods of each domain contiguous, rank 0 kept; --rank-order)"
     out = [
         Variable("MASTER_ADDR", rank0.address, f"address of node rank 0, pod '{rank0.name}'"),
         Variable("MASTER_PORT", str(plan.master_port), plan.master_port_source),
@@ -152,8 +154,27 @@ def _host_variables(plan: Plan) -> list[Variable]:
         members = topo.role_members(role)
         key = env_key(role)
         out.append(Variable(f"VC_{key}_HOSTS", ",".join(m.address for m in members),
-                            f"addresses of role '{role}' in index order (Volcano)"))
+                            f"addresses of role '{role}' in rank order (Volcano)"))
         out.append(Variable(f"VC_{key}_NUM", str(len(members)), f"number of live pods of role '{role}' (Volcano)"))
+    return out + _placement_variables(plan)
+
+
+def _placement_variables(plan: Plan) -> list[Variable]:
+    """Where this pod landed, when Node labels were asked for (--topology-levels or --rank-order topology)."""
+    topo = plan.topology
+    if not topo.levels:
+        return []
+    me = topo.me
+    out = [
+        Variable("TOPOLOGY_NODE", me.node, "spec.nodeName of this pod"),
+        Variable("TOPOLOGY_LEVELS", ",".join(level.name.lower() for level in topo.levels),
+                 "levels read from Node labels, outermost first (--topology-levels)"),
+    ]
+    if me.domains is not None:
+        out += [Variable(f"TOPOLOGY_{level.name}", value, f"label {level.label} of node '{me.node}'"
+                         + ("" if value else " (not set on the node)"))
+                for level, value in zip(topo.levels, me.domains, strict=True)]
+    out.append(Variable("TOPOLOGY_RANK_ORDER", topo.rank_order, topo.order_note or "--rank-order"))
     return out
 
 
@@ -292,5 +313,9 @@ def explain_exclusions(plan: Plan) -> list[str]:
             f"pod is role '{topo.me.role}', not a training role ({roles}): no training variables "
             "(MASTER_*, WORLD_SIZE, RANK, NODE_RANK, PET_*)"
         )
+    if topo.order_note:
+        lines.append(f"--rank-order topology not applied: {topo.order_note}")
+    if topo.levels and topo.me.domains is None:
+        lines.append(f"node '{topo.me.node or '(none)'}' labels unknown: no TOPOLOGY_<LEVEL> variables")
     lines += [f"pod '{e.name}' is not a member: {e.reason}" for e in topo.excluded]
     return lines

@@ -20,6 +20,8 @@ from agent.core.model import RawPod
 from agent.errors import ApiConflict, ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
 from agent.k8s.wire import (
+    METADATA_ACCEPT,
+    METADATA_LIST_ACCEPT,
     PAGE,
     Keep,
     Pager,
@@ -62,8 +64,8 @@ class AsyncApiClient:
         if self._session is not None:
             await self._session.close()
 
-    def _headers(self) -> dict[str, str]:
-        return request_headers(self.config, self.user_agent)
+    def _headers(self, accept: str = "application/json") -> dict[str, str]:
+        return request_headers(self.config, self.user_agent, accept)
 
     @contextlib.contextmanager
     def _mapped(self, verb: str, what: str) -> Iterator[None]:
@@ -76,11 +78,11 @@ class AsyncApiClient:
                 f"API server {self.config.server} unreachable during {verb} {what}: {type(err).__name__}") from err
 
     async def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
-                        query: dict[str, str] | None = None) -> dict[str, Any]:
+                        query: dict[str, str] | None = None, accept: str = "application/json") -> dict[str, Any]:
         url = self.config.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
         self.traffic.count(verb)
         with self._mapped(verb, what):
-            async with self.session.get(url, headers=self._headers(),
+            async with self.session.get(url, headers=self._headers(accept),
                                         timeout=aiohttp.ClientTimeout(total=self.timeout, connect=5.0)) as resp:
                 body = await resp.read()
                 self.traffic.bytes += len(body)
@@ -93,9 +95,10 @@ class AsyncApiClient:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
         return await self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore
 
-    async def get_object(self, path: str) -> dict[str, Any]:
+    async def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]:
         parts = path.strip("/").split("/")
-        return await self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace_of(path))
+        return await self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace_of(path),
+                                    accept=METADATA_ACCEPT if metadata_only else "application/json")
 
     async def list_pods(self, namespace: str, selector: str, *,
                         keep: Keep | None = None) -> tuple[list[RawPod], str]:
@@ -105,12 +108,13 @@ class AsyncApiClient:
         return items, rv  # type: ignore[return-value]
 
     async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                           keep: Keep | None = None) -> tuple[list[dict[str, Any]], str]:
+                           keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
         parts = path.strip("/").split("/")
         namespace = namespace_of(path)
         pager = Pager(list_query(label_selector, field_selector), limit=limit, keep=keep, what=parts[-1])
+        accept = METADATA_LIST_ACCEPT if metadata_only else "application/json"
         while pager.take(await self._get_json(path, verb="list", what=parts[-1], namespace=namespace,
-                                             query=pager.query())):
+                                             query=pager.query(), accept=accept)):
             pass
         return pager.kept, pager.version
 

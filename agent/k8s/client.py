@@ -20,6 +20,8 @@ from agent.core.model import RawPod
 from agent.errors import ApiConflict, ApiError, ApiUnavailable
 from agent.k8s.config import ApiConfig
 from agent.k8s.wire import (
+    METADATA_ACCEPT,
+    METADATA_LIST_ACCEPT,
     PAGE,
     Keep,
     Pager,
@@ -57,8 +59,8 @@ class ApiClient:
 
     # --- plumbing ----------------------------------------------------------------------------------------
 
-    def _headers(self) -> dict[str, str]:
-        return request_headers(self.config, self.user_agent)
+    def _headers(self, accept: str = "application/json") -> dict[str, str]:
+        return request_headers(self.config, self.user_agent, accept)
 
     @contextlib.contextmanager
     def _mapped(self, verb: str, what: str) -> Iterator[None]:
@@ -78,11 +80,11 @@ class ApiClient:
                                    what=what, namespace=namespace)
 
     def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
-                  query: dict[str, str] | None = None) -> dict[str, Any]:
+                  query: dict[str, str] | None = None, accept: str = "application/json") -> dict[str, Any]:
         url = self.config.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
         self.traffic.count(verb)
         with self._mapped(verb, what):
-            response = self.pool.request("GET", url, headers=self._headers(),
+            response = self.pool.request("GET", url, headers=self._headers(accept),
                                          timeout=urllib3.Timeout(connect=5.0, read=self.timeout))
             self.traffic.bytes += len(response.data or b"")
             self._check(response, verb, what, namespace)
@@ -123,19 +125,21 @@ class ApiClient:
                                  limit=PAGE, keep=keep)
 
     def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                     keep: Keep | None = None) -> tuple[list[dict[str, Any]], str]:
+                     keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
         parts = path.strip("/").split("/")
         namespace = namespace_of(path)
         pager = Pager(list_query(label_selector, field_selector), limit=limit, keep=keep, what=parts[-1])
+        accept = METADATA_LIST_ACCEPT if metadata_only else "application/json"
         while pager.take(self._get_json(path, verb="list", what=parts[-1], namespace=namespace,
-                                             query=pager.query())):
+                                        query=pager.query(), accept=accept)):
             pass
         return pager.kept, pager.version
 
-    def get_object(self, path: str) -> dict[str, Any]:
+    def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]:
         parts = path.strip("/").split("/")
         namespace = namespace_of(path)
-        return self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace)
+        return self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace,
+                              accept=METADATA_ACCEPT if metadata_only else "application/json")
 
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
                    timeout: float) -> Iterator[WatchEvent]:

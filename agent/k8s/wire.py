@@ -40,10 +40,10 @@ class PodSource(Protocol):
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
                    timeout: float) -> Iterator[WatchEvent]: ...
 
-    def get_object(self, path: str) -> dict[str, Any]: ...
+    def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]: ...
 
-    def list_objects(self, path: str, *, label_selector: str = "",
-                     field_selector: str = "") -> tuple[list[dict[str, Any]], str]: ...
+    def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
+                     metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]: ...
 
     def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
                       field_selector: str = "") -> Iterator[WatchEvent]: ...
@@ -225,8 +225,13 @@ def watch_query(resource_version: str, timeout: float, label_selector: str = "",
     return query
 
 
-def request_headers(config: ApiConfig, user_agent: str) -> dict[str, str]:
-    headers = {"Accept": "application/json", "User-Agent": user_agent}
+# Metadata only (what client-go's metadata client asks for), JSON as the fallback a server without it sends.
+METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+
+
+def request_headers(config: ApiConfig, user_agent: str, accept: str = "application/json") -> dict[str, str]:
+    headers = {"Accept": accept, "User-Agent": user_agent}
     token = config.bearer()  # re-read each time: in-cluster tokens rotate
     if token:
         headers["Authorization"] = f"Bearer {token}"

@@ -37,6 +37,7 @@ from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTim
 from agent.k8s.client import PodSource
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
 from agent.runtime.intake import usable_pods
+from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
 from agent.runtime.publishing import publish_first, read_published
 
@@ -268,6 +269,8 @@ def check_dns(api: PodSource, rendered: Rendered, settings: InitSettings, *, res
 def choose_source(settings: InitSettings, expected: Expectation) -> str:
     if settings.source != "auto":
         return settings.source
+    if settings.options.levels is not None:
+        return "published"  # one pod reads the Nodes and publishes their labels with the pods, whatever the size
     return "published" if expected.total >= PUBLISH_THRESHOLD else "pods"
 
 
@@ -302,18 +305,24 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
         pods = list(waiter.pods.values())
-        rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir)
+        names = wanted_nodes(pods, settings.options, {})
+        nodes = waiter._retry(lambda: read_nodes(api, names, settings.options), "read nodes") if names else None
+        rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
+                              nodes=nodes)  # type: ignore[arg-type]
         if source == "published":  # publish first: every other pod of the job is waiting for it
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
             training = rendered.plan.topology.training
             follow = not publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
                                        leader=settings.pod_name, owner=dict(owners[0]) if owners else None,
-                                       standby=tuple(m.name for m in training[1:1 + STANDBYS]))
+                                       standby=tuple(m.name for m in training[1:1 + STANDBYS]),
+                                       nodes=nodes)  # type: ignore[arg-type]
     if follow:
         published = read_published(api, settings.namespace, cm_name, settings.pod_name,
                                    deadline=waiter.deadline, clock=clock, sleep=sleep)
-        pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p for p in published]
-        rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir)
+        pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p
+                for p in published.pods.values()]
+        rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
+                              nodes=published.node_labels())
     assert rendered is not None
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)

@@ -26,6 +26,7 @@ from agent.core.journal import (
 from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, pack, select_value
+from agent.core.topology import NodeLabels
 from agent.errors import ApiConflict, ApiError, ApiGone, ApiUnavailable, GangTimeout
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
 from agent.k8s.wire import PodSource
@@ -44,12 +45,13 @@ def lease_path(namespace: str, name: str = "") -> str:
 
 
 def publish_first(api: PodSource, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
-                  leader: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = ()) -> bool:
+                  leader: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
+                  nodes: NodeLabels | None = None) -> bool:
     """The leader's init: the snapshot, the journal and the Lease. False when the snapshot exists already (this
     init runs again after a restart, and whoever holds the Lease keeps it current): then read it as a follower."""
     publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
-    publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods])
+    publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods], nodes)
     seq = publisher.state.seq
     data = pack(publisher.snapshot_document())
     publisher.snapshot_written(seq)
@@ -83,8 +85,8 @@ def publish_first(api: PodSource, namespace: str, name: str, pods: list[RawPod],
 
 def read_published(api: PodSource, namespace: str, name: str, pod_name: str, *, deadline: float,
                    clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep) -> list[RawPod]:
-    """The published pods once they include ``pod_name``; ``GangTimeout`` at the deadline.
+                   sleep: Callable[[float], None] = time.sleep) -> PublishedState:
+    """The published state once it includes ``pod_name``; ``GangTimeout`` at the deadline.
 
     One LIST by label reads the snapshot and the journal together; while this pod is not in them yet, one WATCH
     with the same label brings the leader's writes in order (a snapshot always before the journal that needs
@@ -144,4 +146,4 @@ def read_published(api: PodSource, namespace: str, name: str, pod_name: str, *, 
             log.info("watch of configmap %s broke (%s); retry %d in %.1f s", name, err, backoff.attempt, delay)
             sleep(delay)
     log.info("read the published topology %s: sequence %d, %d pods", name, state.seq, len(state.pods))
-    return list(state.pods.values())
+    return state

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.core import Memo, Options, Rendered, render_pod
+from agent.core import Memo, NodeLabels, Options, Rendered, render_pod
 from agent.core.controllers import detect_controller
 from agent.core.journal import STANDBYS, PublishedState, Publisher, journal_body, journal_name, read_journal, state_from
 from agent.core.lease import Timing
@@ -39,6 +39,7 @@ from agent.k8s.wire import WatchEvent
 from agent.runtime.election import Elector
 from agent.runtime.intake import usable_pods
 from agent.runtime.metrics import SidecarMetrics
+from agent.runtime.nodes import NodeMap, read_nodes_async, wanted_nodes
 from agent.runtime.output import write_generation
 from agent.runtime.signalling import TrainerFinder, signal_trainer
 
@@ -111,6 +112,7 @@ class Sidecar:
         self.first_list: tuple[list[dict[str, Any]], str] | None = None
         self.unaddressed: set[str] = set()  # pods without an IP yet (kept per event, not rescanned per change)
         self._trim: asyncio.TimerHandle | None = None
+        self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -207,6 +209,8 @@ class Sidecar:
             return
         if state is None and journal is None:
             return
+        if state is not None:
+            self.nodes.update(state.node_labels())  # a standby need not read the Nodes the leader read
         me = self.settings.pod_name
         self.elector = Elector(self.api, self.settings.namespace, self.configmap, me, owner=self.owner,
                                timing=Timing(self.settings.lease_seconds),
@@ -436,7 +440,7 @@ class Sidecar:
             if journal is None or journal.leader != self.settings.pod_name:
                 self.publisher.standby = ()  # write the journal once at least: it names the new leader
         publisher = self.publisher
-        entry = publisher.change(self.pods, self.touched)
+        entry = publisher.change(self.pods, self.touched, self.nodes)
         self.touched = set()
         if entry is None and publisher.standby == self.standby_now:
             return
@@ -490,6 +494,8 @@ class Sidecar:
             since = self.dirty_since if self.dirty_since is not None else self.clock()
             self.dirty.clear()
             self.dirty_since = None
+            if self.mode != "follower":
+                await self._learn_nodes()
             written = self.evaluate(since)
             # Publish only what makes a valid topology (never the empty view before the first LIST).
             if self.valid and self.elector is not None and self.elector.leading and self.mode == "candidate":
@@ -504,6 +510,18 @@ class Sidecar:
                 if self._trim is not None:
                     self._trim.cancel()
                 self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+
+    async def _learn_nodes(self) -> None:
+        """Read the labels of Nodes that pods landed on since the last change (each node once)."""
+        names = wanted_nodes(self.pods.values(), self.settings.options, self.nodes)
+        if not names:
+            return
+        learned = await read_nodes_async(self.api, names, self.settings.options)
+        if not learned:  # the API is away: try again shortly, the files keep index order meanwhile
+            asyncio.get_running_loop().call_later(2.0, lambda: self.mark_dirty(self.clock()))
+            return
+        self.nodes.update(learned)
+        self.touched |= {name for name, pod in self.pods.items() if pod.get("spec", {}).get("nodeName") in learned}
 
     async def _settle(self) -> None:
         """Wait until the changes stop for SETTLE seconds, and never longer than --debounce: a lone change is
@@ -527,9 +545,12 @@ class Sidecar:
         if s.options.address == "ip" and self.unaddressed:  # a pod joins once it has an address
             pods = [p for p in pods if p["metadata"]["name"] not in self.unaddressed]
         try:
+            nodes: NodeLabels = self.nodes
+            if self.mode == "follower" and self.published is not None and s.options.levels is not None:
+                nodes = self.published.node_labels()
             rendered: Rendered = render_pod(pods, s.pod_name, s.options, generation=self.generation + 1,
                                             files_dir=str(s.out_dir.absolute()),
-                                            memo=self.memo)
+                                            memo=self.memo, nodes=nodes)
         except InputError as err:
             self.valid = False
             log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)

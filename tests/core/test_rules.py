@@ -254,6 +254,7 @@ def test_the_membership_key_projects_the_named_member_fields():
     from agent.core.model import Member
     from agent.core.rendering import _KEY_FIELDS
 
-    member = Member("p", "worker", (3,), 3, "10.0.0.1", "p.svc", "10.0.0.1", True, 8, 2, 16, False)
+    member = Member("p", "worker", (3,), 3, "10.0.0.1", "p.svc", "10.0.0.1", True, 8, 2, 16, False, "node-a",
+                    ("zone-a", "rack-1"))
     assert _KEY_FIELDS(member) == (member.name, member.role, member.address, member.training, member.slots,
-                                   member.node_rank, member.running)
+                                   member.node_rank, member.running, member.node, member.domains)

@@ -1,0 +1,105 @@
+"""Reading the topology labels of the Nodes a job's pods run on (metadata only: labels are all that is used).
+
+Only the agent that reads the pods for the job reads Nodes: the leader's init, and in an elastic job the
+sidecars that watch the pods (the publisher and its standbys), each new node once. The others receive the labels
+inside the published rows. A handful of nodes costs one GET each; more cost one paged LIST of every Node's
+metadata (a 4096-pod job on 512 nodes: one or two requests, not 512). Nodes are cluster-scoped, so reading them
+needs a ClusterRole, an optional component (manifests/rbac/nodes): without it the agent says so once and
+keeps index order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+from agent.core.model import Options, RawPod
+from agent.core.placement import Level
+from agent.errors import ApiError, ApiNotFound, ApiUnavailable
+from agent.k8s.async_client import AsyncApiClient
+from agent.k8s.wire import PAGE, PodSource
+
+log = logging.getLogger("topology_agent.nodes")
+NODE_GETS = 16  # distinct nodes read with one GET each; more are read with one LIST
+NodeMap = dict[str, "dict[str, str] | None"]
+
+
+def wanted_nodes(pods: Iterable[RawPod], options: Options, known: Mapping[str, object]) -> list[str]:
+    """The nodes the job's pods run on whose labels are not held yet (none when no levels are asked for)."""
+    if options.levels is None:
+        return []
+    names = {(pod.get("spec") or {}).get("nodeName") or "" for pod in pods}
+    return sorted(name for name in names if name and name not in known)
+
+
+def _labels(obj: dict[str, Any], levels: tuple[Level, ...]) -> dict[str, str]:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    wanted = {level.label for level in levels}
+    return {k: v for k, v in labels.items() if k in wanted} if isinstance(labels, dict) else {}
+
+
+def _from_list(items: list[dict[str, Any]], names: list[str], levels: tuple[Level, ...]) -> NodeMap:
+    found = {(item.get("metadata") or {}).get("name"): item for item in items}
+    return {name: _labels(found[name], levels) if name in found else None for name in names}
+
+
+def _keep_only(names: list[str]) -> Any:
+    wanted = set(names)
+    return lambda page: [item for item in page if (item.get("metadata") or {}).get("name") in wanted]
+
+
+def forbidden_line(err: ApiError) -> str:
+    """One line when Nodes cannot be read (RBAC, most often)."""
+    return (f"cannot read Nodes ({err}); ranks stay in index order and no TOPOLOGY_<LEVEL> variables are written: "
+            "apply the optional RBAC component manifests/rbac/nodes (get/list on nodes)")
+
+
+def read_nodes(api: PodSource, names: list[str], options: Options) -> NodeMap:
+    """Labels (of the asked levels) per node; None for a node that is gone or cannot be read."""
+    levels = options.levels or ()
+    if not names:
+        return {}
+    try:
+        if len(names) <= NODE_GETS:
+            out: NodeMap = {}
+            for name in names:
+                try:
+                    out[name] = _labels(api.get_object(f"/api/v1/nodes/{quote(name)}", metadata_only=True), levels)
+                except ApiNotFound:
+                    out[name] = None
+            return out
+        items, _ = api.list_objects("/api/v1/nodes", limit=PAGE, metadata_only=True,  # type: ignore[call-arg]
+                                    keep=_keep_only(names))
+        return _from_list(items, names, levels)
+    except ApiUnavailable:
+        raise  # init retries until its deadline
+    except ApiError as err:
+        log.warning("%s", forbidden_line(err))
+    return dict.fromkeys(names)
+
+
+async def read_nodes_async(api: AsyncApiClient, names: list[str], options: Options) -> NodeMap:
+    """``read_nodes`` for the sidecar."""
+    levels = options.levels or ()
+    if not names:
+        return {}
+    try:
+        if len(names) <= NODE_GETS:
+            out: NodeMap = {}
+            for name in names:
+                try:
+                    node = await api.get_object(f"/api/v1/nodes/{quote(name)}", metadata_only=True)
+                    out[name] = _labels(node, levels)
+                except ApiNotFound:
+                    out[name] = None
+            return out
+        items, _ = await api.list_objects("/api/v1/nodes", limit=PAGE, metadata_only=True, keep=_keep_only(names))
+        return _from_list(items, names, levels)
+    except ApiUnavailable as err:
+        log.warning("cannot read Nodes now (%s); trying again", err)
+        return {}
+    except ApiError as err:
+        log.warning("%s", forbidden_line(err))
+    return dict.fromkeys(names)
