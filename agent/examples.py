@@ -336,6 +336,30 @@ def indexed_job(name: str = "sweep", completions: int = 3, *, namespace: str = "
     return pods
 
 
+RACK = "example.com/rack"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A Node as the API server returns it (metadata is all the agent reads)."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": _uid("node", name), "labels": {"kubernetes.io/hostname": name,
+                                                                             **labels}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def racks(pods: list[Pod], count: int = 2, *, zone: str = "zone-a") -> list[dict[str, Any]]:
+    """One node per pod, racks taken in turn in list order (``rack-a``, ``rack-b``, ...): the placement a
+    spreading scheduler gives, and the worst case for index order (every ring hop crosses racks). Sets each
+    pod's ``spec.nodeName``; returns the Nodes."""
+    nodes = []
+    for k, pod in enumerate(pods):
+        name = f"node-{k}"
+        pod["spec"]["nodeName"] = name
+        nodes.append(node(name, {ZONE: zone, RACK: f"rack-{chr(ord('a') + k % count)}"}))
+    return nodes
+
+
 def as_list(pods: list[Pod]) -> dict[str, Any]:
     """Wrap pods the way ``kubectl get pods -o json`` does."""
     return {"apiVersion": "v1", "kind": "List", "items": pods, "metadata": {"resourceVersion": ""}}

@@ -319,7 +319,8 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
     if follow:
         published = read_published(api, settings.namespace, cm_name, settings.pod_name,
                                    deadline=waiter.deadline, clock=clock, sleep=sleep)
-        pods = [me if p.get("metadata", {}).get("name") == settings.pod_name else p
+        mine = with_placement(me, published.pods[settings.pod_name])
+        pods = [mine if p.get("metadata", {}).get("name") == settings.pod_name else p
                 for p in published.pods.values()]
         rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
                               nodes=published.node_labels())
@@ -334,6 +335,16 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
              settings.out_dir, me_member.role, me_member.node_rank, len(rendered.plan.topology.training),
              peak_rss_mb())
     return rendered
+
+
+def with_placement(me: RawPod, published: RawPod) -> RawPod:
+    """The own pod as read at start (its env is the user's), with the node and IP the leader saw later: an init
+    started before its pod was bound (the demo, tests) read it without them."""
+    spec, status = me.get("spec", {}), me.get("status", {})
+    if spec.get("nodeName") and status.get("podIP"):
+        return me
+    return {**me, "spec": {**spec, "nodeName": spec.get("nodeName") or published.get("spec", {}).get("nodeName", "")},
+            "status": status if status.get("podIP") else published.get("status", {})}  # type: ignore[typeddict-item]
 
 
 def peak_rss_mb() -> str:

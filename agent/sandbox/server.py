@@ -1,7 +1,7 @@
 """The sandbox API server: the slice of the Kubernetes API that the agent and kubectl use, over real HTTPS.
 
 It is the embedded default (``topology-agent sandbox``, ``demo``) and the test fixture. It serves
-discovery, namespaced CRUD with merge and JSON patches for pods, ``pods/status``, Services and the owner kinds
+discovery, namespaced CRUD, cluster-scoped Nodes (with metadata-only answers) with merge and JSON patches for pods, ``pods/status``, Services and the owner kinds
 the init container reads, list/watch with label and field selectors, resourceVersion semantics, BOOKMARKs and
 410 Gone. Fault knobs (``POST /sandbox/faults``) make it refuse connections, fail with a status (5xx, 429
 with Retry-After, 403), slow down, drop watch streams or forget its event log, so tests can prove the agent's
@@ -36,6 +36,7 @@ RESOURCES: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("", "v1", "secrets"): ("Secret", True),
     ("", "v1", "configmaps"): ("ConfigMap", True),
     ("", "v1", "namespaces"): ("Namespace", False),
+    ("", "v1", "nodes"): ("Node", False),
     ("", "v1", "serviceaccounts"): ("ServiceAccount", True),
     ("batch", "v1", "jobs"): ("Job", True),
     ("coordination.k8s.io", "v1", "leases"): ("Lease", True),
@@ -433,6 +434,9 @@ class Sandbox:
                 meta["continue"] = str(start + limit)
                 meta["remainingItemCount"] = len(items) - start - limit
             page = items[start:start + limit] if limit else items
+            if _metadata_only(request):
+                return self._json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                                   "metadata": meta, "items": [_partial(o) for o in page]})
             return self._json({"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page})
         if request.method == "POST":
             if namespace is None:
@@ -467,7 +471,7 @@ class Sandbox:
             return status(404, "NotFound", f'{kind.lower()}s "{name}" not found',
                           details={"name": name, "kind": kind.lower() + "s"})
         if request.method == "GET":
-            return self._json(current)
+            return self._json(_partial(current) if _metadata_only(request) else current)
         if request.method == "DELETE":
             graceful = resource == "/v1/pods" and request.query.get("gracePeriodSeconds") not in (None, "0") \
                 and bool(current.get("metadata", {}).get("finalizers"))
@@ -591,6 +595,16 @@ class Sandbox:
             if task:
                 self.watch_tasks.discard(task)
         return response
+
+
+def _metadata_only(request: web.Request) -> bool:
+    """``Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`` (client-go's metadata
+    client): the API server answers with the objects' metadata only."""
+    return "as=PartialObjectMetadata" in request.headers.get("Accept", "")
+
+
+def _partial(obj: Obj) -> Obj:
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -74,6 +74,18 @@ class SandboxThread:
 
         return self.update_pod(namespace, name, change)
 
+    def schedule(self, namespace: str, name: str, ip: str, node: str | None = None) -> dict[str, Any]:
+        """What the scheduler and the kubelet do: bind the pod to a node, then report it Running at ``ip``."""
+        def change(pod: dict[str, Any]) -> None:
+            if node is not None:
+                pod["spec"]["nodeName"] = node
+            pod.setdefault("status", {}).update(phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1")
+
+        return self.update_pod(namespace, name, change)
+
+    def create_node(self, node: dict[str, Any]) -> dict[str, Any]:
+        return self.create("/v1/nodes", "", node)
+
     def delete_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._run(self.sandbox.store.delete, PODS, namespace, name)
 
