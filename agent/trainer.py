@@ -14,6 +14,16 @@ The signal handler only sets a flag (nothing else is safe inside a handler); the
 
 ``reload(apply_env=True)`` also copies the new variables into ``os.environ`` so that a fresh
 ``init_process_group(init_method="env://")`` sees them. Importing this module imports nothing heavy.
+
+Process groups by where the pods landed (topology.json carries every member's domains), e.g. tensor parallel
+inside an NVLink clique and data parallel (HSDP replicas) across::
+
+    from torch.distributed.device_mesh import DeviceMesh
+    mesh = DeviceMesh("cuda", read_world("/shared").mesh("gpu_clique"), mesh_dim_names=("replicate", "shard"))
+
+``mesh(level)`` is a rectangle of global ranks, one row per domain at ``level``; the rows are the groups that
+share a domain, the columns the groups across domains. Every process computes the same rectangle from the same
+file, as DeviceMesh requires.
 """
 
 from __future__ import annotations
@@ -52,6 +62,45 @@ class World:
     @property
     def nnodes(self) -> int:
         return int(self.env.get("NNODES", "0"))
+
+    def groups(self, level: str) -> list[list[int]]:
+        """Global ranks of the training processes grouped by their domain at ``level`` (a level name from
+        topology.json's ``topology.levels``, or ``node``); groups in the order of their first rank."""
+        return domain_groups(self.document, level)
+
+    def mesh(self, level: str) -> list[list[int]]:
+        """``groups(level)`` as the 2-D rank list DeviceMesh takes (``mesh=``); every group must be as large."""
+        groups = self.groups(level)
+        if len({len(g) for g in groups}) > 1:
+            sizes = ", ".join(str(len(g)) for g in groups)
+            raise ValueError(f"domains at level '{level}' hold different numbers of ranks ({sizes}); a DeviceMesh "
+                             "needs equal groups: use groups() for uneven process groups")
+        return groups
+
+
+def domain_groups(document: dict[str, Any], level: str) -> list[list[int]]:
+    """See ``World.groups``. A domain is named by its path from the outermost level down to ``level``, so two
+    racks with the same name in different zones stay two groups."""
+    names = [lv["name"] for lv in document.get("topology", {}).get("levels", [])]
+    if level != "node" and level not in names:
+        known = ", ".join([*names, "node"])
+        raise ValueError(f"level '{level}' is not in topology.json (levels: {known}); the agent writes them "
+                         "with --topology-levels or --rank-order topology")
+    by_domain: dict[tuple[str, ...], list[int]] = {}
+    for member in document.get("members", []):
+        if not member.get("training"):
+            continue
+        domains = member.get("domains")
+        if level == "node":
+            key: tuple[str, ...] = (member.get("node", ""),)
+        elif domains is None:
+            raise ValueError(f"pod '{member.get('name')}' has no known domains (its node's labels could not be "
+                             "read); see the agent's log")
+        else:
+            key = tuple(domains[name] for name in names[:names.index(level) + 1])
+        first = member["rank"]
+        by_domain.setdefault(key, []).extend(range(first, first + member["slots"]))
+    return sorted((sorted(g) for g in by_domain.values()), key=lambda g: g[0])
 
 
 def _read_word(text: str, i: int) -> tuple[str, int]:

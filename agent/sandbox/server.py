@@ -1,7 +1,8 @@
 """The sandbox API server: the slice of the Kubernetes API that the agent and kubectl use, over real HTTPS.
 
 It is the embedded default (``topology-agent sandbox``, ``demo``) and the test fixture. It serves
-discovery, namespaced CRUD, cluster-scoped Nodes (with metadata-only answers) with merge and JSON patches for pods, ``pods/status``, Services and the owner kinds
+discovery, namespaced CRUD, cluster-scoped Nodes (metadata-only answers too) with merge and JSON patches
+for pods, ``pods/status``, Services and the owner kinds
 the init container reads, list/watch with label and field selectors, resourceVersion semantics, BOOKMARKs and
 410 Gone. Fault knobs (``POST /sandbox/faults``) make it refuse connections, fail with a status (5xx, 429
 with Retry-After, 403), slow down, drop watch streams or forget its event log, so tests can prove the agent's

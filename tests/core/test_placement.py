@@ -245,3 +245,33 @@ def test_a_leave_keeps_the_survivors_relative_order_unless_it_led_its_domain():
     for gone in [i for i in range(1, 40) if i not in firsts.values()]:
         survivors = [p for i, p in enumerate(paths) if i != gone]
         assert [survivors[i] for i in topology_order(survivors)] == [paths[i] for i in before if i != gone]
+
+
+def _document(pods, nodes, **options):
+    return json.loads(render_pod(pods, pods[0]["metadata"]["name"], Options(**options), nodes=nodes)
+                      .files["topology.json"])
+
+
+def test_trainer_groups_follow_the_domains_and_two_processes_per_pod():
+    from agent.trainer import domain_groups
+
+    pods, nodes, _ = interleaved(examples.volcano_job(tasks=(("master", 1), ("worker", 3))))
+    document = _document(pods, nodes, rank_order="topology", levels=DEFAULT_LEVELS, nproc_per_node=2)
+    assert domain_groups(document, "subblock") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert domain_groups(document, "block") == [list(range(8))]
+    assert domain_groups(document, "node") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    index = _document(pods, nodes, levels=DEFAULT_LEVELS, nproc_per_node=2)  # index order: racks interleave
+    assert domain_groups(index, "subblock") == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+def test_trainer_mesh_refuses_uneven_domains_and_unknown_levels():
+    from agent.trainer import World
+
+    pods, nodes, _ = interleaved(examples.volcano_job(tasks=(("master", 1), ("worker", 2))))
+    world = World(generation=1, env={}, document=_document(pods, nodes, rank_order="topology",
+                                                            levels=DEFAULT_LEVELS))
+    with pytest.raises(ValueError, match="different numbers of ranks"):
+        world.mesh("subblock")
+    with pytest.raises(ValueError, match=re.escape("level 'rack' is not in topology.json")):
+        world.groups("rack")
+    assert world.groups("subblock") == [[0, 1], [2]]

@@ -75,3 +75,42 @@ def test_deepspeed_parses_the_hostfile_with_hosts_in_rank_order_and_slots(tmp_pa
     assert list(resources.items()) == [
         ("mnist-master-0", 2), ("mnist-worker-0", 2), ("mnist-worker-1", 2), ("mnist-worker-2", 2),
     ]
+
+
+def test_torch_gloo_and_device_mesh_from_ranks_in_rack_order(tmp_path):
+    """Issue 14: ranks from --rank-order topology form one gloo group, and the DeviceMesh built from topology.json
+    (one row per rack) is the same in every process and reduces over the right ranks."""
+    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
+    pods = examples.volcano_job(name="e2e", tasks=(("master", 1), ("worker", 3)))
+    nodes = examples.racks(pods)  # index order alternates racks a, b, a, b
+    for pod in pods:
+        pod["status"].update(podIP="127.0.0.1", podIPs=[{"ip": "127.0.0.1"}])
+    (tmp_path / "pods.json").write_text(json.dumps(examples.as_list(pods)))
+    (tmp_path / "nodes.json").write_text(json.dumps({"kind": "NodeList", "items": nodes}))
+    port = free_port()
+    names = [p["metadata"]["name"] for p in pods]
+    for name in names:
+        assert main(["render", "--pods", str(tmp_path / "pods.json"), "--nodes", str(tmp_path / "nodes.json"),
+                     "--self", name, "--out", str(tmp_path / name), "--address", "ip", "--master-port", str(port),
+                     "--nproc-per-node", "1", "--rank-order", "topology",
+                     "--topology-levels", f"{examples.ZONE},{examples.RACK}"]) == 0
+    root = Path(__file__).resolve().parents[2]
+    env = {"PATH": os.environ["PATH"], "GLOO_SOCKET_IFNAME": "lo", "HOME": str(tmp_path), "PYTHONPATH": str(root)}
+    procs = {name: subprocess.Popen(
+        ["bash", "-c", f'. {tmp_path / name}/torch.env && exec "{sys.executable}" {HERE / "worker_mesh.py"} '
+                       f'{tmp_path / name}'], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in reversed(names)}
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    ranks = {name: r["rank"] for name, r in results.items()}
+    assert ranks == {"e2e-master-0": 0, "e2e-worker-1": 1, "e2e-worker-0": 2, "e2e-worker-2": 3}
+    for r in results.values():
+        assert r["rank"] == r["env_rank"] and r["world"] == 4 and r["sum"] == 10
+        assert r["mesh"] == [[0, 1], [2, 3]]  # every process built the same mesh: rack-a, then rack-b
+        row = next(row for row in r["mesh"] if r["rank"] in row)
+        column = [other[row.index(r["rank"])] for other in r["mesh"]]
+        assert r["within"] == sum(row) and r["across"] == sum(column)
+        assert r["rack"] == ("rack-a" if r["rank"] < 2 else "rack-b")
