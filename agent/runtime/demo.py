@@ -1,9 +1,11 @@
 """``topology-agent demo``: the agent at work on an example Volcano job, with no cluster.
 
 Starts the sandbox API server, creates a Volcano PyTorch job (master, 3 workers, 1 non-training task) whose
-pods have no IP yet, starts one real ``topology-agent init`` process per pod (each sees the sandbox as its
-in-cluster API server), then "schedules" the pods one by one by giving them loopback IPs. The inits wait for
-the gang, write ``./demo-out/<pod>/``, and the demo prints what each pod got.
+pods have no IP yet, and two racks of Nodes; starts one real ``topology-agent init`` process per pod (each sees
+the sandbox as its in-cluster API server) with ``--rank-order topology``, then "schedules" the pods one by one,
+alternating racks as a spreading scheduler does, by binding them to a Node and giving them loopback IPs. The
+inits wait for the gang, write ``./demo-out/<pod>/``, and the demo prints what each pod got: ranks in rack
+order, rank 0 still the master. Then the sidecars follow a scale-up.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from agent.sandbox.threaded import SandboxThread
 NAMESPACE = "default"
 JOB = "demo"
 TASKS = (("master", 1), ("worker", 3), ("extras", 1))
+TOPOLOGY = ("--rank-order", "topology", "--topology-levels", f"{examples.ZONE},{examples.RACK}")
 
 
 def volcano_owner() -> dict[str, object]:
@@ -40,8 +43,14 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     pods = examples.volcano_job(JOB, TASKS, namespace=NAMESPACE)
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
+    nodes = examples.racks(pods)  # where the scheduler will bind each pod: racks a, b, a, b, a
+    bound = {p["metadata"]["name"]: p["spec"].pop("nodeName") for p in pods}
     with SandboxThread(out / ".sandbox") as sandbox:
         write(f"sandbox API server at {sandbox.sandbox.url} (kubeconfig: {sandbox.sandbox.kubeconfig})\n")
+        for node in nodes:
+            sandbox.create_node(node)
+        write(f"created {len(nodes)} Nodes in two racks (label {examples.RACK}): "
+              + ", ".join(f"{n['metadata']['name']}={n['metadata']['labels'][examples.RACK]}" for n in nodes) + "\n")
         owner = sandbox.create("batch.volcano.sh/v1alpha1/jobs", NAMESPACE, volcano_owner())
         for pod in pods:
             pod["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
@@ -49,17 +58,17 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
             sandbox.create_pod(pod)
         write(f"created Volcano Job '{JOB}': {', '.join(f'{t} x{n}' for t, n in TASKS)}; pods are Pending, no IPs\n")
         procs = {}
-        for name in ips:
+        write(f"scheduling the pods one by one; each pod's init container starts once its pod runs "
+              f"({' '.join(TOPOLOGY)})...\n")
+        for name, ip in ips.items():
+            time.sleep(0.3)
+            sandbox.schedule(NAMESPACE, name, ip, node=bound[name])
             env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
             env.pop("KUBECONFIG", None)
             procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "agent.cli", "init", "--out", str(out / name), "--address", "ip",
-                 "--timeout", "120"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        write(f"started {len(procs)} init containers; scheduling the pods one by one...\n")
-        for name, ip in ips.items():
-            time.sleep(0.3)
-            sandbox.set_pod_ip(NAMESPACE, name, ip)
-            write(f"  {name} is Running at {ip}\n")
+                 "--timeout", "120", *TOPOLOGY], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            write(f"  {name} is Running at {ip} on {bound[name]}; its init waits for the gang\n")
         failed = 0
         for name, proc in procs.items():
             _, err = proc.communicate(timeout=180)
@@ -70,7 +79,8 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
         if failed:
             return 1
         write("\n" + format_table(out, list(ips)) + "\n")
-        if not show_sidecar(sandbox, out / "demo-worker-0", write):
+        write(rack_summary(out / "demo-worker-0") + "\n")
+        if not show_sidecar(sandbox, out, write):
             return 1
     write(f"\nAPI load of the init step: {stats['requests']} requests ({stats['watches']} watches) for {len(ips)} "
           f"pods; bytes sent {stats['bytes']}\n")
@@ -86,52 +96,76 @@ def _generation(directory: Path) -> int:
         return 0
 
 
-def show_sidecar(sandbox: SandboxThread, shared: Path, write: Any) -> bool:
-    """Run the sidecar for demo-worker-0, add a worker, and show the files following."""
-    name = shared.name
-    env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
+def _start_sidecar(sandbox: SandboxThread, shared: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": shared.name, "POD_NAMESPACE": NAMESPACE}
     env.pop("KUBECONFIG", None)
-    write(f"\nstarting the sidecar for {name} (generation {_generation(shared)}); adding a worker...\n")
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--address", "ip",
-                             "--debounce", "0.2", "--signal", "none", "--health-port", "0"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--address", "ip",
+                             "--debounce", "0.2", "--signal", "none", "--health-port", "0", *TOPOLOGY],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+
+
+def show_sidecar(sandbox: SandboxThread, out: Path, write: Any) -> bool:
+    """Run the sidecars of the publisher (demo-master-0) and of demo-worker-0, add a worker on a new node in
+    rack-a, and show demo-worker-0's files following: the newcomer joins rack-a's block."""
+    shared = out / "demo-worker-0"
+    write(f"\nstarting the sidecars of demo-master-0 (it publishes) and {shared.name} (generation "
+          f"{_generation(shared)}); adding a worker on a new node in rack-a...\n")
+    procs = [_start_sidecar(sandbox, out / "demo-master-0"), _start_sidecar(sandbox, shared)]
     try:
-        time.sleep(1.0)
+        time.sleep(1.5)
+        sandbox.create_node(examples.node("node-5", {examples.ZONE: "zone-a", examples.RACK: "rack-a"}))
         pod = examples.volcano_job(JOB, (("master", 1), ("worker", 4)), namespace=NAMESPACE)[4]
+        pod["spec"]["nodeName"] = "node-5"
         pod["status"] = {"phase": "Running", "podIP": "127.1.0.9", "podIPs": [{"ip": "127.1.0.9"}]}
         base = _generation(shared)
-        if base > 1:
-            write(f"  (generation {base} already: the sidecar added demo-extras-0, which got its IP after init ran)\n")
         started = time.monotonic()
         sandbox.create_pod(pod)
-        write(f"  created {pod['metadata']['name']} at 127.1.0.9\n")
-        deadline = started + 15
+        write(f"  created {pod['metadata']['name']} at 127.1.0.9 on node-5 (rack-a)\n")
+        deadline = started + 20
         while _generation(shared) <= base and time.monotonic() < deadline:
             time.sleep(0.02)
         if _generation(shared) <= base:
-            write("  the sidecar did not follow within 15 s\n")
+            write("  the sidecar did not follow within 20 s\n")
             return False
-        env_now = json.loads((shared / "topology.json").read_text())["env"]
+        document = json.loads((shared / "topology.json").read_text())
+        env_now = document["env"]
         write(f"  generation {_generation(shared)} after {time.monotonic() - started:.2f} s: "
-              f"WORLD_SIZE={env_now['WORLD_SIZE']}, NNODES={env_now['NNODES']}; hostfile now:\n")
+              f"WORLD_SIZE={env_now['WORLD_SIZE']}, NNODES={env_now['NNODES']}, {shared.name} is now NODE_RANK "
+              f"{env_now['NODE_RANK']}; hostfile in rank order:\n")
+        racks = {m["address"]: (m["domains"] or {}).get("rack", "?") for m in document["members"]}
         for line in (shared / "hostfile").read_text().splitlines():
-            write(f"    {line}\n")
+            write(f"    {line:<24} # {racks.get(line.split()[0], '?')}\n")
         return True
     finally:
-        proc.terminate()
-        proc.wait(15)
-        if proc.stderr:
-            proc.stderr.close()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(15)
+
+
+def rack_summary(shared: Path) -> str:
+    """Ring hops that cross racks: the controller's index order against the order the pods were given."""
+    from agent.core.placement import ring_crossings
+
+    members = [m for m in json.loads((shared / "topology.json").read_text())["members"] if m["training"]]
+    by_index = sorted(members, key=lambda m: (m["role"] != "master", m["index"]))
+    paths = [((m["domains"] or {}).get("rack", ""),) for m in members]
+    index_paths = [((m["domains"] or {}).get("rack", ""),) for m in by_index]
+    return (f"ring hops between racks (NCCL builds its ring in rank order): index order "
+            f"{ring_crossings(index_paths, 1)}, topology order {ring_crossings(paths, 1)} of {len(paths)}; "
+            f"rank 0 is still {members[0]['name']}")
 
 
 def format_table(out: Path, names: list[str]) -> str:
-    header = f"{'POD':<16} {'ROLE':<8} {'NODE_RANK':>9} {'RANK':>5} {'WORLD_SIZE':>10}  {'ADDRESS':<12} FILES"
+    header = (f"{'POD':<16} {'ROLE':<8} {'RACK':<7} {'NODE_RANK':>9} {'RANK':>5} {'WORLD_SIZE':>10}  "
+              f"{'ADDRESS':<12} FILES")
     rows = [header]
     for name in names:
         doc = json.loads((out / name / "topology.json").read_text())
         env = doc["env"]
         me = next(m for m in doc["members"] if m["name"] == name)
         files = ", ".join(sorted(p.name for p in (out / name).iterdir()))
-        rows.append(f"{name:<16} {me['role']:<8} {env.get('NODE_RANK', '-'):>9} {env.get('RANK', '-'):>5} "
+        rows.append(f"{name:<16} {me['role']:<8} {env.get('TOPOLOGY_RACK', '-'):<7} {env.get('NODE_RANK', '-'):>9} "
+                    f"{env.get('RANK', '-'):>5} "
                     f"{env.get('WORLD_SIZE', '-'):>10}  {me['address']:<12} {out / name}/{{{files}}}")
     return "\n".join(rows)
