@@ -409,6 +409,8 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
             members.append(Member(facts.name, role, ident.index, ordinal, place[0], place[1], place[2], False, 0,
                                   None, None, running, facts.node, domains_of(facts.node)))
 
+    if len({m.address for m in members}) != len(members):
+        _refuse_shared_address(members, options)
     rank0 = next((pod for pod, ident, _ in live if ident.role in training_roles), None)
     master_port, port_source = _master_port(rank0, controller, options)
     meta = me.get("metadata", {})
@@ -470,3 +472,16 @@ def _topology_first(live: list[tuple[RawPod, Identity, _Facts]], position: dict[
             return live, f"pod '{facts.name}' {why}; ranks stay in index order"
         paths.append((*domains, facts.node))
     return [training[i] for i in topology_order(paths)] + live[count:], None
+
+
+def _refuse_shared_address(members: list[Member], options: Options) -> None:
+    """Two members under one address: every host list would name one host twice (DeepSpeed refuses such a
+    hostfile, MPI starts two ranks' worth of processes on one pod). Pods with hostNetwork on one node share the
+    node's IP."""
+    seen: dict[str, str] = {}
+    for member in members:
+        if member.address in seen:
+            fix = "use --address dns" if options.address == "ip" else "give each pod its own spec.hostname"
+            raise InputError(f"pods '{seen[member.address]}' and '{member.name}' have the same address "
+                             f"{member.address} (hostNetwork pods on one node share its IP); {fix}")
+        seen[member.address] = member.name

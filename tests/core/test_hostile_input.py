@@ -145,3 +145,15 @@ def test_agent_trainer_reads_the_unicode_line_separators_sh_ignores():
 
     value = "a\nb\u2028c\u2029d\x85e\x1cf'g\"h$i"
     assert parse_env_file(render_env([Variable("V", value, "t")])) == {"V": value}
+
+
+def test_two_pods_under_one_address_are_refused_in_one_line():
+    """Found by the hostile-files property test: two pods with one IP (hostNetwork pods on one node share the
+    node's IP) made a hostfile that names a host twice, which DeepSpeed refuses."""
+    from agent.errors import InputError
+
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)))
+    pods[2]["status"].update(podIP=pods[0]["status"]["podIP"], podIPs=[{"ip": pods[0]["status"]["podIP"]}])
+    with pytest.raises(InputError, match="pods 'demo-master-0' and 'demo-worker-1' have the same address"):
+        render_pod(pods, "demo-worker-0", Options(address="ip"))
+    assert render_pod(pods, "demo-worker-0", Options(address="dns")).plan.topology.world_size == 3
