@@ -66,7 +66,7 @@ def mutate(pods: dict[str, dict], what: str, k: int) -> set[str]:
         pod["metadata"]["name"] = pod["spec"]["hostname"] = name
         pod["metadata"]["labels"]["volcano.sh/task-index"] = str(100 + k)
         pod["metadata"]["annotations"]["volcano.sh/task-index"] = str(100 + k)
-        pod["status"]["podIP"] = f"127.3.{k % 200}.{k % 250 + 1}"
+        pod["status"]["podIP"] = f"127.3.{RV[0] // 250 % 250}.{RV[0] % 250 + 1}"  # unique: two pods, two IPs
         pod["status"]["podIPs"] = [{"ip": pod["status"]["podIP"]}]
         pod["metadata"]["resourceVersion"] = str(RV[0])
         pods[name] = pod
@@ -77,7 +77,7 @@ def mutate(pods: dict[str, dict], what: str, k: int) -> set[str]:
     if what == "leave":
         del pods[name]
     elif what == "new-ip":
-        pods[name]["status"]["podIP"] = f"127.4.{k % 200}.{k % 250 + 1}"
+        pods[name]["status"]["podIP"] = f"127.4.{RV[0] // 250 % 250}.{RV[0] % 250 + 1}"
         pods[name]["status"]["podIPs"] = [{"ip": pods[name]["status"]["podIP"]}]
     elif what == "status-only":  # a condition changed: a new resourceVersion, nothing the core reads
         pass

@@ -26,9 +26,9 @@ def free_port() -> int:
 
 def three_pod_job(tmp_path: Path) -> Path:
     pods = examples.volcano_job(name="e2e", tasks=(("master", 1), ("worker", 2)))
-    for pod in pods:  # every "pod" is a process on this machine
-        pod["status"]["podIP"] = "127.0.0.1"
-        pod["status"]["podIPs"] = [{"ip": "127.0.0.1"}]
+    for k, pod in enumerate(pods):  # every "pod" is a process on this machine, at its own loopback address
+        pod["status"]["podIP"] = f"127.0.0.{k + 1}"
+        pod["status"]["podIPs"] = [{"ip": f"127.0.0.{k + 1}"}]
     path = tmp_path / "pods.json"
     path.write_text(json.dumps(examples.as_list(pods)))
     return path
@@ -83,8 +83,8 @@ def test_torch_gloo_and_device_mesh_from_ranks_in_rack_order(tmp_path):
     pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
     pods = examples.volcano_job(name="e2e", tasks=(("master", 1), ("worker", 3)))
     nodes = examples.racks(pods)  # index order alternates racks a, b, a, b
-    for pod in pods:
-        pod["status"].update(podIP="127.0.0.1", podIPs=[{"ip": "127.0.0.1"}])
+    for k, pod in enumerate(pods):
+        pod["status"].update(podIP=f"127.0.0.{k + 1}", podIPs=[{"ip": f"127.0.0.{k + 1}"}])
     (tmp_path / "pods.json").write_text(json.dumps(examples.as_list(pods)))
     (tmp_path / "nodes.json").write_text(json.dumps({"kind": "NodeList", "items": nodes}))
     port = free_port()

@@ -198,8 +198,8 @@ def test_torch_all_reduce_from_files_written_by_init(sandbox, tmp_path):
     names = [p["metadata"]["name"] for p in pods]
     procs = [start_init(sandbox, n, tmp_path / n, "--address", "ip", "--master-port", str(port),
                         "--nproc-per-node", "1") for n in names]
-    for name in names:
-        sandbox.set_pod_ip("default", name, "127.0.0.1")
+    for k, name in enumerate(names):  # every "pod" is a process here, each at its own loopback address
+        sandbox.set_pod_ip("default", name, f"127.0.0.{k + 1}")
     for proc in procs:
         code, err = finish(proc)
         assert code == 0, err
