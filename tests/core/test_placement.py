@@ -275,3 +275,22 @@ def test_trainer_mesh_refuses_uneven_domains_and_unknown_levels():
     with pytest.raises(ValueError, match=re.escape("level 'rack' is not in topology.json")):
         world.groups("rack")
     assert world.groups("subblock") == [[0, 1], [2]]
+
+
+def test_the_rank_order_bench_meets_the_lower_bound_and_draws_the_ring(tmp_path):
+    """bench/rank_order.py exits non-zero when topology order misses the lower bound anywhere."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    picture = tmp_path / "ring.svg"
+    run = subprocess.run([sys.executable, str(root / "bench" / "rank_order.py"), "--sizes", "16,64,256", "--seeds",
+                          "2", "--svg", str(picture)], capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("| yes |") == 6 and "| NO |" not in run.stdout
+    import xml.dom.minidom
+
+    svg = xml.dom.minidom.parse(str(picture))
+    assert len(svg.getElementsByTagName("circle")) >= 2 * 48
