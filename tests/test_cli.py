@@ -190,3 +190,35 @@ def test_checking_options_imports_no_heavy_library():
             "ssh_settings(a); print(sorted(m for m in ('asyncssh', 'kubernetes', 'aiohttp') if m in sys.modules))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]"
+
+
+def test_render_with_node_labels_gives_the_documented_variables(tmp_path):
+    """Issue 14, "Done when": each default level's variable, read back by bash, is named in docs/variables.md."""
+    from agent.core.placement import DEFAULT_LEVELS
+
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 3)))
+    nodes = examples.racks(pods)
+    for k, node in enumerate(nodes):  # a GB200 cluster on GKE: every default level carries a value
+        node["metadata"]["labels"].update({level.label: f"{level.name.lower().replace('_', '-')}-{k % 2}"
+                                           for level in DEFAULT_LEVELS})
+    (tmp_path / "pods.json").write_text(json.dumps(examples.as_list(pods)))
+    (tmp_path / "nodes.json").write_text(json.dumps({"kind": "NodeList", "items": nodes}))
+    out = tmp_path / "out"
+    assert main(["render", "--pods", str(tmp_path / "pods.json"), "--nodes", str(tmp_path / "nodes.json"),
+                 "--self", "demo-worker-0", "--out", str(out), "--rank-order", "topology"]) == 0
+    printed = subprocess.run(["bash", "-c", f"set -a; . {out}/torch.env; env"], capture_output=True, text=True,
+                             check=True, env={"PATH": "/usr/bin:/bin"}).stdout
+    env = dict(line.split("=", 1) for line in printed.splitlines() if line.startswith("TOPOLOGY_"))
+    documented = (Path(__file__).resolve().parent.parent / "docs" / "variables.md").read_text()
+    assert env["TOPOLOGY_NODE"] == "node-1" and env["TOPOLOGY_RANK_ORDER"] == "topology"
+    assert env["TOPOLOGY_LEVELS"] == ",".join(level.name.lower() for level in DEFAULT_LEVELS)
+    for level in DEFAULT_LEVELS:
+        assert env[f"TOPOLOGY_{level.name}"] == f"{level.name.lower().replace('_', '-')}-1"
+        shown = f"`TOPOLOGY_{level.name}`" if not level.name.startswith("NETWORK_LAYER") else "`TOPOLOGY_NETWORK_LAYER_1`"
+        assert shown in documented, level
+    for name in ("TOPOLOGY_NODE", "TOPOLOGY_LEVELS", "TOPOLOGY_RANK_ORDER"):
+        assert f"`{name}`" in documented
+    # the master stays rank 0; the workers on the master's rack (sub-block 0) come first
+    document = json.loads((out / "topology.json").read_text())
+    assert [m["name"] for m in document["members"]] == ["demo-master-0", "demo-worker-1", "demo-worker-0",
+                                                         "demo-worker-2"]
