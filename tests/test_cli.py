@@ -214,7 +214,8 @@ def test_render_with_node_labels_gives_the_documented_variables(tmp_path):
     assert env["TOPOLOGY_LEVELS"] == ",".join(level.name.lower() for level in DEFAULT_LEVELS)
     for level in DEFAULT_LEVELS:
         assert env[f"TOPOLOGY_{level.name}"] == f"{level.name.lower().replace('_', '-')}-1"
-        shown = f"`TOPOLOGY_{level.name}`" if not level.name.startswith("NETWORK_LAYER") else "`TOPOLOGY_NETWORK_LAYER_1`"
+        layer = level.name.startswith("NETWORK_LAYER")  # documented as TOPOLOGY_NETWORK_LAYER_1 .. _4
+        shown = "`TOPOLOGY_NETWORK_LAYER_1`" if layer else f"`TOPOLOGY_{level.name}`"
         assert shown in documented, level
     for name in ("TOPOLOGY_NODE", "TOPOLOGY_LEVELS", "TOPOLOGY_RANK_ORDER"):
         assert f"`{name}`" in documented
