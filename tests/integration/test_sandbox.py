@@ -171,3 +171,14 @@ def test_pods_are_listed_in_pages_each_cut_down_before_the_next_is_read(sandbox,
     # The API server refuses a resourceVersion with a continue token.
     assert page_query({"resourceVersion": "0", "labelSelector": "a=b"}, 500, "tok") == \
         {"labelSelector": "a=b", "limit": "500", "continue": "tok"}
+
+
+def test_kubectl_lists_the_nodes_and_their_topology_labels(sandbox, kubectl):
+    from agent import examples
+
+    for node in examples.racks(examples.volcano_job(tasks=(("master", 1), ("worker", 1)))):
+        sandbox.create_node(node)
+    listed = kubectl("get", "nodes", "-L", examples.RACK).stdout.split()
+    assert listed[:3] == ["NAME", "AGE", "RACK"] and "node-1" in listed and "rack-b" in listed
+    labels = kubectl("get", "node", "node-0", "-o", "jsonpath={.metadata.labels.example\\.com/rack}").stdout
+    assert labels == "rack-a"
