@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from agent.core.model import Options, RawPod
 from agent.core.placement import Level
 from agent.errors import ApiError, ApiNotFound, ApiUnavailable
-from agent.k8s.async_client import AsyncApiClient
 from agent.k8s.wire import PAGE, PodSource
+
+if TYPE_CHECKING:  # init imports this module: it must not pay for aiohttp at start-up
+    from agent.k8s.async_client import AsyncApiClient
 
 log = logging.getLogger("topology_agent.nodes")
 NODE_GETS = 16  # distinct nodes read with one GET each; more are read with one LIST
