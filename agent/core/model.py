@@ -8,6 +8,8 @@ hashed into a generation decision, and handed to renderers without fear of mutat
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypedDict
@@ -149,6 +151,9 @@ class Member(NamedTuple):
     domains: tuple[str, ...] | None = None  # the Node's value per level (Options.levels); None: not known
 
 
+_ROLE, _TRAINING, _SLOTS = operator.itemgetter(1), operator.itemgetter(7), operator.itemgetter(8)  # Member fields
+
+
 @dataclass(frozen=True)
 class Excluded:
     """A pod that matched the job but is not a member, and why (shown by ``explain``)."""
@@ -175,7 +180,8 @@ class Topology:
 
     @functools.cached_property
     def training(self) -> tuple[Member, ...]:
-        return tuple(m for m in self.members if m.training)
+        # Training members come first (the rank order puts them there): a count and a slice, no Python loop.
+        return self.members[:sum(map(_TRAINING, self.members))]
 
     @property
     def me(self) -> Member:
@@ -187,13 +193,13 @@ class Topology:
     @functools.cached_property
     def roles(self) -> tuple[str, ...]:
         """Every role present, training roles first in their order, then the others by name."""
-        present = {m.role for m in self.members}
+        present = set(map(_ROLE, self.members))
         ordered = [r for r in self.training_roles if r in present]
         return (*ordered, *sorted(present - set(ordered)))
 
     def role_members(self, role: str) -> tuple[Member, ...]:
-        return tuple(m for m in self.members if m.role == role)
+        return tuple(itertools.compress(self.members, map(role.__eq__, map(_ROLE, self.members))))
 
     @property
     def world_size(self) -> int:
-        return sum(m.slots for m in self.training)
+        return sum(map(_SLOTS, self.training))

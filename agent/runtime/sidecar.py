@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.core import Memo, NodeLabels, Options, Rendered, render_pod
+from agent.core import NodeLabels, Options, Rendered, Renderer
 from agent.core.controllers import detect_controller
 from agent.core.journal import STANDBYS, PublishedState, Publisher, journal_body, journal_name, read_journal, state_from
 from agent.core.lease import Timing
 from agent.core.model import RawPod
 from agent.core.published import SELECT_LABEL, Compactor, configmap_body, configmap_name, pack, select_value
-from agent.core.rendering import membership_key, membership_key_of_document
+from agent.core.rendering import membership_key_of_document
 from agent.core.topology import pod_ip, pod_name, slim_pod
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.async_client import AsyncApiClient
@@ -98,7 +98,7 @@ class Sidecar:
         self.me_job = ""
         self.me: RawPod | None = None
         self.owner: dict[str, Any] | None = None
-        self.memo = Memo(settings.options)
+        self.renderer = Renderer(settings.options, settings.pod_name)  # the plan kept between changes
         self.compactor = Compactor(settings.options)
         self.published: PublishedState | None = None  # follower: what the leader published
         self.publisher: Publisher | None = None  # leader: what it has published, and the journal
@@ -541,23 +541,22 @@ class Sidecar:
         """Recompute; rewrite and signal only if membership changed. Returns whether files were written."""
         s = self.settings
         self.evaluated = True
-        pods = list(self.pods.values())
+        pods = self.pods
         if s.options.address == "ip" and self.unaddressed:  # a pod joins once it has an address
-            pods = [p for p in pods if p["metadata"]["name"] not in self.unaddressed]
+            pods = {name: pod for name, pod in pods.items() if name not in self.unaddressed}
         try:
             nodes: NodeLabels = self.nodes
             if self.mode == "follower" and self.published is not None and s.options.levels is not None:
                 nodes = self.published.node_labels()
-            rendered: Rendered = render_pod(pods, s.pod_name, s.options, generation=self.generation + 1,
-                                            files_dir=str(s.out_dir.absolute()),
-                                            memo=self.memo, nodes=nodes)
+            rendered: Rendered = self.renderer.render(pods, generation=self.generation + 1,
+                                                      files_dir=str(s.out_dir.absolute()), nodes=nodes)
         except InputError as err:
             self.valid = False
             log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
             return False
         self.valid = True
         self.standby_now = tuple(m.name for m in rendered.plan.topology.training[1:1 + STANDBYS])
-        key = membership_key(rendered.plan.topology)
+        key = self.renderer.membership_key(rendered)
         if key == self.last_key:
             return False
         self.generation += 1
