@@ -151,7 +151,8 @@ class Member(NamedTuple):
     domains: tuple[str, ...] | None = None  # the Node's value per level (Options.levels); None: not known
 
 
-_ROLE, _TRAINING, _SLOTS = operator.itemgetter(1), operator.itemgetter(7), operator.itemgetter(8)  # Member fields
+# Member fields as C-level projections, for the passes over every member that the sidecar makes per change
+NAME, ROLE, ADDRESS, TRAINING, SLOTS, RUNNING = (operator.itemgetter(i) for i in (0, 1, 4, 7, 8, 11))
 
 
 @dataclass(frozen=True)
@@ -181,25 +182,30 @@ class Topology:
     @functools.cached_property
     def training(self) -> tuple[Member, ...]:
         # Training members come first (the rank order puts them there): a count and a slice, no Python loop.
-        return self.members[:sum(map(_TRAINING, self.members))]
+        return self.members[:sum(map(TRAINING, self.members))]
 
-    @property
+    @functools.cached_property
     def me(self) -> Member:
-        for member in self.members:
-            if member.name == self.self_name:
-                return member
-        raise LookupError(self.self_name)  # build_topology guarantees self is a member
+        try:
+            return self.members[list(map(NAME, self.members)).index(self.self_name)]
+        except ValueError:
+            raise LookupError(self.self_name) from None  # build_plan guarantees self is a member
 
     @functools.cached_property
     def roles(self) -> tuple[str, ...]:
         """Every role present, training roles first in their order, then the others by name."""
-        present = set(map(_ROLE, self.members))
+        present = set(map(ROLE, self.members))
         ordered = [r for r in self.training_roles if r in present]
         return (*ordered, *sorted(present - set(ordered)))
 
-    def role_members(self, role: str) -> tuple[Member, ...]:
-        return tuple(itertools.compress(self.members, map(role.__eq__, map(_ROLE, self.members))))
+    @functools.cached_property
+    def _by_role(self) -> dict[str, tuple[Member, ...]]:
+        roles = list(map(ROLE, self.members))
+        return {role: tuple(itertools.compress(self.members, map(role.__eq__, roles))) for role in self.roles}
 
-    @property
+    def role_members(self, role: str) -> tuple[Member, ...]:
+        return self._by_role.get(role, ())
+
+    @functools.cached_property
     def world_size(self) -> int:
-        return sum(map(_SLOTS, self.training))
+        return sum(map(SLOTS, self.training))

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agent.core.model import Member, Topology
+from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology
 from agent.core.placement import Level
 from agent.core.topology import Plan
 from agent.core.variables import Variable, host_file_name
@@ -44,15 +44,24 @@ def render_env(variables: Sequence[Variable]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _lines(members: Sequence[Member], tail: str = "") -> str:
+    """``<address><tail>\n`` per member, with ``:<slots>``/`` slots=<slots>`` in ``tail`` ("{}" stands for the
+    slots). When every member has the same slots (the common case) one C-level join makes it."""
+    if not members:
+        return ""
+    slots = set(map(SLOTS, members)) if tail else {0}
+    if len(slots) == 1:
+        end = tail.format(slots.pop()) + "\n"
+        return end.join(map(ADDRESS, members)) + end
+    return "".join(f"{m.address}{tail.format(m.slots)}\n" for m in members)
+
+
 def render_hostfile(topology: Topology) -> str:
-    return "".join(f"{m.address} slots={m.slots}\n" for m in topology.training)
+    return _lines(topology.training, " slots={}")
 
 
 def render_role_hosts(topology: Topology) -> dict[str, str]:
-    return {
-        host_file_name(role): "".join(f"{m.address}\n" for m in topology.role_members(role))
-        for role in topology.roles
-    }
+    return {host_file_name(role): _lines(topology.role_members(role)) for role in topology.roles}
 
 
 def _member_json(member: Member, levels: Sequence[Level] = ()) -> dict[str, Any]:
@@ -113,7 +122,10 @@ class MemberTexts:
 
     def _entries(self, members: Sequence[Member], levels: Sequence[Level]) -> list[tuple[Member, str, Any]]:
         by_id = self._by_id
-        entries = list(map(by_id.get, map(id, members)))
+        try:
+            return list(map(by_id.__getitem__, map(id, members)))  # every member seen before: C-level
+        except KeyError:
+            entries = list(map(by_id.get, map(id, members)))
         if None in entries:
             by_value = self._by_value
             for at in itertools.compress(range(len(entries)), map(operator.is_, entries, itertools.repeat(None))):
@@ -151,14 +163,16 @@ def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generatio
         return head.replace('"members": []', '"members": ' + listed, 1) + "\n"
     members = texts.texts(plan.topology.members, plan.topology.levels)
     # Keys and strings before "members" are JSON-escaped, so the first '"members": []' is the key itself.
-    return head.replace('"members": []', '"members": [' + ", ".join(members) + "]", 1) + "\n"
+    before, _, after = head.partition('"members": []')
+    return "".join([before, '"members": [', ", ".join(members), "]", after, "\n"])
 
 
 def render_discover_hosts(topology: Topology) -> str:
     """Horovod elastic's ``--host-discovery-script``: prints ``host:slots`` for each training pod that can run a
     process now (phase Running, and this pod itself), as the MPI operator's discover_hosts.sh lists only
     Running pods (updateDiscoverHostsInConfigMap, pkg/controller/mpi_job_controller.go, v0.5.0+)."""
-    lines = "".join(f"{m.address}:{m.slots}\n" for m in topology.training if m.running)
+    training = topology.training
+    lines = _lines(tuple(itertools.compress(training, map(RUNNING, training))), ":{}")
     return f"#!/bin/sh\n# Written by topology-agent: live training pods as host:slots.\ncat <<'EOF'\n{lines}EOF\n"
 
 

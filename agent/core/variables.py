@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
 from agent.core.injected import TRAINING_NAMES, controller_entries
-from agent.core.model import Options
+from agent.core.model import ADDRESS, SLOTS, Options
 from agent.core.topology import Plan
 
 # Each group names one fact under several variable names; a user value for any of them is the fact.
@@ -95,7 +95,7 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
     nnodes = len(topo.training)
     world = topo.world_size
     slots_rule = plan.slots_source[me.name]
-    homogeneous = len({m.slots for m in topo.training}) == 1
+    homogeneous = len(set(map(SLOTS, topo.training))) == 1
     world_rule = (
         f"NNODES {nnodes} x NPROC_PER_NODE {me.slots}" if homogeneous
         else "sum of every training pod's NPROC_PER_NODE (pods differ)"
@@ -153,7 +153,7 @@ def _host_variables(plan: Plan) -> list[Variable]:
     for role in topo.roles:
         members = topo.role_members(role)
         key = env_key(role)
-        out.append(Variable(f"VC_{key}_HOSTS", ",".join(m.address for m in members),
+        out.append(Variable(f"VC_{key}_HOSTS", ",".join(map(ADDRESS, members)),
                             f"addresses of role '{role}' in rank order (Volcano)"))
         out.append(Variable(f"VC_{key}_NUM", str(len(members)), f"number of live pods of role '{role}' (Volcano)"))
     return out + _placement_variables(plan)
