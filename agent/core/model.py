@@ -209,3 +209,17 @@ class Topology:
     @functools.cached_property
     def world_size(self) -> int:
         return sum(map(SLOTS, self.training))
+
+    @functools.cached_property
+    def slot_sizes(self) -> frozenset[int]:
+        """The process counts of the training pods (one value: every pod runs as many)."""
+        return frozenset(map(SLOTS, self.training))
+
+    def remember(self, **known: Any) -> None:
+        """Seed derived views that the caller already knows (the sidecar's planner, which would otherwise pay a
+        pass over 4096 members per view per change). They must equal what the properties compute: the
+        planner's property test compares them with a topology planned from scratch."""
+        for name in known:
+            if not isinstance(getattr(type(self), name, None), functools.cached_property):
+                raise AttributeError(f"Topology has no derived view {name!r}")
+        self.__dict__.update(known)

@@ -44,20 +44,24 @@ def render_env(variables: Sequence[Variable]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _lines(members: Sequence[Member], tail: str = "") -> str:
+def _lines(members: Sequence[Member], tail: str = "", slots: frozenset[int] | None = None) -> str:
     """``<address><tail>\n`` per member, with ``:<slots>``/`` slots=<slots>`` in ``tail`` ("{}" stands for the
-    slots). When every member has the same slots (the common case) one C-level join makes it."""
+    slots; ``slots``: the members' process counts when known). When every member has the same slots (the common
+    case) one C-level join makes it."""
     if not members:
         return ""
-    slots = set(map(SLOTS, members)) if tail else {0}
+    if not tail:
+        slots = frozenset({0})
+    elif slots is None:
+        slots = frozenset(map(SLOTS, members))
     if len(slots) == 1:
-        end = tail.format(slots.pop()) + "\n"
+        end = tail.format(next(iter(slots))) + "\n"
         return end.join(map(ADDRESS, members)) + end
     return "".join(f"{m.address}{tail.format(m.slots)}\n" for m in members)
 
 
 def render_hostfile(topology: Topology) -> str:
-    return _lines(topology.training, " slots={}")
+    return _lines(topology.training, " slots={}", topology.slot_sizes)
 
 
 def render_role_hosts(topology: Topology) -> dict[str, str]:
@@ -172,7 +176,9 @@ def render_discover_hosts(topology: Topology) -> str:
     process now (phase Running, and this pod itself), as the MPI operator's discover_hosts.sh lists only
     Running pods (updateDiscoverHostsInConfigMap, pkg/controller/mpi_job_controller.go, v0.5.0+)."""
     training = topology.training
-    lines = _lines(tuple(itertools.compress(training, map(RUNNING, training))), ":{}")
+    sizes = topology.slot_sizes
+    lines = _lines(tuple(itertools.compress(training, map(RUNNING, training))), ":{}",
+                   sizes if len(sizes) == 1 else None)  # the running pods' sizes: one if all pods have one
     return f"#!/bin/sh\n# Written by topology-agent: live training pods as host:slots.\ncat <<'EOF'\n{lines}EOF\n"
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
 from agent.core.injected import TRAINING_NAMES, controller_entries
-from agent.core.model import ADDRESS, SLOTS, Options
+from agent.core.model import ADDRESS, Options
 from agent.core.topology import Plan
 
 # Each group names one fact under several variable names; a user value for any of them is the fact.
@@ -95,7 +95,7 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
     nnodes = len(topo.training)
     world = topo.world_size
     slots_rule = plan.slots_source[me.name]
-    homogeneous = len(set(map(SLOTS, topo.training))) == 1
+    homogeneous = len(topo.slot_sizes) == 1
     world_rule = (
         f"NNODES {nnodes} x NPROC_PER_NODE {me.slots}" if homogeneous
         else "sum of every training pod's NPROC_PER_NODE (pods differ)"

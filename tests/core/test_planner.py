@@ -9,6 +9,7 @@ controller the agent reads, with the options that change how the plan is made.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import random
 
@@ -39,7 +40,7 @@ OPTIONS = {
     "topology": Options(rank_order="topology", levels=DEFAULT_LEVELS),
     "levels": Options(levels=DEFAULT_LEVELS),
 }
-OPS = ("ip", "no-ip", "leave", "join", "terminating", "failed", "pending", "running", "slots", "clone", "node",
+OPS = ("ip", "no-ip", "dup-ip", "leave", "join", "terminating", "failed", "pending", "running", "slots", "clone", "node",
        "labels", "self", "other-job", "burst")
 
 
@@ -48,6 +49,18 @@ def _outcome(make):
         return make()
     except InputError as err:
         return f"refused: {err}"
+
+
+def _views(topology):
+    """The derived views renderers read; the planner seeds them, a fresh copy of the topology computes them."""
+    return (topology.training, topology.me, topology.roles, topology.world_size, topology.slot_sizes,
+            {role: topology.role_members(role) for role in topology.roles})
+
+
+def _same_views(plan) -> None:
+    if isinstance(plan, str):
+        return
+    assert _views(plan.topology) == _views(dataclasses.replace(plan.topology))
 
 
 class World:
@@ -108,6 +121,9 @@ class World:
         if op == "ip":
             ip = f"127.{rnd.randint(100, 120)}.{rnd.randint(0, 255)}.{rnd.randint(1, 254)}"
             status["podIP"], status["podIPs"] = ip, [{"ip": ip}]
+        elif op == "dup-ip":  # hostNetwork pods on one node share its IP: refused under --address ip
+            other = self.pods[rnd.choice(sorted(self.pods))].get("status", {})
+            status["podIP"], status["podIPs"] = other.get("podIP"), other.get("podIPs")
         elif op == "no-ip":
             status.pop("podIP", None)
             status.pop("podIPs", None)
@@ -142,6 +158,8 @@ def _check(world: World, options: Options, ops: list[str], target: str | None = 
         got = _outcome(lambda: planner.plan(held, nodes=world.nodes))
         want = _outcome(lambda: build_plan(list(held.values()), world.me, options, nodes=world.nodes))
         assert got == want, f"after {op}"
+        _same_views(got)
+        _same_views(want)
     return planner
 
 
