@@ -92,14 +92,16 @@ class PublishedState:
     rows: dict[str, list[Any]] = field(default_factory=dict)
     shapes: list[dict[str, Any]] = field(default_factory=list)
     pods: dict[str, RawPod] = field(default_factory=dict)
+    keep_pods: bool = True  # the rows as pods too (followers render from them; a publisher needs only rows)
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         """The labels of the Nodes the members run on, as the publisher read them (rows carry them)."""
         return node_labels_of(self.rows.values())
 
     @classmethod
-    def from_document(cls, document: dict[str, Any]) -> PublishedState:
-        """From a decoded snapshot (``published.decode``), each row checked like any pod from the API."""
+    def from_document(cls, document: dict[str, Any], *, pods: bool = True) -> PublishedState:
+        """From a decoded snapshot (``published.decode``), each row checked like any pod from the API.
+        ``pods=False``: rows only (the publisher never reads the pods: 4.4 MB at 4096 pods)."""
         shapes, namespace, rows = document.get("containers", []), document.get("namespace", "default"), \
             document.get("pods", [])
         if not isinstance(shapes, list) or not all(isinstance(x, dict) for x in shapes):
@@ -109,7 +111,7 @@ class PublishedState:
         job = document.get("job", "")
         seq = document.get("generation", 0)
         state = cls(job=job if isinstance(job, str) else "", namespace=namespace, seq=seq, snapshot_seq=seq,
-                    shapes=list(shapes))
+                    shapes=list(shapes), keep_pods=pods)
         for row in rows:
             state._put(row)
         return state
@@ -118,7 +120,8 @@ class PublishedState:
         check_row(row, len(self.shapes))
         pod = check_pod(_pod_of(row, self.shapes, self.namespace))
         self.rows[row[0]] = row
-        self.pods[row[0]] = pod  # type: ignore[assignment]
+        if self.keep_pods:
+            self.pods[row[0]] = pod  # type: ignore[assignment]
         return row[0]  # type: ignore[no-any-return]
 
     def apply(self, journal: Journal) -> set[str] | None:
@@ -251,16 +254,17 @@ def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, A
     return body
 
 
-def state_from(items: list[dict[str, Any]], snapshot_name: str) -> tuple[PublishedState | None, Journal | None]:
+def state_from(items: list[dict[str, Any]], snapshot_name: str, *,
+               pods: bool = True) -> tuple[PublishedState | None, Journal | None]:
     """The snapshot's state brought forward by the journal, from one LIST of both objects; the state is None
-    when there is no snapshot yet or the journal has moved past it (read again)."""
+    when there is no snapshot yet or the journal has moved past it (read again). ``pods``: keep the pods too."""
     by_name = {item.get("metadata", {}).get("name"): item for item in items if isinstance(item, dict)}
     journal = read_journal(by_name[journal_name(snapshot_name)]) if journal_name(snapshot_name) in by_name else None
     snapshot = by_name.get(snapshot_name)
     document = decode_configmap(snapshot) if snapshot is not None else None
     if document is None:
         return None, journal
-    state = PublishedState.from_document(document)
+    state = PublishedState.from_document(document, pods=pods)
     if journal is not None and state.apply(journal) is None:
         return None, journal
     return state, journal

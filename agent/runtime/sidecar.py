@@ -201,9 +201,8 @@ class Sidecar:
         except (ApiUnavailable, ApiForbidden) as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return
-        self.first_list = (items, rv)  # a follower starts from this LIST: no second one (~100 KiB x N pods)
         try:
-            state, journal = state_from(items, self.configmap)
+            state, journal = state_from(items, self.configmap, pods=False)
         except InputError as err:
             log.warning("the published topology is not usable (%s); following the pods", err)
             return
@@ -220,6 +219,7 @@ class Sidecar:
             self.candidate.set()
         else:
             self.mode = "follower"
+            self.first_list = (items, rv)  # a follower starts from this LIST: no second one (~100 KiB x N pods)
 
     @property
     def _cm_collection(self) -> str:
@@ -427,7 +427,7 @@ class Sidecar:
         """Leader: put what changed where the followers read it (the journal; the snapshot when it is due)."""
         if self.publisher is None:
             items, _ = await self.api.list_objects(self._cm_collection, label_selector=self._published_selector)
-            state, journal = state_from(items, self.configmap)
+            state, journal = state_from(items, self.configmap, pods=False)
             self.written_rv = {i["metadata"]["name"]: i["metadata"].get("resourceVersion", "") for i in items}
             if state is None:  # nothing usable published: start a new sequence after the journal's
                 state = PublishedState(job=self.me_job, namespace=self.settings.namespace,
