@@ -73,9 +73,10 @@ class Journal:
     entries: tuple[Entry, ...]
 
 
-def _content(row: list[Any]) -> str:
-    """A row without its resourceVersion: what decides whether followers must hear about the pod again."""
-    return json.dumps([row[0], *row[2:]], separators=(",", ":"), sort_keys=True)
+def _same_content(row: list[Any], published: list[Any] | None) -> bool:
+    """Equal but for the resourceVersion (row[1]): followers need not hear about the pod again. Rows hold only
+    JSON types, so a row read back from the snapshot compares equal to the one built from the pod."""
+    return published is not None and row[0] == published[0] and row[2:] == published[2:]
 
 
 @dataclass
@@ -163,7 +164,6 @@ class Publisher:
         self.standby: tuple[str, ...] = ()
         self.entries: list[Entry] = list(journal)
         self._encoded: list[str] = [e.encoded() for e in self.entries]
-        self._content = {name: _content(row) for name, row in state.rows.items()}
         self._shape_index = {json.dumps(s, sort_keys=True, separators=(",", ":")): i
                              for i, s in enumerate(state.shapes)}
         self.snapshot_due = state.snapshot_seq < self.base
@@ -190,9 +190,7 @@ class Publisher:
             row = _row(pod, self.options, self._shape_index, nodes)
             for encoded, index in list(self._shape_index.items())[known:]:
                 shapes.append((index, json.loads(encoded)))
-            content = _content(row)
-            if self._content.get(name) != content:
-                self._content[name] = content
+            if not _same_content(row, state.rows.get(name)):
                 put.append(row)
         if not put and not gone:
             return None
@@ -204,7 +202,6 @@ class Publisher:
             state.rows[row[0]] = row
         for name in gone:
             state.rows.pop(name, None)
-            self._content.pop(name, None)
         state.seq = entry.seq
         self.entries.append(entry)
         self._encoded.append(entry.encoded())
