@@ -22,8 +22,9 @@ class Rendered:
 
 def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, generation: int = 1,
                memo: Memo | None = None, files_dir: str | None = None,
-               nodes: NodeLabels | None = None) -> Rendered:
-    plan = build_plan(pods, self_name, options, memo=memo, nodes=nodes)
+               nodes: NodeLabels | None = None, checked: bool = False) -> Rendered:
+    """``checked``: the pods passed ``check_pod`` already (see ``collect``)."""
+    plan = build_plan(pods, self_name, options, memo=memo, nodes=nodes, checked=checked)
     variables = compute_variables(plan, options, generation=generation, files_dir=files_dir)
     files = render_files(plan, variables, generation=generation)
     return Rendered(plan=plan, variables=tuple(variables), files=files)
@@ -34,10 +35,10 @@ class Renderer:
     kept between changes (``Planner``) and each member's topology.json text is cached, so the same pods give
     the same bytes as ``render_pod`` at a fraction of the cost."""
 
-    def __init__(self, options: Options, self_name: str) -> None:
+    def __init__(self, options: Options, self_name: str, *, checked: bool = False) -> None:
         self.options = options
         self.self_name = self_name
-        self.planner = Planner(options, self_name)
+        self.planner = Planner(options, self_name, checked=checked)
         self.texts = MemberTexts()
 
     def render(self, pods: Mapping[str, RawPod], *, generation: int, files_dir: str | None = None,

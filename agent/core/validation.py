@@ -173,8 +173,15 @@ def dns_value(pod: dict[str, Any], name: str, *, field: str) -> str:
     return name
 
 
+_CANONICAL_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+                             r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
+
+
 def ip_value(pod: dict[str, Any], raw: str) -> str | None:
-    """The canonical text of an IP address, or None when the field holds none."""
+    """The canonical text of an IP address, or None when the field holds none. A dotted quad without leading
+    zeros is its own canonical text (one regex, where ipaddress takes 6 us: init at 4096 pods parses each)."""
+    if _CANONICAL_IPV4.fullmatch(raw):
+        return raw
     try:
         return str(ipaddress.ip_address(raw.strip()))
     except ValueError:

@@ -308,7 +308,7 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         names = wanted_nodes(pods, settings.options, {})
         nodes = waiter._retry(lambda: read_nodes(api, names, settings.options), "read nodes") if names else None
         rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
-                              nodes=nodes)  # type: ignore[arg-type]
+                              nodes=nodes, checked=True)  # type: ignore[arg-type]  # every pod passed the intake
         if source == "published":  # publish first: every other pod of the job is waiting for it
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
             training = rendered.plan.topology.training
@@ -323,7 +323,7 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         pods = [mine if p.get("metadata", {}).get("name") == settings.pod_name else p
                 for p in published.pods.values()]
         rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
-                              nodes=published.node_labels())
+                              nodes=published.node_labels(), checked=True)  # the published rows were checked
     assert rendered is not None
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)

@@ -98,7 +98,8 @@ class Sidecar:
         self.me_job = ""
         self.me: RawPod | None = None
         self.owner: dict[str, Any] | None = None
-        self.renderer = Renderer(settings.options, settings.pod_name)  # the plan kept between changes
+        # Kept between changes; every pod held passed the intake or the published rows' check.
+        self.renderer = Renderer(settings.options, settings.pod_name, checked=True)
         self.compactor = Compactor(settings.options)
         self.published: PublishedState | None = None  # follower: what the leader published
         self.publisher: Publisher | None = None  # leader: what it has published, and the journal

@@ -157,3 +157,25 @@ def test_two_pods_under_one_address_are_refused_in_one_line():
     with pytest.raises(InputError, match="pods 'demo-master-0' and 'demo-worker-1' have the same address"):
         render_pod(pods, "demo-worker-0", Options(address="ip"))
     assert render_pod(pods, "demo-worker-0", Options(address="dns")).plan.topology.world_size == 3
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 300), st.text("0123456789 x:.", min_size=0, max_size=4)), min_size=1,
+                max_size=5))
+def test_the_ipv4_fast_path_agrees_with_ipaddress(parts):
+    """ip_value skips ipaddress for a canonical dotted quad: for any text, the same answer or the same refusal."""
+    import ipaddress
+
+    from agent.core.validation import ip_value
+    from agent.errors import InputError
+
+    raw = ".".join(p if isinstance(p, str) else (f"0{p}" if p % 7 == 0 else str(p)) for p in parts)
+    try:
+        want = str(ipaddress.ip_address(raw.strip()))
+    except ValueError:
+        want = None
+    try:
+        got = ip_value({"metadata": {"name": "p"}}, raw)
+    except InputError:
+        got = None
+    assert got == want, raw
