@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import copy
 import datetime
 import ipaddress
+import itertools
 import json
 import ssl
 import time
@@ -56,6 +58,9 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platfo
 
 def resource_key(group: str, version: str, plural: str) -> str:
     return f"{group}/{version}/{plural}"
+
+
+SNAPSHOTS = 64  # paged LISTs in progress kept; an older continue token gets 410 Expired, as from the API server
 
 
 def status(code: int, reason: str, message: str, *, details: dict[str, Any] | None = None) -> web.Response:
@@ -133,6 +138,10 @@ class Sandbox:
         self._site: web.TCPSite | None = None
         self._ssl: ssl.SSLContext | None = None
         self._restart: asyncio.Task[None] | None = None
+        # Paged LISTs: each continues the snapshot its first page saw (as the API server lists etcd at the first
+        # page's revision), sorted once, not once per page.
+        self._snapshots: collections.OrderedDict[str, tuple[str, list[Obj]]] = collections.OrderedDict()
+        self._snapshot_ids = itertools.count(1)
         self.app = self._build_app()
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -426,14 +435,30 @@ class Sandbox:
                 return status(400, "BadRequest", str(err))
             if request.query.get("watch") in ("1", "true"):
                 return await self._watch(request, resource, namespace, matches, kind, api_version)
-            items = sorted((o for o in self.store.list(resource, namespace) if matches(o)),
-                           key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
             limit = int(request.query.get("limit", "0") or 0)
-            start = int(request.query.get("continue", "0") or 0)
-            meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
+            token = request.query.get("continue", "")
+            if token:
+                snapshot_id, _, offset = token.partition(":")
+                if snapshot_id not in self._snapshots or not offset.isdigit():
+                    return status(410, "Expired", "The provided continue parameter is too old to display a "
+                                  "consistent list result. You can start a new list without the continue parameter.")
+                version, items = self._snapshots[snapshot_id]
+                start = int(offset)
+            else:
+                version, start = str(self.store.rv), 0
+                items = sorted((o for o in self.store.list(resource, namespace) if matches(o)),
+                               key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+            meta: dict[str, Any] = {"resourceVersion": version}
             if limit and len(items) > start + limit:
-                meta["continue"] = str(start + limit)
+                snapshot_id = token.partition(":")[0] if token else str(next(self._snapshot_ids))
+                self._snapshots[snapshot_id] = (version, items)
+                self._snapshots.move_to_end(snapshot_id)
+                while len(self._snapshots) > SNAPSHOTS:
+                    self._snapshots.popitem(last=False)
+                meta["continue"] = f"{snapshot_id}:{start + limit}"
                 meta["remainingItemCount"] = len(items) - start - limit
+            elif token:
+                self._snapshots.pop(token.partition(":")[0], None)
             page = items[start:start + limit] if limit else items
             if _metadata_only(request):
                 return self._json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",

@@ -182,3 +182,35 @@ def test_kubectl_lists_the_nodes_and_their_topology_labels(sandbox, kubectl):
     assert listed[:3] == ["NAME", "AGE", "RACK"] and "node-1" in listed and "rack-b" in listed
     labels = kubectl("get", "node", "node-0", "-o", "jsonpath={.metadata.labels.example\\.com/rack}").stdout
     assert labels == "rack-a"
+
+
+def test_a_paged_list_continues_the_snapshot_of_its_first_page(sandbox, client):
+    """As the API server lists etcd at the first page's revision: a pod created or changed between two pages is
+    not in (or not changed in) the later pages, every page carries the first page's resourceVersion, and a
+    continue token the server no longer holds gets 410 Expired."""
+    from agent.k8s.wire import page_query
+
+    for pod in examples.volcano_job("demo", (("master", 1), ("worker", 5))):
+        sandbox.create_pod(pod)
+    path = "/api/v1/namespaces/default/pods"
+    first = client._get_json(path, verb="list", what="pods", namespace="default",
+                             query=page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, ""))
+    version = first["metadata"]["resourceVersion"]
+    sandbox.set_pod_ip("default", "demo-worker-4", "127.0.0.99")
+    late = examples.volcano_job("demo", (("master", 1), ("worker", 7)))[-1]  # demo-worker-6
+    sandbox.create_pod(late)
+    pages, token = [first], first["metadata"]["continue"]
+    while token:
+        page = client._get_json(path, verb="list", what="pods", namespace="default",
+                                query=page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, token))
+        pages.append(page)
+        token = page["metadata"].get("continue", "")
+    items = [item for page in pages for item in page["items"]]
+    assert [i["metadata"]["name"] for i in items] == \
+        ["demo-master-0", *(f"demo-worker-{k}" for k in range(5))]  # demo-worker-6 came later
+    assert {page["metadata"]["resourceVersion"] for page in pages} == {version}
+    changed = next(i for i in items if i["metadata"]["name"] == "demo-worker-4")
+    assert changed["status"].get("podIP") != "127.0.0.99"
+    with pytest.raises(ApiGone):
+        client._get_json(path, verb="list", what="pods", namespace="default",
+                         query=page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, "999:2"))
