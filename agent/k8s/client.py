@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -31,8 +32,10 @@ from agent.k8s.wire import (
     error_for_status,
     list_query,
     namespace_of,
+    page_query,
     parse_event,
     parse_json,
+    peek_continue,
     request_headers,
     ssl_context,
     watch_query,
@@ -79,16 +82,22 @@ class ApiClient:
             raise error_for_status(response.status, body, response.headers.get("Retry-After"), verb=verb,
                                    what=what, namespace=namespace)
 
-    def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
-                  query: dict[str, str] | None = None, accept: str = "application/json") -> dict[str, Any]:
+    def _get_raw(self, path: str, *, verb: str, what: str, namespace: str,
+                 query: dict[str, str] | None = None, accept: str = "application/json") -> bytes:
         url = self.config.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
         self.traffic.count(verb)
         with self._mapped(verb, what):
             response = self.pool.request("GET", url, headers=self._headers(accept),
                                          timeout=urllib3.Timeout(connect=5.0, read=self.timeout))
-            self.traffic.bytes += len(response.data or b"")
+            data = response.data or b""
+            self.traffic.bytes += len(data)
             self._check(response, verb, what, namespace)
-            return parse_json(response.data or b"", what=f"{verb} {what}")
+            return data
+
+    def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
+                  query: dict[str, str] | None = None, accept: str = "application/json") -> dict[str, Any]:
+        raw = self._get_raw(path, verb=verb, what=what, namespace=namespace, query=query, accept=accept)
+        return parse_json(raw, what=f"{verb} {what}")
 
     # --- the calls ---------------------------------------------------------------------------------------
 
@@ -130,9 +139,28 @@ class ApiClient:
         namespace = namespace_of(path)
         pager = Pager(list_query(label_selector, field_selector), limit=limit, keep=keep, what=parts[-1])
         accept = METADATA_LIST_ACCEPT if metadata_only else "application/json"
-        while pager.take(self._get_json(path, verb="list", what=parts[-1], namespace=namespace,
-                                        query=pager.query(), accept=accept)):
-            pass
+
+        def fetch(query: dict[str, str]) -> bytes:
+            return self._get_raw(path, verb="list", what=parts[-1], namespace=namespace, query=query, accept=accept)
+
+        if not limit:
+            pager.take(parse_json(fetch(pager.query()), what=f"list {parts[-1]}"))
+            return pager.kept, pager.version
+        # The next page is asked for while this one is parsed and cut down: the API server prepares a page in
+        # about the time the agent takes to read one (4096 pods: 0.3-0.6 s of 1.0 s waiting, sequentially).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="list-ahead") as ahead:
+            pending = ahead.submit(fetch, pager.query())
+            while True:
+                raw = pending.result()
+                token = peek_continue(raw)
+                if token:
+                    pending = ahead.submit(fetch, page_query(pager.base, limit, token))
+                more = pager.take(parse_json(raw, what=f"list {parts[-1]}"))
+                del raw
+                if not more:
+                    break
+                if pager.token != token:  # the peek was wrong: ask for the page the parsed answer names
+                    pending = ahead.submit(fetch, pager.query())
         return pager.kept, pager.version
 
     def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]:

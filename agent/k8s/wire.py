@@ -6,6 +6,7 @@ does not load urllib3 and init (urllib3) does not load aiohttp.
 from __future__ import annotations
 
 import json
+import re
 import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -171,6 +172,20 @@ def page_query(query: dict[str, str], limit: int, token: str) -> dict[str, str]:
         paged.pop("resourceVersion", None)
         paged["continue"] = token
     return paged
+
+
+_CONTINUE = re.compile(rb'"continue"\s*:\s*"([A-Za-z0-9+/=_:.~-]*)"')
+
+
+def peek_continue(raw: bytes) -> str:
+    """The continue token of a LIST page read from its first bytes, before the page is parsed, so the next page
+    can be asked for at once. The API server writes the list's metadata before its items; anything else (no
+    token there, items first) gives '' and the caller waits for the parsed page. The caller checks the peeked
+    token against the parsed one."""
+    head = raw[:4096]
+    items = head.find(b'"items"')
+    found = _CONTINUE.search(head, 0, items) if items >= 0 else None
+    return found.group(1).decode() if found else ""
 
 
 class Pager:

@@ -214,3 +214,27 @@ def test_a_paged_list_continues_the_snapshot_of_its_first_page(sandbox, client):
     with pytest.raises(ApiGone):
         client._get_json(path, verb="list", what="pods", namespace="default",
                          query=page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, "999:2"))
+
+
+def test_the_next_page_is_asked_for_before_this_one_is_parsed(sandbox, client, monkeypatch):
+    """init asks for page k+1 while it parses page k, with the continue token read from the page's first bytes
+    (the list's metadata comes before its items); a wrong peek costs one request, never a wrong list."""
+    from agent.k8s import client as client_module
+    from agent.k8s.wire import PAGE, peek_continue
+
+    head = b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"7","continue":"3:500",' \
+           b'"remainingItemCount":9},"items":[{"metadata":{"name":"a","continue":"x"}}]}'
+    assert peek_continue(head) == "3:500"
+    assert peek_continue(b'{"items":[],"metadata":{"continue":"3:500"}}') == ""  # items first: no peek
+    assert peek_continue(b'{"metadata":{"continue":"a\\u003db"},"items":[]}') == ""  # escaped: no peek
+    for pod in examples.volcano_job("demo", (("master", 1), ("worker", 2 * PAGE + 10))):
+        sandbox.create_pod(pod)
+    before = client.traffic.requests
+    names, _ = client.list_pods("default", "volcano.sh/job-name=demo", keep=lambda items: [
+        i["metadata"]["name"] for i in items])
+    assert len(names) == 2 * PAGE + 11 and client.traffic.requests - before == 3
+    monkeypatch.setattr(client_module, "peek_continue", lambda raw: "999:1")  # always wrong
+    before = client.traffic.requests
+    again, _ = client.list_pods("default", "volcano.sh/job-name=demo", keep=lambda items: [
+        i["metadata"]["name"] for i in items])
+    assert again == names and client.traffic.requests - before == 6  # each wrong peek: one extra request
