@@ -25,6 +25,11 @@ def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, gene
                nodes: NodeLabels | None = None, checked: bool = False) -> Rendered:
     """``checked``: the pods passed ``check_pod`` already (see ``collect``)."""
     plan = build_plan(pods, self_name, options, memo=memo, nodes=nodes, checked=checked)
+    return render_plan(plan, options, generation=generation, files_dir=files_dir)
+
+
+def render_plan(plan: Plan, options: Options, *, generation: int = 1, files_dir: str | None = None) -> Rendered:
+    """The variables and files of a plan (the leader publishes the plan before it renders its own files)."""
     variables = compute_variables(plan, options, generation=generation, files_dir=files_dir)
     files = render_files(plan, variables, generation=generation)
     return Rendered(plan=plan, variables=tuple(variables), files=files)
@@ -53,4 +58,4 @@ class Renderer:
         return self.texts.membership_key(rendered.plan.topology)
 
 
-__all__ = ["Memo", "NodeLabels", "Options", "Rendered", "Renderer", "render_pod"]
+__all__ = ["Memo", "NodeLabels", "Options", "Rendered", "Renderer", "build_plan", "render_plan", "render_pod"]

@@ -94,6 +94,8 @@ class PublishedState:
     shapes: list[dict[str, Any]] = field(default_factory=list)
     pods: dict[str, RawPod] = field(default_factory=dict)
     keep_pods: bool = True  # the rows as pods too (followers render from them; a publisher needs only rows)
+    _checked: set[int] = field(default_factory=set, repr=False, compare=False)  # ids of shapes checked (held in
+    #                                                                              ``shapes`` for the state's life)
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         """The labels of the Nodes the members run on, as the publisher read them (rows carry them)."""
@@ -119,7 +121,7 @@ class PublishedState:
 
     def _put(self, row: Any) -> str:
         check_row(row, len(self.shapes))
-        pod = check_pod(_pod_of(row, self.shapes, self.namespace))
+        pod = check_pod(_pod_of(row, self.shapes, self.namespace), seen=self._checked)
         self.rows[row[0]] = row
         if self.keep_pods:
             self.pods[row[0]] = pod  # type: ignore[assignment]
@@ -180,6 +182,7 @@ class Publisher:
         put: list[list[Any]] = []
         gone: list[str] = []
         shapes: list[tuple[int, dict[str, Any]]] = []
+        texts: dict[int, tuple[object, str]] = {}
         for name in sorted(set(names)):
             pod = pods.get(name)
             if pod is None:
@@ -187,7 +190,7 @@ class Publisher:
                     gone.append(name)
                 continue
             known = len(self._shape_index)
-            row = _row(pod, self.options, self._shape_index, nodes)
+            row = _row(pod, self.options, self._shape_index, nodes, texts)
             for encoded, index in list(self._shape_index.items())[known:]:
                 shapes.append((index, json.loads(encoded)))
             if not _same_content(row, state.rows.get(name)):

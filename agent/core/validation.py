@@ -83,11 +83,12 @@ def _string(pod: dict[str, Any], obj: dict[str, Any], key: str, field: Field) ->
         raise _fail(pod, field, obj[key], "a string")
 
 
-def check_pod(pod: object) -> dict[str, Any]:
+def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
     """The pod if the fields the core reads have the shapes the API gives them; else one ``InputError``.
 
     On the hot path of the sidecar and of init at 16384 pods: no message or path is built unless a check fails.
-    Init containers are not read by the core, so not checked."""
+    Init containers are not read by the core, so not checked. ``seen``: ids of container objects checked
+    already, which the caller keeps alive (the published rows' pods share one container object per shape)."""
     if type(pod) is not dict:
         raise InputError(f"a pod is {_shown(pod)}, not an object; the pod list cannot be used")
     meta = _dict(pod, pod, "metadata", "metadata", required=True)
@@ -111,6 +112,8 @@ def check_pod(pod: object) -> dict[str, Any]:
                                            or not DNS_SUBDOMAIN.fullmatch(spec["nodeName"])):
         raise _fail(pod, ("spec", "nodeName"), spec["nodeName"], "a DNS-1123 subdomain (a Node name)")
     for i, container in enumerate(_list_of_dicts(pod, spec, "containers", "spec.containers")):
+        if seen is not None and id(container) in seen:
+            continue
         _string(pod, container, "image", ("spec", "containers", i, "image"))
         cname = container.get("name")
         if "name" in container and (type(cname) is not str or not DNS_LABEL.fullmatch(cname)):
@@ -142,6 +145,8 @@ def check_pod(pod: object) -> dict[str, Any]:
             if number is not None and (type(number) is not int or not 1 <= number <= 65535):
                 raise _fail(pod, ("spec", "containers", i, "ports", j, "containerPort"), number,
                             "a port from 1 to 65535")
+        if seen is not None:
+            seen.add(id(container))  # only once every check passed
     status = _dict(pod, pod, "status", "status")
     for key in ("phase", "podIP"):
         _string(pod, status, key, ("status", key))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.core import Memo, Options, Rendered, render_pod
+from agent.core import Memo, Options, Rendered, build_plan, render_plan, render_pod
 from agent.core.controllers import detect_controller
 from agent.core.gang import (
     Expectation,
@@ -307,15 +307,16 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         pods = list(waiter.pods.values())
         names = wanted_nodes(pods, settings.options, {})
         nodes = waiter._retry(lambda: read_nodes(api, names, settings.options), "read nodes") if names else None
-        rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
-                              nodes=nodes, checked=True)  # type: ignore[arg-type]  # every pod passed the intake
-        if source == "published":  # publish first: every other pod of the job is waiting for it
+        plan = build_plan(pods, settings.pod_name, settings.options, memo=waiter.memo, checked=True,  # the intake
+                          nodes=nodes)  # type: ignore[arg-type]                          # checked every pod
+        if source == "published":  # publish first (a valid plan): every other pod of the job is waiting for it
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
-            training = rendered.plan.topology.training
+            training = plan.topology.training
             follow = not publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
                                        leader=settings.pod_name, owner=dict(owners[0]) if owners else None,
                                        standby=tuple(m.name for m in training[1:1 + STANDBYS]),
                                        nodes=nodes)  # type: ignore[arg-type]
+        rendered = render_plan(plan, settings.options, files_dir=files_dir)
     if follow:
         published = read_published(api, settings.namespace, cm_name, settings.pod_name,
                                    deadline=waiter.deadline, clock=clock, sleep=sleep)

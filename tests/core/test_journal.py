@@ -178,3 +178,21 @@ def test_a_forged_or_broken_journal_is_refused_in_one_line(data):
         journal = read_journal({"data": data})
         state.apply(journal)  # type: ignore[arg-type]
     assert "\n" not in str(err.value) and "published topology" in str(err.value)
+
+
+def test_a_refused_container_shape_stays_refused_for_the_rows_after():
+    """Rows share container shapes and each shape is checked once; a shape that fails is not remembered as
+    checked, so a second row with it is refused too."""
+    from agent.errors import InputError
+
+    pods = job(4)
+    leader = leader_for(pods)
+    follower = snapshot_of(leader)
+    bad = {"name": "trainer", "env": [{"name": "X", "value": 7}]}
+    index = len(follower.shapes)
+    follower.shapes.append(bad)
+    for name in ("demo-worker-1", "demo-worker-2"):
+        row = [*follower.rows[name]]
+        row[6] = index
+        with pytest.raises(InputError, match="env"):
+            follower._put(row)

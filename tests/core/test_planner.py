@@ -40,8 +40,8 @@ OPTIONS = {
     "topology": Options(rank_order="topology", levels=DEFAULT_LEVELS),
     "levels": Options(levels=DEFAULT_LEVELS),
 }
-OPS = ("ip", "no-ip", "dup-ip", "leave", "join", "terminating", "failed", "pending", "running", "slots", "clone", "node",
-       "labels", "self", "other-job", "burst")
+OPS = ("ip", "no-ip", "dup-ip", "leave", "join", "terminating", "failed", "pending", "running", "slots", "clone",
+       "node", "labels", "self", "other-job", "burst")
 
 
 def _outcome(make):
@@ -154,9 +154,9 @@ def _check(world: World, options: Options, ops: list[str], target: str | None = 
     for op in ["start", *ops]:
         if op != "start":
             world.step(op, target)
-        held = dict(world.pods)
-        got = _outcome(lambda: planner.plan(held, nodes=world.nodes))
-        want = _outcome(lambda: build_plan(list(held.values()), world.me, options, nodes=world.nodes))
+        held, nodes = dict(world.pods), world.nodes
+        got = _outcome(lambda: planner.plan(held, nodes=nodes))  # noqa: B023 - called at once
+        want = _outcome(lambda: build_plan(list(held.values()), world.me, options, nodes=nodes))  # noqa: B023
         assert got == want, f"after {op}"
         _same_views(got)
         _same_views(want)
