@@ -275,6 +275,10 @@ class GangTracker:
         if training and self.options.rank_order == "topology" and not has_node:
             (self.unscheduled.add if sign > 0 else self.unscheduled.discard)(name)
 
+    def pending(self) -> int:
+        """Training pods still awaited (absent, without an IP, unscheduled): an upper bound, in O(1)."""
+        return max(0, self.expected.total - self.training) + len(self.without_ip) + len(self.unscheduled)
+
     def ready(self) -> bool:
         """``status().ready`` in O(roles): what init asks after every event (the full status, with the indices
         still missing, is for the log and the timeout message)."""

@@ -66,6 +66,8 @@ class InitSettings:
 
 
 PUBLISH_THRESHOLD = 256
+LINGER = 0.05  # seconds: while many pods are awaited and events come densely, let them pile up between reads
+BLOCKED = 0.001  # a read that took longer than this waited for the network
 
 
 class GangWaiter:
@@ -184,8 +186,10 @@ class GangWaiter:
             at_deadline = False
             log.info("waiting for the gang: %s", current.describe())
             try:
+                read_from = self.clock()
                 for event in self.api.watch_pods(s.namespace, selector, self.resource_version,
                                                  timeout=max(1.0, remaining)):
+                    waited = self.clock() - read_from
                     backoff.reset()
                     if event.resource_version:
                         self.resource_version = event.resource_version
@@ -202,6 +206,13 @@ class GangWaiter:
                         break
                     if self.clock() >= self.deadline:
                         break
+                    if BLOCKED < waited < LINGER and tracker.pending() > max(2, expected.total // 100):
+                        # Pods are arriving densely and many are still awaited: read them in batches. Each
+                        # read that waits is a wakeup, and on a VM a wakeup costs more than the event's
+                        # parsing (every pod of a 4096-pod job late: 2.3 s of CPU against 0.7 s with none).
+                        # The last pods are read as they come: at most LINGER late until then.
+                        self.sleep(LINGER)
+                    read_from = self.clock()
                 current = tracker.status()
             except ApiGone:
                 log.info("watch resourceVersion %s expired (410); listing again", self.resource_version)

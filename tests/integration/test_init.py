@@ -297,3 +297,63 @@ def test_init_takes_run_launcher_as_worker_and_slots_from_the_mpijob(sandbox, tm
         "allreduce-worker-1.allreduce slots=4"]
     env = json.loads((tmp_path / "out" / "topology.json").read_text())["env"]
     assert (env["NODE_RANK"], env["RANK"], env["WORLD_SIZE"]) == ("1", "4", "12")
+
+
+class _ArrivingPods:
+    """A watch whose events arrive at given times on a fake clock: a read waits (moves the clock) until the next
+    event's time, unless the caller slept past it (then the event was buffered)."""
+
+    def __init__(self, pods, times):
+        self.pods, self.times, self.now = pods, times, 0.0
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append((self.now, seconds))
+        self.now += seconds
+
+    def watch_pods(self, namespace, selector, resource_version, *, timeout):
+        from agent.k8s.wire import WatchEvent
+
+        assert not getattr(self, "watched", False), "one watch brings every event"
+        self.watched = True
+        for pod, at in zip(self.pods, self.times, strict=True):
+            self.now = max(self.now, at)
+            yield WatchEvent("MODIFIED", pod)
+
+
+@pytest.mark.parametrize(("gap", "lingers"), [(0.002, True), (0.2, False)])
+def test_dense_arrivals_are_read_in_batches_and_the_last_pods_at_once(tmp_path, gap, lingers):
+    """Every pod of a large job late: each read that waits is a process wakeup. While many pods are awaited and
+    they come densely, init lets them pile up for LINGER between reads; the last ones (1 %) are read as they come,
+    and sparse arrivals are never delayed."""
+    from agent.core import Options
+    from agent.core.gang import Expectation
+    from agent.runtime.init import LINGER, GangWaiter, InitSettings
+
+    n = 400
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", n - 1)))
+    for k, pod in enumerate(pods):
+        pod["metadata"]["resourceVersion"] = str(k + 1)
+    pending = [json.loads(json.dumps(p)) for p in pods]
+    for pod in pending[1:]:
+        pod["status"] = {"phase": "Pending"}
+    for pod in pods[1:]:  # the events: each pod with its IP, in a newer version
+        pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + n)
+    arrivals = _ArrivingPods(pods[1:], [1.0 + gap * k for k in range(n - 1)])
+    arrivals.sleeps = []
+    settings = InitSettings(namespace="default", pod_name="demo-master-0", options=Options(address="ip"),
+                            out_dir=tmp_path, timeout=600.0)
+    waiter = GangWaiter(arrivals, settings, clock=arrivals.clock, sleep=arrivals.sleep)
+    waiter.pods = {p["metadata"]["name"]: p for p in [pods[0], *pending[1:]]}
+    status = waiter.wait("volcano.sh/job-name=demo", Expectation(total=n, per_role={"master": 1, "worker": n - 1},
+                                                                  source="test"))
+    assert status.ready
+    last = 1.0 + gap * (n - 2)
+    if lingers:
+        assert 0.002 * n / LINGER / 2 <= len(arrivals.sleeps) <= 0.002 * n / LINGER + 2  # ~one read per LINGER
+        assert arrivals.now <= last + LINGER  # the last pod's event handled at most LINGER late ...
+        assert all(at < last - 0.002 * (n // 100 - 1) for at, _ in arrivals.sleeps)  # ... no pause for the last 1 %
+    else:
+        assert arrivals.sleeps == [] and arrivals.now == last
