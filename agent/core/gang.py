@@ -17,7 +17,7 @@ from typing import Any
 from agent.core import controllers as c
 from agent.core.controllers import Controller, detect_controller, parse_selector
 from agent.core.model import Options, RawPod, is_whole_number
-from agent.core.topology import Memo, collect, facts_of, pod_ip
+from agent.core.topology import Memo, Sizes, collect, facts_of, pod_ip
 from agent.errors import InputError
 
 
@@ -221,6 +221,7 @@ class GangTracker:
         self.without_ip: set[str] = set()
         self.unscheduled: set[str] = set()
         self.clashes = 0  # (role, index) keys claimed by two pods or more
+        self.sizes: Sizes = {}  # process counts per container object (init's compact pods share them)
 
     def _trains(self, role: str) -> bool:
         return self.roles is None or role in self.roles
@@ -229,7 +230,10 @@ class GangTracker:
         """A pod as the API reports it now (added or modified)."""
         name = pod.get("metadata", {}).get("name", "")
         self.remove(name)
-        facts = facts_of(pod, self.controller, self.options, self.pairs, self.memo, checked=self.checked)
+        if len(self.sizes) > 64:  # pods that do not share container objects: nothing to remember
+            self.sizes.clear()
+        facts = facts_of(pod, self.controller, self.options, self.pairs, self.memo, checked=self.checked,
+                         sizes=self.sizes)
         is_me = name == self.self_name
         if facts.namespace != self.namespace or (facts.job != self.job and not is_me) or facts.reason:
             return
