@@ -366,7 +366,7 @@ class _Layout:
     members (a non-training pod without an IP under --address ip)."""
 
     pods: dict[str, RawPod]  # the input by name: the planner finds what changed by object identity
-    found: Collected
+    found: Collected  # this pod, its controller and the roles (its live pods are those of the first plan only)
     namespace: str
     job: str
     pairs: dict[str, str] | None
