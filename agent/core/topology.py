@@ -289,6 +289,9 @@ class Collected:
     excluded: tuple[Excluded, ...]
     training_roles: tuple[str, ...]
     explicit_roles: bool
+    namespace: str  # this pod's: pods of other namespaces are not its job's
+    job: str  # the job the pods are matched against (the selector itself with --selector)
+    pairs: dict[str, str] | None  # --selector parsed
 
     def is_training(self, ident: Identity) -> bool:
         return ident.role in self.training_roles
@@ -304,7 +307,7 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
     me_id = controller.identify(me, options)
     namespace = me.get("metadata", {}).get("namespace", "default")
     pairs = parse_selector(options.selector) if options.selector else None
-    job = options.selector if pairs is not None else me_id.job
+    job = options.selector if pairs is not None and options.selector is not None else me_id.job
     live: list[tuple[RawPod, Identity, _Facts]] = []
     excluded: list[Excluded] = []
     seen: dict[tuple[str, tuple[int, ...]], str] = {}
@@ -340,7 +343,8 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
     present = {ident.role for _, ident, _ in live}
     training_roles = tuple(roles) if roles is not None else tuple(sorted(present))
     return Collected(me=me, controller=controller, me_id=me_id, live=tuple(live), excluded=tuple(excluded),
-                     training_roles=training_roles, explicit_roles=roles is not None)
+                     training_roles=training_roles, explicit_roles=roles is not None, namespace=namespace, job=job,
+                     pairs=pairs)
 
 
 NodeLabels = Mapping[str, "Mapping[str, str] | None"]  # node name -> its labels (None: could not be read)
@@ -366,10 +370,7 @@ class _Layout:
     members (a non-training pod without an IP under --address ip)."""
 
     pods: dict[str, RawPod]  # the input by name: the planner finds what changed by object identity
-    found: Collected  # this pod, its controller and the roles (its live pods are those of the first plan only)
-    namespace: str
-    job: str
-    pairs: dict[str, str] | None
+    found: Collected  # this pod, its controller, job and roles (its live pods are those of the first plan only)
     position: dict[str, int]  # training role -> its place in the rank order
     coordinator: str | None
     live: list[Live]
@@ -420,7 +421,7 @@ def _lay_out(pods: Sequence[RawPod], self_name: str, options: Options, memo: Mem
             raise ValueError("a Memo serves one set of options")
         memo.begin()
     found = collect(pods, self_name, options, memo=memo, checked=checked)
-    me, controller, me_id = found.me, found.controller, found.me_id
+    me, controller = found.me, found.controller
     training_roles = found.training_roles
     role_count: dict[str, int] = {}
     for _, ident, _ in found.live:
@@ -431,21 +432,12 @@ def _lay_out(pods: Sequence[RawPod], self_name: str, options: Options, memo: Mem
         raise InputError(f"pod '{self_name}' is not a member of its own job ({reason}); nothing to configure")
     coordinator = coordinator_of(me, controller)
     position = {role: i for i, role in enumerate(training_roles)}
-    explicit = found.explicit_roles
-    if coordinator is None:  # the common case, without a call per pod
-        after = len(position)
-        keys = [(1, position[i.role] if explicit else 0, "", i.index, f.name) if i.role in position
-                else (2, after, i.role, i.index, f.name) for _, i, f in found.live]
-    else:
-        keys = [_sort_key(p, i, f.name, position, explicit, coordinator) for p, i, f in found.live]
+    keys = [_sort_key(p, i, f.name, position, found.explicit_roles, coordinator) for p, i, f in found.live]
     order = sorted(range(len(keys)), key=keys.__getitem__)
     live = [found.live[k] for k in order]
-    pairs = parse_selector(options.selector) if options.selector else None
     layout = _Layout(
-        pods={pod_name(p): p for p in pods}, found=found,
-        namespace=me.get("metadata", {}).get("namespace", "default"),
-        job=options.selector if pairs is not None and options.selector is not None else me_id.job, pairs=pairs,
-        position=position, coordinator=coordinator, live=live, keys=[keys[k] for k in order],
+        pods={pod_name(p): p for p in pods}, found=found, position=position, coordinator=coordinator, live=live,
+        keys=[keys[k] for k in order],
         placed=[None] * len(live), key_of={}, dropped={e.name: e for e in found.excluded}, left_out=set(),
         claims={(i.role, i.index): f.name for _, i, f in live}, role_count=role_count,
         training=sum(1 for _, i, _ in live if i.role in position), slots_source={}, order_note=None,
@@ -549,7 +541,7 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
     excluded = [*layout.dropped.values(), *(Excluded(name=n, reason=LEFT_OUT) for n in layout.left_out)]
     topology = Topology(
         controller=controller.key,
-        namespace=layout.namespace,
+        namespace=found.namespace,
         job=me_id.job,
         job_uid=owner_uid,
         self_name=pod_name(me),
@@ -659,8 +651,8 @@ class Planner:
             new: Live | None = None
             layout.dropped.pop(name, None)
             if pod is not None:
-                facts = _facts(pod, found.controller, options, layout.pairs, checked=self.checked)
-                if facts.namespace == layout.namespace and facts.job == layout.job:
+                facts = _facts(pod, found.controller, options, found.pairs, checked=self.checked)
+                if facts.namespace == found.namespace and facts.job == found.job:
                     if facts.reason:
                         layout.dropped[name] = Excluded(name=name, reason=facts.reason)
                     elif facts.ident is None:
