@@ -164,6 +164,10 @@ def test_two_pods_under_one_address_are_refused_in_one_line():
                 max_size=5))
 def test_the_ipv4_fast_path_agrees_with_ipaddress(parts):
     """ip_value skips ipaddress for a canonical dotted quad: for any text, the same answer or the same refusal."""
+    from agent.core.validation import ip_value as canonical
+
+    assert canonical({}, "::ffff:a00:1") == canonical({}, "::FFFF:10.0.0.1") == "::ffff:10.0.0.1"
+    assert canonical({}, "fd00::0001") == "fd00::1"
     import ipaddress
 
     from agent.core.validation import ip_value
@@ -171,7 +175,9 @@ def test_the_ipv4_fast_path_agrees_with_ipaddress(parts):
 
     raw = ".".join(p if isinstance(p, str) else (f"0{p}" if p % 7 == 0 else str(p)) for p in parts)
     try:
-        want = str(ipaddress.ip_address(raw.strip()))
+        parsed = ipaddress.ip_address(raw.strip())
+        mapped = parsed.ipv4_mapped if isinstance(parsed, ipaddress.IPv6Address) else None
+        want = f"::ffff:{mapped}" if mapped is not None else str(parsed)  # RFC 5952 section 5
     except ValueError:
         want = None
     try:
