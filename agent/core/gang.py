@@ -1,22 +1,21 @@
 """How many training pods the job should have, and whether the pods seen so far form the whole gang.
 
-The expected count comes from ``--expect``, else from the owner object (read through the API by the shell;
-interpreted here): Volcano task replicas, PyTorchJob replica specs, JobSet replicated jobs (replicas x
-parallelism), an Indexed Job's parallelism, a LeaderWorkerSet group's size annotation. Per-role counts, where
-the owner gives them, let a timeout name exactly which role and index never appeared.
+The expected count comes from ``--expect``, else from the job's objects (read through the API by the shell, and
+interpreted by the controller: controllers.py), else from the pod (a LeaderWorkerSet group's size annotation).
+Per-role counts, where the owner gives them, let a timeout name exactly which role and index never appeared.
+Roles the controller creates only once this pod's role is Ready are not waited for.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent.core import controllers as c
-from agent.core.controllers import Controller, detect_controller, parse_selector
-from agent.core.model import Options, RawPod, is_whole_number
+from agent.core.controllers import Controller, Objects, detect_controller, parse_selector
+from agent.core.model import Options, RawPod
 from agent.core.topology import Memo, Sizes, collect, facts_of, pod_ip
 from agent.errors import InputError
 
@@ -26,6 +25,9 @@ class Expectation:
     total: int
     per_role: dict[str, int] | None
     source: str
+    # Roles this pod does not wait for: the controller creates their pods only once this pod's role is Ready
+    # (JobSet dependsOn, MPIJob launcherCreationPolicy), so waiting for them would deadlock the job.
+    deferred: tuple[str, ...] = ()
 
 
 SHOWN = 8  # names a status line shows before it says how many more
@@ -54,67 +56,62 @@ class GangStatus:
         return "; ".join(parts)
 
 
-def owner_path(controller: Controller, pod: RawPod) -> str | None:
-    """API path of the object that says how big the job is; None when the pod itself says (LWS)."""
-    meta = pod.get("metadata", {})
-    namespace = meta.get("namespace", "default")
-    labels = meta.get("labels", {}) or {}
-    if controller.key in ("jobset", "trainjob"):
-        return f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets/{labels[c.JOBSET_NAME]}"
-    if controller.key == "mpijob":  # the launcher's owner is a batch Job; the job name label names the MPIJob
-        return f"/apis/kubeflow.org/v2beta1/namespaces/{namespace}/mpijobs/{labels[c.PYTORCHJOB_JOB]}"
-    wanted = {"volcano": ("batch.volcano.sh/", "Job", "jobs"), "pytorchjob": ("kubeflow.org/", "PyTorchJob",
-                                                                              "pytorchjobs"),
-              "indexed-job": ("batch/", "Job", "jobs")}.get(controller.key)
-    if wanted is None:
-        return None
-    for ref in meta.get("ownerReferences", []):
-        if ref.get("kind") == wanted[1] and ref.get("apiVersion", "").startswith(wanted[0]):
-            return f"/apis/{ref['apiVersion']}/namespaces/{namespace}/{wanted[2]}/{ref['name']}"
-    return None
+@dataclass(frozen=True)
+class JobView:
+    """The job as its objects describe it: the controller (a TrainJob's JobSet is the TrainJob's), the options
+    with what the objects filled in, the objects as read (the owner first), and a line per decision."""
+
+    controller: Controller
+    options: Options
+    objects: tuple[Mapping[str, Any], ...]
+    notes: tuple[str, ...] = ()
 
 
-def _replicas(value: Any, default: int = 1) -> int:
-    try:
-        return int(value) if value is not None else default
-    except (TypeError, ValueError):
-        return default
+JobReads = Generator[str, "Mapping[str, Any] | None", JobView]
+
+
+def job_reads(me: RawPod, options: Options) -> JobReads:
+    """The job's objects to read, one API path at a time: the shell sends back each object (None when it cannot
+    be read, which ends the reading), and gets the ``JobView`` as the generator's value. The same steps for
+    init and the sidecar, so both decide the same roles and slots."""
+    controller = detect_controller(me, options)
+    objects: list[Mapping[str, Any]] = []
+    path = controller.owner_path(me)
+    while path is not None:
+        obj = yield path
+        if obj is None:
+            break
+        objects.append(obj)
+        path = controller.next_read(objects)
+    found = controller.owner_options(objects, options)
+    return JobView(detect_controller(me, found.options), found.options, tuple(objects), found.notes)
 
 
 def expectation_from_pod(controller: Controller, pod: RawPod) -> Expectation | None:
-    if controller.key != "lws":
+    """The job's size as the pod itself states it (a LeaderWorkerSet annotates its size), or None."""
+    sizes = controller.size_from_pod(pod)
+    if sizes is None:
         return None
-    annotations = pod.get("metadata", {}).get("annotations", {}) or {}
-    raw = annotations.get(c.LWS_SIZE)
-    if raw is None or not is_whole_number(raw):
-        return None
-    size = int(raw)
-    return Expectation(total=size, per_role={"leader": 1, "worker": size - 1}, source=f"annotation {c.LWS_SIZE}")
+    return Expectation(total=sum(sizes.values()), per_role=sizes, source=f"annotation {c.LWS_SIZE}")
 
 
-def expectation_from_owner(controller: Controller, owner: dict[str, Any], training_roles: Sequence[str] | None,
-                           options: Options) -> Expectation:
-    """Interpret the owner object fetched from ``owner_path``."""
-    spec = owner.get("spec", {}) or {}
+def deferred_roles(waits: dict[str, frozenset[str]], role: str) -> tuple[str, ...]:
+    """The roles that wait, directly or through others, for ``role`` to be Ready."""
+    deferred: set[str] = set()
+    frontier = {role}
+    while frontier:
+        frontier = {r for r, needs in waits.items() if needs & frontier and r not in deferred and r != role}
+        deferred |= frontier
+    return tuple(sorted(deferred))
+
+
+def expectation_from_job(controller: Controller, objects: Objects, training_roles: Sequence[str] | None,
+                         options: Options, *, role: str) -> Expectation:
+    """What the job's objects (read from ``controller.owner_path`` on) say ``role``'s pod must wait for."""
+    owner = objects[0] if objects else {}
     name = owner.get("metadata", {}).get("name", "?")
     kind = owner.get("kind", controller.title)
-    counts: dict[str, int] = {}
-    if controller.key == "volcano":
-        counts = {t.get("name", ""): _replicas(t.get("replicas")) for t in spec.get("tasks", [])}
-    elif controller.key == "pytorchjob":
-        counts = {k.lower(): _replicas(v.get("replicas")) for k, v in (spec.get("pytorchReplicaSpecs") or {}).items()}
-    elif controller.key == "mpijob":
-        counts = {k.lower(): _replicas(v.get("replicas")) for k, v in (spec.get("mpiReplicaSpecs") or {}).items()}
-    elif controller.key in ("jobset", "trainjob"):
-        for rjob in spec.get("replicatedJobs", []):
-            job_spec = rjob.get("template", {}).get("spec", {}) or {}
-            parallelism = _replicas(job_spec.get("parallelism"))
-            completions = _replicas(job_spec.get("completions"), parallelism)
-            counts[rjob.get("name", "")] = _replicas(rjob.get("replicas")) * min(parallelism, completions)
-    elif controller.key == "indexed-job":
-        parallelism = _replicas(spec.get("parallelism"))
-        completions = _replicas(spec.get("completions"), parallelism)
-        counts = {"worker": min(parallelism, completions)}
+    counts = controller.replica_counts(objects)
     if options.roles is not None and counts:
         unknown = [r for r in options.roles if r not in counts]
         if unknown:
@@ -123,39 +120,21 @@ def expectation_from_owner(controller: Controller, owner: dict[str, Any], traini
                 f"such role (roles present: {', '.join(sorted(counts))}); fix the role names"
             )
     roles = list(training_roles) if training_roles is not None else list(counts)
-    per_role = {role: counts[role] for role in roles if role in counts}
+    deferred = deferred_roles(controller.waits_for(objects), role)
+    per_role = {r: counts[r] for r in roles if r in counts and r not in deferred}
     if not per_role:
         raise InputError(f"{kind} '{name}' lists no training roles ({', '.join(roles)}); check --roles, or pass "
                          "--expect N")
     total = sum(per_role.values())
-    policy = spec.get("elasticPolicy") if controller.key == "pytorchjob" else None
-    if options.elastic is None and isinstance(policy, dict) and isinstance(policy.get("minReplicas"), int):
-        low = max(1, policy["minReplicas"])  # the operator's elastic job: wait for its minimum, as torchrun does
-        return Expectation(total=low, per_role=None,
-                           source=f"elasticPolicy.minReplicas {low} of {kind} '{name}' (asks for {total})")
+    later = f"; not waiting for {', '.join(deferred)}, created once {role} is Ready" if deferred else ""
+    low = controller.elastic_minimum(objects)
+    if options.elastic is None and low is not None:
+        return Expectation(total=low, per_role=None, deferred=deferred,
+                           source=f"elasticPolicy.minReplicas {low} of {kind} '{name}' (asks for {total}){later}")
     if options.elastic is not None:
-        return Expectation(total=options.elastic[0], per_role=None,
-                           source=f"--elastic minimum {options.elastic[0]} ({kind} '{name}' asks for {total})")
-    return Expectation(total=total, per_role=per_role, source=f"{kind} '{name}' replicas")
-
-
-def options_from_owner(controller: Controller, owner: dict[str, Any], options: Options) -> tuple[Options, list[str]]:
-    """What the job object says that its pods do not, for the options the user left open. MPIJob:
-    ``runLauncherAsWorker`` makes the launcher a node (first, as the operator's hostfile lists it) and
-    ``slotsPerWorker`` is the slots of every host (newConfigMap, pkg/controller/mpi_job_controller.go)."""
-    if controller.key != "mpijob":
-        return options, []
-    spec = owner.get("spec", {}) or {}
-    notes = []
-    if options.roles is None and spec.get("runLauncherAsWorker") is True:
-        options = dataclasses.replace(options, roles=("launcher", "worker"))
-        notes.append("MPIJob runLauncherAsWorker: the launcher is node rank 0")
-    slots = spec.get("slotsPerWorker")
-    if options.nproc_per_node is None and isinstance(slots, int) and not isinstance(slots, bool) \
-            and 1 <= slots <= 1_000_000:
-        options = dataclasses.replace(options, nproc_per_node=slots)
-        notes.append(f"MPIJob slotsPerWorker: {slots} slots per host")
-    return options, notes
+        return Expectation(total=options.elastic[0], per_role=None, deferred=deferred,
+                           source=f"--elastic minimum {options.elastic[0]} ({kind} '{name}' asks for {total}){later}")
+    return Expectation(total=total, per_role=per_role, source=f"{kind} '{name}' replicas{later}", deferred=deferred)
 
 
 def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expected: Expectation, *,
@@ -208,8 +187,7 @@ class GangTracker:
         self.namespace = me.get("metadata", {}).get("namespace", "default")
         self.pairs = parse_selector(options.selector) if options.selector else None
         self.job = options.selector if self.pairs is not None else self.me_id.job
-        roles = options.roles if options.roles is not None else self.controller.default_roles
-        self.roles = tuple(roles) if roles is not None else None  # None: every role trains (JobSet)
+        self.roles = self.controller.training_roles(options)  # None: every role trains (JobSet)
         # name -> role, index, ordinal, has IP, has a node
         self.members: dict[str, tuple[str, tuple[int, ...], int, bool, bool]] = {}
         self.errors: dict[str, InputError] = {}

@@ -24,18 +24,14 @@ from typing import Any
 
 from agent.core import controllers as c
 from agent.core.containers import pick_trainer_container
-from agent.core.controllers import Controller
+from agent.core.controllers import Controller, Objects
 from agent.core.gang import Expectation
 from agent.core.model import Identity, Options, RawPod
 from agent.errors import InputError
 
 SCHEMA = 2  # 2: rows carry the pod's node and its level labels
 DATA_KEY = "topology.json.gz"
-_ROLE_LABELS = frozenset({
-    c.VOLCANO_JOB, c.VOLCANO_TASK, c.VOLCANO_INDEX, c.PYTORCHJOB_JOB, c.PYTORCHJOB_TYPE, c.PYTORCHJOB_INDEX,
-    c.JOBSET_NAME, c.JOBSET_RJOB, c.JOBSET_JOB_INDEX, c.JOBSET_GLOBAL_INDEX, c.COMPLETION_INDEX, c.JOB_NAME,
-    c.LWS_NAME, c.LWS_GROUP, c.LWS_WORKER, c.MPI_OPERATOR_NAME, c.MPI_JOB_ROLE, c.COORDINATOR,
-})
+_ROLE_LABELS = c.ALL_LABELS
 _NPROC_ENV = frozenset({"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})
 
 
@@ -236,25 +232,19 @@ def decode_configmap(configmap: dict[str, Any]) -> dict[str, Any] | None:
     return decode(packed)
 
 
-def leader_identity(controller: Controller, expected: Expectation, owner: dict[str, Any] | None,
+def leader_identity(controller: Controller, expected: Expectation, objects: Objects,
                     training_roles: Sequence[str] | None) -> tuple[str, tuple[int, ...]] | None:
-    """(role, index) of the pod that will be node rank 0, from the owner's replica counts; None if unknown."""
+    """(role, index) of the pod that will be node rank 0, from the owner's replica counts; None if unknown. A role
+    that waits for others to be Ready (JobSet dependsOn) never leads: the others would wait for its publication."""
     if not expected.per_role:
         return None
+    waits = controller.waits_for(objects)
     roles = list(training_roles) if training_roles is not None else list(expected.per_role)
-    role = next((r for r in roles if expected.per_role.get(r, 0) > 0), None)
+    role = next((r for r in roles if expected.per_role.get(r, 0) > 0 and r not in waits), None)
     if role is None:
         return None
-    if controller.key in ("jobset", "trainjob"):
-        if owner is None:
-            return None
-        global_index = 0
-        for rjob in owner.get("spec", {}).get("replicatedJobs", []):
-            if rjob.get("name") == role:
-                return role, (global_index, 0)
-            global_index += int(rjob.get("replicas", 1))
-        return None
-    return role, (0,)
+    index = controller.first_index(role, objects)
+    return (role, index) if index is not None else None
 
 
 def is_leader(me: Identity, leader: tuple[str, tuple[int, ...]] | None) -> bool:

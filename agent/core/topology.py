@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agent.core.containers import pick_trainer_container, resolve_nproc
-from agent.core.controllers import COORDINATOR, Controller, detect_controller, parse_selector, selector_matches
+from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, detect_controller, parse_selector, selector_matches
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains, topology_order
 from agent.core.validation import check_pod, dns_value, ip_value
@@ -238,32 +238,19 @@ def _master_port(rank0: RawPod | None, controller: Controller, options: Options)
         return options.master_port, "--master-port"
     if rank0 is not None:
         container = pick_trainer_container(rank0, options.container)
-        for port in (container or {}).get("ports", []):
-            if port.get("name") == "pytorchjob-port" and port.get("containerPort"):
-                return int(port["containerPort"]), (
-                    f"port 'pytorchjob-port' of container '{container.get('name')}' in pod '{pod_name(rank0)}'"
-                    if container else "pytorchjob-port"
-                )
-    if controller.default_master_port is not None:
-        return controller.default_master_port, f"{controller.title} convention {controller.default_master_port}"
-    return 29500, "torchrun's default 29500"
+        found = controller.master_port((container or {}).get("ports", [])) if container else None
+        if found is not None and container is not None:
+            return found[0], f"{found[1]} of container '{container.get('name')}' in pod '{pod_name(rank0)}'"
+    port = controller.default_master_port
+    if port == TORCHRUN_MASTER_PORT and "default_master_port" not in vars(type(controller)):
+        return port, f"torchrun's default {port}"
+    return port, f"{controller.title} convention {port}"
 
 
 def _host_name(pod: RawPod) -> str | None:
     spec = pod.get("spec", {})
     hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
     return f"{hostname}.{subdomain}" if hostname and subdomain else None
-
-
-def coordinator_of(pod: RawPod, controller: Controller) -> str | None:
-    """JobSet >= v0.6.0 labels (and annotates) every pod with ``jobset.sigs.k8s.io/coordinator`` =
-    ``<pod hostname>.<subdomain>`` of the pod its ``spec.coordinator`` names (CoordinatorEndpoint in
-    pkg/controllers/jobset_controller.go)."""
-    if controller.key not in ("jobset", "trainjob"):
-        return None
-    meta = pod.get("metadata", {})
-    value = (meta.get("labels") or {}).get(COORDINATOR) or (meta.get("annotations") or {}).get(COORDINATOR)
-    return value or None
 
 
 def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,
@@ -339,7 +326,7 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
             )
         seen[key] = name
         live.append((pod, ident, facts))
-    roles = options.roles if options.roles is not None else controller.default_roles
+    roles = controller.training_roles(options)
     present = {ident.role for _, ident, _ in live}
     training_roles = tuple(roles) if roles is not None else tuple(sorted(present))
     return Collected(me=me, controller=controller, me_id=me_id, live=tuple(live), excluded=tuple(excluded),
@@ -430,7 +417,7 @@ def _lay_out(pods: Sequence[RawPod], self_name: str, options: Options, memo: Mem
     if self_name in {e.name for e in found.excluded}:
         reason = next(e.reason for e in found.excluded if e.name == self_name)
         raise InputError(f"pod '{self_name}' is not a member of its own job ({reason}); nothing to configure")
-    coordinator = coordinator_of(me, controller)
+    coordinator = controller.coordinator(me)
     position = {role: i for i, role in enumerate(training_roles)}
     keys = [_sort_key(p, i, f.name, position, found.explicit_roles, coordinator) for p, i, f in found.live]
     order = sorted(range(len(keys)), key=keys.__getitem__)

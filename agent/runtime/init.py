@@ -12,21 +12,14 @@ import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.core import Memo, Options, Rendered, build_plan, render_plan, render_pod
 from agent.core.controllers import detect_controller
-from agent.core.gang import (
-    Expectation,
-    GangStatus,
-    GangTracker,
-    expectation_from_owner,
-    expectation_from_pod,
-    options_from_owner,
-    owner_path,
-)
+from agent.core.gang import Expectation, GangStatus, GangTracker, expectation_from_job, expectation_from_pod
 from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
 from agent.core.published import Compactor, configmap_name, is_leader, leader_identity
@@ -37,6 +30,7 @@ from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTim
 from agent.k8s.client import PodSource
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
 from agent.runtime.intake import usable_pods
+from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
 from agent.runtime.publishing import publish_first, read_published
@@ -84,7 +78,7 @@ class GangWaiter:
         self.pods: dict[str, RawPod] = {}
         self.resource_version = ""
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
-        self.owner: dict[str, object] | None = None
+        self.objects: tuple[Mapping[str, Any], ...] = ()  # the job's objects as read (the owner first)
         self.me: RawPod | None = None
         self.compactor: Compactor | None = None
 
@@ -118,25 +112,29 @@ class GangWaiter:
         from_pod = expectation_from_pod(controller, me)
         if from_pod is not None:
             return from_pod
-        path = owner_path(controller, me)
-        if path is None:
+        if controller.owner_path(me) is None:
             raise InputError(
                 f"pod '{s.pod_name}': cannot tell how many pods the {controller.title} has (no owner to read); "
                 "pass --expect N"
             )
+
+        def get(path: str) -> dict[str, Any]:
+            return self._retry(lambda: self.api.get_object(path), f"get {path}")  # type: ignore[return-value]
+
         try:
-            owner = self._retry(lambda: self.api.get_object(path), "get owner")
+            view = read_job(get, me, s.options)
         except ApiNotFound as err:
-            raise InputError(f"owner {path} of pod '{s.pod_name}' not found; pass --expect N") from err
-        self.owner = owner  # type: ignore[assignment]
-        options, notes = options_from_owner(controller, owner, s.options)  # type: ignore[arg-type]
-        if options != s.options:
-            for note in notes:
-                log.info("%s", note)
-            self.settings = s = dataclasses.replace(s, options=options)
-            self.memo = Memo(options)
-        roles = s.options.roles if s.options.roles is not None else controller.default_roles
-        return expectation_from_owner(controller, owner, roles, s.options)  # type: ignore[arg-type]
+            raise InputError(f"owner {controller.owner_path(me)} of pod '{s.pod_name}' not found; pass --expect N") \
+                from err
+        self.objects = view.objects
+        for note in view.notes:
+            log.info("%s", note)
+        if view.options != s.options:
+            self.settings = s = dataclasses.replace(s, options=view.options)
+            self.memo = Memo(view.options)
+        role = view.controller.identify(me, s.options).role
+        return expectation_from_job(view.controller, view.objects, view.controller.training_roles(s.options),
+                                    s.options, role=role)
 
     def relist(self, selector: str) -> None:
         s = self.settings
@@ -290,19 +288,24 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
              ssh: object | None = None) -> Rendered:
     waiter = GangWaiter(api, settings, clock=clock, sleep=sleep)
     me = waiter.own_pod()
+    expected = waiter.expectation(me)
+    settings = waiter.settings  # the job's objects may have filled options the user left open (MPI roles, slots)
     controller = detect_controller(me, settings.options)
     selector = controller.selector(me, settings.options)
-    expected = waiter.expectation(me)
-    settings = waiter.settings  # the job object may have filled options the user left open (MPIJob)
+    me_id = controller.identify(me, settings.options)
+    me_role = me_id.role
     source = choose_source(settings, expected)
     leader = None
+    if source == "published" and me_role in controller.waits_for(waiter.objects):
+        # Created once others are Ready (JobSet dependsOn): the leader published before this pod existed.
+        log.info("role %s starts once %s are Ready; reading the pods directly", me_role,
+                 ", ".join(sorted(controller.waits_for(waiter.objects)[me_role])))
+        source = "pods"
     if source == "published":
-        roles = settings.options.roles if settings.options.roles is not None else controller.default_roles
-        leader = leader_identity(controller, expected, waiter.owner, roles)  # type: ignore[arg-type]
+        leader = leader_identity(controller, expected, waiter.objects, controller.training_roles(settings.options))
         if leader is None:
             log.info("cannot tell which pod leads (no per-role counts); reading the pods directly")
             source = "pods"
-    me_id = controller.identify(me, settings.options)
     cm_name = configmap_name(me_id.job)
     log.info("pod %s: %s, selector %s, expecting %d training pods (%s); topology from %s", settings.pod_name,
              controller.title, selector, expected.total, expected.source,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import json
 import logging
@@ -38,6 +39,7 @@ from agent.k8s.retrying import Backoff
 from agent.k8s.wire import WatchEvent
 from agent.runtime.election import Elector
 from agent.runtime.intake import usable_pods
+from agent.runtime.jobs import read_job_async
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.nodes import NodeMap, read_nodes_async, wanted_nodes
 from agent.runtime.output import write_generation
@@ -163,20 +165,27 @@ class Sidecar:
 
     # --- loops ---------------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        s = self.settings
+    async def _get(self, call: Callable[[], Awaitable[dict[str, Any]]], what: str) -> dict[str, Any]:
+        """A GET retried while the API server is unavailable (the sidecar has no deadline: it waits)."""
         backoff = Backoff()
         while True:
             try:
-                me = await self.api.get_pod(s.namespace, s.pod_name)
-                break
-            except ApiNotFound as err:
-                raise InputError(f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and "
-                                 "POD_NAMESPACE from the downward API") from err
+                return await call()
             except ApiUnavailable as err:
                 delay = backoff.next_delay(err.retry_after)
-                log.info("get own pod failed (%s); retry %d in %.1f s", err, backoff.attempt, delay)
+                log.info("%s failed (%s); retry %d in %.1f s", what, err, backoff.attempt, delay)
                 await asyncio.sleep(delay)
+
+    async def start(self) -> None:
+        s = self.settings
+        try:
+            me: RawPod = await self._get(lambda: self.api.get_pod(s.namespace, s.pod_name),  # type: ignore
+                                         "get own pod")
+        except ApiNotFound as err:
+            raise InputError(f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and "
+                             "POD_NAMESPACE from the downward API") from err
+        await self._read_job(me)
+        s = self.settings
         controller = detect_controller(me, s.options)
         self.selector = controller.selector(me, s.options)
         self.me = me
@@ -189,6 +198,23 @@ class Sidecar:
         what = f"configmap {journal_name(self.configmap)}" if self.mode == "follower" \
             else f"pods with selector {self.selector}"
         log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation, self.mode)
+
+    async def _read_job(self, me: RawPod) -> None:
+        """What the job's objects say that the pods do not (MPI roles and slots), as init reads it: the sidecar
+        must place the pods as init did. Unreadable objects leave the options as given."""
+        s = self.settings
+        try:
+            view = await read_job_async(lambda path: self._get(lambda: self.api.get_object(path), f"get {path}"),
+                                        me, s.options)
+        except (ApiNotFound, ApiForbidden) as err:
+            log.warning("cannot read the job's owner (%s); the controller's defaults stand", err)
+            return
+        for note in view.notes:
+            log.info("%s", note)
+        if view.options != s.options:
+            self.settings = dataclasses.replace(s, options=view.options)
+            self.renderer = Renderer(view.options, s.pod_name, checked=True)
+            self.compactor = Compactor(view.options)
 
     @property
     def _published_selector(self) -> str:

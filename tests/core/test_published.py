@@ -76,7 +76,7 @@ LEADERS = [
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(LEADERS)])
 def test_the_leader_is_the_pod_that_will_be_node_rank_0(key, per_role, owner, roles, expected):
     expectation = Expectation(total=sum((per_role or {}).values()), per_role=per_role, source="test")
-    assert leader_identity(CONTROLLERS[key], expectation, owner, roles) == expected
+    assert leader_identity(CONTROLLERS[key], expectation, (owner,) if owner else (), roles) == expected
 
 
 def test_the_leader_agrees_with_the_ranks():
@@ -84,7 +84,7 @@ def test_the_leader_agrees_with_the_ranks():
     rendered = render_pod(pods, pods[0]["metadata"]["name"], Options())
     rank0 = rendered.plan.topology.training[0]
     owner = {"spec": {"replicatedJobs": [{"name": "driver", "replicas": 1}, {"name": "workers", "replicas": 2}]}}
-    leader = leader_identity(CONTROLLERS["jobset"], Expectation(5, {"driver": 1, "workers": 4}, "t"), owner, None)
+    leader = leader_identity(CONTROLLERS["jobset"], Expectation(5, {"driver": 1, "workers": 4}, "t"), (owner,), None)
     ident = CONTROLLERS["jobset"].identify(next(p for p in pods if p["metadata"]["name"] == rank0.name), Options())
     assert is_leader(ident, leader)
 
@@ -101,4 +101,4 @@ def test_every_label_a_controller_reads_is_published():
     from agent.core.published import _ROLE_LABELS
 
     keys = {v for k, v in vars(c).items() if k.isupper() and isinstance(v, str) and "/" in v and not v.endswith("/")}
-    assert keys - _ROLE_LABELS == {c.LWS_SIZE}  # an annotation, published with the annotations
+    assert keys - _ROLE_LABELS == set()
