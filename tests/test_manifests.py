@@ -155,7 +155,15 @@ def test_kubectl_kustomize_builds_the_rbac_base():
                       (("coordination.k8s.io",), ("leases",)): {"create", "update"}}
 
 
-def test_the_optional_nodes_component_grants_read_only_nodes_to_the_namespaces_service_account(tmp_path):
+COMPONENTS = [  # optional cluster-scoped reads, each a component of its own
+    ("nodes", {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}),
+    ("trainer", {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"], "verbs": ["get"]}),
+]
+
+
+@pytest.mark.parametrize(("component", "rule"), COMPONENTS, ids=[c[0] for c in COMPONENTS])
+def test_each_optional_component_grants_one_read_only_cluster_rule_to_the_namespaces_service_account(
+        tmp_path, component, rule):
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not on PATH (.ci/run provides it: the machine image ships it, "
@@ -163,18 +171,18 @@ def test_the_optional_nodes_component_grants_read_only_nodes_to_the_namespaces_s
     rbac = os.path.relpath(ROOT / "manifests" / "rbac", tmp_path)  # kustomize takes relative paths only
     (tmp_path / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: team-a\n"
-        f"resources: [{rbac}]\ncomponents: [{rbac}/nodes]\n")
+        f"resources: [{rbac}]\ncomponents: [{rbac}/{component}]\n")
     out = list(yaml.safe_load_all(subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True,
                                                  text=True, check=True).stdout))
     by_kind = {doc["kind"]: doc for doc in out}
     assert set(by_kind) == {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
-    assert by_kind["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
+    assert by_kind["ClusterRole"]["rules"] == [rule]
     subject = by_kind["ClusterRoleBinding"]["subjects"][0]
     assert subject == {"kind": "ServiceAccount", "name": "topology-agent", "namespace": "team-a"}
-    # the base alone stays namespaced: nodes are read only where the component is added
+    # the base alone stays namespaced: these are read only where the component is added
     base = subprocess.run([kubectl, "kustomize", str(ROOT / "manifests" / "rbac")], capture_output=True, text=True,
                           check=True).stdout
-    assert "nodes" not in base
+    assert rule["resources"][0] not in base
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "images/pytorch-trainer/Dockerfile",

@@ -117,7 +117,8 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     """Processes per pod and the rule that decided it.
 
     Order: explicit value (``--nproc-per-node N``, or an integer PET_NPROC_PER_NODE / NPROC_PER_NODE in the
-    trainer's env) > accelerators in the container's limits (else requests) > CPU limit rounded up > 1.
+    trainer's env) > accelerators in the container's limits (else requests) > CPU limit rounded up (unless
+    ``accelerators`` was asked for) > 1.
     """
     pod_name = pod.get("metadata", {}).get("name", "?")
     if isinstance(options.nproc_per_node, int):
@@ -154,6 +155,9 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
                 notes = "".join(f"; {row.note}" for _, _, row in devices if row.note)
                 return total, (f"{total} accelerator(s) in container '{cname}' resources.{section} ({names})"
                                f"{notes}{unknown_note}")
+    if options.nproc_per_node == "accelerators":
+        return 1, f"no accelerators in container '{cname}': 1 (Trainer's MPI rule: numProcPerNode 1 is the GPUs of " \
+                  f"a node, else 1){unknown_note}"
     cpu = (resources.get("limits", {}) or {}).get("cpu")
     if cpu is not None:
         cores = parse_quantity(cpu, where=f"pod '{pod_name}' container '{cname}' limits.cpu")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from agent.core.injected import TRAINJOB_MASTER_PORT
 from agent.core.model import Identity, Options, RawPod
@@ -525,15 +525,21 @@ class TrainJob(JobSet):
             options = dataclasses.replace(options, roles=roles)
             notes.append(f"runtime '{name}' mlPolicy.mpi.runLauncherAsNode {str(as_node).lower()}: training roles "
                          f"{', '.join(roles)}")
-        # numProcPerNode 1 in the runtime means "the GPUs of a node" (EnforceMLPolicy), which the container's
-        # own count gives: only a TrainJob's value, or a runtime's above 1, is taken as it is.
+        # numProcPerNode: the TrainJob's first, else the runtime's (default 1); 1 means "the GPUs of a node if it has
+        # more than one, else 1" (EnforceMLPolicy), which the container's accelerators give.
         trainer = _spec(objects[1]).get("trainer") if len(objects) > 1 else None
         asked = trainer.get("numProcPerNode") if isinstance(trainer, Mapping) else None
-        slots = asked if _count(asked) else (mpi.get("numProcPerNode") if _count(mpi.get("numProcPerNode"), 2)
-                                             else None)
+        runtime_slots = mpi.get("numProcPerNode", 1)
+        slots: int | Literal["accelerators"] | None = None
+        if _count(asked):
+            slots, why = asked, "the TrainJob's trainer.numProcPerNode"  # type: ignore[assignment]
+        elif _count(runtime_slots, 2):
+            slots, why = runtime_slots, f"runtime '{name}' mlPolicy.mpi.numProcPerNode"
+        elif runtime_slots == 1:
+            slots, why = "accelerators", f"runtime '{name}' mlPolicy.mpi.numProcPerNode 1: the node's GPUs, else 1"
         if options.nproc_per_node is None and slots is not None:
             options = dataclasses.replace(options, nproc_per_node=slots)
-            notes.append(f"numProcPerNode {slots}: {slots} slots per host")
+            notes.append(f"slots per host from {why}")
         return OwnerOptions(options, tuple(notes))
 
 

@@ -8,6 +8,7 @@ Roles the controller creates only once this pod's role is Ready are not waited f
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -84,7 +85,19 @@ def job_reads(me: RawPod, options: Options) -> JobReads:
         objects.append(obj)
         path = controller.next_read(objects)
     found = controller.owner_options(objects, options)
-    return JobView(detect_controller(me, found.options), found.options, tuple(objects), found.notes)
+    options = found.options
+    controller = detect_controller(me, options)
+    counts = controller.replica_counts(objects)
+    if options.roles is not None and counts:
+        unknown = [r for r in options.roles if r not in counts]
+        if unknown:
+            owner = objects[0]
+            raise InputError(
+                f"{options.label('roles')} names {', '.join(repr(r) for r in unknown)}, but "
+                f"{owner.get('kind', controller.title)} '{owner.get('metadata', {}).get('name', '?')}' has no such "
+                f"role (roles present: {', '.join(sorted(counts))}); fix the role names")
+        options = dataclasses.replace(options, roles_checked=True)
+    return JobView(controller, options, tuple(objects), found.notes)
 
 
 def expectation_from_pod(controller: Controller, pod: RawPod) -> Expectation | None:
@@ -112,13 +125,6 @@ def expectation_from_job(controller: Controller, objects: Objects, training_role
     name = owner.get("metadata", {}).get("name", "?")
     kind = owner.get("kind", controller.title)
     counts = controller.replica_counts(objects)
-    if options.roles is not None and counts:
-        unknown = [r for r in options.roles if r not in counts]
-        if unknown:
-            raise InputError(
-                f"{options.label('roles')} names {', '.join(repr(r) for r in unknown)}, but {kind} '{name}' has no "
-                f"such role (roles present: {', '.join(sorted(counts))}); fix the role names"
-            )
     roles = list(training_roles) if training_roles is not None else list(counts)
     deferred = deferred_roles(controller.waits_for(objects), role)
     per_role = {r: counts[r] for r in roles if r in counts and r not in deferred}

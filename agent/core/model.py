@@ -100,7 +100,8 @@ class Options:
 
     roles: tuple[str, ...] | None = None
     master_port: int | None = None
-    nproc_per_node: int | Literal["auto"] | None = None
+    # "accelerators": the container's accelerators, else 1 (Trainer's MPI runtimes: numProcPerNode 1)
+    nproc_per_node: int | Literal["auto", "accelerators"] | None = None
     container: str | None = None
     address: AddressMode = "dns"
     cluster_domain: str | None = None
@@ -112,6 +113,9 @@ class Options:
     # Node labels to read, outermost first (None: Nodes are not read); ranks by index or by those domains.
     levels: tuple[Level, ...] | None = None
     rank_order: Literal["index", "topology"] = "index"
+    # The roles were checked against the job object's replica counts: a training role without live pods is one
+    # the controller has not created yet (JobSet dependsOn), not a misspelt --roles.
+    roles_checked: bool = False
     # How the user spelled each option given ("roles" -> "TOPOLOGY_ROLES"), so the core's messages name it.
     labels: tuple[tuple[str, str], ...] = ()
 

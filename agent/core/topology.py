@@ -499,7 +499,7 @@ def _place(layout: _Layout, start: int, stop: int, options: Options,
 
 
 def _check_roles(found: Collected, role_count: dict[str, int], options: Options) -> None:
-    if options.roles is not None:
+    if options.roles is not None and not options.roles_checked:
         missing = [r for r in options.roles if not role_count.get(r)]
         if missing:
             present = sorted(r for r, n in role_count.items() if n)

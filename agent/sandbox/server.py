@@ -49,6 +49,8 @@ RESOURCES: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("jobset.x-k8s.io", "v1alpha2", "jobsets"): ("JobSet", True),
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"): ("LeaderWorkerSet", True),
     ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): ("TrainJob", True),
+    ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes"): ("TrainingRuntime", True),
+    ("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"): ("ClusterTrainingRuntime", False),
 }
 SUBRESOURCES = {("", "v1", "pods"): ("status",), ("batch", "v1", "jobs"): ("status",)}
 VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platform": "linux/amd64",
