@@ -114,7 +114,7 @@ def test_a_runtime_that_cannot_be_read_leaves_the_trainjob_defaults():
     """No RBAC for ClusterTrainingRuntimes: the runtime's GET answers None, and the launcher stays a node, as in
     Trainer's shipped DeepSpeed runtime (and offline, where nothing is read)."""
     pods = [_pod(*p) for p in CASES[3][4]]
-    objects = _objects(CASES[3][3], CASES[3][1], CASES[3][2])[:2] + [None]
+    objects = [*_objects(CASES[3][3], CASES[3][1], CASES[3][2])[:2], None]
     _, view = read(pods[0], objects, Options())  # type: ignore[arg-type]
     assert view.options.roles is None and view.controller.training_roles(view.options) == ("node", "launcher")
 
