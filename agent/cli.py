@@ -27,6 +27,7 @@ from agent.core import Options, Rendered, render_pod
 from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.model import RawPod, is_whole_number
 from agent.core.placement import DEFAULT_LEVELS, RANK_ORDERS, parse_levels
+from agent.core.validation import DNS_NAME, is_dns1123_label, is_dns1123_subdomain, is_label_value
 from agent.core.variables import explain_exclusions, warnings_for
 from agent.errors import AgentError, ApiConflict, InputError, OutputError
 
@@ -99,12 +100,8 @@ def _float(option: str, raw: str | None, default: float, *, high: float = 86_400
     return value
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
-
-
 def _container(k: Knob) -> str | None:
-    if k.value is not None and not _DNS_LABEL.fullmatch(k.value):
+    if k.value is not None and not is_dns1123_label(k.value):
         raise InputError(f"{k.label} '{k.value}' is not a container name (lower-case letters, digits and '-'); "
                          "give the name of the trainer container")
     return k.value
@@ -152,7 +149,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     address = _choice_knob(Knob(address_k.value or "dns", address_k.label), ("dns", "ip"))
     domain_k = knob(args, "cluster-domain")
     if domain_k.value is not None:
-        if not _DNS_SUBDOMAIN.fullmatch(domain_k.value.strip(".")):
+        if not DNS_NAME.fullmatch(domain_k.value.strip(".")):
             raise InputError(f"{domain_k.label} '{domain_k.value}' is not a DNS domain; use e.g. cluster.local")
         if address == "ip":
             raise InputError(f"{domain_k.label} and {address_k.label} ip contradict: domain names are not written "
@@ -614,10 +611,13 @@ def _keygen(args: argparse.Namespace) -> int:
 
     from agent.ssh.material import generate_secret_manifest
 
-    for option, value in (("--job", args.job), ("--namespace", args.namespace)):
-        if not _DNS_LABEL.fullmatch(value):
+    # The Secret is named <job>-ssh (an object name) and labelled with the job (a label value), in a namespace.
+    for option, value, ok in (("--job", args.job, is_dns1123_subdomain(f"{args.job}-ssh") and is_label_value(args.job)),
+                              ("--namespace", args.namespace, is_dns1123_label(args.namespace))):
+        if not ok:
             raise InputError(f"{option} '{value}' is not a valid Kubernetes name: lower-case letters, digits and "
-                             "'-', starting and ending with a letter or digit, at most 63 characters")
+                             "'-' (and '.' in a job name), starting and ending with a letter or digit, at most 63 "
+                             "characters")
     kubeconfig = _kubeconfig(args) if args.apply else None
     manifest = generate_secret_manifest(args.job, args.namespace)
     if not args.apply:

@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.core.validation import is_label_key, is_label_value
 from agent.errors import InputError
 
 
@@ -47,16 +48,6 @@ DEFAULT_LEVELS: tuple[Level, ...] = (
 _KNOWN = {level.label: level.name for level in DEFAULT_LEVELS} | {"kubernetes.io/hostname": "HOSTNAME"}
 RESERVED = frozenset({"NODE", "LEVELS", "RANK_ORDER"})  # TOPOLOGY_NODE etc. are not levels
 RANK_ORDERS = ("index", "topology")
-
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-_LABEL_PREFIX = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-
-
-def is_label_key(key: str) -> bool:
-    prefix, slash, name = key.rpartition("/")
-    return bool(_LABEL_NAME.fullmatch(name)) and (not slash or bool(_LABEL_PREFIX.fullmatch(prefix)))
-
 
 def level_name(label: str) -> str:
     """The name of a level in the files: a known label's documented name, else the key's name part upper-cased
@@ -102,7 +93,7 @@ def node_domains(node: str, labels: Mapping[str, str] | None, levels: Sequence[L
     values = []
     for level in levels:
         value = labels.get(level.label, "")
-        if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
+        if not isinstance(value, str) or not is_label_value(value):
             shown = repr(value)[:40]
             raise InputError(f"node '{node}': label '{level.label}' value {shown} is not a label value "
                              "(at most 63 letters, digits, '-', '_', '.'); fix the Node's labels")

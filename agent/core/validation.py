@@ -18,10 +18,41 @@ from typing import Any
 
 from agent.errors import InputError
 
-DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
-LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+# The API server's grammars, transcribed from k8s.io/apimachinery (pkg/api/validate/content: dns.go, kube.go;
+# commit eed236ceee2c19c2753a3d93ac0631dc20750454) and tested with the cases of its own test files: everything it
+# accepts is accepted here, because a real cluster can produce it.
+_DNS1123_LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL = re.compile(_DNS1123_LABEL_FMT)  # IsDNS1123Label, with its 63 characters (is_dns1123_label)
+DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL_FMT}(\.{_DNS1123_LABEL_FMT})*")  # with 253 (is_dns1123_subdomain)
+_LABEL_KEY_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+# A DNS host name as written in a file for a resolver (RFC 1123): each dot-free part a label of at most 63.
+DNS_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
+LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # a non-empty label value
 MAX_INDEX_DIGITS = 9  # a controller index below 10^9; int() of thousands of digits is refused or slow
+
+
+def is_dns1123_label(value: str) -> bool:
+    """A namespace, a container name, ``spec.hostname`` and ``spec.subdomain`` (IsDNS1123Label)."""
+    return len(value) <= 63 and DNS1123_LABEL.fullmatch(value) is not None
+
+
+def is_dns1123_subdomain(value: str) -> bool:
+    """An object name (pods, Nodes, ...): 253 characters in all, with no limit per dot-free part
+    (IsDNS1123Subdomain): a JobSet pod's name is 64-69 characters when its hostname is 63."""
+    return len(value) <= 253 and DNS1123_SUBDOMAIN.fullmatch(value) is not None
+
+
+def is_label_key(value: str) -> bool:
+    """A label key or qualified name: [DNS-1123 subdomain prefix '/'] name of at most 63 (IsLabelKey)."""
+    prefix, slash, name = value.rpartition("/")
+    if slash and (not prefix or not is_dns1123_subdomain(prefix)):
+        return False
+    return "/" not in prefix and len(name) <= 63 and _LABEL_KEY_NAME.fullmatch(name) is not None
+
+
+def is_label_value(value: str) -> bool:
+    """A label value: empty, or at most 63 letters, digits, '-', '_', '.' with an alphanumeric at each end."""
+    return value == "" or LABEL_VALUE.fullmatch(value) is not None
 
 
 def _shown(value: object) -> str:
@@ -93,9 +124,9 @@ def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
         raise InputError(f"a pod is {_shown(pod)}, not an object; the pod list cannot be used")
     meta = _dict(pod, pod, "metadata", "metadata", required=True)
     name = meta.get("name")
-    if type(name) is not str or not DNS_SUBDOMAIN.fullmatch(name):
+    if type(name) is not str or not is_dns1123_subdomain(name):
         raise _fail(pod, "metadata.name", name, "a DNS-1123 subdomain (what Kubernetes allows for pod names)")
-    if "namespace" in meta and (type(meta["namespace"]) is not str or not DNS_LABEL.fullmatch(meta["namespace"])):
+    if "namespace" in meta and (type(meta["namespace"]) is not str or not is_dns1123_label(meta["namespace"])):
         raise _fail(pod, "metadata.namespace", meta["namespace"], "a DNS-1123 label")
     for key in ("uid", "resourceVersion", "deletionTimestamp"):
         _string(pod, meta, key, ("metadata", key))
@@ -106,17 +137,17 @@ def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
             _string(pod, ref, key, ("metadata", "ownerReferences", i, key))
     spec = _dict(pod, pod, "spec", "spec")
     for key in ("hostname", "subdomain"):
-        if key in spec and (type(spec[key]) is not str or not DNS_LABEL.fullmatch(spec[key])):
+        if key in spec and (type(spec[key]) is not str or not is_dns1123_label(spec[key])):
             raise _fail(pod, ("spec", key), spec[key], "a DNS-1123 label")
     if spec.get("nodeName", "") != "" and (type(spec["nodeName"]) is not str
-                                           or not DNS_SUBDOMAIN.fullmatch(spec["nodeName"])):
+                                           or not is_dns1123_subdomain(spec["nodeName"])):
         raise _fail(pod, ("spec", "nodeName"), spec["nodeName"], "a DNS-1123 subdomain (a Node name)")
     for i, container in enumerate(_list_of_dicts(pod, spec, "containers", "spec.containers")):
         if seen is not None and id(container) in seen:
             continue
         _string(pod, container, "image", ("spec", "containers", i, "image"))
         cname = container.get("name")
-        if "name" in container and (type(cname) is not str or not DNS_LABEL.fullmatch(cname)):
+        if "name" in container and (type(cname) is not str or not is_dns1123_label(cname)):
             raise _fail(pod, ("spec", "containers", i, "name"), cname, "a DNS-1123 label (a container name)")
         for key in ("command", "args"):
             value = container.get(key)
@@ -172,7 +203,9 @@ def role_value(pod: dict[str, Any], key: str, raw: str, *, fix: str) -> str:
 
 
 def dns_value(pod: dict[str, Any], name: str, *, field: str) -> str:
-    if not DNS_SUBDOMAIN.fullmatch(name):
+    """A DNS name peers resolve: each dot-free part at most 63 (RFC 1123), which names the API server builds from
+    hostname and subdomain (both labels) always are."""
+    if not DNS_NAME.fullmatch(name):
         raise InputError(f"{pod_label(pod)}: {field} makes the address {_shown(name)}, not a DNS name; fix the "
                          "pod's hostname/subdomain or the job's name, or use --address ip")
     return name
@@ -180,22 +213,127 @@ def dns_value(pod: dict[str, Any], name: str, *, field: str) -> str:
 
 _CANONICAL_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
                              r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])")
+_BIG = 0xFFFFFF
+_HEX = {c: int(c, 16) for c in "0123456789abcdefABCDEF"}
+
+
+def _decimal(text: str, at: int) -> tuple[int, int] | None:
+    """Go's dtoi as Kubernetes' forked parser has it: decimal digits from ``at``, leading zeros allowed."""
+    n, i = 0, at
+    while i < len(text) and "0" <= text[i] <= "9":
+        n = n * 10 + ord(text[i]) - 48
+        if n >= _BIG:
+            return None
+        i += 1
+    return (n, i) if i > at else None
+
+
+def _hexadecimal(text: str, at: int) -> tuple[int, int] | None:
+    n, i = 0, at
+    while i < len(text) and text[i] in _HEX:
+        n = n * 16 + _HEX[text[i]]
+        if n >= _BIG:
+            return None
+        i += 1
+    return (n, i) if i > at else None
+
+
+def _ipv4_bytes(text: str, at: int = 0) -> bytes | None:
+    out = bytearray()
+    for part in range(4):
+        if part:
+            if at >= len(text) or text[at] != ".":
+                return None
+            at += 1
+        found = _decimal(text, at)
+        if found is None or found[0] > 0xFF:
+            return None
+        out.append(found[0])
+        at = found[1]
+    return bytes(out) if at == len(text) else None
+
+
+def _ipv6_bytes(text: str) -> bytes | None:
+    """Go 1.16's parseIPv6, as Kubernetes keeps it: no zone, no brackets, a dotted IPv4 tail allowed."""
+    ip = bytearray(16)
+    ellipsis, at, i = -1, 0, 0
+    if text.startswith("::"):
+        ellipsis, at = 0, 2
+        if at == len(text):
+            return bytes(ip)
+    while i < 16:
+        found = _hexadecimal(text, at)
+        if found is None or found[0] > 0xFFFF:
+            return None
+        n, end = found
+        if end < len(text) and text[end] == ".":
+            if (ellipsis < 0 and i != 12) or i + 4 > 16:
+                return None
+            tail = _ipv4_bytes(text, at)
+            if tail is None:
+                return None
+            ip[i:i + 4] = tail
+            at, i = len(text), i + 4
+            break
+        ip[i], ip[i + 1] = n >> 8, n & 0xFF
+        i, at = i + 2, end
+        if at == len(text):
+            break
+        if text[at] != ":" or at + 1 == len(text):
+            return None
+        at += 1
+        if text[at] == ":":
+            if ellipsis >= 0:
+                return None
+            ellipsis, at = i, at + 1
+            if at == len(text):
+                break
+    if at != len(text):
+        return None
+    if i < 16:
+        if ellipsis < 0:
+            return None
+        shift = 16 - i
+        ip[ellipsis + shift:16] = ip[ellipsis:i]
+        ip[ellipsis:ellipsis + shift] = bytes(shift)
+    elif ellipsis >= 0:
+        return None
+    return bytes(ip)
+
+
+def parse_ip(text: str) -> bytes | None:
+    """The address ``status.podIPs`` can hold, as Kubernetes parses it (ParseIPSloppy: k8s.io/utils/net, a fork
+    of Go 1.16's net.ParseIP kept for compatibility, commit cf1189d6abe3a7522bbd54a1bc1068a0a56011c8): 4 bytes for
+    IPv4 (leading zeros read as decimal), 16 for IPv6; None for anything else, zone ids included."""
+    for c in text:
+        if c == ".":
+            return _ipv4_bytes(text)
+        if c == ":":
+            return _ipv6_bytes(text)
+    return None
+
+
+def canonical_ip(address: bytes) -> str:
+    """RFC 5952 text. An IPv4-mapped IPv6 address keeps its dotted tail (section 5), as OpenSSH and Python 3.13
+    write it; Python 3.11 writes ``::ffff:0:0``, which ``ssh -G`` reads back as ``::ffff:0.0.0.0``."""
+    if len(address) == 4:
+        return ".".join(map(str, address))
+    if address[:12] == b"\0" * 10 + b"\xff\xff":
+        return "::ffff:" + ".".join(map(str, address[12:]))
+    return str(ipaddress.IPv6Address(address))
 
 
 def ip_value(pod: dict[str, Any], raw: str) -> str | None:
-    """The canonical text of an IP address (RFC 5952), or None when the field holds none. A dotted quad without
-    leading zeros is its own canonical text (one regex, where ipaddress takes 6 us: init at 4096 pods parses
-    each). An IPv4-mapped IPv6 address keeps its dotted tail (RFC 5952 section 5), as OpenSSH and Python 3.13
-    write it; Python 3.11 writes ``::ffff:0:0``, which ``ssh -G`` reads back as ``::ffff:0.0.0.0``."""
+    """The canonical text of a pod IP, or ``InputError`` for a value the API server would not have stored. A
+    dotted quad without leading zeros is its own canonical text (one regex, where parsing takes microseconds:
+    init at 4096 pods reads each)."""
     if _CANONICAL_IPV4.fullmatch(raw):
         return raw
-    try:
-        address = ipaddress.ip_address(raw.strip())
-        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
-        return f"::ffff:{mapped}" if mapped is not None else str(address)
-    except ValueError:
+    address = parse_ip(raw)
+    if address is None:
         raise InputError(f"{pod_label(pod)}: status.podIP is {_shown(raw)}, not an IP address; the pod cannot be "
-                         "used (its status was not written by a kubelet)") from None
+                         "used (its status was not written by a kubelet)")
+    return canonical_ip(address)
 
 
 def split_pods(items: list[Any]) -> tuple[list[dict[str, Any]], list[str]]:
