@@ -215,6 +215,18 @@ class Topology:
         return sum(map(SLOTS, self.training))
 
     @functools.cached_property
+    def repeated_hosts(self) -> tuple[Member, ...]:
+        """Training members whose address an earlier training member holds (hostNetwork pods on one node share
+        its IP): the host lists that name each host once (hostfile, discover_hosts.sh) leave them out."""
+        seen: set[str] = set()
+        repeated = []
+        for member in self.training:
+            if member.address in seen:
+                repeated.append(member)
+            seen.add(member.address)
+        return tuple(repeated)
+
+    @functools.cached_property
     def slot_sizes(self) -> frozenset[int]:
         """The process counts of the training pods (one value: every pod runs as many)."""
         return frozenset(map(SLOTS, self.training))

@@ -60,8 +60,19 @@ def _lines(members: Sequence[Member], tail: str = "", slots: frozenset[int] | No
     return "".join(f"{m.address}{tail.format(m.slots)}\n" for m in members)
 
 
+def _hosts(topology: Topology) -> Sequence[Member]:
+    """The training members, each address once: a host list cannot name one host twice (DeepSpeed refuses such
+    a hostfile; MPI would start both pods' processes on the first)."""
+    repeated = topology.repeated_hosts
+    if not repeated:
+        return topology.training
+    left_out = set(map(id, repeated))
+    return tuple(m for m in topology.training if id(m) not in left_out)
+
+
 def render_hostfile(topology: Topology) -> str:
-    return _lines(topology.training, " slots={}", topology.slot_sizes)
+    hosts = _hosts(topology)
+    return _lines(hosts, " slots={}", topology.slot_sizes if hosts is topology.training else None)
 
 
 def render_role_hosts(topology: Topology) -> dict[str, str]:
@@ -174,10 +185,11 @@ def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generatio
 def render_discover_hosts(topology: Topology) -> str:
     """Horovod elastic's ``--host-discovery-script``: prints ``host:slots`` for each training pod that can run a
     process now (phase Running, and this pod itself), as the MPI operator's discover_hosts.sh lists only
-    Running pods (updateDiscoverHostsInConfigMap, pkg/controller/mpi_job_controller.go, v0.5.0+)."""
-    training = topology.training
+    Running pods (updateDiscoverHostsInConfigMap, pkg/controller/mpi_job_controller.go, v0.5.0+); each address
+    once, as in the hostfile."""
+    hosts = _hosts(topology)
     sizes = topology.slot_sizes
-    lines = _lines(tuple(itertools.compress(training, map(RUNNING, training))), ":{}",
+    lines = _lines(tuple(itertools.compress(hosts, map(RUNNING, hosts))), ":{}",
                    sizes if len(sizes) == 1 else None)  # the running pods' sizes: one if all pods have one
     return f"#!/bin/sh\n# Written by topology-agent: live training pods as host:slots.\ncat <<'EOF'\n{lines}EOF\n"
 

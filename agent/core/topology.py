@@ -374,7 +374,7 @@ class _Layout:
     nodes: dict[str, Mapping[str, str] | None] | None  # the Node labels the domains came from
     at: dict[str, int] | None = None  # name -> position in live (topology order, where keys are not sorted)
     addresses: dict[str, int] = field(default_factory=dict)  # members per address
-    shared: int = 0  # addresses held by more than one member (refused)
+    shared: int = 0  # addresses held by more than one member (hostNetwork pods on one node)
     sizes: dict[int, int] = field(default_factory=dict)  # training members per process count
 
     def tally(self, member: Member, step: int) -> None:
@@ -516,8 +516,6 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
     placed = layout.placed
     members: tuple[Member, ...] = tuple(m for m in placed if m is not None) if layout.left_out \
         else tuple(placed)  # type: ignore[arg-type]
-    if layout.shared:
-        _refuse_shared_address(members, options)
     rank0 = layout.live[0][0] if layout.training else None
     master_port, port_source = _master_port(rank0, controller, options)
     me = found.me
@@ -554,6 +552,8 @@ def _remember_views(layout: _Layout, topology: Topology) -> None:
         "world_size": last.first_rank + last.slots if last is not None and last.first_rank is not None else 0,
         "slot_sizes": frozenset(k for k, n in layout.sizes.items() if n),
     }
+    if not layout.shared:
+        known["repeated_hosts"] = ()  # every address is one member's: no pass over the members to find repeats
     me = topology.self_name
     at = layout.at[me] if layout.at is not None else bisect.bisect_left(layout.keys, layout.key_of[me])
     if (at < count or not layout.left_out) and at < len(members) and members[at].name == me:
@@ -766,16 +766,3 @@ def _topology_first(live: list[tuple[RawPod, Identity, _Facts]], position: dict[
             return live, f"pod '{facts.name}' {why}; ranks stay in index order"
         paths.append((*domains, facts.node))
     return [training[i] for i in topology_order(paths)] + live[count:], None
-
-
-def _refuse_shared_address(members: Sequence[Member], options: Options) -> None:
-    """Two members under one address: every host list would name one host twice (DeepSpeed refuses such a
-    hostfile, MPI starts two ranks' worth of processes on one pod). Pods with hostNetwork on one node share the
-    node's IP."""
-    seen: dict[str, str] = {}
-    for member in members:
-        if member.address in seen:
-            fix = "use --address dns" if options.address == "ip" else "give each pod its own spec.hostname"
-            raise InputError(f"pods '{seen[member.address]}' and '{member.name}' have the same address "
-                             f"{member.address} (hostNetwork pods on one node share its IP); {fix}")
-        seen[member.address] = member.name

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
 from agent.core.injected import TRAINING_NAMES, controller_entries
-from agent.core.model import ADDRESS, Options
+from agent.core.model import ADDRESS, Options, Topology
 from agent.core.topology import Plan
 
 # Each group names one fact under several variable names; a user value for any of them is the fact.
@@ -286,11 +286,28 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
     return _fit_environment(result, files_dir, {f"VC_{env_key(r)}_HOSTS": r for r in plan.topology.roles})
 
 
+def repeated_hosts_warning(topology: Topology) -> str | None:
+    """One line naming the training pods the hostfile leaves out because an earlier pod holds their address."""
+    repeated = topology.repeated_hosts
+    if not repeated:
+        return None
+    first: dict[str, str] = {}
+    for member in topology.training:
+        first.setdefault(member.address, member.name)
+    shown = ", ".join(f"'{m.name}' ({m.address}, as '{first[m.address]}')" for m in repeated[:8])
+    more = f" and {len(repeated) - 8} more" if len(repeated) > 8 else ""
+    return (f"pods {shown}{more} share an address with an earlier pod (hostNetwork pods on one node share its IP): "
+            "torch.env counts them, but the hostfile and discover_hosts.sh name each address once, for the first "
+            "pod; for SSH launchers (DeepSpeed, MPI) run one training pod per node (podAntiAffinity)")
+
+
 def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
-    """Where a value the user set (and the agent kept) contradicts the topology: explain and init say so."""
+    """Where a value the user set (and the agent kept) contradicts the topology, or a host list cannot say what
+    the topology says: explain, init and the sidecar say so."""
     topo = plan.topology
+    hosts = repeated_hosts_warning(topo)
     if not topo.me.training:
-        return []
+        return [hosts] if hosts else []
     kept = {v.name: v.value for v in variables if not v.written and "set by user" in v.source}
     computed = {"WORLD_SIZE": str(topo.world_size), "NNODES": str(len(topo.training)),
                 "PET_NNODES": str(len(topo.training))}
@@ -300,7 +317,7 @@ def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
         for name, value in computed.items()
         if name in kept and kept[name] not in (value, "(valueFrom)")
         and not (name == "PET_NNODES" and ":" in kept[name])
-    ]
+    ] + ([hosts] if hosts else [])
 
 
 def explain_exclusions(plan: Plan) -> list[str]:

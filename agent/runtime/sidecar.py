@@ -33,6 +33,7 @@ from agent.core.model import RawPod
 from agent.core.published import SELECT_LABEL, Compactor, configmap_body, configmap_name, pack, select_value
 from agent.core.rendering import membership_key_of_document
 from agent.core.topology import pod_ip, pod_name, slim_pod
+from agent.core.variables import warnings_for
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.async_client import AsyncApiClient
 from agent.k8s.retrying import Backoff
@@ -598,6 +599,8 @@ class Sidecar:
         log.info("generation %d written: %d training pods, world size %d (rv=%s seq=%d files_at=%.6f)",
                  self.generation, len(topo.training), topo.world_size, self.resource_version,
                  self.published.seq if self.published is not None else 0, written)
+        for warning in warnings_for(rendered.plan, rendered.variables):
+            log.warning("%s", warning)
         result = signal_trainer(s.finder, s.signal)
         self.metrics.signals.labels(result).inc()
         if result == "sent":

@@ -147,16 +147,24 @@ def test_agent_trainer_reads_the_unicode_line_separators_sh_ignores():
     assert parse_env_file(render_env([Variable("V", value, "t")])) == {"V": value}
 
 
-def test_two_pods_under_one_address_are_refused_in_one_line():
-    """Found by the hostile-files property test: two pods with one IP (hostNetwork pods on one node share the
-    node's IP) made a hostfile that names a host twice, which DeepSpeed refuses."""
-    from agent.errors import InputError
+def test_pods_that_share_an_address_train_and_the_host_lists_name_it_once():
+    """hostNetwork pods on one node share the node's IP (kubeflow/pytorch-operator#352 runs training so). torch's
+    env:// and c10d work there, so torch.env counts every pod; a hostfile cannot name one host twice (DeepSpeed
+    refuses it), so it lists the address once, for the first pod, and one warning names the others."""
+    from agent.core.variables import warnings_for
 
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)))
-    pods[2]["status"].update(podIP=pods[0]["status"]["podIP"], podIPs=[{"ip": pods[0]["status"]["podIP"]}])
-    with pytest.raises(InputError, match="pods 'demo-master-0' and 'demo-worker-1' have the same address"):
-        render_pod(pods, "demo-worker-0", Options(address="ip"))
-    assert render_pod(pods, "demo-worker-0", Options(address="dns")).plan.topology.world_size == 3
+    shared = pods[0]["status"]["podIP"]
+    pods[2]["status"].update(podIP=shared, podIPs=[{"ip": shared}])
+    rendered = render_pod(pods, "demo-worker-0", Options(address="ip"))
+    env = rendered.files["torch.env"].decode()
+    assert "export WORLD_SIZE='3'\n" in env and "export NNODES='3'\n" in env
+    assert f"export VC_WORKER_HOSTS='{pods[1]['status']['podIP']},{shared}'" in env  # one entry per pod
+    assert rendered.files["hostfile"].decode() == f"{shared} slots=1\n{pods[1]['status']['podIP']} slots=1\n"
+    assert rendered.files["discover_hosts.sh"].decode().count(f"{shared}:1") == 1
+    (warning,) = warnings_for(rendered.plan, rendered.variables)
+    assert "'demo-worker-1' (" + shared + ", as 'demo-master-0')" in warning and "podAntiAffinity" in warning
+    assert warnings_for(render_pod(pods, "demo-worker-0", Options(address="dns")).plan, ()) == []
 
 
 @settings(max_examples=400, deadline=None)

@@ -61,6 +61,36 @@ def test_torch_all_reduce_across_one_process_per_pod_from_rendered_torch_env(tmp
     ]
 
 
+def test_torch_all_reduce_with_every_pod_on_one_address_as_hostnetwork_pods_on_one_node(tmp_path):
+    """hostNetwork pods on one node share its IP: torch.env is written for each and gloo forms the world."""
+    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
+    pods = examples.volcano_job(name="hostnet", tasks=(("master", 1), ("worker", 2)))
+    for pod in pods:
+        pod["spec"]["hostNetwork"] = True
+        pod["status"].update(podIP="127.0.0.1", podIPs=[{"ip": "127.0.0.1"}])
+    path = tmp_path / "pods.json"
+    path.write_text(json.dumps(examples.as_list(pods)))
+    port = free_port()
+    names = ["hostnet-master-0", "hostnet-worker-0", "hostnet-worker-1"]
+    for name in names:
+        assert main(["render", "--pods", str(path), "--self", name, "--out", str(tmp_path / name),
+                     "--address", "ip", "--master-port", str(port), "--nproc-per-node", "1"]) == 0
+    assert (tmp_path / names[1] / "hostfile").read_text() == "127.0.0.1 slots=1\n"
+    env = {"PATH": os.environ["PATH"], "GLOO_SOCKET_IFNAME": "lo", "HOME": str(tmp_path)}
+    procs = [
+        subprocess.Popen(["bash", "-c", f'. {tmp_path / name}/torch.env && exec "{sys.executable}" '
+                                        f'{HERE / "worker_allreduce.py"}'],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in names
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(out.strip())
+    assert sorted(outputs) == [f"rank={r} node_rank={r} world=3 sum=6" for r in range(3)]
+
+
 def test_deepspeed_parses_the_hostfile_with_hosts_in_rank_order_and_slots(tmp_path):
     runner = pytest.importorskip(
         "deepspeed.launcher.runner",
