@@ -91,11 +91,10 @@ def job_reads(me: RawPod, options: Options) -> JobReads:
     if options.roles is not None and counts:
         unknown = [r for r in options.roles if r not in counts]
         if unknown:
-            owner = objects[0]
+            kind, name = objects[0].get("kind", controller.title), objects[0].get("metadata", {}).get("name", "?")
             raise InputError(
-                f"{options.label('roles')} names {', '.join(repr(r) for r in unknown)}, but "
-                f"{owner.get('kind', controller.title)} '{owner.get('metadata', {}).get('name', '?')}' has no such "
-                f"role (roles present: {', '.join(sorted(counts))}); fix the role names")
+                f"{options.label('roles')} names {', '.join(repr(r) for r in unknown)}, but {kind} '{name}' has no "
+                f"such role (roles present: {', '.join(sorted(counts))}); fix the role names")
         options = dataclasses.replace(options, roles_checked=True)
     return JobView(controller, options, tuple(objects), found.notes)
 
