@@ -327,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_in_cluster(sidecar)
     sidecar.add_argument("--debounce", help="longest wait to gather a burst of changes into one rewrite (default 1; "
                                             "a lone change waits 50 ms; 0: rewrite at once)")
-    sidecar.add_argument("--signal", help="signal for the trainer after a rewrite: SIGUSR1 (default), ..., none")
+    sidecar.add_argument("--signal", help="signal for the trainer after a rewrite: SIGUSR1 (default when a trainer is "
+                                          "named), ..., none (default otherwise)")
     sidecar.add_argument("--trainer-pid-file", help="file holding the trainer's pid")
     sidecar.add_argument("--trainer-match", help="regular expression over the trainer's command line")
     sidecar.add_argument("--health-port", help="port of /healthz /readyz /metrics /topology (default 8090; 0: off)")
@@ -536,7 +537,12 @@ def _sidecar(args: argparse.Namespace) -> int:
     if lease_seconds < 2 or lease_seconds != int(lease_seconds):
         raise InputError(f"{lease_k.label} '{lease_k.value}' must be a whole number of seconds from 2 to 3600 "
                          "(a Lease counts whole seconds)")
-    trainer_signal = parse_signal(signal_k.value or "SIGUSR1", label=signal_k.label)
+    # No signal unless a trainer is named: a signal nobody asked for kills torchrun and DeepSpeed's launcher.
+    trainer_signal = parse_signal(signal_k.value or ("SIGUSR1" if pid_file or match else "none"),
+                                  label=signal_k.label)
+    if trainer_signal is not None and not (pid_file or match):
+        raise InputError(f"{signal_k.label} {signal_k.value} names a signal but no process to send it to; add "
+                         f"{pid_k.label} FILE or {match_k.label} REGEX, or drop {signal_k.label}")
     port = _int_knob(knob(args, "health-port"), low=0)
     port = 8090 if port is None else port
     host_k = knob(args, "health-host", "0.0.0.0")

@@ -88,6 +88,8 @@ CASES += [
     ("sidecar", "--lease-seconds", ["--lease-seconds", "1"], ["--lease-seconds '1'", "from 2 to 3600"]),
     ("sidecar", "--lease-seconds", ["--lease-seconds", "2.5"], ["--lease-seconds '2.5'", "whole number"]),
     ("sidecar", "--signal", ["--signal", "SIGFOO"], ["--signal 'SIGFOO'", "SIGUSR1"]),
+    ("sidecar", "--signal", ["--signal", "SIGUSR1"], ["--signal SIGUSR1 names a signal but no process",
+                                                      "--trainer-pid-file FILE or --trainer-match REGEX"]),
     ("sidecar", "--trainer-pid-file", ["--trainer-pid-file", "/"], ["--trainer-pid-file /", "directory"]),
     ("sidecar", "--trainer-match", ["--trainer-match", "(torchrun"], ["--trainer-match '(torchrun'"]),
     ("sidecar", "--health-port", ["--health-port", "http"], ["--health-port 'http'"]),

@@ -90,3 +90,39 @@ def test_the_match_finds_the_trainer_not_its_sh_c_wrapper(tmp_path):
             child.send_signal(signal.SIGKILL)
         wrapper.kill()
         wrapper.wait(5)
+
+
+@pytest.mark.parametrize(("argv", "torchrun"), [
+    (["/usr/local/bin/torchrun", "--nnodes", "2:3", "train.py"], True),
+    (["python3", "-m", "torch.distributed.run", "train.py"], True),
+    (["/usr/bin/python3.11", "-m", "torch.distributed.launch", "train.py"], True),
+    (["python3", "train.py", "-m", "torch.distributed.run"], False),
+    (["python3", "train.py"], False),
+    ([], False),
+])
+def test_torchrun_agents_are_told_apart_from_their_workers(argv, torchrun):
+    from agent.runtime.signalling import is_torchrun
+
+    assert is_torchrun(argv) is torchrun
+
+
+def test_a_trainer_that_is_torchrun_is_never_signalled(tmp_path):
+    """torchrun stops on SIGTERM/SIGINT/SIGHUP/SIGQUIT and dies of SIGUSR1: the sidecar's signal would end the job."""
+    from agent.runtime.signalling import signal_trainer
+
+    proc = subprocess.Popen(["bash", "-c", "exec -a torchrun sleep 60"])
+    try:
+        wait_until = time.monotonic() + 5
+        while psutil.Process(proc.pid).cmdline()[:1] != ["torchrun"] and time.monotonic() < wait_until:
+            time.sleep(0.02)
+        pid_file = tmp_path / "trainer.pid"
+        pid_file.write_text(str(proc.pid))
+        assert signal_trainer(TrainerFinder(pid_file=pid_file), signal.SIGUSR1) == "refused"
+        time.sleep(0.2)
+        assert proc.poll() is None, "torchrun must still run"
+        assert signal_trainer(TrainerFinder(pid_file=pid_file), signal.SIGWINCH) == "sent"  # ignored by default
+        time.sleep(0.2)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()

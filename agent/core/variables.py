@@ -64,18 +64,26 @@ class Elastic:
     high: int
     port: int
     rule: str
+    max_restarts: tuple[str, str] = ("100", "elastic: a change of members fails some pods' workers (a pod that "
+                                            "leaves, or one whose workers restart first), and each failure uses one "
+                                            "of torchrun's --max-restarts (default 0: the job ends at the first); "
+                                            "set PET_MAX_RESTARTS to change")
 
 
 _RANGE = re.compile(r"([0-9]{1,7}):([0-9]{1,7})")
+_WHOLE = re.compile(r"[0-9]{1,7}")
 DEFAULT_RDZV_PORT = 29400
 
 
 def elastic_of(plan: Plan, options: Options, injected: dict[str, str]) -> Elastic | None:
     """--elastic wins; else an elastic job the controller set up (training-operator's elasticPolicy) stays
     elastic, on the controller's rendezvous port, instead of silently becoming fixed-size."""
+    restarts = injected.get("PET_MAX_RESTARTS", "")
+    kept = (restarts, f"elasticPolicy.maxRestarts, as {plan.controller.title} wrote it") \
+        if _WHOLE.fullmatch(restarts) else Elastic.max_restarts
     if options.elastic is not None:
         return Elastic(*options.elastic, port=options.rdzv_port or DEFAULT_RDZV_PORT,
-                       rule=f"{options.label('elastic')} MIN:MAX")
+                       rule=f"{options.label('elastic')} MIN:MAX", max_restarts=kept)
     found = _RANGE.fullmatch(injected.get("PET_NNODES", ""))
     if found is None or int(found.group(1)) > int(found.group(2)):
         return None
@@ -85,7 +93,7 @@ def elastic_of(plan: Plan, options: Options, injected: dict[str, str]) -> Elasti
         port = int(endpoint_port) if endpoint_port.isdigit() and 0 < int(endpoint_port) < 65536 \
             else DEFAULT_RDZV_PORT
     rule = f"PET_NNODES={found.group(0)} injected by {plan.controller.title} (its elastic policy)"
-    return Elastic(int(found.group(1)), int(found.group(2)), port=port, rule=rule)
+    return Elastic(int(found.group(1)), int(found.group(2)), port=port, rule=rule, max_restarts=kept)
 
 
 def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -> list[Variable]:
@@ -137,6 +145,12 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
             Variable(
                 "PET_LOCAL_ADDR", me.address,
                 "this pod's own address (c10d would otherwise advertise an unresolvable hostname)",
+            ),
+            Variable("PET_MAX_RESTARTS", elastic.max_restarts[0], elastic.max_restarts[1]),
+            Variable(
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1",
+                "elastic: since torch 2.5 (pytorch#128096) the c10d rendezvous store is shared with the workers, "
+                "and a node that joins a running job then waits forever (pytorch#135712); ignored by older torch",
             ),
         ]
     return out

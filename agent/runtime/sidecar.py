@@ -199,6 +199,10 @@ class Sidecar:
         what = f"configmap {journal_name(self.configmap)}" if self.mode == "follower" \
             else f"pods with selector {self.selector}"
         log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation, self.mode)
+        finder = s.finder
+        if s.signal is None:
+            log.info("rewrites signal nobody (%s)", "--signal none" if finder.pid_file or finder.match else
+                     "no trainer named: --trainer-pid-file or --trainer-match names the process to signal")
 
     async def _read_job(self, me: RawPod) -> None:
         """What the job's objects say that the pods do not (MPI roles and slots), as init reads it: the sidecar

@@ -91,16 +91,41 @@ def _untouchable() -> set[int]:
     return pids
 
 
+# Signals whose default action is to do nothing: the only ones a process that does not handle them survives.
+_HARMLESS = frozenset({signal.SIGCHLD, signal.SIGCONT, signal.SIGURG, signal.SIGWINCH})
+
+
+def is_torchrun(argv: list[str]) -> bool:
+    """torchrun's elastic agent (``torchrun``, ``python -m torch.distributed.run`` or ``.launch``): it handles
+    SIGTERM, SIGINT, SIGHUP and SIGQUIT by stopping its workers and exiting (TORCHELASTIC_SIGNALS_TO_HANDLE in
+    torch/distributed/elastic/multiprocessing/api.py), and dies of the rest."""
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == "torchrun":
+        return True
+    return any(a in ("torch.distributed.run", "torch.distributed.launch") for a in argv[1:3]) and "-m" in argv[1:3]
+
+
 def signal_trainer(finder: TrainerFinder, signum: signal.Signals | None) -> str:
     """Send ``signum``; return what happened, for the log and the metrics label."""
     if signum is None:
         return "disabled"
     proc = finder.find()
     if proc is None:
-        log.warning("no trainer process found (pid file %s, match %s): files rewritten, nobody signalled; "
-                    "is shareProcessNamespace: true set on the pod?", finder.pid_file,
-                    finder.match.pattern if finder.match else None)
+        named = f"--trainer-pid-file {finder.pid_file}" if finder.pid_file is not None else \
+            f"--trainer-match {finder.match.pattern if finder.match else ''!r}"
+        log.warning("no process matches %s: files rewritten, nobody signalled (is the trainer running, and does "
+                    "the pod set shareProcessNamespace: true?)", named)
         return "no_trainer"
+    try:
+        argv = proc.cmdline()
+    except psutil.Error:
+        argv = []
+    if is_torchrun(argv) and signum not in _HARMLESS:
+        log.warning("trainer pid %d is torchrun, which %s would end (torchrun stops on SIGTERM, SIGINT, SIGHUP and "
+                    "SIGQUIT, and dies of the rest): not signalled; torchrun's rendezvous follows the members "
+                    "itself (use --signal none), or name the training script's own process", proc.pid, signum.name)
+        return "refused"
     try:
         proc.send_signal(signum)
     except psutil.Error as err:
