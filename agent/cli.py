@@ -186,10 +186,15 @@ def read_pods(source: str) -> list[RawPod]:
     """``kubectl get pods -o json`` output (a List), a JSON array of pods, or one Pod; ``-`` is stdin."""
     where = "stdin" if source == "-" else source
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
     except OSError as err:
         reason = "file not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
         raise InputError(f"--pods {where}: {reason}; give the output of kubectl get pods -o json") from err
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as err:
+        raise InputError(f"--pods {where} is not text (byte {err.start} is not UTF-8); give the output of kubectl "
+                         "get pods -o json") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -202,7 +207,8 @@ def read_pods(source: str) -> list[RawPod]:
     elif isinstance(data, list):
         items = data
     elif isinstance(data, dict) and data.get("kind") == "Pod":
-        items = [data]
+        raise InputError(f"--pods {where} holds one Pod (kubectl get pod NAME), not the job's pods: a world of one "
+                         f"would be written; list them all, e.g. {_list_command(data)}")
     else:
         raise InputError(f"--pods {where} holds no pods: expected a List with 'items' or a JSON array of Pods")
     if not items:
@@ -213,6 +219,21 @@ def read_pods(source: str) -> list[RawPod]:
                 or not item["metadata"].get("name"):
             raise InputError(f"--pods {where}: item {position} is not a Pod (no metadata.name)")
     return items
+
+
+def _list_command(pod: dict[str, Any]) -> str:
+    """The kubectl command that lists the job of ``pod``, from its controller's labels when it has them."""
+    meta = pod.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, dict) and isinstance(meta.get("namespace"), str) else None
+    try:
+        from agent.core.controllers import detect_controller
+        from agent.core.validation import check_pod
+
+        selector = detect_controller(check_pod(pod), Options()).selector(pod, Options())  # type: ignore[arg-type]
+    except (InputError, KeyError):
+        selector = "<the job's label>"
+    where = f" -n {namespace}" if namespace and namespace.isprintable() and len(namespace) <= 63 else ""
+    return f"kubectl get pods{where} -l {selector} -o json"
 
 
 def read_nodes_file(source: str | None) -> dict[str, dict[str, str] | None] | None:
@@ -291,6 +312,32 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """No abbreviations (``--pod`` is not ``--pods``), and an unknown option is named before a missing one: argparse
+    checks required options first, so ``--podz x`` said that ``--pods`` was required."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        argv = list(sys.argv[1:] if args is None else args)
+        required = [a for a in self._actions if a.required and a.option_strings]
+        for action in required:
+            action.required = False
+        try:
+            parsed, extra = super().parse_known_args(argv, namespace)
+        finally:
+            for action in required:
+                action.required = True
+        unknown = [a for a in extra if a.startswith("-")]
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        missing = [a for a in required if getattr(parsed, a.dest, None) is None]
+        if missing:
+            self.error(f"the following arguments are required: {', '.join(a.option_strings[0] for a in missing)}")
+        return parsed, extra
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 

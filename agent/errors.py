@@ -14,7 +14,8 @@ library (``raise ... from err``) and never cross into the core or the CLI.
         ├── ApiForbidden                401/403: RBAC is missing; never retried
         ├── ApiNotFound                 404
         ├── ApiConflict                 409: exists already, or changed since it was read
-        └── ApiGone                     410: a watch's resourceVersion is too old; the caller relists
+        ├── ApiGone                     410: a watch's resourceVersion is too old; the caller relists
+        └── ApiUntrusted                the server's TLS certificate failed verification; never retried
 """
 
 from __future__ import annotations
@@ -73,3 +74,8 @@ class ApiGone(ApiError):
 
 class ApiConflict(ApiError):
     """409: a create found the object, or a compare-and-swap update lost to another writer."""
+
+
+class ApiUntrusted(ApiError):
+    """The API server's certificate failed verification: a wrong CA or server name, or a certificate a strict
+    verifier refuses. Retrying cannot help, so the message says why at once."""

@@ -367,8 +367,14 @@ def as_list(pods: list[Pod]) -> dict[str, Any]:
 
 # The shipped examples/*.json: the same jobs as manifests/examples/ (sizes, resources), so that the tables in
 # docs/controllers.md describe both (tests/test_manifests.py checks).
+def _volcano_example() -> list[Pod]:
+    pods = volcano_job(tasks=(("master", 1), ("worker", 3), ("extras", 2)), cpu="2")
+    racks(pods)  # each pod on its node, racks a and b in turn: examples/volcano-nodes.json holds the Nodes
+    return pods
+
+
 EXAMPLES: dict[str, Callable[[], list[Pod]]] = {
-    "volcano": lambda: volcano_job(tasks=(("master", 1), ("worker", 3), ("extras", 2)), cpu="2"),
+    "volcano": _volcano_example,
     "pytorchjob": lambda: pytorchjob(gpus=1),
     "trainjob": trainjob,
     "mpijob": mpijob,
@@ -378,12 +384,22 @@ EXAMPLES: dict[str, Callable[[], list[Pod]]] = {
 }
 
 
+# The Nodes of the examples whose pods are bound to nodes (kubectl get nodes -o json): explain --nodes reads them.
+NODE_EXAMPLES: dict[str, Callable[[], list[dict[str, Any]]]] = {
+    "volcano": lambda: racks(volcano_job(tasks=(("master", 1), ("worker", 3), ("extras", 2)), cpu="2")),
+}
+
+
 def write_examples(directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for key, build in EXAMPLES.items():
         path = directory / f"{key}-pods.json"
         path.write_text(json.dumps(as_list(build()), indent=2) + "\n")
+        written.append(path)
+    for key, nodes in NODE_EXAMPLES.items():
+        path = directory / f"{key}-nodes.json"
+        path.write_text(json.dumps(as_list(nodes()), indent=2) + "\n")
         written.append(path)
     return written
 

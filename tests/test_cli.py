@@ -38,6 +38,20 @@ def test_shipped_examples_are_what_the_generator_makes():
     for key, build in examples.EXAMPLES.items():
         shipped = json.loads((EXAMPLES / f"{key}-pods.json").read_text())
         assert shipped == json.loads(json.dumps(examples.as_list(build()))), f"regenerate examples/{key}-pods.json"
+    for key, nodes in examples.NODE_EXAMPLES.items():
+        shipped = json.loads((EXAMPLES / f"{key}-nodes.json").read_text())
+        assert shipped == json.loads(json.dumps(examples.as_list(nodes()))), f"regenerate examples/{key}-nodes.json"
+
+
+def test_explain_orders_the_shipped_volcano_example_by_rack_with_its_nodes_file(capsys):
+    """docs/topology.md's offline example: the pods carry their nodes, and the nodes file their racks."""
+    assert main(["explain", "--pods", str(EXAMPLES / "volcano-pods.json"), "--nodes",
+                 str(EXAMPLES / "volcano-nodes.json"), "--self", "demo-worker-0", "--rank-order", "topology",
+                 "--topology-levels", "topology.kubernetes.io/zone,example.com/rack"]) == 0
+    out = capsys.readouterr().out
+    assert "not applied" not in out and "TOPOLOGY_RANK_ORDER=topology" in out
+    ranks = [line.split()[4] for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 ", "3 "))]
+    assert ranks == ["demo-master-0", "demo-worker-1", "demo-worker-0", "demo-worker-2"]  # rack a, then rack b
 
 
 @pytest.mark.parametrize("key", list(EXPECTED))
@@ -223,3 +237,66 @@ def test_render_with_node_labels_gives_the_documented_variables(tmp_path):
     document = json.loads((out / "topology.json").read_text())
     assert [m["name"] for m in document["members"]] == ["demo-master-0", "demo-worker-1", "demo-worker-0",
                                                          "demo-worker-2"]
+
+
+def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=60,
+                          input=stdin.decode("latin-1") if stdin is not None else None)
+
+
+def _one_line(run: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == code and len(lines) == 1, run.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_one_pod_from_kubectl_get_pod_is_refused_with_the_command_that_lists_the_job(tmp_path):
+    """kubectl get pod X -o json is one Pod, not a List: it used to become a world of one, silently."""
+    pod = json.loads((EXAMPLES / "volcano-pods.json").read_text())["items"][1]
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(pod))
+    _one_line(_cli("explain", "--pods", str(path), "--self", "demo-worker-0"), 2, "holds one Pod",
+              "kubectl get pods -n default -l volcano.sh/job-name=demo -o json")
+
+
+def test_a_binary_pods_file_is_named_not_a_crash(tmp_path):
+    path = tmp_path / "pods.json"
+    path.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe" + bytes(range(256)))
+    _one_line(_cli("render", "--pods", str(path), "--self", "x", "--out", str(tmp_path / "out")), 2,
+              "is not text (byte 1 is not UTF-8)")
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["render", "--podz", "x", "--self", "y"], ["unrecognized arguments: --podz"]),
+    (["render", "--pod", "x", "--self", "y"], ["unrecognized arguments: --pod"]),  # no abbreviations
+    (["explain", "--self", "y"], ["the following arguments are required: --pods"]),
+    (["keygen", "--jo", "x"], ["unrecognized arguments: --jo"]),
+])
+def test_options_are_spelt_out_and_an_unknown_one_is_named_first(argv, words):
+    _one_line(_cli(*argv), 2, *words)
+
+
+def test_out_naming_a_file_says_so(tmp_path):
+    blocker = tmp_path / "shared"
+    blocker.write_text("not a directory")
+    _one_line(_cli("render", "--pods", str(EXAMPLES / "volcano-pods.json"), "--self", "demo-master-0", "--out",
+                   str(blocker)), 1, "it is a file, not a directory")
+    assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("garbage: [\n", "not YAML at line 2"),
+    ("just a string\n", "its top level is a str"),
+    ("clusters: foo\n", "'clusters' is not a list of entries with a name"),
+    ("", "it is empty"),
+    ("apiVersion: v1\nkind: Config\n", "it names no cluster"),
+])
+def test_a_kubeconfig_that_is_not_one_gives_one_line(tmp_path, text, why):
+    config = tmp_path / "kubeconfig"
+    config.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    run = subprocess.run([sys.executable, "-m", "agent.cli", "init", "--kubeconfig", str(config), "--out",
+                          str(tmp_path / "out"), "--timeout", "1"], capture_output=True, text=True, env=env,
+                         timeout=60)
+    _one_line(run, 2, f"kubeconfig {config} is not a kubeconfig ({why}")

@@ -44,7 +44,8 @@ class GangStatus:
     unscheduled: tuple[str, ...] = ()  # --rank-order topology: training pods without a node yet
 
     def describe(self) -> str:
-        parts = [f"{self.present} of {self.expected} training pods present"]
+        parts = [f"{self.present} of {self.expected} training pods present" if self.present <= self.expected else
+                 f"{self.present} training pods present ({self.expected} expected: every present pod is a member)"]
         if self.missing:
             parts.append(f"missing: {', '.join(self.missing)}")
         if len(self.without_ip) > SHOWN:  # one line per watch: 4096 names would be 70 KB

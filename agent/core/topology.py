@@ -759,10 +759,13 @@ def _topology_first(live: list[tuple[RawPod, Identity, _Facts]], position: dict[
     count = sum(1 for _, ident, _ in live if ident.role in position)
     training = live[:count]
     paths = []
-    for _, _, facts in training:
+    for pod, _, facts in training:
         domains = domains_of(facts.node)
         if domains is None:
-            why = "is not scheduled yet" if not facts.node else f"runs on node '{facts.node}' whose labels are unknown"
+            phase = (pod.get("status") or {}).get("phase")
+            why = f"runs on node '{facts.node}' whose labels are unknown" if facts.node else \
+                "is not scheduled yet" if phase in (None, "", "Pending") else \
+                f"is {phase} but has no spec.nodeName (pods listed without it?)"
             return live, f"pod '{facts.name}' {why}; ranks stay in index order"
         paths.append((*domains, facts.node))
     return [training[i] for i in topology_order(paths)] + live[count:], None

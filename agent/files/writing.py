@@ -111,6 +111,9 @@ def write_files(out_dir: Path, files: Mapping[str, bytes], *, modes: Mapping[str
             os.replace(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         staged.clear()
     except OSError as err:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise OutputError(f"cannot write to {out_dir}: it is a file, not a directory; give --out a directory "
+                              "(the shared volume's mount point)") from err
         raise OutputError(
             f"cannot write {out_dir}: {err.strerror or err}; check that the volume is mounted, writable "
             "and not full"

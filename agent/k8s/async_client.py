@@ -34,6 +34,7 @@ from agent.k8s.wire import (
     parse_json,
     request_headers,
     ssl_context,
+    tls_failure,
     watch_query,
 )
 
@@ -74,6 +75,9 @@ class AsyncApiClient:
         except ApiError:
             raise
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            untrusted = tls_failure(err, self.config.server)
+            if untrusted is not None:
+                raise untrusted from err
             raise ApiUnavailable(
                 f"API server {self.config.server} unreachable during {verb} {what}: {type(err).__name__}") from err
 

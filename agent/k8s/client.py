@@ -38,6 +38,7 @@ from agent.k8s.wire import (
     peek_continue,
     request_headers,
     ssl_context,
+    tls_failure,
     watch_query,
 )
 
@@ -72,6 +73,9 @@ class ApiClient:
         except ApiError:
             raise
         except (urllib3.exceptions.HTTPError, OSError) as err:
+            untrusted = tls_failure(err, self.config.server)
+            if untrusted is not None:
+                raise untrusted from err
             reason = type(err).__name__
             raise ApiUnavailable(f"API server {self.config.server} unreachable during {verb} {what}: {reason}") \
                 from err

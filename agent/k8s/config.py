@@ -71,13 +71,19 @@ def kubeconfig_config(path: str | None = None) -> ApiConfig:
     if not any(f.is_file() for f in files):
         raise InputError(f"no API server configuration: not in a pod (no service account) and kubeconfig {where}: "
                          "file not found; run in a pod, or point KUBECONFIG (or --kubeconfig) at a kubeconfig file")
+    for file in files:
+        why = kubeconfig_problem(file)
+        if why is not None:
+            raise InputError(f"kubeconfig {file} is not a kubeconfig ({why}); point KUBECONFIG (or --kubeconfig) at "
+                             "the file kubectl uses, or run in a pod")
     try:
         k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
         _, context = k8s_config.list_kube_config_contexts(config_file=path)
-    except (ConfigException, OSError, TypeError) as err:
+    except (ConfigException, OSError, TypeError, ValueError, KeyError, AttributeError) as err:
+        reason = str(err) if isinstance(err, ConfigException) else f"{type(err).__name__} while reading it"
         raise InputError(
             f"no API server configuration: not in a pod (no service account) and kubeconfig {where} is unusable "
-            f"({err}); run in a pod, or point KUBECONFIG at a valid file"
+            f"({reason}); run in a pod, or point KUBECONFIG at a valid file"
         ) from err
     auth = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
     token = auth.split(" ", 1)[1] if auth and " " in auth else auth
@@ -91,6 +97,36 @@ def kubeconfig_config(path: str | None = None) -> ApiConfig:
         namespace=(context or {}).get("context", {}).get("namespace"),
         source=f"kubeconfig {where}",
     )
+
+
+def kubeconfig_problem(file: Path) -> str | None:
+    """Why ``file`` cannot be a kubeconfig, read as kubectl reads it (YAML: a map whose clusters, users and
+    contexts are lists of named entries), or None. The kubernetes package assumes that shape and fails with
+    Python errors ('str' object does not support item assignment) on anything else."""
+    import yaml
+
+    if not file.is_file():
+        return None  # KUBECONFIG may list files that do not exist; kubectl skips them too
+    try:
+        data = yaml.safe_load(file.read_bytes())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        return f"not YAML{where}: {getattr(err, 'problem', None) or type(err).__name__}"
+    except OSError as err:
+        return err.strerror or str(err)
+    if data is None:
+        return "it is empty"
+    if not isinstance(data, dict):
+        return f"its top level is a {type(data).__name__}, not a map with clusters, users and contexts"
+    for key in ("clusters", "users", "contexts"):
+        entries = data.get(key)
+        if entries is not None and (not isinstance(entries, list) or not all(
+                isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries)):
+            return f"'{key}' is not a list of entries with a name"
+    if not data.get("clusters"):
+        return "it names no cluster"
+    return None
 
 
 def load_config(kubeconfig: str | None = None) -> ApiConfig:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.core.model import RawPod
-from agent.errors import ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable
+from agent.errors import ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, ApiUntrusted
 from agent.k8s.config import ApiConfig
 
 Keep = Callable[[list[dict[str, Any]]], list[Any]]  # what a LIST caller keeps of each page (slimmed pods)
@@ -102,6 +102,26 @@ def error_for_status(code: int, body: bytes, retry_after: str | None, *, verb: s
         return ApiUnavailable(f"API answered {code} to {verb} {what}: {message}", status=code,
                               retry_after=_retry_after(retry_after))
     return ApiError(f"API answered {code} to {verb} {what} {where}: {message}", status=code)
+
+
+def tls_failure(err: BaseException, server: str) -> ApiUntrusted | None:
+    """The ``ApiUntrusted`` for a failed certificate verification anywhere in ``err``'s chain (urllib3 wraps it in
+    its SSLError, aiohttp in ClientConnectorCertificateError), or None: every other connection error is retried."""
+    seen: set[int] = set()
+    todo: list[object] = [err]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        why = getattr(item, "verify_message", None)  # aiohttp's wrapper is an SSLCertVerificationError too, without it
+        if isinstance(item, ssl.SSLCertVerificationError) and why:
+            return ApiUntrusted(f"API server {server}: its TLS certificate failed verification ({why}); check the "
+                                "CA (the kubeconfig's certificate-authority, or the service account's ca.crt) and "
+                                "the server address")
+        todo += [item.__cause__, item.__context__, getattr(item, "reason", None),
+                 getattr(item, "certificate_error", None), *item.args]
+    return None
 
 
 def _no_constant(name: str) -> float:

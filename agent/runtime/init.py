@@ -318,6 +318,9 @@ def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = res
         waiter.relist(selector)
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
+        if status.present > status.expected and settings.expect is not None:
+            log.warning("--expect %d, but %d training pods are present: the files name all of them; give --expect "
+                        "the job's size, or delete the pods that are not the job's", status.expected, status.present)
         pods = list(waiter.pods.values())
         names = wanted_nodes(pods, settings.options, {})
         nodes = waiter._retry(lambda: read_nodes(api, names, settings.options), "read nodes") if names else None

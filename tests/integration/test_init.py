@@ -187,6 +187,7 @@ def test_wait_dns_waits_until_the_injected_resolver_answers():
     assert asked.count("demo-master-0.demo") == 3 and asked.count("demo-worker-0.demo") == 1
 
 
+@pytest.mark.consumer
 def test_torch_all_reduce_from_files_written_by_init(sandbox, tmp_path):
     pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
     import socket
@@ -357,3 +358,55 @@ def test_dense_arrivals_are_read_in_batches_and_the_last_pods_at_once(tmp_path, 
         assert all(at < last - 0.002 * (n // 100 - 1) for at, _ in arrivals.sleeps)  # ... no pause for the last 1 %
     else:
         assert arrivals.sleeps == [] and arrivals.now == last
+
+
+def _other_ca(directory: Path) -> None:
+    """A service account mount whose ca.crt is some other CA's: the sandbox's certificate does not chain to it."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "some other CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (directory / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+@pytest.mark.parametrize("command", ["init", "sidecar"])
+def test_a_certificate_that_fails_verification_is_named_at_once_not_retried(sandbox, tmp_path, command):
+    """Python 3.13 verifies strictly; a wrong CA used to be retried until --timeout as 'unreachable: SSLError'."""
+    create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    account = tmp_path / "account"
+    account.mkdir()
+    for name in ("token", "namespace"):
+        (account / name).write_text((sandbox.sandbox.serviceaccount_dir / name).read_text())
+    _other_ca(account)
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-0", "POD_NAMESPACE": "default",
+           "TOPOLOGY_SERVICEACCOUNT_DIR": str(account)}
+    env.pop("KUBECONFIG", None)
+    started = time.monotonic()
+    extra = ["--health-port", "0"] if command == "sidecar" else ["--timeout", "60"]
+    result = subprocess.run([sys.executable, "-m", "agent.cli", command, "--out", str(tmp_path / "out"), *extra],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 15
+    assert result.returncode == 3, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "its TLS certificate failed verification (unable to get local issuer certificate)" in last, last
+    assert "ca.crt" in last
+
+
+def test_expect_below_the_pods_present_says_every_pod_is_a_member(sandbox, tmp_path):
+    """init --expect 2 with 4 training pods used to log 'gang complete: 4 of 2'."""
+    create_volcano_job(sandbox, (("master", 1), ("worker", 3)))
+    code, err = finish(start_init(sandbox, "demo-worker-0", tmp_path / "out", "--expect", "2"))
+    assert code == 0, err
+    assert "gang complete: 4 training pods present (2 expected: every present pod is a member)" in err
+    assert "--expect 2, but 4 training pods are present: the files name all of them" in err
+    assert "export WORLD_SIZE='4'" in (tmp_path / "out" / "torch.env").read_text()
