@@ -71,6 +71,12 @@ def trainer_container(name: str = "trainer", *, env: list[dict[str, Any]] | None
     return container
 
 
+def container_statuses(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every container running and ready, as the kubelet reports it."""
+    return [{"name": c.get("name", ""), "ready": True, "restartCount": 0, "started": True, "image": c.get("image", ""),
+             "state": {"running": {"startedAt": "2026-11-22T00:00:10Z"}}} for c in containers]
+
+
 def make_pod(name: str, *, namespace: str = "default", labels: dict[str, str],
              annotations: dict[str, str] | None = None, hostname: str | None = None,
              subdomain: str | None = None, ip: str | None, phase: str = "Running",
@@ -90,6 +96,8 @@ def make_pod(name: str, *, namespace: str = "default", labels: dict[str, str],
     status: dict[str, Any] = {"phase": phase if ip or phase != "Running" else "Pending"}
     if ip:
         status.update(podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1")
+    if status["phase"] == "Running":  # as the kubelet reports a pod whose containers run (kubectl's READY 1/1)
+        status["containerStatuses"] = container_statuses(spec["containers"])
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,

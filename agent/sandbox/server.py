@@ -1,12 +1,14 @@
 """The sandbox API server: the slice of the Kubernetes API that the agent and kubectl use, over real HTTPS.
 
-It is the embedded default (``topology-agent sandbox``, ``demo``) and the test fixture. It serves
-discovery, namespaced CRUD, cluster-scoped Nodes (metadata-only answers too) with merge and JSON patches
-for pods, ``pods/status``, Services and the owner kinds
-the init container reads, list/watch with label and field selectors, resourceVersion semantics, BOOKMARKs and
-410 Gone. Fault knobs (``POST /sandbox/faults``) make it refuse connections, fail with a status (5xx, 429
-with Retry-After, 403), slow down, drop watch streams or forget its event log, so tests can prove the agent's
-behaviour under each fault. ``GET /sandbox/stats`` counts requests and bytes per client (User-Agent).
+It is the embedded default (``topology-agent sandbox``, ``demo``) and the test fixture. It serves discovery (with
+short names), OpenAPI v3 (so kubectl leaves field validation to it), namespaced and cluster-scoped CRUD for the
+kinds in ``RESOURCES`` and for any CRD created in it, JSON and merge patches, the ``status`` subresource,
+Kubernetes protobuf bodies for kubectl's typed create commands (protobuf.py), server-side tables for ``kubectl
+get`` (tables.py), metadata-only answers, list/watch with label and field selectors, resourceVersion semantics,
+BOOKMARKs and 410 Gone. No authorization and no schema checks (docs/sandbox.md). Fault knobs (``POST
+/sandbox/faults``) make it refuse connections, fail with a status (5xx, 429 with Retry-After, 403), slow down,
+drop watch streams or forget its event log, so tests can prove the agent's behaviour under each fault. ``GET
+/sandbox/stats`` counts requests and bytes per client (User-Agent).
 """
 
 from __future__ import annotations
@@ -29,29 +31,62 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.sandbox import protobuf, tables
 from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
 from agent.sandbox.store import Conflict, Gone, NotFound, Obj, Store, Watcher
 
-# (group, version, plural) -> (kind, namespaced)
-RESOURCES: dict[tuple[str, str, str], tuple[str, bool]] = {
-    ("", "v1", "pods"): ("Pod", True),
-    ("", "v1", "services"): ("Service", True),
-    ("", "v1", "secrets"): ("Secret", True),
-    ("", "v1", "configmaps"): ("ConfigMap", True),
-    ("", "v1", "namespaces"): ("Namespace", False),
-    ("", "v1", "nodes"): ("Node", False),
-    ("", "v1", "serviceaccounts"): ("ServiceAccount", True),
-    ("batch", "v1", "jobs"): ("Job", True),
-    ("coordination.k8s.io", "v1", "leases"): ("Lease", True),
-    ("batch.volcano.sh", "v1alpha1", "jobs"): ("Job", True),
-    ("kubeflow.org", "v1", "pytorchjobs"): ("PyTorchJob", True),
-    ("kubeflow.org", "v2beta1", "mpijobs"): ("MPIJob", True),
-    ("jobset.x-k8s.io", "v1alpha2", "jobsets"): ("JobSet", True),
-    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"): ("LeaderWorkerSet", True),
-    ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): ("TrainJob", True),
-    ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes"): ("TrainingRuntime", True),
-    ("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"): ("ClusterTrainingRuntime", False),
+
+@dataclass(frozen=True)
+class Kind:
+    """A served resource: its kind, scope, and what kubectl's discovery reads (short names, categories)."""
+
+    kind: str
+    namespaced: bool
+    short: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+
+
+# (group, version, plural) -> what it serves; short names as the API server gives them (kubectl get ns, po, cm).
+RESOURCES: dict[tuple[str, str, str], Kind] = {
+    ("", "v1", "pods"): Kind("Pod", True, ("po",), ("all",)),
+    ("", "v1", "services"): Kind("Service", True, ("svc",), ("all",)),
+    ("", "v1", "secrets"): Kind("Secret", True),
+    ("", "v1", "configmaps"): Kind("ConfigMap", True, ("cm",)),
+    ("", "v1", "namespaces"): Kind("Namespace", False, ("ns",)),
+    ("", "v1", "nodes"): Kind("Node", False, ("no",)),
+    ("", "v1", "serviceaccounts"): Kind("ServiceAccount", True, ("sa",)),
+    ("", "v1", "events"): Kind("Event", True, ("ev",)),
+    ("apps", "v1", "deployments"): Kind("Deployment", True, ("deploy",), ("all",)),
+    ("batch", "v1", "jobs"): Kind("Job", True, (), ("all",)),
+    ("coordination.k8s.io", "v1", "leases"): Kind("Lease", True),
+    ("policy", "v1", "poddisruptionbudgets"): Kind("PodDisruptionBudget", True, ("pdb",)),
+    ("rbac.authorization.k8s.io", "v1", "roles"): Kind("Role", True),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"): Kind("RoleBinding", True),
+    ("rbac.authorization.k8s.io", "v1", "clusterroles"): Kind("ClusterRole", False),
+    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"): Kind("ClusterRoleBinding", False),
+    ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies"): Kind("ValidatingAdmissionPolicy", False),
+    ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings"):
+        Kind("ValidatingAdmissionPolicyBinding", False),
+    ("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"):
+        Kind("MutatingWebhookConfiguration", False),
+    ("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations"):
+        Kind("ValidatingWebhookConfiguration", False),
+    ("flowcontrol.apiserver.k8s.io", "v1", "flowschemas"): Kind("FlowSchema", False),
+    ("flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations"): Kind("PriorityLevelConfiguration", False),
+    ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): Kind("CustomResourceDefinition", False,
+                                                                    ("crd", "crds")),
+    # The controllers' kinds (their CRDs, served as if installed)
+    ("batch.volcano.sh", "v1alpha1", "jobs"): Kind("Job", True, ("vcjob", "vj")),
+    ("kubeflow.org", "v1", "pytorchjobs"): Kind("PyTorchJob", True),
+    ("kubeflow.org", "v2beta1", "mpijobs"): Kind("MPIJob", True),
+    ("jobset.x-k8s.io", "v1alpha2", "jobsets"): Kind("JobSet", True),
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"): Kind("LeaderWorkerSet", True, ("lws",)),
+    ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): Kind("TrainJob", True),
+    ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes"): Kind("TrainingRuntime", True),
+    ("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"): Kind("ClusterTrainingRuntime", False),
 }
+CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
+NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")  # every cluster has them
 SUBRESOURCES = {("", "v1", "pods"): ("status",), ("batch", "v1", "jobs"): ("status",)}
 VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platform": "linux/amd64",
            "goVersion": "go1.23", "compiler": "gc", "buildDate": "2026-01-01T00:00:00Z", "gitCommit": "sandbox",
@@ -144,6 +179,10 @@ class Sandbox:
         # page's revision), sorted once, not once per page.
         self._snapshots: collections.OrderedDict[str, tuple[str, list[Obj]]] = collections.OrderedDict()
         self._snapshot_ids = itertools.count(1)
+        self.resources = dict(RESOURCES)  # plus the kinds of the CRDs created in this sandbox
+        for name in NAMESPACES:
+            self.store.create(resource_key("", "v1", "namespaces"), "", {
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}})
         self.app = self._build_app()
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -299,10 +338,13 @@ class Sandbox:
         r.add_get("/apis", self._apis)
         r.add_get("/api/v1", self._core_resources)
         r.add_get("/apis/{group}/{version}", self._group_resources)
-        # No OpenAPI documents: kubectl's client-side schema validation needs them, so tests and docs pass
-        # --validate=false to apply/create (the server-side behaviour under test is unaffected).
-        r.add_get("/openapi/v2", self._no_openapi)
-        r.add_get("/openapi/v3", self._no_openapi)
+        # OpenAPI v3 with each kind's PATCH operation and its fieldValidation parameter: kubectl's default
+        # --validate=strict then leaves validation to the server (cli-runtime pkg/resource/
+        # query_param_verifier_v3.go). A v2 document without definitions for what kubectl validates itself (a
+        # v1 List): a kind it has no schema for passes.
+        r.add_get("/openapi/v2", self._openapi_v2)
+        r.add_get("/openapi/v3", self._openapi_index)
+        r.add_get("/openapi/v3/{path:.+}", self._openapi_group)
         for prefix in ("/api/{version}", "/apis/{group}/{version}"):
             r.add_route("*", prefix + "/{plural}", self._collection)
             r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self._collection)
@@ -318,8 +360,46 @@ class Sandbox:
 
         return handler
 
-    async def _no_openapi(self, _: web.Request) -> web.Response:
-        return status(404, "NotFound", "the sandbox serves no OpenAPI")
+    async def _openapi_v2(self, request: web.Request) -> web.Response:
+        if "protobuf" in request.headers.get("Accept", ""):
+            # gnostic's openapi_v2.Document with field 1 (swagger) = "2.0", as client-go's discovery reads it
+            return web.Response(body=b"\n\x032.0",
+                                content_type="application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+        return self._json({"swagger": "2.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
+                           "paths": {}})
+
+    def _group_versions(self) -> list[tuple[str, str]]:
+        return sorted({(g, v) for g, v, _ in self.resources})
+
+    async def _openapi_index(self, _: web.Request) -> web.Response:
+        paths = {}
+        for group, version in self._group_versions():
+            path = f"apis/{group}/{version}" if group else f"api/{version}"
+            paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={len(self.resources)}"}
+        return self._json({"paths": paths})
+
+    async def _openapi_group(self, request: web.Request) -> web.Response:
+        parts = request.match_info["path"].split("/")
+        group, version = ("", parts[1]) if parts[0] == "api" and len(parts) == 2 else \
+            (parts[1], parts[2]) if parts[0] == "apis" and len(parts) == 3 else ("?", "?")
+        paths: dict[str, Any] = {}
+        validation = [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}]
+        for (g, v, plural), served in self.resources.items():
+            if (g, v) != (group, version):
+                continue
+            prefix = f"/apis/{g}/{v}" if g else f"/api/{v}"
+            scope = "/namespaces/{namespace}" if served.namespaced else ""
+            gvk = {"group": g, "version": v, "kind": served.kind}
+            paths[f"{prefix}{scope}/{plural}/{{name}}"] = {
+                "patch": {"x-kubernetes-group-version-kind": gvk, "parameters": validation,
+                          "responses": {"200": {"description": "OK"}}}}
+            paths[f"{prefix}{scope}/{plural}"] = {
+                "post": {"x-kubernetes-group-version-kind": gvk, "parameters": validation,
+                         "responses": {"201": {"description": "Created"}}}}
+        if not paths:
+            return status(404, "NotFound", f"no OpenAPI v3 document for {request.match_info['path']}")
+        return self._json({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
+                           "paths": paths, "components": {"schemas": {}}})
 
     async def _core_resources(self, _: web.Request) -> web.Response:
         return self._resource_list("", "v1")
@@ -405,7 +485,7 @@ class Sandbox:
 
     async def _apis(self, _: web.Request) -> web.Response:
         groups: dict[str, list[str]] = {}
-        for group, version, _plural in RESOURCES:
+        for group, version, _plural in self.resources:
             if group and version not in groups.setdefault(group, []):
                 groups[group].append(version)
         body = {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
@@ -416,15 +496,17 @@ class Sandbox:
 
     def _resource_list(self, group: str, version: str) -> web.Response:
         resources = []
-        for (g, v, plural), (kind, namespaced) in RESOURCES.items():
+        for (g, v, plural), served in self.resources.items():
             if (g, v) != (group, version):
                 continue
-            resources.append({"name": plural, "singularName": kind.lower(), "namespaced": namespaced,
-                              "kind": kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-                              **({"shortNames": ["po"]} if plural == "pods" else {})})
+            resources.append({"name": plural, "singularName": served.kind.lower(), "namespaced": served.namespaced,
+                              "kind": served.kind,
+                              "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                              **({"shortNames": list(served.short)} if served.short else {}),
+                              **({"categories": list(served.categories)} if served.categories else {})})
             for sub in SUBRESOURCES.get((g, v, plural), ()):
-                resources.append({"name": f"{plural}/{sub}", "singularName": "", "namespaced": namespaced,
-                                  "kind": kind, "verbs": ["get", "patch", "update"]})
+                resources.append({"name": f"{plural}/{sub}", "singularName": "", "namespaced": served.namespaced,
+                                  "kind": served.kind, "verbs": ["get", "patch", "update"]})
         if not resources:
             return status(404, "NotFound", f"the server could not find the requested resource {group}/{version}")
         return self._json({"kind": "APIResourceList", "apiVersion": "v1",
@@ -433,11 +515,42 @@ class Sandbox:
     def _resolve(self, request: web.Request) -> tuple[str, str, str, bool] | web.Response:
         info = request.match_info
         group, version, plural = info.get("group", ""), info["version"], info["plural"]
-        found = RESOURCES.get((group, version, plural))
+        found = self.resources.get((group, version, plural))
         if found is None:
             return status(404, "NotFound", "the server could not find the requested resource")
-        kind, namespaced = found
-        return resource_key(group, version, plural), kind, f"{group}/{version}" if group else version, namespaced
+        return (resource_key(group, version, plural), found.kind, f"{group}/{version}" if group else version,
+                found.namespaced)
+
+    def _served(self, crd: Obj) -> None:
+        """A CustomResourceDefinition's kind is served from its creation (no schema checks: stored as sent)."""
+        spec = crd.get("spec") or {}
+        names = spec.get("names") or {}
+        group, plural, kind = spec.get("group"), names.get("plural"), names.get("kind")
+        if not (isinstance(group, str) and isinstance(plural, str) and isinstance(kind, str)):
+            return
+        for version in spec.get("versions") or []:
+            if isinstance(version, dict) and version.get("served", True) and isinstance(version.get("name"), str):
+                self.resources[(group, version["name"], plural)] = Kind(
+                    kind, spec.get("scope", "Namespaced") != "Cluster", tuple(names.get("shortNames") or ()),
+                    tuple(names.get("categories") or ()))
+
+    @staticmethod
+    async def _body(request: web.Request) -> Obj | web.Response:
+        """The request's object: JSON, or the Kubernetes protobuf kubectl's typed create commands send."""
+        raw = await request.read()
+        if request.content_type == "application/vnd.kubernetes.protobuf":
+            try:
+                return protobuf.decode(raw)
+            except protobuf.Unsupported as err:
+                return status(415, "UnsupportedMediaType", f"the sandbox reads protobuf for "
+                              f"{', '.join(protobuf.KINDS)} only ({err}); send JSON (kubectl apply -f)")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as err:
+            return status(400, "BadRequest", f"the body is not JSON ({type(err).__name__}): {str(err)[:120]}")
+        if not isinstance(body, (dict, list)):
+            return status(400, "BadRequest", "the body is not a JSON object")
+        return body  # type: ignore[return-value]
 
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         resolved = self._resolve(request)
@@ -477,6 +590,8 @@ class Sandbox:
             elif token:
                 self._snapshots.pop(token.partition(":")[0], None)
             page = items[start:start + limit] if limit else items
+            if tables.wants_table(request.headers.get("Accept", "")):
+                return self._json(tables.table(kind, page, version, partial=_partial))
             if _metadata_only(request):
                 return self._json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
                                    "metadata": meta, "items": [_partial(o) for o in page]})
@@ -484,15 +599,25 @@ class Sandbox:
         if request.method == "POST":
             if namespace is None:
                 return status(405, "MethodNotAllowed", "create needs a namespace")
-            body = await request.json()
+            body = await self._body(request)
+            if isinstance(body, web.Response):
+                return body
+            if not isinstance(body.get("metadata"), dict) or not (body["metadata"].get("name")
+                                                                  or body["metadata"].get("generateName")):
+                return status(422, "Invalid", f"{kind} is invalid: metadata.name: Required value")
             body.setdefault("apiVersion", api_version)
             body.setdefault("kind", kind)
+            _written(kind, body)
+            if request.query.get("dryRun"):  # kubectl --dry-run=server: checked, answered, not stored
+                return self._json(body, 201)
             try:
                 created = self.store.create(resource, namespace, body)
             except Conflict:
                 name = body["metadata"]["name"]
                 return status(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists',
                               details={"name": name, "kind": kind.lower() + "s"})
+            if resource == CRDS:
+                self._served(created)
             return self._json(created, 201)
         return status(405, "MethodNotAllowed", f"{request.method} is not supported on a collection")
 
@@ -514,13 +639,18 @@ class Sandbox:
             return status(404, "NotFound", f'{kind.lower()}s "{name}" not found',
                           details={"name": name, "kind": kind.lower() + "s"})
         if request.method == "GET":
+            if tables.wants_table(request.headers.get("Accept", "")):
+                return self._json(tables.table(kind, [current], str(self.store.rv), partial=_partial))
             return self._json(_partial(current) if _metadata_only(request) else current)
         if request.method == "DELETE":
             graceful = resource == "/v1/pods" and request.query.get("gracePeriodSeconds") not in (None, "0") \
                 and bool(current.get("metadata", {}).get("finalizers"))
             return self._json(self.store.delete(resource, namespace, name, graceful=graceful))
         if request.method == "PUT":
-            body = await request.json()
+            body = await self._body(request)
+            if isinstance(body, web.Response):
+                return body
+            _written(kind, body)
             if sub == "status":
                 merged = copy.deepcopy(current)
                 merged["status"] = body.get("status", {})
@@ -532,7 +662,9 @@ class Sandbox:
                                                "the object has been modified; please apply your changes to the "
                                                "latest version and try again")
         if request.method == "PATCH":
-            patch = await request.json()
+            patch = await self._body(request)
+            if isinstance(patch, web.Response):
+                return patch
             ctype = request.content_type
             # merge-patch and strategic-merge-patch alike: lists are replaced, enough for the pod fields here
             new = copy.deepcopy(current)
@@ -640,6 +772,17 @@ class Sandbox:
         return response
 
 
+def _written(kind: str, obj: Obj) -> None:
+    """What the API server does to an object as it is written, where kubectl relies on it: a Secret's
+    ``stringData`` is merged into ``data`` (base64) and not stored."""
+    if kind == "Secret" and isinstance(obj.get("stringData"), dict):
+        if not isinstance(obj.get("data"), dict):
+            obj["data"] = {}
+        data = obj["data"]
+        for key, value in obj.pop("stringData").items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+
+
 def _metadata_only(request: web.Request) -> bool:
     """``Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`` (client-go's metadata
     client): the API server answers with the objects' metadata only."""
@@ -665,7 +808,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def apply_json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+def apply_json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902 add/replace/remove/test (what kubectl and the agent send)."""
     for op in ops:
         parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]

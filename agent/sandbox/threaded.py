@@ -76,10 +76,13 @@ class SandboxThread:
 
     def schedule(self, namespace: str, name: str, ip: str, node: str | None = None) -> dict[str, Any]:
         """What the scheduler and the kubelet do: bind the pod to a node, then report it Running at ``ip``."""
+        from agent.examples import container_statuses
+
         def change(pod: dict[str, Any]) -> None:
             if node is not None:
                 pod["spec"]["nodeName"] = node
-            pod.setdefault("status", {}).update(phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1")
+            pod.setdefault("status", {}).update(phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP="127.0.0.1",
+                                                containerStatuses=container_statuses(pod["spec"]["containers"]))
 
         return self.update_pod(namespace, name, change)
 

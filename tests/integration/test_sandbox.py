@@ -32,9 +32,9 @@ def client(sandbox):
 
 def test_kubectl_apply_get_label_patch_status_delete(kubectl):
     for name, role in (("a-0", "master"), ("a-1", "worker")):
-        out = kubectl("apply", "--validate=false", "-f", "-", input=POD_YAML.format(name=name, role=role))
+        out = kubectl("apply", "-f", "-", input=POD_YAML.format(name=name, role=role))
         assert f"pod/{name} created" in out.stdout
-    again = kubectl("apply", "--validate=false", "-f", "-", input=POD_YAML.format(name="a-0", role="master"))
+    again = kubectl("apply", "-f", "-", input=POD_YAML.format(name="a-0", role="master"))
     assert "pod/a-0 unchanged" in again.stdout
     listed = json.loads(kubectl("get", "pods", "-o", "json").stdout)
     assert [p["metadata"]["name"] for p in listed["items"]] == ["a-0", "a-1"]
@@ -179,7 +179,9 @@ def test_kubectl_lists_the_nodes_and_their_topology_labels(sandbox, kubectl):
     for node in examples.racks(examples.volcano_job(tasks=(("master", 1), ("worker", 1)))):
         sandbox.create_node(node)
     listed = kubectl("get", "nodes", "-L", examples.RACK).stdout.split()
-    assert listed[:3] == ["NAME", "AGE", "RACK"] and "node-1" in listed and "rack-b" in listed
+    # kube-apiserver's columns for Nodes, then the label asked for
+    assert listed[:6] == ["NAME", "STATUS", "ROLES", "AGE", "VERSION", "RACK"]
+    assert "node-1" in listed and "rack-b" in listed and "Ready" in listed
     labels = kubectl("get", "node", "node-0", "-o", "jsonpath={.metadata.labels.example\\.com/rack}").stdout
     assert labels == "rack-a"
 

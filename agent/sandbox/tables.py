@@ -1,0 +1,135 @@
+"""``kubectl get`` tables: the API server prints them (``Accept: application/json;as=Table;g=meta.k8s.io;v=v1``).
+
+Columns per kind as kube-apiserver's printers give them (kubernetes pkg/printers/internalversion/printers.go;
+priority 1 columns show with ``-o wide``); any other kind gets NAME and AGE, as a CRD without printer columns
+does. Ages use apimachinery's HumanDuration (pkg/util/duration/duration.go).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Obj = dict[str, Any]
+Column = tuple[str, str, int, Callable[[Obj], Any]]  # name, type, priority, cell
+
+
+def human_duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    if hours < 24 * 365 * 8:
+        days = (hours // 24) % 365
+        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
+    return f"{hours // 24 // 365}y"
+
+
+def _age(obj: Obj, now: datetime.datetime | None = None) -> str:
+    created = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not created:
+        return "<unknown>"
+    try:
+        when = datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return "<unknown>"
+    return human_duration(((now or datetime.datetime.now(datetime.UTC)) - when).total_seconds())
+
+
+def _none(value: Any) -> str:
+    return str(value) if value not in (None, "", []) else "<none>"
+
+
+def _pod_status(pod: Obj) -> str:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "Terminating"
+    return (pod.get("status") or {}).get("phase") or "Unknown"
+
+
+def _pod_ready(pod: Obj) -> str:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return f"{sum(1 for s in statuses if s.get('ready'))}/{len(containers)}"
+
+
+def _restarts(pod: Obj) -> int:
+    return sum(int(s.get("restartCount", 0)) for s in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def _node_status(node: Obj) -> str:
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return "Ready" if condition.get("status") == "True" else "NotReady"
+    return "Unknown"
+
+
+def _node_roles(node: Obj) -> str:
+    prefix = "node-role.kubernetes.io/"
+    roles = sorted(k[len(prefix):] for k in ((node.get("metadata") or {}).get("labels") or {}) if k.startswith(prefix))
+    return ",".join(roles) or "<none>"
+
+
+def _name(obj: Obj) -> str:
+    return (obj.get("metadata") or {}).get("name", "")
+
+
+NAME: Column = ("Name", "string", 0, _name)
+AGE: Column = ("Age", "string", 0, _age)
+COLUMNS: dict[str, list[Column]] = {
+    "Pod": [NAME, ("Ready", "string", 0, _pod_ready), ("Status", "string", 0, _pod_status),
+            ("Restarts", "string", 0, lambda p: str(_restarts(p))), AGE,
+            ("IP", "string", 1, lambda p: _none((p.get("status") or {}).get("podIP"))),
+            ("Node", "string", 1, lambda p: _none((p.get("spec") or {}).get("nodeName"))),
+            ("Nominated Node", "string", 1, lambda p: _none((p.get("status") or {}).get("nominatedNodeName"))),
+            ("Readiness Gates", "string", 1, lambda p: _none((p.get("spec") or {}).get("readinessGates")))],
+    "Namespace": [NAME, ("Status", "string", 0, lambda n: (n.get("status") or {}).get("phase") or "Active"), AGE],
+    "Node": [NAME, ("Status", "string", 0, _node_status), ("Roles", "string", 0, _node_roles), AGE,
+             ("Version", "string", 0, lambda n: ((n.get("status") or {}).get("nodeInfo") or {}).get(
+                 "kubeletVersion", ""))],
+    "ConfigMap": [NAME, ("Data", "integer", 0, lambda c: len(c.get("data") or {}) + len(c.get("binaryData") or {})),
+                  AGE],
+    "Secret": [NAME, ("Type", "string", 0, lambda s: s.get("type") or "Opaque"),
+               ("Data", "integer", 0, lambda s: len(s.get("data") or {})), AGE],
+    "Service": [NAME, ("Type", "string", 0, lambda s: (s.get("spec") or {}).get("type") or "ClusterIP"),
+                ("Cluster-IP", "string", 0, lambda s: _none((s.get("spec") or {}).get("clusterIP"))),
+                ("External-IP", "string", 0, lambda s: "<none>"),
+                ("Port(s)", "string", 0, lambda s: ",".join(
+                    f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in (s.get("spec") or {}).get("ports") or [])
+                 or "<none>"), AGE],
+    "Lease": [NAME, ("Holder", "string", 0, lambda lease: (lease.get("spec") or {}).get("holderIdentity") or ""),
+              AGE],
+}
+
+
+def table(kind: str, objects: Sequence[Obj], resource_version: str, *, partial: Callable[[Obj], Obj]) -> Obj:
+    """A ``meta.k8s.io/v1`` Table of ``objects`` (each row carries the object's metadata, as the API server's
+    default ``includeObject=Metadata`` does)."""
+    columns = COLUMNS.get(kind, [NAME, AGE])
+    return {
+        "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": [{"name": name, "type": type_, "format": "name" if name == "Name" else "",
+                               "description": "", "priority": priority} for name, type_, priority, _ in columns],
+        "rows": [{"cells": [cell(obj) for _, _, _, cell in columns], "object": partial(obj)} for obj in objects],
+    }
+
+
+def wants_table(accept: str) -> bool:
+    return "as=Table" in accept
