@@ -203,8 +203,8 @@ class Controller:
         """Pods per role, as the job object asks for them."""
         return {}
 
-    def size_from_pod(self, pod: RawPod) -> dict[str, int] | None:
-        """Pods per role as the pod itself says (LWS annotates it), or None."""
+    def size_from_pod(self, pod: RawPod) -> tuple[dict[str, int], str] | None:
+        """Pods per role as the pod itself says (LWS annotates it), and where it says so; or None."""
         return None
 
     def elastic_minimum(self, objects: Objects) -> int | None:
@@ -578,12 +578,12 @@ class LeaderWorkerSet(Controller):
         labels = _meta(pod)[1]
         return f"{LWS_NAME}={labels[LWS_NAME]},{LWS_GROUP}={labels[LWS_GROUP]}"
 
-    def size_from_pod(self, pod: RawPod) -> dict[str, int] | None:
+    def size_from_pod(self, pod: RawPod) -> tuple[dict[str, int], str] | None:
         raw = _meta(pod)[2].get(LWS_SIZE)
         if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 9:
             return None
         size = int(raw)
-        return {"leader": 1, "worker": size - 1}
+        return {"leader": 1, "worker": size - 1}, f"annotation {LWS_SIZE}"
 
 
 # --- plain Indexed Job ------------------------------------------------------------------------------------
@@ -660,6 +660,11 @@ CONTROLLERS: dict[str, Controller] = {
 
 # Every pod label (and annotation) key some controller reads: the published rows keep these.
 ALL_LABELS = frozenset().union(*(c.labels for c in CONTROLLERS.values()))
+
+
+def is_read_label(key: str) -> bool:
+    """A label some controller reads (TrainJob's claim reads any ``trainer.kubeflow.org/`` label)."""
+    return key in ALL_LABELS or key.startswith(TRAINJOB_PREFIX)
 
 # A controller that creates another's objects outranks it: a TrainJob makes a JobSet, which makes Jobs; the MPI
 # operator's launcher is a Job's pod. MPIJob pods carry training-operator's job-name label too.

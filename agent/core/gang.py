@@ -14,7 +14,6 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core import controllers as c
 from agent.core.controllers import Controller, Objects, detect_controller, parse_selector
 from agent.core.model import Options, RawPod
 from agent.core.topology import Memo, Sizes, collect, facts_of, pod_ip
@@ -102,10 +101,11 @@ def job_reads(me: RawPod, options: Options) -> JobReads:
 
 def expectation_from_pod(controller: Controller, pod: RawPod) -> Expectation | None:
     """The job's size as the pod itself states it (a LeaderWorkerSet annotates its size), or None."""
-    sizes = controller.size_from_pod(pod)
-    if sizes is None:
+    found = controller.size_from_pod(pod)
+    if found is None:
         return None
-    return Expectation(total=sum(sizes.values()), per_role=sizes, source=f"annotation {c.LWS_SIZE}")
+    sizes, source = found
+    return Expectation(total=sum(sizes.values()), per_role=sizes, source=source)
 
 
 def deferred_roles(waits: dict[str, frozenset[str]], role: str) -> tuple[str, ...]:

@@ -31,7 +31,6 @@ from agent.errors import InputError
 
 SCHEMA = 2  # 2: rows carry the pod's node and its level labels
 DATA_KEY = "topology.json.gz"
-_ROLE_LABELS = c.ALL_LABELS
 _NPROC_ENV = frozenset({"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})
 
 
@@ -77,11 +76,11 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
     status = pod.get("status", {})
-    keep = _ROLE_LABELS | ({options.index_label} if options.index_label else set())
+    extra = {options.index_label} if options.index_label else set()
     labels = {k: v for k, v in (meta.get("labels") or {}).items()
-              if k in keep or k.startswith(c.TRAINJOB_PREFIX) or (options.selector and k in options.selector)}
+              if c.is_read_label(k) or k in extra or (options.selector and k in options.selector)}
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
-                   if (k in keep and k not in labels) or k == c.LWS_SIZE}
+                   if (k in c.ALL_LABELS or k in extra) and k not in labels}
     shape = _shape(pod, options, shapes)
     index = containers.setdefault(shape, len(containers))
     ip = status.get("podIP") or next((e.get("ip") for e in status.get("podIPs", []) if e.get("ip")), "")

@@ -202,3 +202,19 @@ GENERIC_CASES = [
 def test_generic_selector(self_name, expected):
     check(_generic_pods(), self_name, expected, {"selector": "app=train,run=r1", "index_label": "idx",
                                                  "address": "ip"})
+
+
+def test_no_module_but_controllers_knows_a_controller():
+    """Controller knowledge was spread over gang.py (11 branches on the controller's key), topology.py and
+    published.py, and the fixes of one place were missing in the others: now every answer comes from the
+    controller's class in controllers.py, and other modules ask it."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "agent"
+    branch = re.compile(r"\.key\s*(==|!=|in)\s*[\"(]|\bc\.(VOLCANO|PYTORCHJOB|MPI|JOBSET|TRAINJOB|LWS|COMPLETION|"
+                        r"JOB_NAME|COORDINATOR)\w*|default_roles")
+    found = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+             for path in root.rglob("*.py") if path.name != "controllers.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
+    assert found == []
