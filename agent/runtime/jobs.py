@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from agent.core.gang import JobReads, JobView, job_reads
+from agent.core.gang import JobView, job_reads
 from agent.core.model import Options, RawPod
 from agent.errors import ApiForbidden, ApiNotFound
 
@@ -18,51 +18,59 @@ Get = Callable[[str], Mapping[str, Any]]
 AsyncGet = Callable[[str], Awaitable[Mapping[str, Any]]]
 
 
-def _unreadable(path: str, err: Exception, first: bool) -> None:
-    if first:
-        raise err
-    log.warning("cannot read %s (%s); the controller's defaults stand (grant get on it: docs/controllers.md)",
-                path, err)
+class _Reading:
+    """One pass of ``job_reads``: the path to read next, then the view. The sync and async drivers only GET."""
 
+    def __init__(self, me: RawPod, options: Options) -> None:
+        self._reads = job_reads(me, options)
+        self._first = True
+        self.view: JobView | None = None
+        self.path: str | None = self._step(lambda: next(self._reads))
 
-def _step(reads: JobReads, obj: Mapping[str, Any] | None, *, start: bool = False) -> tuple[str | None, JobView | None]:
-    """The next path to read, or the finished view."""
-    try:
-        return (next(reads) if start else reads.send(obj)), None
-    except StopIteration as done:
-        return None, done.value
+    def _step(self, advance: Callable[[], str]) -> str | None:
+        try:
+            return advance()
+        except StopIteration as done:
+            self.view = done.value
+            return None
+
+    def answer(self, obj: Mapping[str, Any] | None) -> None:
+        self._first = False
+        self.path = self._step(lambda: self._reads.send(obj))
+
+    def unreadable(self, err: ApiNotFound | ApiForbidden) -> None:
+        """The owner itself must be read (the caller explains why it cannot); anything it leads to may not be."""
+        if self._first:
+            raise err
+        log.warning("cannot read %s (%s); the controller's defaults stand (grant get on it: docs/controllers.md)",
+                    self.path, err)
+        self.answer(None)
+
+    def result(self) -> JobView:
+        assert self.view is not None
+        return self.view
 
 
 def read_job(get: Get, me: RawPod, options: Options) -> JobView:
     """``get`` raises ``ApiNotFound``/``ApiForbidden`` for the owner itself (the caller explains those)."""
-    reads = job_reads(me, options)
-    path, view = _step(reads, None, start=True)
-    first = True
-    while path is not None:
-        obj: Mapping[str, Any] | None
+    reading = _Reading(me, options)
+    while reading.path is not None:
         try:
-            obj = get(path)
+            obj = get(reading.path)
         except (ApiNotFound, ApiForbidden) as err:
-            _unreadable(path, err, first)
-            obj = None
-        first = False
-        path, view = _step(reads, obj)
-    assert view is not None
-    return view
+            reading.unreadable(err)
+            continue
+        reading.answer(obj)
+    return reading.result()
 
 
 async def read_job_async(get: AsyncGet, me: RawPod, options: Options) -> JobView:
-    reads = job_reads(me, options)
-    path, view = _step(reads, None, start=True)
-    first = True
-    while path is not None:
-        obj: Mapping[str, Any] | None
+    reading = _Reading(me, options)
+    while reading.path is not None:
         try:
-            obj = await get(path)
+            obj = await get(reading.path)
         except (ApiNotFound, ApiForbidden) as err:
-            _unreadable(path, err, first)
-            obj = None
-        first = False
-        path, view = _step(reads, obj)
-    assert view is not None
-    return view
+            reading.unreadable(err)
+            continue
+        reading.answer(obj)
+    return reading.result()
