@@ -517,7 +517,7 @@ def _kubeconfig(args: argparse.Namespace) -> str | None:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from agent.k8s.client import ApiClient
+    from agent.k8s.client import Client
     from agent.k8s.config import load_config
     from agent.runtime.init import InitSettings, run_init
     from agent.runtime.logs import setup_logging
@@ -539,7 +539,7 @@ def _init(args: argparse.Namespace) -> int:
         namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, expect=expect,
         timeout=float(timeout if timeout is not None else 600), wait_dns=wait_dns, source=source,
     )
-    api = ApiClient(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
+    api = Client(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
     run_init(api, settings, ssh=ssh)
     return 0
 
@@ -559,7 +559,7 @@ def _sidecar(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from agent.k8s.async_client import AsyncApiClient
+    from agent.k8s.async_client import AsyncClient
     from agent.k8s.config import load_config
     from agent.runtime.logs import setup_logging
     from agent.runtime.sidecar import SidecarSettings, run_sidecar
@@ -612,7 +612,7 @@ def _sidecar(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         user_agent = f"topology-agent/{__version__} sidecar ({namespace}/{pod_name})"
-        async with AsyncApiClient(config, user_agent=user_agent) as api:
+        async with AsyncClient(config, user_agent=user_agent) as api:
             await run_sidecar(api, settings, stop=stop, health_port=port or None, health_host=health_host,
                               health_label=f"{knob(args, 'health-port').label} {port} on {health_host}")
 
@@ -676,10 +676,10 @@ def _keygen(args: argparse.Namespace) -> int:
     if not args.apply:
         print(manifest, end="")
         return 0
-    from agent.k8s.client import ApiClient
+    from agent.k8s.client import Client
     from agent.k8s.config import load_config
 
-    api = ApiClient(load_config(kubeconfig))
+    api = Client(load_config(kubeconfig))
     try:
         created = api.create(f"/api/v1/namespaces/{args.namespace}/secrets", yaml.safe_load(manifest))
     except ApiConflict as err:

@@ -29,7 +29,7 @@ from agent import examples
 from agent.core import Options, render_pod
 from agent.core.ssh_config import SshPaths, render_known_hosts, render_ssh_config
 from agent.errors import ApiError, InputError
-from agent.k8s.wire import parse_event
+from agent.k8s.core import parse_event
 from agent.runtime.intake import usable_pods
 from agent.trainer import parse_env_file
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agent.errors import ApiError, ApiGone, ApiUnavailable
-from agent.k8s.wire import list_items, parse_event, parse_json
+from agent.k8s.core import list_items, parse_event, parse_json
 
 POD = {"metadata": {"name": "p", "resourceVersion": "5"}}
 BROKEN_LINES = [

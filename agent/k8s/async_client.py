@@ -1,58 +1,56 @@
-"""The sidecar's API client: the same calls and the same error mapping as ``client.py``, on aiohttp.
+"""The sidecar's API client: the client core (core.py) over aiohttp, so its long watch never blocks a thread.
 
-The sidecar is asyncio (its watch, debounce and health server run side by side), so its long watch must not
-block a thread. Status codes and watch lines are interpreted by the helpers in ``client.py``; this module only
-moves bytes, and maps aiohttp and socket exceptions to ``ApiUnavailable`` in one place.
+The same requests, the same reading of answers and the same time bounds as client.py; only the transport
+differs. aiohttp and socket exceptions become the agent's ``ApiError`` here, in one place.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
-from urllib.parse import quote, urlencode
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import aiohttp
 
 from agent import __version__
 from agent.core.model import RawPod
-from agent.errors import ApiConflict, ApiError, ApiUnavailable
+from agent.k8s import core
 from agent.k8s.config import ApiConfig
-from agent.k8s.wire import (
-    METADATA_ACCEPT,
-    METADATA_LIST_ACCEPT,
-    PAGE,
-    Keep,
-    Pager,
-    Traffic,
-    WatchEvent,
-    error_for_status,
-    list_query,
-    namespace_of,
-    parse_event,
-    parse_json,
-    request_headers,
-    ssl_context,
-    tls_failure,
-    watch_query,
-)
+from agent.k8s.core import PAGE, Keep, Pager, Request, Response, Traffic, WatchEvent, WatchLines
+from agent.k8s.transport import CONNECT, IDLE, headers, silent, ssl_context, too_slow, unreachable
 
 
-class AsyncApiClient:
-    def __init__(self, config: ApiConfig, *, user_agent: str | None = None, timeout: float = 30.0) -> None:
-        self.config = config
-        self.traffic = Traffic()
-        self.timeout = timeout
-        self.user_agent = user_agent or f"topology-agent/{__version__}"
+class AsyncTransport(Protocol):
+    async def send(self, request: Request, *, timeout: float) -> Response: ...
+
+    def stream(self, request: Request, *, wait: float) -> AsyncIterator[Response | bytes]: ...
+
+
+class AsyncApi(Protocol):
+    """What the sidecar needs from the API server; tests substitute the mock transport."""
+
+    async def get_pod(self, namespace: str, name: str) -> RawPod: ...
+
+    async def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]: ...
+
+    async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
+                           keep: Keep | None = None,
+                           metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]: ...
+
+    def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
+                      field_selector: str = "", idle: float = IDLE) -> AsyncIterator[WatchEvent]: ...
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class AiohttpTransport:
+    def __init__(self, config: ApiConfig, user_agent: str) -> None:
+        self.config, self.user_agent = config, user_agent
         self._ssl = ssl_context(config)
         self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> AsyncApiClient:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.close()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -65,110 +63,125 @@ class AsyncApiClient:
         if self._session is not None:
             await self._session.close()
 
-    def _headers(self, accept: str = "application/json") -> dict[str, str]:
-        return request_headers(self.config, self.user_agent, accept)
+    def _request(self, request: Request, timeout: aiohttp.ClientTimeout) -> Any:
+        return self.session.request(request.method, request.url(self.config.server), data=request.body,
+                                    headers=headers(self.config, self.user_agent, request), timeout=timeout)
 
-    @contextlib.contextmanager
-    def _mapped(self, verb: str, what: str) -> Iterator[None]:
+    async def send(self, request: Request, *, timeout: float) -> Response:
         try:
-            yield
-        except ApiError:
-            raise
-        except (aiohttp.ClientError, OSError, TimeoutError) as err:
-            untrusted = tls_failure(err, self.config.server)
-            if untrusted is not None:
-                raise untrusted from err
-            raise ApiUnavailable(
-                f"API server {self.config.server} unreachable during {verb} {what}: {type(err).__name__}") from err
+            async with asyncio.timeout(timeout):  # the whole answer, however its bytes arrive
+                async with self._request(request, aiohttp.ClientTimeout(total=None, connect=CONNECT)) as resp:
+                    return Response(resp.status, await resp.read(), resp.headers.get("Retry-After"))
+        except TimeoutError as err:
+            raise too_slow(request, timeout) from err
+        except (aiohttp.ClientError, OSError) as err:
+            raise unreachable(err, self.config.server, request) from err
 
-    async def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
-                        query: dict[str, str] | None = None, accept: str = "application/json") -> dict[str, Any]:
-        url = self.config.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
-        self.traffic.count(verb)
-        with self._mapped(verb, what):
-            async with self.session.get(url, headers=self._headers(accept),
-                                        timeout=aiohttp.ClientTimeout(total=self.timeout, connect=5.0)) as resp:
-                body = await resp.read()
-                self.traffic.bytes += len(body)
+    async def stream(self, request: Request, *, wait: float) -> AsyncIterator[Response | bytes]:
+        """The response head first, then the body's chunks; each read waits at most ``wait`` seconds."""
+        try:
+            async with self._request(request, aiohttp.ClientTimeout(total=None, connect=CONNECT,
+                                                                    sock_read=wait)) as resp:
                 if resp.status >= 400:
-                    raise error_for_status(resp.status, body, resp.headers.get("Retry-After"), verb=verb,
-                                           what=what, namespace=namespace)
-                return parse_json(body, what=f"{verb} {what}")
+                    yield Response(resp.status, await resp.read(), resp.headers.get("Retry-After"))
+                    return
+                yield Response(resp.status)
+                while chunk := await resp.content.readany():
+                    yield chunk
+        except TimeoutError as err:
+            raise silent(request, wait) from err
+        except (aiohttp.ClientError, OSError) as err:
+            raise unreachable(err, self.config.server, request) from err
+
+
+class AsyncClient:
+    """The calls the sidecar makes, each one request of the core over the transport."""
+
+    def __init__(self, config: ApiConfig, *, user_agent: str | None = None, timeout: float = 30.0,
+                 transport: AsyncTransport | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.traffic = Traffic()
+        self.timeout = timeout
+        self.clock = clock
+        self.transport = transport or AiohttpTransport(config, user_agent or f"topology-agent/{__version__}")
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        closer = getattr(self.transport, "close", None)
+        if closer is not None:
+            await closer()
+
+    async def send(self, request: Request) -> Response:
+        self.traffic.count(request)
+        response = await self.transport.send(request, timeout=self.timeout)
+        self.traffic.bytes += len(response.body)
+        return response
+
+    async def call(self, request: Request) -> dict[str, Any]:
+        return core.read(request, await self.send(request))
 
     async def get_pod(self, namespace: str, name: str) -> RawPod:
-        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
-        return await self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore
+        return await self.call(core.get_pod(namespace, name))  # type: ignore[return-value]
 
     async def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]:
-        parts = path.strip("/").split("/")
-        return await self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace_of(path),
-                                    accept=METADATA_ACCEPT if metadata_only else "application/json")
+        return await self.call(core.get(path, metadata_only=metadata_only))
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.call(core.write("POST", path, body))
+
+    async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.call(core.write("PUT", path, body))
 
     async def list_pods(self, namespace: str, selector: str, *,
                         keep: Keep | None = None) -> tuple[list[RawPod], str]:
         """The job's pods, in pages of ``PAGE``; ``keep`` shrinks each page before the next is read."""
-        items, rv = await self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector,
-                                            limit=PAGE, keep=keep)
+        items, rv = await self.list_objects(core.pods_path(namespace), label_selector=selector, limit=PAGE,
+                                            keep=keep)
         return items, rv  # type: ignore[return-value]
 
     async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
                            keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
-        parts = path.strip("/").split("/")
-        namespace = namespace_of(path)
-        pager = Pager(list_query(label_selector, field_selector), limit=limit, keep=keep, what=parts[-1])
-        accept = METADATA_LIST_ACCEPT if metadata_only else "application/json"
-        while pager.take(await self._get_json(path, verb="list", what=parts[-1], namespace=namespace,
-                                             query=pager.query(), accept=accept)):
-            pass
+        pager = Pager(path, label_selector=label_selector, field_selector=field_selector, limit=limit, keep=keep,
+                      metadata_only=metadata_only)
+        request = pager.request()
+        while pager.take(request, await self.send(request)):
+            request = pager.request()
         return pager.kept, pager.version
 
-    async def write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST (create) to a collection or PUT (replace) to an object; 409 becomes ``ApiConflict``."""
-        parts = path.strip("/").split("/")
-        namespace = namespace_of(path)
-        verb = "create" if method == "POST" else "update"
-        what = f"{parts[-1] if method == 'POST' else parts[-2]} '{body.get('metadata', {}).get('name', '?')}'"
-        self.traffic.count(verb)
-        with self._mapped(verb, what):
-            async with self.session.request(method, self.config.server.rstrip("/") + path, data=json.dumps(body),
-                                            headers={**self._headers(), "Content-Type": "application/json"},
-                                            timeout=aiohttp.ClientTimeout(total=self.timeout, connect=5.0)) as resp:
-                data = await resp.read()
-                self.traffic.bytes += len(data)
-                if resp.status == 409:
-                    raise ApiConflict(f"{what} already exists or changed in namespace '{namespace}'", status=409)
-                if resp.status >= 400:
-                    raise error_for_status(resp.status, data, resp.headers.get("Retry-After"), verb=verb, what=what,
-                                           namespace=namespace)
-                return parse_json(data, what=f"{verb} {what}")
-
-    def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
-                   timeout: float) -> AsyncIterator[WatchEvent]:
-        return self.watch_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", resource_version, timeout=timeout,
-                                  label_selector=selector)
+    def watch_pods(self, namespace: str, selector: str, resource_version: str, *, timeout: float,
+                   idle: float = IDLE) -> AsyncIterator[WatchEvent]:
+        return self.watch_objects(core.pods_path(namespace), resource_version, timeout=timeout,
+                                  label_selector=selector, idle=idle)
 
     async def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
-                            field_selector: str = "") -> AsyncIterator[WatchEvent]:
-        query = watch_query(resource_version, timeout, label_selector, field_selector)
-        parts = path.strip("/").split("/")
-        namespace = namespace_of(path)
-        url = f"{self.config.server.rstrip('/')}{path}?{urlencode(query)}"
-        self.traffic.count("watch")
-        self.traffic.watches += 1
-        with self._mapped("watch", parts[-1]):
-            client_timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout + 30.0)
-            async with self.session.get(url, headers=self._headers(), timeout=client_timeout) as resp:
-                if resp.status >= 400:
-                    body = await resp.read()
-                    raise error_for_status(resp.status, body, resp.headers.get("Retry-After"), verb="watch",
-                                           what=parts[-1], namespace=namespace)
-                buffer = b""
-                async for chunk in resp.content.iter_any():
-                    self.traffic.bytes += len(chunk)
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if line.strip():
-                            yield parse_event(line)
-                if buffer.strip():
-                    raise ApiUnavailable("watch stream ended mid-event (connection cut)")
+                            field_selector: str = "", idle: float = IDLE) -> AsyncIterator[WatchEvent]:
+        """Events after ``resource_version`` until the server ends the watch (``timeout``); ``ApiUnavailable``
+        when ``idle`` seconds pass without an event or bookmark."""
+        request = core.watch(path, resource_version, timeout=timeout, label_selector=label_selector,
+                             field_selector=field_selector)
+        self.traffic.count(request)
+        lines = WatchLines()
+        last = self.clock()
+        async for part in self.transport.stream(request, wait=idle):
+            if isinstance(part, Response):
+                if part.status >= 400:
+                    raise core.error_for_status(request, part)
+                continue
+            self.traffic.bytes += len(part)
+            events = lines.feed(part)
+            now = self.clock()
+            if events:
+                last = now
+                for event in events:
+                    yield event
+            elif now - last > idle:  # bytes, but no event: a trickle is no progress
+                raise silent(request, idle)
+        lines.finish()
+
+
+__all__ = ["AsyncApi", "AsyncClient", "AsyncTransport"]

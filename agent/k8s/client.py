@@ -1,55 +1,64 @@
-"""The one HTTP client of the agent: GET, LIST and WATCH of pods and the owner kinds, over urllib3.
+"""init's API client: the client core (core.py) over urllib3, synchronous.
 
-Every urllib3 and socket exception is mapped here to the agent's ``ApiError`` tree (one context manager,
-``_mapped``), so nothing above this module knows which HTTP library is underneath. Bodies in error messages
-are truncated to the API server's own ``message`` so a token or object dump never reaches a log.
+The transport moves bytes and bounds time; everything else is the core's. Every urllib3 and socket exception
+becomes the agent's ``ApiError`` here (transport.unreachable), so nothing above this module knows which HTTP
+library is underneath. ``Client.deadline`` (init's ``--timeout``) bounds every request, connect included.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-from urllib.parse import quote, urlencode
+from typing import Any, Protocol
 
 import urllib3
 
 from agent import __version__
 from agent.core.model import RawPod
-from agent.errors import ApiConflict, ApiError, ApiUnavailable
+from agent.k8s import core
 from agent.k8s.config import ApiConfig
-from agent.k8s.wire import (
-    METADATA_ACCEPT,
-    METADATA_LIST_ACCEPT,
-    PAGE,
-    Keep,
-    Pager,
-    PodSource,
-    Traffic,
-    WatchEvent,
-    error_for_status,
-    list_query,
-    namespace_of,
-    page_query,
-    parse_event,
-    parse_json,
-    peek_continue,
-    request_headers,
-    ssl_context,
-    tls_failure,
-    watch_query,
-)
+from agent.k8s.core import PAGE, Keep, Pager, Request, Response, Traffic, WatchEvent, WatchLines
+from agent.k8s.transport import CONNECT, IDLE, READ, Budget, headers, silent, ssl_context, too_slow, unreachable
 
-__all__ = ["ApiClient", "PodSource", "WatchEvent"]
+__all__ = ["Api", "Client", "Transport", "WatchEvent"]
 
-class ApiClient:
-    def __init__(self, config: ApiConfig, *, user_agent: str | None = None, timeout: float = 30.0) -> None:
-        self.config = config
-        self.traffic = Traffic()
-        self.timeout = timeout
-        self.user_agent = user_agent or f"topology-agent/{__version__}"
+
+class Transport(Protocol):
+    """Moves a request's bytes; bounds each read. ``send`` answers within ``timeout`` in all; ``stream`` yields
+    a watch's chunks, each read waiting at most ``wait`` seconds."""
+
+    def send(self, request: Request, *, timeout: float) -> Response: ...
+
+    def stream(self, request: Request, *, wait: float) -> tuple[Response, Iterator[bytes]]: ...
+
+
+class Api(Protocol):
+    """What the runtime needs from the API server (init's side); tests substitute the mock transport."""
+
+    def get_pod(self, namespace: str, name: str) -> RawPod: ...
+
+    def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]: ...
+
+    def list_pods(self, namespace: str, selector: str, *, keep: Keep | None = None) -> tuple[list[RawPod], str]: ...
+
+    def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
+                     keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]: ...
+
+    def watch_pods(self, namespace: str, selector: str, resource_version: str, *, timeout: float,
+                   idle: float = IDLE) -> Iterator[WatchEvent]: ...
+
+    def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
+                      field_selector: str = "", idle: float = IDLE) -> Iterator[WatchEvent]: ...
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class Urllib3Transport:
+    def __init__(self, config: ApiConfig, user_agent: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.user_agent, self.clock = config, user_agent, clock
         kwargs: dict[str, Any] = {"maxsize": 2, "retries": False}
         context = ssl_context(config)
         if context is not None:
@@ -58,148 +67,164 @@ class ApiClient:
                 kwargs["cert_reqs"] = "CERT_NONE"
         self.pool = urllib3.PoolManager(**kwargs)
 
+    def _open(self, request: Request, read: float) -> urllib3.BaseHTTPResponse:
+        try:
+            return self.pool.request(request.method, request.url(self.config.server), body=request.body,
+                                     headers=headers(self.config, self.user_agent, request), preload_content=False,
+                                     timeout=urllib3.Timeout(connect=min(CONNECT, read), read=read))
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise unreachable(err, self.config.server, request) from err
+
+    def send(self, request: Request, *, timeout: float) -> Response:
+        started = self.clock()
+        response = self._open(request, timeout)
+        body, whole = bytearray(), False
+        try:
+            while chunk := response.read1(READ):
+                body += chunk
+                if self.clock() - started > timeout:
+                    raise too_slow(request, timeout)
+            whole = True
+        except urllib3.exceptions.ReadTimeoutError as err:
+            raise too_slow(request, timeout) from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise unreachable(err, self.config.server, request) from err
+        finally:
+            if not whole:
+                response.close()  # a half-read answer: the connection is not reused
+            response.release_conn()
+        return Response(response.status, bytes(body), response.headers.get("Retry-After"))
+
+    def stream(self, request: Request, *, wait: float) -> tuple[Response, Iterator[bytes]]:
+        response = self._open(request, wait)
+        if response.status >= 400:
+            try:
+                return Response(response.status, response.read(), response.headers.get("Retry-After")), iter(())
+            except (urllib3.exceptions.HTTPError, OSError) as err:
+                raise unreachable(err, self.config.server, request) from err
+            finally:
+                response.release_conn()
+
+        def chunks() -> Iterator[bytes]:
+            whole = False
+            try:
+                while chunk := response.read1(READ):
+                    yield chunk
+                whole = True
+            except urllib3.exceptions.ReadTimeoutError as err:
+                raise silent(request, wait) from err
+            except (urllib3.exceptions.HTTPError, OSError) as err:
+                raise unreachable(err, self.config.server, request) from err
+            finally:
+                if not whole:
+                    response.close()
+                response.release_conn()
+
+        return Response(response.status), chunks()
+
     def close(self) -> None:
         self.pool.clear()
 
-    # --- plumbing ----------------------------------------------------------------------------------------
 
-    def _headers(self, accept: str = "application/json") -> dict[str, str]:
-        return request_headers(self.config, self.user_agent, accept)
+class Client:
+    """The calls init makes, each one request of the core over the transport."""
 
-    @contextlib.contextmanager
-    def _mapped(self, verb: str, what: str) -> Iterator[None]:
-        try:
-            yield
-        except ApiError:
-            raise
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            untrusted = tls_failure(err, self.config.server)
-            if untrusted is not None:
-                raise untrusted from err
-            reason = type(err).__name__
-            raise ApiUnavailable(f"API server {self.config.server} unreachable during {verb} {what}: {reason}") \
-                from err
+    def __init__(self, config: ApiConfig, *, user_agent: str | None = None, timeout: float = 30.0,
+                 transport: Transport | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.traffic = Traffic()
+        self.timeout = timeout
+        self.clock = clock
+        self.budget = Budget(clock)  # .deadline: init's --timeout, which every request ends by
+        self.transport = transport or Urllib3Transport(config, user_agent or f"topology-agent/{__version__}",
+                                                       clock=clock)
 
-    def _check(self, response: urllib3.BaseHTTPResponse, verb: str, what: str, namespace: str) -> None:
-        if response.status >= 400:
-            body = response.data if response.data is not None else b""
-            raise error_for_status(response.status, body, response.headers.get("Retry-After"), verb=verb,
-                                   what=what, namespace=namespace)
+    def close(self) -> None:
+        closer = getattr(self.transport, "close", None)
+        if closer is not None:
+            closer()
 
-    def _get_raw(self, path: str, *, verb: str, what: str, namespace: str,
-                 query: dict[str, str] | None = None, accept: str = "application/json") -> bytes:
-        url = self.config.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
-        self.traffic.count(verb)
-        with self._mapped(verb, what):
-            response = self.pool.request("GET", url, headers=self._headers(accept),
-                                         timeout=urllib3.Timeout(connect=5.0, read=self.timeout))
-            data = response.data or b""
-            self.traffic.bytes += len(data)
-            self._check(response, verb, what, namespace)
-            return data
+    def send(self, request: Request) -> Response:
+        self.traffic.count(request)
+        response = self.transport.send(request, timeout=self.budget.left(self.timeout))
+        self.traffic.bytes += len(response.body)
+        return response
 
-    def _get_json(self, path: str, *, verb: str, what: str, namespace: str,
-                  query: dict[str, str] | None = None, accept: str = "application/json") -> dict[str, Any]:
-        raw = self._get_raw(path, verb=verb, what=what, namespace=namespace, query=query, accept=accept)
-        return parse_json(raw, what=f"{verb} {what}")
-
-    # --- the calls ---------------------------------------------------------------------------------------
-
-    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST an object to a collection path (``keygen --apply``, the leader's published topology)."""
-        return self._write("POST", path, body, verb="create")
-
-    def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """PUT an object to its own path; ``metadata.resourceVersion`` in the body makes it a compare-and-swap."""
-        return self._write("PUT", path, body, verb="update")
-
-    def _write(self, method: str, path: str, body: dict[str, Any], *, verb: str) -> dict[str, Any]:
-        parts = path.strip("/").split("/")
-        namespace = namespace_of(path)
-        what = f"{parts[-1] if method == 'POST' else parts[-2]} '{body.get('metadata', {}).get('name', '?')}'"
-        self.traffic.count(verb)
-        with self._mapped(verb, what):
-            response = self.pool.request(method, self.config.server.rstrip("/") + path, body=json.dumps(body),
-                                         headers={**self._headers(), "Content-Type": "application/json"},
-                                         timeout=urllib3.Timeout(connect=5.0, read=self.timeout))
-            self.traffic.bytes += len(response.data or b"")
-            if response.status == 409:
-                raise ApiConflict(f"{what} already exists or changed in namespace '{namespace}'", status=409)
-            self._check(response, verb, what, namespace)
-            return parse_json(response.data or b"", what=f"{verb} {what}")
+    def call(self, request: Request) -> dict[str, Any]:
+        return core.read(request, self.send(request))
 
     def get_pod(self, namespace: str, name: str) -> RawPod:
-        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
-        return self._get_json(path, verb="get", what=f"pod '{name}'", namespace=namespace)  # type: ignore[return-value]
+        return self.call(core.get_pod(namespace, name))  # type: ignore[return-value]
+
+    def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]:
+        return self.call(core.get(path, metadata_only=metadata_only))
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call(core.write("POST", path, body))
+
+    def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call(core.write("PUT", path, body))
 
     def list_pods(self, namespace: str, selector: str, *, keep: Keep | None = None) -> tuple[list[RawPod], str]:
         """The job's pods, in pages of ``PAGE``; ``keep`` shrinks each page before the next is read."""
-        return self.list_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", label_selector=selector,  # type: ignore
-                                 limit=PAGE, keep=keep)
+        return self.list_objects(core.pods_path(namespace), label_selector=selector, limit=PAGE,  # type: ignore
+                                 keep=keep)
 
     def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
                      keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
-        parts = path.strip("/").split("/")
-        namespace = namespace_of(path)
-        pager = Pager(list_query(label_selector, field_selector), limit=limit, keep=keep, what=parts[-1])
-        accept = METADATA_LIST_ACCEPT if metadata_only else "application/json"
-
-        def fetch(query: dict[str, str]) -> bytes:
-            return self._get_raw(path, verb="list", what=parts[-1], namespace=namespace, query=query, accept=accept)
-
+        pager = Pager(path, label_selector=label_selector, field_selector=field_selector, limit=limit, keep=keep,
+                      metadata_only=metadata_only)
         if not limit:
-            pager.take(parse_json(fetch(pager.query()), what=f"list {parts[-1]}"))
+            request = pager.request()
+            pager.take(request, self.send(request))
             return pager.kept, pager.version
         # The next page is asked for while this one is parsed and cut down: the API server prepares a page in
         # about the time the agent takes to read one (4096 pods: 0.3-0.6 s of 1.0 s waiting, sequentially).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="list-ahead") as ahead:
-            pending = ahead.submit(fetch, pager.query())
+            request = pager.request()
+            pending = ahead.submit(self.send, request)
             while True:
-                raw = pending.result()
-                token = peek_continue(raw)
+                response = pending.result()
+                token = core.peek_continue(response.body)
                 if token:
-                    pending = ahead.submit(fetch, page_query(pager.base, limit, token))
-                more = pager.take(parse_json(raw, what=f"list {parts[-1]}"))
-                del raw
+                    next_request = pager.request(token)
+                    pending = ahead.submit(self.send, next_request)
+                more = pager.take(request, response)
+                del response
                 if not more:
                     break
                 if pager.token != token:  # the peek was wrong: ask for the page the parsed answer names
-                    pending = ahead.submit(fetch, pager.query())
+                    next_request = pager.request()
+                    pending = ahead.submit(self.send, next_request)
+                request = next_request
         return pager.kept, pager.version
 
-    def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]:
-        parts = path.strip("/").split("/")
-        namespace = namespace_of(path)
-        return self._get_json(path, verb="get", what=f"{parts[-2]} '{parts[-1]}'", namespace=namespace,
-                              accept=METADATA_ACCEPT if metadata_only else "application/json")
-
-    def watch_pods(self, namespace: str, selector: str, resource_version: str, *,
-                   timeout: float) -> Iterator[WatchEvent]:
-        """Stream events after ``resource_version`` until the server ends the watch (after ``timeout``)."""
-        return self.watch_objects(f"/api/v1/namespaces/{quote(namespace)}/pods", resource_version, timeout=timeout,
-                                  label_selector=selector)
+    def watch_pods(self, namespace: str, selector: str, resource_version: str, *, timeout: float,
+                   idle: float = IDLE) -> Iterator[WatchEvent]:
+        return self.watch_objects(core.pods_path(namespace), resource_version, timeout=timeout,
+                                  label_selector=selector, idle=idle)
 
     def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
-                      field_selector: str = "") -> Iterator[WatchEvent]:
-        query = watch_query(resource_version, timeout, label_selector, field_selector)
-        parts = path.strip("/").split("/")
-        namespace = namespace_of(path)
-        url = f"{self.config.server.rstrip('/')}{path}?{urlencode(query)}"
-        self.traffic.count("watch")
-        self.traffic.watches += 1
-        with self._mapped("watch", parts[-1]):
-            response = self.pool.request("GET", url, headers=self._headers(), preload_content=False,
-                                         timeout=urllib3.Timeout(connect=5.0, read=timeout + 30.0))
-            try:
-                if response.status >= 400:
-                    self._check(response, "watch", parts[-1], namespace)  # .data reads the error body
-                buffer = b""
-                for chunk in response.stream(64 * 1024, decode_content=True):
-                    self.traffic.bytes += len(chunk)
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if line.strip():
-                            yield parse_event(line)
-            finally:
-                response.release_conn()
+                      field_selector: str = "", idle: float = IDLE) -> Iterator[WatchEvent]:
+        """Events after ``resource_version`` until the server ends the watch (``timeout``); ``ApiUnavailable``
+        when ``idle`` seconds pass without an event or bookmark, or at the client's deadline."""
+        request = core.watch(path, resource_version, timeout=timeout, label_selector=label_selector,
+                             field_selector=field_selector)
+        self.traffic.count(request)
+        wait = self.budget.left(idle)
+        response, chunks = self.transport.stream(request, wait=wait)
+        if response.status >= 400:
+            raise core.error_for_status(request, response)
+        lines = WatchLines()
+        last = self.clock()
+        for chunk in chunks:
+            self.traffic.bytes += len(chunk)
+            events = lines.feed(chunk)
+            now = self.clock()
+            if events:
+                last = now
+                yield from events
+            elif now - last > wait:  # bytes, but no event: a trickle is no progress
+                raise silent(request, wait)
+            self.budget.left(idle)  # past the client's deadline: ApiUnavailable
+        lines.finish()

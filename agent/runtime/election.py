@@ -23,14 +23,14 @@ from agent.core.lease import (
     release_body,
 )
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, ApiUnavailable
-from agent.k8s.async_client import AsyncApiClient
+from agent.k8s.async_client import AsyncClient
 from agent.runtime.publishing import lease_path, now_wall
 
 log = logging.getLogger("topology_agent.election")
 
 
 class Elector:
-    def __init__(self, api: AsyncApiClient, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
+    def __init__(self, api: AsyncClient, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
                  timing: Timing | None = None, named_leader: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock
@@ -51,7 +51,7 @@ class Elector:
             body = lease_body(self.name, self.me, now_wall=now_wall(), previous=None, owner=self.owner,
                               duration=self.timing.duration)
             try:
-                written = await self.api.write("POST", lease_path(self.namespace), body)
+                written = await self.api.create(lease_path(self.namespace), body)
             except ApiConflict:
                 return False
             return self._took(written)
@@ -63,7 +63,7 @@ class Elector:
         body = lease_body(self.name, self.me, now_wall=now_wall(), previous=record, owner=self.owner,
                           duration=self.timing.duration)
         try:
-            written = await self.api.write("PUT", path, body)
+            written = await self.api.replace(path, body)
         except ApiConflict:  # another standby wrote first
             return False
         return self._took(written)
@@ -102,7 +102,7 @@ class Elector:
             return
         body = release_body(self.name, self.observed.record, now_wall=now_wall(), owner=self.owner)
         try:
-            await self.api.write("PUT", lease_path(self.namespace, self.name), body)
+            await self.api.replace(lease_path(self.namespace, self.name), body)
             log.info("released lease %s", self.name)
         except ApiError as err:
             log.info("could not release lease %s (%s); a standby takes over when it expires", self.name, err)

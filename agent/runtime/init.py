@@ -27,7 +27,7 @@ from agent.core.topology import pod_name
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
 from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTimeout, InputError
-from agent.k8s.client import PodSource
+from agent.k8s.client import Api
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
 from agent.runtime.intake import usable_pods
 from agent.runtime.jobs import read_job
@@ -67,7 +67,7 @@ BLOCKED = 0.001  # a read that took longer than this waited for the network
 class GangWaiter:
     """Holds the job's pods as the API reports them, and decides when the gang is complete."""
 
-    def __init__(self, api: PodSource, settings: InitSettings, *, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, api: Api, settings: InitSettings, *, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.api = api
         self.settings = settings
@@ -238,7 +238,7 @@ class GangWaiter:
                 f"kubectl get pods -n {s.namespace} -l {selector} (unscheduled pods? quota? wrong --expect?)")
 
 
-def check_dns(api: PodSource, rendered: Rendered, settings: InitSettings, *, resolver: Resolver,
+def check_dns(api: Api, rendered: Rendered, settings: InitSettings, *, resolver: Resolver,
               clock: Callable[[], float], sleep: Callable[[float], None], deadline: float) -> None:
     """Wait until every peer's name resolves, after ruling out the headless-Service trap."""
     topo = rendered.plan.topology
@@ -283,7 +283,7 @@ def choose_source(settings: InitSettings, expected: Expectation) -> str:
     return "published" if expected.total >= PUBLISH_THRESHOLD else "pods"
 
 
-def run_init(api: PodSource, settings: InitSettings, *, resolver: Resolver = resolves,
+def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
              ssh: object | None = None) -> Rendered:
     waiter = GangWaiter(api, settings, clock=clock, sleep=sleep)

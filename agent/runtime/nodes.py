@@ -18,10 +18,11 @@ from urllib.parse import quote
 from agent.core.model import Options, RawPod
 from agent.core.placement import Level
 from agent.errors import ApiError, ApiNotFound, ApiUnavailable
-from agent.k8s.wire import PAGE, PodSource
+from agent.k8s.client import Api
+from agent.k8s.core import PAGE
 
 if TYPE_CHECKING:  # init imports this module: it must not pay for aiohttp at start-up
-    from agent.k8s.async_client import AsyncApiClient
+    from agent.k8s.async_client import AsyncClient
 
 log = logging.getLogger("topology_agent.nodes")
 NODE_GETS = 16  # distinct nodes read with one GET each; more are read with one LIST
@@ -58,7 +59,7 @@ def forbidden_line(err: ApiError) -> str:
             "apply the optional RBAC component manifests/rbac/nodes (get/list on nodes)")
 
 
-def read_nodes(api: PodSource, names: list[str], options: Options) -> NodeMap:
+def read_nodes(api: Api, names: list[str], options: Options) -> NodeMap:
     """Labels (of the asked levels) per node; None for a node that is gone or cannot be read."""
     levels = options.levels or ()
     if not names:
@@ -82,7 +83,7 @@ def read_nodes(api: PodSource, names: list[str], options: Options) -> NodeMap:
     return dict.fromkeys(names)
 
 
-async def read_nodes_async(api: AsyncApiClient, names: list[str], options: Options) -> NodeMap:
+async def read_nodes_async(api: AsyncClient, names: list[str], options: Options) -> NodeMap:
     """``read_nodes`` for the sidecar."""
     levels = options.levels or ()
     if not names:

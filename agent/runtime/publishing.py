@@ -28,8 +28,8 @@ from agent.core.model import Options, RawPod
 from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, pack, select_value
 from agent.core.topology import NodeLabels
 from agent.errors import ApiConflict, ApiError, ApiGone, ApiUnavailable, GangTimeout
+from agent.k8s.client import Api
 from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
-from agent.k8s.wire import PodSource
 
 log = logging.getLogger("topology_agent.published")
 
@@ -44,7 +44,7 @@ def lease_path(namespace: str, name: str = "") -> str:
     return f"{collection}/{name}" if name else collection
 
 
-def publish_first(api: PodSource, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
+def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
                   leader: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
                   nodes: NodeLabels | None = None) -> bool:
     """The leader's init: the snapshot, the journal and the Lease. False when the snapshot exists already (this
@@ -83,7 +83,7 @@ def publish_first(api: PodSource, namespace: str, name: str, pods: list[RawPod],
     return True
 
 
-def read_published(api: PodSource, namespace: str, name: str, pod_name: str, *, deadline: float,
+def read_published(api: Api, namespace: str, name: str, pod_name: str, *, deadline: float,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> PublishedState:
     """The published state once it includes ``pod_name``; ``GangTimeout`` at the deadline.

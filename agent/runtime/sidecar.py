@@ -35,9 +35,9 @@ from agent.core.rendering import membership_key_of_document
 from agent.core.topology import pod_ip, pod_name, slim_pod
 from agent.core.variables import warnings_for
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
-from agent.k8s.async_client import AsyncApiClient
+from agent.k8s.async_client import AsyncClient
+from agent.k8s.core import WatchEvent
 from agent.k8s.retrying import Backoff
-from agent.k8s.wire import WatchEvent
 from agent.runtime.election import Elector
 from agent.runtime.intake import usable_pods
 from agent.runtime.jobs import read_job_async
@@ -76,7 +76,7 @@ class SidecarSettings:
 
 
 class Sidecar:
-    def __init__(self, api: AsyncApiClient, settings: SidecarSettings, *,
+    def __init__(self, api: AsyncClient, settings: SidecarSettings, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.api = api
         self.settings = settings
@@ -502,10 +502,10 @@ class Sidecar:
             try:
                 if rv:
                     body["metadata"]["resourceVersion"] = rv
-                    written = await self.api.write("PUT", f"{self._cm_collection}/{name}", body)
+                    written = await self.api.replace(f"{self._cm_collection}/{name}", body)
                 else:
                     body["metadata"].pop("resourceVersion", None)
-                    written = await self.api.write("POST", self._cm_collection, body)
+                    written = await self.api.create(self._cm_collection, body)
                 self.written_rv[name] = written.get("metadata", {}).get("resourceVersion", "")
                 return
             except ApiNotFound:
@@ -629,7 +629,7 @@ async def run_tasks(tasks: dict[str, Awaitable[None]], stop: asyncio.Event) -> N
             raise task.exception()  # type: ignore[misc]
 
 
-async def run_sidecar(api: AsyncApiClient, settings: SidecarSettings, *, stop: asyncio.Event,
+async def run_sidecar(api: AsyncClient, settings: SidecarSettings, *, stop: asyncio.Event,
                       health_port: int | None = None, health_host: str = "0.0.0.0", health_label: str = "",
                       on_ready: Callable[[Sidecar, int | None], None] | None = None) -> Sidecar:
     from agent.runtime.health import serve_health, start_health

@@ -120,6 +120,12 @@ class Faults:
     path: str | None = None
     down_until: float = 0.0
     reset: bool = False  # close the connection without an answer (a cut stream)
+    # Watches: "hang" (headers, then nothing), "empty" (200 and no event), "gone" (an ERROR 410 event at once)
+    watch: str | None = None
+    trickle: float = 0.0  # bytes per second of every answer's body (0: as fast as it goes)
+
+    def applies(self, path: str) -> bool:
+        return not self.path or self.path in path
 
     def take_status(self, path: str) -> int | None:
         if self.status is None or self.count == 0 or (self.path and self.path not in path):
@@ -420,7 +426,14 @@ class Sandbox:
                 return status(401, "Unauthorized", "Unauthorized")
             delay = self.faults.take_delay(request.path)
             if delay:
-                await asyncio.sleep(delay)
+                task = asyncio.current_task()
+                if task:
+                    self.watch_tasks.add(task)  # stop() cancels it, as it cancels open watches
+                try:
+                    await asyncio.sleep(delay)
+                finally:
+                    if task:
+                        self.watch_tasks.discard(task)
             code = self.faults.take_status(request.path)
             if code is not None:
                 if self.faults.reset and request.transport:
@@ -430,7 +443,22 @@ class Sandbox:
         response = await handler(request)
         if isinstance(response, web.Response) and response.body is not None:
             self.stats.count(agent, nbytes=len(response.body))  # type: ignore[arg-type]
+            if self.faults.trickle > 0 and self.faults.applies(request.path) and not request.path.startswith(
+                    "/sandbox/"):
+                return await self._trickle(request, response)
         return response
+
+    async def _trickle(self, request: web.Request, response: web.Response) -> web.StreamResponse:
+        """The answer's body at ``faults.trickle`` bytes per second, one byte at a time."""
+        body = bytes(response.body)  # type: ignore[arg-type]
+        stream = web.StreamResponse(status=response.status, headers={"Content-Type": response.content_type})
+        stream.content_length = len(body)
+        await stream.prepare(request)
+        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
+            for at in range(len(body)):
+                await stream.write(body[at:at + 1])
+                await asyncio.sleep(1 / self.faults.trickle)
+        return stream
 
     def _fault_response(self, code: int, request: web.Request) -> web.Response:
         reasons = {403: "Forbidden", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
@@ -477,6 +505,10 @@ class Sandbox:
             self.faults.delay_count = int(body.get("delayCount", -1))
         if "path" in body:
             self.faults.path = body["path"]
+        if "watch" in body:
+            self.faults.watch = body["watch"]
+        if "trickle" in body:
+            self.faults.trickle = float(body["trickle"])
         return self._json({"ok": True})
 
     async def _clear_faults(self, _: web.Request) -> web.Response:
@@ -679,9 +711,35 @@ class Sandbox:
             return self._json(self.store.replace(resource, namespace, name, new))
         return status(405, "MethodNotAllowed", f"{request.method} is not supported")
 
+    async def _faulty_watch(self, request: web.Request, mode: str) -> web.StreamResponse:
+        """A watch that goes wrong as the fault asks: the headers, then nothing until the client gives up
+        ("hang"), nothing at all ("empty"), or 410 Gone at once ("gone")."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+        await response.prepare(request)
+        self._streams.add(response)
+        task = asyncio.current_task()
+        if task:
+            self.watch_tasks.add(task)
+        try:
+            if mode == "hang":
+                await asyncio.Event().wait()
+            elif mode == "gone":
+                await response.write(_gone_event())
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            pass
+        finally:
+            self._streams.discard(response)
+            if task:
+                self.watch_tasks.discard(task)
+        return response
+
     async def _watch(self, request: web.Request, resource: str, namespace: str | None,
                      matches: Callable[[Obj], bool], kind: str, api_version: str) -> web.StreamResponse:
         self.stats.count(request.headers.get("User-Agent", "?"), watch=True)
+        if self.faults.watch and self.faults.applies(request.path):
+            return await self._faulty_watch(request, self.faults.watch)
         raw_rv = request.query.get("resourceVersion", "")
         bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
         timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
@@ -770,6 +828,12 @@ class Sandbox:
             if task:
                 self.watch_tasks.discard(task)
         return response
+
+
+def _gone_event() -> bytes:
+    return json.dumps({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                   "status": "Failure", "message": "too old resource version",
+                                                   "reason": "Expired", "code": 410}}).encode() + b"\n"
 
 
 def _written(kind: str, obj: Obj) -> None:

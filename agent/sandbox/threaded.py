@@ -111,6 +111,16 @@ class SandboxThread:
                 s.faults.delay = knobs["delay"]
                 s.faults.delay_count = knobs.get("delay_count", -1)
                 s.faults.path = knobs.get("path")
+            if "watch" in knobs:
+                s.faults.watch = knobs["watch"]
+                s.faults.path = knobs.get("path")
+            if "trickle" in knobs:
+                s.faults.trickle = knobs["trickle"]
+                s.faults.path = knobs.get("path")
+            if knobs.get("clear"):
+                from agent.sandbox.server import Faults
+
+                s.faults = Faults()
 
         self.call(apply())
 

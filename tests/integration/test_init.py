@@ -315,7 +315,7 @@ class _ArrivingPods:
         self.now += seconds
 
     def watch_pods(self, namespace, selector, resource_version, *, timeout):
-        from agent.k8s.wire import WatchEvent
+        from agent.k8s.core import WatchEvent
 
         assert not getattr(self, "watched", False), "one watch brings every event"
         self.watched = True

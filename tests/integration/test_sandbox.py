@@ -9,7 +9,7 @@ import pytest
 
 from agent import examples
 from agent.errors import ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable
-from agent.k8s.client import ApiClient
+from agent.k8s.client import Client
 from agent.k8s.config import kubeconfig_config
 
 POD_YAML = """
@@ -25,7 +25,7 @@ spec:
 
 @pytest.fixture
 def client(sandbox):
-    api = ApiClient(kubeconfig_config(str(sandbox.sandbox.kubeconfig)))
+    api = Client(kubeconfig_config(str(sandbox.sandbox.kubeconfig)))
     yield api
     api.close()
 
@@ -117,7 +117,7 @@ def test_client_maps_statuses_to_the_agent_errors(client, sandbox):
 def test_no_library_exception_leaks_from_the_client_when_the_server_is_gone(sandbox):
     config = kubeconfig_config(str(sandbox.sandbox.kubeconfig))
     sandbox.stop()
-    client = ApiClient(config)
+    client = Client(config)
     with pytest.raises(ApiUnavailable):
         client.get_pod("default", "x")
     with pytest.raises(ApiUnavailable):
@@ -145,8 +145,8 @@ def test_pods_are_listed_in_pages_each_cut_down_before_the_next_is_read(sandbox,
     """Issue 13: a 4096-pod LIST parsed at once peaked at ~200 MB in the leader; pages of 500 bound it."""
     import asyncio
 
-    from agent.k8s.async_client import AsyncApiClient
-    from agent.k8s.wire import PAGE, page_query
+    from agent.k8s.async_client import AsyncClient
+    from agent.k8s.core import PAGE, page_query
 
     pods = examples.volcano_job("demo", (("master", 1), ("worker", 2 * PAGE + 10)))
     for pod in pods:
@@ -163,7 +163,7 @@ def test_pods_are_listed_in_pages_each_cut_down_before_the_next_is_read(sandbox,
     assert pages == [PAGE, PAGE, 11] and client.traffic.requests - before == 3
 
     async def listed() -> list[str]:
-        async with AsyncApiClient(kubeconfig_config(str(sandbox.sandbox.kubeconfig))) as api:
+        async with AsyncClient(kubeconfig_config(str(sandbox.sandbox.kubeconfig))) as api:
             found, _ = await api.list_pods("default", "volcano.sh/job-name=demo", keep=keep)
             return found
 
@@ -190,21 +190,19 @@ def test_a_paged_list_continues_the_snapshot_of_its_first_page(sandbox, client):
     """As the API server lists etcd at the first page's revision: a pod created or changed between two pages is
     not in (or not changed in) the later pages, every page carries the first page's resourceVersion, and a
     continue token the server no longer holds gets 410 Expired."""
-    from agent.k8s.wire import page_query
+    from agent.k8s.core import list_page, page_query
 
     for pod in examples.volcano_job("demo", (("master", 1), ("worker", 5))):
         sandbox.create_pod(pod)
     path = "/api/v1/namespaces/default/pods"
-    first = client._get_json(path, verb="list", what="pods", namespace="default",
-                             query=page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, ""))
+    first = client.call(list_page(path, page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, "")))
     version = first["metadata"]["resourceVersion"]
     sandbox.set_pod_ip("default", "demo-worker-4", "127.0.0.99")
     late = examples.volcano_job("demo", (("master", 1), ("worker", 7)))[-1]  # demo-worker-6
     sandbox.create_pod(late)
     pages, token = [first], first["metadata"]["continue"]
     while token:
-        page = client._get_json(path, verb="list", what="pods", namespace="default",
-                                query=page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, token))
+        page = client.call(list_page(path, page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, token)))
         pages.append(page)
         token = page["metadata"].get("continue", "")
     items = [item for page in pages for item in page["items"]]
@@ -214,15 +212,14 @@ def test_a_paged_list_continues_the_snapshot_of_its_first_page(sandbox, client):
     changed = next(i for i in items if i["metadata"]["name"] == "demo-worker-4")
     assert changed["status"].get("podIP") != "127.0.0.99"
     with pytest.raises(ApiGone):
-        client._get_json(path, verb="list", what="pods", namespace="default",
-                         query=page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, "999:2"))
+        client.call(list_page(path, page_query({"labelSelector": "volcano.sh/job-name=demo"}, 2, "999:2")))
 
 
 def test_the_next_page_is_asked_for_before_this_one_is_parsed(sandbox, client, monkeypatch):
     """init asks for page k+1 while it parses page k, with the continue token read from the page's first bytes
     (the list's metadata comes before its items); a wrong peek costs one request, never a wrong list."""
-    from agent.k8s import client as client_module
-    from agent.k8s.wire import PAGE, peek_continue
+    from agent.k8s import core
+    from agent.k8s.core import PAGE, peek_continue
 
     head = b'{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"7","continue":"3:500",' \
            b'"remainingItemCount":9},"items":[{"metadata":{"name":"a","continue":"x"}}]}'
@@ -235,7 +232,7 @@ def test_the_next_page_is_asked_for_before_this_one_is_parsed(sandbox, client, m
     names, _ = client.list_pods("default", "volcano.sh/job-name=demo", keep=lambda items: [
         i["metadata"]["name"] for i in items])
     assert len(names) == 2 * PAGE + 11 and client.traffic.requests - before == 3
-    monkeypatch.setattr(client_module, "peek_continue", lambda raw: "999:1")  # always wrong
+    monkeypatch.setattr(core, "peek_continue", lambda raw: "999:1")  # always wrong
     before = client.traffic.requests
     again, _ = client.list_pods("default", "volcano.sh/job-name=demo", keep=lambda items: [
         i["metadata"]["name"] for i in items])
