@@ -305,6 +305,9 @@ def _add_in_cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
     parser.add_argument("--log-format", help="text (default) or json")
+    parser.add_argument("--watch-idle", help="seconds a watch may show no event or bookmark before it counts as "
+                                             "dead and the list is read again (default 60; init: at most a third "
+                                             "of --timeout)")
 
 
 class UsageError(Exception):
@@ -531,6 +534,7 @@ def _init(args: argparse.Namespace) -> int:
     wait_dns = args.wait_dns if args.wait_dns is not None else (_env("wait-dns") or "").lower() in ("1", "true")
     ssh = ssh_settings(args)
     kubeconfig = _kubeconfig(args)
+    watch_idle = _watch_idle(args)
     out_dir = _out_dir(args, check=True)
     setup_logging(log_format)
     config = load_config(kubeconfig)
@@ -538,10 +542,21 @@ def _init(args: argparse.Namespace) -> int:
     settings = InitSettings(
         namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, expect=expect,
         timeout=float(timeout if timeout is not None else 600), wait_dns=wait_dns, source=source,
+        watch_idle=watch_idle,
     )
     api = Client(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
     run_init(api, settings, ssh=ssh)
     return 0
+
+
+def _watch_idle(args: argparse.Namespace) -> float | None:
+    k = knob(args, "watch-idle")
+    if k.value is None:
+        return None
+    idle = _float(k.label, k.value, 60.0, high=3600)
+    if idle < 1:
+        raise InputError(f"{k.label} '{k.value}' must be a number of seconds from 1 to 3600")
+    return idle
 
 
 def _pod_identity(config: Any) -> tuple[str, str]:
@@ -561,6 +576,7 @@ def _sidecar(args: argparse.Namespace) -> int:
 
     from agent.k8s.async_client import AsyncClient
     from agent.k8s.config import load_config
+    from agent.k8s.reflector import Settings as ReflectorSettings
     from agent.runtime.logs import setup_logging
     from agent.runtime.sidecar import SidecarSettings, run_sidecar
     from agent.runtime.signalling import TrainerFinder, parse_signal
@@ -596,6 +612,7 @@ def _sidecar(args: argparse.Namespace) -> int:
     health_host = _address_knob(host_k)
     kubeconfig = _kubeconfig(args)
     ssh = ssh_settings(args)
+    idle = _watch_idle(args)
     out_dir = _out_dir(args, check=True)
     setup_logging(log_format)
     config = load_config(kubeconfig)
@@ -604,6 +621,7 @@ def _sidecar(args: argparse.Namespace) -> int:
         namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, debounce=debounce,
         signal=trainer_signal, finder=TrainerFinder(pid_file=Path(pid_file) if pid_file else None, match=match),
         stuck_after=stuck_after, lease_seconds=int(lease_seconds), ssh=ssh,
+        reflecting=ReflectorSettings.with_idle(idle) if idle is not None else ReflectorSettings(),
     )
 
     async def main_async() -> None:

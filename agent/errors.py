@@ -11,6 +11,7 @@ library (``raise ... from err``) and never cross into the core or the CLI.
     ├── GangTimeout            exit 4   the job's pods did not all appear (or get addresses) in time
     └── ApiError               exit 3   the API server said no, or could not be reached
         ├── ApiUnavailable              connection refused/reset, 5xx, 429: retried with backoff first
+        │   └── ApiStalled              a watch that showed no progress for its inactivity deadline
         ├── ApiForbidden                401/403: RBAC is missing; never retried
         ├── ApiNotFound                 404
         ├── ApiConflict                 409: exists already, or changed since it was read
@@ -58,6 +59,11 @@ class ApiError(AgentError):
 
 class ApiUnavailable(ApiError):
     """Transient: no connection, a 5xx, or 429. The retry loop backs off and tries again."""
+
+
+class ApiStalled(ApiUnavailable):
+    """A watch with no event or bookmark for its inactivity deadline (hung silently, or trickling): the reflector
+    lists again, since a watch that hangs may hang again."""
 
 
 class ApiForbidden(ApiError):

@@ -65,6 +65,8 @@ IN_CLUSTER = [
     ("--out", ["--out", BLOCKER], ["--out", "cannot write"]),
     ("--kubeconfig", ["--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),
     ("--log-format", ["--log-format", "xml"], ["--log-format 'xml'", "text, json"]),
+    ("--watch-idle", ["--watch-idle", "0.5"], ["--watch-idle '0.5'", "from 1 to 3600"]),
+    ("--watch-idle", ["--watch-idle", "soon"], ["--watch-idle 'soon'", "seconds"]),
 ]
 CASES: list[tuple[str, str, list[str], list[str]]] = []
 for command in ("render", "explain"):

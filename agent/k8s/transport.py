@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.errors import ApiUnavailable, ApiUntrusted
+from agent.errors import ApiStalled, ApiUnavailable, ApiUntrusted
 from agent.k8s.config import ApiConfig
 from agent.k8s.core import Request
 
@@ -96,6 +96,6 @@ def too_slow(request: Request, seconds: float) -> ApiUnavailable:
                           "trickling connection)")
 
 
-def silent(request: Request, seconds: float) -> ApiUnavailable:
-    return ApiUnavailable(f"watch {request.what}: no event or bookmark for {seconds:.0f} s (a silently stalled "
+def silent(request: Request, seconds: float) -> ApiStalled:
+    return ApiStalled(f"watch {request.what}: no event or bookmark for {seconds:.0f} s (a silently stalled "
                           "watch); watching again")

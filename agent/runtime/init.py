@@ -26,9 +26,13 @@ from agent.core.published import Compactor, configmap_name, is_leader, leader_id
 from agent.core.topology import pod_name
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
-from agent.errors import ApiError, ApiGone, ApiNotFound, ApiUnavailable, GangTimeout, InputError
+from agent.errors import ApiError, ApiNotFound, GangTimeout, InputError
 from agent.k8s.client import Api
-from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
+from agent.k8s.core import WatchEvent
+from agent.k8s.reflector import BlockingOps, Reflector, run
+from agent.k8s.reflector import Settings as ReflectorSettings
+from agent.k8s.retrying import DeadlineExceeded, with_retries
+from agent.k8s.transport import IDLE
 from agent.runtime.intake import usable_pods
 from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
@@ -57,6 +61,7 @@ class InitSettings:
     timeout: float = 600.0
     wait_dns: bool = False
     source: str = "auto"  # pods | published | auto (published from PUBLISH_THRESHOLD training pods up)
+    watch_idle: float | None = None  # seconds without progress before a watch counts as dead (None: derived)
 
 
 PUBLISH_THRESHOLD = 256
@@ -76,11 +81,16 @@ class GangWaiter:
         self.started = clock()
         self.deadline = self.started + settings.timeout
         self.pods: dict[str, RawPod] = {}
-        self.resource_version = ""
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
         self.objects: tuple[Mapping[str, Any], ...] = ()  # the job's objects as read (the owner first)
         self.me: RawPod | None = None
         self.compactor: Compactor | None = None
+        # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
+        # in time to list again before its deadline.
+        self.reflecting = ReflectorSettings.with_idle(settings.watch_idle or min(IDLE, max(3.0, settings.timeout / 3)))
+        budget = getattr(api, "budget", None)
+        if budget is not None:
+            budget.deadline = self.deadline  # every request ends by --timeout, connect included
 
     def _retry(self, call: Callable[[], object], what: str) -> object:
         try:
@@ -136,15 +146,11 @@ class GangWaiter:
         return expectation_from_job(view.controller, view.objects, view.controller.training_roles(s.options),
                                     s.options, role=role)
 
-    def relist(self, selector: str) -> None:
-        s = self.settings
-        found: tuple[list[RawPod], str] = self._retry(  # type: ignore[assignment]
-            lambda: self.api.list_pods(s.namespace, selector, keep=self._intake), "list pods")
-        items, rv = found
+    def take_list(self, items: list[RawPod]) -> None:
+        """A LIST's pods (each kept by ``_intake`` as its page was read) replace those held."""
         self.pods = {p["metadata"]["name"]: p for p in items}
-        if s.pod_name not in self.pods and self.me is not None:
-            self.pods[s.pod_name] = self.me  # not listed yet (a cache behind the GET): it is a member all the same
-        self.resource_version = rv
+        if self.settings.pod_name not in self.pods and self.me is not None:
+            self.pods[self.settings.pod_name] = self.me  # not listed yet (a cache behind the GET): a member anyway
 
     def _intake(self, items: list[dict[str, object]]) -> list[RawPod]:
         """What init keeps of each LIST page, before the next page is read."""
@@ -169,73 +175,72 @@ class GangWaiter:
         return tracker
 
     def wait(self, selector: str, expected: Expectation) -> GangStatus:
-        """Watch until the gang is complete; raise ``GangTimeout`` naming what is missing at the deadline.
-        Each event costs O(1) (``GangTracker``): with every pod of a 4096-pod job arriving late, the wait used to
-        recompute the whole job per event."""
+        """List the job's pods, then watch until the gang is complete (the reflector: reflector.py); raise
+        ``GangTimeout`` naming what is missing at the deadline. Each event costs O(1) (``GangTracker``): with every
+        pod of a 4096-pod job arriving late, the wait used to recompute the whole job per event."""
         s = self.settings
-        tracker = self.track(expected)
-        current = tracker.status()
-        backoff = Backoff()
-        at_deadline = False  # a watch that broke gets one last try at the deadline
-        while not current.ready:
-            remaining = self.deadline - self.clock()
-            if remaining <= 0 and not at_deadline:
-                raise GangTimeout(self._timeout_message(current, selector))
-            at_deadline = False
-            log.info("waiting for the gang: %s", current.describe())
-            try:
-                read_from = self.clock()
-                for event in self.api.watch_pods(s.namespace, selector, self.resource_version,
-                                                 timeout=max(1.0, remaining)):
-                    waited = self.clock() - read_from
-                    backoff.reset()
-                    if event.resource_version:
-                        self.resource_version = event.resource_version
-                    if event.type == "BOOKMARK":
-                        continue
-                    name = pod_name(event.object)  # type: ignore[arg-type]
-                    if event.type == "DELETED" or not usable_pods([event.object]):
-                        self.pods.pop(name, None)
-                        tracker.remove(name)
-                    else:
-                        pod = self.pods[name] = self._keep(event.object)  # type: ignore[arg-type]
-                        tracker.put(pod)
-                    if tracker.ready():
-                        break
-                    if self.clock() >= self.deadline:
-                        break
-                    if BLOCKED < waited < LINGER and tracker.pending() > max(2, expected.total // 100):
-                        # Pods are arriving densely and many are still awaited: read them in batches. Each
-                        # read that waits is a wakeup, and on a VM a wakeup costs more than the event's
-                        # parsing (every pod of a 4096-pod job late: 2.3 s of CPU against 0.7 s with none).
-                        # The last 1 % are read as they come; before them, a pod is read at most LINGER late.
-                        self.sleep(LINGER)
-                    read_from = self.clock()
-                current = tracker.status()
-            except ApiGone:
-                log.info("watch resourceVersion %s expired (410); listing again", self.resource_version)
-                self.relist(selector)
-                tracker = self.track(expected)
-                current = tracker.status()
-            except ApiUnavailable as err:
-                current = tracker.status()
-                delay = backoff.next_delay(err.retry_after)
-                remaining = self.deadline - self.clock()
-                if remaining <= 0:
-                    raise GangTimeout(self._timeout_message(current, selector) + f"; last API error: {err}") \
-                        from err
-                if delay >= remaining:  # the last attempt goes at the deadline, not one backoff early
-                    delay, at_deadline = remaining, True
-                log.info("watch broke (%s); resuming from resourceVersion %s, retry %d in %.1f s",
-                         err, self.resource_version, backoff.attempt, delay)
-                self.sleep(delay)
-        return current
+        gang = _Gang(self, expected)
+        reflector = Reflector(f"pods of {selector}", self.reflecting, now=self.clock())
+        ops = BlockingOps(lambda: self.api.list_pods(s.namespace, selector, keep=self._intake),
+                          lambda rv, timeout, idle: self.api.watch_pods(s.namespace, selector, rv, timeout=timeout,
+                                                                        idle=idle),
+                          sleep=self.sleep, clock=self.clock)
+        if not run(reflector, ops, gang, deadline=self.deadline, done=gang.ready):
+            if gang.tracker is None:
+                raise GangTimeout(f"timed out after {self.elapsed():.1f} s (--timeout {s.timeout:g}): the API server "
+                                  f"kept failing ({reflector.last_error}); check the API server and the pod's network")
+            why = f"; last API error: {reflector.last_error}" if reflector.last_error else ""
+            raise GangTimeout(self._timeout_message(gang.tracker.status(), selector) + why)
+        assert gang.tracker is not None
+        return gang.tracker.status()
 
     def _timeout_message(self, current: GangStatus, selector: str) -> str:
         s = self.settings
         return (f"timed out after {self.elapsed():.1f} s (--timeout {s.timeout:g}) waiting for the gang: "
                 f"{current.describe()}; see "
                 f"kubectl get pods -n {s.namespace} -l {selector} (unscheduled pods? quota? wrong --expect?)")
+
+
+class _Gang:
+    """init's side of the reflector: the pods as listed and watched, folded into a ``GangTracker``."""
+
+    def __init__(self, waiter: GangWaiter, expected: Expectation) -> None:
+        self.waiter, self.expected = waiter, expected
+        self.tracker: GangTracker | None = None
+        self.read_from = 0.0
+
+    def ready(self) -> bool:
+        return self.tracker is not None and self.tracker.ready()
+
+    def on_list(self, items: list[RawPod]) -> None:
+        self.waiter.take_list(items)
+        self.tracker = self.waiter.track(self.expected)
+        log.info("waiting for the gang: %s", self.tracker.status().describe())
+        self.read_from = self.waiter.clock()
+
+    def on_event(self, event: WatchEvent) -> bool:
+        waiter, tracker = self.waiter, self.tracker
+        assert tracker is not None
+        waited = waiter.clock() - self.read_from
+        if event.type == "BOOKMARK":
+            return False
+        name = pod_name(event.object)  # type: ignore[arg-type]
+        if event.type == "DELETED" or not usable_pods([event.object]):
+            waiter.pods.pop(name, None)
+            tracker.remove(name)
+        else:
+            pod = waiter.pods[name] = waiter._keep(event.object)  # type: ignore[arg-type]
+            tracker.put(pod)
+        if tracker.ready():
+            return True
+        if BLOCKED < waited < LINGER and tracker.pending() > max(2, self.expected.total // 100):
+            # Pods are arriving densely and many are still awaited: read them in batches. Each read that waits is
+            # a wakeup, and on a VM a wakeup costs more than the event's parsing (every pod of a 4096-pod job
+            # late: 2.3 s of CPU against 0.7 s with none). The last 1 % are read as they come; before them, a pod
+            # is read at most LINGER late.
+            waiter.sleep(LINGER)
+        self.read_from = waiter.clock()
+        return False
 
 
 def check_dns(api: Api, rendered: Rendered, settings: InitSettings, *, resolver: Resolver,
@@ -315,7 +320,6 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
     files_dir = str(settings.out_dir.absolute())
     rendered: Rendered | None = None
     if not follow:
-        waiter.relist(selector)
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
         if status.present > status.expected and settings.expect is not None:
@@ -336,7 +340,7 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
         rendered = render_plan(plan, settings.options, files_dir=files_dir)
     if follow:
         published = read_published(api, settings.namespace, cm_name, settings.pod_name,
-                                   deadline=waiter.deadline, clock=clock, sleep=sleep)
+                                   deadline=waiter.deadline, clock=clock, sleep=sleep, settings=waiter.reflecting)
         mine = with_placement(me, published.pods[settings.pod_name])
         pods = [mine if p.get("metadata", {}).get("name") == settings.pod_name else p
                 for p in published.pods.values()]

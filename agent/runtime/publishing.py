@@ -27,9 +27,11 @@ from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, pack, select_value
 from agent.core.topology import NodeLabels
-from agent.errors import ApiConflict, ApiError, ApiGone, ApiUnavailable, GangTimeout
+from agent.errors import ApiConflict, ApiError, GangTimeout
 from agent.k8s.client import Api
-from agent.k8s.retrying import Backoff, DeadlineExceeded, with_retries
+from agent.k8s.core import WatchEvent
+from agent.k8s.reflector import BlockingOps, Reflector, Settings, run
+from agent.k8s.retrying import with_retries
 
 log = logging.getLogger("topology_agent.published")
 
@@ -85,65 +87,57 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
 
 def read_published(api: Api, namespace: str, name: str, pod_name: str, *, deadline: float,
                    clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep) -> PublishedState:
+                   sleep: Callable[[float], None] = time.sleep,
+                   settings: Settings | None = None) -> PublishedState:
     """The published state once it includes ``pod_name``; ``GangTimeout`` at the deadline.
 
-    One LIST by label reads the snapshot and the journal together; while this pod is not in them yet, one WATCH
+    One LIST by label reads the snapshot and the journal together; while this pod is not in them yet, a WATCH
     with the same label brings the leader's writes in order (a snapshot always before the journal that needs
-    it), so no further GET is made."""
+    it), so no further GET is made. The reflector (reflector.py) resumes, relists and backs off."""
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
     selector = f"{SELECT_LABEL}={select_value(name)}"
-    backoff = Backoff()
-    state: PublishedState | None = None
-    journal: Journal | None = None
+    follow = _Published(name, pod_name)
+    reflector = Reflector(f"configmap {name}", settings, now=clock())
+    ops = BlockingOps(lambda: api.list_objects(collection, label_selector=selector),
+                      lambda rv, timeout, idle: api.watch_objects(collection, rv, timeout=timeout,
+                                                                  label_selector=selector, idle=idle),
+                      sleep=sleep, clock=clock)
+    log.info("waiting for the leader to publish configmap %s", name)
+    if not run(reflector, ops, follow, deadline=deadline, done=follow.has_me):
+        why = f" (last API error: {reflector.last_error})" if reflector.last_error else ""
+        raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
+                          f"'{pod_name}'){why}; is the leader pod running its init container? kubectl get configmap "
+                          f"{name} -n {namespace}")
+    assert follow.state is not None
+    log.info("read the published topology %s: sequence %d, %d pods", name, follow.state.seq, len(follow.state.pods))
+    return follow.state
 
-    def relist() -> str:
-        nonlocal state, journal
-        try:
-            items, rv = with_retries(lambda: api.list_objects(collection, label_selector=selector),
-                                     what="list published topology", deadline=deadline, sleep=sleep, clock=clock)
-        except DeadlineExceeded as err:
-            raise GangTimeout(f"timed out reading configmap {name}: the API server kept failing ({err.last})") \
-                from err
-        state, journal = state_from(items, name)
-        return rv  # type: ignore[no-any-return]
 
-    def take(obj: dict[str, Any]) -> None:
-        nonlocal state, journal
-        if obj.get("metadata", {}).get("name") == name:
+class _Published:
+    """init's side of the reflector over the published ConfigMaps: the snapshot and the journal, as they come."""
+
+    def __init__(self, name: str, pod_name: str) -> None:
+        self.name, self.pod_name = name, pod_name
+        self.state: PublishedState | None = None
+        self.journal: Journal | None = None
+
+    def has_me(self) -> bool:
+        return self.state is not None and self.pod_name in self.state.pods
+
+    def on_list(self, items: list[dict[str, Any]]) -> None:
+        self.state, self.journal = state_from(items, self.name)
+
+    def on_event(self, event: WatchEvent) -> bool:
+        if event.type not in ("ADDED", "MODIFIED"):
+            return False
+        obj = event.object
+        if obj.get("metadata", {}).get("name") == self.name:
             document = decode_configmap(obj)
-            state = PublishedState.from_document(document) if document is not None else None
-            if state is not None and journal is not None and state.apply(journal) is None:
-                journal = None  # older than this snapshot
+            self.state = PublishedState.from_document(document) if document is not None else None
+            if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
+                self.journal = None  # older than this snapshot
         else:
-            journal = read_journal(obj)
-            if state is not None and journal is not None and state.apply(journal) is None:
-                state = None  # past this snapshot's reach: the leader's newer snapshot is on its way
-
-    rv = relist()
-    while state is None or pod_name not in state.pods:
-        remaining = deadline - clock()
-        if remaining <= 0:
-            raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
-                              f"'{pod_name}'); is the leader pod running its init container? kubectl get configmap "
-                              f"{name} -n {namespace}")
-        log.info("waiting for the leader to publish configmap %s", name)
-        try:
-            for event in api.watch_objects(collection, rv, timeout=max(1.0, remaining), label_selector=selector):
-                backoff.reset()
-                if event.resource_version:
-                    rv = event.resource_version
-                if event.type in ("ADDED", "MODIFIED"):
-                    take(event.object)
-                    if state is not None and pod_name in state.pods:
-                        break
-                if clock() >= deadline:
-                    break
-        except ApiGone:
-            rv = relist()
-        except ApiUnavailable as err:
-            delay = backoff.next_delay(err.retry_after)
-            log.info("watch of configmap %s broke (%s); retry %d in %.1f s", name, err, backoff.attempt, delay)
-            sleep(delay)
-    log.info("read the published topology %s: sequence %d, %d pods", name, state.seq, len(state.pods))
-    return state
+            self.journal = read_journal(obj)
+            if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
+                self.state = None  # past this snapshot's reach: the leader's newer snapshot is on its way
+        return self.has_me()

@@ -18,7 +18,6 @@ import dataclasses
 import gc
 import json
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,6 +36,8 @@ from agent.core.variables import warnings_for
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.async_client import AsyncClient
 from agent.k8s.core import WatchEvent
+from agent.k8s.reflector import AsyncOps, Reflector, reflect
+from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import Backoff
 from agent.runtime.election import Elector
 from agent.runtime.intake import usable_pods
@@ -56,9 +57,7 @@ def release_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-WATCH_SECONDS = 300.0
 SETTLE = 0.05  # seconds without a change before the files are rewritten (at most --debounce in all)
-RELIST_JITTER = 2.0  # seconds: relists after a 410 are spread over this, so N sidecars do not LIST at once
 
 
 @dataclass
@@ -71,6 +70,7 @@ class SidecarSettings:
     signal: Any = None  # signal.Signals | None
     finder: TrainerFinder = field(default_factory=TrainerFinder)
     stuck_after: float = 600.0
+    reflecting: ReflectorSettings = field(default_factory=ReflectorSettings)
     lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
     ssh: Any = None  # SshSettings: known_hosts and ssh_config follow the members
 
@@ -83,7 +83,6 @@ class Sidecar:
         self.clock = clock
         self.metrics = SidecarMetrics()
         self.pods: dict[str, RawPod] = {}
-        self.resource_version = ""
         self.generation = 0
         self.last_key: tuple[tuple[object, ...], ...] | None = None
         self.document: bytes | None = None  # topology.json as written, served by /topology
@@ -92,7 +91,8 @@ class Sidecar:
         self.dirty_since: float | None = None
         self.evaluated = False
         self.valid = False
-        self.last_progress = clock()
+        self.last_attempt = clock()  # the loop's last request: liveness (/healthz)
+        self.reflector: Reflector | None = None  # the current list+watch: progress, staleness (/readyz)
         self.selector = ""
         # pods: watch the pods (a small job); candidate: watch the pods and publish while holding the Lease (the
         # leader and its standbys); follower: watch the published journal
@@ -162,7 +162,7 @@ class Sidecar:
 
     @property
     def healthy(self) -> bool:
-        return self.clock() - self.last_progress < self.settings.stuck_after
+        return self.clock() - self.last_attempt < self.settings.stuck_after
 
     # --- loops ---------------------------------------------------------------------------------------------
 
@@ -343,15 +343,16 @@ class Sidecar:
 
             await self._reflect(
                 list_published,
-                lambda rv: self.api.watch_objects(self._cm_collection, rv, timeout=WATCH_SECONDS,
-                                                  field_selector=journal),
+                lambda rv, timeout, idle: self.api.watch_objects(self._cm_collection, rv, timeout=timeout,
+                                                                 field_selector=journal, idle=idle),
                 self._on_published, self._on_journal_event, what=f"configmap {journal_name(self.configmap)}")
         else:
             s = self.settings
             await self._reflect(
                 lambda: self.api.list_pods(s.namespace, self.selector,  # type: ignore[arg-type,return-value]
                                            keep=self._intake),
-                lambda rv: self.api.watch_pods(s.namespace, self.selector, rv, timeout=WATCH_SECONDS),
+                lambda rv, timeout, idle: self.api.watch_pods(s.namespace, self.selector, rv, timeout=timeout,
+                                                              idle=idle),
                 self._on_pods, self._on_pod_event, what="pods")
 
     def _keep(self, pod: RawPod) -> RawPod:
@@ -388,54 +389,17 @@ class Sidecar:
         return True
 
     async def _reflect(self, list_call: Callable[[], Awaitable[tuple[list[dict[str, Any]], str]]],
-                       watch_call: Callable[[str], AsyncIterator[WatchEvent]],
+                       watch_call: Callable[[str, float, float], AsyncIterator[WatchEvent]],
                        on_list: Callable[[list[dict[str, Any]]], bool], on_event: Callable[[WatchEvent], bool], *,
                        what: str) -> None:
-        """One LIST, then WATCH from its resourceVersion forever: resume after a broken or ended watch, relist
-        only on 410 (or when no resourceVersion is known), back off with jitter on errors, never poll."""
-        backoff = Backoff()
-        need_list = True
-        first = True
-        while True:
-            try:
-                if need_list:
-                    items, self.resource_version = await list_call()
-                    changed = on_list(items)
-                    del items
-                    if not first:
-                        self.metrics.relists.inc()
-                    first = False
-                    need_list = False
-                    self.last_progress = self.clock()
-                    if changed:
-                        self.mark_dirty(self.clock())
-                async for event in watch_call(self.resource_version):
-                    received = self.clock()
-                    self.last_progress = received
-                    backoff.reset()
-                    self.metrics.events.labels(event.type).inc()
-                    if event.resource_version:
-                        self.resource_version = event.resource_version
-                    if on_event(event):
-                        self.mark_dirty(received)
-                self.metrics.watch_restarts.inc()  # the server ended the watch: resume from the last version
-            except ApiGone:
-                # Every pod's watch expires together when the API server compacts: spread the relists.
-                pause = random.uniform(0.0, RELIST_JITTER)
-                log.info("resourceVersion %s of %s expired (410); listing again in %.1f s", self.resource_version,
-                         what, pause)
-                need_list = True
-                await asyncio.sleep(pause)
-            except ApiUnavailable as err:
-                self.metrics.watch_restarts.inc()
-                delay = backoff.next_delay(err.retry_after)
-                self.last_progress = self.clock()
-                log.info("watch of %s broke (%s); keeping generation %d, reconnect %d in %.1f s from "
-                         "resourceVersion %s", what, err, self.generation, backoff.attempt, delay,
-                         self.resource_version or "(list)")
-                await asyncio.sleep(delay)
-                if not self.resource_version:
-                    need_list = True
+        """List, then watch from its resourceVersion for the pod's life: the reflector (reflector.py) resumes,
+        relists on 410, backs off, and drops a watch that shows no progress."""
+        self.reflector = Reflector(what, self.settings.reflecting, now=self.clock())
+        ops = AsyncOps(list_call, watch_call, clock=self.clock, on_request=self._attempted)
+        await reflect(self.reflector, ops, _Following(self, on_list, on_event))
+
+    def _attempted(self) -> None:
+        self.last_attempt = self.clock()
 
     async def elect_loop(self) -> None:
         """The leader and its standbys contend for the Lease; followers never touch it."""
@@ -601,7 +565,7 @@ class Sidecar:
         self.metrics.latency.observe(max(0.0, written - since))
         topo = rendered.plan.topology
         log.info("generation %d written: %d training pods, world size %d (rv=%s seq=%d files_at=%.6f)",
-                 self.generation, len(topo.training), topo.world_size, self.resource_version,
+                 self.generation, len(topo.training), topo.world_size, self.reflector.rv if self.reflector else "",
                  self.published.seq if self.published is not None else 0, written)
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
@@ -610,6 +574,28 @@ class Sidecar:
         if result == "sent":
             log.info("trainer signalled for generation %d (signal_at=%.6f)", self.generation, self.clock())
         return True
+
+
+class _Following:
+    """The sidecar's side of the reflector: a LIST or an event that changes membership marks the files dirty."""
+
+    def __init__(self, sidecar: Sidecar, on_list: Callable[[list[dict[str, Any]]], bool],
+                 on_event: Callable[[WatchEvent], bool]) -> None:
+        self.sidecar, self._on_list, self._on_event = sidecar, on_list, on_event
+        self.lists = 0
+
+    def on_list(self, items: list[dict[str, Any]]) -> None:
+        self.lists += 1
+        if self.lists > 1:
+            self.sidecar.metrics.relists.inc()
+        if self._on_list(items):
+            self.sidecar.mark_dirty(self.sidecar.clock())
+
+    def on_event(self, event: WatchEvent) -> bool:
+        self.sidecar.metrics.events.labels(event.type).inc()
+        if self._on_event(event):
+            self.sidecar.mark_dirty(self.sidecar.clock())
+        return False
 
 
 async def run_tasks(tasks: dict[str, Awaitable[None]], stop: asyncio.Event) -> None:

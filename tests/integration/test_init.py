@@ -314,7 +314,10 @@ class _ArrivingPods:
         self.sleeps.append((self.now, seconds))
         self.now += seconds
 
-    def watch_pods(self, namespace, selector, resource_version, *, timeout):
+    def list_pods(self, namespace, selector, *, keep):
+        return keep(self.listed), "1"
+
+    def watch_pods(self, namespace, selector, resource_version, *, timeout, idle):
         from agent.k8s.core import WatchEvent
 
         assert not getattr(self, "watched", False), "one watch brings every event"
@@ -347,7 +350,7 @@ def test_dense_arrivals_are_read_in_batches_and_the_last_pods_at_once(tmp_path, 
     settings = InitSettings(namespace="default", pod_name="demo-master-0", options=Options(address="ip"),
                             out_dir=tmp_path, timeout=600.0)
     waiter = GangWaiter(arrivals, settings, clock=arrivals.clock, sleep=arrivals.sleep)
-    waiter.pods = {p["metadata"]["name"]: p for p in [pods[0], *pending[1:]]}
+    arrivals.listed = [pods[0], *pending[1:]]
     status = waiter.wait("volcano.sh/job-name=demo", Expectation(total=n, per_role={"master": 1, "worker": n - 1},
                                                                   source="test"))
     assert status.ready
