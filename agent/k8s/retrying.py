@@ -9,10 +9,11 @@ floor). 401/403/404 are never retried.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -48,9 +49,9 @@ class DeadlineExceeded(Exception):
         self.last = last
 
 
-def with_retries(call: Callable[[], T], *, what: str, deadline: float | None = None,
-                 backoff: Backoff | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> T:
+async def retried(call: Callable[[], Awaitable[T]], *, what: str, deadline: float | None = None,
+                  backoff: Backoff | None = None, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                  clock: Callable[[], float] = time.monotonic) -> T:
     """Run ``call`` until it succeeds or fails for good; each retry is logged at info with its attempt.
 
     When the next wait would pass ``deadline``, the wait is cut to end at the deadline and that attempt is the
@@ -59,7 +60,7 @@ def with_retries(call: Callable[[], T], *, what: str, deadline: float | None = N
     last = False
     while True:
         try:
-            return call()
+            return await call()
         except ApiUnavailable as err:
             delay = backoff.next_delay(err.retry_after)
             if deadline is not None:
@@ -70,4 +71,17 @@ def with_retries(call: Callable[[], T], *, what: str, deadline: float | None = N
                     delay, last = remaining, True
             log.info("%s failed (%s); retry %d in %.1f s%s", what, err, backoff.attempt, delay,
                      " (the last, at the deadline)" if last else "")
-            sleep(delay)
+            await sleep(delay)
+
+
+def with_retries(call: Callable[[], T], *, what: str, deadline: float | None = None,
+                 backoff: Backoff | None = None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> T:
+    """``retried`` for blocking callers (init)."""
+    async def once() -> T:
+        return call()
+
+    async def pause(seconds: float) -> None:
+        sleep(seconds)
+
+    return asyncio.run(retried(once, what=what, deadline=deadline, backoff=backoff, sleep=pause, clock=clock))

@@ -23,14 +23,14 @@ from agent.core.lease import (
     release_body,
 )
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, ApiUnavailable
-from agent.k8s.async_client import AsyncClient
+from agent.k8s.async_client import AsyncApi
 from agent.runtime.publishing import lease_path, now_wall
 
 log = logging.getLogger("topology_agent.election")
 
 
 class Elector:
-    def __init__(self, api: AsyncClient, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
+    def __init__(self, api: AsyncApi, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
                  timing: Timing | None = None, named_leader: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock

@@ -1,29 +1,46 @@
-"""The sidecar's HTTP endpoints: /healthz, /readyz, /metrics (Prometheus), /topology (topology.json)."""
+"""The sidecar's HTTP endpoints: /healthz, /readyz, /metrics (Prometheus), /topology (topology.json).
+
+It serves a ``Status`` (the sidecar is one) and knows nothing else of the sidecar.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agent.errors import InputError
-
-if TYPE_CHECKING:
-    from agent.runtime.sidecar import Sidecar
+from agent.runtime.metrics import SidecarMetrics
 
 
-def make_app(sidecar: Sidecar) -> web.Application:
+class Status(Protocol):
+    metrics: SidecarMetrics
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def document(self) -> bytes | None: ...
+
+    def unready(self) -> str | None: ...
+
+
+def make_app(sidecar: Status) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         if sidecar.healthy:
             return web.Response(text="ok\n")
-        return web.Response(status=503, text="watch made no progress (no event, bookmark or reconnect)\n")
+        return web.Response(status=503, text="the watch loop made no request lately (stuck)\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        if sidecar.ready:
+        why = sidecar.unready()
+        if why is None:
             return web.Response(text=f"generation {sidecar.generation}\n")
-        return web.Response(status=503, text="files do not yet match the current membership\n")
+        return web.Response(status=503, text=f"not ready: {why}\n")
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=sidecar.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -41,7 +58,7 @@ def make_app(sidecar: Sidecar) -> web.Application:
     return app
 
 
-async def start_health(sidecar: Sidecar, host: str, port: int, *, label: str) -> tuple[web.AppRunner, int]:
+async def start_health(sidecar: Status, host: str, port: int, *, label: str) -> tuple[web.AppRunner, int]:
     """Bind first, before the sidecar talks to the API: a port in use is the user's to fix, at once."""
     runner = web.AppRunner(make_app(sidecar), access_log=None, handle_signals=False)
     await runner.setup()

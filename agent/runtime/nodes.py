@@ -22,7 +22,7 @@ from agent.k8s.client import Api
 from agent.k8s.core import PAGE
 
 if TYPE_CHECKING:  # init imports this module: it must not pay for aiohttp at start-up
-    from agent.k8s.async_client import AsyncClient
+    from agent.k8s.async_client import AsyncApi
 
 log = logging.getLogger("topology_agent.nodes")
 NODE_GETS = 16  # distinct nodes read with one GET each; more are read with one LIST
@@ -83,7 +83,7 @@ def read_nodes(api: Api, names: list[str], options: Options) -> NodeMap:
     return dict.fromkeys(names)
 
 
-async def read_nodes_async(api: AsyncClient, names: list[str], options: Options) -> NodeMap:
+async def read_nodes_async(api: AsyncApi, names: list[str], options: Options) -> NodeMap:
     """``read_nodes`` for the sidecar."""
     levels = options.levels or ()
     if not names:

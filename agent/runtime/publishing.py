@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.journal import (
     Journal,
@@ -27,11 +27,14 @@ from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, pack, select_value
 from agent.core.topology import NodeLabels
-from agent.errors import ApiConflict, ApiError, GangTimeout
-from agent.k8s.client import Api
+from agent.errors import ApiConflict, ApiError, ApiNotFound, GangTimeout
 from agent.k8s.core import WatchEvent
 from agent.k8s.reflector import BlockingOps, Reflector, Settings, run
-from agent.k8s.retrying import with_retries
+from agent.k8s.retrying import retried, with_retries
+
+if TYPE_CHECKING:  # the sidecar's client imports aiohttp, init's urllib3: neither is loaded for the other
+    from agent.k8s.async_client import AsyncApi
+    from agent.k8s.client import Api
 
 log = logging.getLogger("topology_agent.published")
 
@@ -141,3 +144,76 @@ class _Published:
             if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
                 self.state = None  # past this snapshot's reach: the leader's newer snapshot is on its way
         return self.has_me()
+
+
+class JournalWriter:
+    """The leader's side of the publication, in its sidecar: the journal after every change, the snapshot when it
+    is due (core/journal.py). Each write carries the resourceVersion this leader last wrote, so a deposed leader's
+    late write fails (409) instead of overwriting its successor's."""
+
+    def __init__(self, api: AsyncApi, namespace: str, name: str, *, job: str, options: Options, leader: str,
+                 owner: dict[str, Any] | None) -> None:
+        self.api, self.namespace, self.name, self.job = api, namespace, name, job
+        self.options, self.leader, self.owner = options, leader, owner
+        self.collection = f"/api/v1/namespaces/{namespace}/configmaps"
+        self.publisher: Publisher | None = None  # what this leader has published, and the journal
+        self.written_rv: dict[str, str] = {}
+
+    async def _start(self) -> set[str]:
+        """Read what is published now: a new leader continues its sequence. The pods to publish again."""
+        items, _ = await self.api.list_objects(self.collection,
+                                               label_selector=f"{SELECT_LABEL}={select_value(self.name)}")
+        state, journal = state_from(items, self.name, pods=False)
+        self.written_rv = {i["metadata"]["name"]: i["metadata"].get("resourceVersion", "") for i in items}
+        if state is None:  # nothing usable published: start a new sequence after the journal's
+            state = PublishedState(job=self.job, namespace=self.namespace, seq=journal.seq if journal else 0,
+                                   snapshot_seq=-1)
+            journal = None
+        self.publisher = Publisher(state, self.options, leader=self.leader, journal=journal.entries if journal else ())
+        self.publisher.standby = journal.standby if journal is not None and journal.leader == self.leader else ()
+        return set(state.rows)  # every row is compared again: what changed while nobody published goes out
+
+    async def publish(self, pods: dict[str, RawPod], touched: set[str], nodes: NodeLabels,
+                      standby: tuple[str, ...]) -> bool:
+        """Put what changed where the followers read it; False when another pod changed the publication (this pod
+        stops publishing)."""
+        if self.publisher is None:
+            touched = touched | set(pods) | await self._start()
+        publisher = self.publisher
+        assert publisher is not None
+        entry = publisher.change(pods, touched, nodes)
+        if entry is None and publisher.standby == standby:
+            return True
+        publisher.standby = standby
+        try:
+            if publisher.snapshot_due:
+                seq = publisher.state.seq
+                body = configmap_body(self.name, pack(publisher.snapshot_document()), generation=seq,
+                                      leader=self.leader, owner=self.owner, standby=standby)
+                await self._write(self.name, body)
+                publisher.snapshot_written(seq)
+            await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
+                                                                    owner=self.owner))
+        except ApiConflict:
+            log.warning("the published topology was changed by another pod; no longer publishing")
+            self.publisher = None
+            return False
+        return True
+
+    async def _write(self, name: str, body: dict[str, Any]) -> None:
+        """Overwrite the version this leader last saw (create it if it is gone); retried while the API is away."""
+        async def attempt() -> None:
+            rv = self.written_rv.get(name, "")
+            if rv:
+                body["metadata"]["resourceVersion"] = rv
+                try:
+                    written = await self.api.replace(f"{self.collection}/{name}", body)
+                except ApiNotFound:
+                    self.written_rv[name] = rv = ""
+            if not rv:
+                body["metadata"].pop("resourceVersion", None)
+                written = await self.api.create(self.collection, body)
+            self.written_rv[name] = written.get("metadata", {}).get("resourceVersion", "")
+
+        seq = self.publisher.state.seq if self.publisher is not None else 0
+        await retried(attempt, what=f"publishing sequence {seq}")

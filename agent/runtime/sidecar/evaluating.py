@@ -1,0 +1,103 @@
+"""The pods held -> the files: a new generation only when who-is-where changed, then a signal.
+
+The last complete files always stay: a topology error keeps them (the pods will make sense again), and so does a
+write that fails (a full disk, a replaced ``ssh/`` directory): the generation is not advanced, the sidecar says
+why it is not ready, and the next evaluation writes again. A trainer cannot stop its sidecar this way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.core import NodeLabels, Rendered, Renderer
+from agent.core.journal import STANDBYS
+from agent.core.rendering import membership_key_of_document
+from agent.core.variables import warnings_for
+from agent.errors import InputError, OutputError
+from agent.k8s.retrying import Backoff
+from agent.runtime.metrics import SidecarMetrics
+from agent.runtime.output import write_generation
+from agent.runtime.sidecar.membership import Membership
+from agent.runtime.signalling import signal_trainer
+
+log = logging.getLogger("topology_agent.sidecar")
+
+
+class Evaluator:
+    def __init__(self, settings: Any, membership: Membership, metrics: SidecarMetrics, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.membership, self.metrics, self.clock = settings, membership, metrics, clock
+        self.renderer = Renderer(settings.options, settings.pod_name, checked=True)  # pods passed the intake
+        self.generation = 0
+        self.last_key: tuple[tuple[object, ...], ...] | None = None
+        self.document: bytes | None = None  # topology.json as written, served by /topology
+        self.evaluated = False
+        self.problem: str | None = None  # why the files in place are not the current membership's
+        self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
+        self.standby_now: tuple[str, ...] = ()  # node ranks 1.. in the last evaluation: the leader names them
+
+    @property
+    def valid(self) -> bool:
+        return self.evaluated and self.problem is None
+
+    def load_previous(self) -> None:
+        """Continue from init's (or a previous sidecar's) generation: same membership -> no rewrite."""
+        path = self.settings.out_dir / "topology.json"
+        try:
+            text = path.read_bytes()
+            document = json.loads(text)
+            generation = int(document.get("generation", 0))
+            key = membership_key_of_document(document)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return
+        self.generation, self.last_key, self.document = generation, key, text
+        self.metrics.generation.set(self.generation)
+
+    def evaluate(self, since: float, *, nodes: NodeLabels, note: str) -> float | None:
+        """Recompute; rewrite and signal only if membership changed. Returns None, or the seconds after which a
+        failed write is to be tried again."""
+        s = self.settings
+        self.evaluated = True
+        pods = self.membership.placed(by_ip=s.options.address == "ip")
+        try:
+            rendered: Rendered = self.renderer.render(pods, generation=self.generation + 1,
+                                                      files_dir=str(s.out_dir.absolute()), nodes=nodes)
+        except InputError as err:
+            self.problem = f"the current pods make no valid topology ({err})"
+            log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
+            return None
+        self.standby_now = tuple(m.name for m in rendered.plan.topology.training[1:1 + STANDBYS])
+        key = self.renderer.membership_key(rendered)
+        if key == self.last_key:
+            self.problem = None
+            return None
+        try:
+            write_generation(s.out_dir, rendered, s.options, s.ssh, ssh_membership_only=True)
+        except OutputError as err:
+            retry = self.write_failed.next_delay()
+            self.problem = f"cannot write the files ({err}); generation {self.generation} stays, retrying"
+            log.warning("%s in %.1f s", self.problem, retry)
+            return retry
+        self.write_failed.reset()
+        self.problem = None
+        written = self.clock()
+        self.generation += 1
+        self.last_key = key
+        self.document = rendered.files["topology.json"]
+        self.metrics.rewrites.inc()
+        self.metrics.generation.set(self.generation)
+        self.metrics.latency.observe(max(0.0, written - since))
+        topo = rendered.plan.topology
+        log.info("generation %d written: %d training pods, world size %d (%s files_at=%.6f)", self.generation,
+                 len(topo.training), topo.world_size, note, written)
+        for warning in warnings_for(rendered.plan, rendered.variables):
+            log.warning("%s", warning)
+        result = signal_trainer(s.finder, s.signal)
+        self.metrics.signals.labels(result).inc()
+        if result == "sent":
+            log.info("trainer signalled for generation %d (signal_at=%.6f)", self.generation, self.clock())
+        return None
