@@ -54,7 +54,7 @@ class Renderer:
         return Rendered(plan=plan, variables=tuple(variables), files=files)
 
     def membership_key(self, rendered: Rendered) -> tuple[tuple[object, ...], ...]:
-        """``rendering.membership_key`` of what ``render`` just made, without building a key per member."""
+        """Who is in, where, with what rank, in what ``render`` just made (from the cached member keys)."""
         return self.texts.membership_key(rendered.plan.topology)
 
 

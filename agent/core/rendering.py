@@ -158,7 +158,7 @@ class MemberTexts:
         return list(map(_TEXT, self._entries(members, levels)))
 
     def membership_key(self, topology: Topology) -> tuple[tuple[object, ...], ...]:
-        """``membership_key(topology)``, from the cached keys."""
+        """Each member's ``_KEY_FIELDS``, from the cached keys."""
         return tuple(map(_KEY, self._entries(topology.members, topology.levels)))
 
 
@@ -212,13 +212,9 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int,
     return {name: text.encode() for name, text in files.items()}
 
 
-def membership_key(topology: Topology) -> tuple[tuple[object, ...], ...]:
-    """What a change must alter to be worth a rewrite and a signal: who is in, where, with what rank."""
-    return tuple(map(_KEY_FIELDS, topology.members))  # C-level projection: called per change on every member
-
-
-_KEY_FIELDS = operator.itemgetter(0, 1, 4, 7, 8, 9, 11, 12, 13)  # Member: name, role, address, training, slots,
-#                                      node_rank, running, node, domains (a test checks the positions against the names)
+# What a change must alter to be worth a rewrite and a signal: who is in, where, with what rank. Member: name,
+# role, address, training, slots, node_rank, running, node, domains (a test checks the positions against the names).
+_KEY_FIELDS = operator.itemgetter(0, 1, 4, 7, 8, 9, 11, 12, 13)
 
 
 def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:

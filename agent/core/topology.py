@@ -69,10 +69,6 @@ class Memo:
             self._new[key] = value
         return value
 
-    def get(self, kind: str, pod: RawPod, compute: Callable[[], T]) -> T:
-        key, value = self.lookup(kind, pod)
-        return value if value is not _MISSING else self.store(key, compute())  # type: ignore[return-value]
-
 
 _MISSING = object()
 

@@ -18,11 +18,11 @@ from urllib.parse import quote
 from agent.core.model import Options, RawPod
 from agent.core.placement import Level
 from agent.errors import ApiError, ApiNotFound, ApiUnavailable
-from agent.k8s.client import Api
 from agent.k8s.core import PAGE
 
-if TYPE_CHECKING:  # init imports this module: it must not pay for aiohttp at start-up
+if TYPE_CHECKING:  # init imports this module and must not load aiohttp; the sidecar must not load urllib3
     from agent.k8s.async_client import AsyncApi
+    from agent.k8s.client import Api
 
 log = logging.getLogger("topology_agent.nodes")
 NODE_GETS = 16  # distinct nodes read with one GET each; more are read with one LIST
