@@ -386,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--stuck-after", help="seconds without watch progress before /healthz fails (default 600)")
     sidecar.add_argument("--lease-seconds", help="large jobs: duration of the Lease that elects the pod publishing the "
                                                  "topology; a crashed publisher is replaced after it (default 15)")
+    sidecar.add_argument("--probe-every", help="large jobs: seconds between a follower's looks at the publisher's "
+                                               "Lease; a publisher that stopped is left for the pods (default 300)")
     _add_common(sidecar)
 
     sandbox = commands.add_parser("sandbox", help="run the sandbox API server (for kubectl and the agent, no cluster)")
@@ -613,6 +615,10 @@ def _sidecar(args: argparse.Namespace) -> int:
     kubeconfig = _kubeconfig(args)
     ssh = ssh_settings(args)
     idle = _watch_idle(args)
+    probe_k = knob(args, "probe-every")
+    probe = _float(probe_k.label, probe_k.value, 300.0, high=86_400) if probe_k.value is not None else None
+    if probe is not None and probe < 1:
+        raise InputError(f"{probe_k.label} '{probe_k.value}' must be a number of seconds from 1 to 86400")
     out_dir = _out_dir(args, check=True)
     setup_logging(log_format)
     config = load_config(kubeconfig)
@@ -622,6 +628,7 @@ def _sidecar(args: argparse.Namespace) -> int:
         signal=trainer_signal, finder=TrainerFinder(pid_file=Path(pid_file) if pid_file else None, match=match),
         stuck_after=stuck_after, lease_seconds=int(lease_seconds), ssh=ssh,
         reflecting=ReflectorSettings.with_idle(idle) if idle is not None else ReflectorSettings(),
+        probe_every=probe,
     )
 
     async def main_async() -> None:

@@ -98,4 +98,4 @@ def too_slow(request: Request, seconds: float) -> ApiUnavailable:
 
 def silent(request: Request, seconds: float) -> ApiStalled:
     return ApiStalled(f"watch {request.what}: no event or bookmark for {seconds:.0f} s (a silently stalled "
-                          "watch); watching again")
+                      "watch)")

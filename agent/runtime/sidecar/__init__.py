@@ -232,7 +232,8 @@ class Sidecar:
                                named_leader=journal is not None and journal.leader == me)
         probe = {"probe_every": self.settings.probe_every} if self.settings.probe_every is not None else {}
         self.journal = JournalFollower(self, self.api, namespace=self.settings.namespace, configmap=self.configmap,
-                                       settings=self.settings.reflecting, **probe)  # type: ignore[arg-type]
+                                       settings=self.settings.reflecting, grace=2.0 * self.settings.lease_seconds,
+                                       **probe)  # type: ignore[arg-type]
         if journal is not None and (journal.leader == me or me in journal.standby):
             self.mode = Mode.CANDIDATE
             self.candidate.set()
