@@ -225,3 +225,31 @@ def _renew(sandbox, change):
         lease["metadata"].pop("resourceVersion", None)
         return store.replace("coordination.k8s.io/v1/leases", "default", "demo-topology", lease)
     return sandbox._run(apply)
+
+
+def test_a_journal_sequence_out_of_range_makes_followers_follow_the_pods(sandbox, tmp_path):
+    """A forged journal at sequence 2^53-1 made followers refuse every later journal, silently, for good."""
+    published_job(sandbox, tmp_path, 4)
+    procs = {"demo-master-0": start_sidecar(sandbox, tmp_path, "demo-master-0")[:2],
+             "demo-worker-3": start_sidecar(sandbox, tmp_path, "demo-worker-3")[:2]}
+    log = tmp_path / "demo-worker-3.log"
+    try:
+        wait_for(lambda: "(follower)" in log.read_text(), what="follower mode")
+        wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
+        stop_sidecars({"leader": procs.pop("demo-master-0")})  # nobody will write the journal back
+
+        def forge():
+            store = sandbox.sandbox.store
+            journal = json.loads(json.dumps(store.get("/v1/configmaps", "default", "demo-topology-journal")))
+            top = 2**53 - 1
+            journal["data"].update(base=str(top - 1), seq=str(top), **{"changes.json": json.dumps(
+                [{"seq": top, "put": [], "gone": [], "shapes": {}}])})
+            journal["metadata"].pop("resourceVersion", None)
+            return store.replace("/v1/configmaps", "default", "demo-topology-journal", journal)
+        sandbox._run(forge)
+        wait_for(lambda: "the published journal starts after its snapshot" in log.read_text(), timeout=15,
+                 what="the follower's warning")
+        add_worker(sandbox, 4, 93)
+        wait_for(lambda: world(tmp_path / "demo-worker-3")[0] == "6", timeout=15, what="the new worker seen")
+    finally:
+        stop_sidecars(procs)

@@ -225,6 +225,11 @@ class JournalFollower:
             self._unusable(err)
             return False
         if state is None:
+            if journal is not None and any(i.get("metadata", {}).get("name") == self.configmap for i in items):
+                # Read in one LIST, the journal must reach back to the snapshot (the leader writes the snapshot
+                # before the journal that needs it): one that starts after it was not written by the leader.
+                self.host.switch(Mode.PODS, f"the published journal starts after its snapshot (sequence "
+                                            f"{journal.base} and on): it cannot be followed")
             return False
         self.published, self.journal = state, journal
         self.host.membership.replace(dict(state.pods), own=True)
