@@ -89,6 +89,7 @@ CASES += [
     ("sidecar", "--debounce", ["--debounce", "-1"], ["--debounce '-1'"]),
     ("sidecar", "--lease-seconds", ["--lease-seconds", "1"], ["--lease-seconds '1'", "from 2 to 3600"]),
     ("sidecar", "--lease-seconds", ["--lease-seconds", "2.5"], ["--lease-seconds '2.5'", "whole number"]),
+    ("sidecar", "--probe-every", ["--probe-every", "0.1"], ["--probe-every '0.1'", "from 1 to 86400"]),
     ("sidecar", "--signal", ["--signal", "SIGFOO"], ["--signal 'SIGFOO'", "SIGUSR1"]),
     ("sidecar", "--signal", ["--signal", "SIGUSR1"], ["--signal SIGUSR1 names a signal but no process",
                                                       "--trainer-pid-file FILE or --trainer-match REGEX"]),
