@@ -41,6 +41,10 @@ class Backoff:
         self.attempt = 0
 
 
+class DeadlinePassed(ApiUnavailable):
+    """No time is left for a request (a client's deadline): the caller's last API error says why it failed."""
+
+
 class DeadlineExceeded(Exception):
     """Retries ran into the caller's deadline; carries the last transient error."""
 
@@ -58,15 +62,18 @@ async def retried(call: Callable[[], Awaitable[T]], *, what: str, deadline: floa
     last: the caller's whole budget is used, not given up one backoff early."""
     backoff = backoff or Backoff()
     last = False
+    seen: ApiUnavailable | None = None  # the last error the API server gave (not "no time left")
     while True:
         try:
             return await call()
         except ApiUnavailable as err:
+            if seen is None or not isinstance(err, DeadlinePassed):
+                seen = err
             delay = backoff.next_delay(err.retry_after)
             if deadline is not None:
                 remaining = deadline - clock()
                 if last or remaining <= 0:
-                    raise DeadlineExceeded(err) from err
+                    raise DeadlineExceeded(seen) from err
                 if delay >= remaining:
                     delay, last = remaining, True
             log.info("%s failed (%s); retry %d in %.1f s%s", what, err, backoff.attempt, delay,

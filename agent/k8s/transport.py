@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from agent.errors import ApiStalled, ApiUnavailable, ApiUntrusted
 from agent.k8s.config import ApiConfig
 from agent.k8s.core import Request
+from agent.k8s.retrying import DeadlinePassed
 
 CONNECT = 5.0  # seconds to open a connection
 READ = 64 * 1024  # bytes a read asks for; a read returns what has arrived
@@ -87,8 +88,9 @@ class Budget:
             return limit
         left = self.deadline - self.clock()
         if left <= 0:
-            raise ApiUnavailable("the deadline has passed", status=0)
+            raise DeadlinePassed("the deadline has passed", status=0)
         return min(limit, left)
+
 
 
 def too_slow(request: Request, seconds: float) -> ApiUnavailable:
