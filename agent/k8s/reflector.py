@@ -66,7 +66,7 @@ class Reflector:
         self.watch_asked = 0.0
         self.last_progress = now
         self.last_error: str | None = None
-        self.gone = 0  # 410s since the last list
+        self.gone = 0  # 410s since the last watch that worked
 
     def next(self, now: float) -> tuple[str, float]:
         """("list" or "watch", seconds to wait before it)."""
@@ -82,24 +82,28 @@ class Reflector:
         self.watch_asked = low + (high - low) * self.rand()
         return self.watch_asked
 
-    def _progress(self, now: float) -> None:
+    def _progress(self, now: float, *, watching: bool) -> None:
+        """A list is progress for staleness; only a watch that works ends the failures (a list that succeeds
+        between two 410s or two 503s would otherwise reset the backoff every time: 2 requests/s for ever)."""
         self.last_progress = now
         self.last_error = None
-        self.backoff.reset()
+        if watching:
+            self.backoff.reset()
+            self.gone = 0
 
     def listed(self, rv: str, now: float) -> None:
-        self.rv, self.need_list, self.gone = rv, False, 0
-        self._progress(now)
+        self.rv, self.need_list = rv, False
+        self._progress(now, watching=False)
 
     def event(self, event: WatchEvent, now: float) -> None:
         if event.resource_version:
             self.rv = event.resource_version
-        self._progress(now)
+        self._progress(now, watching=True)
 
     def ended(self, now: float) -> None:
         """The server ended the watch: progress when it ran its course (an empty watch that ends at once is not)."""
         if now - self.watch_started >= self.watch_asked / 2:
-            self._progress(now)
+            self._progress(now, watching=True)
 
     def failed(self, err: ApiGone | ApiUnavailable, now: float) -> float:
         """Note a failure; the seconds until the next request."""
@@ -201,8 +205,10 @@ class AsyncOps:
 
     def __init__(self, list_call: Callable[[], Awaitable[tuple[list[Any], str]]],
                  watch_call: Callable[[str, float, float], AsyncIterator[WatchEvent]], *,
-                 clock: Callable[[], float], on_request: Callable[[], None] = lambda: None) -> None:
+                 clock: Callable[[], float], on_request: Callable[[], None] = lambda: None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._list, self._watch, self.clock, self._on_request = list_call, watch_call, clock, on_request
+        self._sleep = sleep
 
     async def list(self) -> tuple[list[Any], str]:
         self._on_request()
@@ -213,7 +219,7 @@ class AsyncOps:
         return self._watch(rv, timeout, idle)
 
     async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        await self._sleep(seconds)
 
 
 def run(reflector: Reflector, ops: BlockingOps, handler: Handler, *, deadline: float | None = None,
