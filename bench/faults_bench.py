@@ -4,7 +4,7 @@ Each scenario starts a 2-pod Volcano job in the sandbox (one worker without an I
 one fault, and measures the agent process: requests per second while the fault lasts, and how long until it
 recovers (init: exits with its files, or with an error; sidecar: writes the change made during the fault).
 
-    python bench/faults_bench.py                 # every scenario, one run each
+    python bench/faults_bench.py --runs 3        # every scenario, three runs each, then their medians
     python bench/faults_bench.py --only hang     # scenarios whose name contains "hang"
 
 Numbers are wall-clock on this machine; the sandbox's own request counter (per User-Agent) counts requests.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,10 +149,32 @@ SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="run the scenarios whose name contains this")
+    parser.add_argument("--runs", type=int, default=1, help="runs per scenario; more than one adds the medians")
     args = parser.parse_args()
     for name, scenario in SCENARIOS.items():
-        if args.only in name:
-            print(f"{name}: {json.dumps(scenario())}", flush=True)
+        if args.only not in name:
+            continue
+        results = []
+        for run in range(args.runs):
+            results.append(scenario())
+            print(f"{name} (run {run + 1}): {json.dumps(results[-1])}", flush=True)
+        if args.runs > 1:
+            print(f"{name} (median of {args.runs}): {json.dumps(medians(results))}", flush=True)
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric field's median (None when a run had none: a recovery that never came); the rest as listed."""
+    merged: dict[str, Any] = {}
+    for key in results[0]:
+        values = [r[key] for r in results]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            merged[key] = statistics.median(values)
+        elif any(v is None for v in values) and all(v is None or isinstance(v, int | float) for v in values):
+            merged[key] = None if values.count(None) * 2 >= len(values) else statistics.median(
+                [v for v in values if v is not None])
+        else:
+            merged[key] = sorted({str(v) for v in values})
+    return merged
 
 
 if __name__ == "__main__":

@@ -72,6 +72,8 @@ class Urllib3Transport:
             return self.pool.request(request.method, request.url(self.config.server), body=request.body,
                                      headers=headers(self.config, self.user_agent, request), preload_content=False,
                                      timeout=urllib3.Timeout(connect=min(CONNECT, read), read=read))
+        except urllib3.exceptions.ReadTimeoutError as err:  # connected, but no answer: the aiohttp side's words
+            raise (silent(request, read) if request.verb == "watch" else too_slow(request, read)) from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise unreachable(err, self.config.server, request) from err
 

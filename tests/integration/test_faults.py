@@ -50,24 +50,26 @@ def run_init(sandbox, tmp_path, *args):
     return run, time.monotonic() - started
 
 
-INIT_FAULTS = [
-    ("a watch that ends at once", {"watch": "empty", "path": "/pods"}),
-    ("a 410 on every watch", {"watch": "gone", "path": "/pods"}),
-    ("429 with Retry-After 0", {"status": 429, "retry_after": 0}),
-    ("1 byte a second", {"trickle": 1.0}),
-    ("no answer", {"delay": 3600.0}),
+INIT_FAULTS = [  # (name, the fault, what init's last line says)
+    ("a watch that ends at once", {"watch": "empty", "path": "/pods"}, "without IP: demo-worker-0"),
+    ("a 410 on every watch", {"watch": "gone", "path": "/pods"}, "without IP: demo-worker-0"),
+    ("429 with Retry-After 0", {"status": 429, "retry_after": 0}, "API answered 429"),
+    ("1 byte a second", {"trickle": 1.0}, "no whole answer within"),
+    ("no answer", {"delay": 3600.0}, "no whole answer within"),
 ]
 
 
-@pytest.mark.parametrize("fault", [f for _, f in INIT_FAULTS], ids=[n for n, _ in INIT_FAULTS])
-def test_init_ends_by_its_timeout_under_any_fault_and_asks_at_most_5_times_a_second(sandbox, tmp_path, fault):
+@pytest.mark.parametrize("fault, says", [f[1:] for f in INIT_FAULTS], ids=[f[0] for f in INIT_FAULTS])
+def test_init_ends_by_its_timeout_under_any_fault_and_asks_at_most_5_times_a_second(sandbox, tmp_path, fault,
+                                                                                     says):
     waiting_job(sandbox)
     sandbox.faults(**fault)
     run, took = run_init(sandbox, tmp_path, "--timeout", "6")
     assert run.returncode == 4, run.stderr
     assert took <= 6 + 1 + 0.8, took  # --timeout + 1 s (and the interpreter's start)
     assert requests_by(sandbox, "init") <= 5 * took
-    assert "timed out after" in run.stderr.strip().splitlines()[-1]
+    last = run.stderr.strip().splitlines()[-1]
+    assert "timed out after" in last and says in last, last
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
