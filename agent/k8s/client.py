@@ -8,7 +8,7 @@ library is underneath. ``Client.deadline`` (init's ``--timeout``) bounds every r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -80,21 +80,15 @@ class Urllib3Transport:
     def send(self, request: Request, *, timeout: float) -> Response:
         started = self.clock()
         response = self._open(request, timeout)
-        body, whole = bytearray(), False
+        body = bytearray()
+        reading = self._chunks(request, response, too_slow(request, timeout))
         try:
-            while chunk := response.read1(READ):
+            for chunk in reading:
                 body += chunk
                 if self.clock() - started > timeout:
                     raise too_slow(request, timeout)
-            whole = True
-        except urllib3.exceptions.ReadTimeoutError as err:
-            raise too_slow(request, timeout) from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise unreachable(err, self.config.server, request) from err
         finally:
-            if not whole:
-                response.close()  # a half-read answer: the connection is not reused
-            response.release_conn()
+            reading.close()  # a half-read answer closes the connection: it is not reused
         return Response(response.status, bytes(body), response.headers.get("Retry-After"))
 
     def stream(self, request: Request, *, wait: float) -> tuple[Response, Iterator[bytes]]:
@@ -107,22 +101,24 @@ class Urllib3Transport:
             finally:
                 response.release_conn()
 
-        def chunks() -> Iterator[bytes]:
-            whole = False
-            try:
-                while chunk := response.read1(READ):
-                    yield chunk
-                whole = True
-            except urllib3.exceptions.ReadTimeoutError as err:
-                raise silent(request, wait) from err
-            except (urllib3.exceptions.HTTPError, OSError) as err:
-                raise unreachable(err, self.config.server, request) from err
-            finally:
-                if not whole:
-                    response.close()
-                response.release_conn()
+        return Response(response.status), self._chunks(request, response, silent(request, wait))
 
-        return Response(response.status), chunks()
+    def _chunks(self, request: Request, response: urllib3.BaseHTTPResponse,
+                quiet: Exception) -> Generator[bytes, None, None]:
+        """The body as it comes; `quiet` is raised when the server stops sending (the caller's words for it)."""
+        whole = False
+        try:
+            while chunk := response.read1(READ):
+                yield chunk
+            whole = True
+        except urllib3.exceptions.ReadTimeoutError as err:
+            raise quiet from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise unreachable(err, self.config.server, request) from err
+        finally:
+            if not whole:
+                response.close()  # a half-read answer: the connection is not reused
+            response.release_conn()
 
     def close(self) -> None:
         self.pool.clear()
