@@ -401,6 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--apply", action="store_true", help="create the Secret through the API instead of printing")
     keygen.add_argument("--kubeconfig", help="kubeconfig file for --apply")
 
+    inject = commands.add_parser("inject", help="add the agent to the pod templates of manifests: "
+                                                "topology-agent inject -f job.yaml | kubectl apply -f -")
+    inject.add_argument("-f", "--filename", action="append", help="manifest file (YAML, multi-document, JSON or a "
+                                                                   "kubectl List); '-' or none: stdin")
+    inject.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="a default for every job, as annotation topology-agent.io/KEY would give it (the "
+                             "job's own annotations win), e.g. --set image=registry/topology-agent:0.1.0")
+
     demo = commands.add_parser("demo", help="show the agent at work on an example Volcano job in the sandbox")
     demo.add_argument("--out", default="demo-out", help="where each pod's files go (default ./demo-out)")
     return parser
@@ -729,8 +737,52 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(out)
 
 
+def check_agent_args(argv: list[str], where: str) -> None:
+    """An injected command line must parse and give valid options, or nothing is written (agent/cli.py's own
+    parser decides, so inject and the agent cannot disagree). The environment's TOPOLOGY_* play no part."""
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as err:
+        raise InputError(f"{where}: {err}; fix the topology-agent.io/ annotation that gave it") from None
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("TOPOLOGY_")}
+    try:
+        options_from_args(args)
+    except InputError as err:
+        raise InputError(f"{where}: {err} (from a topology-agent.io/ annotation or --set)") from None
+    finally:
+        os.environ.update(saved)
+
+
+def _inject(args: argparse.Namespace) -> int:
+    from agent.core.injection import PREFIX, Settings
+    from agent.runtime.adoption import inject_text
+
+    defaults = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--set {item!r}: give KEY=VALUE, e.g. --set elastic=2:4")
+        defaults[PREFIX + key.strip()] = value
+    settings = Settings().over(defaults, "--set")
+    outputs = []
+    for name in args.filename or ["-"]:
+        if name == "-":
+            text = sys.stdin.read()
+        else:
+            try:
+                text = Path(name).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                raise InputError(f"-f {name}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
+        out, changed = inject_text(text, settings, version=__version__, check=check_agent_args)
+        outputs.append(out)
+        print(f"topology-agent inject: {name}: added the agent to {len(changed)} pod template(s)"
+              + (f": {'; '.join(changed)}" if changed else ""), file=sys.stderr)
+    sys.stdout.write("---\n".join(outputs))
+    return 0
+
+
 COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sidecar": _sidecar, "sandbox": _sandbox,
-            "demo": _demo, "keygen": _keygen}
+            "demo": _demo, "keygen": _keygen, "inject": _inject}
 
 
 BUG_EXIT = 70  # EX_SOFTWARE

@@ -1,0 +1,340 @@
+"""What adopting the agent adds to a pod template: one transform, used by `topology-agent inject` (manifests)
+and the admission webhook (Pods at CREATE).
+
+The transform edits the template in place, so a round-trip YAML document keeps its comments and key order. It
+adds only what carries the agent's name (containers ``topology-agent`` and ``topology-sidecar``, volumes
+``topology-agent-*``) and the shared mount in the user's containers; it first removes every such piece, so a
+second run, or a run over an older injection, gives what one run over the user's own template gives. The
+user's containers keep their command, image, user and security context; pod-level settings that would change
+them (runAsUser, fsGroup, shareProcessNamespace, ...) are never set.
+
+Settings are ``topology-agent.io/<key>`` annotations: a namespace's, then the job's, then the pod template's,
+each overriding the one before. Keys named like a command-line flag of init or the sidecar pass that flag.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.errors import InputError
+
+PREFIX = "topology-agent.io/"
+INJECT_LABEL = PREFIX + "inject"  # "enabled": the webhook's objectSelector / namespaceSelector
+INJECTED = PREFIX + "injected"  # the version that injected the template (an upgrade replaces it)
+INIT, SIDECAR = "topology-agent", "topology-sidecar"
+SHARED, TOKEN, SSH = "topology-agent-shared", "topology-agent-token", "topology-agent-ssh"
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+SSH_PATH = "/etc/topology/ssh"
+AGENT_UID = 65532
+SERVICE_ACCOUNT = "topology-agent"
+HEALTH_PORT = 8090
+
+# The flags a setting may pass, by the commands that take them (agent/cli.py's parsers check the values).
+COMMON_FLAGS = ("roles", "master-port", "nproc-per-node", "container", "address", "cluster-domain", "elastic",
+                "rdzv-port", "controller", "selector", "index-label", "rank-order", "topology-levels", "ssh-port")
+INIT_FLAGS = ("timeout", "expect", "wait-dns", "source")
+SIDECAR_FLAGS = ("debounce", "signal", "trainer-match", "lease-seconds", "probe-every", "stuck-after")
+# Settings that shape the pod rather than pass a flag.
+POD_KEYS = ("image", "out", "service-account", "ssh-secret", "ssh-owner", "sidecar", "inject", "injected")
+KEYS = frozenset(COMMON_FLAGS + INIT_FLAGS + SIDECAR_FLAGS + POD_KEYS)
+FLAG_VALUES_OFF = ("false", "off", "no", "0", "")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The merged settings of one pod template (keys without the prefix)."""
+
+    values: Mapping[str, str] = field(default_factory=dict)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def over(self, annotations: Mapping[str, Any] | None, where: str) -> Settings:
+        """These settings overridden by an object's ``topology-agent.io/*`` annotations; an unknown key is an
+        error (a misspelt setting would otherwise be ignored without a word)."""
+        merged = dict(self.values)
+        for name, value in (annotations or {}).items():
+            if not isinstance(name, str) or not name.startswith(PREFIX):
+                continue
+            key = name[len(PREFIX):]
+            if key not in KEYS:
+                raise InputError(f"{where}: annotation {name!r} is not a setting of the agent; "
+                                 f"known: {', '.join(sorted(KEYS - {'inject', 'injected'}))}")
+            merged[key] = str(value)
+        merged.pop("injected", None)
+        return Settings(merged)
+
+
+@dataclass
+class Template:
+    """One pod template found in a manifest: where it is, and what the job says about it."""
+
+    where: str
+    template: dict[str, Any]
+    settings: Settings
+    elastic: str | None = None  # MIN:MAX from the job (PyTorchJob elasticPolicy)
+    wait_dns: bool = False  # the controller names pods by DNS (hostname + subdomain)
+
+
+def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return f"{obj.get('kind', '?')} {_metadata(obj).get('name', '?')}"
+
+
+def _group(obj: Mapping[str, Any]) -> str:
+    api = str(obj.get("apiVersion", ""))
+    return api.split("/")[0] if "/" in api else ""
+
+
+def _at(obj: Any, *keys: str | int) -> Any:
+    for key in keys:
+        if isinstance(key, int):
+            obj = obj[key] if isinstance(obj, list) and len(obj) > key else None
+        else:
+            obj = obj.get(key) if isinstance(obj, Mapping) else None
+        if obj is None:
+            return None
+    return obj
+
+
+def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings) -> Iterator[Template]:
+    for i, rjob in enumerate(_at(spec, "replicatedJobs") or []):
+        template = _at(rjob, "template", "spec", "template")
+        if isinstance(template, dict):
+            yield Template(f"{where} {prefix}replicatedJobs[{i}] ({_at(rjob, 'name')})", template,
+                           settings, wait_dns=True)
+
+
+def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterator[Template]:
+    """Every pod template of a supported kind in one document (a kubectl List's items included)."""
+    kind, group, spec = doc.get("kind"), _group(doc), doc.get("spec")
+    if kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc):
+        for item in doc.get("items") or []:
+            if isinstance(item, Mapping):
+                yield from templates(item, defaults)
+        return
+    where = _name(doc)
+    settings = defaults.over(_metadata(doc).get("annotations"), where)
+    if kind == "Pod" and group == "" and isinstance(doc, dict):
+        yield Template(where, doc, settings)  # a Pod is its own template (metadata + spec)
+    elif kind == "Job" and group == "batch.volcano.sh":
+        for i, task in enumerate(_at(spec, "tasks") or []):
+            if isinstance(_at(task, "template"), dict):
+                yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings)
+    elif kind == "PyTorchJob" and group == "kubeflow.org":
+        policy = _at(spec, "elasticPolicy")
+        elastic = None
+        if isinstance(policy, Mapping) and (policy.get("minReplicas") or policy.get("maxReplicas")):
+            low = policy.get("minReplicas") or policy.get("maxReplicas")
+            elastic = f"{low}:{policy.get('maxReplicas') or low}"
+        for rtype, replica in (_at(spec, "pytorchReplicaSpecs") or {}).items():
+            if isinstance(_at(replica, "template"), dict):
+                yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic)
+    elif kind == "MPIJob" and group == "kubeflow.org":
+        for rtype, replica in (_at(spec, "mpiReplicaSpecs") or {}).items():
+            if isinstance(_at(replica, "template"), dict):
+                yield Template(f"{where} {rtype}", replica["template"], settings)
+    elif kind == "JobSet" and group == "jobset.x-k8s.io":
+        yield from _jobset_templates(spec, "", where, settings)
+    elif kind in ("TrainingRuntime", "ClusterTrainingRuntime") and group == "trainer.kubeflow.org":
+        yield from _jobset_templates(_at(spec, "template", "spec"), "template.spec.", where, settings)
+    elif kind == "LeaderWorkerSet" and group == "leaderworkerset.x-k8s.io":
+        lwt = _at(spec, "leaderWorkerTemplate") or {}
+        for key in ("leaderTemplate", "workerTemplate"):
+            if isinstance(lwt.get(key), dict):
+                yield Template(f"{where} {key}", lwt[key], settings)
+    elif kind == "Job" and group == "batch":
+        template = _at(spec, "template")
+        if isinstance(template, dict):
+            yield Template(where, template, settings, wait_dns=bool(_at(template, "spec", "subdomain")))
+
+
+def _is_agent_volume(name: Any) -> bool:
+    return isinstance(name, str) and name.startswith("topology-agent-")
+
+
+def remove(spec: dict[str, Any]) -> None:
+    """Take out everything an earlier injection added (by the names it gives its pieces). Lists it empties stay
+    where they are, so that injecting again puts every key back in the same place."""
+    if isinstance(spec.get("initContainers"), list):
+        spec["initContainers"][:] = [c for c in spec["initContainers"]
+                                     if not (isinstance(c, Mapping) and c.get("name") in (INIT, SIDECAR))]
+    if isinstance(spec.get("volumes"), list):
+        spec["volumes"][:] = [v for v in spec["volumes"] if not (isinstance(v, Mapping)
+                                                                 and _is_agent_volume(v.get("name")))]
+    for container in spec.get("containers") or []:
+        mounts = container.get("volumeMounts") if isinstance(container, dict) else None
+        if isinstance(mounts, list):
+            mounts[:] = [m for m in mounts if not (isinstance(m, Mapping) and _is_agent_volume(m.get("name")))]
+
+
+def _uid_gid(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """The user a container runs as, when the manifest says (else the image decides: unknown here)."""
+    own, shared = container.get("securityContext") or {}, pod.get("securityContext") or {}
+    uid = own.get("runAsUser", shared.get("runAsUser"))
+    gid = own.get("runAsGroup", shared.get("runAsGroup"))
+    return (int(uid), None if gid is None else int(gid)) if uid is not None else None
+
+
+def _restricted(uid: int, gid: int | None = None) -> dict[str, Any]:
+    context: dict[str, Any] = {"runAsUser": uid, "runAsGroup": uid if gid is None else gid,
+                               "runAsNonRoot": uid != 0, "allowPrivilegeEscalation": False,
+                               "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                               "seccompProfile": {"type": "RuntimeDefault"}}
+    return context
+
+
+def _flags(settings: Settings, names: tuple[str, ...]) -> list[str]:
+    args: list[str] = []
+    for name in names:
+        value = settings.get(name)
+        if value is None:
+            continue
+        if name == "wait-dns":
+            if value.strip().lower() not in FLAG_VALUES_OFF:
+                args.append("--wait-dns")
+            continue
+        args += [f"--{name}", value]
+    return args
+
+
+def _downward_env() -> list[dict[str, Any]]:
+    return [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+
+
+def _resources() -> dict[str, Any]:
+    return {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}}
+
+
+def _volumes(ssh_secret: str | None) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": SHARED, "emptyDir": {}},
+        {"name": TOKEN, "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace",
+                                        "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}]
+    if ssh_secret:
+        # Only the init container mounts it; 0444 because it runs as the trainer's user without fsGroup.
+        volumes.append({"name": SSH, "secret": {"secretName": ssh_secret, "defaultMode": 0o444}})
+    return volumes
+
+
+def elastic_of(template: Template) -> str | None:
+    """MIN:MAX when the job is elastic: the setting first ("false" turns it off), then the job's own policy."""
+    value = template.settings.get("elastic")
+    if value is not None:
+        return None if value.strip().lower() in FLAG_VALUES_OFF else value
+    return template.elastic
+
+
+def inject(template: Template, *, version: str) -> dict[str, Any]:
+    """Add the agent to one pod template (in place) and return the template. Refuses, with one line, what it
+    cannot make work: a template with no container, or SSH files for a user it cannot know."""
+    pod = template.template
+    spec = pod.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
+        raise InputError(f"{template.where}: the pod template has no spec.containers; nothing to add the agent to")
+    settings = template.settings
+    remove(spec)
+    elastic = elastic_of(template)
+    sidecar = elastic is not None or (settings.get("sidecar") or "").strip().lower() not in FLAG_VALUES_OFF
+    out = settings.get("out") or "/shared"
+    image = settings.get("image") or f"topology-agent:{version}"
+    user_containers = [c for c in spec["containers"] if isinstance(c, dict)]
+    for container in user_containers:
+        mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, Mapping)]
+        taken = next((m for m in mounts if m.get("mountPath") == out), None)
+        if taken is not None:
+            raise InputError(f"{template.where}: container {container.get('name')!r} already mounts "
+                             f"{taken.get('name')!r} at {out}; set annotation {PREFIX}out to another directory")
+        if not isinstance(container.get("volumeMounts"), list):
+            container["volumeMounts"] = []
+        container["volumeMounts"].append({"name": SHARED, "mountPath": out})
+
+    common = _flags(settings, COMMON_FLAGS)
+    if elastic is not None:
+        common = [a for i, a in enumerate(common) if a != "--elastic" and (i == 0 or common[i - 1] != "--elastic")]
+        common += ["--elastic", elastic]
+        if settings.get("address") is None:
+            common += ["--address", "ip"]  # elastic pods come and go faster than their DNS records
+    mounts = [{"name": SHARED, "mountPath": out}, {"name": TOKEN, "mountPath": TOKEN_PATH, "readOnly": True}]
+    init_args = ["init", "--out", out]
+    init_context = _restricted(AGENT_UID)
+    ssh_secret = settings.get("ssh-secret")
+    if ssh_secret:
+        init_args += ["--ssh-secret-dir", SSH_PATH]
+        owner = settings.get("ssh-owner")
+        user = _uid_gid(user_containers[0], spec)
+        if owner:
+            uid_text, _, gid_text = owner.partition(":")
+            if not uid_text.isdigit() or (gid_text and not gid_text.isdigit()):
+                raise InputError(f"{template.where}: annotation {PREFIX}ssh-owner is {owner!r}, not UID or UID:GID")
+            user = (int(uid_text), int(gid_text) if gid_text else None)
+        if user is None:
+            raise InputError(f"{template.where}: the SSH files must belong to the user the trainer runs as, which "
+                             f"the manifest does not say; set securityContext.runAsUser on container "
+                             f"{user_containers[0].get('name')!r} (or the pod), or annotate "
+                             f"{PREFIX}ssh-owner with UID:GID")
+        # init writes the files as the trainer's own user: no chown, so no capability (sshd's StrictModes).
+        init_context = _restricted(*user)
+    wait_dns = ["--wait-dns"] if template.wait_dns and settings.get("wait-dns") is None and elastic is None else []
+    init_container: dict[str, Any] = {
+        "name": INIT, "image": image,
+        "args": init_args + wait_dns + _flags(settings, INIT_FLAGS) + common,
+        "env": _downward_env(),
+        "volumeMounts": mounts + ([{"name": SSH, "mountPath": SSH_PATH, "readOnly": True}] if ssh_secret else []),
+        "securityContext": init_context, "resources": _resources()}
+    added = [init_container]
+    if sidecar:
+        added.append({
+            "name": SIDECAR, "image": image, "restartPolicy": "Always",
+            "args": ["sidecar", "--out", out, *_flags(settings, SIDECAR_FLAGS), *common],
+            "env": _downward_env(),
+            "ports": [{"name": "topology-health", "containerPort": HEALTH_PORT}],
+            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "topology-health"}},
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "topology-health"}, "periodSeconds": 30},
+            "volumeMounts": copy.deepcopy(mounts), "securityContext": _restricted(AGENT_UID),
+            "resources": _resources()})
+    if isinstance(spec.get("initContainers"), list):
+        spec["initContainers"][:0] = added
+    else:
+        spec["initContainers"] = added
+    if not isinstance(spec.get("volumes"), list):
+        spec["volumes"] = []
+    spec["volumes"].extend(_volumes(ssh_secret))
+    account = settings.get("service-account")
+    if account:
+        spec["serviceAccountName"] = account
+    elif not spec.get("serviceAccountName") and not spec.get("serviceAccount"):
+        spec["serviceAccountName"] = SERVICE_ACCOUNT
+    if spec.get("serviceAccountName") == SERVICE_ACCOUNT or account:
+        # The agent's token goes to the agent's containers only (the projected volume), never the trainer's.
+        spec["automountServiceAccountToken"] = False
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        meta = pod["metadata"] = {}
+    annotations = meta.get("annotations")
+    if not isinstance(annotations, dict):
+        annotations = meta["annotations"] = {}
+    annotations[INJECTED] = version
+    return pod
+
+
+def inject_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> list[str]:
+    """Add the agent to every pod template of one manifest document (in place); the templates it changed."""
+    done = []
+    for template in templates(doc, defaults):
+        template.settings = template.settings.over(_metadata(template.template).get("annotations"),
+                                                   template.where)
+        inject(template, version=version)
+        done.append(template.where)
+    return done

@@ -1,0 +1,307 @@
+"""`topology-agent inject`: every shipped example, reduced to the user's own job, comes back with the agent and
+gives the same files; the controllers' own examples (tests/upstream/) validate, keep the user's containers and
+render; the user's comments and order stay; a second run changes nothing; bad settings get one line."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent import __version__
+from agent.cli import build_parser, check_agent_args, main, options_from_args
+from agent.core import render_pod
+from agent.core.injection import INIT, PREFIX, SIDECAR, Settings, inject_document, templates
+from agent.errors import InputError
+from agent.runtime.adoption import inject_text
+from tests.manifest_pods import pod_templates, pods_for
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+UPSTREAM = sorted((ROOT / "tests" / "upstream").glob("*.yaml"))
+K8S_VERSION = "1.32"
+OLD_AGENT = ("topology-agent", "topology-sidecar")
+OLD_VOLUMES = ("shared", "topology-agent-token", "ssh-secret")
+VALUE_FLAGS = {"--timeout", "--elastic", "--address", "--ssh-port", "--debounce", "--signal", "--rank-order",
+               "--roles", "--expect"}
+
+
+def docs_of(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def reduce_to_users_job(doc: dict) -> dict:
+    """A shipped example as its user would write it before adopting the agent: the agent's containers and
+    volumes out, their command-line options turned into topology-agent.io/ annotations on the job."""
+    doc = copy.deepcopy(doc)
+    annotations: dict[str, str] = {}
+    for template in pod_templates(doc):
+        spec = template["spec"]
+        for container in spec.get("initContainers", []):
+            if container["name"] not in OLD_AGENT:
+                continue
+            args = container["args"]
+            for i, arg in enumerate(args):
+                if arg in VALUE_FLAGS:
+                    annotations[PREFIX + arg[2:]] = str(args[i + 1])
+                elif arg == "--ssh-owner":
+                    annotations[PREFIX + "ssh-owner"] = args[i + 1]
+        secret = [v["secret"]["secretName"] for v in spec.get("volumes", []) if v["name"] == "ssh-secret"]
+        if secret:
+            annotations[PREFIX + "ssh-secret"] = secret[0]
+        spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] not in OLD_AGENT]
+        if not spec["initContainers"]:
+            del spec["initContainers"]
+        spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in OLD_VOLUMES]
+        if not spec["volumes"]:
+            del spec["volumes"]
+        for container in spec["containers"]:
+            container["volumeMounts"] = [m for m in container.get("volumeMounts", [])
+                                         if m["name"] not in OLD_VOLUMES]
+            if not container["volumeMounts"]:
+                del container["volumeMounts"]
+        for key in ("serviceAccountName", "automountServiceAccountToken", "shareProcessNamespace"):
+            spec.pop(key, None)
+    # The job's signal/debounce come from the elastic example's sidecar; the defaults are what inject writes.
+    for key in ("signal", "debounce", "address", "elastic"):
+        annotations.pop(PREFIX + key, None)
+    if annotations:
+        doc.setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
+    return doc
+
+
+def injected(doc: dict) -> dict:
+    doc = copy.deepcopy(doc)
+    inject_document(doc, Settings(), version=__version__)
+    return doc
+
+
+def agent_args(template: dict, name: str = INIT) -> list[str] | None:
+    for container in template["spec"].get("initContainers", []):
+        if container["name"] == name:
+            return [str(a) for a in container["args"]]
+    return None
+
+
+def options_of(args: list[str]):
+    return options_from_args(build_parser().parse_args(args))
+
+
+def user_containers(template: dict) -> list[dict]:
+    spec = template["spec"]
+    return ([c for c in spec.get("initContainers", []) if c["name"] not in (INIT, SIDECAR)]
+            + spec["containers"])
+
+
+def without_agent_mounts(container: dict) -> dict:
+    container = copy.deepcopy(container)
+    mounts = [m for m in container.get("volumeMounts", []) if not m["name"].startswith("topology-agent-")]
+    container.pop("volumeMounts", None)
+    if mounts:
+        container["volumeMounts"] = mounts
+    return container
+
+
+SHIPPED = [(p.name, i, d) for p in EXAMPLES for i, d in enumerate(docs_of(p)) if pod_templates(d)]
+
+
+@pytest.mark.parametrize(("name", "index", "doc"), SHIPPED, ids=[f"{n}:{i}" for n, i, _ in SHIPPED])
+def test_a_shipped_example_reduced_to_the_users_job_injects_back_to_the_same_files(name, index, doc):
+    users = reduce_to_users_job(doc)
+    assert all(agent_args(t) is None for t in pod_templates(users))
+    result = injected(users)
+    shipped_pods, injected_pods = pods_for(doc), pods_for(result)
+    assert [p["metadata"]["name"] for p in shipped_pods] == [p["metadata"]["name"] for p in injected_pods]
+    shipped_options = options_of(agent_args(pod_templates(doc)[0]))
+    injected_options = options_of(agent_args(pod_templates(result)[0]))
+    for pod in shipped_pods:
+        me = pod["metadata"]["name"]
+        want = render_pod(shipped_pods, me, shipped_options).files
+        got = render_pod(injected_pods, me, injected_options).files
+        assert got.keys() == want.keys(), me
+        for file in want:
+            assert got[file] == want[file], f"{name} {me} {file}"
+    # the elastic example's sidecar is back, with the same elastic range
+    shipped_sidecar = agent_args(pod_templates(doc)[0], SIDECAR)
+    injected_sidecar = agent_args(pod_templates(result)[0], SIDECAR)
+    assert (shipped_sidecar is None) == (injected_sidecar is None)
+    if shipped_sidecar:
+        assert options_of(injected_sidecar).elastic == options_of(shipped_sidecar).elastic
+
+
+UPSTREAM_DOCS = [(p.name, d) for p in UPSTREAM for d in docs_of(p)]
+
+
+def _validate_template(template: dict) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="installed by the test extra")
+    wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "check"}, "template": template}
+    kubernetes_validate.validate(json.loads(json.dumps(wrapped)), K8S_VERSION, strict=True)
+
+
+def _annotated(name: str, doc: dict) -> dict:
+    """Volcano's MPI example names its tasks as the mpi plugin does (mpimaster launches, mpiworker computes);
+    the agent's Volcano default roles are the pytorch plugin's, so the user says which tasks train."""
+    if name == "volcano-mpi.yaml":
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["annotations"] = {PREFIX + "roles": "mpiworker"}
+    return doc
+
+
+ALL_JOBS = [(f"upstream/{n}", _annotated(n, d)) for n, d in UPSTREAM_DOCS] \
+    + [(f"shipped/{n}:{i}", reduce_to_users_job(d)) for n, i, d in SHIPPED]
+
+
+@pytest.mark.parametrize(("name", "doc"), ALL_JOBS, ids=[n for n, _ in ALL_JOBS])
+def test_injected_templates_validate_keep_the_users_containers_and_run_the_agent_restricted(name, doc):
+    before = [copy.deepcopy(t.template) for t in templates(doc)]
+    assert before, f"{name}: no pod template found"
+    after = injected(doc)
+    found = list(templates(after))
+    assert len(found) == len(before)
+    for old, new in zip(before, (t.template for t in found), strict=True):
+        _validate_template(new)
+        assert [without_agent_mounts(c) for c in user_containers(new)] == user_containers(old)
+        for container in new["spec"]["containers"]:
+            assert {"name": "topology-agent-shared", "mountPath": "/shared"} in container["volumeMounts"]
+        assert new["spec"].get("securityContext") == old["spec"].get("securityContext")  # never imposed
+        agents = [c for c in new["spec"]["initContainers"] if c["name"] in (INIT, SIDECAR)]
+        assert agents[0]["name"] == INIT
+        for container in agents:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
+            assert container["resources"]["limits"]["memory"] == "128Mi"
+            check_agent_args([str(a) for a in container["args"]], name)
+        token_holders = [c["name"] for c in new["spec"]["initContainers"] + new["spec"]["containers"]
+                         if any(m["name"] == "topology-agent-token" for m in c.get("volumeMounts", []))]
+        assert token_holders == [c["name"] for c in agents]
+        assert new["metadata"]["annotations"]["topology-agent.io/injected"] == __version__
+
+
+RENDERABLE = [(n, d) for n, d in ALL_JOBS if d["kind"] not in ("TrainingRuntime", "ClusterTrainingRuntime")]
+
+
+@pytest.mark.parametrize(("name", "doc"), RENDERABLE, ids=[n for n, _ in RENDERABLE])
+def test_the_pods_of_an_injected_job_render_with_the_injected_options(name, doc):
+    after = injected(doc)
+    pods = pods_for(after)
+    assert pods, name
+    options = options_of(agent_args(pod_templates(after)[0]))
+    worlds: dict[str, set[str]] = {}
+    ranks: dict[str, list[int]] = {}
+    for pod in pods:
+        variables = {v.name: v.value for v in render_pod(pods, pod["metadata"]["name"], options).variables}
+        if variables["TOPOLOGY_TRAINING"] == "1":  # a world per master (a LeaderWorkerSet has one per group)
+            worlds.setdefault(variables["MASTER_ADDR"], set()).add(variables["WORLD_SIZE"])
+            ranks.setdefault(variables["MASTER_ADDR"], []).append(int(variables["NODE_RANK"]))
+        else:
+            assert "WORLD_SIZE" not in variables and "RANK" not in variables
+    assert worlds
+    for master, sizes in worlds.items():
+        assert len(sizes) == 1, (master, sizes)  # every training pod of a world agrees on its size
+        assert sorted(ranks[master]) == list(range(len(ranks[master])))  # and each has its own node rank
+
+
+def test_the_users_comments_quotes_and_order_stay_and_a_second_run_changes_nothing():
+    text = (ROOT / "tests" / "upstream" / "jobset-depends-on.yaml").read_text()
+    once, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    assert len(changed) == 3
+    kept = [line for line in text.splitlines() if line.strip()]
+    out_lines = once.splitlines()
+    position = 0
+    for line in kept:  # every line of the user's, in the user's order (comments and quoting included)
+        position = out_lines.index(line, position) + 1
+    twice, _ = inject_text(once, Settings(), version=__version__, check=check_agent_args)
+    assert twice == once
+
+
+def test_an_older_injection_is_upgraded_to_what_one_run_gives():
+    text = (ROOT / "tests" / "upstream" / "training-operator-pytorch-simple.yaml").read_text()
+    fresh, _ = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    old, _ = inject_text(text, Settings({"image": "topology-agent:0.0.9", "timeout": "900"}), version="0.0.9",
+                         check=check_agent_args)
+    assert "0.0.9" in old and "--timeout" in old
+    upgraded, _ = inject_text(old, Settings(), version=__version__, check=check_agent_args)
+    assert upgraded == fresh
+
+
+def test_elastic_pytorchjobs_get_the_sidecar_and_their_range_from_the_elastic_policy():
+    doc = reduce_to_users_job(docs_of(ROOT / "manifests" / "examples" / "elastic-pytorchjob.yaml")[0])
+    template = pod_templates(injected(doc))[0]
+    assert options_of(agent_args(template)).elastic is not None
+    sidecar = agent_args(template, SIDECAR)
+    assert sidecar[:1] == ["sidecar"] and sidecar[sidecar.index("--elastic") + 1] == "2:4"
+    sidecar_container = next(c for c in template["spec"]["initContainers"] if c["name"] == SIDECAR)
+    assert sidecar_container["restartPolicy"] == "Always"  # a native sidecar: it does not block the trainer
+    doc["metadata"]["annotations"] = {PREFIX + "elastic": "false"}
+    assert agent_args(pod_templates(injected(doc))[0], SIDECAR) is None
+
+
+def test_ssh_files_are_written_as_the_trainers_user_with_no_capability():
+    doc = reduce_to_users_job(docs_of(ROOT / "manifests" / "examples" / "deepspeed-job.yaml")[1])
+    assert doc["metadata"]["annotations"][PREFIX + "ssh-secret"]
+    doc["metadata"]["annotations"].pop(PREFIX + "ssh-owner")
+    template = pod_templates(injected(doc))[0]
+    init = template["spec"]["initContainers"][0]
+    assert "--ssh-secret-dir" in init["args"] and "--ssh-owner" not in init["args"]
+    assert (init["securityContext"]["runAsUser"], init["securityContext"]["runAsGroup"]) == (10001, 10001)
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    secret = next(v for v in template["spec"]["volumes"] if v["name"] == "topology-agent-ssh")
+    assert secret["secret"]["secretName"] == "ds-ssh"
+    trainer = template["spec"]["containers"][0]
+    assert not any(m["name"] == "topology-agent-ssh" for m in trainer["volumeMounts"])
+    del template["spec"]["securityContext"]["runAsUser"]  # nobody says which user the trainer is
+    with pytest.raises(InputError, match="runAsUser"):
+        inject_document({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": {
+            PREFIX + "ssh-secret": "ds-ssh"}}, "spec": {"containers": [{"name": "t", "image": "x"}]}},
+            Settings(), version=__version__)
+
+
+def test_a_user_service_account_is_kept_and_its_token_left_alone():
+    doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}, "spec": {"template": {"spec": {
+        "serviceAccountName": "mine", "containers": [{"name": "t", "image": "x"}]}}}}
+    spec = injected(doc)["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "mine" and "automountServiceAccountToken" not in spec
+
+
+def test_a_kubectl_list_and_json_come_back_as_they_came():
+    items = [d for n, d in UPSTREAM_DOCS if d["kind"] in ("PyTorchJob", "MPIJob")]
+    text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+    out, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    back = json.loads(out)
+    assert back["kind"] == "List" and len(changed) == 4
+    assert all(agent_args(t) for item in back["items"] for t in pod_templates(item))
+
+
+@pytest.mark.parametrize(("annotations", "says"), [
+    ({PREFIX + "rank-ordr": "topology"}, "'topology-agent.io/rank-ordr' is not a setting"),
+    ({PREFIX + "elastic": "2-4"}, "--elastic"),
+    ({PREFIX + "rank-order": "random"}, "--rank-order"),
+    ({PREFIX + "ssh-secret": "s", PREFIX + "ssh-owner": "me"}, "ssh-owner"),
+])
+def test_a_bad_setting_is_one_line_exit_2_and_nothing_written(annotations, says, capsys, monkeypatch):
+    doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "annotations": annotations},
+           "spec": {"template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}}}
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump(doc)))
+    assert main(["inject"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Job j" in lines[0], lines
+
+
+def test_unknown_kinds_pass_through_unchanged_and_stdin_to_stdout_works():
+    text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c  # mine\ndata:\n  a: '1'\n"
+    run = subprocess.run([sys.executable, "-m", "agent.cli", "inject"], input=text, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == text
+    assert "added the agent to 0 pod template(s)" in run.stderr
