@@ -106,6 +106,10 @@ CASES += [
     ("keygen", "--namespace", ["--job", "j", "--namespace", "team a"], ["--namespace 'team a'"]),
     ("keygen", "--kubeconfig", ["--job", "j", "--apply", "--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),
     ("demo", "--out", ["--out", BLOCKER], ["--out", "cannot write there"]),
+    ("inject", "--filename", ["-f", MISSING], ["-f", "cannot read it"]),
+    ("inject", "--set", ["--set", "elastic", "-f", "@empty"], ["--set 'elastic'", "KEY=VALUE"]),
+    ("inject", "--set", ["--set", "rank-ordr=topology", "-f", "@empty"], ["'topology-agent.io/rank-ordr'",
+                                                                          "not a setting"]),
     ("render", "(usage)", ["--pods"], ["expected one argument", "--help"]),
     ("init", "(usage)", ["--no-such-option"], ["unrecognized arguments", "--help"]),
 ]

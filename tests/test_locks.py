@@ -11,11 +11,12 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
 
 
 def pins(name: str) -> dict[str, str]:
-    return {m.group(1).lower().replace("_", "-"): m.group(2) for m in PIN.finditer((ROOT / name).read_text())}
+    return {re.sub(r"[-_.]+", "-", m.group(1).lower()): m.group(2) for m in PIN.finditer((ROOT / name).read_text())}
 
 
 def requirement_names(requirements: list[str]) -> set[str]:
-    return {re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+    return {re.sub(r"[-_.]+", "-", re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0].lower())  # PEP 503 names
+            for r in requirements}
 
 
 def test_every_declared_dependency_is_pinned_in_the_locks():

@@ -61,8 +61,8 @@ class Settings:
                 continue
             key = name[len(PREFIX):]
             if key not in KEYS:
-                raise InputError(f"{where}: annotation {name!r} is not a setting of the agent; "
-                                 f"known: {', '.join(sorted(KEYS - {'inject', 'injected'}))}")
+                known = ", ".join(sorted(KEYS - {"inject", "injected"}))
+                raise InputError(f"{where}: annotation {name!r} is not a setting of the agent; known: {known}")
             merged[key] = str(value)
         merged.pop("injected", None)
         return Settings(merged)
@@ -242,7 +242,8 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     pod = template.template
     spec = pod.get("spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
-        raise InputError(f"{template.where}: the pod template has no spec.containers; nothing to add the agent to")
+        raise InputError(f"{template.where}: the pod template has no spec.containers; nothing to add the agent "
+                         "to")
     settings = template.settings
     remove(spec)
     elastic = elastic_of(template)

@@ -50,9 +50,10 @@ def inject_text(text: str, defaults: Settings, *, version: str, check: CheckArgs
     try:
         docs = list(yaml.load_all(text))
     except YAMLError as err:
-        where = getattr(err, "problem_mark", None)
-        raise InputError(f"the input is not YAML ({getattr(err, 'problem', None) or err}"
-                         f"{f' at line {where.line + 1}' if where else ''})") from None
+        mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or err
+        line = f"line {mark.line + 1}" if mark else "an unknown line"
+        raise InputError(f"the input is not YAML: {problem} at {line}") from None
     changed = _inject_all(docs, defaults, version, check)
     out = io.StringIO()
     yaml.dump_all(docs, out)

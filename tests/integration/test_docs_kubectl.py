@@ -59,6 +59,8 @@ def test_every_kubectl_command_of_the_docs_runs_against_the_sandbox(sandbox, tmp
     work.mkdir()
     for name in ("manifests", "examples"):
         (work / name).symlink_to(ROOT / name)
+    # README's `topology-agent inject -f job.yaml | kubectl apply -f -`: a user's job, as written before adopting
+    (work / "job.yaml").write_text((ROOT / "tests" / "upstream" / "jobset-pytorch-mnist.yaml").read_text())
     env = {**os.environ, "KUBECONFIG": str(sandbox.sandbox.kubeconfig),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     outputs = {}
