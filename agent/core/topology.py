@@ -755,13 +755,12 @@ def _topology_first(live: list[tuple[RawPod, Identity, _Facts]], position: dict[
     count = sum(1 for _, ident, _ in live if ident.role in position)
     training = live[:count]
     paths = []
-    for pod, _, facts in training:
+    for _, _, facts in training:
         domains = domains_of(facts.node)
         if domains is None:
-            phase = (pod.get("status") or {}).get("phase")
+            # From the pod's facts alone (not its phase): the planner keeps a layout while a pod's facts stand.
             why = f"runs on node '{facts.node}' whose labels are unknown" if facts.node else \
-                "is not scheduled yet" if phase in (None, "", "Pending") else \
-                f"is {phase} but has no spec.nodeName (pods listed without it?)"
+                "has no spec.nodeName (not scheduled yet, or listed without it)"
             return live, f"pod '{facts.name}' {why}; ranks stay in index order"
         paths.append((*domains, facts.node))
     return [training[i] for i in topology_order(paths)] + live[count:], None
