@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from agent import __version__
 from agent.core import Options, Rendered, render_pod
 from agent.core.controllers import CONTROLLERS, parse_selector
-from agent.core.model import RawPod, is_whole_number
+from agent.core.model import RawPod, is_whole_number, parse_owner
 from agent.core.placement import DEFAULT_LEVELS, RANK_ORDERS, parse_levels
 from agent.core.validation import DNS_NAME, is_dns1123_label, is_dns1123_subdomain, is_label_value
 from agent.core.variables import explain_exclusions, warnings_for
@@ -412,16 +412,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="show the agent at work on an example Volcano job in the sandbox")
     demo.add_argument("--out", default="demo-out", help="where each pod's files go (default ./demo-out)")
     return parser
-
-
-def parse_owner(raw: str | None, *, label: str = "--ssh-owner") -> tuple[int, int] | None:
-    if raw is None:
-        return None
-    uid, sep, gid = raw.partition(":")
-    ids = (uid, gid) if sep else (uid,)
-    if not all(is_whole_number(i) and len(i.strip()) <= 10 and int(i) < 2**32 - 1 for i in ids):
-        raise InputError(f"{label} '{raw}' must be UID:GID in numbers below 4294967295, e.g. 1000:1000")
-    return int(uid), int(gid) if sep else int(uid)
 
 
 def ssh_settings(args: argparse.Namespace) -> Any:

@@ -17,6 +17,7 @@ Label keys, field names and conventions are the controllers' own, read from thei
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -137,7 +138,7 @@ class OwnerOptions:
     notes: tuple[str, ...] = ()
 
 
-class Controller:
+class Controller(abc.ABC):
     """One controller's conventions. ``key`` is what ``--controller`` takes; ``labels`` are the pod label (and
     annotation) keys it reads, which the published rows keep."""
 
@@ -159,8 +160,9 @@ class Controller:
         """The job a pod belongs to, read from labels alone (no role or index needed)."""
         return _meta(pod)[1].get(self.marker)
 
+    @abc.abstractmethod
     def identify(self, pod: RawPod, options: Options) -> Identity:
-        raise NotImplementedError(self.key)  # every controller class below defines it
+        """Role, index and job of one pod, by the controller's own labels (each controller below says how)."""
 
     def dns_name(self, pod: RawPod, ident: Identity, namespace: str, cluster_domain: str | None) -> str | None:
         """The name peers reach the pod by: its hostname.subdomain when set, else the controller's convention

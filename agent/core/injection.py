@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.core.model import parse_owner
 from agent.errors import InputError
 
 PREFIX = "topology-agent.io/"
@@ -276,10 +277,7 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
         owner = settings.get("ssh-owner")
         user = _uid_gid(user_containers[0], spec)
         if owner:
-            uid_text, _, gid_text = owner.partition(":")
-            if not uid_text.isdigit() or (gid_text and not gid_text.isdigit()):
-                raise InputError(f"{template.where}: annotation {PREFIX}ssh-owner is {owner!r}, not UID or UID:GID")
-            user = (int(uid_text), int(gid_text) if gid_text else None)
+            user = parse_owner(owner, label=f"{template.where}: annotation {PREFIX}ssh-owner")
         if user is None:
             raise InputError(f"{template.where}: the SSH files must belong to the user the trainer runs as, which "
                              f"the manifest does not say; set securityContext.runAsUser on container "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypedDict
 
 from agent.core.placement import Level
+from agent.errors import InputError
 
 AddressMode = Literal["dns", "ip"]
 _WHOLE = re.compile(r"[0-9]+")
@@ -23,6 +24,18 @@ _WHOLE = re.compile(r"[0-9]+")
 def is_whole_number(text: str) -> bool:
     """ASCII digits only: str.isdigit() also accepts '²' and '٣', which int() then rejects or reads."""
     return bool(_WHOLE.fullmatch(text.strip()))
+
+
+def parse_owner(raw: str | None, *, label: str = "--ssh-owner") -> tuple[int, int] | None:
+    """UID[:GID] of the SSH files (the GID is the UID's when left out); ``label`` names where the text came
+    from, a flag or an annotation."""
+    if raw is None:
+        return None
+    uid, sep, gid = raw.partition(":")
+    ids = (uid, gid) if sep else (uid,)
+    if not all(is_whole_number(i) and len(i.strip()) <= 10 and int(i) < 2**32 - 1 for i in ids):
+        raise InputError(f"{label} '{raw}' must be UID:GID in numbers below 4294967295, e.g. 1000:1000")
+    return int(uid), int(gid) if sep else int(uid)
 
 
 class RawEnvVar(TypedDict, total=False):
