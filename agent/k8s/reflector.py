@@ -45,8 +45,9 @@ class Settings:
     @classmethod
     def with_idle(cls, idle: float) -> Settings:
         """Settings for an inactivity deadline of ``idle`` seconds: the watches then ask the server to end them
-        in 2/3 to 0.9 of it, so a healthy watch always shows progress in time."""
-        return cls(idle=idle, watch_seconds=(idle * 2 / 3, idle * 0.9))
+        in 2/3 to 0.9 of it, so a healthy watch always shows progress in time; a relist's random pause stays
+        within half of it, so a hung watch is replaced, and its hidden changes listed, within 2x ``idle``."""
+        return cls(idle=idle, watch_seconds=(idle * 2 / 3, idle * 0.9), relist_jitter=min(2.0, idle / 2))
 
 
 class Reflector:
