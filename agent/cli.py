@@ -394,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox.add_argument("--port", default="0", help="port on 127.0.0.1 (default: any free port)")
     sandbox.add_argument("--state-dir", help="where to write the kubeconfig and TLS files (default: a temp dir)")
     sandbox.add_argument("--bookmark-interval", default="1.0", help="seconds between watch BOOKMARKs")
+    sandbox.add_argument("--service", action="append", default=[], metavar="NAMESPACE/NAME=HOST:PORT",
+                         help="where a webhook's Service answers (the sandbox has no cluster network; repeatable)")
 
     keygen = commands.add_parser("keygen", help="print (or --apply) the job's SSH Secret: user key pair and host CA")
     keygen.add_argument("--job", required=True, help="job name; the Secret is <job>-ssh")
@@ -409,6 +411,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a default for every job, as annotation topology-agent.io/KEY would give it (the "
                              "job's own annotations win), e.g. --set image=registry/topology-agent:0.1.0")
 
+    webhook = commands.add_parser("webhook", help="mutating admission webhook: adds the agent to Pods and jobs at "
+                                                  "CREATE, as inject does (manifests/webhook)")
+    webhook.add_argument("--port", default="8443", help="HTTPS port (default 8443)")
+    webhook.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    webhook.add_argument("--namespace", help="the webhook's namespace, where its TLS Secret is (default: "
+                                             "$POD_NAMESPACE, else topology-agent-system)")
+    webhook.add_argument("--service", default="topology-agent-webhook", help="its Service: the certificate "
+                                                                            "covers <service>.<namespace>.svc")
+    webhook.add_argument("--cert-host", action="append", default=[], metavar="NAME_OR_IP",
+                         help="another name or IP address the certificate covers (repeatable)")
+    webhook.add_argument("--secret", default="topology-agent-webhook-tls",
+                         help="the Secret holding its CA and serving certificate (default topology-agent-webhook-tls)")
+    webhook.add_argument("--config", default="topology-agent", help="the MutatingWebhookConfiguration whose caBundle "
+                                                                    "it keeps (default topology-agent)")
+    webhook.add_argument("--tls-dir", help="serve tls.crt and tls.key from this directory (cert-manager) instead "
+                                           "of managing a Secret and the caBundle")
+    webhook.add_argument("--check-every", default="3600", help="seconds between certificate checks (default 3600)")
+    webhook.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    webhook.add_argument("--log-format", help="text or json (default text)")
+
     demo = commands.add_parser("demo", help="show the agent at work on an example Volcano job in the sandbox")
     demo.add_argument("--out", default="demo-out", help="where each pod's files go (default ./demo-out)")
     return parser
@@ -417,9 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
 def ssh_settings(args: argparse.Namespace) -> Any:
     """``SshSettings`` when --ssh-secret-dir (or TOPOLOGY_SSH_SECRET_DIR) is given, else None. The SSH options
     are checked either way: a bad value is a mistake even where it is not used yet."""
-    port = _int_knob(knob(args, "ssh-port")) or 2222
-    owner_k = knob(args, "ssh-owner")
-    owner = parse_owner(owner_k.value, label=owner_k.label)
+    port, owner = _ssh_values(args)
     secret_dir = knob(args, "ssh-secret-dir")
     if not secret_dir.value:
         return None
@@ -429,6 +449,12 @@ def ssh_settings(args: argparse.Namespace) -> Any:
     from agent.ssh.material import SshSettings  # asyncssh: 0.2 s and 20 MB, paid only with SSH
 
     return SshSettings(secret_dir=Path(secret_dir.value), port=port, owner=owner)
+
+
+def _ssh_values(args: argparse.Namespace) -> tuple[int, tuple[int, int] | None]:
+    port = _int_knob(knob(args, "ssh-port")) or 2222
+    owner_k = knob(args, "ssh-owner")
+    return port, parse_owner(owner_k.value, label=owner_k.label)
 
 
 def _out_dir(args: argparse.Namespace, *, check: bool = False) -> Path:
@@ -527,26 +553,32 @@ def _init(args: argparse.Namespace) -> int:
 
     log_format = _log_format(args)
     options = options_from_args(args)
-    timeout = _int_knob(knob(args, "timeout"), high=86_400)
-    expect = _int_knob(knob(args, "expect"), high=1_000_000)
-    source = _choice_knob(Knob(knob(args, "source").value or "auto", knob(args, "source").label),
-                          ("auto", "pods", "published"))
-    wait_dns = args.wait_dns if args.wait_dns is not None else (_env("wait-dns") or "").lower() in ("1", "true")
+    v = _init_values(args)
     ssh = ssh_settings(args)
     kubeconfig = _kubeconfig(args)
-    watch_idle = _watch_idle(args)
     out_dir = _out_dir(args, check=True)
     setup_logging(log_format)
     config = load_config(kubeconfig)
     namespace, pod_name = _pod_identity(config)
     settings = InitSettings(
-        namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, expect=expect,
-        timeout=float(timeout if timeout is not None else 600), wait_dns=wait_dns, source=source,
-        watch_idle=watch_idle,
+        namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, expect=v.expect,
+        timeout=float(v.timeout if v.timeout is not None else 600), wait_dns=v.wait_dns, source=v.source,
+        watch_idle=v.watch_idle,
     )
     api = Client(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
     run_init(api, settings, ssh=ssh)
     return 0
+
+
+def _init_values(args: argparse.Namespace) -> argparse.Namespace:
+    """init's own flags, checked (inject and the webhook check every command line they write with it)."""
+    timeout = _int_knob(knob(args, "timeout"), high=86_400)
+    expect = _int_knob(knob(args, "expect"), high=1_000_000)
+    source = _choice_knob(Knob(knob(args, "source").value or "auto", knob(args, "source").label),
+                          ("auto", "pods", "published"))
+    wait_dns = args.wait_dns if args.wait_dns is not None else (_env("wait-dns") or "").lower() in ("1", "true")
+    return argparse.Namespace(timeout=timeout, expect=expect, source=source, wait_dns=wait_dns,
+                              watch_idle=_watch_idle(args))
 
 
 def _watch_idle(args: argparse.Namespace) -> float | None:
@@ -579,10 +611,44 @@ def _sidecar(args: argparse.Namespace) -> int:
     from agent.k8s.reflector import Settings as ReflectorSettings
     from agent.runtime.logs import setup_logging
     from agent.runtime.sidecar import SidecarSettings, run_sidecar
-    from agent.runtime.signalling import TrainerFinder, parse_signal
+    from agent.runtime.signalling import TrainerFinder
 
     log_format = _log_format(args)
     options = options_from_args(args)
+    v = _sidecar_values(args)
+    kubeconfig = _kubeconfig(args)
+    ssh = ssh_settings(args)
+    out_dir = _out_dir(args, check=True)
+    setup_logging(log_format)
+    config = load_config(kubeconfig)
+    namespace, pod_name = _pod_identity(config)
+    settings = SidecarSettings(
+        namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, debounce=v.debounce,
+        signal=v.signal, finder=TrainerFinder(pid_file=Path(v.pid_file) if v.pid_file else None, match=v.match),
+        stuck_after=v.stuck_after, lease_seconds=int(v.lease_seconds), ssh=ssh,
+        reflecting=ReflectorSettings.with_idle(v.idle) if v.idle is not None else ReflectorSettings(),
+        probe_every=v.probe,
+    )
+    port, health_host = v.port, v.health_host
+
+    async def main_async() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        user_agent = f"topology-agent/{__version__} sidecar ({namespace}/{pod_name})"
+        async with AsyncClient(config, user_agent=user_agent) as api:
+            await run_sidecar(api, settings, stop=stop, health_port=port or None, health_host=health_host,
+                              health_label=f"{knob(args, 'health-port').label} {port} on {health_host}")
+
+    asyncio.run(main_async())
+    return 0
+
+
+def _sidecar_values(args: argparse.Namespace) -> argparse.Namespace:
+    """The sidecar's own flags, checked (inject and the webhook check every command line they write with it)."""
+    from agent.runtime.signalling import parse_signal
+
     match_k = knob(args, "trainer-match")
     try:
         match = re.compile(match_k.value) if match_k.value else None
@@ -610,37 +676,14 @@ def _sidecar(args: argparse.Namespace) -> int:
     port = 8090 if port is None else port
     host_k = knob(args, "health-host", "0.0.0.0")
     health_host = _address_knob(host_k)
-    kubeconfig = _kubeconfig(args)
-    ssh = ssh_settings(args)
     idle = _watch_idle(args)
     probe_k = knob(args, "probe-every")
     probe = _float(probe_k.label, probe_k.value, 300.0, high=86_400) if probe_k.value is not None else None
     if probe is not None and probe < 1:
         raise InputError(f"{probe_k.label} '{probe_k.value}' must be a number of seconds from 1 to 86400")
-    out_dir = _out_dir(args, check=True)
-    setup_logging(log_format)
-    config = load_config(kubeconfig)
-    namespace, pod_name = _pod_identity(config)
-    settings = SidecarSettings(
-        namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, debounce=debounce,
-        signal=trainer_signal, finder=TrainerFinder(pid_file=Path(pid_file) if pid_file else None, match=match),
-        stuck_after=stuck_after, lease_seconds=int(lease_seconds), ssh=ssh,
-        reflecting=ReflectorSettings.with_idle(idle) if idle is not None else ReflectorSettings(),
-        probe_every=probe,
-    )
-
-    async def main_async() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        loop.add_signal_handler(signal.SIGINT, stop.set)
-        user_agent = f"topology-agent/{__version__} sidecar ({namespace}/{pod_name})"
-        async with AsyncClient(config, user_agent=user_agent) as api:
-            await run_sidecar(api, settings, stop=stop, health_port=port or None, health_host=health_host,
-                              health_label=f"{knob(args, 'health-port').label} {port} on {health_host}")
-
-    asyncio.run(main_async())
-    return 0
+    return argparse.Namespace(match=match, pid_file=pid_file, debounce=debounce, stuck_after=stuck_after,
+                              lease_seconds=lease_seconds, signal=trainer_signal, port=port,
+                              health_host=health_host, idle=idle, probe=probe)
 
 
 def _address_knob(k: Knob) -> str:
@@ -675,11 +718,26 @@ def _sandbox(args: argparse.Namespace) -> int:
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(state, port=port or 0, ready=ready, bookmark_interval=interval))
+            asyncio.run(serve(state, port=port or 0, ready=ready, bookmark_interval=interval,
+                              services=_services(args.service)))
     except OSError as err:
         raise InputError(f"--port {port}: cannot listen on 127.0.0.1 ({err.strerror or err}); choose another "
                          "port, or 0 for any free one") from None
     return 0
+
+
+def _services(items: list[str]) -> dict[str, str]:
+    services = {}
+    for item in items:
+        name, sep, address = item.partition("=")
+        host, colon, port = address.rpartition(":")
+        namespace, slash, service = name.partition("/")
+        if not (sep and slash and colon and is_dns1123_label(namespace) and is_dns1123_label(service)
+                and _is_ip(host.strip("[]")) and port.isdigit() and 0 < int(port) < 65536):
+            raise InputError(f"--service {item!r}: give NAMESPACE/NAME=IP:PORT, e.g. "
+                             "--service topology-agent-system/topology-agent-webhook=127.0.0.1:8443")
+        services[name] = address
+    return services
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -737,6 +795,11 @@ def check_agent_args(argv: list[str], where: str) -> None:
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("TOPOLOGY_")}
     try:
         options_from_args(args)
+        if args.command == "init":
+            _init_values(args)
+        elif args.command == "sidecar":
+            _sidecar_values(args)
+        _ssh_values(args)
     except InputError as err:
         raise InputError(f"{where}: {err} (from a topology-agent.io/ annotation or --set)") from None
     finally:
@@ -771,8 +834,66 @@ def _inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def _webhook(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from agent.k8s.async_client import AsyncClient
+    from agent.k8s.config import load_config
+    from agent.runtime.certs import service_hosts
+    from agent.runtime.logs import setup_logging
+    from agent.runtime.webhook import WebhookSettings, run_webhook
+
+    log_format = _log_format(args)
+    port = _int("--port", args.port, low=1) or 8443
+    host = _address_knob(Knob(args.host, "--host"))
+    check_every = _float("--check-every", args.check_every, 3600.0, high=86_400 * 30)
+    if check_every < 1:
+        raise InputError(f"--check-every '{args.check_every}' must be a number of seconds from 1 to 2592000")
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "topology-agent-system"
+    for option, value in (("--namespace", namespace), ("--service", args.service)):
+        if not is_dns1123_label(value):
+            raise InputError(f"{option} '{value}' is not a valid Kubernetes name (a DNS-1123 label)")
+    for option, value in (("--secret", args.secret), ("--config", args.config)):
+        if not is_dns1123_subdomain(value):
+            raise InputError(f"{option} '{value}' is not a valid Kubernetes object name")
+    for value in args.cert_host:
+        if not (is_dns1123_subdomain(value) or _is_ip(value)):
+            raise InputError(f"--cert-host '{value}' is neither a DNS name nor an IP address")
+    tls_dir = Path(args.tls_dir) if args.tls_dir else None
+    if tls_dir is not None and not tls_dir.is_dir():
+        raise InputError(f"--tls-dir {tls_dir}: not a directory; mount the certificate's Secret there")
+    kubeconfig = _kubeconfig(args)
+    setup_logging(log_format)
+    config = load_config(kubeconfig)
+    settings = WebhookSettings(host=host, port=port, namespace=namespace, service=args.service,
+                               secret=args.secret, config=args.config, tls_dir=tls_dir, check_every=check_every,
+                               hosts=(*service_hosts(args.service, namespace), *args.cert_host))
+
+    async def main_async() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        async with AsyncClient(config, user_agent=f"topology-agent/{__version__} webhook") as api:
+            await run_webhook(api, settings, version=__version__, check=check_agent_args, stop=stop)
+
+    asyncio.run(main_async())
+    return 0
+
+
+def _is_ip(value: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
 COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sidecar": _sidecar, "sandbox": _sandbox,
-            "demo": _demo, "keygen": _keygen, "inject": _inject}
+            "demo": _demo, "keygen": _keygen, "inject": _inject, "webhook": _webhook}
 
 
 BUG_EXIT = 70  # EX_SOFTWARE

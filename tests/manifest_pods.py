@@ -57,7 +57,9 @@ def pods_for(doc: dict[str, Any]) -> list[dict[str, Any]]:
                               "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
                               "jobset.sigs.k8s.io/job-index": str(job_index),
                               "jobset.sigs.k8s.io/job-global-index": str(global_index),
-                              "batch.kubernetes.io/job-completion-index": str(completion)}
+                              "batch.kubernetes.io/job-completion-index": str(completion),
+                              # the Job controller's own label: a JobSet's pods are its Jobs' pods
+                              "batch.kubernetes.io/job-name": f"{name}-{rjob['name']}-{job_index}"}
                     pods.append(_pod(f"{host}-abcde", job_spec["template"], labels, len(pods), hostname=host,
                                      subdomain=name))
                 global_index += 1

@@ -110,6 +110,21 @@ CASES += [
     ("inject", "--set", ["--set", "elastic", "-f", "@empty"], ["--set 'elastic'", "KEY=VALUE"]),
     ("inject", "--set", ["--set", "rank-ordr=topology", "-f", "@empty"], ["'topology-agent.io/rank-ordr'",
                                                                           "not a setting"]),
+    ("inject", "--set", ["--set", "timeout=soon", "-f", "@pod"], ["--timeout 'soon'", "annotation"]),
+    ("inject", "--set", ["--set", "sidecar=true", "--set", "debounce=-1", "-f", "@pod"], ["--debounce '-1'"]),
+    ("sandbox", "--service", ["--service", "webhook=127.0.0.1:8443"], ["--service 'webhook=127.0.0.1:8443'",
+                                                                       "NAMESPACE/NAME=IP:PORT"]),
+    ("webhook", "--port", ["--port", "0"], ["--port '0'"]),
+    ("webhook", "--host", ["--host", "webhook.local"], ["--host 'webhook.local'", "IP address"]),
+    ("webhook", "--namespace", ["--namespace", "Team_A"], ["--namespace 'Team_A'"]),
+    ("webhook", "--service", ["--service", "web.hook"], ["--service 'web.hook'"]),
+    ("webhook", "--cert-host", ["--cert-host", "not a host"], ["--cert-host 'not a host'"]),
+    ("webhook", "--secret", ["--secret", "TLS"], ["--secret 'TLS'"]),
+    ("webhook", "--config", ["--config", "a/b"], ["--config 'a/b'"]),
+    ("webhook", "--tls-dir", ["--tls-dir", MISSING], ["--tls-dir", "not a directory"]),
+    ("webhook", "--check-every", ["--check-every", "0.5"], ["--check-every '0.5'"]),
+    ("webhook", "--kubeconfig", ["--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),
+    ("webhook", "--log-format", ["--log-format", "xml"], ["--log-format 'xml'"]),
     ("render", "(usage)", ["--pods"], ["expected one argument", "--help"]),
     ("init", "(usage)", ["--no-such-option"], ["unrecognized arguments", "--help"]),
 ]
@@ -136,7 +151,11 @@ def _materialise(argv: list[str], tmp_path: Path) -> list[str]:
     blocker.write_text("x")
     empty = tmp_path / "empty.json"
     empty.write_text('{"kind": "List", "items": []}')
-    return [str(blocker / "sub") if a == BLOCKER else str(empty) if a == "@empty" else a for a in argv]
+    pod = tmp_path / "pod.json"
+    pod.write_text('{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, '
+                   '"spec": {"containers": [{"name": "t", "image": "t"}]}}')
+    named = {"@empty": str(empty), "@pod": str(pod)}
+    return [str(blocker / "sub") if a == BLOCKER else named.get(a, a) for a in argv]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])

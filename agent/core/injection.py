@@ -42,6 +42,8 @@ SIDECAR_FLAGS = ("debounce", "signal", "trainer-match", "lease-seconds", "probe-
 POD_KEYS = ("image", "out", "service-account", "ssh-secret", "ssh-owner", "sidecar", "inject", "injected")
 KEYS = frozenset(COMMON_FLAGS + INIT_FLAGS + SIDECAR_FLAGS + POD_KEYS)
 FLAG_VALUES_OFF = ("false", "off", "no", "0", "")
+# The labels the Job controller puts on its pods (JobSet's pods are a Job's too): such a pod's template was a Job's.
+JOB_POD_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _name(obj: Mapping[str, Any]) -> str:
-    return f"{obj.get('kind', '?')} {_metadata(obj).get('name', '?')}"
+    meta = _metadata(obj)
+    name = meta.get("name") or (f"{meta['generateName']}*" if meta.get("generateName") else "?")
+    return f"{obj.get('kind', '?')} {name}"
 
 
 def _group(obj: Mapping[str, Any]) -> str:
@@ -124,7 +128,13 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
     where = _name(doc)
     settings = defaults.over(_metadata(doc).get("annotations"), where)
     if kind == "Pod" and group == "" and isinstance(doc, dict):
-        yield Template(where, doc, settings)  # a Pod is its own template (metadata + spec)
+        # A Pod is its own template (metadata + spec); what the job said is read from what its controller put in
+        # the Pod: training-operator writes an elasticPolicy's MIN:MAX into PET_NNODES; a Job's (or JobSet's) pod
+        # with a subdomain is named by DNS, as its job's template is.
+        labels = _metadata(doc).get("labels")
+        by_dns = bool(_at(spec, "subdomain")) and isinstance(labels, Mapping) and any(
+            key in labels for key in JOB_POD_LABELS)
+        yield Template(where, doc, settings, elastic=_pod_elastic(spec), wait_dns=by_dns)
     elif kind == "Job" and group == "batch.volcano.sh":
         for i, task in enumerate(_at(spec, "tasks") or []):
             if isinstance(_at(task, "template"), dict):
@@ -155,6 +165,15 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
         template = _at(spec, "template")
         if isinstance(template, dict):
             yield Template(where, template, settings, wait_dns=bool(_at(template, "spec", "subdomain")))
+
+
+def _pod_elastic(spec: Any) -> str | None:
+    for container in _at(spec, "containers") or []:
+        for env in _at(container, "env") or []:
+            value = _at(env, "value")
+            if _at(env, "name") == "PET_NNODES" and isinstance(value, str) and ":" in value:
+                return value
+    return None
 
 
 def _is_agent_volume(name: Any) -> bool:
@@ -229,6 +248,45 @@ def _volumes(ssh_secret: str | None) -> list[dict[str, Any]]:
     return volumes
 
 
+def mount_shared(where: str, containers: list[dict[str, Any]], out: str) -> bool:
+    """Mount the shared volume at ``out`` in each container that lacks it; whether any changed. A container
+    that already has another volume there is refused (the agent's files would be hidden from it)."""
+    changed = False
+    for container in containers:
+        mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, Mapping)]
+        if any(m.get("name") == SHARED for m in mounts):
+            continue
+        taken = next((m for m in mounts if m.get("mountPath") == out), None)
+        if taken is not None:
+            raise InputError(f"{where}: container {container.get('name')!r} already mounts "
+                             f"{taken.get('name')!r} at {out}; set annotation {PREFIX}out to another directory")
+        if not isinstance(container.get("volumeMounts"), list):
+            container["volumeMounts"] = []
+        container["volumeMounts"].append({"name": SHARED, "mountPath": out})
+        changed = True
+    return changed
+
+
+def complete(template: Template) -> bool:
+    """An injected template that gained containers since (another admission webhook added them after ours):
+    mount the shared volume in those, and change nothing else, so the settings the injection was made with
+    (the job's, which a Pod no longer carries) stay. Whether anything changed."""
+    spec = template.template.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    out = next((str(m.get("mountPath")) for c in spec.get("initContainers") or [] if isinstance(c, Mapping)
+                and c.get("name") == INIT for m in c.get("volumeMounts") or []
+                if isinstance(m, Mapping) and m.get("name") == SHARED), None)
+    if out is None:
+        return False
+    return mount_shared(template.where, [c for c in spec.get("containers") or [] if isinstance(c, dict)], out)
+
+
+def is_injected(template: Template) -> bool:
+    annotations = _metadata(template.template).get("annotations")
+    return isinstance(annotations, Mapping) and INJECTED in annotations
+
+
 def elastic_of(template: Template) -> str | None:
     """MIN:MAX when the job is elastic: the setting first ("false" turns it off), then the job's own policy."""
     value = template.settings.get("elastic")
@@ -252,15 +310,7 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     out = settings.get("out") or "/shared"
     image = settings.get("image") or f"topology-agent:{version}"
     user_containers = [c for c in spec["containers"] if isinstance(c, dict)]
-    for container in user_containers:
-        mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, Mapping)]
-        taken = next((m for m in mounts if m.get("mountPath") == out), None)
-        if taken is not None:
-            raise InputError(f"{template.where}: container {container.get('name')!r} already mounts "
-                             f"{taken.get('name')!r} at {out}; set annotation {PREFIX}out to another directory")
-        if not isinstance(container.get("volumeMounts"), list):
-            container["volumeMounts"] = []
-        container["volumeMounts"].append({"name": SHARED, "mountPath": out})
+    mount_shared(template.where, user_containers, out)
 
     common = _flags(settings, COMMON_FLAGS)
     if elastic is not None:

@@ -5,10 +5,11 @@ short names), OpenAPI v3 (so kubectl leaves field validation to it), namespaced 
 kinds in ``RESOURCES`` and for any CRD created in it, JSON and merge patches, the ``status`` subresource,
 Kubernetes protobuf bodies for kubectl's typed create commands (protobuf.py), server-side tables for ``kubectl
 get`` (tables.py), metadata-only answers, list/watch with label and field selectors, resourceVersion semantics,
-BOOKMARKs and 410 Gone. No authorization and no schema checks (docs/sandbox.md). Fault knobs (``POST
-/sandbox/faults``) make it refuse connections, fail with a status (5xx, 429 with Retry-After, 403), slow down,
-drop watch streams or forget its event log, so tests can prove the agent's behaviour under each fault. ``GET
-/sandbox/stats`` counts requests and bytes per client (User-Agent).
+BOOKMARKs and 410 Gone, and mutating admission webhooks at CREATE (admission.py). No authorization and no
+schema checks (docs/sandbox.md). Fault knobs (``POST /sandbox/faults``) make it refuse connections, fail with a
+status (5xx, 429 with Retry-After, 403), slow down, drop watch streams or forget its event log, so tests can
+prove the agent's behaviour under each fault. ``GET /sandbox/stats`` counts requests and bytes per client
+(User-Agent).
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ import itertools
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 from aiohttp import web
 
-from agent.sandbox import protobuf, tables
+from agent.sandbox import admission, protobuf, tables
 from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
 from agent.sandbox.store import Conflict, Gone, NotFound, Obj, Store, Watcher
 
@@ -166,7 +168,8 @@ class Sandbox:
     """One sandbox API server. ``start()`` listens on 127.0.0.1; ``kubeconfig`` points kubectl at it."""
 
     def __init__(self, state_dir: Path, *, port: int = 0, token: str = "sandbox-token",
-                 bookmark_interval: float = 1.0, tls: bool = True, history: int = 100_000) -> None:
+                 bookmark_interval: float = 1.0, tls: bool = True, history: int = 100_000,
+                 services: Mapping[str, str] | None = None) -> None:
         self.state_dir = state_dir
         self.port = port
         self.token = token
@@ -186,6 +189,7 @@ class Sandbox:
         self._snapshots: collections.OrderedDict[str, tuple[str, list[Obj]]] = collections.OrderedDict()
         self._snapshot_ids = itertools.count(1)
         self.resources = dict(RESOURCES)  # plus the kinds of the CRDs created in this sandbox
+        self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
         for name in NAMESPACES:
             self.store.create(resource_key("", "v1", "namespaces"), "", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}})
@@ -217,6 +221,7 @@ class Sandbox:
     async def stop(self) -> None:
         if self._restart:
             self._restart.cancel()
+        await self.admission.close()
         await self._drop_watches()
         if self._runner:
             server = self._runner.server
@@ -640,6 +645,12 @@ class Sandbox:
             body.setdefault("apiVersion", api_version)
             body.setdefault("kind", kind)
             _written(kind, body)
+            if namespace:
+                body["metadata"]["namespace"] = namespace
+            admitted = await self._admit(request, kind, namespace, body)
+            if isinstance(admitted, web.Response):
+                return admitted
+            body = admitted
             if request.query.get("dryRun"):  # kubectl --dry-run=server: checked, answered, not stored
                 return self._json(body, 201)
             try:
@@ -652,6 +663,24 @@ class Sandbox:
                 self._served(created)
             return self._json(created, 201)
         return status(405, "MethodNotAllowed", f"{request.method} is not supported on a collection")
+
+    async def _admit(self, request: web.Request, kind: str, namespace: str, body: Obj) -> Obj | web.Response:
+        """The mutating admission webhooks, as the API server runs them before it stores a created object."""
+        configs = self.store.list(resource_key("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"),
+                                  "")
+        if not configs:
+            return body
+        info = request.match_info
+        target = admission.Target(info.get("group", ""), info["version"], info["plural"], kind, namespace,
+                                  dry_run=bool(request.query.get("dryRun")))
+        try:
+            ns = self.store.get(resource_key("", "v1", "namespaces"), "", namespace) if namespace else None
+        except NotFound:
+            ns = None
+        try:
+            return await self.admission.admit(configs, target, body, ns)
+        except admission.Denied as err:
+            return status(err.code, err.reason, err.message)
 
     def _matcher(self, request: web.Request) -> Callable[[Obj], bool]:
         labels = parse_label_selector(request.query.get("labelSelector"))
@@ -700,7 +729,13 @@ class Sandbox:
             ctype = request.content_type
             # merge-patch and strategic-merge-patch alike: lists are replaced, enough for the pod fields here
             new = copy.deepcopy(current)
-            new = apply_json_patch(new, patch) if ctype == "application/json-patch+json" else merge_patch(new, patch)
+            if ctype == "application/json-patch+json":
+                try:
+                    new = jsonpatch.apply_patch(new, patch)
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as err:
+                    return status(422, "Invalid", f"the JSON patch does not apply: {err}")
+            else:
+                new = merge_patch(new, patch)
             if sub == "status":
                 kept = copy.deepcopy(current)
                 kept["status"] = new.get("status", {})
@@ -870,32 +905,6 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
-
-
-def apply_json_patch(doc: Any, ops: Any) -> Any:
-    """RFC 6902 add/replace/remove/test (what kubectl and the agent send)."""
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        parent = doc
-        for part in parts[:-1]:
-            parent = parent[int(part)] if isinstance(parent, list) else parent.setdefault(part, {})
-        last = parts[-1] if parts else ""
-        if op["op"] in ("add", "replace"):
-            if isinstance(parent, list):
-                if last == "-":
-                    parent.append(op["value"])
-                elif op["op"] == "add":
-                    parent.insert(int(last), op["value"])
-                else:
-                    parent[int(last)] = op["value"]
-            else:
-                parent[last] = op["value"]
-        elif op["op"] == "remove":
-            if isinstance(parent, list):
-                parent.pop(int(last))
-            else:
-                parent.pop(last, None)
-    return doc
 
 
 async def serve(state_dir: Path, *, port: int, ready: Callable[[Sandbox], None] | None = None,

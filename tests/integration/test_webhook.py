@@ -1,0 +1,242 @@
+"""The webhook as a cluster runs it: `kubectl apply -k manifests/webhook`, `topology-agent webhook` as a real
+process, the sandbox calling it on every CREATE over TLS it trusts through the caBundle the webhook wrote, real
+kubectl creating what a controller creates, and init writing the files from the injected pods."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent import examples
+from agent.core.injection import INIT, INJECT_LABEL, INJECTED, PREFIX, SIDECAR
+from agent.runtime import certs
+from agent.runtime.demo import volcano_owner
+from agent.sandbox.threaded import SandboxThread
+from tests.integration.conftest import finish, start_init
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE = "topology-agent-system/topology-agent-webhook"
+CONFIG = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/topology-agent"
+SECRET = "/api/v1/namespaces/topology-agent-system/secrets/topology-agent-webhook-tls"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A sandbox whose Service topology-agent-system/topology-agent-webhook answers on a loopback port."""
+    port = free_port()
+    with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5, services={SERVICE: f"127.0.0.1:{port}"}) as sb:
+        sb.webhook_port = port  # type: ignore[attr-defined]
+        yield sb
+
+
+def kubectl(sandbox: SandboxThread, *args: str, input: str | None = None, check: bool = True):
+    binary = __import__("shutil").which("kubectl")
+    if binary is None:
+        pytest.skip("kubectl is not on PATH (.ci/run provides it)")
+    run = subprocess.run([binary, "--kubeconfig", str(sandbox.sandbox.kubeconfig), *args], capture_output=True,
+                         text=True, input=input, timeout=60)
+    if check:
+        assert run.returncode == 0, run.stderr
+    return run
+
+
+def start_webhook(sandbox: SandboxThread, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "KUBECONFIG": str(sandbox.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
+    return subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
+                             str(sandbox.webhook_port), *extra], env=env,  # type: ignore[attr-defined]
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def get(sandbox: SandboxThread, path: str) -> dict:
+    return json.loads(kubectl(sandbox, "get", "--raw", path).stdout)
+
+
+def wait_serving(sandbox: SandboxThread, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    """Until the configuration trusts the webhook's CA and the port answers."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        hooks = get(sandbox, CONFIG)["webhooks"]
+        if all(h["clientConfig"].get("caBundle") for h in hooks):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", sandbox.webhook_port)) == 0:  # type: ignore[attr-defined]
+                    return
+        time.sleep(0.1)
+    raise AssertionError("the webhook did not start serving")
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    return err
+
+
+def users_pods(namespace: str) -> list[dict]:
+    """A Volcano job's pods as its controller creates them from the user's template: no agent, no status."""
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 2)), namespace=namespace)
+    created = []
+    for pod in pods:
+        pod = copy.deepcopy(pod)
+        pod.pop("status", None)
+        for key in ("resourceVersion", "uid", "creationTimestamp"):
+            pod["metadata"].pop(key, None)
+        pod["spec"].pop("initContainers", None)
+        pod["spec"].pop("volumes", None)  # the example's own shared volume: the webhook adds the agent's
+        for container in pod["spec"]["containers"]:
+            container.pop("volumeMounts", None)
+        created.append(pod)
+    return created
+
+
+def test_a_labelled_namespace_gets_the_agent_in_every_pod_and_init_writes_the_files(cluster, tmp_path):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    webhook = start_webhook(cluster)
+    try:
+        wait_serving(cluster, webhook)
+        # the one line: the namespace opts in
+        kubectl(cluster, "create", "namespace", "team-a")
+        kubectl(cluster, "label", "namespace", "team-a", f"{INJECT_LABEL}=enabled")
+        kubectl(cluster, "annotate", "namespace", "team-a", f"{PREFIX}timeout=60")  # a namespace-wide setting
+        owner = volcano_owner()
+        owner["metadata"]["namespace"] = "team-a"
+        owner["spec"]["tasks"] = [{"name": "master", "replicas": 1, "template": {}},
+                                  {"name": "worker", "replicas": 2, "template": {}}]
+        uid = cluster.create("batch.volcano.sh/v1alpha1/jobs", "team-a", owner)["metadata"]["uid"]
+        pods = users_pods("team-a")
+        for pod in pods:
+            pod["metadata"]["ownerReferences"][0]["uid"] = uid
+        kubectl(cluster, "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}))
+        stored = json.loads(kubectl(cluster, "get", "pods", "-n", "team-a", "-o", "json").stdout)["items"]
+        assert len(stored) == 3
+        for pod in stored:
+            assert pod["metadata"]["annotations"][INJECTED]
+            init = pod["spec"]["initContainers"][0]
+            assert init["name"] == INIT and init["args"][init["args"].index("--timeout") + 1] == "60"
+            assert {"name": "topology-agent-shared", "mountPath": "/shared"} in pod["spec"]["containers"][0][
+                "volumeMounts"]
+            assert pod["spec"]["serviceAccountName"] == "topology-agent"
+        # the pods run: init, as injected, writes each pod's files
+        ips = {p["metadata"]["name"]: p["status"]["podIP"]
+               for p in examples.volcano_job("demo", (("master", 1), ("worker", 2)), namespace="team-a")}
+        for name, ip in ips.items():
+            cluster.set_pod_ip("team-a", name, ip)
+        procs = {}
+        for pod in stored:
+            args = pod["spec"]["initContainers"][0]["args"]
+            args = [a for i, a in enumerate(args[1:], 1) if a != "--out" and args[i - 1] != "--out"]
+            name = pod["metadata"]["name"]
+            procs[name] = start_init(cluster, name, tmp_path / name, *args, namespace="team-a")
+        for name, proc in procs.items():
+            code, err = finish(proc)
+            assert code == 0, err
+            env = (tmp_path / name / "torch.env").read_text()
+            assert "export WORLD_SIZE='3'" in env and "export MASTER_ADDR='demo-master-0.demo'" in env
+        # a pod that opts out, and a namespace that did not opt in, are left alone
+        plain = users_pods("team-a")[0]
+        plain["metadata"]["name"] = "not-me"
+        plain["metadata"]["labels"][INJECT_LABEL] = "disabled"
+        kubectl(cluster, "apply", "-f", "-", input=json.dumps(plain))
+        assert "initContainers" not in get(cluster, "/api/v1/namespaces/team-a/pods/not-me")["spec"]
+        elsewhere = users_pods("default")[0]
+        kubectl(cluster, "apply", "-f", "-", input=json.dumps(elsewhere))
+        assert "initContainers" not in get(cluster, "/api/v1/namespaces/default/pods/demo-master-0")["spec"]
+    finally:
+        stop(webhook)
+
+
+def test_one_label_on_a_job_injects_every_template_and_a_bad_setting_is_refused_by_name(cluster):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    webhook = start_webhook(cluster)
+    try:
+        wait_serving(cluster, webhook)
+        job = yaml.safe_load((ROOT / "tests" / "upstream" / "training-operator-pytorch-simple.yaml").read_text())
+        job["metadata"]["namespace"] = "default"
+        job["metadata"].setdefault("labels", {})[INJECT_LABEL] = "enabled"  # the one line
+        kubectl(cluster, "apply", "-f", "-", input=json.dumps(job))
+        stored = get(cluster, f"/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/{job['metadata']['name']}")
+        for replica in stored["spec"]["pytorchReplicaSpecs"].values():
+            names = [c["name"] for c in replica["template"]["spec"]["initContainers"]]
+            assert names == [INIT] and replica["template"]["metadata"]["annotations"][INJECTED]
+        # elastic from the job's own elasticPolicy: the job-level path sees it
+        elastic = copy.deepcopy(job)
+        elastic["metadata"]["name"] = "elastic"
+        elastic["spec"]["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 3}
+        kubectl(cluster, "apply", "-f", "-", input=json.dumps(elastic))
+        stored = get(cluster, "/apis/kubeflow.org/v1/namespaces/default/pytorchjobs/elastic")
+        worker = stored["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        assert [c["name"] for c in worker["initContainers"]] == [INIT, SIDECAR]
+        # a misspelt setting: refused, naming the job, the annotation and the webhook
+        bad = copy.deepcopy(job)
+        bad["metadata"]["name"] = "bad"
+        bad["metadata"]["annotations"] = {PREFIX + "rank-ordr": "topology"}
+        run = kubectl(cluster, "apply", "-f", "-", input=json.dumps(bad), check=False)
+        assert run.returncode != 0
+        assert ('admission webhook "jobs.topology-agent.io" denied the request: topology-agent: PyTorchJob bad: '
+                "annotation 'topology-agent.io/rank-ordr' is not a setting of the agent") in run.stderr
+    finally:
+        stop(webhook)
+
+
+def test_without_a_webhook_opted_in_pods_are_refused_and_the_others_are_not(cluster):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    pod = users_pods("default")[0]
+    pod["metadata"]["labels"][INJECT_LABEL] = "enabled"
+    run = kubectl(cluster, "apply", "-f", "-", input=json.dumps(pod), check=False)
+    assert run.returncode != 0  # failurePolicy Fail: no pod starts without its agent
+    assert 'failed calling webhook "pods.topology-agent.io"' in run.stderr and "connection refused" in run.stderr
+    other = users_pods("default")[1]
+    kubectl(cluster, "apply", "-f", "-", input=json.dumps(other))  # not opted in: no webhook is called
+
+
+def test_replicas_share_one_secret_and_a_certificate_near_its_end_is_renewed(cluster):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=75)  # 15 days left of 90
+    hosts = certs.service_hosts("topology-agent-webhook", "topology-agent-system")
+    old, _ = certs.renew(None, hosts, long_ago)
+    kubectl(cluster, "apply", "-f", "-", input=json.dumps(certs.to_secret(old, "topology-agent-webhook-tls",
+                                                                         "topology-agent-system")))
+    first = start_webhook(cluster)
+    try:
+        wait_serving(cluster, first)
+        secret = get(cluster, SECRET)
+        renewed = certs.from_secret(secret)
+        assert renewed is not None and renewed.cert != old.cert and renewed.ca_cert == old.ca_cert
+        bundle = base64.b64decode(get(cluster, CONFIG)["webhooks"][0]["clientConfig"]["caBundle"])
+        assert bundle == old.trust  # the same CA: API servers keep trusting through the change
+        second_port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(cluster.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
+        second = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
+                                   str(second_port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        try:
+            deadline = time.monotonic() + 30
+            with socket.socket() as s:
+                while s.connect_ex(("127.0.0.1", second_port)) != 0:
+                    assert time.monotonic() < deadline and second.poll() is None
+                    time.sleep(0.1)
+            assert get(cluster, SECRET)["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+        finally:
+            stop(second)
+        pod = users_pods("default")[0]
+        pod["metadata"]["labels"][INJECT_LABEL] = "enabled"
+        kubectl(cluster, "apply", "-f", "-", input=json.dumps(pod))  # served with the renewed certificate
+    finally:
+        stop(first)

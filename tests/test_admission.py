@@ -1,0 +1,236 @@
+"""The admission webhook's decision (core/admission.py): the same transform as `inject`, as a JSONPatch.
+
+A job object gets exactly what `inject` gives it. A controller's Pods, injected one by one from what they carry
+(the job's settings as namespace defaults), validate, keep the user's containers, run the agent restricted and
+render the same files as the pods of the injected job. Reinvocation only completes what another webhook added.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+
+import jsonpatch
+import pytest
+
+from agent import __version__
+from agent.cli import check_agent_args
+from agent.core import admission, render_pod
+from agent.core.injection import INIT, INJECT_LABEL, PREFIX, SIDECAR, Settings
+from agent.errors import InputError
+from agent.runtime.adoption import inject_text
+from tests.manifest_pods import pods_for
+from tests.test_inject import (
+    ALL_JOBS,
+    RENDERABLE,
+    _validate_template,
+    agent_args,
+    injected,
+    options_of,
+    user_containers,
+    without_agent_mounts,
+)
+
+
+def review(obj: dict, *, namespace: str = "team-a", operation: str = "CREATE", plural: str | None = None) -> dict:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-1", "kind": {"group": group, "version": version, "kind": obj["kind"]},
+        "resource": {"group": group, "version": version, "resource": plural or obj["kind"].lower() + "s"},
+        "name": obj["metadata"].get("name", ""), "namespace": namespace, "operation": operation,
+        "object": obj, "oldObject": None}}
+
+
+NO_SETTINGS = Settings()
+
+
+def admitted(obj: dict, settings: Settings = NO_SETTINGS, **kwargs) -> tuple[dict, dict]:
+    """(the object after the patch, the response)."""
+    answer = admission.answer(admission.parse_review(review(obj, **kwargs)), settings, version=__version__,
+                              check=check_agent_args)
+    assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+    response = answer["response"]
+    assert response["uid"] == "u-1"
+    if "patch" not in response:
+        return obj, response
+    assert response["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(response["patch"]))
+    return jsonpatch.apply_patch(obj, ops), response
+
+
+JOBS = [(n, d) for n, d in ALL_JOBS]
+
+
+@pytest.mark.parametrize(("name", "doc"), JOBS, ids=[n for n, _ in JOBS])
+def test_a_job_object_gets_exactly_what_inject_gives_it(name, doc):
+    after, response = admitted(copy.deepcopy(doc), namespace=doc["metadata"].get("namespace", "team-a"))
+    assert response["allowed"] is True
+    assert after == injected(doc)
+    again, response = admitted(after)  # the pods it creates, or a second webhook call: nothing more
+    assert again == after and "patch" not in response
+
+
+def pod_level(doc: dict) -> tuple[list[dict], Settings]:
+    """The job's pods as its controller creates them (no agent), and the job's own settings as the
+    namespace's: a Pod does not carry its job's annotations."""
+    annotations = doc["metadata"].get("annotations") or {}
+    settings = Settings().over(annotations, "job")
+    users = copy.deepcopy(doc)
+    pods = pods_for(users)
+    for pod in pods:
+        pod["spec"].pop("initContainers", None) if not pod["spec"].get("initContainers") else None
+        pod["metadata"].setdefault("labels", {})[INJECT_LABEL] = "enabled"
+        pod["metadata"].pop("resourceVersion", None)
+    return pods, settings
+
+
+def with_elastic_env(doc: dict, pods: list[dict]) -> None:
+    """training-operator writes an elasticPolicy's MIN:MAX into PET_NNODES of every container."""
+    policy = (doc.get("spec") or {}).get("elasticPolicy") if doc["kind"] == "PyTorchJob" else None
+    if policy:
+        value = f"{policy['minReplicas']}:{policy['maxReplicas']}"
+        for pod in pods:
+            for container in pod["spec"]["containers"]:
+                container.setdefault("env", []).append({"name": "PET_NNODES", "value": value})
+
+
+@pytest.mark.parametrize(("name", "doc"), RENDERABLE, ids=[n for n, _ in RENDERABLE])
+def test_a_controllers_pods_injected_one_by_one_render_what_the_injected_job_renders(name, doc):
+    pods, settings = pod_level(doc)
+    with_elastic_env(doc, pods)
+    webhook_pods = []
+    for pod in pods:
+        running = pod.pop("status")  # what the pod has once it runs; nothing at CREATE
+        before = copy.deepcopy(pod)
+        after, response = admitted(pod, settings, plural="pods")
+        assert response["allowed"] is True, response
+        _validate_template({"metadata": after["metadata"], "spec": after["spec"]})
+        assert [without_agent_mounts(c) for c in user_containers(after)] == user_containers(before)
+        assert after["spec"].get("securityContext") == before["spec"].get("securityContext")
+        for container in after["spec"]["initContainers"]:
+            if container["name"] in (INIT, SIDECAR):
+                context = container["securityContext"]
+                assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
+                assert context["runAsNonRoot"] is True and context["readOnlyRootFilesystem"] is True
+        webhook_pods.append({**after, "status": running})
+    job_pods = pods_for(injected(doc))
+    with_elastic_env(doc, job_pods)
+    job_options = options_of(agent_args(job_pods[0]))
+    pod_options = options_of(agent_args(webhook_pods[0]))
+    assert pod_options.elastic == job_options.elastic
+    assert (agent_args(webhook_pods[0], SIDECAR) is None) == (agent_args(job_pods[0], SIDECAR) is None)
+    for webhook_pod, job_pod in zip(webhook_pods, job_pods, strict=True):  # the same decisions, pod by pod
+        assert agent_args(webhook_pod) == agent_args(job_pod), webhook_pod["metadata"]["name"]
+        assert agent_args(webhook_pod, SIDECAR) == agent_args(job_pod, SIDECAR)
+    for pod in job_pods:
+        me = pod["metadata"]["name"]
+        want = render_pod(job_pods, me, job_options).files
+        got = render_pod(webhook_pods, me, pod_options).files
+        assert got == want, f"{name} {me}"
+
+
+def bare_pod(**annotations: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "train-", "labels": {INJECT_LABEL: "enabled"},
+                         "annotations": {PREFIX + k: v for k, v in annotations.items()}},
+            "spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}}
+
+
+def test_a_pod_with_a_subdomain_waits_for_dns_and_an_elastic_one_gets_the_sidecar():
+    pod = bare_pod()
+    pod["spec"]["subdomain"] = "train"
+    after, _ = admitted(pod)
+    assert "--wait-dns" not in agent_args(after)  # whose pod? its controller may not name it by DNS
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "train"  # an Indexed Job's, as its template
+    after, _ = admitted(pod)
+    assert "--wait-dns" in agent_args(after) and agent_args(after, SIDECAR) is None
+    pod["spec"]["containers"][0]["env"] = [{"name": "PET_NNODES", "value": "2:8"}]
+    after, _ = admitted(pod)
+    assert "--wait-dns" not in agent_args(after)  # elastic pods are found by IP
+    assert agent_args(after, SIDECAR)[-4:] == ["--elastic", "2:8", "--address", "ip"]
+    pod["spec"]["containers"][0]["env"] = [{"name": "PET_NNODES", "value": "4"}]  # a fixed size: not elastic
+    after, _ = admitted(pod)
+    assert agent_args(after, SIDECAR) is None
+
+
+def test_namespace_settings_are_defaults_and_the_pods_own_annotations_win():
+    namespace = {"metadata": {"name": "team-a", "annotations": {PREFIX + "timeout": "900",
+                                                                 PREFIX + "image": "registry/agent:1"}}}
+    settings = admission.namespace_settings(namespace)
+    after, _ = admitted(bare_pod(timeout="60"), settings)
+    init = after["spec"]["initContainers"][0]
+    assert init["image"] == "registry/agent:1" and init["args"][init["args"].index("--timeout") + 1] == "60"
+
+
+def test_an_injected_pod_only_gets_the_mount_in_a_container_another_webhook_added():
+    after, _ = admitted(bare_pod(timeout="60"))
+    later = copy.deepcopy(after)
+    later["spec"]["containers"].append({"name": "istio-proxy", "image": "proxy:1"})  # a later webhook's work
+    later["metadata"]["annotations"].pop(PREFIX + "timeout")  # the settings are not read again
+    again, response = admitted(later)
+    assert response["allowed"] is True
+    assert again["spec"]["containers"][1]["volumeMounts"] == [{"name": "topology-agent-shared", "mountPath": "/shared"}]
+    assert again["spec"]["initContainers"] == after["spec"]["initContainers"]
+    ops = json.loads(base64.b64decode(response["patch"]))
+    assert [op["path"] for op in ops] == ["/spec/containers/1/volumeMounts"]
+
+
+def test_a_pod_of_an_injected_template_is_left_as_it_is():
+    from tests.manifest_pods import pod_templates
+
+    doc = injected(ALL_JOBS[0][1])
+    pod = pods_for(doc)[0]
+    pod["metadata"]["labels"][INJECT_LABEL] = "enabled"
+    pod["metadata"]["annotations"] = dict(pod_templates(doc)[0]["metadata"]["annotations"])  # as controllers copy
+    after, response = admitted(pod, Settings({"timeout": "5"}))
+    assert after == pod and "patch" not in response
+
+
+@pytest.mark.parametrize(("annotations", "says"), [
+    ({"rank-ordr": "topology"}, "annotation 'topology-agent.io/rank-ordr' is not a setting of the agent"),
+    ({"timeout": "soon"}, "--timeout 'soon'"),
+    ({"ssh-secret": "s"}, "the SSH files must belong to the user the trainer runs as"),
+])
+def test_bad_settings_deny_the_pod_with_the_one_line_inject_prints(annotations, says):
+    pod = bare_pod(**annotations)
+    after, response = admitted(pod)
+    assert response["allowed"] is False and after == pod
+    assert response["status"]["code"] == 400 and says in response["status"]["message"]
+    assert response["status"]["message"].startswith("topology-agent: Pod train-*")
+    with pytest.raises(InputError) as err:  # and inject refuses the same pod with the same words
+        inject_text(json.dumps(pod), Settings(), version=__version__, check=check_agent_args)
+    assert response["status"]["message"] == f"topology-agent: {err.value}"
+
+
+def test_a_namespace_with_a_misspelt_setting_is_named():
+    with pytest.raises(InputError, match=re.escape("Namespace team-a: annotation 'topology-agent.io/imgae'")):
+        admission.namespace_settings({"metadata": {"name": "team-a", "annotations": {PREFIX + "imgae": "x"}}})
+
+
+@pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
+def test_only_create_is_changed(operation):
+    pod = bare_pod()
+    after, response = admitted(pod, operation=operation)
+    assert response == {"uid": "u-1", "allowed": True} and after == pod
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"kind": "Pod"}, "not an AdmissionReview"),
+    ({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1beta1", "request": {"uid": "x"}},
+     "only admission.k8s.io/v1 is served"),
+    ({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {}}, "no request.uid"),
+    ([], "not an AdmissionReview"),
+])
+def test_what_is_not_an_admission_review_is_refused_with_a_reason(body, says):
+    with pytest.raises(InputError, match=says):
+        admission.parse_review(body)
+
+
+def test_the_patch_escapes_annotation_keys_and_applies_to_the_object_as_sent():
+    pod = bare_pod()
+    _, response = admitted(pod)
+    ops = json.loads(base64.b64decode(response["patch"]))
+    assert any(op["path"].endswith("topology-agent.io~1injected") for op in ops)
+    assert pod == bare_pod()  # the request's object itself is not changed
