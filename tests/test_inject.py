@@ -153,8 +153,33 @@ def _annotated(name: str, doc: dict) -> dict:
     return doc
 
 
+RUNTIMES = sorted((ROOT / "manifests" / "trainer").glob("*.yaml"))
+
+
+def uninjected(doc: dict) -> dict:
+    """A runtime shipped with the agent in it, as it was before inject added the agent."""
+    from agent.core.injection import INJECTED, remove
+
+    doc = copy.deepcopy(doc)
+    for template in templates(doc):
+        spec = template.template["spec"]
+        remove(spec)
+        for key in ("initContainers", "volumes"):
+            if not spec.get(key):
+                spec.pop(key, None)
+        for container in spec["containers"]:
+            if not container.get("volumeMounts"):
+                container.pop("volumeMounts", None)
+        spec.pop("serviceAccountName")
+        spec.pop("automountServiceAccountToken")
+        template.template["metadata"]["annotations"].pop(INJECTED)
+        if not template.template["metadata"]["annotations"]:
+            del template.template["metadata"]
+    return doc
+
 ALL_JOBS = [(f"upstream/{n}", _annotated(n, d)) for n, d in UPSTREAM_DOCS] \
-    + [(f"shipped/{n}:{i}", reduce_to_users_job(d)) for n, i, d in SHIPPED]
+    + [(f"shipped/{n}:{i}", reduce_to_users_job(d)) for n, i, d in SHIPPED] \
+    + [(f"shipped/{p.name}", uninjected(d)) for p in RUNTIMES for d in docs_of(p)]
 
 
 @pytest.mark.parametrize(("name", "doc"), ALL_JOBS, ids=[n for n, _ in ALL_JOBS])
@@ -305,3 +330,12 @@ def test_unknown_kinds_pass_through_unchanged_and_stdin_to_stdout_works():
     assert run.returncode == 0, run.stderr
     assert run.stdout == text
     assert "added the agent to 0 pod template(s)" in run.stderr
+
+
+@pytest.mark.parametrize("path", RUNTIMES, ids=[p.name for p in RUNTIMES])
+def test_the_shipped_runtime_is_what_inject_gives_today(path):
+    """manifests/trainer is written by inject: injecting it again must change no byte, so a change to the
+    injection that is not carried into the shipped runtime fails here (re-run: topology-agent inject -f)."""
+    text = path.read_text()
+    again, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    assert changed and again == text
