@@ -339,3 +339,39 @@ def test_the_shipped_runtime_is_what_inject_gives_today(path):
     text = path.read_text()
     again, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
     assert changed and again == text
+
+
+PSS_CHECKS = ",".join(["CKV_K8S_16", "CKV_K8S_17", "CKV_K8S_18", "CKV_K8S_19", "CKV_K8S_20", "CKV_K8S_22",
+                       "CKV_K8S_23", "CKV_K8S_25", "CKV_K8S_28", "CKV_K8S_37", "CKV_K8S_39", "CKV_K8S_30",
+                       "CKV_K8S_31", "CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13"])
+
+
+def test_checkov_finds_the_agents_injected_containers_restricted(tmp_path):
+    """Each injected template's agent containers, as the containers of a Pod of their own (with the template's
+    pod-level fields), through checkov's restricted-PSS and resource checks: the user's containers are theirs."""
+    import os
+    import shutil
+
+    checkov = os.environ.get("TOPOLOGY_CHECKOV") or shutil.which("checkov")
+    if checkov is None:
+        pytest.skip("checkov is not installed (scripts/test puts it in .scan-venv: requirements-scan.lock)")
+    pods = []
+    for name, doc in ALL_JOBS:
+        for i, template in enumerate(t.template for t in templates(injected(doc))):
+            spec = copy.deepcopy(template["spec"])
+            agents = [c for c in spec.pop("initContainers") if c["name"] in (INIT, SIDECAR)]
+            for container in agents:
+                container.pop("restartPolicy", None)
+            spec["containers"] = agents
+            pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": f"check-{len(pods)}", "namespace": "team-a",
+                "annotations": {"source": f"{name} template {i}"}}, "spec": spec})
+    (tmp_path / "pods.yaml").write_text(yaml.safe_dump_all(pods))
+    run = subprocess.run([checkov, "-f", str(tmp_path / "pods.yaml"), "--framework", "kubernetes", "--compact",
+                          "--skip-download", "--check", PSS_CHECKS], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    import re
+
+    passed = re.search(r"Passed checks: (\d+), Failed checks: (\d+)", run.stdout)
+    assert passed and int(passed.group(2)) == 0
+    assert len(pods) > 20 and int(passed.group(1)) >= len(pods) * len(PSS_CHECKS.split(","))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,10 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 RBAC = sorted((ROOT / "manifests" / "rbac").glob("**/*.yaml")) \
     + sorted((ROOT / "manifests" / "apf").glob("*.yaml")) \
-    + sorted((ROOT / "manifests" / "policy").glob("*.yaml"))
+    + sorted((ROOT / "manifests" / "policy").glob("*.yaml")) \
+    + sorted(p for p in (ROOT / "manifests" / "webhook").glob("*.yaml") if p.name != "kustomization.yaml")
 K8S_VERSION = "1.32"
 CORE_GROUPS = ("v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1", "flowcontrol.apiserver.k8s.io/v1",
-               "admissionregistration.k8s.io/v1")
+               "admissionregistration.k8s.io/v1", "policy/v1", "networking.k8s.io/v1")
 
 
 def documents(paths):
@@ -247,3 +249,41 @@ def test_checkov_passes_on_the_manifests():
                           "--quiet", "--skip-download"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "Passed checks" in run.stdout or run.stdout.strip() == "", run.stdout[-2000:]
+
+
+@pytest.mark.parametrize("base", ["webhook", "webhook-cert-manager"])
+def test_the_webhook_builds_with_kubectl_kustomize_validates_and_its_command_line_parses(base):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not on PATH (.ci/run provides it)")
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="installed by the test extra")
+    out = subprocess.run([kubectl, "kustomize", str(ROOT / "manifests" / base)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "MutatingWebhookConfiguration", "NetworkPolicy"} <= kinds
+    for doc in docs:
+        if doc["apiVersion"] in CORE_GROUPS:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = build_parser().parse_args(args)
+    assert parsed.command == "webhook" and (parsed.tls_dir is not None) == (base == "webhook-cert-manager")
+    config = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    for hook in config["webhooks"]:
+        assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+        assert hook["timeoutSeconds"] == 5 and hook["reinvocationPolicy"] == "IfNeeded"
+        service = hook["clientConfig"]["service"]
+        assert (service["namespace"], service["name"], service["path"]) == (
+            "topology-agent-system", "topology-agent-webhook", "/mutate")
+        # opt-in only: a label on the object or on its namespace, never both webhooks for one object
+        selectors = json.dumps([hook.get("objectSelector"), hook.get("namespaceSelector")])
+        assert "topology-agent.io/inject" in selectors
+    rules = [r for d in docs if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
+    writes = [r for r in rules if set(r["verbs"]) & {"update", "patch", "delete"}]
+    assert all(r.get("resourceNames") for r in writes), writes  # every write is by name
+    if base == "webhook-cert-manager":
+        assert rules == [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
