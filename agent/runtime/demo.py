@@ -1,8 +1,11 @@
 """``topology-agent demo``: the agent at work on an example Volcano job, with no cluster.
 
-Starts the sandbox API server, creates a Volcano PyTorch job (master, 3 workers, 1 non-training task) whose
-pods have no IP yet, and two racks of Nodes; starts one real ``topology-agent init`` process per pod (each sees
-the sandbox as its in-cluster API server) with ``--rank-order topology``, then "schedules" the pods one by one,
+Starts the sandbox API server and the admission webhook (``topology-agent webhook``, a real process the
+sandbox calls over TLS, installed from manifests/webhook), labels the namespace (the one line of adoption, its
+settings as annotations), creates a Volcano PyTorch job (master, 3 workers, 1 non-training task) whose pods, made
+from templates with no agent in them, the webhook injects, and two racks of Nodes; starts one real ``topology-agent
+init`` process per pod with the arguments the webhook wrote (each sees the sandbox as its in-cluster API server,
+``--rank-order topology`` from the namespace), then "schedules" the pods one by one,
 alternating racks as a spreading scheduler does, by binding them to a Node and giving them loopback IPs. The
 inits wait for the gang, write ``./demo-out/<pod>/``, and the demo prints what each pod got: ranks in rack
 order, rank 0 still the master. Then the sidecars follow a scale-up.
@@ -37,7 +40,73 @@ def volcano_owner() -> dict[str, object]:
     }
 
 
+ROOT = Path(__file__).resolve().parents[2]
+WEBHOOK_CONFIG = ROOT / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml"
+WEBHOOK_SERVICE = "topology-agent-system/topology-agent-webhook"
+# The namespace's settings for every job in it (the webhook reads them): pods found by IP (the sandbox has no DNS),
+# ranks in rack order.
+SETTINGS = {"address": "ip", "timeout": "120", "rank-order": "topology",
+            "topology-levels": f"{examples.ZONE},{examples.RACK}"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _users_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as Volcano creates it from the user's template: no agent, no shared volume, not yet running."""
+    pod["spec"].pop("initContainers", None)
+    pod["spec"].pop("volumes", None)
+    for container in pod["spec"]["containers"]:
+        container.pop("volumeMounts", None)
+    for key in ("resourceVersion", "uid", "creationTimestamp"):
+        pod["metadata"].pop(key, None)
+    pod["status"] = {"phase": "Pending"}
+    return pod
+
+
+def start_webhook(sandbox: SandboxThread, port: int, write: Any) -> subprocess.Popen[str] | None:
+    """Install the shipped MutatingWebhookConfiguration and run `topology-agent webhook` for it; None if it
+    does not serve within 30 s (what it printed is shown)."""
+    import yaml
+
+    sandbox.create("/v1/namespaces", "", {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": "topology-agent-system"}})
+    sandbox.create("admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", "",
+                   yaml.safe_load(WEBHOOK_CONFIG.read_text()))
+    env = {**os.environ, "KUBECONFIG": str(sandbox.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
+                             str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        config = sandbox.sandbox.store.get("admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", "",
+                                           "topology-agent")
+        if all(h.get("clientConfig", {}).get("caBundle") for h in config["webhooks"]) and _answers(port):
+            write(f"webhook: installed {WEBHOOK_CONFIG.relative_to(ROOT)} and started `topology-agent webhook` on "
+                  f"127.0.0.1:{port} (the Service {WEBHOOK_SERVICE}); it made its CA and wrote the caBundle\n")
+            return proc
+        time.sleep(0.05)
+    proc.terminate()
+    write(f"the webhook did not start: {(proc.communicate(timeout=15)[1] or '').strip()[-300:]}\n")
+    return None
+
+
+def _answers(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
+    from agent.core.injection import INJECT_LABEL, PREFIX
+    from agent.k8s.client import Client
+    from agent.k8s.config import load_config
+
     write = (stream or sys.stdout).write
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -45,36 +114,62 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
     nodes = examples.racks(pods)  # where the scheduler will bind each pod: racks a, b, a, b, a
     bound = {p["metadata"]["name"]: p["spec"].pop("nodeName") for p in pods}
-    with SandboxThread(out / ".sandbox") as sandbox:
+    port = _free_port()
+    with SandboxThread(out / ".sandbox", services={WEBHOOK_SERVICE: f"127.0.0.1:{port}"}) as sandbox:
         write(f"sandbox API server at {sandbox.sandbox.url} (kubeconfig: {sandbox.sandbox.kubeconfig})\n")
-        for node in nodes:
-            sandbox.create_node(node)
-        write(f"created {len(nodes)} Nodes in two racks (label {examples.RACK}): "
-              + ", ".join(f"{n['metadata']['name']}={n['metadata']['labels'][examples.RACK]}" for n in nodes) + "\n")
-        owner = sandbox.create("batch.volcano.sh/v1alpha1/jobs", NAMESPACE, volcano_owner())
-        for pod in pods:
-            pod["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
-            pod["status"] = {"phase": "Pending"}
-            sandbox.create_pod(pod)
-        write(f"created Volcano Job '{JOB}': {', '.join(f'{t} x{n}' for t, n in TASKS)}; pods are Pending, no IPs\n")
-        procs = {}
-        write(f"scheduling the pods one by one; each pod's init container starts once its pod runs "
-              f"({' '.join(TOPOLOGY)})...\n")
-        for name, ip in ips.items():
-            time.sleep(0.3)
-            sandbox.schedule(NAMESPACE, name, ip, node=bound[name])
-            env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
-            env.pop("KUBECONFIG", None)
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "init", "--out", str(out / name), "--address", "ip",
-                 "--timeout", "120", *TOPOLOGY], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            write(f"  {name} is Running at {ip} on {bound[name]}; its init waits for the gang\n")
-        failed = 0
-        for name, proc in procs.items():
-            _, err = proc.communicate(timeout=180)
-            if proc.returncode != 0:
-                failed += 1
-                write(f"init for {name} failed ({proc.returncode}): {err.strip().splitlines()[-1:]}\n")
+        webhook = start_webhook(sandbox, port, write)
+        if webhook is None:
+            return 1
+        try:
+            api = Client(load_config(str(sandbox.sandbox.kubeconfig)), user_agent="topology-agent demo")
+            namespace = api.get_object(f"/api/v1/namespaces/{NAMESPACE}")
+            namespace["metadata"].setdefault("labels", {})[INJECT_LABEL] = "enabled"
+            namespace["metadata"].setdefault("annotations", {}).update(
+                {PREFIX + k: v for k, v in SETTINGS.items()})
+            api.replace(f"/api/v1/namespaces/{NAMESPACE}", namespace)
+            write(f"labelled namespace '{NAMESPACE}' {INJECT_LABEL}=enabled: the one line; its jobs' settings are "
+                  f"its annotations: {', '.join(f'{k}={v}' for k, v in SETTINGS.items())}\n")
+            for node in nodes:
+                sandbox.create_node(node)
+            write(f"created {len(nodes)} Nodes in two racks (label {examples.RACK}): "
+                  + ", ".join(f"{n['metadata']['name']}={n['metadata']['labels'][examples.RACK]}" for n in nodes)
+                  + "\n")
+            owner = sandbox.create("batch.volcano.sh/v1alpha1/jobs", NAMESPACE, volcano_owner())
+            stored = {}
+            for pod in pods:
+                pod["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
+                name = pod["metadata"]["name"]
+                stored[name] = api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", _users_pod(pod))
+            init = stored[pods[0]["metadata"]["name"]]["spec"]["initContainers"][0]
+            write(f"created Volcano Job '{JOB}' and its pods as Volcano does, from templates with no agent in them: "
+                  f"{', '.join(f'{t} x{n}' for t, n in TASKS)}; Pending, no IPs\n")
+            write(f"  the webhook added to each pod: init container '{init['name']}' ({' '.join(init['args'])}), "
+                  f"volume topology-agent-shared mounted at /shared, ServiceAccount "
+                  f"{stored[pods[0]['metadata']['name']]['spec']['serviceAccountName']}\n")
+            procs = {}
+            sandbox.reset_stats()
+            write("scheduling the pods one by one; each pod's init container starts once its pod runs, with the "
+                  "arguments the webhook wrote...\n")
+            for name, ip in ips.items():
+                time.sleep(0.3)
+                sandbox.schedule(NAMESPACE, name, ip, node=bound[name])
+                args = stored[name]["spec"]["initContainers"][0]["args"]
+                args = [a for i, a in enumerate(args) if a != "--out" and (i == 0 or args[i - 1] != "--out")]
+                env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
+                env.pop("KUBECONFIG", None)
+                procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "agent.cli", *args, "--out", str(out / name)], env=env,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                write(f"  {name} is Running at {ip} on {bound[name]}; its init waits for the gang\n")
+            failed = 0
+            for name, proc in procs.items():
+                _, err = proc.communicate(timeout=180)
+                if proc.returncode != 0:
+                    failed += 1
+                    write(f"init for {name} failed ({proc.returncode}): {err.strip().splitlines()[-1:]}\n")
+        finally:
+            webhook.terminate()
+            webhook.wait(15)
         stats = sandbox.stats()
         if failed:
             return 1

@@ -731,6 +731,8 @@ class Sandbox:
             new = copy.deepcopy(current)
             if ctype == "application/json-patch+json":
                 try:
+                    if not isinstance(patch, list):
+                        return status(400, "BadRequest", "a JSON patch is a list of operations")
                     new = jsonpatch.apply_patch(new, patch)
                 except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as err:
                     return status(422, "Invalid", f"the JSON patch does not apply: {err}")
