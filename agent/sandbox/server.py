@@ -62,6 +62,7 @@ RESOURCES: dict[tuple[str, str, str], Kind] = {
     ("batch", "v1", "jobs"): Kind("Job", True, (), ("all",)),
     ("coordination.k8s.io", "v1", "leases"): Kind("Lease", True),
     ("policy", "v1", "poddisruptionbudgets"): Kind("PodDisruptionBudget", True, ("pdb",)),
+    ("networking.k8s.io", "v1", "networkpolicies"): Kind("NetworkPolicy", True, ("netpol",)),
     ("rbac.authorization.k8s.io", "v1", "roles"): Kind("Role", True),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"): Kind("RoleBinding", True),
     ("rbac.authorization.k8s.io", "v1", "clusterroles"): Kind("ClusterRole", False),
@@ -654,13 +655,11 @@ class Sandbox:
             if request.query.get("dryRun"):  # kubectl --dry-run=server: checked, answered, not stored
                 return self._json(body, 201)
             try:
-                created = self.store.create(resource, namespace, body)
+                created = self.store_object(resource, namespace, body)
             except Conflict:
                 name = body["metadata"]["name"]
                 return status(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists',
                               details={"name": name, "kind": kind.lower() + "s"})
-            if resource == CRDS:
-                self._served(created)
             return self._json(created, 201)
         return status(405, "MethodNotAllowed", f"{request.method} is not supported on a collection")
 
@@ -681,6 +680,13 @@ class Sandbox:
             return await self.admission.admit(configs, target, body, ns)
         except admission.Denied as err:
             return status(err.code, err.reason, err.message)
+
+    def store_object(self, resource: str, namespace: str, body: Obj) -> Obj:
+        """Store a created object (Conflict if its name is taken); a CRD's kind is served from now on."""
+        created = self.store.create(resource, namespace, body)
+        if resource == CRDS:
+            self._served(created)
+        return created
 
     def _matcher(self, request: web.Request) -> Callable[[Obj], bool]:
         labels = parse_label_selector(request.query.get("labelSelector"))

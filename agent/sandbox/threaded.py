@@ -53,7 +53,8 @@ class SandboxThread:
     # --- blocking helpers ----------------------------------------------------------------------------------
 
     def create(self, resource: str, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
-        return self._run(self.sandbox.store.create, resource, namespace, copy.deepcopy(obj))
+        """Store an object as the API server would, without admission (a CRD's kind is served at once)."""
+        return self._run(self.sandbox.store_object, resource, namespace, copy.deepcopy(obj))
 
     def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         return self.create(PODS, pod["metadata"].get("namespace", "default"), pod)

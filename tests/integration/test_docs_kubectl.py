@@ -61,6 +61,13 @@ def test_every_kubectl_command_of_the_docs_runs_against_the_sandbox(sandbox, tmp
         (work / name).symlink_to(ROOT / name)
     # README's `topology-agent inject -f job.yaml | kubectl apply -f -`: a user's job, as written before adopting
     (work / "job.yaml").write_text((ROOT / "tests" / "upstream" / "jobset-pytorch-mnist.yaml").read_text())
+    for kind, plural in (("Issuer", "issuers"), ("Certificate", "certificates")):  # a cluster with cert-manager
+        sandbox.create("apiextensions.k8s.io/v1/customresourcedefinitions", "", {
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.cert-manager.io"},
+            "spec": {"group": "cert-manager.io", "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+                     "versions": [{"name": "v1", "served": True, "storage": True}]}})
     env = {**os.environ, "KUBECONFIG": str(sandbox.sandbox.kubeconfig),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     outputs = {}
