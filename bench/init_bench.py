@@ -27,6 +27,9 @@ from agent.runtime.demo import volcano_owner
 from agent.sandbox.threaded import SandboxThread
 
 
+AGENT_PATH: str | None = None
+
+
 def managed_fields(pod: dict) -> list[dict]:
     """Server-side-apply bookkeeping as real pods carry it (~5 KB): most of a real pod's bytes."""
     fields = {f"f:{k}": {} for k in ("metadata", "spec", "status")}
@@ -63,6 +66,8 @@ def _one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: 
              extra: tuple[str, ...], spread: float, log_file: Any) -> dict:
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": pod, "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
+    if AGENT_PATH:  # another checkout's agent on this benchmark's pods (side-by-side comparisons)
+        env["PYTHONPATH"] = AGENT_PATH
     agent = f"topology-agent/0.1.0 init (default/{pod})"
     sandbox.reset_stats()
     started = time.perf_counter()
@@ -112,7 +117,11 @@ def main() -> None:
     parser.add_argument("--late", type=int, default=0)
     parser.add_argument("--source", default="pods", choices=["pods", "published"])
     parser.add_argument("--spread", type=float, default=0.0, help="late pods get their IPs evenly over this many s")
+    parser.add_argument("--agent-path", help="run the agent from this checkout (PYTHONPATH of the agent process "
+                                             "only): the same pods and sandbox, another commit's init")
     args = parser.parse_args()
+    global AGENT_PATH
+    AGENT_PATH = args.agent_path
     with tempfile.TemporaryDirectory() as tmp, SandboxThread(Path(tmp) / "sb") as sandbox:
         late = build_job(sandbox, args.pods, args.late)
         ips = {p["metadata"]["name"]: p["status"]["podIP"]

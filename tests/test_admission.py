@@ -124,6 +124,9 @@ def test_a_controllers_pods_injected_one_by_one_render_what_the_injected_job_ren
     for webhook_pod, job_pod in zip(webhook_pods, job_pods, strict=True):  # the same decisions, pod by pod
         assert agent_args(webhook_pod) == agent_args(job_pod), webhook_pod["metadata"]["name"]
         assert agent_args(webhook_pod, SIDECAR) == agent_args(job_pod, SIDECAR)
+        agents = [[c for c in p["spec"]["initContainers"] if c["name"] in (INIT, SIDECAR)]
+                  for p in (webhook_pod, job_pod)]
+        assert agents[0] == agents[1]  # the very containers inject writes (checkov checks those: test_inject)
     for pod in job_pods:
         me = pod["metadata"]["name"]
         want = render_pod(job_pods, me, job_options).files
