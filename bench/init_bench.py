@@ -26,7 +26,6 @@ from agent import examples
 from agent.runtime.demo import volcano_owner
 from agent.sandbox.threaded import SandboxThread
 
-
 AGENT_PATH: str | None = None
 
 

@@ -185,7 +185,7 @@ def main() -> None:
             proc.wait(15)
     med = {k: statistics.median(r[k] for r in results) for k in results[0]}
     span = {k: (min(r[k] for r in results), max(r[k] for r in results)) for k in results[0]}
-    print(f"\n| rate | reviews per run | runs | p50 (ms) | p99 (ms) | max (ms) | webhook CPU per review (ms) |")
+    print("\n| rate | reviews per run | runs | p50 (ms) | p99 (ms) | max (ms) | webhook CPU per review (ms) |")
     print("|---|---|---|---|---|---|---|")
     print(f"| {args.rate:g}/s | {args.requests} | {args.runs} | {med['p50']:.2f} ({span['p50'][0]:.2f}-"
           f"{span['p50'][1]:.2f}) | {med['p99']:.2f} ({span['p99'][0]:.2f}-{span['p99'][1]:.2f}) | "

@@ -126,3 +126,96 @@ def test_a_trainer_that_is_torchrun_is_never_signalled(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+# Issue 23, M5 and M7: files in the shared directory are the trainer's to write, and are read as such.
+
+def _in_thread(fn, seconds: float = 10.0):
+    """fn's result, or AssertionError when it blocks (a FIFO read with no writer never returns)."""
+    import threading
+
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "blocked on a file the trainer made"
+    return result[0]
+
+
+def test_a_pid_file_that_is_a_fifo_or_a_link_to_dev_zero_is_refused_at_once(tmp_path, caplog):
+    fifo = tmp_path / "trainer.pid"
+    os.mkfifo(fifo)
+    assert _in_thread(TrainerFinder(pid_file=fifo).find) is None
+    assert "not a regular file" in caplog.text
+    link = tmp_path / "zero.pid"
+    link.symlink_to("/dev/zero")
+    assert _in_thread(TrainerFinder(pid_file=link).find) is None
+    assert "symbolic link" in caplog.text
+    big = tmp_path / "big.pid"
+    big.write_bytes(b"1" * 100_000)
+    assert TrainerFinder(pid_file=big).find() is None
+
+
+def test_a_pid_file_may_name_only_a_process_the_trainer_match_names_too(tmp_path, caplog):
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        pid_file = tmp_path / "trainer.pid"
+        pid_file.write_text(str(other.pid))
+        assert TrainerFinder(pid_file=pid_file).find().pid == other.pid  # alone, the file decides
+        finder = TrainerFinder(pid_file=pid_file, match=re.compile(r"train\.py"))
+        assert finder.find() is None  # same user, not the trainer: not signalled
+        assert "does not match --trainer-match" in caplog.text
+        assert TrainerFinder(pid_file=pid_file, match=re.compile("time.sleep")).find().pid == other.pid
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _evaluator(out):
+    from types import SimpleNamespace
+
+    from agent.cli import build_parser, options_from_args
+    from agent.runtime.metrics import SidecarMetrics
+    from agent.runtime.sidecar.evaluating import Evaluator
+    from agent.runtime.sidecar.membership import Membership
+
+    options = options_from_args(build_parser().parse_args(["render", "--pods", "-"]))
+    settings = SimpleNamespace(options=options, pod_name="demo-worker-0", out_dir=out)
+    return Evaluator(settings, Membership("demo-worker-0"), SidecarMetrics())
+
+
+@pytest.mark.parametrize("content", [b"[]", b'{"generation": Infinity}', b'{"generation": "1.5"}',
+                                     b'{"generation": 1e400}', b'{"generation": -1}', b'{"generation": true}',
+                                     b"[" * 100_000, b"\xff\xfe"])
+def test_a_previous_topology_json_the_trainer_spoiled_starts_from_zero_with_one_line(tmp_path, caplog, content):
+    (tmp_path / "topology.json").write_bytes(content)
+    evaluator = _evaluator(tmp_path)
+    evaluator.load_previous()
+    assert evaluator.generation == 0 and evaluator.document is None
+    assert "cannot be continued from" in caplog.text
+
+
+def test_a_previous_topology_json_that_is_a_fifo_does_not_hang_the_sidecar(tmp_path, caplog):
+    os.mkfifo(tmp_path / "topology.json")
+    evaluator = _evaluator(tmp_path)
+    _in_thread(lambda: evaluator.load_previous())
+    assert evaluator.generation == 0 and "not a regular file" in caplog.text
+
+
+def test_a_generation_marker_left_behind_by_a_kill_is_repaired_at_start(tmp_path, caplog):
+    import json
+
+    from agent import examples
+    from agent.cli import build_parser, options_from_args
+    from agent.core import render_pod
+
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 2)))
+    options = options_from_args(build_parser().parse_args(["render", "--pods", "-"]))
+    files = render_pod(pods, "demo-worker-0", options, generation=2).files
+    (tmp_path / "topology.json").write_bytes(files["topology.json"])
+    (tmp_path / "generation").write_text("1\n")  # killed between the two renames of generation 2
+    caplog.set_level("INFO")
+    evaluator = _evaluator(tmp_path)
+    evaluator.load_previous()
+    assert evaluator.generation == 2 == json.loads(files["topology.json"])["generation"]
+    assert (tmp_path / "generation").read_text() == "2\n" and "repaired to 2" in caplog.text

@@ -19,6 +19,7 @@ import psutil
 
 from agent.core.model import is_whole_number
 from agent.errors import InputError
+from agent.files.reading import Unreadable, read_untrusted
 
 log = logging.getLogger("topology_agent.signal")
 
@@ -36,6 +37,9 @@ def parse_signal(name: str | None, *, label: str = "--signal") -> signal.Signals
         raise InputError(f"{label} '{name}' is not a signal; use a name like SIGUSR1, or none") from None
 
 
+PID_FILE_LIMIT = 64  # a pid and a newline; anything longer is not a pid file
+
+
 @dataclass(frozen=True)
 class TrainerFinder:
     pid_file: Path | None = None
@@ -44,9 +48,12 @@ class TrainerFinder:
     def find(self) -> psutil.Process | None:
         if self.pid_file is not None:
             try:
-                text = self.pid_file.read_text()[:20].strip()
-                pid = int(text) if is_whole_number(text) else -1
+                text = read_untrusted(self.pid_file, PID_FILE_LIMIT).decode("ascii").strip()
+                pid = int(text) if is_whole_number(text) and len(text) <= 10 else -1
                 proc = psutil.Process(pid) if pid > 0 else None
+            except Unreadable as err:
+                log.warning("%s; nobody signalled", err)
+                return None
             except (OSError, ValueError, psutil.Error):
                 return None
             if proc is None or pid in _untouchable():
@@ -55,6 +62,17 @@ class TrainerFinder:
                 log.warning("pid file %s names pid %s, which is not a trainer; nobody signalled", self.pid_file,
                             text[:20])
                 return None
+            if self.match is not None:
+                # Both given: the pid file may name only a process the pattern also names (the file is the
+                # trainer's to write, and so is any other process of its user's it could name).
+                try:
+                    cmdline = " ".join(proc.cmdline())
+                except psutil.Error:
+                    return None
+                if not self.match.search(cmdline):
+                    log.warning("pid file %s names pid %d, whose command line does not match --trainer-match %r; "
+                                "nobody signalled", self.pid_file, pid, self.match.pattern)
+                    return None
             return proc
         if self.match is None:
             return None

@@ -18,6 +18,8 @@ from agent.core.journal import STANDBYS
 from agent.core.rendering import membership_key_of_document
 from agent.core.variables import warnings_for
 from agent.errors import InputError, OutputError
+from agent.files.reading import Unreadable, read_untrusted
+from agent.files.writing import write_files
 from agent.k8s.retrying import Backoff
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
@@ -25,6 +27,13 @@ from agent.runtime.sidecar.membership import Membership
 from agent.runtime.signalling import signal_trainer
 
 log = logging.getLogger("topology_agent.sidecar")
+
+
+PREVIOUS_LIMIT = 32 * 1024 * 1024  # topology.json is ~1.2 MB at 4096 pods, ~5 MB at 16384
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 class Evaluator:
@@ -45,17 +54,39 @@ class Evaluator:
         return self.evaluated and self.problem is None
 
     def load_previous(self) -> None:
-        """Continue from init's (or a previous sidecar's) generation: same membership -> no rewrite."""
-        path = self.settings.out_dir / "topology.json"
+        """Continue from init's (or a previous sidecar's) generation: same membership -> no rewrite. The files
+        are in the trainer's directory: read as untrusted (files/reading.py), parsed strictly, and anything
+        else starts from generation 0 with one line. A ``generation`` marker that lags topology.json (the
+        process died between the two renames) is written again."""
+        out = self.settings.out_dir
         try:
-            text = path.read_bytes()
-            document = json.loads(text)
-            generation = int(document.get("generation", 0))
+            text = read_untrusted(out / "topology.json", PREVIOUS_LIMIT)
+            document = json.loads(text, parse_constant=_no_constant)
+            generation = document.get("generation") if isinstance(document, dict) else None
+            if not isinstance(generation, int) or isinstance(generation, bool) or not 0 <= generation < 2**53:
+                raise ValueError(f"its generation is {str(generation)[:20]}, not a whole number")
             key = membership_key_of_document(document)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except FileNotFoundError:
+            return
+        except (Unreadable, OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
+            log.warning("the previous topology.json cannot be continued from (%s); starting from generation 0",
+                        str(err)[:200])
             return
         self.generation, self.last_key, self.document = generation, key, text
         self.metrics.generation.set(self.generation)
+        try:
+            marker = read_untrusted(out / "generation", 32).decode("ascii", "replace").strip()
+        except (OSError, Unreadable):
+            marker = ""
+        if marker != str(generation):
+            try:
+                write_files(out, {"generation": f"{generation}\n".encode()})
+            except OutputError as err:
+                log.warning("the generation marker says %r, topology.json %d, and it cannot be rewritten (%s)",
+                            marker[:20], generation, err)
+            else:
+                log.info("generation marker %r repaired to %d (topology.json's): a write was cut between the two "
+                         "renames", marker[:20], generation)
 
     def evaluate(self, since: float, *, nodes: NodeLabels, note: str) -> float | None:
         """Recompute; rewrite and signal only if membership changed. Returns None, or the seconds after which a
