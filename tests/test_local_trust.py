@@ -219,3 +219,92 @@ def test_a_generation_marker_left_behind_by_a_kill_is_repaired_at_start(tmp_path
     evaluator.load_previous()
     assert evaluator.generation == 2 == json.loads(files["topology.json"])["generation"]
     assert (tmp_path / "generation").read_text() == "2\n" and "repaired to 2" in caplog.text
+
+
+def _as_user(uid: int):
+    def drop() -> None:
+        os.setgid(uid)
+        os.setgroups([])
+        os.setuid(uid)
+
+    return drop
+
+
+def _signal_as(uid: int, pattern: str) -> tuple[str, str]:
+    """signal_trainer run in a child process that has become ``uid`` (the sidecar's user): (result, log)."""
+    import io
+    import logging
+    import warnings
+
+    from agent.runtime.signalling import signal_trainer
+
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # 3.12+ warns of fork in a threaded process; the child only signals and exits
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: drop to uid, signal, report, leave without running pytest's teardown
+        try:
+            os.close(read)
+            _as_user(uid)()
+            stream = io.StringIO()
+            handler = logging.StreamHandler(stream)
+            logging.getLogger("topology_agent").addHandler(handler)
+            logging.getLogger().addHandler(handler)
+            result = signal_trainer(TrainerFinder(match=re.compile(pattern)), signal.SIGUSR1)
+            os.write(write, f"{result}\n{stream.getvalue()}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        out = pipe.read()
+    os.waitpid(pid, 0)
+    result, _, log = out.partition("\n")
+    return result, log
+
+
+def test_the_shipped_users_signal_only_when_the_sidecar_runs_as_the_trainer_and_the_log_says_why():
+    """Issue 23, L1: agent 65532 and trainer 10001 with no capability cannot signal (EPERM), and the line says
+    why; the sidecar run as the trainer's user (as inject writes it when a trainer is named) can."""
+    if os.geteuid() != 0:
+        pytest.skip("switching users needs root (CI runs as root)")
+    duration = f"61.{os.getpid()}{time.time_ns() % 10**6}"  # the trainer's unique command line
+    trainer = subprocess.Popen(["/bin/sleep", duration], preexec_fn=_as_user(10001))
+    try:
+        time.sleep(0.2)
+        result, log = _signal_as(65532, re.escape(duration))
+        assert result == "failed", log
+        assert (f"could not signal trainer pid {trainer.pid}: permission denied: the trainer runs as uid 10001, the "
+                "sidecar as uid 65532 with no CAP_KILL") in log
+        assert trainer.poll() is None
+        result, log = _signal_as(10001, re.escape(duration))
+        assert result == "sent", log
+        assert trainer.wait(10) == -signal.SIGUSR1
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def test_inject_runs_a_signalling_sidecar_as_the_trainer_in_a_shared_process_namespace():
+    from agent import __version__
+    from agent.core.injection import PREFIX, SIDECAR, Settings, inject_document
+    from agent.errors import InputError
+
+    def job(**spec):
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "annotations": {
+            PREFIX + "elastic": "2:4", PREFIX + "trainer-match": "train.py"}},
+            "spec": {"template": {"spec": {"containers": [{"name": "t", "image": "t", "securityContext": {
+                "runAsUser": 10001, "runAsGroup": 10001}}], **spec}}}}
+
+    doc = job(shareProcessNamespace=True)
+    inject_document(doc, Settings(), version=__version__)
+    sidecar = next(c for c in doc["spec"]["template"]["spec"]["initContainers"] if c["name"] == SIDECAR)
+    context = sidecar["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"]) == (10001, 10001)
+    assert context["capabilities"] == {"drop": ["ALL"]} and context["allowPrivilegeEscalation"] is False
+    with pytest.raises(InputError, match=re.escape("set spec.shareProcessNamespace: true")):
+        inject_document(job(), Settings(), version=__version__)
+    quiet = job(shareProcessNamespace=True)
+    quiet["metadata"]["annotations"][PREFIX + "signal"] = "none"
+    inject_document(quiet, Settings(), version=__version__)
+    sidecar = next(c for c in quiet["spec"]["template"]["spec"]["initContainers"] if c["name"] == SIDECAR)
+    assert sidecar["securityContext"]["runAsUser"] == 65532  # signals nobody: stays the agent's user

@@ -287,6 +287,20 @@ def is_injected(template: Template) -> bool:
     return isinstance(annotations, Mapping) and INJECTED in annotations
 
 
+def _trainer_user(template: Template, user_containers: list[dict[str, Any]], spec: Mapping[str, Any],
+                  settings: Settings, *, why: str) -> tuple[int, int | None]:
+    """The trainer's UID:GID: annotation ssh-owner, else the trainer container's (or the pod's) runAsUser."""
+    owner = settings.get("ssh-owner")
+    if owner:
+        return parse_owner(owner, label=f"{template.where}: annotation {PREFIX}ssh-owner")  # type: ignore[return-value]
+    user = _uid_gid(user_containers[0], spec)
+    if user is None:
+        raise InputError(f"{template.where}: {why}, which the manifest does not say; set securityContext.runAsUser "
+                         f"on container {user_containers[0].get('name')!r} (or the pod), or annotate "
+                         f"{PREFIX}ssh-owner with UID:GID")
+    return user
+
+
 def elastic_of(template: Template) -> str | None:
     """MIN:MAX when the job is elastic: the setting first ("false" turns it off), then the job's own policy."""
     value = template.settings.get("elastic")
@@ -324,15 +338,8 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     ssh_secret = settings.get("ssh-secret")
     if ssh_secret:
         init_args += ["--ssh-secret-dir", SSH_PATH]
-        owner = settings.get("ssh-owner")
-        user = _uid_gid(user_containers[0], spec)
-        if owner:
-            user = parse_owner(owner, label=f"{template.where}: annotation {PREFIX}ssh-owner")
-        if user is None:
-            raise InputError(f"{template.where}: the SSH files must belong to the user the trainer runs as, which "
-                             f"the manifest does not say; set securityContext.runAsUser on container "
-                             f"{user_containers[0].get('name')!r} (or the pod), or annotate "
-                             f"{PREFIX}ssh-owner with UID:GID")
+        user = _trainer_user(template, user_containers, spec, settings,
+                             why="the SSH files must belong to the user the trainer runs as")
         # init writes the files as the trainer's own user: no chown, so no capability (sshd's StrictModes).
         init_context = _restricted(*user)
     wait_dns = ["--wait-dns"] if template.wait_dns and settings.get("wait-dns") is None and elastic is None else []
@@ -343,6 +350,15 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
         "volumeMounts": mounts + ([{"name": SSH, "mountPath": SSH_PATH, "readOnly": True}] if ssh_secret else []),
         "securityContext": init_context, "resources": _resources()}
     added = [init_container]
+    sidecar_context = _restricted(AGENT_UID)
+    if sidecar and settings.get("trainer-match") and (settings.get("signal") or "").strip().lower() != "none":
+        # kill(2) needs the same user or CAP_KILL, and the sidecar has no capability: it runs as the trainer.
+        user = _trainer_user(template, user_containers, spec, settings, why=f"the sidecar signals the trainer "
+                                                                              f"({PREFIX}trainer-match)")
+        sidecar_context = _restricted(*user)
+        if spec.get("shareProcessNamespace") is not True:
+            raise InputError(f"{template.where}: the sidecar signals the trainer ({PREFIX}trainer-match), so it must "
+                             "see the trainer's processes; set spec.shareProcessNamespace: true in the pod template")
     if sidecar:
         added.append({
             "name": SIDECAR, "image": image, "restartPolicy": "Always",
@@ -351,7 +367,7 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
             "ports": [{"name": "topology-health", "containerPort": HEALTH_PORT}],
             "readinessProbe": {"httpGet": {"path": "/readyz", "port": "topology-health"}},
             "livenessProbe": {"httpGet": {"path": "/healthz", "port": "topology-health"}, "periodSeconds": 30},
-            "volumeMounts": copy.deepcopy(mounts), "securityContext": _restricted(AGENT_UID),
+            "volumeMounts": copy.deepcopy(mounts), "securityContext": sidecar_context,
             "resources": _resources()})
     if isinstance(spec.get("initContainers"), list):
         spec["initContainers"][:0] = added

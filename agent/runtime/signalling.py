@@ -146,6 +146,16 @@ def signal_trainer(finder: TrainerFinder, signum: signal.Signals | None) -> str:
         return "refused"
     try:
         proc.send_signal(signum)
+    except psutil.AccessDenied:
+        try:
+            trainer_uid: object = proc.uids().real
+        except psutil.Error:
+            trainer_uid = "?"
+        log.warning("could not signal trainer pid %d: permission denied: the trainer runs as uid %s, the sidecar as "
+                    "uid %d with no CAP_KILL; run the sidecar as the trainer's user (securityContext.runAsUser: %s "
+                    "on the sidecar; inject does so when a trainer is named, docs/sidecar.md)", proc.pid,
+                    trainer_uid, os.geteuid(), trainer_uid)
+        return "failed"
     except psutil.Error as err:
         log.warning("could not signal trainer pid %s: %s", proc.pid, err)
         return "failed"
