@@ -382,7 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     sidecar.add_argument("--trainer-pid-file", help="file holding the trainer's pid")
     sidecar.add_argument("--trainer-match", help="regular expression over the trainer's command line")
     sidecar.add_argument("--health-port", help="port of /healthz /readyz /metrics /topology (default 8090; 0: off)")
-    sidecar.add_argument("--health-host", help="address to bind the health server (default 0.0.0.0)")
+    sidecar.add_argument("--health-host", help="address to bind the health server (default 0.0.0.0: the kubelet's "
+                                               "probes come from the node)")
+    sidecar.add_argument("--health-topology", action="store_true", default=None,
+                         help="also serve topology.json at /topology on the health port (default off)")
     sidecar.add_argument("--stuck-after", help="seconds without watch progress before /healthz fails (default 600)")
     sidecar.add_argument("--lease-seconds", help="large jobs: duration of the Lease that elects the pod publishing the "
                                                  "topology; a crashed publisher is replaced after it (default 15)")
@@ -639,7 +642,8 @@ def _sidecar(args: argparse.Namespace) -> int:
         user_agent = f"topology-agent/{__version__} sidecar ({namespace}/{pod_name})"
         async with AsyncClient(config, user_agent=user_agent) as api:
             await run_sidecar(api, settings, stop=stop, health_port=port or None, health_host=health_host,
-                              health_label=f"{knob(args, 'health-port').label} {port} on {health_host}")
+                              health_label=f"{knob(args, 'health-port').label} {port} on {health_host}",
+                              health_topology=v.health_topology)
 
     asyncio.run(main_async())
     return 0
@@ -681,7 +685,10 @@ def _sidecar_values(args: argparse.Namespace) -> argparse.Namespace:
     probe = _float(probe_k.label, probe_k.value, 300.0, high=86_400) if probe_k.value is not None else None
     if probe is not None and probe < 1:
         raise InputError(f"{probe_k.label} '{probe_k.value}' must be a number of seconds from 1 to 86400")
-    return argparse.Namespace(match=match, pid_file=pid_file, debounce=debounce, stuck_after=stuck_after,
+    health_topology = args.health_topology if args.health_topology is not None else \
+        (_env("health-topology") or "").lower() in ("1", "true")
+    return argparse.Namespace(health_topology=health_topology, match=match, pid_file=pid_file, debounce=debounce,
+                              stuck_after=stuck_after,
                               lease_seconds=lease_seconds, signal=trainer_signal, port=port,
                               health_host=health_host, idle=idle, probe=probe)
 

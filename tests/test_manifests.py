@@ -287,3 +287,29 @@ def test_the_webhook_builds_with_kubectl_kustomize_validates_and_its_command_lin
     if base == "webhook-cert-manager":
         assert rules == [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]
         assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+
+
+def _rules(path):
+    return [r for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") in ("Role", "ClusterRole")
+            for r in d["rules"]]
+
+
+def test_the_flowschema_covers_every_request_the_agents_rbac_allows_and_its_account_mounts_no_token():
+    """Issue 23, L4: a request the FlowSchema leaves out escapes the agent's priority level (leases, mpijobs
+    and nodes did); the ServiceAccount's token reaches only the containers it is projected into."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "manifests" / "apf" / "priority-and-fairness.yaml").read_text())]
+    rules = next(d for d in docs if d["kind"] == "FlowSchema")["spec"]["rules"][0]["resourceRules"]
+
+    def covered(group, resource, verb, cluster):
+        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+                   and (r.get("clusterScope", False) if cluster else "*" in r.get("namespaces", [])) for r in rules)
+
+    wanted = [(g, res, v, False) for r in _rules(ROOT / "manifests" / "rbac" / "role.yaml")
+              for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]]
+    for component in ("nodes", "trainer"):
+        wanted += [(g, res, v, True) for r in _rules(ROOT / "manifests" / "rbac" / component / "clusterrole.yaml")
+                   for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]]
+    missing = [w for w in wanted if not covered(*w)]
+    assert not missing and len(wanted) > 20, missing
+    account = yaml.safe_load((ROOT / "manifests" / "rbac" / "serviceaccount.yaml").read_text())
+    assert account["automountServiceAccountToken"] is False

@@ -88,3 +88,29 @@ async def test_what_is_not_an_admission_review_gets_400_and_a_missing_namespace_
         assert (await client.get("/readyz")).status == 503  # no certificate loaded in this test
     finally:
         await client.close()
+
+
+async def test_the_sidecars_health_port_serves_topology_json_only_when_asked():
+    """Issue 23, L4: the health port is open to the pod network (the kubelet probes it); the job's layout is
+    served there only with --health-topology."""
+    from agent.runtime.health import make_app
+    from agent.runtime.metrics import SidecarMetrics
+
+    class Status:
+        metrics = SidecarMetrics()
+        healthy, generation, document = True, 3, b'{"generation": 3}'
+
+        def unready(self):
+            return None
+
+    for topology, want in ((False, 404), (True, 200)):
+        client = TestClient(TestServer(make_app(Status(), topology=topology)))
+        await client.start_server()
+        try:
+            answer = await client.get("/topology")
+            assert answer.status == want
+            if not topology:
+                assert "--health-topology" in await answer.text()
+            assert (await client.get("/readyz")).status == 200
+        finally:
+            await client.close()

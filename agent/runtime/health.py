@@ -1,4 +1,4 @@
-"""The sidecar's HTTP endpoints: /healthz, /readyz, /metrics (Prometheus), /topology (topology.json).
+"""The sidecar's HTTP endpoints: /healthz, /readyz, /metrics (Prometheus), /topology (topology.json, opt-in).
 
 It serves a ``Status`` (the sidecar is one) and knows nothing else of the sidecar.
 """
@@ -30,7 +30,9 @@ class Status(Protocol):
     def unready(self) -> str | None: ...
 
 
-def make_app(sidecar: Status) -> web.Application:
+def make_app(sidecar: Status, *, topology: bool = False) -> web.Application:
+    """``topology``: also serve topology.json (off by default: the health port is open to the pod network, for
+    the kubelet's probes, and the job's addresses and layout are not everyone's to read)."""
     async def healthz(_: web.Request) -> web.Response:
         if sidecar.healthy:
             return web.Response(text="ok\n")
@@ -45,7 +47,9 @@ def make_app(sidecar: Status) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=sidecar.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def topology(_: web.Request) -> web.Response:
+    async def topology_json(_: web.Request) -> web.Response:
+        if not topology:
+            return web.Response(status=404, text="not served: start the sidecar with --health-topology\n")
         if sidecar.document is None:
             return web.json_response({"error": "no topology written yet"}, status=503)
         return web.Response(body=sidecar.document, content_type="application/json")
@@ -54,13 +58,14 @@ def make_app(sidecar: Status) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/topology", topology)
+    app.router.add_get("/topology", topology_json)
     return app
 
 
-async def start_health(sidecar: Status, host: str, port: int, *, label: str) -> tuple[web.AppRunner, int]:
+async def start_health(sidecar: Status, host: str, port: int, *, label: str,
+                       topology: bool = False) -> tuple[web.AppRunner, int]:
     """Bind first, before the sidecar talks to the API: a port in use is the user's to fix, at once."""
-    runner = web.AppRunner(make_app(sidecar), access_log=None, handle_signals=False)
+    runner = web.AppRunner(make_app(sidecar, topology=topology), access_log=None, handle_signals=False)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -65,6 +65,7 @@ class Running:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(self.out), "--address", "ip",
                  "--debounce", debounce, "--trainer-match", r"fake_trainer\.py", "--health-port", str(self.port),
+                 "--health-topology",
                  "--health-host", "127.0.0.1", *extra], env=env, stderr=handle)
         wait_for(lambda: self.get("/readyz")[0] == 200, what="sidecar ready")
 

@@ -382,6 +382,7 @@ async def run_tasks(tasks: dict[str, Awaitable[None]], stop: asyncio.Event) -> N
 
 async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio.Event,
                       health_port: int | None = None, health_host: str = "0.0.0.0", health_label: str = "",
+                      health_topology: bool = False,
                       on_ready: Callable[[Sidecar, int | None], None] | None = None) -> Sidecar:
     from agent.runtime.health import serve_health, start_health
 
@@ -390,7 +391,8 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
     bound: int | None = None
     if health_port is not None:
         runner, bound = await start_health(sidecar, health_host, health_port,
-                                           label=health_label or f"health port {health_port}")
+                                           label=health_label or f"health port {health_port}",
+                                           topology=health_topology)
     try:
         # SIGTERM must work while the API server is away at start too (start retries forever).
         starting = asyncio.ensure_future(sidecar.start())
