@@ -181,3 +181,54 @@ def test_a_5000_digit_nproc_in_the_env_is_refused_in_one_line():
     with pytest.raises(InputError) as err:
         render_pod(pods, "demo-worker-0", Options())
     assert "PET_NPROC_PER_NODE='99999999999999999...'" in str(err.value)
+
+
+# Issue 23, H1: an IPv6 zone id ("fe80::1%<anything>") is an address to Python's ipaddress module, and its text
+# reached hostfile, ssh_config and known_hosts from a published row. Kubernetes' own parser (ParseIPSloppy) has no
+# zone ids: neither does the agent's.
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+ZONE_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(address=st.ip_addresses(), zone=st.one_of(st.none(), ZONE_TEXT), spelling=st.sampled_from(
+    ["compressed", "exploded"]))
+def test_whatever_ipaddress_accepts_the_validators_give_a_canonical_ip_or_refuse(address, zone, spelling):
+    import ipaddress
+
+    from agent.core.validation import canonical_ip, parse_ip
+
+    text = getattr(address, spelling) + ("" if zone is None else f"%{zone}")
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return  # not something ipaddress accepts: the grammar tests cover the rest
+    parsed = parse_ip(text)
+    if zone is not None:
+        assert parsed is None, text  # a zone id is never an address of a pod
+        return
+    assert parsed is not None and len(parsed) in (4, 16)
+    shown = canonical_ip(parsed)
+    assert set(shown) <= set("0123456789abcdef:."), shown
+    assert parse_ip(shown) == parsed
+
+
+@pytest.mark.parametrize("hostile", ["fe80::1%h\n    ProxyCommand touch /tmp/pwned", "fe80::1%eth0",
+                                     "127.1.0.2%x", "::ffff:127.1.0.2%0"])
+def test_a_published_row_with_a_zone_id_is_refused_and_writes_nothing(hostile):
+    from agent.core.journal import PublishedState, Publisher
+    from agent.core.published import decode, pack
+
+    pods = _job()
+    options = Options(address="ip")
+    publisher = Publisher(PublishedState(job="demo", namespace="default"), options,
+                          leader=pods[0]["metadata"]["name"])
+    publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods])
+    document = publisher.snapshot_document()
+    document["pods"][1][8] = hostile  # the row's IP, as a forger would write it
+    state = PublishedState.from_document(decode(pack(document)))
+    with pytest.raises(InputError, match="status.podIP is .* not an IP address"):  # no file is written from it
+        render_pod(list(state.pods.values()), "demo-worker-1", options)
