@@ -550,19 +550,11 @@ def _kubeconfig(args: argparse.Namespace) -> str | None:
 
 def _init(args: argparse.Namespace) -> int:
     from agent.k8s.client import Client
-    from agent.k8s.config import load_config
     from agent.runtime.init import InitSettings, run_init
-    from agent.runtime.logs import setup_logging
 
-    log_format = _log_format(args)
-    options = options_from_args(args)
-    v = _init_values(args)
-    ssh = ssh_settings(args)
-    kubeconfig = _kubeconfig(args)
-    out_dir = _out_dir(args, check=True)
-    setup_logging(log_format)
-    config = load_config(kubeconfig)
-    namespace, pod_name = _pod_identity(config)
+    start = _pod_start(args, _init_values)
+    v, options, ssh, out_dir, config = start.values, start.options, start.ssh, start.out_dir, start.config
+    namespace, pod_name = start.namespace, start.pod_name
     settings = InitSettings(
         namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, expect=v.expect,
         timeout=float(v.timeout if v.timeout is not None else 600), wait_dns=v.wait_dns, source=v.source,
@@ -571,6 +563,37 @@ def _init(args: argparse.Namespace) -> int:
     api = Client(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
     run_init(api, settings, ssh=ssh)
     return 0
+
+
+@dataclass(frozen=True)
+class PodStart:
+    """What init and the sidecar know before their first request."""
+
+    options: Options
+    values: argparse.Namespace  # the command's own flags, checked
+    ssh: Any
+    out_dir: Path
+    config: Any
+    namespace: str
+    pod_name: str
+
+
+def _pod_start(args: argparse.Namespace, own: Any) -> PodStart:
+    """Every option checked first (a bad value is one line, before anything runs or is written), then logging,
+    the API's configuration and the pod's identity: the start of init and of the sidecar alike."""
+    from agent.k8s.config import load_config
+    from agent.runtime.logs import setup_logging
+
+    log_format = _log_format(args)
+    options = options_from_args(args)
+    values = own(args)
+    ssh = ssh_settings(args)
+    kubeconfig = _kubeconfig(args)
+    out_dir = _out_dir(args, check=True)
+    setup_logging(log_format)
+    config = load_config(kubeconfig)
+    namespace, pod_name = _pod_identity(config)
+    return PodStart(options, values, ssh, out_dir, config, namespace, pod_name)
 
 
 def _init_values(args: argparse.Namespace) -> argparse.Namespace:
@@ -610,21 +633,13 @@ def _sidecar(args: argparse.Namespace) -> int:
     import signal
 
     from agent.k8s.async_client import AsyncClient
-    from agent.k8s.config import load_config
     from agent.k8s.reflector import Settings as ReflectorSettings
-    from agent.runtime.logs import setup_logging
     from agent.runtime.sidecar import SidecarSettings, run_sidecar
     from agent.runtime.signalling import TrainerFinder
 
-    log_format = _log_format(args)
-    options = options_from_args(args)
-    v = _sidecar_values(args)
-    kubeconfig = _kubeconfig(args)
-    ssh = ssh_settings(args)
-    out_dir = _out_dir(args, check=True)
-    setup_logging(log_format)
-    config = load_config(kubeconfig)
-    namespace, pod_name = _pod_identity(config)
+    start = _pod_start(args, _sidecar_values)
+    v, options, ssh, out_dir, config = start.values, start.options, start.ssh, start.out_dir, start.config
+    namespace, pod_name = start.namespace, start.pod_name
     settings = SidecarSettings(
         namespace=namespace, pod_name=pod_name, options=options, out_dir=out_dir, debounce=v.debounce,
         signal=v.signal, finder=TrainerFinder(pid_file=Path(v.pid_file) if v.pid_file else None, match=v.match),

@@ -230,5 +230,5 @@ def test_a_published_row_with_a_zone_id_is_refused_and_writes_nothing(hostile):
     document = publisher.snapshot_document()
     document["pods"][1][8] = hostile  # the row's IP, as a forger would write it
     state = PublishedState.from_document(decode(pack(document)))
-    with pytest.raises(InputError, match="status.podIP is .* not an IP address"):  # no file is written from it
+    with pytest.raises(InputError, match=r"status\.podIP is .* not an IP address"):  # no file is written from it
         render_pod(list(state.pods.values()), "demo-worker-1", options)
