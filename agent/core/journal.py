@@ -44,6 +44,9 @@ JOURNAL_BYTES = 1024  # changes kept in the journal (the newest one is kept what
 MAX_JOURNAL = 1024 * 1024  # a ConfigMap cannot hold more; anything near it is not our journal
 
 
+JOURNAL_LAG = 64  # changes a journal may lag the snapshot it is read with (the leader's two writes are adjacent)
+
+
 def journal_name(snapshot_name: str) -> str:
     """``<job>-topology-journal`` beside the snapshot ``<job>-topology``."""
     return f"{snapshot_name}-journal"
@@ -131,7 +134,10 @@ class PublishedState:
         """Move forward by the journal: the names of the pods that changed (empty: nothing new), or None when the
         journal no longer reaches back to this state (read the snapshot, then apply the journal again)."""
         if journal.seq <= self.seq:
-            return set()
+            # The leader writes a new snapshot before the journal that follows it, so a journal may lag the
+            # snapshot read with it by a change or two. Far behind, it is another history (a forged snapshot
+            # with a sequence of 2**53-1 made every later journal look old, and was followed forever): read again.
+            return set() if self.seq - journal.seq <= JOURNAL_LAG else None
         if journal.base > self.seq:
             return None
         changed: set[str] = set()

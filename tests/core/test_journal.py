@@ -196,3 +196,35 @@ def test_a_refused_container_shape_stays_refused_for_the_rows_after():
         row[6] = index
         with pytest.raises(InputError, match="env"):
             follower._put(row)
+
+
+def test_a_forged_snapshot_with_a_huge_sequence_does_not_silence_every_later_journal():
+    """Issue 23, M8: a snapshot forged at sequence 2**53-1 made each real journal look old; followers ignored them
+    all, for good. A journal that far behind is another history: the follower reads again (and, finding the
+    same forged snapshot, follows the pods instead: docs/sidecar.md)."""
+    from agent.core.journal import JOURNAL_LAG, state_from
+
+    leader = leader_for(job(4))
+    forged = leader.snapshot_document()
+    forged["generation"] = 2**53 - 1
+    state = PublishedState.from_document(decode(pack(forged)))
+    pods = job(4)
+    pods["demo-worker-1"]["status"]["podIP"] = "127.1.0.77"
+    leader.change(pods, {"demo-worker-1"})
+    journal = journal_of(leader)
+    assert journal.seq < 10
+    assert state.apply(journal) is None  # read again, not "nothing new" forever
+    # the API's view: the forged snapshot with the real journal: no state to follow
+    from agent.core.published import configmap_body
+
+    snapshot_cm = configmap_body("demo-topology", pack(forged), generation=2**53 - 1, leader="demo-master-0",
+                                 owner=None)
+    journal_cm = {"metadata": {"name": "demo-topology-journal"}, "data": leader.journal_data()}
+    assert state_from([snapshot_cm, journal_cm], "demo-topology")[0] is None
+    honest_cm = configmap_body("demo-topology", pack(leader.snapshot_document()), generation=leader.state.seq,
+                               leader="demo-master-0", owner=None)
+    assert state_from([honest_cm, journal_cm], "demo-topology")[0] is not None
+    # a journal that lags a fresh snapshot by a change or two (the leader writes the snapshot first) is fine
+    fresh = snapshot_of(leader)
+    behind = copy.deepcopy(journal)
+    assert fresh.seq - behind.seq <= JOURNAL_LAG and fresh.apply(behind) == set()
