@@ -211,8 +211,11 @@ def _respect_user(variables: list[Variable], env: dict[str, UserValue]) -> list[
         leader = next((name for name in group if name in env), None)
         if leader is not None:
             user = env[leader]
-            if user.value is None:
-                result.append(Variable(var.name, f"${{{leader}}}", f"follows user-set {leader} (valueFrom)",
+            if user.value is None or "\0" in user.value:
+                # valueFrom, or a value no environment can hold (a NUL ends a C string: the runtime cuts it, and
+                # bash drops it from a file silently): follow what the process really has.
+                why = "valueFrom" if user.value is None else "its value holds a NUL"
+                result.append(Variable(var.name, f"${{{leader}}}", f"follows user-set {leader} ({why})",
                                        reference=True))
             else:
                 result.append(Variable(var.name, user.value,

@@ -232,3 +232,21 @@ def test_a_published_row_with_a_zone_id_is_refused_and_writes_nothing(hostile):
     state = PublishedState.from_document(decode(pack(document)))
     with pytest.raises(InputError, match=r"status\.podIP is .* not an IP address"):  # no file is written from it
         render_pod(list(state.pods.values()), "demo-worker-1", options)
+
+
+def test_a_nul_in_the_pods_own_env_is_never_copied_into_torch_env(tmp_path):
+    """Issue 23, L3: MASTER_PORT="23456\\0..." was copied into PET_MASTER_PORT, and bash drops a NUL from a
+    sourced file without a word. No environment can hold it (the runtime cuts a C string there): the alias
+    now follows the variable the process really has."""
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)),  # the user's own, before the plugins'
+                                user_env=[{"name": "MASTER_PORT", "value": "23456\x00; junk"}])
+    me = pods[1]
+    rendered = render_pod(pods, me["metadata"]["name"], Options())
+    written = rendered.files["torch.env"]
+    assert b"\x00" not in written and b"junk" not in written
+    assert b'export PET_MASTER_PORT="${MASTER_PORT}"' in written
+    (tmp_path / "torch.env").write_bytes(written)
+    shown = subprocess.run(["env", "-i", "MASTER_PORT=23456", "bash", "-c",
+                            f". {tmp_path / 'torch.env'} && echo \"$PET_MASTER_PORT\""],
+                           capture_output=True, text=True, check=True).stdout
+    assert shown == "23456\n"
