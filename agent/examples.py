@@ -21,6 +21,12 @@ Pod = dict[str, Any]
 AGENT_IMAGE = "ghcr.io/example/topology-agent:0.1.0"
 
 
+def owner_uid(kind: str, namespace: str, name: str) -> str:
+    """The uid these examples give a job object (``vcjob``, ``pytorchjob``, ``mpijob``, ``job``): the owner
+    object a test creates carries it, as the pods' ownerReferences do."""
+    return _uid(kind, namespace, name)
+
+
 def _uid(*parts: object) -> str:
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
     return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"

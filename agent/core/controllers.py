@@ -148,6 +148,7 @@ class Controller(abc.ABC):
     labels: ClassVar[frozenset[str]] = frozenset()
     default_roles: ClassVar[tuple[str, ...] | None] = None  # None: every role trains
     owner_is_job: ClassVar[bool] = False  # the pod's controlling owner is the job object (its uid names the job)
+    checks_index: ClassVar[bool] = False  # a pod's index is below its role's replicas in the job object
     default_master_port: ClassVar[int] = TORCHRUN_MASTER_PORT
     fix: ClassVar[str] = "(or pass --controller)"
 
@@ -178,6 +179,10 @@ class Controller(abc.ABC):
     def coordinator(self, pod: RawPod) -> str | None:
         """``<hostname>.<subdomain>`` of the pod the controller names rank 0, when it names one."""
         return None
+
+    def owns_directly(self, ident: Identity) -> bool:
+        """Whether the job object itself owns this pod (its ownerReference carries the job's uid)."""
+        return self.owner_is_job
 
     def training_roles(self, options: Options) -> tuple[str, ...] | None:
         """The roles that train, in rank order: the user's, else the controller's (None: every role present)."""
@@ -232,6 +237,7 @@ class Volcano(Controller):
     labels = frozenset({VOLCANO_JOB, VOLCANO_TASK, VOLCANO_INDEX})
     default_roles = ("master", "worker")  # the pytorch plugin's --master and --worker defaults
     owner_is_job = True
+    checks_index = True
 
     def identify(self, pod: RawPod, options: Options) -> Identity:
         fix = "the pod must be created by a Volcano Job (or pass --controller)"
@@ -266,6 +272,7 @@ class PyTorchJob(Controller):
     labels = frozenset({PYTORCHJOB_JOB, PYTORCHJOB_TYPE, PYTORCHJOB_INDEX})
     default_roles = ("master", "worker")
     owner_is_job = True
+    checks_index = True
 
     def identify(self, pod: RawPod, options: Options) -> Identity:
         fix = "the pod must be created by a Kubeflow PyTorchJob (or pass --controller)"
@@ -300,6 +307,10 @@ class MpiJob(Controller):
     key, title, marker = "mpijob", "MPIJob (MPI operator v2)", MPI_OPERATOR_NAME
     labels = frozenset({PYTORCHJOB_JOB, PYTORCHJOB_INDEX, MPI_OPERATOR_NAME, MPI_JOB_ROLE})
     default_roles = ("worker",)  # the launcher runs mpirun; runLauncherAsWorker makes it a node (owner_options)
+    checks_index = True
+
+    def owns_directly(self, ident: Identity) -> bool:
+        return ident.role == "worker"  # the launcher's owner is a batch Job the MPIJob owns
 
     def claims(self, pod: RawPod) -> bool:
         return _meta(pod)[1].get(MPI_OPERATOR_NAME) == MPI_OPERATOR

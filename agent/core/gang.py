@@ -68,6 +68,60 @@ class JobView:
     notes: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Roster:
+    """Who may be a member, by the job's own object, read once (issue 23): a pod with the job's labels is a
+    member only if the job owns it (where the controller owns its pods directly: the ownerReference carries the
+    job's uid), its role is one of the job's by exact name, and, while init forms the gang, its index is within
+    the role's replicas (not for elastic jobs, whose size moves). Labels alone are anyone's to write in the
+    namespace; the uid is not. JobSet, TrainJob and LeaderWorkerSet own their pods through Jobs and StatefulSets:
+    there only the role is checked. The generic selector promises nothing beyond its labels (docs/security.md)."""
+
+    controller: Controller
+    options: Options
+    owner: str  # "Volcano Job 'demo'", for the log line
+    owner_uid: str | None
+    counts: Mapping[str, int]
+    check_index: bool = True  # init's gang: the object and the pods describe one moment. The sidecar follows
+    # scale changes: a pod its job owns with a new index is a scale-up, which the object read at start cannot know.
+
+    def refusal(self, pod: RawPod) -> str | None:
+        """Why ``pod`` is not a member (one line naming the pod and the fix), or None."""
+        meta = pod.get("metadata", {})
+        name = meta.get("name", "?")
+        try:
+            ident = self.controller.identify(pod, self.options)
+        except InputError as err:
+            return str(err)
+        if self.owner_uid and self.controller.owns_directly(ident):
+            refs = meta.get("ownerReferences") or []
+            if not any(isinstance(r, Mapping) and r.get("uid") == self.owner_uid for r in refs):
+                return (f"pod '{name}' has the labels of {self.owner} but is not owned by it (no ownerReference "
+                        f"with its uid {self.owner_uid}); only the job's own pods are members")
+        if not self.counts:
+            return None
+        if ident.role not in self.counts:
+            return (f"pod '{name}': role '{ident.role}' is not one of {self.owner}'s "
+                    f"({', '.join(sorted(self.counts))}); role names must match exactly")
+        if self.check_index and self.controller.checks_index and self.options.elastic is None \
+                and ident.ordinal >= self.counts[ident.role]:
+            return (f"pod '{name}': index {ident.ordinal} of role '{ident.role}' is beyond {self.owner}'s "
+                    f"{self.counts[ident.role]} replicas")
+        return None
+
+
+def roster_of(view: JobView, *, check_index: bool = True) -> Roster | None:
+    """The roster the job's objects make, or None when the owner was not read (nothing to check against)."""
+    if not view.objects:
+        return None
+    owner = view.objects[0]
+    meta = owner.get("metadata") or {}
+    uid = meta.get("uid") if isinstance(meta.get("uid"), str) and meta.get("uid") else None
+    label = f"{owner.get('kind', view.controller.title)} '{meta.get('name', '?')}'"
+    return Roster(view.controller, view.options, label, uid, view.controller.replica_counts(view.objects),
+                  check_index=check_index)
+
+
 JobReads = Generator[str, "Mapping[str, Any] | None", JobView]
 
 

@@ -164,9 +164,18 @@ def _host_variables(plan: Plan) -> list[Variable]:
         Variable("TOPOLOGY_TRAINING", "1" if me.training else "0", "is the role a training role"),
         Variable("VC_TASK_INDEX", str(me.ordinal), f"this pod's index within role '{me.role}' (Volcano)"),
     ]
+    keys: dict[str, str] = {}
     for role in topo.roles:
         members = topo.role_members(role)
         key = env_key(role)
+        if key in keys:
+            # "worker" and "WORKER" are one variable name: a second export would win in bash. A job object's
+            # roles never collide (task names are DNS labels); pods with only labels can (docs/security.md).
+            for name in (f"VC_{key}_HOSTS", f"VC_{key}_NUM"):
+                out.append(Variable(name, "", f"role '{role}' is spelled as role '{keys[key]}' in variable names: "
+                                    f"not written for '{role}'", written=False))
+            continue
+        keys[key] = role
         out.append(Variable(f"VC_{key}_HOSTS", ",".join(map(ADDRESS, members)),
                             f"addresses of role '{role}' in rank order (Volcano)"))
         out.append(Variable(f"VC_{key}_NUM", str(len(members)), f"number of live pods of role '{role}' (Volcano)"))
@@ -300,7 +309,10 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
                      "unset", unset=True)
             for name, value in sorted(injected.items()) if name in TRAINING_NAMES
         ]
-    return _fit_environment(result, files_dir, {f"VC_{env_key(r)}_HOSTS": r for r in plan.topology.roles})
+    hosts_of: dict[str, str] = {}
+    for role in plan.topology.roles:  # the first role of a spelling names the variable (_host_variables)
+        hosts_of.setdefault(f"VC_{env_key(role)}_HOSTS", role)
+    return _fit_environment(result, files_dir, hosts_of)
 
 
 def repeated_hosts_warning(topology: Topology) -> str | None:

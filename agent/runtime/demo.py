@@ -33,7 +33,7 @@ TOPOLOGY = ("--rank-order", "topology", "--topology-levels", f"{examples.ZONE},{
 def volcano_owner() -> dict[str, object]:
     return {
         "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
-        "metadata": {"name": JOB, "namespace": NAMESPACE},
+        "metadata": {"name": JOB, "namespace": NAMESPACE, "uid": examples.owner_uid("vcjob", NAMESPACE, JOB)},
         "spec": {"minAvailable": 5, "schedulerName": "volcano",
                  "plugins": {"pytorch": ["--master=master", "--worker=worker", "--port=23456"], "svc": [], "env": []},
                  "tasks": [{"name": name, "replicas": n, "template": {}} for name, n in TASKS]},
@@ -175,7 +175,7 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
             return 1
         write("\n" + format_table(out, list(ips)) + "\n")
         write(rack_summary(out / "demo-worker-0") + "\n")
-        if not show_sidecar(sandbox, out, write):
+        if not show_sidecar(sandbox, out, write, owner_uid=owner["metadata"]["uid"]):
             return 1
     write(f"\nAPI load of the init step: {stats['requests']} requests ({stats['watches']} watches) for {len(ips)} "
           f"pods; bytes sent {stats['bytes']}\n")
@@ -199,7 +199,7 @@ def _start_sidecar(sandbox: SandboxThread, shared: Path) -> subprocess.Popen[str
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
 
 
-def show_sidecar(sandbox: SandboxThread, out: Path, write: Any) -> bool:
+def show_sidecar(sandbox: SandboxThread, out: Path, write: Any, *, owner_uid: str) -> bool:
     """Run the sidecars of the publisher (demo-master-0) and of demo-worker-0, add a worker on a new node in
     rack-a, and show demo-worker-0's files following: the newcomer joins rack-a's block."""
     shared = out / "demo-worker-0"
@@ -211,6 +211,7 @@ def show_sidecar(sandbox: SandboxThread, out: Path, write: Any) -> bool:
         sandbox.create_node(examples.node("node-5", {examples.ZONE: "zone-a", examples.RACK: "rack-a"}))
         pod = examples.volcano_job(JOB, (("master", 1), ("worker", 4)), namespace=NAMESPACE)[4]
         pod["spec"]["nodeName"] = "node-5"
+        pod["metadata"]["ownerReferences"][0]["uid"] = owner_uid  # Volcano's own pod: the job owns it
         pod["status"] = {"phase": "Running", "podIP": "127.1.0.9", "podIPs": [{"ip": "127.1.0.9"}]}
         base = _generation(shared)
         started = time.monotonic()

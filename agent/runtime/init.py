@@ -19,7 +19,15 @@ from typing import Any
 
 from agent.core import Memo, Options, Rendered, build_plan, render_plan, render_pod
 from agent.core.controllers import detect_controller
-from agent.core.gang import Expectation, GangStatus, GangTracker, expectation_from_job, expectation_from_pod
+from agent.core.gang import (
+    Expectation,
+    GangStatus,
+    GangTracker,
+    Roster,
+    expectation_from_job,
+    expectation_from_pod,
+    roster_of,
+)
 from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
 from agent.core.published import Compactor, configmap_name, is_leader, leader_identity
@@ -83,6 +91,7 @@ class GangWaiter:
         self.pods: dict[str, RawPod] = {}
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
         self.objects: tuple[Mapping[str, Any], ...] = ()  # the job's objects as read (the owner first)
+        self.roster: Roster | None = None  # who may be a member, once the owner is read
         self.me: RawPod | None = None
         self.compactor: Compactor | None = None
         # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
@@ -137,6 +146,7 @@ class GangWaiter:
             raise InputError(f"owner {controller.owner_path(me)} of pod '{s.pod_name}' not found; pass --expect N") \
                 from err
         self.objects = view.objects
+        self.roster = roster_of(view)
         for note in view.notes:
             log.info("%s", note)
         if view.options != s.options:
@@ -154,7 +164,7 @@ class GangWaiter:
 
     def _intake(self, items: list[dict[str, object]]) -> list[RawPod]:
         """What init keeps of each LIST page, before the next page is read."""
-        return [self._keep(p) for p in usable_pods(items)]
+        return [self._keep(p) for p in usable_pods(items, self.roster, own=self.settings.pod_name)]
 
     def _keep(self, pod: RawPod) -> RawPod:
         """Peers as followers see them, from fresh strings (a 4096-pod job's full objects held 290 MB, and a
@@ -225,7 +235,7 @@ class _Gang:
         if event.type == "BOOKMARK":
             return False
         name = pod_name(event.object)  # type: ignore[arg-type]
-        if event.type == "DELETED" or not usable_pods([event.object]):
+        if event.type == "DELETED" or not usable_pods([event.object], waiter.roster, own=waiter.settings.pod_name):
             waiter.pods.pop(name, None)
             tracker.remove(name)
         else:

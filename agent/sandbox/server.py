@@ -681,9 +681,9 @@ class Sandbox:
         except admission.Denied as err:
             return status(err.code, err.reason, err.message)
 
-    def store_object(self, resource: str, namespace: str, body: Obj) -> Obj:
+    def store_object(self, resource: str, namespace: str, body: Obj, *, keep_uid: bool = False) -> Obj:
         """Store a created object (Conflict if its name is taken); a CRD's kind is served from now on."""
-        created = self.store.create(resource, namespace, body)
+        created = self.store.create(resource, namespace, body, keep_uid=keep_uid)
         if resource == CRDS:
             self._served(created)
         return created

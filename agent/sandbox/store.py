@@ -93,14 +93,17 @@ class Store:
         self.rv += 1
         obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
 
-    def create(self, resource: str, namespace: str, obj: Obj) -> Obj:
+    def create(self, resource: str, namespace: str, obj: Obj, *, keep_uid: bool = False) -> Obj:
+        """``keep_uid``: a test seeding the cluster as a controller left it (pods that name their owner's uid)
+        keeps the uid it gives; the API's create always makes a new one."""
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         key = (resource, namespace, meta["name"])
         if key in self.objects:
             raise Conflict(meta["name"])
-        meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now())
+        given = meta.get("uid") if keep_uid and isinstance(meta.get("uid"), str) and meta.get("uid") else None
+        meta.update(namespace=namespace, uid=given or str(uuid.uuid4()), creationTimestamp=now())
         meta.setdefault("labels", {})
         meta.setdefault("annotations", {})
         meta.pop("deletionTimestamp", None)

@@ -53,8 +53,9 @@ class SandboxThread:
     # --- blocking helpers ----------------------------------------------------------------------------------
 
     def create(self, resource: str, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
-        """Store an object as the API server would, without admission (a CRD's kind is served at once)."""
-        return self._run(self.sandbox.store_object, resource, namespace, copy.deepcopy(obj))
+        """Store an object as a cluster would hold it, without admission (a CRD's kind is served at once); a
+        ``metadata.uid`` given is kept, so a job object and the pods that name it as owner agree."""
+        return self._run(self.sandbox.store_object, resource, namespace, copy.deepcopy(obj), keep_uid=True)
 
     def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         return self.create(PODS, pod["metadata"].get("namespace", "default"), pod)

@@ -283,7 +283,7 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
 
 def test_init_takes_run_launcher_as_worker_and_slots_from_the_mpijob(sandbox, tmp_path):
     owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "allreduce",
-             "namespace": "default"},
+             "namespace": "default", "uid": examples.owner_uid("mpijob", "default", "allreduce")},
              "spec": {"slotsPerWorker": 4, "runLauncherAsWorker": True,
                       "mpiReplicaSpecs": {"Launcher": {"replicas": 1}, "Worker": {"replicas": 2}}}}
     sandbox.create("kubeflow.org/v2beta1/mpijobs", "default", owner)
@@ -413,3 +413,34 @@ def test_expect_below_the_pods_present_says_every_pod_is_a_member(sandbox, tmp_p
     assert "gang complete: 4 training pods present (2 expected: every present pod is a member)" in err
     assert "--expect 2, but 4 training pods are present: the files name all of them" in err
     assert "export WORLD_SIZE='4'" in (tmp_path / "out" / "torch.env").read_text()
+
+
+def _rogue(name: str, role: str, index: int, ip: int) -> dict:
+    """A pod someone else created with the job's labels: no ownerReference to the job."""
+    pod = examples.volcano_job("demo", (("master", 1), ("worker", 1)))[1]
+    pod["metadata"]["name"] = name
+    pod["metadata"]["labels"].update({"volcano.sh/task-spec": role, "volcano.sh/task-index": str(index)})
+    pod["metadata"].pop("ownerReferences")
+    pod["spec"]["hostname"] = name
+    pod["status"].update(podIP=examples.loopback_ip(ip), podIPs=[{"ip": examples.loopback_ip(ip)}])
+    return pod
+
+
+def test_pods_with_the_jobs_labels_only_are_left_out_and_nobody_stalls(sandbox, tmp_path):
+    """Issue 23, H2: a rogue pod with a new index grew WORLD_SIZE and put its IP in the hostfile; one with a
+    duplicate index made every init exit 2; one with role WORKER exported VC_WORKER_HOSTS twice."""
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 2)))
+    for rogue in (_rogue("rogue-new", "worker", 7, 70), _rogue("rogue-dup", "worker", 0, 71),
+                  _rogue("rogue-case", "WORKER", 0, 72)):
+        sandbox.create_pod(rogue)
+    procs = {p["metadata"]["name"]: start_init(sandbox, p["metadata"]["name"], tmp_path / p["metadata"]["name"],
+                                               "--address", "ip", "--timeout", "30") for p in pods}
+    for name, proc in procs.items():
+        code, err = finish(proc)
+        assert code == 0, err
+        for rogue in ("rogue-new", "rogue-dup", "rogue-case"):
+            assert f"leaving out a pod that is not the job's: pod '{rogue}' has the labels of Job 'demo' but is " \
+                   "not owned by it" in err
+        env = (tmp_path / name / "torch.env").read_text()
+        assert "export WORLD_SIZE='3'" in env and env.count("VC_WORKER_HOSTS=") == 1
+        assert not any(examples.loopback_ip(i) in (tmp_path / name / "hostfile").read_text() for i in (70, 71, 72))

@@ -398,3 +398,19 @@ def test_sigterm_while_the_api_is_down_at_start_exits_0_at_once(sandbox, tmp_pat
     _, err = proc.communicate(timeout=5)
     assert proc.returncode == 0, err
     assert "stopped before the first list" in err
+
+
+def test_a_pod_with_the_jobs_labels_only_neither_joins_nor_freezes_the_sidecar(job, sandbox):
+    """Issue 23, H2: a rogue pod with a duplicate index froze a running sidecar (readyz 503) until deleted."""
+    rogue = examples.volcano_job("demo", (("master", 1), ("worker", 1)))[1]
+    rogue["metadata"]["name"] = "rogue-dup"
+    rogue["metadata"].pop("ownerReferences")
+    rogue["spec"]["hostname"] = "rogue-dup"
+    rogue["status"].update(podIP=examples.loopback_ip(80), podIPs=[{"ip": examples.loopback_ip(80)}])
+    sandbox.create_pod(rogue)
+    wait_for(lambda: "leaving out a pod that is not the job's: pod 'rogue-dup'" in job.log.read_text(),
+             what="the rogue pod refused")
+    assert job.get("/readyz")[0] == 200 and generation(job.out) == 1
+    add_worker(sandbox, 2, 81)  # the job's own pod still joins
+    wait_for(lambda: generation(job.out) == 2, what="generation 2")
+    assert job.env()["WORLD_SIZE"] == "4" and examples.loopback_ip(80) not in (job.out / "hostfile").read_text()

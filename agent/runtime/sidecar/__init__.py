@@ -26,6 +26,7 @@ from typing import Any
 
 from agent.core import Options
 from agent.core.controllers import detect_controller
+from agent.core.gang import Roster, roster_of
 from agent.core.journal import journal_name, state_from
 from agent.core.lease import Timing
 from agent.core.model import RawPod
@@ -87,6 +88,7 @@ class Sidecar:
         self.dirty_since: float | None = None
         self.last_attempt = clock()  # the loop's last request: liveness (/healthz)
         self.reflector: Reflector | None = None  # the current list+watch: progress (/readyz)
+        self.roster: Roster | None = None  # who may be a member (core/gang.Roster), once the job's object is read
         self.selector = ""
         self.configmap = ""
         self.me_job = ""
@@ -200,6 +202,7 @@ class Sidecar:
             return
         for note in view.notes:
             log.info("%s", note)
+        self.roster = roster_of(view, check_index=False)  # a new index later is a scale-up
         if view.options != s.options:
             self.settings = dataclasses.replace(s, options=view.options)
             self.evaluator = Evaluator(self.settings, self.membership, self.metrics, clock=self.clock)

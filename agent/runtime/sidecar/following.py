@@ -22,6 +22,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
+from agent.core.gang import Roster
 from agent.core.journal import Journal, PublishedState, journal_name, read_journal, state_from
 from agent.core.lease import read_record
 from agent.core.model import RawPod
@@ -53,6 +54,7 @@ class Host(Protocol):
     membership: Membership
     metrics: SidecarMetrics
     reflector: Reflector | None
+    roster: Roster | None  # who may be a member (core/gang.Roster), once the job's object is read
 
     def clock(self) -> float: ...
 
@@ -150,7 +152,7 @@ class PodsFollower:
     def _intake(self, items: list[dict[str, Any]]) -> list[RawPod]:
         """What the sidecar keeps of each LIST page, before the next page is read: the peak is one page, not
         the whole LIST (a 4096-pod publisher peaked at 200 MB)."""
-        return [self._keep(p) for p in usable_pods(items)]
+        return [self._keep(p) for p in usable_pods(items, self.host.roster, own=self.host.membership.pod_name)]
 
     def _on_list(self, items: list[RawPod]) -> bool:
         self.host.membership.replace({p["metadata"]["name"]: p for p in items})
@@ -162,7 +164,8 @@ class PodsFollower:
         if event.type == "BOOKMARK":
             return False
         name = pod_name(event.object)  # type: ignore[arg-type]
-        if event.type == "DELETED" or not usable_pods([event.object]):  # one broken object must not stop us
+        if event.type == "DELETED" or not usable_pods([event.object], self.host.roster,
+                                                      own=self.host.membership.pod_name):  # one bad object: left out
             self.host.membership.remove(name)
         else:
             self.host.membership.put(name, self._keep(event.object))  # type: ignore[arg-type]
