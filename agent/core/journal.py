@@ -32,6 +32,7 @@ from agent.core.published import (
     _pod_of,
     _refuse,
     _row,
+    bounded_loads,
     check_row,
     decode_configmap,
     node_labels_of,
@@ -42,6 +43,7 @@ from agent.core.validation import check_pod
 JOURNAL_KEY = "changes.json"
 JOURNAL_BYTES = 1024  # changes kept in the journal (the newest one is kept whatever its size)
 MAX_JOURNAL = 1024 * 1024  # a ConfigMap cannot hold more; anything near it is not our journal
+MAX_JOURNAL_VALUES = 150_000  # ~7500 changes of ~20 values (published.bounded_loads): <= ~11 MB parsed
 
 
 JOURNAL_LAG = 64  # changes a journal may lag the snapshot it is read with (the leader's two writes are adjacent)
@@ -293,7 +295,7 @@ def read_journal(configmap: dict[str, Any]) -> Journal | None:
         raise _refuse("the journal is not a string under 1 MiB")
     try:
         base, seq = int(data.get("base", "")), int(data.get("seq", ""))
-        items = json.loads(raw, parse_constant=_no_constant)
+        items = bounded_loads(raw, MAX_JOURNAL_VALUES, "the journal")
     except (ValueError, TypeError, RecursionError):
         raise _refuse("the journal does not decode") from None
     if not isinstance(items, list):

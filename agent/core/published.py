@@ -16,9 +16,9 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import io
 import json
 import re
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -141,7 +141,14 @@ def pack(document: dict[str, Any]) -> bytes:
     return gzip.compress(json.dumps(document, separators=(",", ":")).encode(), compresslevel=1, mtime=0)
 
 
-MAX_DOCUMENT = 64 * 1024 * 1024  # 4096 pods publish ~0.5 MB; anything near this is not our document
+# What decoding a published document may cost, whatever its bytes say (a gzip bomb of `{}` drove followers to
+# 1.75 GB). Parsed JSON costs up to ~72 bytes per value (an empty dict, a short string), whatever its text, so
+# both the text and the number of values are capped: text <= CAP/2 (and its strings' copies as much again),
+# values <= CAP/72: decoding peaks below 2 x CAP (bench/bomb_bench.py measures it). A 16384-pod job's
+# snapshot is 3.0 MB and 328k values (20 per pod): the cap holds ~23k pods.
+DOCUMENT_CAP = 32 * 1024 * 1024
+MAX_DOCUMENT = DOCUMENT_CAP // 2  # bytes of text, uncompressed
+VALUE_COST = 72  # bytes of Python objects per JSON value at most (dict 64 + its slot)
 
 
 def _refuse(what: str) -> InputError:
@@ -153,12 +160,9 @@ def decode(data: bytes) -> dict[str, Any]:
     """The document, or ``InputError``: it is data from the API like any pod, and is checked as such (followers
     run the same core over it, pod by pod, through ``check_pod`` and the value grammars)."""
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            text = stream.read(MAX_DOCUMENT + 1)
-        if len(text) > MAX_DOCUMENT:
-            raise _refuse(f"more than {MAX_DOCUMENT} bytes uncompressed")
-        document = json.loads(text, parse_constant=_no_constant)
-    except (OSError, ValueError, EOFError, RecursionError) as err:
+        text = _gunzip(data, MAX_DOCUMENT)
+        document = bounded_loads(text, DOCUMENT_CAP // VALUE_COST, "the published topology")
+    except (OSError, ValueError, EOFError, RecursionError, zlib.error) as err:
         raise _refuse(f"does not decode: {type(err).__name__}") from None
     if not isinstance(document, dict):
         raise _refuse("not an object")
@@ -168,6 +172,34 @@ def decode(data: bytes) -> dict[str, Any]:
     if not isinstance(document.get("generation", 0), int) or isinstance(document.get("generation"), bool):
         raise _refuse("generation is not a whole number")
     return document
+
+
+def _gunzip(data: bytes, limit: int) -> bytearray:
+    """The gzip member's bytes, decompressed a chunk at a time and never past ``limit`` (refused beyond)."""
+    inflate = zlib.decompressobj(wbits=31)  # gzip framing
+    out = bytearray()
+    pending = data
+    while pending:
+        out += inflate.decompress(pending, min(1 << 20, limit + 1 - len(out)))  # 1 MiB at a time: no 2nd copy
+        if len(out) > limit:
+            raise _refuse(f"more than {limit} bytes uncompressed")
+        pending = inflate.unconsumed_tail
+        if inflate.eof:
+            break
+    if not inflate.eof:
+        raise EOFError("the gzip stream ends early")
+    return out  # not copied into bytes: json reads a bytearray, and a copy is one more text's worth
+
+
+def bounded_loads(text: bytes | bytearray | str, max_values: int, what: str) -> Any:
+    """``json.loads`` of text that has at most ``max_values`` values: counted first, at C speed (every value
+    but a document's first follows a ',', a ':', a '{' or a '['), so a document of a million `{}` is refused
+    before a million dicts are made."""
+    raw = text.encode() if isinstance(text, str) else text
+    values = raw.count(b",") + raw.count(b":") + raw.count(b"{") + raw.count(b"[")
+    if values > max_values:
+        raise _refuse(f"{what} holds more than {max_values} values")
+    return json.loads(raw, parse_constant=_no_constant)
 
 
 def _no_constant(name: str) -> None:

@@ -9,6 +9,7 @@ import base64
 import copy
 import gzip
 import json
+import re
 import subprocess
 import sys
 import time
@@ -250,3 +251,40 @@ def test_a_nul_in_the_pods_own_env_is_never_copied_into_torch_env(tmp_path):
                             f". {tmp_path / 'torch.env'} && echo \"$PET_MASTER_PORT\""],
                            capture_output=True, text=True, check=True).stdout
     assert shown == "23456\n"
+
+
+def _wrapped(pods_json: bytes) -> bytes:
+    return gzip.compress(b'{"schema":2,"generation":1,"containers":[],"pods":' + pods_json + b"}", 9)
+
+
+@pytest.mark.parametrize(("bomb", "says"), [
+    (b"[" + b"{}," * (64 * 1024 * 1024 // 3) + b"{}]", "more than 16777216 bytes uncompressed"),
+    (b"[" + b"{}," * (5 * 1024 * 1024) + b"{}]", "holds more than 466033 values"),
+    (b"[" + b"[]," * 300_000 + b"[]]", "holds more than 466033 values"),
+])
+def test_a_published_bomb_is_refused_before_it_is_parsed(bomb, says):
+    """Issue 23, M6: an 87 KB ConfigMap (64 MiB of `{}` unzipped) drove followers to 1.77 GB. The text is
+    inflated a MiB at a time up to its cap, and its values are counted before json makes them (peak RSS per
+    input: bench/bomb_bench.py)."""
+    from agent.core.published import decode
+
+    with pytest.raises(InputError, match=re.escape(says)):
+        decode(_wrapped(bomb))
+
+
+def test_a_truncated_or_trailing_gzip_stream_is_refused_in_one_line():
+    from agent.core.published import decode
+
+    whole = _wrapped(b"[]")
+    with pytest.raises(InputError, match="does not decode: EOFError"):
+        decode(whole[: len(whole) // 2])
+    with pytest.raises(InputError, match="does not decode"):
+        decode(b"not gzip at all")
+
+
+def test_a_journal_of_a_million_values_is_refused_before_it_is_parsed():
+    from agent.core.journal import read_journal
+
+    data = {"changes.json": "[" + "{}," * 200_000 + "{}]", "base": "0", "seq": "0"}
+    with pytest.raises(InputError, match="the journal holds more than 150000 values"):
+        read_journal({"data": data})
