@@ -343,10 +343,14 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
         if source == "published":  # publish first (a valid plan): every other pod of the job is waiting for it
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
             training = plan.topology.training
-            follow = not publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
-                                       leader=settings.pod_name, owner=dict(owners[0]) if owners else None,
-                                       standby=tuple(m.name for m in training[1:1 + STANDBYS]),
-                                       nodes=nodes)  # type: ignore[arg-type]
+            # The leader's own files come from the pods it has just listed, whether or not its snapshot was
+            # created: a `<job>-topology` that exists already (an earlier run of this init, or anyone else's
+            # ConfigMap) is never followed by the pod that leads (issue 23: a copy made before the job started
+            # captured the leader, the pod that runs the SSH launcher).
+            publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
+                          leader=settings.pod_name, owner=dict(owners[0]) if owners else None,
+                          standby=tuple(m.name for m in training[1:1 + STANDBYS]),
+                          nodes=nodes)  # type: ignore[arg-type]
         rendered = render_plan(plan, settings.options, files_dir=files_dir)
     if follow:
         published = read_published(api, settings.namespace, cm_name, settings.pod_name,

@@ -53,7 +53,8 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
                   leader: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
                   nodes: NodeLabels | None = None) -> bool:
     """The leader's init: the snapshot, the journal and the Lease. False when the snapshot exists already (this
-    init runs again after a restart, and whoever holds the Lease keeps it current): then read it as a follower."""
+    init runs again after a restart, and whoever holds the Lease keeps it current, or someone else wrote it):
+    the leader's files still come from the pods it listed, never from that ConfigMap."""
     publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods], nodes)
@@ -66,7 +67,9 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
     try:
         with_retries(lambda: api.create(collection, body), what="publish topology")
     except ApiConflict:
-        log.info("configmap %s exists already (this init ran before); reading it like the other pods", name)
+        log.warning("configmap %s exists already (this init ran before, or another writer made it): not followed; "
+                    "this pod's files come from the pods it listed, and its sidecar publishes if it holds the Lease",
+                    name)
         return False
     journal = journal_body(name, publisher.journal_data(), owner=owner)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -444,3 +445,28 @@ def test_pods_with_the_jobs_labels_only_are_left_out_and_nobody_stalls(sandbox, 
         env = (tmp_path / name / "torch.env").read_text()
         assert "export WORLD_SIZE='3'" in env and env.count("VC_WORKER_HOSTS=") == 1
         assert not any(examples.loopback_ip(i) in (tmp_path / name / "hostfile").read_text() for i in (70, 71, 72))
+
+
+def test_the_leader_never_follows_a_topology_someone_made_before_it(sandbox, tmp_path):
+    """Issue 23, H1/H3: whoever created `<job>-topology` before the job's leader published captured the leader
+    (its create got 409 and it followed the copy): the pod that runs the SSH launcher got the forger's hosts."""
+    from agent.core import Options
+    from agent.core.journal import PublishedState, Publisher
+    from agent.core.published import configmap_body, configmap_name, pack
+
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 2)))
+    forged_pods = copy.deepcopy(pods)
+    forged_pods[1]["status"].update(podIP="127.9.9.9", podIPs=[{"ip": "127.9.9.9"}])
+    forger = Publisher(PublishedState(job="demo", namespace="default"), Options(address="ip"),
+                       leader="demo-master-0")
+    forger.change({p["metadata"]["name"]: p for p in forged_pods}, [p["metadata"]["name"] for p in forged_pods])
+    sandbox.create("/v1/configmaps", "default", configmap_body(
+        configmap_name("demo"), pack(forger.snapshot_document()), generation=forger.state.seq,
+        leader="demo-master-0", owner=None))
+    code, err = finish(start_init(sandbox, "demo-master-0", tmp_path / "leader", "--source", "published",
+                                  "--address", "ip", "--timeout", "30"))
+    assert code == 0, err
+    assert "configmap demo-topology exists already (this init ran before, or another writer made it): not " \
+           "followed" in err
+    hostfile = (tmp_path / "leader" / "hostfile").read_text()
+    assert "127.9.9.9" not in hostfile and pods[1]["status"]["podIP"] in hostfile
