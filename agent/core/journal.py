@@ -319,6 +319,3 @@ def read_journal(configmap: dict[str, Any]) -> Journal | None:
     return Journal(leader=leader, standby=tuple(n for n in standby.split(",")[:STANDBYS] if n),
                    base=_whole(base, "base"), seq=_whole(seq, "seq"), entries=tuple(entries))
 
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")

@@ -27,6 +27,7 @@ from agent.core.containers import pick_trainer_container
 from agent.core.controllers import Controller, Objects
 from agent.core.gang import Expectation
 from agent.core.model import Identity, Options, RawPod
+from agent.core.validation import not_json
 from agent.errors import InputError
 
 SCHEMA = 2  # 2: rows carry the pod's node and its level labels
@@ -199,11 +200,8 @@ def bounded_loads(text: bytes | bytearray | str, max_values: int, what: str) -> 
     values = raw.count(b",") + raw.count(b":") + raw.count(b"{") + raw.count(b"[")
     if values > max_values:
         raise _refuse(f"{what} holds more than {max_values} values")
-    return json.loads(raw, parse_constant=_no_constant)
+    return json.loads(raw, parse_constant=not_json)
 
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 def check_row(row: Any, shapes: int) -> None:

@@ -336,6 +336,11 @@ def ip_value(pod: dict[str, Any], raw: str) -> str | None:
     return canonical_ip(address)
 
 
+def not_json(name: str) -> float:
+    """``json.loads(..., parse_constant=not_json)``: NaN, Infinity and -Infinity are Python's, not JSON."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def split_pods(items: list[Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """The items of a LIST or watch event that have the shape of a pod, and one line for each that has not
     (the shells log those and leave the pods out: one broken object must not stop the agent)."""

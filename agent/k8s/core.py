@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from agent.core.validation import not_json
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable
 
 Keep = Callable[[list[dict[str, Any]]], list[Any]]  # what a LIST caller keeps of each page (slimmed pods)
@@ -197,9 +198,6 @@ def error_for_status(request: Request, response: Response) -> ApiError:
     return ApiError(f"API answered {code} to {verb} {what} {where}: {message}", status=code)
 
 
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
-
 
 def _finite(text: str) -> float:
     value = float(text)
@@ -213,7 +211,7 @@ def parse_json(body: bytes, *, what: str) -> dict[str, Any]:
     nesting deeper than Python's stack, or a body that is not an object all mean a broken or hostile answer,
     treated like a cut connection (retried with backoff), never a traceback."""
     try:
-        data = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+        data = json.loads(body, parse_constant=not_json, parse_float=_finite)
     except (ValueError, RecursionError) as err:
         raise ApiUnavailable(f"{what}: the answer is not valid JSON ({type(err).__name__})") from None
     if not isinstance(data, dict):

@@ -16,6 +16,7 @@ from typing import Any
 from agent.core import NodeLabels, Rendered, Renderer
 from agent.core.journal import STANDBYS
 from agent.core.rendering import membership_key_of_document
+from agent.core.validation import not_json
 from agent.core.variables import warnings_for
 from agent.errors import InputError, OutputError
 from agent.files.reading import Unreadable, read_untrusted
@@ -31,9 +32,6 @@ log = logging.getLogger("topology_agent.sidecar")
 
 PREVIOUS_LIMIT = 32 * 1024 * 1024  # topology.json is ~1.2 MB at 4096 pods, ~5 MB at 16384
 
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 class Evaluator:
@@ -61,7 +59,7 @@ class Evaluator:
         out = self.settings.out_dir
         try:
             text = read_untrusted(out / "topology.json", PREVIOUS_LIMIT)
-            document = json.loads(text, parse_constant=_no_constant)
+            document = json.loads(text, parse_constant=not_json)
             generation = document.get("generation") if isinstance(document, dict) else None
             if not isinstance(generation, int) or isinstance(generation, bool) or not 0 <= generation < 2**53:
                 raise ValueError(f"its generation is {str(generation)[:20]}, not a whole number")
