@@ -183,21 +183,18 @@ def load_tls(context: ssl.SSLContext | None, cert: bytes, key: bytes) -> ssl.SSL
     return context
 
 
-def _read_tls_dir(directory: Path) -> tuple[bytes, bytes, float]:
+def _read_tls_dir(directory: Path) -> tuple[bytes, bytes]:
     try:
-        cert, key = (directory / "tls.crt").read_bytes(), (directory / "tls.key").read_bytes()
-        stamp = max((directory / "tls.crt").stat().st_mtime, (directory / "tls.key").stat().st_mtime)
+        return (directory / "tls.crt").read_bytes(), (directory / "tls.key").read_bytes()
     except OSError as err:
         raise InputError(f"--tls-dir {directory}: cannot read tls.crt and tls.key ({err.strerror or err}); mount "
                          "the certificate's Secret there (cert-manager writes both)") from None
-    return cert, key, stamp
 
 
 async def keep_tls(webhook: Webhook, certs: ManagedCerts | None, *, stop: asyncio.Event) -> None:
     """Load the certificate, then check it every ``check_every`` seconds and reload it when it changed."""
     s = webhook.settings
-    served: bytes | None = None
-    stamp = 0.0
+    served: bytes | None = None  # the certificate loaded: a new one (renewed, or rewritten by cert-manager) reloads
     while True:
         try:
             if certs is not None:
@@ -205,10 +202,7 @@ async def keep_tls(webhook: Webhook, certs: ManagedCerts | None, *, stop: asynci
                 cert, key = bundle.cert, bundle.key
             else:
                 assert s.tls_dir is not None
-                cert, key, new_stamp = _read_tls_dir(s.tls_dir)
-                if new_stamp == stamp and webhook.tls is not None:
-                    cert = served or cert
-                stamp = new_stamp
+                cert, key = _read_tls_dir(s.tls_dir)
             if cert != served:
                 webhook.tls = load_tls(webhook.tls, cert, key)
                 served = cert
