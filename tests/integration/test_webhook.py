@@ -240,3 +240,51 @@ def test_replicas_share_one_secret_and_a_certificate_near_its_end_is_renewed(clu
         kubectl(cluster, "apply", "-f", "-", input=json.dumps(pod))  # served with the renewed certificate
     finally:
         stop(first)
+
+
+def _served_certificate(port: int, trust: bytes) -> bytes:
+    import ssl
+
+    context = ssl.create_default_context(cadata=trust.decode())
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        return tls.getpeercert(binary_form=True)
+
+
+def test_with_cert_managers_files_it_serves_them_reloads_a_renewal_and_writes_nothing(cluster, tmp_path):
+    """manifests/webhook-cert-manager: --tls-dir; no Secret of its own, no caBundle written, and the files
+    cert-manager rewrites are served without a restart."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    now = datetime.datetime.now(datetime.UTC)
+    hosts = ["127.0.0.1"]
+    first, _ = certs.renew(None, hosts, now - datetime.timedelta(days=70))  # 20 days left: due for renewal
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    (tls / "tls.crt").write_bytes(first.cert)
+    (tls / "tls.key").write_bytes(first.key)
+    webhook = start_webhook(cluster, "--tls-dir", str(tls), "--check-every", "1")
+    try:
+        port = cluster.webhook_port  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                served = _served_certificate(port, first.trust)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and webhook.poll() is None, "the webhook did not serve"
+                time.sleep(0.1)
+        assert served == x509.load_pem_x509_certificate(first.cert).public_bytes(Encoding.DER)
+        renewed, why = certs.renew(first, hosts, now)  # cert-manager's renewal: the same CA, a new certificate
+        assert why and renewed.ca_cert == first.ca_cert
+        (tls / "tls.key").write_bytes(renewed.key)
+        (tls / "tls.crt").write_bytes(renewed.cert)
+        want = x509.load_pem_x509_certificate(renewed.cert).public_bytes(Encoding.DER)
+        deadline = time.monotonic() + 15
+        while _served_certificate(port, first.trust) != want:
+            assert time.monotonic() < deadline, "the renewed certificate was not served"
+            time.sleep(0.2)
+        assert kubectl(cluster, "get", "--raw", SECRET, check=False).returncode != 0  # no Secret of its own
+    finally:
+        stop(webhook)
