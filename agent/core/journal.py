@@ -166,11 +166,11 @@ class PublishedState:
 class Publisher:
     """The leader's side: which rows changed, the journal to write, and when the snapshot must be rewritten."""
 
-    def __init__(self, state: PublishedState, options: Options, *, leader: str,
+    def __init__(self, state: PublishedState, options: Options, *, leader: str, leader_uid: str = "",
                  journal: tuple[Entry, ...] = ()) -> None:
         self.state = state
         self.options = options
-        self.leader = leader
+        self.leader, self.leader_uid = leader, leader_uid  # the writer, as readers check it (provenance.py)
         self.standby: tuple[str, ...] = ()
         self.entries: list[Entry] = list(journal)
         self._encoded: list[str] = [e.encoded() for e in self.entries]
@@ -241,7 +241,8 @@ class Publisher:
 
     def journal_data(self) -> dict[str, str]:
         """The journal ConfigMap's ``data``."""
-        return {"leader": self.leader, "standby": ",".join(self.standby), "base": str(self.base),
+        return {"leader": self.leader, "leaderUid": self.leader_uid, "standby": ",".join(self.standby),
+                "base": str(self.base),
                 "seq": str(self.state.seq), JOURNAL_KEY: "[" + ",".join(self._encoded) + "]"}
 
 

@@ -230,13 +230,14 @@ def select_value(snapshot_name: str) -> str:
 
 def configmap_body(name: str, data: bytes, *, generation: int, leader: str,
                    owner: dict[str, Any] | None, resource_version: str = "",
-                   standby: Sequence[str] = ()) -> dict[str, Any]:
+                   standby: Sequence[str] = (), leader_uid: str = "") -> dict[str, Any]:
     """The ConfigMap that carries the compressed topology; owned by the job so it goes with it."""
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "topology-agent",
                                               SELECT_LABEL: select_value(name)}},
-        "data": {"generation": str(generation), "leader": leader, "standby": ",".join(standby)},
+        "data": {"generation": str(generation), "leader": leader, "leaderUid": leader_uid,
+                 "standby": ",".join(standby)},
         "binaryData": {DATA_KEY: base64.b64encode(data).decode()},
     }
     if owner:

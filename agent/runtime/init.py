@@ -30,6 +30,7 @@ from agent.core.gang import (
 )
 from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
+from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import Compactor, configmap_name, is_leader, leader_identity
 from agent.core.topology import pod_name
 from agent.core.validation import check_pod
@@ -326,10 +327,22 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
              controller.title, selector, expected.total, expected.source,
              "the pods" if source == "pods" else ("the pods, published for the others (leader)"
                                                     if is_leader(me_id, leader) else f"configmap {cm_name}"))
-    follow = source == "published" and not is_leader(me_id, leader)
+    lead = source == "published" and is_leader(me_id, leader)
     files_dir = str(settings.out_dir.absolute())
     rendered: Rendered | None = None
-    if not follow:
+    if source == "published" and not lead:
+        me_uid = me.get("metadata", {}).get("uid") or ""
+        check = WriterCheck(controller, settings.options, me_id.job, settings.namespace, waiter.roster,
+                            me=Writer(settings.pod_name, me_uid))
+        published = read_published(api, settings.namespace, cm_name, settings.pod_name, check=check,
+                                   deadline=waiter.deadline, clock=clock, sleep=sleep, settings=waiter.reflecting)
+        if published is not None:
+            mine = with_placement(me, published.pods[settings.pod_name])
+            pods = [mine if p.get("metadata", {}).get("name") == settings.pod_name else p
+                    for p in published.pods.values()]
+            rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
+                                  nodes=published.node_labels(), checked=True)  # the published rows were checked
+    if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
         if status.present > status.expected and settings.expect is not None:
@@ -340,7 +353,7 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
         nodes = waiter._retry(lambda: read_nodes(api, names, settings.options), "read nodes") if names else None
         plan = build_plan(pods, settings.pod_name, settings.options, memo=waiter.memo, checked=True,  # the intake
                           nodes=nodes)  # type: ignore[arg-type]                          # checked every pod
-        if source == "published":  # publish first (a valid plan): every other pod of the job is waiting for it
+        if lead:  # publish first (a valid plan): every other pod of the job is waiting for it
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
             training = plan.topology.training
             # The leader's own files come from the pods it has just listed, whether or not its snapshot was
@@ -348,18 +361,11 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
             # ConfigMap) is never followed by the pod that leads (issue 23: a copy made before the job started
             # captured the leader, the pod that runs the SSH launcher).
             publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
-                          leader=settings.pod_name, owner=dict(owners[0]) if owners else None,
+                          leader=settings.pod_name, leader_uid=me.get("metadata", {}).get("uid") or "",
+                          owner=dict(owners[0]) if owners else None,
                           standby=tuple(m.name for m in training[1:1 + STANDBYS]),
                           nodes=nodes)  # type: ignore[arg-type]
         rendered = render_plan(plan, settings.options, files_dir=files_dir)
-    if follow:
-        published = read_published(api, settings.namespace, cm_name, settings.pod_name,
-                                   deadline=waiter.deadline, clock=clock, sleep=sleep, settings=waiter.reflecting)
-        mine = with_placement(me, published.pods[settings.pod_name])
-        pods = [mine if p.get("metadata", {}).get("name") == settings.pod_name else p
-                for p in published.pods.values()]
-        rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
-                              nodes=published.node_labels(), checked=True)  # the published rows were checked
     assert rendered is not None
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)

@@ -3,15 +3,16 @@
 The leader's init creates the snapshot ``<job>-topology`` (sequence 1), the journal ``<job>-topology-journal``
 and the Lease ``<job>-topology`` it holds; from then on its sidecar keeps them current. Every other init makes
 one LIST (by label: the snapshot and the journal together, from the watch cache) and, only while its own pod is
-not yet published, one WATCH of the journal by name. Followers make 3 requests and receive ~40 B per pod once,
-then a few KiB per change, instead of every pod (~4 KB each).
+not yet published, one WATCH of the journal by name, and one GET of the pod that wrote them (core/provenance.py).
+Followers make 4 requests and receive ~40 B per pod once, then a few KiB per change, instead of every pod (~4 KB
+each).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.core.journal import (
@@ -25,9 +26,10 @@ from agent.core.journal import (
 )
 from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
+from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, pack, select_value
 from agent.core.topology import NodeLabels
-from agent.errors import ApiConflict, ApiError, ApiNotFound, GangTimeout
+from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, GangTimeout
 from agent.k8s.core import WatchEvent
 from agent.k8s.reflector import BlockingOps, Reflector, Settings, run
 from agent.k8s.retrying import retried, with_retries
@@ -49,13 +51,46 @@ def lease_path(namespace: str, name: str = "") -> str:
     return f"{collection}/{name}" if name else collection
 
 
+def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[Any], name: str) -> str | None:
+    """Why the published objects among ``items`` must not be used (the first writer refused), or None. Each new
+    writer pod is read once (core/provenance.py)."""
+    for writer, what in check.pending(items, name):
+        try:
+            pod: Any = get(check.path(writer))
+        except ApiNotFound:
+            pod = None
+        except ApiForbidden as err:
+            return f"configmap {what}: cannot read its writer pod '{writer.name}' ({err})"
+        why = check.judge(writer, pod, what)
+        if why is not None:
+            return why
+    return None
+
+
+async def vouch_async(get: Callable[[str], Awaitable[dict[str, Any]]], check: WriterCheck, items: list[Any],
+                      name: str) -> str | None:
+    """``vouch`` with the sidecar's client."""
+    for writer, what in check.pending(items, name):
+        try:
+            pod: Any = await get(check.path(writer))
+        except ApiNotFound:
+            pod = None
+        except ApiForbidden as err:
+            return f"configmap {what}: cannot read its writer pod '{writer.name}' ({err})"
+        why = check.judge(writer, pod, what)
+        if why is not None:
+            return why
+    return None
+
+
 def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
-                  leader: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
+                  leader: str, leader_uid: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
                   nodes: NodeLabels | None = None) -> bool:
     """The leader's init: the snapshot, the journal and the Lease. False when the snapshot exists already (this
     init runs again after a restart, and whoever holds the Lease keeps it current, or someone else wrote it):
     the leader's files still come from the pods it listed, never from that ConfigMap."""
-    publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader)
+    publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader,
+                          leader_uid=leader_uid)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods], nodes)
     seq = publisher.state.seq
@@ -63,7 +98,8 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
     publisher.snapshot_written(seq)
     publisher.start_from_snapshot()
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
-    body = configmap_body(name, data, generation=seq, leader=leader, owner=owner, standby=standby)
+    body = configmap_body(name, data, generation=seq, leader=leader, leader_uid=leader_uid, owner=owner,
+                          standby=standby)
     try:
         with_retries(lambda: api.create(collection, body), what="publish topology")
     except ApiConflict:
@@ -92,51 +128,70 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
 
 
 def read_published(api: Api, namespace: str, name: str, pod_name: str, *, deadline: float,
+                   check: WriterCheck | None = None,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep,
-                   settings: Settings | None = None) -> PublishedState:
-    """The published state once it includes ``pod_name``; ``GangTimeout`` at the deadline.
+                   settings: Settings | None = None) -> PublishedState | None:
+    """The published state once it includes ``pod_name``; ``GangTimeout`` at the deadline; None (said in one
+    line) as soon as ``check`` refuses a writer of what is published: the caller reads the pods instead.
 
     One LIST by label reads the snapshot and the journal together; while this pod is not in them yet, a WATCH
     with the same label brings the leader's writes in order (a snapshot always before the journal that needs
     it), so no further GET is made. The reflector (reflector.py) resumes, relists and backs off."""
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
     selector = f"{SELECT_LABEL}={select_value(name)}"
-    follow = _Published(name, pod_name)
+    judge = (lambda items: vouch(api.get_object, check, items, name)) if check is not None else None
+    follow = _Published(name, pod_name, judge)
     reflector = Reflector(f"configmap {name}", settings, now=clock())
     ops = BlockingOps(lambda: api.list_objects(collection, label_selector=selector),
                       lambda rv, timeout, idle: api.watch_objects(collection, rv, timeout=timeout,
                                                                   label_selector=selector, idle=idle),
                       sleep=sleep, clock=clock)
     log.info("waiting for the leader to publish configmap %s", name)
-    if not run(reflector, ops, follow, deadline=deadline, done=follow.has_me):
+    if not run(reflector, ops, follow, deadline=deadline, done=follow.done):
         why = f" (last API error: {reflector.last_error})" if reflector.last_error else ""
         raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
                           f"'{pod_name}'){why}; is the leader pod running its init container? kubectl get configmap "
                           f"{name} -n {namespace}")
+    if follow.refused is not None:
+        log.warning("the published topology is not used (%s); reading the pods instead", follow.refused)
+        return None
     assert follow.state is not None
     log.info("read the published topology %s: sequence %d, %d pods", name, follow.state.seq, len(follow.state.pods))
     return follow.state
 
 
 class _Published:
-    """init's side of the reflector over the published ConfigMaps: the snapshot and the journal, as they come."""
+    """init's side of the reflector over the published ConfigMaps: the snapshot and the journal, as they come,
+    each checked for who wrote it before it is used."""
 
-    def __init__(self, name: str, pod_name: str) -> None:
-        self.name, self.pod_name = name, pod_name
+    def __init__(self, name: str, pod_name: str, judge: Callable[[list[Any]], str | None] | None) -> None:
+        self.name, self.pod_name, self.judge = name, pod_name, judge
         self.state: PublishedState | None = None
         self.journal: Journal | None = None
+        self.refused: str | None = None
 
     def has_me(self) -> bool:
         return self.state is not None and self.pod_name in self.state.pods
 
+    def done(self) -> bool:
+        return self.refused is not None or self.has_me()
+
+    def _vouched(self, items: list[Any]) -> bool:
+        if self.judge is not None and self.refused is None:
+            self.refused = self.judge(items)
+        return self.refused is None
+
     def on_list(self, items: list[dict[str, Any]]) -> None:
-        self.state, self.journal = state_from(items, self.name)
+        if self._vouched(items):
+            self.state, self.journal = state_from(items, self.name)
 
     def on_event(self, event: WatchEvent) -> bool:
         if event.type not in ("ADDED", "MODIFIED"):
             return False
         obj = event.object
+        if not self._vouched([obj]):
+            return True
         if obj.get("metadata", {}).get("name") == self.name:
             document = decode_configmap(obj)
             self.state = PublishedState.from_document(document) if document is not None else None
@@ -155,9 +210,9 @@ class JournalWriter:
     late write fails (409) instead of overwriting its successor's."""
 
     def __init__(self, api: AsyncApi, namespace: str, name: str, *, job: str, options: Options, leader: str,
-                 owner: dict[str, Any] | None) -> None:
+                 leader_uid: str, owner: dict[str, Any] | None) -> None:
         self.api, self.namespace, self.name, self.job = api, namespace, name, job
-        self.options, self.leader, self.owner = options, leader, owner
+        self.options, self.leader, self.leader_uid, self.owner = options, leader, leader_uid, owner
         self.collection = f"/api/v1/namespaces/{namespace}/configmaps"
         self.publisher: Publisher | None = None  # what this leader has published, and the journal
         self.written_rv: dict[str, str] = {}
@@ -172,8 +227,14 @@ class JournalWriter:
             state = PublishedState(job=self.job, namespace=self.namespace, seq=journal.seq if journal else 0,
                                    snapshot_seq=-1)
             journal = None
-        self.publisher = Publisher(state, self.options, leader=self.leader, journal=journal.entries if journal else ())
+        self.publisher = Publisher(state, self.options, leader=self.leader, leader_uid=self.leader_uid,
+                                   journal=journal.entries if journal else ())
         self.publisher.standby = journal.standby if journal is not None and journal.leader == self.leader else ()
+        snapshot = next((i for i in items if i.get("metadata", {}).get("name") == self.name), None)
+        if snapshot is not None and writer_of(snapshot) != Writer(self.leader, self.leader_uid):
+            # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation):
+            # rewritten first, so readers need check only this pod (core/provenance.py).
+            self.publisher.snapshot_due = True
         return set(state.rows)  # every row is compared again: what changed while nobody published goes out
 
     async def publish(self, pods: dict[str, RawPod], touched: set[str], nodes: NodeLabels,
@@ -185,14 +246,15 @@ class JournalWriter:
         publisher = self.publisher
         assert publisher is not None
         entry = publisher.change(pods, touched, nodes)
-        if entry is None and publisher.standby == standby:
+        if entry is None and publisher.standby == standby and not publisher.snapshot_due:
             return True
         publisher.standby = standby
         try:
             if publisher.snapshot_due:
                 seq = publisher.state.seq
                 body = configmap_body(self.name, pack(publisher.snapshot_document()), generation=seq,
-                                      leader=self.leader, owner=self.owner, standby=standby)
+                                      leader=self.leader, leader_uid=self.leader_uid, owner=self.owner,
+                                      standby=standby)
                 await self._write(self.name, body)
                 publisher.snapshot_written(seq)
             await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),

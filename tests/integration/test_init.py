@@ -274,7 +274,8 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
         assert results["published"][name][0] == results["pods"][name][0], name
     leader = results["published"]["demo-master-0"][1]
     follower = results["published"]["demo-worker-3"][1]
-    assert follower["requests"] - follower["watches"] <= 3
+    # get pod, get owner, list the published objects, get their writer pod (issue 23: who wrote them)
+    assert follower["requests"] - follower["watches"] <= 4
     assert follower["bytes"] < results["pods"]["demo-worker-3"][1]["bytes"] / 2
     # get pod, get owner, list pods; create the snapshot, the journal and the Lease
     assert leader["requests"] - leader["watches"] == 6
@@ -470,3 +471,61 @@ def test_the_leader_never_follows_a_topology_someone_made_before_it(sandbox, tmp
            "followed" in err
     hostfile = (tmp_path / "leader" / "hostfile").read_text()
     assert "127.9.9.9" not in hostfile and pods[1]["status"]["podIP"] in hostfile
+
+
+def forge_publication(sandbox, pods, *, writer: str, writer_uid: str, forged_ip: str = "127.9.9.9") -> None:
+    """`demo-topology` and its journal, made before the job's leader publishes, by ``writer`` (issue 23, H3: the
+    admission policy binds data.leader and data.leaderUid to the writer's token, not to the job)."""
+    from agent.core import Options
+    from agent.core.journal import PublishedState, Publisher, journal_body
+    from agent.core.published import configmap_body, configmap_name, pack
+
+    forged_pods = copy.deepcopy(pods)
+    for pod in forged_pods:
+        pod["status"].update(podIP=forged_ip, podIPs=[{"ip": forged_ip}])
+    forger = Publisher(PublishedState(job="demo", namespace="default"), Options(address="ip"), leader=writer,
+                       leader_uid=writer_uid)
+    forger.change({p["metadata"]["name"]: p for p in forged_pods}, [p["metadata"]["name"] for p in forged_pods])
+    sandbox.create("/v1/configmaps", "default", configmap_body(
+        configmap_name("demo"), pack(forger.snapshot_document()), generation=forger.state.seq, leader=writer,
+        leader_uid=writer_uid, owner=None))
+    forger.start_from_snapshot()
+    sandbox.create("/v1/configmaps", "default", journal_body(configmap_name("demo"), forger.journal_data(),
+                                                             owner=None))
+
+
+@pytest.mark.parametrize("case", ["another_jobs_agent", "a_stale_uid", "no_writer_named", "a_pod_not_owned"])
+def test_followers_never_use_a_topology_that_no_pod_of_the_job_wrote(sandbox, tmp_path, case):
+    """Issue 23, H3: any pod under the agent's ServiceAccount could create another job's `<job>-topology` naming
+    itself, and the followers used it (MASTER_ADDR and the hosts of the forger's choosing). Each follower now
+    reads the writer pod once: a copy whose writer is not a member of this job, by name and uid, is refused in
+    one line and the follower reads the pods; no follower waits for a forged copy to name it."""
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 2)))
+    if case == "another_jobs_agent":  # a running pod of another job, with its own bound token
+        other = sandbox.create_pod(examples.volcano_job("other", (("master", 1),))[0])
+        writer, uid, why = "other-master-0", other["metadata"]["uid"], "belongs to job 'other', not 'demo'"
+    elif case == "a_stale_uid":  # the leader's name, but not the pod that holds it now
+        writer, uid, why = "demo-master-0", "0c3d0b1e-0000-4000-8000-000000000000", "is not the uid of pod"
+    elif case == "no_writer_named":
+        writer, uid, why = "demo-master-0", "", "does not name the pod that wrote it"
+    else:  # the job's labels, made by a pod creator, but not owned by the Volcano Job
+        rogue = copy.deepcopy(examples.volcano_job("demo", (("master", 1),))[0])
+        rogue["metadata"]["name"] = "demo-master-9"
+        rogue["metadata"]["labels"]["volcano.sh/task-index"] = "0"
+        rogue["metadata"]["ownerReferences"][0]["uid"] = "not-the-jobs-uid"
+        created = sandbox.create_pod(rogue)
+        writer, uid, why = "demo-master-9", created["metadata"]["uid"], "is not a member"
+    forge_publication(sandbox, pods, writer=writer, writer_uid=uid)
+    names = [p["metadata"]["name"] for p in pods]
+    procs = {n: start_init(sandbox, n, tmp_path / n, "--source", "published", "--address", "ip", "--timeout", "30")
+             for n in reversed(names)}
+    for name, proc in procs.items():
+        code, err = finish(proc)
+        assert code == 0, err
+        hostfile = (tmp_path / name / "hostfile").read_text()
+        assert "127.9.9.9" not in hostfile and all(p["status"]["podIP"] in hostfile for p in pods)
+        env = (tmp_path / name / "torch.env").read_text()
+        assert f"export MASTER_ADDR='{pods[0]['status']['podIP']}'" in env
+        if name != "demo-master-0":
+            assert "the published topology is not used (configmap demo-topology" in err and why in err, err
+            assert "reading the pods instead" in err

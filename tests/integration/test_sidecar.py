@@ -414,3 +414,36 @@ def test_a_pod_with_the_jobs_labels_only_neither_joins_nor_freezes_the_sidecar(j
     add_worker(sandbox, 2, 81)  # the job's own pod still joins
     wait_for(lambda: generation(job.out) == 2, what="generation 2")
     assert job.env()["WORLD_SIZE"] == "4" and examples.loopback_ip(80) not in (job.out / "hostfile").read_text()
+
+
+def test_a_follower_leaves_a_journal_that_a_pod_of_another_job_rewrote_and_follows_the_pods(sandbox, tmp_path):
+    """Issue 23, H3: a journal rewritten by a writer that is not a member of the job (here another job's pod, in
+    a namespace without the admission policy) was applied by every follower. A new writer is now read once
+    before its journal is used: this one is refused in one line, and the follower follows the pods, so the
+    job's changes still reach it."""
+    published_job(sandbox, tmp_path, 3)
+    other = sandbox.create_pod(examples.volcano_job("other", (("master", 1),))[0])
+    procs = {n: start_sidecar(sandbox, tmp_path, n) for n in ("demo-worker-2",)}
+    try:
+        log = tmp_path / "demo-worker-2.log"
+        wait_for(lambda: "(follower)" in log.read_text(), what="following the journal")
+        journal = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology-journal")
+        journal["data"].update(leader="other-master-0", leaderUid=other["metadata"]["uid"])
+        journal["metadata"].pop("resourceVersion")
+        sandbox.sandbox.store.replace("/v1/configmaps", "default", "demo-topology-journal", journal)
+        wait_for(lambda: "the published topology is not used (configmap demo-topology-journal: its writer, pod "
+                         "'other-master-0', belongs to job 'other', not 'demo'" in log.read_text(),
+                 what="the forged journal refused")
+        wait_for(lambda: "following the pods from now on" in log.read_text(), what="the switch to the pods")
+        add_worker(sandbox, 3, 81)
+        wait_for(lambda: world(tmp_path / "demo-worker-2")[0] == "5", what="the follower sees the new worker")
+    finally:
+        stop_sidecars(procs)
+    # a follower that starts now refuses the copy at once
+    procs = {n: start_sidecar(sandbox, tmp_path, n) for n in ("demo-worker-1",)}
+    try:
+        log = tmp_path / "demo-worker-1.log"
+        wait_for(lambda: log.exists() and "(pods)" in log.read_text(), what="the pods followed from the start")
+        assert "the published topology is not used (configmap demo-topology-journal: its writer" in log.read_text()
+    finally:
+        stop_sidecars(procs)

@@ -61,7 +61,7 @@ def test_ranks_follow_the_racks_and_only_the_leader_reads_nodes(sandbox, tmp_pat
     assert leader["requests"] - leader["watches"] == 6 + len(pods)
     for name in names[1:]:
         follower = stats[f"topology-agent/0.1.0 init (default/{name})"]
-        assert follower["requests"] - follower["watches"] <= 3, name
+        assert follower["requests"] - follower["watches"] <= 4, name  # 4: the writer pod (issue 23)
 
 
 def test_without_rbac_for_nodes_one_line_and_index_order(sandbox, tmp_path):

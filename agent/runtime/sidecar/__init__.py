@@ -30,6 +30,7 @@ from agent.core.gang import Roster, roster_of
 from agent.core.journal import journal_name, state_from
 from agent.core.lease import Timing
 from agent.core.model import RawPod
+from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import SELECT_LABEL, Compactor, configmap_name, select_value
 from agent.errors import ApiError, ApiForbidden, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
@@ -40,7 +41,7 @@ from agent.runtime.election import Elector
 from agent.runtime.jobs import read_job_async
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.nodes import read_nodes_async, wanted_nodes
-from agent.runtime.publishing import JournalWriter
+from agent.runtime.publishing import JournalWriter, vouch_async
 from agent.runtime.sidecar.evaluating import Evaluator
 from agent.runtime.sidecar.following import JournalFollower, Mode, PodsFollower, release_memory
 from agent.runtime.sidecar.membership import Membership
@@ -89,10 +90,12 @@ class Sidecar:
         self.last_attempt = clock()  # the loop's last request: liveness (/healthz)
         self.reflector: Reflector | None = None  # the current list+watch: progress (/readyz)
         self.roster: Roster | None = None  # who may be a member (core/gang.Roster), once the job's object is read
+        self.check: WriterCheck | None = None  # who may have written the publication (core/provenance.py)
         self.selector = ""
         self.configmap = ""
         self.me_job = ""
         self.owner: dict[str, Any] | None = None
+        self.me_uid = ""
         self.compactor = Compactor(settings.options)
         self.journal: JournalFollower | None = None  # a large job's publication, as this pod follows it
         self.writer: JournalWriter | None = None  # the leader's writes
@@ -175,9 +178,12 @@ class Sidecar:
         controller = detect_controller(me, s.options)
         self.selector = controller.selector(me, s.options)
         self.membership.me = me
+        self.me_uid = me.get("metadata", {}).get("uid") or ""
         owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
         self.owner = dict(owners[0]) if owners else None
         self.me_job = controller.identify(me, s.options).job
+        self.check = WriterCheck(controller, s.options, self.me_job, s.namespace, self.roster,
+                                 me=Writer(s.pod_name, self.me_uid))
         self.configmap = configmap_name(self.me_job)
         self.evaluator.load_previous()
         await self._choose_mode()
@@ -224,6 +230,11 @@ class Sidecar:
             state, journal = state_from(items, self.configmap, pods=False)
         except InputError as err:
             log.warning("the published topology is not usable (%s); following the pods", err)
+            return
+        assert self.check is not None
+        why = await vouch_async(self.api.get_object, self.check, items, self.configmap)
+        if why is not None:
+            log.warning("the published topology is not used (%s); following the pods", why)
             return
         if state is None and journal is None:
             return
@@ -282,6 +293,7 @@ class Sidecar:
         if leading:
             self.writer = JournalWriter(self.api, self.settings.namespace, self.configmap, job=self.me_job,
                                         options=self.settings.options, leader=self.settings.pod_name,
+                                        leader_uid=self.me_uid,
                                         owner=self.owner)
             self.mark_dirty(self.clock())
 

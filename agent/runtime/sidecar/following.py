@@ -26,6 +26,7 @@ from agent.core.gang import Roster
 from agent.core.journal import Journal, PublishedState, journal_name, read_journal, state_from
 from agent.core.lease import read_record
 from agent.core.model import RawPod
+from agent.core.provenance import WriterCheck
 from agent.core.published import SELECT_LABEL, Compactor, select_value
 from agent.core.topology import pod_name, slim_pod
 from agent.errors import ApiError, ApiGone, ApiNotFound, InputError
@@ -35,7 +36,7 @@ from agent.k8s.reflector import AsyncOps, Reflector, reflect
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.runtime.intake import usable_pods
 from agent.runtime.metrics import SidecarMetrics
-from agent.runtime.publishing import lease_path
+from agent.runtime.publishing import lease_path, vouch_async
 from agent.runtime.sidecar.membership import Membership
 
 log = logging.getLogger("topology_agent.sidecar")
@@ -55,6 +56,7 @@ class Host(Protocol):
     metrics: SidecarMetrics
     reflector: Reflector | None
     roster: Roster | None  # who may be a member (core/gang.Roster), once the job's object is read
+    check: WriterCheck | None  # who may have written the publication (core/provenance.py)
 
     def clock(self) -> float: ...
 
@@ -207,9 +209,14 @@ class JournalFollower:
 
         async def list_published() -> tuple[list[dict[str, Any]], str]:
             if self.first_list is not None:
-                first, self.first_list = self.first_list, None
-                return first
-            return await self.api.list_objects(self.collection, label_selector=self.selector)
+                (items, rv), self.first_list = self.first_list, None
+            else:
+                items, rv = await self.api.list_objects(self.collection, label_selector=self.selector)
+            why = await self._vouch(items)
+            if why is not None:
+                self.host.switch(Mode.PODS, f"the published topology is not used ({why})")
+                return [], rv
+            return items, rv
 
         await _until_first(
             follow(self.host, self.what, self.settings, list_published,
@@ -217,6 +224,10 @@ class JournalFollower:
                                                                     field_selector=journal, idle=idle),
                    self._on_list, self._on_event),
             self._watch_publisher())
+
+    async def _vouch(self, items: list[Any]) -> str | None:
+        check = self.host.check
+        return await vouch_async(self.api.get_object, check, items, self.configmap) if check is not None else None
 
     def _unusable(self, err: InputError) -> None:
         self.host.switch(Mode.PODS, f"the published topology cannot be used ({err})")
@@ -243,6 +254,10 @@ class JournalFollower:
     def _on_event(self, event: WatchEvent) -> bool:
         if event.type not in ("ADDED", "MODIFIED"):
             return False
+        check = self.host.check
+        if check is not None and check.pending([event.object], self.configmap):
+            # Another writer (a standby that took over): read both objects again, and its pod once, before use.
+            raise ApiGone(f"journal {journal_name(self.configmap)} has a new writer", status=410)
         try:
             journal = read_journal(event.object)
             changed = self.published.apply(journal) if self.published is not None and journal is not None else None
@@ -313,6 +328,10 @@ class JournalFollower:
                 log.info("the published topology is still not usable (%s)", err)
                 continue
             if state is None or journal is None:
+                continue
+            why = await self._vouch(items)
+            if why is not None:
+                log.info("the published topology is still not usable (%s)", why)
                 continue
             self.journal = journal
             if self._stalled(await self._lease_holder()) is None:

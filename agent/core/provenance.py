@@ -1,0 +1,99 @@
+"""Who wrote a job's published topology, and whether that pod may have (issue 23, H3).
+
+Each published object names its writer in ``data.leader`` and ``data.leaderUid``. The admission policy
+(manifests/policy) admits a write only when both are the writer's own pod, from its bound token; it cannot look
+up other objects, so on its own it cannot say whether that pod belongs to *this* job: any pod running under the
+agent's ServiceAccount could create another job's ``<job>-topology`` first. The readers close that: before they
+use a published object they read its writer pod once and accept the object only if the pod still has that uid,
+is a pod of this job, and is a member by the job's own object (gang.Roster). A copy that fails is never used;
+the reader follows the pods instead and says why in one line.
+
+Without the policy the names are anyone's to write (docs/security.md): the check then only keeps out writers that
+are not the job's pods, and the rows are checked like pod data, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.core.controllers import Controller
+from agent.core.gang import Roster
+from agent.core.journal import journal_name
+from agent.core.model import Options, RawPod
+from agent.errors import InputError
+
+
+@dataclass(frozen=True)
+class Writer:
+    """The pod a published object says wrote it."""
+
+    name: str
+    uid: str
+
+
+def writer_of(configmap: dict[str, Any]) -> Writer:
+    data = configmap.get("data")
+    data = data if isinstance(data, dict) else {}
+    name, uid = data.get("leader"), data.get("leaderUid")
+    return Writer(name if isinstance(name, str) else "", uid if isinstance(uid, str) else "")
+
+
+@dataclass
+class WriterCheck:
+    """The writers a reader has accepted (each pod is read once per reader, not once per object or event)."""
+
+    controller: Controller
+    options: Options
+    job: str
+    namespace: str
+    roster: Roster | None
+    me: Writer | None = None  # this pod: its own writes need no read
+    accepted: set[Writer] = field(default_factory=set)
+
+    def pending(self, items: Iterable[Any], snapshot_name: str) -> list[tuple[Writer, str]]:
+        """The writers of the published objects among ``items`` not accepted yet, each once, with the name of
+        an object it wrote."""
+        wanted = (snapshot_name, journal_name(snapshot_name))
+        found: dict[Writer, str] = {}
+        for item in items:
+            name = (item.get("metadata") or {}).get("name") if isinstance(item, dict) else None
+            if name in wanted:
+                writer = writer_of(item)
+                if writer not in self.accepted and writer != self.me and writer not in found:
+                    found[writer] = name
+        return list(found.items())
+
+    def path(self, writer: Writer) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{writer.name}"
+
+    def judge(self, writer: Writer, pod: RawPod | None, what: str) -> str | None:
+        """Why ``what`` (a ConfigMap's name) written by ``writer`` must not be used, or None (then accepted);
+        ``pod`` is the writer pod as read now, None when it does not exist."""
+        why = self._refusal(writer, pod)
+        if why is None:
+            self.accepted.add(writer)
+            return None
+        return f"configmap {what}: {why}; delete it if no pod of this job wrote it"
+
+    def _refusal(self, writer: Writer, pod: RawPod | None) -> str | None:
+        if not writer.name or not writer.uid:
+            return "it does not name the pod that wrote it (data.leader and data.leaderUid)"
+        if pod is None:
+            return f"its writer, pod '{writer.name}', does not exist"
+        uid = (pod.get("metadata") or {}).get("uid")
+        if uid != writer.uid:
+            return (f"its writer's uid {writer.uid} is not the uid of pod '{writer.name}' ({uid}): written by an "
+                    f"earlier pod of that name, or by someone else")
+        try:
+            job = self.controller.identify(pod, self.options).job
+        except InputError as err:
+            return f"its writer is not a pod of this job ({err})"
+        if job != self.job:
+            return f"its writer, pod '{writer.name}', belongs to job '{job}', not '{self.job}'"
+        if self.roster is not None:
+            why = self.roster.refusal(pod)
+            if why is not None:
+                return f"its writer is not a member: {why}"
+        return None

@@ -1,0 +1,96 @@
+"""Issue 23, H3: who wrote a published topology, as a reader checks it (agent/core/provenance.py): one table of
+writer pods, and what a reader asks the API for."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from agent import examples
+from agent.core import Options
+from agent.core.controllers import VOLCANO
+from agent.core.gang import JobView, roster_of
+from agent.core.journal import PublishedState, Publisher, journal_body
+from agent.core.provenance import Writer, WriterCheck, writer_of
+from agent.core.published import configmap_body, pack
+from agent.runtime.demo import volcano_owner
+
+OWNER = volcano_owner()
+OWNER["spec"]["tasks"] = [{"name": "master", "replicas": 1}, {"name": "worker", "replicas": 2}]
+PODS = {p["metadata"]["name"]: p for p in examples.volcano_job("demo", (("master", 1), ("worker", 2)))}
+
+
+def check(**kw) -> WriterCheck:
+    return WriterCheck(VOLCANO, Options(), "demo", "default", roster_of(JobView(VOLCANO, Options(), (OWNER,))), **kw)
+
+
+def pod(name: str, **meta) -> dict:
+    found = copy.deepcopy(PODS.get(name) or examples.volcano_job(name.split("-")[0], (("master", 1),))[0])
+    found["metadata"].update(meta)
+    return found
+
+
+def unowned(name: str) -> dict:
+    found = pod(name)
+    found["metadata"]["ownerReferences"] = []
+    return found
+
+
+LEADER = Writer("demo-master-0", PODS["demo-master-0"]["metadata"]["uid"])
+
+TABLE = [
+    # (writer named by the ConfigMap, the pod of that name as read now, the refusal's words or None)
+    (LEADER, pod("demo-master-0"), None),
+    (Writer("demo-worker-1", PODS["demo-worker-1"]["metadata"]["uid"]), pod("demo-worker-1"), None),
+    (Writer("demo-master-0", ""), pod("demo-master-0"), "does not name the pod that wrote it"),
+    (Writer("", ""), None, "does not name the pod that wrote it"),
+    (LEADER, None, "its writer, pod 'demo-master-0', does not exist"),
+    (LEADER, pod("demo-master-0", uid="re-created"), "is not the uid of pod 'demo-master-0' (re-created)"),
+    (Writer("other-master-0", "u1"), pod("other-master-0", uid="u1"), "belongs to job 'other', not 'demo'"),
+    (LEADER, unowned("demo-master-0"), "its writer is not a member: pod 'demo-master-0' has the labels of Job"),
+    (Writer("x", "u2"), {"metadata": {"name": "x", "uid": "u2"}}, "its writer is not a pod of this job"),
+]
+
+
+@pytest.mark.parametrize(("writer", "found", "words"), TABLE)
+def test_a_writer_is_used_only_when_it_is_a_member_of_this_job_by_name_and_uid(writer, found, words):
+    judged = check()
+    why = judged.judge(writer, found, "demo-topology")
+    if words is None:
+        assert why is None and writer in judged.accepted
+    else:
+        assert why is not None and words in why, why
+        assert why.startswith("configmap demo-topology: ") and why.endswith("delete it if no pod of this job wrote it")
+        assert writer not in judged.accepted
+
+
+def published_items(leader: Writer) -> list[dict]:
+    publisher = Publisher(PublishedState(job="demo", namespace="default"), Options(), leader=leader.name,
+                          leader_uid=leader.uid)
+    publisher.change(PODS, list(PODS))
+    snapshot = configmap_body("demo-topology", pack(publisher.snapshot_document()), generation=1,
+                              leader=leader.name, leader_uid=leader.uid, owner=None)
+    return [snapshot, journal_body("demo-topology", publisher.journal_data(), owner=None)]
+
+
+def test_the_leader_writes_its_name_and_uid_on_both_objects_and_a_reader_reads_its_pod_once():
+    items = published_items(LEADER)
+    assert [writer_of(i) for i in items] == [LEADER, LEADER]
+    judged = check()
+    assert judged.pending(items, "demo-topology") == [(LEADER, "demo-topology")]
+    assert judged.path(LEADER) == "/api/v1/namespaces/default/pods/demo-master-0"
+    assert judged.judge(LEADER, pod("demo-master-0"), "demo-topology") is None
+    assert judged.pending(items, "demo-topology") == []  # accepted: no second read
+    assert check(me=LEADER).pending(items, "demo-topology") == []  # its own writes: no read at all
+    unrelated = {"metadata": {"name": "settings"}, "data": {"leader": "x", "leaderUid": "y"}}
+    assert check().pending([unrelated], "demo-topology") == []
+
+
+def test_after_a_takeover_the_new_writer_is_pending_until_read():
+    standby = Writer("demo-worker-0", PODS["demo-worker-0"]["metadata"]["uid"])
+    judged = check()
+    judged.judge(LEADER, pod("demo-master-0"), "demo-topology")
+    snapshot, _ = published_items(LEADER)
+    _, journal = published_items(standby)
+    assert judged.pending([snapshot, journal], "demo-topology") == [(standby, "demo-topology-journal")]

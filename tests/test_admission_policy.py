@@ -1,0 +1,213 @@
+"""Issue 23, H3: the published topology's ValidatingAdmissionPolicy (manifests/policy), run by a real CEL engine
+(cel-expr-python, the Python binding of the reference C++ implementation), with the API server's evaluation
+order transcribed from apiserver's validating admission policy: the resource rules, then every matchCondition
+(a false one means the policy does not apply; an error, under failurePolicy Fail, denies), the variables, then
+each validation (false or an error denies, with its message).
+
+Each case ends in what followers do with the write: "denied" (the API server refuses it), or, once admitted,
+"used" or "refused" by the readers' own check of the writer pod (agent/core/provenance.py). The policy cannot
+look up pods, so on CREATE it admits any agent pod that names itself; the readers refuse the ones that are not
+the job's. Every case that the review found open ends in "denied" or "refused"."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent import examples
+from agent.core import Options
+from agent.core.controllers import VOLCANO
+from agent.core.gang import JobView, roster_of
+from agent.core.provenance import Writer, WriterCheck
+from agent.runtime.demo import volcano_owner
+
+cel = pytest.importorskip("cel_expr_python.cel", reason="cel-expr-python is a test dependency (pyproject [test])")
+from cel_expr_python.ext import ext_strings  # noqa: E402  (after the skip: the binding may be missing)
+
+POLICY_FILE = Path(__file__).resolve().parents[1] / "manifests" / "policy" / "published-topology-policy.yaml"
+NS = "team-a"
+AGENT = f"system:serviceaccount:{NS}:topology-agent"
+GC = "system:serviceaccount:kube-system:generic-garbage-collector"
+
+
+def policy_spec() -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    return policy["spec"]
+
+
+class Deny(Exception):
+    pass
+
+
+@dataclass
+class Policy:
+    """One ValidatingAdmissionPolicy, compiled once: Kubernetes' CEL environment for admission has the strings
+    extension (split) and the variables object, request, object, oldObject, params, namespaceObject."""
+
+    spec: dict[str, Any] = field(default_factory=policy_spec)
+
+    def __post_init__(self) -> None:
+        names = ("object", "oldObject", "request", "params", "namespaceObject", "variables")
+        self.env = cel.NewEnv(variables={n: cel.Type.DYN for n in names}, extensions=[ext_strings.ExtStrings()])
+        self.conditions = [(c["name"], self.env.compile(c["expression"])) for c in self.spec["matchConditions"]]
+        self.variables = [(v["name"], self.env.compile(v["expression"])) for v in self.spec["variables"]]
+        self.validations = [(self.env.compile(v["expression"]), " ".join(v["message"].split()))
+                            for v in self.spec["validations"]]
+        assert self.spec["failurePolicy"] == "Fail"
+
+    def _eval(self, expr: Any, data: dict[str, Any]) -> Any:
+        value = expr.eval(data=data)
+        if value.type() == cel.Type.ERROR:
+            raise Deny(f"expression error: {value.value()}")  # failurePolicy: Fail
+        return value.plain_value()
+
+    def admit(self, request: dict[str, Any], obj: Any, old: Any) -> bool:
+        """True when admitted, False when the policy does not apply; Deny with the message otherwise."""
+        rules = self.spec["matchConstraints"]["resourceRules"]
+        if not any(request["operation"] in r["operations"] and request["resource"]["resource"] in r["resources"]
+                   for r in rules):
+            return False
+        data = {"object": obj, "oldObject": old, "request": request, "params": None, "namespaceObject": None,
+                "variables": {}}
+        for _, condition in self.conditions:
+            if self._eval(condition, data) is not True:
+                return False
+        variables: dict[str, Any] = {}
+        for name, expr in self.variables:
+            variables[name] = self._eval(expr, {**data, "variables": variables})
+        data["variables"] = variables
+        for expr, message in self.validations:
+            if self._eval(expr, data) is not True:
+                raise Deny(message)
+        return True
+
+
+POLICY = Policy()
+OWNER = volcano_owner()
+OWNER["spec"]["tasks"] = [{"name": "master", "replicas": 1}, {"name": "worker", "replicas": 3}]
+PODS = {p["metadata"]["name"]: p for p in examples.volcano_job("demo", (("master", 1), ("worker", 3)))}
+OTHER = {p["metadata"]["name"]: p for p in examples.volcano_job("other", (("master", 1),))}
+LEADER, STANDBY, MEMBER, STRANGER = "demo-master-0", "demo-worker-0", "demo-worker-2", "other-master-0"
+
+
+def uid(name: str) -> str:
+    return str({**PODS, **OTHER}[name]["metadata"]["uid"])
+
+
+def request(operation: str, *, username: str = AGENT, pod: str | None = None, pod_uid: str | None = None,
+            name: str = "demo-topology") -> dict[str, Any]:
+    """An AdmissionRequest as the API server gives it to CEL: a bound token's pod in userInfo.extra."""
+    extra = {} if pod is None else {"authentication.kubernetes.io/pod-name": [pod],
+                                    "authentication.kubernetes.io/pod-uid": [pod_uid or uid(pod)]}
+    return {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "operation": operation, "name": name, "namespace": NS,
+            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "userInfo": {"username": username, "uid": "sa-uid", "groups": ["system:serviceaccounts"],
+                         "extra": extra},
+            "dryRun": False, "options": {}}
+
+
+def published(leader: str, leader_uid: str | None = None, *, standby: str = f"{STANDBY},demo-worker-1",
+              name: str = "demo-topology") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS},
+            "data": {"generation": "3", "leader": leader, "standby": standby,
+                     "leaderUid": uid(leader) if leader_uid is None else leader_uid}}
+
+
+def readers_verdict(obj: dict[str, Any], pods: dict[str, Any]) -> str:
+    """What a follower of job demo does with an admitted write: the writer pod read as it is now."""
+    check = WriterCheck(VOLCANO, Options(), "demo", NS, roster_of(JobView(VOLCANO, Options(), (OWNER,))))
+    writer = Writer(obj["data"].get("leader", ""), obj["data"].get("leaderUid", ""))
+    why = check.judge(writer, pods.get(writer.name), obj["metadata"]["name"])
+    return "used" if why is None else "refused"
+
+
+def outcome(req: dict[str, Any], obj: Any, old: Any, pods: dict[str, Any] | None = None) -> str:
+    try:
+        applies = POLICY.admit(req, obj, old)
+    except Deny as err:
+        return f"denied: {err}"
+    written = obj if obj is not None else old
+    if not applies or req["operation"] == "DELETE":
+        return "admitted" if applies else "not matched"
+    return readers_verdict(written, {**PODS, **OTHER} if pods is None else pods)
+
+
+ONLY_AGENT = "denied: only the topology-agent ServiceAccount writes a published topology (docs/security.md)"
+ONLY_WRITER = ("denied: only the pod named in data.leader and data.leaderUid (the job's publisher), with its own "
+               "bound token, writes it")
+ONLY_STANDBY = "denied: an update may change the leader only to a standby the previous leader named in data.standby"
+OLD = published(LEADER)
+
+CASES = {
+    # CREATE
+    "the leader creates, naming itself": (request("CREATE", pod=LEADER), published(LEADER), None, "used"),
+    "the leader's name with another pod's uid": (request("CREATE", pod=LEADER),
+                                                 published(LEADER, uid(MEMBER)), None, ONLY_WRITER),
+    "a member creates, naming the leader": (request("CREATE", pod=MEMBER), published(LEADER), None, ONLY_WRITER),
+    "a member creates, naming itself": (request("CREATE", pod=MEMBER), published(MEMBER), None, "used"),
+    "a standby creates, naming itself": (request("CREATE", pod=STANDBY), published(STANDBY), None, "used"),
+    "a non-member (another job's agent) creates, naming itself": (request("CREATE", pod=STRANGER),
+                                                                   published(STRANGER), None, "refused"),
+    "a non-member creates, naming the leader": (request("CREATE", pod=STRANGER), published(LEADER), None,
+                                                ONLY_WRITER),
+    "a non-member creates with no writer named": (request("CREATE", pod=STRANGER), published(STRANGER, ""), None,
+                                                  ONLY_WRITER),
+    "a user creates": (request("CREATE", username="alice"), published(LEADER), None, ONLY_AGENT),
+    "the agent's account without a bound pod": (request("CREATE"), published(LEADER), None, ONLY_WRITER),
+    "a trainer's token (another account)": (request("CREATE", username=f"system:serviceaccount:{NS}:default",
+                                                    pod=MEMBER), published(MEMBER), None, ONLY_AGENT),
+    "the journal, created by the leader": (request("CREATE", pod=LEADER, name="demo-topology-journal"),
+                                           published(LEADER, name="demo-topology-journal"), None, "used"),
+    "the journal, created by a non-member": (request("CREATE", pod=STRANGER, name="demo-topology-journal"),
+                                             published(STRANGER, name="demo-topology-journal"), None, "refused"),
+    # UPDATE
+    "the leader updates": (request("UPDATE", pod=LEADER), published(LEADER), OLD, "used"),
+    "a named standby takes over": (request("UPDATE", pod=STANDBY), published(STANDBY), OLD, "used"),
+    "a member that is not a standby takes over": (request("UPDATE", pod=MEMBER), published(MEMBER), OLD,
+                                                  ONLY_STANDBY),
+    "a non-member takes over": (request("UPDATE", pod=STRANGER), published(STRANGER), OLD, ONLY_STANDBY),
+    "a non-member rewrites, keeping the leader's name": (request("UPDATE", pod=STRANGER), published(LEADER), OLD,
+                                                         ONLY_WRITER),
+    "a standby rewrites, keeping the leader's name": (request("UPDATE", pod=STANDBY), published(LEADER), OLD,
+                                                      ONLY_WRITER),
+    "a user updates": (request("UPDATE", username="alice"), published(LEADER), OLD, ONLY_AGENT),
+    # DELETE
+    "the leader deletes": (request("DELETE", pod=LEADER), None, OLD, "admitted"),
+    "a member deletes": (request("DELETE", pod=MEMBER), None, OLD, ONLY_WRITER),
+    "the garbage collector deletes": (request("DELETE", username=GC), None, OLD, "not matched"),
+    # not ours
+    "another ConfigMap": (request("CREATE", username="alice", name="settings"),
+                          published(LEADER, name="settings"), None, "not matched"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_policy_and_the_readers_together(case):
+    req, obj, old, expected = CASES[case]
+    assert outcome(req, obj, old) == expected
+
+
+def test_a_re_created_leader_pod_may_update_under_its_new_uid_but_readers_refuse_the_old_uid():
+    """Volcano re-creates a failed pod under the same name: its new token carries the new uid. It may update the
+    objects its earlier incarnation wrote (the name is the leader's); until it has, readers refuse the old uid."""
+    reborn = copy.deepcopy(PODS)
+    reborn[LEADER]["metadata"]["uid"] = "4d1f7a52-0000-4000-8000-000000000001"
+    assert readers_verdict(OLD, reborn) == "refused"
+    assert outcome(request("UPDATE", pod=LEADER, pod_uid=reborn[LEADER]["metadata"]["uid"]),
+                   published(LEADER, reborn[LEADER]["metadata"]["uid"]), OLD, reborn) == "used"
+
+
+def test_the_engine_is_real_an_expression_error_denies():
+    """Under failurePolicy Fail an evaluation error denies: here a typed request without userInfo.extra is not
+    what the API server sends, and the engine says so instead of admitting."""
+    req = request("CREATE", pod=LEADER)
+    del req["userInfo"]["extra"]
+    with pytest.raises(Deny, match="expression error"):
+        POLICY.admit(req, published(LEADER), None)
