@@ -1,8 +1,10 @@
-"""Fuzz the trust boundary (issue 12): mutated pod lists through the core, mutated watch streams through the
-wire parser and the sidecar's intake. A finding is a traceback (any exception but InputError/ApiError), a
-render slower than 5 s, or a file with a line the members do not account for.
+"""Fuzz the trust boundary (issues 12 and 23): mutated pod lists through the core, mutated watch streams through
+the wire parser and the sidecar's intake, and mutated published topologies (the snapshot's document, the
+journal's entries, the ConfigMaps' fields, their compressed bytes) through a follower's reading, its check of
+the writer, and the core. A finding is a traceback (any exception but InputError/ApiError), a render slower
+than 5 s, or a file with a line the members do not account for.
 
-    python bench/fuzz.py --pod-lists 10000 --streams 10000 --seed 1
+    python bench/fuzz.py --pod-lists 10000 --streams 10000 --published 10000 --seed 1
 
 Prints one Markdown row per kind, for docs/reliability.md. Exit 1 if anything was found.
 """
@@ -27,6 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent import examples
 from agent.core import Options, render_pod
+from agent.core.controllers import detect_controller
+from agent.core.journal import JOURNAL_KEY, PublishedState, Publisher, journal_body, state_from
+from agent.core.provenance import WriterCheck, writer_of
+from agent.core.published import configmap_body, configmap_name, pack
 from agent.core.ssh_config import SshPaths, render_known_hosts, render_ssh_config
 from agent.errors import ApiError, InputError
 from agent.k8s.core import parse_event
@@ -223,10 +229,97 @@ def fuzz_streams(count: int, rng: random.Random) -> tuple[Counter[str], list[str
     return outcomes, findings, slowest
 
 
+def _publication(pods: list[dict[str, Any]], rng: random.Random) -> tuple[str, list[dict[str, Any]],
+                                                                          dict[str, Any]]:
+    """A job's snapshot and journal as its leader writes them (one change after the snapshot), and the snapshot's
+    document, for mutation."""
+    options = Options(address="ip")
+    leader = pods[0]["metadata"]
+    name = configmap_name("job")
+    publisher = Publisher(PublishedState(job="job", namespace="default"), options, leader=leader["name"],
+                          leader_uid=str(leader.get("uid", "")))
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    publisher.change(by_name, list(by_name))
+    document = publisher.snapshot_document()
+    publisher.snapshot_written(publisher.state.seq)
+    publisher.start_from_snapshot()
+    moved = copy.deepcopy(rng.choice(pods))
+    moved["status"].update(podIP="127.0.9.9", podIPs=[{"ip": "127.0.9.9"}])
+    publisher.change({**by_name, moved["metadata"]["name"]: moved}, [moved["metadata"]["name"]])
+    journal = journal_body(name, publisher.journal_data(), owner=None)
+    return name, [journal], document
+
+
+def fuzz_published(count: int, rng: random.Random) -> tuple[Counter[str], list[str], float]:
+    outcomes: Counter[str] = Counter()
+    findings: list[str] = []
+    slowest = 0.0
+    for i in range(count):
+        pods = JOBS[i % len(JOBS)]()
+        name, items, document = _publication(pods, rng)
+        leader = pods[0]["metadata"]
+        kind = rng.random()
+        if kind < 0.35:  # the snapshot's document
+            _mutate([document], rng)
+        packed = pack(document)
+        if kind >= 0.85:  # the compressed bytes
+            data = bytearray(packed)
+            for _ in range(rng.randint(1, 6)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            packed = bytes(data[:rng.randrange(len(data) + 1)] if rng.random() < 0.3 else data)
+        snapshot = configmap_body(name, packed, generation=int(document.get("generation", 1))
+                                  if isinstance(document.get("generation"), int) else 1,
+                                  leader=leader["name"], leader_uid=str(leader.get("uid", "")), owner=None)
+        items = [snapshot, *items]
+        if 0.35 <= kind < 0.6:  # the journal's entries, decoded and mutated
+            entries = json.loads(items[1]["data"][JOURNAL_KEY])
+            _mutate([{"entries": entries}], rng)
+            items[1]["data"][JOURNAL_KEY] = json.dumps(entries)
+        elif 0.6 <= kind < 0.85:  # the ConfigMaps' own fields (data, binaryData, the writer)
+            _mutate(items, rng)
+        me = rng.choice(pods)["metadata"]["name"]
+        started = time.monotonic()
+        signal.alarm(5)
+        try:
+            controller = detect_controller(pods[0], Options())
+            check = WriterCheck(controller, Options(), controller.identify(pods[0], Options()).job, "default", None)
+            for writer, what in check.pending(items, name):
+                path = check.path(writer)
+                check.judge(writer, next((p for p in pods if path and p["metadata"]["name"] == writer.name), None),
+                            what)
+                if path is not None and ("\n" in path or ".." in path):
+                    findings.append(f"published {i}: a request path from data.leader: {path!r}")
+            for item in items:
+                writer_of(item)
+            state, _ = state_from(items, name)
+            if state is None or me not in state.pods:
+                outcomes["not usable"] += 1
+                continue
+            rendered = render_pod(list(state.pods.values()), me, Options(address="ip"),
+                                  nodes=state.node_labels(), checked=True)  # as a follower's init renders them
+            problem = check_files(rendered)
+            outcomes["published rendered"] += 1
+            if problem:
+                findings.append(f"published {i}: injected into {problem}")
+        except InputError as err:
+            outcomes["published refused"] += 1
+            if "\n" in str(err):
+                findings.append(f"published {i}: a message of several lines: {str(err)[:300]!r}")
+        except Hang:
+            findings.append(f"published {i}: over 5 s")
+        except Exception as err:
+            findings.append(f"published {i}: {type(err).__name__}: {str(err)[:100]} at {_where(err)}")
+        finally:
+            signal.alarm(0)
+        slowest = max(slowest, time.monotonic() - started)
+    return outcomes, findings, slowest
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pod-lists", type=int, default=10000)
     parser.add_argument("--streams", type=int, default=10000)
+    parser.add_argument("--published", type=int, default=10000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     signal.signal(signal.SIGALRM, _alarm)
@@ -237,8 +330,9 @@ def main() -> int:
     print("| input | tried | outcomes | findings | slowest (s) |")
     print("|---|---|---|---|---|")
     found = []
-    for kind, run, count in (("pod lists", fuzz_pod_lists, args.pod_lists), ("watch streams", fuzz_streams,
-                                                                              args.streams)):
+    for kind, run, count in (("pod lists", fuzz_pod_lists, args.pod_lists),
+                             ("watch streams", fuzz_streams, args.streams),
+                             ("published topologies", fuzz_published, args.published)):
         started = time.monotonic()
         outcomes, findings, slowest = run(count, rng)
         found += findings

@@ -151,7 +151,7 @@ def steady(sandbox: SandboxThread, tmp: Path, n: int, changes: int, gap: float, 
     emitted: list[tuple[float, int, str, str]] = []
     seen: dict[int, set[tuple[str, str]]] = {}
     for i in range(changes):
-        name, ip = workers[i % len(workers)], examples.loopback_ip(9000 + i)
+        name, ip = workers[i % len(workers)], examples.loopback_ip(n + i)  # past every pod's own
         at = time.monotonic()
         obj = sandbox.set_pod_ip("default", name, ip)
         emitted.append((at, int(obj["metadata"]["resourceVersion"]), name, ip))

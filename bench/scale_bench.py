@@ -55,7 +55,8 @@ def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int, sour
     emitted, versions = [], []
     for i in range(changes):
         emitted.append(time.monotonic())
-        obj = sandbox.set_pod_ip("default", f"demo-worker-{2 + i}", examples.loopback_ip(9000 + i))
+        new_ip = examples.loopback_ip(pods + i)  # past every pod's own address, at any size (issue 24)
+        obj = sandbox.set_pod_ip("default", f"demo-worker-{2 + i}", new_ip)
         versions.append(int(obj["metadata"]["resourceVersion"]))
         time.sleep(gap)
     time.sleep(2.0)

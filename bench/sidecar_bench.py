@@ -91,7 +91,7 @@ def main() -> None:
         emitted, versions = [], []
         for i in range(args.changes):
             name = f"demo-worker-{2 + i % (args.pods - 3)}"
-            ip = examples.loopback_ip(5000 + i)
+            ip = examples.loopback_ip(args.pods + i)  # past every pod's address
             emitted.append(time.monotonic())
             versions.append(int(sandbox.set_pod_ip("default", name, ip)["metadata"]["resourceVersion"]))
             time.sleep(args.gap)

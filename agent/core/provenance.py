@@ -22,6 +22,8 @@ from agent.core.controllers import Controller
 from agent.core.gang import Roster
 from agent.core.journal import journal_name
 from agent.core.model import Options, RawPod
+from agent.core.topology import pod_name
+from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
 
 
@@ -58,14 +60,17 @@ class WriterCheck:
         wanted = (snapshot_name, journal_name(snapshot_name))
         found: dict[Writer, str] = {}
         for item in items:
-            name = (item.get("metadata") or {}).get("name") if isinstance(item, dict) else None
+            name = pod_name(item)  # any object's name, or ""
             if name in wanted:
                 writer = writer_of(item)
                 if writer not in self.accepted and writer != self.me and writer not in found:
                     found[writer] = name
         return list(found.items())
 
-    def path(self, writer: Writer) -> str:
+    def path(self, writer: Writer) -> str | None:
+        """Where to read the writer pod; None when ``data.leader`` is no pod name (never put into a URL)."""
+        if not writer.name or not is_dns1123_subdomain(writer.name):
+            return None
         return f"/api/v1/namespaces/{self.namespace}/pods/{writer.name}"
 
     def judge(self, writer: Writer, pod: RawPod | None, what: str) -> str | None:
@@ -80,6 +85,8 @@ class WriterCheck:
     def _refusal(self, writer: Writer, pod: RawPod | None) -> str | None:
         if not writer.name or not writer.uid:
             return "it does not name the pod that wrote it (data.leader and data.leaderUid)"
+        if not is_dns1123_subdomain(writer.name):
+            return f"data.leader {writer.name[:80]!r} is not a pod name"
         if pod is None:
             return f"its writer, pod '{writer.name}', does not exist"
         uid = (pod.get("metadata") or {}).get("uid")

@@ -168,8 +168,9 @@ def decode(data: bytes) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise _refuse("not an object")
     if document.get("schema") != SCHEMA:
-        raise InputError(f"the published topology has schema {str(document.get('schema'))[:20]}, this agent reads "
-                         f"{SCHEMA}; run one agent version per job")
+        shown = json.dumps(document.get("schema"))[:20]  # one line, whatever a forged document holds
+        raise InputError(f"the published topology has schema {shown}, this agent reads {SCHEMA}; run one agent "
+                         "version per job")
     if not isinstance(document.get("generation", 0), int) or isinstance(document.get("generation"), bool):
         raise _refuse("generation is not a whole number")
     return document

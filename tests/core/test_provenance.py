@@ -94,3 +94,13 @@ def test_after_a_takeover_the_new_writer_is_pending_until_read():
     snapshot, _ = published_items(LEADER)
     _, journal = published_items(standby)
     assert judged.pending([snapshot, journal], "demo-topology") == [(standby, "demo-topology-journal")]
+
+
+@pytest.mark.parametrize("name", ["../../secrets/token", "demo-master-0/status", "Demo", "a" * 254, "x\ny"])
+def test_a_writer_name_that_is_no_pod_name_is_refused_without_a_read(name):
+    """``data.leader`` is anyone's to write without the policy: it never becomes part of a request path."""
+    writer = Writer(name, "u")
+    judged = check()
+    assert judged.path(writer) is None
+    why = judged.judge(writer, None, "demo-topology")
+    assert why is not None and "is not a pod name" in why and "\n" not in why

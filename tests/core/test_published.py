@@ -10,6 +10,7 @@ from agent.core.controllers import CONTROLLERS
 from agent.core.gang import Expectation
 from agent.core.journal import PublishedState, Publisher
 from agent.core.published import configmap_name, decode, is_leader, leader_identity, pack
+from agent.errors import InputError
 
 JOBS = [
     ("volcano", examples.volcano_job, "demo-worker-2"),
@@ -105,3 +106,10 @@ def test_every_label_a_controller_reads_is_published():
     pod = examples.volcano_job()[0]
     pod["metadata"]["labels"] = {key: "x" for key in keys} | {"unrelated.example.com/label": "y"}
     assert set(_row(pod, Options(), {})[2]) == keys
+
+
+def test_a_forged_schema_is_shown_on_one_line():
+    """Found by bench/fuzz.py --published (issue 23): the schema value was echoed raw into the refusal."""
+    with pytest.raises(InputError) as refused:
+        decode(pack({"schema": "worker\nHost *\n ProxyCommand x"}))
+    assert "\n" not in str(refused.value) and 'has schema "worker\\nHost *' in str(refused.value)

@@ -239,7 +239,7 @@ class JournalFollower:
             self._unusable(err)
             return False
         if state is None:
-            if journal is not None and any(i.get("metadata", {}).get("name") == self.configmap for i in items):
+            if journal is not None and any(pod_name(i) == self.configmap for i in items):
                 # Read in one LIST, the journal must reach back to the snapshot (the leader writes the snapshot
                 # before the journal that needs it): one that starts after it was not written by the leader.
                 self.host.switch(Mode.PODS, f"the published journal starts after its snapshot (sequence "
