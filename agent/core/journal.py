@@ -38,7 +38,7 @@ from agent.core.published import (
     node_labels_of,
     select_value,
 )
-from agent.core.topology import pod_name
+from agent.core.topology import object_name
 from agent.core.validation import check_pod
 
 JOURNAL_KEY = "changes.json"
@@ -268,7 +268,7 @@ def state_from(items: list[dict[str, Any]], snapshot_name: str, *,
                pods: bool = True) -> tuple[PublishedState | None, Journal | None]:
     """The snapshot's state brought forward by the journal, from one LIST of both objects; the state is None
     when there is no snapshot yet or the journal has moved past it (read again). ``pods``: keep the pods too."""
-    by_name = {pod_name(item): item for item in items if isinstance(item, dict)}  # any object's name, or ""
+    by_name = {object_name(item): item for item in items if isinstance(item, dict)}  # any object's name, or ""
     journal = read_journal(by_name[journal_name(snapshot_name)]) if journal_name(snapshot_name) in by_name else None
     snapshot = by_name.get(snapshot_name)
     document = decode_configmap(snapshot) if snapshot is not None else None

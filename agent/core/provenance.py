@@ -22,7 +22,7 @@ from agent.core.controllers import Controller
 from agent.core.gang import Roster
 from agent.core.journal import journal_name
 from agent.core.model import Options, RawPod
-from agent.core.topology import pod_name
+from agent.core.topology import object_name
 from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
 
@@ -60,7 +60,7 @@ class WriterCheck:
         wanted = (snapshot_name, journal_name(snapshot_name))
         found: dict[Writer, str] = {}
         for item in items:
-            name = pod_name(item)  # any object's name, or ""
+            name = object_name(item)  # any object's name, or ""
             if name in wanted:
                 writer = writer_of(item)
                 if writer not in self.accepted and writer != self.me and writer not in found:

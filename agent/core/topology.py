@@ -85,10 +85,15 @@ class Plan:
     slots_source: dict[str, str]
 
 
-def pod_name(pod: RawPod) -> str:
-    meta = pod.get("metadata") if isinstance(pod, dict) else None
+def object_name(obj: object) -> str:
+    """Any API object's name, or "" (whatever shape a forged object has)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
     name = meta.get("name") if isinstance(meta, dict) else None
     return name if isinstance(name, str) else ""
+
+
+def pod_name(pod: RawPod) -> str:
+    return object_name(pod)
 
 
 def pod_ip(pod: RawPod) -> str | None:

@@ -28,7 +28,7 @@ from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, pack, select_value
-from agent.core.topology import NodeLabels, pod_name
+from agent.core.topology import NodeLabels, object_name
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, GangTimeout
 from agent.k8s.core import WatchEvent
 from agent.k8s.reflector import BlockingOps, Reflector, Settings, run
@@ -194,7 +194,7 @@ class _Published:
         obj = event.object
         if not self._vouched([obj]):
             return True
-        if pod_name(obj) == self.name:
+        if object_name(obj) == self.name:
             document = decode_configmap(obj)
             self.state = PublishedState.from_document(document) if document is not None else None
             if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
@@ -232,7 +232,7 @@ class JournalWriter:
         self.publisher = Publisher(state, self.options, leader=self.leader, leader_uid=self.leader_uid,
                                    journal=journal.entries if journal else ())
         self.publisher.standby = journal.standby if journal is not None and journal.leader == self.leader else ()
-        snapshot = next((i for i in items if pod_name(i) == self.name), None)
+        snapshot = next((i for i in items if object_name(i) == self.name), None)
         if snapshot is not None and writer_of(snapshot) != Writer(self.leader, self.leader_uid):
             # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation):
             # rewritten first, so readers need check only this pod (core/provenance.py).

@@ -28,7 +28,7 @@ from agent.core.lease import read_record
 from agent.core.model import RawPod
 from agent.core.provenance import WriterCheck
 from agent.core.published import SELECT_LABEL, Compactor, select_value
-from agent.core.topology import pod_name, slim_pod
+from agent.core.topology import object_name, pod_name, slim_pod
 from agent.errors import ApiError, ApiGone, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.core import PAGE, WatchEvent
@@ -239,7 +239,7 @@ class JournalFollower:
             self._unusable(err)
             return False
         if state is None:
-            if journal is not None and any(pod_name(i) == self.configmap for i in items):
+            if journal is not None and any(object_name(i) == self.configmap for i in items):
                 # Read in one LIST, the journal must reach back to the snapshot (the leader writes the snapshot
                 # before the journal that needs it): one that starts after it was not written by the leader.
                 self.host.switch(Mode.PODS, f"the published journal starts after its snapshot (sequence "
