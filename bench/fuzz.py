@@ -106,7 +106,10 @@ def check_files(rendered: Any) -> str | None:
     topo = rendered.plan.topology
     files = {k: v.decode() for k, v in rendered.files.items()}
     hostfile = files["hostfile"].splitlines()
-    if hostfile != [f"{m.address} slots={m.slots}" for m in topo.training]:
+    first = {}  # hostNetwork pods may share an address: a host list names each address once, its first member
+    for member in topo.training:
+        first.setdefault(member.address, member)
+    if hostfile != [f"{m.address} slots={m.slots}" for m in first.values()]:
         return "hostfile"
     for member in topo.members:
         if not _HOST_LINE.fullmatch(member.address):
@@ -116,7 +119,7 @@ def check_files(rendered: Any) -> str | None:
     if any(parsed.get(k) != v for k, v in written.items()) or not set(parsed) <= {v.name for v in rendered.variables}:
         return "torch.env"
     body = files["discover_hosts.sh"].split("<<'EOF'\n", 1)[1].rsplit("EOF\n", 1)[0].splitlines()
-    if body != [f"{m.address}:{m.slots}" for m in topo.training if m.running]:
+    if body != [f"{m.address}:{m.slots}" for m in first.values() if m.running]:
         return "discover_hosts.sh"
     known = render_known_hosts(topo, "ssh-ed25519 AAAA job-ca", 2222)
     if len([line for line in known.splitlines() if line and not line.startswith("#")]) != 1:
