@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import subprocess
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import MPIJOB, PYTORCHJOB, VOLCANO
 from agent.core.gang import JobView, roster_of
+from agent.errors import InputError
 from agent.runtime.demo import volcano_owner
 
 OWNER = volcano_owner()
@@ -104,3 +106,36 @@ def test_each_variable_is_exported_once_and_bash_sees_the_value_written(roles, t
     env = dict(item.split("=", 1) for item in seen.decode().split("\0") if "=" in item)
     for name, value in written.items():
         assert env.get(name) == value, name
+
+
+def test_the_generic_selector_promises_its_labels_and_no_more():
+    """docs/security.md, "Membership is the job's": the generic `--selector` mode reads no job object, so nothing
+    can be checked beyond the labels. A pod with the labels joins (that is the mode's contract); its values pass
+    the same checks as everyone's, and each variable is exported once. What it cannot promise: a second pod that
+    claims a member's index is refused with both names for every pod until one is deleted, since nothing tells
+    which one is the job's (with a job object, the roster leaves the one the job does not own out)."""
+    from agent.core.controllers import GENERIC
+    from agent.core.gang import job_reads
+
+    options = Options(selector="app=train,run=r1", index_label="idx", address="ip")
+    pods = [examples.make_pod(f"w-{i}", labels={"app": "train", "run": "r1", "idx": str(i)},
+                              ip=examples.loopback_ip(i)) for i in range(3)]
+    reads = job_reads(pods[0], options)
+    with pytest.raises(StopIteration) as read:
+        next(reads)  # no object to read
+    view = read.value.value
+    assert view.controller is GENERIC and view.objects == () and roster_of(view) is None  # nothing to check
+    stranger = examples.make_pod("anyone", labels={"app": "train", "run": "r1", "idx": "3"},
+                                 ip=examples.loopback_ip(9))
+    rendered = render_pod([*pods, stranger], "w-0", options)
+    assert rendered.plan.topology.me.name == "w-0" and len(rendered.plan.topology.training) == 4  # it joins
+    hostile = examples.make_pod("hostile", labels={"app": "train", "run": "r1", "idx": "4"},
+                                ip="127.0.0.1\n ProxyCommand x")
+    with pytest.raises(InputError, match="hostile"):
+        render_pod([*pods, hostile], "w-0", options)  # its values are checked like everyone's
+    text = render_pod([*pods, stranger], "w-0", options).files["torch.env"].decode()
+    names = [line.split("=", 1)[0] for line in text.splitlines() if line.startswith("export ")]
+    assert len(names) == len(set(names))
+    twin = examples.make_pod("twin", labels={"app": "train", "run": "r1", "idx": "1"}, ip=examples.loopback_ip(8))
+    with pytest.raises(InputError, match="pods 'w-1' and 'twin' both claim role 'worker' index 1; delete the stale"):
+        render_pod([*pods, twin], "w-0", options)
