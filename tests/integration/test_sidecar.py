@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -439,11 +440,40 @@ def test_a_follower_leaves_a_journal_that_a_pod_of_another_job_rewrote_and_follo
         wait_for(lambda: world(tmp_path / "demo-worker-2")[0] == "5", what="the follower sees the new worker")
     finally:
         stop_sidecars(procs)
-    # a follower that starts now refuses the copy at once
-    procs = {n: start_sidecar(sandbox, tmp_path, n) for n in ("demo-worker-1",)}
+    # a follower that starts now (the same pod's sidecar, restarted) refuses the copy at once
+    procs = {n: start_sidecar(sandbox, tmp_path, n) for n in ("demo-worker-2",)}
     try:
-        log = tmp_path / "demo-worker-1.log"
+        log = tmp_path / "demo-worker-2.log"
         wait_for(lambda: log.exists() and "(pods)" in log.read_text(), what="the pods followed from the start")
         assert "the published topology is not used (configmap demo-topology-journal: its writer" in log.read_text()
+    finally:
+        stop_sidecars(procs)
+
+
+def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_followers_use_it(sandbox, tmp_path):
+    """Issue 23, H3: readers accept a copy only from the pod that holds the writer's name *and* uid. Volcano
+    re-creates a failed pod under its name with a new uid: the new leader's sidecar must not be locked out by
+    its earlier incarnation's copy. It stays the candidate, rewrites the snapshot first and then the journal under
+    its new uid (the policy admits it: the name is the leader's), and a follower that starts then uses them."""
+    pods = published_job(sandbox, tmp_path, 3)
+    old_uid = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology")["data"]["leaderUid"]
+    sandbox.delete_pod("default", "demo-master-0")
+    reborn = copy.deepcopy(pods[0])
+    reborn["metadata"]["uid"] = "6f1e2d3c-0000-4000-8000-00000000abcd"
+    sandbox.create_pod(reborn)
+    procs = {"demo-master-0": start_sidecar(sandbox, tmp_path, "demo-master-0")}
+    try:
+        def rewritten() -> bool:
+            store = sandbox.sandbox.store
+            return all(store.get("/v1/configmaps", "default", name)["data"]["leaderUid"] == reborn["metadata"]["uid"]
+                       for name in ("demo-topology", "demo-topology-journal"))
+        wait_for(rewritten, what="the snapshot and the journal rewritten under the new uid")
+        assert old_uid == pods[0]["metadata"]["uid"] != reborn["metadata"]["uid"]
+        procs["demo-worker-2"] = start_sidecar(sandbox, tmp_path, "demo-worker-2")
+        log = tmp_path / "demo-worker-2.log"
+        wait_for(lambda: "(follower)" in log.read_text(), what="the follower follows the journal")
+        add_worker(sandbox, 3, 82)
+        wait_for(lambda: world(tmp_path / "demo-worker-2")[0] == "5", what="the follower sees the new worker")
+        assert "not used" not in log.read_text()
     finally:
         stop_sidecars(procs)

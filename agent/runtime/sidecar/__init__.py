@@ -231,16 +231,19 @@ class Sidecar:
         except InputError as err:
             log.warning("the published topology is not usable (%s); following the pods", err)
             return
-        assert self.check is not None
-        why = await vouch_async(self.api.get_object, self.check, items, self.configmap)
-        if why is not None:
-            log.warning("the published topology is not used (%s); following the pods", why)
-            return
         if state is None and journal is None:
             return
-        if state is not None:
-            self.membership.nodes.update(state.node_labels())  # a standby need not read the Nodes the leader read
         me = self.settings.pod_name
+        candidate = journal is not None and (journal.leader == me or me in journal.standby)
+        assert self.check is not None
+        why = await vouch_async(self.api.get_object, self.check, items, self.configmap)
+        if why is not None and not candidate:  # a follower uses the rows: their writer must be a member
+            log.warning("the published topology is not used (%s); following the pods", why)
+            return
+        # A candidate watches the pods itself; the copy only names it (this pod's earlier incarnation, under
+        # another uid, may have written it: it rewrites it once it leads). Labels come only from a vouched copy.
+        if state is not None and why is None:
+            self.membership.nodes.update(state.node_labels())  # a standby need not read the Nodes the leader read
         self.elector = Elector(self.api, self.settings.namespace, self.configmap, me, owner=self.owner,
                                timing=Timing(self.settings.lease_seconds),
                                named_leader=journal is not None and journal.leader == me)
@@ -248,7 +251,7 @@ class Sidecar:
         self.journal = JournalFollower(self, self.api, namespace=self.settings.namespace, configmap=self.configmap,
                                        settings=self.settings.reflecting, grace=2.0 * self.settings.lease_seconds,
                                        **probe)  # type: ignore[arg-type]
-        if journal is not None and (journal.leader == me or me in journal.standby):
+        if candidate:
             self.mode = Mode.CANDIDATE
             self.candidate.set()
         else:
