@@ -218,6 +218,7 @@ class JournalWriter:
         self.collection = f"/api/v1/namespaces/{namespace}/configmaps"
         self.publisher: Publisher | None = None  # what this leader has published, and the journal
         self.written_rv: dict[str, str] = {}
+        self.rewrite_snapshot = False  # the snapshot names another writer: rewrite it after the next journal
 
     async def _start(self) -> set[str]:
         """Read what is published now: a new leader continues its sequence. The pods to publish again."""
@@ -233,10 +234,10 @@ class JournalWriter:
                                    journal=journal.entries if journal else ())
         self.publisher.standby = journal.standby if journal is not None and journal.leader == self.leader else ()
         snapshot = next((i for i in items if object_name(i) == self.name), None)
-        if snapshot is not None and writer_of(snapshot) != Writer(self.leader, self.leader_uid):
-            # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation):
-            # rewritten first, so readers need check only this pod (core/provenance.py).
-            self.publisher.snapshot_due = True
+        # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation) is
+        # rewritten right after the first journal (what followers wait for), so that a reader that starts later
+        # finds this pod as the writer of both, whatever became of the pod before (core/provenance.py).
+        self.rewrite_snapshot = snapshot is not None and writer_of(snapshot) != Writer(self.leader, self.leader_uid)
         return set(state.rows)  # every row is compared again: what changed while nobody published goes out
 
     async def publish(self, pods: dict[str, RawPod], touched: set[str], nodes: NodeLabels,
@@ -248,7 +249,7 @@ class JournalWriter:
         publisher = self.publisher
         assert publisher is not None
         entry = publisher.change(pods, touched, nodes)
-        if entry is None and publisher.standby == standby and not publisher.snapshot_due:
+        if entry is None and publisher.standby == standby and not self.rewrite_snapshot:
             return True
         publisher.standby = standby
         try:
@@ -261,6 +262,13 @@ class JournalWriter:
                 publisher.snapshot_written(seq)
             await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
                                                                     owner=self.owner))
+            if self.rewrite_snapshot:
+                seq = publisher.state.seq
+                await self._write(self.name, configmap_body(
+                    self.name, pack(publisher.snapshot_document()), generation=seq, leader=self.leader,
+                    leader_uid=self.leader_uid, owner=self.owner, standby=standby))
+                publisher.snapshot_written(seq)
+                self.rewrite_snapshot = False
         except ApiConflict:
             log.warning("the published topology was changed by another pod; no longer publishing")
             self.publisher = None

@@ -218,11 +218,21 @@ class JournalFollower:
                 return [], rv
             return items, rv
 
+        async def watch_journal(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
+            """The journal's events, each new writer (a standby that took over) read once before its first
+            event is used: a GET, where a relist would read the whole snapshot again in every follower."""
+            async for event in self.api.watch_objects(self.collection, rv, timeout=timeout, field_selector=journal,
+                                                      idle=idle):
+                if event.type in ("ADDED", "MODIFIED"):
+                    why = await self._vouch([event.object])
+                    if why is not None:
+                        self.host.switch(Mode.PODS, f"the published topology is not used ({why})")
+                        return
+                yield event
+
         await _until_first(
-            follow(self.host, self.what, self.settings, list_published,
-                   lambda rv, timeout, idle: self.api.watch_objects(self.collection, rv, timeout=timeout,
-                                                                    field_selector=journal, idle=idle),
-                   self._on_list, self._on_event),
+            follow(self.host, self.what, self.settings, list_published, watch_journal, self._on_list,
+                   self._on_event),
             self._watch_publisher())
 
     async def _vouch(self, items: list[Any]) -> str | None:
@@ -254,10 +264,6 @@ class JournalFollower:
     def _on_event(self, event: WatchEvent) -> bool:
         if event.type not in ("ADDED", "MODIFIED"):
             return False
-        check = self.host.check
-        if check is not None and check.pending([event.object], self.configmap):
-            # Another writer (a standby that took over): read both objects again, and its pod once, before use.
-            raise ApiGone(f"journal {journal_name(self.configmap)} has a new writer", status=410)
         try:
             journal = read_journal(event.object)
             changed = self.published.apply(journal) if self.published is not None and journal is not None else None
