@@ -36,6 +36,7 @@ from agent.core.published import (
     check_row,
     decode_configmap,
     node_labels_of,
+    pack_text,
     select_value,
 )
 from agent.core.topology import object_name
@@ -178,6 +179,7 @@ class Publisher:
         self._shape_index = {json.dumps(s, sort_keys=True, separators=(",", ":")): i
                              for i, s in enumerate(state.shapes)}
         self.snapshot_due = state.snapshot_seq < self.base
+        self._row_texts: dict[str, str] = {}  # each row's JSON, kept while the row is unchanged (snapshot_packed)
 
     @property
     def base(self) -> int:
@@ -212,6 +214,7 @@ class Publisher:
                 state.shapes.append(shape)
         for row in put:
             state.rows[row[0]] = row
+            self._row_texts.pop(row[0], None)  # encoded again at the next snapshot
         for name in gone:
             state.rows.pop(name, None)
         state.seq = entry.seq
@@ -223,6 +226,20 @@ class Publisher:
         if self.base > state.snapshot_seq:
             self.snapshot_due = True  # a follower that falls behind must find a snapshot the journal reaches
         return entry
+
+    def snapshot_packed(self) -> bytes:
+        """``pack(self.snapshot_document())``, byte for byte, from each row's JSON kept since the row last
+        changed: encoding every row again was ~3/4 of a 16384-pod snapshot's 47 ms, paid every few changes."""
+        state, texts = self.state, self._row_texts
+        if len(texts) != len(state.rows) or texts.keys() != state.rows.keys():
+            for name in [n for n in texts if n not in state.rows]:
+                del texts[name]
+            for name in state.rows.keys() - texts.keys():
+                texts[name] = json.dumps(state.rows[name], separators=(",", ":"))
+        head = json.dumps({"schema": SCHEMA, "job": state.job, "namespace": state.namespace,
+                           "generation": state.seq, "containers": state.shapes}, separators=(",", ":"))
+        text = head[:-1] + ',"pods":[' + ",".join([texts[name] for name in sorted(texts)]) + "]}"
+        return pack_text(text)
 
     def snapshot_document(self) -> dict[str, Any]:
         """The snapshot at the current sequence; the caller writes it, then calls ``snapshot_written``."""

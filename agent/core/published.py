@@ -139,7 +139,11 @@ class Compactor:
 
 def pack(document: dict[str, Any]) -> bytes:
     """A snapshot document as stored in the ConfigMap (``decode`` reads it back)."""
-    return gzip.compress(json.dumps(document, separators=(",", ":")).encode(), compresslevel=1, mtime=0)
+    return pack_text(json.dumps(document, separators=(",", ":")))
+
+
+def pack_text(text: str) -> bytes:
+    return gzip.compress(text.encode(), compresslevel=1, mtime=0)
 
 
 # What decoding a published document may cost, whatever its bytes say (a gzip bomb of `{}` drove followers to

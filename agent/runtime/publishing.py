@@ -27,7 +27,7 @@ from agent.core.journal import (
 from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
-from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, pack, select_value
+from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, select_value
 from agent.core.topology import NodeLabels, object_name
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, GangTimeout
 from agent.k8s.core import WatchEvent
@@ -96,7 +96,7 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods], nodes)
     seq = publisher.state.seq
-    data = pack(publisher.snapshot_document())
+    data = publisher.snapshot_packed()
     publisher.snapshot_written(seq)
     publisher.start_from_snapshot()
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
@@ -255,7 +255,7 @@ class JournalWriter:
         try:
             if publisher.snapshot_due:
                 seq = publisher.state.seq
-                body = configmap_body(self.name, pack(publisher.snapshot_document()), generation=seq,
+                body = configmap_body(self.name, publisher.snapshot_packed(), generation=seq,
                                       leader=self.leader, leader_uid=self.leader_uid, owner=self.owner,
                                       standby=standby)
                 await self._write(self.name, body)
@@ -265,7 +265,7 @@ class JournalWriter:
             if self.rewrite_snapshot:
                 seq = publisher.state.seq
                 await self._write(self.name, configmap_body(
-                    self.name, pack(publisher.snapshot_document()), generation=seq, leader=self.leader,
+                    self.name, publisher.snapshot_packed(), generation=seq, leader=self.leader,
                     leader_uid=self.leader_uid, owner=self.owner, standby=standby))
                 publisher.snapshot_written(seq)
                 self.rewrite_snapshot = False
