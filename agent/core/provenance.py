@@ -82,6 +82,14 @@ class WriterCheck:
             return None
         return f"configmap {what}: {why}; delete it if no pod of this job wrote it"
 
+    def superseded(self, writer: Writer, pod: RawPod | None) -> bool:
+        """The writer pod was re-created: a pod of that name is a member of this job now, under another uid.
+        Not a forgery to flee: the copy names that pod, so its sidecar is the one that publishes again (a whole
+        job restarted by its controller, or the leader's pod alone); a reader may wait for it."""
+        if pod is None or not writer.uid or (pod.get("metadata") or {}).get("uid") == writer.uid:
+            return False
+        return self._refusal(Writer(writer.name, str((pod.get("metadata") or {}).get("uid"))), pod) is None
+
     def _refusal(self, writer: Writer, pod: RawPod | None) -> str | None:
         if not writer.name or not writer.uid:
             return "it does not name the pod that wrote it (data.leader and data.leaderUid)"

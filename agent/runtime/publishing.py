@@ -51,9 +51,11 @@ def lease_path(namespace: str, name: str = "") -> str:
     return f"{collection}/{name}" if name else collection
 
 
-def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[Any], name: str) -> str | None:
-    """Why the published objects among ``items`` must not be used (the first writer refused), or None. Each new
-    writer pod is read once (core/provenance.py)."""
+def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[Any],
+          name: str) -> tuple[str | None, bool]:
+    """Why the published objects among ``items`` must not be used (the first writer refused), or None; and
+    whether that writer was only superseded (re-created: it publishes again). Each new writer pod is read once
+    (core/provenance.py)."""
     for writer, what in check.pending(items, name):
         path = check.path(writer)
         try:
@@ -61,16 +63,17 @@ def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[
         except ApiNotFound:
             pod = None
         except ApiForbidden as err:
-            return f"configmap {what}: cannot read its writer pod '{writer.name}' ({err})"
+            return f"configmap {what}: cannot read its writer pod '{writer.name}' ({err})", False
         why = check.judge(writer, pod, what)
         if why is not None:
-            return why
-    return None
+            return why, check.superseded(writer, pod)
+    return None, False
 
 
 async def vouch_async(get: Callable[[str], Awaitable[dict[str, Any]]], check: WriterCheck, items: list[Any],
                       name: str) -> str | None:
-    """``vouch`` with the sidecar's client."""
+    """``vouch`` with the sidecar's client (a sidecar does not wait for a superseded writer: it follows the pods
+    and looks back every probe interval)."""
     for writer, what in check.pending(items, name):
         path = check.path(writer)
         try:
@@ -167,11 +170,13 @@ class _Published:
     """init's side of the reflector over the published ConfigMaps: the snapshot and the journal, as they come,
     each checked for who wrote it before it is used."""
 
-    def __init__(self, name: str, pod_name: str, judge: Callable[[list[Any]], str | None] | None) -> None:
+    def __init__(self, name: str, pod_name: str,
+                 judge: Callable[[list[Any]], tuple[str | None, bool]] | None) -> None:
         self.name, self.pod_name, self.judge = name, pod_name, judge
         self.state: PublishedState | None = None
         self.journal: Journal | None = None
         self.refused: str | None = None
+        self.superseded: str | None = None  # written by an earlier incarnation of a member: wait for it
 
     def has_me(self) -> bool:
         return self.state is not None and self.pod_name in self.state.pods
@@ -180,9 +185,22 @@ class _Published:
         return self.refused is not None or self.has_me()
 
     def _vouched(self, items: list[Any]) -> bool:
-        if self.judge is not None and self.refused is None:
-            self.refused = self.judge(items)
-        return self.refused is None
+        """True when ``items`` may be used. A copy written by an earlier incarnation of a member (its controller
+        re-created the pod) is not: but that pod publishes again, so init waits for it as for a first
+        publication (with every pod re-created, reading the pods instead would make each of them list them all)."""
+        if self.judge is None or self.refused is not None:
+            return self.refused is None
+        why, superseded = self.judge(items)
+        if why is None:
+            self.superseded = None
+            return True
+        if not superseded:
+            self.refused = why
+        elif self.superseded is None:
+            self.superseded = why
+            log.info("waiting for the published topology to be written again (%s)", why)
+            self.state, self.journal = None, None
+        return False
 
     def on_list(self, items: list[dict[str, Any]]) -> None:
         if self._vouched(items):
@@ -260,6 +278,7 @@ class JournalWriter:
                                       standby=standby)
                 await self._write(self.name, body)
                 publisher.snapshot_written(seq)
+                self.rewrite_snapshot = False  # written by this pod now
             await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
                                                                     owner=self.owner))
             if self.rewrite_snapshot:

@@ -104,3 +104,19 @@ def test_a_writer_name_that_is_no_pod_name_is_refused_without_a_read(name):
     assert judged.path(writer) is None
     why = judged.judge(writer, None, "demo-topology")
     assert why is not None and "is not a pod name" in why and "\n" not in why
+
+
+def test_a_member_re_created_under_its_name_has_superseded_its_copy_a_stranger_has_not():
+    """A copy whose writer's name is now a member under another uid was written by that member's earlier
+    incarnation (the policy binds the name to the writer's token): init waits for it to publish again instead of
+    making every follower list every pod. Any other refusal is not a supersession."""
+    judged = check()
+    reborn = pod("demo-master-0", uid="re-created")
+    assert judged.judge(LEADER, reborn, "demo-topology") is not None  # not used as it is
+    assert judged.superseded(LEADER, reborn)
+    assert not judged.superseded(LEADER, pod("demo-master-0"))  # the same uid: nothing superseded
+    assert not judged.superseded(LEADER, None)  # gone: nobody will publish under that name
+    assert not judged.superseded(LEADER, {**unowned("demo-master-0"), "metadata": {
+        **unowned("demo-master-0")["metadata"], "uid": "x"}})  # a pod the job does not own
+    assert not judged.superseded(Writer("demo-master-0", ""), reborn)  # no uid named: not a leader's write
+    assert not judged.superseded(Writer("other-master-0", "u1"), pod("other-master-0", uid="u9"))
