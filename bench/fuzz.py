@@ -131,6 +131,29 @@ def check_files(rendered: Any) -> str | None:
     return None
 
 
+def _try(label: str, refused: str, outcomes: Counter[str], findings: list[str],
+         body: Callable[[], str | None]) -> float:
+    """One input under a 5 s alarm. A finding: the problem ``body`` returns, a traceback, a hang, or a refusal of
+    several lines (``refused`` counts the one-line ones). Returns the seconds it took."""
+    started = time.monotonic()
+    signal.alarm(5)
+    try:
+        problem = body()
+        if problem:
+            findings.append(f"{label}: {problem}")
+    except InputError as err:
+        outcomes[refused] += 1
+        if "\n" in str(err):
+            findings.append(f"{label}: a message of several lines: {str(err)[:300]!r}")
+    except Hang:
+        findings.append(f"{label}: over 5 s")
+    except Exception as err:
+        findings.append(f"{label}: {type(err).__name__}: {str(err)[:100]} at {_where(err)}")
+    finally:
+        signal.alarm(0)
+    return time.monotonic() - started
+
+
 def fuzz_pod_lists(count: int, rng: random.Random) -> tuple[Counter[str], list[str], float]:
     outcomes: Counter[str] = Counter()
     findings: list[str] = []
@@ -140,25 +163,14 @@ def fuzz_pod_lists(count: int, rng: random.Random) -> tuple[Counter[str], list[s
         _mutate(pods, rng)
         names = [p["metadata"]["name"] for p in pods if isinstance(p, dict) and isinstance(p.get("metadata"), dict)
                  and isinstance(p["metadata"].get("name"), str)] or ["nobody"]
-        started = time.monotonic()
-        signal.alarm(5)
-        try:
+
+        def render(pods: list[dict[str, Any]] = pods, names: list[str] = names) -> str | None:
             rendered = render_pod(pods, rng.choice(names), Options(address=rng.choice(["dns", "ip"])))
             problem = check_files(rendered)
             outcomes["rendered"] += 1
-            if problem:
-                findings.append(f"pod list {i}: injected into {problem}")
-        except InputError as err:
-            outcomes["refused"] += 1
-            if "\n" in str(err):
-                findings.append(f"pod list {i}: a message of several lines: {str(err)[:300]!r}")
-        except Hang:
-            findings.append(f"pod list {i}: over 5 s")
-        except Exception as err:
-            findings.append(f"pod list {i}: {type(err).__name__}: {str(err)[:100]} at {_where(err)}")
-        finally:
-            signal.alarm(0)
-        slowest = max(slowest, time.monotonic() - started)
+            return f"injected into {problem}" if problem else None
+
+        slowest = max(slowest, _try(f"pod list {i}", "refused", outcomes, findings, render))
     return outcomes, findings, slowest
 
 
@@ -281,40 +293,31 @@ def fuzz_published(count: int, rng: random.Random) -> tuple[Counter[str], list[s
         elif 0.6 <= kind < 0.85:  # the ConfigMaps' own fields (data, binaryData, the writer)
             _mutate(items, rng)
         me = rng.choice(pods)["metadata"]["name"]
-        started = time.monotonic()
-        signal.alarm(5)
-        try:
+
+        def follow(pods: list[dict[str, Any]] = pods, items: list[dict[str, Any]] = items, name: str = name,
+                   me: str = me) -> str | None:
             controller = detect_controller(pods[0], Options())
-            check = WriterCheck(controller, Options(), controller.identify(pods[0], Options()).job, "default", None)
+            check = WriterCheck(controller, Options(), controller.identify(pods[0], Options()).job,
+                                "default", None)
             for writer, what in check.pending(items, name):
                 path = check.path(writer)
-                check.judge(writer, next((p for p in pods if path and p["metadata"]["name"] == writer.name), None),
-                            what)
+                check.judge(writer, next((p for p in pods if path and p["metadata"]["name"] == writer.name),
+                                         None), what)
                 if path is not None and ("\n" in path or ".." in path):
-                    findings.append(f"published {i}: a request path from data.leader: {path!r}")
+                    return f"a request path from data.leader: {path!r}"
             for item in items:
                 writer_of(item)
             state, _ = state_from(items, name)
             if state is None or me not in state.pods:
                 outcomes["not usable"] += 1
-                continue
+                return None
             rendered = render_pod(list(state.pods.values()), me, Options(address="ip"),
                                   nodes=state.node_labels(), checked=True)  # as a follower's init renders them
             problem = check_files(rendered)
             outcomes["published rendered"] += 1
-            if problem:
-                findings.append(f"published {i}: injected into {problem}")
-        except InputError as err:
-            outcomes["published refused"] += 1
-            if "\n" in str(err):
-                findings.append(f"published {i}: a message of several lines: {str(err)[:300]!r}")
-        except Hang:
-            findings.append(f"published {i}: over 5 s")
-        except Exception as err:
-            findings.append(f"published {i}: {type(err).__name__}: {str(err)[:100]} at {_where(err)}")
-        finally:
-            signal.alarm(0)
-        slowest = max(slowest, time.monotonic() - started)
+            return f"injected into {problem}" if problem else None
+
+        slowest = max(slowest, _try(f"published {i}", "published refused", outcomes, findings, follow))
     return outcomes, findings, slowest
 
 
