@@ -208,10 +208,9 @@ def fuzz_streams(count: int, rng: random.Random) -> tuple[Counter[str], list[str
     slowest = 0.0
     for i in range(count):
         lines = [_mutate_line(line, rng) if rng.random() < 0.5 else line for line in _event_lines(rng)]
-        pods: dict[str, Any] = {}
-        started = time.monotonic()
-        signal.alarm(5)
-        try:
+
+        def intake(lines: list[bytes] = lines) -> str | None:
+            pods: dict[str, Any] = {}
             for line in lines:
                 try:
                     event = parse_event(line)
@@ -225,22 +224,11 @@ def fuzz_streams(count: int, rng: random.Random) -> tuple[Counter[str], list[str
                     pods.pop(name, None)
                     continue
                 pods[name] = kept[0]
-            try:
-                if pods:
-                    rendered = render_pod(list(pods.values()), next(iter(pods)), Options())
-                    problem = check_files(rendered)
-                    if problem:
-                        findings.append(f"stream {i}: injected into {problem}")
-                outcomes["stream rendered"] += 1
-            except InputError:
-                outcomes["stream refused"] += 1
-        except Hang:
-            findings.append(f"stream {i}: over 5 s")
-        except Exception as err:
-            findings.append(f"stream {i}: {type(err).__name__}: {str(err)[:100]} at {_where(err)}")
-        finally:
-            signal.alarm(0)
-        slowest = max(slowest, time.monotonic() - started)
+            problem = check_files(render_pod(list(pods.values()), next(iter(pods)), Options())) if pods else None
+            outcomes["stream rendered"] += 1
+            return f"injected into {problem}" if problem else None
+
+        slowest = max(slowest, _try(f"stream {i}", "stream refused", outcomes, findings, intake))
     return outcomes, findings, slowest
 
 
