@@ -1,8 +1,5 @@
 """Issue 23, H3: the published topology's ValidatingAdmissionPolicy (manifests/policy), run by a real CEL engine
-(cel-expr-python, the Python binding of the reference C++ implementation), with the API server's evaluation
-order transcribed from apiserver's validating admission policy: the resource rules, then every matchCondition
-(a false one means the policy does not apply; an error, under failurePolicy Fail, denies), the variables, then
-each validation (false or an error denies, with its message).
+(tests/vap.py: cel-expr-python, the binding of the reference C++ implementation, in the API server's order).
 
 Each case ends in what followers do with the write: "denied" (the API server refuses it), or, once admitted,
 "used" or "refused" by the readers' own check of the writer pod (agent/core/provenance.py). The policy cannot
@@ -12,12 +9,9 @@ the job's. Every case that the review found open ends in "denied" or "refused"."
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent import examples
 from agent.core import Options
@@ -25,68 +19,11 @@ from agent.core.controllers import VOLCANO
 from agent.core.gang import JobView, roster_of
 from agent.core.provenance import Writer, WriterCheck
 from agent.runtime.demo import volcano_owner
+from tests.vap import Deny, Policy, agent_request
 
-cel = pytest.importorskip("cel_expr_python.cel", reason="cel-expr-python is a test dependency (pyproject [test])")
-from cel_expr_python.ext import ext_strings  # noqa: E402  (after the skip: the binding may be missing)
-
-POLICY_FILE = Path(__file__).resolve().parents[1] / "manifests" / "policy" / "published-topology-policy.yaml"
 NS = "team-a"
 AGENT = f"system:serviceaccount:{NS}:topology-agent"
 GC = "system:serviceaccount:kube-system:generic-garbage-collector"
-
-
-def policy_spec() -> dict[str, Any]:
-    docs = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
-    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    return policy["spec"]
-
-
-class Deny(Exception):
-    pass
-
-
-@dataclass
-class Policy:
-    """One ValidatingAdmissionPolicy, compiled once: Kubernetes' CEL environment for admission has the strings
-    extension (split) and the variables object, request, object, oldObject, params, namespaceObject."""
-
-    spec: dict[str, Any] = field(default_factory=policy_spec)
-
-    def __post_init__(self) -> None:
-        names = ("object", "oldObject", "request", "params", "namespaceObject", "variables")
-        self.env = cel.NewEnv(variables={n: cel.Type.DYN for n in names}, extensions=[ext_strings.ExtStrings()])
-        self.conditions = [(c["name"], self.env.compile(c["expression"])) for c in self.spec["matchConditions"]]
-        self.variables = [(v["name"], self.env.compile(v["expression"])) for v in self.spec["variables"]]
-        self.validations = [(self.env.compile(v["expression"]), " ".join(v["message"].split()))
-                            for v in self.spec["validations"]]
-        assert self.spec["failurePolicy"] == "Fail"
-
-    def _eval(self, expr: Any, data: dict[str, Any]) -> Any:
-        value = expr.eval(data=data)
-        if value.type() == cel.Type.ERROR:
-            raise Deny(f"expression error: {value.value()}")  # failurePolicy: Fail
-        return value.plain_value()
-
-    def admit(self, request: dict[str, Any], obj: Any, old: Any) -> bool:
-        """True when admitted, False when the policy does not apply; Deny with the message otherwise."""
-        rules = self.spec["matchConstraints"]["resourceRules"]
-        if not any(request["operation"] in r["operations"] and request["resource"]["resource"] in r["resources"]
-                   for r in rules):
-            return False
-        data = {"object": obj, "oldObject": old, "request": request, "params": None, "namespaceObject": None,
-                "variables": {}}
-        for _, condition in self.conditions:
-            if self._eval(condition, data) is not True:
-                return False
-        variables: dict[str, Any] = {}
-        for name, expr in self.variables:
-            variables[name] = self._eval(expr, {**data, "variables": variables})
-        data["variables"] = variables
-        for expr, message in self.validations:
-            if self._eval(expr, data) is not True:
-                raise Deny(message)
-        return True
-
 
 POLICY = Policy()
 OWNER = volcano_owner()
@@ -103,14 +40,8 @@ def uid(name: str) -> str:
 def request(operation: str, *, username: str = AGENT, pod: str | None = None, pod_uid: str | None = None,
             name: str = "demo-topology") -> dict[str, Any]:
     """An AdmissionRequest as the API server gives it to CEL: a bound token's pod in userInfo.extra."""
-    extra = {} if pod is None else {"authentication.kubernetes.io/pod-name": [pod],
-                                    "authentication.kubernetes.io/pod-uid": [pod_uid or uid(pod)]}
-    return {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "operation": operation, "name": name, "namespace": NS,
-            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
-            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
-            "userInfo": {"username": username, "uid": "sa-uid", "groups": ["system:serviceaccounts"],
-                         "extra": extra},
-            "dryRun": False, "options": {}}
+    return agent_request(operation, namespace=NS, pod=pod or "", pod_uid=pod_uid or (uid(pod) if pod else ""),
+                         name=name, username=username, bound=pod is not None)
 
 
 def published(leader: str, leader_uid: str | None = None, *, standby: str = f"{STANDBY},demo-worker-1",

@@ -300,6 +300,21 @@ def stop_sidecars(procs):
         log.close()
 
 
+def configmap(sandbox, name: str) -> dict:
+    return sandbox.sandbox.store.get("/v1/configmaps", "default", name)
+
+
+def policy_admits(sandbox, operation: str, writer: str, obj: dict, old: dict | None) -> bool:
+    """What manifests/policy says of the agent's real write ``obj`` (over ``old``) by pod ``writer``'s bound token,
+    evaluated by a real CEL engine (tests/vap.py); Deny is raised with the policy's message."""
+    from tests.vap import Policy, agent_request
+
+    pod = sandbox.sandbox.store.get("/v1/pods", "default", writer)
+    request = agent_request(operation, namespace="default", pod=writer, pod_uid=pod["metadata"]["uid"],
+                            name=obj["metadata"]["name"])
+    return Policy().admit(request, obj, old)
+
+
 def published_job(sandbox, tmp_path, workers):
     pods = create_volcano_job(sandbox, (("master", 1), ("worker", workers)))
     for pod in pods:
@@ -333,6 +348,9 @@ def test_a_follower_receives_only_the_journal_and_the_leader_names_its_standbys(
         journal = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology-journal")
         assert journal["data"]["leader"] == "demo-master-0"
         assert journal["data"]["standby"] == "demo-worker-0,demo-worker-1"
+        # Issue 23, H3: the leader's real objects pass the admission policy as a CREATE by its own pod's token
+        for name in ("demo-topology", "demo-topology-journal"):
+            assert policy_admits(sandbox, "CREATE", "demo-master-0", configmap(sandbox, name), None)
     finally:
         stop_sidecars(procs)
 
@@ -362,6 +380,7 @@ def test_when_the_leader_goes_a_standby_takes_over_and_followers_see_the_new_mem
         wait_for(lambda: "(candidate)" in (tmp_path / "demo-worker-1.log").read_text(), what="standby named")
         wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
         before = world(tmp_path / "demo-worker-4")
+        published_before = {n: configmap(sandbox, n) for n in ("demo-topology", "demo-topology-journal")}
         leader, leader_log = procs.pop("demo-master-0")
         if how == "crash":
             leader.kill()  # no release: the standbys wait out the lease
@@ -379,6 +398,15 @@ def test_when_the_leader_goes_a_standby_takes_over_and_followers_see_the_new_mem
         assert len(took) == 1
         lease = sandbox.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")
         assert lease["spec"]["holderIdentity"] == took[0] and lease["spec"]["leaseTransitions"] >= 1
+        # Issue 23, H3: the new publisher's real writes pass the admission policy as an UPDATE by its own pod
+        # (a standby the previous leader named), journal and snapshot alike.
+        wait_for(lambda: configmap(sandbox, "demo-topology")["data"]["leader"] == took[0], what="snapshot rewritten")
+        from tests.vap import Deny
+
+        for name, old in published_before.items():
+            assert policy_admits(sandbox, "UPDATE", took[0], configmap(sandbox, name), old)
+            with pytest.raises(Deny, match=r"only the pod named in data\.leader"):  # the same write by a follower
+                policy_admits(sandbox, "UPDATE", "demo-worker-4", configmap(sandbox, name), old)
         if how == "sigterm":
             assert "released lease demo-topology" in (tmp_path / "demo-master-0.log").read_text()
     finally:
@@ -457,6 +485,7 @@ def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_follow
     its new uid (the policy admits it: the name is the leader's), and a follower that starts then uses them."""
     pods = published_job(sandbox, tmp_path, 3)
     old_uid = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology")["data"]["leaderUid"]
+    earlier = {n: configmap(sandbox, n) for n in ("demo-topology", "demo-topology-journal")}
     sandbox.delete_pod("default", "demo-master-0")
     reborn = copy.deepcopy(pods[0])
     reborn["metadata"]["uid"] = "6f1e2d3c-0000-4000-8000-00000000abcd"
@@ -469,6 +498,8 @@ def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_follow
                        for name in ("demo-topology", "demo-topology-journal"))
         wait_for(rewritten, what="the snapshot and the journal rewritten under the new uid")
         assert old_uid == pods[0]["metadata"]["uid"] != reborn["metadata"]["uid"]
+        for name, old in earlier.items():  # the policy admits the new incarnation's rewrite (the leader's name)
+            assert policy_admits(sandbox, "UPDATE", "demo-master-0", configmap(sandbox, name), old)
         procs["demo-worker-2"] = start_sidecar(sandbox, tmp_path, "demo-worker-2")
         log = tmp_path / "demo-worker-2.log"
         wait_for(lambda: "(follower)" in log.read_text(), what="the follower follows the journal")
