@@ -173,6 +173,8 @@ def test_a_broken_or_forged_published_topology_is_refused_in_one_line(configmap)
 def test_the_troubleshooting_page_explains_the_new_refusals():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
     assert "not a Kubernetes label value" in doc and "published topology is not valid" in doc
+    assert "the published topology is not used (configmap <job>-topology: its writer" in doc  # issue 23, H3
+    assert "waiting for the published topology to be written again" in doc
 
 
 def test_a_5000_digit_nproc_in_the_env_is_refused_in_one_line():
