@@ -307,7 +307,7 @@ class Sidecar:
     async def evaluate_loop(self) -> None:
         while True:
             await self.dirty.wait()
-            if self.settings.debounce > 0:
+            if self.gathers:
                 await self._settle()
             else:
                 await asyncio.sleep(0)  # take the events already buffered in the same pass
@@ -368,6 +368,13 @@ class Sidecar:
         membership.nodes.update(learned)
         membership.touched |= {name for name, pod in membership.pods.items()
                                if pod.get("spec", {}).get("nodeName") in learned}
+
+    @property
+    def gathers(self) -> bool:
+        """Whether to wait for a burst to end before rewriting (``--debounce``). Not while following the journal:
+        each entry is a burst the publisher has gathered already, so waiting again only added SETTLE to every
+        follower's event-to-file (issue 24: 50 of the 282 ms p99 at 16384 pods)."""
+        return self.settings.debounce > 0 and self.mode != Mode.FOLLOWER
 
     async def _settle(self) -> None:
         """Wait until the changes stop for SETTLE seconds, and never longer than --debounce: a lone change is
