@@ -53,6 +53,8 @@ class WriterCheck:
     roster: Roster | None
     me: Writer | None = None  # this pod: its own writes need no read
     accepted: set[Writer] = field(default_factory=set)
+    superseded_by: dict[Writer, str] = field(default_factory=dict)  # writers re-created since, and why refused:
+    #                                                                  a uid never comes back, so no second read
 
     def pending(self, items: Iterable[Any], snapshot_name: str) -> list[tuple[Writer, str]]:
         """The writers of the published objects among ``items`` not accepted yet, each once, with the name of

@@ -57,6 +57,8 @@ def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[
     whether that writer was only superseded (re-created: it publishes again). Each new writer pod is read once
     (core/provenance.py)."""
     for writer, what in check.pending(items, name):
+        if writer in check.superseded_by:  # still waiting for it to publish again: its pod was read already
+            return check.superseded_by[writer], True
         path = check.path(writer)
         try:
             pod: Any = get(path) if path is not None else None
@@ -66,7 +68,10 @@ def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[
             return f"configmap {what}: cannot read its writer pod '{writer.name}' ({err})", False
         why = check.judge(writer, pod, what)
         if why is not None:
-            return why, check.superseded(writer, pod)
+            if check.superseded(writer, pod):
+                check.superseded_by[writer] = why
+                return why, True
+            return why, False
     return None, False
 
 
