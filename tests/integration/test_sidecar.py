@@ -379,6 +379,9 @@ def test_when_the_leader_goes_a_standby_takes_over_and_followers_see_the_new_mem
     try:
         wait_for(lambda: "(candidate)" in (tmp_path / "demo-worker-1.log").read_text(), what="standby named")
         wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
+        # The follower must follow the journal before the leader goes (a follower that starts after the leader's
+        # pod is deleted refuses the copy its writer no longer vouches for, issue 23, and reads the pods).
+        wait_for(lambda: "(follower)" in (tmp_path / "demo-worker-4.log").read_text(), what="follower following")
         before = world(tmp_path / "demo-worker-4")
         published_before = {n: configmap(sandbox, n) for n in ("demo-topology", "demo-topology-journal")}
         leader, leader_log = procs.pop("demo-master-0")
