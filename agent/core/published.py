@@ -180,21 +180,29 @@ def decode(data: bytes) -> dict[str, Any]:
     return document
 
 
+MAX_MEMBERS = 4096  # gzip members in one snapshot (the leader writes at most journal.MAX_BLOCKS + 2)
+
+
 def _gunzip(data: bytes, limit: int) -> bytearray:
-    """The gzip member's bytes, decompressed a chunk at a time and never past ``limit`` (refused beyond)."""
-    inflate = zlib.decompressobj(wbits=31)  # gzip framing
+    """The gzip members' bytes, one member after another (the leader compresses the snapshot by blocks of
+    rows), decompressed a chunk at a time and never past ``limit`` in all (refused beyond)."""
     out = bytearray()
     pending = data
-    while pending:
-        out += inflate.decompress(pending, min(1 << 20, limit + 1 - len(out)))  # 1 MiB at a time: no 2nd copy
-        if len(out) > limit:
-            raise _refuse(f"more than {limit} bytes uncompressed")
-        pending = inflate.unconsumed_tail
-        if inflate.eof:
-            break
-    if not inflate.eof:
-        raise EOFError("the gzip stream ends early")
-    return out  # not copied into bytes: json reads a bytearray, and a copy is one more text's worth
+    for _ in range(MAX_MEMBERS):
+        inflate = zlib.decompressobj(wbits=31)  # gzip framing
+        while pending:
+            out += inflate.decompress(pending, min(1 << 20, limit + 1 - len(out)))  # 1 MiB at a time: no 2nd copy
+            if len(out) > limit:
+                raise _refuse(f"more than {limit} bytes uncompressed")
+            pending = inflate.unconsumed_tail
+            if inflate.eof:
+                break
+        if not inflate.eof:
+            raise EOFError("the gzip stream ends early")
+        pending = inflate.unused_data
+        if not pending:
+            return out  # not copied into bytes: json reads a bytearray, and a copy is one more text's worth
+    raise _refuse(f"more than {MAX_MEMBERS} gzip members")
 
 
 def bounded_loads(text: bytes | bytearray | str, max_values: int, what: str) -> Any:

@@ -284,6 +284,23 @@ def test_a_truncated_or_trailing_gzip_stream_is_refused_in_one_line():
         decode(b"not gzip at all")
 
 
+def test_the_snapshots_gzip_members_are_read_in_turn_and_capped_together():
+    """Issue 24: the leader writes the snapshot as one gzip member per block of rows. The cap on the inflated
+    text counts every member (a bomb cut into members is still refused), as does the number of members, and
+    bytes after the last member that are no gzip member are refused, not skipped."""
+    from agent.core.published import MAX_MEMBERS, decode
+
+    text = b'{"schema":2,"generation":1,"containers":[],"pods":[]}'
+    assert decode(b"".join(gzip.compress(text[i:i + 7]) for i in range(0, len(text), 7)))["generation"] == 1
+    bomb = gzip.compress(b" " * (9 * 1024 * 1024), 9)
+    with pytest.raises(InputError, match="more than 16777216 bytes uncompressed"):
+        decode(gzip.compress(text[:-1]) + bomb + bomb + gzip.compress(b"}"))
+    with pytest.raises(InputError, match=f"more than {MAX_MEMBERS} gzip members"):
+        decode(gzip.compress(text) + gzip.compress(b" ") * MAX_MEMBERS)
+    with pytest.raises(InputError, match="does not decode"):
+        decode(gzip.compress(text) + b"trailing")
+
+
 def test_a_journal_of_a_million_values_is_refused_before_it_is_parsed():
     from agent.core.journal import read_journal
 
