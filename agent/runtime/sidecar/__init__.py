@@ -412,6 +412,7 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
     from agent.runtime.health import serve_health, start_health
 
     sidecar = Sidecar(api, settings)
+    sidecar.evaluator.keep_document = health_port is not None and health_topology
     runner = None
     bound: int | None = None
     if health_port is not None:

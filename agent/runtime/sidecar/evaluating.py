@@ -42,6 +42,7 @@ class Evaluator:
         self.generation = 0
         self.last_key: tuple[tuple[object, ...], ...] | None = None
         self.document: bytes | None = None  # topology.json as written, served by /topology
+        self.keep_document = True  # False when /topology is not served: 4.5 MB less held at 16384 pods
         self.evaluated = False
         self.problem: str | None = None  # why the files in place are not the current membership's
         self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
@@ -70,7 +71,8 @@ class Evaluator:
             log.warning("the previous topology.json cannot be continued from (%s); starting from generation 0",
                         str(err)[:200])
             return
-        self.generation, self.last_key, self.document = generation, key, text
+        self.generation, self.last_key = generation, key
+        self.document = text if self.keep_document else None
         self.metrics.generation.set(self.generation)
         try:
             marker = read_untrusted(out / "generation", 32).decode("ascii", "replace").strip()
@@ -116,7 +118,7 @@ class Evaluator:
         written = self.clock()
         self.generation += 1
         self.last_key = key
-        self.document = rendered.files["topology.json"]
+        self.document = rendered.files["topology.json"] if self.keep_document else None
         self.metrics.rewrites.inc()
         self.metrics.generation.set(self.generation)
         self.metrics.latency.observe(max(0.0, written - since))
