@@ -19,8 +19,8 @@ status updates that move no member make no journal entry. Nothing here does I/O.
 
 from __future__ import annotations
 
+import bisect
 import json
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -50,16 +50,6 @@ MAX_JOURNAL_VALUES = 150_000  # ~7500 changes of ~20 values (published.bounded_l
 
 
 BLOCK_ROWS = 256  # rows per gzip member of the snapshot, about (published.py reads any number of members)
-MAX_BLOCKS = 64
-
-
-def _block_count(rows: int) -> int:
-    """A power of two, so that a row's block changes only when the job crosses a size (then all are redone)."""
-    return 1 << min(MAX_BLOCKS.bit_length() - 1, max(0, (rows // BLOCK_ROWS).bit_length() - 1))
-
-
-def _block_of(name: str, count: int) -> int:
-    return zlib.crc32(name.encode()) & (count - 1)
 
 
 _TAIL = pack_text("]}")
@@ -197,6 +187,7 @@ class Publisher:
         self.snapshot_due = state.snapshot_seq < self.base
         # The snapshot as gzip members, one per block of rows (snapshot_packed): each block's rows' JSON by name,
         # its compressed bytes while no row of it changed, and the names changed since the last snapshot.
+        self._bounds: list[str] = []  # the first name of each block but the first
         self._blocks: list[dict[str, str]] = []
         self._packed: dict[int, tuple[bool, bytes]] = {}
         self._stale: set[str] = set(state.rows)
@@ -249,31 +240,25 @@ class Publisher:
         return entry
 
     def snapshot_packed(self) -> bytes:
-        """The snapshot as stored: ``decode`` of it is ``snapshot_document()``. The text is cut into gzip members
-        (gzip's own framing: a reader inflates them one after another), one per block of rows, and a block is
+        """``pack(self.snapshot_document())`` as gzip members (gzip's own framing: a reader inflates them one after
+        another), one per block of rows, each block a range of names in the document's order. A block is
         compressed again only when one of its rows changed: compressing a 16384-pod snapshot (3 MB) whole cost
-        the leader ~25 ms every few changes; one block of ~256 rows costs ~0.2 ms."""
+        the leader ~25 ms every few changes, one block of ~256 rows costs ~0.2 ms. The inflated text is the whole
+        document's, byte for byte."""
         state = self.state
-        count = _block_count(len(state.rows))
-        if count != len(self._blocks):  # the job crossed a size: every row to its new block
-            self._blocks = [{} for _ in range(count)]
-            self._packed.clear()
-            self._stale = set(state.rows)
-        blocks, packed = self._blocks, self._packed
-        for name in self._stale:
-            at = _block_of(name, count)
-            row = state.rows.get(name)
-            if row is None:
-                blocks[at].pop(name, None)
-            else:
-                blocks[at][name] = json.dumps(row, separators=(",", ":"))
-            packed.pop(at, None)
-        self._stale = set()
+        if not self._blocks or len(state.rows) > 2 * BLOCK_ROWS * len(self._blocks) \
+                or (len(self._blocks) > 1 and len(state.rows) * 4 < BLOCK_ROWS * len(self._blocks)):
+            self._cut()  # first, or the job grew or shrank a lot: blocks of BLOCK_ROWS names again
+        self._encode_stale()
+        if any(len(block) > 2 * BLOCK_ROWS for block in self._blocks):
+            self._cut()  # names crowded into one range (a job scaling up): cut again
+            self._encode_stale()
+        packed = self._packed
         head = json.dumps({"schema": SCHEMA, "job": state.job, "namespace": state.namespace,
                            "generation": state.seq, "containers": state.shapes}, separators=(",", ":"))
         parts = [pack_text(head[:-1] + ',"pods":[')]
         first = True
-        for at, block in enumerate(blocks):
+        for at, block in enumerate(self._blocks):
             if not block:
                 continue
             kept = packed.get(at)
@@ -285,14 +270,35 @@ class Publisher:
         parts.append(_TAIL)
         return b"".join(parts)
 
+    def _encode_stale(self) -> None:
+        for name in self._stale:
+            at = bisect.bisect_right(self._bounds, name)
+            row = self.state.rows.get(name)
+            if row is None:
+                self._blocks[at].pop(name, None)
+            else:
+                self._blocks[at][name] = json.dumps(row, separators=(",", ":"))
+            self._packed.pop(at, None)
+        self._stale = set()
+
+    def _cut(self) -> None:
+        """Blocks of ``BLOCK_ROWS`` names in name order; the rows' JSON moves along (stale rows are encoded
+        again by ``_encode_stale``), every block is compressed again."""
+        rows, stale = self.state.rows, self._stale
+        texts = {name: text for block in self._blocks for name, text in block.items()
+                 if name in rows and name not in stale}
+        names = sorted(rows)
+        self._bounds = names[BLOCK_ROWS::BLOCK_ROWS]
+        self._blocks = [{} for _ in range(len(self._bounds) + 1)]
+        self._packed.clear()
+        for name, text in texts.items():  # every other row is stale: changed since, or new (change() says)
+            self._blocks[bisect.bisect_right(self._bounds, name)][name] = text
+
     def snapshot_document(self) -> dict[str, Any]:
-        """The snapshot at the current sequence; the caller writes it, then calls ``snapshot_written``. Rows are
-        in ``snapshot_packed``'s order: by block, then by name."""
+        """The snapshot at the current sequence; the caller writes it, then calls ``snapshot_written``."""
         state = self.state
-        count = _block_count(len(state.rows))
         return {"schema": SCHEMA, "job": state.job, "namespace": state.namespace, "generation": state.seq,
-                "containers": state.shapes,
-                "pods": [state.rows[name] for name in sorted(state.rows, key=lambda n: (_block_of(n, count), n))]}
+                "containers": state.shapes, "pods": [state.rows[name] for name in sorted(state.rows)]}
 
     def start_from_snapshot(self) -> None:
         """After the first snapshot: an empty journal (the first change held every pod: no follower needs it)."""
