@@ -375,3 +375,64 @@ def test_checkov_finds_the_agents_injected_containers_restricted(tmp_path):
     passed = re.search(r"Passed checks: (\d+), Failed checks: (\d+)", run.stdout)
     assert passed and int(passed.group(2)) == 0
     assert len(pods) > 20 and int(passed.group(1)) >= len(pods) * len(PSS_CHECKS.split(","))
+
+
+def _sized(kind: str, pods: int) -> dict:
+    """A minimal job of each kind whose replica counts make ``pods`` pods at once."""
+    template = {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}}
+    if kind == "volcano":
+        return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "j"},
+                "spec": {"tasks": [{"name": "master", "replicas": 1, "template": template},
+                                   {"name": "worker", "replicas": pods - 1, "template": template}]}}
+    if kind in ("pytorchjob", "mpijob"):
+        key, roles = ("pytorchReplicaSpecs", ("Master", "Worker")) if kind == "pytorchjob" else \
+            ("mpiReplicaSpecs", ("Launcher", "Worker"))
+        return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob" if kind == "pytorchjob" else "MPIJob",
+                "metadata": {"name": "j"}, "spec": {key: {roles[0]: {"replicas": 1, "template": template},
+                                                           roles[1]: {"replicas": pods - 1, "template": template}}}}
+    if kind == "elastic":  # two pods now, up to ``pods`` later
+        return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j"},
+                "spec": {"elasticPolicy": {"minReplicas": 2, "maxReplicas": pods},
+                         "pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": template}}}}
+    if kind == "jobset":  # 4 replicated jobs of pods/4 pods each
+        job = {"parallelism": pods // 4, "completions": pods // 4, "template": template}
+        return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "j"},
+                "spec": {"replicatedJobs": [{"name": "w", "replicas": 4, "template": {"spec": job}}]}}
+    if kind == "lws":  # groups of 8
+        return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "j"},
+                "spec": {"replicas": pods // 8, "leaderWorkerTemplate": {"size": 8, "workerTemplate": template}}}
+    assert kind == "indexed"
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+            "spec": {"completionMode": "Indexed", "completions": pods, "parallelism": pods, "template": template}}
+
+
+@pytest.mark.parametrize("kind", ["volcano", "pytorchjob", "mpijob", "elastic", "jobset", "lws", "indexed"])
+@pytest.mark.parametrize(("pods", "request_", "limit"), [
+    (1024, "64Mi", "128Mi"), (4096, "64Mi", "128Mi"), (4104, "128Mi", "256Mi"), (16384, "128Mi", "256Mi"),
+    (16392, "256Mi", "512Mi"),
+])
+def test_the_agents_memory_follows_the_jobs_size(kind, pods, request_, limit):
+    """Issue 24: at 16384 pods the leader's sidecar peaks near 150 MB (docs/benchmarks.md, "Memory"), and the
+    128Mi limit every job got would OOM-kill it. The job's own replica counts (an elastic job's maxReplicas)
+    size the agent's containers."""
+    doc = injected(_sized(kind, pods))
+    for template in templates(doc):
+        agents = [c for c in template.template["spec"]["initContainers"] if c["name"] in (INIT, SIDECAR)]
+        assert agents
+        for container in agents:
+            assert container["resources"]["requests"]["memory"] == request_
+            assert container["resources"]["limits"]["memory"] == limit
+
+
+def test_a_size_not_known_at_injection_gets_the_small_jobs_memory():
+    """A lone Pod (the pods webhook) and a training runtime (each TrainJob sets its size) carry no job size."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}}
+    runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+               "metadata": {"name": "r"}, "spec": {"template": {"spec": {"replicatedJobs": [
+                   {"name": "node", "replicas": 1, "template": {"spec": {"parallelism": 20000, "template": {
+                       "spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}}}}}]}}}}
+    for doc in (pod, runtime):
+        for template in templates(injected(doc)):
+            for container in template.template["spec"]["initContainers"]:
+                assert container["resources"]["limits"]["memory"] == "128Mi"

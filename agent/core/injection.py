@@ -15,7 +15,7 @@ each overriding the one before. Keys named like a command-line flag of init or t
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,7 @@ class Template:
     settings: Settings
     elastic: str | None = None  # MIN:MAX from the job (PyTorchJob elasticPolicy)
     wait_dns: bool = False  # the controller names pods by DNS (hostname + subdomain)
+    pods: int | None = None  # the most pods the job runs at once (None: not known here, as for a lone Pod)
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -109,12 +110,25 @@ def _at(obj: Any, *keys: str | int) -> Any:
     return obj
 
 
+def _count(value: Any, default: int = 1) -> int:
+    """A replica count as the job states it (absent: the API's default, 1); a count that is no whole number is the
+    API server's to refuse, and counts as the default here."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _total(counts: Iterable[int]) -> int | None:
+    return sum(counts) or None
+
+
 def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings) -> Iterator[Template]:
+    rjobs = [r for r in _at(spec, "replicatedJobs") or [] if isinstance(r, Mapping)]
+    pods = None if prefix else _total(_count(r.get("replicas")) * _count(_at(r, "template", "spec", "parallelism"))
+                                      for r in rjobs)  # a runtime's size comes from each TrainJob
     for i, rjob in enumerate(_at(spec, "replicatedJobs") or []):
         template = _at(rjob, "template", "spec", "template")
         if isinstance(template, dict):
             yield Template(f"{where} {prefix}replicatedJobs[{i}] ({_at(rjob, 'name')})", template,
-                           settings, wait_dns=True)
+                           settings, wait_dns=True, pods=pods)
 
 
 def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterator[Template]:
@@ -136,35 +150,44 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
             key in labels for key in JOB_POD_LABELS)
         yield Template(where, doc, settings, elastic=_pod_elastic(spec), wait_dns=by_dns)
     elif kind == "Job" and group == "batch.volcano.sh":
+        tasks = [t for t in _at(spec, "tasks") or [] if isinstance(t, Mapping)]
+        pods = _total(_count(t.get("replicas")) for t in tasks)
         for i, task in enumerate(_at(spec, "tasks") or []):
             if isinstance(_at(task, "template"), dict):
-                yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings)
+                yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings, pods=pods)
     elif kind == "PyTorchJob" and group == "kubeflow.org":
         policy = _at(spec, "elasticPolicy")
         elastic = None
+        replicas = {k: r for k, r in (_at(spec, "pytorchReplicaSpecs") or {}).items() if isinstance(r, Mapping)}
+        pods = _total(_count(r.get("replicas")) for r in replicas.values())
         if isinstance(policy, Mapping) and (policy.get("minReplicas") or policy.get("maxReplicas")):
             low = policy.get("minReplicas") or policy.get("maxReplicas")
             elastic = f"{low}:{policy.get('maxReplicas') or low}"
+            pods = max(pods or 0, _count(policy.get("maxReplicas"), 0)) or None  # it may grow to maxReplicas
         for rtype, replica in (_at(spec, "pytorchReplicaSpecs") or {}).items():
             if isinstance(_at(replica, "template"), dict):
-                yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic)
+                yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic, pods=pods)
     elif kind == "MPIJob" and group == "kubeflow.org":
+        replicas = {k: r for k, r in (_at(spec, "mpiReplicaSpecs") or {}).items() if isinstance(r, Mapping)}
+        pods = _total(_count(r.get("replicas")) for r in replicas.values())
         for rtype, replica in (_at(spec, "mpiReplicaSpecs") or {}).items():
             if isinstance(_at(replica, "template"), dict):
-                yield Template(f"{where} {rtype}", replica["template"], settings)
+                yield Template(f"{where} {rtype}", replica["template"], settings, pods=pods)
     elif kind == "JobSet" and group == "jobset.x-k8s.io":
         yield from _jobset_templates(spec, "", where, settings)
     elif kind in ("TrainingRuntime", "ClusterTrainingRuntime") and group == "trainer.kubeflow.org":
         yield from _jobset_templates(_at(spec, "template", "spec"), "template.spec.", where, settings)
     elif kind == "LeaderWorkerSet" and group == "leaderworkerset.x-k8s.io":
         lwt = _at(spec, "leaderWorkerTemplate") or {}
+        pods = _total([_count(_at(spec, "replicas")) * _count(lwt.get("size") if isinstance(lwt, Mapping) else None)])
         for key in ("leaderTemplate", "workerTemplate"):
             if isinstance(lwt.get(key), dict):
-                yield Template(f"{where} {key}", lwt[key], settings)
+                yield Template(f"{where} {key}", lwt[key], settings, pods=pods)
     elif kind == "Job" and group == "batch":
         template = _at(spec, "template")
+        pods = _total([_count(_at(spec, "parallelism"))])  # pods at once (parallelism, default 1)
         if isinstance(template, dict):
-            yield Template(where, template, settings, wait_dns=bool(_at(template, "spec", "subdomain")))
+            yield Template(where, template, settings, wait_dns=bool(_at(template, "spec", "subdomain")), pods=pods)
 
 
 def _pod_elastic(spec: Any) -> str | None:
@@ -230,8 +253,18 @@ def _downward_env() -> list[dict[str, Any]]:
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
 
 
-def _resources() -> dict[str, Any]:
-    return {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}}
+SIZED_FROM = 4096  # pods: up to here 64Mi requested / 128Mi limit; above, per 16384 pods 128Mi / 256Mi
+SIZE_STEP = 16384
+
+
+def resources_for(pods: int | None) -> dict[str, Any]:
+    """Memory by the job's size, from what the agent's processes were measured to use (docs/benchmarks.md,
+    "Memory"): at 4096 pods every process peaks under 80 MB (128Mi limit, 64Mi asked); at 16384 the leader's
+    sidecar peaks near 150 MB and a follower's near 127 MB, which a 128Mi limit would OOM-kill. A size not
+    known here (a lone Pod, a training runtime) gets the small job's."""
+    steps = 0 if pods is None or pods <= SIZED_FROM else -(-pods // SIZE_STEP)
+    request, limit = (f"{128 * steps}Mi", f"{256 * steps}Mi") if steps else ("64Mi", "128Mi")
+    return {"requests": {"cpu": "50m", "memory": request}, "limits": {"cpu": "500m", "memory": limit}}
 
 
 def _volumes(ssh_secret: str | None) -> list[dict[str, Any]]:
@@ -348,7 +381,7 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
         "args": init_args + wait_dns + _flags(settings, INIT_FLAGS) + common,
         "env": _downward_env(),
         "volumeMounts": mounts + ([{"name": SSH, "mountPath": SSH_PATH, "readOnly": True}] if ssh_secret else []),
-        "securityContext": init_context, "resources": _resources()}
+        "securityContext": init_context, "resources": resources_for(template.pods)}
     added = [init_container]
     sidecar_context = _restricted(AGENT_UID)
     if sidecar and settings.get("trainer-match") and (settings.get("signal") or "").strip().lower() != "none":
@@ -368,7 +401,7 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
             "readinessProbe": {"httpGet": {"path": "/readyz", "port": "topology-health"}},
             "livenessProbe": {"httpGet": {"path": "/healthz", "port": "topology-health"}, "periodSeconds": 30},
             "volumeMounts": copy.deepcopy(mounts), "securityContext": sidecar_context,
-            "resources": _resources()})
+            "resources": resources_for(template.pods)})
     if isinstance(spec.get("initContainers"), list):
         spec["initContainers"][:0] = added
     else:
