@@ -43,7 +43,7 @@ from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.nodes import read_nodes_async, wanted_nodes
 from agent.runtime.publishing import JournalWriter, vouch_async
 from agent.runtime.sidecar.evaluating import Evaluator
-from agent.runtime.sidecar.following import JournalFollower, Mode, PodsFollower, release_memory
+from agent.runtime.sidecar.following import JournalFollower, Mode, PodsFollower, keep_freed_memory, release_memory
 from agent.runtime.sidecar.membership import Membership
 from agent.runtime.signalling import TrainerFinder
 
@@ -411,6 +411,7 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
                       on_ready: Callable[[Sidecar, int | None], None] | None = None) -> Sidecar:
     from agent.runtime.health import serve_health, start_health
 
+    keep_freed_memory()
     sidecar = Sidecar(api, settings)
     sidecar.evaluator.keep_document = health_port is not None and health_topology
     runner = None

@@ -76,6 +76,21 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt(3) parameters
+KEEP_FREED = 16 << 20  # bytes: blocks up to this size come from the heap, and freed heap stays until trimmed
+
+
+def keep_freed_memory() -> None:
+    """Let a change reuse the memory the last one freed. glibc gives a freed block over its (self-raising) mmap
+    threshold back to the OS at once, so every change of a 16384-pod job faulted its ~10 MB of files in again:
+    2500 page faults per change, 20.5-22.0 ms of CPU against 14.6-15.8 ms with fixed thresholds (in-process).
+    Freed blocks now stay in the heap, and ``release_memory`` hands them back once a burst is over."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, KEEP_FREED)
+        libc.mallopt(M_TRIM_THRESHOLD, 2 * KEEP_FREED)
+
+
 def freeze() -> None:
     """The pods held live until the next LIST and hold no cycles: keep the cyclic collector off them, so a
     collection during a change does not walk every pod of the job (refcounting still frees them)."""
