@@ -141,12 +141,7 @@ class MemberTexts:
         if self._last is not None and self._last[0] is members:
             return self._last[1]
         by_id = self._by_id
-        try:
-            found = list(map(by_id.__getitem__, map(id, members)))  # every member seen before: C-level
-            self._last = (members, found)
-            return found
-        except KeyError:
-            entries = list(map(by_id.get, map(id, members)))
+        entries = list(map(by_id.get, map(id, members)))  # C-level; None for the members new since
         if None in entries:
             by_value = self._by_value
             for at in itertools.compress(range(len(entries)), map(operator.is_, entries, itertools.repeat(None))):
