@@ -219,13 +219,15 @@ def main() -> None:
     parser.add_argument("--spread", type=float, default=10.0, help="pods get their IPs over this many seconds")
     parser.add_argument("--lease-seconds", type=int, default=15)
     parser.add_argument("--takeover", choices=["crash", "sigterm"], default="crash")
+    parser.add_argument("--seed", type=int, default=0, help="run k uses IP order seed + k (compare commits on the "
+                                                            "same orders)")
     args = parser.parse_args()
     runs = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp_name, SandboxThread(Path(tmp_name) / "sb") as sandbox:
             tmp = Path(tmp_name)
             build_job(sandbox, args.pods, args.pods)
-            first = start_up(sandbox, tmp, args.pods, args.spread, seed=run)
+            first = start_up(sandbox, tmp, args.pods, args.spread, seed=args.seed + run)
             runs.append({**first, **steady(sandbox, tmp, args.pods, args.changes, args.gap, args.lease_seconds,
                                            args.takeover)})
         print(f"run {run + 1}: {json.dumps({k: v for k, v in runs[-1].items() if not k.endswith('_ms')})}",
