@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import random
 
 import pytest
@@ -18,9 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import examples
-from agent.core import Options
+from agent.core import Options, Renderer, render_pod
 from agent.core.placement import DEFAULT_LEVELS
+from agent.core.rendering import MemberTexts, render_topology_json, topology_document
 from agent.core.topology import Planner, build_plan
+from agent.core.variables import compute_variables
 from agent.errors import InputError
 
 BLOCK, SUBBLOCK = "cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock"
@@ -214,3 +217,39 @@ def test_a_join_moves_the_ranks_after_it():
                       "demo-worker-4": 4, "demo-worker-5": 5}
     assert after == {"demo-master-0": 0, "demo-worker-0": 1, "demo-worker-1": 2, "demo-worker-2": 3,
                      "demo-worker-3": 4, "demo-worker-4": 5, "demo-worker-5": 6}
+
+
+def _files(make):
+    try:
+        return make().files
+    except InputError as err:
+        return f"refused: {err}"
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.parametrize("opts", ["ip", "levels"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=15))
+def test_the_sidecars_files_are_the_one_shot_files_byte_for_byte(job, opts, seed, ops):
+    """The sidecar's ``Renderer`` (kept plans, each member's topology.json text cached as bytes) writes exactly
+    the bytes ``render_pod`` writes from scratch, which encodes members 1024 at a time (issue 24); and topology.json
+    is ``json.dumps`` of its document."""
+    world, options = World(JOBS[job](), random.Random(seed)), OPTIONS[opts]
+    renderer = Renderer(options, world.me, checked=False)
+    for op in ["start", *ops]:
+        if op != "start":
+            world.step(op)
+        held, nodes = dict(world.pods), world.nodes
+        kept = _files(lambda: renderer.render(held, generation=3, files_dir="/shared", nodes=nodes))  # noqa: B023
+        fresh = _files(lambda: render_pod(list(held.values()), world.me, options, generation=3,  # noqa: B023
+                                          files_dir="/shared", nodes=nodes))  # noqa: B023
+        assert kept == fresh, f"after {op}"
+
+
+def test_topology_json_across_the_encoders_1024_member_chunks_is_the_documents_json():
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2100)))
+    plan = build_plan(pods, "demo-worker-7", Options(address="ip"))
+    variables = compute_variables(plan, Options(address="ip"), generation=1)
+    expected = json.dumps(topology_document(plan, variables, generation=1)) + "\n"
+    assert render_topology_json(plan, variables, generation=1) == expected.encode()
+    assert render_topology_json(plan, variables, generation=1, texts=MemberTexts()) == expected.encode()
