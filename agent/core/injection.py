@@ -260,8 +260,8 @@ SIZE_STEP = 16384
 def resources_for(pods: int | None) -> dict[str, Any]:
     """Memory by the job's size, from what the agent's processes were measured to use (docs/benchmarks.md,
     "Memory"): at 4096 pods every process peaks under 80 MB (128Mi limit, 64Mi asked); at 16384 the leader's
-    sidecar peaks near 150 MB and a follower's near 127 MB, which a 128Mi limit would OOM-kill. A size not
-    known here (a lone Pod, a training runtime) gets the small job's."""
+    init and sidecar peak near 150 MB, past a 128Mi limit (134 MB), and a follower's sidecar holds ~127 MB. A
+    size not known here (a lone Pod, a training runtime) gets the small job's."""
     steps = 0 if pods is None or pods <= SIZED_FROM else -(-pods // SIZE_STEP)
     request, limit = (f"{128 * steps}Mi", f"{256 * steps}Mi") if steps else ("64Mi", "128Mi")
     return {"requests": {"cpu": "50m", "memory": request}, "limits": {"cpu": "500m", "memory": limit}}
