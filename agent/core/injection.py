@@ -116,14 +116,15 @@ def _count(value: Any, default: int = 1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
-def _total(counts: Iterable[int]) -> int | None:
-    return sum(counts) or None
+def _replicas(entries: Iterable[Any]) -> int | None:
+    """The pods of a job's replica specs (Volcano tasks, PyTorchJob and MPIJob replica specs) added up."""
+    return sum(_count(e.get("replicas")) for e in entries if isinstance(e, Mapping)) or None
 
 
 def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings) -> Iterator[Template]:
     rjobs = [r for r in _at(spec, "replicatedJobs") or [] if isinstance(r, Mapping)]
-    pods = None if prefix else _total(_count(r.get("replicas")) * _count(_at(r, "template", "spec", "parallelism"))
-                                      for r in rjobs)  # a runtime's size comes from each TrainJob
+    pods = None if prefix else sum(_count(r.get("replicas")) * _count(_at(r, "template", "spec", "parallelism"))
+                                   for r in rjobs) or None  # a runtime's size comes from each TrainJob
     for i, rjob in enumerate(_at(spec, "replicatedJobs") or []):
         template = _at(rjob, "template", "spec", "template")
         if isinstance(template, dict):
@@ -150,16 +151,14 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
             key in labels for key in JOB_POD_LABELS)
         yield Template(where, doc, settings, elastic=_pod_elastic(spec), wait_dns=by_dns)
     elif kind == "Job" and group == "batch.volcano.sh":
-        tasks = [t for t in _at(spec, "tasks") or [] if isinstance(t, Mapping)]
-        pods = _total(_count(t.get("replicas")) for t in tasks)
+        pods = _replicas(_at(spec, "tasks") or [])
         for i, task in enumerate(_at(spec, "tasks") or []):
             if isinstance(_at(task, "template"), dict):
                 yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings, pods=pods)
     elif kind == "PyTorchJob" and group == "kubeflow.org":
         policy = _at(spec, "elasticPolicy")
         elastic = None
-        replicas = {k: r for k, r in (_at(spec, "pytorchReplicaSpecs") or {}).items() if isinstance(r, Mapping)}
-        pods = _total(_count(r.get("replicas")) for r in replicas.values())
+        pods = _replicas((_at(spec, "pytorchReplicaSpecs") or {}).values())
         if isinstance(policy, Mapping) and (policy.get("minReplicas") or policy.get("maxReplicas")):
             low = policy.get("minReplicas") or policy.get("maxReplicas")
             elastic = f"{low}:{policy.get('maxReplicas') or low}"
@@ -168,8 +167,7 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
             if isinstance(_at(replica, "template"), dict):
                 yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic, pods=pods)
     elif kind == "MPIJob" and group == "kubeflow.org":
-        replicas = {k: r for k, r in (_at(spec, "mpiReplicaSpecs") or {}).items() if isinstance(r, Mapping)}
-        pods = _total(_count(r.get("replicas")) for r in replicas.values())
+        pods = _replicas((_at(spec, "mpiReplicaSpecs") or {}).values())
         for rtype, replica in (_at(spec, "mpiReplicaSpecs") or {}).items():
             if isinstance(_at(replica, "template"), dict):
                 yield Template(f"{where} {rtype}", replica["template"], settings, pods=pods)
@@ -179,13 +177,13 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
         yield from _jobset_templates(_at(spec, "template", "spec"), "template.spec.", where, settings)
     elif kind == "LeaderWorkerSet" and group == "leaderworkerset.x-k8s.io":
         lwt = _at(spec, "leaderWorkerTemplate") or {}
-        pods = _total([_count(_at(spec, "replicas")) * _count(lwt.get("size") if isinstance(lwt, Mapping) else None)])
+        pods = _count(_at(spec, "replicas")) * _count(_at(lwt, "size")) or None
         for key in ("leaderTemplate", "workerTemplate"):
             if isinstance(lwt.get(key), dict):
                 yield Template(f"{where} {key}", lwt[key], settings, pods=pods)
     elif kind == "Job" and group == "batch":
         template = _at(spec, "template")
-        pods = _total([_count(_at(spec, "parallelism"))])  # pods at once (parallelism, default 1)
+        pods = _count(_at(spec, "parallelism")) or None  # pods at once (parallelism, default 1)
         if isinstance(template, dict):
             yield Template(where, template, settings, wait_dns=bool(_at(template, "spec", "subdomain")), pods=pods)
 

@@ -50,9 +50,7 @@ MAX_JOURNAL_VALUES = 150_000  # ~7500 changes of ~20 values (published.bounded_l
 
 
 BLOCK_ROWS = 256  # rows per gzip member of the snapshot, about (published.py reads any number of members)
-
-
-_TAIL = pack_text("]}")
+_TAIL = pack_text("]}")  # the snapshot's last member
 
 JOURNAL_LAG = 64  # changes a journal may lag the snapshot it is read with (the leader's two writes are adjacent)
 
