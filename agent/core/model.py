@@ -126,6 +126,9 @@ class Options:
     # Node labels to read, outermost first (None: Nodes are not read); ranks by index or by those domains.
     levels: tuple[Level, ...] | None = None
     rank_order: Literal["index", "topology"] = "index"
+    # "own": a training pod that follows a large job's publication reads its summary, not every member
+    # (core/summary.py); "full": every pod reads every member.
+    view: Literal["full", "own"] = "full"
     # The roles were checked against the job object's replica counts: a training role without live pods is one
     # the controller has not created yet (JobSet dependsOn), not a misspelt --roles.
     roles_checked: bool = False
@@ -181,6 +184,18 @@ class Excluded:
 
 
 @dataclass(frozen=True)
+class Whole:
+    """The job-wide facts of a topology that holds only part of the job (``--view own``: rank 0 and this pod).
+    ``roles``: every role present in rank order, with its pod count and its addresses (None: not published,
+    the role is too large)."""
+
+    nnodes: int
+    world_size: int
+    slot_sizes: frozenset[int]
+    roles: tuple[tuple[str, int, tuple[str, ...] | None], ...]
+
+
+@dataclass(frozen=True)
 class Topology:
     """The whole job as one pod sees it. Members are in rank order: training pods first, then the others."""
 
@@ -195,6 +210,7 @@ class Topology:
     levels: tuple[Level, ...] = ()
     rank_order: str = "index"  # what was applied: "topology" only when every training pod's domains are known
     order_note: str | None = None  # why the asked topology order was not applied
+    whole: Whole | None = None  # set when ``members`` is only part of the job (--view own)
 
     @functools.cached_property
     def training(self) -> tuple[Member, ...]:
@@ -209,8 +225,22 @@ class Topology:
             raise LookupError(self.self_name) from None  # build_plan guarantees self is a member
 
     @functools.cached_property
+    def nnodes(self) -> int:
+        """The job's training pods (not only those held, with --view own)."""
+        return self.whole.nnodes if self.whole is not None else len(self.training)
+
+    def role_hosts(self, role: str) -> tuple[int, tuple[str, ...] | None]:
+        """How many pods a role has, and their addresses in rank order (None: not known to this view)."""
+        if self.whole is not None:
+            return next(((n, hosts) for r, n, hosts in self.whole.roles if r == role), (0, ()))
+        members = self.role_members(role)
+        return len(members), tuple(map(ADDRESS, members))
+
+    @functools.cached_property
     def roles(self) -> tuple[str, ...]:
         """Every role present, training roles first in their order, then the others by name."""
+        if self.whole is not None:
+            return tuple(r for r, _, _ in self.whole.roles)
         present = set(map(ROLE, self.members))
         ordered = [r for r in self.training_roles if r in present]
         return (*ordered, *sorted(present - set(ordered)))
@@ -225,12 +255,16 @@ class Topology:
 
     @functools.cached_property
     def world_size(self) -> int:
+        if self.whole is not None:
+            return self.whole.world_size
         return sum(map(SLOTS, self.training))
 
     @functools.cached_property
     def repeated_hosts(self) -> tuple[Member, ...]:
         """Training members whose address an earlier training member holds (hostNetwork pods on one node share
         its IP): the host lists that name each host once (hostfile, discover_hosts.sh) leave them out."""
+        if self.whole is not None:
+            return ()  # a view of two members cannot tell; its pod writes no host list
         seen: set[str] = set()
         repeated = []
         for member in self.training:
@@ -242,6 +276,8 @@ class Topology:
     @functools.cached_property
     def slot_sizes(self) -> frozenset[int]:
         """The process counts of the training pods (one value: every pod runs as many)."""
+        if self.whole is not None:
+            return self.whole.slot_sizes
         return frozenset(map(SLOTS, self.training))
 
     def remember(self, **known: Any) -> None:

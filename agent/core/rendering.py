@@ -114,11 +114,12 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
         "trainingRoles": list(topo.training_roles),
         "masterAddr": training[0].address if training else None,
         "masterPort": plan.master_port if training else None,
-        "nnodes": len(training),
+        "nnodes": topo.nnodes,
         "worldSize": topo.world_size,
         "topology": {"levels": [{"name": level.name.lower(), "label": level.label} for level in topo.levels],
                      "rankOrder": topo.rank_order, "note": topo.order_note},
         "members": [_member_json(m, topo.levels) for m in topo.members] if members else [],
+        **({"view": "own"} if topo.whole is not None else {}),
         "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
         "env": {v.name: v.value for v in variables if v.written and not v.unset},
     }
@@ -205,7 +206,12 @@ EXECUTABLE = frozenset({"discover_hosts.sh"})
 
 def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int,
                  texts: MemberTexts | None = None) -> dict[str, bytes]:
-    """Every file of one generation, by name relative to the output directory, in write order."""
+    """Every file of one generation, by name relative to the output directory, in write order. A view of part of
+    the job (--view own) writes no host list: its pod knows only rank 0 and itself."""
+    if plan.topology.whole is not None:
+        return {"torch.env": render_env(variables).encode(),
+                "topology.json": render_topology_json(plan, variables, generation=generation, texts=texts),
+                "generation": f"{generation}\n".encode()}
     files = {
         "torch.env": render_env(variables).encode(),
         "hostfile": render_hostfile(plan.topology).encode(),

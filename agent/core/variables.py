@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
 from agent.core.injected import TRAINING_NAMES, controller_entries
-from agent.core.model import ADDRESS, Options, Topology
+from agent.core.model import Options, Topology
 from agent.core.topology import Plan
 
 # Each group names one fact under several variable names; a user value for any of them is the fact.
@@ -100,7 +100,7 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
     topo = plan.topology
     me = topo.me
     rank0 = topo.training[0]
-    nnodes = len(topo.training)
+    nnodes = topo.nnodes
     world = topo.world_size
     slots_rule = plan.slots_source[me.name]
     homogeneous = len(topo.slot_sizes) == 1
@@ -166,7 +166,7 @@ def _host_variables(plan: Plan) -> list[Variable]:
     ]
     keys: dict[str, str] = {}
     for role in topo.roles:
-        members = topo.role_members(role)
+        count, hosts = topo.role_hosts(role)
         key = env_key(role)
         if key in keys:
             # "worker" and "WORKER" are one variable name: a second export would win in bash. A job object's
@@ -176,9 +176,13 @@ def _host_variables(plan: Plan) -> list[Variable]:
                                     f"not written for '{role}'", written=False))
             continue
         keys[key] = role
-        out.append(Variable(f"VC_{key}_HOSTS", ",".join(map(ADDRESS, members)),
-                            f"addresses of role '{role}' in rank order (Volcano)"))
-        out.append(Variable(f"VC_{key}_NUM", str(len(members)), f"number of live pods of role '{role}' (Volcano)"))
+        if hosts is None:
+            out.append(Variable(f"VC_{key}_HOSTS", "", f"role '{role}' has {count} pods: --view own reads no list "
+                                "that long (--view full writes it)", written=False))
+        else:
+            out.append(Variable(f"VC_{key}_HOSTS", ",".join(hosts), f"addresses of role '{role}' in rank order "
+                                "(Volcano)"))
+        out.append(Variable(f"VC_{key}_NUM", str(count), f"number of live pods of role '{role}' (Volcano)"))
     return out + _placement_variables(plan)
 
 
@@ -338,8 +342,7 @@ def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
     if not topo.me.training:
         return [hosts] if hosts else []
     kept = {v.name: v.value for v in variables if not v.written and "set by user" in v.source}
-    computed = {"WORLD_SIZE": str(topo.world_size), "NNODES": str(len(topo.training)),
-                "PET_NNODES": str(len(topo.training))}
+    computed = {"WORLD_SIZE": str(topo.world_size), "NNODES": str(topo.nnodes), "PET_NNODES": str(topo.nnodes)}
     return [
         f"{name}={kept[name]} set by the user is kept, but the job's pods make {name}={value}; torchrun and "
         "torch.distributed will wait for ranks that never come (or refuse extra ones)"

@@ -1,0 +1,264 @@
+"""The job in a few hundred bytes, for pods that need no host list (``--view own``).
+
+A training pod of a large torchrun job needs rank 0's address, the job's size and its own place: not the
+other 16383 members. The leader derives that from its plan at every publication and puts it beside the
+journal (``summary.json`` in ``<job>-topology-journal``, which followers watch anyway). The training members
+in rank order are cut into *runs*: consecutive node ranks whose pods have one role, one index prefix,
+consecutive last indices and one process count. A pod finds its own run from its own identity, and with it
+its NODE_RANK, RANK and ordinal; every job-wide number is in the summary. A follower then reads O(1) bytes at
+start and per change instead of the whole snapshot (issue 24: 13 GiB through the API server to start a
+16384-pod job).
+
+Only what a run can state exactly is summarized: the index rank order (``--rank-order topology`` interleaves
+domains), without Node labels. A job whose training members make more than ``MAX_RUNS`` runs (pods missing
+everywhere) gets no summary; its pods read the snapshot as before. Roles of at most ``LISTED_HOSTS`` pods keep
+their address lists (a master, a launcher, parameter servers): larger lists are not read by such a pod.
+
+Who decides RANK stays the planner (topology.py ``_place``): the summary carries its results.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core.controllers import detect_controller, parse_selector
+from agent.core.model import Member, Options, RawPod, Topology, Whole
+from agent.core.published import bounded_loads
+from agent.core.topology import Plan, facts_of, pod_name
+from agent.core.validation import DNS_NAME, check_pod, parse_ip
+from agent.errors import InputError
+
+SUMMARY_KEY = "summary.json"
+SUMMARY_SCHEMA = 1
+MAX_RUNS = 128  # ~5 KiB: every follower receives it with each journal event
+LISTED_HOSTS = 16  # a role of at most this many pods keeps its address list in the summary
+MAX_SUMMARY = 64 * 1024  # bytes; what the leader writes is far below
+MAX_VALUES = 8192
+_TEXT = re.compile(r"[A-Za-z0-9._:/%-]{1,253}")  # roles, pod names, port sources' names
+
+
+@dataclass(frozen=True)
+class Run:
+    """Node ranks ``node_rank`` .. ``node_rank + last - first`` are the pods of ``role`` with index
+    ``prefix + (i,)`` for i in first..last, each running ``slots`` processes; ``seen`` pods of the role come
+    before the run (their ordinals when the controller gives none)."""
+
+    role: str
+    prefix: tuple[int, ...]
+    first: int
+    last: int
+    node_rank: int
+    first_rank: int
+    slots: int
+    seen: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    seq: int
+    training_roles: tuple[str, ...]
+    nnodes: int
+    world_size: int
+    slot_sizes: frozenset[int]
+    master_port: int
+    master_port_source: str
+    rank0: Member
+    roles: tuple[tuple[str, int, tuple[str, ...] | None], ...]
+    runs: tuple[Run, ...]
+
+    def run_of(self, role: str, index: tuple[int, ...]) -> Run | None:
+        if not index:
+            return None
+        prefix, last = index[:-1], index[-1]
+        return next((r for r in self.runs if r.role == role and r.prefix == prefix and r.first <= last <= r.last),
+                    None)
+
+
+def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS) -> dict[str, Any] | None:
+    """The summary of the leader's plan, or None when runs cannot state it (see the module's docstring).
+    ``listed``: the largest role whose addresses are kept."""
+    topo = plan.topology
+    if topo.levels or topo.rank_order != "index" or not topo.training or topo.whole is not None:
+        return None
+    runs: list[list[Any]] = []
+    seen: dict[str, int] = {}
+    for member in topo.training:
+        index = member.index
+        if not index:
+            return None
+        last = runs[-1] if runs else None
+        if last is not None and last[0] == member.role and last[1] == list(index[:-1]) \
+                and last[3] + 1 == index[-1] and last[6] == member.slots:
+            last[3] += 1
+        else:
+            if len(runs) == MAX_RUNS:
+                return None
+            runs.append([member.role, list(index[:-1]), index[-1], index[-1], member.node_rank, member.first_rank,
+                         member.slots, seen.get(member.role, 0)])
+        seen[member.role] = seen.get(member.role, 0) + 1
+    roles = []
+    for role in topo.roles:
+        count, hosts = topo.role_hosts(role)
+        roles.append([role, count, list(hosts) if hosts is not None and count <= listed else None])
+    rank0 = topo.training[0]
+    return {"schema": SUMMARY_SCHEMA, "seq": seq, "trainingRoles": list(topo.training_roles), "nnodes": topo.nnodes,
+            "worldSize": topo.world_size, "slots": sorted(topo.slot_sizes), "masterPort": plan.master_port,
+            "masterPortSource": plan.master_port_source,
+            "rank0": [rank0.name, rank0.role, list(rank0.index), rank0.ordinal, rank0.address, rank0.dns_name,
+                      rank0.ip, rank0.slots],
+            "roles": roles, "runs": runs}
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, separators=(",", ":"))
+
+
+def _refuse(what: str) -> InputError:
+    return InputError(f"the published summary is not valid ({what}); this pod reads the whole topology instead")
+
+
+def _whole_number(value: Any, what: str, *, low: int = 0, high: int = 2**31 - 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise _refuse(f"{what} is {str(value)[:40]}")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _TEXT.fullmatch(value):
+        raise _refuse(f"{what} is {str(value)[:40]!r}")
+    return value
+
+
+def _address(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not (parse_ip(value) is not None or DNS_NAME.fullmatch(value)):
+        raise _refuse(f"{what} is {str(value)[:40]!r}, not an address")
+    return value
+
+
+def _index(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > 4:
+        raise _refuse(f"{what} is not a list of indices")
+    return tuple(_whole_number(i, what) for i in value)
+
+
+def read_summary(text: str | None) -> Summary | None:
+    """The summary as published (None: there is none), checked like any data from the API: every number whole
+    and in range, every address an address, and the runs one after another from node rank 0 to NNODES, their
+    processes adding up to WORLD_SIZE. ``InputError`` for anything else."""
+    if text is None:
+        return None
+    if len(text) > MAX_SUMMARY:
+        raise _refuse(f"{len(text)} bytes")
+    try:
+        raw = bounded_loads(text, MAX_VALUES, "the summary")
+    except ValueError as err:
+        raise _refuse(f"not JSON: {err}") from None
+    if not isinstance(raw, dict) or raw.get("schema") != SUMMARY_SCHEMA:
+        raise _refuse("not a summary of schema 1")
+    try:
+        roles_raw, runs_raw, rank0_raw = raw["roles"], raw["runs"], raw["rank0"]
+        training_roles = tuple(_text(r, "a training role") for r in raw["trainingRoles"])
+        nnodes = _whole_number(raw["nnodes"], "nnodes", low=1)
+        world = _whole_number(raw["worldSize"], "worldSize", low=1)
+        slots = frozenset(_whole_number(s, "slots", low=1) for s in raw["slots"])
+        port = _whole_number(raw["masterPort"], "masterPort", low=1, high=65535)
+        source = raw["masterPortSource"]
+        seq = _whole_number(raw["seq"], "seq", high=2**53)
+    except (KeyError, TypeError) as err:
+        raise _refuse(f"field {err} missing or of the wrong type") from None
+    if not isinstance(source, str) or len(source) > 512 or not source.isprintable():
+        raise _refuse("masterPortSource is not a line of text")
+    if not isinstance(roles_raw, list) or not isinstance(runs_raw, list) or not 0 < len(runs_raw) <= MAX_RUNS \
+            or not isinstance(rank0_raw, list) or len(rank0_raw) != 8 or len(roles_raw) > 64:
+        raise _refuse("roles, runs or rank0 is not a list of the expected length")
+    roles = []
+    for entry in roles_raw:
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise _refuse("a role is not [name, count, hosts]")
+        role, count = _text(entry[0], "a role"), _whole_number(entry[1], "a role's count", low=1)
+        hosts = entry[2]
+        if hosts is not None:
+            if not isinstance(hosts, list) or len(hosts) != count or count > LISTED_HOSTS:
+                raise _refuse(f"role '{role}' lists {str(hosts)[:40]} for {count} pods")
+            hosts = tuple(_address(h, f"a host of role '{role}'") for h in hosts)
+        roles.append((role, count, hosts))
+    name, role0, index0, ordinal0, address0, dns0, ip0, slots0 = rank0_raw
+    rank0 = Member(_text(name, "rank 0's name"), _text(role0, "rank 0's role"), _index(index0, "rank 0's index"),
+                   _whole_number(ordinal0, "rank 0's ordinal"), _address(address0, "rank 0's address"),
+                   None if dns0 is None else _address(dns0, "rank 0's DNS name"),
+                   None if ip0 is None else _address(ip0, "rank 0's IP"), True,
+                   _whole_number(slots0, "rank 0's slots", low=1), 0, 0)
+    runs: list[Run] = []
+    node_rank = first_rank = 0
+    for entry in runs_raw:
+        if not isinstance(entry, list) or len(entry) != 8:
+            raise _refuse("a run is not [role, prefix, first, last, nodeRank, rank, slots, seen]")
+        run = Run(_text(entry[0], "a run's role"), _index(entry[1], "a run's prefix"),
+                  _whole_number(entry[2], "a run's first index"), _whole_number(entry[3], "a run's last index"),
+                  _whole_number(entry[4], "a run's node rank"), _whole_number(entry[5], "a run's rank"),
+                  _whole_number(entry[6], "a run's slots", low=1), _whole_number(entry[7], "a run's seen"))
+        if run.last < run.first or run.node_rank != node_rank or run.first_rank != first_rank \
+                or run.role not in training_roles or run.slots not in slots:
+            raise _refuse(f"run {entry!r:.80} does not follow the run before it")
+        node_rank += run.last - run.first + 1
+        first_rank += (run.last - run.first + 1) * run.slots
+        runs.append(run)
+    if node_rank != nnodes or first_rank != world:
+        raise _refuse(f"the runs make {node_rank} pods and {first_rank} processes, not {nnodes} and {world}")
+    first_run = runs[0]
+    if first_run.role != rank0.role or (*first_run.prefix, first_run.first) != rank0.index \
+            or first_run.slots != rank0.slots:
+        raise _refuse("rank 0 is not the first pod of the first run")
+    return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, world_size=world, slot_sizes=slots,
+                   master_port=port, master_port_source=source, rank0=rank0, roles=tuple(roles), runs=tuple(runs))
+
+
+def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
+    """This pod's plan from the summary and its own pod: rank 0 and itself as members, the job-wide numbers from
+    the summary. None when the summary does not place this pod (not published yet, or not a training pod);
+    ``InputError`` when the pod itself cannot be placed (as ``build_plan`` would say)."""
+    own = check_pod(own)  # type: ignore[assignment]
+    controller = detect_controller(own, options)
+    pairs = parse_selector(options.selector) if options.selector else None
+    facts = facts_of(own, controller, options, pairs, None, checked=True)
+    name = pod_name(own)
+    if facts.reason is not None:
+        raise InputError(f"pod '{name}' is not a member of its own job ({facts.reason}); nothing to configure")
+    ident = facts.ident
+    if ident is None:
+        raise facts.error or InputError(f"pod '{name}': cannot be identified")
+    if ident.role not in summary.training_roles:
+        return None
+    run = summary.run_of(ident.role, ident.index)
+    if run is None:
+        return None
+    if facts.place is None:
+        raise facts.place_error or InputError(f"pod '{name}': no address")
+    if facts.slots is None:
+        raise facts.slots_error or InputError(f"pod '{name}': no process count")
+    slots, slots_source = facts.slots
+    if slots != run.slots:
+        return None  # the leader saw another container (a pod re-created with another size): not published yet
+    offset = ident.index[-1] - run.first
+    address, dns, ip = facts.place
+    me = Member(name, ident.role, ident.index, ident.ordinal if ident.ordinal >= 0 else run.seen + offset, address,
+                dns, ip, True, slots, run.node_rank + offset, run.first_rank + offset * slots, True, facts.node)
+    rank0 = summary.rank0
+    members = (me,) if rank0.name == name else (rank0, me)
+    owner_uid = None
+    if controller.owner_is_job:
+        owner_uid = next((o.get("uid") for o in own.get("metadata", {}).get("ownerReferences", [])
+                          if o.get("controller")), None)
+    topology = Topology(controller=controller.key, namespace=facts.namespace, job=ident.job, job_uid=owner_uid,
+                        self_name=name, training_roles=summary.training_roles, members=members,
+                        whole=Whole(summary.nnodes, summary.world_size, summary.slot_sizes, summary.roles))
+    source = summary.master_port_source
+    if options.master_port is not None:
+        port, source = options.master_port, "--master-port"
+    else:
+        port = summary.master_port
+    return Plan(topology=topology, controller=controller, self_pod=own, master_port=port, master_port_source=source,
+                slots_source={name: slots_source})

@@ -1,0 +1,149 @@
+"""``--view own``: a pod's files from the published summary and its own pod against its files from every pod.
+
+After every change of a random sequence (the planner property test's world), for each training pod of each
+controller: the variables of the light plan must be the full plan's, except the address lists of roles too
+large to be summarized, which it does not write (and says why); topology.json's job-wide fields likewise.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent import examples
+from agent.core import Options, render_plan, render_pod
+from agent.core import summary as summary_module
+from agent.core.placement import DEFAULT_LEVELS
+from agent.core.summary import light_plan, read_summary, summarize, summary_text
+from agent.core.topology import build_plan
+from agent.core.variables import env_key
+from agent.errors import InputError
+from tests.core.test_planner import JOBS, World
+
+OPS = ("ip", "no-ip", "leave", "join", "terminating", "failed", "pending", "running", "slots", "clone", "node",
+       "self", "burst")
+
+
+def _comparable(rendered, withheld: set[str]) -> tuple[dict[str, str], dict[str, object]]:
+    written = {v.name: v.value for v in rendered.variables if v.written}
+    for role in withheld:
+        for name in (f"VC_{env_key(role)}_HOSTS", f"VC_{env_key(role)}_HOSTS_FILE"):
+            written.pop(name, None)
+    document = json.loads(rendered.files["topology.json"])
+    job_wide = {key: document[key] for key in ("controller", "namespace", "job", "jobUid", "self", "trainingRoles",
+                                               "masterAddr", "masterPort", "nnodes", "worldSize")}
+    return written, job_wide
+
+
+def _check_every_pod(pods: list, options: Options, listed: int = summary_module.LISTED_HOSTS) -> int:
+    """Compare the two views for every training pod that makes a plan; the number compared."""
+    compared = 0
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        try:
+            full = render_pod(pods, name, options)
+        except InputError:
+            continue
+        topo = full.plan.topology
+        if not topo.me.training:
+            continue
+        raw = summarize(full.plan, seq=7, listed=listed)
+        assert raw is not None, "an index-ordered job of a few runs is summarized"
+        summary = read_summary(summary_text(raw))
+        assert summary is not None and summary.seq == 7
+        plan = light_plan(summary, pod, options)
+        assert plan is not None, f"{name} is in the summary's runs"
+        light = render_plan(plan, options)
+        assert light.plan.topology.me == topo.me
+        withheld = {role for role, _, hosts in summary.roles if hosts is None}
+        assert _comparable(light, withheld) == _comparable(full, withheld)
+        for role in withheld:
+            var = next(v for v in light.variables if v.name == f"VC_{env_key(role)}_HOSTS")
+            assert not var.written and "--view own" in var.source
+        assert set(light.files) == {"torch.env", "topology.json", "generation"}
+        compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.parametrize("listed", [16, 2])
+@pytest.mark.parametrize("address", ["dns", "ip"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=12))
+def test_a_pods_light_variables_are_its_full_variables_without_the_long_host_lists(job, listed, address, seed, ops):
+    world = World(JOBS[job](), random.Random(seed))
+    for op in ops:
+        world.step(op)
+    _check_every_pod(list(world.pods.values()), Options(address=address), listed)
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_every_training_pod_of_every_controller_is_compared(job):
+    pods = JOBS[job]()
+    for k, pod in enumerate(pods):
+        pod["spec"]["nodeName"] = f"node-{k}"
+    live = [p for p in pods if p["status"].get("phase") != "Succeeded"]
+    training = sum(build_plan(pods, p["metadata"]["name"], Options()).topology.me.training for p in live)
+    assert training > 1
+    assert _check_every_pod(pods, Options()) == training
+
+
+def test_a_job_with_pods_missing_everywhere_is_not_summarized():
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2 * summary_module.MAX_RUNS + 4)))
+    kept = [p for k, p in enumerate(pods) if k % 2 == 0]  # every other worker gone: one run per worker
+    plan = build_plan(kept, "demo-master-0", Options())
+    assert summarize(plan, seq=1) is None
+    assert summarize(build_plan(pods, "demo-master-0", Options()), seq=1) is not None
+    assert summarize(build_plan(pods, "demo-master-0", Options(levels=DEFAULT_LEVELS)), seq=1) is None
+
+
+def test_runs_state_a_large_job_in_a_few_hundred_bytes():
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 4095)))
+    raw = summarize(build_plan(pods, "demo-master-0", Options(address="ip")), seq=3)
+    assert raw is not None
+    assert len(raw["runs"]) == 2 and raw["roles"][1] == ["worker", 4095, None]
+    assert len(summary_text(raw)) < 600
+
+
+def test_a_pod_the_summary_does_not_place_waits():
+    pods = examples.pytorchjob(workers=6)
+    plan = build_plan(pods[:-1], "mnist-master-0", Options())  # the last worker not published yet
+    summary = read_summary(summary_text(summarize(plan, seq=1)))
+    assert light_plan(summary, pods[-1], Options()) is None
+    assert light_plan(summary, pods[1], Options()) is not None
+
+
+def _valid() -> dict:
+    pods = examples.pytorchjob(workers=3)
+    return summarize(build_plan(pods, "mnist-master-0", Options()), seq=2)
+
+
+@pytest.mark.parametrize("mutate, complaint", [
+    (lambda s: s.update(nnodes=5), "the runs make 4 pods"),
+    (lambda s: s.update(worldSize=0), "worldSize is 0"),
+    (lambda s: s["runs"][1].__setitem__(4, 2), "does not follow"),
+    (lambda s: s["runs"].__setitem__(1, s["runs"][1][:7]), "a run is not"),
+    (lambda s: s["rank0"].__setitem__(4, "$(reboot)"), "not an address"),
+    (lambda s: s["rank0"].__setitem__(1, "worker"), "rank 0 is not the first pod"),
+    (lambda s: s["roles"][0].__setitem__(2, ["a.b", "c.d"]), "lists"),
+    (lambda s: s.update(masterPort=70000), "masterPort is 70000"),
+    (lambda s: s.update(schema=2), "schema 1"),
+    (lambda s: s.pop("runs"), "missing"),
+    (lambda s: s["runs"][0].__setitem__(0, "ps"), "does not follow"),
+], ids=["nnodes", "world", "gap", "short-run", "address", "rank0", "hosts", "port", "schema", "missing", "role"])
+def test_a_summary_that_does_not_add_up_is_refused_in_one_line(mutate, complaint):
+    raw = _valid()
+    assert read_summary(summary_text(raw)) is not None
+    mutate(raw)
+    with pytest.raises(InputError) as err:
+        read_summary(summary_text(raw))
+    assert complaint in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_summary_bomb_is_refused_before_it_is_parsed():
+    with pytest.raises(InputError, match="values|bytes"):
+        read_summary("[" * 60_000)
