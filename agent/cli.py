@@ -162,7 +162,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if levels is None and (rank_order == "topology" or getattr(args, "nodes", None)):
         levels = DEFAULT_LEVELS
 
-    given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k)
+    view_k = knob(args, "view")
+    view = _choice_knob(Knob(view_k.value or "full", view_k.label), ("full", "own"))
+
+    given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k, view_k)
     return Options(
         labels=tuple((k.label.removeprefix("TOPOLOGY_").lower(), k.label) for k in given
                      if k.label.startswith("TOPOLOGY_")),
@@ -179,6 +182,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         index_label=index_k.value,
         levels=levels,
         rank_order=rank_order,  # type: ignore[arg-type]
+        view=view,  # type: ignore[arg-type]
     )
 
 
@@ -286,6 +290,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--index-label", help="generic: the label that holds each pod's index")
     group.add_argument("--rank-order", help="index (default: the controller's order) or topology (pods of each "
                                             "network domain contiguous, rank 0 kept; reads Node labels)")
+    group.add_argument("--view", help="full (default: every pod reads every member) or own (a training pod of a large "
+                       "job reads the published summary: rank 0, the job's size and its own ranks; it writes "
+                       "torch.env without the long host lists, and no hostfile; docs/sidecar.md)")
     group.add_argument("--topology-levels", help="Node label keys outermost first, comma-separated, or 'default' "
                                                  "(zone, region, GKE, EKS, NVLink clique): TOPOLOGY_<LEVEL> vars")
     ssh = parser.add_argument_group("SSH for DeepSpeed/MPI (written when the job's Secret is mounted)")

@@ -231,7 +231,8 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
     if ident is None:
         raise facts.error or InputError(f"pod '{name}': cannot be identified")
     if ident.role not in summary.training_roles:
-        return None
+        raise InputError(f"pod '{name}' is role '{ident.role}', which does not train: --view own is for training "
+                         "pods; it reads the whole topology")
     run = summary.run_of(ident.role, ident.index)
     if run is None:
         return None
@@ -262,3 +263,20 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
         port = summary.master_port
     return Plan(topology=topology, controller=controller, self_pod=own, master_port=port, master_port_source=source,
                 slots_source={name: slots_source})
+
+
+def view_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """What a change must alter to be worth a rewrite and a signal with --view own: the written variables (the
+    generation aside), as rendered or as read back from topology.json's ``env``."""
+    return tuple(sorted((k, v) for k, v in env.items() if k != "TOPOLOGY_GENERATION"))
+
+
+def why_full_view(options: Options, *, ssh: bool) -> str | None:
+    """Why ``--view own`` cannot apply to this pod's options (None: it can)."""
+    if options.view != "own":
+        return "--view full"
+    if options.levels is not None or options.rank_order != "index":
+        return "ranks by Node labels (--topology-levels, --rank-order topology) need every member"
+    if ssh:
+        return "SSH (--ssh-secret-dir): known_hosts and ssh_config name every member"
+    return None

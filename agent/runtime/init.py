@@ -32,6 +32,7 @@ from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import Compactor, configmap_name, is_leader, leader_identity
+from agent.core.summary import why_full_view
 from agent.core.topology import pod_name
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
@@ -46,7 +47,7 @@ from agent.runtime.intake import usable_pods
 from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
-from agent.runtime.publishing import publish_first, read_published
+from agent.runtime.publishing import publish_first, read_light, read_published
 
 log = logging.getLogger("topology_agent.init")
 Resolver = Callable[[str], bool]
@@ -334,8 +335,18 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
         me_uid = me.get("metadata", {}).get("uid") or ""
         check = WriterCheck(controller, settings.options, me_id.job, settings.namespace, waiter.roster,
                             me=Writer(settings.pod_name, me_uid))
-        published = read_published(api, settings.namespace, cm_name, settings.pod_name, check=check,
-                                   deadline=waiter.deadline, clock=clock, sleep=sleep, settings=waiter.reflecting)
+        light = None
+        why_full = why_full_view(settings.options, ssh=ssh is not None)
+        if settings.options.view == "own" and why_full is not None:
+            log.warning("--view own not used: %s; reading the whole topology", why_full)
+        elif settings.options.view == "own":
+            light = read_light(api, settings.namespace, cm_name, me, settings.options, check=check,
+                               deadline=waiter.deadline, clock=clock, sleep=sleep, settings=waiter.reflecting)
+        if light is not None:
+            rendered = render_plan(light, settings.options, files_dir=files_dir)
+        published = None if light is not None else read_published(
+            api, settings.namespace, cm_name, settings.pod_name, check=check, deadline=waiter.deadline, clock=clock,
+            sleep=sleep, settings=waiter.reflecting)
         if published is not None:
             mine = with_placement(me, published.pods[settings.pod_name])
             pods = [mine if p.get("metadata", {}).get("name") == settings.pod_name else p
@@ -364,7 +375,7 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
                           leader=settings.pod_name, leader_uid=me.get("metadata", {}).get("uid") or "",
                           owner=dict(owners[0]) if owners else None,
                           standby=tuple(m.name for m in training[1:1 + STANDBYS]),
-                          nodes=nodes)  # type: ignore[arg-type]
+                          nodes=nodes, plan=plan)  # type: ignore[arg-type]
         rendered = render_plan(plan, settings.options, files_dir=files_dir)
     assert rendered is not None
     if settings.wait_dns:
@@ -374,7 +385,7 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
     names = write_generation(settings.out_dir, rendered, settings.options, ssh)
     me_member = rendered.plan.topology.me
     log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names),
-             settings.out_dir, me_member.role, me_member.node_rank, len(rendered.plan.topology.training),
+             settings.out_dir, me_member.role, me_member.node_rank, rendered.plan.topology.nnodes,
              peak_rss_mb())
     return rendered
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.core.journal import (
+    JOURNAL_KEY,
     Journal,
     PublishedState,
     Publisher,
@@ -28,8 +29,9 @@ from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, select_value
-from agent.core.topology import NodeLabels, object_name
-from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, GangTimeout
+from agent.core.summary import SUMMARY_KEY, light_plan, read_summary, summarize, summary_text
+from agent.core.topology import NodeLabels, Plan, object_name
+from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, GangTimeout, InputError
 from agent.k8s.core import WatchEvent
 from agent.k8s.reflector import BlockingOps, Reflector, Settings, run
 from agent.k8s.retrying import retried, with_retries
@@ -93,10 +95,20 @@ async def vouch_async(get: Callable[[str], Awaitable[dict[str, Any]]], check: Wr
     return None
 
 
+def journal_data(publisher: Publisher, plan: Plan | None) -> dict[str, str]:
+    """The journal ConfigMap's data: the publisher's changes and, when the plan can be summarized, its summary."""
+    data = publisher.journal_data()
+    summary = summarize(plan, seq=publisher.state.seq) if plan is not None else None
+    if summary is not None:
+        data[SUMMARY_KEY] = summary_text(summary)
+    return data
+
+
 def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
                   leader: str, leader_uid: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
-                  nodes: NodeLabels | None = None) -> bool:
-    """The leader's init: the snapshot, the journal and the Lease. False when the snapshot exists already (this
+                  nodes: NodeLabels | None = None, plan: Plan | None = None) -> bool:
+    """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/summary.py) and the Lease.
+    False when the snapshot exists already (this
     init runs again after a restart, and whoever holds the Lease keeps it current, or someone else wrote it):
     the leader's files still come from the pods it listed, never from that ConfigMap."""
     publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader,
@@ -117,7 +129,7 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
                     "this pod's files come from the pods it listed, and its sidecar publishes if it holds the Lease",
                     name)
         return False
-    journal = journal_body(name, publisher.journal_data(), owner=owner)
+    journal = journal_body(name, journal_data(publisher, plan), owner=owner)
     try:
         with_retries(lambda: api.create(collection, journal), what="publish topology journal")
     except ApiConflict:  # left by an init that stopped between the two writes
@@ -229,6 +241,77 @@ class _Published:
         return self.has_me()
 
 
+class _Summarized(_Published):
+    """init's side of the reflector with ``--view own``: the journal alone, until its summary places this pod."""
+
+    def __init__(self, name: str, pod_name: str, judge: Callable[[list[Any]], tuple[str | None, bool]] | None,
+                 own: RawPod, options: Options) -> None:
+        super().__init__(name, pod_name, judge)
+        self.own, self.options = own, options
+        self.plan: Plan | None = None
+        self.unsummarized: str | None = None  # why this pod reads the whole topology instead
+
+    def done(self) -> bool:
+        return self.refused is not None or self.unsummarized is not None or self.plan is not None
+
+    def _take(self, journal: Any) -> None:
+        data = journal.get("data") if isinstance(journal, dict) else None
+        if not isinstance(data, dict) or JOURNAL_KEY not in data:
+            return  # nothing published yet
+        text = data.get(SUMMARY_KEY)
+        if text is None:
+            self.unsummarized = ("the leader published no summary (more runs of ranks than a summary holds, or an "
+                                 "older agent)")
+            return
+        try:
+            summary = read_summary(text if isinstance(text, str) else "(not a string)")
+            assert summary is not None
+            self.plan = light_plan(summary, self.own, self.options)
+        except InputError as err:
+            self.unsummarized = str(err)
+
+    def on_list(self, items: list[dict[str, Any]]) -> None:
+        if self._vouched(items):
+            for item in items:
+                if object_name(item) == journal_name(self.name):
+                    self._take(item)
+
+    def on_event(self, event: WatchEvent) -> bool:
+        if event.type not in ("ADDED", "MODIFIED"):
+            return False
+        if not self._vouched([event.object]):
+            return True
+        self._take(event.object)
+        return self.done()
+
+
+def read_light(api: Api, namespace: str, name: str, own: RawPod, options: Options, *, deadline: float,
+               check: WriterCheck | None = None, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep, settings: Settings | None = None) -> Plan | None:
+    """``--view own``: this pod's plan from the published summary (core/summary.py), once it places this pod;
+    None (said in one line) when it cannot be used: the caller reads the whole topology. Only the journal is
+    read (a LIST and, while this pod is not placed, a WATCH, by name): a few KiB, not the snapshot."""
+    collection = f"/api/v1/namespaces/{namespace}/configmaps"
+    journal = journal_name(name)
+    field = f"metadata.name={journal}"
+    judge = (lambda items: vouch(api.get_object, check, items, name)) if check is not None else None
+    follow = _Summarized(name, object_name(own), judge, own, options)
+    reflector = Reflector(f"configmap {journal}", settings, now=clock())
+    ops = BlockingOps(lambda: api.list_objects(collection, field_selector=field),
+                      lambda rv, timeout, idle: api.watch_objects(collection, rv, timeout=timeout,
+                                                                  field_selector=field, idle=idle),
+                      sleep=sleep, clock=clock)
+    log.info("waiting for the leader to publish its summary in configmap %s (--view own)", journal)
+    if not run(reflector, ops, follow, deadline=deadline, done=follow.done):
+        why = f" (last API error: {reflector.last_error})" if reflector.last_error else ""
+        raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {journal} placing pod "
+                          f"'{object_name(own)}'{why}; is the leader pod running its init container? kubectl get "
+                          f"configmap {journal} -n {namespace}")
+    if follow.plan is None:
+        log.warning("--view own not used: %s; reading the whole topology", follow.refused or follow.unsummarized)
+    return follow.plan
+
+
 class JournalWriter:
     """The leader's side of the publication, in its sidecar: the journal after every change, the snapshot when it
     is due (core/journal.py). Each write carries the resourceVersion this leader last wrote, so a deposed leader's
@@ -264,9 +347,9 @@ class JournalWriter:
         return set(state.rows)  # every row is compared again: what changed while nobody published goes out
 
     async def publish(self, pods: dict[str, RawPod], touched: set[str], nodes: NodeLabels,
-                      standby: tuple[str, ...]) -> bool:
-        """Put what changed where the followers read it; False when another pod changed the publication (this pod
-        stops publishing)."""
+                      standby: tuple[str, ...], plan: Plan | None = None) -> bool:
+        """Put what changed where the followers read it (``plan``: the same pods' plan, summarized for
+        ``--view own``); False when another pod changed the publication (this pod stops publishing)."""
         if self.publisher is None:
             touched = touched | set(pods) | await self._start()
         publisher = self.publisher
@@ -284,7 +367,7 @@ class JournalWriter:
                 await self._write(self.name, body)
                 publisher.snapshot_written(seq)
                 self.rewrite_snapshot = False  # written by this pod now
-            await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
+            await self._write(journal_name(self.name), journal_body(self.name, journal_data(publisher, plan),
                                                                     owner=self.owner))
             if self.rewrite_snapshot:
                 seq = publisher.state.seq

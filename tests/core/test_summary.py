@@ -145,5 +145,5 @@ def test_a_summary_that_does_not_add_up_is_refused_in_one_line(mutate, complaint
 
 
 def test_a_summary_bomb_is_refused_before_it_is_parsed():
-    with pytest.raises(InputError, match="values|bytes"):
+    with pytest.raises(InputError, match=r"values|bytes"):
         read_summary("[" * 60_000)

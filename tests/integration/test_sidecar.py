@@ -511,3 +511,50 @@ def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_follow
         assert "not used" not in log.read_text()
     finally:
         stop_sidecars(procs)
+
+
+def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_changes_and_a_takeover(sandbox, tmp_path):
+    """Issue 24: a follower read the whole snapshot twice and rewrote every file; with --view own it reads the
+    journal's summary (never the snapshot), writes torch.env equal to the full view's, and follows a new worker
+    and a new rank 0."""
+    published_job(sandbox, tmp_path, 7)
+    light = tmp_path / "light"
+    code, err = finish(start_init(sandbox, "demo-worker-5", light, "--address", "ip", "--source", "published",
+                                  "--view", "own"))
+    assert code == 0, err
+    assert "waiting for the leader to publish its summary" in err and "not used" not in err
+    assert sorted(p.name for p in light.iterdir()) == ["generation", "topology.json", "torch.env"]
+    full_env = json.loads((tmp_path / "demo-worker-5" / "topology.json").read_text())["env"]
+    assert json.loads((light / "topology.json").read_text())["env"] == full_env  # 7 workers: lists are kept
+
+    env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-5", "POD_NAMESPACE": "default"}
+    env.pop("KUBECONFIG", None)
+    procs = {n: start_sidecar(sandbox, tmp_path, n, "--lease-seconds", "3")
+             for n in ("demo-master-0", "demo-worker-0", "demo-worker-1")}
+    log = (tmp_path / "light.log").open("w")
+    procs["light"] = (subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(light), "--address", "ip", "--debounce", "0",
+         "--signal", "none", "--health-port", "0", "--lease-seconds", "3", "--view", "own"], env=env, stderr=log),
+        log)
+    try:
+        wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
+        wait_for(lambda: "(follower)" in (tmp_path / "light.log").read_text(), what="light follower up")
+        agent = "topology-agent/0.1.0 sidecar (default/demo-worker-5)"
+        wait_for(lambda: sandbox.stats()["byAgent"].get(agent, {}).get("watches", 0) >= 1, what="watching")
+        assert generation(light) == 1  # the summary places it where init did: nothing rewritten
+        add_worker(sandbox, 7, 90)
+        wait_for(lambda: world(light)[0] == "9", what="the light follower sees the new worker")
+        assert world(light) == world(tmp_path / "demo-master-0")
+        leader, leader_log = procs.pop("demo-master-0")
+        leader.kill()
+        leader.wait(15)
+        leader_log.close()
+        before = world(light)
+        sandbox.delete_pod("default", "demo-master-0")
+        wait_for(lambda: world(light)[0] == "8", timeout=30, what="the light follower sees the leader gone")
+        assert world(light)[1] != before[1]  # a new rank 0, a new MASTER_ADDR
+        assert sorted(p.name for p in light.iterdir()) == ["generation", "topology.json", "torch.env"]
+        text = (tmp_path / "light.log").read_text()
+        assert "not used" not in text and "reading the whole topology" not in text
+    finally:
+        stop_sidecars(procs)

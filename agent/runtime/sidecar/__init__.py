@@ -32,6 +32,7 @@ from agent.core.lease import Timing
 from agent.core.model import RawPod
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import SELECT_LABEL, Compactor, configmap_name, select_value
+from agent.core.summary import why_full_view
 from agent.errors import ApiError, ApiForbidden, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
@@ -219,10 +220,17 @@ class Sidecar:
         pods, the others follow the journal. The API being away at start is waited out (it decides the mode for
         the pod's life); no RBAC for ConfigMaps means the pods."""
         collection = f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
+        why_full = why_full_view(self.settings.options, ssh=self.settings.ssh is not None)
+        light = self.settings.options.view == "own" and why_full is None
+        if self.settings.options.view == "own" and why_full is not None:
+            log.warning("--view own not used: %s; reading the whole topology", why_full)
+        # --view own reads the journal alone (its summary), never the snapshot
+        field = f"metadata.name={journal_name(self.configmap)}" if light else ""
+        label = "" if light else f"{SELECT_LABEL}={select_value(self.configmap)}"
         try:
-            items, rv = await retried(lambda: self.api.list_objects(
-                collection, label_selector=f"{SELECT_LABEL}={select_value(self.configmap)}"),
-                what="look for a published topology")
+            items, rv = await retried(lambda: self.api.list_objects(collection, label_selector=label,
+                                                                    field_selector=field),
+                                      what="look for a published topology")
         except ApiForbidden as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return
@@ -250,12 +258,13 @@ class Sidecar:
         probe = {"probe_every": self.settings.probe_every} if self.settings.probe_every is not None else {}
         self.journal = JournalFollower(self, self.api, namespace=self.settings.namespace, configmap=self.configmap,
                                        settings=self.settings.reflecting, grace=2.0 * self.settings.lease_seconds,
-                                       **probe)  # type: ignore[arg-type]
+                                       options=self.settings.options, **probe)  # type: ignore[arg-type]
         if candidate:
             self.mode = Mode.CANDIDATE
             self.candidate.set()
         else:
             self.mode = Mode.FOLLOWER
+            self.journal.light = light
             self.journal.first_list = (items, rv)  # a follower starts from this LIST: no second one
 
     # --- the root tasks ------------------------------------------------------------------------------------
@@ -335,7 +344,9 @@ class Sidecar:
 
     def _note(self) -> str:
         published = self.journal.published if self.journal is not None else None
-        return f"rv={self.reflector.rv if self.reflector else ''} seq={published.seq if published else 0}"
+        journal = self.journal.journal if self.journal is not None else None
+        seq = published.seq if published else journal.seq if self.membership.light and journal else 0
+        return f"rv={self.reflector.rv if self.reflector else ''} seq={seq}"
 
     async def _publish(self) -> None:
         """Publish only what makes a valid topology (never the empty view before the first LIST)."""
@@ -346,7 +357,8 @@ class Sidecar:
         membership = self.membership
         try:
             touched, membership.touched = membership.touched, set()
-            if await writer.publish(membership.pods, touched, membership.nodes, self.evaluator.standby_now):
+            if await writer.publish(membership.pods, touched, membership.nodes, self.evaluator.standby_now,
+                                    plan=self.evaluator.plan):
                 self.metrics.published.inc()
             else:
                 elector.leading = False

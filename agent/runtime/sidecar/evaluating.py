@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.core import NodeLabels, Rendered, Renderer
+from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.journal import STANDBYS
 from agent.core.rendering import membership_key_of_document
+from agent.core.summary import view_key
+from agent.core.topology import Plan
 from agent.core.validation import not_json
 from agent.core.variables import warnings_for
 from agent.errors import InputError, OutputError
@@ -47,6 +49,7 @@ class Evaluator:
         self.problem: str | None = None  # why the files in place are not the current membership's
         self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
         self.standby_now: tuple[str, ...] = ()  # node ranks 1.. in the last evaluation: the leader names them
+        self.plan: Plan | None = None  # the last valid plan: the leader summarizes it (core/summary.py)
 
     @property
     def valid(self) -> bool:
@@ -64,7 +67,8 @@ class Evaluator:
             generation = document.get("generation") if isinstance(document, dict) else None
             if not isinstance(generation, int) or isinstance(generation, bool) or not 0 <= generation < 2**53:
                 raise ValueError(f"its generation is {str(generation)[:20]}, not a whole number")
-            key = membership_key_of_document(document)
+            key = view_key(document.get("env", {})) if document.get("view") == "own" \
+                else membership_key_of_document(document)
         except FileNotFoundError:
             return
         except (Unreadable, OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
@@ -93,16 +97,24 @@ class Evaluator:
         failed write is to be tried again."""
         s = self.settings
         self.evaluated = True
-        pods = self.membership.placed(by_ip=s.options.address == "ip")
-        try:
-            rendered: Rendered = self.renderer.render(pods, generation=self.generation + 1,
-                                                      files_dir=str(s.out_dir.absolute()), nodes=nodes)
-        except InputError as err:
-            self.problem = f"the current pods make no valid topology ({err})"
-            log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
-            return None
+        light = self.membership.light
+        key: Any
+        if light is not None:  # --view own: rank 0, this pod and the job's numbers, from the published summary
+            rendered: Rendered = render_plan(light, s.options, generation=self.generation + 1,
+                                             files_dir=str(s.out_dir.absolute()))
+            key = view_key({v.name: v.value for v in rendered.variables if v.written and not v.unset})
+        else:
+            pods = self.membership.placed(by_ip=s.options.address == "ip")
+            try:
+                rendered = self.renderer.render(pods, generation=self.generation + 1,
+                                                files_dir=str(s.out_dir.absolute()), nodes=nodes)
+            except InputError as err:
+                self.problem = f"the current pods make no valid topology ({err})"
+                log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
+                return None
+            key = self.renderer.membership_key(rendered)
+        self.plan = rendered.plan
         self.standby_now = tuple(m.name for m in rendered.plan.topology.training[1:1 + STANDBYS])
-        key = self.renderer.membership_key(rendered)
         if key == self.last_key:
             self.problem = None
             return None
@@ -124,7 +136,7 @@ class Evaluator:
         self.metrics.latency.observe(max(0.0, written - since))
         topo = rendered.plan.topology
         log.info("generation %d written: %d training pods, world size %d (%s files_at=%.6f)", self.generation,
-                 len(topo.training), topo.world_size, note, written)
+                 topo.nnodes, topo.world_size, note, written)
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
         result = signal_trainer(s.finder, s.signal)

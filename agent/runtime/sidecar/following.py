@@ -25,9 +25,10 @@ from typing import Any, Protocol
 from agent.core.gang import Roster
 from agent.core.journal import Journal, PublishedState, journal_name, read_journal, state_from
 from agent.core.lease import read_record
-from agent.core.model import RawPod
+from agent.core.model import Options, RawPod
 from agent.core.provenance import WriterCheck
 from agent.core.published import SELECT_LABEL, Compactor, select_value
+from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
 from agent.core.topology import object_name, pod_name, slim_pod
 from agent.errors import ApiError, ApiGone, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
@@ -206,7 +207,7 @@ async def _until_first(*coroutines: Awaitable[None]) -> None:
 class JournalFollower:
     def __init__(self, host: Host, api: AsyncApi, *, namespace: str, configmap: str, settings: ReflectorSettings,
                  first_list: tuple[list[dict[str, Any]], str] | None = None, probe_every: float = PROBE_EVERY,
-                 grace: float = 30.0) -> None:
+                 grace: float = 30.0, options: Options | None = None) -> None:
         self.host, self.api, self.namespace, self.configmap = host, api, namespace, configmap
         self.settings, self.probe_every, self.grace = settings, probe_every, grace
         self.first_list = first_list  # a follower starts from the LIST that chose its mode: no second one
@@ -214,6 +215,8 @@ class JournalFollower:
         self.journal: Journal | None = None
         self.collection = f"/api/v1/namespaces/{namespace}/configmaps"
         self.selector = f"{SELECT_LABEL}={select_value(configmap)}"
+        self.options = options or Options()
+        self.light = False  # --view own: the journal's summary places this pod; the snapshot is never read
 
     @property
     def what(self) -> str:
@@ -225,6 +228,8 @@ class JournalFollower:
         async def list_published() -> tuple[list[dict[str, Any]], str]:
             if self.first_list is not None:
                 (items, rv), self.first_list = self.first_list, None
+            elif self.light:
+                items, rv = await self.api.list_objects(self.collection, field_selector=journal)
             else:
                 items, rv = await self.api.list_objects(self.collection, label_selector=self.selector)
             why = await self._vouch(items)
@@ -257,7 +262,45 @@ class JournalFollower:
     def _unusable(self, err: InputError) -> None:
         self.host.switch(Mode.PODS, f"the published topology cannot be used ({err})")
 
+    def _summarized(self, configmap: Any) -> bool:
+        """--view own: this pod's plan from the journal's summary (core/summary.py). A summary that cannot place
+        this pod sends the follower back to the whole topology (a relist: the snapshot, then the journal)."""
+        try:
+            journal = read_journal(configmap)
+        except InputError as err:
+            self._unusable(err)
+            return False
+        if journal is None:
+            return False
+        self.journal = journal
+        self._stand_by(journal.standby)
+        data = configmap.get("data") or {}
+        text = data.get(SUMMARY_KEY)
+        membership = self.host.membership
+        why = "the leader published no summary (more runs of ranks than a summary holds, or an older agent)"
+        if isinstance(text, str) and membership.me is not None:
+            try:
+                summary = read_summary(text)
+                assert summary is not None
+                plan = light_plan(summary, membership.me, self.options)
+            except InputError as err:
+                why = str(err)
+            else:
+                if plan is None:  # not a member in the leader's view now: the last files stay, as with every pod
+                    log.info("the summary at sequence %d does not place this pod; keeping its files", journal.seq)
+                    return False
+                changed = membership.light is None or membership.light.topology != plan.topology \
+                    or membership.light.master_port != plan.master_port
+                membership.light = plan
+                return changed
+        self.light = False
+        membership.light = None
+        log.warning("--view own not used: %s; reading the whole topology", why)
+        raise ApiGone("reading the whole topology", status=410)
+
     def _on_list(self, items: list[dict[str, Any]]) -> bool:
+        if self.light:
+            return any([self._summarized(i) for i in items if object_name(i) == journal_name(self.configmap)])
         try:
             state, journal = state_from(items, self.configmap)
         except InputError as err:
@@ -279,6 +322,8 @@ class JournalFollower:
     def _on_event(self, event: WatchEvent) -> bool:
         if event.type not in ("ADDED", "MODIFIED"):
             return False
+        if self.light:
+            return self._summarized(event.object)
         try:
             journal = read_journal(event.object)
             changed = self.published.apply(journal) if self.published is not None and journal is not None else None

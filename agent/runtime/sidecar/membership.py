@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from agent.core.model import RawPod
-from agent.core.topology import pod_ip, slim_pod
+from agent.core.topology import Plan, pod_ip, slim_pod
 from agent.runtime.nodes import NodeMap
 
 
@@ -18,6 +18,7 @@ class Membership:
         self.unaddressed: set[str] = set()  # pods without an IP yet (kept per event, not rescanned per change)
         self.touched: set[str] = set()  # pods changed since the last publication
         self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
+        self.light: Plan | None = None  # --view own: this pod's plan from the published summary, held instead
 
     def _address(self, name: str, pod: RawPod) -> None:
         if pod_ip(pod) or name == self.pod_name:
@@ -28,6 +29,7 @@ class Membership:
     def replace(self, pods: dict[str, RawPod], *, own: bool = False) -> None:
         """Every pod at once (a LIST, a snapshot). ``own``: put the own pod as read at start in place of its
         published row (the user's env is read from it)."""
+        self.light = None  # every pod is held again: the summary's plan no longer stands for them
         if own and self.me is not None and self.pod_name in pods:
             pods[self.pod_name] = slim_pod(self.me)
         self.touched |= set(self.pods) | set(pods)
