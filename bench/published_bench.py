@@ -61,6 +61,9 @@ def pod_env(sandbox: SandboxThread, pod: str) -> dict[str, str]:
     return env
 
 
+VIEW: list[str] = []  # --view own: given to every measured init and sidecar (the leader's and standbys' ignore it)
+
+
 def start_up(sandbox: SandboxThread, tmp: Path, n: int, spread: float, seed: int) -> dict[str, Any]:
     measured = ["demo-master-0", "demo-worker-0", f"demo-worker-{n // 2}", f"demo-worker-{n - 2}"]
     ips = {p["metadata"]["name"]: p["status"]["podIP"]
@@ -76,7 +79,8 @@ def start_up(sandbox: SandboxThread, tmp: Path, n: int, spread: float, seed: int
             log = (tmp / f"init-{name}.log").open("w+b")
             procs[name] = (subprocess.Popen(
                 [sys.executable, "-m", "agent.cli", "init", "--out", str(tmp / name), "--address", "ip",
-                 "--log-format", "json"], env=pod_env(sandbox, name), stdout=subprocess.DEVNULL, stderr=log), log)
+                 "--log-format", "json", *VIEW], env=pod_env(sandbox, name), stdout=subprocess.DEVNULL,
+                stderr=log), log)
     last_ip = time.perf_counter()
     result: dict[str, Any] = {"inits": {}}
     done = []
@@ -103,7 +107,7 @@ def start_sidecar(sandbox: SandboxThread, tmp: Path, pod: str, lease: int) -> tu
     with log.open("w") as handle:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(tmp / pod), "--address", "ip",
-             "--signal", "none", "--health-port", "0", "--log-format", "json", "--lease-seconds", str(lease)],
+             "--signal", "none", "--health-port", "0", "--log-format", "json", "--lease-seconds", str(lease), *VIEW],
             env=pod_env(sandbox, pod), stderr=handle)
     return proc, log
 
@@ -219,9 +223,11 @@ def main() -> None:
     parser.add_argument("--spread", type=float, default=10.0, help="pods get their IPs over this many seconds")
     parser.add_argument("--lease-seconds", type=int, default=15)
     parser.add_argument("--takeover", choices=["crash", "sigterm"], default="crash")
+    parser.add_argument("--view", choices=["full", "own"], default="full", help="what followers read (--view)")
     parser.add_argument("--seed", type=int, default=0, help="run k uses IP order seed + k (compare commits on the "
                                                             "same orders)")
     args = parser.parse_args()
+    VIEW[:] = ["--view", args.view]
     runs = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp_name, SandboxThread(Path(tmp_name) / "sb") as sandbox:
@@ -248,6 +254,14 @@ def main() -> None:
         print(f"- {label} init: CPU {med([i['cpu'] for i in inits])} s, peak RSS {rss}"
               f" MB, {med([i['requests'] for i in inits], '.0f')} requests (+{inits[0]['watches']} watch), "
               f"{med([i['bytes'] / 1024 for i in inits], '.0f')} KiB")
+    def start_bytes(run: dict[str, Any], role: str, pod: str) -> float:
+        return run["inits"][pod]["bytes"] + run["start"][role]["bytes"]
+
+    # Every pod of the job is one of these: the leader, 2 standbys, and followers like the one measured.
+    job_wide = [(start_bytes(r, "leader", leader) + 2 * start_bytes(r, "standby", "demo-worker-0")
+                 + (n - 3) * start_bytes(r, "follower", follower)) / 2**30 for r in runs]
+    print(f"- job-wide start-up bytes (leader + 2 standbys + {n - 3} followers, init and sidecar start): "
+          f"{med(job_wide)} GiB")
     print(f"\nSteady state, {args.changes} single-pod changes, one every {args.gap:g} s:\n")
     for role in ("leader", "standby", "follower"):
         start = [r["start"][role] for r in runs]
@@ -259,6 +273,9 @@ def main() -> None:
     for key, label in (("follower_ms", "follower"), ("leader_ms", "leader")):
         p50 = [statistics.median(r[key]) for r in runs if r[key]]
         p99 = [percentile(r[key], 0.99) for r in runs if r[key]]
+        if not p50:  # --view own: a worker's new IP changes no file of another worker
+            print(f"- {label} event-to-file: no change rewrote its files")
+            continue
         print(f"- {label} event-to-file: p50 {med(p50, '.0f')} ms, p99 {med(p99, '.0f')} ms "
               f"({len(runs[0][key])} changes credited in run 1)")
     print(f"- changes never published: {[r['unpublished'] for r in runs]}; journal sequences the benchmark missed: "

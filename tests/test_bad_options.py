@@ -49,6 +49,7 @@ COMMON = [
     ("--ssh-port", ["--ssh-port", "ssh"], ["--ssh-port 'ssh'"]),
     ("--ssh-owner", ["--ssh-owner", "root"], ["--ssh-owner 'root'", "UID:GID"]),
     ("--rank-order", ["--rank-order", "rack"], ["--rank-order 'rack'", "index, topology"]),
+    ("--view", ["--view", "mine"], ["--view 'mine'", "full, own"]),
     ("--topology-levels", ["--topology-levels", "rack name"], ["--topology-levels", "'rack name'", "label key"]),
     ("--topology-levels", ["--topology-levels", "a.io/rack,b.io/rack"],
      ["--topology-levels", "TOPOLOGY_RACK", "only one"]),

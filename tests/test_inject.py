@@ -270,6 +270,15 @@ def test_elastic_pytorchjobs_get_the_sidecar_and_their_range_from_the_elastic_po
     assert agent_args(pod_templates(injected(doc))[0], SIDECAR) is None
 
 
+def test_view_own_reaches_init_and_the_sidecar_alike():
+    doc = reduce_to_users_job(docs_of(ROOT / "manifests" / "examples" / "elastic-pytorchjob.yaml")[0])
+    doc["metadata"]["annotations"] = {PREFIX + "view": "own"}
+    template = pod_templates(injected(doc))[0]
+    assert options_of(agent_args(template)).view == "own"
+    sidecar = agent_args(template, SIDECAR)
+    assert sidecar[sidecar.index("--view") + 1] == "own"
+
+
 def test_ssh_files_are_written_as_the_trainers_user_with_no_capability():
     doc = reduce_to_users_job(docs_of(ROOT / "manifests" / "examples" / "deepspeed-job.yaml")[1])
     assert doc["metadata"]["annotations"][PREFIX + "ssh-secret"]
@@ -310,6 +319,7 @@ def test_a_kubectl_list_and_json_come_back_as_they_came():
     ({PREFIX + "rank-ordr": "topology"}, "'topology-agent.io/rank-ordr' is not a setting"),
     ({PREFIX + "elastic": "2-4"}, "--elastic"),
     ({PREFIX + "rank-order": "random"}, "--rank-order"),
+    ({PREFIX + "view": "mine"}, "--view"),
     ({PREFIX + "ssh-secret": "s", PREFIX + "ssh-owner": "me"}, "ssh-owner"),
 ])
 def test_a_bad_setting_is_one_line_exit_2_and_nothing_written(annotations, says, capsys, monkeypatch):

@@ -95,10 +95,11 @@ async def vouch_async(get: Callable[[str], Awaitable[dict[str, Any]]], check: Wr
     return None
 
 
-def journal_data(publisher: Publisher, plan: Plan | None) -> dict[str, str]:
-    """The journal ConfigMap's data: the publisher's changes and, when the plan can be summarized, its summary."""
+def journal_data(publisher: Publisher, plan: Plan | None, options: Options) -> dict[str, str]:
+    """The journal ConfigMap's data: the publisher's changes and, for a job of ``--view own`` whose plan can be
+    summarized, its summary (~400 bytes more in every event each follower receives: not for jobs that use none)."""
     data = publisher.journal_data()
-    summary = summarize(plan, seq=publisher.state.seq) if plan is not None else None
+    summary = summarize(plan, seq=publisher.state.seq) if plan is not None and options.view == "own" else None
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)
     return data
@@ -129,7 +130,7 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
                     "this pod's files come from the pods it listed, and its sidecar publishes if it holds the Lease",
                     name)
         return False
-    journal = journal_body(name, journal_data(publisher, plan), owner=owner)
+    journal = journal_body(name, journal_data(publisher, plan, options), owner=owner)
     try:
         with_retries(lambda: api.create(collection, journal), what="publish topology journal")
     except ApiConflict:  # left by an init that stopped between the two writes
@@ -367,8 +368,8 @@ class JournalWriter:
                 await self._write(self.name, body)
                 publisher.snapshot_written(seq)
                 self.rewrite_snapshot = False  # written by this pod now
-            await self._write(journal_name(self.name), journal_body(self.name, journal_data(publisher, plan),
-                                                                    owner=self.owner))
+            journal = journal_body(self.name, journal_data(publisher, plan, self.options), owner=self.owner)
+            await self._write(journal_name(self.name), journal)
             if self.rewrite_snapshot:
                 seq = publisher.state.seq
                 await self._write(self.name, configmap_body(

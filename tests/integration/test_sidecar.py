@@ -315,11 +315,11 @@ def policy_admits(sandbox, operation: str, writer: str, obj: dict, old: dict | N
     return Policy().admit(request, obj, old)
 
 
-def published_job(sandbox, tmp_path, workers):
+def published_job(sandbox, tmp_path, workers, *extra):
     pods = create_volcano_job(sandbox, (("master", 1), ("worker", workers)))
     for pod in pods:
         code, err = finish(start_init(sandbox, pod["metadata"]["name"], tmp_path / pod["metadata"]["name"],
-                                      "--address", "ip", "--source", "published"))
+                                      "--address", "ip", "--source", "published", *extra))
         assert code == 0, err
     return pods
 
@@ -517,19 +517,22 @@ def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_changes_an
     """Issue 24: a follower read the whole snapshot twice and rewrote every file; with --view own it reads the
     journal's summary (never the snapshot), writes torch.env equal to the full view's, and follows a new worker
     and a new rank 0."""
-    published_job(sandbox, tmp_path, 7)
+    published_job(sandbox, tmp_path, 7, "--view", "own")  # every pod with the job's options: the leader summarizes
     light = tmp_path / "light"
     code, err = finish(start_init(sandbox, "demo-worker-5", light, "--address", "ip", "--source", "published",
                                   "--view", "own"))
     assert code == 0, err
     assert "waiting for the leader to publish its summary" in err and "not used" not in err
     assert sorted(p.name for p in light.iterdir()) == ["generation", "topology.json", "torch.env"]
-    full_env = json.loads((tmp_path / "demo-worker-5" / "topology.json").read_text())["env"]
+    full = tmp_path / "full"
+    code, err = finish(start_init(sandbox, "demo-worker-5", full, "--address", "ip", "--source", "published"))
+    assert code == 0, err
+    full_env = json.loads((full / "topology.json").read_text())["env"]
     assert json.loads((light / "topology.json").read_text())["env"] == full_env  # 7 workers: lists are kept
 
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-5", "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
-    procs = {n: start_sidecar(sandbox, tmp_path, n, "--lease-seconds", "3")
+    procs = {n: start_sidecar(sandbox, tmp_path, n, "--lease-seconds", "3", "--view", "own")
              for n in ("demo-master-0", "demo-worker-0", "demo-worker-1")}
     log = (tmp_path / "light.log").open("w")
     procs["light"] = (subprocess.Popen(
@@ -558,3 +561,14 @@ def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_changes_an
         assert "not used" not in text and "reading the whole topology" not in text
     finally:
         stop_sidecars(procs)
+
+
+def test_with_view_own_but_no_summary_published_a_pod_says_so_and_reads_the_whole_topology(sandbox, tmp_path):
+    published_job(sandbox, tmp_path, 4)  # the leader without --view own publishes no summary
+    out = tmp_path / "light"
+    code, err = finish(start_init(sandbox, "demo-worker-3", out, "--address", "ip", "--source", "published",
+                                  "--view", "own"))
+    assert code == 0, err
+    assert "--view own not used: the leader published no summary" in err
+    assert (out / "hostfile").read_text() == (tmp_path / "demo-worker-3" / "hostfile").read_text()
+    assert (out / "torch.env").read_text() == (tmp_path / "demo-worker-3" / "torch.env").read_text()
