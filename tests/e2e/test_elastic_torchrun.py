@@ -44,7 +44,7 @@ def wait_for(predicate, what: str, timeout: float) -> float:
 
 
 class Pod:
-    def __init__(self, sandbox: SandboxThread, pod: dict, tmp: Path, *extra: str) -> None:
+    def __init__(self, sandbox: SandboxThread, pod: dict, tmp: Path) -> None:
         self.sandbox, self.pod, self.name = sandbox, pod, pod["metadata"]["name"]
         self.out, self.worlds = tmp / self.name, tmp / f"{self.name}.worlds"
         self.log = tmp / f"{self.name}.log"
@@ -52,7 +52,7 @@ class Pod:
         sandbox.create_pod(pod)
         self.init = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "init", "--out", str(self.out), "--address", "ip",
-             "--nproc-per-node", "1", "--timeout", "60", *extra], env=agent_env(sandbox, self.name),
+             "--nproc-per-node", "1", "--timeout", "60"], env=agent_env(sandbox, self.name),
             stderr=subprocess.PIPE, text=True)
 
     def run(self) -> None:
@@ -91,11 +91,7 @@ def generation(pod: Pod) -> int:
         return 0
 
 
-VIEWS = {"full": (), "own": ("--view", "own")}  # own: the followers' files from the published summary (issue 24)
-
-
-@pytest.mark.parametrize("view", sorted(VIEWS))
-def test_real_torchrun_scales_from_two_to_three_and_back_to_two_pods(tmp_path, view):
+def test_real_torchrun_scales_from_two_to_three_and_back_to_two_pods(tmp_path):
     pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
     with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5) as sandbox:
         owner = sandbox.create("kubeflow.org/v1/pytorchjobs", "default", {
@@ -105,8 +101,7 @@ def test_real_torchrun_scales_from_two_to_three_and_back_to_two_pods(tmp_path, v
         specs = examples.pytorchjob(JOB, workers=3, master=False, elastic=(2, 3))
         for spec in specs:
             spec["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
-        extra = ("--source", "published", *VIEWS[view]) if view == "own" else ()
-        pods = [Pod(sandbox, spec, tmp_path, *extra) for spec in specs[:2]]
+        pods = [Pod(sandbox, spec, tmp_path) for spec in specs[:2]]
         sidecars = []
         try:
             for pod in pods:
@@ -114,17 +109,14 @@ def test_real_torchrun_scales_from_two_to_three_and_back_to_two_pods(tmp_path, v
             env = (pods[0].out / "torch.env").read_text()
             assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE='1'" in env and "export PET_NNODES='2:3'" in env
             sidecars = [
-                start_sidecar(sandbox, pods[0], tmp_path / "sidecar.log",
-                              *VIEWS[view]),  # docs/sidecar.md: no trainer named
+                start_sidecar(sandbox, pods[0], tmp_path / "sidecar.log"),  # docs/sidecar.md: no trainer named
                 start_sidecar(sandbox, pods[1], tmp_path / "sidecar-told.log", "--trainer-match",
-                              "torch.distributed.run", "--signal", "SIGUSR1", *VIEWS[view]),  # told to signal it
+                              "torch.distributed.run", "--signal", "SIGUSR1"),  # told to signal torchrun
             ]
             wait_for(lambda: all(p.seen() == ["world=2"] for p in pods), "the first world of 2 pods", 150)
 
-            pods.append(Pod(sandbox, specs[2], tmp_path, *extra))
+            pods.append(Pod(sandbox, specs[2], tmp_path))
             pods[2].run()
-            if view == "own":  # the joining pod's init read the summary the first pod's sidecar published
-                assert sorted(p.name for p in pods[2].out.iterdir()) == ["generation", "topology.json", "torch.env"]
             wait_for(lambda: all(p.seen()[-1:] == ["world=3"] for p in pods), "every pod in a world of 3", 150)
             wait_for(lambda: generation(pods[0]) >= 2, "the sidecar's files with the third pod", 30)
 
