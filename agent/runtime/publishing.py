@@ -161,18 +161,12 @@ def read_published(api: Api, namespace: str, name: str, pod_name: str, *, deadli
     One LIST by label reads the snapshot and the journal together; while this pod is not in them yet, a WATCH
     with the same label brings the leader's writes in order (a snapshot always before the journal that needs
     it), so no further GET is made. The reflector (reflector.py) resumes, relists and backs off."""
-    collection = f"/api/v1/namespaces/{namespace}/configmaps"
-    selector = f"{SELECT_LABEL}={select_value(name)}"
     judge = (lambda items: vouch(api.get_object, check, items, name)) if check is not None else None
     follow = _Published(name, pod_name, judge)
-    reflector = Reflector(f"configmap {name}", settings, now=clock())
-    ops = BlockingOps(lambda: api.list_objects(collection, label_selector=selector),
-                      lambda rv, timeout, idle: api.watch_objects(collection, rv, timeout=timeout,
-                                                                  label_selector=selector, idle=idle),
-                      sleep=sleep, clock=clock)
     log.info("waiting for the leader to publish configmap %s", name)
-    if not run(reflector, ops, follow, deadline=deadline, done=follow.done):
-        why = f" (last API error: {reflector.last_error})" if reflector.last_error else ""
+    why = _await(api, namespace, name, follow, deadline=deadline, clock=clock, sleep=sleep, settings=settings,
+                 label_selector=f"{SELECT_LABEL}={select_value(name)}")
+    if why is not None:
         raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
                           f"'{pod_name}'){why}; is the leader pod running its init container? kubectl get configmap "
                           f"{name} -n {namespace}")
@@ -182,6 +176,24 @@ def read_published(api: Api, namespace: str, name: str, pod_name: str, *, deadli
     assert follow.state is not None
     log.info("read the published topology %s: sequence %d, %d pods", name, follow.state.seq, len(follow.state.pods))
     return follow.state
+
+
+def _await(api: Api, namespace: str, what: str, follow: _Published, *, deadline: float,
+           clock: Callable[[], float], sleep: Callable[[float], None], settings: Settings | None,
+           label_selector: str = "", field_selector: str = "") -> str | None:
+    """init's one reflector over the published ConfigMaps (by label, or the journal alone by name) until
+    ``follow`` is done; None, or at the deadline what to add to the timeout's line."""
+    collection = f"/api/v1/namespaces/{namespace}/configmaps"
+    reflector = Reflector(f"configmap {what}", settings, now=clock())
+    ops = BlockingOps(lambda: api.list_objects(collection, label_selector=label_selector,
+                                               field_selector=field_selector),
+                      lambda rv, timeout, idle: api.watch_objects(collection, rv, timeout=timeout,
+                                                                  label_selector=label_selector,
+                                                                  field_selector=field_selector, idle=idle),
+                      sleep=sleep, clock=clock)
+    if run(reflector, ops, follow, deadline=deadline, done=follow.done):
+        return None
+    return f" (last API error: {reflector.last_error})" if reflector.last_error else ""
 
 
 class _Published:
@@ -292,19 +304,13 @@ def read_light(api: Api, namespace: str, name: str, own: RawPod, options: Option
     """``--view own``: this pod's plan from the published summary (core/summary.py), once it places this pod;
     None (said in one line) when it cannot be used: the caller reads the whole topology. Only the journal is
     read (a LIST and, while this pod is not placed, a WATCH, by name): a few KiB, not the snapshot."""
-    collection = f"/api/v1/namespaces/{namespace}/configmaps"
     journal = journal_name(name)
-    field = f"metadata.name={journal}"
     judge = (lambda items: vouch(api.get_object, check, items, name)) if check is not None else None
     follow = _Summarized(name, object_name(own), judge, own, options)
-    reflector = Reflector(f"configmap {journal}", settings, now=clock())
-    ops = BlockingOps(lambda: api.list_objects(collection, field_selector=field),
-                      lambda rv, timeout, idle: api.watch_objects(collection, rv, timeout=timeout,
-                                                                  field_selector=field, idle=idle),
-                      sleep=sleep, clock=clock)
     log.info("waiting for the leader to publish its summary in configmap %s (--view own)", journal)
-    if not run(reflector, ops, follow, deadline=deadline, done=follow.done):
-        why = f" (last API error: {reflector.last_error})" if reflector.last_error else ""
+    why = _await(api, namespace, journal, follow, deadline=deadline, clock=clock, sleep=sleep, settings=settings,
+                 field_selector=f"metadata.name={journal}")
+    if why is not None:
         raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {journal} placing pod "
                           f"'{object_name(own)}'{why}; is the leader pod running its init container? kubectl get "
                           f"configmap {journal} -n {namespace}")
