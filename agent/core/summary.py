@@ -19,15 +19,13 @@ Who decides RANK stays the planner (topology.py ``_place``): the summary carries
 
 from __future__ import annotations
 
-import itertools
 import json
-import operator
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
-from agent.core.model import ADDRESS, ROLE, SLOTS, Member, Options, RawPod, Topology, Whole
+from agent.core.model import ADDRESS, Member, Options, RawPod, Topology, Whole
 from agent.core.published import bounded_loads
 from agent.core.topology import Plan, facts_of, pod_name
 from agent.core.validation import DNS_NAME, check_pod, parse_ip
@@ -39,7 +37,6 @@ MAX_RUNS = 128  # ~5 KiB: every follower receives it with each journal event
 LISTED_HOSTS = 16  # a role of at most this many pods keeps its address list in the summary
 MAX_SUMMARY = 64 * 1024  # bytes; what the leader writes is far below
 MAX_VALUES = 8192
-_INDEX, _LAST, _PREFIX = operator.itemgetter(2), operator.itemgetter(-1), operator.itemgetter(slice(0, -1))
 _TEXT = re.compile(r"[A-Za-z0-9._:/%-]{1,253}")  # roles, pod names, port sources' names
 
 
@@ -87,32 +84,15 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS) -> dict[str, 
     if topo.levels or topo.rank_order != "index" or not topo.training or topo.whole is not None:
         return None
     training = topo.training
-    indices = list(map(_INDEX, training))
-    if not all(indices):
-        return None
-    # Where a run ends: the role, the index prefix or the process count changes, or the last index skips. Each
-    # comparison is one C-level pass over the members (a Python loop cost ~8 ms per change at 16384 pods), and
-    # the prefixes are compared only when some index has one (a JobSet's).
-    lasts = list(map(_LAST, indices))
-    roles_of, slots_of = list(map(ROLE, training)), list(map(SLOTS, training))
-    positions = range(1, len(training))
-    ends = {*itertools.compress(positions, map(operator.ne, roles_of[1:], roles_of[:-1])),
-            *itertools.compress(positions, map(operator.ne, slots_of[1:], slots_of[:-1])),
-            *itertools.compress(positions, map(operator.ne, map(operator.sub, lasts[1:], lasts[:-1]),
-                                               itertools.repeat(1)))}
-    prefixes: list[tuple[int, ...]] = [()] * len(training)
-    if max(map(len, indices)) > 1:
-        prefixes = list(map(_PREFIX, indices))
-        ends.update(itertools.compress(positions, map(operator.ne, prefixes[1:], prefixes[:-1])))
-    starts = [0, *sorted(ends)]
-    if len(starts) > MAX_RUNS:
+    starts = topo.run_starts
+    if not starts or len(starts) > MAX_RUNS:
         return None
     runs: list[list[Any]] = []
     seen: dict[str, int] = {}
     for start, stop in zip(starts, [*starts[1:], len(training)], strict=True):
         first = training[start]
-        runs.append([first.role, list(prefixes[start]), lasts[start], lasts[stop - 1], first.node_rank,
-                     first.first_rank, first.slots, seen.get(first.role, 0)])
+        runs.append([first.role, list(first.index[:-1]), first.index[-1], training[stop - 1].index[-1],
+                     first.node_rank, first.first_rank, first.slots, seen.get(first.role, 0)])
         seen[first.role] = seen.get(first.role, 0) + stop - start
     roles = []
     for role in topo.roles:

@@ -578,6 +578,7 @@ def _remember_views(layout: _Layout, topology: Topology) -> None:
 
 
 _NAME_OF = operator.attrgetter("name")
+_UNKNOWN = object()
 
 
 class Planner:
@@ -634,6 +635,7 @@ class Planner:
         arriving: list[tuple[Live, SortKey]] = []
         lowest = len(layout.live)
         in_place: list[int] = []
+        moved = False  # a member arrived or left: the runs of ranks may differ (Topology.run_starts)
         for name in [*changed, *gone]:
             pod = pods.get(name)
             new: Live | None = None
@@ -663,6 +665,7 @@ class Planner:
             if topology_order:
                 return None
             self._leave(layout, at, name)
+            moved = True
             lowest = min(lowest, at)
             if new is not None:
                 arriving.append((new, self._key(layout, new)))
@@ -682,7 +685,13 @@ class Planner:
                 self._replace(layout, at, domains_of)
         if lowest < len(layout.live):
             _place(layout, lowest, len(layout.live), options, domains_of)
-        return _plan_of(layout, options)
+        plan = _plan_of(layout, options)
+        starts = last.topology.__dict__.get("run_starts", _UNKNOWN)
+        if not moved and not arriving and starts is not _UNKNOWN:
+            # The members kept their roles, indices and process counts (in place: same key, identity and
+            # slots), so the runs are the last plan's: no pass over every member (core/summary.py).
+            plan.topology.remember(run_starts=starts)
+        return plan
 
     def _key(self, layout: _Layout, live: Live) -> SortKey:
         pod, ident, facts = live
