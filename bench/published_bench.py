@@ -61,7 +61,7 @@ def pod_env(sandbox: SandboxThread, pod: str) -> dict[str, str]:
     return env
 
 
-VIEW: list[str] = []  # --view own: given to every measured init and sidecar (the leader's and standbys' ignore it)
+VIEW: list[str] = []  # --view own: given to every measured init and sidecar (as inject gives it to every pod)
 
 
 def start_up(sandbox: SandboxThread, tmp: Path, n: int, spread: float, seed: int) -> dict[str, Any]:

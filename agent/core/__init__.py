@@ -48,7 +48,10 @@ class Renderer:
 
     def render(self, pods: Mapping[str, RawPod], *, generation: int, files_dir: str | None = None,
                nodes: NodeLabels | None = None) -> Rendered:
-        plan = self.planner.plan(pods, nodes=nodes)
+        return self.render_planned(self.planner.plan(pods, nodes=nodes), generation=generation, files_dir=files_dir)
+
+    def render_planned(self, plan: Plan, *, generation: int, files_dir: str | None = None) -> Rendered:
+        """``render_plan`` for a plan of this renderer's planner (its members' texts are cached)."""
         variables = compute_variables(plan, self.options, generation=generation, files_dir=files_dir)
         files = render_files(plan, variables, generation=generation, texts=self.texts)
         return Rendered(plan=plan, variables=tuple(variables), files=files)

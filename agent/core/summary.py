@@ -260,6 +260,25 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
                 slots_source={name: slots_source})
 
 
+def own_view(plan: Plan, options: Options, *, ssh: bool, listed: int = LISTED_HOSTS) -> tuple[Plan | None, str]:
+    """The plan a ``--view own`` pod renders when it holds the whole job (the leader, a standby, every pod of a
+    job that reads the pods): made from its plan's summary exactly as a follower makes it from the published
+    one, so that every pod of the job writes files of one shape. (None, why) when the full view applies."""
+    why = why_full_view(options, ssh=ssh)
+    if why is not None:
+        return None, why
+    raw = summarize(plan, seq=0, listed=listed)
+    if raw is None:
+        return None, "the job's ranks make no summary (more runs of ranks than a summary holds)"
+    try:
+        summary = read_summary(summary_text(raw))
+        assert summary is not None
+        light = light_plan(summary, plan.self_pod, options)
+    except InputError as err:
+        return None, str(err)
+    return (light, "") if light is not None else (None, "the summary does not place this pod")
+
+
 def view_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
     """What a change must alter to be worth a rewrite and a signal with --view own: the written variables (the
     generation aside), as rendered or as read back from topology.json's ``env``."""

@@ -32,7 +32,7 @@ from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import Compactor, configmap_name, is_leader, leader_identity
-from agent.core.summary import why_full_view
+from agent.core.summary import own_view, why_full_view
 from agent.core.topology import pod_name
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
@@ -331,12 +331,12 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
     lead = source == "published" and is_leader(me_id, leader)
     files_dir = str(settings.out_dir.absolute())
     rendered: Rendered | None = None
+    why_full = why_full_view(settings.options, ssh=ssh is not None)
     if source == "published" and not lead:
         me_uid = me.get("metadata", {}).get("uid") or ""
         check = WriterCheck(controller, settings.options, me_id.job, settings.namespace, waiter.roster,
                             me=Writer(settings.pod_name, me_uid))
         light = None
-        why_full = why_full_view(settings.options, ssh=ssh is not None)
         if settings.options.view == "own" and why_full is not None:
             log.warning("--view own not used: %s; reading the whole topology", why_full)
         elif settings.options.view == "own":
@@ -376,7 +376,12 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
                           owner=dict(owners[0]) if owners else None,
                           standby=tuple(m.name for m in training[1:1 + STANDBYS]),
                           nodes=nodes, plan=plan)  # type: ignore[arg-type]
-        rendered = render_plan(plan, settings.options, files_dir=files_dir)
+        own, why = own_view(plan, settings.options, ssh=ssh is not None) if settings.options.view == "own" \
+            else (None, "")
+        said = why_full if source == "published" and not lead else None  # a follower that read no publication
+        if why and why != said:
+            log.warning("--view own not used: %s; this pod's files hold the whole topology", why)
+        rendered = render_plan(own or plan, settings.options, files_dir=files_dir)
     assert rendered is not None
     if settings.wait_dns:
         check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)

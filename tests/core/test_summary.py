@@ -7,6 +7,7 @@ large to be summarized, which it does not write (and says why); topology.json's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -18,7 +19,7 @@ from agent import examples
 from agent.core import Options, render_plan, render_pod
 from agent.core import summary as summary_module
 from agent.core.placement import DEFAULT_LEVELS
-from agent.core.summary import light_plan, read_summary, summarize, summary_text
+from agent.core.summary import light_plan, own_view, read_summary, summarize, summary_text
 from agent.core.topology import build_plan
 from agent.core.variables import env_key
 from agent.errors import InputError
@@ -59,6 +60,9 @@ def _check_every_pod(pods: list, options: Options, listed: int = summary_module.
         assert plan is not None, f"{name} is in the summary's runs"
         light = render_plan(plan, options)
         assert light.plan.topology.me == topo.me
+        own, why = own_view(full.plan, dataclasses.replace(options, view="own"), ssh=False, listed=listed)
+        assert own is not None and why == "", why  # a pod holding every pod makes the files a follower makes
+        assert render_plan(own, options).files == light.files
         withheld = {role for role, _, hosts in summary.roles if hosts is None}
         assert _comparable(light, withheld) == _comparable(full, withheld)
         for role in withheld:

@@ -516,8 +516,13 @@ def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_follow
 def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_changes_and_a_takeover(sandbox, tmp_path):
     """Issue 24: a follower read the whole snapshot twice and rewrote every file; with --view own it reads the
     journal's summary (never the snapshot), writes torch.env equal to the full view's, and follows a new worker
-    and a new rank 0."""
+    and a new rank 0. The pods that hold every pod (the leader, its standbys) write the same three files, made
+    from their own plan's summary: one shape of files across the job."""
     published_job(sandbox, tmp_path, 7, "--view", "own")  # every pod with the job's options: the leader summarizes
+    light_files = ["generation", "topology.json", "torch.env"]
+    for pod in ("demo-master-0", "demo-worker-0", "demo-worker-6"):  # the leader, a standby, a follower
+        assert sorted(p.name for p in (tmp_path / pod).iterdir()) == light_files, pod
+        assert json.loads((tmp_path / pod / "topology.json").read_text())["view"] == "own"
     light = tmp_path / "light"
     code, err = finish(start_init(sandbox, "demo-worker-5", light, "--address", "ip", "--source", "published",
                                   "--view", "own"))
@@ -547,7 +552,11 @@ def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_changes_an
         assert generation(light) == 1  # the summary places it where init did: nothing rewritten
         add_worker(sandbox, 7, 90)
         wait_for(lambda: world(light)[0] == "9", what="the light follower sees the new worker")
-        assert world(light) == world(tmp_path / "demo-master-0")
+        for pod in ("demo-master-0", "demo-worker-0"):  # the leader's and a standby's sidecars, from the pods
+            wait_for(lambda pod=pod: world(tmp_path / pod) == world(light), what=f"{pod} sees the new worker")
+            assert sorted(p.name for p in (tmp_path / pod).iterdir()) == light_files, pod
+            env = json.loads((tmp_path / pod / "topology.json").read_text())["env"]
+            assert env["NODE_RANK"] == ("0" if pod == "demo-master-0" else "1") and "VC_WORKER_HOSTS" in env
         leader, leader_log = procs.pop("demo-master-0")
         leader.kill()
         leader.wait(15)

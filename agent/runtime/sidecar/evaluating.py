@@ -16,7 +16,7 @@ from typing import Any
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.journal import STANDBYS
 from agent.core.rendering import membership_key_of_document
-from agent.core.summary import view_key
+from agent.core.summary import own_view, view_key
 from agent.core.topology import Plan
 from agent.core.validation import not_json
 from agent.core.variables import warnings_for
@@ -36,6 +36,12 @@ PREVIOUS_LIMIT = 32 * 1024 * 1024  # topology.json is ~1.2 MB at 4096 pods, ~5 M
 
 
 
+def _own_key(rendered: Rendered) -> tuple[tuple[str, str], ...]:
+    """What a --view own pod's files say about it: a change elsewhere in the job that alters none of it is no
+    rewrite and no signal."""
+    return view_key({v.name: v.value for v in rendered.variables if v.written and not v.unset})
+
+
 class Evaluator:
     def __init__(self, settings: Any, membership: Membership, metrics: SidecarMetrics, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -50,6 +56,7 @@ class Evaluator:
         self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
         self.standby_now: tuple[str, ...] = ()  # node ranks 1.. in the last evaluation: the leader names them
         self.plan: Plan | None = None  # the last valid plan: the leader summarizes it (core/summary.py)
+        self.full_view_why = ""  # why --view own does not apply to the pods held (said once per reason)
 
     @property
     def valid(self) -> bool:
@@ -102,19 +109,31 @@ class Evaluator:
         if light is not None:  # --view own: rank 0, this pod and the job's numbers, from the published summary
             rendered: Rendered = render_plan(light, s.options, generation=self.generation + 1,
                                              files_dir=str(s.out_dir.absolute()))
-            key = view_key({v.name: v.value for v in rendered.variables if v.written and not v.unset})
+            key = _own_key(rendered)
+            plan = rendered.plan
         else:
             pods = self.membership.placed(by_ip=s.options.address == "ip")
             try:
-                rendered = self.renderer.render(pods, generation=self.generation + 1,
-                                                files_dir=str(s.out_dir.absolute()), nodes=nodes)
+                plan = self.renderer.planner.plan(pods, nodes=nodes)
+                own, why = own_view(plan, s.options, ssh=s.ssh is not None) if s.options.view == "own" \
+                    else (None, "")
+                if own is not None:  # --view own, holding every pod: the files a follower makes from the summary
+                    rendered = render_plan(own, s.options, generation=self.generation + 1,
+                                           files_dir=str(s.out_dir.absolute()))
+                    key = _own_key(rendered)
+                else:
+                    rendered = self.renderer.render_planned(plan, generation=self.generation + 1,
+                                                            files_dir=str(s.out_dir.absolute()))
+                    key = self.renderer.membership_key(rendered)
             except InputError as err:
                 self.problem = f"the current pods make no valid topology ({err})"
                 log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
                 return None
-            key = self.renderer.membership_key(rendered)
-        self.plan = rendered.plan
-        self.standby_now = tuple(m.name for m in rendered.plan.topology.training[1:1 + STANDBYS])
+            if why != self.full_view_why and why:
+                log.warning("--view own not used: %s; this pod's files hold the whole topology", why)
+            self.full_view_why = why
+        self.plan = plan  # the whole job's when it holds every pod: the leader publishes it, names standbys from it
+        self.standby_now = tuple(m.name for m in plan.topology.training[1:1 + STANDBYS])
         if key == self.last_key:
             self.problem = None
             return None
