@@ -139,7 +139,7 @@ class Options:
         return dict(self.labels).get(name, f"--{name.replace('_', '-')}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Identity:
     """Where a controller places one pod: its job, its role, and the key that orders it within the role."""
 

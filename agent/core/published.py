@@ -78,8 +78,11 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
     spec = pod.get("spec", {})
     status = pod.get("status", {})
     extra = {options.index_label} if options.index_label else set()
-    labels = {k: v for k, v in (meta.get("labels") or {}).items()
+    held = meta.get("labels") or {}
+    labels = {k: v for k, v in held.items()
               if c.is_read_label(k) or k in extra or (options.selector and k in options.selector)}
+    if len(labels) == len(held):
+        labels = held  # a compact pod's labels: the publisher's row shares the dict (never changed in place)
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
                    if (k in c.ALL_LABELS or k in extra) and k not in labels}
     shape = _shape(pod, options, shapes)
@@ -97,6 +100,8 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
 
 def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) -> RawPod:
     name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _ = row
+    if hostname == name:
+        hostname = name  # one string for both (a JobSet's and Volcano's pods are named as their hostnames)
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
     if rv:
         meta["resourceVersion"] = rv
@@ -111,8 +116,11 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
         spec["nodeName"] = node
     status: dict[str, Any] = {"phase": phase}
     if ip:
-        status.update(podIP=ip, podIPs=[{"ip": ip}])
+        status["podIP"] = ip  # the one IP the row keeps; podIPs would repeat it (topology.pod_ip reads podIP first)
     return {"metadata": meta, "spec": spec, "status": status}  # type: ignore[typeddict-item]
+
+
+_SHARED_STRINGS = 65536  # distinct label values held once; past this (index labels of a huge job) kept as read
 
 
 class Compactor:
@@ -127,6 +135,7 @@ class Compactor:
         self.options = options
         self._index: dict[str, int] = {}
         self._shapes: list[dict[str, Any]] = []
+        self._strings: dict[str, str] = {}
 
     def pod(self, pod: RawPod) -> RawPod:
         """The compact pod, built from fresh strings: holding the parsed LIST page's own strings would keep the
@@ -134,7 +143,14 @@ class Compactor:
         row = json.loads(json.dumps(_row(pod, self.options, self._index)))
         while len(self._shapes) < len(self._index):
             self._shapes.append(json.loads(next(s for s, i in self._index.items() if i == len(self._shapes))))
-        return _pod_of(row, self._shapes, pod.get("metadata", {}).get("namespace", "default"))
+        shared = self._strings  # the values every pod of a job repeats (its job, role, phase), held once
+        labels = row[2]
+        for key, value in labels.items():
+            labels[key] = shared.setdefault(value, value) if len(shared) < _SHARED_STRINGS else value
+        row[5], row[7] = shared.setdefault(row[5], row[5]), shared.setdefault(row[7], row[7])
+        namespace = pod.get("metadata", {}).get("namespace", "default")
+        return _pod_of(row, self._shapes, shared.setdefault(namespace, namespace) if isinstance(namespace, str)
+                       else namespace)
 
 
 def pack(document: dict[str, Any]) -> bytes:

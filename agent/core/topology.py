@@ -147,7 +147,7 @@ def find_pod(pods: Sequence[RawPod], name: str) -> RawPod:
     raise InputError(f"pod '{name}' (--self / POD_NAME) is not in the pod list; check the name and namespace")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Facts:
     """What one pod object says, independent of the other pods (memoised per resourceVersion)."""
 
