@@ -27,13 +27,15 @@ class Memo:
 
     A pod's facts depend only on the pod object and the options, and the API server changes resourceVersion
     whenever the object changes, so a long-lived caller (the sidecar) recomputes only the pods that changed.
-    Entries of pods not seen in the last computation are dropped. Results are the same with or without it.
+    One version per pod is held: a pod's new version replaces its old one (init's wait sees every pod of a
+    large job twice, without and with its IP). Entries of pods not seen in the last computation are dropped.
+    Results are the same with or without it.
     """
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self._old: dict[tuple[str, str, str], object] = {}
-        self._new: dict[tuple[str, str, str], object] = {}
+        self._old: dict[tuple[str, str], tuple[str, object]] = {}  # (kind, name) -> (resourceVersion, result)
+        self._new: dict[tuple[str, str], tuple[str, object]] = {}
 
     def begin(self) -> None:
         self._old, self._new = {**self._old, **self._new}, {}
@@ -42,7 +44,7 @@ class Memo:
         self._old, self._new = self._new, {}
 
     @staticmethod
-    def _key(kind: str, pod: RawPod) -> tuple[str, str, str] | None:
+    def _key(kind: str, pod: RawPod) -> tuple[tuple[str, str], str] | None:
         try:
             meta = pod["metadata"]
             name, rv = meta["name"], meta["resourceVersion"]
@@ -50,23 +52,26 @@ class Memo:
             return None  # no key to remember it by (and an odd pod: computing refuses it)
         if type(name) is not str or type(rv) is not str or not rv:
             return None
-        return (kind, name, rv)
+        return (kind, name), rv
 
-    def lookup(self, kind: str, pod: RawPod) -> tuple[tuple[str, str, str] | None, object]:
+    def lookup(self, kind: str, pod: RawPod) -> tuple[tuple[tuple[str, str], str] | None, object]:
         """(key, remembered value or ``_MISSING``): the per-change hot path, without building a closure."""
         key = self._key(kind, pod)
         if key is None:
             return None, _MISSING
-        value = self._new.get(key, _MISSING)
-        if value is _MISSING:
-            value = self._old.get(key, _MISSING)
-            if value is not _MISSING:
-                self._new[key] = value
-        return key, value
+        slot, rv = key
+        held = self._new.get(slot)
+        if held is not None and held[0] == rv:
+            return key, held[1]
+        held = self._old.get(slot)
+        if held is not None and held[0] == rv:
+            self._new[slot] = held
+            return key, held[1]
+        return key, _MISSING
 
-    def store(self, key: tuple[str, str, str] | None, value: T) -> T:
+    def store(self, key: tuple[tuple[str, str], str] | None, value: T) -> T:
         if key is not None:
-            self._new[key] = value
+            self._new[key[0]] = (key[1], value)
         return value
 
 

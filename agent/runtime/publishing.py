@@ -115,7 +115,8 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
     publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader,
                           leader_uid=leader_uid)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
-    publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods], nodes)
+    publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods], nodes,
+                     journal=False)
     seq = publisher.state.seq
     data = publisher.snapshot_packed()
     publisher.snapshot_written(seq)
