@@ -243,7 +243,7 @@ def _publication(pods: list[dict[str, Any]], rng: random.Random) -> tuple[str, l
                           leader_uid=str(leader.get("uid", "")))
     by_name = {p["metadata"]["name"]: p for p in pods}
     publisher.change(by_name, list(by_name))
-    document = publisher.snapshot_document()
+    document = json.loads(json.dumps(publisher.snapshot_document()))  # as published: text, not the leader's rows
     publisher.snapshot_written(publisher.state.seq)
     publisher.start_from_snapshot()
     moved = copy.deepcopy(rng.choice(pods))

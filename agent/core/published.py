@@ -100,7 +100,7 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
 
 def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) -> RawPod:
     name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _ = row
-    if hostname == name:
+    if type(hostname) is str and type(name) is str and hostname == name:
         hostname = name  # one string for both (a JobSet's and Volcano's pods are named as their hostnames)
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
     if rv:
@@ -143,14 +143,18 @@ class Compactor:
         row = json.loads(json.dumps(_row(pod, self.options, self._index)))
         while len(self._shapes) < len(self._index):
             self._shapes.append(json.loads(next(s for s, i in self._index.items() if i == len(self._shapes))))
-        shared = self._strings  # the values every pod of a job repeats (its job, role, phase), held once
         labels = row[2]
         for key, value in labels.items():
-            labels[key] = shared.setdefault(value, value) if len(shared) < _SHARED_STRINGS else value
-        row[5], row[7] = shared.setdefault(row[5], row[5]), shared.setdefault(row[7], row[7])
-        namespace = pod.get("metadata", {}).get("namespace", "default")
-        return _pod_of(row, self._shapes, shared.setdefault(namespace, namespace) if isinstance(namespace, str)
-                       else namespace)
+            labels[key] = self._shared(value)
+        row[5], row[7] = self._shared(row[5]), self._shared(row[7])
+        return _pod_of(row, self._shapes, self._shared(pod.get("metadata", {}).get("namespace", "default")))
+
+    def _shared(self, value: Any) -> Any:
+        """The values every pod of a job repeats (its job, role, phase, namespace), held once. Strings only: a
+        dict would hand back 1 for True."""
+        if type(value) is not str or len(self._strings) >= _SHARED_STRINGS:
+            return value
+        return self._strings.setdefault(value, value)
 
 
 def pack(document: dict[str, Any]) -> bytes:
