@@ -171,10 +171,12 @@ class _Facts:
 
 
 def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
+    """The result, or the error to raise later, without its traceback: a kept traceback holds its frames and
+    their locals (the pod among them), ~1 KB per pod for every pod still without an IP."""
     try:
         return compute(), None
     except InputError as err:
-        return None, err
+        return None, err.with_traceback(None)
 
 
 Sizes = dict[int, tuple[object, tuple[int, str]]]  # id(container) -> (the container, its process count)
