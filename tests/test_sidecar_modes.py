@@ -3,6 +3,7 @@ which the publisher gathered already; a sidecar watching pods waits for a burst 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,26 @@ def test_only_sidecars_that_watch_pods_wait_for_a_burst_to_end(tmp_path: Path) -
     sidecar.settings = SidecarSettings("default", "demo-worker-2", Options(), tmp_path, debounce=0)
     sidecar.mode = Mode.PODS
     assert not sidecar.gathers  # --debounce 0: never
+
+
+async def test_a_lease_won_before_the_first_list_evaluates_no_empty_view(tmp_path: Path, caplog) -> None:
+    """A leader's sidecar that won the Lease while its first LIST of 16384 pods was still being read evaluated
+    the empty view: one warning that the pod list is empty, and /readyz 503 for no reason. An empty LIST is
+    still evaluated (and said)."""
+    sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path,  # type: ignore[arg-type]
+                                            debounce=0))
+    sidecar.mode = Mode.CANDIDATE
+    loop = asyncio.create_task(sidecar.evaluate_loop())
+    try:
+        sidecar.mark_dirty(sidecar.clock())  # what winning the Lease does
+        await asyncio.sleep(0.05)
+        assert not sidecar.evaluator.evaluated and "no valid topology" not in caplog.text
+        sidecar.membership.replace({})  # the LIST came back empty
+        sidecar.mark_dirty(sidecar.clock())
+        await asyncio.sleep(0.05)
+        assert sidecar.evaluator.evaluated and "the pod list is empty" in (sidecar.evaluator.problem or "")
+    finally:
+        loop.cancel()
 
 
 _FAULTS = """

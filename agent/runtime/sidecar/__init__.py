@@ -323,6 +323,8 @@ class Sidecar:
             since = self.dirty_since if self.dirty_since is not None else self.clock()
             self.dirty.clear()
             self.dirty_since = None
+            if not self.membership.listed and self.membership.light is None:
+                continue  # the Lease came before the first LIST: an empty view is no topology; the LIST marks again
             if self.mode != Mode.FOLLOWER:
                 await self._learn_nodes()
             before = self.generation

@@ -19,6 +19,7 @@ class Membership:
         self.touched: set[str] = set()  # pods changed since the last publication
         self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
         self.light: Plan | None = None  # --view own: this pod's plan from the published summary, held instead
+        self.listed = False  # every pod was held at once (a LIST, a snapshot): before that, nothing to evaluate
 
     def _address(self, name: str, pod: RawPod) -> None:
         if pod_ip(pod) or name == self.pod_name:
@@ -34,6 +35,7 @@ class Membership:
             pods[self.pod_name] = slim_pod(self.me)
         self.touched |= set(self.pods) | set(pods)
         self.pods = pods
+        self.listed = True
         self.unaddressed = set()
         for name, pod in pods.items():
             self._address(name, pod)
