@@ -20,8 +20,9 @@ status updates that move no member make no journal entry. Nothing here does I/O.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -87,7 +88,25 @@ class Journal:
 def _same_content(row: list[Any], published: list[Any] | None) -> bool:
     """Equal but for the resourceVersion (row[1]): followers need not hear about the pod again. Rows hold only
     JSON types, so a row read back from the snapshot compares equal to the one built from the pod."""
-    return published is not None and row[0] == published[0] and row[2:] == published[2:]
+    if published is None or row[0] != published[0]:
+        return False
+    if len(published) == _COMPARED_LEN:
+        return published[2] == _content_key(row)  # type: ignore[no-any-return]
+    return row[2:] == published[2:]
+
+
+_COMPARED_LEN = 3  # a full row has 12 values (published.check_row)
+
+
+def _compared(row: list[Any]) -> list[Any]:
+    """A row as a new leader keeps it until it compares it with its own: name, resourceVersion, content key."""
+    return [row[0], row[1], _content_key(row)]
+
+
+def _content_key(row: list[Any]) -> bytes:
+    """A row's content but its resourceVersion, as 16 bytes (keys sorted: any writer's key order compares)."""
+    text = json.dumps([row[0], *row[2:]], sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 @dataclass
@@ -105,6 +124,7 @@ class PublishedState:
     shapes: list[dict[str, Any]] = field(default_factory=list)
     pods: dict[str, RawPod] = field(default_factory=dict)
     keep_pods: bool = True  # the rows as pods too (followers render from them; a publisher needs only rows)
+    compare_only: bool = False  # rows read are kept as ``_compared`` ones (a new leader's read-back)
     _checked: set[int] = field(default_factory=set, repr=False, compare=False)  # ids of shapes checked (held in
     #                                                                              ``shapes`` for the state's life)
 
@@ -116,24 +136,44 @@ class PublishedState:
     def from_document(cls, document: dict[str, Any], *, pods: bool = True) -> PublishedState:
         """From a decoded snapshot (``published.decode``), each row checked like any pod from the API.
         ``pods=False``: rows only (the publisher never reads the pods: 4.4 MB at 4096 pods)."""
-        shapes, namespace, rows = document.get("containers", []), document.get("namespace", "default"), \
-            document.get("pods", [])
-        if not isinstance(shapes, list) or not all(isinstance(x, dict) for x in shapes):
-            raise _refuse("containers is not a list of objects")
-        if not isinstance(namespace, str) or not isinstance(rows, list):
+        rows = document.get("pods", [])
+        if not isinstance(rows, list):
             raise _refuse("namespace or pods has the wrong type")
-        job = document.get("job", "")
-        seq = document.get("generation", 0)
-        state = cls(job=job if isinstance(job, str) else "", namespace=namespace, seq=seq, snapshot_seq=seq,
-                    shapes=list(shapes), keep_pods=pods)
+        state = cls._from_header(document, pods=pods)
         for row in rows:
             state._put(row)
         return state
 
+    @classmethod
+    def from_configmap(cls, configmap: dict[str, Any], *, pods: bool = True,
+                       compare_only: bool = False) -> PublishedState | None:
+        """From the snapshot ConfigMap (None while it holds none), its rows decoded and checked one at a time.
+        ``compare_only``: each row is kept as its content key alone (``_compared``), for a new leader that only
+        compares the rows published with its own: 16384 decoded rows held at once cost it 25 MB."""
+        made: list[PublishedState] = []
+
+        def begin(header: dict[str, Any]) -> Callable[[Any], object]:
+            made.append(cls._from_header(header, pods=pods and not compare_only, compare_only=compare_only))
+            return made[0]._put
+
+        return made[0] if decode_configmap(configmap, begin) is not None else None
+
+    @classmethod
+    def _from_header(cls, header: dict[str, Any], *, pods: bool, compare_only: bool = False) -> PublishedState:
+        shapes, namespace = header.get("containers", []), header.get("namespace", "default")
+        if not isinstance(shapes, list) or not all(isinstance(x, dict) for x in shapes):
+            raise _refuse("containers is not a list of objects")
+        if not isinstance(namespace, str):
+            raise _refuse("namespace or pods has the wrong type")
+        job = header.get("job", "")
+        seq = header.get("generation", 0)
+        return cls(job=job if isinstance(job, str) else "", namespace=namespace, seq=seq, snapshot_seq=seq,
+                   shapes=list(shapes), keep_pods=pods, compare_only=compare_only)
+
     def _put(self, row: Any) -> str:
         check_row(row, len(self.shapes))
         pod = check_pod(_pod_of(row, self.shapes, self.namespace), seen=self._checked)
-        self.rows[row[0]] = row
+        self.rows[row[0]] = _compared(row) if self.compare_only else row
         if self.keep_pods:
             self.pods[row[0]] = pod  # type: ignore[assignment]
         return row[0]  # type: ignore[no-any-return]
@@ -337,17 +377,18 @@ def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, A
     return body
 
 
-def state_from(items: list[dict[str, Any]], snapshot_name: str, *,
-               pods: bool = True) -> tuple[PublishedState | None, Journal | None]:
+def state_from(items: list[dict[str, Any]], snapshot_name: str, *, pods: bool = True,
+               compare_only: bool = False) -> tuple[PublishedState | None, Journal | None]:
     """The snapshot's state brought forward by the journal, from one LIST of both objects; the state is None
-    when there is no snapshot yet or the journal has moved past it (read again). ``pods``: keep the pods too."""
+    when there is no snapshot yet or the journal has moved past it (read again). ``pods``: keep the pods too;
+    ``compare_only``: see ``PublishedState.from_configmap``."""
     by_name = {object_name(item): item for item in items if isinstance(item, dict)}  # any object's name, or ""
     journal = read_journal(by_name[journal_name(snapshot_name)]) if journal_name(snapshot_name) in by_name else None
     snapshot = by_name.get(snapshot_name)
-    document = decode_configmap(snapshot) if snapshot is not None else None
-    if document is None:
+    state = PublishedState.from_configmap(snapshot, pods=pods, compare_only=compare_only) \
+        if snapshot is not None else None
+    if state is None:
         return None, journal
-    state = PublishedState.from_document(document, pods=pods)
     if journal is not None and state.apply(journal) is None:
         return None, journal
     return state, journal

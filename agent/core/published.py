@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agent.core import controllers as c
@@ -181,14 +181,44 @@ def _refuse(what: str) -> InputError:
                       "publishes it again, and check who else can write ConfigMaps (docs/security.md)")
 
 
-def decode(data: bytes) -> dict[str, Any]:
+RowSink = Callable[[Any], object]
+_HEAD = ("schema", "job", "namespace", "generation", "containers")  # what checking a row needs; ours come first
+_DECODER = json.JSONDecoder(parse_constant=not_json)
+_ABSENT: Any = object()  # no "pods" key
+
+
+def decode(data: bytes, rows: Callable[[dict[str, Any]], RowSink] | None = None) -> dict[str, Any]:
     """The document, or ``InputError``: it is data from the API like any pod, and is checked as such (followers
-    run the same core over it, pod by pod, through ``check_pod`` and the value grammars)."""
+    run the same core over it, pod by pod, through ``check_pod`` and the value grammars).
+
+    ``rows``: the rows are handed over one by one and left out of the document. ``rows(header)`` is called once,
+    before the first row, with the keys read so far (every key a row's check needs); the function it returns
+    takes each row in order. When the header keys come before
+    the rows, as the leader writes them, each row is decoded as the text is read, so the rows are never all
+    decoded at once (a new leader reading back a 16384-pod snapshot: 25 MB)."""
     try:
         text = _gunzip(data, MAX_DOCUMENT)
-        document = bounded_loads(text, DOCUMENT_CAP // VALUE_COST, "the published topology")
+        _count_values(text, DOCUMENT_CAP // VALUE_COST, "the published topology")
+        document, pods, streamed = _members(text.decode(), rows)
     except (OSError, ValueError, EOFError, RecursionError, zlib.error) as err:
         raise _refuse(f"does not decode: {type(err).__name__}") from None
+    _check_head(document)
+    if rows is None:
+        if pods is not _ABSENT:
+            document["pods"] = pods
+        return document
+    if streamed is None:
+        if pods is not _ABSENT and not isinstance(pods, list):
+            raise _refuse("namespace or pods has the wrong type")
+        sink = rows(document)
+        for row in pods if pods is not _ABSENT else ():
+            sink(row)
+    elif any(document.get(key) != streamed.get(key) for key in _HEAD):
+        raise _refuse("a header key is repeated after the rows")
+    return document
+
+
+def _check_head(document: Any) -> None:
     if not isinstance(document, dict):
         raise _refuse("not an object")
     if document.get("schema") != SCHEMA:
@@ -197,7 +227,83 @@ def decode(data: bytes) -> dict[str, Any]:
                          "version per job")
     if not isinstance(document.get("generation", 0), int) or isinstance(document.get("generation"), bool):
         raise _refuse("generation is not a whole number")
-    return document
+
+
+def _members(text: str, rows: Callable[[dict[str, Any]], RowSink] | None,
+             ) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
+    """The top-level object's keys but "pods", the "pods" value (``_ABSENT``: none, or streamed), and the header
+    as it was when streaming began (None: not streamed). Streams the rows when ``rows`` is given, "pods" is an array and
+    every ``_HEAD`` key came before it; JSON's grammar otherwise, as ``json.loads`` reads it (a key given twice
+    keeps its last value), but for "pods" twice (refused: a parser would have kept one of them)."""
+    decode_at = _DECODER.raw_decode
+    at = _skip(text, 0)
+    if text[at:at + 1] != "{":
+        raise ValueError("not an object")
+    header: dict[str, Any] = {}
+    pods: Any = _ABSENT
+    streamed: dict[str, Any] | None = None
+    seen_pods = False
+    at = _skip(text, at + 1)
+    if text[at:at + 1] == "}":
+        at += 1
+    else:
+        while True:
+            key, at = decode_at(text, at)
+            if not isinstance(key, str):
+                raise ValueError("a key is not a string")
+            at = _skip(text, at)
+            if text[at:at + 1] != ":":
+                raise ValueError("':' expected")
+            at = _skip(text, at + 1)
+            if key != "pods":
+                header[key], at = decode_at(text, at)
+            elif seen_pods:
+                raise ValueError("pods given twice")
+            elif rows is not None and text[at:at + 1] == "[" and all(k in header for k in _HEAD):
+                seen_pods = True
+                _check_head(header)  # before any row is read as this schema's
+                streamed = dict(header)
+                sink = rows(streamed)
+                at = _stream_array(text, _skip(text, at + 1), sink)
+            else:
+                seen_pods = True
+                pods, at = decode_at(text, at)
+            at = _skip(text, at)
+            if text[at:at + 1] == "}":
+                at += 1
+                break
+            if text[at:at + 1] != ",":
+                raise ValueError("',' or '}' expected")
+            at = _skip(text, at + 1)
+    if _skip(text, at) != len(text):
+        raise ValueError("extra data")
+    return header, pods, streamed
+
+
+def _skip(text: str, at: int) -> int:
+    """Past JSON's whitespace (the leader writes none)."""
+    while text[at:at + 1] in _SPACE:
+        at += 1
+    return at
+
+
+_SPACE = (" ", "\t", "\n", "\r")
+
+
+def _stream_array(text: str, at: int, sink: RowSink) -> int:
+    """Each value of the array whose first value is at ``at`` to ``sink``; where the array ends."""
+    decode_at = _DECODER.raw_decode
+    if text[at:at + 1] == "]":
+        return at + 1
+    while True:
+        value, at = decode_at(text, at)
+        sink(value)
+        at = _skip(text, at)
+        if text[at:at + 1] == "]":
+            return at + 1
+        if text[at:at + 1] != ",":
+            raise ValueError("',' or ']' expected")
+        at = _skip(text, at + 1)
 
 
 MAX_MEMBERS = 4096  # gzip members in one snapshot: the leader writes about one per 256 rows, and two more
@@ -226,14 +332,19 @@ def _gunzip(data: bytes, limit: int) -> bytearray:
 
 
 def bounded_loads(text: bytes | bytearray | str, max_values: int, what: str) -> Any:
-    """``json.loads`` of text that has at most ``max_values`` values: counted first, at C speed (every value
-    but a document's first follows a ',', a ':', a '{' or a '['), so a document of a million `{}` is refused
-    before a million dicts are made."""
+    """``json.loads`` of text that has at most ``max_values`` values (``_count_values``)."""
     raw = text.encode() if isinstance(text, str) else text
+    _count_values(raw, max_values, what)
+    return json.loads(raw, parse_constant=not_json)
+
+
+def _count_values(raw: bytes | bytearray, max_values: int, what: str) -> None:
+    """Refused past ``max_values`` values, counted at C speed before any is made (every value but a document's
+    first follows a ',', a ':', a '{' or a '['): a document of a million `{}` is refused before a million dicts
+    are made."""
     values = raw.count(b",") + raw.count(b":") + raw.count(b"{") + raw.count(b"[")
     if values > max_values:
         raise _refuse(f"{what} holds more than {max_values} values")
-    return json.loads(raw, parse_constant=not_json)
 
 
 
@@ -280,7 +391,8 @@ def configmap_body(name: str, data: bytes, *, generation: int, leader: str,
     return body
 
 
-def decode_configmap(configmap: dict[str, Any]) -> dict[str, Any] | None:
+def decode_configmap(configmap: dict[str, Any],
+                     rows: Callable[[dict[str, Any]], RowSink] | None = None) -> dict[str, Any] | None:
     """The snapshot document a ConfigMap holds (checked as data from the API), or None while it holds none."""
     binary = configmap.get("binaryData") or {}
     raw = binary.get(DATA_KEY) if isinstance(binary, dict) else None
@@ -292,7 +404,7 @@ def decode_configmap(configmap: dict[str, Any]) -> dict[str, Any] | None:
         packed = base64.b64decode(raw, validate=True)
     except ValueError:
         raise _refuse("binaryData is not base64") from None
-    return decode(packed)
+    return decode(packed, rows)
 
 
 def leader_identity(controller: Controller, expected: Expectation, objects: Objects,

@@ -28,7 +28,7 @@ from agent.core.journal import (
 from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
-from agent.core.published import SELECT_LABEL, configmap_body, decode_configmap, select_value
+from agent.core.published import SELECT_LABEL, configmap_body, select_value
 from agent.core.summary import SUMMARY_KEY, light_plan, read_summary, summarize, summary_text
 from agent.core.topology import NodeLabels, Plan, object_name
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, GangTimeout, InputError
@@ -244,8 +244,7 @@ class _Published:
         if not self._vouched([obj]):
             return True
         if object_name(obj) == self.name:
-            document = decode_configmap(obj)
-            self.state = PublishedState.from_document(document) if document is not None else None
+            self.state = PublishedState.from_configmap(obj)
             if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
                 self.journal = None  # older than this snapshot
         else:
@@ -338,7 +337,7 @@ class JournalWriter:
         """Read what is published now: a new leader continues its sequence. The pods to publish again."""
         items, _ = await self.api.list_objects(self.collection,
                                                label_selector=f"{SELECT_LABEL}={select_value(self.name)}")
-        state, journal = state_from(items, self.name, pods=False)
+        state, journal = state_from(items, self.name, pods=False, compare_only=True)
         self.written_rv = {i["metadata"]["name"]: i["metadata"].get("resourceVersion", "") for i in items}
         if state is None:  # nothing usable published: start a new sequence after the journal's
             state = PublishedState(job=self.job, namespace=self.namespace, seq=journal.seq if journal else 0,

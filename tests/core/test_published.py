@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import CONTROLLERS
 from agent.core.gang import Expectation
 from agent.core.journal import PublishedState, Publisher
-from agent.core.published import configmap_name, decode, is_leader, leader_identity, pack
+from agent.core.published import SCHEMA, configmap_name, decode, is_leader, leader_identity, pack, pack_text
 from agent.errors import InputError
 
 JOBS = [
@@ -113,3 +117,48 @@ def test_a_forged_schema_is_shown_on_one_line():
     with pytest.raises(InputError) as refused:
         decode(pack({"schema": "worker\nHost *\n ProxyCommand x"}))
     assert "\n" not in str(refused.value) and 'has schema "worker\\nHost *' in str(refused.value)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                 max_size=4), max_leaves=12)
+HEAD = {"schema": SCHEMA, "job": "j", "namespace": "default", "generation": 3, "containers": []}
+
+
+@settings(max_examples=300, deadline=None)
+@given(extra=st.dictionaries(st.text(max_size=6), JSON, max_size=4), rows=st.lists(JSON, max_size=5),
+       indent=st.sampled_from([None, 0, 2]), order=st.randoms(), cut=st.integers(min_value=0))
+def test_the_document_decodes_as_json_loads_reads_it_streamed_or_not(extra, rows, indent, order, cut):
+    """decode reads the top-level object key by key (to stream the rows): whatever the key order and spacing, it
+    makes what ``json.loads`` makes, and refuses what it refuses (cut short anywhere)."""
+    items = [*HEAD.items(), *((k, v) for k, v in extra.items() if k not in HEAD and k != "pods"), ("pods", rows)]
+    order.shuffle(items)
+    text = json.dumps(dict(items), indent=indent)
+    assert decode(pack_text(text)) == json.loads(text)
+    seen: list = []
+    headers: list = []
+    header = decode(pack_text(text), lambda h: headers.append(dict(h)) or seen.append)
+    assert seen == rows and header == {k: v for k, v in json.loads(text).items() if k != "pods"}
+    # called once, before the rows, with at least the keys a row's check needs (the keys before the rows)
+    assert len(headers) == 1 and headers[0].items() <= header.items() and set(HEAD) <= set(headers[0])
+    short = text[:cut % len(text)]
+    with pytest.raises(ValueError):
+        json.loads(short)  # a JSON object cut short is never JSON
+    with pytest.raises(InputError):
+        decode(pack_text(short))
+    with pytest.raises(InputError):
+        decode(pack_text(short), lambda h: seen.append)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('{"schema":%s,"pods":[],"pods":[]}', "does not decode"),
+    ('{"schema":%s,"job":"j","namespace":"n","generation":1,"containers":[],"pods":[],"generation":2}',
+     "repeated after the rows"),
+    ('{"schema":%s,"job":"j","namespace":"n","generation":1,"containers":[],"pods":[1 2]}', "does not decode"),
+    ('{"schema":%s,"job":"j","namespace":"n","generation":1,"containers":[],"pods":[]} x', "does not decode"),
+    ('{"schema":%s,"pods":{}}', "wrong type"),
+])
+def test_what_a_parser_would_read_two_ways_is_refused(text, says):
+    with pytest.raises(InputError, match=says):
+        decode(pack_text(text % json.dumps(SCHEMA)), lambda h: (lambda row: None))
