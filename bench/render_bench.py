@@ -32,8 +32,8 @@ from agent.core import Renderer
 from agent.core.journal import PublishedState, Publisher
 from agent.core.model import Options
 from agent.core.published import Compactor, pack
+from agent.runtime.memory import keep_freed_memory, release_memory
 from agent.runtime.output import write_generation
-from agent.runtime.sidecar.following import keep_freed_memory, release_memory
 
 OPTIONS = Options(address="ip")
 

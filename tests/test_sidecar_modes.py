@@ -7,7 +7,9 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+from agent import examples
 from agent.core import Options
 from agent.runtime.sidecar import Sidecar, SidecarSettings
 from agent.runtime.sidecar.following import Mode
@@ -45,9 +47,49 @@ async def test_a_lease_won_before_the_first_list_evaluates_no_empty_view(tmp_pat
         loop.cancel()
 
 
+async def test_a_new_leader_reads_back_the_publication_before_it_plans(tmp_path: Path) -> None:
+    """Issue 24: the read-back's transient (~10 MB at 16384 pods) came on top of the first plan's memory, the
+    leader sidecar's peak. It now comes first; the publication that follows still compares every row read."""
+    sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path,  # type: ignore[arg-type]
+                                            debounce=0))
+    sidecar.mode = Mode.CANDIDATE
+    calls: list[str] = []
+
+    class Writer:
+        publisher = None
+
+        async def prepare(self) -> None:
+            calls.append("read back")
+            self.publisher = SimpleNamespace(state=SimpleNamespace(seq=1))  # type: ignore[assignment]
+
+        async def publish(self, pods, touched, nodes, standby, plan=None) -> bool:  # type: ignore[no-untyped-def]
+            calls.append("publish")
+            return True
+
+    evaluate = sidecar.evaluator.evaluate
+
+    def planned(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append("plan")
+        return evaluate(*args, **kwargs)
+
+    sidecar.evaluator.evaluate = planned  # type: ignore[method-assign]
+    sidecar.writer = Writer()  # type: ignore[assignment]
+    sidecar.elector = type("Elector", (), {"leading": True})()  # type: ignore[assignment]
+    sidecar.membership.replace({p["metadata"]["name"]: p for p in examples.volcano_job()})
+    loop = asyncio.create_task(sidecar.evaluate_loop())
+    try:
+        sidecar.mark_dirty(sidecar.clock())
+        await asyncio.sleep(0.1)
+        sidecar.mark_dirty(sidecar.clock())
+        await asyncio.sleep(0.1)
+    finally:
+        loop.cancel()
+    assert calls == ["read back", "plan", "publish", "plan", "publish"]  # read back once, before the first plan
+
+
 _FAULTS = """
 import resource, sys
-from agent.runtime.sidecar.following import keep_freed_memory
+from agent.runtime.memory import keep_freed_memory
 if sys.argv[1] == "keep":
     keep_freed_memory()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

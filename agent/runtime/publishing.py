@@ -35,6 +35,7 @@ from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, GangT
 from agent.k8s.core import WatchEvent
 from agent.k8s.reflector import BlockingOps, Reflector, Settings, run
 from agent.k8s.retrying import retried, with_retries
+from agent.runtime.memory import release_memory
 
 if TYPE_CHECKING:  # the sidecar's client imports aiohttp, init's urllib3: neither is loaded for the other
     from agent.k8s.async_client import AsyncApi
@@ -332,6 +333,7 @@ class JournalWriter:
         self.publisher: Publisher | None = None  # what this leader has published, and the journal
         self.written_rv: dict[str, str] = {}
         self.rewrite_snapshot = False  # the snapshot names another writer: rewrite it after the next journal
+        self.again: set[str] | None = None  # read back, not published yet: every pod, and every row read
 
     async def _start(self) -> set[str]:
         """Read what is published now: a new leader continues its sequence. The pods to publish again."""
@@ -353,12 +355,22 @@ class JournalWriter:
         self.rewrite_snapshot = snapshot is not None and writer_of(snapshot) != Writer(self.leader, self.leader_uid)
         return set(state.rows)  # every row is compared again: what changed while nobody published goes out
 
+    async def prepare(self) -> None:
+        """Read back what is published, once per leadership. The sidecar calls it before it plans: the read-back's
+        transient (~10 MB at 16384 pods) then comes before the plan's memory, not on top of it."""
+        if self.publisher is None:
+            self.again = await self._start()
+            # The read-back's text and ConfigMap are freed, but glibc keeps them in the heap, where the objects
+            # made next cannot reuse them (Python's small objects live in arenas of their own).
+            release_memory()
+
     async def publish(self, pods: dict[str, RawPod], touched: set[str], nodes: NodeLabels,
                       standby: tuple[str, ...], plan: Plan | None = None) -> bool:
         """Put what changed where the followers read it (``plan``: the same pods' plan, summarized for
         ``--view own``); False when another pod changed the publication (this pod stops publishing)."""
-        if self.publisher is None:
-            touched = touched | set(pods) | await self._start()
+        await self.prepare()
+        if self.again is not None:
+            touched, self.again = touched | set(pods) | self.again, None
         publisher = self.publisher
         assert publisher is not None
         entry = publisher.change(pods, touched, nodes)

@@ -40,11 +40,12 @@ from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import retried
 from agent.runtime.election import Elector
 from agent.runtime.jobs import read_job_async
+from agent.runtime.memory import keep_freed_memory, release_memory
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.nodes import read_nodes_async, wanted_nodes
 from agent.runtime.publishing import JournalWriter, vouch_async
 from agent.runtime.sidecar.evaluating import Evaluator
-from agent.runtime.sidecar.following import JournalFollower, Mode, PodsFollower, keep_freed_memory, release_memory
+from agent.runtime.sidecar.following import JournalFollower, Mode, PodsFollower
 from agent.runtime.sidecar.membership import Membership
 from agent.runtime.signalling import TrainerFinder
 
@@ -327,16 +328,22 @@ class Sidecar:
                 continue  # the Lease came before the first LIST: an empty view is no topology; the LIST marks again
             if self.mode != Mode.FOLLOWER:
                 await self._learn_nodes()
-            before = self.generation
+            read_back = await self._prepare_publishing()
+            before = self.generation, self._published_seq()
             retry = self.evaluator.evaluate(since, nodes=self._nodes(), note=self._note())
             if retry is not None:  # the files could not be written: the same change again, later
                 asyncio.get_running_loop().call_later(retry, lambda: self.mark_dirty(self.clock()))
             await self._publish()
-            if self.generation != before:
+            if read_back or (self.generation, self._published_seq()) != before:
                 # Once the burst is over, hand the freed memory back (a full gc costs a few ms: not per change).
+                # A leader with --view own publishes changes that leave its own files as they were.
                 if self._trim is not None:
                     self._trim.cancel()
                 self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+
+    def _published_seq(self) -> int | None:
+        writer = self.writer
+        return writer.publisher.state.seq if writer is not None and writer.publisher is not None else None
 
     def _nodes(self) -> Any:
         published = self.journal.published if self.journal is not None else None
@@ -349,6 +356,17 @@ class Sidecar:
         journal = self.journal.journal if self.journal is not None else None
         seq = published.seq if published else journal.seq if self.membership.light and journal else 0
         return f"rv={self.reflector.rv if self.reflector else ''} seq={seq}"
+
+    async def _prepare_publishing(self) -> bool:
+        """A new leader reads back what is published before it plans (``JournalWriter.prepare``); True when it
+        did. A failure is left to ``_publish``, which reads again and says why."""
+        writer, elector = self.writer, self.elector
+        if writer is None or elector is None or not elector.leading or self.mode != Mode.CANDIDATE \
+                or writer.publisher is not None:
+            return False
+        with contextlib.suppress(ApiError, InputError):
+            await writer.prepare()
+        return True
 
     async def _publish(self) -> None:
         """Publish only what makes a valid topology (never the empty view before the first LIST)."""

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import enum
-import gc
 import json
 import logging
 import random
@@ -36,6 +34,7 @@ from agent.k8s.core import PAGE, WatchEvent
 from agent.k8s.reflector import AsyncOps, Reflector, reflect
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.runtime.intake import usable_pods
+from agent.runtime.memory import freeze, release_memory
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.publishing import lease_path, vouch_async
 from agent.runtime.sidecar.membership import Membership
@@ -66,37 +65,6 @@ class Host(Protocol):
     def attempted(self) -> None: ...
 
     def switch(self, mode: Mode, why: str) -> None: ...
-
-
-def release_memory() -> None:
-    """Give the LIST's transient megabytes back to the OS: the sidecar's RSS is paid in every pod of the job.
-
-    Python frees the parsed objects, but glibc keeps the freed heap until asked (malloc_trim)."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt(3) parameters
-KEEP_FREED = 16 << 20  # bytes: blocks up to this size come from the heap, and freed heap stays until trimmed
-
-
-def keep_freed_memory() -> None:
-    """Let a change reuse the memory the last one freed. glibc gives a freed block over its (self-raising) mmap
-    threshold back to the OS at once, so every change of a 16384-pod job faulted its ~10 MB of files in again:
-    2500 page faults per change, 20.5-22.0 ms of CPU against 14.6-15.8 ms with fixed thresholds (in-process).
-    Freed blocks now stay in the heap, and ``release_memory`` hands them back once a burst is over."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(M_MMAP_THRESHOLD, KEEP_FREED)
-        libc.mallopt(M_TRIM_THRESHOLD, 2 * KEEP_FREED)
-
-
-def freeze() -> None:
-    """The pods held live until the next LIST and hold no cycles: keep the cyclic collector off them, so a
-    collection during a change does not walk every pod of the job (refcounting still frees them)."""
-    gc.collect()
-    gc.freeze()
 
 
 async def follow(host: Host, what: str, settings: ReflectorSettings,
