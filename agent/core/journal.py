@@ -147,13 +147,17 @@ class PublishedState:
     @classmethod
     def from_configmap(cls, configmap: dict[str, Any], *, pods: bool = True,
                        compare_only: bool = False) -> PublishedState | None:
-        """From the snapshot ConfigMap (None while it holds none), its rows decoded and checked one at a time.
-        ``compare_only``: each row is kept as its content key alone (``_compared``), for a new leader that only
-        compares the rows published with its own: 16384 decoded rows held at once cost it 25 MB."""
+        """From the snapshot ConfigMap (None while it holds none), each row checked like any pod from the API.
+        ``compare_only``: the rows are decoded one at a time and each is kept as its content key alone
+        (``_compared``), for a new leader that only compares the rows published with its own: 16384 decoded rows
+        held at once cost it 25 MB."""
+        if not compare_only:  # a follower keeps every row anyway: json.loads of the whole is faster (~20 %)
+            document = decode_configmap(configmap)
+            return cls.from_document(document, pods=pods) if document is not None else None
         made: list[PublishedState] = []
 
         def begin(header: dict[str, Any]) -> Callable[[Any], object]:
-            made.append(cls._from_header(header, pods=pods and not compare_only, compare_only=compare_only))
+            made.append(cls._from_header(header, pods=False, compare_only=True))
             return made[0]._put
 
         return made[0] if decode_configmap(configmap, begin) is not None else None
