@@ -357,12 +357,18 @@ class Sidecar:
         seq = published.seq if published else journal.seq if self.membership.light and journal else 0
         return f"rv={self.reflector.rv if self.reflector else ''} seq={seq}"
 
+    def _publishing(self) -> JournalWriter | None:
+        """The writer while this pod holds the Lease as a candidate: the one pod that publishes."""
+        writer, elector = self.writer, self.elector
+        if writer is None or elector is None or not elector.leading or self.mode != Mode.CANDIDATE:
+            return None
+        return writer
+
     async def _prepare_publishing(self) -> bool:
         """A new leader reads back what is published before it plans (``JournalWriter.prepare``); True when it
         did. A failure is left to ``_publish``, which reads again and says why."""
-        writer, elector = self.writer, self.elector
-        if writer is None or elector is None or not elector.leading or self.mode != Mode.CANDIDATE \
-                or writer.publisher is not None:
+        writer = self._publishing()
+        if writer is None or writer.publisher is not None:
             return False
         with contextlib.suppress(ApiError, InputError):
             await writer.prepare()
@@ -370,9 +376,8 @@ class Sidecar:
 
     async def _publish(self) -> None:
         """Publish only what makes a valid topology (never the empty view before the first LIST)."""
-        writer, elector = self.writer, self.elector
-        if writer is None or elector is None or not elector.leading or self.mode != Mode.CANDIDATE \
-                or not self.evaluator.valid:
+        writer, elector = self._publishing(), self.elector
+        if writer is None or elector is None or not self.evaluator.valid:
             return
         membership = self.membership
         try:
