@@ -568,7 +568,7 @@ def _init(args: argparse.Namespace) -> int:
         watch_idle=v.watch_idle,
     )
     api = Client(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
-    run_init(api, settings, ssh=ssh)
+    _kept.append(run_init(api, settings, ssh=ssh, keep=_kept))
     return 0
 
 
@@ -928,6 +928,7 @@ COMMANDS = {"render": _render, "explain": _explain, "init": _init, "sidecar": _s
 BUG_EXIT = 70  # EX_SOFTWARE
 ONE_SHOT = ("render", "explain", "init")
 _ran: list[str] = []  # the command main() ran, for console()
+_kept: list[object] = []  # what the last one-shot command held: console() ends the process without freeing it
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -937,6 +938,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(str(err), file=sys.stderr)
         return 2
     _ran.append(args.command)
+    _kept.clear()  # a caller that runs main() again (tests) frees the last command's objects here
     if args.command in ONE_SHOT:
         # One-shot processes that parse up to millions of small objects and create no garbage cycles worth
         # collecting: the cyclic collector's passes over them made parsing super-linear (16384 pods: 3.0 s,

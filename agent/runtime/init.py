@@ -47,7 +47,7 @@ from agent.runtime.intake import usable_pods
 from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
-from agent.runtime.publishing import publish_first, read_light, read_published
+from agent.runtime.publishing import first_publisher, publish_first, read_light, read_published
 
 log = logging.getLogger("topology_agent.init")
 Resolver = Callable[[str], bool]
@@ -96,6 +96,7 @@ class GangWaiter:
         self.roster: Roster | None = None  # who may be a member, once the owner is read
         self.me: RawPod | None = None
         self.compactor: Compactor | None = None
+        self.staging: Callable[[RawPod], None] | None = None  # given each pod kept (the leader stages its rows)
         # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
         # in time to list again before its deadline.
         self.reflecting = ReflectorSettings.with_idle(settings.watch_idle or min(IDLE, max(3.0, settings.timeout / 3)))
@@ -171,11 +172,13 @@ class GangWaiter:
     def _keep(self, pod: RawPod) -> RawPod:
         """Peers as followers see them, from fresh strings (a 4096-pod job's full objects held 290 MB, and a
         kept string of the parsed page keeps the page's memory); the own pod whole."""
-        if pod_name(pod) == self.settings.pod_name:
-            return pod
-        if self.compactor is None or self.compactor.options != self.settings.options:
-            self.compactor = Compactor(self.settings.options)
-        return self.compactor.pod(pod)
+        if pod_name(pod) != self.settings.pod_name:
+            if self.compactor is None or self.compactor.options != self.settings.options:
+                self.compactor = Compactor(self.settings.options)
+            pod = self.compactor.pod(pod)
+        if self.staging is not None:
+            self.staging(pod)
+        return pod
 
     def track(self, expected: Expectation) -> GangTracker:
         """A tracker over the pods held now (after a LIST); events then update it one pod at a time."""
@@ -302,7 +305,9 @@ def choose_source(settings: InitSettings, expected: Expectation) -> str:
 
 def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-             ssh: object | None = None) -> Rendered:
+             ssh: object | None = None, keep: list[object] | None = None) -> Rendered:
+    """Configure this pod (the module's docstring). ``keep``: where to leave what this init held (its pods, plan
+    and publisher), for a process that ends without freeing them (cli.console)."""
     waiter = GangWaiter(api, settings, clock=clock, sleep=sleep)
     me = waiter.own_pod()
     expected = waiter.expectation(me)
@@ -354,6 +359,9 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
             rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
                                   nodes=published.node_labels(), checked=True)  # the published rows were checked
     if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
+        publisher = first_publisher(settings.namespace, settings.options, job=me_id.job, leader=settings.pod_name,
+                                    leader_uid=me.get("metadata", {}).get("uid") or "") if lead else None
+        waiter.staging = publisher.stage if publisher is not None else None  # its rows, as the pods arrive
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
         if status.present > status.expected and settings.expect is not None:
@@ -375,7 +383,7 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
                           leader=settings.pod_name, leader_uid=me.get("metadata", {}).get("uid") or "",
                           owner=dict(owners[0]) if owners else None,
                           standby=tuple(m.name for m in training[1:1 + STANDBYS]),
-                          nodes=nodes, plan=plan)  # type: ignore[arg-type]
+                          nodes=nodes, plan=plan, publisher=publisher)  # type: ignore[arg-type]
         own, why = own_view(plan, settings.options, ssh=ssh is not None) if settings.options.view == "own" \
             else (None, "")
         said = why_full if source == "published" and not lead else None  # a follower that read no publication
@@ -392,6 +400,10 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
     log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names),
              settings.out_dir, me_member.role, me_member.node_rank, rendered.plan.topology.nnodes,
              peak_rss_mb())
+    if keep is not None:
+        # Freeing a 16384-pod job's objects one by one as this frame ends took ~50 ms after the files were in
+        # place, on the job's start-up path. All of the frame's locals: whatever is added later is kept too.
+        keep.append(locals())
     return rendered
 
 

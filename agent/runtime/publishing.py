@@ -106,15 +106,21 @@ def journal_data(publisher: Publisher, plan: Plan | None, options: Options) -> d
     return data
 
 
+def first_publisher(namespace: str, options: Options, *, job: str, leader: str, leader_uid: str) -> Publisher:
+    """The publisher of a job's first publication (sequence 1), before anything is published."""
+    return Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader, leader_uid=leader_uid)
+
+
 def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
                   leader: str, leader_uid: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
-                  nodes: NodeLabels | None = None, plan: Plan | None = None) -> bool:
+                  nodes: NodeLabels | None = None, plan: Plan | None = None,
+                  publisher: Publisher | None = None) -> bool:
     """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/summary.py) and the Lease.
     False when the snapshot exists already (this
     init runs again after a restart, and whoever holds the Lease keeps it current, or someone else wrote it):
-    the leader's files still come from the pods it listed, never from that ConfigMap."""
-    publisher = Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader,
-                          leader_uid=leader_uid)
+    the leader's files still come from the pods it listed, never from that ConfigMap. ``publisher``: one made by
+    ``first_publisher``, with the rows staged while the pods arrived."""
+    publisher = publisher or first_publisher(namespace, options, job=job, leader=leader, leader_uid=leader_uid)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods], nodes,
                      journal=False)
