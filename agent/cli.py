@@ -568,7 +568,10 @@ def _init(args: argparse.Namespace) -> int:
         watch_idle=v.watch_idle,
     )
     api = Client(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
-    _kept.append(run_init(api, settings, ssh=ssh, keep=_kept))
+    try:
+        _kept.append(run_init(api, settings, ssh=ssh, keep=_kept))
+    finally:
+        api.close()  # its connections; the rest of what it held is kept (console)
     return 0
 
 
@@ -931,7 +934,9 @@ _ran: list[str] = []  # the command main() ran, for console()
 _kept: list[object] = []  # what the last one-shot command held: console() ends the process without freeing it
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
+    """Run one command. ``ending``: the process ends right after (console), so a one-shot command's heap is never
+    collected; otherwise (a caller that goes on, such as a test) the cyclic collector is running again on return."""
     try:
         args = build_parser().parse_args(argv)
     except UsageError as err:
@@ -939,6 +944,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _ran.append(args.command)
     _kept.clear()  # a caller that runs main() again (tests) frees the last command's objects here
+    collecting = gc.isenabled()
     if args.command in ONE_SHOT:
         # One-shot processes that parse up to millions of small objects and create no garbage cycles worth
         # collecting: the cyclic collector's passes over them made parsing super-linear (16384 pods: 3.0 s,
@@ -959,13 +965,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"topology-agent {args.command}: internal error: {type(err).__name__}: {first} (a bug in the agent; "
               "run again with TOPOLOGY_DEBUG=1 for the traceback and report it)", file=sys.stderr)
         return BUG_EXIT
+    finally:
+        if collecting and not ending:
+            gc.enable()
 
 
 def console() -> NoReturn:
     """The ``topology-agent`` command. A one-shot command ends without tearing down its heap: freeing a
     4096-pod job's objects one by one took 0.25 s after the files were in place, on every pod's start-up path
     (the files are renamed into place and the logs flushed first; nothing is left to clean up)."""
-    code = main()
+    code = main(ending=True)
     if _ran and _ran[-1] in ONE_SHOT:
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):

@@ -300,3 +300,23 @@ def test_a_kubeconfig_that_is_not_one_gives_one_line(tmp_path, text, why):
                           str(tmp_path / "out"), "--timeout", "1"], capture_output=True, text=True, env=env,
                          timeout=60)
     _one_line(run, 2, f"kubeconfig {config} is not a kubeconfig ({why}")
+
+
+def test_a_one_shot_command_run_in_process_leaves_the_cyclic_collector_as_it_found_it(tmp_path):
+    """main() turns the cyclic collector off for one-shot commands; a caller that goes on (a test, an embedding
+    program) gets it back on return, or its garbage cycles, unclosed sockets among them, were never collected."""
+    import gc
+
+    args = ["render", "--pods", str(EXAMPLES / "volcano-pods.json"), "--self", "demo-master-0"]
+    assert gc.isenabled()
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert gc.isenabled()
+    assert main(["render", "--pods", str(tmp_path / "missing.json"), "--self", "x", "--out", str(tmp_path / "b")]) \
+        == 2
+    assert gc.isenabled()  # after a refusal as well
+    gc.disable()
+    try:
+        assert main([*args, "--out", str(tmp_path / "c")]) == 0
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
