@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.core import Memo, Options, Rendered, build_plan, render_plan, render_pod
+from agent.core import Memo, Options, Rendered, render_plan, render_pod
 from agent.core.controllers import detect_controller
 from agent.core.gang import (
     Expectation,
@@ -33,7 +33,7 @@ from agent.core.model import RawPod
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import Compactor, configmap_name, is_leader, leader_identity
 from agent.core.summary import own_view, why_full_view
-from agent.core.topology import pod_name
+from agent.core.topology import Planner, pod_name
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
 from agent.errors import ApiError, ApiNotFound, GangTimeout, InputError
@@ -97,6 +97,7 @@ class GangWaiter:
         self.me: RawPod | None = None
         self.compactor: Compactor | None = None
         self.staging: Callable[[RawPod], None] | None = None  # given each pod kept (the leader stages its rows)
+        self.planner: Planner | None = None  # follows the pods held, so the plan is ready when the gang is
         # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
         # in time to list again before its deadline.
         self.reflecting = ReflectorSettings.with_idle(settings.watch_idle or min(IDLE, max(3.0, settings.timeout / 3)))
@@ -230,6 +231,8 @@ class _Gang:
     def on_list(self, items: list[RawPod]) -> None:
         self.waiter.take_list(items)
         self.tracker = self.waiter.track(self.expected)
+        if self.waiter.planner is not None:
+            self.waiter.planner.follow(self.waiter.pods)
         log.info("waiting for the gang: %s", self.tracker.status().describe())
         self.read_from = self.waiter.clock()
 
@@ -246,6 +249,8 @@ class _Gang:
         else:
             pod = waiter.pods[name] = waiter._keep(event.object)  # type: ignore[arg-type]
             tracker.put(pod)
+        if waiter.planner is not None:
+            waiter.planner.follow(waiter.pods, (name,))
         if tracker.ready():
             return True
         if BLOCKED < waited < LINGER and tracker.pending() > max(2, self.expected.total // 100):
@@ -362,6 +367,8 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
         publisher = first_publisher(settings.namespace, settings.options, job=me_id.job, leader=settings.pod_name,
                                     leader_uid=me.get("metadata", {}).get("uid") or "") if lead else None
         waiter.staging = publisher.stage if publisher is not None else None  # its rows, as the pods arrive
+        waiter.planner = planner = Planner(settings.options, settings.pod_name, checked=True,  # the intake checked
+                                           memo=waiter.memo)                                # every pod
         status = waiter.wait(selector, expected)
         log.info("gang complete: %s", status.describe())
         if status.present > status.expected and settings.expect is not None:
@@ -370,8 +377,10 @@ def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
         pods = list(waiter.pods.values())
         names = wanted_nodes(pods, settings.options, {})
         nodes = waiter._retry(lambda: read_nodes(api, names, settings.options), "read nodes") if names else None
-        plan = build_plan(pods, settings.pod_name, settings.options, memo=waiter.memo, checked=True,  # the intake
-                          nodes=nodes)  # type: ignore[arg-type]                          # checked every pod
+        # The layout the wait carried over (one change away), or from scratch: build_plan's plan either way.
+        plan = planner.plan(waiter.pods, nodes=nodes)  # type: ignore[arg-type]
+        log.debug("plan: %d changes followed during the wait, %s", planner.followed,
+                  "carried over" if planner.incremental else "made from scratch")
         if lead:  # publish first (a valid plan): every other pod of the job is waiting for it
             owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
             training = plan.topology.training

@@ -219,6 +219,116 @@ def test_a_join_moves_the_ranks_after_it():
                      "demo-worker-3": 4, "demo-worker-4": 5, "demo-worker-5": 6}
 
 
+def _bare(world: World, names) -> None:
+    """These pods as created, before the kubelet reports their IPs (init's wait starts with most of them so)."""
+    for name in names:
+        pod = world._new(name)
+        pod["status"].pop("podIP", None)
+        pod["status"].pop("podIPs", None)
+        world.pods[name] = world.all[name] = pod
+
+
+def _touched(before, after):
+    return [n for n in sorted(before.keys() | after.keys()) if before.get(n) is not after.get(n)]
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.parametrize("opts", sorted(OPTIONS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), steps=st.lists(st.tuples(st.sampled_from((*OPS, "ip", "ip")),
+                                                                 st.sampled_from(("follow", "told", "plan"))),
+                                                       min_size=1, max_size=25))
+def test_a_plan_after_following_the_gathering_pods_equals_planning_from_scratch(job, opts, seed, steps):
+    """init's wait: ``follow`` after each change (told which pods changed, or not), some pods without their IP
+    yet; a ``plan`` at any point, and at the end, is ``build_plan``'s over the same pods."""
+    world, options = World(JOBS[job](), random.Random(seed)), OPTIONS[opts]
+    _bare(world, [n for n in world.others() if world.rnd.random() < 0.5])
+    planner = Planner(options, world.me)
+    held = dict(world.pods)
+    planner.follow(held)
+    for op, how in [*steps, ("ip", "plan")]:
+        before = held
+        world.step(op)
+        held, nodes = dict(world.pods), world.nodes
+        if how != "plan":
+            planner.follow(held, _touched(before, held) if how == "told" else None)
+            continue
+        touched = _touched(before, held) if world.rnd.random() < 0.5 else None
+        got = _outcome(lambda: planner.plan(held, nodes=nodes, touched=touched))  # noqa: B023
+        want = _outcome(lambda: build_plan(list(held.values()), world.me, options, nodes=nodes))  # noqa: B023
+        assert got == want, f"after {op}"
+        _same_views(got)
+
+
+def test_following_a_job_whose_ips_arrive_one_by_one_re_places_one_member_per_ip(monkeypatch):
+    """The point of ``follow``: the leader's init carries its layout through the wait, each new IP re-placing
+    its own member only, so that the plan once the last IP is in is one change away (issue 24)."""
+    from agent.core import topology
+
+    world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63), ("extras", 2))), random.Random(3))
+    world.pods, world.me = dict(world.all), "demo-master-0"
+    _bare(world, world.others())
+    options = OPTIONS["ip"]
+    planner = Planner(options, world.me)
+    placed: list[int] = []
+    real_place = topology._place
+
+    def counting(layout, start, stop, *args, **kwargs):
+        placed.append(stop - start)
+        return real_place(layout, start, stop, *args, **kwargs)
+
+    monkeypatch.setattr(topology, "_place", counting)
+    held = dict(world.pods)
+    planner.follow(held)  # the LIST: every pod but this one without an IP
+    assert placed == [66]
+    per_ip = {}
+    for name in world.others():
+        placed.clear()
+        before = held
+        world.step("ip", name)
+        held = dict(world.pods)
+        planner.follow(held, _touched(before, held))
+        per_ip[name] = sum(placed)
+    assert planner.followed == 65
+    # A worker's IP re-places its own member, not the members after it; a pod that does not train joins the
+    # host lists with its IP, after every training pod: it re-places the few after it.
+    assert {n: k for n, k in per_ip.items() if "worker" in n} == {f"demo-worker-{i}": 1 for i in range(63)}
+    assert per_ip["demo-extras-0"] == 2 and per_ip["demo-extras-1"] <= 2
+    plan = planner.plan(held)
+    assert planner.incremental == 1
+    assert plan == build_plan(list(held.values()), world.me, options)
+
+
+def test_following_pods_that_make_no_plan_lays_out_from_scratch_at_most_once_per_sixteenth_of_the_job():
+    """Two pods that claim one index refuse every layout: ``follow`` retries from scratch only now and then (its
+    cost stays linear in the events), and ``plan`` still refuses with the line ``build_plan`` gives."""
+    from agent.core import topology
+
+    world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(5))
+    world.pods, world.me = dict(world.all), "demo-master-0"
+    world.step("clone", "demo-worker-4")
+    options = OPTIONS["ip"]
+    planner = Planner(options, world.me)
+    made = []
+    real = topology._lay_out
+    topology._lay_out = lambda *a, **k: made.append(1) or real(*a, **k)
+    try:
+        held = dict(world.pods)
+        planner.follow(held)
+        for _ in range(64):
+            before = held
+            world.step("ip", "demo-worker-9")
+            held = dict(world.pods)
+            planner.follow(held, _touched(before, held))
+        assert planner.followed == 0
+        every = -(-len(held) // topology.FOLLOW_SCRATCH)  # 65 pods: one layout per 5 calls
+        assert len(made) == 1 + 64 // every  # the first call's, then one per 5 calls
+        want = _outcome(lambda: build_plan(list(held.values()), world.me, options))
+        assert want.startswith("refused: ") and _outcome(lambda: planner.plan(held)) == want
+    finally:
+        topology._lay_out = real
+
+
 def _files(make):
     try:
         return make().files
