@@ -241,3 +241,54 @@ def test_a_deadline_ends_requests_with_the_clients_budget():
     clock.now = 5.0
     with pytest.raises(ApiUnavailable, match="deadline"):
         client.get_object("/api/v1/namespaces/default/pods/p")
+
+
+class Satisfied(Recorder):
+    def on_event(self, event: WatchEvent) -> bool:
+        super().on_event(event)
+        return True
+
+
+async def test_a_watch_left_because_the_handler_is_satisfied_is_closed_before_reflect_returns():
+    """init leaves its watch when the gang is complete, then closes its client: a watch stream closed only when
+    collected held its socket past the client's close (an unclosed TLS socket, CI on Python 3.13)."""
+    clock, closed, streams = Clock(), [], []
+
+    async def watch(rv: str, timeout: float, idle: float):
+        try:
+            yield WatchEvent("ADDED", pod("a", "11"))
+            yield WatchEvent("ADDED", pod("b", "12"))
+        finally:
+            closed.append(rv)
+
+    def start(rv: str, timeout: float, idle: float):
+        stream = watch(rv, timeout, idle)
+        streams.append(stream)  # held elsewhere, as a generator in a reference cycle is
+        return stream
+
+    async def listed() -> tuple[list[Any], str]:
+        return [pod("a", "10")], "10"
+
+    ops = AsyncOps(listed, start, clock=clock, sleep=clock.async_sleep)
+    recorder = Satisfied()
+    assert await reflect(Reflector("pods", None, rand=lambda: 0.5, now=clock()), ops, recorder) is True
+    assert [e.object["metadata"]["name"] for e in recorder.events] == ["a"]
+    assert closed == ["10"]  # at once, not when the stream is collected
+
+
+def test_the_blocking_driver_closes_the_clients_watch_as_it_leaves_it():
+    """The same for init's blocking client: the watch's generator (its connection) is closed by the driver."""
+    clock, closed = Clock(), []
+
+    def watch(rv: str, timeout: float, idle: float):
+        try:
+            yield WatchEvent("ADDED", pod("a", "11"))
+            yield WatchEvent("ADDED", pod("b", "12"))
+        finally:
+            closed.append(rv)
+
+    kept = []
+    ops = BlockingOps(lambda: ([pod("a", "10")], "10"), lambda *args: kept.append(watch(*args)) or kept[-1],
+                      sleep=clock.sleep, clock=clock)
+    assert run(Reflector("pods", None, rand=lambda: 0.5, now=clock()), ops, Satisfied()) is True
+    assert closed == ["10"]

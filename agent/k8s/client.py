@@ -215,14 +215,19 @@ class Client:
             raise core.error_for_status(request, response)
         lines = WatchLines()
         last = self.clock()
-        for chunk in chunks:
-            self.traffic.bytes += len(chunk)
-            events = lines.feed(chunk)
-            now = self.clock()
-            if events:
-                last = now
-                yield from events
-            elif now - last > wait:  # bytes, but no event: a trickle is no progress
-                raise silent(request, wait)
-            self.budget.left(idle)  # past the client's deadline: ApiUnavailable
+        try:
+            for chunk in chunks:
+                self.traffic.bytes += len(chunk)
+                events = lines.feed(chunk)
+                now = self.clock()
+                if events:
+                    last = now
+                    yield from events
+                elif now - last > wait:  # bytes, but no event: a trickle is no progress
+                    raise silent(request, wait)
+                self.budget.left(idle)  # past the client's deadline: ApiUnavailable
+        finally:
+            closing = getattr(chunks, "close", None)
+            if closing is not None:
+                closing()  # a watch left early closes its connection now (a half-read answer is not reused)
         lines.finish()

@@ -166,12 +166,20 @@ async def reflect(reflector: Reflector, ops: Ops, handler: Handler, *, deadline:
                 reflector.listed(rv, ops.clock())
                 continue
             timeout = reflector.watch_timeout(ops.clock())
-            async for event in ops.watch(reflector.rv, timeout, reflector.settings.idle):
-                reflector.event(event, ops.clock())
-                if handler.on_event(event):
-                    return True
-                if deadline is not None and ops.clock() >= deadline:
-                    return False
+            stream = ops.watch(reflector.rv, timeout, reflector.settings.idle)
+            try:
+                async for event in stream:
+                    reflector.event(event, ops.clock())
+                    if handler.on_event(event):
+                        return True
+                    if deadline is not None and ops.clock() >= deadline:
+                        return False
+            finally:
+                # The watch's connection is closed as the watch is left, not when the stream is collected: its
+                # socket, held by a generator in a cycle, outlived the client's close (init) otherwise.
+                closing = getattr(stream, "aclose", None)
+                if closing is not None:
+                    await closing()
             reflector.ended(ops.clock())
         except (ApiGone, ApiUnavailable) as err:
             delay = reflector.failed(err, ops.clock())
@@ -193,8 +201,13 @@ class BlockingOps:
 
     async def watch(self, rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
         events: Iterator[WatchEvent] = iter(self._watch(rv, timeout, idle))
-        for event in events:
-            yield event
+        try:
+            for event in events:
+                yield event
+        finally:
+            closing = getattr(events, "close", None)
+            if closing is not None:
+                closing()  # the blocking client's watch: its connection
 
     async def sleep(self, seconds: float) -> None:
         self._sleep(seconds)
