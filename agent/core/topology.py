@@ -11,7 +11,7 @@ import bisect
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from agent.core.containers import pick_trainer_container, resolve_nproc
@@ -72,6 +72,7 @@ class Memo:
     def store(self, key: tuple[tuple[str, str], str] | None, value: T) -> T:
         if key is not None:
             self._new[key[0]] = (key[1], value)
+            self._old.pop(key[0], None)  # the pod's earlier version is not asked for again: let it go now
         return value
 
 
@@ -365,7 +366,7 @@ class _Layout:
     members (a non-training pod without an IP under --address ip)."""
 
     pods: dict[str, RawPod]  # the input by name: the planner finds what changed by object identity
-    found: Collected  # this pod, its controller, job and roles (its live pods are those of the first plan only)
+    found: Collected  # this pod, its controller, job and roles (not its pods: ``live`` holds them as they are)
     position: dict[str, int]  # training role -> its place in the rank order
     coordinator: str | None
     live: list[Live]
@@ -433,7 +434,10 @@ def _lay_out(pods: Sequence[RawPod], self_name: str, options: Options, memo: Mem
     order = sorted(range(len(keys)), key=keys.__getitem__)
     live = [found.live[k] for k in order]
     layout = _Layout(
-        pods={pod_name(p): p for p in pods}, found=found, position=position, coordinator=coordinator, live=live,
+        # Without the pods it found: a kept layout held each pod's first version after the pod changed (init's
+        # wait at 16384 pods: ~1 KB per event, 15-20 MB by the last IP; the sidecar's planner alike).
+        pods={pod_name(p): p for p in pods}, found=replace(found, live=(), excluded=()), position=position,
+        coordinator=coordinator, live=live,
         keys=[keys[k] for k in order],
         placed=[None] * len(live), key_of={}, dropped={e.name: e for e in found.excluded}, left_out=set(),
         claims={(i.role, i.index): f.name for _, i, f in live}, role_count=role_count,
