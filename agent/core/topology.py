@@ -617,7 +617,7 @@ class Planner:
         self.memo = memo if memo is not None else Memo(options)
         self._layout: _Layout | None = None
         self._plan: Plan | None = None  # the plan of the layout as it is (None after follow)
-        self._since_scratch: int | None = None  # follow(): calls since its last layout from scratch
+        self._since_scratch: int | None = None  # follow(): calls since its last layout from scratch (None: none)
         self.incremental = 0  # plans made from the previous layout (the rest were made from scratch)
         self.followed = 0  # follow() calls that carried the layout over (the rest dropped it or made one)
 
@@ -653,6 +653,9 @@ class Planner:
         if self.options.levels is not None or self.options.rank_order == "topology":
             self._layout = None  # the changes are not carried over: the next plan is made from scratch
             return
+        since = self._since_scratch
+        if since is not None:
+            self._since_scratch = since = since + 1
         layout = self._layout
         if layout is not None:
             try:
@@ -662,10 +665,8 @@ class Planner:
             except InputError:
                 pass
             self._layout = None
-        since = self._since_scratch
-        if since is not None and (since + 1) * FOLLOW_SCRATCH < len(pods):
-            self._since_scratch = since + 1
-            return
+        if since is not None and since * FOLLOW_SCRATCH < len(pods):
+            return  # laid out from scratch too recently: the next layout waits (plan() makes one in any case)
         self._since_scratch = 0
         try:
             self._layout = _lay_out(list(pods.values()), self.self_name, self.options, self.memo, None,

@@ -411,3 +411,24 @@ def test_the_memo_lets_go_of_a_pods_earlier_facts_once_it_holds_the_new_ones():
     memo.store(key, Facts())
     assert held() is None
     assert memo.lookup("facts", v2)[1] is not missing
+
+
+def test_a_relist_after_a_long_followed_wait_is_laid_out_again_at_once():
+    """The budget counts every call since the last layout from scratch: after a wait carried over event by event,
+    a LIST again (a watch that expired: every pod a new object) is laid out at once, not 1/16 of the job later."""
+    world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 64))), random.Random(2))
+    world.pods, world.me = dict(world.all), "demo-master-0"
+    _bare(world, world.others())
+    planner = Planner(OPTIONS["ip"], world.me)
+    held = dict(world.pods)
+    planner.follow(held)
+    for name in world.others()[:10]:
+        before = held
+        world.step("ip", name)
+        held = dict(world.pods)
+        planner.follow(held, _touched(before, held))
+    assert planner.followed == 10
+    relisted = {name: copy.deepcopy(pod) for name, pod in held.items()}
+    planner.follow(relisted)  # 65 new objects: too many to carry over
+    assert planner._layout is not None and planner._layout.pods["demo-worker-0"] is relisted["demo-worker-0"]
+    assert planner.followed == 10  # laid out again, not carried over
