@@ -621,14 +621,12 @@ class Planner:
         self.incremental = 0  # plans made from the previous layout (the rest were made from scratch)
         self.followed = 0  # follow() calls that carried the layout over (the rest dropped it or made one)
 
-    def plan(self, pods: Mapping[str, RawPod], *, nodes: NodeLabels | None = None,
-             touched: Iterable[str] | None = None) -> Plan:
-        """The plan of ``pods``. ``touched``: the names added, changed or removed since the last call, when the
-        caller knows them (None: every pod is compared with the last call's, by identity)."""
+    def plan(self, pods: Mapping[str, RawPod], *, nodes: NodeLabels | None = None) -> Plan:
+        """The plan of ``pods`` (each compared with the last call's, by identity)."""
         layout = self._layout
         if layout is not None:
             try:
-                step = self._advance(layout, pods, nodes, touched)
+                step = self._advance(layout, pods, nodes, None)
                 plan = None if step is None or layout.unplaced else self._plan_after(layout, step)
             except InputError:
                 plan = None

@@ -253,8 +253,7 @@ def test_a_plan_after_following_the_gathering_pods_equals_planning_from_scratch(
         if how != "plan":
             planner.follow(held, _touched(before, held) if how == "told" else None)
             continue
-        touched = _touched(before, held) if world.rnd.random() < 0.5 else None
-        got = _outcome(lambda: planner.plan(held, nodes=nodes, touched=touched))  # noqa: B023
+        got = _outcome(lambda: planner.plan(held, nodes=nodes))  # noqa: B023
         want = _outcome(lambda: build_plan(list(held.values()), world.me, options, nodes=nodes))  # noqa: B023
         assert got == want, f"after {op}"
         _same_views(got)
