@@ -14,6 +14,8 @@ import re
 
 import jsonpatch
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent import __version__
 from agent.cli import check_agent_args
@@ -47,9 +49,10 @@ NO_SETTINGS = Settings()
 
 
 def admitted(obj: dict, settings: Settings = NO_SETTINGS, **kwargs) -> tuple[dict, dict]:
-    """(the object after the patch, the response)."""
-    answer = admission.answer(admission.parse_review(review(obj, **kwargs)), settings, version=__version__,
-                              check=check_agent_args)
+    """(the object after the patch, the response). The review gets its own copy, as the webhook parses its own
+    from the body: the decision changes what it is given."""
+    answer = admission.answer(admission.parse_review(review(copy.deepcopy(obj), **kwargs)), settings,
+                              version=__version__, check=check_agent_args)
     assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
     response = answer["response"]
     assert response["uid"] == "u-1"
@@ -237,3 +240,68 @@ def test_the_patch_escapes_annotation_keys_and_applies_to_the_object_as_sent():
     ops = json.loads(base64.b64decode(response["patch"]))
     assert any(op["path"].endswith("topology-agent.io~1injected") for op in ops)
     assert pod == bare_pod()  # the request's object itself is not changed
+
+
+def test_the_patch_comes_from_what_the_agent_adds_not_a_copy_of_the_object():
+    """Issue 34: a deep copy and a whole-object diff took a 2.85 MiB Pod's review to 220 MB. The patch is built
+    from the agent's pieces: answering allocates a small fraction of the object's size."""
+    import tracemalloc
+
+    pod = bare_pod()
+    pod["metadata"]["annotations"]["note"] = "x" * (2 << 20)
+    pod["spec"]["containers"][0]["env"] = [{"name": f"V{i}", "value": str(i)} for i in range(20000)]
+    request = admission.parse_review(json.loads(json.dumps(review(pod))))
+    tracemalloc.start()
+    try:
+        answer = admission.answer(request, NO_SETTINGS, version=__version__, check=check_agent_args)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024, peak  # the object parsed is ~6 MB
+    patch = base64.b64decode(answer["response"]["patch"])
+    assert len(patch) < 8192 and b"xxxx" not in patch and b"V19999" not in patch
+
+
+AGENT_PIECES = {"initContainers": [{"name": INIT, "image": "old"}, {"name": SIDECAR, "image": "old"}],
+                "volumes": [{"name": "topology-agent-shared", "emptyDir": {}},
+                            {"name": "topology-agent-token", "emptyDir": {}}]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_the_patch_applied_to_the_object_as_sent_is_the_transform_whatever_the_template_holds(data):
+    """Lists the transform filters and extends (the user's init containers and volumes around an earlier
+    injection's, the user's mounts), fields absent or present: patch(object) == transform(copy of object)."""
+    spec: dict = {"containers": []}
+    for i in range(data.draw(st.integers(1, 3))):
+        container: dict = {"name": f"c{i}", "image": "x"}
+        if data.draw(st.booleans()):
+            container["volumeMounts"] = [{"name": f"m{j}", "mountPath": f"/m{j}"}
+                                         for j in range(data.draw(st.integers(0, 2)))]
+            if data.draw(st.booleans()):
+                container["volumeMounts"].insert(0, {"name": "topology-agent-shared", "mountPath": "/old"})
+        spec["containers"].append(container)
+    for key, agents in AGENT_PIECES.items():
+        if data.draw(st.booleans()):
+            users = [{"name": f"user-{key}-{j}", "emptyDir": {}} if key == "volumes" else
+                     {"name": f"user-{j}", "image": "u"} for j in range(data.draw(st.integers(0, 3)))]
+            for agent in agents:
+                if data.draw(st.booleans()):
+                    users.insert(data.draw(st.integers(0, len(users))), copy.deepcopy(agent))
+            spec[key] = users
+    if data.draw(st.booleans()):
+        spec["serviceAccountName"] = data.draw(st.sampled_from(["mine", "topology-agent"]))
+    template: dict = {"spec": spec}
+    if data.draw(st.booleans()):
+        template["metadata"] = {"labels": {"a": "b"}}
+        if data.draw(st.booleans()):
+            template["metadata"]["annotations"] = {"a": "b"}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}, "spec": {"template": template}}
+    wanted = copy.deepcopy(job)
+    from agent.core.injection import inject, templates
+
+    for each in templates(wanted):
+        inject(each, version=__version__)
+    after, response = admitted(job)
+    assert response["allowed"] is True
+    assert after == wanted

@@ -7,23 +7,40 @@ own annotations and elasticPolicy count. A template that is already injected, by
 at the job's level, is not injected again (the job's settings are not in its pods to be read again); only a
 container added since by another webhook gets the shared mount (reinvocation). Bad settings deny the request
 with the one line `inject` would print.
+
+The patch is built from what the transform changed, never by diffing the whole object: a 3 MiB object costs
+a parse, not a deep copy and a tree diff (which took a webhook to 220-323 MB). The transform touches only the
+agent's pieces of a template (injection.py), and each is recorded one level deep before it runs: list entries
+the transform keeps are the same objects afterwards, so removals and insertions are found by identity.
 """
 
 from __future__ import annotations
 
 import base64
-import copy
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import jsonpatch
-
-from agent.core.injection import INIT, SIDECAR, Settings, Template, complete, inject, is_injected, templates
+from agent.core.injection import (
+    INIT,
+    INJECTED,
+    SIDECAR,
+    Settings,
+    Template,
+    complete,
+    escape,
+    inject,
+    is_injected,
+    templates,
+)
 from agent.errors import InputError
 
 API_VERSION = "admission.k8s.io/v1"
+# JSON values a review may hold (objects, arrays and the values between commas), counted before it is parsed.
+# A real pod of 3 MiB has a few thousand to ~150000 (a 3 MiB env list: 137000); 2**20 empty objects parse into
+# ~72 MB, the most the webhook's reviewing process holds (docs/adopt.md sizes its memory from this).
+MAX_VALUES = 1 << 20
 CheckArgs = Callable[[list[str], str], None]  # the CLI's parser: refuses a flag or value init/sidecar refuse
 
 # (group, resource) the webhook takes, as its MutatingWebhookConfiguration's rules name them.
@@ -66,22 +83,6 @@ def parse_review(body: Any) -> Request:
     return Request(request["uid"], str(request.get("operation", "")), namespace, obj, where)
 
 
-def mutate(obj: dict[str, Any], namespace_settings: Settings, *, version: str, check: CheckArgs) -> list[str]:
-    """Inject ``obj`` in place as the webhook does; the templates it changed. Raises InputError for settings
-    that cannot work."""
-    changed = []
-    for template in templates(obj, namespace_settings):
-        template.settings = template.settings.over(_annotations(template), template.where)
-        if is_injected(template):
-            if complete(template):
-                changed.append(template.where)
-            continue
-        inject(template, version=version)
-        _check(template, check)
-        changed.append(template.where)
-    return changed
-
-
 def _annotations(template: Template) -> Mapping[str, Any] | None:
     meta = template.template.get("metadata")
     return meta.get("annotations") if isinstance(meta, Mapping) else None
@@ -96,21 +97,129 @@ def _check(template: Template, check: CheckArgs) -> None:
 
 def answer(request: Request, namespace_settings: Settings, *, version: str, check: CheckArgs) -> dict[str, Any]:
     """The AdmissionReview response: allowed, with a JSONPatch when anything was added; denied (400) with the
-    one line that says which setting to fix."""
+    one line that says which setting to fix. ``request.obj`` is changed in place (the caller drops it)."""
     response: dict[str, Any] = {"uid": request.uid, "allowed": True}
     if request.operation == "CREATE":
-        mutated = copy.deepcopy(request.obj)
         try:
-            changed = mutate(mutated, namespace_settings, version=version, check=check)
+            ops = patch(request.obj, namespace_settings, version=version, check=check)
         except InputError as err:
-            response = {"uid": request.uid, "allowed": False,
-                        "status": {"code": 400, "reason": "BadRequest", "message": f"topology-agent: {err}"}}
+            response = deny(request.uid, str(err))
         else:
-            if changed:
-                ops = jsonpatch.make_patch(request.obj, mutated).patch
+            if ops:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def deny(uid: str, why: str) -> dict[str, Any]:
+    """A refusal the API server shows its caller; a message quoting a caller's value is kept to one short line."""
+    message = f"topology-agent: {why}"
+    if len(message) > 1024:
+        message = message[:1000] + " ... (cut)"
+    return {"uid": uid, "allowed": False, "status": {"code": 400, "reason": "BadRequest", "message": message}}
+
+
+def patch(obj: dict[str, Any], namespace_settings: Settings, *, version: str, check: CheckArgs) -> list[dict]:
+    """Inject ``obj`` in place as the webhook does and return the JSONPatch that does the same to the object
+    as sent."""
+    ops: list[dict[str, Any]] = []
+    for template in templates(obj, namespace_settings):
+        template.settings = template.settings.over(_annotations(template), template.where)
+        before = _Before(template.template)
+        if is_injected(template):
+            if not complete(template):
+                continue
+        else:
+            inject(template, version=version)
+            _check(template, check)
+        ops += before.changes(template.template, template.pointer)
+    return ops
+
+
+_ABSENT: Any = object()
+_SPEC_VALUES = ("serviceAccountName", "automountServiceAccountToken")
+_SPEC_LISTS = ("initContainers", "volumes")
+
+
+def _shallow(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+class _Before:
+    """The parts of one pod template the transform may change (injection.py: its containers and volumes, the
+    user's mounts, the ServiceAccount, the injected annotation), copied one level deep."""
+
+    def __init__(self, template: dict[str, Any]) -> None:
+        meta = template.get("metadata", _ABSENT)
+        annotations = meta.get("annotations", _ABSENT) if isinstance(meta, dict) else _ABSENT
+        self.meta, self.annotations = meta, annotations
+        self.injected = annotations.get(INJECTED, _ABSENT) if isinstance(annotations, dict) else _ABSENT
+        spec = template.get("spec")
+        self.spec: dict[str, Any] = spec if isinstance(spec, dict) else {}
+        self.values = {key: self.spec.get(key, _ABSENT) for key in _SPEC_VALUES + _SPEC_LISTS}
+        self.lists = {key: _shallow(self.values[key]) for key in _SPEC_LISTS}
+        containers = self.spec.get("containers")
+        self.mounts = [(i, c, c.get("volumeMounts", _ABSENT), _shallow(c.get("volumeMounts")))
+                       for i, c in enumerate(containers if isinstance(containers, list) else [])
+                       if isinstance(c, dict)]
+
+    def changes(self, template: dict[str, Any], at: str) -> list[dict[str, Any]]:
+        ops: list[dict[str, Any]] = []
+        meta = template.get("metadata", _ABSENT)
+        if meta is not self.meta:
+            ops.append(_set(f"{at}/metadata", meta))
+        elif isinstance(meta, dict):
+            annotations = meta.get("annotations", _ABSENT)
+            if annotations is not self.annotations:
+                ops.append(_set(f"{at}/metadata/annotations", annotations))
+            elif isinstance(annotations, dict) and annotations.get(INJECTED, _ABSENT) != self.injected:
+                ops.append(_set(f"{at}/metadata/annotations/{escape(INJECTED)}", annotations.get(INJECTED, _ABSENT)))
+        spec = template.get("spec")
+        if spec is not self.spec:
+            return ops if spec is None else [*ops, _set(f"{at}/spec", spec)]
+        for key in _SPEC_VALUES:
+            value = spec.get(key, _ABSENT)
+            if value is not self.values[key] and value != self.values[key]:
+                ops.append(_set(f"{at}/spec/{key}", value))
+        for key in _SPEC_LISTS:
+            ops += _list_changes(f"{at}/spec/{key}", self.values[key], self.lists[key], spec.get(key, _ABSENT))
+        for index, container, value, copied in self.mounts:
+            ops += _list_changes(f"{at}/spec/containers/{index}/volumeMounts", value, copied,
+                                 container.get("volumeMounts", _ABSENT))
+        return ops
+
+
+def _set(path: str, value: Any) -> dict[str, Any]:
+    return {"op": "remove", "path": path} if value is _ABSENT else {"op": "add", "path": path, "value": value}
+
+
+def _list_changes(path: str, before: Any, copied: Any, after: Any) -> list[dict[str, Any]]:
+    """The list at ``path``: entries removed (from the end, so indices hold) and entries inserted, by identity;
+    a value that was not this list before is set whole."""
+    if after is not before or not isinstance(after, list):
+        return [] if after is before else [_set(path, after)]
+    kept = {id(entry) for entry in after}
+    ops = [{"op": "remove", "path": f"{path}/{i}"} for i in reversed(range(len(copied)))
+           if id(copied[i]) not in kept]
+    old = {id(entry) for entry in copied}
+    return ops + [{"op": "add", "path": f"{path}/{i}", "value": entry} for i, entry in enumerate(after)
+                  if id(entry) not in old]
+
+
+def read_review(body: bytes) -> Request:
+    """The request of an AdmissionReview's bytes, or InputError (the server answers 400) with the reason."""
+    values = body.count(b",") + body.count(b"{") + body.count(b"[")
+    if values > MAX_VALUES:
+        raise InputError(f"the review holds about {values} JSON values, more than the webhook reads ({MAX_VALUES}); "
+                         "no Kubernetes object of 3 MiB has that many; label it topology-agent.io/inject=disabled "
+                         "to create it without the agent")
+    try:
+        parsed = json.loads(body)
+    except RecursionError:
+        raise InputError("the review is nested too deep to read; no Kubernetes object nests that deep") from None
+    except ValueError as err:
+        raise InputError(f"the body is not JSON: {err}") from None
+    return parse_review(parsed)
 
 
 def namespace_settings(namespace: Mapping[str, Any] | None) -> Settings:

@@ -82,6 +82,7 @@ class Template:
     elastic: str | None = None  # MIN:MAX from the job (PyTorchJob elasticPolicy)
     wait_dns: bool = False  # the controller names pods by DNS (hostname + subdomain)
     pods: int | None = None  # the most pods the job runs at once (None: not known here, as for a lone Pod)
+    pointer: str = ""  # where the template is in its document, as a JSON Pointer (RFC 6901): the webhook's patch
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -122,7 +123,7 @@ def _replicas(entries: Iterable[Any]) -> int | None:
     return sum(_count(e.get("replicas")) for e in entries if isinstance(e, Mapping)) or None
 
 
-def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings) -> Iterator[Template]:
+def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings, at: str) -> Iterator[Template]:
     rjobs = [r for r in _at(spec, "replicatedJobs") or [] if isinstance(r, Mapping)]
     pods = None if prefix else sum(_count(r.get("replicas")) * _count(_at(r, "template", "spec", "parallelism"))
                                    for r in rjobs) or None  # a runtime's size comes from each TrainJob
@@ -130,16 +131,18 @@ def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings) ->
         template = _at(rjob, "template", "spec", "template")
         if isinstance(template, dict):
             yield Template(f"{where} {prefix}replicatedJobs[{i}] ({_at(rjob, 'name')})", template,
-                           settings, wait_dns=True, pods=pods)
+                           settings, wait_dns=True, pods=pods,
+                           pointer=f"{at}/replicatedJobs/{i}/template/spec/template")
 
 
-def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterator[Template]:
-    """Every pod template of a supported kind in one document (a kubectl List's items included)."""
+def templates(doc: Mapping[str, Any], defaults: Settings = Settings(), at: str = "") -> Iterator[Template]:
+    """Every pod template of a supported kind in one document (a kubectl List's items included); ``at`` is the
+    document's own JSON Pointer."""
     kind, group, spec = doc.get("kind"), _group(doc), doc.get("spec")
     if kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc):
-        for item in doc.get("items") or []:
+        for i, item in enumerate(doc.get("items") or []):
             if isinstance(item, Mapping):
-                yield from templates(item, defaults)
+                yield from templates(item, defaults, f"{at}/items/{i}")
         return
     where = _name(doc)
     settings = defaults.over(_metadata(doc).get("annotations"), where)
@@ -150,12 +153,13 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
         labels = _metadata(doc).get("labels")
         by_dns = bool(_at(spec, "subdomain")) and isinstance(labels, Mapping) and any(
             key in labels for key in JOB_POD_LABELS)
-        yield Template(where, doc, settings, elastic=_pod_elastic(spec), wait_dns=by_dns)
+        yield Template(where, doc, settings, elastic=_pod_elastic(spec), wait_dns=by_dns, pointer=at)
     elif kind == "Job" and group == "batch.volcano.sh":
         pods = _replicas(_at(spec, "tasks") or [])
         for i, task in enumerate(_at(spec, "tasks") or []):
             if isinstance(_at(task, "template"), dict):
-                yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings, pods=pods)
+                yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings, pods=pods,
+                               pointer=f"{at}/spec/tasks/{i}/template")
     elif kind == "PyTorchJob" and group == "kubeflow.org":
         policy = _at(spec, "elasticPolicy")
         elastic = None
@@ -166,27 +170,37 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
             pods = max(pods or 0, _count(policy.get("maxReplicas"), 0)) or None  # it may grow to maxReplicas
         for rtype, replica in (_at(spec, "pytorchReplicaSpecs") or {}).items():
             if isinstance(_at(replica, "template"), dict):
-                yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic, pods=pods)
+                yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic, pods=pods,
+                               pointer=f"{at}/spec/pytorchReplicaSpecs/{escape(rtype)}/template")
     elif kind == "MPIJob" and group == "kubeflow.org":
         pods = _replicas((_at(spec, "mpiReplicaSpecs") or {}).values())
         for rtype, replica in (_at(spec, "mpiReplicaSpecs") or {}).items():
             if isinstance(_at(replica, "template"), dict):
-                yield Template(f"{where} {rtype}", replica["template"], settings, pods=pods)
+                yield Template(f"{where} {rtype}", replica["template"], settings, pods=pods,
+                               pointer=f"{at}/spec/mpiReplicaSpecs/{escape(rtype)}/template")
     elif kind == "JobSet" and group == "jobset.x-k8s.io":
-        yield from _jobset_templates(spec, "", where, settings)
+        yield from _jobset_templates(spec, "", where, settings, f"{at}/spec")
     elif kind in ("TrainingRuntime", "ClusterTrainingRuntime") and group == "trainer.kubeflow.org":
-        yield from _jobset_templates(_at(spec, "template", "spec"), "template.spec.", where, settings)
+        yield from _jobset_templates(_at(spec, "template", "spec"), "template.spec.", where, settings,
+                                     f"{at}/spec/template/spec")
     elif kind == "LeaderWorkerSet" and group == "leaderworkerset.x-k8s.io":
         lwt = _at(spec, "leaderWorkerTemplate") or {}
         pods = _count(_at(spec, "replicas")) * _count(_at(lwt, "size")) or None
         for key in ("leaderTemplate", "workerTemplate"):
             if isinstance(lwt.get(key), dict):
-                yield Template(f"{where} {key}", lwt[key], settings, pods=pods)
+                yield Template(f"{where} {key}", lwt[key], settings, pods=pods,
+                               pointer=f"{at}/spec/leaderWorkerTemplate/{key}")
     elif kind == "Job" and group == "batch":
         template = _at(spec, "template")
         pods = _count(_at(spec, "parallelism")) or None  # pods at once (parallelism, default 1)
         if isinstance(template, dict):
-            yield Template(where, template, settings, wait_dns=bool(_at(template, "spec", "subdomain")), pods=pods)
+            yield Template(where, template, settings, wait_dns=bool(_at(template, "spec", "subdomain")), pods=pods,
+                           pointer=f"{at}/spec/template")
+
+
+def escape(token: Any) -> str:
+    """One JSON Pointer reference token (RFC 6901: ``~`` is ``~0``, ``/`` is ``~1``)."""
+    return str(token).replace("~", "~0").replace("/", "~1")
 
 
 def _pod_elastic(spec: Any) -> str | None:
