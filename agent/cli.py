@@ -440,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     webhook.add_argument("--check-every", default="3600", help="seconds between certificate checks (default 3600)")
     webhook.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     webhook.add_argument("--log-format", help="text or json (default text)")
+    webhook.add_argument("--reviewer", action="store_true", help=argparse.SUPPRESS)  # its reviewing process
 
     demo = commands.add_parser("demo", help="show the agent at work on an example Volcano job in the sandbox")
     demo.add_argument("--out", default="demo-out", help="where each pod's files go (default ./demo-out)")
@@ -876,6 +877,11 @@ def _webhook(args: argparse.Namespace) -> int:
     from agent.runtime.logs import setup_logging
     from agent.runtime.webhook import WebhookSettings, run_webhook
 
+    if args.reviewer:  # the process webhook.py starts for large reviews (runtime/reviewing.py)
+        from agent.runtime.reviewing import serve
+
+        serve(sys.stdin.buffer, sys.stdout.buffer, version=__version__, check=check_agent_args)
+        return 0
     log_format = _log_format(args)
     port = _int("--port", args.port, low=1) or 8443
     host = _address_knob(Knob(args.host, "--host"))
@@ -907,7 +913,10 @@ def _webhook(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
-        async with AsyncClient(config, user_agent=f"topology-agent/{__version__} webhook") as api:
+        # Namespace GETs: as many connections as reviews can be open, each answered or given up in 5 s, so a hung
+        # read never holds a slot a healthy namespace's review needs.
+        async with AsyncClient(config, user_agent=f"topology-agent/{__version__} webhook", timeout=5.0,
+                               connections=settings.limits.connections) as api:
             await run_webhook(api, settings, version=__version__, check=check_agent_args, stop=stop)
 
     asyncio.run(main_async())

@@ -47,15 +47,16 @@ class AsyncApi(Protocol):
 
 
 class AiohttpTransport:
-    def __init__(self, config: ApiConfig, user_agent: str) -> None:
-        self.config, self.user_agent = config, user_agent
+    def __init__(self, config: ApiConfig, user_agent: str, connections: int = 4) -> None:
+        self.config, self.user_agent, self.connections = config, user_agent, connections
         self._ssl = ssl_context(config)
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=4)
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False,
+                                             limit=self.connections)
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
@@ -98,12 +99,14 @@ class AsyncClient:
     """The calls the sidecar makes, each one request of the core over the transport."""
 
     def __init__(self, config: ApiConfig, *, user_agent: str | None = None, timeout: float = 30.0,
-                 transport: AsyncTransport | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 transport: AsyncTransport | None = None, clock: Callable[[], float] = time.monotonic,
+                 connections: int = 4) -> None:
         self.config = config
         self.traffic = Traffic()
         self.timeout = timeout
         self.clock = clock
-        self.transport = transport or AiohttpTransport(config, user_agent or f"topology-agent/{__version__}")
+        self.transport = transport or AiohttpTransport(config, user_agent or f"topology-agent/{__version__}",
+                                                       connections)
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -2,6 +2,13 @@
 core/admission.py's decision (the transform `inject` applies) and keeps its own TLS current (certs.py), or
 serves files another issuer writes (cert-manager).
 
+Any pod that can reach its port can send it anything, and any user who may create a pod can make the API server
+send it any object up to 3 MiB, so its memory and time are bounded whatever arrives: connections, heads and TLS
+by serving.py; a body is read only once it fits the bytes in flight (``BODIES``) and its length is known; a
+large one is reviewed in a process of its own (reviewing.py); nothing a caller chooses is kept but a bounded
+number of namespaces' settings; every review is answered before the API server's ``?timeout=`` runs out, with
+the reason when it is a refusal.
+
 Per request it reads nothing from the API server but the namespace's settings, cached for ``namespace_ttl``
 seconds, so a burst of pods costs one GET per namespace. A namespace it cannot read denies the pod with the
 reason: a pod injected without its namespace's settings would start with the wrong ones.
@@ -14,26 +21,37 @@ import contextlib
 import json
 import logging
 import os
+import re
 import ssl
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agent.core import admission
 from agent.core.injection import Settings
+from agent.core.validation import is_dns1123_label
 from agent.errors import ApiError, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.runtime.certs import Bundle, ManagedCerts
+from agent.runtime.reviewing import SMALL, Outcome, Reviewer, Unavailable
+from agent.runtime.serving import BoundedServer, Limits
 
 log = logging.getLogger("topology-agent.webhook")
 
-MAX_BODY = 8 * 1024 * 1024  # an AdmissionReview holds the object (at most ~3 MiB in etcd) twice at worst
+MAX_BODY = 8 << 20  # bytes: an AdmissionReview of the largest object the API server takes (3 MiB) re-encoded
+BODIES = 16 << 20  # bytes of bodies held at once (read, or waiting for the reviewing process)
+DEFAULT_TIMEOUT = 10.0  # seconds: the API server's own default timeoutSeconds, when ?timeout= is not given
+MARGIN = 0.5  # seconds before the API server's deadline by which an answer is on its way
+NAMESPACE_MARGIN = 0.2  # seconds before that by which a namespace read is given up, to answer with the reason
+REVIEWER = (sys.executable, "-m", "agent.cli", "webhook", "--reviewer")
 
 
 @dataclass(frozen=True)
@@ -47,7 +65,10 @@ class WebhookSettings:
     hosts: tuple[str, ...] = ()  # every name and address the serving certificate covers
     tls_dir: Path | None = None  # tls.crt + tls.key written by someone else (cert-manager): no Secret, no caBundle
     namespace_ttl: float = 30.0
+    namespaces: int = 1024  # namespaces whose settings are kept (least recently used go first)
     check_every: float = 3600.0  # how often the certificates are checked for renewal
+    limits: Limits = field(default_factory=Limits)
+    reviewer: Sequence[str] = REVIEWER  # the command of the reviewing process (reviewing.py)
     metrics: CollectorRegistry = field(default_factory=CollectorRegistry, compare=False)
 
 
@@ -59,6 +80,97 @@ class Metrics:
         self.latency = Histogram("topology_agent_webhook_review_seconds", "From request read to answer written",
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
                                  registry=registry)
+        self.connections = Gauge("topology_agent_webhook_connections", "Connections open", registry=registry)
+
+
+class Namespaces:
+    """Each namespace's settings, read once per ``ttl`` and shared by the reviews that wait for the same read.
+
+    Only names the API server could send are asked for (DNS-1123 labels: nothing else reaches the path), the
+    read is a task of its own (a review that gives up does not end it for the others), and its failure reaches
+    every review that waits for it. At most ``size`` namespaces are kept."""
+
+    def __init__(self, api: AsyncApi, *, ttl: float, size: int, clock: Callable[[], float]) -> None:
+        self.api, self.ttl, self.size, self.clock = api, ttl, size, clock
+        self._kept: OrderedDict[str, tuple[float, Settings | InputError]] = OrderedDict()
+        self._reading: dict[str, asyncio.Task[Settings | InputError]] = {}
+
+    def cached(self, namespace: str) -> Settings | InputError | None:
+        if not namespace:
+            return Settings()  # a cluster-scoped object (ClusterTrainingRuntime)
+        if not is_dns1123_label(namespace):
+            return InputError(f"namespace {namespace[:80]!r} is not a Kubernetes namespace name")
+        kept = self._kept.get(namespace)
+        if kept is None or self.clock() - kept[0] > self.ttl:
+            return None
+        self._kept.move_to_end(namespace)
+        return kept[1]
+
+    async def get(self, namespace: str, *, within: float) -> Settings | InputError:
+        cached = self.cached(namespace)
+        if cached is not None:
+            return cached
+        reading = self._reading.get(namespace)
+        if reading is None:
+            reading = self._reading[namespace] = asyncio.create_task(self._read(namespace))
+        try:
+            return await asyncio.wait_for(asyncio.shield(reading), max(within, 0.0))
+        except TimeoutError:
+            return InputError(f"cannot read Namespace {namespace}'s topology-agent.io/ settings in time (the API "
+                              "server did not answer); the pod is refused rather than started without them; "
+                              "create it again")
+
+    async def _read(self, namespace: str) -> Settings | InputError:
+        try:
+            result: Settings | InputError = admission.namespace_settings(
+                await self.api.get_object(f"/api/v1/namespaces/{namespace}"))
+        except ApiNotFound:
+            result = Settings()
+        except InputError as err:
+            result = err
+        except ApiError as err:
+            return InputError(f"cannot read Namespace {namespace}'s topology-agent.io/ settings ({err}); the pod is "
+                              "refused rather than started without them; check the webhook's RBAC (get "
+                              "namespaces) and the API server")
+        finally:
+            self._reading.pop(namespace, None)
+        self._kept[namespace] = (self.clock(), result)
+        self._kept.move_to_end(namespace)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+        return result
+
+
+class Budget:
+    """Bytes of request bodies held at once: a body is read only when its length fits."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> Any:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.used + size <= self.limit)
+            self.used += size
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.used -= size
+                self._changed.notify_all()
+
+
+def review_timeout(value: str | None) -> float:
+    """The API server's ``?timeout=`` (a Go duration: ``5s``, ``30s``, ``1m0s``, ``2500ms``) in seconds."""
+    if not value:
+        return DEFAULT_TIMEOUT
+    parts = re.fullmatch(r"(?:(\d+)m)?(?:(\d+(?:\.\d+)?)(s|ms))?", value)
+    if not parts or not any(parts.groups()):
+        return DEFAULT_TIMEOUT
+    minutes, amount, unit = parts.groups()
+    seconds = int(minutes or 0) * 60 + (float(amount) / (1000 if unit == "ms" else 1) if amount else 0.0)
+    return min(max(seconds, 1.0), 30.0)
 
 
 class Webhook:
@@ -67,70 +179,77 @@ class Webhook:
         self.api, self.settings, self.version, self.clock = api, settings, version, clock
         self.check = _remembering(check)
         self.metrics = Metrics(settings.metrics)
-        self._namespaces: dict[str, tuple[float, Settings | InputError]] = {}
-        self._pending: dict[str, asyncio.Future[Settings | InputError]] = {}
+        self.namespaces = Namespaces(api, ttl=settings.namespace_ttl, size=settings.namespaces, clock=clock)
+        self.bodies = Budget(BODIES)
+        self.reviewer = Reviewer(settings.reviewer)
         self.tls: ssl.SSLContext | None = None
-
-    async def namespace_settings(self, namespace: str) -> Settings:
-        """The namespace's settings (cached; concurrent requests share one GET)."""
-        if not namespace:
-            return Settings()  # a cluster-scoped object (ClusterTrainingRuntime)
-        cached = self._namespaces.get(namespace)
-        if cached is None or self.clock() - cached[0] > self.settings.namespace_ttl:
-            pending = self._pending.get(namespace)
-            if pending is None:
-                pending = self._pending[namespace] = asyncio.get_running_loop().create_future()
-                try:
-                    result = await self._read_namespace(namespace)
-                    self._namespaces[namespace] = (self.clock(), result)
-                    pending.set_result(result)
-                finally:
-                    del self._pending[namespace]
-                    if not pending.done():
-                        pending.cancel()
-            else:
-                result = await asyncio.shield(pending)
-        else:
-            result = cached[1]
-        if isinstance(result, InputError):
-            raise result
-        return result
-
-    async def _read_namespace(self, namespace: str) -> Settings | InputError:
-        try:
-            return admission.namespace_settings(await self.api.get_object(f"/api/v1/namespaces/{namespace}"))
-        except ApiNotFound:
-            return Settings()
-        except InputError as err:
-            return err
-        except ApiError as err:
-            raise InputError(f"cannot read Namespace {namespace}'s topology-agent.io/ settings ({err}); the pod is "
-                             "refused rather than started without them; check the webhook's RBAC (get namespaces) "
-                             "and the API server") from None
 
     async def review(self, request: web.Request) -> web.Response:
         started = self.clock()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + review_timeout(request.query.get("timeout")) - MARGIN
+        size = request.content_length
+        if size is None:
+            return self._refused("bad-request", 411, "send the AdmissionReview with a Content-Length")
+        if size > MAX_BODY:
+            return self._refused("too-large", 413, f"the AdmissionReview is {size} bytes, more than the webhook "
+                                                   f"reads ({MAX_BODY})")
         try:
-            body = json.loads(await request.read())
-            parsed = admission.parse_review(body)
-        except (ValueError, InputError) as err:
-            self.metrics.reviews.labels("bad-request").inc()
-            return web.Response(status=400, text=f"{err}\n")
-        try:
-            settings = await self.namespace_settings(parsed.namespace)
-        except InputError as err:
-            answer: dict[str, Any] = {"apiVersion": admission.API_VERSION, "kind": "AdmissionReview",
-                      "response": {"uid": parsed.uid, "allowed": False, "status": {
-                          "code": 400, "reason": "BadRequest", "message": f"topology-agent: {err}"}}}
-        else:
-            answer = admission.answer(parsed, settings, version=self.version, check=self.check)
-        response: dict[str, Any] = answer["response"]
+            async with asyncio.timeout_at(deadline):
+                async with self.bodies.hold(size):
+                    body = await request.read()
+                    outcome = await (self._review_here(body, deadline) if len(body) <= SMALL else
+                                     self.reviewer.review(body, lambda ns: self._settings(ns, deadline)))
+        except TimeoutError:
+            return self._refused("busy", 503, "the webhook could not review this in time (busy); the API server "
+                                              "retries or the creation is refused; try again")
+        except Unavailable as err:
+            log.warning("%s", err)
+            return self._refused("busy", 503, f"{err}; try again")
+        if outcome.status != 200:
+            return self._refused("bad-request" if outcome.status == 400 else "error", outcome.status,
+                                 outcome.body.decode(errors="replace").strip())
+        response: dict[str, Any] = json.loads(outcome.body)["response"]
         result = "denied" if not response["allowed"] else "patched" if "patch" in response else "unchanged"
         if result == "denied":
-            log.info("denied %s %s: %s", parsed.obj.get("kind"), parsed.where, response["status"]["message"])
+            log.info("denied %s: %s", outcome.uid, response["status"]["message"])
         self.metrics.reviews.labels(result).inc()
         self.metrics.latency.observe(self.clock() - started)
-        return web.json_response(answer)
+        return web.Response(body=outcome.body, content_type="application/json")
+
+    def _refused(self, result: str, status: int, text: str) -> web.Response:
+        self.metrics.reviews.labels(result).inc()
+        return web.Response(status=status, text=f"{text}\n")
+
+    @staticmethod
+    def _within(deadline: float) -> float:
+        return deadline - NAMESPACE_MARGIN - asyncio.get_running_loop().time()
+
+    async def _settings(self, namespace: str, deadline: float) -> Settings:
+        got = await self.namespaces.get(namespace, within=self._within(deadline))
+        if isinstance(got, InputError):
+            raise got
+        return got
+
+    async def _review_here(self, body: bytes, deadline: float) -> Outcome:
+        """A small body, reviewed on the event loop (at most 64 KiB: milliseconds). A parsed object never waits
+        on the network: when the namespace is not cached, the body is parsed again after the read."""
+        try:
+            request = admission.read_review(body)
+        except InputError as err:
+            return Outcome(400, f"{err}\n".encode())
+        settings = self.namespaces.cached(request.namespace)
+        if settings is None:
+            namespace = request.namespace
+            del request
+            settings = await self.namespaces.get(namespace, within=self._within(deadline))
+            request = admission.read_review(body)
+        if isinstance(settings, InputError):
+            answer = {"apiVersion": admission.API_VERSION, "kind": "AdmissionReview",
+                      "response": admission.deny(request.uid, str(settings))}
+        else:
+            answer = admission.answer(request, settings, version=self.version, check=self.check)
+        return Outcome(200, json.dumps(answer).encode(), request.uid)
 
     def app(self) -> web.Application:
         async def healthz(_: web.Request) -> web.Response:
@@ -151,17 +270,22 @@ class Webhook:
         return app
 
 
-def _remembering(check: admission.CheckArgs) -> admission.CheckArgs:
-    """The agent's parser, run once per distinct command line (a job's pods share theirs)."""
-    accepted: set[tuple[str, ...]] = set()
+def _remembering(check: admission.CheckArgs, size: int = 4096) -> admission.CheckArgs:
+    """The agent's parser, run once per distinct command line (a job's pods share theirs). What is kept is a
+    digest per command line, at most ``size`` of them: a caller's values are not."""
+    import hashlib
+
+    accepted: OrderedDict[bytes, None] = OrderedDict()
 
     def checked(argv: list[str], where: str) -> None:
-        key = tuple(argv)
-        if key not in accepted:
-            check(argv, where)
-            if len(accepted) > 4096:
-                accepted.clear()
-            accepted.add(key)
+        key = hashlib.sha256("\0".join(argv).encode("utf-8", "surrogatepass")).digest()
+        if key in accepted:
+            accepted.move_to_end(key)
+            return
+        check(argv, where)
+        accepted[key] = None
+        if len(accepted) > size:
+            accepted.popitem(last=False)
 
     return checked
 
@@ -235,18 +359,18 @@ async def run_webhook(api: AsyncApi, settings: WebhookSettings, *, version: str,
     if keeper.done():
         keeper.result()  # the first certificate failed: its error, once
         return
-    runner = web.AppRunner(webhook.app(), access_log=None, handle_signals=False)
-    await runner.setup()
+    def serving() -> ssl.SSLContext:  # reloaded in place, or replaced, by keep_tls
+        assert webhook.tls is not None
+        return webhook.tls
+
+    server = BoundedServer(webhook.app(), serving, settings.limits)
+    webhook.metrics.connections.set_function(lambda: server.open)
     try:
-        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=webhook.tls, backlog=512)
-        await site.start()
+        port = await server.start(settings.host, settings.port)
     except OSError as err:
-        await runner.cleanup()
         keeper.cancel()
         raise InputError(f"--port {settings.port}: cannot listen on {settings.host} ({err.strerror or err}); "
                          "choose another port") from None
-    server = site._server
-    port = server.sockets[0].getsockname()[1] if server and server.sockets else settings.port  # type: ignore
     log.info("webhook listening on https://%s:%d/mutate", settings.host, port)
     if ready:
         ready(port)
@@ -256,4 +380,5 @@ async def run_webhook(api: AsyncApi, settings: WebhookSettings, *, version: str,
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await keeper
-        await runner.cleanup()
+        await server.close()
+        await webhook.reviewer.close()
