@@ -868,6 +868,11 @@ def _inject(args: argparse.Namespace) -> int:
 
 
 def _webhook(args: argparse.Namespace) -> int:
+    if args.reviewer:  # the process webhook.py starts for large reviews: it loads only the decision's modules
+        from agent.runtime.reviewing import serve
+
+        serve(sys.stdin.buffer, sys.stdout.buffer, version=__version__, check=check_agent_args)
+        return 0
     import asyncio
     import signal
 
@@ -877,11 +882,6 @@ def _webhook(args: argparse.Namespace) -> int:
     from agent.runtime.logs import setup_logging
     from agent.runtime.webhook import WebhookSettings, run_webhook
 
-    if args.reviewer:  # the process webhook.py starts for large reviews (runtime/reviewing.py)
-        from agent.runtime.reviewing import serve
-
-        serve(sys.stdin.buffer, sys.stdout.buffer, version=__version__, check=check_agent_args)
-        return 0
     log_format = _log_format(args)
     port = _int("--port", args.port, low=1) or 8443
     host = _address_knob(Knob(args.host, "--host"))

@@ -33,14 +33,14 @@ class Namespaces:
     """The API as the webhook uses it per request: GET a namespace."""
 
     def __init__(self, annotations: dict[str, dict[str, str]], forbidden: bool = False,
-                 hang: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        self.annotations, self.forbidden, self.hang, self.gets = annotations, forbidden, hang, 0
+                 hang: set[str] = frozenset(), delay: float = 0.01) -> None:  # type: ignore[assignment]
+        self.annotations, self.forbidden, self.hang, self.delay, self.gets = annotations, forbidden, hang, delay, 0
         self.paths: list[str] = []
 
     async def get_object(self, path: str, *, metadata_only: bool = False) -> dict:
         self.gets += 1
         self.paths.append(path)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(self.delay)
         if path.rsplit("/", 1)[1] in self.hang:
             await asyncio.sleep(3600)
         if self.forbidden:
@@ -197,10 +197,11 @@ async def closed_by_server(reader: asyncio.StreamReader, timeout: float) -> bool
         return True
 
 
-async def test_connections_past_the_limit_wait_in_the_backlog_and_cost_the_process_nothing():
-    """300 idle connections took a webhook from 72 to 161 MB: now at most ``connections`` are accepted, and a
-    review still gets through once a slot is free."""
-    async with served(Namespaces({}), connections=8, handshake=1.0) as s:
+async def test_idle_connections_past_the_limit_make_room_for_a_review():
+    """300 idle connections took a webhook from 72 to 161 MB: now at most ``connections`` are open, and a newcomer
+    takes the place of the connection that has waited longest without a request, so a flood of idle connections
+    keeps no review out."""
+    async with served(Namespaces({}), connections=8) as s:
         sockets = []
         for _ in range(40):
             sock = socket.socket()
@@ -208,13 +209,27 @@ async def test_connections_past_the_limit_wait_in_the_backlog_and_cost_the_proce
             with contextlib.suppress(BlockingIOError):
                 sock.connect(("127.0.0.1", s.server.port))
             sockets.append(sock)
-        await until(lambda: s.server.open == 8)
-        await asyncio.sleep(0.2)
+        await until(lambda: s.server.evicted == 32)
         assert s.server.open == 8
+        status, body, _ = await s.post(json.dumps(review("u1")).encode())  # the 40 are still connected
+        assert status == 200 and json.loads(body)["response"]["allowed"] is True
+        assert s.server.open <= 8
         for sock in sockets:
             sock.close()
-        status, body, _ = await s.post(json.dumps(review("u1")).encode())
-        assert status == 200 and json.loads(body)["response"]["allowed"] is True
+
+
+async def test_a_connection_serving_a_review_is_never_closed_for_a_newcomer():
+    api = Namespaces({}, delay=0.5)
+    async with served(api, connections=4) as s:
+        slow = [asyncio.create_task(s.post(json.dumps(review(f"slow{i}", namespace=f"team-{i}")).encode()))
+                for i in range(4)]
+        await until(lambda: api.gets == 4)  # four reviews in progress, every slot taken
+        late = asyncio.create_task(s.post(json.dumps(review("late")).encode()))
+        for task in slow:
+            status, body, _ = await task
+            assert status == 200 and json.loads(body)["response"]["allowed"] is True
+        status, body, _ = await late  # it waited for a slot
+        assert status == 200 and s.server.evicted == 0
 
 
 async def test_a_connection_that_never_says_hello_or_never_finishes_its_head_is_closed():

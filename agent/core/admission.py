@@ -38,9 +38,10 @@ from agent.errors import InputError
 
 API_VERSION = "admission.k8s.io/v1"
 # JSON values a review may hold (objects, arrays and the values between commas), counted before it is parsed.
-# A real pod of 3 MiB has a few thousand to ~150000 (a 3 MiB env list: 137000); 2**20 empty objects parse into
-# ~72 MB, the most the webhook's reviewing process holds (docs/adopt.md sizes its memory from this).
-MAX_VALUES = 1 << 20
+# A 3 MiB object of real shape has at most ~210000 (a Volcano Job whose 3 MiB is one env list: 137000 commas,
+# 69000 objects); the parsed object costs up to ~60 bytes a value, so this bounds what the webhook's reviewing
+# process holds (docs/adopt.md sizes its memory from the worst shape under it).
+MAX_VALUES = 1 << 19
 CheckArgs = Callable[[list[str], str], None]  # the CLI's parser: refuses a flag or value init/sidecar refuse
 
 # (group, resource) the webhook takes, as its MutatingWebhookConfiguration's rules name them.
@@ -206,7 +207,7 @@ def _list_changes(path: str, before: Any, copied: Any, after: Any) -> list[dict[
                   if id(entry) not in old]
 
 
-def read_review(body: bytes) -> Request:
+def read_review(body: bytes | bytearray) -> Request:
     """The request of an AdmissionReview's bytes, or InputError (the server answers 400) with the reason."""
     values = body.count(b",") + body.count(b"{") + body.count(b"[")
     if values > MAX_VALUES:

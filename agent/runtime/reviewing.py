@@ -35,6 +35,7 @@ log = logging.getLogger("topology-agent.webhook")
 SMALL = 64 * 1024  # bytes: a body up to here is reviewed in the server's process (a pod is 5-20 KB)
 TRIM_AFTER = 1 << 20  # bytes: after a body this large the reviewing process gives its heap back
 MAX_MESSAGE = 16 << 20  # bytes: no message of the exchange is larger (a body is at most webhook.MAX_BODY)
+CHUNK = 256 * 1024  # bytes written to the pipe at a time
 _HEADER = struct.Struct(">cI")
 
 
@@ -117,7 +118,7 @@ class Reviewer:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None and self._process.returncode is None else None
 
-    async def review(self, body: bytes, settings: Callable[[str], Awaitable[Settings]]) -> Outcome:
+    async def review(self, body: bytes | bytearray, settings: Callable[[str], Awaitable[Settings]]) -> Outcome:
         """Review ``body`` there; ``settings`` gives a namespace's (InputError: the review is denied with it).
         The caller bounds the time: a cancelled review kills the process, which may be mid-way."""
         async with self._lock:
@@ -131,11 +132,14 @@ class Reviewer:
                 self._end(process)
                 raise Unavailable(f"the reviewing process ended ({err or type(err).__name__})") from None
 
-    async def _exchange(self, process: asyncio.subprocess.Process, body: bytes,
+    async def _exchange(self, process: asyncio.subprocess.Process, body: bytes | bytearray,
                         settings: Callable[[str], Awaitable[Settings]]) -> Outcome:
         assert process.stdin is not None and process.stdout is not None
-        process.stdin.write(_frame(b"R", body))
-        await process.stdin.drain()
+        process.stdin.write(_HEADER.pack(b"R", len(body)))
+        view = memoryview(body)
+        for start in range(0, len(body), CHUNK):  # the pipe's buffer holds one chunk, never a copy of the body
+            process.stdin.write(view[start:start + CHUNK])
+            await process.stdin.drain()
         kind, payload = await self._receive(process.stdout)
         if kind == b"E":
             return Outcome(400, payload + b"\n")

@@ -1,0 +1,374 @@
+"""Benchmark: the admission webhook under hostile callers (issue 34), with its shipped defaults.
+
+Each scenario starts a fresh `topology-agent webhook` process pinned to one CPU (taskset; its reviewing process
+inherits the pin, as both share one container's CPU limit), with the sandbox as its API server and the benchmark's
+callers on the other CPU. Memory is each process's own high-water mark (VmHWM from /proc, the kernel's exact
+peak, not a sample), read for the server and for every reviewing process it started, and their sum (an upper
+bound of the container's peak: the two peaks need not coincide).
+
+Scenarios: ``idle`` (started, one review); ``connections`` (1000 TCP connections that never send a byte, held
+12 s, then a review); ``heads`` (100 TLS connections that send half a request head, held 12 s); ``objects`` (a 2.85
+MiB Pod, a Volcano Job with a 3 MiB list, and the costliest shapes the webhook accepts, each just under its count
+of JSON values: distinct map keys, short strings, empty objects); ``settings`` (1000 reviews, 8 at a time, each with
+a distinct 200 KB ``trainer-match``); ``latency`` (/healthz every 10 ms and a small review every 50 ms while the
+3 MiB Volcano Job is reviewed back to back); ``namespaces`` (reviews naming a namespace that is no namespace name:
+the webhook's requests to the API server are counted).
+
+    python bench/webhook_attack_bench.py --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import shutil
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+from agent import examples
+from agent.core.admission import MAX_VALUES
+from agent.core.injection import INJECT_LABEL, PREFIX
+from agent.sandbox.threaded import SandboxThread
+
+SERVICE = "topology-agent-system/topology-agent-webhook"
+HOSTILE_NAMESPACES = ["kube-system/secrets/x", "x?watch=true&timeoutSeconds=1", "..", "a b",
+                      "topology-agent-system/secrets/topology-agent-webhook-tls"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wrap(obj: dict[str, Any], uid: str, namespace: str = "default", plural: str = "pods") -> bytes:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "kind": {"group": group, "version": version, "kind": obj["kind"]},
+        "resource": {"group": group, "version": version, "resource": plural}, "name": "x",
+        "namespace": namespace, "operation": "CREATE", "object": obj, "oldObject": None}}).encode()
+
+
+def small_pod(i: int) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p-{i}", "labels": {INJECT_LABEL: "enabled"}},
+            "spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}}
+
+
+def annotated_pod(size: int) -> dict[str, Any]:
+    pod = small_pod(0)
+    pod["metadata"]["annotations"] = {"note": "x" * size}
+    return pod
+
+
+def volcano_with_list(size: int) -> dict[str, Any]:
+    job = examples.volcano_job("big", (("master", 1), ("worker", 2)))[0]
+    template = {"spec": {"containers": [{"name": "trainer", "image": "trainer:1", "env": []}]}}
+    env = template["spec"]["containers"][0]["env"]
+    while len(json.dumps(env)) < size:
+        env.extend({"name": f"VARIABLE_{len(env)}", "value": f"value-{len(env)}"} for _ in range(1000))
+    del job  # the example's pods are not a job object: build the Volcano Job as a user writes it
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "big"},
+            "spec": {"tasks": [{"name": "master", "replicas": 1, "template": template},
+                               {"name": "worker", "replicas": 2, "template": {"spec": {"containers": [
+                                   {"name": "trainer", "image": "trainer:1"}]}}}]}}
+
+
+def map_keys_pod(entries: int) -> dict[str, Any]:
+    pod = small_pod(0)
+    pod["spec"]["nodeSelector"] = {f"k{i:06d}": "" for i in range(entries)}
+    return pod
+
+
+def short_strings_pod(entries: int) -> dict[str, Any]:
+    pod = small_pod(0)
+    pod["spec"]["containers"][0]["args"] = ["ab"] * entries
+    return pod
+
+
+def empty_objects_pod(entries: int) -> dict[str, Any]:
+    pod = small_pod(0)
+    pod["spec"]["tolerations"] = [{}] * entries
+    return pod
+
+
+class Webhook:
+    """One webhook process and what the benchmark reads of it."""
+
+    def __init__(self, sandbox: SandboxThread, port: int, cpu: str) -> None:
+        env = {**os.environ, "KUBECONFIG": str(sandbox.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
+        pin = ["taskset", "-c", cpu] if shutil.which("taskset") else []
+        self.port = port
+        self.proc = subprocess.Popen([*pin, sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1",
+                                      "--port", str(port), "--cert-host", "127.0.0.1"], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.peaks: dict[int, float] = {}
+        self._watching = True
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the webhook did not listen: {self.proc.communicate()[1][-500:]}")
+            time.sleep(0.05)
+        secret = sandbox.sandbox.store.get("/v1/secrets", "topology-agent-system", "topology-agent-webhook-tls")
+        trust = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        self.context = ssl.create_default_context(cadata=trust)
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        """Every reviewing process the server starts: its high-water mark, read until it ends."""
+        main = psutil.Process(self.proc.pid)
+        while self._watching:
+            with_children = [main, *main.children(recursive=True)]
+            for process in with_children:
+                peak = hwm(process.pid)
+                if peak is not None:
+                    self.peaks[process.pid] = max(self.peaks.get(process.pid, 0.0), peak)
+            time.sleep(0.02)
+
+    def stop(self) -> dict[str, float]:
+        """Server, reviewer (the largest) and their sum, in MB."""
+        main = self.proc.pid
+        self.peaks[main] = max(self.peaks.get(main, 0.0), hwm(main) or 0.0)
+        self._watching = False
+        self._thread.join()
+        self.proc.terminate()
+        self.proc.wait(20)
+        reviewers = [v for pid, v in self.peaks.items() if pid != main and v > 0]
+        server = self.peaks[main]
+        reviewer = max(reviewers, default=0.0)
+        return {"server": server, "reviewer": reviewer, "sum": server + reviewer}
+
+    def url(self, path: str = "/mutate") -> str:
+        return f"https://127.0.0.1:{self.port}{path}"
+
+
+def hwm(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+async def post(session: aiohttp.ClientSession, hook: Webhook, body: bytes) -> tuple[int, bytes]:
+    async with session.post(hook.url(), data=io.BytesIO(body), ssl=hook.context,
+                            headers={"Content-Type": "application/json"}) as answer:
+        return answer.status, await answer.read()
+
+
+async def idle(hook: Webhook) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session:
+        status, _ = await post(session, hook, wrap(small_pod(0), "u"))
+    return {"answered": status == 200}
+
+
+async def connections(hook: Webhook) -> dict[str, Any]:
+    sockets = []
+    for _ in range(1000):
+        sock = socket.socket()
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(("127.0.0.1", hook.port))
+        sockets.append(sock)
+    await asyncio.sleep(12)
+    async with aiohttp.ClientSession() as session:  # while they are still open
+        started = time.monotonic()
+        status, _ = await post(session, hook, wrap(small_pod(0), "u"))
+        late = time.monotonic() - started
+    for sock in sockets:
+        sock.close()
+    return {"review after 12 s": f"{status} in {late * 1e3:.0f} ms"}
+
+
+async def heads(hook: Webhook) -> dict[str, Any]:
+    pairs = []
+    for _ in range(100):
+        reader, writer = await asyncio.open_connection("127.0.0.1", hook.port, ssl=hook.context,
+                                                       server_hostname="127.0.0.1")
+        writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: applic")
+        await writer.drain()
+        pairs.append((reader, writer))
+    await asyncio.sleep(12)
+    closed = 0
+    for reader, writer in pairs:
+        with contextlib.suppress(TimeoutError, OSError):
+            closed += await asyncio.wait_for(reader.read(1), 0.01) == b""
+        writer.close()
+    return {"half-sent heads closed by the webhook after 12 s": closed}
+
+
+# The largest of each shape the webhook accepts: just under admission.MAX_VALUES and webhook.MAX_BODY.
+UNDER_CAP = int(MAX_VALUES * 0.97)
+OBJECTS: dict[str, Callable[[], bytes]] = {
+    "Pod, 2.85 MiB annotation": lambda: wrap(annotated_pod(int(2.85 * (1 << 20))), "a"),
+    "Volcano Job, 3 MiB list": lambda: wrap(volcano_with_list(3 << 20), "v", plural="jobs"),
+    "Pod, distinct map keys at the cap": lambda: wrap(map_keys_pod(UNDER_CAP), "m"),
+    "Pod, short strings at the cap": lambda: wrap(short_strings_pod(UNDER_CAP), "s"),
+    "Pod, empty objects at the cap": lambda: wrap(empty_objects_pod(UNDER_CAP // 2), "e"),
+}
+
+
+async def objects(hook: Webhook) -> dict[str, Any]:
+    out = {}
+    async with aiohttp.ClientSession() as session:
+        for name, make in OBJECTS.items():
+            body = make()
+            started = time.monotonic()
+            status, answer = await post(session, hook, body)
+            result = json.loads(answer)["response"] if status == 200 else {"status": status}
+            out[name] = (f"{len(body) / (1 << 20):.2f} MiB: {status}, "
+                         f"{'allowed' if result.get('allowed') else result}, {time.monotonic() - started:.2f} s")
+            del body
+    return out
+
+
+async def settings(hook: Webhook) -> dict[str, Any]:
+    counts: dict[int, int] = {}
+    async with aiohttp.ClientSession() as session:
+        queue = list(range(1000))
+
+        async def sender() -> None:
+            while queue:
+                i = queue.pop()
+                pod = small_pod(i)
+                pod["metadata"]["annotations"] = {PREFIX + "trainer-match": f"{i:06d}" + "x" * (200 * 1024)}
+                status, _ = await post(session, hook, wrap(pod, f"u{i}"))
+                counts[status] = counts.get(status, 0) + 1
+
+        started = time.monotonic()
+        await asyncio.gather(*(sender() for _ in range(8)))
+    return {"answers": counts, "seconds": round(time.monotonic() - started, 1)}
+
+
+async def latency(hook: Webhook, seconds: float = 20.0) -> dict[str, Any]:
+    big = wrap(volcano_with_list(3 << 20), "v", plural="jobs")
+    health: list[float] = []
+    small: list[float] = []
+    large = 0
+    stop = time.monotonic() + seconds
+    async with aiohttp.ClientSession() as session:
+        async def reviews_of_large() -> None:
+            nonlocal large
+            async with aiohttp.ClientSession() as own:
+                while time.monotonic() < stop:
+                    status, _ = await post(own, hook, big)
+                    large += status == 200
+
+        async def healthz() -> None:
+            while time.monotonic() < stop:
+                started = time.perf_counter()
+                async with session.get(hook.url("/healthz"), ssl=hook.context) as answer:
+                    await answer.read()
+                health.append(time.perf_counter() - started)
+                await asyncio.sleep(0.01)
+
+        async def smalls() -> None:
+            i = 0
+            while time.monotonic() < stop:
+                started = time.perf_counter()
+                status, _ = await post(session, hook, wrap(small_pod(i), f"s{i}"))
+                assert status == 200
+                small.append(time.perf_counter() - started)
+                i += 1
+                await asyncio.sleep(0.05)
+
+        await asyncio.gather(reviews_of_large(), healthz(), smalls())
+    return {"large reviewed": large, "healthz": health, "small": small}
+
+
+async def namespaces(hook: Webhook, sandbox: SandboxThread) -> dict[str, Any]:
+    agent = next((a for a in sandbox.stats()["byAgent"] if "webhook" in a), None)
+    before = sandbox.stats()["byAgent"].get(agent, {}).get("requests", 0) if agent else 0
+    denied = 0
+    async with aiohttp.ClientSession() as session:
+        for round_ in range(20):
+            for namespace in HOSTILE_NAMESPACES:
+                status, answer = await post(session, hook, wrap(small_pod(round_), "n", namespace=namespace))
+                denied += status == 200 and not json.loads(answer)["response"]["allowed"]
+    by_agent = sandbox.stats()["byAgent"]
+    agent = next((a for a in by_agent if "webhook" in a), agent)
+    after = by_agent.get(agent, {}).get("requests", 0) if agent else 0
+    return {"reviews": 20 * len(HOSTILE_NAMESPACES), "denied": denied, "requests to the API server": after - before}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--webhook-cpu", default="1")
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {c for c in os.sched_getaffinity(0) if str(c) != args.webhook_cpu} or {0})
+    scenarios = ["idle", "connections", "heads", "objects", "settings", "latency", "namespaces"]
+    rows: dict[str, list[dict[str, float]]] = {s: [] for s in scenarios if not args.only or s in args.only}
+    notes: dict[str, Any] = {}
+    lat: dict[str, list[float]] = {"healthz p99": [], "healthz max": [], "small p99": [], "small max": []}
+    for run in range(args.runs):
+        for scenario in rows:
+            port = free_port()
+            with tempfile.TemporaryDirectory() as tmp, SandboxThread(Path(tmp) / "sb",
+                                                                     services={SERVICE: f"127.0.0.1:{port}"}) as sb:
+                sb.create("/v1/namespaces", "", {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": "topology-agent-system"}})
+                hook = Webhook(sb, port, args.webhook_cpu)
+                try:
+                    if scenario == "namespaces":
+                        result = asyncio.run(namespaces(hook, sb))
+                    else:
+                        result = asyncio.run(globals()[scenario](hook))
+                finally:
+                    peaks = hook.stop()
+            rows[scenario].append(peaks)
+            if scenario == "latency":
+                for name in ("healthz", "small"):
+                    lat[f"{name} p99"].append(percentile(result[name], 0.99) * 1e3)
+                    lat[f"{name} max"].append(max(result[name]) * 1e3)
+                result = {"large reviewed": result["large reviewed"], "healthz": len(result["healthz"]),
+                          "small": len(result["small"])}
+            notes.setdefault(scenario, []).append(result)
+            print(f"run {run + 1} {scenario}: server {peaks['server']:.1f} MB, reviewer {peaks['reviewer']:.1f} "
+                  f"MB, sum {peaks['sum']:.1f} MB; {result}", flush=True)
+    print("\n| scenario | server peak (MB) | reviewer peak (MB) | sum (MB) |")
+    print("|---|---|---|---|")
+    for scenario, runs in rows.items():
+        cells = []
+        for key in ("server", "reviewer", "sum"):
+            values = [r[key] for r in runs]
+            cells.append(f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})")
+        print(f"| {scenario} | {' | '.join(cells)} |")
+    if lat["healthz p99"]:
+        print("\n| while a 3 MiB Volcano Job is reviewed back to back | median (min-max) of runs, ms |")
+        print("|---|---|")
+        for key, values in lat.items():
+            print(f"| {key} | {statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}) |")
+    print("\n" + json.dumps({k: v[-1] for k, v in notes.items()}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
