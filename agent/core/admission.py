@@ -34,13 +34,14 @@ from agent.core.injection import (
     is_injected,
     templates,
 )
+from agent.core.validation import json_values, not_json
 from agent.errors import InputError
 
 API_VERSION = "admission.k8s.io/v1"
-# JSON values a review may hold (objects, arrays and the values between commas), counted before it is parsed.
-# A 3 MiB object of real shape has at most ~210000 (a Volcano Job whose 3 MiB is one env list: 137000 commas,
-# 69000 objects); the parsed object costs up to ~60 bytes a value, so this bounds what the webhook's reviewing
-# process holds (docs/adopt.md sizes its memory from the worst shape under it).
+# JSON values a review may hold (validation.json_values), counted before it is parsed. A 3 MiB object of real
+# shape has at most ~350000 (a Volcano Job whose 3 MiB is one env list: 137000 commas, as many colons, 69000
+# objects); the parsed object costs up to ~70 bytes a value, so this bounds what the webhook's reviewing process
+# holds (docs/adopt.md sizes its memory from the worst shape under it).
 MAX_VALUES = 1 << 19
 CheckArgs = Callable[[list[str], str], None]  # the CLI's parser: refuses a flag or value init/sidecar refuse
 
@@ -209,13 +210,13 @@ def _list_changes(path: str, before: Any, copied: Any, after: Any) -> list[dict[
 
 def read_review(body: bytes | bytearray) -> Request:
     """The request of an AdmissionReview's bytes, or InputError (the server answers 400) with the reason."""
-    values = body.count(b",") + body.count(b"{") + body.count(b"[")
+    values = json_values(body)
     if values > MAX_VALUES:
         raise InputError(f"the review holds about {values} JSON values, more than the webhook reads ({MAX_VALUES}); "
                          "no Kubernetes object of 3 MiB has that many; label it topology-agent.io/inject=disabled "
                          "to create it without the agent")
     try:
-        parsed = json.loads(body)
+        parsed = json.loads(body, parse_constant=not_json)
     except RecursionError:
         raise InputError("the review is nested too deep to read; no Kubernetes object nests that deep") from None
     except ValueError as err:

@@ -336,6 +336,13 @@ def ip_value(pod: dict[str, Any], raw: str) -> str | None:
     return canonical_ip(address)
 
 
+def json_values(raw: bytes | bytearray) -> int:
+    """At least the number of values in a JSON text, counted at C speed before any is made (every value but a
+    document's first follows a ',', a ':', a '{' or a '['): a text of a million `{}` is refused before a million
+    dicts are made. Characters inside strings count too: an upper bound."""
+    return raw.count(b",") + raw.count(b":") + raw.count(b"{") + raw.count(b"[")
+
+
 def not_json(name: str) -> float:
     """``json.loads(..., parse_constant=not_json)``: NaN, Infinity and -Infinity are Python's, not JSON."""
     raise ValueError(f"{name} is not JSON")
