@@ -8,11 +8,12 @@ bound of the container's peak: the two peaks need not coincide).
 
 Scenarios: ``idle`` (started, one review); ``connections`` (1000 TCP connections that never send a byte, held
 12 s, then a review); ``heads`` (100 TLS connections that send half a request head, held 12 s); ``objects`` (a 2.85
-MiB Pod, a Volcano Job with a 3 MiB list, and the costliest shapes the webhook accepts, each just under its count
-of JSON values: distinct map keys, short strings, empty objects); ``settings`` (1000 reviews, 8 at a time, each with
-a distinct 200 KB ``trainer-match``); ``latency`` (/healthz every 10 ms and a small review every 50 ms while the
-3 MiB Volcano Job is reviewed back to back); ``namespaces`` (reviews naming a namespace that is no namespace name:
-the webhook's requests to the API server are counted).
+MiB Pod, a 7.9 MiB one, a Volcano Job with a 3 MiB list, and the costliest shapes the webhook accepts, each just
+under its count of JSON values: distinct map keys, short strings, empty objects); ``at_once`` (six 7.9 MiB bodies
+at once); ``settings`` (1000 reviews, 8 at a time, each with a distinct 200 KB ``trainer-match``); ``latency``
+(/healthz every 10 ms and a small review every 50 ms while the 3 MiB Volcano Job is reviewed back to back);
+``namespaces`` (reviews naming a namespace that is no namespace name: the webhook's requests to the API server
+are counted).
 
     python bench/webhook_attack_bench.py --runs 3
 """
@@ -228,8 +229,9 @@ async def heads(hook: Webhook) -> dict[str, Any]:
 UNDER_CAP = int(MAX_VALUES * 0.97)
 OBJECTS: dict[str, Callable[[], bytes]] = {
     "Pod, 2.85 MiB annotation": lambda: wrap(annotated_pod(int(2.85 * (1 << 20))), "a"),
+    "Pod, 7.9 MiB annotation (the most bytes)": lambda: wrap(annotated_pod(int(7.9 * (1 << 20))), "b"),
     "Volcano Job, 3 MiB list": lambda: wrap(volcano_with_list(3 << 20), "v", plural="jobs"),
-    "Pod, distinct map keys at the cap": lambda: wrap(map_keys_pod(UNDER_CAP), "m"),
+    "Pod, distinct map keys at the cap": lambda: wrap(map_keys_pod(UNDER_CAP // 2), "m"),
     "Pod, short strings at the cap": lambda: wrap(short_strings_pod(UNDER_CAP), "s"),
     "Pod, empty objects at the cap": lambda: wrap(empty_objects_pod(UNDER_CAP // 2), "e"),
 }
@@ -247,6 +249,17 @@ async def objects(hook: Webhook) -> dict[str, Any]:
                          f"{'allowed' if result.get('allowed') else result}, {time.monotonic() - started:.2f} s")
             del body
     return out
+
+
+async def at_once(hook: Webhook) -> dict[str, Any]:
+    """Six of the largest bodies at once: the server holds at most 16 MiB of them, the rest wait."""
+    body = OBJECTS["Pod, 7.9 MiB annotation (the most bytes)"]()
+    async with aiohttp.ClientSession() as session:
+        answers = await asyncio.gather(*(post(session, hook, body) for _ in range(6)))
+    counts: dict[int, int] = {}
+    for status, _ in answers:
+        counts[status] = counts.get(status, 0) + 1
+    return {"answers": counts}
 
 
 async def settings(hook: Webhook) -> dict[str, Any]:
@@ -325,7 +338,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
     os.sched_setaffinity(0, {c for c in os.sched_getaffinity(0) if str(c) != args.webhook_cpu} or {0})
-    scenarios = ["idle", "connections", "heads", "objects", "settings", "latency", "namespaces"]
+    scenarios = ["idle", "connections", "heads", "objects", "at_once", "settings", "latency", "namespaces"]
     rows: dict[str, list[dict[str, float]]] = {s: [] for s in scenarios if not args.only or s in args.only}
     notes: dict[str, Any] = {}
     lat: dict[str, list[float]] = {"healthz p99": [], "healthz max": [], "small p99": [], "small max": []}
