@@ -288,3 +288,127 @@ def test_with_cert_managers_files_it_serves_them_reloads_a_renewal_and_writes_no
         assert kubectl(cluster, "get", "--raw", SECRET, check=False).returncode != 0  # no Secret of its own
     finally:
         stop(webhook)
+
+
+# Issue 34: broken TLS material is repaired, or refused at start in one line, within seconds; a watch on the
+# Secret and on the configuration, not the hourly check. Every wait is a deadline on a condition.
+
+SVC_NAME = "topology-agent-webhook.topology-agent-system.svc"  # the name the API server checks
+REPAIR = 10.0  # seconds: issue 34's target for each breakage
+
+
+def handshake(port: int, trust: bytes, name: str = SVC_NAME) -> bytes | None:
+    """The certificate served on ``port`` (DER) when the handshake verifies it against ``trust`` for ``name``, as
+    the API server's does against the caBundle; None when it does not."""
+    import ssl
+
+    if not trust.strip():
+        return None
+    context = ssl.create_default_context(cadata=trust.decode())
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as raw, \
+                context.wrap_socket(raw, server_hostname=name) as tls:
+            return tls.getpeercert(binary_form=True)
+    except OSError:
+        return None
+
+
+def ca_bundle(sandbox: SandboxThread) -> bytes:
+    """The configuration's caBundle: one for all its webhooks (b"" when any lacks it)."""
+    try:
+        hooks = get(sandbox, CONFIG)["webhooks"]
+    except AssertionError:
+        return b""  # no configuration
+    bundles = {h["clientConfig"].get("caBundle", "") for h in hooks}
+    return base64.b64decode(bundles.pop()) if len(bundles) == 1 else b""
+
+
+def wait_until(what: str, condition, procs=(), timeout: float = REPAIR) -> float:
+    """Seconds until ``condition()`` holds; fails at ``timeout`` or when a process in ``procs`` ends."""
+    started = time.monotonic()
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, f"the webhook ended: {proc.communicate()[1][-2000:]}"
+        assert time.monotonic() - started < timeout, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def der(pem: bytes) -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return x509.load_pem_x509_certificate(pem).public_bytes(Encoding.DER)
+
+
+def secret_bundle(sandbox: SandboxThread) -> certs.Bundle | None:
+    run = kubectl(sandbox, "get", "--raw", SECRET, check=False)
+    return certs.from_secret(json.loads(run.stdout)) if run.returncode == 0 else None
+
+
+def sound(sandbox: SandboxThread, port: int) -> bool:
+    """What the API server needs of a replica: the certificate it serves is the Secret's, and verifies against
+    the configuration's caBundle for the Service's name."""
+    bundle = secret_bundle(sandbox)
+    return bundle is not None and handshake(port, ca_bundle(sandbox)) == der(bundle.cert)
+
+
+def admitted_pod(sandbox: SandboxThread, name: str) -> None:
+    """An opted-in pod created through the API server's call to the webhook (TLS checked against the caBundle)."""
+    pod = users_pods("default")[0]
+    pod["metadata"]["name"] = name
+    pod["metadata"]["labels"][INJECT_LABEL] = "enabled"
+    kubectl(sandbox, "apply", "-f", "-", input=json.dumps(pod))
+    assert get(sandbox, f"/api/v1/namespaces/default/pods/{name}")["metadata"]["annotations"][INJECTED]
+
+
+def write_secret(sandbox: SandboxThread, bundle: certs.Bundle) -> None:
+    kubectl(sandbox, "apply", "-f", "-", input=json.dumps(certs.to_secret(bundle, "topology-agent-webhook-tls",
+                                                                         "topology-agent-system")))
+
+
+def two_bundles(days_ago: float = 0) -> tuple[certs.Bundle, certs.Bundle]:
+    at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=days_ago)
+    hosts = certs.service_hosts("topology-agent-webhook", "topology-agent-system")
+    return certs.renew(None, hosts, at)[0], certs.renew(None, hosts, at)[0]
+
+
+BROKEN = {
+    # the crash loop: exit 70 on every start
+    "tls.key is not tls.crt's key": lambda a, b: certs.Bundle(a.cert, b.key, a.ca_cert, a.ca_key, a.trust),
+    # served while /readyz said 200, failing its own caBundle
+    "the serving pair is another CA's": lambda a, b: certs.Bundle(b.cert, b.key, a.ca_cert, a.ca_key, a.trust),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_serving_pair_in_the_secret_is_issued_again_by_its_ca_at_start(cluster, case):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    good, other = two_bundles()
+    write_secret(cluster, BROKEN[case](good, other))
+    webhook = start_webhook(cluster)
+    try:
+        wait_until("the webhook serves the Secret's certificate, trusted by the caBundle",
+                   lambda: sound(cluster, cluster.webhook_port), [webhook])
+        repaired = secret_bundle(cluster)
+        assert repaired is not None and repaired.ca_cert == good.ca_cert  # the CA kept: the caBundle did not change
+        assert ca_bundle(cluster) == good.trust
+        admitted_pod(cluster, "after-repair")
+    finally:
+        stop(webhook)
+
+
+def test_a_ca_key_that_is_not_the_cas_at_renewal_gives_a_new_ca_that_the_cabundle_trusts(cluster):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    due, other = two_bundles(days_ago=75)  # 15 days left: renewed at start, by a ca.key that is another CA's
+    write_secret(cluster, certs.Bundle(due.cert, due.key, due.ca_cert, other.ca_key, due.trust))
+    webhook = start_webhook(cluster)
+    try:
+        wait_until("the webhook serves a certificate trusted by the caBundle",
+                   lambda: sound(cluster, cluster.webhook_port), [webhook])
+        repaired = secret_bundle(cluster)
+        assert repaired is not None and repaired.ca_cert != due.ca_cert
+        assert ca_bundle(cluster) == repaired.ca_cert  # the CA nothing can be issued by is no longer trusted
+        admitted_pod(cluster, "after-new-ca")
+    finally:
+        stop(webhook)
