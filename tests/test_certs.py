@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 
 import pytest
@@ -197,6 +198,39 @@ def test_a_pairs_problem_never_quotes_the_key():
         assert why and "PRIVATE" not in why and "c2VjcmV0" not in why and len(why) < 120
 
 
+def test_a_pair_that_does_not_match_leaves_the_served_context_serving():
+    """A renewal half written (the new tls.crt, the old tls.key): OpenSSL sets the certificate before it checks
+    the key, so loading it left the served context with no usable key and every handshake failed. The pair is
+    now refused before the served context is touched."""
+    import socket
+    import ssl
+    import threading
+
+    from agent.runtime import tls
+
+    now = datetime.datetime.now(datetime.UTC)
+    first, _ = certs.renew(None, ["127.0.0.1"], now - 70 * DAY)
+    later, _ = certs.renew(first, ["127.0.0.1"], now)
+    context = tls.load_tls(None, first.cert, first.key)
+    with pytest.raises(tls.BadPair, match=r"tls\.key is not the private key of tls\.crt"):
+        tls.load_tls(context, later.cert, first.key)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def serve_one() -> None:
+            conn, _ = server.accept()
+            with context.wrap_socket(conn, server_side=True) as tls_conn:
+                tls_conn.recv(1)
+
+        thread = threading.Thread(target=serve_one, daemon=True)
+        thread.start()
+        client = ssl.create_default_context(cadata=first.trust.decode())
+        with socket.create_connection(server.getsockname(), timeout=5) as raw, \
+                client.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+            served = conn.getpeercert(binary_form=True)
+            conn.sendall(b"x")
+        thread.join(5)
+    assert served == x509.load_pem_x509_certificate(first.cert).public_bytes(serialization.Encoding.DER)
+
+
 def test_a_secret_an_earlier_version_wrote_verifies_as_it_is(monkeypatch):
     """An upgrade keeps the CA and the pair: only what fails a check is made again."""
     monkeypatch.setattr(certs, "BACKDATE", datetime.timedelta(minutes=5))  # e10201c's certificates
@@ -204,3 +238,65 @@ def test_a_secret_an_earlier_version_wrote_verifies_as_it_is(monkeypatch):
     monkeypatch.undo()
     kept, why = certs.renew(certs.read_secret(certs.to_secret(earlier, "tls", "ns")), HOSTS, NOW)
     assert why == [] and kept == earlier
+
+
+class RefusedWatches:
+    """An API whose RBAC predates issue 34: the Secret and the configuration may be read and written, not
+    listed or watched."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict] = {
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/topology-agent": {
+                "metadata": {"name": "topology-agent"}, "webhooks": [{"name": "a", "clientConfig": {}}]}}
+        self.lists = 0
+
+    async def get_object(self, path: str, *, metadata_only: bool = False) -> dict:
+        from agent.errors import ApiNotFound
+
+        if path not in self.objects:
+            raise ApiNotFound("not found", status=404)
+        return self.objects[path]
+
+    async def create(self, path: str, body: dict) -> dict:
+        self.objects[f"{path}/{body['metadata']['name']}"] = body
+        return body
+
+    async def replace(self, path: str, body: dict) -> dict:
+        self.objects[path] = body
+        return body
+
+    async def list_objects(self, path: str, **_: object) -> tuple[list, str]:
+        from agent.errors import ApiForbidden
+
+        self.lists += 1
+        raise ApiForbidden(f'{path.rsplit("/", 1)[1]} is forbidden: cannot list', status=403)
+
+    def watch_objects(self, *_: object, **__: object):
+        raise AssertionError("no watch without a list")
+
+
+async def test_a_refused_watch_is_said_and_the_webhook_still_serves_and_checks(caplog):
+    """An older ClusterRole without list/watch: one warning per object, no crash; the check at start ran."""
+    import asyncio
+    import types
+
+    from agent.runtime import tls
+    from agent.runtime.webhook import WebhookSettings
+
+    api = RefusedWatches()
+    webhook = types.SimpleNamespace(settings=WebhookSettings(hosts=tuple(HOSTS)), tls=None)
+    stop = asyncio.Event()
+    keeper = asyncio.create_task(tls.keep_tls(api, webhook, stop=stop))  # type: ignore[arg-type]
+    deadline = asyncio.get_running_loop().time() + 10
+    while api.lists < 2 or webhook.tls is None:
+        assert not keeper.done() and asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(keeper, 5)
+    warned = [r.getMessage() for r in caplog.records if "cannot watch" in r.getMessage()]
+    assert len(warned) == 2 and "grant list and watch on it by name (manifests/webhook/rbac.yaml)" in warned[0]
+    secret = api.objects["/api/v1/namespaces/topology-agent-system/secrets/topology-agent-webhook-tls"]
+    bundle = certs.from_secret(secret)
+    config = api.objects["/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/topology-agent"]
+    assert bundle is not None and config["webhooks"][0]["clientConfig"]["caBundle"] == base64.b64encode(
+        bundle.trust).decode()

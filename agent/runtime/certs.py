@@ -313,7 +313,8 @@ def from_secret(secret: dict[str, Any]) -> Bundle | None:
 
 class ManagedCerts:
     """Keeps the Secret's bundle valid and current, and the webhook configuration's caBundle equal to its trust.
-    ``refresh`` is idempotent: it writes only what does not verify."""
+    ``refresh`` is idempotent: called on every change to either object (tls.py watches them), it writes only
+    what does not verify."""
 
     def __init__(self, api: AsyncApi, *, namespace: str, secret: str, config: str, hosts: Sequence[str],
                  clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC)) -> None:
@@ -366,14 +367,15 @@ class ManagedCerts:
 
     async def patch_ca_bundle(self, trust: bytes) -> None:
         """Set every webhook's clientConfig.caBundle in the named MutatingWebhookConfiguration (and nothing
-        else of it). A configuration that does not exist yet is not an error: it gets its bundle next time."""
+        else of it). A configuration that does not exist yet is not an error: it gets its bundle as it is
+        created."""
         wanted = base64.b64encode(trust).decode()
         for _ in range(5):
             try:
                 config = await self.api.get_object(self.config_path)
             except ApiNotFound:
-                log.warning("MutatingWebhookConfiguration %s does not exist yet; its caBundle will be set when it "
-                            "does (apply manifests/webhook)", self.config)
+                log.warning("MutatingWebhookConfiguration %s does not exist; its caBundle is set as soon as it is "
+                            "created (apply manifests/webhook)", self.config)
                 return
             hooks = [h for h in config.get("webhooks") or [] if isinstance(h, dict)]
             if all((h.get("clientConfig") or {}).get("caBundle") == wanted for h in hooks):

@@ -412,3 +412,110 @@ def test_a_ca_key_that_is_not_the_cas_at_renewal_gives_a_new_ca_that_the_cabundl
         admitted_pod(cluster, "after-new-ca")
     finally:
         stop(webhook)
+
+
+def test_a_secret_broken_while_serving_is_repaired_within_seconds(cluster):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    webhook = start_webhook(cluster)
+    try:
+        wait_serving(cluster, webhook)
+        served = secret_bundle(cluster)
+        assert served is not None
+        _, other = two_bundles()
+        write_secret(cluster, certs.Bundle(other.cert, other.key, served.ca_cert, served.ca_key, served.trust))
+        wait_until("the Secret's pair is issued again by its CA and served",
+                   lambda: sound(cluster, cluster.webhook_port) and secret_bundle(cluster).cert != other.cert,
+                   [webhook])
+        assert secret_bundle(cluster).ca_cert == served.ca_cert
+        admitted_pod(cluster, "after-secret-repair")
+    finally:
+        stop(webhook)
+
+
+def test_a_configuration_recreated_from_the_manifest_gets_its_cabundle_within_seconds(cluster):
+    """Today's hourly check left it empty for up to an hour (58 s measured): every opted-in pod refused."""
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    webhook = start_webhook(cluster)
+    try:
+        wait_serving(cluster, webhook)
+        trust = ca_bundle(cluster)
+        kubectl(cluster, "delete", "mutatingwebhookconfiguration", "topology-agent")
+        kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+        wait_until("every webhook of the re-created configuration has the caBundle",
+                   lambda: ca_bundle(cluster) == trust, [webhook])
+        admitted_pod(cluster, "after-recreate")
+    finally:
+        stop(webhook)
+
+
+def test_a_deleted_secret_under_two_replicas_converges_on_one_ca_within_seconds(cluster):
+    """Today the second replica served a certificate of the CA the caBundle no longer held for up to an hour."""
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    first = start_webhook(cluster)
+    second_port = free_port()
+    env = {**os.environ, "KUBECONFIG": str(cluster.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
+    second = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
+                               str(second_port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_serving(cluster, first)
+        wait_until("both replicas serve the Secret's certificate",
+                   lambda: sound(cluster, cluster.webhook_port) and sound(cluster, second_port), [first, second],
+                   timeout=30)
+        old = secret_bundle(cluster)
+        assert old is not None
+        kubectl(cluster, "delete", "secret", "topology-agent-webhook-tls", "-n", "topology-agent-system")
+        wait_until("a new Secret, served by both replicas and trusted by the caBundle",
+                   lambda: (secret_bundle(cluster) or old).ca_cert != old.ca_cert
+                   and sound(cluster, cluster.webhook_port) and sound(cluster, second_port), [first, second])
+        now = secret_bundle(cluster)
+        assert now is not None and ca_bundle(cluster) == now.ca_cert  # one CA: the one both serve from
+        admitted_pod(cluster, "after-delete")
+    finally:
+        stop(second)
+        stop(first)
+
+
+def test_with_tls_dir_a_mismatched_pair_at_start_is_one_line_and_exit_2(cluster, tmp_path):
+    good, other = two_bundles()
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    (tls / "tls.crt").write_bytes(good.cert)
+    (tls / "tls.key").write_bytes(other.key)
+    webhook = start_webhook(cluster, "--tls-dir", str(tls))
+    _, err = webhook.communicate(timeout=30)
+    assert webhook.returncode == 2, err
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert lines == [f"topology-agent webhook: error: --tls-dir {tls}: tls.key is not the private key of tls.crt; "
+                     "give the Secret a matching tls.crt and tls.key (both from one cert-manager Certificate)"]
+    assert "PRIVATE KEY" not in err
+
+
+def test_with_tls_dir_a_mismatched_pair_at_a_reload_is_refused_and_the_served_pair_stays(cluster, tmp_path):
+    now = datetime.datetime.now(datetime.UTC)
+    first, _ = certs.renew(None, ["127.0.0.1"], now - datetime.timedelta(days=70))  # 20 days left: due
+    later, _ = certs.renew(first, ["127.0.0.1"], now)  # cert-manager's renewal: the same CA, a new pair
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    (tls / "tls.crt").write_bytes(first.cert)
+    (tls / "tls.key").write_bytes(first.key)
+    log = tmp_path / "webhook.log"
+    env = {**os.environ, "KUBECONFIG": str(cluster.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
+    port = cluster.webhook_port  # type: ignore[attr-defined]
+    with log.open("w") as err:
+        webhook = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
+                                    str(port), "--tls-dir", str(tls), "--check-every", "1"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=err, text=True)
+    try:
+        wait_until("the webhook serves the files", lambda: handshake(port, first.trust, "127.0.0.1") is not None,
+                   [webhook], timeout=30)
+        (tls / "tls.crt").write_bytes(later.cert)  # the new certificate with the old key: a pair that does not match
+        wait_until("a warning names the refused pair",
+                   lambda: "tls.key is not the private key of tls.crt" in log.read_text(), [webhook])
+        assert handshake(port, first.trust, "127.0.0.1") == der(first.cert)  # still served, still whole
+        (tls / "tls.key").write_bytes(later.key)  # the rest of the renewal arrives
+        wait_until("the renewed pair is served", lambda: handshake(port, first.trust, "127.0.0.1") == der(later.cert),
+                   [webhook])
+    finally:
+        webhook.terminate()
+        webhook.wait(timeout=20)
+    assert webhook.returncode == 0 and "PRIVATE KEY" not in log.read_text()
