@@ -519,3 +519,22 @@ def test_with_tls_dir_a_mismatched_pair_at_a_reload_is_refused_and_the_served_pa
         webhook.terminate()
         webhook.wait(timeout=20)
     assert webhook.returncode == 0 and "PRIVATE KEY" not in log.read_text()
+
+
+def test_kube_system_and_the_webhooks_own_namespace_are_never_sent_to_the_webhook(cluster):
+    """Labelled by mistake, with the webhook down (failurePolicy Fail): their pods are still created, as the
+    webhook's own replacement pods must be; a labelled team namespace's pods are refused."""
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    kubectl(cluster, "create", "namespace", "team-a")
+    for namespace in ("kube-system", "topology-agent-system", "team-a"):
+        kubectl(cluster, "label", "namespace", namespace, f"{INJECT_LABEL}=enabled")
+        labels = get(cluster, f"/api/v1/namespaces/{namespace}")["metadata"]["labels"]
+        assert labels["kubernetes.io/metadata.name"] == namespace  # as the API server labels every namespace
+    for namespace in ("kube-system", "topology-agent-system"):
+        for pod in users_pods(namespace)[:1]:
+            pod["metadata"]["labels"][INJECT_LABEL] = "enabled"  # the object's own label: the other webhook
+            kubectl(cluster, "apply", "-f", "-", input=json.dumps(pod))
+        plain = users_pods(namespace)[1]
+        kubectl(cluster, "apply", "-f", "-", input=json.dumps(plain))
+    run = kubectl(cluster, "apply", "-f", "-", input=json.dumps(users_pods("team-a")[0]), check=False)
+    assert run.returncode != 0 and 'failed calling webhook "namespace-pods.topology-agent.io"' in run.stderr
