@@ -367,8 +367,8 @@ class ManagedCerts:
 
     async def patch_ca_bundle(self, trust: bytes) -> None:
         """Set every webhook's clientConfig.caBundle in the named MutatingWebhookConfiguration (and nothing
-        else of it). A configuration that does not exist yet is not an error: it gets its bundle as it is
-        created."""
+        else of it: the ValidatingAdmissionPolicy in manifests/webhook admits nothing else from this account).
+        A configuration that does not exist yet is not an error: it gets its bundle as it is created."""
         wanted = base64.b64encode(trust).decode()
         for _ in range(5):
             try:
