@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 
 from agent import examples
 from agent.core import Options
@@ -19,7 +20,7 @@ from agent.core.controllers import VOLCANO
 from agent.core.gang import JobView, roster_of
 from agent.core.provenance import Writer, WriterCheck
 from agent.runtime.demo import volcano_owner
-from tests.vap import Deny, Policy, agent_request
+from tests.vap import WEBHOOK_POLICY_FILE, Deny, Policy, agent_request, policy_spec
 
 NS = "team-a"
 AGENT = f"system:serviceaccount:{NS}:topology-agent"
@@ -142,3 +143,142 @@ def test_the_engine_is_real_an_expression_error_denies():
     del req["userInfo"]["extra"]
     with pytest.raises(Deny, match="expression error"):
         POLICY.admit(req, published(LEADER), None)
+
+
+# Issue 34: the webhook's account may update its own MutatingWebhookConfiguration (it writes the caBundle), and
+# RBAC cannot narrow that to one field. manifests/webhook's policy admits from that account only a change of
+# webhooks[*].clientConfig.caBundle; anyone else is not matched.
+
+WEBHOOK_POLICY = Policy(spec=policy_spec(WEBHOOK_POLICY_FILE))
+WEBHOOK_SA = "system:serviceaccount:topology-agent-system:topology-agent-webhook"
+CONFIG_FILE = WEBHOOK_POLICY_FILE.parent / "mutatingwebhookconfiguration.yaml"
+
+
+def stored_config() -> dict[str, Any]:
+    """The configuration as the API server holds it once the webhook has set its caBundle."""
+    config = yaml.safe_load(CONFIG_FILE.read_text())
+    config["metadata"].update(resourceVersion="7", uid="c0ffee00-0000-4000-8000-000000000001",
+                              labels={"app.kubernetes.io/name": "topology-agent-webhook"})
+    for hook in config["webhooks"]:
+        hook["clientConfig"]["caBundle"] = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCm9sZAo="
+    return config
+
+
+def config_update(username: str, name: str = "topology-agent") -> dict[str, Any]:
+    return {"uid": "9c1b8a3e-0000-4000-8000-000000000002", "operation": "UPDATE", "name": name, "namespace": "",
+            "kind": {"group": "admissionregistration.k8s.io", "version": "v1", "kind": "MutatingWebhookConfiguration"},
+            "resource": {"group": "admissionregistration.k8s.io", "version": "v1",
+                         "resource": "mutatingwebhookconfigurations"},
+            "userInfo": {"username": username, "uid": "u", "groups": ["system:serviceaccounts"], "extra": {}},
+            "dryRun": False, "options": {}}
+
+
+def changed(change) -> dict[str, Any]:
+    config = stored_config()
+    change(config)
+    return config
+
+
+def each_hook(change):
+    def apply(config: dict[str, Any]) -> None:
+        for hook in config["webhooks"]:
+            change(hook)
+
+    return apply
+
+
+def set_(path: str, value: Any):
+    """Set one field of the first webhook (``a.b`` nests)."""
+    def apply(config: dict[str, Any]) -> None:
+        target = config["webhooks"][0]
+        *parents, last = path.split(".")
+        for step in parents:
+            target = target[step]
+        target[last] = value
+
+    return apply
+
+
+NEW_BUNDLE = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCm5ldwo="
+ONLY = ("denied: the webhook's ServiceAccount may change only webhooks[*].clientConfig.caBundle of this "
+        "configuration: it ")
+WHICH = {"webhooks": "added, removed, renamed or reordered webhooks",
+         "where": "changed where a webhook is called (clientConfig.url or clientConfig.service)",
+         "what": "changed what a webhook is sent (rules, matchPolicy, namespaceSelector, objectSelector or "
+                 "matchConditions)",
+         "how": "changed how a webhook is called (failurePolicy, timeoutSeconds, sideEffects, admissionReviewVersions "
+                "or reinvocationPolicy)",
+         "metadata": "changed its labels, annotations, finalizers or ownerReferences"}
+ADMITTED = "admitted"
+
+
+def denied(which: str) -> str:
+    return f"{ONLY}{WHICH[which]}; a cluster admin applies manifests/webhook for that"
+
+
+CONFIG_CASES = {
+    # what the webhook does: allowed
+    "the webhook sets every caBundle": (WEBHOOK_SA, each_hook(lambda h: h["clientConfig"].update(caBundle=NEW_BUNDLE)),
+                                        ADMITTED),
+    "the webhook sets one caBundle": (WEBHOOK_SA, set_("clientConfig.caBundle", NEW_BUNDLE), ADMITTED),
+    "the webhook writes it back unchanged": (WEBHOOK_SA, lambda c: None, ADMITTED),
+    # what a stolen token would do: denied
+    "rules: every pod UPDATE too": (WEBHOOK_SA, set_("rules", [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""],
+                                                                "apiVersions": ["v1"], "resources": ["pods"]}]),
+                                    denied("what")),
+    "rules: every resource": (WEBHOOK_SA, set_("rules", [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"],
+                                                          "resources": ["*"]}]), denied("what")),
+    "rules removed": (WEBHOOK_SA, lambda c: c["webhooks"][0].pop("rules"), denied("what")),
+    "a url instead of the Service": (WEBHOOK_SA, set_("clientConfig", {"url": "https://evil.example/mutate",
+                                                                       "caBundle": NEW_BUNDLE}), denied("where")),
+    "another Service": (WEBHOOK_SA, set_("clientConfig.service.name", "elsewhere"), denied("where")),
+    "another port": (WEBHOOK_SA, set_("clientConfig.service.port", 8443), denied("where")),
+    "another path": (WEBHOOK_SA, set_("clientConfig.service.path", "/other"), denied("where")),
+    "the namespaceSelector emptied": (WEBHOOK_SA, set_("namespaceSelector", {}), denied("what")),
+    "the objectSelector emptied": (WEBHOOK_SA, set_("objectSelector", {}), denied("what")),
+    "matchConditions added": (WEBHOOK_SA, set_("matchConditions", [{"name": "all", "expression": "true"}]),
+                              denied("what")),
+    "matchPolicy set": (WEBHOOK_SA, set_("matchPolicy", "Exact"), denied("what")),
+    "failurePolicy Ignore": (WEBHOOK_SA, set_("failurePolicy", "Ignore"), denied("how")),
+    "timeoutSeconds 30": (WEBHOOK_SA, set_("timeoutSeconds", 30), denied("how")),
+    "sideEffects changed": (WEBHOOK_SA, set_("sideEffects", "NoneOnDryRun"), denied("how")),
+    "reinvocationPolicy changed": (WEBHOOK_SA, set_("reinvocationPolicy", "Never"), denied("how")),
+    "admissionReviewVersions changed": (WEBHOOK_SA, set_("admissionReviewVersions", ["v1beta1", "v1"]), denied("how")),
+    "a webhook added": (WEBHOOK_SA, lambda c: c["webhooks"].append({**c["webhooks"][0], "name": "all.evil.io"}),
+                        denied("webhooks")),
+    "a webhook removed": (WEBHOOK_SA, lambda c: c["webhooks"].pop(), denied("webhooks")),
+    "every webhook removed": (WEBHOOK_SA, lambda c: c.pop("webhooks"), denied("webhooks")),
+    "webhooks reordered": (WEBHOOK_SA, lambda c: c["webhooks"].reverse(), denied("webhooks")),
+    "cert-manager's annotation added": (WEBHOOK_SA, lambda c: c["metadata"].update(
+        annotations={"cert-manager.io/inject-ca-from": "team-a/their-cert"}), denied("metadata")),
+    "a finalizer added": (WEBHOOK_SA, lambda c: c["metadata"].update(finalizers=["keep.evil.io"]), denied("metadata")),
+    "a label changed": (WEBHOOK_SA, lambda c: c["metadata"]["labels"].update(x="y"), denied("metadata")),
+    # not the webhook's account, or not its configuration: not matched
+    "an admin changes the rules": ("kubernetes-admin", set_("rules", []), "not matched"),
+    "cert-manager's CA injector sets the caBundle": (
+        "system:serviceaccount:cert-manager:cert-manager-cainjector", set_("clientConfig.caBundle", NEW_BUNDLE),
+        "not matched"),
+    "the same account name in another namespace": ("system:serviceaccount:team-a:topology-agent-webhook",
+                                                   set_("failurePolicy", "Ignore"), "not matched"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_the_webhooks_account_may_change_only_the_cabundle_of_its_configuration(case):
+    username, change, expected = CONFIG_CASES[case]
+    try:
+        applies = WEBHOOK_POLICY.admit(config_update(username), changed(change), stored_config())
+    except Deny as err:
+        assert f"denied: {err}" == expected
+        return
+    assert (ADMITTED if applies else "not matched") == expected
+
+
+def test_the_policy_matches_only_the_webhooks_own_configuration_and_only_updates():
+    for request in (config_update(WEBHOOK_SA, name="someone-elses"), {**config_update(WEBHOOK_SA),
+                                                                      "operation": "DELETE"}):
+        assert WEBHOOK_POLICY.admit(request, changed(set_("failurePolicy", "Ignore")), stored_config()) is False
+    binding = [d for d in yaml.safe_load_all(WEBHOOK_POLICY_FILE.read_text()) if d["kind"].endswith("Binding")]
+    assert [(b["spec"]["policyName"], b["spec"]["validationActions"]) for b in binding] == [
+        ("topology-agent-webhook-cabundle-only", ["Deny"])]
+    assert WEBHOOK_POLICY.spec["failurePolicy"] == "Fail"

@@ -313,3 +313,47 @@ def test_the_flowschema_covers_every_request_the_agents_rbac_allows_and_its_acco
     assert not missing and len(wanted) > 20, missing
     account = yaml.safe_load((ROOT / "manifests" / "rbac" / "serviceaccount.yaml").read_text())
     assert account["automountServiceAccountToken"] is False
+
+
+def _built(path: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not on PATH (.ci/run provides it)")
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.mark.parametrize("install", ["webhook", "webhook-cert-manager", "webhook in namespace hooks"])
+def test_no_webhook_takes_kube_system_or_its_own_namespace_and_the_policy_names_its_account(install, tmp_path):
+    """Issue 34: labelled by mistake, kube-system or the webhook's namespace would have their pods refused while
+    the webhook is down, its own replacements among them. The exclusion and the caBundle-only policy follow the
+    namespace set in the kustomization (a copy of the base with another `namespace:`)."""
+    namespace = "topology-agent-system"
+    path = ROOT / "manifests" / install
+    if install.endswith("hooks"):
+        namespace, path = "hooks", tmp_path / "webhook"
+        shutil.copytree(ROOT / "manifests" / "webhook", path)
+        kustomization = path / "kustomization.yaml"
+        kustomization.write_text(kustomization.read_text().replace("namespace: topology-agent-system",
+                                                                   "namespace: hooks"))
+    docs = _built(path)
+    config = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    assert len(config["webhooks"]) == 4
+    for hook in config["webhooks"]:
+        assert hook["clientConfig"]["service"]["namespace"] == namespace
+        assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                "values": ["kube-system", namespace]} in hook["namespaceSelector"]["matchExpressions"]
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    assert policy["spec"]["matchConditions"] == [{
+        "name": "the-webhooks-own-account",
+        "expression": f"request.userInfo.username == 'system:serviceaccount:{namespace}:topology-agent-webhook'"}]
+    binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    rules = [r for d in docs if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
+    reads = [r for r in rules if set(r["verbs"]) & {"list", "watch"}]
+    assert all(r.get("resourceNames") for r in reads), reads  # watched by name (fieldSelector metadata.name)
+    if install == "webhook":
+        assert {(r["resources"][0], v) for r in reads for v in r["verbs"] if v in ("list", "watch")} == {
+            ("secrets", "list"), ("secrets", "watch"), ("mutatingwebhookconfigurations", "list"),
+            ("mutatingwebhookconfigurations", "watch")}

@@ -174,3 +174,83 @@ async def test_selectors_choose_the_webhooks_and_if_needed_ones_run_again_after_
         assert hooks.calls == ["mount"]
     finally:
         await caller.close()
+
+
+# Issue 34: kube-apiserver never sends admission configuration objects to a webhook (apiserver's
+# IsExemptAdmissionConfigurationResource), and labels every namespace with its name.
+
+CONFIG_KINDS = [("mutatingwebhookconfigurations", "MutatingWebhookConfiguration"),
+                ("validatingwebhookconfigurations", "ValidatingWebhookConfiguration"),
+                ("validatingadmissionpolicies", "ValidatingAdmissionPolicy"),
+                ("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding")]
+EVERYTHING = [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"]}]
+
+
+async def test_admission_configuration_objects_are_never_sent_to_a_webhook(hooks):
+    async def refuse(request):
+        return {"response": {"uid": request["uid"], "allowed": False, "status": {"code": 403, "message": "no"}}}
+
+    caller = Caller()
+    try:
+        configs = [config("a", hook("all.x", await hooks.serve("all", refuse), rules=EVERYTHING))]
+        for plural, kind in CONFIG_KINDS:
+            obj = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": "x"}}
+            target = Target("admissionregistration.k8s.io", "v1", plural, kind, "")
+            assert await caller.admit(configs, target, obj, None) == obj
+        assert hooks.calls == []
+        with pytest.raises(Denied, match="no"):  # anything else is sent
+            await caller.admit(configs, Target("", "v1", "configmaps", "ConfigMap", "team-a"),
+                               {"metadata": {"name": "c"}}, None)
+        assert hooks.calls == ["all"]
+    finally:
+        await caller.close()
+
+
+@pytest.fixture
+async def api(tmp_path):
+    """The sandbox server over plain HTTP on loopback, and a session that holds its token."""
+    import aiohttp
+
+    from agent.sandbox.server import running
+
+    async with running(tmp_path / "sandbox", tls=False) as sandbox, aiohttp.ClientSession(
+            base_url=sandbox.url, headers={"Authorization": f"Bearer {sandbox.token}"}) as session:
+        yield session
+
+
+async def test_the_sandbox_stores_admission_configuration_even_when_a_catch_all_webhook_is_down(api):
+    closed = "https://127.0.0.1:9/"  # the discard port: nothing answers on loopback
+    admissions = "/apis/admissionregistration.k8s.io/v1"
+    catch_all = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                 "metadata": {"name": "catch-all"}, "webhooks": [hook("all.x", closed, rules=EVERYTHING,
+                                                                     failurePolicy="Fail")]}
+    async with api.post(f"{admissions}/mutatingwebhookconfigurations", json=catch_all) as response:
+        assert response.status == 201
+    for plural, kind in CONFIG_KINDS:
+        body = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": "second"}}
+        async with api.post(f"{admissions}/{plural}", json=body) as response:
+            assert response.status == 201, await response.text()  # so a broken webhook can be fixed or removed
+    async with api.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "c"}}) as response:
+        assert response.status == 500 and 'failed calling webhook "all.x"' in (await response.json())["message"]
+
+
+async def test_every_namespace_carries_its_name_label_whatever_its_writer_sends(api):
+    label = "kubernetes.io/metadata.name"
+
+    async def labels(name: str) -> dict:
+        async with api.get(f"/api/v1/namespaces/{name}") as response:
+            return (await response.json())["metadata"]["labels"]
+
+    assert (await labels("kube-system"))[label] == "kube-system"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "labels": {label: "kube-system"}}}
+    async with api.post("/api/v1/namespaces", json=body) as response:
+        assert response.status == 201
+    assert (await labels("team-a")) == {label: "team-a"}
+    async with api.patch("/api/v1/namespaces/team-a", json={"metadata": {"labels": {label: None, "x": "1"}}},
+                         headers={"Content-Type": "application/merge-patch+json"}) as response:
+        assert response.status == 200
+    assert (await labels("team-a")) == {label: "team-a", "x": "1"}
+    async with api.put("/api/v1/namespaces/team-a", json={**body, "metadata": {"name": "team-a", "labels": None}}) \
+            as response:
+        assert response.status == 200
+    assert (await labels("team-a")) == {label: "team-a"}

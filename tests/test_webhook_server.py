@@ -26,7 +26,8 @@ from agent.core.injection import PREFIX
 from agent.errors import ApiForbidden, ApiNotFound
 from agent.runtime import certs
 from agent.runtime.serving import BoundedServer, Limits
-from agent.runtime.webhook import MAX_BODY, REVIEWER, Webhook, WebhookSettings, load_tls, review_timeout
+from agent.runtime.tls import load_tls
+from agent.runtime.webhook import MAX_BODY, REVIEWER, Webhook, WebhookSettings, review_timeout
 
 
 class Namespaces:

@@ -1,8 +1,9 @@
-"""The published topology's ValidatingAdmissionPolicy (manifests/policy), evaluated as the API server does, by a
-real CEL engine: cel-expr-python, the Python binding of cel-cpp (the reference C++ implementation), with the
-strings extension Kubernetes loads. The evaluation order is the API server's (apiserver's validating admission
-policy): the resource rules, then every matchCondition (a false one: the policy does not apply; an error, under
-failurePolicy Fail, denies), the variables, then each validation (false or an error denies, with its message)."""
+"""The shipped ValidatingAdmissionPolicies (manifests/policy's published topology, manifests/webhook's caBundle-only
+guard), evaluated as the API server does, by a real CEL engine: cel-expr-python, the Python binding of cel-cpp
+(the reference C++ implementation), with the strings extension Kubernetes loads. The evaluation order is the API
+server's (apiserver's validating admission policy): the resource rules (group, resource, operation, name), then
+every matchCondition (a false one: the policy does not apply; an error, under failurePolicy Fail, denies), the
+variables, then each validation (false or an error denies, with its message)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ cel = pytest.importorskip("cel_expr_python.cel", reason="cel-expr-python is a te
 from cel_expr_python.ext import ext_strings  # noqa: E402  (after the skip: the binding may be missing)
 
 POLICY_FILE = Path(__file__).resolve().parents[1] / "manifests" / "policy" / "published-topology-policy.yaml"
+WEBHOOK_POLICY_FILE = (Path(__file__).resolve().parents[1] / "manifests" / "webhook"
+                       / "webhook-configuration-policy.yaml")
 
 
-def policy_spec() -> dict[str, Any]:
-    docs = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
+def policy_spec(path: Path = POLICY_FILE) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     return policy["spec"]
 
@@ -39,8 +42,8 @@ class Policy:
     def __post_init__(self) -> None:
         names = ("object", "oldObject", "request", "params", "namespaceObject", "variables")
         self.env = cel.NewEnv(variables={n: cel.Type.DYN for n in names}, extensions=[ext_strings.ExtStrings()])
-        self.conditions = [(c["name"], self.env.compile(c["expression"])) for c in self.spec["matchConditions"]]
-        self.variables = [(v["name"], self.env.compile(v["expression"])) for v in self.spec["variables"]]
+        self.conditions = [(c["name"], self.env.compile(c["expression"])) for c in self.spec.get("matchConditions", [])]
+        self.variables = [(v["name"], self.env.compile(v["expression"])) for v in self.spec.get("variables", [])]
         self.validations = [(self.env.compile(v["expression"]), " ".join(v["message"].split()))
                             for v in self.spec["validations"]]
         assert self.spec["failurePolicy"] == "Fail"
@@ -54,8 +57,10 @@ class Policy:
     def admit(self, request: dict[str, Any], obj: Any, old: Any) -> bool:
         """True when admitted, False when the policy does not apply; Deny with the message otherwise."""
         rules = self.spec["matchConstraints"]["resourceRules"]
-        if not any(request["operation"] in r["operations"] and request["resource"]["resource"] in r["resources"]
-                   for r in rules):
+        resource = request["resource"]
+        if not any(request["operation"] in r["operations"] and resource["resource"] in r["resources"]
+                   and (resource["group"] in r["apiGroups"] or "*" in r["apiGroups"])
+                   and (not r.get("resourceNames") or request["name"] in r["resourceNames"]) for r in rules):
             return False
         data = {"object": obj, "oldObject": old, "request": request, "params": None, "namespaceObject": None,
                 "variables": {}}

@@ -1,6 +1,6 @@
 """`topology-agent webhook`: the mutating admission webhook. It answers AdmissionReviews over HTTPS with
-core/admission.py's decision (the transform `inject` applies) and keeps its own TLS current (certs.py), or
-serves files another issuer writes (cert-manager).
+core/admission.py's decision (the transform `inject` applies) and keeps its own TLS current (tls.py, certs.py),
+or serves files another issuer writes (cert-manager).
 
 Any pod that can reach its port can send it anything, and any user who may create a pod can make the API server
 send it any object up to 3 MiB, so its memory and time are bounded whatever arrives: connections, heads and TLS
@@ -20,11 +20,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
 import ssl
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -40,9 +38,9 @@ from agent.core.injection import Settings
 from agent.core.validation import is_dns1123_label
 from agent.errors import ApiError, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
-from agent.runtime.certs import Bundle, ManagedCerts
 from agent.runtime.reviewing import SMALL, Outcome, Reviewer, Unavailable
 from agent.runtime.serving import BoundedServer, Limits
+from agent.runtime.tls import keep_tls
 
 log = logging.getLogger("topology-agent.webhook")
 
@@ -300,75 +298,17 @@ def _remembering(check: admission.CheckArgs, size: int = 4096) -> admission.Chec
     return checked
 
 
-def load_tls(context: ssl.SSLContext | None, cert: bytes, key: bytes) -> ssl.SSLContext:
-    """A server context with this pair. The same context object is reloaded in place, so connections opened
-    after a renewal get the new certificate without a restart."""
-    if context is None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-    # The ssl module loads a chain from files only: a private temporary directory, removed at once.
-    with tempfile.TemporaryDirectory(prefix="topology-webhook-") as tmp:
-        cert_path, key_path = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-        for path, data in ((cert_path, cert), (key_path, key)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-        context.load_cert_chain(cert_path, key_path)
-    return context
-
-
-def _read_tls_dir(directory: Path) -> tuple[bytes, bytes]:
-    try:
-        return (directory / "tls.crt").read_bytes(), (directory / "tls.key").read_bytes()
-    except OSError as err:
-        raise InputError(f"--tls-dir {directory}: cannot read tls.crt and tls.key ({err.strerror or err}); mount "
-                         "the certificate's Secret there (cert-manager writes both)") from None
-
-
-async def keep_tls(webhook: Webhook, certs: ManagedCerts | None, *, stop: asyncio.Event) -> None:
-    """Load the certificate, then check it every ``check_every`` seconds and reload it when it changed."""
-    s = webhook.settings
-    served: bytes | None = None  # the certificate loaded: a new one (renewed, or rewritten by cert-manager) reloads
-    while True:
-        try:
-            if certs is not None:
-                bundle: Bundle = await certs.refresh()
-                cert, key = bundle.cert, bundle.key
-            else:
-                assert s.tls_dir is not None
-                cert, key = _read_tls_dir(s.tls_dir)
-            if cert != served:
-                webhook.tls = load_tls(webhook.tls, cert, key)
-                served = cert
-                log.info("serving the certificate %s", "from the Secret" if certs else f"from {s.tls_dir}")
-        except (ApiError, InputError, ssl.SSLError, ValueError) as err:
-            if webhook.tls is None:
-                raise
-            log.warning("could not renew the webhook's certificate (%s); serving the current one, next try in "
-                        "%.0f s", err, min(s.check_every, 60.0))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), min(s.check_every, 60.0))
-            if stop.is_set():
-                return
-            continue
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), s.check_every if certs else min(s.check_every, 60.0))
-        if stop.is_set():
-            return
-
-
 async def run_webhook(api: AsyncApi, settings: WebhookSettings, *, version: str, check: admission.CheckArgs,
                       stop: asyncio.Event, ready: Callable[[int], None] | None = None) -> None:
     """Get a certificate, listen, serve until ``stop``."""
     webhook = Webhook(api, settings, version=version, check=check)
-    certs = None if settings.tls_dir else ManagedCerts(api, namespace=settings.namespace, secret=settings.secret,
-                                                       config=settings.config, hosts=settings.hosts)
-    keeper = asyncio.create_task(keep_tls(webhook, certs, stop=stop))
+    keeper = asyncio.create_task(keep_tls(api, webhook, stop=stop))
     while webhook.tls is None and not keeper.done():
         await asyncio.sleep(0.05)
     if keeper.done():
         keeper.result()  # the first certificate failed: its error, once
         return
+
     def serving() -> ssl.SSLContext:  # reloaded in place, or replaced, by keep_tls
         assert webhook.tls is not None
         return webhook.tls

@@ -1,7 +1,9 @@
 """Mutating admission webhooks, called at CREATE as kube-apiserver calls them: the configurations in name order
 and their webhooks in list order; rules, namespaceSelector and objectSelector; an AdmissionReview v1 over HTTPS
 trusting the caBundle, with ``?timeout=Ns``; the JSONPatch applied; failurePolicy on a call that fails; one
-reinvocation of ``IfNeeded`` webhooks when a later one changed the object.
+reinvocation of ``IfNeeded`` webhooks when a later one changed the object. The admission configuration kinds
+themselves (webhook configurations, admission policies and their bindings) are never sent to a webhook, as
+kube-apiserver exempts them, so that no webhook can keep itself or another from being configured.
 
 A webhook reached through a Service needs the Service's address: the sandbox has no cluster network, so
 ``services`` maps ``namespace/name`` to ``host:port`` (``topology-agent sandbox --service``). The TLS name
@@ -38,6 +40,18 @@ class Target:
     kind: str
     namespace: str  # "" for a cluster-scoped object
     dry_run: bool = False
+
+
+# apiserver's rules.IsExemptAdmissionConfigurationResource: kinds of this group no webhook is ever called for
+EXEMPT_GROUP = "admissionregistration.k8s.io"
+EXEMPT_KINDS = frozenset({"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
+                          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                          "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"})
+
+
+def exempt(target: Target) -> bool:
+    """True for the admission configuration kinds, which kube-apiserver never sends to a webhook."""
+    return target.group == EXEMPT_GROUP and target.kind in EXEMPT_KINDS
 
 
 class Denied(Exception):
@@ -204,6 +218,8 @@ class Caller:
 
     async def admit(self, configs: list[Obj], target: Target, obj: Obj, namespace: Obj | None) -> Obj:
         """The object after every matching webhook, or Denied."""
+        if exempt(target):
+            return obj
         hooks = [h for c in sorted(configs, key=lambda c: c["metadata"]["name"])
                  for h in c.get("webhooks") or [] if isinstance(h, Mapping)]
         called: list[tuple[int, Mapping[str, Any]]] = []

@@ -19,6 +19,8 @@ from typing import Any
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str]  # (resource key "group/version/plural", namespace, name)
+NAMESPACES = "/v1/namespaces"
+NAME_LABEL = "kubernetes.io/metadata.name"  # the API server sets it on every Namespace to its name, on every write
 
 
 class Conflict(Exception):
@@ -107,6 +109,7 @@ class Store:
         meta.setdefault("labels", {})
         meta.setdefault("annotations", {})
         meta.pop("deletionTimestamp", None)
+        _name_label(resource, meta)
         if resource == "/v1/pods":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
         self._bump(obj)
@@ -123,6 +126,7 @@ class Store:
         for keep in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp"):
             if keep in old["metadata"]:
                 meta[keep] = old["metadata"][keep]
+        _name_label(resource, meta)
         self._bump(obj)
         self.objects[(resource, namespace, name)] = obj
         self._publish(resource, "MODIFIED", copy.deepcopy(old), copy.deepcopy(obj))
@@ -143,3 +147,12 @@ class Store:
         """Forget the event log: every watch from an older resourceVersion now gets 410 Gone."""
         self.log.clear()
         self.oldest = self.rv + 1
+
+
+def _name_label(resource: str, meta: Obj) -> None:
+    """A Namespace carries ``kubernetes.io/metadata.name: <its name>`` whatever its writer sent (the namespace
+    registry's PrepareForCreate and PrepareForUpdate): webhooks' namespaceSelectors exclude namespaces by it."""
+    if resource == NAMESPACES:
+        if not isinstance(meta.get("labels"), dict):
+            meta["labels"] = {}
+        meta["labels"][NAME_LABEL] = meta["name"]

@@ -288,3 +288,253 @@ def test_with_cert_managers_files_it_serves_them_reloads_a_renewal_and_writes_no
         assert kubectl(cluster, "get", "--raw", SECRET, check=False).returncode != 0  # no Secret of its own
     finally:
         stop(webhook)
+
+
+# Issue 34: broken TLS material is repaired, or refused at start in one line, within seconds; a watch on the
+# Secret and on the configuration, not the hourly check. Every wait is a deadline on a condition.
+
+SVC_NAME = "topology-agent-webhook.topology-agent-system.svc"  # the name the API server checks
+REPAIR = 10.0  # seconds: issue 34's target for each breakage
+
+
+def handshake(port: int, trust: bytes, name: str = SVC_NAME) -> bytes | None:
+    """The certificate served on ``port`` (DER) when the handshake verifies it against ``trust`` for ``name``, as
+    the API server's does against the caBundle; None when it does not."""
+    import ssl
+
+    if not trust.strip():
+        return None
+    context = ssl.create_default_context(cadata=trust.decode())
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as raw, \
+                context.wrap_socket(raw, server_hostname=name) as tls:
+            return tls.getpeercert(binary_form=True)
+    except OSError:
+        return None
+
+
+def ca_bundle(sandbox: SandboxThread) -> bytes:
+    """The configuration's caBundle: one for all its webhooks (b"" when any lacks it)."""
+    try:
+        hooks = get(sandbox, CONFIG)["webhooks"]
+    except AssertionError:
+        return b""  # no configuration
+    bundles = {h["clientConfig"].get("caBundle", "") for h in hooks}
+    return base64.b64decode(bundles.pop()) if len(bundles) == 1 else b""
+
+
+def wait_until(what: str, condition, procs=(), timeout: float = REPAIR) -> float:
+    """Seconds until ``condition()`` holds; fails at ``timeout`` or when a process in ``procs`` ends."""
+    started = time.monotonic()
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, f"the webhook ended: {proc.communicate()[1][-2000:]}"
+        assert time.monotonic() - started < timeout, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def der(pem: bytes) -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return x509.load_pem_x509_certificate(pem).public_bytes(Encoding.DER)
+
+
+def secret_bundle(sandbox: SandboxThread) -> certs.Bundle | None:
+    run = kubectl(sandbox, "get", "--raw", SECRET, check=False)
+    return certs.from_secret(json.loads(run.stdout)) if run.returncode == 0 else None
+
+
+def sound(sandbox: SandboxThread, port: int) -> bool:
+    """What the API server needs of a replica: the certificate it serves is the Secret's, and verifies against
+    the configuration's caBundle for the Service's name."""
+    bundle = secret_bundle(sandbox)
+    return bundle is not None and handshake(port, ca_bundle(sandbox)) == der(bundle.cert)
+
+
+def admitted_pod(sandbox: SandboxThread, name: str) -> None:
+    """An opted-in pod created through the API server's call to the webhook (TLS checked against the caBundle)."""
+    pod = users_pods("default")[0]
+    pod["metadata"]["name"] = name
+    pod["metadata"]["labels"][INJECT_LABEL] = "enabled"
+    kubectl(sandbox, "apply", "-f", "-", input=json.dumps(pod))
+    assert get(sandbox, f"/api/v1/namespaces/default/pods/{name}")["metadata"]["annotations"][INJECTED]
+
+
+def write_secret(sandbox: SandboxThread, bundle: certs.Bundle) -> None:
+    kubectl(sandbox, "apply", "-f", "-", input=json.dumps(certs.to_secret(bundle, "topology-agent-webhook-tls",
+                                                                         "topology-agent-system")))
+
+
+def two_bundles(days_ago: float = 0) -> tuple[certs.Bundle, certs.Bundle]:
+    at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=days_ago)
+    hosts = certs.service_hosts("topology-agent-webhook", "topology-agent-system")
+    return certs.renew(None, hosts, at)[0], certs.renew(None, hosts, at)[0]
+
+
+BROKEN = {
+    # the crash loop: exit 70 on every start
+    "tls.key is not tls.crt's key": lambda a, b: certs.Bundle(a.cert, b.key, a.ca_cert, a.ca_key, a.trust),
+    # served while /readyz said 200, failing its own caBundle
+    "the serving pair is another CA's": lambda a, b: certs.Bundle(b.cert, b.key, a.ca_cert, a.ca_key, a.trust),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_serving_pair_in_the_secret_is_issued_again_by_its_ca_at_start(cluster, case):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    good, other = two_bundles()
+    write_secret(cluster, BROKEN[case](good, other))
+    webhook = start_webhook(cluster)
+    try:
+        wait_until("the webhook serves the Secret's certificate, trusted by the caBundle",
+                   lambda: sound(cluster, cluster.webhook_port), [webhook])
+        repaired = secret_bundle(cluster)
+        assert repaired is not None and repaired.ca_cert == good.ca_cert  # the CA kept: the caBundle did not change
+        assert ca_bundle(cluster) == good.trust
+        admitted_pod(cluster, "after-repair")
+    finally:
+        stop(webhook)
+
+
+def test_a_ca_key_that_is_not_the_cas_at_renewal_gives_a_new_ca_that_the_cabundle_trusts(cluster):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    due, other = two_bundles(days_ago=75)  # 15 days left: renewed at start, by a ca.key that is another CA's
+    write_secret(cluster, certs.Bundle(due.cert, due.key, due.ca_cert, other.ca_key, due.trust))
+    webhook = start_webhook(cluster)
+    try:
+        wait_until("the webhook serves a certificate trusted by the caBundle",
+                   lambda: sound(cluster, cluster.webhook_port), [webhook])
+        repaired = secret_bundle(cluster)
+        assert repaired is not None and repaired.ca_cert != due.ca_cert
+        assert ca_bundle(cluster) == repaired.ca_cert  # the CA nothing can be issued by is no longer trusted
+        admitted_pod(cluster, "after-new-ca")
+    finally:
+        stop(webhook)
+
+
+def test_a_secret_broken_while_serving_is_repaired_within_seconds(cluster):
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    webhook = start_webhook(cluster)
+    try:
+        wait_serving(cluster, webhook)
+        served = secret_bundle(cluster)
+        assert served is not None
+        _, other = two_bundles()
+        write_secret(cluster, certs.Bundle(other.cert, other.key, served.ca_cert, served.ca_key, served.trust))
+        wait_until("the Secret's pair is issued again by its CA and served",
+                   lambda: sound(cluster, cluster.webhook_port) and secret_bundle(cluster).cert != other.cert,
+                   [webhook])
+        assert secret_bundle(cluster).ca_cert == served.ca_cert
+        admitted_pod(cluster, "after-secret-repair")
+    finally:
+        stop(webhook)
+
+
+def test_a_configuration_recreated_from_the_manifest_gets_its_cabundle_within_seconds(cluster):
+    """Today's hourly check left it empty for up to an hour (58 s measured): every opted-in pod refused."""
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    webhook = start_webhook(cluster)
+    try:
+        wait_serving(cluster, webhook)
+        trust = ca_bundle(cluster)
+        kubectl(cluster, "delete", "mutatingwebhookconfiguration", "topology-agent")
+        kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+        wait_until("every webhook of the re-created configuration has the caBundle",
+                   lambda: ca_bundle(cluster) == trust, [webhook])
+        admitted_pod(cluster, "after-recreate")
+    finally:
+        stop(webhook)
+
+
+def test_a_deleted_secret_under_two_replicas_converges_on_one_ca_within_seconds(cluster):
+    """Today the second replica served a certificate of the CA the caBundle no longer held for up to an hour."""
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    first = start_webhook(cluster)
+    second_port = free_port()
+    env = {**os.environ, "KUBECONFIG": str(cluster.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
+    second = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
+                               str(second_port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_serving(cluster, first)
+        wait_until("both replicas serve the Secret's certificate",
+                   lambda: sound(cluster, cluster.webhook_port) and sound(cluster, second_port), [first, second],
+                   timeout=30)
+        old = secret_bundle(cluster)
+        assert old is not None
+        kubectl(cluster, "delete", "secret", "topology-agent-webhook-tls", "-n", "topology-agent-system")
+        wait_until("a new Secret, served by both replicas and trusted by the caBundle",
+                   lambda: (secret_bundle(cluster) or old).ca_cert != old.ca_cert
+                   and sound(cluster, cluster.webhook_port) and sound(cluster, second_port), [first, second])
+        now = secret_bundle(cluster)
+        assert now is not None and ca_bundle(cluster) == now.ca_cert  # one CA: the one both serve from
+        admitted_pod(cluster, "after-delete")
+    finally:
+        stop(second)
+        stop(first)
+
+
+def test_with_tls_dir_a_mismatched_pair_at_start_is_one_line_and_exit_2(cluster, tmp_path):
+    good, other = two_bundles()
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    (tls / "tls.crt").write_bytes(good.cert)
+    (tls / "tls.key").write_bytes(other.key)
+    webhook = start_webhook(cluster, "--tls-dir", str(tls))
+    _, err = webhook.communicate(timeout=30)
+    assert webhook.returncode == 2, err
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert lines == [f"topology-agent webhook: error: --tls-dir {tls}: tls.key is not the private key of tls.crt; "
+                     "give the Secret a matching tls.crt and tls.key (both from one cert-manager Certificate)"]
+    assert "PRIVATE KEY" not in err
+
+
+def test_with_tls_dir_a_mismatched_pair_at_a_reload_is_refused_and_the_served_pair_stays(cluster, tmp_path):
+    now = datetime.datetime.now(datetime.UTC)
+    first, _ = certs.renew(None, ["127.0.0.1"], now - datetime.timedelta(days=70))  # 20 days left: due
+    later, _ = certs.renew(first, ["127.0.0.1"], now)  # cert-manager's renewal: the same CA, a new pair
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    (tls / "tls.crt").write_bytes(first.cert)
+    (tls / "tls.key").write_bytes(first.key)
+    log = tmp_path / "webhook.log"
+    env = {**os.environ, "KUBECONFIG": str(cluster.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
+    port = cluster.webhook_port  # type: ignore[attr-defined]
+    with log.open("w") as err:
+        webhook = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
+                                    str(port), "--tls-dir", str(tls), "--check-every", "1"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=err, text=True)
+    try:
+        wait_until("the webhook serves the files", lambda: handshake(port, first.trust, "127.0.0.1") is not None,
+                   [webhook], timeout=30)
+        (tls / "tls.crt").write_bytes(later.cert)  # the new certificate with the old key: a pair that does not match
+        wait_until("a warning names the refused pair",
+                   lambda: "tls.key is not the private key of tls.crt" in log.read_text(), [webhook])
+        assert handshake(port, first.trust, "127.0.0.1") == der(first.cert)  # still served, still whole
+        (tls / "tls.key").write_bytes(later.key)  # the rest of the renewal arrives
+        wait_until("the renewed pair is served", lambda: handshake(port, first.trust, "127.0.0.1") == der(later.cert),
+                   [webhook])
+    finally:
+        webhook.terminate()
+        webhook.wait(timeout=20)
+    assert webhook.returncode == 0 and "PRIVATE KEY" not in log.read_text()
+
+
+def test_kube_system_and_the_webhooks_own_namespace_are_never_sent_to_the_webhook(cluster):
+    """Labelled by mistake, with the webhook down (failurePolicy Fail): their pods are still created, as the
+    webhook's own replacement pods must be; a labelled team namespace's pods are refused."""
+    kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
+    kubectl(cluster, "create", "namespace", "team-a")
+    for namespace in ("kube-system", "topology-agent-system", "team-a"):
+        kubectl(cluster, "label", "namespace", namespace, f"{INJECT_LABEL}=enabled")
+        labels = get(cluster, f"/api/v1/namespaces/{namespace}")["metadata"]["labels"]
+        assert labels["kubernetes.io/metadata.name"] == namespace  # as the API server labels every namespace
+    for namespace in ("kube-system", "topology-agent-system"):
+        for pod in users_pods(namespace)[:1]:
+            pod["metadata"]["labels"][INJECT_LABEL] = "enabled"  # the object's own label: the other webhook
+            kubectl(cluster, "apply", "-f", "-", input=json.dumps(pod))
+        plain = users_pods(namespace)[1]
+        kubectl(cluster, "apply", "-f", "-", input=json.dumps(plain))
+    run = kubectl(cluster, "apply", "-f", "-", input=json.dumps(users_pods("team-a")[0]), check=False)
+    assert run.returncode != 0 and 'failed calling webhook "namespace-pods.topology-agent.io"' in run.stderr
