@@ -1,7 +1,11 @@
 """topology-agent: makes a multi-pod training job on Kubernetes configure itself.
 
-Layers, low to high: ``agent.core`` (pure: pods -> Topology -> file bytes), ``agent.files`` (atomic writes),
-``agent.cli`` (the command line). An import-linter contract in pyproject.toml keeps the core free of I/O.
+Layers, low to high, each importing only those below it (import-linter contracts in pyproject.toml):
+``agent.errors`` (one exception tree); ``agent.core`` (pure: pods -> plan -> file bytes; no I/O, no clock);
+``agent.examples`` (the controllers' pods, for the demo and the tests); ``agent.k8s`` (the API client),
+``agent.files`` (atomic writes), ``agent.ssh`` (key material) and ``agent.sandbox`` (the sandbox API server),
+independent of each other; ``agent.runtime`` (init, the sidecar, the webhook); ``agent.cli`` (the command line).
+docs/architecture.md has the module map and the data paths.
 """
 
 __version__ = "0.1.0"

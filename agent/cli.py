@@ -570,7 +570,7 @@ def _init(args: argparse.Namespace) -> int:
     )
     api = Client(config, user_agent=f"topology-agent/{__version__} init ({namespace}/{pod_name})")
     try:
-        _kept.append(run_init(api, settings, ssh=ssh, keep=_kept))
+        _kept.append(run_init(api, settings, ssh=ssh))
     finally:
         api.close()  # its connections; the rest of what it held is kept (console)
     return 0

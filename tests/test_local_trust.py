@@ -177,11 +177,10 @@ def _evaluator(out):
     from agent.cli import build_parser, options_from_args
     from agent.runtime.metrics import SidecarMetrics
     from agent.runtime.sidecar.evaluating import Evaluator
-    from agent.runtime.sidecar.membership import Membership
 
     options = options_from_args(build_parser().parse_args(["render", "--pods", "-"]))
     settings = SimpleNamespace(options=options, pod_name="demo-worker-0", out_dir=out)
-    return Evaluator(settings, Membership("demo-worker-0"), SidecarMetrics())
+    return Evaluator(settings, SidecarMetrics())
 
 
 @pytest.mark.parametrize("content", [b"[]", b'{"generation": Infinity}', b'{"generation": "1.5"}',

@@ -15,11 +15,12 @@ import pytest
 
 from agent.errors import ApiGone, ApiStalled, ApiUnavailable
 from agent.k8s.async_client import AsyncClient
+from agent.k8s.blocking import Blocking
 from agent.k8s.client import Client
 from agent.k8s.config import ApiConfig
 from agent.k8s.core import Request, Response, WatchEvent
 from agent.k8s.mock import AsyncMockTransport, MockTransport
-from agent.k8s.reflector import AsyncOps, BlockingOps, Reflector, Settings, reflect, run
+from agent.k8s.reflector import AsyncOps, Reflector, Settings, reflect
 
 CONFIG = ApiConfig(server="https://127.0.0.1:1")
 MINUTE = 60.0
@@ -56,18 +57,26 @@ def query(request: Request) -> dict[str, str]:
 
 
 class Recorder:
-    """The reflector's handler: remembers lists and events, never satisfied."""
+    """The reflector's store: remembers lists and events."""
 
     def __init__(self) -> None:
         self.lists: list[list[Any]] = []
         self.events: list[WatchEvent] = []
 
-    def on_list(self, items: list[Any]) -> None:
+    def replace(self, items: list[Any]) -> None:
         self.lists.append(items)
 
-    def on_event(self, event: WatchEvent) -> bool:
+    def apply(self, event: WatchEvent) -> None:
         self.events.append(event)
-        return False
+
+
+def blocking_ops(list_call: Callable[[], Any], watch_call: Callable[[str, float, float], Any],
+                 clock: Clock) -> AsyncOps:
+    """init's ops: its blocking client through k8s/blocking.py, its blocking sleep."""
+    async def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+
+    return AsyncOps(list_call, watch_call, clock=clock, sleep=sleep)
 
 
 def reflect_for(seconds: float, watch: Callable[[Request, Clock], Response | Iterable[bytes]], *,
@@ -79,13 +88,15 @@ def reflect_for(seconds: float, watch: Callable[[Request, Clock], Response | Ite
         return watch(request, clock) if request.verb == "watch" else listing(items=[pod("a", "10")])
 
     transport = MockTransport(handler)
-    client = Client(CONFIG, transport=transport, clock=clock)
-    ops = BlockingOps(lambda: client.list_pods("default", "job=x"),
-                      lambda rv, timeout, idle: client.watch_pods("default", "job=x", rv, timeout=timeout, idle=idle),
-                      sleep=clock.sleep, clock=clock)
+    client = Blocking(Client(CONFIG, transport=transport, clock=clock))
+    pods = "/api/v1/namespaces/default/pods"
+    ops = blocking_ops(lambda: client.list_objects(pods, label_selector="job=x", limit=500),
+                       lambda rv, timeout, idle: client.watch_objects(pods, rv, timeout=timeout, label_selector="job=x",
+                                                                      idle=idle), clock)
     reflector = Reflector("pods", settings, rand=lambda: 0.5, now=clock())
     recorder = Recorder()
-    assert run(reflector, ops, recorder, deadline=seconds) is False  # nobody was satisfied: ends at the deadline
+    # nobody is satisfied: it ends at the deadline
+    assert asyncio.run(reflect(reflector, ops, recorder, deadline=seconds)) is False
     assert clock.now >= seconds
     return transport.requests, recorder, reflector, clock
 
@@ -243,13 +254,7 @@ def test_a_deadline_ends_requests_with_the_clients_budget():
         client.get_object("/api/v1/namespaces/default/pods/p")
 
 
-class Satisfied(Recorder):
-    def on_event(self, event: WatchEvent) -> bool:
-        super().on_event(event)
-        return True
-
-
-async def test_a_watch_left_because_the_handler_is_satisfied_is_closed_before_reflect_returns():
+async def test_a_watch_left_because_the_caller_is_satisfied_is_closed_before_reflect_returns():
     """init leaves its watch when the gang is complete, then closes its client: a watch stream closed only when
     collected held its socket past the client's close (an unclosed TLS socket, CI on Python 3.13)."""
     clock, closed, streams = Clock(), [], []
@@ -270,8 +275,9 @@ async def test_a_watch_left_because_the_handler_is_satisfied_is_closed_before_re
         return [pod("a", "10")], "10"
 
     ops = AsyncOps(listed, start, clock=clock, sleep=clock.async_sleep)
-    recorder = Satisfied()
-    assert await reflect(Reflector("pods", None, rand=lambda: 0.5, now=clock()), ops, recorder) is True
+    recorder = Recorder()
+    assert await reflect(Reflector("pods", None, rand=lambda: 0.5, now=clock()), ops, recorder,
+                         done=lambda: bool(recorder.events)) is True
     assert [e.object["metadata"]["name"] for e in recorder.events] == ["a"]
     assert closed == ["10"]  # at once, not when the stream is collected
 
@@ -287,8 +293,17 @@ def test_the_blocking_driver_closes_the_clients_watch_as_it_leaves_it():
         finally:
             closed.append(rv)
 
-    kept = []
-    ops = BlockingOps(lambda: ([pod("a", "10")], "10"), lambda *args: kept.append(watch(*args)) or kept[-1],
-                      sleep=clock.sleep, clock=clock)
-    assert run(Reflector("pods", None, rand=lambda: 0.5, now=clock()), ops, Satisfied()) is True
+    class Client:  # the blocking client's calls, as k8s/blocking.py makes them
+        def list_objects(self, path, **_):
+            return [pod("a", "10")], "10"
+
+        def watch_objects(self, path, rv, **kwargs):
+            return watch(rv, kwargs["timeout"], kwargs["idle"])
+
+    client = Blocking(Client())  # type: ignore[arg-type]
+    ops = blocking_ops(lambda: client.list_objects("/pods"),
+                       lambda rv, timeout, idle: client.watch_objects("/pods", rv, timeout=timeout, idle=idle), clock)
+    recorder = Recorder()
+    assert asyncio.run(reflect(Reflector("pods", None, rand=lambda: 0.5, now=clock()), ops, recorder,
+                               done=lambda: bool(recorder.events))) is True
     assert closed == ["10"]

@@ -13,17 +13,18 @@ from agent import examples
 from agent.core import Options
 from agent.runtime.sidecar import Sidecar, SidecarSettings
 from agent.runtime.sidecar.following import Mode
+from agent.runtime.sidecar.publication import Job, Publication
 
 
 def test_only_sidecars_that_watch_pods_wait_for_a_burst_to_end(tmp_path: Path) -> None:
     sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path))  # type: ignore[arg-type]
     gathered = {}
     for mode in Mode:
-        sidecar.mode = mode
+        sidecar.changes.mode = mode
         gathered[mode] = sidecar.gathers
     assert gathered == {Mode.PODS: True, Mode.CANDIDATE: True, Mode.FOLLOWER: False}
     sidecar.settings = SidecarSettings("default", "demo-worker-2", Options(), tmp_path, debounce=0)
-    sidecar.mode = Mode.PODS
+    sidecar.changes.mode = Mode.PODS
     assert not sidecar.gathers  # --debounce 0: never
 
 
@@ -33,14 +34,14 @@ async def test_a_lease_won_before_the_first_list_evaluates_no_empty_view(tmp_pat
     still evaluated (and said)."""
     sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path,  # type: ignore[arg-type]
                                             debounce=0))
-    sidecar.mode = Mode.CANDIDATE
+    sidecar.changes.mode = Mode.CANDIDATE
     loop = asyncio.create_task(sidecar.evaluate_loop())
     try:
-        sidecar.mark_dirty(sidecar.clock())  # what winning the Lease does
+        sidecar.changes.changed()  # what winning the Lease does
         await asyncio.sleep(0.05)
         assert not sidecar.evaluator.evaluated and "no valid topology" not in caplog.text
-        sidecar.membership.replace({})  # the LIST came back empty
-        sidecar.mark_dirty(sidecar.clock())
+        sidecar.view.replace([])  # the LIST came back empty
+        sidecar.changes.changed()
         await asyncio.sleep(0.05)
         assert sidecar.evaluator.evaluated and "the pod list is empty" in (sidecar.evaluator.problem or "")
     finally:
@@ -52,7 +53,7 @@ async def test_a_new_leader_reads_back_the_publication_before_it_plans(tmp_path:
     leader sidecar's peak. It now comes first; the publication that follows still compares every row read."""
     sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path,  # type: ignore[arg-type]
                                             debounce=0))
-    sidecar.mode = Mode.CANDIDATE
+    sidecar.changes.mode = Mode.CANDIDATE
     calls: list[str] = []
 
     class Writer:
@@ -73,14 +74,16 @@ async def test_a_new_leader_reads_back_the_publication_before_it_plans(tmp_path:
         return evaluate(*args, **kwargs)
 
     sidecar.evaluator.evaluate = planned  # type: ignore[method-assign]
-    sidecar.writer = Writer()  # type: ignore[assignment]
-    sidecar.elector = type("Elector", (), {"leading": True})()  # type: ignore[assignment]
-    sidecar.membership.replace({p["metadata"]["name"]: p for p in examples.volcano_job()})
+    job = Job("default", "demo-worker-2", "uid", "demo", "demo-topology", None)
+    follower = SimpleNamespace(published=SimpleNamespace(state=None), plan=None, seq=0)  # nothing followed
+    sidecar.publication = Publication(None, job, follower, type("Elector", (), {"leading": True})())  # type: ignore
+    sidecar.publication.writer = Writer()  # type: ignore[assignment]
+    sidecar.view.replace(examples.volcano_job())
     loop = asyncio.create_task(sidecar.evaluate_loop())
     try:
-        sidecar.mark_dirty(sidecar.clock())
+        sidecar.changes.changed()
         await asyncio.sleep(0.1)
-        sidecar.mark_dirty(sidecar.clock())
+        sidecar.changes.changed()
         await asyncio.sleep(0.1)
     finally:
         loop.cancel()

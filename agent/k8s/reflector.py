@@ -14,8 +14,9 @@ makes them, with the faults seen against real and broken API servers in mind:
 * a list, an event, a bookmark, or a watch the server ended after running its course is progress; nothing else
   is. ``stale_for`` tells the runtime how long it has been without progress (the sidecar's /readyz).
 
-``reflect`` is the one driver: a coroutine over ``Ops`` (list, watch, sleep, clock). The sidecar gives it its
-async client; init gives it its blocking client through ``BlockingOps`` and runs it with ``run``.
+``reflect`` is the one driver: a coroutine over ``Ops`` (list, watch, sleep, clock) that feeds a ``Store``
+(runtime/views.py), as client-go's reflector feeds its store: a LIST replaces what the store holds, each event
+applies one change. init and the sidecar give it the same async client face (init's is k8s/blocking.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -127,26 +128,31 @@ class Reflector:
 
 
 class Ops(Protocol):
-    """The I/O the driver needs: one list, one watch, a sleep, a clock."""
+    """The I/O the driver needs: one list, one watch, a sleep, a clock; ``seen`` hears each event first."""
 
     async def list(self) -> tuple[list[Any], str]: ...
 
     def watch(self, rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]: ...
+
+    def seen(self, event: WatchEvent) -> None: ...
 
     async def sleep(self, seconds: float) -> None: ...
 
     def clock(self) -> float: ...
 
 
-class Handler(Protocol):
-    def on_list(self, items: list[Any]) -> None: ...
+class Store(Protocol):
+    """What a list+watch keeps (client-go's Store): a LIST replaces it, each watch event applies one change.
+    Either may raise ``ApiGone`` to have the list read again."""
 
-    def on_event(self, event: WatchEvent) -> bool: ...  # True when the caller has what it waited for
+    def replace(self, items: list[Any]) -> None: ...
+
+    def apply(self, event: WatchEvent) -> None: ...
 
 
-async def reflect(reflector: Reflector, ops: Ops, handler: Handler, *, deadline: float | None = None,
+async def reflect(reflector: Reflector, ops: Ops, store: Store, *, deadline: float | None = None,
                   done: Callable[[], bool] = lambda: False) -> bool:
-    """List and watch until ``handler`` or ``done`` says enough (True), or until ``deadline`` (False). 410 and
+    """List and watch into ``store`` until ``done`` says enough (True), or until ``deadline`` (False). 410 and
     transient errors are handled here; anything else (403, an untrusted certificate) goes to the caller."""
     while not done():
         now = ops.clock()
@@ -161,7 +167,7 @@ async def reflect(reflector: Reflector, ops: Ops, handler: Handler, *, deadline:
         try:
             if kind == "list":
                 items, rv = await ops.list()
-                handler.on_list(items)
+                store.replace(items)
                 del items
                 reflector.listed(rv, ops.clock())
                 continue
@@ -170,16 +176,14 @@ async def reflect(reflector: Reflector, ops: Ops, handler: Handler, *, deadline:
             try:
                 async for event in stream:
                     reflector.event(event, ops.clock())
-                    if handler.on_event(event):
+                    ops.seen(event)
+                    store.apply(event)
+                    if done():
                         return True
                     if deadline is not None and ops.clock() >= deadline:
                         return False
             finally:
-                # The watch's connection is closed as the watch is left, not when the stream is collected: its
-                # socket, held by a generator in a cycle, outlived the client's close (init) otherwise.
-                closing = getattr(stream, "aclose", None)
-                if closing is not None:
-                    await closing()
+                await aclose(stream)
             reflector.ended(ops.clock())
         except (ApiGone, ApiUnavailable) as err:
             delay = reflector.failed(err, ops.clock())
@@ -188,56 +192,35 @@ async def reflect(reflector: Reflector, ops: Ops, handler: Handler, *, deadline:
     return True
 
 
-class BlockingOps:
-    """``Ops`` over blocking calls (init's client): the driver runs them in ``asyncio.run``, nothing else does."""
-
-    def __init__(self, list_call: Callable[[], tuple[list[Any], str]],
-                 watch_call: Callable[[str, float, float], Iterable[WatchEvent]], *,
-                 sleep: Callable[[float], None], clock: Callable[[], float]) -> None:
-        self._list, self._watch, self._sleep, self.clock = list_call, watch_call, sleep, clock  # type: ignore
-
-    async def list(self) -> tuple[list[Any], str]:
-        return self._list()
-
-    async def watch(self, rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
-        events: Iterator[WatchEvent] = iter(self._watch(rv, timeout, idle))
-        try:
-            for event in events:
-                yield event
-        finally:
-            closing = getattr(events, "close", None)
-            if closing is not None:
-                closing()  # the blocking client's watch: its connection
-
-    async def sleep(self, seconds: float) -> None:
-        self._sleep(seconds)
+async def aclose(stream: AsyncIterator[Any]) -> None:
+    """A watch's connection is closed as the watch is left, not when its stream is collected: its socket, held by
+    a generator in a cycle, outlived the client's close (init) otherwise. Streams that wrap a watch call this on
+    the watch they wrap."""
+    closing = getattr(stream, "aclose", None)
+    if closing is not None:
+        await closing()
 
 
 class AsyncOps:
-    """``Ops`` over the async client (the sidecar). ``on_request`` is called as each request starts (the
-    sidecar's liveness: its loop is alive even while the API server is away)."""
+    """``Ops`` over the client's calls. ``on_request("list" or "watch")`` is called as each request starts (the
+    sidecar's liveness: its loop is alive even while the API server is away), ``on_event`` with each event (its
+    metrics)."""
 
     def __init__(self, list_call: Callable[[], Awaitable[tuple[list[Any], str]]],
                  watch_call: Callable[[str, float, float], AsyncIterator[WatchEvent]], *,
-                 clock: Callable[[], float], on_request: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float], on_request: Callable[[str], None] = lambda kind: None,
+                 on_event: Callable[[WatchEvent], None] = lambda event: None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._list, self._watch, self.clock, self._on_request = list_call, watch_call, clock, on_request
-        self._sleep = sleep
+        self._sleep, self.seen = sleep, on_event
 
     async def list(self) -> tuple[list[Any], str]:
-        self._on_request()
+        self._on_request("list")
         return await self._list()
 
     def watch(self, rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
-        self._on_request()
+        self._on_request("watch")
         return self._watch(rv, timeout, idle)
 
     async def sleep(self, seconds: float) -> None:
         await self._sleep(seconds)
-
-
-def run(reflector: Reflector, ops: BlockingOps, handler: Handler, *, deadline: float | None = None,
-        done: Callable[[], bool] = lambda: False) -> bool:
-    """``reflect`` for blocking callers (init)."""
-    return asyncio.run(reflect(reflector, ops, handler, deadline=deadline, done=done))
-

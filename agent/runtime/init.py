@@ -3,22 +3,28 @@
 API cost is fixed whatever the job size: GET own pod, GET the owner object (skipped with ``--expect`` and
 for LeaderWorkerSets), one LIST of the job's pods, then one WATCH from the list's resourceVersion until the
 gang is complete. A watch that the server ends or that breaks resumes from the last resourceVersion seen; a
-410 Gone relists. No polling.
+410 Gone relists. No polling. From 256 training pods one pod (the leader) lists the pods and publishes them;
+every other pod reads the publication (runtime/publishing.py), or with ``--view own`` its summary.
+
+init is written against the async client face (``AsyncApi``) as the sidecar is, over its own blocking client
+(k8s/blocking.py): one ``asyncio.run`` for the whole command. Where its pods come from is decided first, from
+the own pod and the job's objects alone (``Source``, pure), then done.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.core import Memo, Options, Rendered, render_plan, render_pod
-from agent.core.controllers import detect_controller
+from agent.core.controllers import Controller, Identity, detect_controller
 from agent.core.gang import (
     Expectation,
     GangStatus,
@@ -28,29 +34,38 @@ from agent.core.gang import (
     expectation_from_pod,
     roster_of,
 )
-from agent.core.journal import STANDBYS
+from agent.core.journal import STANDBYS, PublishedState, Publisher
 from agent.core.model import RawPod
 from agent.core.provenance import Writer, WriterCheck
-from agent.core.published import Compactor, configmap_name, is_leader, leader_identity
+from agent.core.published import SELECT_LABEL, configmap_name, is_leader, leader_identity, select_value
 from agent.core.summary import own_view, why_full_view
-from agent.core.topology import Planner, pod_name
+from agent.core.topology import Planner
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
 from agent.errors import ApiError, ApiNotFound, GangTimeout, InputError
-from agent.k8s.client import Api
-from agent.k8s.core import WatchEvent
-from agent.k8s.reflector import BlockingOps, Reflector, run
+from agent.k8s.blocking import Blocking
+from agent.k8s.client import Client
+from agent.k8s.core import PAGE, WatchEvent, pods_path
+from agent.k8s.reflector import AsyncOps, Reflector, Store, aclose, reflect
 from agent.k8s.reflector import Settings as ReflectorSettings
-from agent.k8s.retrying import DeadlineExceeded, with_retries
+from agent.k8s.retrying import DeadlineExceeded, retried
 from agent.k8s.transport import IDLE
-from agent.runtime.intake import usable_pods
 from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
-from agent.runtime.publishing import first_publisher, publish_first, read_light, read_published
+from agent.runtime.publishing import first_publisher, publish_first, vouch
+from agent.runtime.views import PodView, PublicationView, SummaryView
+
+if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load
+    from agent.k8s.async_client import AsyncApi
 
 log = logging.getLogger("topology_agent.init")
 Resolver = Callable[[str], bool]
+T = TypeVar("T")
+
+PUBLISH_THRESHOLD = 256
+LINGER = 0.1  # seconds: while many pods are awaited and events come densely, let them pile up between reads
+BLOCKED = 0.001  # a read that took longer than this waited for the network
 
 
 def resolves(name: str) -> bool:
@@ -74,60 +89,140 @@ class InitSettings:
     watch_idle: float | None = None  # seconds without progress before a watch counts as dead (None: derived)
 
 
-PUBLISH_THRESHOLD = 256
-LINGER = 0.1  # seconds: while many pods are awaited and events come densely, let them pile up between reads
-BLOCKED = 0.001  # a read that took longer than this waited for the network
+@dataclass(frozen=True)
+class Source:
+    """Where this pod's topology comes from, decided before anything is waited for."""
+
+    controller: Controller
+    me: Identity
+    selector: str
+    kind: str  # "pods" | "published"
+    lead: bool  # this pod lists the pods and publishes them for the others
+    configmap: str
+
+    @property
+    def follows(self) -> bool:
+        return self.kind == "published" and not self.lead
 
 
-class GangWaiter:
-    """Holds the job's pods as the API reports them, and decides when the gang is complete."""
+def choose_source(settings: InitSettings, expected: Expectation) -> str:
+    if settings.source != "auto":
+        return settings.source
+    if settings.options.levels is not None:
+        return "published"  # one pod reads the Nodes and publishes their labels with the pods, whatever the size
+    return "published" if expected.total >= PUBLISH_THRESHOLD else "pods"
 
-    def __init__(self, api: Api, settings: InitSettings, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.api = api
-        self.settings = settings
-        self.clock = clock
-        self.sleep = sleep
+
+def decide(me: RawPod, settings: InitSettings, expected: Expectation, objects: tuple[Mapping[str, Any], ...]) -> Source:
+    """The plan of init's work (pure): the pods themselves, or the leader's publication."""
+    options = settings.options
+    controller = detect_controller(me, options)
+    identity = controller.identify(me, options)
+    kind = choose_source(settings, expected)
+    leader = None
+    if kind == "published" and identity.role in controller.waits_for(objects):
+        # Created once others are Ready (JobSet dependsOn): the leader published before this pod existed.
+        log.info("role %s starts once %s are Ready; reading the pods directly", identity.role,
+                 ", ".join(sorted(controller.waits_for(objects)[identity.role])))
+        kind = "pods"
+    if kind == "published":
+        leader = leader_identity(controller, expected, objects, controller.training_roles(options))
+        if leader is None:
+            log.info("cannot tell which pod leads (no per-role counts); reading the pods directly")
+            kind = "pods"
+    return Source(controller, identity, controller.selector(me, options), kind,
+                  kind == "published" and is_leader(identity, leader), configmap_name(identity.job))
+
+
+@dataclass
+class Held:
+    """What init holds when its files are written: ``console`` ends the process without freeing it (a 16384-pod
+    job's objects took ~50 ms to free one by one, on the job's start-up path)."""
+
+    rendered: Rendered | None = None
+    memo: Memo | None = None
+    pods: PodView | None = None
+    planner: Planner | None = None
+    publisher: Publisher | None = None
+    published: PublishedState | None = None
+
+
+class _Gang:
+    """The gang wait's watcher of the pods: a ``GangTracker`` (complete yet?) and the ``Planner`` that lays the
+    job out as the pods arrive, so the plan is one change away when the gang is complete."""
+
+    def __init__(self, view: PodView, settings: InitSettings, expected: Expectation, memo: Memo) -> None:
+        self.view, self.settings, self.expected, self.memo = view, settings, expected, memo
+        self.tracker: GangTracker | None = None
+        self.planner = Planner(settings.options, settings.pod_name, checked=True, memo=memo)  # the intake checked
+
+    def ready(self) -> bool:
+        return self.tracker is not None and self.tracker.ready()
+
+    def dense(self) -> bool:
+        return self.tracker is not None and self.tracker.pending() > max(2, self.expected.total // 100)
+
+    def reset(self, pods: Mapping[str, RawPod]) -> None:
+        s = self.settings
+        self.tracker = GangTracker(pods[s.pod_name], s.pod_name, s.options, self.expected, memo=self.memo,
+                                   checked=True)  # every pod held passed the intake
+        for pod in pods.values():
+            self.tracker.put(pod)
+        self.planner.follow(self.view.pods)
+        log.info("waiting for the gang: %s", self.tracker.status().describe())
+
+    def changed(self, name: str, pod: RawPod | None) -> None:
+        assert self.tracker is not None
+        if pod is None:
+            self.tracker.remove(name)
+        else:
+            self.tracker.put(pod)
+        self.planner.follow(self.view.pods, (name,))
+
+
+class Init:
+    """One init: its settings (the job's objects may fill options), its deadline, its client."""
+
+    def __init__(self, api: AsyncApi, settings: InitSettings, *, clock: Callable[[], float],
+                 sleep: Callable[[float], None], resolver: Resolver, ssh: object | None) -> None:
+        self.api, self.settings, self.clock, self.sleep = api, settings, clock, sleep
+        self.resolver, self.ssh = resolver, ssh
         self.started = clock()
         self.deadline = self.started + settings.timeout
-        self.pods: dict[str, RawPod] = {}
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
         self.objects: tuple[Mapping[str, Any], ...] = ()  # the job's objects as read (the owner first)
         self.roster: Roster | None = None  # who may be a member, once the owner is read
-        self.me: RawPod | None = None
-        self.compactor: Compactor | None = None
-        self.staging: Callable[[RawPod], None] | None = None  # given each pod kept (the leader stages its rows)
-        self.planner: Planner | None = None  # follows the pods held, so the plan is ready when the gang is
+        self.held = Held(memo=self.memo)
         # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
         # in time to list again before its deadline.
         self.reflecting = ReflectorSettings.with_idle(settings.watch_idle or min(IDLE, max(3.0, settings.timeout / 3)))
-        budget = getattr(api, "budget", None)
-        if budget is not None:
-            budget.deadline = self.deadline  # every request ends by --timeout, connect included
 
-    def _retry(self, call: Callable[[], object], what: str) -> object:
-        try:
-            return with_retries(call, what=what, deadline=self.deadline, sleep=self.sleep, clock=self.clock)
-        except DeadlineExceeded as err:
-            raise GangTimeout(f"timed out after {self.elapsed():.1f} s: the API server kept failing "
-                              f"({err.last}); check the API server and the pod's network") from err
+    async def pause(self, seconds: float) -> None:
+        self.sleep(seconds)
 
     def elapsed(self) -> float:
         return self.clock() - self.started
 
-    def own_pod(self) -> RawPod:
+    async def retried(self, call: Callable[[], Awaitable[T]], what: str) -> T:
+        try:
+            return await retried(call, what=what, deadline=self.deadline, sleep=self.pause, clock=self.clock)
+        except DeadlineExceeded as err:
+            raise GangTimeout(f"timed out after {self.elapsed():.1f} s: the API server kept failing "
+                              f"({err.last}); check the API server and the pod's network") from err
+
+    async def own_pod(self) -> RawPod:
         s = self.settings
         try:
-            me: RawPod = self._retry(lambda: self.api.get_pod(s.namespace, s.pod_name), "get own pod")  # type: ignore
-            self.me = check_pod(me)  # type: ignore[assignment]  # a malformed own pod: one line, nothing to wait for
-            return me
+            me = await self.retried(lambda: self.api.get_pod(s.namespace, s.pod_name), "get own pod")
         except ApiNotFound as err:
             raise InputError(
                 f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and POD_NAMESPACE "
                 "from the downward API (metadata.name, metadata.namespace)"
             ) from err
+        check_pod(me)  # a malformed own pod: one line, nothing to wait for
+        return me
 
-    def expectation(self, me: RawPod) -> Expectation:
+    async def expectation(self, me: RawPod) -> Expectation:
         s = self.settings
         if s.expect is not None:
             return Expectation(total=s.expect, per_role=None, source="--expect")
@@ -136,79 +231,74 @@ class GangWaiter:
         if from_pod is not None:
             return from_pod
         if controller.owner_path(me) is None:
-            raise InputError(
-                f"pod '{s.pod_name}': cannot tell how many pods the {controller.title} has (no owner to read); "
-                "pass --expect N"
-            )
-
-        def get(path: str) -> dict[str, Any]:
-            return self._retry(lambda: self.api.get_object(path), f"get {path}")  # type: ignore[return-value]
-
+            raise InputError(f"pod '{s.pod_name}': cannot tell how many pods the {controller.title} has (no owner "
+                             "to read); pass --expect N")
         try:
-            view = read_job(get, me, s.options)
+            view = await read_job(lambda path: self.retried(lambda: self.api.get_object(path), f"get {path}"),
+                                  me, s.options)
         except ApiNotFound as err:
             raise InputError(f"owner {controller.owner_path(me)} of pod '{s.pod_name}' not found; pass --expect N") \
                 from err
-        self.objects = view.objects
-        self.roster = roster_of(view)
+        self.objects, self.roster = view.objects, roster_of(view)
         for note in view.notes:
             log.info("%s", note)
         if view.options != s.options:
             self.settings = s = dataclasses.replace(s, options=view.options)
-            self.memo = Memo(view.options)
+            self.memo = self.held.memo = Memo(view.options)
         role = view.controller.identify(me, s.options).role
         return expectation_from_job(view.controller, view.objects, view.controller.training_roles(s.options),
                                     s.options, role=role)
 
-    def take_list(self, items: list[RawPod]) -> None:
-        """A LIST's pods (each kept by ``_intake`` as its page was read) replace those held."""
-        self.pods = {p["metadata"]["name"]: p for p in items}
-        if self.settings.pod_name not in self.pods and self.me is not None:
-            self.pods[self.settings.pod_name] = self.me  # not listed yet (a cache behind the GET): a member anyway
+    def ops(self, list_call: Callable[[], Awaitable[tuple[list[Any], str]]],
+            watch_call: Callable[[str, float, float], AsyncIterator[WatchEvent]]) -> AsyncOps:
+        return AsyncOps(list_call, watch_call, clock=self.clock, sleep=self.pause)
 
-    def _intake(self, items: list[dict[str, object]]) -> list[RawPod]:
-        """What init keeps of each LIST page, before the next page is read."""
-        return [self._keep(p) for p in usable_pods(items, self.roster, own=self.settings.pod_name)]
+    async def reflect(self, what: str, ops: AsyncOps, store: Store, done: Callable[[], bool]) -> Reflector:
+        reflector = Reflector(what, self.reflecting, now=self.clock())
+        await reflect(reflector, ops, store, deadline=self.deadline, done=done)
+        return reflector
 
-    def _keep(self, pod: RawPod) -> RawPod:
-        """Peers as followers see them, from fresh strings (a 4096-pod job's full objects held 290 MB, and a
-        kept string of the parsed page keeps the page's memory); the own pod whole."""
-        if pod_name(pod) != self.settings.pod_name:
-            if self.compactor is None or self.compactor.options != self.settings.options:
-                self.compactor = Compactor(self.settings.options)
-            pod = self.compactor.pod(pod)
-        if self.staging is not None:
-            self.staging(pod)
-        return pod
+    # --- the pods themselves ------------------------------------------------------------------------------------
 
-    def track(self, expected: Expectation) -> GangTracker:
-        """A tracker over the pods held now (after a LIST); events then update it one pod at a time."""
+    async def gang(self, me: RawPod, source: Source, expected: Expectation,
+                   publisher: Publisher | None) -> tuple[PodView, _Gang]:
+        """List the job's pods, then watch until the gang is complete; ``GangTimeout`` naming what is missing at
+        the deadline. Each event costs O(1) (``GangTracker``)."""
         s = self.settings
-        tracker = GangTracker(self.pods[s.pod_name], s.pod_name, s.options, expected, memo=self.memo,
-                              checked=True)  # every pod held passed usable_pods
-        for pod in self.pods.values():
-            tracker.put(pod)
-        return tracker
-
-    def wait(self, selector: str, expected: Expectation) -> GangStatus:
-        """List the job's pods, then watch until the gang is complete (the reflector: reflector.py); raise
-        ``GangTimeout`` naming what is missing at the deadline. Each event costs O(1) (``GangTracker``): with every
-        pod of a 4096-pod job arriving late, the wait used to recompute the whole job per event."""
-        s = self.settings
-        gang = _Gang(self, expected)
-        reflector = Reflector(f"pods of {selector}", self.reflecting, now=self.clock())
-        ops = BlockingOps(lambda: self.api.list_pods(s.namespace, selector, keep=self._intake),
-                          lambda rv, timeout, idle: self.api.watch_pods(s.namespace, selector, rv, timeout=timeout,
-                                                                        idle=idle),
-                          sleep=self.sleep, clock=self.clock)
-        if not run(reflector, ops, gang, deadline=self.deadline, done=gang.ready):
-            if gang.tracker is None:
-                raise GangTimeout(f"timed out after {self.elapsed():.1f} s (--timeout {s.timeout:g}): the API server "
-                                  f"kept failing ({reflector.last_error}); check the API server and the pod's network")
+        view = PodView(s.pod_name, s.options, roster=self.roster, whole_own=True)
+        view.me = me
+        view.stage = publisher.stage if publisher is not None else None  # the leader's rows, as the pods arrive
+        gang = _Gang(view, s, expected, self.memo)
+        view.watchers.append(gang)
+        collection = pods_path(s.namespace)
+        ops = self.ops(lambda: self.api.list_objects(collection, label_selector=source.selector, limit=PAGE,
+                                                     keep=view.intake),
+                       lambda rv, timeout, idle: self._paced(gang, self.api.watch_objects(
+                           collection, rv, timeout=timeout, label_selector=source.selector, idle=idle)))
+        reflector = await self.reflect(f"pods of {source.selector}", ops, view, gang.ready)
+        if gang.tracker is None:
+            raise GangTimeout(f"timed out after {self.elapsed():.1f} s (--timeout {s.timeout:g}): the API server "
+                              f"kept failing ({reflector.last_error}); check the API server and the pod's network")
+        if not gang.ready():
             why = f"; last API error: {reflector.last_error}" if reflector.last_error else ""
-            raise GangTimeout(self._timeout_message(gang.tracker.status(), selector) + why)
-        assert gang.tracker is not None
-        return gang.tracker.status()
+            raise GangTimeout(self._timeout_message(gang.tracker.status(), source.selector) + why)
+        return view, gang
+
+    async def _paced(self, gang: _Gang, events: AsyncIterator[WatchEvent]) -> AsyncIterator[WatchEvent]:
+        """Pods arriving densely while many are still awaited are read in batches: each read that waits is a
+        wakeup, and on a VM a wakeup costs more than the event's parsing (every pod of a 4096-pod job late: 2.3 s
+        of CPU against 0.7 s with none). The last 1 % are read as they come; before them a pod is read at most
+        LINGER late."""
+        read_from = self.clock()
+        try:
+            async for event in events:
+                waited = self.clock() - read_from
+                yield event
+                if BLOCKED < waited < LINGER and gang.dense():
+                    self.sleep(LINGER)
+                read_from = self.clock()
+        finally:
+            await aclose(events)
 
     def _timeout_message(self, current: GangStatus, selector: str) -> str:
         s = self.settings
@@ -216,75 +306,195 @@ class GangWaiter:
                 f"{current.describe()}; see "
                 f"kubectl get pods -n {s.namespace} -l {selector} (unscheduled pods? quota? wrong --expect?)")
 
+    async def from_pods(self, me: RawPod, source: Source, expected: Expectation) -> Rendered:
+        """A small job, or the leader of a large one: the pods, waited for; the leader publishes them first."""
+        s = self.settings
+        uid = me.get("metadata", {}).get("uid") or ""
+        publisher = first_publisher(s.namespace, s.options, job=source.me.job, leader=s.pod_name,
+                                    leader_uid=uid) if source.lead else None
+        view, gang = await self.gang(me, source, expected, publisher)
+        self.held.pods, self.held.planner, self.held.publisher = view, gang.planner, publisher
+        assert gang.tracker is not None
+        status = gang.tracker.status()
+        log.info("gang complete: %s", status.describe())
+        if status.present > status.expected and s.expect is not None:
+            log.warning("--expect %d, but %d training pods are present: the files name all of them; give --expect "
+                        "the job's size, or delete the pods that are not the job's", status.expected, status.present)
+        names = wanted_nodes(view.pods.values(), s.options, {})
+        nodes = await self.retried(lambda: read_nodes(self.api, names, s.options, transient=True),
+                                   "read nodes") if names else None
+        plan = gang.planner.plan(view.pods, nodes=nodes)  # the layout the wait carried over, or from scratch
+        log.debug("plan: %d changes followed during the wait, %s", gang.planner.followed,
+                  "carried over" if gang.planner.incremental else "made from scratch")
+        if publisher is not None:  # publish first (a valid plan): every other pod of the job is waiting for it
+            owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
+            # The leader's own files come from the pods it has just listed, whether or not its snapshot was
+            # created: a `<job>-topology` that exists already is never followed by the pod that leads (issue 23).
+            await publish_first(self.api, s.namespace, source.configmap, list(view.pods.values()), s.options,
+                                job=source.me.job, leader=s.pod_name, leader_uid=uid,
+                                owner=dict(owners[0]) if owners else None,
+                                standby=tuple(m.name for m in plan.topology.training[1:1 + STANDBYS]),
+                                nodes=nodes, plan=plan, publisher=publisher)
+        own, why = own_view(plan, s.options, ssh=self.ssh is not None) if s.options.view == "own" else (None, "")
+        said = why_full_view(s.options, ssh=self.ssh is not None) if source.kind == "published" and not source.lead \
+            else None  # a follower that read no publication said it already
+        if why and why != said:
+            log.warning("--view own not used: %s; this pod's files hold the whole topology", why)
+        return render_plan(own or plan, s.options, files_dir=str(s.out_dir.absolute()))
 
-class _Gang:
-    """init's side of the reflector: the pods as listed and watched, folded into a ``GangTracker``."""
+    # --- the leader's publication -------------------------------------------------------------------------------
 
-    def __init__(self, waiter: GangWaiter, expected: Expectation) -> None:
-        self.waiter, self.expected = waiter, expected
-        self.tracker: GangTracker | None = None
-        self.read_from = 0.0
+    async def from_publication(self, me: RawPod, source: Source) -> Rendered | None:
+        """A follower of a large job: its plan from the summary (``--view own``) or its pods from the snapshot;
+        None (said in one line) when the publication cannot be used: the caller reads the pods instead."""
+        s = self.settings
+        check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
+                            me=Writer(s.pod_name, me.get("metadata", {}).get("uid") or ""))
+        why_full = why_full_view(s.options, ssh=self.ssh is not None)
+        files_dir = str(s.out_dir.absolute())
+        if s.options.view == "own" and why_full is not None:
+            log.warning("--view own not used: %s; reading the whole topology", why_full)
+        elif s.options.view == "own":
+            plan = await self.summary(me, source, check)
+            if plan is not None:
+                return render_plan(plan, s.options, files_dir=files_dir)
+        published = await self.publication(source, check)
+        if published is None:
+            return None
+        self.held.published = published
+        mine = with_placement(me, published.pods[s.pod_name])
+        pods = [mine if name == s.pod_name else pod for name, pod in published.pods.items()]
+        return render_pod(pods, s.pod_name, s.options, memo=self.memo, files_dir=files_dir,
+                          nodes=published.node_labels(), checked=True)  # the published rows were checked
 
-    def ready(self) -> bool:
-        return self.tracker is not None and self.tracker.ready()
+    async def publication(self, source: Source, check: WriterCheck) -> PublishedState | None:
+        """The published state once it includes this pod; ``GangTimeout`` at the deadline. One LIST by label reads
+        the snapshot and the journal together; while this pod is not in them yet, a WATCH with the same label
+        brings the leader's writes in order (a snapshot always before the journal that needs it)."""
+        s, name = self.settings, source.configmap
+        view, gate = PublicationView(name), _Vouched(self.api, check, name)
+        gate.superseded_then = view.clear
+        log.info("waiting for the leader to publish configmap %s", name)
+        reflector = await self.reflect(f"configmap {name}", self._vouched_ops(gate, label=select_value(name)), view,
+                                       lambda: gate.refused is not None or view.has(s.pod_name))
+        if gate.refused is not None:
+            log.warning("the published topology is not used (%s); reading the pods instead", gate.refused)
+            return None
+        if not view.has(s.pod_name):
+            raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
+                              f"'{s.pod_name}'){_last(reflector)}; is the leader pod running its init container? "
+                              f"kubectl get configmap {name} -n {s.namespace}")
+        assert view.state is not None
+        log.info("read the published topology %s: sequence %d, %d pods", name, view.state.seq, len(view.state.pods))
+        return view.state
 
-    def on_list(self, items: list[RawPod]) -> None:
-        self.waiter.take_list(items)
-        self.tracker = self.waiter.track(self.expected)
-        if self.waiter.planner is not None:
-            self.waiter.planner.follow(self.waiter.pods)
-        log.info("waiting for the gang: %s", self.tracker.status().describe())
-        self.read_from = self.waiter.clock()
+    async def summary(self, me: RawPod, source: Source, check: WriterCheck) -> Any:
+        """``--view own``: this pod's plan from the published summary once it places this pod; None (said in one
+        line) when it cannot be used. Only the journal is read, by name: a few KiB, not the snapshot."""
+        s = self.settings
+        view, gate = SummaryView(source.configmap, me, s.options), _Vouched(self.api, check, source.configmap)
+        journal = view.name
+        log.info("waiting for the leader to publish its summary in configmap %s (--view own)", journal)
+        reflector = await self.reflect(
+            f"configmap {journal}", self._vouched_ops(gate, field=f"metadata.name={journal}"), view,
+            lambda: gate.refused is not None or view.unsummarized is not None or view.plan is not None)
+        if gate.refused is None and view.unsummarized is None and view.plan is None:
+            raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {journal} placing pod "
+                              f"'{s.pod_name}'{_last(reflector)}; is the leader pod running its init container? "
+                              f"kubectl get configmap {journal} -n {s.namespace}")
+        if view.plan is None:
+            log.warning("--view own not used: %s; reading the whole topology", gate.refused or view.unsummarized)
+        return view.plan
 
-    def on_event(self, event: WatchEvent) -> bool:
-        waiter, tracker = self.waiter, self.tracker
-        assert tracker is not None
-        waited = waiter.clock() - self.read_from
-        if event.type == "BOOKMARK":
+    def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "") -> AsyncOps:
+        """The published ConfigMaps' list and watch, each object's writer vouched for before a view sees it."""
+        collection = f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
+        selector = f"{SELECT_LABEL}={label}" if label else ""
+
+        async def listed() -> tuple[list[Any], str]:
+            items, rv = await self.api.list_objects(collection, label_selector=selector, field_selector=field)
+            return (items if await gate.admits(items) else []), rv
+
+        async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
+            events = self.api.watch_objects(collection, rv, timeout=timeout, label_selector=selector,
+                                            field_selector=field, idle=idle)
+            try:
+                async for event in events:
+                    if event.type not in ("ADDED", "MODIFIED") or await gate.admits([event.object]):
+                        yield event
+                    elif gate.refused is not None:
+                        return
+            finally:
+                await aclose(events)
+
+        return self.ops(listed, watched)
+
+    # --- the whole -------------------------------------------------------------------------------------------
+
+    async def run(self) -> Held:
+        me = await self.own_pod()
+        expected = await self.expectation(me)
+        s = self.settings  # the job's objects may have filled options the user left open (MPI roles, slots)
+        source = decide(me, s, expected, self.objects)
+        log.info("pod %s: %s, selector %s, expecting %d training pods (%s); topology from %s", s.pod_name,
+                 source.controller.title, source.selector, expected.total, expected.source,
+                 "the pods" if source.kind == "pods" else
+                 ("the pods, published for the others (leader)" if source.lead else f"configmap {source.configmap}"))
+        rendered = await self.from_publication(me, source) if source.follows else None
+        if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
+            rendered = await self.from_pods(me, source, expected)
+        self.held.rendered = rendered
+        if s.wait_dns:
+            await check_dns(self.api, rendered, s, resolver=self.resolver, clock=self.clock, sleep=self.sleep,
+                            deadline=self.deadline)
+        for warning in warnings_for(rendered.plan, rendered.variables):
+            log.warning("%s", warning)
+        names = write_generation(s.out_dir, rendered, s.options, self.ssh)
+        member = rendered.plan.topology.me
+        log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names), s.out_dir,
+                 member.role, member.node_rank, rendered.plan.topology.nnodes, peak_rss_mb())
+        return self.held
+
+
+class _Vouched:
+    """Who wrote the published objects, before they are used (core/provenance.py). A copy written by an earlier
+    incarnation of a member (its controller re-created the pod) is not used, but that pod publishes again, so
+    init waits for it as for a first publication; any other refusal ends the wait (``refused``)."""
+
+    def __init__(self, api: AsyncApi, check: WriterCheck, name: str) -> None:
+        self.api, self.check, self.name = api, check, name
+        self.refused: str | None = None
+        self.superseded: str | None = None
+        self.superseded_then: Callable[[], None] = lambda: None
+
+    async def admits(self, items: list[Any]) -> bool:
+        if self.refused is not None:
             return False
-        name = pod_name(event.object)  # type: ignore[arg-type]
-        if event.type == "DELETED" or not usable_pods([event.object], waiter.roster, own=waiter.settings.pod_name):
-            waiter.pods.pop(name, None)
-            tracker.remove(name)
-        else:
-            pod = waiter.pods[name] = waiter._keep(event.object)  # type: ignore[arg-type]
-            tracker.put(pod)
-        if waiter.planner is not None:
-            waiter.planner.follow(waiter.pods, (name,))
-        if tracker.ready():
+        why, superseded = await vouch(self.api.get_object, self.check, items, self.name)
+        if why is None:
+            self.superseded = None
             return True
-        if BLOCKED < waited < LINGER and tracker.pending() > max(2, self.expected.total // 100):
-            # Pods are arriving densely and many are still awaited: read them in batches. Each read that waits is
-            # a wakeup, and on a VM a wakeup costs more than the event's parsing (every pod of a 4096-pod job
-            # late: 2.3 s of CPU against 0.7 s with none). The last 1 % are read as they come; before them, a pod
-            # is read at most LINGER late.
-            waiter.sleep(LINGER)
-        self.read_from = waiter.clock()
+        if not superseded:
+            self.refused = why
+        elif self.superseded is None:
+            self.superseded = why
+            log.info("waiting for the published topology to be written again (%s)", why)
+            self.superseded_then()
         return False
 
 
-def check_dns(api: Api, rendered: Rendered, settings: InitSettings, *, resolver: Resolver,
-              clock: Callable[[], float], sleep: Callable[[float], None], deadline: float) -> None:
+def _last(reflector: Reflector) -> str:
+    return f" (last API error: {reflector.last_error})" if reflector.last_error else ""
+
+
+async def check_dns(api: AsyncApi, rendered: Rendered, settings: InitSettings, *, resolver: Resolver,
+                    clock: Callable[[], float], sleep: Callable[[float], None], deadline: float) -> None:
     """Wait until every peer's name resolves, after ruling out the headless-Service trap."""
     topo = rendered.plan.topology
     names = [m.address for m in topo.members if m.dns_name and m.address == m.dns_name]
-    subdomains = {rendered.plan.self_pod.get("spec", {}).get("subdomain")} - {None}
-    for subdomain in subdomains:
-        path = f"/api/v1/namespaces/{settings.namespace}/services/{subdomain}"
-        try:
-            service = api.get_object(path)
-        except ApiNotFound as err:
-            raise InputError(f"--wait-dns: headless Service '{subdomain}' (the pods' spec.subdomain) does not exist; "
-                             "create it (clusterIP: None, selecting the job's pods) or drop --wait-dns") from err
-        except ApiError as err:
-            log.warning("cannot read Service '%s' to check publishNotReadyAddresses: %s", subdomain, err)
-            continue
-        if not service.get("spec", {}).get("publishNotReadyAddresses"):
-            raise InputError(
-                f"--wait-dns would wait forever: headless Service '{subdomain}' has no publishNotReadyAddresses, "
-                "so pods still in their init containers get no DNS record; set spec.publishNotReadyAddresses: true "
-                "(Volcano: svc plugin --publish-not-ready-addresses=true) or drop --wait-dns"
-            )
+    subdomain = rendered.plan.self_pod.get("spec", {}).get("subdomain")
+    if subdomain:
+        await _check_service(api, settings.namespace, subdomain)
     pending = list(names)
     delay = 0.2
     while pending:
@@ -300,120 +510,33 @@ def check_dns(api: Api, rendered: Rendered, settings: InitSettings, *, resolver:
         delay = min(delay * 2, 5.0)
 
 
-def choose_source(settings: InitSettings, expected: Expectation) -> str:
-    if settings.source != "auto":
-        return settings.source
-    if settings.options.levels is not None:
-        return "published"  # one pod reads the Nodes and publishes their labels with the pods, whatever the size
-    return "published" if expected.total >= PUBLISH_THRESHOLD else "pods"
+async def _check_service(api: AsyncApi, namespace: str, subdomain: str) -> None:
+    path = f"/api/v1/namespaces/{namespace}/services/{subdomain}"
+    try:
+        service = await api.get_object(path)
+    except ApiNotFound as err:
+        raise InputError(f"--wait-dns: headless Service '{subdomain}' (the pods' spec.subdomain) does not exist; "
+                         "create it (clusterIP: None, selecting the job's pods) or drop --wait-dns") from err
+    except ApiError as err:
+        log.warning("cannot read Service '%s' to check publishNotReadyAddresses: %s", subdomain, err)
+        return
+    if not service.get("spec", {}).get("publishNotReadyAddresses"):
+        raise InputError(
+            f"--wait-dns would wait forever: headless Service '{subdomain}' has no publishNotReadyAddresses, "
+            "so pods still in their init containers get no DNS record; set spec.publishNotReadyAddresses: true "
+            "(Volcano: svc plugin --publish-not-ready-addresses=true) or drop --wait-dns"
+        )
 
 
-def run_init(api: Api, settings: InitSettings, *, resolver: Resolver = resolves,
+def run_init(api: Client | AsyncApi, settings: InitSettings, *, resolver: Resolver = resolves,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-             ssh: object | None = None, keep: list[object] | None = None) -> Rendered:
-    """Configure this pod (the module's docstring). ``keep``: where to leave what this init held (its pods, plan
-    and publisher), for a process that ends without freeing them (cli.console)."""
-    waiter = GangWaiter(api, settings, clock=clock, sleep=sleep)
-    me = waiter.own_pod()
-    expected = waiter.expectation(me)
-    settings = waiter.settings  # the job's objects may have filled options the user left open (MPI roles, slots)
-    controller = detect_controller(me, settings.options)
-    selector = controller.selector(me, settings.options)
-    me_id = controller.identify(me, settings.options)
-    me_role = me_id.role
-    source = choose_source(settings, expected)
-    leader = None
-    if source == "published" and me_role in controller.waits_for(waiter.objects):
-        # Created once others are Ready (JobSet dependsOn): the leader published before this pod existed.
-        log.info("role %s starts once %s are Ready; reading the pods directly", me_role,
-                 ", ".join(sorted(controller.waits_for(waiter.objects)[me_role])))
-        source = "pods"
-    if source == "published":
-        leader = leader_identity(controller, expected, waiter.objects, controller.training_roles(settings.options))
-        if leader is None:
-            log.info("cannot tell which pod leads (no per-role counts); reading the pods directly")
-            source = "pods"
-    cm_name = configmap_name(me_id.job)
-    log.info("pod %s: %s, selector %s, expecting %d training pods (%s); topology from %s", settings.pod_name,
-             controller.title, selector, expected.total, expected.source,
-             "the pods" if source == "pods" else ("the pods, published for the others (leader)"
-                                                    if is_leader(me_id, leader) else f"configmap {cm_name}"))
-    lead = source == "published" and is_leader(me_id, leader)
-    files_dir = str(settings.out_dir.absolute())
-    rendered: Rendered | None = None
-    why_full = why_full_view(settings.options, ssh=ssh is not None)
-    if source == "published" and not lead:
-        me_uid = me.get("metadata", {}).get("uid") or ""
-        check = WriterCheck(controller, settings.options, me_id.job, settings.namespace, waiter.roster,
-                            me=Writer(settings.pod_name, me_uid))
-        light = None
-        if settings.options.view == "own" and why_full is not None:
-            log.warning("--view own not used: %s; reading the whole topology", why_full)
-        elif settings.options.view == "own":
-            light = read_light(api, settings.namespace, cm_name, me, settings.options, check=check,
-                               deadline=waiter.deadline, clock=clock, sleep=sleep, settings=waiter.reflecting)
-        if light is not None:
-            rendered = render_plan(light, settings.options, files_dir=files_dir)
-        published = None if light is not None else read_published(
-            api, settings.namespace, cm_name, settings.pod_name, check=check, deadline=waiter.deadline, clock=clock,
-            sleep=sleep, settings=waiter.reflecting)
-        if published is not None:
-            mine = with_placement(me, published.pods[settings.pod_name])
-            pods = [mine if p.get("metadata", {}).get("name") == settings.pod_name else p
-                    for p in published.pods.values()]
-            rendered = render_pod(pods, settings.pod_name, settings.options, memo=waiter.memo, files_dir=files_dir,
-                                  nodes=published.node_labels(), checked=True)  # the published rows were checked
-    if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
-        publisher = first_publisher(settings.namespace, settings.options, job=me_id.job, leader=settings.pod_name,
-                                    leader_uid=me.get("metadata", {}).get("uid") or "") if lead else None
-        waiter.staging = publisher.stage if publisher is not None else None  # its rows, as the pods arrive
-        waiter.planner = planner = Planner(settings.options, settings.pod_name, checked=True,  # the intake checked
-                                           memo=waiter.memo)                                # every pod
-        status = waiter.wait(selector, expected)
-        log.info("gang complete: %s", status.describe())
-        if status.present > status.expected and settings.expect is not None:
-            log.warning("--expect %d, but %d training pods are present: the files name all of them; give --expect "
-                        "the job's size, or delete the pods that are not the job's", status.expected, status.present)
-        pods = list(waiter.pods.values())
-        names = wanted_nodes(pods, settings.options, {})
-        nodes = waiter._retry(lambda: read_nodes(api, names, settings.options), "read nodes") if names else None
-        # The layout the wait carried over (one change away), or from scratch: build_plan's plan either way.
-        plan = planner.plan(waiter.pods, nodes=nodes)  # type: ignore[arg-type]
-        log.debug("plan: %d changes followed during the wait, %s", planner.followed,
-                  "carried over" if planner.incremental else "made from scratch")
-        if lead:  # publish first (a valid plan): every other pod of the job is waiting for it
-            owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
-            training = plan.topology.training
-            # The leader's own files come from the pods it has just listed, whether or not its snapshot was
-            # created: a `<job>-topology` that exists already (an earlier run of this init, or anyone else's
-            # ConfigMap) is never followed by the pod that leads (issue 23: a copy made before the job started
-            # captured the leader, the pod that runs the SSH launcher).
-            publish_first(api, settings.namespace, cm_name, pods, settings.options, job=me_id.job,
-                          leader=settings.pod_name, leader_uid=me.get("metadata", {}).get("uid") or "",
-                          owner=dict(owners[0]) if owners else None,
-                          standby=tuple(m.name for m in training[1:1 + STANDBYS]),
-                          nodes=nodes, plan=plan, publisher=publisher)  # type: ignore[arg-type]
-        own, why = own_view(plan, settings.options, ssh=ssh is not None) if settings.options.view == "own" \
-            else (None, "")
-        said = why_full if source == "published" and not lead else None  # a follower that read no publication
-        if why and why != said:
-            log.warning("--view own not used: %s; this pod's files hold the whole topology", why)
-        rendered = render_plan(own or plan, settings.options, files_dir=files_dir)
-    assert rendered is not None
-    if settings.wait_dns:
-        check_dns(api, rendered, settings, resolver=resolver, clock=clock, sleep=sleep, deadline=waiter.deadline)
-    for warning in warnings_for(rendered.plan, rendered.variables):
-        log.warning("%s", warning)
-    names = write_generation(settings.out_dir, rendered, settings.options, ssh)
-    me_member = rendered.plan.topology.me
-    log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names),
-             settings.out_dir, me_member.role, me_member.node_rank, rendered.plan.topology.nnodes,
-             peak_rss_mb())
-    if keep is not None:
-        # Freeing a 16384-pod job's objects one by one as this frame ends took ~50 ms after the files were in
-        # place, on the job's start-up path. All of the frame's locals: whatever is added later is kept too.
-        keep.append(locals())
-    return rendered
+             ssh: object | None = None) -> Held:
+    """Configure this pod (the module's docstring); what it held, with the files it rendered."""
+    if isinstance(api, Client):
+        api.budget.deadline = clock() + settings.timeout  # every request ends by --timeout, connect included
+        api = Blocking(api)
+    init = Init(api, settings, clock=clock, sleep=sleep, resolver=resolver, ssh=ssh)
+    return asyncio.run(init.run())
 
 
 def with_placement(me: RawPod, published: RawPod) -> RawPod:

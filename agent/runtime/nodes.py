@@ -20,9 +20,8 @@ from agent.core.placement import Level
 from agent.errors import ApiError, ApiNotFound, ApiUnavailable
 from agent.k8s.core import PAGE
 
-if TYPE_CHECKING:  # init imports this module and must not load aiohttp; the sidecar must not load urllib3
+if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load (k8s/blocking.py)
     from agent.k8s.async_client import AsyncApi
-    from agent.k8s.client import Api
 
 log = logging.getLogger("topology_agent.nodes")
 NODE_GETS = 16  # distinct nodes read with one GET each; more are read with one LIST
@@ -59,32 +58,10 @@ def forbidden_line(err: ApiError) -> str:
             "apply the optional RBAC component manifests/rbac/nodes (get/list on nodes)")
 
 
-def read_nodes(api: Api, names: list[str], options: Options) -> NodeMap:
-    """Labels (of the asked levels) per node; None for a node that is gone or cannot be read."""
-    levels = options.levels or ()
-    if not names:
-        return {}
-    try:
-        if len(names) <= NODE_GETS:
-            out: NodeMap = {}
-            for name in names:
-                try:
-                    out[name] = _labels(api.get_object(f"/api/v1/nodes/{quote(name)}", metadata_only=True), levels)
-                except ApiNotFound:
-                    out[name] = None
-            return out
-        items, _ = api.list_objects("/api/v1/nodes", limit=PAGE, metadata_only=True,  # type: ignore[call-arg]
-                                    keep=_keep_only(names))
-        return _from_list(items, names, levels)
-    except ApiUnavailable:
-        raise  # init retries until its deadline
-    except ApiError as err:
-        log.warning("%s", forbidden_line(err))
-    return dict.fromkeys(names)
-
-
-async def read_nodes_async(api: AsyncApi, names: list[str], options: Options) -> NodeMap:
-    """``read_nodes`` for the sidecar."""
+async def read_nodes(api: AsyncApi, names: list[str], options: Options, *, transient: bool = False) -> NodeMap:
+    """Labels (of the asked levels) per node; None for a node that is gone or cannot be read. An API server that
+    is away raises ``ApiUnavailable`` with ``transient`` (init retries until its deadline); otherwise it is said
+    in one line and nothing is returned (the sidecar tries again shortly)."""
     levels = options.levels or ()
     if not names:
         return {}
@@ -101,6 +78,8 @@ async def read_nodes_async(api: AsyncApi, names: list[str], options: Options) ->
         items, _ = await api.list_objects("/api/v1/nodes", limit=PAGE, metadata_only=True, keep=_keep_only(names))
         return _from_list(items, names, levels)
     except ApiUnavailable as err:
+        if transient:
+            raise
         log.warning("cannot read Nodes now (%s); trying again", err)
         return {}
     except ApiError as err:

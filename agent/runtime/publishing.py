@@ -16,30 +16,24 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.core.journal import (
-    JOURNAL_KEY,
-    Journal,
     PublishedState,
     Publisher,
     journal_body,
     journal_name,
-    read_journal,
     state_from,
 )
 from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_body, select_value
-from agent.core.summary import SUMMARY_KEY, light_plan, read_summary, summarize, summary_text
+from agent.core.summary import SUMMARY_KEY, summarize, summary_text
 from agent.core.topology import NodeLabels, Plan, object_name
-from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, GangTimeout, InputError
-from agent.k8s.core import WatchEvent
-from agent.k8s.reflector import BlockingOps, Reflector, Settings, run
-from agent.k8s.retrying import retried, with_retries
+from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound
+from agent.k8s.retrying import retried
 from agent.runtime.memory import release_memory
 
-if TYPE_CHECKING:  # the sidecar's client imports aiohttp, init's urllib3: neither is loaded for the other
+if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load (k8s/blocking.py)
     from agent.k8s.async_client import AsyncApi
-    from agent.k8s.client import Api
 
 log = logging.getLogger("topology_agent.published")
 
@@ -54,8 +48,8 @@ def lease_path(namespace: str, name: str = "") -> str:
     return f"{collection}/{name}" if name else collection
 
 
-def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[Any],
-          name: str) -> tuple[str | None, bool]:
+async def vouch(get: Callable[[str], Awaitable[dict[str, Any]]], check: WriterCheck, items: list[Any],
+                name: str) -> tuple[str | None, bool]:
     """Why the published objects among ``items`` must not be used (the first writer refused), or None; and
     whether that writer was only superseded (re-created: it publishes again). Each new writer pod is read once
     (core/provenance.py)."""
@@ -64,7 +58,7 @@ def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[
             return check.superseded_by[writer], True
         path = check.path(writer)
         try:
-            pod: Any = get(path) if path is not None else None
+            pod: Any = await get(path) if path is not None else None
         except ApiNotFound:
             pod = None
         except ApiForbidden as err:
@@ -76,24 +70,6 @@ def vouch(get: Callable[[str], dict[str, Any]], check: WriterCheck, items: list[
                 return why, True
             return why, False
     return None, False
-
-
-async def vouch_async(get: Callable[[str], Awaitable[dict[str, Any]]], check: WriterCheck, items: list[Any],
-                      name: str) -> str | None:
-    """``vouch`` with the sidecar's client (a sidecar does not wait for a superseded writer: it follows the pods
-    and looks back every probe interval)."""
-    for writer, what in check.pending(items, name):
-        path = check.path(writer)
-        try:
-            pod: Any = await get(path) if path is not None else None
-        except ApiNotFound:
-            pod = None
-        except ApiForbidden as err:
-            return f"configmap {what}: cannot read its writer pod '{writer.name}' ({err})"
-        why = check.judge(writer, pod, what)
-        if why is not None:
-            return why
-    return None
 
 
 def journal_data(publisher: Publisher, plan: Plan | None, options: Options) -> dict[str, str]:
@@ -111,7 +87,7 @@ def first_publisher(namespace: str, options: Options, *, job: str, leader: str, 
     return Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader, leader_uid=leader_uid)
 
 
-def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
+async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
                   leader: str, leader_uid: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
                   nodes: NodeLabels | None = None, plan: Plan | None = None,
                   publisher: Publisher | None = None) -> bool:
@@ -132,7 +108,7 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
     body = configmap_body(name, data, generation=seq, leader=leader, leader_uid=leader_uid, owner=owner,
                           standby=standby)
     try:
-        with_retries(lambda: api.create(collection, body), what="publish topology")
+        await retried(lambda: api.create(collection, body), what="publish topology")
     except ApiConflict:
         log.warning("configmap %s exists already (this init ran before, or another writer made it): not followed; "
                     "this pod's files come from the pods it listed, and its sidecar publishes if it holds the Lease",
@@ -140,14 +116,14 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
         return False
     journal = journal_body(name, journal_data(publisher, plan, options), owner=owner)
     try:
-        with_retries(lambda: api.create(collection, journal), what="publish topology journal")
+        await retried(lambda: api.create(collection, journal), what="publish topology journal")
     except ApiConflict:  # left by an init that stopped between the two writes
-        with_retries(lambda: api.replace(f"{collection}/{journal_name(name)}", journal),
-                     what="publish topology journal")
+        await retried(lambda: api.replace(f"{collection}/{journal_name(name)}", journal),
+                      what="publish topology journal")
     try:
-        with_retries(lambda: api.create(lease_path(namespace), lease_body(name, leader, now_wall=now_wall(),
-                                                                          previous=None, owner=owner)),
-                     what="create the publisher's Lease")
+        await retried(lambda: api.create(lease_path(namespace), lease_body(name, leader, now_wall=now_wall(),
+                                                                           previous=None, owner=owner)),
+                      what="create the publisher's Lease")
     except ApiConflict:
         log.info("lease %s exists already; the sidecars elect the publisher", name)
     except ApiError as err:  # no RBAC for leases: the sidecars publish without failover (they say so)
@@ -156,174 +132,6 @@ def publish_first(api: Api, namespace: str, name: str, pods: list[RawPod], optio
     log.info("published the topology as configmap %s (%d bytes compressed, sequence %d) and its journal", name,
              len(data), seq)
     return True
-
-
-def read_published(api: Api, namespace: str, name: str, pod_name: str, *, deadline: float,
-                   check: WriterCheck | None = None,
-                   clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep,
-                   settings: Settings | None = None) -> PublishedState | None:
-    """The published state once it includes ``pod_name``; ``GangTimeout`` at the deadline; None (said in one
-    line) as soon as ``check`` refuses a writer of what is published: the caller reads the pods instead.
-
-    One LIST by label reads the snapshot and the journal together; while this pod is not in them yet, a WATCH
-    with the same label brings the leader's writes in order (a snapshot always before the journal that needs
-    it), so no further GET is made. The reflector (reflector.py) resumes, relists and backs off."""
-    judge = (lambda items: vouch(api.get_object, check, items, name)) if check is not None else None
-    follow = _Published(name, pod_name, judge)
-    log.info("waiting for the leader to publish configmap %s", name)
-    why = _await(api, namespace, name, follow, deadline=deadline, clock=clock, sleep=sleep, settings=settings,
-                 label_selector=f"{SELECT_LABEL}={select_value(name)}")
-    if why is not None:
-        raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
-                          f"'{pod_name}'){why}; is the leader pod running its init container? kubectl get configmap "
-                          f"{name} -n {namespace}")
-    if follow.refused is not None:
-        log.warning("the published topology is not used (%s); reading the pods instead", follow.refused)
-        return None
-    assert follow.state is not None
-    log.info("read the published topology %s: sequence %d, %d pods", name, follow.state.seq, len(follow.state.pods))
-    return follow.state
-
-
-def _await(api: Api, namespace: str, what: str, follow: _Published, *, deadline: float,
-           clock: Callable[[], float], sleep: Callable[[float], None], settings: Settings | None,
-           label_selector: str = "", field_selector: str = "") -> str | None:
-    """init's one reflector over the published ConfigMaps (by label, or the journal alone by name) until
-    ``follow`` is done; None, or at the deadline what to add to the timeout's line."""
-    collection = f"/api/v1/namespaces/{namespace}/configmaps"
-    reflector = Reflector(f"configmap {what}", settings, now=clock())
-    ops = BlockingOps(lambda: api.list_objects(collection, label_selector=label_selector,
-                                               field_selector=field_selector),
-                      lambda rv, timeout, idle: api.watch_objects(collection, rv, timeout=timeout,
-                                                                  label_selector=label_selector,
-                                                                  field_selector=field_selector, idle=idle),
-                      sleep=sleep, clock=clock)
-    if run(reflector, ops, follow, deadline=deadline, done=follow.done):
-        return None
-    return f" (last API error: {reflector.last_error})" if reflector.last_error else ""
-
-
-class _Published:
-    """init's side of the reflector over the published ConfigMaps: the snapshot and the journal, as they come,
-    each checked for who wrote it before it is used."""
-
-    def __init__(self, name: str, pod_name: str,
-                 judge: Callable[[list[Any]], tuple[str | None, bool]] | None) -> None:
-        self.name, self.pod_name, self.judge = name, pod_name, judge
-        self.state: PublishedState | None = None
-        self.journal: Journal | None = None
-        self.refused: str | None = None
-        self.superseded: str | None = None  # written by an earlier incarnation of a member: wait for it
-
-    def has_me(self) -> bool:
-        return self.state is not None and self.pod_name in self.state.pods
-
-    def done(self) -> bool:
-        return self.refused is not None or self.has_me()
-
-    def _vouched(self, items: list[Any]) -> bool:
-        """True when ``items`` may be used. A copy written by an earlier incarnation of a member (its controller
-        re-created the pod) is not: but that pod publishes again, so init waits for it as for a first
-        publication (with every pod re-created, reading the pods instead would make each of them list them all)."""
-        if self.judge is None or self.refused is not None:
-            return self.refused is None
-        why, superseded = self.judge(items)
-        if why is None:
-            self.superseded = None
-            return True
-        if not superseded:
-            self.refused = why
-        elif self.superseded is None:
-            self.superseded = why
-            log.info("waiting for the published topology to be written again (%s)", why)
-            self.state, self.journal = None, None
-        return False
-
-    def on_list(self, items: list[dict[str, Any]]) -> None:
-        if self._vouched(items):
-            self.state, self.journal = state_from(items, self.name)
-
-    def on_event(self, event: WatchEvent) -> bool:
-        if event.type not in ("ADDED", "MODIFIED"):
-            return False
-        obj = event.object
-        if not self._vouched([obj]):
-            return True
-        if object_name(obj) == self.name:
-            self.state = PublishedState.from_configmap(obj)
-            if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
-                self.journal = None  # older than this snapshot
-        else:
-            self.journal = read_journal(obj)
-            if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
-                self.state = None  # past this snapshot's reach: the leader's newer snapshot is on its way
-        return self.has_me()
-
-
-class _Summarized(_Published):
-    """init's side of the reflector with ``--view own``: the journal alone, until its summary places this pod."""
-
-    def __init__(self, name: str, pod_name: str, judge: Callable[[list[Any]], tuple[str | None, bool]] | None,
-                 own: RawPod, options: Options) -> None:
-        super().__init__(name, pod_name, judge)
-        self.own, self.options = own, options
-        self.plan: Plan | None = None
-        self.unsummarized: str | None = None  # why this pod reads the whole topology instead
-
-    def done(self) -> bool:
-        return self.refused is not None or self.unsummarized is not None or self.plan is not None
-
-    def _take(self, journal: Any) -> None:
-        data = journal.get("data") if isinstance(journal, dict) else None
-        if not isinstance(data, dict) or JOURNAL_KEY not in data:
-            return  # nothing published yet
-        text = data.get(SUMMARY_KEY)
-        if text is None:
-            self.unsummarized = ("the leader published no summary (more runs of ranks than a summary holds, or an "
-                                 "older agent)")
-            return
-        try:
-            summary = read_summary(text if isinstance(text, str) else "(not a string)")
-            assert summary is not None
-            self.plan = light_plan(summary, self.own, self.options)
-        except InputError as err:
-            self.unsummarized = str(err)
-
-    def on_list(self, items: list[dict[str, Any]]) -> None:
-        if self._vouched(items):
-            for item in items:
-                if object_name(item) == journal_name(self.name):
-                    self._take(item)
-
-    def on_event(self, event: WatchEvent) -> bool:
-        if event.type not in ("ADDED", "MODIFIED"):
-            return False
-        if not self._vouched([event.object]):
-            return True
-        self._take(event.object)
-        return self.done()
-
-
-def read_light(api: Api, namespace: str, name: str, own: RawPod, options: Options, *, deadline: float,
-               check: WriterCheck | None = None, clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep, settings: Settings | None = None) -> Plan | None:
-    """``--view own``: this pod's plan from the published summary (core/summary.py), once it places this pod;
-    None (said in one line) when it cannot be used: the caller reads the whole topology. Only the journal is
-    read (a LIST and, while this pod is not placed, a WATCH, by name): a few KiB, not the snapshot."""
-    journal = journal_name(name)
-    judge = (lambda items: vouch(api.get_object, check, items, name)) if check is not None else None
-    follow = _Summarized(name, object_name(own), judge, own, options)
-    log.info("waiting for the leader to publish its summary in configmap %s (--view own)", journal)
-    why = _await(api, namespace, journal, follow, deadline=deadline, clock=clock, sleep=sleep, settings=settings,
-                 field_selector=f"metadata.name={journal}")
-    if why is not None:
-        raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {journal} placing pod "
-                          f"'{object_name(own)}'{why}; is the leader pod running its init container? kubectl get "
-                          f"configmap {journal} -n {namespace}")
-    if follow.plan is None:
-        log.warning("--view own not used: %s; reading the whole topology", follow.refused or follow.unsummarized)
-    return follow.plan
 
 
 class JournalWriter:

@@ -218,18 +218,18 @@ async def _wait(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float)
 
 
 class _Wake:
-    """The reflector's handler: any list or change of the object wakes the keeper; bookmarks do not."""
+    """The reflector's store: it keeps nothing; any list or change of the object wakes the keeper (bookmarks
+    do not)."""
 
     def __init__(self, wake: asyncio.Event) -> None:
         self.wake = wake
 
-    def on_list(self, items: list[Any]) -> None:
+    def replace(self, items: list[Any]) -> None:
         self.wake.set()
 
-    def on_event(self, event: WatchEvent) -> bool:
+    def apply(self, event: WatchEvent) -> None:
         if event.type != "BOOKMARK":
             self.wake.set()
-        return False
 
 
 async def _watch(api: AsyncApi, collection: str, name: str, wake: asyncio.Event, what: str) -> None:

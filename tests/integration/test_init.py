@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -171,7 +172,7 @@ def test_wait_dns_waits_until_the_injected_resolver_answers():
     rendered = render_pod(pods, "demo-worker-0", Options())
 
     class Api:
-        def get_object(self, path):
+        async def get_object(self, path):
             assert path.endswith("/services/demo")
             return {"spec": {"publishNotReadyAddresses": True}}
 
@@ -184,8 +185,9 @@ def test_wait_dns_waits_until_the_injected_resolver_answers():
         return answers[name] <= 0
 
     now = [0.0]
-    check_dns(Api(), rendered, InitSettings("default", "demo-worker-0", Options(), Path("/nonexistent")),
-              resolver=resolver, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s), deadline=60)
+    asyncio.run(check_dns(Api(), rendered, InitSettings("default", "demo-worker-0", Options(), Path("/nonexistent")),
+                          resolver=resolver, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+                          deadline=60))
     assert asked.count("demo-master-0.demo") == 3 and asked.count("demo-worker-0.demo") == 1
 
 
@@ -317,10 +319,10 @@ class _ArrivingPods:
         self.sleeps.append((self.now, seconds))
         self.now += seconds
 
-    def list_pods(self, namespace, selector, *, keep):
+    async def list_objects(self, path, *, label_selector, limit, keep, **_):
         return keep(self.listed), "1"
 
-    def watch_pods(self, namespace, selector, resource_version, *, timeout, idle):
+    async def watch_objects(self, path, resource_version, *, timeout, label_selector, idle, **_):
         from agent.k8s.core import WatchEvent
 
         assert not getattr(self, "watched", False), "one watch brings every event"
@@ -337,7 +339,7 @@ def test_dense_arrivals_are_read_in_batches_and_the_last_pods_at_once(tmp_path, 
     and sparse arrivals are never delayed."""
     from agent.core import Options
     from agent.core.gang import Expectation
-    from agent.runtime.init import LINGER, GangWaiter, InitSettings
+    from agent.runtime.init import LINGER, Init, InitSettings, decide
 
     n = 400
     pods = examples.volcano_job("demo", (("master", 1), ("worker", n - 1)))
@@ -352,11 +354,11 @@ def test_dense_arrivals_are_read_in_batches_and_the_last_pods_at_once(tmp_path, 
     arrivals.sleeps = []
     settings = InitSettings(namespace="default", pod_name="demo-master-0", options=Options(address="ip"),
                             out_dir=tmp_path, timeout=600.0)
-    waiter = GangWaiter(arrivals, settings, clock=arrivals.clock, sleep=arrivals.sleep)
+    init = Init(arrivals, settings, clock=arrivals.clock, sleep=arrivals.sleep, resolver=lambda name: True, ssh=None)
     arrivals.listed = [pods[0], *pending[1:]]
-    status = waiter.wait("volcano.sh/job-name=demo", Expectation(total=n, per_role={"master": 1, "worker": n - 1},
-                                                                  source="test"))
-    assert status.ready
+    expected = Expectation(total=n, per_role={"master": 1, "worker": n - 1}, source="test")
+    _, gang = asyncio.run(init.gang(pods[0], decide(pods[0], settings, expected, ()), expected, None))
+    assert gang.tracker.status().ready
     last = 1.0 + gap * (n - 2)
     if lingers:
         assert 0.002 * n / LINGER / 2 <= len(arrivals.sleeps) <= 0.002 * n / LINGER + 2  # ~one read per LINGER
@@ -619,7 +621,7 @@ def test_the_leader_builds_its_rows_while_it_waits_and_none_after_the_gang_is_co
                             out_dir=tmp_path / "out", timeout=30, source="published")
     api = Client(config)
     try:
-        rendered = run_init(api, settings)
+        rendered = run_init(api, settings).rendered
     finally:
         thread.join()
         api.close()  # an unclosed TLS socket is reported as unraisable in whichever test runs when it is collected
@@ -666,14 +668,15 @@ def test_the_leaders_plan_is_carried_through_the_wait_not_made_again_once_the_ga
     thread.start()
     settings = InitSettings(namespace="default", pod_name="demo-master-0", options=Options(address="ip"),
                             out_dir=tmp_path / "out", timeout=30, source="pods")
-    api, kept = Client(config), []
+    api = Client(config)
     try:
-        rendered = run_init(api, settings, keep=kept)
+        held = run_init(api, settings)
     finally:
         thread.join()
         api.close()
+    rendered = held.rendered
     assert laid_out == [True]  # once, from the LIST (every worker without its IP); never from scratch again
-    planner = kept[0]["planner"]
+    planner = held.planner
     assert planner.followed >= 8 and planner.incremental == 1  # each IP as it came; the plan from that layout
     listed = sandbox.sandbox.store.list("/v1/pods", "default")
     assert rendered.plan == build_plan(listed, "demo-master-0", Options(address="ip"))

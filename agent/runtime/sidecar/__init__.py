@@ -1,21 +1,22 @@
 """``topology-agent sidecar``: keep the files equal to the job's live membership, within a second.
 
-The sidecar is its roles, one module each, run as root tasks:
+The sidecar supervises its roles, one module each, run as root tasks (tasks.py):
 
-* a follower (following.py): the pods, or a large job's published journal, through the one reflector;
-* the evaluator (evaluating.py): after ``--debounce``, the same core as ``init`` renders the pods held, and only
-  when who-is-where changed are the files rewritten under a new generation and the trainer signalled;
-* the publisher (publishing.py ``JournalWriter``), in the pod holding the Lease of a large job (election.py).
+* a follower (following.py) feeds a view (runtime/views.py) through the one reflector: the job's pods, or a
+  large job's published journal, and reports each change to the sidecar's ``Changes``;
+* after ``--debounce`` the evaluator (evaluating.py) renders the pods held with the same core as ``init``, and
+  only when who-is-where changed are the files rewritten under a new generation and the trainer signalled;
+* in a large job, the publication (publication.py): the Lease its leader and standbys contend for, and in the
+  pod holding it the writes that keep the publication equal to the pods.
 
 ``Mode`` says which follower runs; a follower asks to switch (a standby named, a stalled publication, a sound
 one again). The last complete files always stay in place: while the API server is away, on SIGTERM, when the
-pods make no valid topology, and when the files cannot be written. ``status`` tells /healthz and /readyz why.
+pods make no valid topology, and when the files cannot be written. ``unready`` tells /readyz why.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -26,28 +27,26 @@ from typing import Any
 
 from agent.core import Options
 from agent.core.controllers import detect_controller
-from agent.core.gang import Roster, roster_of
-from agent.core.journal import journal_name, state_from
-from agent.core.lease import Timing
+from agent.core.gang import roster_of
+from agent.core.journal import journal_name
 from agent.core.model import RawPod
 from agent.core.provenance import Writer, WriterCheck
-from agent.core.published import SELECT_LABEL, Compactor, configmap_name, select_value
-from agent.core.summary import why_full_view
-from agent.errors import ApiError, ApiForbidden, ApiNotFound, InputError
+from agent.core.published import configmap_name
+from agent.errors import ApiForbidden, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import retried
-from agent.runtime.election import Elector
-from agent.runtime.jobs import read_job_async
+from agent.runtime.jobs import read_job
 from agent.runtime.memory import keep_freed_memory, release_memory
 from agent.runtime.metrics import SidecarMetrics
-from agent.runtime.nodes import read_nodes_async, wanted_nodes
-from agent.runtime.publishing import JournalWriter, vouch_async
+from agent.runtime.nodes import NodeMap, read_nodes, wanted_nodes
 from agent.runtime.sidecar.evaluating import Evaluator
 from agent.runtime.sidecar.following import JournalFollower, Mode, PodsFollower
-from agent.runtime.sidecar.membership import Membership
+from agent.runtime.sidecar.publication import Job, Publication
 from agent.runtime.signalling import TrainerFinder
+from agent.runtime.tasks import race, run_tasks
+from agent.runtime.views import PodView
 
 __all__ = ["Mode", "Sidecar", "SidecarSettings", "run_sidecar"]
 log = logging.getLogger("topology_agent.sidecar")
@@ -75,43 +74,83 @@ class SidecarSettings:
         return 2 * self.reflecting.idle
 
 
+class Changes:
+    """What the followers report (following.Sink): a change to write (the debounce counts them), a mode to switch
+    to, and their progress (/healthz: a request lately; /readyz: the list+watch's last progress)."""
+
+    def __init__(self, metrics: SidecarMetrics, clock: Callable[[], float]) -> None:
+        self.metrics, self.clock = metrics, clock
+        self.dirty = asyncio.Event()
+        self.count_seen = 0  # changes seen: the debounce waits until they stop coming
+        self.since: float | None = None  # the first change not written yet
+        self.last_attempt = clock()
+        self.reflector: Reflector | None = None
+        self.mode = Mode.PODS  # which follower runs
+        self.may_stand_by = False  # a publication exists: this pod may become a candidate
+        self.switching = asyncio.Event()  # the mode changed: the running follower ends, the next one starts
+        self.candidate = asyncio.Event()  # this pod contends for the Lease from now on
+
+    def changed(self) -> None:
+        if self.since is None:
+            self.since = self.clock()
+        self.count_seen += 1
+        self.dirty.set()
+
+    def take(self) -> float:
+        """When the changes about to be written began; from now on, new ones are the next write's."""
+        since = self.since if self.since is not None else self.clock()
+        self.dirty.clear()
+        self.since = None
+        return since
+
+    def switch(self, mode: Mode, why: str) -> None:
+        if mode == self.mode or (mode == Mode.CANDIDATE and not self.may_stand_by):
+            return
+        log.log(logging.WARNING if mode == Mode.PODS else logging.INFO, "%s: following %s from now on", why,
+                "the published journal" if mode == Mode.FOLLOWER else "the pods")
+        self.mode = mode
+        if mode == Mode.CANDIDATE:
+            self.candidate.set()
+        self.switching.set()
+
+    def attempted(self) -> None:
+        self.last_attempt = self.clock()
+
+    def following(self, reflector: Reflector) -> None:
+        self.reflector = reflector
+
+    def count(self, what: str) -> None:
+        if what == "relist":
+            self.metrics.relists.inc()
+        elif what == "watch restart":
+            self.metrics.watch_restarts.inc()
+        else:
+            self.metrics.events.labels(what).inc()
+
+
 class Sidecar:
     def __init__(self, api: AsyncApi, settings: SidecarSettings, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.api = api
-        self.settings = settings
-        self.clock = clock
+        self.api, self.settings, self.clock = api, settings, clock
         self.metrics = SidecarMetrics()
-        self.membership = Membership(settings.pod_name)
-        self.evaluator = Evaluator(settings, self.membership, self.metrics, clock=clock)
-        self.mode = Mode.PODS
-        self.mode_changed = asyncio.Event()
-        self.dirty = asyncio.Event()
-        self.changes = 0  # membership-relevant events seen: the debounce waits until they stop coming
-        self.dirty_since: float | None = None
-        self.last_attempt = clock()  # the loop's last request: liveness (/healthz)
-        self.reflector: Reflector | None = None  # the current list+watch: progress (/readyz)
-        self.roster: Roster | None = None  # who may be a member (core/gang.Roster), once the job's object is read
-        self.check: WriterCheck | None = None  # who may have written the publication (core/provenance.py)
+        self.changes = Changes(self.metrics, clock)
+        self.view = PodView(settings.pod_name, settings.options)
+        self.evaluator = Evaluator(settings, self.metrics, clock=clock)
+        self.publication: Publication | None = None
         self.selector = ""
-        self.configmap = ""
-        self.me_job = ""
-        self.owner: dict[str, Any] | None = None
-        self.me_uid = ""
-        self.compactor = Compactor(settings.options)
-        self.journal: JournalFollower | None = None  # a large job's publication, as this pod follows it
-        self.writer: JournalWriter | None = None  # the leader's writes
-        self.elector: Elector | None = None
-        self.candidate = asyncio.Event()
-        self.fallback: str | None = None  # why a follower follows the pods instead of the journal
+        self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
         self._trim: asyncio.TimerHandle | None = None
+
+    @property
+    def mode(self) -> Mode:
+        return self.changes.mode
 
     # --- what /healthz and /readyz say --------------------------------------------------------------------
 
     @property
     def healthy(self) -> bool:
         """The loop is alive: it made a request lately (progress or not: a restart cannot bring the API back)."""
-        return self.clock() - self.last_attempt < self.settings.stuck_after
+        return self.clock() - self.changes.last_attempt < self.settings.stuck_after
 
     def unready(self) -> str | None:
         """Why the files in place may not be the job's current membership (None: they are)."""
@@ -119,11 +158,12 @@ class Sidecar:
             return "the first evaluation has not run yet"
         if self.evaluator.problem is not None:
             return self.evaluator.problem
-        if self.reflector is not None and self.reflector.stale_for(self.clock()) > self.settings.stale_after:
-            why = f" ({self.reflector.last_error})" if self.reflector.last_error else ""
-            return (f"no news of {self.reflector.what} from the API server for "
-                    f"{self.reflector.stale_for(self.clock()):.0f} s{why}; the files may be out of date")
-        if self.dirty_since is not None:
+        reflector = self.changes.reflector
+        if reflector is not None and reflector.stale_for(self.clock()) > self.settings.stale_after:
+            why = f" ({reflector.last_error})" if reflector.last_error else ""
+            return (f"no news of {reflector.what} from the API server for {reflector.stale_for(self.clock()):.0f} "
+                    f"s{why}; the files may be out of date")
+        if self.changes.since is not None:
             return "a change is waiting to be written"
         return None
 
@@ -139,32 +179,6 @@ class Sidecar:
     def document(self) -> bytes | None:
         return self.evaluator.document
 
-    # --- the followers' side ---------------------------------------------------------------------------------
-
-    def mark_dirty(self, when: float) -> None:
-        if self.dirty_since is None:
-            self.dirty_since = when
-        self.changes += 1
-        self.dirty.set()
-
-    def attempted(self) -> None:
-        self.last_attempt = self.clock()
-
-    def switch(self, mode: Mode, why: str) -> None:
-        """A follower asks for another mode (the watch loop starts that follower)."""
-        if mode == self.mode:
-            return
-        if mode == Mode.CANDIDATE and self.elector is None:
-            return
-        level = logging.WARNING if mode == Mode.PODS else logging.INFO
-        log.log(level, "%s: following %s from now on", why,
-                "the published journal" if mode == Mode.FOLLOWER else "the pods")
-        self.fallback = why if mode == Mode.PODS else None
-        self.mode = mode
-        if mode == Mode.CANDIDATE:
-            self.candidate.set()
-        self.mode_changed.set()
-
     # --- start ---------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -179,232 +193,157 @@ class Sidecar:
         s = self.settings
         controller = detect_controller(me, s.options)
         self.selector = controller.selector(me, s.options)
-        self.membership.me = me
-        self.me_uid = me.get("metadata", {}).get("uid") or ""
+        self.view.me = me
         owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
-        self.owner = dict(owners[0]) if owners else None
-        self.me_job = controller.identify(me, s.options).job
-        self.check = WriterCheck(controller, s.options, self.me_job, s.namespace, self.roster,
-                                 me=Writer(s.pod_name, self.me_uid))
-        self.configmap = configmap_name(self.me_job)
+        name = controller.identify(me, s.options).job
+        job = Job(s.namespace, s.pod_name, me.get("metadata", {}).get("uid") or "", name, configmap_name(name),
+                  dict(owners[0]) if owners else None)
+        check = WriterCheck(controller, s.options, job.name, s.namespace, self.view.roster,
+                            me=Writer(s.pod_name, job.uid))
         self.evaluator.load_previous()
-        await self._choose_mode()
-        what = f"configmap {journal_name(self.configmap)}" if self.mode == Mode.FOLLOWER \
+        self.publication, mode = await Publication.find(
+            self.api, job, check, self.view, options=s.options, ssh=s.ssh is not None,
+            lease_seconds=s.lease_seconds, make_follower=lambda: self._journal_follower(job, check))
+        self.changes.mode, self.changes.may_stand_by = mode, self.publication is not None
+        if mode == Mode.CANDIDATE:
+            self.changes.candidate.set()
+        if self.publication is not None and self.publication.nodes:
+            self.nodes.update(self.publication.nodes)
+        what = f"configmap {journal_name(job.configmap)}" if self.mode == Mode.FOLLOWER \
             else f"pods with selector {self.selector}"
         log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation,
                  self.mode.value)
-        finder = s.finder
         if s.signal is None:
-            log.info("rewrites signal nobody (%s)", "--signal none" if finder.pid_file or finder.match else
+            log.info("rewrites signal nobody (%s)", "--signal none" if s.finder.pid_file or s.finder.match else
                      "no trainer named: --trainer-pid-file or --trainer-match names the process to signal")
+
+    def _journal_follower(self, job: Job, check: WriterCheck) -> JournalFollower:
+        s = self.settings
+        probe = {"probe_every": s.probe_every} if s.probe_every is not None else {}
+        return JournalFollower(self.changes, self.api, self.view, namespace=s.namespace, configmap=job.configmap,
+                               check=check, settings=s.reflecting, clock=self.clock,
+                               grace=2.0 * s.lease_seconds, **probe)  # type: ignore[arg-type]
 
     async def _read_job(self, me: RawPod) -> None:
         """What the job's objects say that the pods do not (MPI roles and slots), as init reads it: the sidecar
         must place the pods as init did. Unreadable objects leave the options as given."""
         s = self.settings
         try:
-            view = await read_job_async(lambda path: retried(lambda: self.api.get_object(path), what=f"get {path}"),
-                                        me, s.options)
+            view = await read_job(lambda path: retried(lambda: self.api.get_object(path), what=f"get {path}"),
+                                  me, s.options)
         except (ApiNotFound, ApiForbidden) as err:
             log.warning("cannot read the job's owner (%s); the controller's defaults stand", err)
             return
         for note in view.notes:
             log.info("%s", note)
-        self.roster = roster_of(view, check_index=False)  # a new index later is a scale-up
+        self.view.roster = roster_of(view, check_index=False)  # a new index later is a scale-up
         if view.options != s.options:
             self.settings = dataclasses.replace(s, options=view.options)
-            self.evaluator = Evaluator(self.settings, self.membership, self.metrics, clock=self.clock)
-            self.compactor = Compactor(view.options)
-
-    async def _choose_mode(self) -> None:
-        """The leader's init published the topology (large jobs): then only the leader and its standbys read the
-        pods, the others follow the journal. The API being away at start is waited out (it decides the mode for
-        the pod's life); no RBAC for ConfigMaps means the pods."""
-        collection = f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
-        why_full = why_full_view(self.settings.options, ssh=self.settings.ssh is not None)
-        light = self.settings.options.view == "own" and why_full is None
-        if self.settings.options.view == "own" and why_full is not None:
-            log.warning("--view own not used: %s; reading the whole topology", why_full)
-        # --view own reads the journal alone (its summary), never the snapshot
-        field = f"metadata.name={journal_name(self.configmap)}" if light else ""
-        label = "" if light else f"{SELECT_LABEL}={select_value(self.configmap)}"
-        try:
-            items, rv = await retried(lambda: self.api.list_objects(collection, label_selector=label,
-                                                                    field_selector=field),
-                                      what="look for a published topology")
-        except ApiForbidden as err:
-            log.info("cannot look for a published topology (%s); following the pods", err)
-            return
-        try:
-            state, journal = state_from(items, self.configmap, pods=False)
-        except InputError as err:
-            log.warning("the published topology is not usable (%s); following the pods", err)
-            return
-        if state is None and journal is None:
-            return
-        me = self.settings.pod_name
-        candidate = journal is not None and (journal.leader == me or me in journal.standby)
-        assert self.check is not None
-        why = await vouch_async(self.api.get_object, self.check, items, self.configmap)
-        if why is not None and not candidate:  # a follower uses the rows: their writer must be a member
-            log.warning("the published topology is not used (%s); following the pods", why)
-            return
-        # A candidate watches the pods itself; the copy only names it (this pod's earlier incarnation, under
-        # another uid, may have written it: it rewrites it once it leads). Labels come only from a vouched copy.
-        if state is not None and why is None:
-            self.membership.nodes.update(state.node_labels())  # a standby need not read the Nodes the leader read
-        self.elector = Elector(self.api, self.settings.namespace, self.configmap, me, owner=self.owner,
-                               timing=Timing(self.settings.lease_seconds),
-                               named_leader=journal is not None and journal.leader == me)
-        probe = {"probe_every": self.settings.probe_every} if self.settings.probe_every is not None else {}
-        self.journal = JournalFollower(self, self.api, namespace=self.settings.namespace, configmap=self.configmap,
-                                       settings=self.settings.reflecting, grace=2.0 * self.settings.lease_seconds,
-                                       options=self.settings.options, **probe)  # type: ignore[arg-type]
-        if candidate:
-            self.mode = Mode.CANDIDATE
-            self.candidate.set()
-        else:
-            self.mode = Mode.FOLLOWER
-            self.journal.light = light
-            self.journal.first_list = (items, rv)  # a follower starts from this LIST: no second one
+            self.evaluator = Evaluator(self.settings, self.metrics, clock=self.clock)
+            self.view.reset_options(view.options)
 
     # --- the root tasks ------------------------------------------------------------------------------------
 
     async def watch_loop(self) -> None:
         """Run the follower of the current mode; start the next one when a follower asks to switch."""
         while True:
-            self.mode_changed = asyncio.Event()
-            following = asyncio.ensure_future(self._follower().run())
-            switching = asyncio.ensure_future(self.mode_changed.wait())
-            done, _ = await asyncio.wait([following, switching], return_when=asyncio.FIRST_COMPLETED)
-            for task in (following, switching):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if following in done and switching not in done:
-                following.result()
+            self.changes.switching.clear()
+            first = await race(self._follower().run(), self.changes.switching.wait())
+            if not self.changes.switching.is_set():
+                first.result()
                 return
 
     def _follower(self) -> PodsFollower | JournalFollower:
-        if self.mode == Mode.FOLLOWER and self.journal is not None:
-            return self.journal
-        return PodsFollower(self, self.api, namespace=self.settings.namespace, selector=self.selector,
-                            compactor=self.compactor, settings=self.settings.reflecting,
-                            journal=self.journal if self.mode == Mode.PODS else None)
+        publication = self.publication
+        if self.mode == Mode.FOLLOWER and publication is not None:
+            return publication.follower
+        return PodsFollower(self.changes, self.api, self.view, namespace=self.settings.namespace,
+                            selector=self.selector, settings=self.settings.reflecting, clock=self.clock,
+                            journal=publication.follower if publication is not None and self.mode == Mode.PODS
+                            else None)
 
     async def elect_loop(self) -> None:
         """The leader and its standbys contend for the Lease; followers never touch it."""
-        if self.elector is None:
+        if self.publication is None:
             await asyncio.Event().wait()
             return
-        await self.candidate.wait()
-        await self.elector.run(self._on_leading)
+        await self.changes.candidate.wait()
+        await self.publication.elect(self._on_leading)
 
     async def _on_leading(self, leading: bool) -> None:
         self.metrics.leading.set(1 if leading else 0)
-        self.writer = None  # a new leader starts from what is published now, read at its first publication
+        assert self.publication is not None
+        self.publication.lead(leading, self.settings.options)
         if leading:
-            self.writer = JournalWriter(self.api, self.settings.namespace, self.configmap, job=self.me_job,
-                                        options=self.settings.options, leader=self.settings.pod_name,
-                                        leader_uid=self.me_uid,
-                                        owner=self.owner)
-            self.mark_dirty(self.clock())
+            self.changes.changed()
 
     async def release(self) -> None:
-        if self.elector is not None:
-            await self.elector.release()
+        if self.publication is not None:
+            await self.publication.release()
 
     async def evaluate_loop(self) -> None:
         while True:
-            await self.dirty.wait()
+            await self.changes.dirty.wait()
             if self.gathers:
                 await self._settle()
             else:
                 await asyncio.sleep(0)  # take the events already buffered in the same pass
-            since = self.dirty_since if self.dirty_since is not None else self.clock()
-            self.dirty.clear()
-            self.dirty_since = None
-            if not self.membership.listed and self.membership.light is None:
+            since = self.changes.take()
+            light = self._light()
+            if not self.view.listed and light is None:
                 continue  # the Lease came before the first LIST: an empty view is no topology; the LIST marks again
-            if self.mode != Mode.FOLLOWER:
-                await self._learn_nodes()
-            read_back = await self._prepare_publishing()
-            before = self.generation, self._published_seq()
-            retry = self.evaluator.evaluate(since, nodes=self._nodes(), note=self._note())
-            if retry is not None:  # the files could not be written: the same change again, later
-                asyncio.get_running_loop().call_later(retry, lambda: self.mark_dirty(self.clock()))
-            await self._publish()
-            if read_back or (self.generation, self._published_seq()) != before:
-                # Once the burst is over, hand the freed memory back (a full gc costs a few ms: not per change).
-                # A leader with --view own publishes changes that leave its own files as they were.
-                if self._trim is not None:
-                    self._trim.cancel()
-                self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+            await self._written(since, light)
 
-    def _published_seq(self) -> int | None:
-        writer = self.writer
-        return writer.publisher.state.seq if writer is not None and writer.publisher is not None else None
+    async def _written(self, since: float, light: Any) -> None:
+        """One evaluation: the Nodes of new pods, a new leader's read-back, the files, the publication."""
+        publication = self.publication
+        if self.mode != Mode.FOLLOWER:
+            await self._learn_nodes()
+        read_back = await publication.prepare(self.mode) if publication is not None else False
+        before = self.generation, publication.seq() if publication is not None else None
+        pods = None if light is not None else self.view.placed(by_ip=self.settings.options.address == "ip")
+        retry = self.evaluator.evaluate(since, pods=pods, light=light, nodes=self._nodes(), note=self._note())
+        if retry is not None:  # the files could not be written: the same change again, later
+            asyncio.get_running_loop().call_later(retry, self.changes.changed)
+        if publication is not None and self.evaluator.valid and await publication.publish(
+                self.mode, self.view, self.nodes, self.evaluator.standby_now, self.evaluator.plan):
+            self.metrics.published.inc()
+        if read_back or (self.generation, publication.seq() if publication is not None else None) != before:
+            # Once the burst is over, hand the freed memory back (a full gc costs a few ms: not per change).
+            if self._trim is not None:
+                self._trim.cancel()
+            self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+
+    def _light(self) -> Any:
+        """--view own: this pod's plan from the published summary, while the summary is followed."""
+        if self.mode == Mode.FOLLOWER and self.publication is not None:
+            return self.publication.follower.plan
+        return None
 
     def _nodes(self) -> Any:
-        published = self.journal.published if self.journal is not None else None
+        publication = self.publication
+        published = publication.follower.published.state if publication is not None else None
         if self.mode == Mode.FOLLOWER and published is not None and self.settings.options.levels is not None:
             return published.node_labels()
-        return self.membership.nodes
+        return self.nodes
 
     def _note(self) -> str:
-        published = self.journal.published if self.journal is not None else None
-        journal = self.journal.journal if self.journal is not None else None
-        seq = published.seq if published else journal.seq if self.membership.light and journal else 0
-        return f"rv={self.reflector.rv if self.reflector else ''} seq={seq}"
-
-    def _publishing(self) -> JournalWriter | None:
-        """The writer while this pod holds the Lease as a candidate: the one pod that publishes."""
-        writer, elector = self.writer, self.elector
-        if writer is None or elector is None or not elector.leading or self.mode != Mode.CANDIDATE:
-            return None
-        return writer
-
-    async def _prepare_publishing(self) -> bool:
-        """A new leader reads back what is published before it plans (``JournalWriter.prepare``); True when it
-        did. A failure is left to ``_publish``, which reads again and says why."""
-        writer = self._publishing()
-        if writer is None or writer.publisher is not None:
-            return False
-        with contextlib.suppress(ApiError, InputError):
-            await writer.prepare()
-        return True
-
-    async def _publish(self) -> None:
-        """Publish only what makes a valid topology (never the empty view before the first LIST)."""
-        writer, elector = self._publishing(), self.elector
-        if writer is None or elector is None or not self.evaluator.valid:
-            return
-        membership = self.membership
-        try:
-            touched, membership.touched = membership.touched, set()
-            if await writer.publish(membership.pods, touched, membership.nodes, self.evaluator.standby_now,
-                                    plan=self.evaluator.plan):
-                self.metrics.published.inc()
-            else:
-                elector.leading = False
-        except (ApiError, InputError) as err:
-            log.warning("publishing failed (%s); trying again at the next change", err)
-            writer.publisher = None
-            membership.touched |= set(membership.pods)
+        reflector, publication = self.changes.reflector, self.publication
+        seq = publication.follower.seq if publication is not None and self.mode == Mode.FOLLOWER else 0
+        return f"rv={reflector.rv if reflector else ''} seq={seq}"
 
     async def _learn_nodes(self) -> None:
         """Read the labels of Nodes that pods landed on since the last change (each node once)."""
-        membership = self.membership
-        names = wanted_nodes(membership.pods.values(), self.settings.options, membership.nodes)
+        names = wanted_nodes(self.view.pods.values(), self.settings.options, self.nodes)
         if not names:
             return
-        learned = await read_nodes_async(self.api, names, self.settings.options)
+        learned = await read_nodes(self.api, names, self.settings.options)
         if not learned:  # the API is away: try again shortly, the files keep index order meanwhile
-            asyncio.get_running_loop().call_later(2.0, lambda: self.mark_dirty(self.clock()))
+            asyncio.get_running_loop().call_later(2.0, self.changes.changed)
             return
-        membership.nodes.update(learned)
-        membership.touched |= {name for name, pod in membership.pods.items()
-                               if pod.get("spec", {}).get("nodeName") in learned}
+        self.nodes.update(learned)
+        self.view.touched |= {name for name, pod in self.view.pods.items()
+                              if pod.get("spec", {}).get("nodeName") in learned}
 
     @property
     def gathers(self) -> bool:
@@ -419,27 +358,10 @@ class Sidecar:
         started = self.clock()
         settle = min(SETTLE, self.settings.debounce)
         while True:
-            seen = self.changes
+            seen = self.changes.count_seen
             await asyncio.sleep(settle)
-            if self.changes == seen or self.clock() - started + settle > self.settings.debounce:
+            if self.changes.count_seen == seen or self.clock() - started + settle > self.settings.debounce:
                 return
-
-
-async def run_tasks(tasks: dict[str, Awaitable[None]], stop: asyncio.Event) -> None:
-    """Run root tasks until one ends or ``stop`` is set; cancel the rest; re-raise the first failure."""
-    running = {asyncio.ensure_future(coro): name for name, coro in tasks.items()}
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        done, _ = await asyncio.wait([*running, stopper], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in [*running, stopper]:
-            task.cancel()
-        for task in [*running, stopper]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    for task in done:
-        if task is not stopper and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
 
 
 async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio.Event,
@@ -459,19 +381,13 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
                                            topology=health_topology)
     try:
         # SIGTERM must work while the API server is away at start too (start retries forever).
-        starting = asyncio.ensure_future(sidecar.start())
-        stopping = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
+        first = await race(sidecar.start(), stop.wait())
+        if stop.is_set():
             log.info("stopped before the first list; no files written by this sidecar")
             if runner is not None:
                 await runner.cleanup()
             return sidecar
-        starting.result()
+        first.result()
     except BaseException:
         if runner is not None:
             await runner.cleanup()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.journal import STANDBYS
+from agent.core.model import RawPod
 from agent.core.rendering import membership_key_of_document
 from agent.core.summary import own_view, view_key
 from agent.core.topology import Plan
@@ -26,7 +27,6 @@ from agent.files.writing import write_files
 from agent.k8s.retrying import Backoff
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
-from agent.runtime.sidecar.membership import Membership
 from agent.runtime.signalling import signal_trainer
 
 log = logging.getLogger("topology_agent.sidecar")
@@ -43,9 +43,9 @@ def _own_key(rendered: Rendered) -> tuple[tuple[str, str], ...]:
 
 
 class Evaluator:
-    def __init__(self, settings: Any, membership: Membership, metrics: SidecarMetrics, *,
+    def __init__(self, settings: Any, metrics: SidecarMetrics, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings, self.membership, self.metrics, self.clock = settings, membership, metrics, clock
+        self.settings, self.metrics, self.clock = settings, metrics, clock
         self.renderer = Renderer(settings.options, settings.pod_name, checked=True)  # pods passed the intake
         self.generation = 0
         self.last_key: tuple[tuple[object, ...], ...] | None = None
@@ -99,44 +99,51 @@ class Evaluator:
                 log.info("generation marker %r repaired to %d (topology.json's): a write was cut between the two "
                          "renames", marker[:20], generation)
 
-    def evaluate(self, since: float, *, nodes: NodeLabels, note: str) -> float | None:
-        """Recompute; rewrite and signal only if membership changed. Returns None, or the seconds after which a
+    def evaluate(self, since: float, *, pods: Mapping[str, RawPod] | None, light: Plan | None, nodes: NodeLabels,
+                 note: str) -> float | None:
+        """Recompute from the pods that can be placed, or from this pod's plan (``--view own``: the published
+        summary's); rewrite and signal only if membership changed. Returns None, or the seconds after which a
         failed write is to be tried again."""
-        s = self.settings
         self.evaluated = True
-        light = self.membership.light
-        key: Any
-        if light is not None:  # --view own: rank 0, this pod and the job's numbers, from the published summary
-            rendered: Rendered = render_plan(light, s.options, generation=self.generation + 1,
-                                             files_dir=str(s.out_dir.absolute()))
-            key = _own_key(rendered)
-            plan = rendered.plan
-        else:
-            pods = self.membership.placed(by_ip=s.options.address == "ip")
-            try:
-                plan = self.renderer.planner.plan(pods, nodes=nodes)
-                own, why = own_view(plan, s.options, ssh=s.ssh is not None) if s.options.view == "own" \
-                    else (None, "")
-                if own is not None:  # --view own, holding every pod: the files a follower makes from the summary
-                    rendered = render_plan(own, s.options, generation=self.generation + 1,
-                                           files_dir=str(s.out_dir.absolute()))
-                    key = _own_key(rendered)
-                else:
-                    rendered = self.renderer.render_planned(plan, generation=self.generation + 1,
-                                                            files_dir=str(s.out_dir.absolute()))
-                    key = self.renderer.membership_key(rendered)
-            except InputError as err:
-                self.problem = f"the current pods make no valid topology ({err})"
-                log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
-                return None
-            if why != self.full_view_why and why:
-                log.warning("--view own not used: %s; this pod's files hold the whole topology", why)
-            self.full_view_why = why
-        self.plan = plan  # the whole job's when it holds every pod: the leader publishes it, names standbys from it
-        self.standby_now = tuple(m.name for m in plan.topology.training[1:1 + STANDBYS])
+        try:
+            rendered, key = self._render(pods, light, nodes)
+        except InputError as err:
+            self.problem = f"the current pods make no valid topology ({err})"
+            log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
+            return None
         if key == self.last_key:
             self.problem = None
             return None
+        return self._write(rendered, key, since, note)
+
+    def _render(self, pods: Mapping[str, RawPod] | None, light: Plan | None,
+                nodes: NodeLabels) -> tuple[Rendered, Any]:
+        """The next generation's files and what they say about membership (equal keys: nothing to rewrite)."""
+        s = self.settings
+        files_dir = str(s.out_dir.absolute())
+        if light is not None:  # --view own: rank 0, this pod and the job's numbers, from the published summary
+            rendered = render_plan(light, s.options, generation=self.generation + 1, files_dir=files_dir)
+            self._planned(rendered.plan)
+            return rendered, _own_key(rendered)
+        assert pods is not None
+        plan = self.renderer.planner.plan(pods, nodes=nodes)
+        own, why = own_view(plan, s.options, ssh=s.ssh is not None) if s.options.view == "own" else (None, "")
+        if why != self.full_view_why and why:
+            log.warning("--view own not used: %s; this pod's files hold the whole topology", why)
+        self.full_view_why = why
+        self._planned(plan)
+        if own is not None:  # --view own, holding every pod: the files a follower makes from the summary
+            rendered = render_plan(own, s.options, generation=self.generation + 1, files_dir=files_dir)
+            return rendered, _own_key(rendered)
+        rendered = self.renderer.render_planned(plan, generation=self.generation + 1, files_dir=files_dir)
+        return rendered, self.renderer.membership_key(rendered)
+
+    def _planned(self, plan: Plan) -> None:
+        self.plan = plan  # the whole job's when it holds every pod: the leader publishes it, names standbys from it
+        self.standby_now = tuple(m.name for m in plan.topology.training[1:1 + STANDBYS])
+
+    def _write(self, rendered: Rendered, key: Any, since: float, note: str) -> float | None:
+        s = self.settings
         try:
             write_generation(s.out_dir, rendered, s.options, s.ssh, ssh_membership_only=True)
         except OutputError as err:

@@ -1,43 +1,41 @@
-"""What a sidecar follows, through the one reflector (reflector.py): the job's pods, or the published journal.
+"""What a sidecar follows, through the one reflector (k8s/reflector.py), each a view (runtime/views.py) with its
+list and watch calls and the rule that ends it: the job's pods, or the published journal.
 
 ``PodsFollower`` lists and watches the pods (a small job, a large job's publisher and its standbys, and any
 follower while the publication cannot be trusted). ``JournalFollower`` reads the published snapshot and watches
-the journal (every other pod of a large job); it asks to switch when the leader names this pod a standby, or when
-the publication stops: a journal that cannot be read (a sequence out of range, a forged document), or a Lease
-held, past a grace, by a pod that is not the journal's publisher (a standby that takes over names itself in the
-journal within seconds). A pods follower that took over from a stalled journal looks back every probe interval
-and returns to the journal once it is sound again.
+the journal (every other pod of a large job), or with ``--view own`` the journal's summary alone; it asks to
+switch when the leader names this pod a standby, or when the publication stops: a journal that cannot be read
+(a sequence out of range, a forged document), or a Lease held, past a grace, by a pod that is not the journal's
+publisher (a standby that takes over names itself in the journal within seconds). A pods follower that took over
+from a stalled journal looks back every probe interval and returns to the journal once it is sound again.
+
+Followers report to a ``Sink``: a change to write, a mode to switch to, and their progress. They hold nothing of
+the sidecar.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
-import json
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-from agent.core.gang import Roster
-from agent.core.journal import Journal, PublishedState, journal_name, read_journal, state_from
+from agent.core.journal import Journal, journal_name, state_from
 from agent.core.lease import read_record
-from agent.core.model import Options, RawPod
 from agent.core.provenance import WriterCheck
-from agent.core.published import SELECT_LABEL, Compactor, select_value
-from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
-from agent.core.topology import object_name, pod_name, slim_pod
+from agent.core.published import SELECT_LABEL, select_value
+from agent.core.topology import Plan
 from agent.errors import ApiError, ApiGone, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
-from agent.k8s.core import PAGE, WatchEvent
-from agent.k8s.reflector import AsyncOps, Reflector, reflect
+from agent.k8s.core import PAGE, WatchEvent, pods_path
+from agent.k8s.reflector import AsyncOps, Reflector, Store, aclose, reflect
 from agent.k8s.reflector import Settings as ReflectorSettings
-from agent.runtime.intake import usable_pods
 from agent.runtime.memory import freeze, release_memory
-from agent.runtime.metrics import SidecarMetrics
-from agent.runtime.publishing import lease_path, vouch_async
-from agent.runtime.sidecar.membership import Membership
+from agent.runtime.publishing import lease_path, vouch
+from agent.runtime.tasks import race
+from agent.runtime.views import PodView, PublicationView, SummaryView
 
 log = logging.getLogger("topology_agent.sidecar")
 PROBE_EVERY = 300.0  # seconds between a follower's looks at the publisher's Lease (jittered by a quarter)
@@ -49,276 +47,175 @@ class Mode(enum.Enum):
     FOLLOWER = "follower"  # watch the published journal
 
 
-class Host(Protocol):
-    """What a follower needs of its sidecar."""
+class Sink(Protocol):
+    """Where followers report."""
 
-    membership: Membership
-    metrics: SidecarMetrics
-    reflector: Reflector | None
-    roster: Roster | None  # who may be a member (core/gang.Roster), once the job's object is read
-    check: WriterCheck | None  # who may have written the publication (core/provenance.py)
+    def changed(self) -> None: ...  # the membership changed: the files may have to be written
 
-    def clock(self) -> float: ...
+    def switch(self, mode: Mode, why: str) -> None: ...  # another follower should run
 
-    def mark_dirty(self, when: float) -> None: ...
+    def attempted(self) -> None: ...  # a request starts (liveness: the loop is alive)
 
-    def attempted(self) -> None: ...
+    def following(self, reflector: Reflector) -> None: ...  # the list+watch now run (readiness: its progress)
 
-    def switch(self, mode: Mode, why: str) -> None: ...
+    def count(self, what: str) -> None: ...  # "relist", "watch restart", or an event's type (metrics)
 
 
-async def follow(host: Host, what: str, settings: ReflectorSettings,
+async def follow(sink: Sink, what: str, settings: ReflectorSettings, clock: Callable[[], float],
                  list_call: Callable[[], Awaitable[tuple[list[Any], str]]],
-                 watch_call: Callable[[str, float, float], AsyncIterator[WatchEvent]],
-                 on_list: Callable[[list[Any]], bool], on_event: Callable[[WatchEvent], bool]) -> None:
-    """The sidecar's one list+watch, for the pod's life: a LIST or an event that changes membership marks the
-    files dirty."""
-    host.reflector = Reflector(what, settings, now=host.clock())
-    watches = 0
+                 watch_call: Callable[[str, float, float], AsyncIterator[WatchEvent]], store: Store) -> None:
+    """The sidecar's one list+watch into ``store``, for the pod's life."""
+    reflector = Reflector(what, settings, now=clock())
+    sink.following(reflector)
+    calls = {"list": 0, "watch": 0}
 
-    def watching(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
-        nonlocal watches
-        watches += 1
-        if watches > 1:
-            host.metrics.watch_restarts.inc()
-        return watch_call(rv, timeout, idle)
+    def requested(kind: str) -> None:
+        sink.attempted()
+        calls[kind] += 1
+        if calls[kind] > 1:
+            sink.count("relist" if kind == "list" else "watch restart")
 
-    await reflect(host.reflector, AsyncOps(list_call, watching, clock=host.clock, on_request=host.attempted),
-                  _Following(host, on_list, on_event))
+    ops = AsyncOps(list_call, watch_call, clock=clock, on_request=requested, on_event=lambda e: sink.count(e.type))
+    await reflect(reflector, ops, store)
 
 
-class _Following:
-    def __init__(self, host: Host, on_list: Callable[[list[Any]], bool],
-                 on_event: Callable[[WatchEvent], bool]) -> None:
-        self.host, self._on_list, self._on_event = host, on_list, on_event
-        self.lists = 0
+class _Told:
+    """The pods' watcher in a follower: every change may be one to write; after a LIST the collector stops
+    walking the pods held (they hold no cycles), and the freed page memory goes back to the OS."""
 
-    def on_list(self, items: list[Any]) -> None:
-        self.lists += 1
-        if self.lists > 1:
-            self.host.metrics.relists.inc()
-        if self._on_list(items):
-            self.host.mark_dirty(self.host.clock())
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
 
-    def on_event(self, event: WatchEvent) -> bool:
-        self.host.metrics.events.labels(event.type).inc()
-        if self._on_event(event):
-            self.host.mark_dirty(self.host.clock())
-        return False
+    def reset(self, pods: object) -> None:
+        freeze()
+        release_memory()
+        self.sink.changed()
+
+    def changed(self, name: str, pod: object) -> None:
+        self.sink.changed()
 
 
 class PodsFollower:
-    def __init__(self, host: Host, api: AsyncApi, *, namespace: str, selector: str, compactor: Compactor,
-                 settings: ReflectorSettings, journal: JournalFollower | None = None) -> None:
-        self.host, self.api, self.namespace, self.selector = host, api, namespace, selector
-        self.compactor, self.settings = compactor, settings
+    def __init__(self, sink: Sink, api: AsyncApi, view: PodView, *, namespace: str, selector: str,
+                 settings: ReflectorSettings, clock: Callable[[], float],
+                 journal: JournalFollower | None = None) -> None:
+        self.sink, self.api, self.view, self.namespace, self.selector = sink, api, view, namespace, selector
+        self.settings, self.clock = settings, clock
         self.journal = journal  # a follower's journal, stalled: looked at again every probe interval
 
     async def run(self) -> None:
-        collection = f"/api/v1/namespaces/{self.namespace}/pods"
-        following = follow(
-            self.host, "pods", self.settings,
-            lambda: self.api.list_objects(collection, label_selector=self.selector, limit=PAGE, keep=self._intake),
-            lambda rv, timeout, idle: self.api.watch_objects(collection, rv, timeout=timeout,
-                                                             label_selector=self.selector, idle=idle),
-            self._on_list, self._on_event)
-        if self.journal is None:
-            await following
-            return
-        await _until_first(following, self.journal.recovered())
-
-    def _keep(self, pod: RawPod) -> RawPod:
-        """The own pod slimmed (its env is read); every peer compacted as followers see it (shared containers,
-        ~1/3 of a 4096-pod publisher's memory). Both are fresh copies: a kept pod that shared strings with the
-        parsed LIST page would keep the page's memory arenas alive."""
-        if pod_name(pod) == self.host.membership.pod_name:
-            return json.loads(json.dumps(slim_pod(pod)))  # type: ignore[no-any-return]
-        return self.compactor.pod(pod)
-
-    def _intake(self, items: list[dict[str, Any]]) -> list[RawPod]:
-        """What the sidecar keeps of each LIST page, before the next page is read: the peak is one page, not
-        the whole LIST (a 4096-pod publisher peaked at 200 MB)."""
-        return [self._keep(p) for p in usable_pods(items, self.host.roster, own=self.host.membership.pod_name)]
-
-    def _on_list(self, items: list[RawPod]) -> bool:
-        self.host.membership.replace({p["metadata"]["name"]: p for p in items})
-        freeze()
-        release_memory()
-        return True
-
-    def _on_event(self, event: WatchEvent) -> bool:
-        if event.type == "BOOKMARK":
-            return False
-        name = pod_name(event.object)  # type: ignore[arg-type]
-        if event.type == "DELETED" or not usable_pods([event.object], self.host.roster,
-                                                      own=self.host.membership.pod_name):  # one bad object: left out
-            self.host.membership.remove(name)
-        else:
-            self.host.membership.put(name, self._keep(event.object))  # type: ignore[arg-type]
-        return True
-
-
-async def _until_first(*coroutines: Awaitable[None]) -> None:
-    tasks = [asyncio.ensure_future(c) for c in coroutines]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    for task in done:
-        task.result()
+        collection = pods_path(self.namespace)
+        told = _Told(self.sink)
+        self.view.watchers.append(told)
+        try:
+            following = follow(
+                self.sink, "pods", self.settings, self.clock,
+                lambda: self.api.list_objects(collection, label_selector=self.selector, limit=PAGE,
+                                              keep=self.view.intake),
+                lambda rv, timeout, idle: self.api.watch_objects(collection, rv, timeout=timeout,
+                                                                 label_selector=self.selector, idle=idle),
+                self.view)
+            first = await race(following, self.journal.recovered()) if self.journal is not None \
+                else await race(following)
+            first.result()
+        finally:
+            self.view.watchers.remove(told)
 
 
 class JournalFollower:
-    def __init__(self, host: Host, api: AsyncApi, *, namespace: str, configmap: str, settings: ReflectorSettings,
-                 first_list: tuple[list[dict[str, Any]], str] | None = None, probe_every: float = PROBE_EVERY,
-                 grace: float = 30.0, options: Options | None = None) -> None:
-        self.host, self.api, self.namespace, self.configmap = host, api, namespace, configmap
-        self.settings, self.probe_every, self.grace = settings, probe_every, grace
-        self.first_list = first_list  # a follower starts from the LIST that chose its mode: no second one
-        self.published: PublishedState | None = None
-        self.journal: Journal | None = None
-        self.collection = f"/api/v1/namespaces/{namespace}/configmaps"
-        self.selector = f"{SELECT_LABEL}={select_value(configmap)}"
-        self.options = options or Options()
+    """A large job's publication as a follower reads it: the rows go into ``pods`` (the own pod as read at
+    start), or with ``light`` the summary places this pod (``plan``)."""
+
+    def __init__(self, sink: Sink, api: AsyncApi, pods: PodView, *, namespace: str, configmap: str,
+                 check: WriterCheck | None, settings: ReflectorSettings, clock: Callable[[], float],
+                 grace: float = 30.0, probe_every: float = PROBE_EVERY) -> None:
+        self.sink, self.api, self.pods, self.namespace, self.configmap = sink, api, pods, namespace, configmap
+        self.check, self.settings, self.clock, self.grace, self.probe_every = check, settings, clock, grace, probe_every
+        self.published = PublicationView(configmap, strict=True)
+        self.published.watchers.append(self._rows)
+        self.summary = SummaryView(configmap, pods.me or {}, pods.options)  # type: ignore[arg-type]
         self.light = False  # --view own: the journal's summary places this pod; the snapshot is never read
+        self.first_list: tuple[list[dict[str, Any]], str] | None = None  # the LIST that chose the mode: reused
 
     @property
-    def what(self) -> str:
-        return f"configmap {journal_name(self.configmap)}"
+    def collection(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/configmaps"
+
+    @property
+    def plan(self) -> Plan | None:
+        """This pod's plan from the summary, while the summary is what is followed."""
+        return self.summary.plan if self.light else None
+
+    @property
+    def seq(self) -> int:
+        state = self.published.state
+        journal = self.summary.journal if self.light else self.published.journal
+        return state.seq if state is not None and not self.light else journal.seq if journal else 0
+
+    def _rows(self, changed: set[str] | None) -> None:
+        """The publication changed: its rows into the pods held, and who stands by."""
+        state = self.published.state
+        assert state is not None
+        if changed is None:
+            self.pods.hold(dict(state.pods), own=True)
+            freeze()  # as after a LIST of pods: the collector's passes must not walk the whole job per change
+        else:
+            for name in changed:
+                pod = state.pods.get(name)
+                if pod is None:
+                    self.pods.remove(name)
+                else:
+                    self.pods.put(name, pod, own=True)
+        if changed is None or changed:
+            self.sink.changed()
 
     async def run(self) -> None:
         journal = f"metadata.name={journal_name(self.configmap)}"
+        selector = f"{SELECT_LABEL}={select_value(self.configmap)}"
 
-        async def list_published() -> tuple[list[dict[str, Any]], str]:
+        async def listed() -> tuple[list[dict[str, Any]], str]:
             if self.first_list is not None:
                 (items, rv), self.first_list = self.first_list, None
             elif self.light:
                 items, rv = await self.api.list_objects(self.collection, field_selector=journal)
             else:
-                items, rv = await self.api.list_objects(self.collection, label_selector=self.selector)
-            why = await self._vouch(items)
-            if why is not None:
-                self.host.switch(Mode.PODS, f"the published topology is not used ({why})")
+                items, rv = await self.api.list_objects(self.collection, label_selector=selector)
+            if not await self._vouched(items):
                 return [], rv
             return items, rv
 
-        async def watch_journal(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
+        async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
             """The journal's events, each new writer (a standby that took over) read once before its first
             event is used: a GET, where a relist would read the whole snapshot again in every follower."""
-            async for event in self.api.watch_objects(self.collection, rv, timeout=timeout, field_selector=journal,
-                                                      idle=idle):
-                if event.type in ("ADDED", "MODIFIED"):
-                    why = await self._vouch([event.object])
-                    if why is not None:
-                        self.host.switch(Mode.PODS, f"the published topology is not used ({why})")
-                        return
-                yield event
-
-        await _until_first(
-            follow(self.host, self.what, self.settings, list_published, watch_journal, self._on_list,
-                   self._on_event),
-            self._watch_publisher())
-
-    async def _vouch(self, items: list[Any]) -> str | None:
-        check = self.host.check
-        return await vouch_async(self.api.get_object, check, items, self.configmap) if check is not None else None
-
-    def _unusable(self, err: InputError) -> None:
-        self.host.switch(Mode.PODS, f"the published topology cannot be used ({err})")
-
-    def _summarized(self, configmap: Any) -> bool:
-        """--view own: this pod's plan from the journal's summary (core/summary.py). A summary that cannot place
-        this pod sends the follower back to the whole topology (a relist: the snapshot, then the journal)."""
-        try:
-            journal = read_journal(configmap)
-        except InputError as err:
-            self._unusable(err)
-            return False
-        if journal is None:
-            return False
-        self.journal = journal
-        self._stand_by(journal.standby)
-        data = configmap.get("data") or {}
-        text = data.get(SUMMARY_KEY)
-        membership = self.host.membership
-        why = "the leader published no summary (more runs of ranks than a summary holds, or an older agent)"
-        if isinstance(text, str) and membership.me is not None:
+            events = self.api.watch_objects(self.collection, rv, timeout=timeout, field_selector=journal, idle=idle)
             try:
-                summary = read_summary(text)
-                assert summary is not None
-                plan = light_plan(summary, membership.me, self.options)
-            except InputError as err:
-                why = str(err)
-            else:
-                if plan is None:  # not a member in the leader's view now: the last files stay, as with every pod
-                    log.info("the summary at sequence %d does not place this pod; keeping its files", journal.seq)
-                    return False
-                changed = membership.light is None or membership.light.topology != plan.topology \
-                    or membership.light.master_port != plan.master_port
-                membership.light = plan
-                return changed
-        self.light = False
-        membership.light = None
-        log.warning("--view own not used: %s; reading the whole topology", why)
-        raise ApiGone("reading the whole topology", status=410)
+                async for event in events:
+                    if event.type in ("ADDED", "MODIFIED") and not await self._vouched([event.object]):
+                        return
+                    yield event
+            finally:
+                await aclose(events)
 
-    def _on_list(self, items: list[dict[str, Any]]) -> bool:
-        if self.light:
-            return any([self._summarized(i) for i in items if object_name(i) == journal_name(self.configmap)])
+        what = f"configmap {journal_name(self.configmap)}"
         try:
-            state, journal = state_from(items, self.configmap)
+            first = await race(follow(self.sink, what, self.settings, self.clock, listed, watched, _Journal(self)),
+                               self._watch_publisher())
+            first.result()
         except InputError as err:
-            self._unusable(err)
-            return False
-        if state is None:
-            if journal is not None and any(object_name(i) == self.configmap for i in items):
-                # Read in one LIST, the journal must reach back to the snapshot (the leader writes the snapshot
-                # before the journal that needs it): one that starts after it was not written by the leader.
-                self.host.switch(Mode.PODS, f"the published journal starts after its snapshot (sequence "
-                                            f"{journal.base} and on): it cannot be followed")
-            return False
-        self.published, self.journal = state, journal
-        self.host.membership.replace(dict(state.pods), own=True)
-        freeze()  # as after a LIST of pods: the collector's passes must not walk the whole job per change
-        self._stand_by(journal.standby if journal else ())
-        return True
+            self.sink.switch(Mode.PODS, f"the published topology cannot be used ({err})")
 
-    def _on_event(self, event: WatchEvent) -> bool:
-        if event.type not in ("ADDED", "MODIFIED"):
-            return False
-        if self.light:
-            return self._summarized(event.object)
-        try:
-            journal = read_journal(event.object)
-            changed = self.published.apply(journal) if self.published is not None and journal is not None else None
-        except InputError as err:
-            self._unusable(err)
-            return False
-        if journal is None:
-            return False
-        self.journal = journal
-        if changed is None:  # the journal moved past what this pod holds: read the snapshot again
-            raise ApiGone(f"journal {journal_name(self.configmap)} starts after sequence "
-                          f"{self.published.seq if self.published else 0}", status=410)
-        assert self.published is not None
-        membership = self.host.membership
-        for name in changed:
-            pod = self.published.pods.get(name)
-            if pod is None:
-                membership.remove(name)
-            else:
-                membership.put(name, pod, own=True)
-        self._stand_by(journal.standby)
-        return bool(changed)
+    async def _vouched(self, items: list[Any]) -> bool:
+        if self.check is None:
+            return True
+        why, _ = await vouch(self.api.get_object, self.check, items, self.configmap)
+        if why is not None:
+            self.sink.switch(Mode.PODS, f"the published topology is not used ({why})")
+        return why is None
 
-    def _stand_by(self, standby: tuple[str, ...]) -> None:
+    def stand_by(self, standby: tuple[str, ...]) -> None:
         """Named a standby by the leader: watch the pods too, and contend for the Lease."""
-        if self.host.membership.pod_name in standby:
-            self.host.switch(Mode.CANDIDATE, "named a standby publisher")
+        if self.pods.own in standby:
+            self.sink.switch(Mode.CANDIDATE, "named a standby publisher")
 
     async def _lease_holder(self) -> str | None:
         """The Lease's holder, '' when nobody holds it, None when it cannot be read now."""
@@ -330,8 +227,9 @@ class JournalFollower:
             log.info("cannot read lease %s (%s); looking again later", self.configmap, err)
             return None
 
-    def _stalled(self, holder: str | None) -> str | None:
-        leader = self.journal.leader if self.journal is not None else ""
+    def _stalled(self, holder: str | None, journal: Journal | None = None) -> str | None:
+        journal = journal or self.published.journal or self.summary.journal
+        leader = journal.leader if journal is not None else ""
         if holder and leader and holder != leader:
             return f"lease {self.configmap} is held by '{holder}', but the journal's publisher is '{leader}'"
         return None
@@ -347,28 +245,64 @@ class JournalFollower:
             await asyncio.sleep(self.grace)  # a standby that takes over names itself in the journal meanwhile
             why = self._stalled(await self._lease_holder())
             if why is not None:
-                self.host.switch(Mode.PODS, f"the publisher stopped: {why}")
+                self.sink.switch(Mode.PODS, f"the publisher stopped: {why}")
                 return
 
     async def recovered(self) -> None:
         """Returns once the publication is sound again: a readable snapshot and journal whose publisher holds
         the Lease (looked at every probe interval)."""
+        selector = f"{SELECT_LABEL}={select_value(self.configmap)}"
         while True:
             await asyncio.sleep(self.probe_every * random.uniform(0.75, 1.25))
             try:
-                items, rv = await self.api.list_objects(self.collection, label_selector=self.selector)
+                items, rv = await self.api.list_objects(self.collection, label_selector=selector)
                 state, journal = state_from(items, self.configmap, pods=False)
             except (ApiError, InputError) as err:
                 log.info("the published topology is still not usable (%s)", err)
                 continue
             if state is None or journal is None:
                 continue
-            why = await self._vouch(items)
+            why = (await vouch(self.api.get_object, self.check, items, self.configmap))[0] if self.check else None
             if why is not None:
                 log.info("the published topology is still not usable (%s)", why)
                 continue
-            self.journal = journal
-            if self._stalled(await self._lease_holder()) is None:
+            if self._stalled(await self._lease_holder(), journal) is None:
                 self.first_list = (items, rv)
-                self.host.switch(Mode.FOLLOWER, "the published topology is sound again")
+                self.sink.switch(Mode.FOLLOWER, "the published topology is sound again")
                 return
+
+
+class _Journal:
+    """The store a journal follower gives the reflector: the publication's view, or with ``light`` the summary's
+    (a summary that cannot place this pod sends the follower back to the whole topology: a relist, the snapshot,
+    then the journal); then who stands by."""
+
+    def __init__(self, follower: JournalFollower) -> None:
+        self.follower = follower
+
+    def replace(self, items: list[Any]) -> None:
+        (self.follower.summary if self.follower.light else self.follower.published).replace(items)
+        self._took()
+
+    def apply(self, event: WatchEvent) -> None:
+        if event.type in ("ADDED", "MODIFIED"):
+            (self.follower.summary if self.follower.light else self.follower.published).apply(event)
+            self._took()
+
+    def _took(self) -> None:
+        follower = self.follower
+        if not follower.light:
+            journal = follower.published.journal
+            follower.stand_by(journal.standby if journal is not None else ())
+            return
+        summary = follower.summary
+        if summary.journal is not None:
+            follower.stand_by(summary.journal.standby)
+        if summary.unsummarized is not None:
+            follower.light = False
+            log.warning("--view own not used: %s; reading the whole topology", summary.unsummarized)
+            raise ApiGone("reading the whole topology", status=410)
+        if summary.changed:
+            follower.sink.changed()
+        elif summary.journal is not None and summary.plan is None:
+            log.info("the summary at sequence %d does not place this pod; keeping its files", summary.journal.seq)

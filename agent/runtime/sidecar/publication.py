@@ -1,0 +1,152 @@
+"""A large job's publication from one sidecar's side: whether there is one to follow, the Lease its leader and
+standbys contend for (election.py), and, in the pod that holds it, the writes that keep the publication equal to
+the pods (publishing.JournalWriter). Small jobs have none of this: their sidecars follow the pods.
+
+The leader's init published the topology (from 256 training pods): then only the leader and its standbys read
+the pods, the others follow the journal. A standby taking over reads back what is published before it plans
+(``prepare``), then publishes what changed in the pods it holds (``publish``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core.journal import journal_name, state_from
+from agent.core.lease import Timing
+from agent.core.provenance import WriterCheck
+from agent.core.published import SELECT_LABEL, select_value
+from agent.core.summary import why_full_view
+from agent.core.topology import Plan
+from agent.errors import ApiError, ApiForbidden, InputError
+from agent.k8s.async_client import AsyncApi
+from agent.k8s.retrying import retried
+from agent.runtime.election import Elector
+from agent.runtime.nodes import NodeMap
+from agent.runtime.publishing import JournalWriter, vouch
+from agent.runtime.sidecar.following import JournalFollower, Mode
+from agent.runtime.views import PodView
+
+log = logging.getLogger("topology_agent.sidecar")
+
+
+@dataclass(frozen=True)
+class Job:
+    """Who this pod is in its job, as the publication names it."""
+
+    namespace: str
+    pod: str
+    uid: str
+    name: str  # the job's name (the ConfigMaps are <job>-topology)
+    configmap: str
+    owner: dict[str, Any] | None  # the pod's controller: owns the Lease and the ConfigMaps (garbage collection)
+
+
+class Publication:
+    """The publication's roles in this sidecar: the journal follower, and the elector and writer of the leader
+    and its standbys."""
+
+    def __init__(self, api: AsyncApi, job: Job, follower: JournalFollower, elector: Elector) -> None:
+        self.api, self.job, self.follower, self.elector = api, job, follower, elector
+        self.writer: JournalWriter | None = None
+        self.nodes: NodeMap | None = None  # the Nodes' labels a vouched copy carried (a standby starts from them)
+
+    @classmethod
+    async def find(cls, api: AsyncApi, job: Job, check: WriterCheck, view: PodView, *, options: Any, ssh: bool,
+                   lease_seconds: int, make_follower: Callable[[], JournalFollower]) -> tuple[Publication | None, Mode]:
+        """Look for a publication (the API being away at start is waited out: it decides the mode for the pod's
+        life; no RBAC for ConfigMaps means the pods). None and PODS when there is none to follow."""
+        why_full = why_full_view(options, ssh=ssh)
+        light = options.view == "own" and why_full is None
+        if options.view == "own" and why_full is not None:
+            log.warning("--view own not used: %s; reading the whole topology", why_full)
+        # --view own reads the journal alone (its summary), never the snapshot
+        field = f"metadata.name={journal_name(job.configmap)}" if light else ""
+        label = "" if light else f"{SELECT_LABEL}={select_value(job.configmap)}"
+        collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
+        try:
+            items, rv = await retried(lambda: api.list_objects(collection, label_selector=label, field_selector=field),
+                                      what="look for a published topology")
+        except ApiForbidden as err:
+            log.info("cannot look for a published topology (%s); following the pods", err)
+            return None, Mode.PODS
+        try:
+            state, journal = state_from(items, job.configmap, pods=False)
+        except InputError as err:
+            log.warning("the published topology is not usable (%s); following the pods", err)
+            return None, Mode.PODS
+        if state is None and journal is None:
+            return None, Mode.PODS
+        candidate = journal is not None and (journal.leader == job.pod or job.pod in journal.standby)
+        why, _ = await vouch(api.get_object, check, items, job.configmap)
+        if why is not None and not candidate:  # a follower uses the rows: their writer must be a member
+            log.warning("the published topology is not used (%s); following the pods", why)
+            return None, Mode.PODS
+        # A candidate watches the pods itself; the copy only names it (this pod's earlier incarnation, under
+        # another uid, may have written it: it rewrites it once it leads).
+        elector = Elector(api, job.namespace, job.configmap, job.pod, owner=job.owner, timing=Timing(lease_seconds),
+                          named_leader=journal is not None and journal.leader == job.pod)
+        publication = cls(api, job, make_follower(), elector)
+        if state is not None and why is None:  # labels only from a vouched copy: a standby need not read Nodes
+            publication.nodes = dict(state.node_labels())
+        if candidate:
+            return publication, Mode.CANDIDATE
+        publication.follower.light = light
+        publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
+        return publication, Mode.FOLLOWER
+
+    async def elect(self, on_leading: Callable[[bool], Awaitable[None]]) -> None:
+        await self.elector.run(on_leading)
+
+    def lead(self, leading: bool, options: Any) -> None:
+        """Leading from now on, or not: a new leader starts from what is published now, read back at its first
+        publication."""
+        self.writer = None
+        if leading:
+            job = self.job
+            self.writer = JournalWriter(self.api, job.namespace, job.configmap, job=job.name, options=options,
+                                        leader=job.pod, leader_uid=job.uid, owner=job.owner)
+
+    def publishing(self, mode: Mode) -> JournalWriter | None:
+        """The writer while this pod holds the Lease as a candidate: the one pod that publishes."""
+        if self.writer is None or not self.elector.leading or mode != Mode.CANDIDATE:
+            return None
+        return self.writer
+
+    async def prepare(self, mode: Mode) -> bool:
+        """A new leader reads back what is published before it plans (``JournalWriter.prepare``); True when it
+        did. A failure is left to ``publish``, which reads again and says why."""
+        writer = self.publishing(mode)
+        if writer is None or writer.publisher is not None:
+            return False
+        with contextlib.suppress(ApiError, InputError):
+            await writer.prepare()
+        return True
+
+    def seq(self) -> int | None:
+        writer = self.writer
+        return writer.publisher.state.seq if writer is not None and writer.publisher is not None else None
+
+    async def publish(self, mode: Mode, view: PodView, nodes: NodeMap, standby: tuple[str, ...],
+                      plan: Plan | None) -> bool:
+        """Publish what changed in the pods held (never the empty view before the first LIST: the caller
+        publishes only a valid plan); True when a sequence was written."""
+        writer = self.publishing(mode)
+        if writer is None:
+            return False
+        touched = view.drain()
+        try:
+            if await writer.publish(view.pods, touched, nodes, standby, plan=plan):  # type: ignore[arg-type]
+                return True
+            self.elector.leading = False
+        except (ApiError, InputError) as err:
+            log.warning("publishing failed (%s); trying again at the next change", err)
+            writer.publisher = None
+            view.touched |= set(view.pods)
+        return False
+
+    async def release(self) -> None:
+        await self.elector.release()

@@ -1,0 +1,268 @@
+"""What the agent holds of the API, each fed by the one reflector (k8s/reflector.py), as client-go's Store with
+its transform: a LIST replaces what a view holds, each watch event applies one change.
+
+``PodView`` is the job's pods (init until the gang is complete, the sidecar for the pod's life);
+``PublicationView`` and ``SummaryView`` are a large job's published ConfigMaps, whole or summarized. A view
+keeps each object in the form its readers need and no more: a peer as the published rows carry it
+(core/published.Compactor: a fraction of the pod's memory), the own pod as the user wrote its containers.
+Whoever must hear of each change as it is applied (init's gang tracker and planner, the sidecar's debounce) is a
+watcher; what changed since the publisher last looked is a log it drains.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from agent.core.gang import Roster
+from agent.core.journal import JOURNAL_KEY, Journal, PublishedState, journal_name, read_journal, state_from
+from agent.core.model import Options, RawPod
+from agent.core.published import Compactor
+from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
+from agent.core.topology import Plan, object_name, pod_ip, pod_name, slim_pod
+from agent.core.validation import split_pods
+from agent.errors import ApiGone, InputError
+from agent.k8s.core import WatchEvent
+
+log = logging.getLogger("topology_agent.intake")
+
+
+def usable_pods(items: list[Any], roster: Roster | None = None, *, own: str | None = None) -> list[RawPod]:
+    """The pods among ``items`` that have a pod's shape and, once the job's object is read, are the job's own
+    (core/gang.Roster); each refused one is logged in one line and left out, so one broken or hostile object never
+    stops the agent, nor stalls the other members. ``own``: this pod's name, never left out here (it is the one
+    asking; init and the sidecar read it themselves)."""
+    usable, refused = split_pods(items)
+    for line in refused:
+        log.warning("ignoring a pod the API sent: %s", line)
+    if roster is None:
+        return usable  # type: ignore[return-value]
+    members = []
+    for pod in usable:
+        why = None if pod.get("metadata", {}).get("name") == own else roster.refusal(pod)  # type: ignore[arg-type]
+        if why is None:
+            members.append(pod)
+        else:
+            log.warning("leaving out a pod that is not the job's: %s", why)
+    return members  # type: ignore[return-value]
+
+
+class Watcher(Protocol):
+    """Told of every change a view applies, as it applies it."""
+
+    def reset(self, pods: Mapping[str, RawPod]) -> None: ...  # a LIST (or a snapshot): every pod at once
+
+    def changed(self, name: str, pod: RawPod | None) -> None: ...  # one pod put (or removed: None)
+
+
+class PodView:
+    """The job's pods: each passed the intake (a pod's shape; once the job's object is read, one of its members:
+    core/gang.Roster) and is compacted; the own pod is kept as read (``whole_own``) or slimmed to the fields the
+    core reads. ``stage`` is given each pod as it is kept (the leader's init stages its published rows while the
+    pages arrive)."""
+
+    def __init__(self, own: str, options: Options, *, roster: Roster | None = None, whole_own: bool = False) -> None:
+        self.own, self.roster, self.whole_own = own, roster, whole_own
+        self.me: RawPod | None = None  # the own pod as read at start: its containers' env is the user's
+        self.pods: dict[str, RawPod] = {}
+        self.unaddressed: set[str] = set()  # pods without an IP yet (kept per change, not rescanned)
+        self.listed = False  # every pod was held at once (a LIST, a snapshot): before that, nothing to place
+        self.touched: set[str] = set()  # changed since the publisher last drained them
+        self.watchers: list[Watcher] = []
+        self.stage: Callable[[RawPod], None] | None = None
+        self.compactor = Compactor(options)
+
+    @property
+    def options(self) -> Options:
+        return self.compactor.options
+
+    def reset_options(self, options: Options) -> None:
+        """The job's objects filled options the user left open (MPI roles, slots): peers are compacted for them."""
+        if options != self.compactor.options:
+            self.compactor = Compactor(options)
+
+    # --- the transform ----------------------------------------------------------------------------------------
+
+    def keep(self, pod: RawPod) -> RawPod:
+        """A pod as this view holds it, from fresh strings: a kept string of the parsed page keeps the page's
+        memory arenas alive (a 4096-pod job's full objects held 290 MB)."""
+        if pod_name(pod) == self.own:
+            pod = pod if self.whole_own else json.loads(json.dumps(slim_pod(pod)))
+        else:
+            pod = self.compactor.pod(pod)
+        if self.stage is not None:
+            self.stage(pod)
+        return pod
+
+    def intake(self, page: list[Any]) -> list[RawPod]:
+        """What is kept of each LIST page, before the next page is read: the peak is one page, not the LIST."""
+        return [self.keep(p) for p in usable_pods(page, self.roster, own=self.own)]
+
+    # --- the store ---------------------------------------------------------------------------------------------
+
+    def replace(self, items: list[RawPod]) -> None:
+        """A LIST's pods (each kept by ``intake``). The own pod, not listed yet (a cache behind the GET that read
+        it), is a member anyway."""
+        pods = {pod_name(p): p for p in items}
+        if self.own not in pods and self.me is not None:
+            pods[self.own] = self.me
+        self.hold(pods)
+
+    def apply(self, event: WatchEvent) -> None:
+        if event.type == "BOOKMARK":
+            return
+        name = pod_name(event.object)  # type: ignore[arg-type]
+        if event.type == "DELETED" or not usable_pods([event.object], self.roster, own=self.own):
+            self.remove(name)  # one bad object is left out: it never stops the job
+        else:
+            self.put(name, self.keep(event.object))  # type: ignore[arg-type]
+
+    # --- changes, from the store or from the published rows (the journal follower) ----------------------------
+
+    def hold(self, pods: dict[str, RawPod], *, own: bool = False) -> None:
+        """Every pod at once. ``own``: the own pod as read at start in place of its published row."""
+        if own and self.me is not None and self.own in pods:
+            pods[self.own] = slim_pod(self.me)
+        self.touched |= set(self.pods) | set(pods)
+        self.pods = pods
+        self.listed = True
+        self.unaddressed = {name for name, pod in pods.items() if not pod_ip(pod) and name != self.own}
+        for watcher in self.watchers:
+            watcher.reset(pods)
+
+    def put(self, name: str, pod: RawPod, *, own: bool = False) -> None:
+        if own and name == self.own and self.me is not None:
+            pod = slim_pod(self.me)
+        self.touched.add(name)
+        self.pods[name] = pod
+        if pod_ip(pod) or name == self.own:
+            self.unaddressed.discard(name)
+        else:
+            self.unaddressed.add(name)
+        for watcher in self.watchers:
+            watcher.changed(name, pod)
+
+    def remove(self, name: str) -> None:
+        self.touched.add(name)
+        self.pods.pop(name, None)
+        self.unaddressed.discard(name)
+        for watcher in self.watchers:
+            watcher.changed(name, None)
+
+    def drain(self) -> set[str]:
+        """The pods changed since the last drain (the publisher's journal entry)."""
+        touched, self.touched = self.touched, set()
+        return touched
+
+    def placed(self, *, by_ip: bool) -> Mapping[str, RawPod]:
+        """The pods that can be placed: with ``--address ip`` a pod joins once it has an address."""
+        if by_ip and self.unaddressed:
+            return {name: pod for name, pod in self.pods.items() if name not in self.unaddressed}
+        return self.pods
+
+
+class PublicationView:
+    """A large job's publication (core/journal.py): the snapshot brought forward by the journal. init holds it
+    until its own pod is in it; a sidecar that follows the journal, for the pod's life. ``strict`` (the
+    sidecar): a journal that moves past the snapshot held asks for the LIST again (``ApiGone``), and a LIST whose
+    journal starts after its snapshot cannot be followed (``InputError``); init waits for the leader's newer
+    snapshot instead. Each watcher is told the pods an entry changed (None: every pod, a new snapshot)."""
+
+    def __init__(self, name: str, *, strict: bool = False) -> None:
+        self.name, self.strict = name, strict
+        self.state: PublishedState | None = None
+        self.journal: Journal | None = None
+        self.watchers: list[Callable[[set[str] | None], None]] = []
+
+    def clear(self) -> None:
+        self.state = self.journal = None
+
+    def has(self, pod: str) -> bool:
+        return self.state is not None and pod in self.state.pods
+
+    def replace(self, items: list[Any]) -> None:
+        self.state, self.journal = state_from(items, self.name)
+        if self.state is None:
+            if self.strict and self.journal is not None and any(object_name(i) == self.name for i in items):
+                # Read in one LIST, the journal must reach back to the snapshot (the leader writes the snapshot
+                # before the journal that needs it): one that starts after it was not written by the leader.
+                raise InputError(f"the published journal starts after its snapshot (sequence {self.journal.base} "
+                                 "and on): it cannot be followed")
+            return
+        self._tell(None)
+
+    def apply(self, event: WatchEvent) -> None:
+        if event.type not in ("ADDED", "MODIFIED"):
+            return
+        if object_name(event.object) == self.name:  # a new snapshot (init watches both by label)
+            self.state = PublishedState.from_configmap(event.object)  # type: ignore[arg-type]
+            if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
+                self.journal = None  # older than this snapshot
+            self._tell(None)
+            return
+        journal = read_journal(event.object)  # type: ignore[arg-type]
+        if journal is None:
+            return
+        self.journal = journal
+        changed = self.state.apply(journal) if self.state is not None else None
+        if changed is None:
+            if self.strict:
+                raise ApiGone(f"journal {journal_name(self.name)} starts after sequence "
+                              f"{self.state.seq if self.state else 0}", status=410)
+            self.state = None  # past this snapshot's reach: the leader's newer snapshot is on its way
+            return
+        self._tell(changed)
+
+    def _tell(self, changed: set[str] | None) -> None:
+        for watcher in self.watchers:
+            watcher(changed)
+
+
+NO_SUMMARY = "the leader published no summary (more runs of ranks than a summary holds, or an older agent)"
+
+
+class SummaryView:
+    """``--view own``: this pod's plan from the journal's summary (core/summary.py), the journal alone being read
+    (a few KiB, not the snapshot). ``unsummarized`` says why this pod must read the whole topology instead; a
+    summary that does not place this pod (not a member in the leader's view yet) leaves the plan as it was."""
+
+    def __init__(self, name: str, own: RawPod, options: Options) -> None:
+        self.name, self.own, self.options = journal_name(name), own, options
+        self.plan: Plan | None = None
+        self.journal: Journal | None = None
+        self.unsummarized: str | None = None
+        self.changed = False  # the last journal read changed this pod's plan
+
+    def replace(self, items: list[Any]) -> None:
+        for item in items:
+            if object_name(item) == self.name:
+                self._take(item)
+
+    def apply(self, event: WatchEvent) -> None:
+        if event.type in ("ADDED", "MODIFIED"):
+            self._take(event.object)  # type: ignore[arg-type]
+
+    def _take(self, configmap: dict[str, Any]) -> None:
+        self.changed = False
+        data = configmap.get("data")
+        if not isinstance(data, dict) or JOURNAL_KEY not in data:
+            return  # nothing published yet
+        self.journal = read_journal(configmap)
+        text = data.get(SUMMARY_KEY)
+        if text is None:
+            self.unsummarized = NO_SUMMARY
+            return
+        try:
+            summary = read_summary(text if isinstance(text, str) else "(not a string)")
+            assert summary is not None
+            plan = light_plan(summary, self.own, self.options)
+        except InputError as err:
+            self.unsummarized = str(err)
+            return
+        if plan is None:
+            return
+        before = self.plan
+        self.changed = before is None or before.topology != plan.topology or before.master_port != plan.master_port
+        self.plan = plan
