@@ -2,9 +2,12 @@
 and the admission webhook (Pods at CREATE).
 
 The transform edits the template in place, so a round-trip YAML document keeps its comments and key order. It
-adds only what carries the agent's name (containers ``topology-agent`` and ``topology-sidecar``, volumes
-``topology-agent-*``) and the shared mount in the user's containers; it first removes every such piece, so a
-second run, or a run over an older injection, gives what one run over the user's own template gives. The
+adds only what carries the agent's exact names (containers ``topology-agent`` and ``topology-sidecar``, volumes
+``topology-agent-shared``, ``-token`` and ``-ssh``) and the shared mount in the user's containers. In a template
+the agent injected before (it carries ``topology-agent.io/injected``) it first takes those pieces out, so a
+second run, or a run over an older injection, gives what one run over the user's own template gives. Nothing
+else is ever taken out: a volume such as ``topology-agent-data`` is the user's, and a template the agent did not
+inject that uses one of the exact names is refused (removing or replacing it would drop the user's data). The
 user's containers keep their command, image, user and security context; pod-level settings that would change
 them (runAsUser, fsGroup, shareProcessNamespace, ...) are never set.
 
@@ -198,23 +201,75 @@ def _pod_elastic(spec: Any) -> str | None:
     return None
 
 
-def _is_agent_volume(name: Any) -> bool:
-    return isinstance(name, str) and name.startswith("topology-agent-")
+# The agent's own pieces, by their exact names: each volume with the one source inject gives it. Every release
+# since inject began (9d07551) gives these names and sets INJECTED on the template, so an earlier injection is
+# recognised by the annotation and its pieces by name and source.
+AGENT_CONTAINERS = (INIT, SIDECAR)
+AGENT_VOLUMES = {SHARED: "emptyDir", TOKEN: "projected", SSH: "secret"}
 
 
-def remove(spec: dict[str, Any]) -> None:
-    """Take out everything an earlier injection added (by the names it gives its pieces). Lists it empties stay
-    where they are, so that injecting again puts every key back in the same place."""
+def _mappings(items: Any) -> list[Mapping[str, Any]]:
+    return [i for i in items if isinstance(i, Mapping)] if isinstance(items, list) else []
+
+
+def _source(volume: Mapping[str, Any]) -> str:
+    """A volume's source (emptyDir, persistentVolumeClaim, ...): its one key besides the name."""
+    return next((str(k) for k in volume if k != "name"), "?")
+
+
+def refuse_reserved(where: str, spec: Mapping[str, Any], *, injected: bool) -> None:
+    """A user's piece that uses one of the agent's exact names is refused, never replaced: in a template the
+    agent did not inject, any such container or volume; in one it did, such a container among the user's
+    ``containers``, or such a volume of another source than the agent gives (a PVC named topology-agent-shared)."""
+    not_ours = f"is in a template the agent did not inject (no {INJECTED} annotation)"
+    for key in ("containers",) if injected else ("initContainers", "containers"):
+        for container in _mappings(spec.get(key)):
+            name = container.get("name")
+            if name in AGENT_CONTAINERS:
+                what = "init container" if key == "initContainers" else "container"
+                hint = "" if injected else (" (if it is the agent written in by hand, as in manifests/examples, "
+                                            "apply the job without inject and the webhook's label)")
+                raise InputError(f"{where}: {what} {name!r} {'is not the agent' if injected else not_ours}, and "
+                                 f"the agent keeps that name for its own containers; rename it{hint}")
+    for volume in _mappings(spec.get("volumes")):
+        name = volume.get("name")
+        if not isinstance(name, str) or name not in AGENT_VOLUMES:
+            continue
+        why = not_ours if not injected else (
+            f"is a {_source(volume)} volume, not the agent's {AGENT_VOLUMES[name]}"
+            if set(volume) != {"name", AGENT_VOLUMES[name]} else "")
+        if why:
+            suggestion = name.removeprefix("topology-agent-")
+            raise InputError(f"{where}: volume {name!r} {why}, and the agent keeps that name for its own volumes; "
+                             f"rename the volume and its volumeMounts, e.g. to {suggestion!r}")
+
+
+def _agent_out(spec: Mapping[str, Any]) -> str | None:
+    """Where the agent's init container mounts the shared volume: the directory it mounted in the user's
+    containers (None: no such init container)."""
+    return next((str(m.get("mountPath")) for c in _mappings(spec.get("initContainers")) if c.get("name") == INIT
+                 for m in _mappings(c.get("volumeMounts")) if m.get("name") == SHARED), None)
+
+
+def remove(spec: dict[str, Any], where: str = "the pod template") -> None:
+    """Take out what an earlier injection added to a template that carries INJECTED: the agent's containers
+    and volumes by their exact names (each volume only of the source the agent gives it, else refused), and
+    the shared mount it put in the user's containers. Lists it empties stay where they are, so that injecting
+    again puts every key back in the same place."""
+    refuse_reserved(where, spec, injected=True)
+    out = _agent_out(spec)
     if isinstance(spec.get("initContainers"), list):
         spec["initContainers"][:] = [c for c in spec["initContainers"]
-                                     if not (isinstance(c, Mapping) and c.get("name") in (INIT, SIDECAR))]
+                                     if not (isinstance(c, Mapping) and c.get("name") in AGENT_CONTAINERS)]
     if isinstance(spec.get("volumes"), list):
-        spec["volumes"][:] = [v for v in spec["volumes"] if not (isinstance(v, Mapping)
-                                                                 and _is_agent_volume(v.get("name")))]
-    for container in spec.get("containers") or []:
-        mounts = container.get("volumeMounts") if isinstance(container, dict) else None
-        if isinstance(mounts, list):
-            mounts[:] = [m for m in mounts if not (isinstance(m, Mapping) and _is_agent_volume(m.get("name")))]
+        spec["volumes"][:] = [v for v in spec["volumes"]
+                              if not (isinstance(v, Mapping) and isinstance(v.get("name"), str)
+                                      and v["name"] in AGENT_VOLUMES)]
+    for container in _mappings(spec.get("containers")):
+        mounts = container.get("volumeMounts")
+        if isinstance(mounts, list):  # a mount of the shared volume elsewhere is the user's own: it stays
+            mounts[:] = [m for m in mounts if not (isinstance(m, Mapping) and m.get("name") == SHARED
+                                                   and (out is None or str(m.get("mountPath")) == out))]
 
 
 def _uid_gid(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[int, int | None] | None:
@@ -350,7 +405,10 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
         raise InputError(f"{template.where}: the pod template has no spec.containers; nothing to add the agent "
                          "to")
     settings = template.settings
-    remove(spec)
+    if is_injected(template):
+        remove(spec, template.where)
+    else:
+        refuse_reserved(template.where, spec, injected=False)
     elastic = elastic_of(template)
     sidecar = elastic is not None or (settings.get("sidecar") or "").strip().lower() not in FLAG_VALUES_OFF
     out = settings.get("out") or "/shared"
