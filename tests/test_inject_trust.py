@@ -13,6 +13,7 @@ from ruamel.yaml import YAML
 from agent import __version__
 from agent.cli import check_agent_args, main
 from agent.core.injection import INJECTED, SHARED, Settings, inject_document
+from agent.errors import InputError
 from agent.runtime.adoption import inject_text
 
 
@@ -130,3 +131,180 @@ def test_a_users_own_mount_of_the_shared_volume_elsewhere_stays_and_a_second_run
     assert spec["initContainers"][-1]["volumeMounts"] == [{"name": SHARED, "mountPath": "/topology"}]
     assert spec["containers"][0]["volumeMounts"] == [{"name": SHARED, "mountPath": "/etc/topology-files"}]
     assert inject(once) == once
+
+
+# -- 2. YAML aliases bounded as kubectl bounds them ----------------------------------------------------------
+
+
+def alias_bomb(levels: int = 10, fan: int = 10) -> str:
+    """A kubectl List whose items alias nested Lists: fan**levels Pods from under 1 KB."""
+    lines = ["apiVersion: v1", "kind: List", "items:",
+             "- &l0 {kind: List, items: [&p {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {containers: "
+             "[{name: t, image: x}]}}" + ", *p" * (fan - 1) + "]}"]
+    for level in range(1, levels):
+        lines.append(f"- &l{level} {{kind: List, items: [" + ", ".join([f"*l{level - 1}"] * fan) + "]}")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_in_one_line_before_any_template_is_walked(capsys, monkeypatch):
+    """Issue 34: 10^10 templates from 895 bytes; inject never finished. The count is kept as the YAML is composed,
+    so nothing is expanded: the agent's transform is never reached (a counter stands in for a clock)."""
+    import agent.core.injection as injection
+
+    text = alias_bomb()
+    assert len(text) < 1024
+    calls = []
+    real = injection.inject
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        assert len(calls) < 1000, "inject walked the alias bomb's templates"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(injection, "inject", counted)
+    line = one_line_exit_2(text, capsys, monkeypatch)
+    assert "excessive aliasing" in line and "come from aliases" in line, line
+    assert calls == []
+
+
+def configmap_aliasing(times: int, width: int = 200) -> str:
+    """A ConfigMap whose list of ``width`` numbers is aliased ``times`` times: the shape go-yaml's rule was
+    written for (few real nodes, many alias-driven ones)."""
+    values = ", ".join(str(i) for i in range(width))
+    return (f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: &a [{values}]\n"
+            f"  b: [{', '.join(['*a'] * times)}]\n")
+
+
+def test_aliasing_is_refused_exactly_where_kubectl_refuses_it():
+    """go-yaml's rule counted here as kubectl's decoder counts: 209 aliases of a 200-item list pass (42,230 of
+    42,636 nodes from aliases, 98.9%), 210 do not (99.0%). kubectl v1.32 gives the same answer (the next test)."""
+    out = inject(configmap_aliasing(209))
+    assert load(out)["data"]["b"][208] == list(range(200))
+    with pytest.raises(InputError, match="excessive aliasing"):
+        inject(configmap_aliasing(210))
+
+
+def test_the_allowed_share_of_aliases_falls_from_99_to_10_percent():
+    from agent.runtime.adoption import allowed_alias_ratio, excessive_aliasing
+
+    assert allowed_alias_ratio(1000) == allowed_alias_ratio(400_000) == 0.99
+    assert allowed_alias_ratio(2_200_000) == pytest.approx(0.545)
+    assert allowed_alias_ratio(4_000_000) == allowed_alias_ratio(10**12) == 0.10
+    assert not excessive_aliasing(1000, 999) and not excessive_aliasing(100_000, 100)  # the two floors
+    assert excessive_aliasing(1001, 992) and not excessive_aliasing(1001, 990)
+    assert excessive_aliasing(4_000_000, 400_001) and not excessive_aliasing(4_000_000, 400_000)
+
+
+SHAPES = {  # each alias brings one node of its own and ~200 alias-driven ones, so the share can pass 99%
+    "list": lambda n: configmap_aliasing(n),
+    "mapping": lambda n: ("kind: ConfigMap\napiVersion: v1\nmetadata: {name: c}\ndata:\n  a: &a {"
+                          + ", ".join(f"k{i}: v{i}" for i in range(100)) + "}\n  b: [" + ", ".join(["*a"] * n)
+                          + "]\n"),
+    "nested": lambda n: ("kind: ConfigMap\napiVersion: v1\nmetadata: {name: c}\ndata:\n  a: &a ["
+                         + ", ".join(str(i) for i in range(50)) + "]\n  b: &b [*a, *a, *a, *a]\n  c: ["
+                         + ", ".join(["*b"] * n) + "]\n"),
+    "second-document": lambda n: "kind: ConfigMap\napiVersion: v1\nmetadata: {name: first}\n---\n"
+                                 + configmap_aliasing(n, 300),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_kubectl_refuses_the_same_aliasing(shape, tmp_path):
+    """The boundary found with the agent, checked against kubectl's own decoder on both sides (kubectl only
+    decodes here: its server is a closed loopback port, so every call ends with an error after decoding)."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (https://kubernetes.io/docs/tasks/tools/)")
+    make = SHAPES[shape]
+
+    def refused(n: int) -> bool:
+        try:
+            inject(make(n))
+        except InputError as err:
+            assert "excessive aliasing" in str(err)
+            return True
+        return False
+
+    low, high = 1, 4000  # refused(high), not refused(low): bisect to the first refused count
+    assert not refused(low) and refused(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if refused(middle) else (middle, high)
+    for n, expected in ((low, False), (high, True)):
+        path = tmp_path / f"{shape}-{n}.yaml"
+        path.write_text(make(n))
+        run = subprocess.run([kubectl, "create", "--dry-run=client", "-o", "name", "--validate=false",
+                              "--server=http://127.0.0.1:1", "-f", str(path)], capture_output=True, text=True,
+                             timeout=60)
+        assert ("excessive aliasing" in run.stderr) is expected, (shape, n, run.stderr)
+
+
+def test_an_anchor_that_contains_itself_is_refused():
+    """go-yaml refuses it ("anchor 'a' value contains itself"); ruamel would build a cycle for the dump to chase."""
+    with pytest.raises(InputError, match="anchor 'a' contains an alias of itself at line 6"):
+        inject("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata: &a\n  x: *a\n")
+
+
+def test_templates_visits_an_object_aliased_many_times_once():
+    """The same object reached through Lists in Lists (10^5 paths here) is one object: one template, once."""
+    from agent.core.injection import templates
+
+    pod_ = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "t", "image": "x"}]}}
+    level: dict = {"kind": "List", "items": [pod_] * 10}
+    for _ in range(4):
+        level = {"kind": "List", "items": [level] * 10}
+    assert [t.where for t in templates(level)] == ["Pod p"]
+
+
+def test_a_template_shared_by_an_anchor_is_injected_once_and_stays_shared():
+    """Volcano jobs often share one template between tasks with an anchor; the output keeps the anchor."""
+    text = ("apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata:\n  name: v\nspec:\n  tasks:\n"
+            "  - name: master\n    replicas: 1\n    template: &t\n      spec:\n        containers:\n"
+            "        - name: t\n          image: x\n  - name: worker\n    replicas: 2\n    template: *t\n")
+    once, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    assert changed == ["Job v tasks[0] (master)", "Job v tasks[1] (worker)"]
+    assert "template: *t" in once and once.count("name: topology-agent\n") == 1
+    tasks = load(once)["spec"]["tasks"]
+    assert tasks[0]["template"] == tasks[1]["template"]
+    assert tasks[1]["template"]["spec"]["initContainers"][0]["name"] == "topology-agent"
+    assert inject(once) == once
+
+
+# -- nesting: bounded in YAML and JSON alike -----------------------------------------------------------------
+
+
+def nested_configmap(depth: int) -> str:
+    """A ConfigMap whose data nests ``depth`` mappings in all (the document itself counts one)."""
+    lines = ["apiVersion: v1", "kind: ConfigMap", "metadata:", "  name: c", "data:"]
+    lines += [f"{'  ' * (level + 1)}k{level}:" for level in range(depth - 2)]
+    lines.append(f"{'  ' * (depth - 1)}leaf: x")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_configmap_nested_300_deep_is_one_line_exit_2(capsys, monkeypatch):
+    """Issue 34: exit 70 and a RecursionError from the YAML dump."""
+    line = one_line_exit_2(nested_configmap(300), capsys, monkeypatch)
+    assert "nests objects and lists more than 100 deep" in line and "(line 105)" in line, line
+
+
+def test_nesting_up_to_the_bound_passes_through_unchanged_in_yaml_and_json():
+    import json
+
+    text = nested_configmap(100)
+    assert inject(text) == text
+    assert inject(json.dumps(load(text))) == json.dumps(load(text), indent=2) + "\n"
+    with pytest.raises(InputError, match="more than 100 deep"):
+        inject(nested_configmap(101))
+    with pytest.raises(InputError, match="more than 100 deep"):
+        inject(json.dumps(load(nested_configmap(101))))
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "- " * 5000 + "x\n",
+                                  "x: " + "{a: " * 5000 + "}" * 5000], ids=["json", "block", "flow"])
+def test_deeper_input_than_any_parser_stack_is_one_line(text, capsys, monkeypatch):
+    line = one_line_exit_2(text, capsys, monkeypatch)
+    assert "more than 100 deep" in line, line

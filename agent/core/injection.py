@@ -136,14 +136,33 @@ def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings) ->
                            settings, wait_dns=True, pods=pods)
 
 
+def _is_list(doc: Mapping[str, Any]) -> bool:
+    kind = doc.get("kind")
+    return kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc)
+
+
 def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterator[Template]:
-    """Every pod template of a supported kind in one document (a kubectl List's items included)."""
+    """Every pod template of a supported kind in one document (a kubectl List's items included, Lists in Lists
+    too). Each object is visited once: YAML aliases can make one List appear in another many times over (10^10
+    templates from 1 KB), and the same object needs the agent only once. No recursion: the nesting is the
+    input's to choose."""
+    pending: list[Mapping[str, Any]] = [doc]
+    seen: set[int] = set()
+    while pending:
+        obj = pending.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if _is_list(obj):
+            items = obj.get("items")
+            pending.extend(reversed([i for i in items if isinstance(i, Mapping)] if isinstance(items, list) else []))
+        else:
+            yield from _templates_of(obj, defaults)
+
+
+def _templates_of(doc: Mapping[str, Any], defaults: Settings) -> Iterator[Template]:
+    """The pod templates of one object that is not a List."""
     kind, group, spec = doc.get("kind"), _group(doc), doc.get("spec")
-    if kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc):
-        for item in doc.get("items") or []:
-            if isinstance(item, Mapping):
-                yield from templates(item, defaults)
-        return
     where = _name(doc)
     settings = defaults.over(_metadata(doc).get("annotations"), where)
     if kind == "Pod" and group == "" and isinstance(doc, dict):
@@ -487,9 +506,12 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
 def inject_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> list[str]:
     """Add the agent to every pod template of one manifest document (in place); the templates it changed."""
     done = []
+    injected: set[int] = set()  # a template shared by YAML aliases (tasks: [{template: *t}, ...]) gets it once
     for template in templates(doc, defaults):
         template.settings = template.settings.over(_metadata(template.template).get("annotations"),
                                                    template.where)
-        inject(template, version=version)
+        if id(template.template) not in injected:
+            inject(template, version=version)
+            injected.add(id(template.template))
         done.append(template.where)
     return done

@@ -3,20 +3,138 @@ transform; the admission webhook applies it to Pods).
 
 YAML goes through ruamel.yaml's round-trip mode, so the user's comments, key order, quoting and anchors stay;
 JSON in gives JSON out. A document of a kind the agent does not know passes through unchanged.
+
+Input is bounded before anything walks it: YAML aliases as kubectl's decoder bounds them (go-yaml's "excessive
+aliasing" rule, CVE-2019-11253), counted as the document is composed so a bomb is refused without being
+expanded; nesting to MAX_DEPTH collections in YAML and JSON alike.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.injection import INIT, SIDECAR, Settings, inject_document
 from agent.errors import InputError
 
+if TYPE_CHECKING:
+    from ruamel.yaml.composer import Composer
+
 CheckArgs = Callable[[list[str], str], None]  # the CLI's parser: refuses a flag or value init/sidecar refuse
+
+# Collections nested deeper than this are refused. The deepest objects Kubernetes tools write are CRDs whose
+# schemas embed a PodTemplateSpec (JobSet's CRD: 38 levels; a TrainingRuntime's, which embeds a JobSet, a few
+# more); 100 is well past them, and well inside what ruamel's recursive composer, representer and serializer
+# (about 4 frames a level) and json's encoder reach under Python's default recursion limit of 1000.
+MAX_DEPTH = 100
+# go-yaml's aliasing bound (gopkg.in/yaml.v2 and v3 decode.go, the fix for CVE-2019-11253), which kubectl applies to
+# every document: past 100 alias-driven nodes and 1000 decoded nodes, at most 99% of the decoded nodes may come
+# from alias expansion up to 400,000 decoded nodes, a share falling linearly to 10% at 4,000,000.
+ALIAS_RATIO_LOW, ALIAS_RATIO_HIGH = 400_000, 4_000_000
+
+
+def allowed_alias_ratio(decoded: int) -> float:
+    """The share of a document's decoded nodes that may come from aliases, by how many were decoded."""
+    if decoded <= ALIAS_RATIO_LOW:
+        return 0.99
+    if decoded >= ALIAS_RATIO_HIGH:
+        return 0.10
+    return 0.99 - 0.89 * (decoded - ALIAS_RATIO_LOW) / (ALIAS_RATIO_HIGH - ALIAS_RATIO_LOW)
+
+
+def excessive_aliasing(decoded: int, aliased: int) -> bool:
+    return aliased > 100 and decoded > 1000 and aliased / decoded > allowed_alias_ratio(decoded)
+
+
+@functools.cache
+def _bounded_composer() -> type[Composer]:
+    """ruamel's Composer, refusing nesting past MAX_DEPTH and counting what go-yaml's decoder would decode while
+    the document is composed.
+
+    go-yaml counts one node per unmarshal call, expanding every alias (the alias node, then the whole anchored
+    node again, each of those counted as alias-driven), and checks the rule at each. Here each composed node
+    knows its expanded size (1 + its children's, an alias child counting 1 + its target's), so an alias adds
+    its whole expansion at once: within such a run both counts grow together, the ratio only rises and the
+    allowed ratio only falls, so checking at the end of the run decides as go-yaml's per-node check does, and a
+    bomb is refused after composing its few real nodes, never expanding them. An alias of an anchor still being
+    composed (a document that contains itself) is refused, as go-yaml refuses it.
+    """
+    from ruamel.yaml.composer import Composer
+    from ruamel.yaml.events import AliasEvent
+
+    class BoundedComposer(Composer):
+        def __init__(self, loader: Any = None) -> None:
+            super().__init__(loader)
+            self.warn_double_anchors = False  # YAML lets an anchor be defined again; the last one counts
+            self._reset()
+
+        def _reset(self) -> None:
+            self.decoded, self.aliased = 1, 0  # go-yaml counts the document node first
+            self.sizes: dict[int, int] = {}  # id(anchored node) -> its expanded size, once composed
+            self.open_sizes: list[int] = []  # the expanded size so far of each node being composed
+
+        def compose_document(self) -> Any:
+            self._reset()
+            return super().compose_document()
+
+        def _tally(self, decoded: int, aliased: int, mark: Any) -> None:
+            self.decoded += decoded
+            self.aliased += aliased
+            if excessive_aliasing(self.decoded, self.aliased):
+                raise InputError(f"the input's YAML aliases expand past what kubectl accepts ('excessive "
+                                 f"aliasing', CVE-2019-11253): by line {mark.line + 1}, {self.aliased} of the "
+                                 f"document's {self.decoded} nodes come from aliases, more than "
+                                 f"{allowed_alias_ratio(self.decoded):.0%}; write the objects out, or alias less")
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.parser.check_event(AliasEvent):
+                event = self.parser.peek_event()
+                node = super().compose_node(parent, index)
+                size = self.sizes.get(id(node))
+                if size is None:
+                    raise InputError(f"the input's YAML anchor {event.anchor!r} contains an alias of itself at "
+                                     f"line {event.start_mark.line + 1}: it would never end; write it out")
+                self._tally(1, 0, event.start_mark)  # the alias node, then the anchored node again
+                self._tally(size, size, event.start_mark)
+                self.open_sizes[-1] += 1 + size
+                return node
+            mark = self.parser.peek_event().start_mark
+            if len(self.open_sizes) >= MAX_DEPTH + 1:  # as deep as a scalar under MAX_DEPTH collections
+                raise InputError(f"{TOO_DEEP} (line {mark.line + 1})")
+            self._tally(1, 0, mark)
+            self.open_sizes.append(1)
+            node = super().compose_node(parent, index)
+            size = self.open_sizes.pop()
+            if self.open_sizes:
+                self.open_sizes[-1] += size
+            if node.anchor is not None:
+                self.sizes[id(node)] = size
+            return node
+
+    return BoundedComposer
+
+
+def _too_deep(data: Any) -> bool:
+    """Whether JSON data nests deeper than MAX_DEPTH collections, counted as for YAML (every value one level
+    below its collection, a scalar too: an empty collection may sit one level deeper), without recursion."""
+    pending: list[tuple[Any, int]] = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_DEPTH + 1:
+            return True
+        if isinstance(value, dict):
+            pending.extend((child, depth + 1) for child in value.values())  # a key is as deep as its value
+        elif isinstance(value, list):
+            pending.extend((child, depth + 1) for child in value)
+    return False
+
+
+TOO_DEEP = (f"the input nests objects and lists more than {MAX_DEPTH} deep, deeper than any Kubernetes object "
+            "(a CRD's schema nests about 40); flatten it, or leave that document out of inject's input")
 
 
 def check_injected(doc: Mapping[str, Any], check: CheckArgs) -> None:
@@ -37,6 +155,10 @@ def inject_text(text: str, defaults: Settings, *, version: str, check: CheckArgs
             data = json.loads(text)
         except ValueError as err:
             raise InputError(f"the input starts like JSON but is not JSON: {err}") from None
+        except RecursionError:
+            raise InputError(TOO_DEEP) from None
+        if _too_deep(data):
+            raise InputError(TOO_DEEP)
         docs = data if isinstance(data, list) else [data]
         changed = _inject_all(docs, defaults, version, check)
         return json.dumps(data, indent=2) + "\n", changed
@@ -44,6 +166,7 @@ def inject_text(text: str, defaults: Settings, *, version: str, check: CheckArgs
     from ruamel.yaml.error import YAMLError
 
     yaml = YAML(typ="rt")
+    yaml.Composer = _bounded_composer()
     yaml.preserve_quotes = True
     yaml.width = 4096  # never fold a user's long line
     yaml.indent(**_indentation(text))
