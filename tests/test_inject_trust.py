@@ -308,3 +308,65 @@ def test_nesting_up_to_the_bound_passes_through_unchanged_in_yaml_and_json():
 def test_deeper_input_than_any_parser_stack_is_one_line(text, capsys, monkeypatch):
     line = one_line_exit_2(text, capsys, monkeypatch)
     assert "more than 100 deep" in line, line
+
+
+# -- 3. every bad manifest is one line and exit 2 ------------------------------------------------------------
+
+SSH_POD = ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n    topology-agent.io/ssh-secret: s\n"
+           "spec:\n{pod}  containers:\n  - name: t\n    image: x\n{container}")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations: [1, 2]\nspec:\n  containers:\n"
+     "  - name: t\n    image: x\n", "Pod p: metadata.annotations is [1, 2], not a map of strings"),
+    ("apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: j\nspec:\n  template:\n    metadata:\n"
+     "      annotations: x\n    spec:\n      containers:\n      - name: t\n        image: x\n",
+     "Job j: metadata.annotations is 'x', not a map of strings"),
+    ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n    topology-agent.io/timeout: [1]\n"
+     "spec:\n  containers:\n  - name: t\n    image: x\n",
+     "Pod p: annotation 'topology-agent.io/timeout' is [1], not a string; quote the value"),
+    (SSH_POD.format(pod="  securityContext: x\n", container=""), "Pod p: spec.securityContext is 'x', not an object"),
+    (SSH_POD.format(pod="", container="    securityContext: [1]\n"),
+     "Pod p: securityContext of container 't' is [1], not an object"),
+    (SSH_POD.format(pod="  securityContext:\n    runAsUser: 1.5e400\n", container=""),
+     "Pod p: spec.securityContext.runAsUser is inf, not a user or group ID (a whole number from 0 to 2147483647)"),
+    (SSH_POD.format(pod="", container="    securityContext:\n      runAsUser: true\n"),
+     "Pod p: securityContext of container 't': runAsUser is True, not a user or group ID"),
+    (SSH_POD.format(pod="  securityContext:\n    runAsUser: -1\n", container=""),
+     "spec.securityContext.runAsUser is -1, not a user or group ID"),
+    (SSH_POD.format(pod="  securityContext:\n    runAsUser: 2147483648\n", container=""),
+     "spec.securityContext.runAsUser is 2147483648, not a user or group ID"),
+    (SSH_POD.format(pod="  securityContext:\n    runAsUser: 1000\n    runAsGroup: '1000'\n", container=""),
+     "spec.securityContext.runAsGroup is '1000', not a user or group ID"),
+    (SSH_POD.format(pod="  securityContext:\n    runAsUser: 1000\n", container="    volumeMounts: /data\n"),
+     "Pod p: spec.containers[0].volumeMounts is '/data', not a list"),
+    (SSH_POD.format(pod="  volumes: {data: {emptyDir: {}}}\n", container=""),
+     "Pod p: spec.volumes is {'data': {'emptyDir': {}}}, not a list"),
+    (SSH_POD.format(pod="  initContainers: [x]\n", container=""),
+     "Pod p: spec.initContainers[0] is 'x', not a container"),
+    ("apiVersion: v1\nkind: Pod\nmetadata: x\nspec:\n  containers:\n  - name: t\n    image: x\n",
+     "Pod ?: metadata is 'x', not an object"),
+    ("a: 1\n? b:\n    c: [1]\n: 2\n", "the input is YAML that inject cannot read (TypeError: unhashable type"),
+    ("a: \x00\n", "the input is not YAML: unacceptable character #x0000: special characters are not allowed in"),
+], ids=["annotations-list", "template-annotations-string", "annotation-value-list", "pod-context", "container-context",
+        "uid-inf", "uid-bool", "uid-negative", "uid-too-big", "gid-string", "mounts-string", "volumes-map",
+        "init-container-string", "metadata-string", "mapping-key", "nul"])
+def test_a_bad_manifest_is_one_line_and_exit_2(text, says, capsys, monkeypatch):
+    """Issue 34: each of these was exit 70 ("internal error") with a traceback, or (volumes, mounts, init
+    containers of another type) was silently replaced by the agent's own list."""
+    line = one_line_exit_2(text, capsys, monkeypatch)
+    assert says in line, line
+
+
+def test_a_null_setting_is_empty_not_the_word_none():
+    """A setting written `key:` with no value (YAML null) is empty, as the API server stores it."""
+    text = ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n    topology-agent.io/image:\n"
+            "spec:\n  containers:\n  - name: t\n    image: x\n")
+    assert load(inject(text))["spec"]["initContainers"][0]["image"] == f"topology-agent:{__version__}"
+
+
+def test_a_reused_anchor_gives_no_warning_on_stderr(capfd):
+    """YAML lets an anchor be defined again (the last one counts); ruamel warned in several lines on stderr."""
+    text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: &x '1'\n  b: &x '2'\n  c: *x\n"
+    assert inject(text) == text
+    assert capfd.readouterr().err == ""

@@ -59,9 +59,13 @@ class Settings:
     def get(self, key: str, default: str | None = None) -> str | None:
         return self.values.get(key, default)
 
-    def over(self, annotations: Mapping[str, Any] | None, where: str) -> Settings:
+    def over(self, annotations: Any, where: str) -> Settings:
         """These settings overridden by an object's ``topology-agent.io/*`` annotations; an unknown key is an
-        error (a misspelt setting would otherwise be ignored without a word)."""
+        error (a misspelt setting would otherwise be ignored without a word). Annotations are a map of strings;
+        a number or a boolean written unquoted counts as its text, a null as empty, a list or a map is refused."""
+        if annotations is not None and not isinstance(annotations, Mapping):
+            raise InputError(f"{where}: metadata.annotations is {shown(annotations)}, not a map of strings; write "
+                             "it as key: value lines")
         merged = dict(self.values)
         for name, value in (annotations or {}).items():
             if not isinstance(name, str) or not name.startswith(PREFIX):
@@ -70,9 +74,17 @@ class Settings:
             if key not in KEYS:
                 known = ", ".join(sorted(KEYS - {"inject", "injected"}))
                 raise InputError(f"{where}: annotation {name!r} is not a setting of the agent; known: {known}")
-            merged[key] = str(value)
+            if isinstance(value, (Mapping, list)):
+                raise InputError(f"{where}: annotation {name!r} is {shown(value)}, not a string; quote the value")
+            merged[key] = "" if value is None else str(value)
         merged.pop("injected", None)
         return Settings(merged)
+
+
+def shown(value: object) -> str:
+    """A value as a message shows it: on one line, at most 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass
@@ -114,6 +126,19 @@ def _at(obj: Any, *keys: str | int) -> Any:
     return obj
 
 
+def _list_at(obj: Any, *keys: str) -> list[Any]:
+    """A list field of a job (tasks, replicatedJobs, containers); any other value is the API server's to refuse
+    and holds no template here."""
+    value = _at(obj, *keys)
+    return value if isinstance(value, list) else []
+
+
+def _map_at(obj: Any, *keys: str) -> Mapping[Any, Any]:
+    """A map field of a job (pytorchReplicaSpecs, leaderWorkerTemplate), or an empty one for any other value."""
+    value = _at(obj, *keys)
+    return value if isinstance(value, Mapping) else {}
+
+
 def _count(value: Any, default: int = 1) -> int:
     """A replica count as the job states it (absent: the API's default, 1); a count that is no whole number is the
     API server's to refuse, and counts as the default here."""
@@ -126,10 +151,10 @@ def _replicas(entries: Iterable[Any]) -> int | None:
 
 
 def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings) -> Iterator[Template]:
-    rjobs = [r for r in _at(spec, "replicatedJobs") or [] if isinstance(r, Mapping)]
+    rjobs = [r for r in _list_at(spec, "replicatedJobs") if isinstance(r, Mapping)]
     pods = None if prefix else sum(_count(r.get("replicas")) * _count(_at(r, "template", "spec", "parallelism"))
                                    for r in rjobs) or None  # a runtime's size comes from each TrainJob
-    for i, rjob in enumerate(_at(spec, "replicatedJobs") or []):
+    for i, rjob in enumerate(_list_at(spec, "replicatedJobs")):
         template = _at(rjob, "template", "spec", "template")
         if isinstance(template, dict):
             yield Template(f"{where} {prefix}replicatedJobs[{i}] ({_at(rjob, 'name')})", template,
@@ -174,24 +199,24 @@ def _templates_of(doc: Mapping[str, Any], defaults: Settings) -> Iterator[Templa
             key in labels for key in JOB_POD_LABELS)
         yield Template(where, doc, settings, elastic=_pod_elastic(spec), wait_dns=by_dns)
     elif kind == "Job" and group == "batch.volcano.sh":
-        pods = _replicas(_at(spec, "tasks") or [])
-        for i, task in enumerate(_at(spec, "tasks") or []):
+        pods = _replicas(_list_at(spec, "tasks"))
+        for i, task in enumerate(_list_at(spec, "tasks")):
             if isinstance(_at(task, "template"), dict):
                 yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings, pods=pods)
     elif kind == "PyTorchJob" and group == "kubeflow.org":
         policy = _at(spec, "elasticPolicy")
         elastic = None
-        pods = _replicas((_at(spec, "pytorchReplicaSpecs") or {}).values())
+        pods = _replicas(_map_at(spec, "pytorchReplicaSpecs").values())
         if isinstance(policy, Mapping) and (policy.get("minReplicas") or policy.get("maxReplicas")):
             low = policy.get("minReplicas") or policy.get("maxReplicas")
             elastic = f"{low}:{policy.get('maxReplicas') or low}"
             pods = max(pods or 0, _count(policy.get("maxReplicas"), 0)) or None  # it may grow to maxReplicas
-        for rtype, replica in (_at(spec, "pytorchReplicaSpecs") or {}).items():
+        for rtype, replica in _map_at(spec, "pytorchReplicaSpecs").items():
             if isinstance(_at(replica, "template"), dict):
                 yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic, pods=pods)
     elif kind == "MPIJob" and group == "kubeflow.org":
-        pods = _replicas((_at(spec, "mpiReplicaSpecs") or {}).values())
-        for rtype, replica in (_at(spec, "mpiReplicaSpecs") or {}).items():
+        pods = _replicas(_map_at(spec, "mpiReplicaSpecs").values())
+        for rtype, replica in _map_at(spec, "mpiReplicaSpecs").items():
             if isinstance(_at(replica, "template"), dict):
                 yield Template(f"{where} {rtype}", replica["template"], settings, pods=pods)
     elif kind == "JobSet" and group == "jobset.x-k8s.io":
@@ -199,7 +224,7 @@ def _templates_of(doc: Mapping[str, Any], defaults: Settings) -> Iterator[Templa
     elif kind in ("TrainingRuntime", "ClusterTrainingRuntime") and group == "trainer.kubeflow.org":
         yield from _jobset_templates(_at(spec, "template", "spec"), "template.spec.", where, settings)
     elif kind == "LeaderWorkerSet" and group == "leaderworkerset.x-k8s.io":
-        lwt = _at(spec, "leaderWorkerTemplate") or {}
+        lwt = _map_at(spec, "leaderWorkerTemplate")
         pods = _count(_at(spec, "replicas")) * _count(_at(lwt, "size")) or None
         for key in ("leaderTemplate", "workerTemplate"):
             if isinstance(lwt.get(key), dict):
@@ -212,8 +237,8 @@ def _templates_of(doc: Mapping[str, Any], defaults: Settings) -> Iterator[Templa
 
 
 def _pod_elastic(spec: Any) -> str | None:
-    for container in _at(spec, "containers") or []:
-        for env in _at(container, "env") or []:
+    for container in _list_at(spec, "containers"):
+        for env in _list_at(container, "env"):
             value = _at(env, "value")
             if _at(env, "name") == "PET_NNODES" and isinstance(value, str) and ":" in value:
                 return value
@@ -263,6 +288,31 @@ def refuse_reserved(where: str, spec: Mapping[str, Any], *, injected: bool) -> N
                              f"rename the volume and its volumeMounts, e.g. to {suggestion!r}")
 
 
+def check_shape(where: str, pod: Mapping[str, Any]) -> None:
+    """The fields the transform edits or reads have the types the API has: a field of another type is refused
+    with one line, never replaced (it is the user's) and never left to a traceback."""
+    meta = pod.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise InputError(f"{where}: metadata is {shown(meta)}, not an object; fix the manifest")
+    spec = pod["spec"]
+    _check_list(where, "spec.volumes", spec.get("volumes"), "a volume")
+    for key in ("initContainers", "containers"):
+        _check_list(where, f"spec.{key}", spec.get(key), "a container")
+        for i, container in enumerate(spec.get(key) or []):
+            _check_list(where, f"spec.{key}[{i}].volumeMounts", container.get("volumeMounts"), "a volume mount")
+
+
+def _check_list(where: str, path: str, value: Any, item: str) -> None:
+    """A list of objects, or absent."""
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise InputError(f"{where}: {path} is {shown(value)}, not a list; fix the manifest")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise InputError(f"{where}: {path}[{i}] is {shown(entry)}, not {item}; fix the manifest")
+
+
 def _agent_out(spec: Mapping[str, Any]) -> str | None:
     """Where the agent's init container mounts the shared volume: the directory it mounted in the user's
     containers (None: no such init container)."""
@@ -291,12 +341,33 @@ def remove(spec: dict[str, Any], where: str = "the pod template") -> None:
                                                    and (out is None or str(m.get("mountPath")) == out))]
 
 
-def _uid_gid(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[int, int | None] | None:
+MAX_ID = 2**31 - 1  # runAsUser and runAsGroup: the API server takes 0 to 2147483647 (IsValidUserID, IsValidGroupID)
+
+
+def _id(where: str, field: str, value: Any) -> int | None:
+    """A user or group ID as the manifest gives it: None when not given, else a whole number the API server
+    takes (YAML reads 1.5e400 as a float, true as a boolean: neither is an ID)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise InputError(f"{where}: {field} is {shown(value)}, not a user or group ID (a whole number from 0 to "
+                         f"{MAX_ID}); fix the manifest")
+    return int(value)
+
+
+def _uid_gid(where: str, container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[int, int | None] | None:
     """The user a container runs as, when the manifest says (else the image decides: unknown here)."""
     own, shared = container.get("securityContext") or {}, pod.get("securityContext") or {}
-    uid = own.get("runAsUser", shared.get("runAsUser"))
-    gid = own.get("runAsGroup", shared.get("runAsGroup"))
-    return (int(uid), None if gid is None else int(gid)) if uid is not None else None
+    mine = f"securityContext of container {container.get('name')!r}"
+    for path, context in ((mine, own), ("spec.securityContext", shared)):
+        if not isinstance(context, Mapping):
+            raise InputError(f"{where}: {path} is {shown(context)}, not an object; fix the manifest")
+    ids = []
+    for key in ("runAsUser", "runAsGroup"):  # the container's own, else the pod's
+        path, value = (f"{mine}: {key}", own[key]) if key in own else (f"spec.securityContext.{key}", shared.get(key))
+        ids.append(_id(where, path, value))
+    uid, gid = ids
+    return (uid, gid) if uid is not None else None
 
 
 def _restricted(uid: int, gid: int | None = None) -> dict[str, Any]:
@@ -399,7 +470,7 @@ def _trainer_user(template: Template, user_containers: list[dict[str, Any]], spe
     owner = settings.get("ssh-owner")
     if owner:
         return parse_owner(owner, label=f"{template.where}: annotation {PREFIX}ssh-owner")  # type: ignore[return-value]
-    user = _uid_gid(user_containers[0], spec)
+    user = _uid_gid(template.where, user_containers[0], spec)
     if user is None:
         raise InputError(f"{template.where}: {why}, which the manifest does not say; set securityContext.runAsUser "
                          f"on container {user_containers[0].get('name')!r} (or the pod), or annotate "
@@ -423,6 +494,7 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
         raise InputError(f"{template.where}: the pod template has no spec.containers; nothing to add the agent "
                          "to")
+    check_shape(template.where, pod)
     settings = template.settings
     if is_injected(template):
         remove(spec, template.where)

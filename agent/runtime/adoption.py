@@ -15,6 +15,7 @@ import functools
 import io
 import itertools
 import json
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -176,11 +177,23 @@ def inject_text(text: str, defaults: Settings, *, version: str, check: CheckArgs
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or err
         line = f"line {mark.line + 1}" if mark else "an unknown line"
-        raise InputError(f"the input is not YAML: {problem} at {line}") from None
+        raise InputError(f"the input is not YAML: {_one_line(problem)} at {line}") from None
+    except InputError:
+        raise
+    except Exception as err:  # ruamel's round-trip constructor fails outside YAMLError on some input (a mapping
+        # as a key: TypeError; comments it cannot place: NotImplementedError); none of it is a manifest
+        raise InputError(f"the input is YAML that inject cannot read ({type(err).__name__}: {_one_line(err)}); "
+                         "write keys as plain strings, as kubectl needs them") from None
     changed = _inject_all(docs, defaults, version, check)
     out = io.StringIO()
     yaml.dump_all(docs, out)
     return out.getvalue(), changed
+
+
+def _one_line(problem: object) -> str:
+    """A parser's message on one line, at most 200 characters (some span lines, and quote the input)."""
+    text = " ".join(str(problem).split())
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _indentation(text: str) -> dict[str, int]:
@@ -197,7 +210,9 @@ def _indentation(text: str) -> dict[str, int]:
                 mapping = step
                 break
     try:
-        _, sequence, offset = load_yaml_guess_indent(text)
+        with warnings.catch_warnings():  # a reused anchor is valid YAML: no warning on stderr
+            warnings.simplefilter("ignore")
+            _, sequence, offset = load_yaml_guess_indent(text)
     except Exception:  # a guess only: the real parse below says what is wrong
         sequence, offset = None, None
     mapping = mapping or 2
