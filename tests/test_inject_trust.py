@@ -5,6 +5,8 @@ kubectl bounds it, and what inject writes reads back the same."""
 from __future__ import annotations
 
 import io
+import json
+import re
 import sys
 
 import pytest
@@ -292,8 +294,6 @@ def test_a_configmap_nested_300_deep_is_one_line_exit_2(capsys, monkeypatch):
 
 
 def test_nesting_up_to_the_bound_passes_through_unchanged_in_yaml_and_json():
-    import json
-
     text = nested_configmap(100)
     assert inject(text) == text
     assert inject(json.dumps(load(text))) == json.dumps(load(text), indent=2) + "\n"
@@ -370,3 +370,105 @@ def test_a_reused_anchor_gives_no_warning_on_stderr(capfd):
     text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: &x '1'\n  b: &x '2'\n  c: *x\n"
     assert inject(text) == text
     assert capfd.readouterr().err == ""
+
+
+# -- 4. settings that shape the pod are validated; every setting is bounded ----------------------------------
+
+
+def job_with(annotations: dict[str, str]) -> str:
+    lines = "".join(f"    {key}: {json.dumps(value)}\n" for key, value in annotations.items())  # YAML reads JSON
+    return ("apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: j\n  annotations:\n" + lines
+            + "spec:\n  template:\n    spec:\n      securityContext:\n        runAsUser: 1000\n"
+              "      containers:\n      - name: t\n        image: x\n")
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("service-account", "Bad_Name!", "'topology-agent.io/service-account' 'Bad_Name!' is not a ServiceAccount name"),
+    ("ssh-secret", "no/such secret", "'topology-agent.io/ssh-secret' 'no/such secret' is not a Secret name"),
+    ("image", " spaced ", "'topology-agent.io/image' ' spaced ' is not an image reference"),
+    ("image", "topology-agent:", "is not an image reference"),
+    ("image", "a\tb", "is not an image reference"),
+    ("image", "x@sha256:12", "is not an image reference"),
+    ("image", "a" * 256 + ":1", "is not an image reference"),
+    ("out", "shared", "'topology-agent.io/out' 'shared' is not a directory the agent can share"),
+    ("out", "/", "is not a directory the agent can share"),
+    ("out", "/data/../etc", "is not a directory the agent can share"),
+    ("out", "/shared/", "is not a directory the agent can share"),
+    ("out", "/a//b", "is not a directory the agent can share"),
+    ("out", "/a\nb", "is not a directory the agent can share"),
+    ("ssh-owner", "3000000000:1000", "ssh-owner: its UID is 3000000000, not a user or group ID"),
+    ("trainer-match", "x" * 1025, "'topology-agent.io/trainer-match' is 1025 characters long; a setting is at "
+                                   "most 1024"),
+    ("timeout", "9" * 2000, "'topology-agent.io/timeout' is 2000 characters long"),
+], ids=["account", "secret", "image-spaces", "image-empty-tag", "image-tab", "image-short-digest", "image-long",
+        "out-relative", "out-root", "out-dotdot", "out-trailing-slash", "out-double-slash", "out-newline",
+        "owner-uid", "match-long", "timeout-long"])
+def test_a_setting_that_would_make_pods_the_api_server_refuses_is_one_line_exit_2(key, value, says, capsys,
+                                                                                  monkeypatch):
+    """Issue 34: these passed (exit 0): the job was applied, or admitted by the webhook, and every pod of it was
+    refused later (an invalid ServiceAccount or Secret name, an image no runtime pulls, a mount at a relative
+    path or at /)."""
+    annotations = {f"topology-agent.io/{key}": value}
+    if key == "ssh-owner":
+        annotations["topology-agent.io/ssh-secret"] = "s"
+    if key == "trainer-match":
+        annotations["topology-agent.io/sidecar"] = "true"
+    line = one_line_exit_2(job_with(annotations), capsys, monkeypatch)
+    assert line.startswith("topology-agent inject: error: Job j: annotation ") and says in line, line
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("service-account", "trainer.team-a"), ("ssh-secret", "ds-ssh"), ("image", "topology-agent:0.1.0"),
+    ("image", "ghcr.io/acme/topology-agent:0.1.0"), ("image", "localhost:5000/tools/topology_agent__x:v1.0-rc.1"),
+    ("image", "[fd00::1]:5000/agent@sha256:" + "0" * 64), ("out", "/data/topology"), ("out", "/shared"),
+])
+def test_good_settings_that_shape_the_pod_pass(key, value):
+    spec = load(inject(job_with({f"topology-agent.io/{key}": value})))["spec"]["template"]["spec"]
+    init = spec["initContainers"][0]
+    if key == "image":
+        assert init["image"] == value
+    elif key == "out":
+        assert {"name": SHARED, "mountPath": value} in spec["containers"][0]["volumeMounts"]
+    elif key == "service-account":
+        assert spec["serviceAccountName"] == value
+    else:
+        assert {"name": "topology-agent-ssh", "secret": {"secretName": value, "defaultMode": 0o444}} in spec["volumes"]
+
+
+def test_a_long_trainer_match_is_refused_before_any_regex_is_compiled(monkeypatch):
+    """Issue 34: the webhook was fed 200 KB trainer-match values; each was compiled, and re's cache kept 512 of
+    them. The length bound comes first, in Settings.over, for inject, the webhook and --set alike."""
+    compiled: list[int] = []
+    real = re.compile
+
+    def counting(pattern, flags=0):
+        compiled.append(len(pattern))
+        return real(pattern, flags)
+
+    monkeypatch.setattr(re, "compile", counting)
+    text = job_with({"topology-agent.io/sidecar": "true", "topology-agent.io/trainer-match": "(a|b)*" * 40_000})
+    with pytest.raises(InputError, match="is 240000 characters long; a setting is at most 1024"):
+        inject(text)
+    assert not [n for n in compiled if n > 1024]
+    with pytest.raises(InputError, match=re.escape("--set: annotation 'topology-agent.io/image' is 2000 characters")):
+        Settings().over({"topology-agent.io/image": "x" * 2000}, "--set")
+
+
+def test_the_webhook_refuses_the_same_settings_with_the_same_line():
+    """The webhook runs the same transform: a Volcano Job whose image setting has spaces is denied at CREATE
+    (it was admitted, and every pod of it refused later), and so is a Pod over the namespace's own bad setting."""
+    from agent.core import admission
+
+    job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {
+        "name": "v", "annotations": {"topology-agent.io/image": " spaced "}}, "spec": {"tasks": [
+            {"name": "worker", "replicas": 2, "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}}]}}
+    request = admission.parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u", "operation": "CREATE", "namespace": "team-a", "name": "v",
+        "kind": {"group": "batch.volcano.sh", "version": "v1alpha1", "kind": "Job"}, "object": job}})
+    response = admission.answer(request, Settings(), version=__version__, check=check_agent_args)["response"]
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        "topology-agent: Job v: annotation 'topology-agent.io/image' ' spaced ' is not an image reference "
+        "([registry/]path[:tag][@digest], the path in lower case, no spaces); e.g. ghcr.io/acme/topology-agent:0.1.0")
+    with pytest.raises(InputError, match=re.escape("Namespace team-a: annotation 'topology-agent.io/out' '/' is not")):
+        admission.namespace_settings({"metadata": {"name": "team-a", "annotations": {"topology-agent.io/out": "/"}}})

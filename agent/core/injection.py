@@ -18,11 +18,14 @@ each overriding the one before. Keys named like a command-line flag of init or t
 from __future__ import annotations
 
 import copy
+import posixpath
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.model import parse_owner
+from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
 
 PREFIX = "topology-agent.io/"
@@ -48,6 +51,47 @@ KEYS = frozenset(COMMON_FLAGS + INIT_FLAGS + SIDECAR_FLAGS + POD_KEYS)
 FLAG_VALUES_OFF = ("false", "off", "no", "0", "")
 # The labels the Job controller puts on its pods (JobSet's pods are a Job's too): such a pod's template was a Job's.
 JOB_POD_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+
+
+# Every setting's value is at most this long. The longest legitimate values are an image reference (a name of at
+# most 255 characters, a tag of 128, a sha256 digest of 71: about 460) and a selector or topology-levels naming a
+# few label keys (each at most 317); 1024 holds twice the longest of them. The bound is checked before any value
+# reaches a parser: a trainer-match regex is compiled (and kept in re's cache of 512 patterns: at most 512 KB of
+# them here) only once it passed, where callers fed the webhook 200 KB patterns.
+MAX_VALUE = 1024
+
+# An image reference, after the distribution project's grammar (reference/regexp.go, the one container runtimes
+# parse pulls with): [host[:port]/]path[:tag][@algorithm:hex], the path's parts lower-case alphanumerics joined
+# by '.', '_', '__' or dashes, a tag of at most 128 word characters, '.' or '-'.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+IMAGE = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+                   r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+IMAGE_NAME_MAX = 255  # the name (host and path) of a reference, as distribution bounds it
+
+
+def check_setting(key: str, value: str, label: str) -> None:
+    """A setting's value before it shapes the pod or reaches a parser: bounded in length, and for the keys that
+    become pod fields, of the grammar the API server (or the runtime) takes, so nothing is admitted whose pods
+    are all refused later. ``label`` names where the value came from."""
+    if len(value) > MAX_VALUE:
+        raise InputError(f"{label} is {len(value)} characters long; a setting is at most {MAX_VALUE}")
+    if key in ("service-account", "ssh-secret") and value and not is_dns1123_subdomain(value):
+        what = "ServiceAccount" if key == "service-account" else "Secret"
+        raise InputError(f"{label} {shown(value)} is not a {what} name: lower-case letters, digits, '-' and '.', "
+                         "starting and ending with a letter or digit, at most 253 characters")
+    if key == "image" and value:
+        name = value.split("@", 1)[0]
+        last = name.rsplit("/", 1)[-1]
+        if ":" in last:  # a tag (a registry's port sits before a '/')
+            name = name[:len(name) - len(last) + last.index(":")]
+        if IMAGE.fullmatch(value) is None or len(name) > IMAGE_NAME_MAX:
+            raise InputError(f"{label} {shown(value)} is not an image reference ([registry/]path[:tag][@digest], "
+                             "the path in lower case, no spaces); e.g. ghcr.io/acme/topology-agent:0.1.0")
+    if key == "out" and value and (not value.startswith("/") or value == "/" or posixpath.normpath(value) != value
+                                   or ".." in value.split("/") or not value.isprintable()):
+        raise InputError(f"{label} {shown(value)} is not a directory the agent can share: give an absolute, "
+                         "normalised path other than /, with no '..', e.g. /shared")
 
 
 @dataclass(frozen=True)
@@ -77,6 +121,7 @@ class Settings:
             if isinstance(value, (Mapping, list)):
                 raise InputError(f"{where}: annotation {name!r} is {shown(value)}, not a string; quote the value")
             merged[key] = "" if value is None else str(value)
+            check_setting(key, merged[key], f"{where}: annotation {name!r}")
         merged.pop("injected", None)
         return Settings(merged)
 
@@ -469,7 +514,11 @@ def _trainer_user(template: Template, user_containers: list[dict[str, Any]], spe
     """The trainer's UID:GID: annotation ssh-owner, else the trainer container's (or the pod's) runAsUser."""
     owner = settings.get("ssh-owner")
     if owner:
-        return parse_owner(owner, label=f"{template.where}: annotation {PREFIX}ssh-owner")  # type: ignore[return-value]
+        label = f"{template.where}: annotation {PREFIX}ssh-owner"
+        uid, gid = parse_owner(owner, label=label) or (0, 0)  # never None: owner is set
+        for what, value in (("its UID", uid), ("its GID", gid)):  # they become runAsUser and runAsGroup
+            _id(label, what, value)
+        return uid, gid
     user = _uid_gid(template.where, user_containers[0], spec)
     if user is None:
         raise InputError(f"{template.where}: {why}, which the manifest does not say; set securityContext.runAsUser "
