@@ -472,3 +472,28 @@ def test_the_webhook_refuses_the_same_settings_with_the_same_line():
         "([registry/]path[:tag][@digest], the path in lower case, no spaces); e.g. ghcr.io/acme/topology-agent:0.1.0")
     with pytest.raises(InputError, match=re.escape("Namespace team-a: annotation 'topology-agent.io/out' '/' is not")):
         admission.namespace_settings({"metadata": {"name": "team-a", "annotations": {"topology-agent.io/out": "/"}}})
+
+
+# -- 5. JSON is read as strictly as YAML ---------------------------------------------------------------------
+
+
+def test_json_with_a_duplicate_key_is_refused_as_the_same_yaml_is(capsys, monkeypatch):
+    """Issue 34: the first `spec` (with the user's volume) was dropped without a word and the second injected."""
+    first = '{"containers": [{"name": "t", "image": "x"}], "volumes": [{"name": "data", "emptyDir": {}}]}'
+    second = '{"containers": [{"name": "t", "image": "x"}]}'
+    text = f'{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "p"}}, "spec": {first}, "spec": {second}}}'
+    line = one_line_exit_2(text, capsys, monkeypatch)
+    assert line.endswith("the input's JSON has the key 'spec' twice in one object; keep one (the same YAML is "
+                         "refused too)"), line
+    as_yaml = one_line_exit_2(f"apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec: {first}\nspec: {second}\n",
+                              capsys, monkeypatch)
+    assert "duplicate key" in as_yaml and '"spec"' in as_yaml, as_yaml
+    nested = '[{"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "c", "name": "d"}}]'
+    assert "the key 'name' twice" in one_line_exit_2(nested, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_json_constants_no_kubernetes_client_reads_are_refused(constant, capsys, monkeypatch):
+    text = f'{{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {{"name": "c"}}, "data": {{"a": {constant}}}}}'
+    line = one_line_exit_2(text, capsys, monkeypatch)
+    assert f"has {constant}, which is not a JSON number" in line, line

@@ -119,6 +119,27 @@ def _bounded_composer() -> type[Composer]:
     return BoundedComposer
 
 
+class _Refused(ValueError):
+    """JSON that Python's parser takes and kubectl's does not (raised from inside json.loads)."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: Python keeps the last of two (a first `spec` dropped without a
+    word), the API server's strict field validation (kubectl's default) refuses them, and so does ruamel in YAML."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _Refused(f"the input's JSON has the key {key!r} twice in one object; keep one (the same YAML is "
+                           "refused too)")
+        obj[key] = value
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are Python's extension of JSON; no Kubernetes client writes or reads them."""
+    raise _Refused(f"the input's JSON has {name}, which is not a JSON number; write a number or a string")
+
+
 def _too_deep(data: Any) -> bool:
     """Whether JSON data nests deeper than MAX_DEPTH collections, counted as for YAML (every value one level
     below its collection, a scalar too: an empty collection may sit one level deeper), without recursion."""
@@ -153,7 +174,9 @@ def inject_text(text: str, defaults: Settings, *, version: str, check: CheckArgs
     """The manifests in ``text`` with the agent added, and the templates changed ("Kind name part")."""
     if text.lstrip().startswith(("{", "[")):
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_object, parse_constant=_no_constant)
+        except _Refused as err:
+            raise InputError(str(err)) from None
         except ValueError as err:
             raise InputError(f"the input starts like JSON but is not JSON: {err}") from None
         except RecursionError:
