@@ -160,3 +160,41 @@ def test_inject_refuses_broken_text_with_input_error_only(text):
         inject_text(text, Settings(), version=__version__, check=check_agent_args)
     except InputError as err:
         assert "\n" not in str(err).strip()
+
+
+FLOW_AND_BLOCK = [p.read_text() for p in sorted((ROOT / "tests" / "upstream").rglob("*.yaml"))]
+
+
+@st.composite
+def commented_texts(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A controller's or kubernetes/website's example with comments put on lines of their own, at any indentation,
+    and after the content of some lines."""
+    lines = draw(st.sampled_from(FLOW_AND_BLOCK)).splitlines()
+    own_lines = []
+    for n in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(lines)))
+        mark = f"# note {n}"
+        if draw(st.booleans()) or at == len(lines):
+            lines.insert(at, " " * draw(st.integers(0, 12)) + mark)
+            own_lines.append(mark)
+        else:
+            lines[at] += "  " + mark
+    return "\n".join(lines) + "\n", own_lines
+
+
+@settings(FUZZ, max_examples=40)  # two runs of ruamel over a whole example each: ~60 ms an example
+@given(commented_texts())
+def test_comments_anywhere_stay_and_a_second_run_changes_nothing(case):
+    """Issue 34 (flow style), and what the agent adds to lists: a comment written on a line of its own is never
+    lost, and inject of inject's output is that output, whatever the layout and wherever the comments are."""
+    text, own_lines = case
+
+    def run(text: str) -> str:
+        return inject_text(text, Settings(), version=__version__, check=check_agent_args)[0]
+
+    try:
+        once = run(text)
+    except InputError:
+        return
+    assert run(once) == once
+    assert [mark for mark in own_lines if mark not in once] == []

@@ -8,6 +8,7 @@ import io
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from ruamel.yaml import YAML
@@ -17,6 +18,8 @@ from agent.cli import check_agent_args, main
 from agent.core.injection import INJECTED, SHARED, Settings, inject_document
 from agent.errors import InputError
 from agent.runtime.adoption import inject_text
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def inject(text: str, settings: Settings | None = None) -> str:
@@ -497,3 +500,87 @@ def test_json_constants_no_kubernetes_client_reads_are_refused(constant, capsys,
     text = f'{{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {{"name": "c"}}, "data": {{"a": {constant}}}}}'
     line = one_line_exit_2(text, capsys, monkeypatch)
     assert f"has {constant}, which is not a JSON number" in line, line
+
+
+# -- 6. flow style, comments and line endings round-trip -----------------------------------------------------
+
+WEBSITE = ROOT / "tests" / "upstream" / "website"
+
+
+@pytest.mark.parametrize("name", ["init-containers.yaml", "indexed-job.yaml"])
+def test_kubernetes_websites_flow_style_examples_keep_their_layout_and_read_back_the_same(name):
+    """Issue 34: kubernetes/website's examples are flow style over many lines (KYAML). inject wrote each on one
+    line, without its comment, and inject of that exited 2 ("starts like JSON but is not JSON")."""
+    text = (WEBSITE / name).read_text()
+    once = inject(text)
+    assert inject(once) == once
+    lines = once.splitlines()
+    assert lines[:4] == text.splitlines()[:4]  # the header comment and the ---
+    assert max(len(line) for line in lines[4:]) < 100  # block style, not one line
+    for key in ("apiVersion:", "kind:", "metadata:", "spec:", "initContainers:", "volumes:", "containers:"):
+        assert sum(line.strip().startswith(key) for line in lines) >= 1, key
+    document = load(once)
+    assert document == load(inject(yaml_dumped(load(text))))  # the same objects as from plain YAML
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="installed by the test extra")
+    kubernetes_validate.validate(json.loads(json.dumps(document)), "1.32", strict=True)
+
+
+def yaml_dumped(doc: dict) -> str:
+    out = io.StringIO()
+    YAML(typ="safe").dump(doc, out)
+    return out.getvalue()
+
+
+def test_the_comment_inside_flow_style_stays_over_the_key_it_was_written_over():
+    once = inject((WEBSITE / "init-containers.yaml").read_text()).splitlines()
+    at = once.index("  # These containers are run during pod initialization")
+    assert once[at + 1] == "  initContainers:"
+    assert once[at - 2:at] == ["    - name: topology-agent-shared", "      mountPath: /shared"]
+
+
+def test_flow_style_that_starts_like_json_is_read_as_yaml():
+    """KYAML without a leading --- starts with '{', as JSON does; JSON is tried first, then YAML."""
+    text = (WEBSITE / "indexed-job.yaml").read_text().split("---\n", 1)[1]
+    assert text.startswith("{")
+    once = inject(text)
+    assert once.startswith('apiVersion: "batch/v1"\nkind: "Job"\n') and inject(once) == once
+    with pytest.raises(InputError, match=re.escape("the input starts like JSON but is not JSON (Expecting property "
+                                                   "name enclosed in double quotes: line 1 column 2 (char 1)), nor "
+                                                   "YAML (expected the node content, but found ']' at line 1)")):
+        inject("{]")
+
+
+def test_comments_by_a_list_the_agent_adds_to_stay_with_what_they_were_written_over():
+    """ruamel kept a comment over `volumes:` as the one after the last volume mount: the agent's mount went in
+    between, and injecting again dropped it with the agent's mount."""
+    text = ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  initContainers:\n  # fetch the data first\n"
+            "  - name: fetch  # mine\n    image: x\n  # then warm the cache\n  - name: warm\n    image: x\n"
+            "  containers:\n  - name: t\n    image: x\n    volumeMounts:\n    - name: data\n      mountPath: /data\n"
+            "  # the data volume\n  volumes:\n  - name: data\n    emptyDir: {}\n  # the agent's go after this\n")
+    once = inject(text)
+    lines = once.splitlines()
+    assert lines[lines.index("  # the data volume") + 1] == "  volumes:"
+    assert lines[lines.index("  # then warm the cache") + 1] == "  - name: warm"
+    assert "  - name: fetch  # mine" in lines or "  - name: fetch # mine" in lines
+    assert inject(once) == once
+
+
+def test_crlf_comes_back_as_crlf_from_a_file_and_from_stdin(tmp_path, capsys, monkeypatch):
+    """Issue 34: CRLF input came back LF (Python's text reading turned every CRLF into LF before inject saw it)."""
+    lf = (ROOT / "tests" / "upstream" / "jobset-depends-on.yaml").read_text()
+    crlf = lf.replace("\n", "\r\n")
+    path = tmp_path / "job.yaml"
+    path.write_bytes(crlf.encode())
+    assert main(["inject", "-f", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out == inject(lf).replace("\n", "\r\n")
+    assert out.count("\r\n") == out.count("\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(crlf.encode()), encoding="utf-8"))
+    assert main(["inject"]) == 0
+    assert capsys.readouterr().out == out
+    assert inject(out) == out  # and it reads back the same
+
+
+def test_json_with_a_byte_order_mark_is_still_json():
+    text = '\ufeff{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}'
+    assert inject(text) == '\ufeff' + json.dumps(json.loads(text[1:]), indent=2) + "\n"

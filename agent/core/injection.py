@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -365,6 +365,15 @@ def _agent_out(spec: Mapping[str, Any]) -> str | None:
                  for m in _mappings(c.get("volumeMounts")) if m.get("name") == SHARED), None)
 
 
+def _drop(items: Any, agents: Callable[[Mapping[str, Any]], bool]) -> None:
+    """Delete the agent's entries from a list in place, one by one from the end: a round-trip YAML list moves
+    the comments of the entries that stay along with them (rebuilding the list would drop every comment)."""
+    if isinstance(items, list):
+        for i in reversed(range(len(items))):
+            if isinstance(items[i], Mapping) and agents(items[i]):
+                del items[i]
+
+
 def remove(spec: dict[str, Any], where: str = "the pod template") -> None:
     """Take out what an earlier injection added to a template that carries INJECTED: the agent's containers
     and volumes by their exact names (each volume only of the source the agent gives it, else refused), and
@@ -372,18 +381,11 @@ def remove(spec: dict[str, Any], where: str = "the pod template") -> None:
     again puts every key back in the same place."""
     refuse_reserved(where, spec, injected=True)
     out = _agent_out(spec)
-    if isinstance(spec.get("initContainers"), list):
-        spec["initContainers"][:] = [c for c in spec["initContainers"]
-                                     if not (isinstance(c, Mapping) and c.get("name") in AGENT_CONTAINERS)]
-    if isinstance(spec.get("volumes"), list):
-        spec["volumes"][:] = [v for v in spec["volumes"]
-                              if not (isinstance(v, Mapping) and isinstance(v.get("name"), str)
-                                      and v["name"] in AGENT_VOLUMES)]
-    for container in _mappings(spec.get("containers")):
-        mounts = container.get("volumeMounts")
-        if isinstance(mounts, list):  # a mount of the shared volume elsewhere is the user's own: it stays
-            mounts[:] = [m for m in mounts if not (isinstance(m, Mapping) and m.get("name") == SHARED
-                                                   and (out is None or str(m.get("mountPath")) == out))]
+    _drop(spec.get("initContainers"), lambda c: c.get("name") in AGENT_CONTAINERS)
+    _drop(spec.get("volumes"), lambda v: isinstance(v.get("name"), str) and v["name"] in AGENT_VOLUMES)
+    for container in _mappings(spec.get("containers")):  # a mount of the shared volume elsewhere is the user's
+        _drop(container.get("volumeMounts"),
+              lambda m: m.get("name") == SHARED and (out is None or str(m.get("mountPath")) == out))
 
 
 MAX_ID = 2**31 - 1  # runAsUser and runAsGroup: the API server takes 0 to 2147483647 (IsValidUserID, IsValidGroupID)
