@@ -399,12 +399,15 @@ def job_with(annotations: dict[str, str]) -> str:
     ("out", "/shared/", "is not a directory the agent can share"),
     ("out", "/a//b", "is not a directory the agent can share"),
     ("out", "/a\nb", "is not a directory the agent can share"),
+    ("out", "//shared", "is not a directory the agent can share"),
+    ("image", "topology-agent:vé", "is not an image reference"),
     ("ssh-owner", "3000000000:1000", "ssh-owner: its UID is 3000000000, not a user or group ID"),
     ("trainer-match", "x" * 1025, "'topology-agent.io/trainer-match' is 1025 characters long; a setting is at "
                                    "most 1024"),
     ("timeout", "9" * 2000, "'topology-agent.io/timeout' is 2000 characters long"),
 ], ids=["account", "secret", "image-spaces", "image-empty-tag", "image-tab", "image-short-digest", "image-long",
         "out-relative", "out-root", "out-dotdot", "out-trailing-slash", "out-double-slash", "out-newline",
+        "out-leading-double-slash", "image-non-ascii-tag",
         "owner-uid", "match-long", "timeout-long"])
 def test_a_setting_that_would_make_pods_the_api_server_refuses_is_one_line_exit_2(key, value, says, capsys,
                                                                                   monkeypatch):

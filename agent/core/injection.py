@@ -66,7 +66,7 @@ MAX_VALUE = 1024
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
 IMAGE = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
-                   r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+                   r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?", re.ASCII)
 IMAGE_NAME_MAX = 255  # the name (host and path) of a reference, as distribution bounds it
 
 
@@ -89,7 +89,8 @@ def check_setting(key: str, value: str, label: str) -> None:
             raise InputError(f"{label} {shown(value)} is not an image reference ([registry/]path[:tag][@digest], "
                              "the path in lower case, no spaces); e.g. ghcr.io/acme/topology-agent:0.1.0")
     if key == "out" and value and (not value.startswith("/") or value == "/" or posixpath.normpath(value) != value
-                                   or ".." in value.split("/") or not value.isprintable()):
+                                   or "//" in value or ".." in value.split("/") or value != value.strip()
+                                   or not value.isprintable()):
         raise InputError(f"{label} {shown(value)} is not a directory the agent can share: give an absolute, "
                          "normalised path other than /, with no '..', e.g. /shared")
 

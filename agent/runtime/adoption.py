@@ -487,10 +487,10 @@ def _dropped(docs: list[Any], comments: list[tuple[int, int, str, bool]], spans:
 
 def _place_comments(docs: list[Any], comments: list[tuple[int, int, str]], lines: list[str],
                     indentation: Mapping[str, int]) -> None:
-    """Put back the comments ruamel's parser drops inside flow collections, where ruamel keeps comments in block
-    style: a comment on lines of its own before the entry that follows it (so what the agent appends to a list
-    does not come between them), at that entry's column; a comment after content at the end of its line's
-    entry; one with nothing after it in the document after the last leaf."""
+    """Put back the comments to place again (_dropped), where ruamel keeps comments in block style: a comment on
+    a line of its own before the entry that follows it and is not the agent's (so what the agent appends to a
+    list does not come between them), at that entry's column; a comment after content at the end of its line's
+    last leaf or key; one with nothing after it in the document after the last leaf."""
     from bisect import bisect_left
 
     from ruamel.yaml.comments import CommentedBase, CommentedMap
@@ -511,17 +511,24 @@ def _place_comments(docs: list[Any], comments: list[tuple[int, int, str]], lines
     roots = [d for d in docs if isinstance(d, CommentedBase) and getattr(d, "lc", None) is not None]
     starts = [d.lc.line for d in roots]
     per_doc = [_entries(d, indentation) for d in roots]
+    positions = [[(e.line, e.col) for e in entries] for entries in per_doc]
     for line, col, value in sorted(comments):
         if not roots:
             break
         i = max(0, bisect_left(starts, line + 1) - 1)  # a comment over a document is that document's
         entries = per_doc[i]
         text = value.split("\n", 1)[0].rstrip() + "\n" * max(1, value.count("\n"))  # and the blank lines under it
-        position = bisect_left([(e.line, e.col) for e in entries], (line, col))
-        # after content on its line: the end of the last leaf or key there (an item's dash line is the key's)
-        on_line = [e for e in entries[:position] if e.line == line and (e.leaf or isinstance(e.owner, CommentedMap))]
-        if lines[line][:col].strip() and on_line:
-            after(on_line[-1].owner, on_line[-1].key, text, 0)
+        position = bisect_left(positions[i], (line, col))
+        # after content on its line: the end of its first leaf or key (not an item inside a one-line flow
+        # collection; and an item's dash line is its first key's)
+        on_line: _Entry | None = None
+        at = position
+        while at > 0 and entries[at - 1].line == line:
+            at -= 1
+            if entries[at].leaf or isinstance(entries[at].owner, CommentedMap):
+                on_line = entries[at]
+        if on_line is not None and lines[line][:col].strip():
+            after(on_line.owner, on_line.key, text, 0)
         elif following := next((e for e in entries[position:] if not e.agent), None):
             _add_before(following, [CommentToken(text, CommentMark(following.out_col), None)])
         elif leaves := [e for e in entries if e.leaf]:
