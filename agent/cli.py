@@ -852,18 +852,21 @@ def _inject(args: argparse.Namespace) -> int:
     settings = Settings().over(defaults, "--set")
     outputs = []
     for name in args.filename or ["-"]:
-        if name == "-":
-            text = sys.stdin.read()
-        else:
-            try:
-                text = Path(name).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as err:
-                raise InputError(f"-f {name}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
+        # Bytes, decoded without newline translation: inject writes CRLF back where it read CRLF.
+        try:
+            if name == "-":
+                stdin = getattr(sys.stdin, "buffer", None)
+                text = stdin.read().decode("utf-8") if stdin is not None else sys.stdin.read()
+            else:
+                text = Path(name).read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise InputError(f"-f {name}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
         out, changed = inject_text(text, settings, version=__version__, check=check_agent_args)
         outputs.append(out)
         print(f"topology-agent inject: {name}: added the agent to {len(changed)} pod template(s)"
               + (f": {'; '.join(changed)}" if changed else ""), file=sys.stderr)
-    sys.stdout.write("---\n".join(outputs))
+    sys.stdout.write("".join((("---\r\n" if out.endswith("\r\n") else "---\n") if i else "") + out
+                             for i, out in enumerate(outputs)))
     return 0
 
 

@@ -264,44 +264,53 @@ def test_the_patch_comes_from_what_the_agent_adds_not_a_copy_of_the_object():
 
 AGENT_PIECES = {"initContainers": [{"name": INIT, "image": "old"}, {"name": SIDECAR, "image": "old"}],
                 "volumes": [{"name": "topology-agent-shared", "emptyDir": {}},
-                            {"name": "topology-agent-token", "emptyDir": {}}]}
+                            {"name": "topology-agent-token", "projected": {"sources": []}}]}
 
 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_the_patch_applied_to_the_object_as_sent_is_the_transform_whatever_the_template_holds(data):
-    """Lists the transform filters and extends (the user's init containers and volumes around an earlier
-    injection's, the user's mounts), fields absent or present: patch(object) == transform(copy of object)."""
+    """Lists the transform extends (the user's init containers, volumes and mounts, present or not), fields absent
+    or present, and a template injected before whose containers another webhook added to (only the shared mount
+    is added): patch(object) == transform(copy of object)."""
+    from agent.core.injection import INJECTED, complete, inject, is_injected, templates
+
+    injected = data.draw(st.booleans())
     spec: dict = {"containers": []}
     for i in range(data.draw(st.integers(1, 3))):
         container: dict = {"name": f"c{i}", "image": "x"}
         if data.draw(st.booleans()):
             container["volumeMounts"] = [{"name": f"m{j}", "mountPath": f"/m{j}"}
                                          for j in range(data.draw(st.integers(0, 2)))]
-            if data.draw(st.booleans()):
-                container["volumeMounts"].insert(0, {"name": "topology-agent-shared", "mountPath": "/old"})
+            if injected and data.draw(st.booleans()):
+                container["volumeMounts"].insert(0, {"name": "topology-agent-shared", "mountPath": "/shared"})
         spec["containers"].append(container)
     for key, agents in AGENT_PIECES.items():
-        if data.draw(st.booleans()):
+        if injected or data.draw(st.booleans()):
             users = [{"name": f"user-{key}-{j}", "emptyDir": {}} if key == "volumes" else
                      {"name": f"user-{j}", "image": "u"} for j in range(data.draw(st.integers(0, 3)))]
-            for agent in agents:
-                if data.draw(st.booleans()):
-                    users.insert(data.draw(st.integers(0, len(users))), copy.deepcopy(agent))
+            for agent in agents if injected else ():
+                piece = copy.deepcopy(agent)
+                if piece["name"] == INIT:
+                    piece["volumeMounts"] = [{"name": "topology-agent-shared", "mountPath": "/shared"}]
+                users.insert(data.draw(st.integers(0, len(users))), piece)
             spec[key] = users
     if data.draw(st.booleans()):
         spec["serviceAccountName"] = data.draw(st.sampled_from(["mine", "topology-agent"]))
     template: dict = {"spec": spec}
-    if data.draw(st.booleans()):
+    if injected or data.draw(st.booleans()):
         template["metadata"] = {"labels": {"a": "b"}}
-        if data.draw(st.booleans()):
+        if injected or data.draw(st.booleans()):
             template["metadata"]["annotations"] = {"a": "b"}
+    if injected:
+        template["metadata"]["annotations"][INJECTED] = "0.0.1"
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}, "spec": {"template": template}}
     wanted = copy.deepcopy(job)
-    from agent.core.injection import inject, templates
-
     for each in templates(wanted):
-        inject(each, version=__version__)
+        if is_injected(each):
+            complete(each)
+        else:
+            inject(each, version=__version__)
     after, response = admitted(job)
     assert response["allowed"] is True
     assert after == wanted

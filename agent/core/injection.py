@@ -2,9 +2,12 @@
 and the admission webhook (Pods at CREATE).
 
 The transform edits the template in place, so a round-trip YAML document keeps its comments and key order. It
-adds only what carries the agent's name (containers ``topology-agent`` and ``topology-sidecar``, volumes
-``topology-agent-*``) and the shared mount in the user's containers; it first removes every such piece, so a
-second run, or a run over an older injection, gives what one run over the user's own template gives. The
+adds only what carries the agent's exact names (containers ``topology-agent`` and ``topology-sidecar``, volumes
+``topology-agent-shared``, ``-token`` and ``-ssh``) and the shared mount in the user's containers. In a template
+the agent injected before (it carries ``topology-agent.io/injected``) it first takes those pieces out, so a
+second run, or a run over an older injection, gives what one run over the user's own template gives. Nothing
+else is ever taken out: a volume such as ``topology-agent-data`` is the user's, and a template the agent did not
+inject that uses one of the exact names is refused (removing or replacing it would drop the user's data). The
 user's containers keep their command, image, user and security context; pod-level settings that would change
 them (runAsUser, fsGroup, shareProcessNamespace, ...) are never set.
 
@@ -15,11 +18,14 @@ each overriding the one before. Keys named like a command-line flag of init or t
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator, Mapping
+import posixpath
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.model import parse_owner
+from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
 
 PREFIX = "topology-agent.io/"
@@ -47,6 +53,48 @@ FLAG_VALUES_OFF = ("false", "off", "no", "0", "")
 JOB_POD_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
 
+# Every setting's value is at most this long. The longest legitimate values are an image reference (a name of at
+# most 255 characters, a tag of 128, a sha256 digest of 71: about 460) and a selector or topology-levels naming a
+# few label keys (each at most 317); 1024 holds twice the longest of them. The bound is checked before any value
+# reaches a parser: a trainer-match regex is compiled (and kept in re's cache of 512 patterns: at most 512 KB of
+# them here) only once it passed, where callers fed the webhook 200 KB patterns.
+MAX_VALUE = 1024
+
+# An image reference, after the distribution project's grammar (reference/regexp.go, the one container runtimes
+# parse pulls with): [host[:port]/]path[:tag][@algorithm:hex], the path's parts lower-case alphanumerics joined
+# by '.', '_', '__' or dashes, a tag of at most 128 word characters, '.' or '-'.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+IMAGE = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+                   r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?", re.ASCII)
+IMAGE_NAME_MAX = 255  # the name (host and path) of a reference, as distribution bounds it
+
+
+def check_setting(key: str, value: str, label: str) -> None:
+    """A setting's value before it shapes the pod or reaches a parser: bounded in length, and for the keys that
+    become pod fields, of the grammar the API server (or the runtime) takes, so nothing is admitted whose pods
+    are all refused later. ``label`` names where the value came from."""
+    if len(value) > MAX_VALUE:
+        raise InputError(f"{label} is {len(value)} characters long; a setting is at most {MAX_VALUE}")
+    if key in ("service-account", "ssh-secret") and value and not is_dns1123_subdomain(value):
+        what = "ServiceAccount" if key == "service-account" else "Secret"
+        raise InputError(f"{label} {shown(value)} is not a {what} name: lower-case letters, digits, '-' and '.', "
+                         "starting and ending with a letter or digit, at most 253 characters")
+    if key == "image" and value:
+        name = value.split("@", 1)[0]
+        last = name.rsplit("/", 1)[-1]
+        if ":" in last:  # a tag (a registry's port sits before a '/')
+            name = name[:len(name) - len(last) + last.index(":")]
+        if IMAGE.fullmatch(value) is None or len(name) > IMAGE_NAME_MAX:
+            raise InputError(f"{label} {shown(value)} is not an image reference ([registry/]path[:tag][@digest], "
+                             "the path in lower case, no spaces); e.g. ghcr.io/acme/topology-agent:0.1.0")
+    if key == "out" and value and (not value.startswith("/") or value == "/" or posixpath.normpath(value) != value
+                                   or "//" in value or ".." in value.split("/") or value != value.strip()
+                                   or not value.isprintable()):
+        raise InputError(f"{label} {shown(value)} is not a directory the agent can share: give an absolute, "
+                         "normalised path other than /, with no '..', e.g. /shared")
+
+
 @dataclass(frozen=True)
 class Settings:
     """The merged settings of one pod template (keys without the prefix)."""
@@ -56,9 +104,13 @@ class Settings:
     def get(self, key: str, default: str | None = None) -> str | None:
         return self.values.get(key, default)
 
-    def over(self, annotations: Mapping[str, Any] | None, where: str) -> Settings:
+    def over(self, annotations: Any, where: str) -> Settings:
         """These settings overridden by an object's ``topology-agent.io/*`` annotations; an unknown key is an
-        error (a misspelt setting would otherwise be ignored without a word)."""
+        error (a misspelt setting would otherwise be ignored without a word). Annotations are a map of strings;
+        a number or a boolean written unquoted counts as its text, a null as empty, a list or a map is refused."""
+        if annotations is not None and not isinstance(annotations, Mapping):
+            raise InputError(f"{where}: metadata.annotations is {shown(annotations)}, not a map of strings; write "
+                             "it as key: value lines")
         merged = dict(self.values)
         for name, value in (annotations or {}).items():
             if not isinstance(name, str) or not name.startswith(PREFIX):
@@ -67,9 +119,18 @@ class Settings:
             if key not in KEYS:
                 known = ", ".join(sorted(KEYS - {"inject", "injected"}))
                 raise InputError(f"{where}: annotation {name!r} is not a setting of the agent; known: {known}")
-            merged[key] = str(value)
+            if isinstance(value, (Mapping, list)):
+                raise InputError(f"{where}: annotation {name!r} is {shown(value)}, not a string; quote the value")
+            merged[key] = "" if value is None else str(value)
+            check_setting(key, merged[key], f"{where}: annotation {name!r}")
         merged.pop("injected", None)
         return Settings(merged)
+
+
+def shown(value: object) -> str:
+    """A value as a message shows it: on one line, at most 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass
@@ -112,6 +173,19 @@ def _at(obj: Any, *keys: str | int) -> Any:
     return obj
 
 
+def _list_at(obj: Any, *keys: str) -> list[Any]:
+    """A list field of a job (tasks, replicatedJobs, containers); any other value is the API server's to refuse
+    and holds no template here."""
+    value = _at(obj, *keys)
+    return value if isinstance(value, list) else []
+
+
+def _map_at(obj: Any, *keys: str) -> Mapping[Any, Any]:
+    """A map field of a job (pytorchReplicaSpecs, leaderWorkerTemplate), or an empty one for any other value."""
+    value = _at(obj, *keys)
+    return value if isinstance(value, Mapping) else {}
+
+
 def _count(value: Any, default: int = 1) -> int:
     """A replica count as the job states it (absent: the API's default, 1); a count that is no whole number is the
     API server's to refuse, and counts as the default here."""
@@ -124,10 +198,10 @@ def _replicas(entries: Iterable[Any]) -> int | None:
 
 
 def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings, at: str) -> Iterator[Template]:
-    rjobs = [r for r in _at(spec, "replicatedJobs") or [] if isinstance(r, Mapping)]
+    rjobs = [r for r in _list_at(spec, "replicatedJobs") if isinstance(r, Mapping)]
     pods = None if prefix else sum(_count(r.get("replicas")) * _count(_at(r, "template", "spec", "parallelism"))
                                    for r in rjobs) or None  # a runtime's size comes from each TrainJob
-    for i, rjob in enumerate(_at(spec, "replicatedJobs") or []):
+    for i, rjob in enumerate(_list_at(spec, "replicatedJobs")):
         template = _at(rjob, "template", "spec", "template")
         if isinstance(template, dict):
             yield Template(f"{where} {prefix}replicatedJobs[{i}] ({_at(rjob, 'name')})", template,
@@ -135,15 +209,35 @@ def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings, at
                            pointer=f"{at}/replicatedJobs/{i}/template/spec/template")
 
 
-def templates(doc: Mapping[str, Any], defaults: Settings = Settings(), at: str = "") -> Iterator[Template]:
-    """Every pod template of a supported kind in one document (a kubectl List's items included); ``at`` is the
-    document's own JSON Pointer."""
+def _is_list(doc: Mapping[str, Any]) -> bool:
+    kind = doc.get("kind")
+    return kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc)
+
+
+def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterator[Template]:
+    """Every pod template of a supported kind in one document (a kubectl List's items included, Lists in Lists
+    too), each with its JSON Pointer in the document. Each object is visited once: YAML aliases can make one List
+    appear in another many times over (10^10 templates from 1 KB), and the same object needs the agent only once.
+    No recursion: the nesting is the input's to choose."""
+    pending: list[tuple[Mapping[str, Any], str]] = [(doc, "")]
+    seen: set[int] = set()
+    while pending:
+        obj, at = pending.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if _is_list(obj):
+            items = obj.get("items")
+            found = [(item, f"{at}/items/{i}") for i, item in enumerate(items if isinstance(items, list) else [])
+                     if isinstance(item, Mapping)]
+            pending.extend(reversed(found))
+        else:
+            yield from _templates_of(obj, defaults, at)
+
+
+def _templates_of(doc: Mapping[str, Any], defaults: Settings, at: str) -> Iterator[Template]:
+    """The pod templates of one object that is not a List."""
     kind, group, spec = doc.get("kind"), _group(doc), doc.get("spec")
-    if kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc):
-        for i, item in enumerate(doc.get("items") or []):
-            if isinstance(item, Mapping):
-                yield from templates(item, defaults, f"{at}/items/{i}")
-        return
     where = _name(doc)
     settings = defaults.over(_metadata(doc).get("annotations"), where)
     if kind == "Pod" and group == "" and isinstance(doc, dict):
@@ -155,26 +249,26 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings(), at: str =
             key in labels for key in JOB_POD_LABELS)
         yield Template(where, doc, settings, elastic=_pod_elastic(spec), wait_dns=by_dns, pointer=at)
     elif kind == "Job" and group == "batch.volcano.sh":
-        pods = _replicas(_at(spec, "tasks") or [])
-        for i, task in enumerate(_at(spec, "tasks") or []):
+        pods = _replicas(_list_at(spec, "tasks"))
+        for i, task in enumerate(_list_at(spec, "tasks")):
             if isinstance(_at(task, "template"), dict):
                 yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings, pods=pods,
                                pointer=f"{at}/spec/tasks/{i}/template")
     elif kind == "PyTorchJob" and group == "kubeflow.org":
         policy = _at(spec, "elasticPolicy")
         elastic = None
-        pods = _replicas((_at(spec, "pytorchReplicaSpecs") or {}).values())
+        pods = _replicas(_map_at(spec, "pytorchReplicaSpecs").values())
         if isinstance(policy, Mapping) and (policy.get("minReplicas") or policy.get("maxReplicas")):
             low = policy.get("minReplicas") or policy.get("maxReplicas")
             elastic = f"{low}:{policy.get('maxReplicas') or low}"
             pods = max(pods or 0, _count(policy.get("maxReplicas"), 0)) or None  # it may grow to maxReplicas
-        for rtype, replica in (_at(spec, "pytorchReplicaSpecs") or {}).items():
+        for rtype, replica in _map_at(spec, "pytorchReplicaSpecs").items():
             if isinstance(_at(replica, "template"), dict):
                 yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic, pods=pods,
                                pointer=f"{at}/spec/pytorchReplicaSpecs/{escape(rtype)}/template")
     elif kind == "MPIJob" and group == "kubeflow.org":
-        pods = _replicas((_at(spec, "mpiReplicaSpecs") or {}).values())
-        for rtype, replica in (_at(spec, "mpiReplicaSpecs") or {}).items():
+        pods = _replicas(_map_at(spec, "mpiReplicaSpecs").values())
+        for rtype, replica in _map_at(spec, "mpiReplicaSpecs").items():
             if isinstance(_at(replica, "template"), dict):
                 yield Template(f"{where} {rtype}", replica["template"], settings, pods=pods,
                                pointer=f"{at}/spec/mpiReplicaSpecs/{escape(rtype)}/template")
@@ -184,7 +278,7 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings(), at: str =
         yield from _jobset_templates(_at(spec, "template", "spec"), "template.spec.", where, settings,
                                      f"{at}/spec/template/spec")
     elif kind == "LeaderWorkerSet" and group == "leaderworkerset.x-k8s.io":
-        lwt = _at(spec, "leaderWorkerTemplate") or {}
+        lwt = _map_at(spec, "leaderWorkerTemplate")
         pods = _count(_at(spec, "replicas")) * _count(_at(lwt, "size")) or None
         for key in ("leaderTemplate", "workerTemplate"):
             if isinstance(lwt.get(key), dict):
@@ -204,39 +298,139 @@ def escape(token: Any) -> str:
 
 
 def _pod_elastic(spec: Any) -> str | None:
-    for container in _at(spec, "containers") or []:
-        for env in _at(container, "env") or []:
+    for container in _list_at(spec, "containers"):
+        for env in _list_at(container, "env"):
             value = _at(env, "value")
             if _at(env, "name") == "PET_NNODES" and isinstance(value, str) and ":" in value:
                 return value
     return None
 
 
-def _is_agent_volume(name: Any) -> bool:
-    return isinstance(name, str) and name.startswith("topology-agent-")
+# The agent's own pieces, by their exact names: each volume with the one source inject gives it. Every release
+# since inject began (9d07551) gives these names and sets INJECTED on the template, so an earlier injection is
+# recognised by the annotation and its pieces by name and source.
+AGENT_CONTAINERS = (INIT, SIDECAR)
+AGENT_VOLUMES = {SHARED: "emptyDir", TOKEN: "projected", SSH: "secret"}
 
 
-def remove(spec: dict[str, Any]) -> None:
-    """Take out everything an earlier injection added (by the names it gives its pieces). Lists it empties stay
-    where they are, so that injecting again puts every key back in the same place."""
-    if isinstance(spec.get("initContainers"), list):
-        spec["initContainers"][:] = [c for c in spec["initContainers"]
-                                     if not (isinstance(c, Mapping) and c.get("name") in (INIT, SIDECAR))]
-    if isinstance(spec.get("volumes"), list):
-        spec["volumes"][:] = [v for v in spec["volumes"] if not (isinstance(v, Mapping)
-                                                                 and _is_agent_volume(v.get("name")))]
-    for container in spec.get("containers") or []:
-        mounts = container.get("volumeMounts") if isinstance(container, dict) else None
-        if isinstance(mounts, list):
-            mounts[:] = [m for m in mounts if not (isinstance(m, Mapping) and _is_agent_volume(m.get("name")))]
+def _mappings(items: Any) -> list[Mapping[str, Any]]:
+    return [i for i in items if isinstance(i, Mapping)] if isinstance(items, list) else []
 
 
-def _uid_gid(container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[int, int | None] | None:
+def _source(volume: Mapping[str, Any]) -> str:
+    """A volume's source (emptyDir, persistentVolumeClaim, ...): its one key besides the name."""
+    return next((str(k) for k in volume if k != "name"), "?")
+
+
+def refuse_reserved(where: str, spec: Mapping[str, Any], *, injected: bool) -> None:
+    """A user's piece that uses one of the agent's exact names is refused, never replaced: in a template the
+    agent did not inject, any such container or volume; in one it did, such a container among the user's
+    ``containers``, or such a volume of another source than the agent gives (a PVC named topology-agent-shared)."""
+    not_ours = f"is in a template the agent did not inject (no {INJECTED} annotation)"
+    for key in ("containers",) if injected else ("initContainers", "containers"):
+        for container in _mappings(spec.get(key)):
+            name = container.get("name")
+            if name in AGENT_CONTAINERS:
+                what = "init container" if key == "initContainers" else "container"
+                hint = "" if injected else (" (if it is the agent written in by hand, as in manifests/examples, "
+                                            "apply the job without inject and the webhook's label)")
+                raise InputError(f"{where}: {what} {name!r} {'is not the agent' if injected else not_ours}, and "
+                                 f"the agent keeps that name for its own containers; rename it{hint}")
+    for volume in _mappings(spec.get("volumes")):
+        name = volume.get("name")
+        if not isinstance(name, str) or name not in AGENT_VOLUMES:
+            continue
+        why = not_ours if not injected else (
+            f"is a {_source(volume)} volume, not the agent's {AGENT_VOLUMES[name]}"
+            if set(volume) != {"name", AGENT_VOLUMES[name]} else "")
+        if why:
+            suggestion = name.removeprefix("topology-agent-")
+            raise InputError(f"{where}: volume {name!r} {why}, and the agent keeps that name for its own volumes; "
+                             f"rename the volume and its volumeMounts, e.g. to {suggestion!r}")
+
+
+def check_shape(where: str, pod: Mapping[str, Any]) -> None:
+    """The fields the transform edits or reads have the types the API has: a field of another type is refused
+    with one line, never replaced (it is the user's) and never left to a traceback."""
+    meta = pod.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise InputError(f"{where}: metadata is {shown(meta)}, not an object; fix the manifest")
+    spec = pod["spec"]
+    _check_list(where, "spec.volumes", spec.get("volumes"), "a volume")
+    for key in ("initContainers", "containers"):
+        _check_list(where, f"spec.{key}", spec.get(key), "a container")
+        for i, container in enumerate(spec.get(key) or []):
+            _check_list(where, f"spec.{key}[{i}].volumeMounts", container.get("volumeMounts"), "a volume mount")
+
+
+def _check_list(where: str, path: str, value: Any, item: str) -> None:
+    """A list of objects, or absent."""
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise InputError(f"{where}: {path} is {shown(value)}, not a list; fix the manifest")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise InputError(f"{where}: {path}[{i}] is {shown(entry)}, not {item}; fix the manifest")
+
+
+def _agent_out(spec: Mapping[str, Any]) -> str | None:
+    """Where the agent's init container mounts the shared volume: the directory it mounted in the user's
+    containers (None: no such init container)."""
+    return next((str(m.get("mountPath")) for c in _mappings(spec.get("initContainers")) if c.get("name") == INIT
+                 for m in _mappings(c.get("volumeMounts")) if m.get("name") == SHARED), None)
+
+
+def _drop(items: Any, agents: Callable[[Mapping[str, Any]], bool]) -> None:
+    """Delete the agent's entries from a list in place, one by one from the end: a round-trip YAML list moves
+    the comments of the entries that stay along with them (rebuilding the list would drop every comment)."""
+    if isinstance(items, list):
+        for i in reversed(range(len(items))):
+            if isinstance(items[i], Mapping) and agents(items[i]):
+                del items[i]
+
+
+def remove(spec: dict[str, Any], where: str = "the pod template") -> None:
+    """Take out what an earlier injection added to a template that carries INJECTED: the agent's containers
+    and volumes by their exact names (each volume only of the source the agent gives it, else refused), and
+    the shared mount it put in the user's containers. Lists it empties stay where they are, so that injecting
+    again puts every key back in the same place."""
+    refuse_reserved(where, spec, injected=True)
+    out = _agent_out(spec)
+    _drop(spec.get("initContainers"), lambda c: c.get("name") in AGENT_CONTAINERS)
+    _drop(spec.get("volumes"), lambda v: isinstance(v.get("name"), str) and v["name"] in AGENT_VOLUMES)
+    for container in _mappings(spec.get("containers")):  # a mount of the shared volume elsewhere is the user's
+        _drop(container.get("volumeMounts"),
+              lambda m: m.get("name") == SHARED and (out is None or str(m.get("mountPath")) == out))
+
+
+MAX_ID = 2**31 - 1  # runAsUser and runAsGroup: the API server takes 0 to 2147483647 (IsValidUserID, IsValidGroupID)
+
+
+def _id(where: str, field: str, value: Any) -> int | None:
+    """A user or group ID as the manifest gives it: None when not given, else a whole number the API server
+    takes (YAML reads 1.5e400 as a float, true as a boolean: neither is an ID)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise InputError(f"{where}: {field} is {shown(value)}, not a user or group ID (a whole number from 0 to "
+                         f"{MAX_ID}); fix the manifest")
+    return int(value)
+
+
+def _uid_gid(where: str, container: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[int, int | None] | None:
     """The user a container runs as, when the manifest says (else the image decides: unknown here)."""
     own, shared = container.get("securityContext") or {}, pod.get("securityContext") or {}
-    uid = own.get("runAsUser", shared.get("runAsUser"))
-    gid = own.get("runAsGroup", shared.get("runAsGroup"))
-    return (int(uid), None if gid is None else int(gid)) if uid is not None else None
+    mine = f"securityContext of container {container.get('name')!r}"
+    for path, context in ((mine, own), ("spec.securityContext", shared)):
+        if not isinstance(context, Mapping):
+            raise InputError(f"{where}: {path} is {shown(context)}, not an object; fix the manifest")
+    ids = []
+    for key in ("runAsUser", "runAsGroup"):  # the container's own, else the pod's
+        path, value = (f"{mine}: {key}", own[key]) if key in own else (f"spec.securityContext.{key}", shared.get(key))
+        ids.append(_id(where, path, value))
+    uid, gid = ids
+    return (uid, gid) if uid is not None else None
 
 
 def _restricted(uid: int, gid: int | None = None) -> dict[str, Any]:
@@ -338,8 +532,12 @@ def _trainer_user(template: Template, user_containers: list[dict[str, Any]], spe
     """The trainer's UID:GID: annotation ssh-owner, else the trainer container's (or the pod's) runAsUser."""
     owner = settings.get("ssh-owner")
     if owner:
-        return parse_owner(owner, label=f"{template.where}: annotation {PREFIX}ssh-owner")  # type: ignore[return-value]
-    user = _uid_gid(user_containers[0], spec)
+        label = f"{template.where}: annotation {PREFIX}ssh-owner"
+        uid, gid = parse_owner(owner, label=label) or (0, 0)  # never None: owner is set
+        for what, value in (("its UID", uid), ("its GID", gid)):  # they become runAsUser and runAsGroup
+            _id(label, what, value)
+        return uid, gid
+    user = _uid_gid(template.where, user_containers[0], spec)
     if user is None:
         raise InputError(f"{template.where}: {why}, which the manifest does not say; set securityContext.runAsUser "
                          f"on container {user_containers[0].get('name')!r} (or the pod), or annotate "
@@ -363,8 +561,12 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
         raise InputError(f"{template.where}: the pod template has no spec.containers; nothing to add the agent "
                          "to")
+    check_shape(template.where, pod)
     settings = template.settings
-    remove(spec)
+    if is_injected(template):
+        remove(spec, template.where)
+    else:
+        refuse_reserved(template.where, spec, injected=False)
     elastic = elastic_of(template)
     sidecar = elastic is not None or (settings.get("sidecar") or "").strip().lower() not in FLAG_VALUES_OFF
     out = settings.get("out") or "/shared"
@@ -443,9 +645,12 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
 def inject_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> list[str]:
     """Add the agent to every pod template of one manifest document (in place); the templates it changed."""
     done = []
+    injected: set[int] = set()  # a template shared by YAML aliases (tasks: [{template: *t}, ...]) gets it once
     for template in templates(doc, defaults):
         template.settings = template.settings.over(_metadata(template.template).get("annotations"),
                                                    template.where)
-        inject(template, version=version)
+        if id(template.template) not in injected:
+            inject(template, version=version)
+            injected.add(id(template.template))
         done.append(template.where)
     return done
