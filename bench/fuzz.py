@@ -36,7 +36,7 @@ from agent.core.published import configmap_body, configmap_name, pack
 from agent.core.ssh_config import SshPaths, render_known_hosts, render_ssh_config
 from agent.errors import ApiError, InputError
 from agent.k8s.core import parse_event
-from agent.runtime.intake import usable_pods
+from agent.runtime.views import usable_pods
 from agent.trainer import parse_env_file
 
 HOSTILE: list[Any] = [
