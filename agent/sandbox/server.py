@@ -34,19 +34,10 @@ import jsonpatch
 from aiohttp import web
 
 from agent.sandbox import admission, protobuf, tables
+from agent.sandbox.discovery import Catalog, Kind, resource_key
+from agent.sandbox.responses import constant, metadata_only, partial, status
 from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
 from agent.sandbox.store import Conflict, Gone, NotFound, Obj, Store, Watcher
-
-
-@dataclass(frozen=True)
-class Kind:
-    """A served resource: its kind, scope, and what kubectl's discovery reads (short names, categories)."""
-
-    kind: str
-    namespaced: bool
-    short: tuple[str, ...] = ()
-    categories: tuple[str, ...] = ()
-
 
 # (group, version, plural) -> what it serves; short names as the API server gives them (kubectl get ns, po, cm).
 RESOURCES: dict[tuple[str, str, str], Kind] = {
@@ -96,19 +87,7 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platfo
            "gitTreeState": "clean"}
 
 
-def resource_key(group: str, version: str, plural: str) -> str:
-    return f"{group}/{version}/{plural}"
-
-
 SNAPSHOTS = 64  # paged LISTs in progress kept; an older continue token gets 410 Expired, as from the API server
-
-
-def status(code: int, reason: str, message: str, *, details: dict[str, Any] | None = None) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
-    if details:
-        body["details"] = details
-    return web.json_response(body, status=code)
 
 
 @dataclass
@@ -189,7 +168,7 @@ class Sandbox:
         # page's revision), sorted once, not once per page.
         self._snapshots: collections.OrderedDict[str, tuple[str, list[Obj]]] = collections.OrderedDict()
         self._snapshot_ids = itertools.count(1)
-        self.resources = dict(RESOURCES)  # plus the kinds of the CRDs created in this sandbox
+        self.catalog = Catalog(RESOURCES, SUBRESOURCES, version=VERSION["gitVersion"], definitions=CRDS)
         self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
         for name in NAMESPACES:
             self.store.create(resource_key("", "v1", "namespaces"), "", {
@@ -254,6 +233,11 @@ class Sandbox:
                 transport.abort()
         for task in list(self.watch_tasks):
             task.cancel()
+
+    @property
+    def resources(self) -> dict[tuple[str, str, str], Kind]:
+        """The kinds served: ``RESOURCES`` plus those of the CRDs created in this sandbox."""
+        return self.catalog.resources
 
     # --- TLS and client files ----------------------------------------------------------------------------
 
@@ -342,21 +326,10 @@ class Sandbox:
         r.add_post("/sandbox/stats/reset", self._reset_stats)
         r.add_post("/sandbox/faults", self._set_faults)
         r.add_delete("/sandbox/faults", self._clear_faults)
-        r.add_get("/version", self._constant(VERSION))
-        r.add_get("/healthz", self._constant("ok"))
-        r.add_get("/readyz", self._constant("ok"))
-        r.add_get("/api", self._constant({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-            {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}))
-        r.add_get("/apis", self._apis)
-        r.add_get("/api/v1", self._core_resources)
-        r.add_get("/apis/{group}/{version}", self._group_resources)
-        # OpenAPI v3 with each kind's PATCH operation and its fieldValidation parameter: kubectl's default
-        # --validate=strict then leaves validation to the server (cli-runtime pkg/resource/
-        # query_param_verifier_v3.go). A v2 document without definitions for what kubectl validates itself (a
-        # v1 List): a kind it has no schema for passes.
-        r.add_get("/openapi/v2", self._openapi_v2)
-        r.add_get("/openapi/v3", self._openapi_index)
-        r.add_get("/openapi/v3/{path:.+}", self._openapi_group)
+        r.add_get("/version", constant(VERSION))
+        r.add_get("/healthz", constant("ok"))
+        r.add_get("/readyz", constant("ok"))
+        self.catalog.add_routes(r)
         for prefix in ("/api/{version}", "/apis/{group}/{version}"):
             r.add_route("*", prefix + "/{plural}", self._collection)
             r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self._collection)
@@ -364,60 +337,6 @@ class Sandbox:
             r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}", self._item)
             r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}/{sub}", self._item)
         return app
-
-    @staticmethod
-    def _constant(body: Any) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handler(_: web.Request) -> web.Response:
-            return web.Response(text=body) if isinstance(body, str) else web.json_response(body)
-
-        return handler
-
-    async def _openapi_v2(self, request: web.Request) -> web.Response:
-        if "protobuf" in request.headers.get("Accept", ""):
-            # gnostic's openapi_v2.Document with field 1 (swagger) = "2.0", as client-go's discovery reads it
-            return web.Response(body=b"\n\x032.0",
-                                content_type="application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
-        return self._json({"swagger": "2.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
-                           "paths": {}})
-
-    def _group_versions(self) -> list[tuple[str, str]]:
-        return sorted({(g, v) for g, v, _ in self.resources})
-
-    async def _openapi_index(self, _: web.Request) -> web.Response:
-        paths = {}
-        for group, version in self._group_versions():
-            path = f"apis/{group}/{version}" if group else f"api/{version}"
-            paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={len(self.resources)}"}
-        return self._json({"paths": paths})
-
-    async def _openapi_group(self, request: web.Request) -> web.Response:
-        parts = request.match_info["path"].split("/")
-        group, version = ("", parts[1]) if parts[0] == "api" and len(parts) == 2 else \
-            (parts[1], parts[2]) if parts[0] == "apis" and len(parts) == 3 else ("?", "?")
-        paths: dict[str, Any] = {}
-        validation = [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}]
-        for (g, v, plural), served in self.resources.items():
-            if (g, v) != (group, version):
-                continue
-            prefix = f"/apis/{g}/{v}" if g else f"/api/{v}"
-            scope = "/namespaces/{namespace}" if served.namespaced else ""
-            gvk = {"group": g, "version": v, "kind": served.kind}
-            paths[f"{prefix}{scope}/{plural}/{{name}}"] = {
-                "patch": {"x-kubernetes-group-version-kind": gvk, "parameters": validation,
-                          "responses": {"200": {"description": "OK"}}}}
-            paths[f"{prefix}{scope}/{plural}"] = {
-                "post": {"x-kubernetes-group-version-kind": gvk, "parameters": validation,
-                         "responses": {"201": {"description": "Created"}}}}
-        if not paths:
-            return status(404, "NotFound", f"no OpenAPI v3 document for {request.match_info['path']}")
-        return self._json({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
-                           "paths": paths, "components": {"schemas": {}}})
-
-    async def _core_resources(self, _: web.Request) -> web.Response:
-        return self._resource_list("", "v1")
-
-    async def _group_resources(self, request: web.Request) -> web.Response:
-        return self._resource_list(request.match_info["group"], request.match_info["version"])
 
     @web.middleware
     async def _middleware(self, request: web.Request,
@@ -521,57 +440,6 @@ class Sandbox:
         self.faults = Faults()
         return self._json({"ok": True})
 
-    async def _apis(self, _: web.Request) -> web.Response:
-        groups: dict[str, list[str]] = {}
-        for group, version, _plural in self.resources:
-            if group and version not in groups.setdefault(group, []):
-                groups[group].append(version)
-        body = {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-             "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
-            for g, vs in groups.items()]}
-        return self._json(body)
-
-    def _resource_list(self, group: str, version: str) -> web.Response:
-        resources = []
-        for (g, v, plural), served in self.resources.items():
-            if (g, v) != (group, version):
-                continue
-            resources.append({"name": plural, "singularName": served.kind.lower(), "namespaced": served.namespaced,
-                              "kind": served.kind,
-                              "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-                              **({"shortNames": list(served.short)} if served.short else {}),
-                              **({"categories": list(served.categories)} if served.categories else {})})
-            for sub in SUBRESOURCES.get((g, v, plural), ()):
-                resources.append({"name": f"{plural}/{sub}", "singularName": "", "namespaced": served.namespaced,
-                                  "kind": served.kind, "verbs": ["get", "patch", "update"]})
-        if not resources:
-            return status(404, "NotFound", f"the server could not find the requested resource {group}/{version}")
-        return self._json({"kind": "APIResourceList", "apiVersion": "v1",
-                           "groupVersion": f"{group}/{version}" if group else version, "resources": resources})
-
-    def _resolve(self, request: web.Request) -> tuple[str, str, str, bool] | web.Response:
-        info = request.match_info
-        group, version, plural = info.get("group", ""), info["version"], info["plural"]
-        found = self.resources.get((group, version, plural))
-        if found is None:
-            return status(404, "NotFound", "the server could not find the requested resource")
-        return (resource_key(group, version, plural), found.kind, f"{group}/{version}" if group else version,
-                found.namespaced)
-
-    def _served(self, crd: Obj) -> None:
-        """A CustomResourceDefinition's kind is served from its creation (no schema checks: stored as sent)."""
-        spec = crd.get("spec") or {}
-        names = spec.get("names") or {}
-        group, plural, kind = spec.get("group"), names.get("plural"), names.get("kind")
-        if not (isinstance(group, str) and isinstance(plural, str) and isinstance(kind, str)):
-            return
-        for version in spec.get("versions") or []:
-            if isinstance(version, dict) and version.get("served", True) and isinstance(version.get("name"), str):
-                self.resources[(group, version["name"], plural)] = Kind(
-                    kind, spec.get("scope", "Namespaced") != "Cluster", tuple(names.get("shortNames") or ()),
-                    tuple(names.get("categories") or ()))
-
     @staticmethod
     async def _body(request: web.Request) -> Obj | web.Response:
         """The request's object: JSON, or the Kubernetes protobuf kubectl's typed create commands send."""
@@ -591,7 +459,7 @@ class Sandbox:
         return body  # type: ignore[return-value]
 
     async def _collection(self, request: web.Request) -> web.StreamResponse:
-        resolved = self._resolve(request)
+        resolved = self.catalog.resolve(request)
         if isinstance(resolved, web.Response):
             return resolved
         resource, kind, api_version, namespaced = resolved
@@ -629,10 +497,10 @@ class Sandbox:
                 self._snapshots.pop(token.partition(":")[0], None)
             page = items[start:start + limit] if limit else items
             if tables.wants_table(request.headers.get("Accept", "")):
-                return self._json(tables.table(kind, page, version, partial=_partial))
-            if _metadata_only(request):
+                return self._json(tables.table(kind, page, version, partial=partial))
+            if metadata_only(request):
                 return self._json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
-                                   "metadata": meta, "items": [_partial(o) for o in page]})
+                                   "metadata": meta, "items": [partial(o) for o in page]})
             return self._json({"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page})
         if request.method == "POST":
             if namespace is None:
@@ -684,8 +552,7 @@ class Sandbox:
     def store_object(self, resource: str, namespace: str, body: Obj, *, keep_uid: bool = False) -> Obj:
         """Store a created object (Conflict if its name is taken); a CRD's kind is served from now on."""
         created = self.store.create(resource, namespace, body, keep_uid=keep_uid)
-        if resource == CRDS:
-            self._served(created)
+        self.catalog.learn(resource, created)
         return created
 
     def _matcher(self, request: web.Request) -> Callable[[Obj], bool]:
@@ -694,7 +561,7 @@ class Sandbox:
         return lambda obj: labels(obj) and fields(obj)
 
     async def _item(self, request: web.Request) -> web.StreamResponse:
-        resolved = self._resolve(request)
+        resolved = self.catalog.resolve(request)
         if isinstance(resolved, web.Response):
             return resolved
         resource, kind, _api_version, namespaced = resolved
@@ -707,8 +574,8 @@ class Sandbox:
                           details={"name": name, "kind": kind.lower() + "s"})
         if request.method == "GET":
             if tables.wants_table(request.headers.get("Accept", "")):
-                return self._json(tables.table(kind, [current], str(self.store.rv), partial=_partial))
-            return self._json(_partial(current) if _metadata_only(request) else current)
+                return self._json(tables.table(kind, [current], str(self.store.rv), partial=partial))
+            return self._json(partial(current) if metadata_only(request) else current)
         if request.method == "DELETE":
             graceful = resource == "/v1/pods" and request.query.get("gracePeriodSeconds") not in (None, "0") \
                 and bool(current.get("metadata", {}).get("finalizers"))
@@ -888,16 +755,6 @@ def _written(kind: str, obj: Obj) -> None:
         data = obj["data"]
         for key, value in obj.pop("stringData").items():
             data[key] = base64.b64encode(str(value).encode()).decode()
-
-
-def _metadata_only(request: web.Request) -> bool:
-    """``Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`` (client-go's metadata
-    client): the API server answers with the objects' metadata only."""
-    return "as=PartialObjectMetadata" in request.headers.get("Accept", "")
-
-
-def _partial(obj: Obj) -> Obj:
-    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
