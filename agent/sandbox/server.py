@@ -26,7 +26,6 @@ import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from aiohttp import web
 
 from agent.sandbox import admission, protobuf, tables
 from agent.sandbox.discovery import Catalog, Kind, resource_key
+from agent.sandbox.faults import Faults, Knobs, Stats, fault_response, trickle
 from agent.sandbox.responses import constant, metadata_only, partial, status
 from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
 from agent.sandbox.store import Conflict, Gone, NotFound, Obj, Store, Watcher
@@ -90,60 +90,6 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platfo
 SNAPSHOTS = 64  # paged LISTs in progress kept; an older continue token gets 410 Expired, as from the API server
 
 
-@dataclass
-class Faults:
-    """What the sandbox does wrong, and for how many more requests (``count`` -1: until cleared)."""
-
-    status: int | None = None
-    count: int = 0
-    retry_after: float | None = None
-    delay: float = 0.0
-    delay_count: int = 0
-    path: str | None = None
-    down_until: float = 0.0
-    reset: bool = False  # close the connection without an answer (a cut stream)
-    # Watches: "hang" (headers, then nothing), "empty" (200 and no event), "gone" (an ERROR 410 event at once)
-    watch: str | None = None
-    trickle: float = 0.0  # bytes per second of every answer's body (0: as fast as it goes)
-
-    def applies(self, path: str) -> bool:
-        return not self.path or self.path in path
-
-    def take_status(self, path: str) -> int | None:
-        if self.status is None or self.count == 0 or (self.path and self.path not in path):
-            return None
-        if self.count > 0:
-            self.count -= 1
-        return self.status
-
-    def take_delay(self, path: str) -> float:
-        if self.delay <= 0 or self.delay_count == 0 or (self.path and self.path not in path):
-            return 0.0
-        if self.delay_count > 0:
-            self.delay_count -= 1
-        return self.delay
-
-
-@dataclass
-class Stats:
-    requests: int = 0
-    bytes: int = 0
-    watches: int = 0
-    by_agent: dict[str, dict[str, int]] = field(default_factory=dict)
-    last_event: dict[str, float] = field(default_factory=dict)  # per agent: perf_counter() of its last watch line
-
-    def count(self, agent: str, *, nbytes: int = 0, request: bool = False, watch: bool = False) -> None:
-        entry = self.by_agent.setdefault(agent, {"requests": 0, "bytes": 0, "watches": 0})
-        if request:
-            self.requests += 1
-            entry["requests"] += 1
-        if watch:
-            self.watches += 1
-            entry["watches"] += 1
-        self.bytes += nbytes
-        entry["bytes"] += nbytes
-
-
 class Sandbox:
     """One sandbox API server. ``start()`` listens on 127.0.0.1; ``kubeconfig`` points kubectl at it."""
 
@@ -156,8 +102,7 @@ class Sandbox:
         self.bookmark_interval = bookmark_interval
         self.tls = tls
         self.store = Store(history=history)
-        self.faults = Faults()
-        self.stats = Stats()
+        self.knobs = Knobs()
         self.watch_tasks: set[asyncio.Task[Any]] = set()
         self._streams: set[web.StreamResponse] = set()
         self._runner: web.AppRunner | None = None
@@ -233,6 +178,22 @@ class Sandbox:
                 transport.abort()
         for task in list(self.watch_tasks):
             task.cancel()
+
+    @property
+    def faults(self) -> Faults:
+        return self.knobs.faults
+
+    @faults.setter
+    def faults(self, faults: Faults) -> None:
+        self.knobs.faults = faults
+
+    @property
+    def stats(self) -> Stats:
+        return self.knobs.stats
+
+    @stats.setter
+    def stats(self, stats: Stats) -> None:
+        self.knobs.stats = stats
 
     @property
     def resources(self) -> dict[tuple[str, str, str], Kind]:
@@ -364,38 +325,13 @@ class Sandbox:
                 if self.faults.reset and request.transport:
                     request.transport.abort()
                     raise web.HTTPServiceUnavailable()
-                return self._fault_response(code, request)
+                return fault_response(self.faults, code, request)
         response = await handler(request)
         if isinstance(response, web.Response) and response.body is not None:
             self.stats.count(agent, nbytes=len(response.body))  # type: ignore[arg-type]
             if self.faults.trickle > 0 and self.faults.applies(request.path) and not request.path.startswith(
                     "/sandbox/"):
-                return await self._trickle(request, response)
-        return response
-
-    async def _trickle(self, request: web.Request, response: web.Response) -> web.StreamResponse:
-        """The answer's body at ``faults.trickle`` bytes per second, one byte at a time."""
-        body = bytes(response.body)  # type: ignore[arg-type]
-        stream = web.StreamResponse(status=response.status, headers={"Content-Type": response.content_type})
-        stream.content_length = len(body)
-        await stream.prepare(request)
-        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
-            for at in range(len(body)):
-                await stream.write(body[at:at + 1])
-                await asyncio.sleep(1 / self.faults.trickle)
-        return stream
-
-    def _fault_response(self, code: int, request: web.Request) -> web.Response:
-        reasons = {403: "Forbidden", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
-                   504: "Timeout"}
-        message = {
-            403: f'pods is forbidden: User "system:serviceaccount:default:default" cannot {request.method.lower()} '
-                 'resource "pods" in API group "" in the namespace "default"',
-        }.get(code, f"sandbox fault: {code}")
-        response = status(code, reasons.get(code, "InternalError"), message)
-        if self.faults.retry_after is not None:
-            response.headers["Retry-After"] = str(int(self.faults.retry_after) if self.faults.retry_after >= 1
-                                                  else self.faults.retry_after)
+                return await trickle(request, response, self.knobs)
         return response
 
     @staticmethod
@@ -409,7 +345,7 @@ class Sandbox:
                            "resourceVersion": self.store.rv})
 
     async def _reset_stats(self, _: web.Request) -> web.Response:
-        self.stats = Stats()
+        self.knobs.stats = Stats()
         return self._json({})
 
     async def _set_faults(self, request: web.Request) -> web.Response:
@@ -420,24 +356,11 @@ class Sandbox:
             self.store.compact()
         if "downFor" in body:
             await self.go_down(float(body["downFor"]))
-        if "status" in body:
-            self.faults.status = int(body["status"])
-            self.faults.count = int(body.get("count", -1))
-            self.faults.retry_after = body.get("retryAfter")
-            self.faults.reset = bool(body.get("reset", False))
-        if "delay" in body:
-            self.faults.delay = float(body["delay"])
-            self.faults.delay_count = int(body.get("delayCount", -1))
-        if "path" in body:
-            self.faults.path = body["path"]
-        if "watch" in body:
-            self.faults.watch = body["watch"]
-        if "trickle" in body:
-            self.faults.trickle = float(body["trickle"])
+        self.faults.apply(body)
         return self._json({"ok": True})
 
     async def _clear_faults(self, _: web.Request) -> web.Response:
-        self.faults = Faults()
+        self.knobs.faults = Faults()
         return self._json({"ok": True})
 
     @staticmethod
