@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import collections
 import contextlib
 import copy
 import datetime
 import ipaddress
-import itertools
 import json
 import ssl
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,9 +32,11 @@ from aiohttp import web
 from agent.sandbox import admission, protobuf, tables
 from agent.sandbox.discovery import Catalog, Kind, resource_key
 from agent.sandbox.faults import Faults, Knobs, Stats, fault_response, trickle
+from agent.sandbox.listing import Pager, list_response
 from agent.sandbox.responses import constant, metadata_only, partial, status
 from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
-from agent.sandbox.store import Conflict, Gone, NotFound, Obj, Store, Watcher
+from agent.sandbox.store import Conflict, NotFound, Obj, Store
+from agent.sandbox.watching import Watches
 
 # (group, version, plural) -> what it serves; short names as the API server gives them (kubectl get ns, po, cm).
 RESOURCES: dict[tuple[str, str, str], Kind] = {
@@ -87,9 +86,6 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platfo
            "gitTreeState": "clean"}
 
 
-SNAPSHOTS = 64  # paged LISTs in progress kept; an older continue token gets 410 Expired, as from the API server
-
-
 class Sandbox:
     """One sandbox API server. ``start()`` listens on 127.0.0.1; ``kubeconfig`` points kubectl at it."""
 
@@ -99,20 +95,15 @@ class Sandbox:
         self.state_dir = state_dir
         self.port = port
         self.token = token
-        self.bookmark_interval = bookmark_interval
         self.tls = tls
         self.store = Store(history=history)
         self.knobs = Knobs()
-        self.watch_tasks: set[asyncio.Task[Any]] = set()
-        self._streams: set[web.StreamResponse] = set()
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._ssl: ssl.SSLContext | None = None
         self._restart: asyncio.Task[None] | None = None
-        # Paged LISTs: each continues the snapshot its first page saw (as the API server lists etcd at the first
-        # page's revision), sorted once, not once per page.
-        self._snapshots: collections.OrderedDict[str, tuple[str, list[Obj]]] = collections.OrderedDict()
-        self._snapshot_ids = itertools.count(1)
+        self.watches = Watches(self.store, self.knobs, bookmark_interval)
+        self.pager = Pager()
         self.catalog = Catalog(RESOURCES, SUBRESOURCES, version=VERSION["gitVersion"], definitions=CRDS)
         self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
         for name in NAMESPACES:
@@ -172,12 +163,11 @@ class Sandbox:
         self._restart = asyncio.create_task(come_back())
 
     async def _drop_watches(self) -> None:
-        for stream in list(self._streams):
-            transport = stream._req.transport if stream._req else None  # cut, not close: no final chunk
-            if transport:
-                transport.abort()
-        for task in list(self.watch_tasks):
-            task.cancel()
+        await self.watches.drop()
+
+    @property
+    def watch_tasks(self) -> set[asyncio.Task[Any]]:
+        return self.watches.tasks
 
     @property
     def faults(self) -> Faults:
@@ -307,25 +297,9 @@ class Sandbox:
             request.transport.abort()
             raise web.HTTPServiceUnavailable()
         if not request.path.startswith("/sandbox/"):
-            self.stats.count(agent, request=True)
-            if request.headers.get("Authorization") != f"Bearer {self.token}":
-                return status(401, "Unauthorized", "Unauthorized")
-            delay = self.faults.take_delay(request.path)
-            if delay:
-                task = asyncio.current_task()
-                if task:
-                    self.watch_tasks.add(task)  # stop() cancels it, as it cancels open watches
-                try:
-                    await asyncio.sleep(delay)
-                finally:
-                    if task:
-                        self.watch_tasks.discard(task)
-            code = self.faults.take_status(request.path)
-            if code is not None:
-                if self.faults.reset and request.transport:
-                    request.transport.abort()
-                    raise web.HTTPServiceUnavailable()
-                return fault_response(self.faults, code, request)
+            refused = await self._gate(request, agent)
+            if refused is not None:
+                return refused
         response = await handler(request)
         if isinstance(response, web.Response) and response.body is not None:
             self.stats.count(agent, nbytes=len(response.body))  # type: ignore[arg-type]
@@ -333,6 +307,24 @@ class Sandbox:
                     "/sandbox/"):
                 return await trickle(request, response, self.knobs)
         return response
+
+    async def _gate(self, request: web.Request, agent: str) -> web.Response | None:
+        """An API request is counted, needs the token, and meets the faults asked for: a delay, then a failure
+        (or a cut connection); None lets it through."""
+        self.stats.count(agent, request=True)
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return status(401, "Unauthorized", "Unauthorized")
+        delay = self.faults.take_delay(request.path)
+        if delay:
+            with self.watches.cancellable():  # stop() cancels it, as it cancels open watches
+                await asyncio.sleep(delay)
+        code = self.faults.take_status(request.path)
+        if code is not None:
+            if self.faults.reset and request.transport:
+                request.transport.abort()
+                raise web.HTTPServiceUnavailable()
+            return fault_response(self.faults, code, request)
+        return None
 
     @staticmethod
     def _json(body: Any, code: int = 200) -> web.Response:
@@ -393,38 +385,13 @@ class Sandbox:
             except SelectorError as err:
                 return status(400, "BadRequest", str(err))
             if request.query.get("watch") in ("1", "true"):
-                return await self._watch(request, resource, namespace, matches, kind, api_version)
+                return await self.watches.serve(request, resource, namespace, matches, kind, api_version)
             limit = int(request.query.get("limit", "0") or 0)
-            token = request.query.get("continue", "")
-            if token:
-                snapshot_id, _, offset = token.partition(":")
-                if snapshot_id not in self._snapshots or not offset.isdigit():
-                    return status(410, "Expired", "The provided continue parameter is too old to display a "
-                                  "consistent list result. You can start a new list without the continue parameter.")
-                version, items = self._snapshots[snapshot_id]
-                start = int(offset)
-            else:
-                version, start = str(self.store.rv), 0
-                items = sorted((o for o in self.store.list(resource, namespace) if matches(o)),
-                               key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-            meta: dict[str, Any] = {"resourceVersion": version}
-            if limit and len(items) > start + limit:
-                snapshot_id = token.partition(":")[0] if token else str(next(self._snapshot_ids))
-                self._snapshots[snapshot_id] = (version, items)
-                self._snapshots.move_to_end(snapshot_id)
-                while len(self._snapshots) > SNAPSHOTS:
-                    self._snapshots.popitem(last=False)
-                meta["continue"] = f"{snapshot_id}:{start + limit}"
-                meta["remainingItemCount"] = len(items) - start - limit
-            elif token:
-                self._snapshots.pop(token.partition(":")[0], None)
-            page = items[start:start + limit] if limit else items
-            if tables.wants_table(request.headers.get("Accept", "")):
-                return self._json(tables.table(kind, page, version, partial=partial))
-            if metadata_only(request):
-                return self._json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
-                                   "metadata": meta, "items": [partial(o) for o in page]})
-            return self._json({"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page})
+            paged = self.pager.page(self.store, resource, namespace, matches, limit=limit,
+                                    token=request.query.get("continue", ""))
+            if isinstance(paged, web.Response):
+                return paged
+            return list_response(request, kind, api_version, *paged)
         if request.method == "POST":
             if namespace is None:
                 return status(405, "MethodNotAllowed", "create needs a namespace")
@@ -543,131 +510,6 @@ class Sandbox:
             new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             return self._json(self.store.replace(resource, namespace, name, new))
         return status(405, "MethodNotAllowed", f"{request.method} is not supported")
-
-    async def _faulty_watch(self, request: web.Request, mode: str) -> web.StreamResponse:
-        """A watch that goes wrong as the fault asks: the headers, then nothing until the client gives up
-        ("hang"), nothing at all ("empty"), or 410 Gone at once ("gone")."""
-        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
-        await response.prepare(request)
-        self._streams.add(response)
-        task = asyncio.current_task()
-        if task:
-            self.watch_tasks.add(task)
-        try:
-            if mode == "hang":
-                await asyncio.Event().wait()
-            elif mode == "gone":
-                await response.write(_gone_event())
-            with contextlib.suppress(ConnectionResetError):
-                await response.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
-            pass
-        finally:
-            self._streams.discard(response)
-            if task:
-                self.watch_tasks.discard(task)
-        return response
-
-    async def _watch(self, request: web.Request, resource: str, namespace: str | None,
-                     matches: Callable[[Obj], bool], kind: str, api_version: str) -> web.StreamResponse:
-        self.stats.count(request.headers.get("User-Agent", "?"), watch=True)
-        if self.faults.watch and self.faults.applies(request.path):
-            return await self._faulty_watch(request, self.faults.watch)
-        raw_rv = request.query.get("resourceVersion", "")
-        bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
-        timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
-        watcher = Watcher(resource=resource, namespace=namespace)
-        self.store.watchers.add(watcher)
-        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
-        await response.prepare(request)
-        self._streams.add(response)
-        agent = request.headers.get("User-Agent", "?")
-        task = asyncio.current_task()
-        if task:
-            self.watch_tasks.add(task)
-
-        async def send(event_type: str, obj: Obj) -> None:
-            line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
-            self.stats.count(agent, nbytes=len(line))
-            await response.write(line)
-            self.stats.last_event[agent] = time.perf_counter()  # benchmarks: when the API sent it, not when set
-
-        def in_scope(obj: Obj | None) -> bool:
-            return obj is not None and (not namespace or obj["metadata"].get("namespace") == namespace) \
-                and matches(obj)
-
-        async def deliver(event_type: str, old: Obj | None, new: Obj) -> None:
-            was, now_ = in_scope(old), in_scope(new)
-            if event_type == "DELETED":
-                if was:
-                    await send("DELETED", new)
-            elif event_type == "ADDED":
-                if now_:
-                    await send("ADDED", new)
-            elif was and not now_:
-                await send("DELETED", new)
-            elif now_ and not was:
-                await send("ADDED", new)
-            elif now_:
-                await send("MODIFIED", new)
-
-        try:
-            if raw_rv in ("", "0"):
-                for obj in sorted(self.store.list(resource, namespace), key=lambda o: o["metadata"]["name"]):
-                    if in_scope(obj):
-                        await send("ADDED", obj)
-            else:
-                try:
-                    backlog = self.store.events_since(int(raw_rv), resource)
-                except (Gone, ValueError):
-                    await send("ERROR", {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                         "message": f"too old resource version: {raw_rv} ({self.store.oldest})",
-                                         "reason": "Expired", "code": 410})
-                    return response
-                for event in backlog:
-                    await deliver(event.kind, event.old, event.new)
-                # Events already replayed from the log are also in the queue: skip what we sent.
-                replayed = backlog[-1].rv if backlog else int(raw_rv)
-                while not watcher.queue.empty():
-                    item = watcher.queue.get_nowait()
-                    if item and item[1].rv > replayed:  # type: ignore[attr-defined]
-                        await deliver(item[0], item[1].old, item[1].new)  # type: ignore[attr-defined]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout if timeout else None
-            while True:
-                wait = self.bookmark_interval if bookmarks else 3600.0
-                if deadline is not None:
-                    wait = min(wait, deadline - loop.time())
-                    if wait <= 0:
-                        break
-                try:
-                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
-                except TimeoutError:
-                    if bookmarks:
-                        await send("BOOKMARK", {"kind": kind, "apiVersion": api_version,
-                                                "metadata": {"resourceVersion": str(self.store.rv)}})
-                    continue
-                if item is None:
-                    break
-                logged = item[1]
-                await deliver(item[0], logged.old, logged.new)  # type: ignore[attr-defined]
-            with contextlib.suppress(ConnectionResetError):
-                await response.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
-            pass
-        finally:
-            self.store.watchers.discard(watcher)
-            self._streams.discard(response)
-            if task:
-                self.watch_tasks.discard(task)
-        return response
-
-
-def _gone_event() -> bytes:
-    return json.dumps({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                                   "status": "Failure", "message": "too old resource version",
-                                                   "reason": "Expired", "code": 410}}).encode() + b"\n"
-
 
 def _written(kind: str, obj: Obj) -> None:
     """What the API server does to an object as it is written, where kubectl relies on it: a Secret's
