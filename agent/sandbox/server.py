@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import copy
 import datetime
 import ipaddress
 import json
@@ -26,16 +25,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 from aiohttp import web
 
-from agent.sandbox import admission, protobuf, tables
+from agent.sandbox import admission
 from agent.sandbox.discovery import Catalog, Kind, resource_key
 from agent.sandbox.faults import Faults, Knobs, Stats, fault_response, trickle
-from agent.sandbox.listing import Pager, list_response
-from agent.sandbox.responses import constant, metadata_only, partial, status
-from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
-from agent.sandbox.store import Conflict, NotFound, Obj, Store
+from agent.sandbox.objects import Objects
+from agent.sandbox.responses import constant, status
+from agent.sandbox.store import Obj, Store
 from agent.sandbox.watching import Watches
 
 # (group, version, plural) -> what it serves; short names as the API server gives them (kubectl get ns, po, cm).
@@ -103,9 +100,9 @@ class Sandbox:
         self._ssl: ssl.SSLContext | None = None
         self._restart: asyncio.Task[None] | None = None
         self.watches = Watches(self.store, self.knobs, bookmark_interval)
-        self.pager = Pager()
         self.catalog = Catalog(RESOURCES, SUBRESOURCES, version=VERSION["gitVersion"], definitions=CRDS)
         self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
+        self.objects = Objects(self.store, self.catalog, self.admission, self.watches)
         for name in NAMESPACES:
             self.store.create(resource_key("", "v1", "namespaces"), "", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}})
@@ -282,11 +279,11 @@ class Sandbox:
         r.add_get("/readyz", constant("ok"))
         self.catalog.add_routes(r)
         for prefix in ("/api/{version}", "/apis/{group}/{version}"):
-            r.add_route("*", prefix + "/{plural}", self._collection)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self._collection)
-            r.add_route("*", prefix + "/{plural}/{name}", self._item)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}", self._item)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}/{sub}", self._item)
+            r.add_route("*", prefix + "/{plural}", self.objects.collection)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self.objects.collection)
+            r.add_route("*", prefix + "/{plural}/{name}", self.objects.item)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}", self.objects.item)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}/{sub}", self.objects.item)
         return app
 
     @web.middleware
@@ -355,187 +352,9 @@ class Sandbox:
         self.knobs.faults = Faults()
         return self._json({"ok": True})
 
-    @staticmethod
-    async def _body(request: web.Request) -> Obj | web.Response:
-        """The request's object: JSON, or the Kubernetes protobuf kubectl's typed create commands send."""
-        raw = await request.read()
-        if request.content_type == "application/vnd.kubernetes.protobuf":
-            try:
-                return protobuf.decode(raw)
-            except protobuf.Unsupported as err:
-                return status(415, "UnsupportedMediaType", f"the sandbox reads protobuf for "
-                              f"{', '.join(protobuf.KINDS)} only ({err}); send JSON (kubectl apply -f)")
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as err:
-            return status(400, "BadRequest", f"the body is not JSON ({type(err).__name__}): {str(err)[:120]}")
-        if not isinstance(body, (dict, list)):
-            return status(400, "BadRequest", "the body is not a JSON object")
-        return body  # type: ignore[return-value]
-
-    async def _collection(self, request: web.Request) -> web.StreamResponse:
-        resolved = self.catalog.resolve(request)
-        if isinstance(resolved, web.Response):
-            return resolved
-        resource, kind, api_version, namespaced = resolved
-        namespace = request.match_info.get("namespace") if namespaced else ""
-        if request.method == "GET":
-            try:
-                matches = self._matcher(request)
-            except SelectorError as err:
-                return status(400, "BadRequest", str(err))
-            if request.query.get("watch") in ("1", "true"):
-                return await self.watches.serve(request, resource, namespace, matches, kind, api_version)
-            limit = int(request.query.get("limit", "0") or 0)
-            paged = self.pager.page(self.store, resource, namespace, matches, limit=limit,
-                                    token=request.query.get("continue", ""))
-            if isinstance(paged, web.Response):
-                return paged
-            return list_response(request, kind, api_version, *paged)
-        if request.method == "POST":
-            if namespace is None:
-                return status(405, "MethodNotAllowed", "create needs a namespace")
-            body = await self._body(request)
-            if isinstance(body, web.Response):
-                return body
-            if not isinstance(body.get("metadata"), dict) or not (body["metadata"].get("name")
-                                                                  or body["metadata"].get("generateName")):
-                return status(422, "Invalid", f"{kind} is invalid: metadata.name: Required value")
-            body.setdefault("apiVersion", api_version)
-            body.setdefault("kind", kind)
-            _written(kind, body)
-            if namespace:
-                body["metadata"]["namespace"] = namespace
-            admitted = await self._admit(request, kind, namespace, body)
-            if isinstance(admitted, web.Response):
-                return admitted
-            body = admitted
-            if request.query.get("dryRun"):  # kubectl --dry-run=server: checked, answered, not stored
-                return self._json(body, 201)
-            try:
-                created = self.store_object(resource, namespace, body)
-            except Conflict:
-                name = body["metadata"]["name"]
-                return status(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists',
-                              details={"name": name, "kind": kind.lower() + "s"})
-            return self._json(created, 201)
-        return status(405, "MethodNotAllowed", f"{request.method} is not supported on a collection")
-
-    async def _admit(self, request: web.Request, kind: str, namespace: str, body: Obj) -> Obj | web.Response:
-        """The mutating admission webhooks, as the API server runs them before it stores a created object."""
-        configs = self.store.list(resource_key("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"),
-                                  "")
-        if not configs:
-            return body
-        info = request.match_info
-        target = admission.Target(info.get("group", ""), info["version"], info["plural"], kind, namespace,
-                                  dry_run=bool(request.query.get("dryRun")))
-        try:
-            ns = self.store.get(resource_key("", "v1", "namespaces"), "", namespace) if namespace else None
-        except NotFound:
-            ns = None
-        try:
-            return await self.admission.admit(configs, target, body, ns)
-        except admission.Denied as err:
-            return status(err.code, err.reason, err.message)
-
     def store_object(self, resource: str, namespace: str, body: Obj, *, keep_uid: bool = False) -> Obj:
         """Store a created object (Conflict if its name is taken); a CRD's kind is served from now on."""
-        created = self.store.create(resource, namespace, body, keep_uid=keep_uid)
-        self.catalog.learn(resource, created)
-        return created
-
-    def _matcher(self, request: web.Request) -> Callable[[Obj], bool]:
-        labels = parse_label_selector(request.query.get("labelSelector"))
-        fields = parse_field_selector(request.query.get("fieldSelector"))
-        return lambda obj: labels(obj) and fields(obj)
-
-    async def _item(self, request: web.Request) -> web.StreamResponse:
-        resolved = self.catalog.resolve(request)
-        if isinstance(resolved, web.Response):
-            return resolved
-        resource, kind, _api_version, namespaced = resolved
-        namespace = request.match_info.get("namespace", "") if namespaced else ""
-        name, sub = request.match_info["name"], request.match_info.get("sub")
-        try:
-            current = self.store.get(resource, namespace, name)
-        except NotFound:
-            return status(404, "NotFound", f'{kind.lower()}s "{name}" not found',
-                          details={"name": name, "kind": kind.lower() + "s"})
-        if request.method == "GET":
-            if tables.wants_table(request.headers.get("Accept", "")):
-                return self._json(tables.table(kind, [current], str(self.store.rv), partial=partial))
-            return self._json(partial(current) if metadata_only(request) else current)
-        if request.method == "DELETE":
-            graceful = resource == "/v1/pods" and request.query.get("gracePeriodSeconds") not in (None, "0") \
-                and bool(current.get("metadata", {}).get("finalizers"))
-            return self._json(self.store.delete(resource, namespace, name, graceful=graceful))
-        if request.method == "PUT":
-            body = await self._body(request)
-            if isinstance(body, web.Response):
-                return body
-            _written(kind, body)
-            if sub == "status":
-                merged = copy.deepcopy(current)
-                merged["status"] = body.get("status", {})
-                body = merged
-            try:
-                return self._json(self.store.replace(resource, namespace, name, body))
-            except Conflict:
-                return status(409, "Conflict", f'Operation cannot be fulfilled on {kind.lower()}s "{name}": '
-                                               "the object has been modified; please apply your changes to the "
-                                               "latest version and try again")
-        if request.method == "PATCH":
-            patch = await self._body(request)
-            if isinstance(patch, web.Response):
-                return patch
-            ctype = request.content_type
-            # merge-patch and strategic-merge-patch alike: lists are replaced, enough for the pod fields here
-            new = copy.deepcopy(current)
-            if ctype == "application/json-patch+json":
-                try:
-                    if not isinstance(patch, list):
-                        return status(400, "BadRequest", "a JSON patch is a list of operations")
-                    new = jsonpatch.apply_patch(new, patch)
-                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as err:
-                    return status(422, "Invalid", f"the JSON patch does not apply: {err}")
-            else:
-                new = merge_patch(new, patch)
-            if sub == "status":
-                kept = copy.deepcopy(current)
-                kept["status"] = new.get("status", {})
-                new = kept
-            elif sub is None:
-                new["status"] = current.get("status", {})
-            new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            return self._json(self.store.replace(resource, namespace, name, new))
-        return status(405, "MethodNotAllowed", f"{request.method} is not supported")
-
-def _written(kind: str, obj: Obj) -> None:
-    """What the API server does to an object as it is written, where kubectl relies on it: a Secret's
-    ``stringData`` is merged into ``data`` (base64) and not stored."""
-    if kind == "Secret" and isinstance(obj.get("stringData"), dict):
-        if not isinstance(obj.get("data"), dict):
-            obj["data"] = {}
-        data = obj["data"]
-        for key, value in obj.pop("stringData").items():
-            data[key] = base64.b64encode(str(value).encode()).decode()
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if key.startswith("$"):  # strategic-merge directives ($patch, $retainKeys): not needed here
-            continue
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
+        return self.objects.store_object(resource, namespace, body, keep_uid=keep_uid)
 
 async def serve(state_dir: Path, *, port: int, ready: Callable[[Sandbox], None] | None = None,
                 stop: asyncio.Event | None = None, **kwargs: Any) -> None:
