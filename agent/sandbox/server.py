@@ -10,16 +10,16 @@ schema checks (docs/sandbox.md). Fault knobs (``POST /sandbox/faults``) make it 
 status (5xx, 429 with Retry-After, 403), slow down, drop watch streams or forget its event log, so tests can
 prove the agent's behaviour under each fault. ``GET /sandbox/stats`` counts requests and bytes per client
 (User-Agent).
+
+This module says what is served and puts the pieces together: discovery.py (the served kinds, discovery and
+OpenAPI), objects.py (CRUD), listing.py (paged LISTs), watching.py (WATCH streams), faults.py (the knobs),
+credentials.py (TLS, kubeconfig, service account mount), store.py (objects, resourceVersions, the event log).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import datetime
-import ipaddress
-import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from agent.sandbox import admission
+from agent.sandbox.credentials import KUBECONFIG, SERVICEACCOUNT, make_tls, write_client_files
 from agent.sandbox.discovery import Catalog, Kind, resource_key
 from agent.sandbox.faults import Faults, Knobs, Stats, fault_response, trickle
 from agent.sandbox.objects import Objects
@@ -83,47 +84,24 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platfo
            "gitTreeState": "clean"}
 
 
-class Sandbox:
-    """One sandbox API server. ``start()`` listens on 127.0.0.1; ``kubeconfig`` points kubectl at it."""
+class Listener:
+    """Where the sandbox listens: 127.0.0.1 on one port (0: a free one, then kept), closed and opened again on
+    it by go_down, so clients come back to the same address."""
 
-    def __init__(self, state_dir: Path, *, port: int = 0, token: str = "sandbox-token",
-                 bookmark_interval: float = 1.0, tls: bool = True, history: int = 100_000,
-                 services: Mapping[str, str] | None = None) -> None:
-        self.state_dir = state_dir
+    def __init__(self, app: web.Application, port: int) -> None:
+        self.app = app
         self.port = port
-        self.token = token
-        self.tls = tls
-        self.store = Store(history=history)
-        self.knobs = Knobs()
+        self._ssl: ssl.SSLContext | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
-        self._ssl: ssl.SSLContext | None = None
-        self._restart: asyncio.Task[None] | None = None
-        self.watches = Watches(self.store, self.knobs, bookmark_interval)
-        self.catalog = Catalog(RESOURCES, SUBRESOURCES, version=VERSION["gitVersion"], definitions=CRDS)
-        self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
-        self.objects = Objects(self.store, self.catalog, self.admission, self.watches)
-        for name in NAMESPACES:
-            self.store.create(resource_key("", "v1", "namespaces"), "", {
-                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}})
-        self.app = self._build_app()
 
-    # --- lifecycle ---------------------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        if self.tls:
-            self._ssl = self._make_tls()
+    async def start(self, context: ssl.SSLContext | None) -> None:
+        self._ssl = context
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        await self._listen()
-        self._write_client_files()
+        await self.listen()
 
-    async def _listen(self) -> None:
+    async def listen(self) -> None:
         assert self._runner is not None
         self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._ssl, reuse_address=True)
         await self._site.start()
@@ -131,40 +109,60 @@ class Sandbox:
             server = self._site._server  # aiohttp exposes the bound port only here
             self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
-    async def stop(self) -> None:
-        if self._restart:
-            self._restart.cancel()
-        await self.admission.close()
-        await self._drop_watches()
+    async def pause(self) -> None:
+        """Stop listening (connections are refused) until listen() again."""
+        if self._site:
+            await self._site.stop()
+
+    async def close(self) -> None:
         if self._runner:
             server = self._runner.server
             transports = list(getattr(server, "_connections", {}).values()) if server else []
             await self._runner.cleanup()
             for transport in transports:  # keep-alive connections: abort, a TLS close would wait for the peer
                 transport.abort()
-        await asyncio.sleep(0.05)  # let the transports' connection_lost callbacks run before the loop ends
 
-    async def go_down(self, seconds: float) -> None:
-        """Refuse connections for ``seconds``: stop listening, cut open streams, then listen again."""
-        loop = asyncio.get_running_loop()
-        self.faults.down_until = loop.time() + seconds
-        await self._drop_watches()
-        if self._site:
-            await self._site.stop()
 
-        async def come_back() -> None:
-            await asyncio.sleep(seconds)
-            self.faults.down_until = 0.0
-            await self._listen()
+class Sandbox:
+    """One sandbox API server. ``start()`` listens on 127.0.0.1; ``kubeconfig`` points kubectl at it."""
 
-        self._restart = asyncio.create_task(come_back())
+    def __init__(self, state_dir: Path, *, port: int = 0, token: str = "sandbox-token",
+                 bookmark_interval: float = 1.0, tls: bool = True, history: int = 100_000,
+                 services: Mapping[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        self.token = token
+        self.tls = tls
+        self.store = Store(history=history)
+        self.knobs = Knobs()
+        self.watches = Watches(self.store, self.knobs, bookmark_interval)
+        self.catalog = Catalog(RESOURCES, SUBRESOURCES, version=VERSION["gitVersion"], definitions=CRDS)
+        self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
+        self.objects = Objects(self.store, self.catalog, self.admission, self.watches)
+        self._restart: asyncio.Task[None] | None = None
+        for name in NAMESPACES:
+            self.store.create(resource_key("", "v1", "namespaces"), "", {
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}})
+        self.app = self._build_app()
+        self.listener = Listener(self.app, port)
 
-    async def _drop_watches(self) -> None:
-        await self.watches.drop()
+    # --- what tests, the demo and the command line read and turn -----------------------------------------
 
     @property
-    def watch_tasks(self) -> set[asyncio.Task[Any]]:
-        return self.watches.tasks
+    def port(self) -> int:
+        return self.listener.port
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / KUBECONFIG
+
+    @property
+    def serviceaccount_dir(self) -> Path:
+        """An in-cluster service account mount: token, ca.crt, namespace (the agent's production path)."""
+        return self.state_dir / SERVICEACCOUNT
 
     @property
     def faults(self) -> Faults:
@@ -187,83 +185,45 @@ class Sandbox:
         """The kinds served: ``RESOURCES`` plus those of the CRDs created in this sandbox."""
         return self.catalog.resources
 
-    # --- TLS and client files ----------------------------------------------------------------------------
-
-    def _make_tls(self) -> ssl.SSLContext:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-
-        now = datetime.datetime.now(datetime.UTC)
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "topology-agent sandbox CA")])
-        # The extensions a strict verifier asks for (Python 3.13 sets VERIFY_X509_STRICT by default, RFC 5280):
-        # key identifiers on both, key usages, a critical basicConstraints on the CA.
-        ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-              .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
-              .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-              .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                           data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                           crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-              .add_extension(ca_ski, critical=False)
-              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-              .sign(ca_key, hashes.SHA256()))
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandbox-apiserver")]))
-                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
-                .add_extension(x509.SubjectAlternativeName([
-                    x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                             data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                             crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-                .sign(ca_key, hashes.SHA256()))
-        pem = serialization.Encoding.PEM
-        (self.state_dir / "ca.crt").write_bytes(ca.public_bytes(pem))
-        (self.state_dir / "server.crt").write_bytes(cert.public_bytes(pem))
-        (self.state_dir / "server.key").write_bytes(key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-        (self.state_dir / "server.key").chmod(0o600)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.state_dir / "server.crt", self.state_dir / "server.key")
-        return context
-
     @property
-    def kubeconfig(self) -> Path:
-        return self.state_dir / "kubeconfig"
+    def watch_tasks(self) -> set[asyncio.Task[Any]]:
+        return self.watches.tasks
 
-    @property
-    def serviceaccount_dir(self) -> Path:
-        """An in-cluster service account mount: token, ca.crt, namespace (the agent's production path)."""
-        return self.state_dir / "serviceaccount"
+    def store_object(self, resource: str, namespace: str, body: Obj, *, keep_uid: bool = False) -> Obj:
+        """Store a created object (Conflict if its name is taken); a CRD's kind is served from now on."""
+        return self.objects.store_object(resource, namespace, body, keep_uid=keep_uid)
 
-    def _write_client_files(self) -> None:
-        cluster: dict[str, Any] = {"server": self.url}
-        if self.tls:
-            cluster["certificate-authority-data"] = base64.b64encode((self.state_dir / "ca.crt").read_bytes()).decode()
-        config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "sandbox",
-            "clusters": [{"name": "sandbox", "cluster": cluster}],
-            "users": [{"name": "sandbox", "user": {"token": self.token}}],
-            "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox",
-                                                          "namespace": "default"}}],
-        }
-        self.kubeconfig.write_text(json.dumps(config, indent=2))
-        self.kubeconfig.chmod(0o600)
-        sa = self.serviceaccount_dir
-        sa.mkdir(exist_ok=True)
-        (sa / "token").write_text(self.token)
-        (sa / "namespace").write_text("default")
-        if self.tls:
-            (sa / "ca.crt").write_bytes((self.state_dir / "ca.crt").read_bytes())
+    # --- lifecycle ---------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self.listener.start(make_tls(self.state_dir) if self.tls else None)
+        write_client_files(self.state_dir, url=self.url, token=self.token, tls=self.tls)
+
+    async def stop(self) -> None:
+        if self._restart:
+            self._restart.cancel()
+        await self.admission.close()
+        await self._drop_watches()
+        await self.listener.close()
+        await asyncio.sleep(0.05)  # let the transports' connection_lost callbacks run before the loop ends
+
+    async def go_down(self, seconds: float) -> None:
+        """Refuse connections for ``seconds``: stop listening, cut open streams, then listen again."""
+        loop = asyncio.get_running_loop()
+        self.faults.down_until = loop.time() + seconds
+        await self._drop_watches()
+        await self.listener.pause()
+
+        async def come_back() -> None:
+            await asyncio.sleep(seconds)
+            self.faults.down_until = 0.0
+            await self.listener.listen()
+
+        self._restart = asyncio.create_task(come_back())
+
+    async def _drop_watches(self) -> None:
+        await self.watches.drop()
 
     # --- HTTP --------------------------------------------------------------------------------------------
 
@@ -323,19 +283,15 @@ class Sandbox:
             return fault_response(self.faults, code, request)
         return None
 
-    @staticmethod
-    def _json(body: Any, code: int = 200) -> web.Response:
-        return web.json_response(body, status=code)
-
     async def _get_stats(self, _: web.Request) -> web.Response:
-        return self._json({"requests": self.stats.requests, "bytes": self.stats.bytes,
-                           "watches": self.stats.watches, "byAgent": self.stats.by_agent,
-                           "lastEventAt": self.stats.last_event,
-                           "resourceVersion": self.store.rv})
+        return web.json_response({"requests": self.stats.requests, "bytes": self.stats.bytes,
+                                  "watches": self.stats.watches, "byAgent": self.stats.by_agent,
+                                  "lastEventAt": self.stats.last_event,
+                                  "resourceVersion": self.store.rv})
 
     async def _reset_stats(self, _: web.Request) -> web.Response:
         self.knobs.stats = Stats()
-        return self._json({})
+        return web.json_response({})
 
     async def _set_faults(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -346,15 +302,12 @@ class Sandbox:
         if "downFor" in body:
             await self.go_down(float(body["downFor"]))
         self.faults.apply(body)
-        return self._json({"ok": True})
+        return web.json_response({"ok": True})
 
     async def _clear_faults(self, _: web.Request) -> web.Response:
         self.knobs.faults = Faults()
-        return self._json({"ok": True})
+        return web.json_response({"ok": True})
 
-    def store_object(self, resource: str, namespace: str, body: Obj, *, keep_uid: bool = False) -> Obj:
-        """Store a created object (Conflict if its name is taken); a CRD's kind is served from now on."""
-        return self.objects.store_object(resource, namespace, body, keep_uid=keep_uid)
 
 async def serve(state_dir: Path, *, port: int, ready: Callable[[Sandbox], None] | None = None,
                 stop: asyncio.Event | None = None, **kwargs: Any) -> None:
