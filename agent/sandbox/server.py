@@ -10,43 +10,31 @@ schema checks (docs/sandbox.md). Fault knobs (``POST /sandbox/faults``) make it 
 status (5xx, 429 with Retry-After, 403), slow down, drop watch streams or forget its event log, so tests can
 prove the agent's behaviour under each fault. ``GET /sandbox/stats`` counts requests and bytes per client
 (User-Agent).
+
+This module says what is served and puts the pieces together: discovery.py (the served kinds, discovery and
+OpenAPI), objects.py (CRUD), listing.py (paged LISTs), watching.py (WATCH streams), faults.py (the knobs),
+credentials.py (TLS, kubeconfig, service account mount), store.py (objects, resourceVersions, the event log).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import collections
 import contextlib
-import copy
-import datetime
-import ipaddress
-import itertools
-import json
 import ssl
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 from aiohttp import web
 
-from agent.sandbox import admission, protobuf, tables
-from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
-from agent.sandbox.store import Conflict, Gone, NotFound, Obj, Store, Watcher
-
-
-@dataclass(frozen=True)
-class Kind:
-    """A served resource: its kind, scope, and what kubectl's discovery reads (short names, categories)."""
-
-    kind: str
-    namespaced: bool
-    short: tuple[str, ...] = ()
-    categories: tuple[str, ...] = ()
-
+from agent.sandbox import admission
+from agent.sandbox.credentials import KUBECONFIG, SERVICEACCOUNT, make_tls, write_client_files
+from agent.sandbox.discovery import Catalog, Kind, resource_key
+from agent.sandbox.faults import Faults, Knobs, Stats, fault_response, trickle
+from agent.sandbox.objects import Objects
+from agent.sandbox.responses import constant, status
+from agent.sandbox.store import Obj, Store
+from agent.sandbox.watching import Watches
 
 # (group, version, plural) -> what it serves; short names as the API server gives them (kubectl get ns, po, cm).
 RESOURCES: dict[tuple[str, str, str], Kind] = {
@@ -96,73 +84,43 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platfo
            "gitTreeState": "clean"}
 
 
-def resource_key(group: str, version: str, plural: str) -> str:
-    return f"{group}/{version}/{plural}"
+class Listener:
+    """Where the sandbox listens: 127.0.0.1 on one port (0: a free one, then kept), closed and opened again on
+    it by go_down, so clients come back to the same address."""
 
+    def __init__(self, app: web.Application, port: int) -> None:
+        self.app = app
+        self.port = port
+        self._ssl: ssl.SSLContext | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
 
-SNAPSHOTS = 64  # paged LISTs in progress kept; an older continue token gets 410 Expired, as from the API server
+    async def start(self, context: ssl.SSLContext | None) -> None:
+        self._ssl = context
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await self.listen()
 
+    async def listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._ssl, reuse_address=True)
+        await self._site.start()
+        if self.port == 0:
+            server = self._site._server  # aiohttp exposes the bound port only here
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
-def status(code: int, reason: str, message: str, *, details: dict[str, Any] | None = None) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
-    if details:
-        body["details"] = details
-    return web.json_response(body, status=code)
+    async def pause(self) -> None:
+        """Stop listening (connections are refused) until listen() again."""
+        if self._site:
+            await self._site.stop()
 
-
-@dataclass
-class Faults:
-    """What the sandbox does wrong, and for how many more requests (``count`` -1: until cleared)."""
-
-    status: int | None = None
-    count: int = 0
-    retry_after: float | None = None
-    delay: float = 0.0
-    delay_count: int = 0
-    path: str | None = None
-    down_until: float = 0.0
-    reset: bool = False  # close the connection without an answer (a cut stream)
-    # Watches: "hang" (headers, then nothing), "empty" (200 and no event), "gone" (an ERROR 410 event at once)
-    watch: str | None = None
-    trickle: float = 0.0  # bytes per second of every answer's body (0: as fast as it goes)
-
-    def applies(self, path: str) -> bool:
-        return not self.path or self.path in path
-
-    def take_status(self, path: str) -> int | None:
-        if self.status is None or self.count == 0 or (self.path and self.path not in path):
-            return None
-        if self.count > 0:
-            self.count -= 1
-        return self.status
-
-    def take_delay(self, path: str) -> float:
-        if self.delay <= 0 or self.delay_count == 0 or (self.path and self.path not in path):
-            return 0.0
-        if self.delay_count > 0:
-            self.delay_count -= 1
-        return self.delay
-
-
-@dataclass
-class Stats:
-    requests: int = 0
-    bytes: int = 0
-    watches: int = 0
-    by_agent: dict[str, dict[str, int]] = field(default_factory=dict)
-    last_event: dict[str, float] = field(default_factory=dict)  # per agent: perf_counter() of its last watch line
-
-    def count(self, agent: str, *, nbytes: int = 0, request: bool = False, watch: bool = False) -> None:
-        entry = self.by_agent.setdefault(agent, {"requests": 0, "bytes": 0, "watches": 0})
-        if request:
-            self.requests += 1
-            entry["requests"] += 1
-        if watch:
-            self.watches += 1
-            entry["watches"] += 1
-        self.bytes += nbytes
-        entry["bytes"] += nbytes
+    async def close(self) -> None:
+        if self._runner:
+            server = self._runner.server
+            transports = list(getattr(server, "_connections", {}).values()) if server else []
+            await self._runner.cleanup()
+            for transport in transports:  # keep-alive connections: abort, a TLS close would wait for the peer
+                transport.abort()
 
 
 class Sandbox:
@@ -172,64 +130,82 @@ class Sandbox:
                  bookmark_interval: float = 1.0, tls: bool = True, history: int = 100_000,
                  services: Mapping[str, str] | None = None) -> None:
         self.state_dir = state_dir
-        self.port = port
         self.token = token
-        self.bookmark_interval = bookmark_interval
         self.tls = tls
         self.store = Store(history=history)
-        self.faults = Faults()
-        self.stats = Stats()
-        self.watch_tasks: set[asyncio.Task[Any]] = set()
-        self._streams: set[web.StreamResponse] = set()
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
-        self._ssl: ssl.SSLContext | None = None
-        self._restart: asyncio.Task[None] | None = None
-        # Paged LISTs: each continues the snapshot its first page saw (as the API server lists etcd at the first
-        # page's revision), sorted once, not once per page.
-        self._snapshots: collections.OrderedDict[str, tuple[str, list[Obj]]] = collections.OrderedDict()
-        self._snapshot_ids = itertools.count(1)
-        self.resources = dict(RESOURCES)  # plus the kinds of the CRDs created in this sandbox
+        self.knobs = Knobs()
+        self.watches = Watches(self.store, self.knobs, bookmark_interval)
+        self.catalog = Catalog(RESOURCES, SUBRESOURCES, version=VERSION["gitVersion"], definitions=CRDS)
         self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
+        self.objects = Objects(self.store, self.catalog, self.admission, self.watches)
+        self._restart: asyncio.Task[None] | None = None
         for name in NAMESPACES:
             self.store.create(resource_key("", "v1", "namespaces"), "", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}})
         self.app = self._build_app()
+        self.listener = Listener(self.app, port)
 
-    # --- lifecycle ---------------------------------------------------------------------------------------
+    # --- what tests, the demo and the command line read and turn -----------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self.listener.port
 
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / KUBECONFIG
+
+    @property
+    def serviceaccount_dir(self) -> Path:
+        """An in-cluster service account mount: token, ca.crt, namespace (the agent's production path)."""
+        return self.state_dir / SERVICEACCOUNT
+
+    @property
+    def faults(self) -> Faults:
+        return self.knobs.faults
+
+    @faults.setter
+    def faults(self, faults: Faults) -> None:
+        self.knobs.faults = faults
+
+    @property
+    def stats(self) -> Stats:
+        return self.knobs.stats
+
+    @stats.setter
+    def stats(self, stats: Stats) -> None:
+        self.knobs.stats = stats
+
+    @property
+    def resources(self) -> dict[tuple[str, str, str], Kind]:
+        """The kinds served: ``RESOURCES`` plus those of the CRDs created in this sandbox."""
+        return self.catalog.resources
+
+    @property
+    def watch_tasks(self) -> set[asyncio.Task[Any]]:
+        return self.watches.tasks
+
+    def store_object(self, resource: str, namespace: str, body: Obj, *, keep_uid: bool = False) -> Obj:
+        """Store a created object (Conflict if its name is taken); a CRD's kind is served from now on."""
+        return self.objects.store_object(resource, namespace, body, keep_uid=keep_uid)
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+
     async def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        if self.tls:
-            self._ssl = self._make_tls()
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        await self._listen()
-        self._write_client_files()
-
-    async def _listen(self) -> None:
-        assert self._runner is not None
-        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._ssl, reuse_address=True)
-        await self._site.start()
-        if self.port == 0:
-            server = self._site._server  # aiohttp exposes the bound port only here
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await self.listener.start(make_tls(self.state_dir) if self.tls else None)
+        write_client_files(self.state_dir, url=self.url, token=self.token, tls=self.tls)
 
     async def stop(self) -> None:
         if self._restart:
             self._restart.cancel()
         await self.admission.close()
         await self._drop_watches()
-        if self._runner:
-            server = self._runner.server
-            transports = list(getattr(server, "_connections", {}).values()) if server else []
-            await self._runner.cleanup()
-            for transport in transports:  # keep-alive connections: abort, a TLS close would wait for the peer
-                transport.abort()
+        await self.listener.close()
         await asyncio.sleep(0.05)  # let the transports' connection_lost callbacks run before the loop ends
 
     async def go_down(self, seconds: float) -> None:
@@ -237,101 +213,17 @@ class Sandbox:
         loop = asyncio.get_running_loop()
         self.faults.down_until = loop.time() + seconds
         await self._drop_watches()
-        if self._site:
-            await self._site.stop()
+        await self.listener.pause()
 
         async def come_back() -> None:
             await asyncio.sleep(seconds)
             self.faults.down_until = 0.0
-            await self._listen()
+            await self.listener.listen()
 
         self._restart = asyncio.create_task(come_back())
 
     async def _drop_watches(self) -> None:
-        for stream in list(self._streams):
-            transport = stream._req.transport if stream._req else None  # cut, not close: no final chunk
-            if transport:
-                transport.abort()
-        for task in list(self.watch_tasks):
-            task.cancel()
-
-    # --- TLS and client files ----------------------------------------------------------------------------
-
-    def _make_tls(self) -> ssl.SSLContext:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-
-        now = datetime.datetime.now(datetime.UTC)
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "topology-agent sandbox CA")])
-        # The extensions a strict verifier asks for (Python 3.13 sets VERIFY_X509_STRICT by default, RFC 5280):
-        # key identifiers on both, key usages, a critical basicConstraints on the CA.
-        ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-              .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
-              .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-              .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                           data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                           crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-              .add_extension(ca_ski, critical=False)
-              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-              .sign(ca_key, hashes.SHA256()))
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandbox-apiserver")]))
-                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=7))
-                .add_extension(x509.SubjectAlternativeName([
-                    x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                             data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                             crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-                .sign(ca_key, hashes.SHA256()))
-        pem = serialization.Encoding.PEM
-        (self.state_dir / "ca.crt").write_bytes(ca.public_bytes(pem))
-        (self.state_dir / "server.crt").write_bytes(cert.public_bytes(pem))
-        (self.state_dir / "server.key").write_bytes(key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-        (self.state_dir / "server.key").chmod(0o600)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.state_dir / "server.crt", self.state_dir / "server.key")
-        return context
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.state_dir / "kubeconfig"
-
-    @property
-    def serviceaccount_dir(self) -> Path:
-        """An in-cluster service account mount: token, ca.crt, namespace (the agent's production path)."""
-        return self.state_dir / "serviceaccount"
-
-    def _write_client_files(self) -> None:
-        cluster: dict[str, Any] = {"server": self.url}
-        if self.tls:
-            cluster["certificate-authority-data"] = base64.b64encode((self.state_dir / "ca.crt").read_bytes()).decode()
-        config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "sandbox",
-            "clusters": [{"name": "sandbox", "cluster": cluster}],
-            "users": [{"name": "sandbox", "user": {"token": self.token}}],
-            "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox",
-                                                          "namespace": "default"}}],
-        }
-        self.kubeconfig.write_text(json.dumps(config, indent=2))
-        self.kubeconfig.chmod(0o600)
-        sa = self.serviceaccount_dir
-        sa.mkdir(exist_ok=True)
-        (sa / "token").write_text(self.token)
-        (sa / "namespace").write_text("default")
-        if self.tls:
-            (sa / "ca.crt").write_bytes((self.state_dir / "ca.crt").read_bytes())
+        await self.watches.drop()
 
     # --- HTTP --------------------------------------------------------------------------------------------
 
@@ -342,82 +234,17 @@ class Sandbox:
         r.add_post("/sandbox/stats/reset", self._reset_stats)
         r.add_post("/sandbox/faults", self._set_faults)
         r.add_delete("/sandbox/faults", self._clear_faults)
-        r.add_get("/version", self._constant(VERSION))
-        r.add_get("/healthz", self._constant("ok"))
-        r.add_get("/readyz", self._constant("ok"))
-        r.add_get("/api", self._constant({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-            {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}))
-        r.add_get("/apis", self._apis)
-        r.add_get("/api/v1", self._core_resources)
-        r.add_get("/apis/{group}/{version}", self._group_resources)
-        # OpenAPI v3 with each kind's PATCH operation and its fieldValidation parameter: kubectl's default
-        # --validate=strict then leaves validation to the server (cli-runtime pkg/resource/
-        # query_param_verifier_v3.go). A v2 document without definitions for what kubectl validates itself (a
-        # v1 List): a kind it has no schema for passes.
-        r.add_get("/openapi/v2", self._openapi_v2)
-        r.add_get("/openapi/v3", self._openapi_index)
-        r.add_get("/openapi/v3/{path:.+}", self._openapi_group)
+        r.add_get("/version", constant(VERSION))
+        r.add_get("/healthz", constant("ok"))
+        r.add_get("/readyz", constant("ok"))
+        self.catalog.add_routes(r)
         for prefix in ("/api/{version}", "/apis/{group}/{version}"):
-            r.add_route("*", prefix + "/{plural}", self._collection)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self._collection)
-            r.add_route("*", prefix + "/{plural}/{name}", self._item)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}", self._item)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}/{sub}", self._item)
+            r.add_route("*", prefix + "/{plural}", self.objects.collection)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self.objects.collection)
+            r.add_route("*", prefix + "/{plural}/{name}", self.objects.item)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}", self.objects.item)
+            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}/{sub}", self.objects.item)
         return app
-
-    @staticmethod
-    def _constant(body: Any) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handler(_: web.Request) -> web.Response:
-            return web.Response(text=body) if isinstance(body, str) else web.json_response(body)
-
-        return handler
-
-    async def _openapi_v2(self, request: web.Request) -> web.Response:
-        if "protobuf" in request.headers.get("Accept", ""):
-            # gnostic's openapi_v2.Document with field 1 (swagger) = "2.0", as client-go's discovery reads it
-            return web.Response(body=b"\n\x032.0",
-                                content_type="application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
-        return self._json({"swagger": "2.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
-                           "paths": {}})
-
-    def _group_versions(self) -> list[tuple[str, str]]:
-        return sorted({(g, v) for g, v, _ in self.resources})
-
-    async def _openapi_index(self, _: web.Request) -> web.Response:
-        paths = {}
-        for group, version in self._group_versions():
-            path = f"apis/{group}/{version}" if group else f"api/{version}"
-            paths[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={len(self.resources)}"}
-        return self._json({"paths": paths})
-
-    async def _openapi_group(self, request: web.Request) -> web.Response:
-        parts = request.match_info["path"].split("/")
-        group, version = ("", parts[1]) if parts[0] == "api" and len(parts) == 2 else \
-            (parts[1], parts[2]) if parts[0] == "apis" and len(parts) == 3 else ("?", "?")
-        paths: dict[str, Any] = {}
-        validation = [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}]
-        for (g, v, plural), served in self.resources.items():
-            if (g, v) != (group, version):
-                continue
-            prefix = f"/apis/{g}/{v}" if g else f"/api/{v}"
-            scope = "/namespaces/{namespace}" if served.namespaced else ""
-            gvk = {"group": g, "version": v, "kind": served.kind}
-            paths[f"{prefix}{scope}/{plural}/{{name}}"] = {
-                "patch": {"x-kubernetes-group-version-kind": gvk, "parameters": validation,
-                          "responses": {"200": {"description": "OK"}}}}
-            paths[f"{prefix}{scope}/{plural}"] = {
-                "post": {"x-kubernetes-group-version-kind": gvk, "parameters": validation,
-                         "responses": {"201": {"description": "Created"}}}}
-        if not paths:
-            return status(404, "NotFound", f"no OpenAPI v3 document for {request.match_info['path']}")
-        return self._json({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
-                           "paths": paths, "components": {"schemas": {}}})
-
-    async def _core_resources(self, _: web.Request) -> web.Response:
-        return self._resource_list("", "v1")
-
-    async def _group_resources(self, request: web.Request) -> web.Response:
-        return self._resource_list(request.match_info["group"], request.match_info["version"])
 
     @web.middleware
     async def _middleware(self, request: web.Request,
@@ -427,71 +254,44 @@ class Sandbox:
             request.transport.abort()
             raise web.HTTPServiceUnavailable()
         if not request.path.startswith("/sandbox/"):
-            self.stats.count(agent, request=True)
-            if request.headers.get("Authorization") != f"Bearer {self.token}":
-                return status(401, "Unauthorized", "Unauthorized")
-            delay = self.faults.take_delay(request.path)
-            if delay:
-                task = asyncio.current_task()
-                if task:
-                    self.watch_tasks.add(task)  # stop() cancels it, as it cancels open watches
-                try:
-                    await asyncio.sleep(delay)
-                finally:
-                    if task:
-                        self.watch_tasks.discard(task)
-            code = self.faults.take_status(request.path)
-            if code is not None:
-                if self.faults.reset and request.transport:
-                    request.transport.abort()
-                    raise web.HTTPServiceUnavailable()
-                return self._fault_response(code, request)
+            refused = await self._gate(request, agent)
+            if refused is not None:
+                return refused
         response = await handler(request)
         if isinstance(response, web.Response) and response.body is not None:
             self.stats.count(agent, nbytes=len(response.body))  # type: ignore[arg-type]
             if self.faults.trickle > 0 and self.faults.applies(request.path) and not request.path.startswith(
                     "/sandbox/"):
-                return await self._trickle(request, response)
+                return await trickle(request, response, self.knobs)
         return response
 
-    async def _trickle(self, request: web.Request, response: web.Response) -> web.StreamResponse:
-        """The answer's body at ``faults.trickle`` bytes per second, one byte at a time."""
-        body = bytes(response.body)  # type: ignore[arg-type]
-        stream = web.StreamResponse(status=response.status, headers={"Content-Type": response.content_type})
-        stream.content_length = len(body)
-        await stream.prepare(request)
-        with contextlib.suppress(ConnectionResetError, asyncio.CancelledError):
-            for at in range(len(body)):
-                await stream.write(body[at:at + 1])
-                await asyncio.sleep(1 / self.faults.trickle)
-        return stream
-
-    def _fault_response(self, code: int, request: web.Request) -> web.Response:
-        reasons = {403: "Forbidden", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
-                   504: "Timeout"}
-        message = {
-            403: f'pods is forbidden: User "system:serviceaccount:default:default" cannot {request.method.lower()} '
-                 'resource "pods" in API group "" in the namespace "default"',
-        }.get(code, f"sandbox fault: {code}")
-        response = status(code, reasons.get(code, "InternalError"), message)
-        if self.faults.retry_after is not None:
-            response.headers["Retry-After"] = str(int(self.faults.retry_after) if self.faults.retry_after >= 1
-                                                  else self.faults.retry_after)
-        return response
-
-    @staticmethod
-    def _json(body: Any, code: int = 200) -> web.Response:
-        return web.json_response(body, status=code)
+    async def _gate(self, request: web.Request, agent: str) -> web.Response | None:
+        """An API request is counted, needs the token, and meets the faults asked for: a delay, then a failure
+        (or a cut connection); None lets it through."""
+        self.stats.count(agent, request=True)
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return status(401, "Unauthorized", "Unauthorized")
+        delay = self.faults.take_delay(request.path)
+        if delay:
+            with self.watches.cancellable():  # stop() cancels it, as it cancels open watches
+                await asyncio.sleep(delay)
+        code = self.faults.take_status(request.path)
+        if code is not None:
+            if self.faults.reset and request.transport:
+                request.transport.abort()
+                raise web.HTTPServiceUnavailable()
+            return fault_response(self.faults, code, request)
+        return None
 
     async def _get_stats(self, _: web.Request) -> web.Response:
-        return self._json({"requests": self.stats.requests, "bytes": self.stats.bytes,
-                           "watches": self.stats.watches, "byAgent": self.stats.by_agent,
-                           "lastEventAt": self.stats.last_event,
-                           "resourceVersion": self.store.rv})
+        return web.json_response({"requests": self.stats.requests, "bytes": self.stats.bytes,
+                                  "watches": self.stats.watches, "byAgent": self.stats.by_agent,
+                                  "lastEventAt": self.stats.last_event,
+                                  "resourceVersion": self.store.rv})
 
     async def _reset_stats(self, _: web.Request) -> web.Response:
-        self.stats = Stats()
-        return self._json({})
+        self.knobs.stats = Stats()
+        return web.json_response({})
 
     async def _set_faults(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -501,418 +301,12 @@ class Sandbox:
             self.store.compact()
         if "downFor" in body:
             await self.go_down(float(body["downFor"]))
-        if "status" in body:
-            self.faults.status = int(body["status"])
-            self.faults.count = int(body.get("count", -1))
-            self.faults.retry_after = body.get("retryAfter")
-            self.faults.reset = bool(body.get("reset", False))
-        if "delay" in body:
-            self.faults.delay = float(body["delay"])
-            self.faults.delay_count = int(body.get("delayCount", -1))
-        if "path" in body:
-            self.faults.path = body["path"]
-        if "watch" in body:
-            self.faults.watch = body["watch"]
-        if "trickle" in body:
-            self.faults.trickle = float(body["trickle"])
-        return self._json({"ok": True})
+        self.faults.apply(body)
+        return web.json_response({"ok": True})
 
     async def _clear_faults(self, _: web.Request) -> web.Response:
-        self.faults = Faults()
-        return self._json({"ok": True})
-
-    async def _apis(self, _: web.Request) -> web.Response:
-        groups: dict[str, list[str]] = {}
-        for group, version, _plural in self.resources:
-            if group and version not in groups.setdefault(group, []):
-                groups[group].append(version)
-        body = {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-             "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
-            for g, vs in groups.items()]}
-        return self._json(body)
-
-    def _resource_list(self, group: str, version: str) -> web.Response:
-        resources = []
-        for (g, v, plural), served in self.resources.items():
-            if (g, v) != (group, version):
-                continue
-            resources.append({"name": plural, "singularName": served.kind.lower(), "namespaced": served.namespaced,
-                              "kind": served.kind,
-                              "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-                              **({"shortNames": list(served.short)} if served.short else {}),
-                              **({"categories": list(served.categories)} if served.categories else {})})
-            for sub in SUBRESOURCES.get((g, v, plural), ()):
-                resources.append({"name": f"{plural}/{sub}", "singularName": "", "namespaced": served.namespaced,
-                                  "kind": served.kind, "verbs": ["get", "patch", "update"]})
-        if not resources:
-            return status(404, "NotFound", f"the server could not find the requested resource {group}/{version}")
-        return self._json({"kind": "APIResourceList", "apiVersion": "v1",
-                           "groupVersion": f"{group}/{version}" if group else version, "resources": resources})
-
-    def _resolve(self, request: web.Request) -> tuple[str, str, str, bool] | web.Response:
-        info = request.match_info
-        group, version, plural = info.get("group", ""), info["version"], info["plural"]
-        found = self.resources.get((group, version, plural))
-        if found is None:
-            return status(404, "NotFound", "the server could not find the requested resource")
-        return (resource_key(group, version, plural), found.kind, f"{group}/{version}" if group else version,
-                found.namespaced)
-
-    def _served(self, crd: Obj) -> None:
-        """A CustomResourceDefinition's kind is served from its creation (no schema checks: stored as sent)."""
-        spec = crd.get("spec") or {}
-        names = spec.get("names") or {}
-        group, plural, kind = spec.get("group"), names.get("plural"), names.get("kind")
-        if not (isinstance(group, str) and isinstance(plural, str) and isinstance(kind, str)):
-            return
-        for version in spec.get("versions") or []:
-            if isinstance(version, dict) and version.get("served", True) and isinstance(version.get("name"), str):
-                self.resources[(group, version["name"], plural)] = Kind(
-                    kind, spec.get("scope", "Namespaced") != "Cluster", tuple(names.get("shortNames") or ()),
-                    tuple(names.get("categories") or ()))
-
-    @staticmethod
-    async def _body(request: web.Request) -> Obj | web.Response:
-        """The request's object: JSON, or the Kubernetes protobuf kubectl's typed create commands send."""
-        raw = await request.read()
-        if request.content_type == "application/vnd.kubernetes.protobuf":
-            try:
-                return protobuf.decode(raw)
-            except protobuf.Unsupported as err:
-                return status(415, "UnsupportedMediaType", f"the sandbox reads protobuf for "
-                              f"{', '.join(protobuf.KINDS)} only ({err}); send JSON (kubectl apply -f)")
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as err:
-            return status(400, "BadRequest", f"the body is not JSON ({type(err).__name__}): {str(err)[:120]}")
-        if not isinstance(body, (dict, list)):
-            return status(400, "BadRequest", "the body is not a JSON object")
-        return body  # type: ignore[return-value]
-
-    async def _collection(self, request: web.Request) -> web.StreamResponse:
-        resolved = self._resolve(request)
-        if isinstance(resolved, web.Response):
-            return resolved
-        resource, kind, api_version, namespaced = resolved
-        namespace = request.match_info.get("namespace") if namespaced else ""
-        if request.method == "GET":
-            try:
-                matches = self._matcher(request)
-            except SelectorError as err:
-                return status(400, "BadRequest", str(err))
-            if request.query.get("watch") in ("1", "true"):
-                return await self._watch(request, resource, namespace, matches, kind, api_version)
-            limit = int(request.query.get("limit", "0") or 0)
-            token = request.query.get("continue", "")
-            if token:
-                snapshot_id, _, offset = token.partition(":")
-                if snapshot_id not in self._snapshots or not offset.isdigit():
-                    return status(410, "Expired", "The provided continue parameter is too old to display a "
-                                  "consistent list result. You can start a new list without the continue parameter.")
-                version, items = self._snapshots[snapshot_id]
-                start = int(offset)
-            else:
-                version, start = str(self.store.rv), 0
-                items = sorted((o for o in self.store.list(resource, namespace) if matches(o)),
-                               key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-            meta: dict[str, Any] = {"resourceVersion": version}
-            if limit and len(items) > start + limit:
-                snapshot_id = token.partition(":")[0] if token else str(next(self._snapshot_ids))
-                self._snapshots[snapshot_id] = (version, items)
-                self._snapshots.move_to_end(snapshot_id)
-                while len(self._snapshots) > SNAPSHOTS:
-                    self._snapshots.popitem(last=False)
-                meta["continue"] = f"{snapshot_id}:{start + limit}"
-                meta["remainingItemCount"] = len(items) - start - limit
-            elif token:
-                self._snapshots.pop(token.partition(":")[0], None)
-            page = items[start:start + limit] if limit else items
-            if tables.wants_table(request.headers.get("Accept", "")):
-                return self._json(tables.table(kind, page, version, partial=_partial))
-            if _metadata_only(request):
-                return self._json({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
-                                   "metadata": meta, "items": [_partial(o) for o in page]})
-            return self._json({"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page})
-        if request.method == "POST":
-            if namespace is None:
-                return status(405, "MethodNotAllowed", "create needs a namespace")
-            body = await self._body(request)
-            if isinstance(body, web.Response):
-                return body
-            if not isinstance(body.get("metadata"), dict) or not (body["metadata"].get("name")
-                                                                  or body["metadata"].get("generateName")):
-                return status(422, "Invalid", f"{kind} is invalid: metadata.name: Required value")
-            body.setdefault("apiVersion", api_version)
-            body.setdefault("kind", kind)
-            _written(kind, body)
-            if namespace:
-                body["metadata"]["namespace"] = namespace
-            admitted = await self._admit(request, kind, namespace, body)
-            if isinstance(admitted, web.Response):
-                return admitted
-            body = admitted
-            if request.query.get("dryRun"):  # kubectl --dry-run=server: checked, answered, not stored
-                return self._json(body, 201)
-            try:
-                created = self.store_object(resource, namespace, body)
-            except Conflict:
-                name = body["metadata"]["name"]
-                return status(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists',
-                              details={"name": name, "kind": kind.lower() + "s"})
-            return self._json(created, 201)
-        return status(405, "MethodNotAllowed", f"{request.method} is not supported on a collection")
-
-    async def _admit(self, request: web.Request, kind: str, namespace: str, body: Obj) -> Obj | web.Response:
-        """The mutating admission webhooks, as the API server runs them before it stores a created object."""
-        configs = self.store.list(resource_key("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"),
-                                  "")
-        if not configs:
-            return body
-        info = request.match_info
-        target = admission.Target(info.get("group", ""), info["version"], info["plural"], kind, namespace,
-                                  dry_run=bool(request.query.get("dryRun")))
-        try:
-            ns = self.store.get(resource_key("", "v1", "namespaces"), "", namespace) if namespace else None
-        except NotFound:
-            ns = None
-        try:
-            return await self.admission.admit(configs, target, body, ns)
-        except admission.Denied as err:
-            return status(err.code, err.reason, err.message)
-
-    def store_object(self, resource: str, namespace: str, body: Obj, *, keep_uid: bool = False) -> Obj:
-        """Store a created object (Conflict if its name is taken); a CRD's kind is served from now on."""
-        created = self.store.create(resource, namespace, body, keep_uid=keep_uid)
-        if resource == CRDS:
-            self._served(created)
-        return created
-
-    def _matcher(self, request: web.Request) -> Callable[[Obj], bool]:
-        labels = parse_label_selector(request.query.get("labelSelector"))
-        fields = parse_field_selector(request.query.get("fieldSelector"))
-        return lambda obj: labels(obj) and fields(obj)
-
-    async def _item(self, request: web.Request) -> web.StreamResponse:
-        resolved = self._resolve(request)
-        if isinstance(resolved, web.Response):
-            return resolved
-        resource, kind, _api_version, namespaced = resolved
-        namespace = request.match_info.get("namespace", "") if namespaced else ""
-        name, sub = request.match_info["name"], request.match_info.get("sub")
-        try:
-            current = self.store.get(resource, namespace, name)
-        except NotFound:
-            return status(404, "NotFound", f'{kind.lower()}s "{name}" not found',
-                          details={"name": name, "kind": kind.lower() + "s"})
-        if request.method == "GET":
-            if tables.wants_table(request.headers.get("Accept", "")):
-                return self._json(tables.table(kind, [current], str(self.store.rv), partial=_partial))
-            return self._json(_partial(current) if _metadata_only(request) else current)
-        if request.method == "DELETE":
-            graceful = resource == "/v1/pods" and request.query.get("gracePeriodSeconds") not in (None, "0") \
-                and bool(current.get("metadata", {}).get("finalizers"))
-            return self._json(self.store.delete(resource, namespace, name, graceful=graceful))
-        if request.method == "PUT":
-            body = await self._body(request)
-            if isinstance(body, web.Response):
-                return body
-            _written(kind, body)
-            if sub == "status":
-                merged = copy.deepcopy(current)
-                merged["status"] = body.get("status", {})
-                body = merged
-            try:
-                return self._json(self.store.replace(resource, namespace, name, body))
-            except Conflict:
-                return status(409, "Conflict", f'Operation cannot be fulfilled on {kind.lower()}s "{name}": '
-                                               "the object has been modified; please apply your changes to the "
-                                               "latest version and try again")
-        if request.method == "PATCH":
-            patch = await self._body(request)
-            if isinstance(patch, web.Response):
-                return patch
-            ctype = request.content_type
-            # merge-patch and strategic-merge-patch alike: lists are replaced, enough for the pod fields here
-            new = copy.deepcopy(current)
-            if ctype == "application/json-patch+json":
-                try:
-                    if not isinstance(patch, list):
-                        return status(400, "BadRequest", "a JSON patch is a list of operations")
-                    new = jsonpatch.apply_patch(new, patch)
-                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as err:
-                    return status(422, "Invalid", f"the JSON patch does not apply: {err}")
-            else:
-                new = merge_patch(new, patch)
-            if sub == "status":
-                kept = copy.deepcopy(current)
-                kept["status"] = new.get("status", {})
-                new = kept
-            elif sub is None:
-                new["status"] = current.get("status", {})
-            new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            return self._json(self.store.replace(resource, namespace, name, new))
-        return status(405, "MethodNotAllowed", f"{request.method} is not supported")
-
-    async def _faulty_watch(self, request: web.Request, mode: str) -> web.StreamResponse:
-        """A watch that goes wrong as the fault asks: the headers, then nothing until the client gives up
-        ("hang"), nothing at all ("empty"), or 410 Gone at once ("gone")."""
-        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
-        await response.prepare(request)
-        self._streams.add(response)
-        task = asyncio.current_task()
-        if task:
-            self.watch_tasks.add(task)
-        try:
-            if mode == "hang":
-                await asyncio.Event().wait()
-            elif mode == "gone":
-                await response.write(_gone_event())
-            with contextlib.suppress(ConnectionResetError):
-                await response.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
-            pass
-        finally:
-            self._streams.discard(response)
-            if task:
-                self.watch_tasks.discard(task)
-        return response
-
-    async def _watch(self, request: web.Request, resource: str, namespace: str | None,
-                     matches: Callable[[Obj], bool], kind: str, api_version: str) -> web.StreamResponse:
-        self.stats.count(request.headers.get("User-Agent", "?"), watch=True)
-        if self.faults.watch and self.faults.applies(request.path):
-            return await self._faulty_watch(request, self.faults.watch)
-        raw_rv = request.query.get("resourceVersion", "")
-        bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
-        timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
-        watcher = Watcher(resource=resource, namespace=namespace)
-        self.store.watchers.add(watcher)
-        response = web.StreamResponse(headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
-        await response.prepare(request)
-        self._streams.add(response)
-        agent = request.headers.get("User-Agent", "?")
-        task = asyncio.current_task()
-        if task:
-            self.watch_tasks.add(task)
-
-        async def send(event_type: str, obj: Obj) -> None:
-            line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
-            self.stats.count(agent, nbytes=len(line))
-            await response.write(line)
-            self.stats.last_event[agent] = time.perf_counter()  # benchmarks: when the API sent it, not when set
-
-        def in_scope(obj: Obj | None) -> bool:
-            return obj is not None and (not namespace or obj["metadata"].get("namespace") == namespace) \
-                and matches(obj)
-
-        async def deliver(event_type: str, old: Obj | None, new: Obj) -> None:
-            was, now_ = in_scope(old), in_scope(new)
-            if event_type == "DELETED":
-                if was:
-                    await send("DELETED", new)
-            elif event_type == "ADDED":
-                if now_:
-                    await send("ADDED", new)
-            elif was and not now_:
-                await send("DELETED", new)
-            elif now_ and not was:
-                await send("ADDED", new)
-            elif now_:
-                await send("MODIFIED", new)
-
-        try:
-            if raw_rv in ("", "0"):
-                for obj in sorted(self.store.list(resource, namespace), key=lambda o: o["metadata"]["name"]):
-                    if in_scope(obj):
-                        await send("ADDED", obj)
-            else:
-                try:
-                    backlog = self.store.events_since(int(raw_rv), resource)
-                except (Gone, ValueError):
-                    await send("ERROR", {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                         "message": f"too old resource version: {raw_rv} ({self.store.oldest})",
-                                         "reason": "Expired", "code": 410})
-                    return response
-                for event in backlog:
-                    await deliver(event.kind, event.old, event.new)
-                # Events already replayed from the log are also in the queue: skip what we sent.
-                replayed = backlog[-1].rv if backlog else int(raw_rv)
-                while not watcher.queue.empty():
-                    item = watcher.queue.get_nowait()
-                    if item and item[1].rv > replayed:  # type: ignore[attr-defined]
-                        await deliver(item[0], item[1].old, item[1].new)  # type: ignore[attr-defined]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout if timeout else None
-            while True:
-                wait = self.bookmark_interval if bookmarks else 3600.0
-                if deadline is not None:
-                    wait = min(wait, deadline - loop.time())
-                    if wait <= 0:
-                        break
-                try:
-                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
-                except TimeoutError:
-                    if bookmarks:
-                        await send("BOOKMARK", {"kind": kind, "apiVersion": api_version,
-                                                "metadata": {"resourceVersion": str(self.store.rv)}})
-                    continue
-                if item is None:
-                    break
-                logged = item[1]
-                await deliver(item[0], logged.old, logged.new)  # type: ignore[attr-defined]
-            with contextlib.suppress(ConnectionResetError):
-                await response.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
-            pass
-        finally:
-            self.store.watchers.discard(watcher)
-            self._streams.discard(response)
-            if task:
-                self.watch_tasks.discard(task)
-        return response
-
-
-def _gone_event() -> bytes:
-    return json.dumps({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                                   "status": "Failure", "message": "too old resource version",
-                                                   "reason": "Expired", "code": 410}}).encode() + b"\n"
-
-
-def _written(kind: str, obj: Obj) -> None:
-    """What the API server does to an object as it is written, where kubectl relies on it: a Secret's
-    ``stringData`` is merged into ``data`` (base64) and not stored."""
-    if kind == "Secret" and isinstance(obj.get("stringData"), dict):
-        if not isinstance(obj.get("data"), dict):
-            obj["data"] = {}
-        data = obj["data"]
-        for key, value in obj.pop("stringData").items():
-            data[key] = base64.b64encode(str(value).encode()).decode()
-
-
-def _metadata_only(request: web.Request) -> bool:
-    """``Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`` (client-go's metadata
-    client): the API server answers with the objects' metadata only."""
-    return "as=PartialObjectMetadata" in request.headers.get("Accept", "")
-
-
-def _partial(obj: Obj) -> Obj:
-    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if key.startswith("$"):  # strategic-merge directives ($patch, $retainKeys): not needed here
-            continue
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+        self.knobs.faults = Faults()
+        return web.json_response({"ok": True})
 
 
 async def serve(state_dir: Path, *, port: int, ready: Callable[[Sandbox], None] | None = None,

@@ -120,7 +120,7 @@ class SandboxThread:
                 s.faults.trickle = knobs["trickle"]
                 s.faults.path = knobs.get("path")
             if knobs.get("clear"):
-                from agent.sandbox.server import Faults
+                from agent.sandbox.faults import Faults
 
                 s.faults = Faults()
 
@@ -132,7 +132,7 @@ class SandboxThread:
                 "lastEventAt": dict(st.last_event)}
 
     def reset_stats(self) -> None:
-        from agent.sandbox.server import Stats
+        from agent.sandbox.faults import Stats
 
         async def reset() -> None:
             self.sandbox.stats = Stats()

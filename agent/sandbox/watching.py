@@ -1,0 +1,197 @@
+"""WATCH streams as the API server sends them, and the faulty ones the tests ask for.
+
+A watch from resourceVersion "" or "0" starts with the current objects as ADDED; one from N replays the logged
+events after N (410 Expired once the log has forgotten N), then streams new ones, with BOOKMARKs when asked. A
+label- or field-selected watch sees an object that stops matching as DELETED and one that starts as ADDED.
+Every open stream and its task are tracked, so that a dropped watch is cut (no final chunk, as a lost
+connection) and stop() does not wait for a stream that never ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+
+from agent.sandbox.faults import Knobs
+from agent.sandbox.store import Gone, Obj, Store, Watcher
+
+HEADERS = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+GONE = json.dumps({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                               "status": "Failure", "message": "too old resource version",
+                                               "reason": "Expired", "code": 410}}).encode() + b"\n"
+
+
+class Watches:
+    """The open watch streams of one sandbox, and the tasks a drop or stop cancels."""
+
+    def __init__(self, store: Store, knobs: Knobs, bookmark_interval: float) -> None:
+        self.store = store
+        self.knobs = knobs
+        self.bookmark_interval = bookmark_interval
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.streams: set[web.StreamResponse] = set()
+
+    @contextlib.contextmanager
+    def cancellable(self) -> Iterator[None]:
+        """The current task (a watch, an answer a fault delays) is cancelled by drop(), so stop() ends it."""
+        task = asyncio.current_task()
+        if task:
+            self.tasks.add(task)
+        try:
+            yield
+        finally:
+            if task:
+                self.tasks.discard(task)
+
+    async def drop(self) -> None:
+        for stream in list(self.streams):
+            transport = stream._req.transport if stream._req else None  # cut, not close: no final chunk
+            if transport:
+                transport.abort()
+        for task in list(self.tasks):
+            task.cancel()
+
+    async def serve(self, request: web.Request, resource: str, namespace: str | None,
+                    matches: Callable[[Obj], bool], kind: str, api_version: str) -> web.StreamResponse:
+        agent = request.headers.get("User-Agent", "?")
+        self.knobs.stats.count(agent, watch=True)
+        faults = self.knobs.faults
+        if faults.watch and faults.applies(request.path):
+            return await self._faulty(request, faults.watch)
+        raw_rv = request.query.get("resourceVersion", "")
+        bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
+        timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
+        watcher = Watcher(resource=resource, namespace=namespace)
+        self.store.watchers.add(watcher)  # before the headers: no event is missed while they go out
+        response = web.StreamResponse(headers=HEADERS)
+        await response.prepare(request)
+        self.streams.add(response)
+        stream = _Stream(response, agent, self.knobs, self.store, watcher, matches)
+        try:
+            with self.cancellable():
+                if await stream.begin(raw_rv):
+                    await stream.follow(timeout, self.bookmark_interval if bookmarks else None, kind, api_version)
+                    with contextlib.suppress(ConnectionResetError):
+                        await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            pass
+        finally:
+            self.store.watchers.discard(watcher)
+            self.streams.discard(response)
+        return response
+
+    async def _faulty(self, request: web.Request, mode: str) -> web.StreamResponse:
+        """A watch that goes wrong as the fault asks: the headers, then nothing until the client gives up
+        ("hang"), nothing at all ("empty"), or 410 Gone at once ("gone")."""
+        response = web.StreamResponse(headers=HEADERS)
+        await response.prepare(request)
+        self.streams.add(response)
+        try:
+            with self.cancellable():
+                if mode == "hang":
+                    await asyncio.Event().wait()
+                elif mode == "gone":
+                    await response.write(GONE)
+                with contextlib.suppress(ConnectionResetError):
+                    await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            pass
+        finally:
+            self.streams.discard(response)
+        return response
+
+
+class _Stream:
+    """One watch's events, as its client is allowed to see them (its namespace, its selectors)."""
+
+    def __init__(self, response: web.StreamResponse, agent: str, knobs: Knobs, store: Store, watcher: Watcher,
+                 matches: Callable[[Obj], bool]) -> None:
+        self.response = response
+        self.agent = agent
+        self.knobs = knobs
+        self.store = store
+        self.watcher = watcher
+        self.matches = matches
+
+    async def send(self, event_type: str, obj: Obj) -> None:
+        line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+        self.knobs.stats.count(self.agent, nbytes=len(line))
+        await self.response.write(line)
+        self.knobs.stats.last_event[self.agent] = time.perf_counter()  # benchmarks: when the API sent it
+
+    def in_scope(self, obj: Obj | None) -> bool:
+        namespace = self.watcher.namespace
+        return obj is not None and (not namespace or obj["metadata"].get("namespace") == namespace) \
+            and self.matches(obj)
+
+    async def deliver(self, event_type: str, old: Obj | None, new: Obj) -> None:
+        """The event as this watch sees it: a change across its selectors is an ADDED or a DELETED."""
+        was, now_ = self.in_scope(old), self.in_scope(new)
+        if event_type == "DELETED":
+            if was:
+                await self.send("DELETED", new)
+        elif event_type == "ADDED":
+            if now_:
+                await self.send("ADDED", new)
+        elif was and not now_:
+            await self.send("DELETED", new)
+        elif now_ and not was:
+            await self.send("ADDED", new)
+        elif now_:
+            await self.send("MODIFIED", new)
+
+    async def begin(self, raw_rv: str) -> bool:
+        """The events before the live ones: the current objects, or the log's since ``raw_rv``; False after a
+        410 (the stream is over)."""
+        resource, namespace = self.watcher.resource, self.watcher.namespace
+        if raw_rv in ("", "0"):
+            for obj in sorted(self.store.list(resource, namespace), key=lambda o: o["metadata"]["name"]):
+                if self.in_scope(obj):
+                    await self.send("ADDED", obj)
+            return True
+        try:
+            backlog = self.store.events_since(int(raw_rv), resource)
+        except (Gone, ValueError):
+            await self.send("ERROR", {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                      "message": f"too old resource version: {raw_rv} ({self.store.oldest})",
+                                      "reason": "Expired", "code": 410})
+            return False
+        for event in backlog:
+            await self.deliver(event.kind, event.old, event.new)
+        # Events already replayed from the log are also in the queue: skip what we sent.
+        replayed = backlog[-1].rv if backlog else int(raw_rv)
+        queue = self.watcher.queue
+        while not queue.empty():
+            item = queue.get_nowait()
+            if item and item[1].rv > replayed:  # type: ignore[attr-defined]
+                await self.deliver(item[0], item[1].old, item[1].new)  # type: ignore[attr-defined]
+        return True
+
+    async def follow(self, timeout: float | None, bookmark_interval: float | None, kind: str,
+                     api_version: str) -> None:
+        """The live events until ``timeout`` or the store ends the watch, a BOOKMARK at each quiet interval."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout else None
+        while True:
+            wait = bookmark_interval if bookmark_interval is not None else 3600.0
+            if deadline is not None:
+                wait = min(wait, deadline - loop.time())
+                if wait <= 0:
+                    break
+            try:
+                item = await asyncio.wait_for(self.watcher.queue.get(), timeout=wait)
+            except TimeoutError:
+                if bookmark_interval is not None:
+                    await self.send("BOOKMARK", {"kind": kind, "apiVersion": api_version,
+                                                 "metadata": {"resourceVersion": str(self.store.rv)}})
+                continue
+            if item is None:
+                break
+            logged = item[1]
+            await self.deliver(item[0], logged.old, logged.new)  # type: ignore[attr-defined]
