@@ -1,7 +1,6 @@
-"""The ``topology-agent`` command: dispatch, exit codes and the process's life. Each command takes its settings
-from its module in agent/flags/ (the flags, their ``TOPOLOGY_<NAME>`` fallbacks and their checks) and runs what
-the runtime and the core offer. An ``AgentError`` becomes one line on stderr and its exit code; anything else is
-a bug and is one line too, its traceback on request."""
+"""The ``topology-agent`` command: dispatch, exit codes and the process's life. Each command's flags, their
+``TOPOLOGY_<NAME>`` fallbacks and their checks are its module in agent/flags/. An ``AgentError`` becomes one line
+on stderr and its exit code; anything else is a bug, one line too (its traceback with TOPOLOGY_DEBUG=1)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from agent.core import render_pod
 from agent.core.explaining import format_explanation
 from agent.errors import AgentError, ApiConflict, InputError
 from agent.flags import demo, init, inject, keygen, render, sandbox, sidecar, webhook
-from agent.flags.parser import UsageError, build_parser, check_command_line
+from agent.flags.parser import UsageError, build_parser
 from agent.runtime.logs import setup_logging
 
 if TYPE_CHECKING:
@@ -81,11 +80,6 @@ def _sidecar(args: argparse.Namespace) -> int:
 
 
 def _webhook(args: argparse.Namespace) -> int:
-    if args.reviewer:  # the process webhook.py starts for large reviews: it loads only the decision's modules
-        from agent.runtime.reviewing import serve as review
-
-        review(sys.stdin.buffer, sys.stdout.buffer, version=__version__, check=check_command_line)
-        return 0
     from agent.k8s.async_client import AsyncClient
     from agent.runtime.certs import service_hosts
     from agent.runtime.webhook import WebhookSettings, run_webhook
@@ -100,7 +94,7 @@ def _webhook(args: argparse.Namespace) -> int:
         # read never holds a slot a healthy namespace's review needs.
         async with AsyncClient(start.config, user_agent=f"topology-agent/{__version__} webhook", timeout=5.0,
                                connections=settings.limits.connections) as api:
-            await run_webhook(api, settings, version=__version__, check=check_command_line, stop=stop)
+            await run_webhook(api, settings, version=__version__, stop=stop)
 
     _until_stopped(serve)
     return 0
@@ -126,8 +120,7 @@ def _inject(args: argparse.Namespace) -> int:
     given = inject.settings_from(args)
     outputs = []
     for name in given.filenames:
-        out, changed = inject_text(inject.read_manifest(name), given.defaults, version=__version__,
-                                   check=check_command_line)
+        out, changed = inject_text(inject.read_manifest(name), given.defaults, version=__version__)
         outputs.append(out)
         print(f"topology-agent inject: {name}: added the agent to {len(changed)} pod template(s)"
               + (f": {'; '.join(changed)}" if changed else ""), file=sys.stderr)

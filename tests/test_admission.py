@@ -206,7 +206,7 @@ def test_bad_settings_deny_the_pod_with_the_one_line_inject_prints(annotations, 
     assert response["status"]["code"] == 400 and says in response["status"]["message"]
     assert response["status"]["message"].startswith("topology-agent: Pod train-*")
     with pytest.raises(InputError) as err:  # and inject refuses the same pod with the same words
-        inject_text(json.dumps(pod), Settings(), version=__version__, check=check_command_line)
+        inject_text(json.dumps(pod), Settings(), version=__version__)
     assert response["status"]["message"] == f"topology-agent: {err.value}"
 
 

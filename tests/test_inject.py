@@ -239,24 +239,23 @@ def test_the_pods_of_an_injected_job_render_with_the_injected_options(name, doc)
 
 def test_the_users_comments_quotes_and_order_stay_and_a_second_run_changes_nothing():
     text = (ROOT / "tests" / "upstream" / "jobset-depends-on.yaml").read_text()
-    once, changed = inject_text(text, Settings(), version=__version__, check=check_command_line)
+    once, changed = inject_text(text, Settings(), version=__version__)
     assert len(changed) == 3
     kept = [line for line in text.splitlines() if line.strip()]
     out_lines = once.splitlines()
     position = 0
     for line in kept:  # every line of the user's, in the user's order (comments and quoting included)
         position = out_lines.index(line, position) + 1
-    twice, _ = inject_text(once, Settings(), version=__version__, check=check_command_line)
+    twice, _ = inject_text(once, Settings(), version=__version__)
     assert twice == once
 
 
 def test_an_older_injection_is_upgraded_to_what_one_run_gives():
     text = (ROOT / "tests" / "upstream" / "training-operator-pytorch-simple.yaml").read_text()
-    fresh, _ = inject_text(text, Settings(), version=__version__, check=check_command_line)
-    old, _ = inject_text(text, Settings({"image": "topology-agent:0.0.9", "timeout": "900"}), version="0.0.9",
-                         check=check_command_line)
+    fresh, _ = inject_text(text, Settings(), version=__version__)
+    old, _ = inject_text(text, Settings({"image": "topology-agent:0.0.9", "timeout": "900"}), version="0.0.9")
     assert "0.0.9" in old and "--timeout" in old
-    upgraded, _ = inject_text(old, Settings(), version=__version__, check=check_command_line)
+    upgraded, _ = inject_text(old, Settings(), version=__version__)
     assert upgraded == fresh
 
 
@@ -311,7 +310,7 @@ def test_a_user_service_account_is_kept_and_its_token_left_alone():
 def test_a_kubectl_list_and_json_come_back_as_they_came():
     items = [d for n, d in UPSTREAM_DOCS if d["kind"] in ("PyTorchJob", "MPIJob")]
     text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-    out, changed = inject_text(text, Settings(), version=__version__, check=check_command_line)
+    out, changed = inject_text(text, Settings(), version=__version__)
     back = json.loads(out)
     assert back["kind"] == "List" and len(changed) == 4
     assert all(agent_args(t) for item in back["items"] for t in pod_templates(item))
@@ -349,7 +348,7 @@ def test_the_shipped_runtime_is_what_inject_gives_today(path):
     """manifests/trainer is written by inject: injecting it again must change no byte, so a change to the
     injection that is not carried into the shipped runtime fails here (re-run: topology-agent inject -f)."""
     text = path.read_text()
-    again, changed = inject_text(text, Settings(), version=__version__, check=check_command_line)
+    again, changed = inject_text(text, Settings(), version=__version__)
     assert changed and again == text
 
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def inject(text: str, settings: Settings | None = None) -> str:
-    return inject_text(text, settings or Settings(), version=__version__, check=check_command_line)[0]
+    return inject_text(text, settings or Settings(), version=__version__)[0]
 
 
 def load(text: str) -> dict:
@@ -271,7 +271,7 @@ def test_a_template_shared_by_an_anchor_is_injected_once_and_stays_shared():
     text = ("apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata:\n  name: v\nspec:\n  tasks:\n"
             "  - name: master\n    replicas: 1\n    template: &t\n      spec:\n        containers:\n"
             "        - name: t\n          image: x\n  - name: worker\n    replicas: 2\n    template: *t\n")
-    once, changed = inject_text(text, Settings(), version=__version__, check=check_command_line)
+    once, changed = inject_text(text, Settings(), version=__version__)
     assert changed == ["Job v tasks[0] (master)", "Job v tasks[1] (worker)"]
     assert "template: *t" in once and once.count("name: topology-agent\n") == 1
     tasks = load(once)["spec"]["tasks"]

@@ -36,7 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-every", default="3600", help="seconds between certificate checks (default 3600)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     parser.add_argument("--log-format", help="text or json (default text)")
-    parser.add_argument("--reviewer", action="store_true", help=argparse.SUPPRESS)  # its reviewing process
 
 
 class WebhookFields(TypedDict):
