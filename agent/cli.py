@@ -4,34 +4,38 @@ on stderr and its exit code; anything else is a bug, one line too (its traceback
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from agent import __version__
-from agent.core import render_pod
-from agent.core.explaining import format_explanation
 from agent.errors import AgentError, ApiConflict, InputError
-from agent.flags import demo, init, inject, keygen, render, sandbox, sidecar, webhook
-from agent.flags.parser import UsageError, build_parser
+from agent.flags.parser import UsageError, parse_command_line, settings_from
 from agent.runtime.logs import setup_logging
 
 if TYPE_CHECKING:
     import asyncio
+    from pathlib import Path
 
+    from agent.flags.init import InitFields
+    from agent.flags.inject import InjectSettings
+    from agent.flags.keygen import KeygenSettings
+    from agent.flags.pod import PodStart
+    from agent.flags.render import RenderSettings
+    from agent.flags.sandbox import SandboxSettings
+    from agent.flags.sidecar import SidecarFlags
+    from agent.flags.webhook import WebhookStart
     from agent.runtime.init import Held
 
 
-def _render(args: argparse.Namespace) -> int:
+def _render(given: RenderSettings) -> int:
+    from agent.core import render_pod
     from agent.runtime.output import write_generation
 
-    given = render.settings_from(args)
     rendered = render_pod(given.pods, given.me, given.options, files_dir=str(given.out.absolute()), nodes=given.nodes)
     names = write_generation(given.out, rendered, given.options, given.ssh)
     me = rendered.plan.topology.me
@@ -39,17 +43,18 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _explain(args: argparse.Namespace) -> int:
-    given = render.settings_from(args)
+def _explain(given: RenderSettings) -> int:
+    from agent.core import render_pod
+    from agent.core.explaining import format_explanation
+
     print(format_explanation(render_pod(given.pods, given.me, given.options, nodes=given.nodes)))
     return 0
 
 
-def _init(args: argparse.Namespace) -> Held:
+def _init(start: PodStart[InitFields]) -> Held:
     from agent.k8s.client import Client
     from agent.runtime.init import InitSettings, run_init
 
-    start = init.settings_from(args)
     setup_logging(start.log_format)
     settings = InitSettings(**start.pod, **start.own)
     where = f"{settings.namespace}/{settings.pod_name}"
@@ -60,12 +65,11 @@ def _init(args: argparse.Namespace) -> Held:
         api.close()  # its connections; the rest of what it held is kept (console)
 
 
-def _sidecar(args: argparse.Namespace) -> int:
+def _sidecar(start: PodStart[SidecarFlags]) -> int:
     from agent.k8s.async_client import AsyncClient
     from agent.runtime.sidecar import SidecarSettings, run_sidecar
     from agent.runtime.signalling import TrainerFinder
 
-    start = sidecar.settings_from(args)
     setup_logging(start.log_format)
     own = start.own
     settings = SidecarSettings(**start.pod, **own.settings, ssh=start.ssh, finder=TrainerFinder(**own.trainer))
@@ -79,12 +83,11 @@ def _sidecar(args: argparse.Namespace) -> int:
     return 0
 
 
-def _webhook(args: argparse.Namespace) -> int:
+def _webhook(start: WebhookStart) -> int:
     from agent.k8s.async_client import AsyncClient
     from agent.runtime.certs import service_hosts
     from agent.runtime.webhook import WebhookSettings, run_webhook
 
-    start = webhook.settings_from(args)
     setup_logging(start.log_format)
     own = start.settings
     settings = WebhookSettings(**own, hosts=(*service_hosts(own["service"], own["namespace"]), *start.cert_hosts))
@@ -114,13 +117,13 @@ def _until_stopped(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-def _inject(args: argparse.Namespace) -> int:
+def _inject(given: InjectSettings) -> int:
+    from agent.flags.inject import read_manifest
     from agent.runtime.adoption import inject_text
 
-    given = inject.settings_from(args)
     outputs = []
     for name in given.filenames:
-        out, changed = inject_text(inject.read_manifest(name), given.defaults, version=__version__)
+        out, changed = inject_text(read_manifest(name), given.defaults, version=__version__)
         outputs.append(out)
         print(f"topology-agent inject: {name}: added the agent to {len(changed)} pod template(s)"
               + (f": {'; '.join(changed)}" if changed else ""), file=sys.stderr)
@@ -129,12 +132,11 @@ def _inject(args: argparse.Namespace) -> int:
     return 0
 
 
-def _keygen(args: argparse.Namespace) -> int:
+def _keygen(given: KeygenSettings) -> int:
     import yaml
 
     from agent.ssh.material import generate_secret_manifest
 
-    given = keygen.settings_from(args)
     manifest = generate_secret_manifest(given.job, given.namespace)
     if given.config is None:
         print(manifest, end="")
@@ -151,16 +153,13 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sandbox(args: argparse.Namespace) -> int:
+def _sandbox(given: SandboxSettings) -> int:
     import asyncio
 
     from agent.sandbox.server import Sandbox, serve
 
-    given = sandbox.settings_from(args)
-
     def ready(server: Sandbox) -> None:
-        print(f"sandbox API server at {server.url}", flush=True)
-        print(f"export KUBECONFIG={server.kubeconfig}", flush=True)
+        print(f"sandbox API server at {server.url}\nexport KUBECONFIG={server.kubeconfig}", flush=True)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
@@ -172,21 +171,21 @@ def _sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo(out: Path) -> int:
     from agent.runtime.demo import run_demo
 
-    return run_demo(demo.settings_from(args))
+    return run_demo(out)
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int | Held]] = {
+# Each command, run with the settings its module in agent/flags/ gives.
+COMMANDS: dict[str, Callable[[Any], int | Held]] = {
     "render": _render, "explain": _explain, "init": _init, "sidecar": _sidecar, "sandbox": _sandbox, "demo": _demo,
     "keygen": _keygen, "inject": _inject, "webhook": _webhook}
 BUG_EXIT = 70  # EX_SOFTWARE
 ONE_SHOT = ("render", "explain", "init")
 
 
-@dataclass(frozen=True)
-class Ran:
+class Ran(NamedTuple):
     command: str | None  # None: the command line did not parse
     code: int
     held: object = None  # what a one-shot command held: console() ends the process without freeing it
@@ -201,7 +200,7 @@ def run(argv: Sequence[str] | None = None, *, ending: bool = False) -> Ran:
     """Run one command. ``ending``: the process ends right after (console), so a one-shot command's heap is never
     collected."""
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_command_line(argv)
     except UsageError as err:
         print(str(err), file=sys.stderr)
         return Ran(None, 2)
@@ -212,7 +211,7 @@ def run(argv: Sequence[str] | None = None, *, ending: bool = False) -> Ran:
         # 1.5 s without; init at 4096: 0.45 of 1.6 s). Memory is returned when the process ends.
         gc.disable()
     try:
-        result = COMMANDS[args.command](args)
+        result = COMMANDS[args.command](settings_from(args))
         return Ran(args.command, result) if isinstance(result, int) else Ran(args.command, 0, held=result)
     except AgentError as err:
         print(f"topology-agent {args.command}: error: {err}", file=sys.stderr)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.model import Options, is_whole_number, parse_owner
@@ -41,8 +40,7 @@ def env_flag(args: argparse.Namespace, name: str) -> bool:
     return bool(given) if given is not None else (env(name) or "").lower() in ("1", "true")
 
 
-@dataclass(frozen=True)
-class Knob:
+class Knob(NamedTuple):
     """One option's value and the name the user gave it by (``--master-port`` or ``TOPOLOGY_MASTER_PORT``), so
     a message names the knob the user actually turned."""
 

@@ -7,8 +7,6 @@ from pathlib import Path
 
 from agent.errors import OutputError
 
-HELP = "show the agent at work on an example Volcano job in the sandbox"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="demo-out", help="where each pod's files go (default ./demo-out)")

@@ -8,8 +8,6 @@ from typing import TypedDict
 from agent.flags.common import Knob, add_topology_arguments, choice_knob, env_flag, knob, whole_knob
 from agent.flags.pod import PodStart, add_in_cluster_arguments, pod_start, watch_idle
 
-HELP = "init container: wait for the job's pods, then write the files"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_in_cluster_arguments(parser)

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from agent.errors import InputError
 
 if TYPE_CHECKING:
     from agent.core.injection import Settings
-
-HELP = "add the agent to the pod templates of manifests: topology-agent inject -f job.yaml | kubectl apply -f -"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "job's own annotations win), e.g. --set image=registry/topology-agent:0.1.0")
 
 
-@dataclass(frozen=True)
-class InjectSettings:
+class InjectSettings(NamedTuple):
     defaults: Settings  # every job's settings, under its own annotations
     filenames: tuple[str, ...]  # '-' is stdin
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from agent.core.validation import is_dns1123_label, is_dns1123_subdomain, is_label_value
 from agent.errors import InputError
@@ -12,8 +11,6 @@ from agent.flags.common import kubeconfig
 
 if TYPE_CHECKING:
     from agent.k8s.config import ApiConfig
-
-HELP = "print (or --apply) the job's SSH Secret: user key pair and host CA"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,8 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", help="kubeconfig file for --apply")
 
 
-@dataclass(frozen=True)
-class KeygenSettings:
+class KeygenSettings(NamedTuple):
     job: str
     namespace: str
     config: ApiConfig | None  # --apply: create the Secret through this API instead of printing it

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypedDict, TypeVar
 
 from agent.core.model import Options
 from agent.flags.common import (
@@ -56,8 +54,7 @@ class PodFields(TypedDict):
     out_dir: Path
 
 
-@dataclass(frozen=True)
-class PodStart(Generic[Own]):
+class PodStart(NamedTuple, Generic[Own]):
     """What init and the sidecar know before their first request."""
 
     pod: PodFields
@@ -86,6 +83,8 @@ def pod_start(args: argparse.Namespace, own: Callable[[argparse.Namespace], Own]
 
 def _identity(config: ApiConfig) -> tuple[str, str]:
     """The pod's namespace and name: the downward API's, else the service account's namespace, the host name."""
+    import socket
+
     from agent.k8s.config import serviceaccount_dir
 
     pod_name = os.environ.get("POD_NAME") or socket.gethostname()

@@ -7,9 +7,8 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.model import Options, RawPod
 from agent.errors import InputError
@@ -17,9 +16,6 @@ from agent.flags.common import DEFAULT_OUT, add_topology_arguments, options_from
 
 if TYPE_CHECKING:
     from agent.ssh.material import SshSettings
-
-HELP = {"render": "write the files for one pod from a pods JSON file (offline)",
-        "explain": "print every variable, its value and the rule behind it"}
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
@@ -33,8 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
     add_topology_arguments(parser)
 
 
-@dataclass(frozen=True)
-class RenderSettings:
+class RenderSettings(NamedTuple):
     """What render and explain read and how: the job's pods, this pod's name, the Nodes' labels."""
 
     pods: list[RawPod]

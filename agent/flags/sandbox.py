@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from agent.core.validation import is_dns1123_label
 from agent.errors import InputError, OutputError
 from agent.flags.common import is_ip, seconds, whole
-
-HELP = "run the sandbox API server (for kubectl and the agent, no cluster)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where a webhook's Service answers (the sandbox has no cluster network; repeatable)")
 
 
-@dataclass(frozen=True)
-class SandboxSettings:
+class SandboxSettings(NamedTuple):
     port: int  # 0: any free port
     state: Path  # made, if it was not there
     bookmark_interval: float

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from agent.core.model import is_whole_number
 from agent.errors import InputError
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     import signal
 
     from agent.k8s.reflector import Settings as ReflectorSettings
-
-HELP = "elastic jobs: follow membership, rewrite files, signal the trainer"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +75,7 @@ class Health(TypedDict):
     health_topology: bool
 
 
-@dataclass(frozen=True)
-class SidecarFlags:
+class SidecarFlags(NamedTuple):
     """The sidecar's own flags, checked."""
 
     settings: SidecarFields

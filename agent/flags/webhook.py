@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from agent.core.validation import is_dns1123_label, is_dns1123_subdomain
 from agent.errors import InputError
@@ -14,8 +13,6 @@ from agent.flags.common import Knob, at_least_one_second, ip_address, is_ip, kub
 
 if TYPE_CHECKING:
     from agent.k8s.config import ApiConfig
-
-HELP = "mutating admission webhook: adds the agent to Pods and jobs at CREATE, as inject does (manifests/webhook)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +48,7 @@ class WebhookFields(TypedDict):
     check_every: float
 
 
-@dataclass(frozen=True)
-class WebhookStart:
+class WebhookStart(NamedTuple):
     """What the webhook knows before it serves."""
 
     settings: WebhookFields
