@@ -4,7 +4,9 @@ Layers, low to high, each importing only those below it (import-linter contracts
 ``agent.errors`` (one exception tree); ``agent.core`` (pure: pods -> plan -> file bytes; no I/O, no clock);
 ``agent.examples`` (the controllers' pods, for the demo and the tests); ``agent.k8s`` (the API client),
 ``agent.files`` (atomic writes), ``agent.ssh`` (key material) and ``agent.sandbox`` (the sandbox API server),
-independent of each other; ``agent.runtime`` (init, the sidecar, the webhook); ``agent.cli`` (the command line).
+independent of each other; ``agent.flags`` (the command line's grammar: each command's flags, their checks and
+the settings they give); ``agent.runtime`` (init, the sidecar, the webhook); ``agent.cli`` (dispatch, exit codes,
+the process's life).
 docs/architecture.md has the module map and the data paths.
 """
 

@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent import __version__
-from agent.cli import check_agent_args
 from agent.core import admission, render_pod
 from agent.core.injection import INIT, INJECT_LABEL, PREFIX, SIDECAR, Settings
 from agent.errors import InputError
+from agent.flags.parser import check_command_line
 from agent.runtime.adoption import inject_text
 from tests.manifest_pods import pods_for
 from tests.test_inject import (
@@ -52,7 +52,7 @@ def admitted(obj: dict, settings: Settings = NO_SETTINGS, **kwargs) -> tuple[dic
     """(the object after the patch, the response). The review gets its own copy, as the webhook parses its own
     from the body: the decision changes what it is given."""
     answer = admission.answer(admission.parse_review(review(copy.deepcopy(obj), **kwargs)), settings,
-                              version=__version__, check=check_agent_args)
+                              version=__version__, check=check_command_line)
     assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
     response = answer["response"]
     assert response["uid"] == "u-1"
@@ -206,7 +206,7 @@ def test_bad_settings_deny_the_pod_with_the_one_line_inject_prints(annotations, 
     assert response["status"]["code"] == 400 and says in response["status"]["message"]
     assert response["status"]["message"].startswith("topology-agent: Pod train-*")
     with pytest.raises(InputError) as err:  # and inject refuses the same pod with the same words
-        inject_text(json.dumps(pod), Settings(), version=__version__, check=check_agent_args)
+        inject_text(json.dumps(pod), Settings(), version=__version__)
     assert response["status"]["message"] == f"topology-agent: {err.value}"
 
 
@@ -253,7 +253,7 @@ def test_the_patch_comes_from_what_the_agent_adds_not_a_copy_of_the_object():
     request = admission.parse_review(json.loads(json.dumps(review(pod))))
     tracemalloc.start()
     try:
-        answer = admission.answer(request, NO_SETTINGS, version=__version__, check=check_agent_args)
+        answer = admission.answer(request, NO_SETTINGS, version=__version__, check=check_command_line)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import build_parser, main
+from agent.cli import main
+from agent.flags.parser import build_parser
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PODS = str(EXAMPLES / "volcano-pods.json")

@@ -199,7 +199,8 @@ def test_unwritable_output_dir_fails_cleanly_and_keeps_old_files(tmp_path):
 
 def test_checking_options_imports_no_heavy_library():
     # init pays its imports in every pod: asyncssh (0.2 s, 20 MB) only with SSH, kubernetes only outside a pod.
-    code = ("import sys; from agent.cli import build_parser, options_from_args, ssh_settings; "
+    code = ("import sys; from agent.flags.parser import build_parser; "
+            "from agent.flags.common import options_from_args, ssh_settings; "
             "a = build_parser().parse_args(['init', '--ssh-owner', '1000:1000']); options_from_args(a); "
             "ssh_settings(a); print(sorted(m for m in ('asyncssh', 'kubernetes', 'aiohttp') if m in sys.modules))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

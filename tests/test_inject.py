@@ -15,10 +15,12 @@ import pytest
 import yaml
 
 from agent import __version__
-from agent.cli import build_parser, check_agent_args, main, options_from_args
+from agent.cli import main
 from agent.core import render_pod
 from agent.core.injection import INIT, PREFIX, SIDECAR, Settings, inject_document, templates
 from agent.errors import InputError
+from agent.flags.common import options_from_args
+from agent.flags.parser import build_parser, check_command_line
 from agent.runtime.adoption import inject_text
 from tests.manifest_pods import pod_templates, pods_for
 
@@ -204,7 +206,7 @@ def test_injected_templates_validate_keep_the_users_containers_and_run_the_agent
             assert context["seccompProfile"] == {"type": "RuntimeDefault"}
             assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
             assert container["resources"]["limits"]["memory"] == "128Mi"
-            check_agent_args([str(a) for a in container["args"]], name)
+            check_command_line([str(a) for a in container["args"]], name)
         token_holders = [c["name"] for c in new["spec"]["initContainers"] + new["spec"]["containers"]
                          if any(m["name"] == "topology-agent-token" for m in c.get("volumeMounts", []))]
         assert token_holders == [c["name"] for c in agents]
@@ -237,24 +239,23 @@ def test_the_pods_of_an_injected_job_render_with_the_injected_options(name, doc)
 
 def test_the_users_comments_quotes_and_order_stay_and_a_second_run_changes_nothing():
     text = (ROOT / "tests" / "upstream" / "jobset-depends-on.yaml").read_text()
-    once, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    once, changed = inject_text(text, Settings(), version=__version__)
     assert len(changed) == 3
     kept = [line for line in text.splitlines() if line.strip()]
     out_lines = once.splitlines()
     position = 0
     for line in kept:  # every line of the user's, in the user's order (comments and quoting included)
         position = out_lines.index(line, position) + 1
-    twice, _ = inject_text(once, Settings(), version=__version__, check=check_agent_args)
+    twice, _ = inject_text(once, Settings(), version=__version__)
     assert twice == once
 
 
 def test_an_older_injection_is_upgraded_to_what_one_run_gives():
     text = (ROOT / "tests" / "upstream" / "training-operator-pytorch-simple.yaml").read_text()
-    fresh, _ = inject_text(text, Settings(), version=__version__, check=check_agent_args)
-    old, _ = inject_text(text, Settings({"image": "topology-agent:0.0.9", "timeout": "900"}), version="0.0.9",
-                         check=check_agent_args)
+    fresh, _ = inject_text(text, Settings(), version=__version__)
+    old, _ = inject_text(text, Settings({"image": "topology-agent:0.0.9", "timeout": "900"}), version="0.0.9")
     assert "0.0.9" in old and "--timeout" in old
-    upgraded, _ = inject_text(old, Settings(), version=__version__, check=check_agent_args)
+    upgraded, _ = inject_text(old, Settings(), version=__version__)
     assert upgraded == fresh
 
 
@@ -309,7 +310,7 @@ def test_a_user_service_account_is_kept_and_its_token_left_alone():
 def test_a_kubectl_list_and_json_come_back_as_they_came():
     items = [d for n, d in UPSTREAM_DOCS if d["kind"] in ("PyTorchJob", "MPIJob")]
     text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-    out, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    out, changed = inject_text(text, Settings(), version=__version__)
     back = json.loads(out)
     assert back["kind"] == "List" and len(changed) == 4
     assert all(agent_args(t) for item in back["items"] for t in pod_templates(item))
@@ -347,7 +348,7 @@ def test_the_shipped_runtime_is_what_inject_gives_today(path):
     """manifests/trainer is written by inject: injecting it again must change no byte, so a change to the
     injection that is not carried into the shipped runtime fails here (re-run: topology-agent inject -f)."""
     text = path.read_text()
-    again, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    again, changed = inject_text(text, Settings(), version=__version__)
     assert changed and again == text
 
 

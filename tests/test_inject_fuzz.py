@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent import __version__
-from agent.cli import check_agent_args
 from agent.core.injection import INJECTED, KEYS, PREFIX, Settings
 from agent.errors import InputError
 from agent.runtime.adoption import inject_text
@@ -122,7 +121,7 @@ def test_inject_refuses_a_bad_manifest_with_input_error_only(case):
     doc, as_json = case
     text = json.dumps(doc) if as_json else yaml.safe_dump(doc, sort_keys=False)
     try:
-        inject_text(text, Settings(), version=__version__, check=check_agent_args)
+        inject_text(text, Settings(), version=__version__)
     except InputError as err:
         assert "\n" not in str(err).strip()
 
@@ -159,7 +158,7 @@ def mutated_texts(draw: st.DrawFn) -> str:
 @example("apiVersion: v1\nkind: ConfigMap\n? metadata:\n    name: [c]\n: x\n")  # a key that is a mapping: TypeError
 def test_inject_refuses_broken_text_with_input_error_only(text):
     try:
-        inject_text(text, Settings(), version=__version__, check=check_agent_args)
+        inject_text(text, Settings(), version=__version__)
     except InputError as err:
         assert "\n" not in str(err).strip()
 
@@ -192,7 +191,7 @@ def test_comments_anywhere_stay_and_a_second_run_changes_nothing(case):
     text, own_lines = case
 
     def run(text: str) -> str:
-        return inject_text(text, Settings(), version=__version__, check=check_agent_args)[0]
+        return inject_text(text, Settings(), version=__version__)[0]
 
     try:
         once = run(text)

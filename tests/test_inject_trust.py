@@ -14,16 +14,17 @@ import pytest
 from ruamel.yaml import YAML
 
 from agent import __version__
-from agent.cli import check_agent_args, main
+from agent.cli import main
 from agent.core.injection import INJECTED, SHARED, Settings, inject_document
 from agent.errors import InputError
+from agent.flags.parser import check_command_line
 from agent.runtime.adoption import inject_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def inject(text: str, settings: Settings | None = None) -> str:
-    return inject_text(text, settings or Settings(), version=__version__, check=check_agent_args)[0]
+    return inject_text(text, settings or Settings(), version=__version__)[0]
 
 
 def load(text: str) -> dict:
@@ -270,7 +271,7 @@ def test_a_template_shared_by_an_anchor_is_injected_once_and_stays_shared():
     text = ("apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata:\n  name: v\nspec:\n  tasks:\n"
             "  - name: master\n    replicas: 1\n    template: &t\n      spec:\n        containers:\n"
             "        - name: t\n          image: x\n  - name: worker\n    replicas: 2\n    template: *t\n")
-    once, changed = inject_text(text, Settings(), version=__version__, check=check_agent_args)
+    once, changed = inject_text(text, Settings(), version=__version__)
     assert changed == ["Job v tasks[0] (master)", "Job v tasks[1] (worker)"]
     assert "template: *t" in once and once.count("name: topology-agent\n") == 1
     tasks = load(once)["spec"]["tasks"]
@@ -471,7 +472,7 @@ def test_the_webhook_refuses_the_same_settings_with_the_same_line():
     request = admission.parse_review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": "u", "operation": "CREATE", "namespace": "team-a", "name": "v",
         "kind": {"group": "batch.volcano.sh", "version": "v1alpha1", "kind": "Job"}, "object": job}})
-    response = admission.answer(request, Settings(), version=__version__, check=check_agent_args)["response"]
+    response = admission.answer(request, Settings(), version=__version__, check=check_command_line)["response"]
     assert response["allowed"] is False
     assert response["status"]["message"] == (
         "topology-agent: Job v: annotation 'topology-agent.io/image' ' spaced ' is not an image reference "

@@ -174,7 +174,8 @@ def test_a_pid_file_may_name_only_a_process_the_trainer_match_names_too(tmp_path
 def _evaluator(out):
     from types import SimpleNamespace
 
-    from agent.cli import build_parser, options_from_args
+    from agent.flags.common import options_from_args
+    from agent.flags.parser import build_parser
     from agent.runtime.metrics import SidecarMetrics
     from agent.runtime.sidecar.evaluating import Evaluator
 
@@ -205,8 +206,9 @@ def test_a_generation_marker_left_behind_by_a_kill_is_repaired_at_start(tmp_path
     import json
 
     from agent import examples
-    from agent.cli import build_parser, options_from_args
     from agent.core import render_pod
+    from agent.flags.common import options_from_args
+    from agent.flags.parser import build_parser
 
     pods = examples.volcano_job("demo", (("master", 1), ("worker", 2)))
     options = options_from_args(build_parser().parse_args(["render", "--pods", "-"]))

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.cli import build_parser, options_from_args
 from agent.core import render_pod
+from agent.flags.common import options_from_args
+from agent.flags.parser import build_parser
 from tests.manifest_pods import pod_templates, pods_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,6 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agent import __version__
-from agent.cli import check_agent_args
 from agent.core.injection import PREFIX
 from agent.errors import ApiForbidden, ApiNotFound
 from agent.runtime import certs
@@ -61,7 +60,7 @@ def review(uid: str, namespace: str = "team-a") -> dict:
 
 
 async def serve(api) -> TestClient:
-    webhook = Webhook(api, WebhookSettings(), version=__version__, check=check_agent_args)  # type: ignore[arg-type]
+    webhook = Webhook(api, WebhookSettings(), version=__version__)  # type: ignore[arg-type]
     client = TestClient(TestServer(webhook.app()))
     await client.start_server()
     return client
@@ -170,7 +169,7 @@ class Served:
 @contextlib.asynccontextmanager
 async def served(api, **limits: float):
     context, client = tls_pair()
-    webhook = Webhook(api, WebhookSettings(), version=__version__, check=check_agent_args)
+    webhook = Webhook(api, WebhookSettings(), version=__version__)
     webhook.tls = context
     server = BoundedServer(webhook.app(), lambda: context, Limits(**limits))  # type: ignore[arg-type]
     await server.start("127.0.0.1", 0)
@@ -331,7 +330,7 @@ async def test_a_namespace_that_is_no_namespace_name_is_never_put_in_a_path(name
 
 async def test_the_namespaces_kept_are_bounded():
     api = Namespaces({})
-    webhook = Webhook(api, WebhookSettings(namespaces=64), version=__version__, check=check_agent_args)
+    webhook = Webhook(api, WebhookSettings(namespaces=64), version=__version__)
     for i in range(300):
         await webhook.namespaces.get(f"team-{i}", within=5)
     assert len(webhook.namespaces._kept) == 64 and api.gets == 300

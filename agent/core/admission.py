@@ -43,7 +43,6 @@ API_VERSION = "admission.k8s.io/v1"
 # objects); the parsed object costs up to ~70 bytes a value, so this bounds what the webhook's reviewing process
 # holds (docs/adopt.md sizes its memory from the worst shape under it).
 MAX_VALUES = 1 << 19
-CheckArgs = Callable[[list[str], str], None]  # the CLI's parser: refuses a flag or value init/sidecar refuse
 
 # (group, resource) the webhook takes, as its MutatingWebhookConfiguration's rules name them.
 JOB_RESOURCES = {"batch.volcano.sh": ("jobs",), "kubeflow.org": ("pytorchjobs", "mpijobs"),
@@ -90,14 +89,15 @@ def _annotations(template: Template) -> Mapping[str, Any] | None:
     return meta.get("annotations") if isinstance(meta, Mapping) else None
 
 
-def _check(template: Template, check: CheckArgs) -> None:
+def _check(template: Template, check: Callable[[list[str], str], None]) -> None:
     spec = template.template.get("spec") or {}
     for container in spec.get("initContainers") or []:
         if isinstance(container, Mapping) and container.get("name") in (INIT, SIDECAR):
             check([str(a) for a in container.get("args") or []], f"{template.where} {container['name']}")
 
 
-def answer(request: Request, namespace_settings: Settings, *, version: str, check: CheckArgs) -> dict[str, Any]:
+def answer(request: Request, namespace_settings: Settings, *, version: str,
+           check: Callable[[list[str], str], None]) -> dict[str, Any]:
     """The AdmissionReview response: allowed, with a JSONPatch when anything was added; denied (400) with the
     one line that says which setting to fix. ``request.obj`` is changed in place (the caller drops it)."""
     response: dict[str, Any] = {"uid": request.uid, "allowed": True}
@@ -121,7 +121,8 @@ def deny(uid: str, why: str) -> dict[str, Any]:
     return {"uid": uid, "allowed": False, "status": {"code": 400, "reason": "BadRequest", "message": message}}
 
 
-def patch(obj: dict[str, Any], namespace_settings: Settings, *, version: str, check: CheckArgs) -> list[dict]:
+def patch(obj: dict[str, Any], namespace_settings: Settings, *, version: str,
+          check: Callable[[list[str], str], None]) -> list[dict]:
     """Inject ``obj`` in place as the webhook does and return the JSONPatch that does the same to the object
     as sent."""
     ops: list[dict[str, Any]] = []

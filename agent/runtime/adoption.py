@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +28,11 @@ from agent.core.injection import (
     inject_document,
 )
 from agent.errors import InputError
+from agent.flags.parser import check_command_line
 
 if TYPE_CHECKING:
     from ruamel.yaml.composer import Composer
     from ruamel.yaml.scanner import Scanner
-
-CheckArgs = Callable[[list[str], str], None]  # the CLI's parser: refuses a flag or value init/sidecar refuse
 
 # Collections nested deeper than this are refused. The deepest objects Kubernetes tools write are CRDs whose
 # schemas embed a PodTemplateSpec (JobSet's CRD: 38 levels; a TrainingRuntime's, which embeds a JobSet, a few
@@ -202,7 +201,7 @@ TOO_DEEP = (f"the input nests objects and lists more than {MAX_DEPTH} deep, deep
             "(a CRD's schema nests about 40); flatten it, or leave that document out of inject's input")
 
 
-def check_injected(doc: Mapping[str, Any], check: CheckArgs) -> None:
+def check_injected(doc: Mapping[str, Any]) -> None:
     """Every command line the injection wrote must be one the agent accepts, before a pod ever runs it."""
     from agent.core.injection import templates
 
@@ -210,10 +209,11 @@ def check_injected(doc: Mapping[str, Any], check: CheckArgs) -> None:
         spec = template.template.get("spec") or {}
         for container in spec.get("initContainers") or []:
             if isinstance(container, Mapping) and container.get("name") in (INIT, SIDECAR):
-                check([str(a) for a in container.get("args") or []], f"{template.where} {container['name']}")
+                check_command_line([str(a) for a in container.get("args") or []],
+                                   f"{template.where} {container['name']}")
 
 
-def inject_text(text: str, defaults: Settings, *, version: str, check: CheckArgs) -> tuple[str, list[str]]:
+def inject_text(text: str, defaults: Settings, *, version: str) -> tuple[str, list[str]]:
     """The manifests in ``text`` with the agent added, and the templates changed ("Kind name part"). The output
     keeps the input's line endings (CRLF stays CRLF) and a leading byte-order mark."""
     bom = "\ufeff" if text.startswith("\ufeff") else ""
@@ -221,7 +221,7 @@ def inject_text(text: str, defaults: Settings, *, version: str, check: CheckArgs
     crlf = _crlf(text)
     if crlf:  # YAML reads a CRLF line break as LF (JSON as whitespace); ruamel's comments would keep the CR
         text = text.replace("\r\n", "\n")
-    out, changed = _inject(text, defaults, version, check)
+    out, changed = _inject(text, defaults, version)
     if crlf:  # every line break ruamel or json writes is a line break of the text: none is in a value
         out = out.replace("\n", "\r\n")
     return bom + out, changed
@@ -232,7 +232,7 @@ def _crlf(text: str) -> bool:
     return text.count("\r\n") * 2 > text.count("\n")
 
 
-def _inject(text: str, defaults: Settings, version: str, check: CheckArgs) -> tuple[str, list[str]]:
+def _inject(text: str, defaults: Settings, version: str) -> tuple[str, list[str]]:
     if text.lstrip().startswith(("{", "[")):
         try:
             data = _load_json(text)
@@ -240,15 +240,15 @@ def _inject(text: str, defaults: Settings, version: str, check: CheckArgs) -> tu
             # Flow-style YAML starts the same way (kubectl's KYAML, kubernetes/website's examples): read it as
             # YAML, and say both if it is neither.
             try:
-                return _inject_yaml(text, defaults, version, check)
+                return _inject_yaml(text, defaults, version)
             except _NotYaml as not_yaml:
                 raise InputError(f"the input starts like JSON but is not JSON ({not_json}), nor YAML "
                                  f"({not_yaml})") from None
         docs = data if isinstance(data, list) else [data]
-        changed = _inject_all(docs, defaults, version, check)
+        changed = _inject_all(docs, defaults, version)
         return json.dumps(data, indent=2) + "\n", changed
     try:
-        return _inject_yaml(text, defaults, version, check)
+        return _inject_yaml(text, defaults, version)
     except _NotYaml as err:
         raise InputError(f"the input is not YAML: {err}") from None
 
@@ -275,7 +275,7 @@ def _load_json(text: str) -> Any:
     return data
 
 
-def _inject_yaml(text: str, defaults: Settings, version: str, check: CheckArgs) -> tuple[str, list[str]]:
+def _inject_yaml(text: str, defaults: Settings, version: str) -> tuple[str, list[str]]:
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
@@ -311,7 +311,7 @@ def _inject_yaml(text: str, defaults: Settings, version: str, check: CheckArgs) 
             _place_comments(docs, dropped, text.splitlines(), indentation)
         _comments_before_what_follows(docs, indentation)
     flows = _flow_sizes(docs)
-    changed = _inject_all(docs, defaults, version, check)
+    changed = _inject_all(docs, defaults, version)
     if flows:
         _block_where_added(docs, flows)
     out = io.StringIO()
@@ -738,10 +738,10 @@ def _code(line: str) -> str:
     return line
 
 
-def _inject_all(docs: list[Any], defaults: Settings, version: str, check: CheckArgs) -> list[str]:
+def _inject_all(docs: list[Any], defaults: Settings, version: str) -> list[str]:
     changed: list[str] = []
     for doc in docs:
         if isinstance(doc, dict):
             changed += inject_document(doc, defaults, version=version)
-            check_injected(doc, check)
+            check_injected(doc)
     return changed

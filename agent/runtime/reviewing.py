@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 from agent.core import admission
 from agent.core.injection import Settings
 from agent.errors import InputError
+from agent.flags.parser import check_command_line
 from agent.runtime.memory import release_memory
 
 log = logging.getLogger("topology-agent.webhook")
@@ -65,7 +66,7 @@ def _read_frame(stream: BinaryIO) -> tuple[bytes, bytes] | None:
     return (kind, payload) if len(payload) == size else None
 
 
-def serve(stdin: BinaryIO, stdout: BinaryIO, *, version: str, check: admission.CheckArgs) -> None:
+def serve(stdin: BinaryIO, stdout: BinaryIO, *, version: str) -> None:
     """The reviewing process's loop: until the server closes the pipe."""
     while (message := _read_frame(stdin)) is not None:
         _, body = message
@@ -86,7 +87,8 @@ def serve(stdin: BinaryIO, stdout: BinaryIO, *, version: str, check: admission.C
                 response = admission.deny(request.uid, given["error"])
                 answer = {"apiVersion": admission.API_VERSION, "kind": "AdmissionReview", "response": response}
             else:
-                answer = admission.answer(request, Settings(given["settings"]), version=version, check=check)
+                answer = admission.answer(request, Settings(given["settings"]), version=version,
+                                          check=check_command_line)
             stdout.write(_frame(b"A", json.dumps(answer).encode()))
         except Exception as err:  # a bug: the server logs it and answers 500; the next review goes on
             stdout.write(_frame(b"X", f"{type(err).__name__}: {err}"[:500].encode()))
@@ -182,3 +184,11 @@ class Reviewer:
         for killed in self._killed:
             await killed.wait()
         self._killed.clear()
+
+
+if __name__ == "__main__":  # the reviewing process, as webhook.REVIEWER starts it: only the decision's modules
+    import sys
+
+    from agent import __version__
+
+    serve(sys.stdin.buffer, sys.stdout.buffer, version=__version__)

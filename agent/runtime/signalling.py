@@ -18,24 +18,9 @@ from pathlib import Path
 import psutil
 
 from agent.core.model import is_whole_number
-from agent.errors import InputError
 from agent.files.reading import Unreadable, read_untrusted
 
 log = logging.getLogger("topology_agent.signal")
-
-
-def parse_signal(name: str | None, *, label: str = "--signal") -> signal.Signals | None:
-    """``SIGUSR1``, ``USR1``, ``10`` or ``none``."""
-    if name is None or name.lower() == "none":
-        return None
-    text = name.upper()
-    try:
-        if is_whole_number(text) and len(text) <= 3:
-            return signal.Signals(int(text))
-        return signal.Signals[text if text.startswith("SIG") else f"SIG{text}"]
-    except (KeyError, ValueError):
-        raise InputError(f"{label} '{name}' is not a signal; use a name like SIGUSR1, or none") from None
-
 
 PID_FILE_LIMIT = 64  # a pid and a newline; anything longer is not a pid file
 

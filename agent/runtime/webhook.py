@@ -37,6 +37,7 @@ from agent.core import admission
 from agent.core.injection import Settings
 from agent.core.validation import is_dns1123_label
 from agent.errors import ApiError, ApiNotFound, InputError
+from agent.flags.parser import check_command_line
 from agent.k8s.async_client import AsyncApi
 from agent.runtime.reviewing import SMALL, Outcome, Reviewer, Unavailable
 from agent.runtime.serving import BoundedServer, Limits
@@ -49,7 +50,7 @@ BODIES = 16 << 20  # bytes of bodies held at once (read, or waiting for the revi
 DEFAULT_TIMEOUT = 10.0  # seconds: the API server's own default timeoutSeconds, when ?timeout= is not given
 MARGIN = 0.5  # seconds before the API server's deadline by which an answer is on its way
 NAMESPACE_MARGIN = 0.2  # seconds before that by which a namespace read is given up, to answer with the reason
-REVIEWER = (sys.executable, "-m", "agent.cli", "webhook", "--reviewer")
+REVIEWER = (sys.executable, "-m", "agent.runtime.reviewing")  # the reviewing process (reviewing.py)
 
 
 @dataclass(frozen=True)
@@ -173,9 +174,9 @@ def review_timeout(value: str | None) -> float:
 
 class Webhook:
     def __init__(self, api: AsyncApi, settings: WebhookSettings, *, version: str,
-                 check: admission.CheckArgs, clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.api, self.settings, self.version, self.clock = api, settings, version, clock
-        self.check = _remembering(check)
+        self.check = _remembering(check_command_line)
         self.metrics = Metrics(settings.metrics)
         self.namespaces = Namespaces(api, ttl=settings.namespace_ttl, size=settings.namespaces, clock=clock)
         self.bodies = Budget(BODIES)
@@ -278,7 +279,7 @@ async def _read(request: web.Request, size: int) -> bytearray:
     return body
 
 
-def _remembering(check: admission.CheckArgs, size: int = 4096) -> admission.CheckArgs:
+def _remembering(check: Callable[[list[str], str], None], size: int = 4096) -> Callable[[list[str], str], None]:
     """The agent's parser, run once per distinct command line (a job's pods share theirs). What is kept is a
     digest per command line, at most ``size`` of them: a caller's values are not."""
     import hashlib
@@ -298,10 +299,10 @@ def _remembering(check: admission.CheckArgs, size: int = 4096) -> admission.Chec
     return checked
 
 
-async def run_webhook(api: AsyncApi, settings: WebhookSettings, *, version: str, check: admission.CheckArgs,
-                      stop: asyncio.Event, ready: Callable[[int], None] | None = None) -> None:
+async def run_webhook(api: AsyncApi, settings: WebhookSettings, *, version: str, stop: asyncio.Event,
+                      ready: Callable[[int], None] | None = None) -> None:
     """Get a certificate, listen, serve until ``stop``."""
-    webhook = Webhook(api, settings, version=version, check=check)
+    webhook = Webhook(api, settings, version=version)
     keeper = asyncio.create_task(keep_tls(api, webhook, stop=stop))
     while webhook.tls is None and not keeper.done():
         await asyncio.sleep(0.05)

@@ -1,0 +1,46 @@
+"""`explain`'s text: the dry run of init, printed (every variable, its value and the rule behind it; the members
+in rank order and, with Node labels, their domains)."""
+
+from __future__ import annotations
+
+from agent.core import Rendered
+from agent.core.variables import explain_exclusions, warnings_for
+
+
+def format_explanation(rendered: Rendered) -> str:
+    """This pod's variables, each with its value and the rule behind it, then the members in rank order."""
+    plan = rendered.plan
+    topo = plan.topology
+    me = topo.me
+    lines = [
+        f"pod '{me.name}' of {plan.controller.title} '{topo.job}' in namespace '{topo.namespace}': role "
+        f"'{me.role}' ({'training' if me.training else 'not training'}), address {me.address}",
+        "",
+        "variables (torch.env):",
+    ]
+    width = min(48, max((len(f"{v.name}={v.value}") for v in rendered.variables), default=0))
+    for var in rendered.variables:
+        text = f"unset {var.name}" if var.unset else f"{var.name}={var.value}"
+        mark = "  " if var.written else "- "
+        lines.append(f"  {mark}{text.ljust(width)}  # {var.source}")
+    warnings = warnings_for(plan, rendered.variables)
+    if warnings:
+        lines += ["", "warnings:", *[f"  {w}" for w in warnings]]
+    notes = explain_exclusions(plan)
+    if notes:
+        lines += ["", "notes:", *[f"  {n}" for n in notes]]
+    order = f" ({topo.rank_order} order)" if topo.levels else ""
+    lines += ["", f"members in rank order{order}:"]
+    where = "  NODE: DOMAINS" if topo.levels else ""
+    lines.append(f"  {'NODE_RANK':>9}  {'RANK':>5}  {'SLOTS':>5}  {'ROLE':<12} {'POD':<32} {'ADDRESS':<16}{where}")
+    for m in topo.members:
+        node_rank = "-" if m.node_rank is None else str(m.node_rank)
+        rank = "-" if m.first_rank is None else str(m.first_rank)
+        place = ""
+        if topo.levels:
+            domains = "unknown" if m.domains is None else ",".join(
+                f"{level.name.lower()}={value}" for level, value in zip(topo.levels, m.domains, strict=True) if value)
+            place = f"  {m.node or '-'}: {domains}"
+        lines.append(f"  {node_rank:>9}  {rank:>5}  {m.slots:>5}  {m.role:<12} {m.name:<32} {m.address:<16}{place}")
+    lines += ["", f"files: {', '.join(rendered.files)}", "('- ' marks a variable that is not written)"]
+    return "\n".join(lines)

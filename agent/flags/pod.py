@@ -1,0 +1,95 @@
+"""What init and the sidecar share: the in-cluster flags, and the pod's start.
+
+Every option is checked first (a bad value is one line, before anything runs or is written), then the output
+directory is proven writable, then the API's configuration is read and the pod's identity found: the start of
+init and of the sidecar alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypedDict, TypeVar
+
+from agent.core.model import Options
+from agent.flags.common import (
+    DEFAULT_OUT,
+    at_least_one_second,
+    knob,
+    kubeconfig,
+    log_format,
+    options_from_args,
+    out_dir,
+    ssh_settings,
+)
+
+if TYPE_CHECKING:
+    from agent.k8s.config import ApiConfig
+    from agent.ssh.material import SshSettings
+
+Own = TypeVar("Own")
+
+
+def add_in_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
+    parser.add_argument("--log-format", help="text (default) or json")
+    parser.add_argument("--watch-idle", help="seconds a watch may show no event or bookmark before it counts as "
+                                             "dead and the list is read again (default 60; init: at most a third "
+                                             "of --timeout)")
+
+
+def watch_idle(args: argparse.Namespace) -> float | None:
+    return at_least_one_second(knob(args, "watch-idle"), 60.0, high=3600)
+
+
+class PodFields(TypedDict):
+    """The fields ``InitSettings`` and ``SidecarSettings`` share, by their names there."""
+
+    namespace: str
+    pod_name: str
+    options: Options
+    out_dir: Path
+
+
+class PodStart(NamedTuple, Generic[Own]):
+    """What init and the sidecar know before their first request."""
+
+    pod: PodFields
+    own: Own  # the command's own settings, from its module
+    ssh: SshSettings | None
+    log_format: str
+    config: ApiConfig
+
+
+def pod_start(args: argparse.Namespace, own: Callable[[argparse.Namespace], Own]) -> PodStart[Own]:
+    """Every option checked, the output directory proven writable, then the API's configuration read and the
+    pod's identity found."""
+    from agent.k8s.config import load_config
+
+    fmt = log_format(args)
+    options = options_from_args(args)
+    values = own(args)
+    ssh = ssh_settings(args)
+    config_file = kubeconfig(args)
+    out = out_dir(args, check=True)
+    config = load_config(config_file)
+    namespace, pod_name = _identity(config)
+    pod = PodFields(namespace=namespace, pod_name=pod_name, options=options, out_dir=out)
+    return PodStart(pod=pod, own=values, ssh=ssh, log_format=fmt, config=config)
+
+
+def _identity(config: ApiConfig) -> tuple[str, str]:
+    """The pod's namespace and name: the downward API's, else the service account's namespace, the host name."""
+    import socket
+
+    from agent.k8s.config import serviceaccount_dir
+
+    pod_name = os.environ.get("POD_NAME") or socket.gethostname()
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        ns_file = serviceaccount_dir() / "namespace"
+        namespace = ns_file.read_text().strip() if ns_file.is_file() else (config.namespace or "default")
+    return namespace, pod_name

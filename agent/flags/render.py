@@ -1,0 +1,138 @@
+"""`topology-agent render` and `explain`, the dry run of init: their flags, the pods and Nodes they read, and
+what they give (``RenderSettings``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from agent.core.model import Options, RawPod
+from agent.errors import InputError
+from agent.flags.common import DEFAULT_OUT, add_topology_arguments, options_from_args, out_dir, ssh_settings
+
+if TYPE_CHECKING:
+    from agent.ssh.material import SshSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
+    """render's (with ``out``) or explain's arguments."""
+    parser.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
+    parser.add_argument("--nodes", help="kubectl get nodes -o json output: the Nodes' labels give each pod's "
+                                        "domains (--topology-levels, --rank-order topology)")
+    parser.add_argument("--self", help="this pod's name (default: $POD_NAME)")
+    if out:
+        parser.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    add_topology_arguments(parser)
+
+
+class RenderSettings(NamedTuple):
+    """What render and explain read and how: the job's pods, this pod's name, the Nodes' labels."""
+
+    pods: list[RawPod]
+    me: str
+    nodes: dict[str, dict[str, str] | None] | None
+    options: Options
+    ssh: SshSettings | None
+    out: Path  # where render writes (explain writes nothing)
+
+
+def settings_from(args: argparse.Namespace) -> RenderSettings:
+    """Every option checked, then the pods and the Nodes read."""
+    options = options_from_args(args)
+    ssh = ssh_settings(args)
+    out = out_dir(args)
+    return RenderSettings(pods=read_pods(args.pods), me=_self_name(args), nodes=read_nodes_file(args.nodes),
+                          options=options, ssh=ssh, out=out)
+
+
+def read_pods(source: str) -> list[RawPod]:
+    """``kubectl get pods -o json`` output (a List), a JSON array of pods, or one Pod; ``-`` is stdin."""
+    where = "stdin" if source == "-" else source
+    try:
+        raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    except OSError as err:
+        reason = "file not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
+        raise InputError(f"--pods {where}: {reason}; give the output of kubectl get pods -o json") from err
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as err:
+        raise InputError(f"--pods {where} is not text (byte {err.start} is not UTF-8); give the output of kubectl "
+                         "get pods -o json") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(
+            f"--pods {where} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+            "produce it with kubectl get pods -o json"
+        ) from err
+    if isinstance(data, dict) and isinstance(data.get("items"), list):
+        items = data["items"]
+    elif isinstance(data, list):
+        items = data
+    elif isinstance(data, dict) and data.get("kind") == "Pod":
+        raise InputError(f"--pods {where} holds one Pod (kubectl get pod NAME), not the job's pods: a world of one "
+                         f"would be written; list them all, e.g. {_list_command(data)}")
+    else:
+        raise InputError(f"--pods {where} holds no pods: expected a List with 'items' or a JSON array of Pods")
+    if not items:
+        raise InputError(f"--pods {where}: the pod list is empty; check the namespace and label selector of the "
+                         "kubectl get pods that made it")
+    for position, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("metadata"), dict) \
+                or not item["metadata"].get("name"):
+            raise InputError(f"--pods {where}: item {position} is not a Pod (no metadata.name)")
+    return items
+
+
+def _list_command(pod: dict[str, Any]) -> str:
+    """The kubectl command that lists the job of ``pod``, from its controller's labels when it has them."""
+    meta = pod.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, dict) and isinstance(meta.get("namespace"), str) else None
+    try:
+        from agent.core.controllers import detect_controller
+        from agent.core.validation import check_pod
+
+        selector = detect_controller(check_pod(pod), Options()).selector(pod, Options())  # type: ignore[arg-type]
+    except (InputError, KeyError):
+        selector = "<the job's label>"
+    where = f" -n {namespace}" if namespace and namespace.isprintable() and len(namespace) <= 63 else ""
+    return f"kubectl get pods{where} -l {selector} -o json"
+
+
+def read_nodes_file(source: str | None) -> dict[str, dict[str, str] | None] | None:
+    """``kubectl get nodes -o json`` output (a List, an array, or one Node) -> labels by node name."""
+    if source is None:
+        return None
+    try:
+        data = json.loads(Path(source).read_text())
+    except OSError as err:
+        reason = "file not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
+        raise InputError(f"--nodes {source}: {reason}; give the output of kubectl get nodes -o json") from err
+    except json.JSONDecodeError as err:
+        raise InputError(f"--nodes {source} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+                         "produce it with kubectl get nodes -o json") from err
+    items = data.get("items") if isinstance(data, dict) and "items" in data else \
+        [data] if isinstance(data, dict) else data
+    nodes: dict[str, dict[str, str] | None] = {}
+    for position, item in enumerate(items if isinstance(items, list) else [None]):
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        labels = meta.get("labels", {}) if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not isinstance(labels, dict) or item.get("kind", "Node") != "Node" or \
+                not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise InputError(f"--nodes {source}: item {position} is not a Node (metadata.name and a map of string "
+                             "labels); produce it with kubectl get nodes -o json")
+        nodes[name] = labels
+    return nodes
+
+
+def _self_name(args: argparse.Namespace) -> str:
+    name = args.self or os.environ.get("POD_NAME")
+    if not name:
+        raise InputError("which pod is this? pass --self POD_NAME or set POD_NAME (downward API)")
+    return name
+
