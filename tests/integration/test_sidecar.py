@@ -128,11 +128,15 @@ def test_scale_up_rewrites_with_a_new_generation_and_signals_the_trainer(job, sa
 
 
 def test_scale_down_delete_terminate_and_replace_are_followed(job, sandbox):
+    # Each change waits for the signal of the one before: two SIGUSR1 pending at once are one (POSIX), and on a
+    # loaded machine the trainer may not run between two rewrites 30 ms apart.
     sandbox.delete_pod("default", "demo-worker-1")
     wait_for(lambda: generation(job.out) == 2 and job.env()["WORLD_SIZE"] == "2", what="scale down")
+    wait_for(lambda: len(job.signals()) == 1, what="the first signal")
     add_worker(sandbox, 1, 20)  # replacement with a new IP
     wait_for(lambda: generation(job.out) == 3, what="replacement")
     assert json.loads((job.out / "topology.json").read_text())["members"][2]["address"] == examples.loopback_ip(20)
+    wait_for(lambda: len(job.signals()) == 2, what="the second signal")
     sandbox.update_pod("default", "demo-worker-1",
                        lambda p: p["metadata"].__setitem__("deletionTimestamp", "2026-11-22T01:00:00Z"))
     wait_for(lambda: generation(job.out) == 4 and job.env()["WORLD_SIZE"] == "2", what="terminating excluded")
