@@ -16,7 +16,8 @@ from typing import Any
 
 from agent.core.controllers import Controller, Objects, detect_controller, parse_selector
 from agent.core.model import Options, RawPod
-from agent.core.topology import Memo, Sizes, collect, facts_of, pod_ip
+from agent.core.pods import pod_ip
+from agent.core.topology import Memo, Sizes, collect, facts_of
 from agent.errors import InputError
 
 

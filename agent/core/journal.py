@@ -28,6 +28,7 @@ from itertools import pairwise
 from typing import Any
 
 from agent.core.model import Options, RawPod
+from agent.core.pods import object_name
 from agent.core.published import (
     SCHEMA,
     SELECT_LABEL,
@@ -41,7 +42,6 @@ from agent.core.published import (
     pack_text,
     select_value,
 )
-from agent.core.topology import object_name
 from agent.core.validation import check_pod
 
 JOURNAL_KEY = "changes.json"

@@ -26,8 +26,9 @@ from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
 from agent.core.model import ADDRESS, Member, Options, RawPod, Topology, Whole
+from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
-from agent.core.topology import Plan, facts_of, pod_name
+from agent.core.topology import Plan, facts_of
 from agent.core.validation import DNS_NAME, check_pod, parse_ip
 from agent.errors import InputError
 

@@ -18,6 +18,9 @@ from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, detect_controller, parse_selector, selector_matches
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains, topology_order
+from agent.core.pods import find_pod, host_name, pod_ip, pod_name
+from agent.core.pods import object_name as object_name  # re-exported: runtime.publishing, core.provenance
+from agent.core.pods import slim_pod as slim_pod  # re-exported: runtime.sidecar (following, membership)
 from agent.core.validation import check_pod, dns_value, ip_value
 from agent.errors import InputError
 
@@ -91,46 +94,7 @@ class Plan:
     slots_source: dict[str, str]
 
 
-def object_name(obj: object) -> str:
-    """Any API object's name, or "" (whatever shape a forged object has)."""
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) else ""
-
-
-def pod_name(pod: RawPod) -> str:
-    return object_name(pod)
-
-
-def pod_ip(pod: RawPod) -> str | None:
-    """The pod's IP as the kubelet reported it (unchecked: ``_address`` checks it before it reaches a file)."""
-    status = pod.get("status") or {}
-    ips = [entry.get("ip") for entry in status.get("podIPs") or [] if entry.get("ip")]
-    return status.get("podIP") or (ips[0] if ips else None)
-
-
 T = TypeVar("T")
-_SPEC_KEEP = ("hostname", "subdomain", "nodeName", "containers")
-_CONTAINER_KEEP = ("name", "image", "command", "args", "env", "resources", "ports")
-_META_KEEP = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "ownerReferences",
-              "resourceVersion")
-
-
-def slim_pod(pod: RawPod) -> RawPod:
-    """Only the fields the core reads: a long-lived watcher keeps 1/4 of the bytes (no managedFields, volumes,
-    conditions, container statuses)."""
-    meta = pod.get("metadata", {})
-    spec = pod.get("spec", {})
-    status = pod.get("status", {})
-    slim_spec: dict[str, object] = {k: spec[k] for k in _SPEC_KEEP[:3] if k in spec}  # type: ignore[literal-required]
-    slim_spec["containers"] = [{k: c[k] for k in _CONTAINER_KEEP if k in c}  # type: ignore[literal-required]
-                               for c in spec.get("containers", [])]
-    slim: dict[str, Any] = {
-        "metadata": {k: meta[k] for k in _META_KEEP if k in meta},  # type: ignore[literal-required]
-        "spec": slim_spec,
-        "status": {k: status[k] for k in ("phase", "podIP", "podIPs") if k in status},  # type: ignore
-    }
-    return slim  # type: ignore[return-value]
 
 
 def why_not_member(pod: RawPod) -> str | None:
@@ -141,16 +105,6 @@ def why_not_member(pod: RawPod) -> str | None:
     if phase in ("Failed", "Succeeded"):
         return f"phase {phase}"
     return None
-
-
-def find_pod(pods: Sequence[RawPod], name: str) -> RawPod:
-    if not pods:
-        raise InputError(f"the pod list is empty, so pod '{name}' (--self / POD_NAME) is not in it; check the "
-                         "namespace and label selector that listed it")
-    for pod in pods:
-        if pod_name(pod) == name:
-            return check_pod(pod)  # type: ignore[return-value]
-    raise InputError(f"pod '{name}' (--self / POD_NAME) is not in the pod list; check the name and namespace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,12 +208,6 @@ def _master_port(rank0: RawPod | None, controller: Controller, options: Options)
     if port == TORCHRUN_MASTER_PORT and "default_master_port" not in vars(type(controller)):
         return port, f"torchrun's default {port}"
     return port, f"{controller.title} convention {port}"
-
-
-def _host_name(pod: RawPod) -> str | None:
-    spec = pod.get("spec", {})
-    hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
-    return f"{hostname}.{subdomain}" if hostname and subdomain else None
 
 
 def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,
@@ -408,7 +356,7 @@ def _sort_key(pod: RawPod, ident: Identity, name: str, position: dict[str, int],
     at = position.get(ident.role)
     if at is None:
         return (2, len(position), ident.role, ident.index, name)
-    first = 0 if coordinator is not None and _host_name(pod) == coordinator else 1
+    first = 0 if coordinator is not None and host_name(pod) == coordinator else 1
     return (first, at if roles else 0, "", ident.index, name)
 
 
