@@ -282,6 +282,7 @@ class Collected:
     live: tuple[tuple[RawPod, Identity, _Facts], ...]
     excluded: tuple[Excluded, ...]
     training_roles: tuple[str, ...]
+    explicit_roles: bool  # the training roles are the user's or the controller's, in rank order (else every role)
 
     @property
     def controller(self) -> Controller:
@@ -290,11 +291,6 @@ class Collected:
     @property
     def me_id(self) -> Identity:
         return self.scope.me_id
-
-    @property
-    def explicit_roles(self) -> bool:
-        """The training roles are the user's or the controller's, in rank order (else every role present)."""
-        return self.scope.roles is not None
 
     def is_training(self, ident: Identity) -> bool:
         return ident.role in self.training_roles
@@ -337,7 +333,8 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
         live.append((pod, ident, facts))
     present = {ident.role for _, ident, _ in live}
     training_roles = tuple(scope.roles) if scope.roles is not None else tuple(sorted(present))
-    return Collected(me=me, scope=scope, live=tuple(live), excluded=tuple(excluded), training_roles=training_roles)
+    return Collected(me=me, scope=scope, live=tuple(live), excluded=tuple(excluded), training_roles=training_roles,
+                     explicit_roles=scope.roles is not None)
 
 
 NodeLabels = Mapping[str, "Mapping[str, str] | None"]  # node name -> its labels (None: could not be read)
@@ -367,16 +364,20 @@ class RankRule:
     coordinator: str | None  # the host name of the pod JobSet names rank 0
 
     def key(self, pod: RawPod, ident: Identity, name: str) -> SortKey:
+        at = self.position.get(ident.role)
+        if at is None:
+            return (2, len(self.position), ident.role, ident.index, name)
         coordinator = self.coordinator
-        return self.key_of(ident.role, ident.index, name,
-                           first=coordinator is not None and host_name(pod) == coordinator)
+        first = coordinator is not None and host_name(pod) == coordinator
+        return (0 if first else 1, at if self.explicit else 0, "", ident.index, name)
 
-    def key_of(self, role: str, index: tuple[int, ...], name: str, *, first: bool = False) -> SortKey:
-        """The key of a pod by its role and index; ``first``: it is the coordinator."""
+    def key_of(self, role: str, index: tuple[int, ...], *, first: bool = False) -> SortKey:
+        """``key`` of a pod known by its role and index alone (``first``: the coordinator), for ``rank_zero``.
+        Written out again rather than called from ``key``: ``key`` runs once per pod per layout."""
         at = self.position.get(role)
         if at is None:
-            return (2, len(self.position), role, index, name)
-        return (0 if first else 1, at if self.explicit else 0, "", index, name)
+            return (2, len(self.position), role, index, "")
+        return (0 if first else 1, at if self.explicit else 0, "", index, "")
 
     def role_block(self, role: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """The keys between which ``role``'s pods lie, when roles are explicit and no coordinator moves a pod
@@ -404,10 +405,10 @@ def rank_zero(controller: Controller, counts: Mapping[str, int], objects: Object
         index = controller.first_index(role, objects)
         if index is None:
             return None
-        candidates.append((rule.key_of(role, index, ""), role, index))
+        candidates.append((rule.key_of(role, index), role, index))
     named = _named_coordinator(controller, objects)
     if named is not None and named[0] in there:
-        candidates.append((rule.key_of(*named, "", first=True), *named))
+        candidates.append((rule.key_of(*named, first=True), *named))
     if not candidates:
         return None
     _, role, index = min(candidates)
@@ -872,7 +873,20 @@ class Planner:
         or moved) or "moved"; None when only planning from scratch can say (the layout is then unusable)."""
         if layout.nodes is not None and (nodes is None or layout.nodes != nodes):
             return None
-        changed, gone = _changes(layout.pods, pods, touched)
+        before = layout.pods
+        if touched is None:
+            changed = list(itertools.compress(pods.keys(), map(operator.is_not, map(before.get, pods.keys()),
+                                                               pods.values())))  # C-level: no Python loop per pod
+            gone = list(before.keys() - pods.keys())
+        else:
+            changed, gone = [], []
+            for name in dict.fromkeys(touched):
+                pod = pods.get(name)
+                if pod is None:
+                    if name in before:
+                        gone.append(name)
+                elif before.get(name) is not pod:
+                    changed.append(name)
         if not changed and not gone:
             return "same"
         if self.self_name in gone or self.self_name in changed or len(changed) + len(gone) > 64:
@@ -907,17 +921,29 @@ class Planner:
         ``_FromScratch`` when only a layout from scratch can say (a refused identity, two pods claiming one index,
         a move in the topology order)."""
         rows = layout.rows
-        by_position = rows.at is not None
+        positions = rows.at  # None: index order, where the keys are sorted
         arriving: list[tuple[Live, SortKey]] = []
         lowest, in_place, moved = len(rows.live), [], False
+        scope, dropped = layout.found.scope, layout.dropped
         for name in names:
-            new = self._live_of(layout, name, pods.get(name))
+            pod = pods.get(name)
+            new: Live | None = None
+            dropped.pop(name, None)
+            if pod is not None:
+                facts = facts_of(pod, scope.controller, self.options, scope.pairs, self.memo, checked=self.checked)
+                if scope.holds(facts):
+                    if facts.reason:
+                        dropped[name] = Excluded(name=name, reason=facts.reason)  # no member: noted, with why
+                    elif facts.ident is None:
+                        raise _FromScratch  # planning from scratch says why
+                    else:
+                        new = (pod, facts.ident, facts)
             old_key = rows.key_of.get(name)
             if old_key is None:
                 if new is not None:
                     arriving.append((new, self._key(layout, new)))
                 continue
-            at = rows.find(name)
+            at = positions[name] if positions is not None else bisect.bisect_left(rows.keys, old_key)  # rows.find
             if new is not None:
                 _, old_ident, old_facts = rows.live[at]
                 if self._key(layout, new) == old_key and new[1] == old_ident \
@@ -925,34 +951,17 @@ class Planner:
                     rows.live[at] = new
                     in_place.append(at)
                     continue
-            if by_position:
+            if positions is not None:
                 raise _FromScratch
             layout.leave(at, name)
             moved, lowest = True, min(lowest, at)
             if new is not None:
                 arriving.append((new, self._key(layout, new)))
         for new, key in arriving:
-            if by_position:
+            if positions is not None:
                 raise _FromScratch
             lowest = min(lowest, layout.arrive(new, key))
         return lowest, in_place, moved or bool(arriving)
-
-    def _live_of(self, layout: _Layout, name: str, pod: RawPod | None) -> Live | None:
-        """``pod`` as a live pod of the job; None when it is gone, another job's, or no member (then noted as
-        dropped, with why). ``_FromScratch`` when it cannot be identified: planning from scratch says why."""
-        layout.dropped.pop(name, None)
-        if pod is None:
-            return None
-        scope = layout.found.scope
-        facts = facts_of(pod, scope.controller, self.options, scope.pairs, self.memo, checked=self.checked)
-        if not scope.holds(facts):
-            return None
-        if facts.reason:
-            layout.dropped[name] = Excluded(name=name, reason=facts.reason)
-            return None
-        if facts.ident is None:
-            raise _FromScratch
-        return pod, facts.ident, facts
 
     def _key(self, layout: _Layout, live: Live) -> SortKey:
         pod, ident, facts = live
@@ -978,25 +987,6 @@ class Planner:
         seen = {old.role: old.ordinal if ident.ordinal < 0 else 0}
         counters = (old.node_rank or 0, old.first_rank or 0, seen)
         _place(layout, at, at + 1, self.options, domains_of, counters=counters)
-
-
-def _changes(before: Mapping[str, RawPod], pods: Mapping[str, RawPod],
-             touched: Iterable[str] | None) -> tuple[list[str], list[str]]:
-    """The names whose pod is a new object since ``before``, and the names gone (``touched``: the only names that
-    may have changed; None: any)."""
-    if touched is None:
-        changed = list(itertools.compress(pods.keys(), map(operator.is_not, map(before.get, pods.keys()),
-                                                           pods.values())))  # C-level: no Python loop per pod
-        return changed, list(before.keys() - pods.keys())
-    changed, gone = [], []
-    for name in dict.fromkeys(touched):
-        pod = pods.get(name)
-        if pod is None:
-            if name in before:
-                gone.append(name)
-        elif before.get(name) is not pod:
-            changed.append(name)
-    return changed, gone
 
 
 def _domain_reader(options: Options, nodes: NodeLabels | None) -> Callable[[str], tuple[str, ...] | None]:
