@@ -120,7 +120,7 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
         spec["nodeName"] = node
     status: dict[str, Any] = {"phase": phase}
     if ip:
-        status["podIP"] = ip  # the one IP the row keeps; podIPs would repeat it (topology.pod_ip reads podIP first)
+        status["podIP"] = ip  # the one IP the row keeps; podIPs would repeat it (pods.pod_ip reads podIP first)
     return {"metadata": meta, "spec": spec, "status": status}  # type: ignore[typeddict-item]
 
 
