@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.controllers import Controller, Objects, detect_controller
+from agent.core.facts import Memo, Sizes, facts_of
 from agent.core.model import Options, RawPod
 from agent.core.pods import pod_ip
-from agent.core.topology import Memo, Scope, Sizes, claim_clash, collect, facts_of
+from agent.core.topology import Scope, claim_clash, collect
 from agent.errors import InputError
 
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
+from agent.core.facts import facts_of
 from agent.core.model import ADDRESS, Member, Options, RawPod, Topology, Whole
 from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
-from agent.core.topology import Plan, facts_of, ranks_in_run
+from agent.core.topology import Plan, ranks_in_run
 from agent.core.validation import DNS_NAME, check_pod, parse_ip
 from agent.errors import InputError
 

@@ -1,4 +1,4 @@
-"""Pods -> Topology. This module decides membership, NODE_RANK and RANK; with the controllers' rules
+"""Pods -> Topology. This module decides the job's members, NODE_RANK and RANK; with the controllers' rules
 (controllers.py: identities, training roles, the coordinator), nothing else does.
 
 Rank order is an explicit sort key (``RankRule``): JobSet's coordinator first, then the position of the pod's role
@@ -11,7 +11,8 @@ objects alone (``rank_zero``, for the publication's leader), and the ranks insid
 pods by their Nodes' domains (``topology_order``).
 
 ``Planner`` keeps a layout between changes for the long-lived callers (the sidecar, init's wait); a property test
-holds it to ``build_plan``. Reading a pod object (name, IP, host name) is pods.py's; Node labels are placement.py's.
+holds it to ``build_plan``. What one pod says of itself (identity, address, slots, gone or not) is facts.py's,
+reading a pod object pods.py's, Node labels placement.py's: none of them relates one pod to another.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
-from agent.core.containers import pick_trainer_container, resolve_nproc
+from agent.core.containers import pick_trainer_container
 from agent.core.controllers import (
     TORCHRUN_MASTER_PORT,
     Controller,
@@ -32,74 +33,15 @@ from agent.core.controllers import (
     detect_controller,
     parse_selector,
     replicas,
-    selector_matches,
 )
+from agent.core.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains
-from agent.core.pods import find_pod, host_name, pod_ip, pod_name
+from agent.core.pods import find_pod, host_name, pod_name
 from agent.core.pods import object_name as object_name  # re-exported: runtime.publishing, core.provenance
+from agent.core.pods import pod_ip as pod_ip  # re-exported: runtime.sidecar.membership
 from agent.core.pods import slim_pod as slim_pod  # re-exported: runtime.sidecar (following, membership)
-from agent.core.validation import check_pod, dns_value, ip_value
 from agent.errors import InputError
-
-T = TypeVar("T")
-
-
-class Memo:
-    """Per-pod results (identity, address, slots) remembered by (pod name, resourceVersion).
-
-    A pod's facts depend only on the pod object and the options, and the API server changes resourceVersion
-    whenever the object changes, so a long-lived caller (the sidecar) recomputes only the pods that changed.
-    One version per pod is held: a pod's new version replaces its old one (init's wait sees every pod of a
-    large job twice, without and with its IP). Entries of pods not seen in the last computation are dropped.
-    Results are the same with or without it.
-    """
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self._old: dict[tuple[str, str], tuple[str, object]] = {}  # (kind, name) -> (resourceVersion, result)
-        self._new: dict[tuple[str, str], tuple[str, object]] = {}
-
-    def begin(self) -> None:
-        self._old, self._new = {**self._old, **self._new}, {}
-
-    def end(self) -> None:
-        self._old, self._new = self._new, {}
-
-    @staticmethod
-    def _key(kind: str, pod: RawPod) -> tuple[tuple[str, str], str] | None:
-        try:
-            meta = pod["metadata"]
-            name, rv = meta["name"], meta["resourceVersion"]
-        except (KeyError, TypeError):
-            return None  # no key to remember it by (and an odd pod: computing refuses it)
-        if type(name) is not str or type(rv) is not str or not rv:
-            return None
-        return (kind, name), rv
-
-    def lookup(self, kind: str, pod: RawPod) -> tuple[tuple[tuple[str, str], str] | None, object]:
-        """(key, remembered value or ``_MISSING``): the per-change hot path, without building a closure."""
-        key = self._key(kind, pod)
-        if key is None:
-            return None, _MISSING
-        slot, rv = key
-        held = self._new.get(slot)
-        if held is not None and held[0] == rv:
-            return key, held[1]
-        held = self._old.get(slot)
-        if held is not None and held[0] == rv:
-            self._new[slot] = held
-            return key, held[1]
-        return key, _MISSING
-
-    def store(self, key: tuple[tuple[str, str], str] | None, value: T) -> T:
-        if key is not None:
-            self._new[key[0]] = (key[1], value)
-            self._old.pop(key[0], None)  # the pod's earlier version is not asked for again: let it go now
-        return value
-
-
-_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -114,105 +56,6 @@ class Plan:
     slots_source: dict[str, str]
 
 
-def why_not_member(pod: RawPod) -> str | None:
-    """Terminating, Failed and Succeeded pods are gone for training purposes, whatever their labels say."""
-    if pod.get("metadata", {}).get("deletionTimestamp"):
-        return "terminating (deletionTimestamp is set)"
-    phase = pod.get("status", {}).get("phase")
-    if phase in ("Failed", "Succeeded"):
-        return f"phase {phase}"
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class _Facts:
-    """What one pod object says, independent of the other pods (memoised per resourceVersion)."""
-
-    name: str
-    namespace: str
-    job: str | None
-    reason: str | None
-    ident: Identity | None
-    error: InputError | None
-    has_ip: bool = False
-    place: tuple[str, str | None, str | None] | None = None  # address, DNS name, IP
-    place_error: InputError | None = None
-    slots: tuple[int, str] | None = None  # processes, the rule that decided
-    slots_error: InputError | None = None
-    node: str = ""  # spec.nodeName
-
-
-def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
-    """The result, or the error to raise later, without its traceback: a kept traceback holds its frames and
-    their locals (the pod among them), ~1 KB per pod for every pod still without an IP."""
-    try:
-        return compute(), None
-    except InputError as err:
-        return None, err.with_traceback(None)
-
-
-Sizes = dict[int, tuple[object, tuple[int, str]]]  # id(container) -> (the container, its process count)
-
-
-def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None, *,
-           checked: bool = False, sizes: Sizes | None = None) -> _Facts:
-    if not checked:
-        check_pod(pod)
-    meta = pod.get("metadata", {})
-    namespace = meta.get("namespace", "default")
-    matched = pairs is None or selector_matches(pod, pairs)
-    job = controller.job_of(pod) if pairs is None else (options.selector if matched else None)
-    reason = why_not_member(pod)
-    name = meta.get("name", "")
-    if job is None or reason is not None:
-        return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=None, error=None)
-    ident, error = _attempt(lambda: controller.identify(pod, options))
-    if ident is None:
-        return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=None, error=error)
-    place, place_error = _attempt(lambda: _address(pod, ident, controller, namespace, options))
-    slots, slots_error = _attempt(lambda: _slots(pod, options, sizes))
-    return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=ident, error=None,
-                  has_ip=bool(pod_ip(pod)), place=place, place_error=place_error, slots=slots, slots_error=slots_error,
-                  node=pod.get("spec", {}).get("nodeName") or "")
-
-
-def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str]:
-    """The pod's process count; ``sizes`` remembers it per container object for one pass (the pods a follower
-    builds from the published rows share one container object per shape: 4096 pods, a handful of shapes).
-    The count depends on the container alone (the pod's name is only in the messages, and a refusal is not
-    remembered). The entry holds the container, so its id is not reused while the entry lives."""
-    container = pick_trainer_container(pod, options.container)
-    if sizes is None or container is None:
-        return resolve_nproc(pod, container, options)
-    known = sizes.get(id(container))
-    if known is None:
-        known = sizes[id(container)] = (container, resolve_nproc(pod, container, options))
-    return known[1]
-
-
-def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str,
-             options: Options) -> tuple[str, str | None, str | None]:
-    name = pod_name(pod)
-    raw_ip = pod_ip(pod)
-    ip = ip_value(pod, raw_ip) if raw_ip else None  # type: ignore[arg-type]
-    dns = controller.dns_name(pod, ident, namespace, options.cluster_domain)
-    if dns is not None:
-        dns = dns_value(pod, dns, field="spec.hostname/spec.subdomain or the job's labels")  # type: ignore[arg-type]
-    if options.address == "ip":
-        if not ip:
-            raise InputError(
-                f"pod '{name}': status.podIP is empty and --address ip needs it; wait until the pod is "
-                "scheduled (init does), or use --address dns"
-            )
-        return ip, dns, ip
-    if not dns:
-        raise InputError(
-            f"pod '{name}': no DNS name (spec.hostname/spec.subdomain unset and {controller.title} gives none); "
-            "set spec.subdomain to a headless Service, or use --address ip"
-        )
-    return dns, dns, ip
-
-
 def _master_port(rank0: RawPod | None, controller: Controller, options: Options) -> tuple[int, str]:
     if options.master_port is not None:
         return options.master_port, "--master-port"
@@ -225,19 +68,6 @@ def _master_port(rank0: RawPod | None, controller: Controller, options: Options)
     if port == TORCHRUN_MASTER_PORT and "default_master_port" not in vars(type(controller)):
         return port, f"torchrun's default {port}"
     return port, f"{controller.title} convention {port}"
-
-
-def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,
-             memo: Memo | None, *, checked: bool = False, sizes: Sizes | None = None) -> _Facts:
-    """What one pod object says (identity, address, slots, or why it is not a member), once per resourceVersion.
-    ``checked``: the caller already passed the pod through ``check_pod`` (init's intake does, for every event)."""
-    if memo is None:
-        return _facts(pod, controller, options, pairs, checked=checked, sizes=sizes)
-    key, value = memo.lookup("facts", pod)
-    if value is not _MISSING:
-        return value  # type: ignore[return-value]
-    return memo.store(key, _facts(pod, controller, options, pairs, checked=checked, sizes=sizes))
-
 
 
 @dataclass(frozen=True)
@@ -262,7 +92,7 @@ class Scope:
         return cls(controller=controller, me_id=me_id, namespace=me.get("metadata", {}).get("namespace", "default"),
                    job=job, pairs=pairs, roles=controller.training_roles(options))
 
-    def holds(self, facts: _Facts, *, me: bool = False) -> bool:
+    def holds(self, facts: PodFacts, *, me: bool = False) -> bool:
         """Whether the pod these facts describe is one of the job's (this pod is, whatever its labels say now)."""
         return facts.namespace == self.namespace and (me or facts.job == self.job)
 
@@ -279,7 +109,7 @@ class Collected:
 
     me: RawPod
     scope: Scope
-    live: tuple[tuple[RawPod, Identity, _Facts], ...]
+    live: tuple[tuple[RawPod, Identity, PodFacts], ...]
     excluded: tuple[Excluded, ...]
     training_roles: tuple[str, ...]
     explicit_roles: bool  # the training roles are the user's or the controller's, in rank order (else every role)
@@ -304,7 +134,7 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
     me = find_pod(pods, self_name)
     scope = Scope.of(me, options)
     controller, pairs = scope.controller, scope.pairs
-    live: list[tuple[RawPod, Identity, _Facts]] = []
+    live: list[tuple[RawPod, Identity, PodFacts]] = []
     excluded: list[Excluded] = []
     seen: dict[tuple[str, tuple[int, ...]], str] = {}
     names: set[str] = set()
@@ -467,7 +297,7 @@ def topology_order(paths: Sequence[tuple[str, ...]]) -> list[int]:
 # --- the layout: the live pods in rank order, placed ----------------------------------------------------------
 
 LEFT_OUT = "no IP yet (--address ip), not a training pod"
-Live = tuple[RawPod, Identity, _Facts]
+Live = tuple[RawPod, Identity, PodFacts]
 _NAME_OF = operator.attrgetter("name")
 _UNPLACED: tuple[str, str | None, str | None] = ("", None, None)
 
@@ -967,7 +797,7 @@ class Planner:
         pod, ident, facts = live
         return layout.rule.key(pod, ident, facts.name)
 
-    def _same_place(self, layout: _Layout, old: _Facts, new: _Facts) -> bool:
+    def _same_place(self, layout: _Layout, old: PodFacts, new: PodFacts) -> bool:
         """Can the pod keep its member's position and ranks: same slots, still in or out of the host lists (a
         training pod is never left out: its new IP is its member's new address, in place)."""
         if old.slots != new.slots:
