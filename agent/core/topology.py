@@ -754,7 +754,7 @@ class Planner:
         positions = rows.at  # None: index order, where the keys are sorted
         arriving: list[tuple[Live, SortKey]] = []
         lowest, in_place, moved = len(rows.live), [], False
-        scope, dropped = layout.found.scope, layout.dropped
+        scope, dropped, sort_key = layout.found.scope, layout.dropped, layout.rule.key
         for name in names:
             pod = pods.get(name)
             new: Live | None = None
@@ -771,12 +771,12 @@ class Planner:
             old_key = rows.key_of.get(name)
             if old_key is None:
                 if new is not None:
-                    arriving.append((new, self._key(layout, new)))
+                    arriving.append((new, sort_key(new[0], new[1], name)))
                 continue
             at = positions[name] if positions is not None else bisect.bisect_left(rows.keys, old_key)  # rows.find
             if new is not None:
                 _, old_ident, old_facts = rows.live[at]
-                if self._key(layout, new) == old_key and new[1] == old_ident \
+                if sort_key(new[0], new[1], name) == old_key and new[1] == old_ident \
                         and self._same_place(layout, old_facts, new[2]):
                     rows.live[at] = new
                     in_place.append(at)
@@ -786,16 +786,12 @@ class Planner:
             layout.leave(at, name)
             moved, lowest = True, min(lowest, at)
             if new is not None:
-                arriving.append((new, self._key(layout, new)))
+                arriving.append((new, sort_key(new[0], new[1], name)))
         for new, key in arriving:
             if positions is not None:
                 raise _FromScratch
             lowest = min(lowest, layout.arrive(new, key))
         return lowest, in_place, moved or bool(arriving)
-
-    def _key(self, layout: _Layout, live: Live) -> SortKey:
-        pod, ident, facts = live
-        return layout.rule.key(pod, ident, facts.name)
 
     def _same_place(self, layout: _Layout, old: PodFacts, new: PodFacts) -> bool:
         """Can the pod keep its member's position and ranks: same slots, still in or out of the host lists (a
