@@ -14,9 +14,11 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.controllers import Controller, Objects, detect_controller, parse_selector
+from agent.core.controllers import Controller, Objects, detect_controller
+from agent.core.facts import Memo, Sizes, facts_of
 from agent.core.model import Options, RawPod
-from agent.core.topology import Memo, Sizes, collect, facts_of, pod_ip
+from agent.core.pods import pod_ip
+from agent.core.topology import Scope, claim_clash, collect
 from agent.errors import InputError
 
 
@@ -214,17 +216,55 @@ def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expect
         for _, ident in training:
             have.setdefault(ident.role, set()).add(ident.ordinal if ident.ordinal >= 0 else len(have.get(
                 ident.role, ())))
-        for role, count in expected.per_role.items():
-            present = have.get(role, set())
-            if len(present) < count:
-                lacking = [str(i) for i in range(count) if i not in present][: count - len(present)]
-                shown = ", ".join(lacking[:SHOWN]) + (" ..." if len(lacking) > SHOWN else "")
-                missing.append(f"{role} {shown}" if lacking else f"{role} x{count - len(present)}")
+        missing = [line for role, count in expected.per_role.items()
+                   if (line := _missing(role, count, have.get(role, set()))) is not None]
     elif len(training) < expected.total:
         missing.append(f"{expected.total - len(training)} pod(s)")
     ready = len(training) >= expected.total and not missing and not without_ip and not unscheduled
     return GangStatus(ready=ready, present=len(training), expected=expected.total, missing=tuple(missing),
                       without_ip=without_ip, unscheduled=unscheduled)
+
+
+def _missing(role: str, count: int, present: set[int]) -> str | None:
+    """What a role lacks of its ``count`` pods, given the ordinals present (None: nothing); a few indices shown."""
+    if len(present) >= count:
+        return None
+    lacking = [str(i) for i in range(count) if i not in present][: count - len(present)]
+    shown = ", ".join(lacking[:SHOWN]) + (" ..." if len(lacking) > SHOWN else "")
+    return f"{role} {shown}" if lacking else f"{role} x{count - len(present)}"
+
+
+class _Presence:
+    """The training pods present, per role, kept one pod at a time: how many pods hold each ordinal, how many
+    ordinals are held, and the pods whose controller gives no ordinal (JobSet's, counted as 0, 1, ...)."""
+
+    __slots__ = ("distinct", "ordinals", "training", "unordered")
+
+    def __init__(self) -> None:
+        self.ordinals: dict[str, Counter[int]] = {}
+        self.distinct: Counter[str] = Counter()  # per role: ordinals held by at least one pod
+        self.unordered: Counter[str] = Counter()
+        self.training = 0
+
+    def count(self, role: str, ordinal: int, sign: int) -> None:
+        """A training pod of ``role`` in (+1) or out (-1)."""
+        self.training += sign
+        if ordinal >= 0:
+            held = self.ordinals.setdefault(role, Counter())
+            held[ordinal] += sign
+            if held[ordinal] == (1 if sign > 0 else 0):
+                self.distinct[role] += sign
+        else:
+            self.unordered[role] += sign
+
+    def complete(self, per_role: Mapping[str, int]) -> bool:
+        """Every role has as many ordinals held as it asks for, in O(roles)."""
+        return all(self.distinct[role] + self.unordered[role] >= count for role, count in per_role.items())
+
+    def held(self, role: str) -> set[int]:
+        """The ordinals of ``role`` present (0, 1, ... for those without one)."""
+        present = {i for i, n in self.ordinals.get(role, Counter()).items() if n > 0}
+        return present | set(range(self.unordered.get(role, 0)))
 
 
 class GangTracker:
@@ -235,34 +275,28 @@ class GangTracker:
     facts are computed once per resourceVersion (through ``memo``, which the final render then reuses) and
     folded into per-role counts; ``status()`` reads the counts. It answers what ``gang_status`` answers over the
     same pods (a property test checks), raising the same ``InputError`` for a pod that cannot be identified or
-    two pods that claim one index.
+    two pods that claim one index. (The planner's layout, which init follows beside it, gives up on such pods
+    until a plan is made from scratch, and is not kept under Node labels: the tracker must answer in any case.)
     """
 
     def __init__(self, me: RawPod, self_name: str, options: Options, expected: Expectation, *,
                  memo: Memo | None = None, checked: bool = False) -> None:
         self.options, self.expected, self.memo, self.self_name = options, expected, memo, self_name
         self.checked = checked  # pods given to put() have passed check_pod already (init's intake)
-        self.controller = detect_controller(me, options)
-        self.me_id = self.controller.identify(me, options)
-        self.namespace = me.get("metadata", {}).get("namespace", "default")
-        self.pairs = parse_selector(options.selector) if options.selector else None
-        self.job = options.selector if self.pairs is not None else self.me_id.job
-        self.roles = self.controller.training_roles(options)  # None: every role trains (JobSet)
+        self.scope = Scope.of(me, options)
         # name -> role, index, ordinal, has IP, has a node
         self.members: dict[str, tuple[str, tuple[int, ...], int, bool, bool]] = {}
         self.errors: dict[str, InputError] = {}
         self.claims: dict[tuple[str, tuple[int, ...]], list[str]] = {}
-        self.ordinals: dict[str, Counter[int]] = {}
-        self.distinct: Counter[str] = Counter()  # per role: ordinals held by at least one pod
-        self.unordered: Counter[str] = Counter()
-        self.training = 0
+        self.clashes = 0  # (role, index) keys claimed by two pods or more
+        self.presence = _Presence()
         self.without_ip: set[str] = set()
         self.unscheduled: set[str] = set()
-        self.clashes = 0  # (role, index) keys claimed by two pods or more
         self.sizes: Sizes = {}  # process counts per container object (init's compact pods share them)
 
     def _trains(self, role: str) -> bool:
-        return self.roles is None or role in self.roles
+        roles = self.scope.roles  # None: every role trains (JobSet)
+        return roles is None or role in roles
 
     def put(self, pod: RawPod) -> None:
         """A pod as the API reports it now (added or modified)."""
@@ -270,10 +304,10 @@ class GangTracker:
         self.remove(name)
         if len(self.sizes) > 64:  # pods that do not share container objects: nothing to remember
             self.sizes.clear()
-        facts = facts_of(pod, self.controller, self.options, self.pairs, self.memo, checked=self.checked,
+        scope = self.scope
+        facts = facts_of(pod, scope.controller, self.options, scope.pairs, self.memo, checked=self.checked,
                          sizes=self.sizes)
-        is_me = name == self.self_name
-        if facts.namespace != self.namespace or (facts.job != self.job and not is_me) or facts.reason:
+        if not scope.holds(facts, me=name == self.self_name) or facts.reason:
             return
         ident = facts.ident  # the own pod too: init follows its updates like any other pod's
         if ident is None:
@@ -303,14 +337,7 @@ class GangTracker:
         role, _, ordinal, has_ip, has_node = self.members[name]
         training = self._trains(role)
         if training:
-            self.training += sign
-            if ordinal >= 0:
-                held = self.ordinals.setdefault(role, Counter())
-                held[ordinal] += sign
-                if held[ordinal] == (1 if sign > 0 else 0):
-                    self.distinct[role] += sign
-            else:
-                self.unordered[role] += sign
+            self.presence.count(role, ordinal, sign)
         waits = training or name == self.self_name
         if waits and self.options.address == "ip" and not has_ip:
             (self.without_ip.add if sign > 0 else self.without_ip.discard)(name)
@@ -319,17 +346,16 @@ class GangTracker:
 
     def pending(self) -> int:
         """Training pods still awaited (absent, without an IP, unscheduled): an upper bound, in O(1)."""
-        return max(0, self.expected.total - self.training) + len(self.without_ip) + len(self.unscheduled)
+        return max(0, self.expected.total - self.presence.training) + len(self.without_ip) + len(self.unscheduled)
 
     def ready(self) -> bool:
         """``status().ready`` in O(roles): what init asks after every event (the full status, with the indices
         still missing, is for the log and the timeout message)."""
         if self.errors or self.clashes:
             self.status()  # raises the error gang_status raises
-        if self.training < self.expected.total or self.without_ip or self.unscheduled:
+        if self.presence.training < self.expected.total or self.without_ip or self.unscheduled:
             return False
-        per_role = self.expected.per_role or {}
-        return all(self.distinct[role] + self.unordered[role] >= count for role, count in per_role.items()) \
+        return self.presence.complete(self.expected.per_role or {}) \
             and self.status().ready  # the exact answer, once, when the counts say complete
 
     def status(self) -> GangStatus:
@@ -338,22 +364,16 @@ class GangTracker:
         clash = next((names for names in self.claims.values() if len(names) > 1), None)
         if clash is not None:
             role, index = self.members[clash[0]][:2]
-            raise InputError(f"pods '{clash[0]}' and '{clash[1]}' both claim role '{role}' index "
-                             f"{', '.join(map(str, index))}; delete the stale pod or fix its index label")
-        expected = self.expected
+            raise claim_clash(role, index, clash[0], clash[1])
+        expected, training = self.expected, self.presence.training
         missing: list[str] = []
         if expected.per_role:
-            for role, count in expected.per_role.items():
-                present = {i for i, n in self.ordinals.get(role, Counter()).items() if n > 0}
-                present |= set(range(self.unordered.get(role, 0)))
-                if len(present) < count:
-                    lacking = [str(i) for i in range(count) if i not in present][: count - len(present)]
-                    shown = ", ".join(lacking[:SHOWN]) + (" ..." if len(lacking) > SHOWN else "")
-                    missing.append(f"{role} {shown}" if lacking else f"{role} x{count - len(present)}")
-        elif self.training < expected.total:
-            missing.append(f"{expected.total - self.training} pod(s)")
+            missing = [line for role, count in expected.per_role.items()
+                       if (line := _missing(role, count, self.presence.held(role))) is not None]
+        elif training < expected.total:
+            missing.append(f"{expected.total - training} pod(s)")
         without_ip = tuple(sorted(self.without_ip))
         unscheduled = tuple(sorted(self.unscheduled))
-        ready = self.training >= expected.total and not missing and not without_ip and not unscheduled
-        return GangStatus(ready=ready, present=self.training, expected=expected.total, missing=tuple(missing),
+        ready = training >= expected.total and not missing and not without_ip and not unscheduled
+        return GangStatus(ready=ready, present=training, expected=expected.total, missing=tuple(missing),
                           without_ip=without_ip, unscheduled=unscheduled)

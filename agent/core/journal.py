@@ -28,6 +28,7 @@ from itertools import pairwise
 from typing import Any
 
 from agent.core.model import Options, RawPod
+from agent.core.pods import object_name
 from agent.core.published import (
     SCHEMA,
     SELECT_LABEL,
@@ -41,7 +42,6 @@ from agent.core.published import (
     pack_text,
     select_value,
 )
-from agent.core.topology import object_name
 from agent.core.validation import check_pod
 
 JOURNAL_KEY = "changes.json"
@@ -213,6 +213,64 @@ class PublishedState:
         return changed
 
 
+class _Blocks:
+    """The snapshot's rows as gzip members, one per block of names in the document's order: each block's names,
+    its compressed bytes while no row of it changed, and the names changed since the last snapshot. Compressing
+    a 16384-pod snapshot (3 MB) whole cost the leader ~25 ms every few changes; one block of ~256 rows ~0.5 ms."""
+
+    __slots__ = ("blocks", "bounds", "packed", "stale")
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.bounds: list[str] = []  # the first name of each block but the first
+        self.blocks: list[set[str]] = []  # the names in each block
+        self.packed: dict[int, tuple[bool, bytes]] = {}  # block -> (first member?, its gzip member)
+        self.stale: set[str] = set(names)
+
+    def changed(self, names: Iterable[str]) -> None:
+        """Rows put or gone since the last snapshot: their blocks are compressed again."""
+        self.stale.update(names)
+
+    def members(self, rows: Mapping[str, Any], encode: Callable[[list[str]], str]) -> list[bytes]:
+        """The gzip members of ``rows`` in name order; ``encode`` gives a block's rows as text (names sorted)."""
+        if not self.blocks or len(rows) > 2 * BLOCK_ROWS * len(self.blocks) \
+                or (len(self.blocks) > 1 and len(rows) * 4 < BLOCK_ROWS * len(self.blocks)):
+            self._cut(rows)  # first, or the job grew or shrank a lot: blocks of BLOCK_ROWS names again
+        self._place_stale(rows)
+        if any(len(block) > 2 * BLOCK_ROWS for block in self.blocks):
+            self._cut(rows)  # names crowded into one range (a job scaling up): cut again
+        parts = []
+        first = True
+        for at, block in enumerate(self.blocks):
+            if not block:
+                continue
+            kept = self.packed.get(at)
+            if kept is None or kept[0] != first:
+                text = encode(sorted(block))
+                kept = self.packed[at] = (first, pack_text(text if first else "," + text))
+            parts.append(kept[1])
+            first = False
+        return parts
+
+    def _place_stale(self, rows: Mapping[str, Any]) -> None:
+        """The rows changed since the last snapshot into their blocks (gone ones out); their blocks to compress."""
+        for name in self.stale:
+            at = bisect.bisect_right(self.bounds, name)
+            if name in rows:
+                self.blocks[at].add(name)
+            else:
+                self.blocks[at].discard(name)
+            self.packed.pop(at, None)
+        self.stale = set()
+
+    def _cut(self, rows: Mapping[str, Any]) -> None:
+        """Blocks of ``BLOCK_ROWS`` names in name order, all to compress."""
+        names = sorted(rows)
+        self.bounds = names[BLOCK_ROWS::BLOCK_ROWS]
+        self.blocks = [set(names[at:at + BLOCK_ROWS]) for at in range(0, max(1, len(names)), BLOCK_ROWS)]
+        self.packed.clear()
+        self.stale = set()
+
+
 class Publisher:
     """The leader's side: which rows changed, the journal to write, and when the snapshot must be rewritten."""
 
@@ -227,12 +285,7 @@ class Publisher:
         self._shape_index = {json.dumps(s, sort_keys=True, separators=(",", ":")): i
                              for i, s in enumerate(state.shapes)}
         self.snapshot_due = state.snapshot_seq < self.base
-        # The snapshot as gzip members, one per block of rows (snapshot_packed): each block's names, its compressed
-        # bytes while no row of it changed, and the names changed since the last snapshot.
-        self._bounds: list[str] = []  # the first name of each block but the first
-        self._blocks: list[set[str]] = []  # the names in each block
-        self._packed: dict[int, tuple[bool, bytes]] = {}
-        self._stale: set[str] = set(state.rows)
+        self._blocks = _Blocks(state.rows)
         # Rows built ahead of the first change (``stage``): name -> (the pod object it was built from, its row, the
         # row's JSON); then, once published, name -> (the row, its JSON) until the next snapshot is packed.
         self._staged: dict[str, tuple[RawPod, list[Any], str]] = {}
@@ -293,8 +346,8 @@ class Publisher:
             state.rows[row[0]] = row
         for name in gone:
             state.rows.pop(name, None)
-        self._stale.update(row[0] for row in put)
-        self._stale.update(gone)
+        self._blocks.changed(row[0] for row in put)
+        self._blocks.changed(gone)
         state.seq = entry.seq
         if not journal:
             self.snapshot_due = True
@@ -310,31 +363,11 @@ class Publisher:
 
     def snapshot_packed(self) -> bytes:
         """``pack(self.snapshot_document())`` as gzip members (gzip's own framing: a reader inflates them one after
-        another), one per block of rows, each block a range of names in the document's order. A block is encoded
-        and compressed again only when one of its rows changed: compressing a 16384-pod snapshot (3 MB) whole cost
-        the leader ~25 ms every few changes, one block of ~256 rows costs ~0.5 ms. The inflated text is the whole
-        document's, byte for byte."""
+        another), one per block of rows (``_Blocks``). The inflated text is the whole document's, byte for byte."""
         state = self.state
-        if not self._blocks or len(state.rows) > 2 * BLOCK_ROWS * len(self._blocks) \
-                or (len(self._blocks) > 1 and len(state.rows) * 4 < BLOCK_ROWS * len(self._blocks)):
-            self._cut()  # first, or the job grew or shrank a lot: blocks of BLOCK_ROWS names again
-        self._place_stale()
-        if any(len(block) > 2 * BLOCK_ROWS for block in self._blocks):
-            self._cut()  # names crowded into one range (a job scaling up): cut again
         head = json.dumps({"schema": SCHEMA, "job": state.job, "namespace": state.namespace,
                            "generation": state.seq, "containers": state.shapes}, separators=(",", ":"))
-        parts = [pack_text(head[:-1] + ',"pods":[')]
-        first = True
-        for at, block in enumerate(self._blocks):
-            if not block:
-                continue
-            kept = self._packed.get(at)
-            if kept is None or kept[0] != first:
-                text = self._encode(sorted(block))
-                kept = self._packed[at] = (first, pack_text(text if first else "," + text))
-            parts.append(kept[1])
-            first = False
-        parts.append(_TAIL)
+        parts = [pack_text(head[:-1] + ',"pods":['), *self._blocks.members(state.rows, self._encode), _TAIL]
         self._encoded_rows = {}
         return b"".join(parts)
 
@@ -350,26 +383,6 @@ class Publisher:
                 return json.dumps([rows[name] for name in names], separators=(",", ":"))[1:-1]
             texts.append(held[1])
         return ",".join(texts)
-
-    def _place_stale(self) -> None:
-        """The rows changed since the last snapshot into their blocks (gone ones out); their blocks to compress."""
-        rows, bounds = self.state.rows, self._bounds
-        for name in self._stale:
-            at = bisect.bisect_right(bounds, name)
-            if name in rows:
-                self._blocks[at].add(name)
-            else:
-                self._blocks[at].discard(name)
-            self._packed.pop(at, None)
-        self._stale = set()
-
-    def _cut(self) -> None:
-        """Blocks of ``BLOCK_ROWS`` names in name order, all to compress."""
-        names = sorted(self.state.rows)
-        self._bounds = names[BLOCK_ROWS::BLOCK_ROWS]
-        self._blocks = [set(names[at:at + BLOCK_ROWS]) for at in range(0, max(1, len(names)), BLOCK_ROWS)]
-        self._packed.clear()
-        self._stale = set()
 
     def snapshot_document(self) -> dict[str, Any]:
         """The snapshot at the current sequence; the caller writes it, then calls ``snapshot_written``."""

@@ -2,8 +2,8 @@
 
 NCCL builds its rings and trees in rank order. Ranks that follow the controller's pod index put neighbours in
 different racks at almost every hop; ranks ordered so that the pods of each domain are contiguous cross each
-domain boundary once per ring. ``topology.py`` decides ranks and calls ``topology_order`` here when the user
-asked for ``--rank-order topology``; this module only knows levels, domains and the order itself. Pure.
+domain boundary once per ring. This module knows levels, the domains a Node's labels give, and how often a ring
+of members crosses them; the order itself, like every rank decision, is topology.py's (``topology_order``). Pure.
 
 Levels are listed outermost first, as Kueue's Topology object lists them (``spec.levels``). The defaults are the
 labels clusters carry today: Kubernetes' well-known zone and region labels, GKE's compact placement labels
@@ -99,23 +99,6 @@ def node_domains(node: str, labels: Mapping[str, str] | None, levels: Sequence[L
                              "(at most 63 letters, digits, '-', '_', '.'); fix the Node's labels")
         values.append(value)
     return tuple(values)
-
-
-def topology_order(paths: Sequence[tuple[str, ...]]) -> list[int]:
-    """A permutation of ``paths`` (each member's domains outermost first, then its node), given in index order.
-
-    Members sharing a domain become contiguous at every level, and domains keep the order of their first member
-    in index order, so the first member (rank 0) stays first and a new member of an existing domain moves only
-    the members after that domain's block. Ties keep index order. O(members x levels)."""
-    first: dict[tuple[str, ...], int] = {}
-    keys: list[tuple[int, ...]] = []
-    for position, path in enumerate(paths):
-        key = []
-        for depth in range(1, len(path) + 1):
-            key.append(first.setdefault(path[:depth], position))
-        key.append(position)
-        keys.append(tuple(key))
-    return sorted(range(len(paths)), key=keys.__getitem__)
 
 
 def ring_crossings(paths: Sequence[tuple[str, ...]], depth: int) -> int:

@@ -6,9 +6,9 @@ container shapes stored once, gzip-compressed, in ConfigMap ``<job>-topology`` (
 it go to a journal, see journal.py). The others run the same core over the same rows, so files and rank rules
 are identical in both modes; the pods-watching sidecars hold their peers in this form too (``Compactor``).
 
-Who publishes first is decided from the pod's own labels and the owner object, never by a race: the first index
-of the first training role that has replicas (for a JobSet, the first job of that replicated job). After that a
-Lease decides (lease.py).
+Who publishes first is decided from the pod's own labels and the owner object, never by a race: the pod the rank
+order will put first (``topology.rank_zero``: JobSet's coordinator, else the first index of the first training
+role that has replicas). After that a Lease decides (lease.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from agent.core.containers import pick_trainer_container
 from agent.core.controllers import Controller, Objects
 from agent.core.gang import Expectation
 from agent.core.model import Identity, Options, RawPod
+from agent.core.topology import rank_zero
 from agent.core.validation import json_values, not_json
 from agent.errors import InputError
 
@@ -119,7 +120,7 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
         spec["nodeName"] = node
     status: dict[str, Any] = {"phase": phase}
     if ip:
-        status["podIP"] = ip  # the one IP the row keeps; podIPs would repeat it (topology.pod_ip reads podIP first)
+        status["podIP"] = ip  # the one IP the row keeps; podIPs would repeat it (pods.pod_ip reads podIP first)
     return {"metadata": meta, "spec": spec, "status": status}  # type: ignore[typeddict-item]
 
 
@@ -412,17 +413,12 @@ def decode_configmap(configmap: dict[str, Any],
 
 def leader_identity(controller: Controller, expected: Expectation, objects: Objects,
                     training_roles: Sequence[str] | None) -> tuple[str, tuple[int, ...]] | None:
-    """(role, index) of the pod that will be node rank 0, from the owner's replica counts; None if unknown. A role
-    that waits for others to be Ready (JobSet dependsOn) never leads: the others would wait for its publication."""
+    """(role, index) of the pod that will be node rank 0, by the rank order's own rule (``topology.rank_zero``)
+    over the owner's replica counts; None if unknown. A role that waits for others to be Ready (JobSet dependsOn)
+    never leads: the others would wait for its publication."""
     if not expected.per_role:
         return None
-    waits = controller.waits_for(objects)
-    roles = list(training_roles) if training_roles is not None else list(expected.per_role)
-    role = next((r for r in roles if expected.per_role.get(r, 0) > 0 and r not in waits), None)
-    if role is None:
-        return None
-    index = controller.first_index(role, objects)
-    return (role, index) if index is not None else None
+    return rank_zero(controller, expected.per_role, objects, training_roles)
 
 
 def is_leader(me: Identity, leader: tuple[str, tuple[int, ...]] | None) -> bool:

@@ -14,7 +14,8 @@ domains), without Node labels. A job whose training members make more than ``MAX
 everywhere) gets no summary; its pods read the snapshot as before. Roles of at most ``LISTED_HOSTS`` pods keep
 their address lists (a master, a launcher, parameter servers): larger lists are not read by such a pod.
 
-Who decides RANK stays the planner (topology.py ``_place``): the summary carries its results.
+Who decides RANK stays the planner (topology.py): the summary carries the results of ``_place``, and a pod finds its
+own numbers in its run by ``ranks_in_run``, the planner's statement of what ``_place`` gives inside a run.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
+from agent.core.facts import facts_of
 from agent.core.model import ADDRESS, Member, Options, RawPod, Topology, Whole
+from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
-from agent.core.topology import Plan, facts_of, pod_name
+from agent.core.topology import Plan, ranks_in_run
 from agent.core.validation import DNS_NAME, check_pod, parse_ip
 from agent.errors import InputError
 
@@ -169,6 +172,18 @@ def read_summary(text: str | None) -> Summary | None:
     if not isinstance(roles_raw, list) or not isinstance(runs_raw, list) or not 0 < len(runs_raw) <= MAX_RUNS \
             or not isinstance(rank0_raw, list) or len(rank0_raw) != 8 or len(roles_raw) > 64:
         raise _refuse("roles, runs or rank0 is not a list of the expected length")
+    roles = _read_roles(roles_raw)
+    rank0 = _read_rank0(rank0_raw)
+    runs = _read_runs(runs_raw, training_roles, slots, nnodes=nnodes, world=world)
+    first_run = runs[0]
+    if first_run.role != rank0.role or (*first_run.prefix, first_run.first) != rank0.index \
+            or first_run.slots != rank0.slots:
+        raise _refuse("rank 0 is not the first pod of the first run")
+    return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, world_size=world, slot_sizes=slots,
+                   master_port=port, master_port_source=source, rank0=rank0, roles=roles, runs=runs)
+
+
+def _read_roles(roles_raw: list[Any]) -> tuple[tuple[str, int, tuple[str, ...] | None], ...]:
     roles = []
     for entry in roles_raw:
         if not isinstance(entry, list) or len(entry) != 3:
@@ -180,12 +195,21 @@ def read_summary(text: str | None) -> Summary | None:
                 raise _refuse(f"role '{role}' lists {str(hosts)[:40]} for {count} pods")
             hosts = tuple(_address(h, f"a host of role '{role}'") for h in hosts)
         roles.append((role, count, hosts))
+    return tuple(roles)
+
+
+def _read_rank0(rank0_raw: list[Any]) -> Member:
     name, role0, index0, ordinal0, address0, dns0, ip0, slots0 = rank0_raw
-    rank0 = Member(_text(name, "rank 0's name"), _text(role0, "rank 0's role"), _index(index0, "rank 0's index"),
-                   _whole_number(ordinal0, "rank 0's ordinal"), _address(address0, "rank 0's address"),
-                   None if dns0 is None else _address(dns0, "rank 0's DNS name"),
-                   None if ip0 is None else _address(ip0, "rank 0's IP"), True,
-                   _whole_number(slots0, "rank 0's slots", low=1), 0, 0)
+    return Member(_text(name, "rank 0's name"), _text(role0, "rank 0's role"), _index(index0, "rank 0's index"),
+                  _whole_number(ordinal0, "rank 0's ordinal"), _address(address0, "rank 0's address"),
+                  None if dns0 is None else _address(dns0, "rank 0's DNS name"),
+                  None if ip0 is None else _address(ip0, "rank 0's IP"), True,
+                  _whole_number(slots0, "rank 0's slots", low=1), 0, 0)
+
+
+def _read_runs(runs_raw: list[Any], training_roles: tuple[str, ...], slots: frozenset[int], *, nnodes: int,
+               world: int) -> tuple[Run, ...]:
+    """The runs, each starting where the rank order puts the pod after the run before it (``ranks_in_run``)."""
     runs: list[Run] = []
     node_rank = first_rank = 0
     for entry in runs_raw:
@@ -198,17 +222,12 @@ def read_summary(text: str | None) -> Summary | None:
         if run.last < run.first or run.node_rank != node_rank or run.first_rank != first_rank \
                 or run.role not in training_roles or run.slots not in slots:
             raise _refuse(f"run {entry!r:.80} does not follow the run before it")
-        node_rank += run.last - run.first + 1
-        first_rank += (run.last - run.first + 1) * run.slots
+        node_rank, first_rank, _ = ranks_in_run(node_rank=run.node_rank, first_rank=run.first_rank, slots=run.slots,
+                                                seen=run.seen, offset=run.last - run.first + 1)
         runs.append(run)
     if node_rank != nnodes or first_rank != world:
         raise _refuse(f"the runs make {node_rank} pods and {first_rank} processes, not {nnodes} and {world}")
-    first_run = runs[0]
-    if first_run.role != rank0.role or (*first_run.prefix, first_run.first) != rank0.index \
-            or first_run.slots != rank0.slots:
-        raise _refuse("rank 0 is not the first pod of the first run")
-    return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, world_size=world, slot_sizes=slots,
-                   master_port=port, master_port_source=source, rank0=rank0, roles=tuple(roles), runs=tuple(runs))
+    return tuple(runs)
 
 
 def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
@@ -238,10 +257,12 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
     slots, slots_source = facts.slots
     if slots != run.slots:
         return None  # the leader saw another container (a pod re-created with another size): not published yet
-    offset = ident.index[-1] - run.first
+    node_rank, first_rank, ordinal = ranks_in_run(node_rank=run.node_rank, first_rank=run.first_rank, slots=slots,
+                                                  seen=run.seen, offset=ident.index[-1] - run.first,
+                                                  ordinal=ident.ordinal)
     address, dns, ip = facts.place
-    me = Member(name, ident.role, ident.index, ident.ordinal if ident.ordinal >= 0 else run.seen + offset, address,
-                dns, ip, True, slots, run.node_rank + offset, run.first_rank + offset * slots, True, facts.node)
+    me = Member(name, ident.role, ident.index, ordinal, address, dns, ip, True, slots, node_rank, first_rank, True,
+                facts.node)
     rank0 = summary.rank0
     members = (me,) if rank0.name == name else (rank0, me)
     owner_uid = None

@@ -1,8 +1,18 @@
-"""Pods -> Topology. This module decides membership, NODE_RANK and RANK; nothing else does.
+"""Pods -> Topology. This module decides the job's members, NODE_RANK and RANK; with the controllers' rules
+(controllers.py: identities, training roles, the coordinator), nothing else does.
 
-Rank order is an explicit sort key: the position of the pod's role in the training roles, then the
-controller's index (JobSet: job-global-index, then completion index). Never creation time, list order or IP:
-those differ between the pods' views of the same job, and two pods that disagree on ranks hang forever.
+Rank order is an explicit sort key (``RankRule``): JobSet's coordinator first, then the position of the pod's role
+in the training roles, then the controller's index (JobSet: job-global-index, then completion index). Never
+creation time, list order or IP: those differ between the pods' views of the same job, and two pods that disagree
+on ranks hang forever. ``_place`` is the one loop that gives NODE_RANK and RANK along that order; what other
+modules need to know about ranks without a plan comes from here too: the pod that will be rank 0, from the job's
+objects alone (``rank_zero``, for the publication's leader), and the ranks inside a run of the order
+(``ranks_in_run``, for the summary that ``--view own`` pods read). ``--rank-order topology`` reorders the training
+pods by their Nodes' domains (``topology_order``).
+
+``Planner`` keeps a layout between changes for the long-lived callers (the sidecar, init's wait); a property test
+holds it to ``build_plan``. What one pod says of itself (identity, address, slots, gone or not) is facts.py's,
+reading a pod object pods.py's, Node labels placement.py's: none of them relates one pod to another.
 """
 
 from __future__ import annotations
@@ -12,71 +22,26 @@ import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
-from agent.core.containers import pick_trainer_container, resolve_nproc
-from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, detect_controller, parse_selector, selector_matches
+from agent.core.containers import pick_trainer_container
+from agent.core.controllers import (
+    TORCHRUN_MASTER_PORT,
+    Controller,
+    JobSet,
+    Objects,
+    detect_controller,
+    parse_selector,
+    replicas,
+)
+from agent.core.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
-from agent.core.placement import node_domains, topology_order
-from agent.core.validation import check_pod, dns_value, ip_value
+from agent.core.placement import node_domains
+from agent.core.pods import find_pod, host_name, pod_name
+from agent.core.pods import object_name as object_name  # re-exported: runtime.publishing, core.provenance
+from agent.core.pods import pod_ip as pod_ip  # re-exported: runtime.sidecar.membership
+from agent.core.pods import slim_pod as slim_pod  # re-exported: runtime.sidecar (following, membership)
 from agent.errors import InputError
-
-
-class Memo:
-    """Per-pod results (identity, address, slots) remembered by (pod name, resourceVersion).
-
-    A pod's facts depend only on the pod object and the options, and the API server changes resourceVersion
-    whenever the object changes, so a long-lived caller (the sidecar) recomputes only the pods that changed.
-    One version per pod is held: a pod's new version replaces its old one (init's wait sees every pod of a
-    large job twice, without and with its IP). Entries of pods not seen in the last computation are dropped.
-    Results are the same with or without it.
-    """
-
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self._old: dict[tuple[str, str], tuple[str, object]] = {}  # (kind, name) -> (resourceVersion, result)
-        self._new: dict[tuple[str, str], tuple[str, object]] = {}
-
-    def begin(self) -> None:
-        self._old, self._new = {**self._old, **self._new}, {}
-
-    def end(self) -> None:
-        self._old, self._new = self._new, {}
-
-    @staticmethod
-    def _key(kind: str, pod: RawPod) -> tuple[tuple[str, str], str] | None:
-        try:
-            meta = pod["metadata"]
-            name, rv = meta["name"], meta["resourceVersion"]
-        except (KeyError, TypeError):
-            return None  # no key to remember it by (and an odd pod: computing refuses it)
-        if type(name) is not str or type(rv) is not str or not rv:
-            return None
-        return (kind, name), rv
-
-    def lookup(self, kind: str, pod: RawPod) -> tuple[tuple[tuple[str, str], str] | None, object]:
-        """(key, remembered value or ``_MISSING``): the per-change hot path, without building a closure."""
-        key = self._key(kind, pod)
-        if key is None:
-            return None, _MISSING
-        slot, rv = key
-        held = self._new.get(slot)
-        if held is not None and held[0] == rv:
-            return key, held[1]
-        held = self._old.get(slot)
-        if held is not None and held[0] == rv:
-            self._new[slot] = held
-            return key, held[1]
-        return key, _MISSING
-
-    def store(self, key: tuple[tuple[str, str], str] | None, value: T) -> T:
-        if key is not None:
-            self._new[key[0]] = (key[1], value)
-            self._old.pop(key[0], None)  # the pod's earlier version is not asked for again: let it go now
-        return value
-
-
-_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -89,157 +54,6 @@ class Plan:
     master_port: int
     master_port_source: str
     slots_source: dict[str, str]
-
-
-def object_name(obj: object) -> str:
-    """Any API object's name, or "" (whatever shape a forged object has)."""
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) else ""
-
-
-def pod_name(pod: RawPod) -> str:
-    return object_name(pod)
-
-
-def pod_ip(pod: RawPod) -> str | None:
-    """The pod's IP as the kubelet reported it (unchecked: ``_address`` checks it before it reaches a file)."""
-    status = pod.get("status") or {}
-    ips = [entry.get("ip") for entry in status.get("podIPs") or [] if entry.get("ip")]
-    return status.get("podIP") or (ips[0] if ips else None)
-
-
-T = TypeVar("T")
-_SPEC_KEEP = ("hostname", "subdomain", "nodeName", "containers")
-_CONTAINER_KEEP = ("name", "image", "command", "args", "env", "resources", "ports")
-_META_KEEP = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "ownerReferences",
-              "resourceVersion")
-
-
-def slim_pod(pod: RawPod) -> RawPod:
-    """Only the fields the core reads: a long-lived watcher keeps 1/4 of the bytes (no managedFields, volumes,
-    conditions, container statuses)."""
-    meta = pod.get("metadata", {})
-    spec = pod.get("spec", {})
-    status = pod.get("status", {})
-    slim_spec: dict[str, object] = {k: spec[k] for k in _SPEC_KEEP[:3] if k in spec}  # type: ignore[literal-required]
-    slim_spec["containers"] = [{k: c[k] for k in _CONTAINER_KEEP if k in c}  # type: ignore[literal-required]
-                               for c in spec.get("containers", [])]
-    slim: dict[str, Any] = {
-        "metadata": {k: meta[k] for k in _META_KEEP if k in meta},  # type: ignore[literal-required]
-        "spec": slim_spec,
-        "status": {k: status[k] for k in ("phase", "podIP", "podIPs") if k in status},  # type: ignore
-    }
-    return slim  # type: ignore[return-value]
-
-
-def why_not_member(pod: RawPod) -> str | None:
-    """Terminating, Failed and Succeeded pods are gone for training purposes, whatever their labels say."""
-    if pod.get("metadata", {}).get("deletionTimestamp"):
-        return "terminating (deletionTimestamp is set)"
-    phase = pod.get("status", {}).get("phase")
-    if phase in ("Failed", "Succeeded"):
-        return f"phase {phase}"
-    return None
-
-
-def find_pod(pods: Sequence[RawPod], name: str) -> RawPod:
-    if not pods:
-        raise InputError(f"the pod list is empty, so pod '{name}' (--self / POD_NAME) is not in it; check the "
-                         "namespace and label selector that listed it")
-    for pod in pods:
-        if pod_name(pod) == name:
-            return check_pod(pod)  # type: ignore[return-value]
-    raise InputError(f"pod '{name}' (--self / POD_NAME) is not in the pod list; check the name and namespace")
-
-
-@dataclass(frozen=True, slots=True)
-class _Facts:
-    """What one pod object says, independent of the other pods (memoised per resourceVersion)."""
-
-    name: str
-    namespace: str
-    job: str | None
-    reason: str | None
-    ident: Identity | None
-    error: InputError | None
-    has_ip: bool = False
-    place: tuple[str, str | None, str | None] | None = None  # address, DNS name, IP
-    place_error: InputError | None = None
-    slots: tuple[int, str] | None = None  # processes, the rule that decided
-    slots_error: InputError | None = None
-    node: str = ""  # spec.nodeName
-
-
-def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
-    """The result, or the error to raise later, without its traceback: a kept traceback holds its frames and
-    their locals (the pod among them), ~1 KB per pod for every pod still without an IP."""
-    try:
-        return compute(), None
-    except InputError as err:
-        return None, err.with_traceback(None)
-
-
-Sizes = dict[int, tuple[object, tuple[int, str]]]  # id(container) -> (the container, its process count)
-
-
-def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None, *,
-           checked: bool = False, sizes: Sizes | None = None) -> _Facts:
-    if not checked:
-        check_pod(pod)
-    meta = pod.get("metadata", {})
-    namespace = meta.get("namespace", "default")
-    matched = pairs is None or selector_matches(pod, pairs)
-    job = controller.job_of(pod) if pairs is None else (options.selector if matched else None)
-    reason = why_not_member(pod)
-    name = meta.get("name", "")
-    if job is None or reason is not None:
-        return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=None, error=None)
-    ident, error = _attempt(lambda: controller.identify(pod, options))
-    if ident is None:
-        return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=None, error=error)
-    place, place_error = _attempt(lambda: _address(pod, ident, controller, namespace, options))
-    slots, slots_error = _attempt(lambda: _slots(pod, options, sizes))
-    return _Facts(name=name, namespace=namespace, job=job, reason=reason, ident=ident, error=None,
-                  has_ip=bool(pod_ip(pod)), place=place, place_error=place_error, slots=slots, slots_error=slots_error,
-                  node=pod.get("spec", {}).get("nodeName") or "")
-
-
-def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str]:
-    """The pod's process count; ``sizes`` remembers it per container object for one pass (the pods a follower
-    builds from the published rows share one container object per shape: 4096 pods, a handful of shapes).
-    The count depends on the container alone (the pod's name is only in the messages, and a refusal is not
-    remembered). The entry holds the container, so its id is not reused while the entry lives."""
-    container = pick_trainer_container(pod, options.container)
-    if sizes is None or container is None:
-        return resolve_nproc(pod, container, options)
-    known = sizes.get(id(container))
-    if known is None:
-        known = sizes[id(container)] = (container, resolve_nproc(pod, container, options))
-    return known[1]
-
-
-def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str,
-             options: Options) -> tuple[str, str | None, str | None]:
-    name = pod_name(pod)
-    raw_ip = pod_ip(pod)
-    ip = ip_value(pod, raw_ip) if raw_ip else None  # type: ignore[arg-type]
-    dns = controller.dns_name(pod, ident, namespace, options.cluster_domain)
-    if dns is not None:
-        dns = dns_value(pod, dns, field="spec.hostname/spec.subdomain or the job's labels")  # type: ignore[arg-type]
-    if options.address == "ip":
-        if not ip:
-            raise InputError(
-                f"pod '{name}': status.podIP is empty and --address ip needs it; wait until the pod is "
-                "scheduled (init does), or use --address dns"
-            )
-        return ip, dns, ip
-    if not dns:
-        raise InputError(
-            f"pod '{name}': no DNS name (spec.hostname/spec.subdomain unset and {controller.title} gives none); "
-            "set spec.subdomain to a headless Service, or use --address ip"
-        )
-    return dns, dns, ip
 
 
 def _master_port(rank0: RawPod | None, controller: Controller, options: Options) -> tuple[int, str]:
@@ -256,22 +70,37 @@ def _master_port(rank0: RawPod | None, controller: Controller, options: Options)
     return port, f"{controller.title} convention {port}"
 
 
-def _host_name(pod: RawPod) -> str | None:
-    spec = pod.get("spec", {})
-    hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
-    return f"{hostname}.{subdomain}" if hostname and subdomain else None
+@dataclass(frozen=True)
+class Scope:
+    """Which pods are this pod's job, from its own labels: its controller and identity, its namespace (pods of
+    other namespaces are not its job's), the job (the selector itself with --selector) and the roles that train
+    (None: every role present). ``collect``, the planner and init's gang tracker ask it alike."""
+
+    controller: Controller
+    me_id: Identity
+    namespace: str
+    job: str
+    pairs: dict[str, str] | None  # --selector parsed
+    roles: tuple[str, ...] | None
+
+    @classmethod
+    def of(cls, me: RawPod, options: Options) -> Scope:
+        controller = detect_controller(me, options)
+        me_id = controller.identify(me, options)
+        pairs = parse_selector(options.selector) if options.selector else None
+        job = options.selector if pairs is not None and options.selector is not None else me_id.job
+        return cls(controller=controller, me_id=me_id, namespace=me.get("metadata", {}).get("namespace", "default"),
+                   job=job, pairs=pairs, roles=controller.training_roles(options))
+
+    def holds(self, facts: PodFacts, *, me: bool = False) -> bool:
+        """Whether the pod these facts describe is one of the job's (this pod is, whatever its labels say now)."""
+        return facts.namespace == self.namespace and (me or facts.job == self.job)
 
 
-def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,
-             memo: Memo | None, *, checked: bool = False, sizes: Sizes | None = None) -> _Facts:
-    """What one pod object says (identity, address, slots, or why it is not a member), once per resourceVersion.
-    ``checked``: the caller already passed the pod through ``check_pod`` (init's intake does, for every event)."""
-    if memo is None:
-        return _facts(pod, controller, options, pairs, checked=checked, sizes=sizes)
-    key, value = memo.lookup("facts", pod)
-    if value is not _MISSING:
-        return value  # type: ignore[return-value]
-    return memo.store(key, _facts(pod, controller, options, pairs, checked=checked, sizes=sizes))
+def claim_clash(role: str, index: tuple[int, ...], first: str, second: str) -> InputError:
+    """Two pods claim one place in the rank order: nobody can tell which is the stale one."""
+    return InputError(f"pods '{first}' and '{second}' both claim role '{role}' index {', '.join(map(str, index))}; "
+                      "delete the stale pod or fix its index label")
 
 
 @dataclass(frozen=True)
@@ -279,15 +108,19 @@ class Collected:
     """The live pods of one job with their identities, before addresses and ranks are given."""
 
     me: RawPod
-    controller: Controller
-    me_id: Identity
-    live: tuple[tuple[RawPod, Identity, _Facts], ...]
+    scope: Scope
+    live: tuple[tuple[RawPod, Identity, PodFacts], ...]
     excluded: tuple[Excluded, ...]
     training_roles: tuple[str, ...]
-    explicit_roles: bool
-    namespace: str  # this pod's: pods of other namespaces are not its job's
-    job: str  # the job the pods are matched against (the selector itself with --selector)
-    pairs: dict[str, str] | None  # --selector parsed
+    explicit_roles: bool  # the training roles are the user's or the controller's, in rank order (else every role)
+
+    @property
+    def controller(self) -> Controller:
+        return self.scope.controller
+
+    @property
+    def me_id(self) -> Identity:
+        return self.scope.me_id
 
     def is_training(self, ident: Identity) -> bool:
         return ident.role in self.training_roles
@@ -299,19 +132,16 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
     ``checked``: every pod has passed ``check_pod`` already (read from the API through the intake, or from the
     published rows): not checked again (10 us a pod, 40 ms of a follower's init at 4096 pods)."""
     me = find_pod(pods, self_name)
-    controller = detect_controller(me, options)
-    me_id = controller.identify(me, options)
-    namespace = me.get("metadata", {}).get("namespace", "default")
-    pairs = parse_selector(options.selector) if options.selector else None
-    job = options.selector if pairs is not None and options.selector is not None else me_id.job
-    live: list[tuple[RawPod, Identity, _Facts]] = []
+    scope = Scope.of(me, options)
+    controller, pairs = scope.controller, scope.pairs
+    live: list[tuple[RawPod, Identity, PodFacts]] = []
     excluded: list[Excluded] = []
     seen: dict[tuple[str, tuple[int, ...]], str] = {}
     names: set[str] = set()
     sizes: Sizes = {}
     for pod in pods:
         facts = facts_of(pod, controller, options, pairs, memo, checked=checked, sizes=sizes)
-        if facts.namespace != namespace or (facts.job != job and pod is not me):
+        if not scope.holds(facts, me=pod is me):
             continue  # pods of other jobs or namespaces are not my concern
         name = facts.name
         if name in names:
@@ -321,26 +151,20 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
             excluded.append(Excluded(name=name, reason=facts.reason))
             continue
         if pod is me:
-            ident = me_id
+            ident = scope.me_id
         elif facts.ident is None:
             raise facts.error or InputError(f"pod '{name}': cannot be identified")
         else:
             ident = facts.ident
         key = (ident.role, ident.index)
         if key in seen:
-            where = ", ".join(map(str, ident.index))
-            raise InputError(
-                f"pods '{seen[key]}' and '{name}' both claim role '{ident.role}' index {where}; "
-                "delete the stale pod or fix its index label"
-            )
+            raise claim_clash(ident.role, ident.index, seen[key], name)
         seen[key] = name
         live.append((pod, ident, facts))
-    roles = controller.training_roles(options)
     present = {ident.role for _, ident, _ in live}
-    training_roles = tuple(roles) if roles is not None else tuple(sorted(present))
-    return Collected(me=me, controller=controller, me_id=me_id, live=tuple(live), excluded=tuple(excluded),
-                     training_roles=training_roles, explicit_roles=roles is not None, namespace=namespace, job=job,
-                     pairs=pairs)
+    training_roles = tuple(scope.roles) if scope.roles is not None else tuple(sorted(present))
+    return Collected(me=me, scope=scope, live=tuple(live), excluded=tuple(excluded), training_roles=training_roles,
+                     explicit_roles=scope.roles is not None)
 
 
 NodeLabels = Mapping[str, "Mapping[str, str] | None"]  # node name -> its labels (None: could not be read)
@@ -354,42 +178,209 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
     return _plan_of(_lay_out(pods, self_name, options, memo, nodes, checked), options)
 
 
-LEFT_OUT = "no IP yet (--address ip), not a training pod"
+# --- the rank order ----------------------------------------------------------------------------------------
+
 SortKey = tuple[int, int, str, tuple[int, ...], str]
-Live = tuple[RawPod, Identity, _Facts]
 
 
-@dataclass
-class _Layout:
-    """The live pods in rank order with their members: what a plan is made of, kept by ``Planner`` between
-    changes. ``live``, ``keys`` and ``placed`` are parallel; ``placed`` is None for a pod left out of the
-    members (a non-training pod without an IP under --address ip)."""
+@dataclass(frozen=True)
+class RankRule:
+    """The rank order as one sort key: JobSet's coordinator first, then the training roles in their order, then
+    the controller's index (without explicit roles, JobSet's global index alone orders every replicated job); the
+    pods that do not train after them by role and index. The name only breaks ties no controller makes."""
 
-    pods: dict[str, RawPod]  # the input by name: the planner finds what changed by object identity
-    found: Collected  # this pod, its controller, job and roles (not its pods: ``live`` holds them as they are)
     position: dict[str, int]  # training role -> its place in the rank order
-    coordinator: str | None
-    live: list[Live]
-    keys: list[SortKey]
-    placed: list[Member | None]
-    key_of: dict[str, SortKey]  # live pod name -> its sort key
-    dropped: dict[str, Excluded]  # pods of the job that are not members (terminating, finished)
-    left_out: set[str]
-    claims: dict[tuple[str, tuple[int, ...]], str]  # (role, index) -> the pod that holds it
-    role_count: dict[str, int]
-    training: int  # live[:training] are the training pods
-    slots_source: dict[str, str]
-    order_note: str | None
-    nodes: dict[str, Mapping[str, str] | None] | None  # the Node labels the domains came from
-    provisional: bool = False  # Planner.follow: a training pod still without its IP holds its rank, unaddressed
-    unplaced: set[str] = field(default_factory=set)  # those pods (a plan is made only once there are none)
-    at: dict[str, int] | None = None  # name -> position in live (topology order, where keys are not sorted)
-    addresses: dict[str, int] = field(default_factory=dict)  # members per address
-    shared: int = 0  # addresses held by more than one member (hostNetwork pods on one node)
-    sizes: dict[int, int] = field(default_factory=dict)  # training members per process count
+    explicit: bool  # the training roles are the user's or the controller's (else every role present trains)
+    coordinator: str | None  # the host name of the pod JobSet names rank 0
 
-    def tally(self, member: Member, step: int) -> None:
-        """Count a member in (+1) or out (-1) of the views kept for ``_plan_of``."""
+    def key(self, pod: RawPod, ident: Identity, name: str) -> SortKey:
+        at = self.position.get(ident.role)
+        if at is None:
+            return (2, len(self.position), ident.role, ident.index, name)
+        coordinator = self.coordinator
+        first = coordinator is not None and host_name(pod) == coordinator
+        return (0 if first else 1, at if self.explicit else 0, "", ident.index, name)
+
+    def key_of(self, role: str, index: tuple[int, ...], *, first: bool = False) -> SortKey:
+        """``key`` of a pod known by its role and index alone (``first``: the coordinator), for ``rank_zero``.
+        Written out again rather than called from ``key``: ``key`` runs once per pod per layout."""
+        at = self.position.get(role)
+        if at is None:
+            return (2, len(self.position), role, index, "")
+        return (0 if first else 1, at if self.explicit else 0, "", index, "")
+
+    def role_block(self, role: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """The keys between which ``role``'s pods lie, when roles are explicit and no coordinator moves a pod
+        ahead: each role is then one block of the rank order."""
+        block = self.position.get(role)
+        if block is not None:
+            return (1, block), (1, block + 1)
+        return (2, len(self.position), role), (2, len(self.position), role + "\0")
+
+
+def rank_zero(controller: Controller, counts: Mapping[str, int], objects: Objects,
+              training_roles: Sequence[str] | None) -> tuple[str, tuple[int, ...]] | None:
+    """(role, index) of the pod the rank order will put first, from the job's objects alone (``counts``: pods
+    per training role, as the job asks for them), before any pod is seen; None when they cannot say.
+
+    The same key as the plan's, over each training role's first pod (``Controller.first_index``) and JobSet's
+    coordinator. A role the controller creates only once others are Ready (``waits_for``: JobSet dependsOn)
+    has no pod yet when the others' gang is complete: it is passed over, as the plan of those pods passes it."""
+    waits = controller.waits_for(objects)
+    roles = tuple(training_roles) if training_roles is not None else tuple(counts)
+    rule = RankRule({role: at for at, role in enumerate(roles)}, training_roles is not None, None)
+    there = [role for role in roles if counts.get(role, 0) > 0 and role not in waits]
+    candidates: list[tuple[SortKey, str, tuple[int, ...]]] = []
+    for role in there:
+        index = controller.first_index(role, objects)
+        if index is None:
+            return None
+        candidates.append((rule.key_of(role, index), role, index))
+    named = _named_coordinator(controller, objects)
+    if named is not None and named[0] in there:
+        candidates.append((rule.key_of(*named, first=True), *named))
+    if not candidates:
+        return None
+    _, role, index = min(candidates)
+    return role, index
+
+
+def _named_coordinator(controller: Controller, objects: Objects) -> tuple[str, tuple[int, ...]] | None:
+    """JobSet's ``spec.coordinator`` (v0.6.0+: replicatedJob, jobIndex, podIndex, both indices 0 when unset;
+    api/jobset/v1alpha2/jobset_types.go) as (role, index): the pod JobSet names in the coordinator label of every
+    pod (``JobSet.coordinator``), which ``RankRule`` puts first. Its global index counts the Jobs before it, as
+    ``first_index`` does."""
+    if not isinstance(controller, JobSet) or not objects:
+        return None
+    spec = objects[0].get("spec")
+    named = spec.get("coordinator") if isinstance(spec, Mapping) else None
+    if not isinstance(named, Mapping) or not isinstance(named.get("replicatedJob"), str):
+        return None
+    role = named["replicatedJob"]
+    job_index, pod_index = replicas(named.get("jobIndex"), 0), replicas(named.get("podIndex"), 0)
+    first = controller.first_index(role, objects)
+    if first is None or job_index < 0 or pod_index < 0:
+        return None
+    return role, (first[0] + job_index, pod_index)
+
+
+def ranks_in_run(*, node_rank: int, first_rank: int, slots: int, seen: int, offset: int,
+                 ordinal: int = -1) -> tuple[int, int, int]:
+    """(NODE_RANK, RANK, ordinal) of the training member ``offset`` places after the first of a run, from the
+    first's node rank and rank, the run's process count and the role's members before the run (``seen``).
+
+    A run is consecutive training members of one role, index prefix and process count, with consecutive last
+    indices (``Topology.run_starts``). ``_place`` gives each the next node rank, the rank after the previous
+    member's processes, and the controller's ordinal, else its place in the role: so a pod that reads only a run
+    (``--view own``, summary.py) gets the numbers the whole plan gives it."""
+    return node_rank + offset, first_rank + offset * slots, ordinal if ordinal >= 0 else seen + offset
+
+
+def topology_order(paths: Sequence[tuple[str, ...]]) -> list[int]:
+    """A permutation of ``paths`` (each training member's domains outermost first, then its node), given in index
+    order: the rank order under ``--rank-order topology``.
+
+    Members sharing a domain become contiguous at every level, and domains keep the order of their first member
+    in index order, so the first member (rank 0) stays first and a new member of an existing domain moves only
+    the members after that domain's block. Ties keep index order. O(members x levels)."""
+    first: dict[tuple[str, ...], int] = {}
+    keys: list[tuple[int, ...]] = []
+    for position, path in enumerate(paths):
+        key = []
+        for depth in range(1, len(path) + 1):
+            key.append(first.setdefault(path[:depth], position))
+        key.append(position)
+        keys.append(tuple(key))
+    return sorted(range(len(paths)), key=keys.__getitem__)
+
+
+# --- the layout: the live pods in rank order, placed ----------------------------------------------------------
+
+LEFT_OUT = "no IP yet (--address ip), not a training pod"
+Live = tuple[RawPod, Identity, PodFacts]
+_NAME_OF = operator.attrgetter("name")
+_UNPLACED: tuple[str, str | None, str | None] = ("", None, None)
+
+
+class _FromScratch(Exception):
+    """A change a kept layout cannot take: only a layout from scratch can say what follows (or refuse)."""
+
+
+class _Rows:
+    """The live pods in rank order side by side with their sort keys and their members (None for a pod left out of
+    the members: one that does not train, without an IP under --address ip), and where each pod stands. Pods are
+    inserted and removed only in index order, where the keys are sorted."""
+
+    __slots__ = ("at", "key_of", "keys", "live", "placed")
+
+    def __init__(self, live: list[Live], keys: list[SortKey], *, by_position: bool) -> None:
+        self.live, self.keys = live, keys
+        self.placed: list[Member | None] = [None] * len(live)
+        self.key_of = {f.name: key for (_, _, f), key in zip(live, keys, strict=True)}  # live pod name -> its key
+        # name -> position in live, for the topology order, where the keys are not sorted
+        self.at = {f.name: i for i, (_, _, f) in enumerate(live)} if by_position else None
+
+    def find(self, name: str) -> int:
+        """The position of live pod ``name``."""
+        return self.at[name] if self.at is not None else bisect.bisect_left(self.keys, self.key_of[name])
+
+    def insert(self, at: int, live: Live, key: SortKey) -> None:
+        self.live.insert(at, live)
+        self.keys.insert(at, key)
+        self.placed.insert(at, None)
+        self.key_of[live[2].name] = key
+
+    def pop(self, at: int, name: str) -> tuple[Live, Member | None]:
+        live = self.live.pop(at)
+        del self.keys[at]
+        del self.key_of[name]
+        return live, self.placed.pop(at)
+
+
+class _Census:
+    """Who is live: the pod that holds each (role, index), the live pods per role, and how many of them train
+    (the first ``training`` rows)."""
+
+    __slots__ = ("claims", "role_count", "training")
+
+    def __init__(self, live: Iterable[Live], position: Mapping[str, int]) -> None:
+        self.claims: dict[tuple[str, tuple[int, ...]], str] = {}
+        self.role_count: dict[str, int] = {}
+        self.training = 0
+        for _, ident, facts in live:
+            self.claims[(ident.role, ident.index)] = facts.name
+            self.role_count[ident.role] = self.role_count.get(ident.role, 0) + 1
+            self.training += ident.role in position
+
+    def enter(self, ident: Identity, name: str, *, trains: bool) -> bool:
+        """Count a pod in; False (and nothing counted) when another pod holds its role and index."""
+        claim = (ident.role, ident.index)
+        if claim in self.claims:
+            return False
+        self.claims[claim] = name
+        self.role_count[ident.role] = self.role_count.get(ident.role, 0) + 1
+        self.training += trains
+        return True
+
+    def leave(self, ident: Identity, *, trains: bool) -> None:
+        self.claims.pop((ident.role, ident.index), None)
+        self.role_count[ident.role] -= 1
+        self.training -= trains
+
+
+class _Tally:
+    """What ``_plan_of`` hands the topology without a pass over the members: members per address, how many
+    addresses more than one member holds (hostNetwork pods on one node), training members per process count."""
+
+    __slots__ = ("addresses", "shared", "sizes")
+
+    def __init__(self) -> None:
+        self.addresses: dict[str, int] = {}
+        self.shared = 0
+        self.sizes: dict[int, int] = {}
+
+    def count(self, member: Member, step: int) -> None:
+        """Count a member in (+1) or out (-1)."""
         held = self.addresses.get(member.address, 0)
         self.addresses[member.address] = held + step
         if step > 0 and held == 1:
@@ -400,16 +391,43 @@ class _Layout:
             self.sizes[member.slots] = self.sizes.get(member.slots, 0) + step
 
 
-def _sort_key(pod: RawPod, ident: Identity, name: str, position: dict[str, int], roles: bool,
-              coordinator: str | None) -> SortKey:
-    """The rank order: JobSet's coordinator first, then the training roles in their order, then the controller's
-    index (without explicit roles, JobSet's global index alone orders every replicated job); the pods that do not
-    train after them by role and index. The name only breaks ties no controller makes."""
-    at = position.get(ident.role)
-    if at is None:
-        return (2, len(position), ident.role, ident.index, name)
-    first = 0 if coordinator is not None and _host_name(pod) == coordinator else 1
-    return (first, at if roles else 0, "", ident.index, name)
+@dataclass
+class _Layout:
+    """The live pods in rank order with their members: what a plan is made of, kept by ``Planner`` between
+    changes."""
+
+    pods: dict[str, RawPod]  # the input by name: the planner finds what changed by object identity
+    found: Collected  # this pod, its scope and roles (not its pods: ``rows`` holds them as they are)
+    rule: RankRule
+    rows: _Rows
+    census: _Census
+    nodes: dict[str, Mapping[str, str] | None] | None  # the Node labels the domains came from
+    provisional: bool = False  # Planner.follow: a training pod still without its IP holds its rank, unaddressed
+    order_note: str | None = None  # why the topology order asked for was not applied
+    tally: _Tally = field(default_factory=_Tally)
+    dropped: dict[str, Excluded] = field(default_factory=dict)  # pods of the job that are not members
+    left_out: set[str] = field(default_factory=set)  # live pods without a member (see ``_Rows``)
+    unplaced: set[str] = field(default_factory=set)  # provisional: pods placed without an address yet
+    slots_source: dict[str, str] = field(default_factory=dict)  # training pod -> the rule that gave its slots
+
+    def leave(self, at: int, name: str) -> None:
+        """Live pod ``name``, at ``at``, leaves the rows (gone, no longer a member, or to arrive at another key)."""
+        (_, ident, _), old = self.rows.pop(at, name)
+        if old is not None:
+            self.tally.count(old, -1)
+        self.census.leave(ident, trains=ident.role in self.rule.position)
+        self.left_out.discard(name)
+        self.unplaced.discard(name)
+        self.slots_source.pop(name, None)
+
+    def arrive(self, live: Live, key: SortKey) -> int:
+        """``live`` enters the rows at its key's place, not placed yet; returns where."""
+        _, ident, facts = live
+        if not self.census.enter(ident, facts.name, trains=ident.role in self.rule.position):
+            raise _FromScratch  # two pods claim one index: planning from scratch names them
+        at = bisect.bisect_left(self.rows.keys, key)
+        self.rows.insert(at, live, key)
+        return at
 
 
 def _lay_out(pods: Sequence[RawPod], self_name: str, options: Options, memo: Memo | None,
@@ -419,40 +437,48 @@ def _lay_out(pods: Sequence[RawPod], self_name: str, options: Options, memo: Mem
             raise ValueError("a Memo serves one set of options")
         memo.begin()
     found = collect(pods, self_name, options, memo=memo, checked=checked)
-    me, controller = found.me, found.controller
-    training_roles = found.training_roles
-    role_count: dict[str, int] = {}
-    for _, ident, _ in found.live:
-        role_count[ident.role] = role_count.get(ident.role, 0) + 1
-    _check_roles(found, role_count, options)
+    rule = RankRule(position={role: i for i, role in enumerate(found.training_roles)}, explicit=found.explicit_roles,
+                    coordinator=found.controller.coordinator(found.me))
+    census = _Census(found.live, rule.position)
+    _check_roles(found, census.role_count, options)
     if self_name in {e.name for e in found.excluded}:
         reason = next(e.reason for e in found.excluded if e.name == self_name)
         raise InputError(f"pod '{self_name}' is not a member of its own job ({reason}); nothing to configure")
-    coordinator = controller.coordinator(me)
-    position = {role: i for i, role in enumerate(training_roles)}
-    keys = [_sort_key(p, i, f.name, position, found.explicit_roles, coordinator) for p, i, f in found.live]
+    key = rule.key
+    keys = [key(p, i, f.name) for p, i, f in found.live]
     order = sorted(range(len(keys)), key=keys.__getitem__)
-    live = [found.live[k] for k in order]
+    domains_of = _domain_reader(options, nodes)
+    order_note = None
+    if options.rank_order == "topology":
+        moved, order_note = _topology_first([found.live[k] for k in order], rule.position, domains_of)
+        order = [order[k] for k in moved]
     layout = _Layout(
         # Without the pods it found: a kept layout held each pod's first version after the pod changed (init's
         # wait at 16384 pods: ~1 KB per event, 15-20 MB by the last IP; the sidecar's planner alike).
-        pods={pod_name(p): p for p in pods}, found=replace(found, live=(), excluded=()), position=position,
-        coordinator=coordinator, live=live,
-        keys=[keys[k] for k in order],
-        placed=[None] * len(live), key_of={}, dropped={e.name: e for e in found.excluded}, left_out=set(),
-        claims={(i.role, i.index): f.name for _, i, f in live}, role_count=role_count,
-        training=sum(1 for _, i, _ in live if i.role in position), slots_source={}, order_note=None,
-        nodes=dict(nodes) if nodes is not None and options.levels is not None else None, provisional=provisional)
-    layout.key_of = {f.name: key for (_, _, f), key in zip(live, layout.keys, strict=True)}
-    domains_of = _domain_reader(options, nodes)
-    if options.rank_order == "topology":
-        layout.live, layout.order_note = _topology_first(live, position, domains_of)
-        layout.keys = [layout.key_of[f.name] for _, _, f in layout.live]
-        layout.at = {f.name: i for i, (_, _, f) in enumerate(layout.live)}
-    _place(layout, 0, len(layout.live), options, domains_of)
+        pods={pod_name(p): p for p in pods}, found=replace(found, live=(), excluded=()), rule=rule,
+        rows=_Rows([found.live[k] for k in order], [keys[k] for k in order],
+                   by_position=options.rank_order == "topology"),
+        census=census, nodes=dict(nodes) if nodes is not None and options.levels is not None else None,
+        provisional=provisional, order_note=order_note, dropped={e.name: e for e in found.excluded})
+    _place(layout, 0, len(order), options, domains_of)
     if memo is not None:
         memo.end()
     return layout
+
+
+def _counters_at(layout: _Layout, start: int) -> tuple[int, int, dict[str, int]]:
+    """(node rank, first rank, pods seen per role) at ``start``, from the members before it."""
+    if start == 0:
+        return 0, 0, {}
+    placed = layout.rows.placed
+    node_rank = min(start, layout.census.training)
+    last = placed[node_rank - 1] if node_rank else None
+    first_rank = last.first_rank + last.slots if last is not None and last.first_rank is not None else 0
+    seen: dict[str, int] = {}
+    for member in placed[:start]:
+        if member is not None:
+            seen[member.role] = seen.get(member.role, 0) + 1
+    return node_rank, first_rank, seen
 
 
 def _place(layout: _Layout, start: int, stop: int, options: Options,
@@ -461,21 +487,10 @@ def _place(layout: _Layout, start: int, stop: int, options: Options,
     """Give ``live[start:stop]`` their members: the one loop that decides NODE_RANK, RANK and ordinals.
     ``counters`` (node rank, first rank, pods seen per role) at ``start``; by default counted from the members
     before it."""
-    live, placed, me = layout.live, layout.placed, layout.found.me
-    position, left_out, slots_source = layout.position, layout.left_out, layout.slots_source
-    unplaced, provisional = layout.unplaced, layout.provisional
-    if counters is not None:
-        node_rank, first_rank, seen = counters
-    elif start == 0:
-        node_rank, first_rank, seen = 0, 0, {}
-    else:
-        node_rank = min(start, layout.training)
-        last = placed[node_rank - 1] if node_rank else None
-        first_rank = last.first_rank + last.slots if last is not None and last.first_rank is not None else 0
-        seen = {}
-        for member in placed[:start]:
-            if member is not None:
-                seen[member.role] = seen.get(member.role, 0) + 1
+    live, placed, me = layout.rows.live, layout.rows.placed, layout.found.me
+    position, left_out, slots_source = layout.rule.position, layout.left_out, layout.slots_source
+    unplaced, provisional, tally = layout.unplaced, layout.provisional, layout.tally.count
+    node_rank, first_rank, seen = counters if counters is not None else _counters_at(layout, start)
     by_ip = options.address == "ip"
     for at in range(start, stop):  # the sidecar's cost per join at 4096 pods: positional, no repeated lookups
         pod, ident, facts = live[at]
@@ -483,7 +498,7 @@ def _place(layout: _Layout, start: int, stop: int, options: Options,
         training = role in position
         old = placed[at]
         if old is not None:
-            layout.tally(old, -1)
+            tally(old, -1)
         if not training and by_ip and not facts.has_ip and pod is not me:
             # A pod that does not train is not waited for; until it has an IP it is left out of host lists.
             left_out.add(facts.name)
@@ -515,7 +530,7 @@ def _place(layout: _Layout, start: int, stop: int, options: Options,
             member = Member(facts.name, role, ident.index, ordinal, place[0], place[1], place[2], False, 0,
                             None, None, running, facts.node, domains_of(facts.node))
         placed[at] = member
-        layout.tally(member, 1)
+        tally(member, 1)
 
 
 def _check_roles(found: Collected, role_count: dict[str, int], options: Options) -> None:
@@ -533,10 +548,10 @@ def _check_roles(found: Collected, role_count: dict[str, int], options: Options)
 def _plan_of(layout: _Layout, options: Options) -> Plan:
     found = layout.found
     controller, me_id = found.controller, found.me_id
-    placed = layout.placed
+    placed = layout.rows.placed
     members: tuple[Member, ...] = tuple(m for m in placed if m is not None) if layout.left_out \
         else tuple(placed)  # type: ignore[arg-type]
-    rank0 = layout.live[0][0] if layout.training else None
+    rank0 = layout.rows.live[0][0] if layout.census.training else None
     master_port, port_source = _master_port(rank0, controller, options)
     me = found.me
     owner_uid = None
@@ -546,7 +561,7 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
     excluded = [*layout.dropped.values(), *(Excluded(name=n, reason=LEFT_OUT) for n in layout.left_out)]
     topology = Topology(
         controller=controller.key,
-        namespace=found.namespace,
+        namespace=found.scope.namespace,
         job=me_id.job,
         job_uid=owner_uid,
         self_name=pod_name(me),
@@ -565,40 +580,38 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
 def _remember_views(layout: _Layout, topology: Topology) -> None:
     """What the layout already knows about the members, so the renderers make no pass over them to find it
     (each pass over 4096 members costs 0.3-0.7 ms, most of it cache misses)."""
-    members, count = topology.members, layout.training
+    members, count, rows, rule = topology.members, layout.census.training, layout.rows, layout.rule
     last = members[count - 1] if count else None
     known: dict[str, Any] = {
         "training": members[:count],  # training members first, never left out
         "world_size": last.first_rank + last.slots if last is not None and last.first_rank is not None else 0,
-        "slot_sizes": frozenset(k for k, n in layout.sizes.items() if n),
+        "slot_sizes": frozenset(k for k, n in layout.tally.sizes.items() if n),
     }
-    if not layout.shared:
+    if not layout.tally.shared:
         known["repeated_hosts"] = ()  # every address is one member's: no pass over the members to find repeats
     me = topology.self_name
-    at = layout.at[me] if layout.at is not None else bisect.bisect_left(layout.keys, layout.key_of[me])
+    at = rows.find(me)
     if (at < count or not layout.left_out) and at < len(members) and members[at].name == me:
         known["me"] = members[at]
     left: dict[str, int] = {}
     for name in layout.left_out:
-        role = layout.key_of[name][2]  # a pod left out does not train: its key holds its role
+        role = rows.key_of[name][2]  # a pod left out does not train: its key holds its role
         left[role] = left.get(role, 0) + 1
-    present = {r for r, n in layout.role_count.items() if n > left.get(r, 0)}
+    present = {r for r, n in layout.census.role_count.items() if n > left.get(r, 0)}
     ordered = [r for r in topology.training_roles if r in present]
     known["roles"] = roles = (*ordered, *sorted(present - set(ordered)))
-    if not layout.left_out and layout.at is None and layout.found.explicit_roles and layout.coordinator is None:
-        keys, after, by_role = layout.keys, len(layout.position), {}
+    if not layout.left_out and rows.at is None and rule.explicit and rule.coordinator is None:
+        by_role = {}
         for role in roles:  # explicit roles in index order: each role is one block of the rank order
-            block = layout.position.get(role)
-            low, high = ((1, block), (1, block + 1)) if block is not None else \
-                ((2, after, role), (2, after, role + "\0"))
-            by_role[role] = members[bisect.bisect_left(keys, low):bisect.bisect_left(keys, high)]
+            low, high = rule.role_block(role)
+            by_role[role] = members[bisect.bisect_left(rows.keys, low):bisect.bisect_left(rows.keys, high)]
         known["_by_role"] = by_role
     topology.remember(**known)
 
 
-_NAME_OF = operator.attrgetter("name")
+# --- the planner: a layout kept between changes ---------------------------------------------------------------
+
 _UNKNOWN = object()
-_UNPLACED: tuple[str, str | None, str | None] = ("", None, None)
 FOLLOW_SCRATCH = 16  # Planner.follow: a layout from scratch at most once per len(pods) / this many calls
 
 
@@ -688,7 +701,6 @@ class Planner:
                  touched: Iterable[str] | None) -> str | None:
         """Carry the layout over to ``pods``: "same" (nothing changed), "in place" (no member arrived, left
         or moved) or "moved"; None when only planning from scratch can say (the layout is then unusable)."""
-        options = self.options
         if layout.nodes is not None and (nodes is None or layout.nodes != nodes):
             return None
         before = layout.pods
@@ -709,55 +721,13 @@ class Planner:
             return "same"
         if self.self_name in gone or self.self_name in changed or len(changed) + len(gone) > 64:
             return None  # this pod itself, or a burst: from scratch (the same cost as one pass)
-        found = layout.found
-        topology_order = layout.at is not None
-        domains_of = _domain_reader(options, nodes)
-        arriving: list[tuple[Live, SortKey]] = []
-        lowest = len(layout.live)
-        in_place: list[int] = []
-        moved = False  # a member arrived or left: the runs of ranks may differ (Topology.run_starts)
-        for name in [*changed, *gone]:
-            pod = pods.get(name)
-            new: Live | None = None
-            layout.dropped.pop(name, None)
-            if pod is not None:
-                facts = facts_of(pod, found.controller, options, found.pairs, self.memo, checked=self.checked)
-                if facts.namespace == found.namespace and facts.job == found.job:
-                    if facts.reason:
-                        layout.dropped[name] = Excluded(name=name, reason=facts.reason)
-                    elif facts.ident is None:
-                        return None  # planning from scratch says why
-                    else:
-                        new = (pod, facts.ident, facts)
-            old_key = layout.key_of.get(name)
-            if old_key is None:
-                if new is not None:
-                    arriving.append((new, self._key(layout, new)))
-                continue
-            at = layout.at[name] if layout.at is not None else bisect.bisect_left(layout.keys, old_key)
-            if new is not None:
-                key = self._key(layout, new)
-                _, old_ident, old_facts = layout.live[at]
-                if key == old_key and new[1] == old_ident and self._same_place(layout, old_facts, new[2]):
-                    layout.live[at] = new
-                    in_place.append(at)
-                    continue
-            if topology_order:
-                return None
-            self._leave(layout, at, name)
-            moved = True
-            lowest = min(lowest, at)
-            if new is not None:
-                arriving.append((new, self._key(layout, new)))
-        for new, key in arriving:
-            if topology_order:
-                return None
-            placed_at = self._arrive(layout, new, key)
-            if placed_at is None:
-                return None
-            lowest = min(lowest, placed_at)
-        _check_roles(found, layout.role_count, options)
-        if not found.explicit_roles and {r for r, n in layout.role_count.items() if n} != set(found.training_roles):
+        try:
+            lowest, in_place, moved = self._take(layout, pods, [*changed, *gone])
+        except _FromScratch:
+            return None
+        found, role_count = layout.found, layout.census.role_count
+        _check_roles(found, role_count, self.options)
+        if not found.explicit_roles and {r for r, n in role_count.items() if n} != set(found.training_roles):
             return None
         if touched is None:
             layout.pods = dict(pods)
@@ -766,65 +736,80 @@ class Planner:
                 layout.pods[name] = pods[name]
             for name in gone:
                 del layout.pods[name]
+        domains_of = _domain_reader(self.options, nodes)
         for at in in_place:
             if at < lowest:
                 self._replace(layout, at, domains_of)
-        if lowest < len(layout.live):
-            _place(layout, lowest, len(layout.live), options, domains_of)
-        return "moved" if moved or arriving else "in place"
+        if lowest < len(layout.rows.live):
+            _place(layout, lowest, len(layout.rows.live), self.options, domains_of)
+        return "moved" if moved else "in place"
 
-    def _key(self, layout: _Layout, live: Live) -> SortKey:
-        pod, ident, facts = live
-        return _sort_key(pod, ident, facts.name, layout.position, layout.found.explicit_roles, layout.coordinator)
+    def _take(self, layout: _Layout, pods: Mapping[str, RawPod], names: list[str]) -> tuple[int, list[int], bool]:
+        """Take the changes of ``names`` into the rows: a member whose key, identity and place stand is updated in
+        place; any other leaves, and arrives again at its new key while it is live. Returns the first position
+        whose members must be placed again, the positions updated in place, and whether a member arrived or left.
+        ``_FromScratch`` when only a layout from scratch can say (a refused identity, two pods claiming one index,
+        a move in the topology order)."""
+        rows = layout.rows
+        positions = rows.at  # None: index order, where the keys are sorted
+        arriving: list[tuple[Live, SortKey]] = []
+        lowest, in_place, moved = len(rows.live), [], False
+        scope, dropped, sort_key = layout.found.scope, layout.dropped, layout.rule.key
+        for name in names:
+            pod = pods.get(name)
+            new: Live | None = None
+            dropped.pop(name, None)
+            if pod is not None:
+                facts = facts_of(pod, scope.controller, self.options, scope.pairs, self.memo, checked=self.checked)
+                if scope.holds(facts):
+                    if facts.reason:
+                        dropped[name] = Excluded(name=name, reason=facts.reason)  # no member: noted, with why
+                    elif facts.ident is None:
+                        raise _FromScratch  # planning from scratch says why
+                    else:
+                        new = (pod, facts.ident, facts)
+            old_key = rows.key_of.get(name)
+            if old_key is None:
+                if new is not None:
+                    arriving.append((new, sort_key(new[0], new[1], name)))
+                continue
+            at = positions[name] if positions is not None else bisect.bisect_left(rows.keys, old_key)  # rows.find
+            if new is not None:
+                _, old_ident, old_facts = rows.live[at]
+                if sort_key(new[0], new[1], name) == old_key and new[1] == old_ident \
+                        and self._same_place(layout, old_facts, new[2]):
+                    rows.live[at] = new
+                    in_place.append(at)
+                    continue
+            if positions is not None:
+                raise _FromScratch
+            layout.leave(at, name)
+            moved, lowest = True, min(lowest, at)
+            if new is not None:
+                arriving.append((new, sort_key(new[0], new[1], name)))
+        for new, key in arriving:
+            if positions is not None:
+                raise _FromScratch
+            lowest = min(lowest, layout.arrive(new, key))
+        return lowest, in_place, moved or bool(arriving)
 
-    def _same_place(self, layout: _Layout, old: _Facts, new: _Facts) -> bool:
+    def _same_place(self, layout: _Layout, old: PodFacts, new: PodFacts) -> bool:
         """Can the pod keep its member's position and ranks: same slots, still in or out of the host lists (a
         training pod is never left out: its new IP is its member's new address, in place)."""
         if old.slots != new.slots:
             return False
-        if layout.at is not None and old.node != new.node:
+        if layout.rows.at is not None and old.node != new.node:
             return False  # topology order follows the nodes
         if self.options.address == "ip" and old.has_ip != new.has_ip:
-            return new.ident is not None and new.ident.role in layout.position
+            return new.ident is not None and new.ident.role in layout.rule.position
         return True
-
-    def _leave(self, layout: _Layout, at: int, name: str) -> None:
-        _, ident, _ = layout.live.pop(at)
-        del layout.keys[at]
-        old = layout.placed.pop(at)
-        if old is not None:
-            layout.tally(old, -1)
-        del layout.key_of[name]
-        layout.claims.pop((ident.role, ident.index), None)
-        layout.role_count[ident.role] -= 1
-        if ident.role in layout.position:
-            layout.training -= 1
-        layout.left_out.discard(name)
-        layout.unplaced.discard(name)
-        layout.slots_source.pop(name, None)
-
-    def _arrive(self, layout: _Layout, live: Live, key: SortKey) -> int | None:
-        _, ident, facts = live
-        claim = (ident.role, ident.index)
-        if claim in layout.claims:
-            return None  # two pods claim one index: planning from scratch names them
-        at = bisect.bisect_left(layout.keys, key)
-        layout.live.insert(at, live)
-        layout.keys.insert(at, key)
-        layout.placed.insert(at, None)
-        layout.key_of[facts.name] = key
-        layout.claims[claim] = facts.name
-        layout.role_count[ident.role] = layout.role_count.get(ident.role, 0) + 1
-        if ident.role in layout.position:
-            layout.training += 1
-        return at
 
     def _replace(self, layout: _Layout, at: int, domains_of: Callable[[str], tuple[str, ...] | None]) -> None:
         """The member at ``at`` from its pod's new facts, with the ranks and ordinal it had."""
-        old = layout.placed[at]
+        old = layout.rows.placed[at]
         if old is None:
             return  # left out before and after
-        _, ident, _ = layout.live[at]
+        _, ident, _ = layout.rows.live[at]
         seen = {old.role: old.ordinal if ident.ordinal < 0 else 0}
         counters = (old.node_rank or 0, old.first_rank or 0, seen)
         _place(layout, at, at + 1, self.options, domains_of, counters=counters)
@@ -844,21 +829,20 @@ def _domain_reader(options: Options, nodes: NodeLabels | None) -> Callable[[str]
     return domains_of
 
 
-def _topology_first(live: list[tuple[RawPod, Identity, _Facts]], position: dict[str, int],
-                    domains_of: Callable[[str], tuple[str, ...] | None]
-                    ) -> tuple[list[tuple[RawPod, Identity, _Facts]], str | None]:
-    """``--rank-order topology``: the training pods (first in ``live``) reordered by their domains; every pod
-    computes this from the same pods and Node labels, so all agree. Index order, and the reason, when any
-    training pod's domains are unknown: a partial order would differ between pods that know more or less."""
+def _topology_first(live: list[Live], position: dict[str, int], domains_of: Callable[[str], tuple[str, ...] | None]
+                    ) -> tuple[list[int], str | None]:
+    """``--rank-order topology``: the order of ``live`` (in index order, the training pods first) with the training
+    pods reordered by their domains; every pod computes this from the same pods and Node labels, so all agree.
+    Index order, and the reason, when any training pod's domains are unknown: a partial order would differ between
+    pods that know more or less."""
     count = sum(1 for _, ident, _ in live if ident.role in position)
-    training = live[:count]
     paths = []
-    for _, _, facts in training:
+    for _, _, facts in live[:count]:
         domains = domains_of(facts.node)
         if domains is None:
             # From the pod's facts alone (not its phase): the planner keeps a layout while a pod's facts stand.
             why = f"runs on node '{facts.node}' whose labels are unknown" if facts.node else \
                 "has no spec.nodeName (not scheduled yet, or listed without it)"
-            return live, f"pod '{facts.name}' {why}; ranks stay in index order"
+            return list(range(len(live))), f"pod '{facts.name}' {why}; ranks stay in index order"
         paths.append((*domains, facts.node))
-    return [training[i] for i in topology_order(paths)] + live[count:], None
+    return [*topology_order(paths), *range(count, len(live))], None

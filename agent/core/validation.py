@@ -122,7 +122,29 @@ def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
     already, which the caller keeps alive (the published rows' pods share one container object per shape)."""
     if type(pod) is not dict:
         raise InputError(f"a pod is {_shown(pod)}, not an object; the pod list cannot be used")
-    meta = _dict(pod, pod, "metadata", "metadata", required=True)
+    _check_metadata(pod, _dict(pod, pod, "metadata", "metadata", required=True))
+    spec = _dict(pod, pod, "spec", "spec")
+    for key in ("hostname", "subdomain"):
+        if key in spec and (type(spec[key]) is not str or not is_dns1123_label(spec[key])):
+            raise _fail(pod, ("spec", key), spec[key], "a DNS-1123 label")
+    if spec.get("nodeName", "") != "" and (type(spec["nodeName"]) is not str
+                                           or not is_dns1123_subdomain(spec["nodeName"])):
+        raise _fail(pod, ("spec", "nodeName"), spec["nodeName"], "a DNS-1123 subdomain (a Node name)")
+    for i, container in enumerate(_list_of_dicts(pod, spec, "containers", "spec.containers")):
+        if seen is not None and id(container) in seen:
+            continue
+        _check_container(pod, container, i)
+        if seen is not None:
+            seen.add(id(container))  # only once every check passed
+    status = _dict(pod, pod, "status", "status")
+    for key in ("phase", "podIP"):
+        _string(pod, status, key, ("status", key))
+    for i, entry in enumerate(_list_of_dicts(pod, status, "podIPs", "status.podIPs")):
+        _string(pod, entry, "ip", ("status", "podIPs", i, "ip"))
+    return pod
+
+
+def _check_metadata(pod: dict[str, Any], meta: dict[str, Any]) -> None:
     name = meta.get("name")
     if type(name) is not str or not is_dns1123_subdomain(name):
         raise _fail(pod, "metadata.name", name, "a DNS-1123 subdomain (what Kubernetes allows for pod names)")
@@ -135,28 +157,21 @@ def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
     for i, ref in enumerate(_list_of_dicts(pod, meta, "ownerReferences", "metadata.ownerReferences")):
         for key in ("apiVersion", "kind", "name", "uid"):
             _string(pod, ref, key, ("metadata", "ownerReferences", i, key))
-    spec = _dict(pod, pod, "spec", "spec")
-    for key in ("hostname", "subdomain"):
-        if key in spec and (type(spec[key]) is not str or not is_dns1123_label(spec[key])):
-            raise _fail(pod, ("spec", key), spec[key], "a DNS-1123 label")
-    if spec.get("nodeName", "") != "" and (type(spec["nodeName"]) is not str
-                                           or not is_dns1123_subdomain(spec["nodeName"])):
-        raise _fail(pod, ("spec", "nodeName"), spec["nodeName"], "a DNS-1123 subdomain (a Node name)")
-    for i, container in enumerate(_list_of_dicts(pod, spec, "containers", "spec.containers")):
-        if seen is not None and id(container) in seen:
-            continue
-        _string(pod, container, "image", ("spec", "containers", i, "image"))
-        cname = container.get("name")
-        if "name" in container and (type(cname) is not str or not is_dns1123_label(cname)):
-            raise _fail(pod, ("spec", "containers", i, "name"), cname, "a DNS-1123 label (a container name)")
-        for key in ("command", "args"):
-            value = container.get(key)
-            if key in container and (type(value) is not list or not all(type(a) is str for a in value)):
-                raise _fail(pod, ("spec", "containers", i, key), value, "a list of strings")
-        env = _list_of_dicts(pod, container, "env", ("spec", "containers", i, "env"))
-        if all(type(e.get("name")) is str and type(e.get("value", "")) is str and type(e.get("valueFrom", {})) is dict
-               for e in env):
-            env = []  # all good: the loop below finds the bad entry when there is one
+
+
+def _check_container(pod: dict[str, Any], container: dict[str, Any], i: int) -> None:
+    """Container ``i`` of ``spec.containers``, field by field."""
+    _string(pod, container, "image", ("spec", "containers", i, "image"))
+    cname = container.get("name")
+    if "name" in container and (type(cname) is not str or not is_dns1123_label(cname)):
+        raise _fail(pod, ("spec", "containers", i, "name"), cname, "a DNS-1123 label (a container name)")
+    for key in ("command", "args"):
+        value = container.get(key)
+        if key in container and (type(value) is not list or not all(type(a) is str for a in value)):
+            raise _fail(pod, ("spec", "containers", i, key), value, "a list of strings")
+    env = _list_of_dicts(pod, container, "env", ("spec", "containers", i, "env"))
+    if not all(type(e.get("name")) is str and type(e.get("value", "")) is str and type(e.get("valueFrom", {})) is dict
+               for e in env):  # all good is the common case: only then is each entry looked at to say which
         for j, entry in enumerate(env):
             if type(entry.get("name")) is not str:
                 raise _fail(pod, ("spec", "containers", i, "env", j, "name"), entry.get("name"), "a string")
@@ -164,26 +179,16 @@ def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
                 raise _fail(pod, ("spec", "containers", i, "env", j, "value"), entry["value"], "a string")
             if "valueFrom" in entry and type(entry["valueFrom"]) is not dict:
                 raise _fail(pod, ("spec", "containers", i, "env", j, "valueFrom"), entry["valueFrom"], "an object")
-        resources = _dict(pod, container, "resources", ("spec", "containers", i, "resources"))
-        for key in ("limits", "requests"):
-            quantities = _dict(pod, resources, key, ("spec", "containers", i, "resources", key))
-            for resource, quantity in quantities.items():
-                if type(quantity) not in (str, int):
-                    raise _fail(pod, ("spec", "containers", i, "resources", key, resource), quantity, "a quantity")
-        for j, port in enumerate(_list_of_dicts(pod, container, "ports", ("spec", "containers", i, "ports"))):
-            _string(pod, port, "name", ("spec", "containers", i, "ports", j, "name"))
-            number = port.get("containerPort")
-            if number is not None and (type(number) is not int or not 1 <= number <= 65535):
-                raise _fail(pod, ("spec", "containers", i, "ports", j, "containerPort"), number,
-                            "a port from 1 to 65535")
-        if seen is not None:
-            seen.add(id(container))  # only once every check passed
-    status = _dict(pod, pod, "status", "status")
-    for key in ("phase", "podIP"):
-        _string(pod, status, key, ("status", key))
-    for i, entry in enumerate(_list_of_dicts(pod, status, "podIPs", "status.podIPs")):
-        _string(pod, entry, "ip", ("status", "podIPs", i, "ip"))
-    return pod
+    resources = _dict(pod, container, "resources", ("spec", "containers", i, "resources"))
+    for key in ("limits", "requests"):
+        for resource, quantity in _dict(pod, resources, key, ("spec", "containers", i, "resources", key)).items():
+            if type(quantity) not in (str, int):
+                raise _fail(pod, ("spec", "containers", i, "resources", key, resource), quantity, "a quantity")
+    for j, port in enumerate(_list_of_dicts(pod, container, "ports", ("spec", "containers", i, "ports"))):
+        _string(pod, port, "name", ("spec", "containers", i, "ports", j, "name"))
+        number = port.get("containerPort")
+        if number is not None and (type(number) is not int or not 1 <= number <= 65535):
+            raise _fail(pod, ("spec", "containers", i, "ports", j, "containerPort"), number, "a port from 1 to 65535")
 
 
 def index_value(pod: dict[str, Any], key: str, raw: str, *, fix: str) -> int:

@@ -29,9 +29,9 @@ from agent.core.placement import (
     domains_used,
     parse_levels,
     ring_crossings,
-    topology_order,
 )
 from agent.core.published import decode, pack
+from agent.core.topology import topology_order
 from agent.errors import InputError
 from tests.conftest import env_of
 

@@ -391,7 +391,7 @@ def test_the_memo_lets_go_of_a_pods_earlier_facts_once_it_holds_the_new_ones():
     follows), a pod's new facts replace those of its earlier version at once, not at the next computation."""
     import weakref
 
-    from agent.core.topology import Memo
+    from agent.core.facts import Memo
 
     class Facts:
         pass

@@ -1,0 +1,189 @@
+"""What one pod object says of itself, whatever the other pods say: whether it is gone, its job, its identity
+(by its controller's rules), the address its peers reach it by and its process count; or the error to raise if
+it is used. Computed once per pod version (``Memo``): the sidecar and init's wait see each pod many times.
+
+Nothing here relates one pod to another: the rank order and the members are topology.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from agent.core.containers import pick_trainer_container, resolve_nproc
+from agent.core.controllers import Controller, selector_matches
+from agent.core.model import Identity, Options, RawPod
+from agent.core.pods import pod_ip, pod_name
+from agent.core.validation import check_pod, dns_value, ip_value
+from agent.errors import InputError
+
+T = TypeVar("T")
+
+
+class Memo:
+    """Per-pod results (identity, address, slots) remembered by (pod name, resourceVersion).
+
+    A pod's facts depend only on the pod object and the options, and the API server changes resourceVersion
+    whenever the object changes, so a long-lived caller (the sidecar) recomputes only the pods that changed.
+    One version per pod is held: a pod's new version replaces its old one (init's wait sees every pod of a
+    large job twice, without and with its IP). Entries of pods not seen in the last computation are dropped.
+    Results are the same with or without it.
+    """
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._old: dict[tuple[str, str], tuple[str, object]] = {}  # (kind, name) -> (resourceVersion, result)
+        self._new: dict[tuple[str, str], tuple[str, object]] = {}
+
+    def begin(self) -> None:
+        self._old, self._new = {**self._old, **self._new}, {}
+
+    def end(self) -> None:
+        self._old, self._new = self._new, {}
+
+    @staticmethod
+    def _key(kind: str, pod: RawPod) -> tuple[tuple[str, str], str] | None:
+        try:
+            meta = pod["metadata"]
+            name, rv = meta["name"], meta["resourceVersion"]
+        except (KeyError, TypeError):
+            return None  # no key to remember it by (and an odd pod: computing refuses it)
+        if type(name) is not str or type(rv) is not str or not rv:
+            return None
+        return (kind, name), rv
+
+    def lookup(self, kind: str, pod: RawPod) -> tuple[tuple[tuple[str, str], str] | None, object]:
+        """(key, remembered value or ``_MISSING``): the per-change hot path, without building a closure."""
+        key = self._key(kind, pod)
+        if key is None:
+            return None, _MISSING
+        slot, rv = key
+        held = self._new.get(slot)
+        if held is not None and held[0] == rv:
+            return key, held[1]
+        held = self._old.get(slot)
+        if held is not None and held[0] == rv:
+            self._new[slot] = held
+            return key, held[1]
+        return key, _MISSING
+
+    def store(self, key: tuple[tuple[str, str], str] | None, value: T) -> T:
+        if key is not None:
+            self._new[key[0]] = (key[1], value)
+            self._old.pop(key[0], None)  # the pod's earlier version is not asked for again: let it go now
+        return value
+
+
+_MISSING = object()
+
+
+def why_not_member(pod: RawPod) -> str | None:
+    """Terminating, Failed and Succeeded pods are gone for training purposes, whatever their labels say."""
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return "terminating (deletionTimestamp is set)"
+    phase = pod.get("status", {}).get("phase")
+    if phase in ("Failed", "Succeeded"):
+        return f"phase {phase}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """What one pod object says, independent of the other pods (memoised per resourceVersion)."""
+
+    name: str
+    namespace: str
+    job: str | None
+    reason: str | None
+    ident: Identity | None
+    error: InputError | None
+    has_ip: bool = False
+    place: tuple[str, str | None, str | None] | None = None  # address, DNS name, IP
+    place_error: InputError | None = None
+    slots: tuple[int, str] | None = None  # processes, the rule that decided
+    slots_error: InputError | None = None
+    node: str = ""  # spec.nodeName
+
+
+def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
+    """The result, or the error to raise later, without its traceback: a kept traceback holds its frames and
+    their locals (the pod among them), ~1 KB per pod for every pod still without an IP."""
+    try:
+        return compute(), None
+    except InputError as err:
+        return None, err.with_traceback(None)
+
+
+Sizes = dict[int, tuple[object, tuple[int, str]]]  # id(container) -> (the container, its process count)
+
+
+def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None, *,
+           checked: bool = False, sizes: Sizes | None = None) -> PodFacts:
+    if not checked:
+        check_pod(pod)
+    meta = pod.get("metadata", {})
+    namespace = meta.get("namespace", "default")
+    matched = pairs is None or selector_matches(pod, pairs)
+    job = controller.job_of(pod) if pairs is None else (options.selector if matched else None)
+    reason = why_not_member(pod)
+    name = meta.get("name", "")
+    if job is None or reason is not None:
+        return PodFacts(name=name, namespace=namespace, job=job, reason=reason, ident=None, error=None)
+    ident, error = _attempt(lambda: controller.identify(pod, options))
+    if ident is None:
+        return PodFacts(name=name, namespace=namespace, job=job, reason=reason, ident=None, error=error)
+    place, place_error = _attempt(lambda: _address(pod, ident, controller, namespace, options))
+    slots, slots_error = _attempt(lambda: _slots(pod, options, sizes))
+    return PodFacts(name=name, namespace=namespace, job=job, reason=reason, ident=ident, error=None,
+                  has_ip=bool(pod_ip(pod)), place=place, place_error=place_error, slots=slots, slots_error=slots_error,
+                  node=pod.get("spec", {}).get("nodeName") or "")
+
+
+def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str]:
+    """The pod's process count; ``sizes`` remembers it per container object for one pass (the pods a follower
+    builds from the published rows share one container object per shape: 4096 pods, a handful of shapes).
+    The count depends on the container alone (the pod's name is only in the messages, and a refusal is not
+    remembered). The entry holds the container, so its id is not reused while the entry lives."""
+    container = pick_trainer_container(pod, options.container)
+    if sizes is None or container is None:
+        return resolve_nproc(pod, container, options)
+    known = sizes.get(id(container))
+    if known is None:
+        known = sizes[id(container)] = (container, resolve_nproc(pod, container, options))
+    return known[1]
+
+
+def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str,
+             options: Options) -> tuple[str, str | None, str | None]:
+    name = pod_name(pod)
+    raw_ip = pod_ip(pod)
+    ip = ip_value(pod, raw_ip) if raw_ip else None  # type: ignore[arg-type]
+    dns = controller.dns_name(pod, ident, namespace, options.cluster_domain)
+    if dns is not None:
+        dns = dns_value(pod, dns, field="spec.hostname/spec.subdomain or the job's labels")  # type: ignore[arg-type]
+    if options.address == "ip":
+        if not ip:
+            raise InputError(
+                f"pod '{name}': status.podIP is empty and --address ip needs it; wait until the pod is "
+                "scheduled (init does), or use --address dns"
+            )
+        return ip, dns, ip
+    if not dns:
+        raise InputError(
+            f"pod '{name}': no DNS name (spec.hostname/spec.subdomain unset and {controller.title} gives none); "
+            "set spec.subdomain to a headless Service, or use --address ip"
+        )
+    return dns, dns, ip
+
+
+def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,
+             memo: Memo | None, *, checked: bool = False, sizes: Sizes | None = None) -> PodFacts:
+    """What one pod object says (identity, address, slots, or why it is not a member), once per resourceVersion.
+    ``checked``: the caller already passed the pod through ``check_pod`` (init's intake does, for every event)."""
+    if memo is None:
+        return _facts(pod, controller, options, pairs, checked=checked, sizes=sizes)
+    key, value = memo.lookup("facts", pod)
+    if value is not _MISSING:
+        return value  # type: ignore[return-value]
+    return memo.store(key, _facts(pod, controller, options, pairs, checked=checked, sizes=sizes))
