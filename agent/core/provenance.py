@@ -22,7 +22,7 @@ from agent.core.controllers import Controller
 from agent.core.gang import Roster
 from agent.core.journal import journal_name
 from agent.core.model import Options, RawPod
-from agent.core.topology import object_name
+from agent.core.pods import object_name
 from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
 

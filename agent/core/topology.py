@@ -38,9 +38,6 @@ from agent.core.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains
 from agent.core.pods import find_pod, host_name, pod_name
-from agent.core.pods import object_name as object_name  # re-exported: runtime.publishing, core.provenance
-from agent.core.pods import pod_ip as pod_ip  # re-exported: runtime.sidecar.membership
-from agent.core.pods import slim_pod as slim_pod  # re-exported: runtime.sidecar (following, membership)
 from agent.errors import InputError
 
 

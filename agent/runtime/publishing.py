@@ -24,10 +24,11 @@ from agent.core.journal import (
 )
 from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
+from agent.core.pods import object_name
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_body, select_value
 from agent.core.summary import SUMMARY_KEY, summarize, summary_text
-from agent.core.topology import NodeLabels, Plan, object_name
+from agent.core.topology import NodeLabels, Plan
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound
 from agent.k8s.retrying import retried
 from agent.runtime.memory import release_memory

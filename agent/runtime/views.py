@@ -19,9 +19,10 @@ from typing import Any, Protocol
 from agent.core.gang import Roster
 from agent.core.journal import JOURNAL_KEY, Journal, PublishedState, journal_name, read_journal, state_from
 from agent.core.model import Options, RawPod
+from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
 from agent.core.published import Compactor
 from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
-from agent.core.topology import Plan, object_name, pod_ip, pod_name, slim_pod
+from agent.core.topology import Plan
 from agent.core.validation import split_pods
 from agent.errors import ApiGone, InputError
 from agent.k8s.core import WatchEvent
