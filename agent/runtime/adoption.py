@@ -61,7 +61,7 @@ def excessive_aliasing(decoded: int, aliased: int) -> bool:
 @functools.cache
 def _bounded_composer() -> type[Composer]:
     """ruamel's Composer, refusing nesting past MAX_DEPTH and counting what go-yaml's decoder would decode while
-    the document is composed.
+    the document is composed (made when first needed: ruamel is loaded only for YAML input).
 
     go-yaml counts one node per unmarshal call, expanding every alias (the alias node, then the whole anchored
     node again, each of those counted as alias-driven), and checks the rule at each. Here each composed node
@@ -72,64 +72,74 @@ def _bounded_composer() -> type[Composer]:
     composed (a document that contains itself) is refused, as go-yaml refuses it.
     """
     from ruamel.yaml.composer import Composer
+
+    return type("BoundedComposer", (Composer,), {
+        "__init__": _composer_init, "_reset": _composer_reset, "compose_document": _compose_document,
+        "_tally": _composer_tally, "compose_node": _compose_node,
+        "compose_mapping_node": lambda self, anchor: _block_if_multiline(
+            Composer.compose_mapping_node(self, anchor), self.loader),
+        "compose_sequence_node": lambda self, anchor: _block_if_multiline(
+            Composer.compose_sequence_node(self, anchor), self.loader)})
+
+
+def _composer_init(self: Any, loader: Any = None) -> None:
+    from ruamel.yaml.composer import Composer
+
+    Composer.__init__(self, loader)
+    self.warn_double_anchors = False  # YAML lets an anchor be defined again; the last one counts
+    self._reset()
+
+
+def _composer_reset(self: Any) -> None:
+    self.decoded, self.aliased = 1, 0  # go-yaml counts the document node first
+    self.sizes = {}  # id(anchored node) -> its expanded size, once composed
+    self.open_sizes = []  # the expanded size so far of each node being composed
+
+
+def _compose_document(self: Any) -> Any:
+    from ruamel.yaml.composer import Composer
+
+    self._reset()
+    return Composer.compose_document(self)
+
+
+def _composer_tally(self: Any, decoded: int, aliased: int, mark: Any) -> None:
+    self.decoded += decoded
+    self.aliased += aliased
+    if excessive_aliasing(self.decoded, self.aliased):
+        raise InputError(f"the input's YAML aliases expand past what kubectl accepts ('excessive "
+                         f"aliasing', CVE-2019-11253): by line {mark.line + 1}, {self.aliased} of the "
+                         f"document's {self.decoded} nodes come from aliases, more than "
+                         f"{allowed_alias_ratio(self.decoded):.0%}; write the objects out, or alias less")
+
+
+def _compose_node(self: Any, parent: Any, index: Any) -> Any:
+    from ruamel.yaml.composer import Composer
     from ruamel.yaml.events import AliasEvent
 
-    class BoundedComposer(Composer):
-        def __init__(self, loader: Any = None) -> None:
-            super().__init__(loader)
-            self.warn_double_anchors = False  # YAML lets an anchor be defined again; the last one counts
-            self._reset()
-
-        def _reset(self) -> None:
-            self.decoded, self.aliased = 1, 0  # go-yaml counts the document node first
-            self.sizes: dict[int, int] = {}  # id(anchored node) -> its expanded size, once composed
-            self.open_sizes: list[int] = []  # the expanded size so far of each node being composed
-
-        def compose_document(self) -> Any:
-            self._reset()
-            return super().compose_document()
-
-        def _tally(self, decoded: int, aliased: int, mark: Any) -> None:
-            self.decoded += decoded
-            self.aliased += aliased
-            if excessive_aliasing(self.decoded, self.aliased):
-                raise InputError(f"the input's YAML aliases expand past what kubectl accepts ('excessive "
-                                 f"aliasing', CVE-2019-11253): by line {mark.line + 1}, {self.aliased} of the "
-                                 f"document's {self.decoded} nodes come from aliases, more than "
-                                 f"{allowed_alias_ratio(self.decoded):.0%}; write the objects out, or alias less")
-
-        def compose_mapping_node(self, anchor: Any) -> Any:
-            return _block_if_multiline(super().compose_mapping_node(anchor), self.loader)
-
-        def compose_sequence_node(self, anchor: Any) -> Any:
-            return _block_if_multiline(super().compose_sequence_node(anchor), self.loader)
-
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.parser.check_event(AliasEvent):
-                event = self.parser.peek_event()
-                node = super().compose_node(parent, index)
-                size = self.sizes.get(id(node))
-                if size is None:
-                    raise InputError(f"the input's YAML anchor {event.anchor!r} contains an alias of itself at "
-                                     f"line {event.start_mark.line + 1}: it would never end; write it out")
-                self._tally(1, 0, event.start_mark)  # the alias node, then the anchored node again
-                self._tally(size, size, event.start_mark)
-                self.open_sizes[-1] += 1 + size
-                return node
-            mark = self.parser.peek_event().start_mark
-            if len(self.open_sizes) >= MAX_DEPTH + 1:  # as deep as a scalar under MAX_DEPTH collections
-                raise InputError(f"{TOO_DEEP} (line {mark.line + 1})")
-            self._tally(1, 0, mark)
-            self.open_sizes.append(1)
-            node = super().compose_node(parent, index)
-            size = self.open_sizes.pop()
-            if self.open_sizes:
-                self.open_sizes[-1] += size
-            if node.anchor is not None:
-                self.sizes[id(node)] = size
-            return node
-
-    return BoundedComposer
+    if self.parser.check_event(AliasEvent):
+        event = self.parser.peek_event()
+        node = Composer.compose_node(self, parent, index)
+        size = self.sizes.get(id(node))
+        if size is None:
+            raise InputError(f"the input's YAML anchor {event.anchor!r} contains an alias of itself at "
+                             f"line {event.start_mark.line + 1}: it would never end; write it out")
+        self._tally(1, 0, event.start_mark)  # the alias node, then the anchored node again
+        self._tally(size, size, event.start_mark)
+        self.open_sizes[-1] += 1 + size
+        return node
+    mark = self.parser.peek_event().start_mark
+    if len(self.open_sizes) >= MAX_DEPTH + 1:  # as deep as a scalar under MAX_DEPTH collections
+        raise InputError(f"{TOO_DEEP} (line {mark.line + 1})")
+    self._tally(1, 0, mark)
+    self.open_sizes.append(1)
+    node = Composer.compose_node(self, parent, index)
+    size = self.open_sizes.pop()
+    if self.open_sizes:
+        self.open_sizes[-1] += size
+    if node.anchor is not None:
+        self.sizes[id(node)] = size
+    return node
 
 
 class _Refused(ValueError):
@@ -545,22 +555,7 @@ def _comments_before_what_follows(docs: list[Any], indentation: Mapping[str, int
     is not the agent's, where ruamel writes it at the same place; with no such entry after it, after the last
     leaf that is not the agent's (the agent's appended entries then come after it, run after run). A comment at
     the end of its line and blank lines alone stay where they are."""
-    from ruamel.yaml.comments import CommentedBase, CommentedMap, CommentedSeq
-    from ruamel.yaml.error import CommentMark
-    from ruamel.yaml.tokens import CommentToken
-
-    def lines_of(tokens: list[Any]) -> list[Any]:
-        """Comment tokens, one a line (with the blank lines under it), each at its own column."""
-        found: list[Any] = []
-        for token in tokens:
-            column = token.start_mark.column if token.start_mark is not None else 0  # of its first line
-            for n, line in enumerate(token.value.splitlines(keepends=True)):
-                if line.strip():
-                    indent = len(line) - len(line.lstrip()) + (column if n == 0 else 0)
-                    found.append(CommentToken(line.strip() + "\n", CommentMark(indent), None))
-                elif found:
-                    found[-1].value = found[-1].value + "\n"
-        return found
+    from ruamel.yaml.comments import CommentedBase
 
     for root in docs:
         if not isinstance(root, CommentedBase) or getattr(root, "lc", None) is None:
@@ -576,34 +571,69 @@ def _comments_before_what_follows(docs: list[Any], indentation: Mapping[str, int
         before: dict[int, tuple[_Entry, list[Any]]] = {}
         leaf: _Entry | None = None  # the last leaf so far that is not the agent's
         for entry, following in zip(entries, nexts, strict=True):
-            moved: list[Any] = []
-            item = entry.owner.ca.items.get(entry.key)
-            if entry.agent and item and isinstance(entry.owner, CommentedSeq) and isinstance(item[1], list):
-                moved += item[1]  # before one of the agent's items
-                item[1] = None
-            index = 2 if isinstance(entry.owner, CommentedMap) else 0
-            token = item[index] if item and len(item) > index else None
-            if token is not None and isinstance(token.value, str) and "#" in token.value.partition("\n")[2]:
-                eol, _, rest = token.value.partition("\n")
-                lines = rest.splitlines(keepends=True)
-                first = next(i for i, line in enumerate(lines) if "#" in line)
-                if following is not None or entry.agent:
-                    item[index] = CommentToken((eol + "\n" if eol else "\n") + "".join(lines[:first]),
-                                               token.start_mark, None) if eol or first else None
-                    moved += [CommentToken("".join(lines[first:]), CommentMark(0), None)]
-            if moved:
-                if following is not None:
-                    before.setdefault(id(following), (following, []))[1].extend(lines_of(moved))
-                elif leaf is not None and leaf is not entry:
-                    slot = leaf.owner.ca.items.setdefault(leaf.key, [None, None, None, None])
-                    at = 2 if isinstance(leaf.owner, CommentedMap) else 0
-                    text = "".join(" " * t.start_mark.column + t.value for t in lines_of(moved))
-                    slot[at] = CommentToken((slot[at].value if slot[at] is not None else "\n") + text,
-                                            CommentMark(0), None)
+            moved = _comments_to_move(entry, following)
+            if moved and following is not None:
+                before.setdefault(id(following), (following, []))[1].extend(_comment_lines(moved))
+            elif moved and leaf is not None and leaf is not entry:
+                _after_leaf(leaf, moved)
             if not entry.agent and entry.leaf:
                 leaf = entry
         for target, tokens in before.values():
             _add_before(target, tokens)
+
+
+def _comments_to_move(entry: _Entry, following: _Entry | None) -> list[Any]:
+    """The comments on lines of their own that ruamel keeps with ``entry``, taken off it: those before one of the
+    agent's items, and those after it when something follows (or it is the agent's)."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    from ruamel.yaml.error import CommentMark
+    from ruamel.yaml.tokens import CommentToken
+
+    moved: list[Any] = []
+    item = entry.owner.ca.items.get(entry.key)
+    if entry.agent and item and isinstance(entry.owner, CommentedSeq) and isinstance(item[1], list):
+        moved += item[1]  # before one of the agent's items
+        item[1] = None
+    index = 2 if isinstance(entry.owner, CommentedMap) else 0
+    token = item[index] if item and len(item) > index else None
+    if token is not None and isinstance(token.value, str) and "#" in token.value.partition("\n")[2]:
+        eol, _, rest = token.value.partition("\n")
+        lines = rest.splitlines(keepends=True)
+        first = next(i for i, line in enumerate(lines) if "#" in line)
+        if following is not None or entry.agent:
+            item[index] = CommentToken((eol + "\n" if eol else "\n") + "".join(lines[:first]),
+                                       token.start_mark, None) if eol or first else None
+            moved += [CommentToken("".join(lines[first:]), CommentMark(0), None)]
+    return moved
+
+
+def _after_leaf(leaf: _Entry, moved: list[Any]) -> None:
+    """Comments with nothing of the user's after them: after the last leaf that is not the agent's."""
+    from ruamel.yaml.comments import CommentedMap
+    from ruamel.yaml.error import CommentMark
+    from ruamel.yaml.tokens import CommentToken
+
+    slot = leaf.owner.ca.items.setdefault(leaf.key, [None, None, None, None])
+    at = 2 if isinstance(leaf.owner, CommentedMap) else 0
+    text = "".join(" " * t.start_mark.column + t.value for t in _comment_lines(moved))
+    slot[at] = CommentToken((slot[at].value if slot[at] is not None else "\n") + text, CommentMark(0), None)
+
+
+def _comment_lines(tokens: list[Any]) -> list[Any]:
+    """Comment tokens, one a line (with the blank lines under it), each at its own column."""
+    from ruamel.yaml.error import CommentMark
+    from ruamel.yaml.tokens import CommentToken
+
+    found: list[Any] = []
+    for token in tokens:
+        column = token.start_mark.column if token.start_mark is not None else 0  # of its first line
+        for n, line in enumerate(token.value.splitlines(keepends=True)):
+            if line.strip():
+                indent = len(line) - len(line.lstrip()) + (column if n == 0 else 0)
+                found.append(CommentToken(line.strip() + "\n", CommentMark(indent), None))
+            elif found:
+                found[-1].value = found[-1].value + "\n"
+    return found
 
 
 def _ends_to_leaves(root: Any) -> None:
