@@ -380,7 +380,7 @@ def as_list(pods: list[Pod]) -> dict[str, Any]:
 
 
 # The shipped examples/*.json: the same jobs as manifests/examples/ (sizes, resources), so that the tables in
-# docs/controllers.md describe both (tests/test_manifests.py checks).
+# docs/controllers.md describe both (tests/shipped/test_manifests.py checks).
 def _volcano_example() -> list[Pod]:
     pods = volcano_job(tasks=(("master", 1), ("worker", 3), ("extras", 2)), cpu="2")
     racks(pods)  # each pod on its node, racks a and b in turn: examples/volcano-nodes.json holds the Nodes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("fuzz", Path(__file__).resolve().parent.parent / "bench" / "fuzz.py")
+SPEC = importlib.util.spec_from_file_location("fuzz", Path(__file__).resolve().parents[2] / "bench" / "fuzz.py")
 fuzz = importlib.util.module_from_spec(SPEC)  # type: ignore[arg-type]
 SPEC.loader.exec_module(fuzz)  # type: ignore[union-attr]
 

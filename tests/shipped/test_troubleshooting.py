@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RAISE = re.compile(r"(InputError|GangTimeout|OutputError|ApiError|ApiForbidden|ApiNotFound|ApiGone|ApiUnavailable)"
                    r"\(\s*(f?\"(?:[^\"\\]|\\.)*\"(?:\s*f?\"(?:[^\"\\]|\\.)*\")*)", re.S)
 

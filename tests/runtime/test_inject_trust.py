@@ -20,7 +20,7 @@ from agent.errors import InputError
 from agent.flags.parser import check_command_line
 from agent.runtime.adoption import inject_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def inject(text: str, settings: Settings | None = None) -> str:
@@ -121,7 +121,7 @@ def test_a_shipped_hand_written_example_is_refused_with_what_to_do(capsys, monke
     which pieces are the agent's; it says to apply such a job as it is."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "manifests" / "examples" / "pytorchjob.yaml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "manifests" / "examples" / "pytorchjob.yaml").read_text()
     line = one_line_exit_2(text, capsys, monkeypatch)
     assert "init container 'topology-agent'" in line and "apply the job without inject" in line, line
 

@@ -19,7 +19,7 @@ from agent.core.injection import INJECTED, KEYS, PREFIX, Settings
 from agent.errors import InputError
 from agent.runtime.adoption import inject_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HANDMADE = [
     {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": {
         PREFIX + "ssh-secret": "s", PREFIX + "trainer-match": "python", PREFIX + "sidecar": "true"}},

@@ -24,7 +24,7 @@ from agent.flags.parser import build_parser, check_command_line
 from agent.runtime.adoption import inject_text
 from tests.manifest_pods import pod_templates, pods_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 UPSTREAM = sorted((ROOT / "tests" / "upstream").glob("*.yaml"))
 K8S_VERSION = "1.32"

@@ -17,7 +17,7 @@ from agent.flags.common import options_from_args
 from agent.flags.parser import build_parser
 from tests.manifest_pods import pod_templates, pods_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 RBAC = sorted((ROOT / "manifests" / "rbac").glob("**/*.yaml")) \
     + sorted((ROOT / "manifests" / "apf").glob("*.yaml")) \

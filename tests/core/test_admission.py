@@ -24,7 +24,7 @@ from agent.errors import InputError
 from agent.flags.parser import check_command_line
 from agent.runtime.adoption import inject_text
 from tests.manifest_pods import pods_for
-from tests.test_inject import (
+from tests.runtime.test_inject import (
     ALL_JOBS,
     RENDERABLE,
     _validate_template,

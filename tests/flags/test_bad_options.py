@@ -19,7 +19,7 @@ import pytest
 from agent.cli import main
 from agent.flags.parser import build_parser
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PODS = str(EXAMPLES / "volcano-pods.json")
 BLOCKER = "@blocker"  # replaced by a path below a regular file: no one, not even root, can create it
 MISSING = "/nonexistent/topology-agent-test"
