@@ -6,7 +6,7 @@ Layers, low to high, each importing only those below it (import-linter contracts
 ``agent.files`` (atomic writes), ``agent.ssh`` (key material) and ``agent.sandbox`` (the sandbox API server),
 independent of each other; ``agent.flags`` (the command line's grammar: each command's flags, their checks and
 the settings they give); ``agent.runtime`` (init, the sidecar, the webhook); ``agent.cli`` (dispatch, exit codes,
-the process's life).
+the process's life). ``agent.trainer``, for training scripts, stands apart: it imports nothing else of the agent.
 docs/architecture.md has the module map and the data paths.
 """
 

@@ -17,7 +17,6 @@ each overriding the one before. Keys named like a command-line flag of init or t
 
 from __future__ import annotations
 
-import copy
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -553,34 +552,38 @@ def elastic_of(template: Template) -> str | None:
     return template.elastic
 
 
-def inject(template: Template, *, version: str) -> dict[str, Any]:
-    """Add the agent to one pod template (in place) and return the template. Refuses, with one line, what it
-    cannot make work: a template with no container, or SSH files for a user it cannot know."""
-    pod = template.template
-    spec = pod.get("spec")
+def _injectable_spec(template: Template) -> dict[str, Any]:
+    """The template's pod spec, checked and cleared of an earlier injection (or of names reserved for the agent)."""
+    spec = template.template.get("spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
         raise InputError(f"{template.where}: the pod template has no spec.containers; nothing to add the agent "
                          "to")
-    check_shape(template.where, pod)
-    settings = template.settings
+    check_shape(template.where, template.template)
     if is_injected(template):
         remove(spec, template.where)
     else:
         refuse_reserved(template.where, spec, injected=False)
-    elastic = elastic_of(template)
-    sidecar = elastic is not None or (settings.get("sidecar") or "").strip().lower() not in FLAG_VALUES_OFF
-    out = settings.get("out") or "/shared"
-    image = settings.get("image") or f"topology-agent:{version}"
-    user_containers = [c for c in spec["containers"] if isinstance(c, dict)]
-    mount_shared(template.where, user_containers, out)
+    return spec
 
+
+def _common_args(settings: Settings, elastic: str | None) -> list[str]:
+    """The flags init and the sidecar share; an elastic job's range replaces any --elastic setting."""
     common = _flags(settings, COMMON_FLAGS)
     if elastic is not None:
         common = [a for i, a in enumerate(common) if a != "--elastic" and (i == 0 or common[i - 1] != "--elastic")]
         common += ["--elastic", elastic]
         if settings.get("address") is None:
             common += ["--address", "ip"]  # elastic pods come and go faster than their DNS records
-    mounts = [{"name": SHARED, "mountPath": out}, {"name": TOKEN, "mountPath": TOKEN_PATH, "readOnly": True}]
+    return common
+
+
+def _agent_mounts(out: str) -> list[dict[str, Any]]:
+    return [{"name": SHARED, "mountPath": out}, {"name": TOKEN, "mountPath": TOKEN_PATH, "readOnly": True}]
+
+
+def _init_container(template: Template, user_containers: list[dict[str, Any]], *, image: str, out: str,
+                    common: list[str], elastic: str | None) -> dict[str, Any]:
+    settings, spec = template.settings, template.template["spec"]
     init_args = ["init", "--out", out]
     init_context = _restricted(AGENT_UID)
     ssh_secret = settings.get("ssh-secret")
@@ -591,15 +594,20 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
         # init writes the files as the trainer's own user: no chown, so no capability (sshd's StrictModes).
         init_context = _restricted(*user)
     wait_dns = ["--wait-dns"] if template.wait_dns and settings.get("wait-dns") is None and elastic is None else []
-    init_container: dict[str, Any] = {
+    return {
         "name": INIT, "image": image,
         "args": init_args + wait_dns + _flags(settings, INIT_FLAGS) + common,
         "env": _downward_env(),
-        "volumeMounts": mounts + ([{"name": SSH, "mountPath": SSH_PATH, "readOnly": True}] if ssh_secret else []),
+        "volumeMounts": _agent_mounts(out) + ([{"name": SSH, "mountPath": SSH_PATH, "readOnly": True}]
+                                              if ssh_secret else []),
         "securityContext": init_context, "resources": resources_for(template.pods)}
-    added = [init_container]
+
+
+def _sidecar_container(template: Template, user_containers: list[dict[str, Any]], *, image: str, out: str,
+                       common: list[str]) -> dict[str, Any]:
+    settings, spec = template.settings, template.template["spec"]
     sidecar_context = _restricted(AGENT_UID)
-    if sidecar and settings.get("trainer-match") and (settings.get("signal") or "").strip().lower() != "none":
+    if settings.get("trainer-match") and (settings.get("signal") or "").strip().lower() != "none":
         # kill(2) needs the same user or CAP_KILL, and the sidecar has no capability: it runs as the trainer.
         user = _trainer_user(template, user_containers, spec, settings, why=f"the sidecar signals the trainer "
                                                                               f"({PREFIX}trainer-match)")
@@ -607,23 +615,26 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
         if spec.get("shareProcessNamespace") is not True:
             raise InputError(f"{template.where}: the sidecar signals the trainer ({PREFIX}trainer-match), so it must "
                              "see the trainer's processes; set spec.shareProcessNamespace: true in the pod template")
-    if sidecar:
-        added.append({
-            "name": SIDECAR, "image": image, "restartPolicy": "Always",
-            "args": ["sidecar", "--out", out, *_flags(settings, SIDECAR_FLAGS), *common],
-            "env": _downward_env(),
-            "ports": [{"name": "topology-health", "containerPort": HEALTH_PORT}],
-            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "topology-health"}},
-            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "topology-health"}, "periodSeconds": 30},
-            "volumeMounts": copy.deepcopy(mounts), "securityContext": sidecar_context,
-            "resources": resources_for(template.pods)})
+    return {
+        "name": SIDECAR, "image": image, "restartPolicy": "Always",
+        "args": ["sidecar", "--out", out, *_flags(settings, SIDECAR_FLAGS), *common],
+        "env": _downward_env(),
+        "ports": [{"name": "topology-health", "containerPort": HEALTH_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "topology-health"}},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "topology-health"}, "periodSeconds": 30},
+        "volumeMounts": _agent_mounts(out), "securityContext": sidecar_context,
+        "resources": resources_for(template.pods)}
+
+
+def _add_to_spec(spec: dict[str, Any], added: list[dict[str, Any]], settings: Settings) -> None:
+    """The agent's containers first among the init containers, its volumes, and the account its token is for."""
     if isinstance(spec.get("initContainers"), list):
         spec["initContainers"][:0] = added
     else:
         spec["initContainers"] = added
     if not isinstance(spec.get("volumes"), list):
         spec["volumes"] = []
-    spec["volumes"].extend(_volumes(ssh_secret))
+    spec["volumes"].extend(_volumes(settings.get("ssh-secret")))
     account = settings.get("service-account")
     if account:
         spec["serviceAccountName"] = account
@@ -632,6 +643,9 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     if spec.get("serviceAccountName") == SERVICE_ACCOUNT or account:
         # The agent's token goes to the agent's containers only (the projected volume), never the trainer's.
         spec["automountServiceAccountToken"] = False
+
+
+def _mark_injected(pod: dict[str, Any], version: str) -> None:
     meta = pod.get("metadata")
     if not isinstance(meta, dict):
         meta = pod["metadata"] = {}
@@ -639,7 +653,26 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     if not isinstance(annotations, dict):
         annotations = meta["annotations"] = {}
     annotations[INJECTED] = version
-    return pod
+
+
+def inject(template: Template, *, version: str) -> dict[str, Any]:
+    """Add the agent to one pod template (in place) and return the template. Refuses, with one line, what it
+    cannot make work: a template with no container, or SSH files for a user it cannot know."""
+    spec = _injectable_spec(template)
+    settings = template.settings
+    elastic = elastic_of(template)
+    sidecar = elastic is not None or (settings.get("sidecar") or "").strip().lower() not in FLAG_VALUES_OFF
+    out = settings.get("out") or "/shared"
+    image = settings.get("image") or f"topology-agent:{version}"
+    user_containers = [c for c in spec["containers"] if isinstance(c, dict)]
+    mount_shared(template.where, user_containers, out)
+    common = _common_args(settings, elastic)
+    added = [_init_container(template, user_containers, image=image, out=out, common=common, elastic=elastic)]
+    if sidecar:
+        added.append(_sidecar_container(template, user_containers, image=image, out=out, common=common))
+    _add_to_spec(spec, added, settings)
+    _mark_injected(template.template, version)
+    return template.template
 
 
 def inject_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> list[str]:

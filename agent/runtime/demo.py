@@ -18,10 +18,13 @@ import os
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
 from agent import examples
+from agent.files.writing import write_files
+from agent.k8s.client import Client
 from agent.sandbox.threaded import SandboxThread
 
 NAMESPACE = "default"
@@ -40,8 +43,11 @@ def volcano_owner() -> dict[str, object]:
     }
 
 
-ROOT = Path(__file__).resolve().parents[2]
-WEBHOOK_CONFIG = ROOT / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml"
+# The shipped MutatingWebhookConfiguration, as package data: agent/runtime/ holds a link to the one in
+# manifests/webhook, and the wheel carries the file itself (pyproject.toml's package-data), so an installed agent
+# reads it from its own package and never from a source tree.
+WEBHOOK_CONFIG = "mutatingwebhookconfiguration.yaml"
+SHIPPED_AS = "manifests/webhook/mutatingwebhookconfiguration.yaml"
 WEBHOOK_SERVICE = "topology-agent-system/topology-agent-webhook"
 # The namespace's settings for every job in it (the webhook reads them): pods found by IP (the sandbox has no DNS),
 # ranks in rack order.
@@ -77,7 +83,7 @@ def start_webhook(sandbox: SandboxThread, port: int, write: Any) -> subprocess.P
     sandbox.create("/v1/namespaces", "", {"apiVersion": "v1", "kind": "Namespace",
                                           "metadata": {"name": "topology-agent-system"}})
     sandbox.create("admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", "",
-                   yaml.safe_load(WEBHOOK_CONFIG.read_text()))
+                   yaml.safe_load(resources.files("agent.runtime").joinpath(WEBHOOK_CONFIG).read_text()))
     env = {**os.environ, "KUBECONFIG": str(sandbox.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
                              str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -86,7 +92,7 @@ def start_webhook(sandbox: SandboxThread, port: int, write: Any) -> subprocess.P
         config = sandbox.sandbox.store.get("admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", "",
                                            "topology-agent")
         if all(h.get("clientConfig", {}).get("caBundle") for h in config["webhooks"]) and _answers(port):
-            write(f"webhook: installed {WEBHOOK_CONFIG.relative_to(ROOT)} and started `topology-agent webhook` on "
+            write(f"webhook: installed {SHIPPED_AS} and started `topology-agent webhook` on "
                   f"127.0.0.1:{port} (the Service {WEBHOOK_SERVICE}); it made its CA and wrote the caBundle\n")
             return proc
         time.sleep(0.05)
@@ -102,9 +108,64 @@ def _answers(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
+def label_namespace(api: Client, write: Any) -> None:
+    """The one line of adoption: the namespace's label, and its jobs' settings as its annotations."""
     from agent.core.injection import INJECT_LABEL, PREFIX
-    from agent.k8s.client import Client
+
+    namespace = api.get_object(f"/api/v1/namespaces/{NAMESPACE}")
+    namespace["metadata"].setdefault("labels", {})[INJECT_LABEL] = "enabled"
+    namespace["metadata"].setdefault("annotations", {}).update({PREFIX + k: v for k, v in SETTINGS.items()})
+    api.replace(f"/api/v1/namespaces/{NAMESPACE}", namespace)
+    write(f"labelled namespace '{NAMESPACE}' {INJECT_LABEL}=enabled: the one line; its jobs' settings are "
+          f"its annotations: {', '.join(f'{k}={v}' for k, v in SETTINGS.items())}\n")
+
+
+def create_job(sandbox: SandboxThread, api: Client, pods: list[dict[str, Any]],
+               write: Any) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The Volcano Job and its pods as Volcano creates them, through the webhook: the job's uid and each pod as
+    stored (with what the webhook added)."""
+    owner = sandbox.create("batch.volcano.sh/v1alpha1/jobs", NAMESPACE, volcano_owner())
+    stored = {}
+    for pod in pods:
+        pod["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
+        stored[pod["metadata"]["name"]] = api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", _users_pod(pod))
+    first = stored[pods[0]["metadata"]["name"]]
+    init = first["spec"]["initContainers"][0]
+    write(f"created Volcano Job '{JOB}' and its pods as Volcano does, from templates with no agent in them: "
+          f"{', '.join(f'{t} x{n}' for t, n in TASKS)}; Pending, no IPs\n")
+    write(f"  the webhook added to each pod: init container '{init['name']}' ({' '.join(init['args'])}), "
+          f"volume topology-agent-shared mounted at /shared, ServiceAccount {first['spec']['serviceAccountName']}\n")
+    return owner["metadata"]["uid"], stored
+
+
+def run_inits(sandbox: SandboxThread, stored: dict[str, dict[str, Any]], ips: dict[str, str],
+              bound: dict[str, str], out: Path, write: Any) -> int:
+    """Schedule the pods one by one, start each one's init with the arguments the webhook wrote, and wait for
+    them all: the number that failed."""
+    procs = {}
+    write("scheduling the pods one by one; each pod's init container starts once its pod runs, with the "
+          "arguments the webhook wrote...\n")
+    for name, ip in ips.items():
+        time.sleep(0.3)
+        sandbox.schedule(NAMESPACE, name, ip, node=bound[name])
+        args = stored[name]["spec"]["initContainers"][0]["args"]
+        args = [a for i, a in enumerate(args) if a != "--out" and (i == 0 or args[i - 1] != "--out")]
+        env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
+        env.pop("KUBECONFIG", None)
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", *args, "--out", str(out / name)], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        write(f"  {name} is Running at {ip} on {bound[name]}; its init waits for the gang\n")
+    failed = 0
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=180)
+        if proc.returncode != 0:
+            failed += 1
+            write(f"init for {name} failed ({proc.returncode}): {err.strip().splitlines()[-1:]}\n")
+    return failed
+
+
+def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
     from agent.k8s.config import load_config
 
     write = (stream or sys.stdout).write
@@ -122,51 +183,15 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
             return 1
         try:
             api = Client(load_config(str(sandbox.sandbox.kubeconfig)), user_agent="topology-agent demo")
-            namespace = api.get_object(f"/api/v1/namespaces/{NAMESPACE}")
-            namespace["metadata"].setdefault("labels", {})[INJECT_LABEL] = "enabled"
-            namespace["metadata"].setdefault("annotations", {}).update(
-                {PREFIX + k: v for k, v in SETTINGS.items()})
-            api.replace(f"/api/v1/namespaces/{NAMESPACE}", namespace)
-            write(f"labelled namespace '{NAMESPACE}' {INJECT_LABEL}=enabled: the one line; its jobs' settings are "
-                  f"its annotations: {', '.join(f'{k}={v}' for k, v in SETTINGS.items())}\n")
+            label_namespace(api, write)
             for node in nodes:
                 sandbox.create_node(node)
             write(f"created {len(nodes)} Nodes in two racks (label {examples.RACK}): "
                   + ", ".join(f"{n['metadata']['name']}={n['metadata']['labels'][examples.RACK]}" for n in nodes)
                   + "\n")
-            owner = sandbox.create("batch.volcano.sh/v1alpha1/jobs", NAMESPACE, volcano_owner())
-            stored = {}
-            for pod in pods:
-                pod["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
-                name = pod["metadata"]["name"]
-                stored[name] = api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", _users_pod(pod))
-            init = stored[pods[0]["metadata"]["name"]]["spec"]["initContainers"][0]
-            write(f"created Volcano Job '{JOB}' and its pods as Volcano does, from templates with no agent in them: "
-                  f"{', '.join(f'{t} x{n}' for t, n in TASKS)}; Pending, no IPs\n")
-            write(f"  the webhook added to each pod: init container '{init['name']}' ({' '.join(init['args'])}), "
-                  f"volume topology-agent-shared mounted at /shared, ServiceAccount "
-                  f"{stored[pods[0]['metadata']['name']]['spec']['serviceAccountName']}\n")
-            procs = {}
+            owner_uid, stored = create_job(sandbox, api, pods, write)
             sandbox.reset_stats()
-            write("scheduling the pods one by one; each pod's init container starts once its pod runs, with the "
-                  "arguments the webhook wrote...\n")
-            for name, ip in ips.items():
-                time.sleep(0.3)
-                sandbox.schedule(NAMESPACE, name, ip, node=bound[name])
-                args = stored[name]["spec"]["initContainers"][0]["args"]
-                args = [a for i, a in enumerate(args) if a != "--out" and (i == 0 or args[i - 1] != "--out")]
-                env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
-                env.pop("KUBECONFIG", None)
-                procs[name] = subprocess.Popen(
-                    [sys.executable, "-m", "agent.cli", *args, "--out", str(out / name)], env=env,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                write(f"  {name} is Running at {ip} on {bound[name]}; its init waits for the gang\n")
-            failed = 0
-            for name, proc in procs.items():
-                _, err = proc.communicate(timeout=180)
-                if proc.returncode != 0:
-                    failed += 1
-                    write(f"init for {name} failed ({proc.returncode}): {err.strip().splitlines()[-1:]}\n")
+            failed = run_inits(sandbox, stored, ips, bound, out, write)
         finally:
             webhook.terminate()
             webhook.wait(15)
@@ -175,12 +200,15 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
             return 1
         write("\n" + format_table(out, list(ips)) + "\n")
         write(rack_summary(out / "demo-worker-0") + "\n")
-        if not show_sidecar(sandbox, out, write, owner_uid=owner["metadata"]["uid"]):
+        if not show_sidecar(sandbox, out, write, owner_uid=owner_uid):
             return 1
+        # kubectl get pods -o json, for explain: the demo's own job, wherever the agent was installed from
+        write_files(out, {"pods.json": json.dumps(api.get_object(f"/api/v1/namespaces/{NAMESPACE}/pods"),
+                                                  indent=1).encode()})
     write(f"\nAPI load of the init step: {stats['requests']} requests ({stats['watches']} watches) for {len(ips)} "
           f"pods; bytes sent {stats['bytes']}\n")
     write(f"Try: cat {out / 'demo-worker-0' / 'torch.env'}  |  topology-agent explain --pods "
-          f"examples/volcano-pods.json --self demo-extras-0\n")
+          f"{out / 'pods.json'} --self demo-extras-0\n")
     return 0
 
 

@@ -4,8 +4,8 @@ The leader's init creates the snapshot ``<job>-topology`` (sequence 1), the jour
 and the Lease ``<job>-topology`` it holds; from then on its sidecar keeps them current. Every other init makes
 one LIST (by label: the snapshot and the journal together, from the watch cache) and, only while its own pod is
 not yet published, one WATCH of the journal by name, and one GET of the pod that wrote them (core/provenance.py).
-Followers make 4 requests and receive ~40 B per pod once, then a few KiB per change, instead of every pod (~4 KB
-each).
+Followers make 4 requests and receive ~27 B per pod of the job (the compressed snapshot) in init and again when
+their sidecar starts, then ~2 KB per change (the journal), instead of every pod (~4.5 KB each).
 """
 
 from __future__ import annotations
