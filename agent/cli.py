@@ -182,6 +182,7 @@ COMMANDS: dict[str, Callable[[Any], int | Held]] = {
     "render": _render, "explain": _explain, "init": _init, "sidecar": _sidecar, "sandbox": _sandbox, "demo": _demo,
     "keygen": _keygen, "inject": _inject, "webhook": _webhook}
 BUG_EXIT = 70  # EX_SOFTWARE
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 ONE_SHOT = ("render", "explain", "init")
 
 
@@ -218,6 +219,11 @@ def run(argv: Sequence[str] | None = None, *, ending: bool = False) -> Ran:
         return Ran(args.command, err.exit_code)
     except KeyboardInterrupt:
         return Ran(args.command, 130)
+    except BrokenPipeError:
+        # The reader left (``explain ... | head``): nothing is wrong with the command. Quiet, as a tool killed by
+        # SIGPIPE is, with the shell's code for it; stdout goes to /dev/null so the exit's flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return Ran(args.command, SIGPIPE_EXIT)
     except Exception as err:
         # A bug, not bad input: still one line, so a log shows what broke; the traceback on request.
         if os.environ.get("TOPOLOGY_DEBUG"):

@@ -321,3 +321,19 @@ def test_a_one_shot_command_run_in_process_leaves_the_cyclic_collector_as_it_fou
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+def test_explain_piped_into_head_ends_quietly_with_the_shells_sigpipe_code(tmp_path):
+    """``explain ... | head`` closes the pipe early: no "internal error" line, and the code a shell gives a process
+    ended by SIGPIPE (141), not the bug exit (70). The job's explanation (~550 KB) outgrows the pipe's buffer."""
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps(examples.as_list(examples.volcano_job("big", tasks=(("master", 1), ("worker", 6000))))))
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "explain", "--pods", str(pods), "--self",
+                             "big-worker-1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves after one line, as head does
+    with proc.stderr:
+        err = proc.stderr.read()
+    assert proc.wait(60) == 141, err
+    assert err == b""
