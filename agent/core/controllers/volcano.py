@@ -20,17 +20,17 @@ from agent.core.controllers.base import (
 )
 from agent.core.model import Identity, Options, RawPod
 
-JOB = "volcano.sh/job-name"
-TASK = "volcano.sh/task-spec"
-INDEX = "volcano.sh/task-index"
+VOLCANO_JOB = "volcano.sh/job-name"
+VOLCANO_TASK = "volcano.sh/task-spec"
+VOLCANO_INDEX = "volcano.sh/task-index"
 
 # The Job CRD (config/crd/volcano/bases/batch.volcano.sh_jobs.yaml: short names vcjob, vj).
 VCJOB = JobResource("batch.volcano.sh", "v1alpha1", "Job", "jobs", short=("vcjob", "vj"))
 
 
 class Volcano(Controller):
-    key, title, marker = "volcano", "Volcano Job", JOB
-    labels = frozenset({JOB, TASK, INDEX})
+    key, title, marker = "volcano", "Volcano Job", VOLCANO_JOB
+    labels = frozenset({VOLCANO_JOB, VOLCANO_TASK, VOLCANO_INDEX})
     resources = (VCJOB,)
     default_roles = ("master", "worker")  # the pytorch plugin's --master and --worker defaults
     owner_is_job = True
@@ -38,9 +38,9 @@ class Volcano(Controller):
 
     def identify(self, pod: RawPod, options: Options) -> Identity:
         fix = "the pod must be created by a Volcano Job (or pass --controller)"
-        job = required(pod, JOB, fix=fix)
-        role = required(pod, TASK, fix=fix)
-        index = number(pod, INDEX, fix="Volcano >= 1.7 sets it; set it on the pod or use --selector")
+        job = required(pod, VOLCANO_JOB, fix=fix)
+        role = required(pod, VOLCANO_TASK, fix=fix)
+        index = number(pod, VOLCANO_INDEX, fix="Volcano >= 1.7 sets it; set it on the pod or use --selector")
         return Identity(job=job, role=role, index=(index,), ordinal=index)
 
     def dns_name(self, pod: RawPod, ident: Identity, namespace: str, cluster_domain: str | None) -> str:
