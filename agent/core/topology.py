@@ -76,8 +76,8 @@ class Scope:
     def of(cls, me: RawPod, options: Options) -> Scope:
         controller = detect_controller(me, options)
         me_id = controller.identify(me, options)
-        pairs = parse_selector(options.selector) if options.selector else None
-        job = options.selector if pairs is not None and options.selector is not None else me_id.job
+        pairs = parse_selector(options.choice.selector) if options.choice.selector else None
+        job = options.choice.selector if pairs is not None and options.choice.selector is not None else me_id.job
         return cls(controller=controller, me_id=me_id, namespace=me.get("metadata", {}).get("namespace", "default"),
                    job=job, pairs=pairs, roles=controller.training_roles(options))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent import examples
+from agent.core.model import ControllerChoice
 from tests.conftest import env_of, render
 
 TRAINING_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "PET_NNODES",
@@ -200,8 +201,8 @@ GENERIC_CASES = [
 
 @pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in GENERIC_CASES], ids=[c[0] for c in GENERIC_CASES])
 def test_generic_selector(self_name, expected):
-    check(_generic_pods(), self_name, expected, {"selector": "app=train,run=r1", "index_label": "idx",
-                                                 "address": "ip"})
+    choice = ControllerChoice(selector="app=train,run=r1", index_label="idx")
+    check(_generic_pods(), self_name, expected, {"choice": choice, "address": "ip"})
 
 
 def test_no_module_but_controllers_knows_a_controller():

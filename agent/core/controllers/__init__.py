@@ -89,13 +89,13 @@ def detect_controller(pod: RawPod, options: Options) -> Controller:
     """The controller named by ``--controller``/``--selector``, else the one whose labels the pod carries; a
     controller that creates another's objects outranks it (``Controller.supersedes``)."""
     name = meta(pod)[0]
-    if options.controller:
+    if options.choice.controller:
         try:
-            return CONTROLLERS[options.controller]
+            return CONTROLLERS[options.choice.controller]
         except KeyError:
             known = ", ".join(CONTROLLERS)
-            raise InputError(f"--controller '{options.controller}' is unknown; use one of: {known}") from None
-    if options.selector:
+            raise InputError(f"--controller '{options.choice.controller}' is unknown; use one of: {known}") from None
+    if options.choice.selector:
         return GENERIC
     found = {c.key for c in CONTROLLERS.values() if c.claims(pod)}
     for key in list(found):

@@ -135,8 +135,8 @@ class JobSet(Controller):
     def owner_options(self, objects: Objects, options: Options) -> OwnerOptions:
         """A JobSet that a TrainJob owns is the TrainJob's, whatever its pods' labels say (a launcher that runs
         container "launcher" looks like a plain JobSet's pod)."""
-        if options.controller is None and objects and owner_ref(objects[0], TRAINER, TRAINJOBS.kind):
-            options = dataclasses.replace(options, controller=TRAINJOB.key)
+        if options.choice.controller is None and objects and owner_ref(objects[0], TRAINER, TRAINJOBS.kind):
+            options = options.with_controller(TRAINJOB.key)
             found = TRAINJOB.owner_options(objects, options)
             return OwnerOptions(found.options, ("the JobSet belongs to a TrainJob", *found.notes))
         return OwnerOptions(options)

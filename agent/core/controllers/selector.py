@@ -37,13 +37,13 @@ class Generic(Controller):
         return None
 
     def identify(self, pod: RawPod, options: Options) -> Identity:
-        if not options.index_label:
+        if not options.choice.index_label:
             raise InputError("--selector needs --index-label KEY (the label holding each pod's index)")
-        index = number(pod, options.index_label, fix="every pod the selector matches needs it")
-        return Identity(job=options.selector or "", role="worker", index=(index,), ordinal=index)
+        index = number(pod, options.choice.index_label, fix="every pod the selector matches needs it")
+        return Identity(job=options.choice.selector or "", role="worker", index=(index,), ordinal=index)
 
     def selector(self, pod: RawPod, options: Options) -> str:
-        return options.selector or ""
+        return options.choice.selector or ""
 
 
 GENERIC = Generic()
