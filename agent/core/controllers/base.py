@@ -162,7 +162,7 @@ def owner_ref(obj: Mapping[str, Any], group: str, kind: str) -> Mapping[str, Any
     return None
 
 
-def owner_path(pod: RawPod, resource: JobResource) -> str | None:
+def owner_ref_path(pod: RawPod, resource: JobResource) -> str | None:
     """The API path of the pod's owner of ``resource``'s kind, at the version the ownerReference names."""
     namespace = pod.get("metadata", {}).get("namespace", "default")
     ref = owner_ref(pod, resource.group, resource.kind)  # type: ignore[arg-type]

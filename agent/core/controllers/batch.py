@@ -13,7 +13,7 @@ from agent.core.controllers.base import (
     PodTemplate,
     at,
     number,
-    owner_path,
+    owner_ref_path,
     replicas,
     required,
     spec_of,
@@ -22,6 +22,7 @@ from agent.core.model import Identity, Options, RawPod
 
 JOBS = JobResource("batch", "v1", "Job", "jobs")
 # The labels the Job controller puts on its pods (JobSet's pods are a Job's too): such a pod's template was a Job's.
+# JobNameLabel and the unprefixed one it keeps for earlier releases (k8s.io/api/batch/v1/types.go).
 POD_LABELS = (JOB_NAME, "job-name")
 
 
@@ -46,10 +47,12 @@ class IndexedJob(Controller):
             key in labels for key in POD_LABELS)
 
     def owner_path(self, pod: RawPod) -> str | None:
-        return owner_path(pod, JOBS)
+        return owner_ref_path(pod, JOBS)
 
     def pod_templates(self, job: Mapping[str, Any]) -> Iterator[PodTemplate]:
-        """``spec.template``: min(parallelism, completions) pods at once, named by DNS when it has a subdomain."""
+        """``spec.template``: min(parallelism, completions) pods at once (fewer than parallelism when fewer
+        completions are left: JobSpec.Parallelism, k8s.io/api/batch/v1/types.go), named by DNS when it has a
+        subdomain."""
         spec = spec_of(job)
         parallelism = replicas(spec.get("parallelism"))
         template = spec.get("template")

@@ -20,7 +20,7 @@ from agent.core.controllers.base import (
     meta,
     named_path,
     number,
-    owner_path,
+    owner_ref_path,
     qualify,
     replicas,
     required,
@@ -86,7 +86,7 @@ class PyTorchJob(Controller):
         return None
 
     def owner_path(self, pod: RawPod) -> str | None:
-        return owner_path(pod, PYTORCHJOBS)
+        return owner_ref_path(pod, PYTORCHJOBS)
 
     def pod_templates(self, job: Mapping[str, Any]) -> Iterator[PodTemplate]:
         """One template per replica type; an elastic job (``elasticPolicy`` with minReplicas or maxReplicas)

@@ -12,7 +12,7 @@ from agent.core.controllers.base import (
     list_at,
     meta,
     number,
-    owner_path,
+    owner_ref_path,
     qualify,
     replicas,
     required,
@@ -49,7 +49,7 @@ class Volcano(Controller):
         return qualify(f"{hostname}.{subdomain}", namespace, cluster_domain)
 
     def owner_path(self, pod: RawPod) -> str | None:
-        return owner_path(pod, VCJOB)
+        return owner_ref_path(pod, VCJOB)
 
     def pod_templates(self, job: Mapping[str, Any]) -> Iterator[PodTemplate]:
         """One template per task (``spec.tasks[i].template``), ``replicas`` pods each."""
