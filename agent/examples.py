@@ -2,7 +2,9 @@
 
 Used by ``examples/*.json`` (regenerate with ``python -m agent.examples examples``), by the tests, and by
 ``demo``. Labels, names, hostnames and the env the controllers inject follow the controllers' own code, so
-the examples exercise the same traps real pods do (Volcano's WORLD_SIZE in a non-training task, for one).
+the examples exercise the same traps real pods do (Volcano's WORLD_SIZE in a non-training task, for one). The
+label keys the agent reads and the job objects' kinds come from the controllers' modules (core/controllers/);
+the rest is data as each controller writes it.
 Pod IPs are loopback addresses so that anything started from these examples stays on this machine.
 """
 
@@ -15,6 +17,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.core.controllers.base import COMPLETION_INDEX, JOB_NAME, JobResource
+from agent.core.controllers.batch import JOBS
+from agent.core.controllers.jobset import JOBSET_GLOBAL_INDEX, JOBSET_JOB_INDEX, JOBSET_NAME, JOBSET_RJOB
+from agent.core.controllers.kubeflow import (
+    MPI_JOB_ROLE,
+    MPI_OPERATOR,
+    MPI_OPERATOR_NAME,
+    MPIJOBS,
+    PYTORCHJOB_INDEX,
+    PYTORCHJOB_JOB,
+    PYTORCHJOB_TYPE,
+    PYTORCHJOBS,
+)
+from agent.core.controllers.lws import LWS_GROUP, LWS_NAME, LWS_SIZE, LWS_WORKER
+from agent.core.controllers.volcano import VCJOB, VOLCANO_INDEX, VOLCANO_JOB, VOLCANO_TASK
 from agent.core.injected import injected_env
 
 Pod = dict[str, Any]
@@ -25,6 +42,11 @@ def owner_uid(kind: str, namespace: str, name: str) -> str:
     """The uid these examples give a job object (``vcjob``, ``pytorchjob``, ``mpijob``, ``job``): the owner
     object a test creates carries it, as the pods' ownerReferences do."""
     return _uid(kind, namespace, name)
+
+
+def _kind(resource: JobResource) -> dict[str, str]:
+    """An ownerReference's kind, as the controller's module names its job object."""
+    return {"apiVersion": resource.api_version, "kind": resource.kind}
 
 
 def _uid(*parts: object) -> str:
@@ -126,7 +148,7 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
     """A Volcano Job with job plugins (default ``{pytorch: [], svc: [], env: []}``), each appending its block
     to every container in ``plugins`` order (Volcano's is a Go map's: any order), from ``agent.core.injected``.
     ``user_env`` is the template's own env, before the plugins' blocks."""
-    owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": name,
+    owner = {**_kind(VCJOB), "name": name,
              "uid": _uid("vcjob", namespace, name)}
     world = sum(n for task, n in tasks if task in ("master", "worker"))
     pods, n = [], ip_base
@@ -138,11 +160,11 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
                      "port": master_port, "replicas": world, "rank": i + 1 if task == "worker" else 0}
             injected: list[dict[str, Any]] = [*(user_env or []),
                                               *injected_env("volcano", release, features, facts)]  # type: ignore
-            labels = {"volcano.sh/job-name": name, "volcano.sh/job-namespace": namespace,
-                      "volcano.sh/queue-name": "default", "volcano.sh/task-spec": task,
-                      "volcano.sh/task-index": str(i)}
-            annotations = {"scheduling.k8s.io/group-name": f"{name}-{owner['uid']}", "volcano.sh/job-name": name,
-                           "volcano.sh/task-spec": task, "volcano.sh/task-index": str(i), "volcano.sh/job-version": "0"}
+            labels = {VOLCANO_JOB: name, "volcano.sh/job-namespace": namespace,
+                      "volcano.sh/queue-name": "default", VOLCANO_TASK: task,
+                      VOLCANO_INDEX: str(i)}
+            annotations = {"scheduling.k8s.io/group-name": f"{name}-{owner['uid']}", VOLCANO_JOB: name,
+                           VOLCANO_TASK: task, VOLCANO_INDEX: str(i), "volcano.sh/job-version": "0"}
             pods.append(make_pod(
                 pod_name, namespace=namespace, labels=labels, annotations=annotations, hostname=pod_name,
                 subdomain=name, ip=loopback_ip(n), owner=owner,
@@ -157,7 +179,7 @@ def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "defau
                elastic: tuple[int, int] | None = None, nproc_per_node: str | None = None) -> list[Pod]:
     """A Kubeflow PyTorchJob (training-operator ``release``): a master (unless ``master=False``), N workers, one
     Service per replica; the env the operator appends comes from ``agent.core.injected``."""
-    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name,
+    owner = {**_kind(PYTORCHJOBS), "name": name,
              "uid": _uid("pytorchjob", namespace, name)}
     features = {f for f, on in (("master", master), ("elastic", elastic), ("nprocPerNode", nproc_per_node)) if on}
     replicas = workers + (1 if master else 0)
@@ -170,11 +192,11 @@ def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "defau
                      "nproc": nproc_per_node, "rdzv_host": f"{name}-worker-0", "rdzv_port": 23456,
                      "min": elastic[0] if elastic else 0, "max": elastic[1] if elastic else 0}
             injected: list[dict[str, Any]] = injected_env("pytorchjob", release, features, facts)  # type: ignore
-            labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/operator-name":
-                      "pytorchjob-controller", "training.kubeflow.org/replica-type": rtype,
-                      "training.kubeflow.org/replica-index": str(i)}
+            labels = {PYTORCHJOB_JOB: name, MPI_OPERATOR_NAME:
+                      "pytorchjob-controller", PYTORCHJOB_TYPE: rtype,
+                      PYTORCHJOB_INDEX: str(i)}
             if rtype == "master":
-                labels["training.kubeflow.org/job-role"] = "master"
+                labels[MPI_JOB_ROLE] = "master"
             pods.append(make_pod(
                 f"{name}-{rtype}-{i}", namespace=namespace, labels=labels, ip=loopback_ip(n), owner=owner,
                 containers=[trainer_container("pytorch", env=injected, port=23456, gpus=gpus,
@@ -189,18 +211,18 @@ def mpijob(name: str = "allreduce", workers: int = 3, *, namespace: str = "defau
     """An MPIJob (MPI operator v2, OpenMPI): a launcher (a batch Job's pod) and N workers owned by the MPIJob,
     with the operator's labels, hostnames and env (pkg/controller/mpi_job_controller.go, v0.5.0-v0.8.0).
     ``running`` workers are Running, the rest Pending with an IP (still starting)."""
-    mpi_owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": name,
+    mpi_owner = {**_kind(MPIJOBS), "name": name,
                  "uid": _uid("mpijob", namespace, name)}
-    launcher_owner = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{name}-launcher",
+    launcher_owner = {**_kind(JOBS), "name": f"{name}-launcher",
                       "uid": _uid("job", namespace, f"{name}-launcher")}
-    base = {"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": name}
+    base = {MPI_OPERATOR_NAME: MPI_OPERATOR, PYTORCHJOB_JOB: name}
     ompi = [{"name": "OMPI_MCA_orte_keep_fqdn_hostnames", "value": "true"},
             {"name": "OMPI_MCA_orte_default_hostfile", "value": "/etc/mpi/hostfile"},
             {"name": "OMPI_MCA_plm_rsh_args", "value": "-o ConnectionAttempts=10"},
             {"name": "OMPI_MCA_orte_set_default_slots", "value": "1"}]
     pods = [make_pod(
         f"{name}-launcher-{_suffix(name, 'launcher')}", namespace=namespace,
-        labels={**base, "training.kubeflow.org/job-role": "launcher"}, hostname=f"{name}-launcher", subdomain=name,
+        labels={**base, MPI_JOB_ROLE: "launcher"}, hostname=f"{name}-launcher", subdomain=name,
         ip=loopback_ip(ip_base), owner=launcher_owner,
         containers=[trainer_container("launcher", env=[{"name": "K_MPI_JOB_ROLE", "value": "launcher"}, *ompi],
                                       cpu="1")],
@@ -209,7 +231,7 @@ def mpijob(name: str = "allreduce", workers: int = 3, *, namespace: str = "defau
         phase = "Running" if running is None or i < running else "Pending"
         pods.append(make_pod(
             f"{name}-worker-{i}", namespace=namespace,
-            labels={**base, "training.kubeflow.org/job-role": "worker", "training.kubeflow.org/replica-index": str(i)},
+            labels={**base, MPI_JOB_ROLE: "worker", PYTORCHJOB_INDEX: str(i)},
             hostname=f"{name}-worker-{i}", subdomain=name, ip=loopback_ip(ip_base + 1 + i), owner=mpi_owner,
             phase=phase, containers=[trainer_container("worker", env=[{"name": "K_MPI_JOB_ROLE", "value": "worker"}],
                                                        cpu=cpu)],
@@ -225,23 +247,23 @@ def _jobset_pods(name: str, rjobs: tuple[tuple[str, int, int], ...], *, namespac
     for rjob, replicas, parallelism in rjobs:
         for job_index in range(replicas):
             job_name = f"{name}-{rjob}-{job_index}"
-            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
+            owner = {**_kind(JOBS), "name": job_name,
                      "uid": _uid("job", namespace, job_name)}
             for completion in range(parallelism):
                 common = {
-                    "jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                    JOBSET_NAME: name, JOBSET_RJOB: rjob,
                     "jobset.sigs.k8s.io/replicatedjob-replicas": str(replicas),
                     "jobset.sigs.k8s.io/global-replicas": str(global_replicas),
-                    "jobset.sigs.k8s.io/job-index": str(job_index),
-                    "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                    JOBSET_JOB_INDEX: str(job_index),
+                    JOBSET_GLOBAL_INDEX: str(global_index),
                     "jobset.sigs.k8s.io/restart-attempt": "0",
                     "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest(),
                 }
                 labels = {**common, **extra_labels.get(rjob, {}),  # type: ignore[dict-item]
-                          "batch.kubernetes.io/job-name": job_name, "job-name": job_name,
+                          JOB_NAME: job_name, "job-name": job_name,
                           "batch.kubernetes.io/controller-uid": owner["uid"], "controller-uid": owner["uid"],
-                          "batch.kubernetes.io/job-completion-index": str(completion)}
-                annotations = {**common, "batch.kubernetes.io/job-completion-index": str(completion)}
+                          COMPLETION_INDEX: str(completion)}
+                annotations = {**common, COMPLETION_INDEX: str(completion)}
                 phase = (phases or {}).get(rjob, "Running")
                 pods.append(make_pod(
                     f"{job_name}-{completion}-{_suffix(job_name, completion)}", namespace=namespace,
@@ -278,7 +300,7 @@ def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default
     )
     for pod in nodes:  # Trainer v2 puts the node job after the initializer: global index 1.
         for section in ("labels", "annotations"):
-            pod["metadata"][section]["jobset.sigs.k8s.io/job-global-index"] = "1"
+            pod["metadata"][section][JOBSET_GLOBAL_INDEX] = "1"
             pod["metadata"][section]["jobset.sigs.k8s.io/global-replicas"] = "2"
     return initializer + nodes
 
@@ -294,7 +316,7 @@ def trainjob_mpi(name: str = "ds", num_nodes: int = 3, *, namespace: str = "defa
                             container="node", extra_labels={})
     for pod in launcher:  # the launcher's Job comes after node's: global index 1 of 2
         for section in ("labels", "annotations"):
-            pod["metadata"][section]["jobset.sigs.k8s.io/job-global-index"] = "1"
+            pod["metadata"][section][JOBSET_GLOBAL_INDEX] = "1"
     for pod in nodes + launcher:
         for section in ("labels", "annotations"):
             pod["metadata"][section]["jobset.sigs.k8s.io/global-replicas"] = "2"
@@ -314,11 +336,11 @@ def leaderworkerset(name: str = "vllm", size: int = 4, groups: int = 2, *, names
             owner_name = leader if worker else name
             owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": owner_name,
                      "uid": _uid("sts", namespace, owner_name)}
-            labels = {"leaderworkerset.sigs.k8s.io/name": name, "leaderworkerset.sigs.k8s.io/group-index": str(group),
-                      "leaderworkerset.sigs.k8s.io/worker-index": str(worker),
+            labels = {LWS_NAME: name, LWS_GROUP: str(group),
+                      LWS_WORKER: str(worker),
                       "leaderworkerset.sigs.k8s.io/group-key": group_key,
                       "leaderworkerset.sigs.k8s.io/template-revision-hash": "5d4f8b7c9"}
-            annotations = {"leaderworkerset.sigs.k8s.io/size": str(size)}
+            annotations = {LWS_SIZE: str(size)}
             if worker:
                 annotations["leaderworkerset.sigs.k8s.io/leader-name"] = leader
             facts = {"lws": name, "group": group, "subdomain": name, "namespace": namespace, "size": size,
@@ -335,15 +357,15 @@ def leaderworkerset(name: str = "vllm", size: int = 4, groups: int = 2, *, names
 def indexed_job(name: str = "sweep", completions: int = 3, *, namespace: str = "default", ip_base: int = 0,
                 subdomain: str | None = "sweep") -> list[Pod]:
     """A batch/v1 Job with completionMode Indexed and a headless Service named by ``subdomain``."""
-    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": _uid("job", namespace, name)}
+    owner = {**_kind(JOBS), "name": name, "uid": _uid("job", namespace, name)}
     pods = []
     for i in range(completions):
-        labels = {"batch.kubernetes.io/job-name": name, "job-name": name,
+        labels = {JOB_NAME: name, "job-name": name,
                   "batch.kubernetes.io/controller-uid": owner["uid"], "controller-uid": owner["uid"],
-                  "batch.kubernetes.io/job-completion-index": str(i)}
+                  COMPLETION_INDEX: str(i)}
         pods.append(make_pod(
             f"{name}-{i}-{_suffix(name, i)}", namespace=namespace, labels=labels,
-            annotations={"batch.kubernetes.io/job-completion-index": str(i)},
+            annotations={COMPLETION_INDEX: str(i)},
             hostname=f"{name}-{i}" if subdomain else None, subdomain=subdomain, ip=loopback_ip(ip_base + i),
             owner=owner, containers=[trainer_container(cpu="2500m")],
         ))

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.core.controllers import job_resources
 from agent.core.injection import (
     INIT,
     INJECTED,
@@ -44,10 +45,18 @@ API_VERSION = "admission.k8s.io/v1"
 # holds (docs/adopt.md sizes its memory from the worst shape under it).
 MAX_VALUES = 1 << 19
 
-# (group, resource) the webhook takes, as its MutatingWebhookConfiguration's rules name them.
-JOB_RESOURCES = {"batch.volcano.sh": ("jobs",), "kubeflow.org": ("pytorchjobs", "mpijobs"),
-                 "jobset.x-k8s.io": ("jobsets",), "leaderworkerset.x-k8s.io": ("leaderworkersets",),
-                 "batch": ("jobs",), "trainer.kubeflow.org": ("trainingruntimes", "clustertrainingruntimes")}
+
+def _job_resources() -> dict[str, tuple[str, ...]]:
+    """group -> the resources of the job objects the webhook takes: each controller's kinds that hold pod
+    templates, as the MutatingWebhookConfiguration's rules name them."""
+    found: dict[str, tuple[str, ...]] = {}
+    for resource in job_resources():
+        if resource.templates:
+            found[resource.group] = (*found.get(resource.group, ()), resource.plural)
+    return found
+
+
+JOB_RESOURCES = _job_resources()
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[st
     meta = pod.get("metadata", {})
     namespace = meta.get("namespace", "default")
     matched = pairs is None or selector_matches(pod, pairs)
-    job = controller.job_of(pod) if pairs is None else (options.selector if matched else None)
+    job = controller.job_of(pod) if pairs is None else (options.choice.selector if matched else None)
     reason = why_not_member(pod)
     name = meta.get("name", "")
     if job is None or reason is not None:

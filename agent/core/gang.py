@@ -1,7 +1,7 @@
 """How many training pods the job should have, and whether the pods seen so far form the whole gang.
 
 The expected count comes from ``--expect``, else from the job's objects (read through the API by the shell, and
-interpreted by the controller: controllers.py), else from the pod (a LeaderWorkerSet group's size annotation).
+interpreted by the controller: controllers/), else from the pod (a LeaderWorkerSet group's size annotation).
 Per-role counts, where the owner gives them, let a timeout name exactly which role and index never appeared.
 Roles the controller creates only once this pod's role is Ready are not waited for.
 """

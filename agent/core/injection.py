@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.core.controllers import CONTROLLERS, PodTemplate, templates_owner
 from agent.core.model import parse_owner
 from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
@@ -48,8 +49,6 @@ SIDECAR_FLAGS = ("debounce", "signal", "trainer-match", "lease-seconds", "probe-
 POD_KEYS = ("image", "out", "service-account", "ssh-secret", "ssh-owner", "sidecar", "inject", "injected")
 KEYS = frozenset(COMMON_FLAGS + INIT_FLAGS + SIDECAR_FLAGS + POD_KEYS)
 FLAG_VALUES_OFF = ("false", "off", "no", "0", "")
-# The labels the Job controller puts on its pods (JobSet's pods are a Job's too): such a pod's template was a Job's.
-JOB_POD_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
 
 # Every setting's value is at most this long. The longest legitimate values are an image reference (a name of at
@@ -156,58 +155,6 @@ def _name(obj: Mapping[str, Any]) -> str:
     return f"{obj.get('kind', '?')} {name}"
 
 
-def _group(obj: Mapping[str, Any]) -> str:
-    api = str(obj.get("apiVersion", ""))
-    return api.split("/")[0] if "/" in api else ""
-
-
-def _at(obj: Any, *keys: str | int) -> Any:
-    for key in keys:
-        if isinstance(key, int):
-            obj = obj[key] if isinstance(obj, list) and len(obj) > key else None
-        else:
-            obj = obj.get(key) if isinstance(obj, Mapping) else None
-        if obj is None:
-            return None
-    return obj
-
-
-def _list_at(obj: Any, *keys: str) -> list[Any]:
-    """A list field of a job (tasks, replicatedJobs, containers); any other value is the API server's to refuse
-    and holds no template here."""
-    value = _at(obj, *keys)
-    return value if isinstance(value, list) else []
-
-
-def _map_at(obj: Any, *keys: str) -> Mapping[Any, Any]:
-    """A map field of a job (pytorchReplicaSpecs, leaderWorkerTemplate), or an empty one for any other value."""
-    value = _at(obj, *keys)
-    return value if isinstance(value, Mapping) else {}
-
-
-def _count(value: Any, default: int = 1) -> int:
-    """A replica count as the job states it (absent: the API's default, 1); a count that is no whole number is the
-    API server's to refuse, and counts as the default here."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
-
-
-def _replicas(entries: Iterable[Any]) -> int | None:
-    """The pods of a job's replica specs (Volcano tasks, PyTorchJob and MPIJob replica specs) added up."""
-    return sum(_count(e.get("replicas")) for e in entries if isinstance(e, Mapping)) or None
-
-
-def _jobset_templates(spec: Any, prefix: str, where: str, settings: Settings, at: str) -> Iterator[Template]:
-    rjobs = [r for r in _list_at(spec, "replicatedJobs") if isinstance(r, Mapping)]
-    pods = None if prefix else sum(_count(r.get("replicas")) * _count(_at(r, "template", "spec", "parallelism"))
-                                   for r in rjobs) or None  # a runtime's size comes from each TrainJob
-    for i, rjob in enumerate(_list_at(spec, "replicatedJobs")):
-        template = _at(rjob, "template", "spec", "template")
-        if isinstance(template, dict):
-            yield Template(f"{where} {prefix}replicatedJobs[{i}] ({_at(rjob, 'name')})", template,
-                           settings, wait_dns=True, pods=pods,
-                           pointer=f"{at}/replicatedJobs/{i}/template/spec/template")
-
-
 def _is_list(doc: Mapping[str, Any]) -> bool:
     kind = doc.get("kind")
     return kind == "List" or (isinstance(kind, str) and kind.endswith("List") and "items" in doc)
@@ -235,74 +182,38 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
 
 
 def _templates_of(doc: Mapping[str, Any], defaults: Settings, at: str) -> Iterator[Template]:
-    """The pod templates of one object that is not a List."""
-    kind, group, spec = doc.get("kind"), _group(doc), doc.get("spec")
+    """The pod templates of one object that is not a List: a Pod's own, or those of a controller's job object
+    (``Controller.pod_templates``), each sized by the job (the most pods it runs at once, as it may grow)."""
     where = _name(doc)
     settings = defaults.over(_metadata(doc).get("annotations"), where)
-    if kind == "Pod" and group == "" and isinstance(doc, dict):
+    if doc.get("kind") == "Pod" and "/" not in str(doc.get("apiVersion", "")) and isinstance(doc, dict):
         # A Pod is its own template (metadata + spec); what the job said is read from what its controller put in
-        # the Pod: training-operator writes an elasticPolicy's MIN:MAX into PET_NNODES; a Job's (or JobSet's) pod
-        # with a subdomain is named by DNS, as its job's template is.
-        labels = _metadata(doc).get("labels")
-        by_dns = bool(_at(spec, "subdomain")) and isinstance(labels, Mapping) and any(
-            key in labels for key in JOB_POD_LABELS)
-        yield Template(where, doc, settings, elastic=_pod_elastic(spec), wait_dns=by_dns, pointer=at)
-    elif kind == "Job" and group == "batch.volcano.sh":
-        pods = _replicas(_list_at(spec, "tasks"))
-        for i, task in enumerate(_list_at(spec, "tasks")):
-            if isinstance(_at(task, "template"), dict):
-                yield Template(f"{where} tasks[{i}] ({_at(task, 'name')})", task["template"], settings, pods=pods,
-                               pointer=f"{at}/spec/tasks/{i}/template")
-    elif kind == "PyTorchJob" and group == "kubeflow.org":
-        policy = _at(spec, "elasticPolicy")
-        elastic = None
-        pods = _replicas(_map_at(spec, "pytorchReplicaSpecs").values())
-        if isinstance(policy, Mapping) and (policy.get("minReplicas") or policy.get("maxReplicas")):
-            low = policy.get("minReplicas") or policy.get("maxReplicas")
-            elastic = f"{low}:{policy.get('maxReplicas') or low}"
-            pods = max(pods or 0, _count(policy.get("maxReplicas"), 0)) or None  # it may grow to maxReplicas
-        for rtype, replica in _map_at(spec, "pytorchReplicaSpecs").items():
-            if isinstance(_at(replica, "template"), dict):
-                yield Template(f"{where} {rtype}", replica["template"], settings, elastic=elastic, pods=pods,
-                               pointer=f"{at}/spec/pytorchReplicaSpecs/{escape(rtype)}/template")
-    elif kind == "MPIJob" and group == "kubeflow.org":
-        pods = _replicas(_map_at(spec, "mpiReplicaSpecs").values())
-        for rtype, replica in _map_at(spec, "mpiReplicaSpecs").items():
-            if isinstance(_at(replica, "template"), dict):
-                yield Template(f"{where} {rtype}", replica["template"], settings, pods=pods,
-                               pointer=f"{at}/spec/mpiReplicaSpecs/{escape(rtype)}/template")
-    elif kind == "JobSet" and group == "jobset.x-k8s.io":
-        yield from _jobset_templates(spec, "", where, settings, f"{at}/spec")
-    elif kind in ("TrainingRuntime", "ClusterTrainingRuntime") and group == "trainer.kubeflow.org":
-        yield from _jobset_templates(_at(spec, "template", "spec"), "template.spec.", where, settings,
-                                     f"{at}/spec/template/spec")
-    elif kind == "LeaderWorkerSet" and group == "leaderworkerset.x-k8s.io":
-        lwt = _map_at(spec, "leaderWorkerTemplate")
-        pods = _count(_at(spec, "replicas")) * _count(_at(lwt, "size")) or None
-        for key in ("leaderTemplate", "workerTemplate"):
-            if isinstance(lwt.get(key), dict):
-                yield Template(f"{where} {key}", lwt[key], settings, pods=pods,
-                               pointer=f"{at}/spec/leaderWorkerTemplate/{key}")
-    elif kind == "Job" and group == "batch":
-        template = _at(spec, "template")
-        pods = _count(_at(spec, "parallelism")) or None  # pods at once (parallelism, default 1)
-        if isinstance(template, dict):
-            yield Template(where, template, settings, wait_dns=bool(_at(template, "spec", "subdomain")), pods=pods,
-                           pointer=f"{at}/spec/template")
+        # the Pod (an elastic range, naming by DNS), as each controller knows it.
+        known = CONTROLLERS.values()
+        elastic = next((said for c in known if (said := c.elastic_in_pod(doc)) is not None), None)
+        yield Template(where, doc, settings, elastic=elastic, wait_dns=any(c.names_by_dns(doc) for c in known),
+                       pointer=at)
+        return
+    controller = templates_owner(doc)
+    found = list(controller.pod_templates(doc)) if controller is not None else []
+    pods = _job_size(found)
+    for t in found:
+        if isinstance(t.template, dict):
+            yield Template(f"{where} {t.place}" if t.place else where, t.template, settings, elastic=t.elastic,
+                           wait_dns=t.by_dns, pods=pods, pointer=at + "".join(f"/{escape(key)}" for key in t.path))
+
+
+def _job_size(found: list[PodTemplate]) -> int | None:
+    """The most pods a job runs at once, as it may grow (an elastic job, to its maximum); None when the object does
+    not say (a training runtime: each TrainJob sizes it)."""
+    if any(t.replicas is None for t in found):
+        return None
+    return max([sum(t.replicas or 0 for t in found), *(t.grows_to for t in found)]) or None
 
 
 def escape(token: Any) -> str:
     """One JSON Pointer reference token (RFC 6901: ``~`` is ``~0``, ``/`` is ``~1``)."""
     return str(token).replace("~", "~0").replace("/", "~1")
-
-
-def _pod_elastic(spec: Any) -> str | None:
-    for container in _list_at(spec, "containers"):
-        for env in _list_at(container, "env"):
-            value = _at(env, "value")
-            if _at(env, "name") == "PET_NNODES" and isinstance(value, str) and ":" in value:
-                return value
-    return None
 
 
 # The agent's own pieces, by their exact names: each volume with the one source inject gives it. Every release

@@ -11,7 +11,7 @@ import functools
 import itertools
 import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, TypedDict
 
 from agent.core.placement import Level
@@ -108,6 +108,17 @@ class RawPod(TypedDict, total=False):
 
 
 @dataclass(frozen=True)
+class ControllerChoice:
+    """Whose rules find the job's pods and place each: the controller ``--controller`` names, or the pods a label
+    ``selector`` matches, each placed by its ``index_label``; all None: the controller whose labels the pod
+    carries."""
+
+    controller: str | None = None
+    selector: str | None = None
+    index_label: str | None = None
+
+
+@dataclass(frozen=True)
 class Options:
     """What the user chose; ``None`` means "let the controller's convention decide"."""
 
@@ -120,9 +131,7 @@ class Options:
     cluster_domain: str | None = None
     elastic: tuple[int, int] | None = None
     rdzv_port: int | None = None  # None: the controller's, else 29400
-    controller: str | None = None
-    selector: str | None = None
-    index_label: str | None = None
+    choice: ControllerChoice = ControllerChoice()
     # Node labels to read, outermost first (None: Nodes are not read); ranks by index or by those domains.
     levels: tuple[Level, ...] | None = None
     rank_order: Literal["index", "topology"] = "index"
@@ -137,6 +146,10 @@ class Options:
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, f"--{name.replace('_', '-')}")
+
+    def with_controller(self, key: str) -> Options:
+        """These options with ``--controller`` set to ``key`` (what the job's objects showed)."""
+        return replace(self, choice=replace(self.choice, controller=key))
 
 
 @dataclass(frozen=True, slots=True)

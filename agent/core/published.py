@@ -78,10 +78,10 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
     status = pod.get("status", {})
-    extra = {options.index_label} if options.index_label else set()
+    extra = {options.choice.index_label} if options.choice.index_label else set()
     held = meta.get("labels") or {}
     labels = {k: v for k, v in held.items()
-              if c.is_read_label(k) or k in extra or (options.selector and k in options.selector)}
+              if c.is_read_label(k) or k in extra or (options.choice.selector and k in options.choice.selector)}
     if len(labels) == len(held):
         labels = held  # a compact pod's labels: the publisher's row shares the dict (never changed in place)
     noted = meta.get("annotations")

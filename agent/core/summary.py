@@ -236,7 +236,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
     ``InputError`` when the pod itself cannot be placed (as ``build_plan`` would say)."""
     own = check_pod(own)  # type: ignore[assignment]
     controller = detect_controller(own, options)
-    pairs = parse_selector(options.selector) if options.selector else None
+    pairs = parse_selector(options.choice.selector) if options.choice.selector else None
     facts = facts_of(own, controller, options, pairs, None, checked=True)
     name = pod_name(own)
     if facts.reason is not None:

@@ -1,5 +1,5 @@
 """Pods -> Topology. This module decides the job's members, NODE_RANK and RANK; with the controllers' rules
-(controllers.py: identities, training roles, the coordinator), nothing else does.
+(controllers/: identities, training roles, the coordinator), nothing else does.
 
 Rank order is an explicit sort key (``RankRule``): JobSet's coordinator first, then the position of the pod's role
 in the training roles, then the controller's index (JobSet: job-global-index, then completion index). Never
@@ -25,15 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.core.containers import pick_trainer_container
-from agent.core.controllers import (
-    TORCHRUN_MASTER_PORT,
-    Controller,
-    JobSet,
-    Objects,
-    detect_controller,
-    parse_selector,
-    replicas,
-)
+from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, Objects, detect_controller, parse_selector
 from agent.core.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.model import Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains
@@ -84,8 +76,8 @@ class Scope:
     def of(cls, me: RawPod, options: Options) -> Scope:
         controller = detect_controller(me, options)
         me_id = controller.identify(me, options)
-        pairs = parse_selector(options.selector) if options.selector else None
-        job = options.selector if pairs is not None and options.selector is not None else me_id.job
+        pairs = parse_selector(options.choice.selector) if options.choice.selector else None
+        job = options.choice.selector if pairs is not None and options.choice.selector is not None else me_id.job
         return cls(controller=controller, me_id=me_id, namespace=me.get("metadata", {}).get("namespace", "default"),
                    job=job, pairs=pairs, roles=controller.training_roles(options))
 
@@ -220,9 +212,10 @@ def rank_zero(controller: Controller, counts: Mapping[str, int], objects: Object
     """(role, index) of the pod the rank order will put first, from the job's objects alone (``counts``: pods
     per training role, as the job asks for them), before any pod is seen; None when they cannot say.
 
-    The same key as the plan's, over each training role's first pod (``Controller.first_index``) and JobSet's
-    coordinator. A role the controller creates only once others are Ready (``waits_for``: JobSet dependsOn)
-    has no pod yet when the others' gang is complete: it is passed over, as the plan of those pods passes it."""
+    The same key as the plan's, over each training role's first pod (``Controller.first_index``) and the pod
+    the job names first (``Controller.named_first``: JobSet's coordinator). A role the controller creates only
+    once others are Ready (``waits_for``: JobSet dependsOn) has no pod yet when the others' gang is complete: it
+    is passed over, as the plan of those pods passes it."""
     waits = controller.waits_for(objects)
     roles = tuple(training_roles) if training_roles is not None else tuple(counts)
     rule = RankRule({role: at for at, role in enumerate(roles)}, training_roles is not None, None)
@@ -233,32 +226,13 @@ def rank_zero(controller: Controller, counts: Mapping[str, int], objects: Object
         if index is None:
             return None
         candidates.append((rule.key_of(role, index), role, index))
-    named = _named_coordinator(controller, objects)
+    named = controller.named_first(objects)
     if named is not None and named[0] in there:
         candidates.append((rule.key_of(*named, first=True), *named))
     if not candidates:
         return None
     _, role, index = min(candidates)
     return role, index
-
-
-def _named_coordinator(controller: Controller, objects: Objects) -> tuple[str, tuple[int, ...]] | None:
-    """JobSet's ``spec.coordinator`` (v0.6.0+: replicatedJob, jobIndex, podIndex, both indices 0 when unset;
-    api/jobset/v1alpha2/jobset_types.go) as (role, index): the pod JobSet names in the coordinator label of every
-    pod (``JobSet.coordinator``), which ``RankRule`` puts first. Its global index counts the Jobs before it, as
-    ``first_index`` does."""
-    if not isinstance(controller, JobSet) or not objects:
-        return None
-    spec = objects[0].get("spec")
-    named = spec.get("coordinator") if isinstance(spec, Mapping) else None
-    if not isinstance(named, Mapping) or not isinstance(named.get("replicatedJob"), str):
-        return None
-    role = named["replicatedJob"]
-    job_index, pod_index = replicas(named.get("jobIndex"), 0), replicas(named.get("podIndex"), 0)
-    first = controller.first_index(role, objects)
-    if first is None or job_index < 0 or pod_index < 0:
-        return None
-    return role, (first[0] + job_index, pod_index)
 
 
 def ranks_in_run(*, node_rank: int, first_rank: int, slots: int, seen: int, offset: int,

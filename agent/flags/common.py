@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agent.core.controllers import CONTROLLERS, parse_selector
-from agent.core.model import Options, is_whole_number, parse_owner
+from agent.core.model import ControllerChoice, Options, is_whole_number, parse_owner
 from agent.core.placement import DEFAULT_LEVELS, RANK_ORDERS, parse_levels
 from agent.core.validation import DNS_NAME, is_dns1123_label
 from agent.errors import InputError
@@ -197,9 +197,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         cluster_domain=domain_k.value,
         elastic=elastic,
         rdzv_port=whole_knob(knob(args, "rdzv-port")),
-        controller=controller_k.value,
-        selector=selector_k.value,
-        index_label=index_k.value,
+        choice=ControllerChoice(controller_k.value, selector_k.value, index_k.value),
         levels=levels,
         rank_order=rank_order,  # type: ignore[arg-type]
         view=view,  # type: ignore[arg-type]

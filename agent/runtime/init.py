@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.core import Memo, Options, Rendered, render_plan, render_pod
-from agent.core.controllers import Controller, Identity, detect_controller
+from agent.core.controllers import Controller, detect_controller
 from agent.core.gang import (
     Expectation,
     GangStatus,
@@ -35,7 +35,7 @@ from agent.core.gang import (
     roster_of,
 )
 from agent.core.journal import STANDBYS, PublishedState, Publisher
-from agent.core.model import RawPod
+from agent.core.model import Identity, RawPod
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import SELECT_LABEL, configmap_name, is_leader, leader_identity, select_value
 from agent.core.summary import own_view, why_full_view

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.core.controllers import job_resources
 from agent.sandbox import admission
 from agent.sandbox.credentials import KUBECONFIG, SERVICEACCOUNT, make_tls, write_client_files
 from agent.sandbox.discovery import Catalog, Kind, resource_key
@@ -37,7 +38,7 @@ from agent.sandbox.store import Obj, Store
 from agent.sandbox.watching import Watches
 
 # (group, version, plural) -> what it serves; short names as the API server gives them (kubectl get ns, po, cm).
-RESOURCES: dict[tuple[str, str, str], Kind] = {
+BUILT_IN: dict[tuple[str, str, str], Kind] = {
     ("", "v1", "pods"): Kind("Pod", True, ("po",), ("all",)),
     ("", "v1", "services"): Kind("Service", True, ("svc",), ("all",)),
     ("", "v1", "secrets"): Kind("Secret", True),
@@ -66,16 +67,10 @@ RESOURCES: dict[tuple[str, str, str], Kind] = {
     ("flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations"): Kind("PriorityLevelConfiguration", False),
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions"): Kind("CustomResourceDefinition", False,
                                                                     ("crd", "crds")),
-    # The controllers' kinds (their CRDs, served as if installed)
-    ("batch.volcano.sh", "v1alpha1", "jobs"): Kind("Job", True, ("vcjob", "vj")),
-    ("kubeflow.org", "v1", "pytorchjobs"): Kind("PyTorchJob", True),
-    ("kubeflow.org", "v2beta1", "mpijobs"): Kind("MPIJob", True),
-    ("jobset.x-k8s.io", "v1alpha2", "jobsets"): Kind("JobSet", True),
-    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"): Kind("LeaderWorkerSet", True, ("lws",)),
-    ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): Kind("TrainJob", True),
-    ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes"): Kind("TrainingRuntime", True),
-    ("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"): Kind("ClusterTrainingRuntime", False),
 }
+# Plus the controllers' job objects (their CRDs, served as if installed), from the controllers' registry.
+RESOURCES = {**BUILT_IN, **{(r.group, r.version, r.plural): Kind(r.kind, r.namespaced, r.short)
+                            for r in job_resources() if (r.group, r.version, r.plural) not in BUILT_IN}}
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")  # every cluster has them
 SUBRESOURCES = {("", "v1", "pods"): ("status",), ("batch", "v1", "jobs"): ("status",)}

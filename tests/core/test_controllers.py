@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent import examples
+from agent.core.model import ControllerChoice
 from tests.conftest import env_of, render
 
 TRAINING_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "PET_NNODES",
@@ -200,14 +201,14 @@ GENERIC_CASES = [
 
 @pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in GENERIC_CASES], ids=[c[0] for c in GENERIC_CASES])
 def test_generic_selector(self_name, expected):
-    check(_generic_pods(), self_name, expected, {"selector": "app=train,run=r1", "index_label": "idx",
-                                                 "address": "ip"})
+    choice = ControllerChoice(selector="app=train,run=r1", index_label="idx")
+    check(_generic_pods(), self_name, expected, {"choice": choice, "address": "ip"})
 
 
 def test_no_module_but_controllers_knows_a_controller():
     """Controller knowledge was spread over gang.py (11 branches on the controller's key), topology.py and
     published.py, and the fixes of one place were missing in the others: now every answer comes from the
-    controller's class in controllers.py, and other modules ask it."""
+    controller's class in its module of core/controllers/, and other modules ask it."""
     import re
     from pathlib import Path
 
@@ -215,6 +216,6 @@ def test_no_module_but_controllers_knows_a_controller():
     branch = re.compile(r"\.key\s*(==|!=|in)\s*[\"(]|\bc\.(VOLCANO|PYTORCHJOB|MPI|JOBSET|TRAINJOB|LWS|COMPLETION|"
                         r"JOB_NAME|COORDINATOR)\w*|default_roles")
     found = [f"{path.relative_to(root)}:{n}: {line.strip()}"
-             for path in root.rglob("*.py") if path.name != "controllers.py"
+             for path in root.rglob("*.py") if path.parent != root / "core" / "controllers"
              for n, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
     assert found == []

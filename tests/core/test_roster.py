@@ -15,6 +15,7 @@ from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import MPIJOB, PYTORCHJOB, VOLCANO
 from agent.core.gang import JobView, roster_of
+from agent.core.model import ControllerChoice
 from agent.errors import InputError
 from agent.runtime.demo import volcano_owner
 
@@ -117,7 +118,7 @@ def test_the_generic_selector_promises_its_labels_and_no_more():
     from agent.core.controllers import GENERIC
     from agent.core.gang import job_reads
 
-    options = Options(selector="app=train,run=r1", index_label="idx", address="ip")
+    options = Options(choice=ControllerChoice(selector="app=train,run=r1", index_label="idx"), address="ip")
     pods = [examples.make_pod(f"w-{i}", labels={"app": "train", "run": "r1", "idx": str(i)},
                               ip=examples.loopback_ip(i)) for i in range(3)]
     reads = job_reads(pods[0], options)
