@@ -229,6 +229,16 @@ class Controller(abc.ABC):
         """The index (as ``identify`` gives it) of the role's first pod in rank order."""
         return (0,)
 
+    def frameworks(self, objects: Objects) -> tuple[str, ...]:
+        """The frameworks (agent/core/frameworks) whose files the job's pods get besides torch.env. ``objects``
+        is empty where none were read (render, explain): then what the controller implies by itself."""
+        return ()
+
+    def framework_port(self, framework: str) -> tuple[str | None, int | None] | None:
+        """The container port name (looked up on rank 0's trainer container) and the default port this
+        controller gives ``framework``; None: no convention of its own."""
+        return None
+
 
 # --- Volcano Job ---------------------------------------------------------------------------------------
 
@@ -364,6 +374,9 @@ class MpiJob(Controller):
             options = dataclasses.replace(options, nproc_per_node=slots)
             notes.append(f"MPIJob slotsPerWorker: {slots} slots per host")
         return OwnerOptions(options, tuple(notes))
+
+    def frameworks(self, objects: Objects) -> tuple[str, ...]:
+        return ("mpi",)  # the launcher runs mpirun: mpi.env points it at the live hostfile
 
     def waits_for(self, objects: Objects) -> dict[str, frozenset[str]]:
         # v0.6.0+: launcherCreationPolicy WaitForWorkersReady creates the launcher once every worker is Ready
