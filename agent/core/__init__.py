@@ -67,7 +67,7 @@ class Renderer:
         key = self.texts.membership_key(rendered.plan.topology)
         if not rendered.frameworks:
             return key
-        return with_frameworks(key, {r.key: r.document() for r in rendered.frameworks})
+        return with_frameworks(key, {r.key: {"digest": r.digest} for r in rendered.frameworks})
 
 
 __all__ = ["Memo", "NodeLabels", "Options", "Rendered", "Renderer", "build_plan", "render_plan", "render_pod"]

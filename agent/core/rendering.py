@@ -249,8 +249,8 @@ def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, 
 def with_frameworks(key: tuple[tuple[object, ...], ...], frameworks: dict[str, Any] | None
                     ) -> tuple[tuple[object, ...], ...]:
     """A membership key that also changes when a framework's files do (their ports, a member's IP in
-    mlx_hostfile.json: not in the members' key), given topology.json's ``frameworks``; a torch-only job's
-    key is the members' alone."""
+    mlx_hostfile.json: not in the members' key), by their digests in topology.json's ``frameworks``; a
+    torch-only job's key is the members' alone."""
     if not frameworks:
         return key
-    return (*key, ("frameworks", json.dumps(frameworks, sort_keys=True)))
+    return (*key, ("frameworks", *sorted((name, str(entry["digest"])) for name, entry in frameworks.items())))

@@ -12,9 +12,10 @@ a file that names every member) gets files that say so, never the values of an e
 from __future__ import annotations
 
 import abc
+import functools
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,6 +46,7 @@ class Context:
     injected: Mapping[str, str]
     files_dir: str | None
     asked: frozenset[str] = frozenset()  # the frameworks the setting names (not only the job)
+    memo: dict[str, Any] = field(default_factory=dict)  # what a framework computes once per rendering
 
     @property
     def topology(self) -> Topology:
@@ -76,18 +78,28 @@ class Rendition:
     notes: tuple[str, ...] = ()
     withheld: str | None = None  # the pod gets the files, without values: why
 
-    def document(self) -> dict[str, Any]:
-        """Its entry under ``frameworks`` in topology.json. ``digest`` stands for its files' bytes, so that the
-        sidecar, continuing from topology.json, knows whether a new rendering changes them (an IP in
-        mlx_hostfile.json is in no membership key)."""
+    @functools.cached_property
+    def digest(self) -> str:
+        """Stands for the files' bytes, so that the sidecar, continuing from topology.json, knows whether a new
+        rendering changes them (an IP in mlx_hostfile.json is in no membership key)."""
         digest = hashlib.sha256()
         for name, data in self.files.items():
             digest.update(f"{name}\0{len(data)}\0".encode())
             digest.update(data)
+        return digest.hexdigest()[:32]
+
+    def document(self) -> dict[str, Any]:
+        """Its entry under ``frameworks`` in topology.json."""
         return {"selectedBy": self.selected_by, "files": list(self.files),
                 "port": self.port.number if self.port else None, "portSource": self.port.source if self.port else None,
                 "env": {v.name: v.value for v in self.variables if v.written and not v.unset},
-                "withheld": self.withheld, "notes": list(self.notes), "digest": digest.hexdigest()[:32]}
+                "withheld": self.withheld, "notes": list(self.notes), "digest": self.digest}
+
+
+def host_ports(addresses: Iterable[str], port: int) -> list[str]:
+    """``<address>:<port>`` for each address, IPv6 in brackets (one pass over thousands of members per change)."""
+    tail = f":{port}"
+    return [f"[{a}]{tail}" if ":" in a else a + tail for a in addresses]
 
 
 def compact_json(value: Any) -> bytes:

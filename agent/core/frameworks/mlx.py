@@ -11,7 +11,7 @@ reads.
 
 from __future__ import annotations
 
-from agent.core.frameworks.base import Context, Framework, Port, compact_json
+from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports
 from agent.core.frameworks.jax import process_rules
 from agent.core.variables import Variable, bracketed
 
@@ -43,7 +43,12 @@ class Mlx(Framework):
         return None
 
     def hosts(self, ctx: Context, port: Port) -> list[list[str]]:
-        return [[f"{bracketed(m.ip or '')}:{port.number + local}"] for m in ctx.topology.training
+        """One ``[ip:port]`` per training process, in rank order (the ports of a pod's processes follow)."""
+        training = ctx.topology.training
+        ips = [m.ip or "" for m in training]
+        if ctx.topology.slot_sizes == {1}:
+            return [[entry] for entry in host_ports(ips, port.number)]
+        return [[f"{bracketed(ip)}:{port.number + local}"] for ip, m in zip(ips, training, strict=True)
                 for local in range(m.slots)]
 
     def variables(self, ctx: Context, port: Port | None) -> list[Variable]:

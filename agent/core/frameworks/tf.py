@@ -16,8 +16,9 @@ its cluster. One TF task per pod (TF runs one server per host and uses its local
 
 from __future__ import annotations
 
-from agent.core.frameworks.base import Context, Framework, Port, compact_json
-from agent.core.variables import Variable, bracketed
+from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports
+from agent.core.model import ADDRESS
+from agent.core.variables import Variable
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")  # TF's cluster keys, in the order they are written
 ROLE_TYPES = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
@@ -43,14 +44,18 @@ class Tf(Framework):
         return f"role '{ctx.me.role}' is no TensorFlow task type; {self.env_file} goes to {self.recipients}"
 
     def cluster(self, ctx: Context, port: Port) -> dict[str, list[str]]:
-        topo = ctx.topology
-        cluster: dict[str, list[str]] = {}
-        for kind in TASK_TYPES:
-            for role in topo.roles:
-                if task_type(role) == kind:
-                    cluster.setdefault(kind, []).extend(f"{bracketed(m.address)}:{port.number}"
-                                                        for m in topo.role_members(role))
-        return cluster
+        """Each type's ``<address>:<port>`` in rank order (computed once per rendering)."""
+        found: dict[str, list[str]] | None = ctx.memo.get("tf.cluster")
+        if found is None:
+            topo = ctx.topology
+            found = {}
+            for kind in TASK_TYPES:
+                for role in topo.roles:
+                    if task_type(role) == kind:
+                        found.setdefault(kind, []).extend(host_ports(map(ADDRESS, topo.role_members(role)),
+                                                                     port.number))
+            ctx.memo["tf.cluster"] = found
+        return found
 
     def blocked(self, ctx: Context, port: Port | None) -> str | None:
         why = super().blocked(ctx, port)
@@ -77,17 +82,23 @@ class Tf(Framework):
             before += len(members)
         return {"cluster": self.cluster(ctx, port), "task": {"type": kind, "index": before}}
 
+    def text(self, ctx: Context, port: Port) -> bytes:
+        found: bytes | None = ctx.memo.get("tf.config")
+        if found is None:
+            found = ctx.memo["tf.config"] = compact_json(self.config(ctx, port))
+        return found
+
     def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
         assert port is not None
         kind = task_type(ctx.me.role)
-        text = compact_json(self.config(ctx, port)).decode().rstrip("\n")
+        text = self.text(ctx, port).decode().rstrip("\n")
         return [Variable("TF_CONFIG", text, f"the live members of roles {', '.join(sorted(ROLE_TYPES))} in rank "
                          f"order, each <address>:{port.number} ({port.source}); this pod is task '{kind}' "
                          "(= tf_config.json)")]
 
     def extra_files(self, ctx: Context, port: Port | None) -> dict[str, bytes]:
         assert port is not None
-        return {"tf_config.json": compact_json(self.config(ctx, port))}
+        return {"tf_config.json": self.text(ctx, port)}
 
 
 TF = Tf()
