@@ -11,11 +11,15 @@ the figures are the agent's own work, without the sandbox sharing the cores.
    change. (Memory is measured in the published benchmark, in real processes: this one builds full pods first.)
 
     python bench/render_bench.py --pods 16384 --runs 3
+    python bench/render_bench.py --pods 4096 --runs 3 --frameworks jax,tf,xgboost,paddle,mlx,mpi,ray
+
+``--frameworks`` renders those frameworks' files too (agent/core/frameworks), as ``--frameworks`` does in a pod.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import resource
@@ -30,7 +34,7 @@ from typing import Any
 from agent import examples
 from agent.core import Renderer
 from agent.core.journal import PublishedState, Publisher
-from agent.core.model import Options
+from agent.core.model import FrameworkOptions, Options
 from agent.core.published import Compactor, pack
 from agent.runtime.memory import keep_freed_memory, release_memory
 from agent.runtime.output import write_generation
@@ -59,13 +63,14 @@ def cpu_ms(call: Any) -> float:
     return (time.process_time() - start) * 1000
 
 
-def one_run(n: int, changes: int, malloc: str) -> dict[str, float]:
+def one_run(n: int, changes: int, malloc: str, frameworks: tuple[str, ...] = ()) -> dict[str, float]:
+    options = dataclasses.replace(OPTIONS, frameworks=FrameworkOptions(names=frameworks))
     if malloc == "sidecar":
         keep_freed_memory()
     pods = job(n)
     gc.collect()
     release_memory()
-    publisher = Publisher(PublishedState(job="demo", namespace="default"), OPTIONS, leader="demo-master-0")
+    publisher = Publisher(PublishedState(job="demo", namespace="default"), options, leader="demo-master-0")
     publisher.change(pods, pods)
     first = cpu_ms(publisher.snapshot_packed)
     whole = cpu_ms(lambda: pack(publisher.snapshot_document()))
@@ -77,9 +82,9 @@ def one_run(n: int, changes: int, malloc: str) -> dict[str, float]:
         publisher.change(pods, [name])
         after.append(cpu_ms(publisher.snapshot_packed))
     me = f"demo-worker-{n // 2}"
-    renderer = Renderer(OPTIONS, me, checked=True)
+    renderer = Renderer(options, me, checked=True)
     out = Path(tempfile.mkdtemp(prefix="render-bench-"))
-    write_generation(out, renderer.render(pods, generation=1, files_dir=str(out)), OPTIONS)
+    write_generation(out, renderer.render(pods, generation=1, files_dir=str(out)), options)
     gc.collect()
     gc.freeze()
     per: list[float] = []
@@ -91,7 +96,7 @@ def one_run(n: int, changes: int, malloc: str) -> dict[str, float]:
         def change(generation: int = k + 2) -> None:
             rendered = renderer.render(pods, generation=generation, files_dir=str(out))
             renderer.membership_key(rendered)
-            write_generation(out, rendered, OPTIONS)
+            write_generation(out, rendered, options)
         per.append(cpu_ms(change))
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     return {"snapshot_first_ms": first, "snapshot_whole_ms": whole,
@@ -105,19 +110,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--changes", type=int, default=100)
     parser.add_argument("--malloc", choices=["sidecar", "default"], default="sidecar")
+    parser.add_argument("--frameworks", default="", help="comma-separated frameworks to render too")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a run, in its own process
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_run(args.pods, args.changes, args.malloc)))
+        frameworks = tuple(filter(None, args.frameworks.split(",")))
+        print(json.dumps(one_run(args.pods, args.changes, args.malloc, frameworks)))
         return
     runs = []
     for run in range(args.runs):  # each in a fresh process: the malloc settings and the heap are per process
         result = subprocess.run([sys.executable, __file__, "--one", "--pods", str(args.pods), "--changes",
-                                 str(args.changes), "--malloc", args.malloc],
+                                 str(args.changes), "--malloc", args.malloc, "--frameworks", args.frameworks],
                                 capture_output=True, text=True, check=True)
         runs.append(json.loads(result.stdout))
         print(f"run {run + 1}: {result.stdout.strip()}", flush=True)
-    print(f"### {args.pods} pods, {args.runs} runs, malloc {args.malloc}: medians (min-max)")
+    print(f"### {args.pods} pods, {args.runs} runs, malloc {args.malloc}, frameworks {args.frameworks or 'none'}: "
+          "medians (min-max)")
     for key in runs[0]:
         values = [r[key] for r in runs]
         print(f"- {key}: {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")

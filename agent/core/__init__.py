@@ -5,19 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agent.core.frameworks import Rendition, render_frameworks
 from agent.core.model import Options, RawPod
-from agent.core.rendering import MemberTexts, render_files
+from agent.core.rendering import MemberTexts, render_files, with_frameworks
 from agent.core.topology import Memo, NodeLabels, Plan, Planner, build_plan
 from agent.core.variables import Variable, compute_variables
 
 
 @dataclass(frozen=True)
 class Rendered:
-    """One pod's plan, its variables and the files they make: what ``render`` writes and ``explain`` shows."""
+    """One pod's plan, its variables and the files they make: what ``render`` writes and ``explain`` shows.
+    ``frameworks``: the selected frameworks' parts (agent/core/frameworks), none for a torch-only job."""
 
     plan: Plan
     variables: tuple[Variable, ...]
     files: dict[str, bytes]
+    frameworks: tuple[Rendition, ...] = ()
 
 
 def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, generation: int = 1,
@@ -31,8 +34,9 @@ def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, gene
 def render_plan(plan: Plan, options: Options, *, generation: int = 1, files_dir: str | None = None) -> Rendered:
     """The variables and files of a plan (the leader publishes the plan before it renders its own files)."""
     variables = compute_variables(plan, options, generation=generation, files_dir=files_dir)
-    files = render_files(plan, variables, generation=generation)
-    return Rendered(plan=plan, variables=tuple(variables), files=files)
+    frameworks = render_frameworks(plan, options, files_dir=files_dir)
+    files = render_files(plan, variables, generation=generation, frameworks=frameworks)
+    return Rendered(plan=plan, variables=tuple(variables), files=files, frameworks=frameworks)
 
 
 class Renderer:
@@ -53,12 +57,17 @@ class Renderer:
     def render_planned(self, plan: Plan, *, generation: int, files_dir: str | None = None) -> Rendered:
         """``render_plan`` for a plan of this renderer's planner (its members' texts are cached)."""
         variables = compute_variables(plan, self.options, generation=generation, files_dir=files_dir)
-        files = render_files(plan, variables, generation=generation, texts=self.texts)
-        return Rendered(plan=plan, variables=tuple(variables), files=files)
+        frameworks = render_frameworks(plan, self.options, files_dir=files_dir)
+        files = render_files(plan, variables, generation=generation, texts=self.texts, frameworks=frameworks)
+        return Rendered(plan=plan, variables=tuple(variables), files=files, frameworks=frameworks)
 
     def membership_key(self, rendered: Rendered) -> tuple[tuple[object, ...], ...]:
-        """Who is in, where, with what rank, in what ``render`` just made (from the cached member keys)."""
-        return self.texts.membership_key(rendered.plan.topology)
+        """Who is in, where, with what rank, in what ``render`` just made (from the cached member keys), and
+        what the frameworks' files say."""
+        key = self.texts.membership_key(rendered.plan.topology)
+        if not rendered.frameworks:
+            return key
+        return with_frameworks(key, {r.key: {"digest": r.digest} for r in rendered.frameworks})
 
 
 __all__ = ["Memo", "NodeLabels", "Options", "Rendered", "Renderer", "build_plan", "render_plan", "render_pod"]

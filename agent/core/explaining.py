@@ -3,8 +3,11 @@ in rank order and, with Node labels, their domains)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agent.core import Rendered
-from agent.core.variables import explain_exclusions, warnings_for
+from agent.core.frameworks import Rendition
+from agent.core.variables import Variable, explain_exclusions, warnings_for
 
 
 def format_explanation(rendered: Rendered) -> str:
@@ -19,10 +22,9 @@ def format_explanation(rendered: Rendered) -> str:
         "variables (torch.env):",
     ]
     width = min(48, max((len(f"{v.name}={v.value}") for v in rendered.variables), default=0))
-    for var in rendered.variables:
-        text = f"unset {var.name}" if var.unset else f"{var.name}={var.value}"
-        mark = "  " if var.written else "- "
-        lines.append(f"  {mark}{text.ljust(width)}  # {var.source}")
+    lines += _variable_lines(rendered.variables, width)
+    for rendition in rendered.frameworks:
+        lines += _framework_lines(rendition, width)
     warnings = warnings_for(plan, rendered.variables)
     if warnings:
         lines += ["", "warnings:", *[f"  {w}" for w in warnings]]
@@ -44,3 +46,21 @@ def format_explanation(rendered: Rendered) -> str:
         lines.append(f"  {node_rank:>9}  {rank:>5}  {m.slots:>5}  {m.role:<12} {m.name:<32} {m.address:<16}{place}")
     lines += ["", f"files: {', '.join(rendered.files)}", "('- ' marks a variable that is not written)"]
     return "\n".join(lines)
+
+
+def _variable_lines(variables: Sequence[Variable], width: int) -> list[str]:
+    lines = []
+    for var in variables:
+        text = f"unset {var.name}" if var.unset else f"{var.name}={var.value}"
+        mark = "  " if var.written else "- "
+        lines.append(f"  {mark}{text.ljust(width)}  # {var.source}")
+    return lines
+
+
+def _framework_lines(rendition: Rendition, width: int) -> list[str]:
+    """A selected framework: what selected it, its files and port, its variables, and what the pod must know."""
+    files = ", ".join(rendition.files) or "none"
+    port = f"; port {rendition.port.number} ({rendition.port.source})" if rendition.port else ""
+    lines = ["", f"framework {rendition.key} (selected by {rendition.selected_by}): files {files}{port}"]
+    lines += _variable_lines(rendition.variables, width)
+    return lines + [f"  note: {note}" for note in rendition.notes]

@@ -152,7 +152,22 @@ def job_reads(me: RawPod, options: Options) -> JobReads:
                 f"{options.label('roles')} names {', '.join(repr(r) for r in unknown)}, but {kind} '{name}' has no "
                 f"such role (roles present: {', '.join(sorted(counts))}); fix the role names")
         options = dataclasses.replace(options, roles_checked=True)
-    return JobView(controller, options, tuple(objects), found.notes)
+    return JobView(controller, with_implied_frameworks(controller, objects, options), tuple(objects), found.notes)
+
+
+def with_implied_frameworks(controller: Controller, objects: Objects, options: Options) -> Options:
+    """``options`` with the frameworks the job's objects imply (``Controller.frameworks``), each with why."""
+    implied = controller.frameworks(objects)
+    if not implied or not objects:
+        return options
+    owner = objects[0]
+    why = f"{owner.get('kind', controller.title)} '{(owner.get('metadata') or {}).get('name', '?')}'"
+    known = dict(options.frameworks.implied)
+    added = tuple((name, why) for name in implied if name not in known)
+    if not added:
+        return options
+    frameworks = dataclasses.replace(options.frameworks, implied=options.frameworks.implied + added)
+    return dataclasses.replace(options, frameworks=frameworks)
 
 
 def expectation_from_pod(controller: Controller, pod: RawPod) -> Expectation | None:

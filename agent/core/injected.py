@@ -17,8 +17,8 @@ How a controller writes decides how "user or controller?" is answered:
   the plugins in Go map order, so the blocks follow the template's env in any order. The controller's part is
   the longest run of whole blocks at the end; a lone ``RANK`` a user wrote last is not a pytorch block.
 
-JobSet and the MPI operator write no variable the agent writes too (JobSet: none; MPI operator v2:
-``K_MPI_JOB_ROLE`` and the MPI implementation's ``OMPI_*``/``I_MPI_*``/``HYDRA_*``), so they have no rows here.
+JobSet writes no variable, so it has no rows here. The MPI operator's rows matter for mpi.env
+(core/frameworks/mpi.py): the hostfile names it writes on the launcher are the operator's, not the user's.
 """
 
 from __future__ import annotations
@@ -140,9 +140,43 @@ ROWS += (
     Injection("lws", LWS_RELEASES[2:], "LWS_WORKER_INDEX", "{worker}", "always", f"{LWS} {_LWS}"),
 )
 
-MODES: Mapping[str, Mode] = {"pytorchjob": "append", "trainjob": "upsert", "lws": "prepend", "volcano": "plugins"}
+MPI_OP = "kubeflow/mpi-operator"
+MPI_RELEASES = ("v0.5.0", "v0.6.0", "v0.7.0", "v0.8.0")
+_MPI = "pkg/controller/mpi_job_controller.go"
+_MPI_LAUNCHER = f"{_MPI} newLauncherPodTemplate"
+
+ROWS += (
+    # MPI operator v2: the first container of each pod; appended (the launcher's by its MPI implementation).
+    Injection("mpijob", MPI_RELEASES, "K_MPI_JOB_ROLE", "{role}", "always",
+              f"{MPI_OP} {_MPI} launcherEnvVars, workerEnvVars"),
+    Injection("mpijob", MPI_RELEASES, "OMPI_MCA_orte_keep_fqdn_hostnames", "true", "launcher, OpenMPI",
+              f"{MPI_OP} {_MPI_LAUNCHER} (ompiEnvVars)"),
+    Injection("mpijob", MPI_RELEASES, "OMPI_MCA_orte_default_hostfile", "/etc/mpi/hostfile", "launcher, OpenMPI",
+              f"{MPI_OP} {_MPI_LAUNCHER} (ompiEnvVars)"),
+    Injection("mpijob", MPI_RELEASES, "OMPI_MCA_plm_rsh_args", "-o ConnectionAttempts=10", "launcher, OpenMPI",
+              f"{MPI_OP} {_MPI_LAUNCHER} (ompiEnvVars)"),
+    Injection("mpijob", MPI_RELEASES, "OMPI_MCA_orte_set_default_slots", "{slots}", "launcher, OpenMPI",
+              f"{MPI_OP} {_MPI_LAUNCHER} (slotsPerWorker)"),
+    Injection("mpijob", MPI_RELEASES, "I_MPI_HYDRA_HOST_FILE", "/etc/mpi/hostfile", "launcher, Intel",
+              f"{MPI_OP} {_MPI_LAUNCHER} (intelEnvVars)"),
+    Injection("mpijob", MPI_RELEASES, "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", "-o ConnectionAttempts=10",
+              "launcher, Intel", f"{MPI_OP} {_MPI_LAUNCHER} (intelEnvVars)"),
+    Injection("mpijob", MPI_RELEASES, "I_MPI_PERHOST", "{slots}", "launcher, Intel",
+              f"{MPI_OP} {_MPI_LAUNCHER} (slotsPerWorker)"),
+    Injection("mpijob", MPI_RELEASES, "HYDRA_HOST_FILE", "/etc/mpi/hostfile", "launcher, MPICH",
+              f"{MPI_OP} {_MPI_LAUNCHER} (mpichEnvVars)"),
+    Injection("mpijob", MPI_RELEASES, "HYDRA_LAUNCH_EXTRA_ARGS", "-o ConnectionAttempts=10", "launcher, MPICH",
+              f"{MPI_OP} {_MPI_LAUNCHER} (mpichEnvVars)"),
+    Injection("mpijob", MPI_RELEASES, "NVIDIA_VISIBLE_DEVICES", "", "launcher, not runLauncherAsWorker",
+              f"{MPI_OP} {_MPI_LAUNCHER} (nvidiaDisableEnvVars)"),
+    Injection("mpijob", MPI_RELEASES, "NVIDIA_DRIVER_CAPABILITIES", "", "launcher, not runLauncherAsWorker",
+              f"{MPI_OP} {_MPI_LAUNCHER} (nvidiaDisableEnvVars)"),
+)
+
+MODES: Mapping[str, Mode] = {"pytorchjob": "append", "trainjob": "upsert", "lws": "prepend", "volcano": "plugins",
+                             "mpijob": "append"}
 RELEASES: Mapping[str, tuple[str, ...]] = {"pytorchjob": TO_OLD + TO_NEW, "trainjob": TRAINER_V2,
-                                          "volcano": VC_RELEASES, "lws": LWS_RELEASES}
+                                          "volcano": VC_RELEASES, "lws": LWS_RELEASES, "mpijob": MPI_RELEASES}
 TRAINJOB_MASTER_PORT = 29500  # Trainer's ContainerTrainerPort, in every v2 release above
 
 
@@ -272,13 +306,21 @@ def controller_entries(controller: str, env: list[RawEnvVar]) -> set[int]:
 
 
 TITLES: Mapping[str, str] = {"pytorchjob": "Kubeflow training-operator (PyTorchJob)", "trainjob": "Kubeflow Trainer v2 "
-                             "(TrainJob, torch plugin)", "volcano": "Volcano (job plugins)", "lws": "LeaderWorkerSet"}
+                             "(TrainJob, torch plugin)", "volcano": "Volcano (job plugins)", "lws": "LeaderWorkerSet",
+                             "mpijob": "MPI operator v2 (MPIJob)"}
 WHAT_THE_AGENT_DOES: Mapping[str, str] = {
     "PYTHONUNBUFFERED": "left as it is (not a topology fact)",
     "VK_TASK_INDEX": "left as it is (the agent writes VC_TASK_INDEX)",
     "PET_MAX_RESTARTS": "left as it is", "PET_RDZV_CONF": "left as it is", "PET_STANDALONE": "left as it is",
     "LWS_LEADER_ADDRESS": "left as it is (MASTER_ADDR is the leader's address)",
     "LWS_GROUP_SIZE": "left as it is (NNODES is the group's live size)", "LWS_WORKER_INDEX": "left as it is",
+    "K_MPI_JOB_ROLE": "left as it is", "OMPI_MCA_plm_rsh_args": "left as it is",
+    "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": "left as it is", "I_MPI_PERHOST": "left as it is",
+    "HYDRA_LAUNCH_EXTRA_ARGS": "left as it is", "NVIDIA_VISIBLE_DEVICES": "left as it is",
+    "NVIDIA_DRIVER_CAPABILITIES": "left as it is",
+    **dict.fromkeys(("OMPI_MCA_orte_keep_fqdn_hostnames", "OMPI_MCA_orte_default_hostfile",
+                     "OMPI_MCA_orte_set_default_slots", "I_MPI_HYDRA_HOST_FILE", "HYDRA_HOST_FILE"),
+                    "replaced in mpi.env (docs/frameworks.md)"),
 }
 
 

@@ -119,6 +119,21 @@ class ControllerChoice:
 
 
 @dataclass(frozen=True)
+class FrameworkOptions:
+    """Which frameworks' files to write besides torch.env (agent/core/frameworks), and their ports.
+
+    ``names``: the setting's list (``--frameworks``); ``implied``: what the job's objects imply, each with why
+    (read by init and the sidecar: an MPIJob's launcher gets mpi); ``ports``: ``--<framework>-port``."""
+
+    names: tuple[str, ...] = ()
+    implied: tuple[tuple[str, str], ...] = ()
+    ports: tuple[tuple[str, int], ...] = ()
+
+    def port(self, framework: str) -> int | None:
+        return dict(self.ports).get(framework)
+
+
+@dataclass(frozen=True)
 class Options:
     """What the user chose; ``None`` means "let the controller's convention decide"."""
 
@@ -143,6 +158,7 @@ class Options:
     roles_checked: bool = False
     # How the user spelled each option given ("roles" -> "TOPOLOGY_ROLES"), so the core's messages name it.
     labels: tuple[tuple[str, str], ...] = ()
+    frameworks: FrameworkOptions = FrameworkOptions()
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, f"--{name.replace('_', '-')}")

@@ -13,12 +13,15 @@ import json
 import operator
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology
 from agent.core.placement import Level
 from agent.core.topology import Plan
 from agent.core.variables import Variable, host_file_name
+
+if TYPE_CHECKING:
+    from agent.core.frameworks.base import Rendition
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TOPOLOGY_SCHEMA = 1
@@ -29,8 +32,9 @@ def shell_quote(value: str) -> str:
     return "'" + value.replace("'", "'\"'\"'") + "'"
 
 
-def render_env(variables: Sequence[Variable]) -> str:
-    lines = ["# Written by topology-agent. Source it: . /shared/torch.env"]
+def render_env(variables: Sequence[Variable], *, name: str = "torch.env", notes: Sequence[str] = ()) -> str:
+    """``name``: the file's own name, for the line that says how to source it; ``notes``: comment lines."""
+    lines = [f"# Written by topology-agent. Source it: . /shared/{name}", *(f"# {n}" for n in notes)]
     for var in variables:
         if not var.written:
             continue
@@ -70,9 +74,14 @@ def _hosts(topology: Topology) -> Sequence[Member]:
     return tuple(m for m in topology.training if id(m) not in left_out)
 
 
-def render_hostfile(topology: Topology) -> str:
+def hosts_lines(topology: Topology, tail: str) -> str:
+    """``<address><tail>\n`` per training member, each address once (``{}`` in ``tail``: its slots)."""
     hosts = _hosts(topology)
-    return _lines(hosts, " slots={}", topology.slot_sizes if hosts is topology.training else None)
+    return _lines(hosts, tail, topology.slot_sizes if hosts is topology.training else None)
+
+
+def render_hostfile(topology: Topology) -> str:
+    return hosts_lines(topology, " slots={}")
 
 
 def render_role_hosts(topology: Topology) -> dict[str, str]:
@@ -99,8 +108,8 @@ def _member_json(member: Member, levels: Sequence[Level] = ()) -> dict[str, Any]
     }
 
 
-def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: int,
-                      members: bool = True) -> dict[str, Any]:
+def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: int, members: bool = True,
+                      frameworks: Sequence[Rendition] = ()) -> dict[str, Any]:
     topo = plan.topology
     training = topo.training
     return {
@@ -122,6 +131,7 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
         **({"view": "own"} if topo.whole is not None else {}),
         "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
         "env": {v.name: v.value for v in variables if v.written and not v.unset},
+        **({"frameworks": {r.key: r.document() for r in frameworks}} if frameworks else {}),
     }
 
 
@@ -169,12 +179,12 @@ _TEXT, _KEY = operator.itemgetter(1), operator.itemgetter(2)
 
 
 def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int,
-                         texts: MemberTexts | None = None) -> bytes:
+                         texts: MemberTexts | None = None, frameworks: Sequence[Rendition] = ()) -> bytes:
     """One line of JSON (the C encoder is ~20x faster than indent=2). ``texts`` keeps each member's JSON between
     the sidecar's evaluations: encoding 4096 member objects took 15 ms per change, joining their texts 0.3 ms.
     Without it, members are encoded 1024 at a time: one dict per member of a 16384-pod job at once was ~20 MB of
     init's peak. The bytes are exactly ``json.dumps`` of the whole document (ASCII: it escapes the rest)."""
-    document = topology_document(plan, variables, generation=generation, members=False)
+    document = topology_document(plan, variables, generation=generation, members=False, frameworks=frameworks)
     document["members"] = []
     head = json.dumps(document)
     # Keys and strings before "members" are JSON-escaped, so the first '"members": []' is the key itself.
@@ -204,22 +214,21 @@ MARKERS = ("topology.json", "generation")  # written last, in this order: a read
 EXECUTABLE = frozenset({"discover_hosts.sh"})
 
 
-def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int,
-                 texts: MemberTexts | None = None) -> dict[str, bytes]:
-    """Every file of one generation, by name relative to the output directory, in write order. A view of part of
-    the job (--view own) writes no host list: its pod knows only rank 0 and itself."""
-    if plan.topology.whole is not None:
-        return {"torch.env": render_env(variables).encode(),
-                "topology.json": render_topology_json(plan, variables, generation=generation, texts=texts),
-                "generation": f"{generation}\n".encode()}
-    files = {
-        "torch.env": render_env(variables).encode(),
-        "hostfile": render_hostfile(plan.topology).encode(),
-        **{name: text.encode() for name, text in render_role_hosts(plan.topology).items()},
-        "discover_hosts.sh": render_discover_hosts(plan.topology).encode(),
-        "topology.json": render_topology_json(plan, variables, generation=generation, texts=texts),
-        "generation": f"{generation}\n".encode(),
-    }
+def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int, texts: MemberTexts | None = None,
+                 frameworks: Sequence[Rendition] = ()) -> dict[str, bytes]:
+    """Every file of one generation, by name relative to the output directory, in write order: the frameworks'
+    files (agent/core/frameworks) before the markers. A view of part of the job (--view own) writes no host
+    list: its pod knows only rank 0 and itself."""
+    files = {"torch.env": render_env(variables).encode()}
+    if plan.topology.whole is None:
+        files["hostfile"] = render_hostfile(plan.topology).encode()
+        files.update((name, text.encode()) for name, text in render_role_hosts(plan.topology).items())
+        files["discover_hosts.sh"] = render_discover_hosts(plan.topology).encode()
+    for rendition in frameworks:
+        files.update(rendition.files)
+    files["topology.json"] = render_topology_json(plan, variables, generation=generation, texts=texts,
+                                                  frameworks=frameworks)
+    files["generation"] = f"{generation}\n".encode()
     return files
 
 
@@ -230,7 +239,18 @@ _KEY_FIELDS = operator.itemgetter(0, 1, 4, 7, 8, 9, 11, 12, 13)
 
 def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:
     """The same key read back from a ``topology.json`` (the sidecar continues where init left off)."""
-    return tuple((m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"],
-                  m.get("running", True), m.get("node", ""),
-                  tuple(m["domains"].values()) if isinstance(m.get("domains"), dict) else None)
-                 for m in document.get("members", []))
+    key = tuple((m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"],
+                 m.get("running", True), m.get("node", ""),
+                 tuple(m["domains"].values()) if isinstance(m.get("domains"), dict) else None)
+                for m in document.get("members", []))
+    return with_frameworks(key, document.get("frameworks"))
+
+
+def with_frameworks(key: tuple[tuple[object, ...], ...], frameworks: dict[str, Any] | None
+                    ) -> tuple[tuple[object, ...], ...]:
+    """A membership key that also changes when a framework's files do (their ports, a member's IP in
+    mlx_hostfile.json: not in the members' key), by their digests in topology.json's ``frameworks``; a
+    torch-only job's key is the members' alone."""
+    if not frameworks:
+        return key
+    return (*key, ("frameworks", *sorted((name, str(entry["digest"])) for name, entry in frameworks.items())))

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
 from agent.core.facts import facts_of
+from agent.core.frameworks import FRAMEWORKS, published_ports
 from agent.core.model import ADDRESS, Member, Options, RawPod, Topology, Whole
 from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
@@ -71,6 +72,7 @@ class Summary:
     rank0: Member
     roles: tuple[tuple[str, int, tuple[str, ...] | None], ...]
     runs: tuple[Run, ...]
+    ports: dict[str, tuple[int, str]] = field(default_factory=dict)  # the frameworks' (core/frameworks)
 
     def run_of(self, role: str, index: tuple[int, ...]) -> Run | None:
         if not index:
@@ -80,9 +82,11 @@ class Summary:
                     None)
 
 
-def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS) -> dict[str, Any] | None:
+def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Options | None = None
+              ) -> dict[str, Any] | None:
     """The summary of the leader's plan, or None when runs cannot state it (see the module's docstring).
-    ``listed``: the largest role whose addresses are kept."""
+    ``listed``: the largest role whose addresses are kept; ``options``: the job's, whose selected frameworks'
+    ports (which rank 0's container or the whole membership decide) the summary carries."""
     topo = plan.topology
     if topo.levels or topo.rank_order != "index" or not topo.training or topo.whole is not None:
         return None
@@ -102,12 +106,14 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS) -> dict[str, 
         count = len(topo.role_members(role))
         roles.append([role, count, list(map(ADDRESS, topo.role_members(role))) if count <= listed else None])
     rank0 = topo.training[0]
+    ports = published_ports(plan, options) if options is not None else {}
     return {"schema": SUMMARY_SCHEMA, "seq": seq, "trainingRoles": list(topo.training_roles), "nnodes": topo.nnodes,
             "worldSize": topo.world_size, "slots": sorted(topo.slot_sizes), "masterPort": plan.master_port,
             "masterPortSource": plan.master_port_source,
             "rank0": [rank0.name, rank0.role, list(rank0.index), rank0.ordinal, rank0.address, rank0.dns_name,
                       rank0.ip, rank0.slots],
-            "roles": roles, "runs": runs}
+            "roles": roles, "runs": runs,
+            **({"ports": {key: list(value) for key, value in ports.items()}} if ports else {})}
 
 
 def summary_text(summary: dict[str, Any]) -> str:
@@ -167,7 +173,7 @@ def read_summary(text: str | None) -> Summary | None:
         seq = _whole_number(raw["seq"], "seq", high=2**53)
     except (KeyError, TypeError) as err:
         raise _refuse(f"field {err} missing or of the wrong type") from None
-    if not isinstance(source, str) or len(source) > 512 or not source.isprintable():
+    if not _is_line(source):
         raise _refuse("masterPortSource is not a line of text")
     if not isinstance(roles_raw, list) or not isinstance(runs_raw, list) or not 0 < len(runs_raw) <= MAX_RUNS \
             or not isinstance(rank0_raw, list) or len(rank0_raw) != 8 or len(roles_raw) > 64:
@@ -180,7 +186,24 @@ def read_summary(text: str | None) -> Summary | None:
             or first_run.slots != rank0.slots:
         raise _refuse("rank 0 is not the first pod of the first run")
     return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, world_size=world, slot_sizes=slots,
-                   master_port=port, master_port_source=source, rank0=rank0, roles=roles, runs=runs)
+                   master_port=port, master_port_source=source, rank0=rank0, roles=roles, runs=runs,
+                   ports=_read_ports(raw.get("ports", {})))
+
+
+def _is_line(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 512 and value.isprintable()
+
+
+def _read_ports(raw: Any) -> dict[str, tuple[int, str]]:
+    """The frameworks' ports: a known framework -> [port, the rule that chose it]."""
+    if not isinstance(raw, dict) or len(raw) > len(FRAMEWORKS):
+        raise _refuse("ports is not a map of the frameworks' ports")
+    ports = {}
+    for key, value in raw.items():
+        if key not in FRAMEWORKS or not isinstance(value, list) or len(value) != 2 or not _is_line(value[1]):
+            raise _refuse(f"ports names {str(key)[:40]!r} with {str(value)[:40]}, not [port, source]")
+        ports[key] = (_whole_number(value[0], f"the {key} port", low=1, high=65535), value[1])
+    return ports
 
 
 def _read_roles(roles_raw: list[Any]) -> tuple[tuple[str, int, tuple[str, ...] | None], ...]:
@@ -278,7 +301,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
     else:
         port = summary.master_port
     return Plan(topology=topology, controller=controller, self_pod=own, master_port=port, master_port_source=source,
-                slots_source={name: slots_source})
+                slots_source={name: slots_source}, published_ports=dict(summary.ports))
 
 
 def own_view(plan: Plan, options: Options, *, ssh: bool, listed: int = LISTED_HOSTS) -> tuple[Plan | None, str]:
@@ -288,7 +311,7 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, listed: int = LISTED_HO
     why = why_full_view(options, ssh=ssh)
     if why is not None:
         return None, why
-    raw = summarize(plan, seq=0, listed=listed)
+    raw = summarize(plan, seq=0, listed=listed, options=options)
     if raw is None:
         return None, "the job's ranks make no summary (more runs of ranks than a summary holds)"
     try:
@@ -300,10 +323,15 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, listed: int = LISTED_HO
     return (light, "") if light is not None else (None, "the summary does not place this pod")
 
 
-def view_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+def view_key(env: dict[str, str], frameworks: dict[str, Any] | None = None) -> tuple[tuple[str, str], ...]:
     """What a change must alter to be worth a rewrite and a signal with --view own: the written variables (the
-    generation aside), as rendered or as read back from topology.json's ``env``."""
-    return tuple(sorted((k, v) for k, v in env.items() if k != "TOPOLOGY_GENERATION"))
+    generation aside) and the frameworks' (their ``env`` and whether they are withheld), as rendered or as read
+    back from topology.json's ``env`` and ``frameworks``."""
+    items = [(k, v) for k, v in env.items() if k != "TOPOLOGY_GENERATION"]
+    for key, entry in (frameworks or {}).items():
+        items += [(f"{key}:{name}", value) for name, value in entry["env"].items()]
+        items += [(f"{key}:withheld", str(entry["withheld"])), (f"{key}:digest", str(entry["digest"]))]
+    return tuple(sorted(items))
 
 
 def why_full_view(options: Options, *, ssh: bool) -> str | None:

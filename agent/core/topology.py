@@ -43,6 +43,9 @@ class Plan:
     master_port: int
     master_port_source: str
     slots_source: dict[str, str]
+    rank0_pod: RawPod | None = None  # node rank 0's pod, whose container ports name the frameworks' ports
+    # --view own: the frameworks' ports as the leader published them (core/summary.py); None for a whole plan
+    published_ports: Mapping[str, tuple[int, str]] | None = None
 
 
 def _master_port(rank0: RawPod | None, controller: Controller, options: Options) -> tuple[int, str]:
@@ -545,7 +548,7 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
     )
     _remember_views(layout, topology)
     return Plan(topology=topology, controller=controller, self_pod=me, master_port=master_port,
-                master_port_source=port_source, slots_source=dict(layout.slots_source))
+                master_port_source=port_source, slots_source=dict(layout.slots_source), rank0_pod=rank0)
 
 
 def _remember_views(layout: _Layout, topology: Topology) -> None:

@@ -52,7 +52,8 @@ def host_file_name(role: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", role) + ".host"
 
 
-def _bracketed(address: str) -> str:
+def bracketed(address: str) -> str:
+    """An address as the host part of ``host:port``: IPv6 in brackets."""
     return f"[{address}]" if ":" in address else address
 
 
@@ -138,7 +139,7 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
             Variable("PET_NNODES", f"{elastic.low}:{elastic.high}", f"{elastic.rule} (torchrun --nnodes)"),
             Variable("PET_RDZV_BACKEND", "c10d", "elastic: torchrun's c10d rendezvous"),
             Variable(
-                "PET_RDZV_ENDPOINT", f"{_bracketed(rank0.address)}:{elastic.port}",
+                "PET_RDZV_ENDPOINT", f"{bracketed(rank0.address)}:{elastic.port}",
                 f"address of node rank 0, pod '{rank0.name}', : rendezvous port",
             ),
             Variable("PET_RDZV_ID", rdzv_id, id_rule),
@@ -205,7 +206,8 @@ def _placement_variables(plan: Plan) -> list[Variable]:
     return out
 
 
-def _respect_user(variables: list[Variable], env: dict[str, UserValue]) -> list[Variable]:
+def _respect_user(variables: list[Variable], env: dict[str, UserValue],
+                  aliases: tuple[tuple[str, ...], ...] = _ALIASES) -> list[Variable]:
     """Leave user-set variables alone, and make their aliases follow the user's value."""
     result: list[Variable] = []
     for var in variables:
@@ -220,7 +222,7 @@ def _respect_user(variables: list[Variable], env: dict[str, UserValue]) -> list[
             result.append(Variable(var.name, shown, f"set by user in container '{user.container}': left alone",
                                    written=False))
             continue
-        group = next((g for g in _ALIASES if var.name in g), ())
+        group = next((g for g in aliases if var.name in g), ())
         leader = next((name for name in group if name in env), None)
         if leader is not None:
             user = env[leader]
@@ -238,6 +240,26 @@ def _respect_user(variables: list[Variable], env: dict[str, UserValue]) -> list[
     return result
 
 
+
+
+def respect_user(variables: list[Variable], env: dict[str, UserValue], injected: dict[str, str], title: str, *,
+                 aliases: tuple[tuple[str, ...], ...] = _ALIASES) -> list[Variable]:
+    """What the user set in the trainer container stays theirs (not written; the other names of the same fact
+    in ``aliases`` follow it); a value the controller injected and the agent replaces says so. Every file of
+    variables (torch.env and each framework's) goes through here."""
+    result = []
+    for var in _respect_user(variables, env, aliases):
+        if var.written and var.name in injected and injected[var.name] != var.value:
+            var = Variable(var.name, var.value, f"{var.source}; replaces {var.name}={injected[var.name]} "
+                           f"injected by {title}", reference=var.reference)
+        result.append(var)
+    return result
+
+
+def trainer_env(plan: Plan, options: Options) -> tuple[dict[str, UserValue], dict[str, str]]:
+    """The user's variables in this pod's trainer container, and those its controller injected."""
+    container = pick_trainer_container(plan.self_pod, options.container)
+    return user_env(container, controller=plan.controller.key), _injected_values(plan, options)
 
 
 def _injected_values(plan: Plan, options: Options) -> dict[str, str]:
@@ -298,13 +320,7 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
         variables += _training_variables(plan, options, elastic_of(plan, options, injected))
     variables += _host_variables(plan)
     variables.append(Variable("TOPOLOGY_GENERATION", str(generation), "generation of these files"))
-    result = []
-    for var in _respect_user(variables, env):
-        if var.written and var.name in injected and injected[var.name] != var.value:
-            title = plan.controller.title
-            var = Variable(var.name, var.value, f"{var.source}; replaces {var.name}={injected[var.name]} "
-                           f"injected by {title}", reference=var.reference)
-        result.append(var)
+    result = respect_user(variables, env, injected, plan.controller.title)
     if not me.training:
         # The controller put training variables into a pod that does not train: take them back out, or a
         # data loader or parameter server believes it is a rank.

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agent.core.controllers import CONTROLLERS, parse_selector
-from agent.core.model import ControllerChoice, Options, is_whole_number, parse_owner
+from agent.core.frameworks import FRAMEWORKS, PORTED
+from agent.core.model import ControllerChoice, FrameworkOptions, Options, is_whole_number, parse_owner
 from agent.core.placement import DEFAULT_LEVELS, RANK_ORDERS, parse_levels
 from agent.core.validation import DNS_NAME, is_dns1123_label
 from agent.errors import InputError
@@ -162,6 +163,13 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
                        "torch.env without the long host lists, and no hostfile; docs/sidecar.md)")
     group.add_argument("--topology-levels", help="Node label keys outermost first, comma-separated, or 'default' "
                                                  "(zone, region, GKE, EKS, NVLink clique): TOPOLOGY_<LEVEL> vars")
+    group.add_argument("--frameworks", help="files for these frameworks too, comma-separated: "
+                       f"{', '.join(FRAMEWORKS)} (added to what the job implies; torch.env is always written; "
+                       "docs/frameworks.md)")
+    for key in PORTED:
+        framework = FRAMEWORKS[key]
+        group.add_argument(f"--{key}-port", help=f"{framework.title}: {framework.port_meaning} (default: the "
+                           f"controller's, else {framework.default_port})")
     ssh = parser.add_argument_group("SSH for DeepSpeed/MPI (written when the job's Secret is mounted)")
     ssh.add_argument("--ssh-secret-dir", help="the mounted Secret from 'topology-agent keygen', e.g. /etc/topology/ssh")
     ssh.add_argument("--ssh-port", help="port the trainers' sshd listens on (default 2222: non-root)")
@@ -185,7 +193,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
     view_k = knob(args, "view")
     view = choice_knob(Knob(view_k.value or "full", view_k.label), ("full", "own"))
 
-    given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k, view_k)
+    frameworks_k = knob(args, "frameworks")
+    port_ks = {key: knob(args, f"{key}-port") for key in PORTED}
+    frameworks = FrameworkOptions(names=_frameworks(frameworks_k),
+                                  ports=tuple((key, port) for key, k in port_ks.items()
+                                              if (port := whole_knob(k)) is not None))
+    given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k, view_k,
+             frameworks_k, *port_ks.values())
     return Options(
         labels=tuple((k.label.removeprefix("TOPOLOGY_").lower(), k.label) for k in given
                      if k.label.startswith("TOPOLOGY_")),
@@ -201,7 +215,18 @@ def options_from_args(args: argparse.Namespace) -> Options:
         levels=levels,
         rank_order=rank_order,  # type: ignore[arg-type]
         view=view,  # type: ignore[arg-type]
+        frameworks=frameworks,
     )
+
+
+def _frameworks(k: Knob) -> tuple[str, ...]:
+    """The frameworks named, in registry order; ``torch`` (always written) is allowed and adds nothing."""
+    names = {n.strip() for n in (k.value or "").split(",") if n.strip()}
+    unknown = sorted(names - set(FRAMEWORKS) - {"torch"})
+    if unknown:
+        raise InputError(f"{k.label} names {', '.join(repr(n) for n in unknown)}, which the agent does not know; use "
+                         f"some of: torch, {', '.join(FRAMEWORKS)}")
+    return tuple(key for key in FRAMEWORKS if key in names)
 
 
 def _roles(k: Knob) -> tuple[str, ...] | None:

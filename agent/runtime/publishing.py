@@ -77,7 +77,8 @@ def journal_data(publisher: Publisher, plan: Plan | None, options: Options) -> d
     """The journal ConfigMap's data: the publisher's changes and, for a job of ``--view own`` whose plan can be
     summarized, its summary (~400 bytes more in every event each follower receives: not for jobs that use none)."""
     data = publisher.journal_data()
-    summary = summarize(plan, seq=publisher.state.seq) if plan is not None and options.view == "own" else None
+    summary = summarize(plan, seq=publisher.state.seq, options=options) if plan is not None and options.view == "own" \
+        else None
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)
     return data

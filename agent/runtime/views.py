@@ -265,5 +265,6 @@ class SummaryView:
         if plan is None:
             return
         before = self.plan
-        self.changed = before is None or before.topology != plan.topology or before.master_port != plan.master_port
+        self.changed = before is None or before.topology != plan.topology or before.master_port != plan.master_port \
+            or before.published_ports != plan.published_ports
         self.plan = plan

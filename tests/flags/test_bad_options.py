@@ -56,6 +56,9 @@ COMMON = [
      ["--topology-levels", "TOPOLOGY_RACK", "only one"]),
     ("--topology-levels", ["--topology-levels", "example.com/node"], ["TOPOLOGY_NODE", "writes itself"]),
     ("--topology-levels", ["--topology-levels", ","], ["--topology-levels is empty", "default"]),
+    ("--frameworks", ["--frameworks", "jax,pytorch"], ["--frameworks names 'pytorch'", "torch, jax, tf"]),
+    *[(f"--{fw}-port", [f"--{fw}-port", "0"], [f"--{fw}-port '0'", "whole number from 1 to 65535"])
+      for fw in ("jax", "tf", "xgboost", "paddle", "mlx", "ray")],
 ]
 # Checked against the pods: offline here; init is tested against the sandbox (tests/integration/test_init.py),
 # and the sidecar keeps its last files on a topology error by design (pods change; init has refused already).

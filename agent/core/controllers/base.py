@@ -300,3 +300,13 @@ class Controller(abc.ABC):
         """(role, index) of the pod the job object names rank 0, when it names one (the object's counterpart of
         ``coordinator``)."""
         return None
+
+    def frameworks(self, objects: Objects) -> tuple[str, ...]:
+        """The frameworks (agent/core/frameworks) whose files the job's pods get besides torch.env. ``objects``
+        is empty where none were read (render, explain): then what the controller implies by itself."""
+        return ()
+
+    def framework_port(self, framework: str) -> tuple[str | None, int | None] | None:
+        """The container port name (looked up on rank 0's trainer container) and the default port this
+        controller gives ``framework``; None: no convention of its own."""
+        return None

@@ -169,6 +169,9 @@ class MpiJob(Controller):
             notes.append(f"MPIJob slotsPerWorker: {slots} slots per host")
         return OwnerOptions(options, tuple(notes))
 
+    def frameworks(self, objects: Objects) -> tuple[str, ...]:
+        return ("mpi",)  # the launcher runs mpirun: mpi.env points it at the live hostfile
+
     def waits_for(self, objects: Objects) -> dict[str, frozenset[str]]:
         # v0.6.0+: launcherCreationPolicy WaitForWorkersReady creates the launcher once every worker is Ready
         # (pkg/apis/kubeflow/v2beta1/types.go).

@@ -39,7 +39,8 @@ PREVIOUS_LIMIT = 32 * 1024 * 1024  # topology.json is ~1.2 MB at 4096 pods, ~5 M
 def _own_key(rendered: Rendered) -> tuple[tuple[str, str], ...]:
     """What a --view own pod's files say about it: a change elsewhere in the job that alters none of it is no
     rewrite and no signal."""
-    return view_key({v.name: v.value for v in rendered.variables if v.written and not v.unset})
+    return view_key({v.name: v.value for v in rendered.variables if v.written and not v.unset},
+                    {r.key: r.document() for r in rendered.frameworks})
 
 
 class Evaluator:
@@ -74,7 +75,7 @@ class Evaluator:
             generation = document.get("generation") if isinstance(document, dict) else None
             if not isinstance(generation, int) or isinstance(generation, bool) or not 0 <= generation < 2**53:
                 raise ValueError(f"its generation is {str(generation)[:20]}, not a whole number")
-            key = view_key(document.get("env", {})) if document.get("view") == "own" \
+            key = view_key(document.get("env", {}), document.get("frameworks")) if document.get("view") == "own" \
                 else membership_key_of_document(document)
         except FileNotFoundError:
             return

@@ -1,0 +1,212 @@
+"""What every framework renderer shares: the context it renders from, its port, and the one rendering path.
+
+A framework is one more spelling of the plan that torch.env spells (rank 0, RANK, the processes per pod, the
+members in rank order): a subclass says which pods get its files (``refusal``), which port it needs
+(``port``), what its variables are (``variables``, each with the rule behind it) and what other files it writes
+(``extra_files``). ``Framework.render`` does the rest the same way for all of them: the user's own values in the
+trainer container are kept (``respect_user``, as for torch.env), a variable too long for an environment is left
+out, and a pod that gets the files while the values cannot be known (``withheld``: e.g. a view of two members for
+a file that names every member) gets files that say so, never the values of an earlier membership.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from agent.core.containers import UserValue, pick_trainer_container
+from agent.core.model import Member, Options, Topology
+from agent.core.pods import pod_name
+from agent.core.rendering import render_env
+from agent.core.topology import Plan
+from agent.core.variables import ENV_BUDGET, Variable, respect_user
+
+
+@dataclass(frozen=True)
+class Port:
+    """A port a framework writes and the rule that chose it (explain and topology.json show it)."""
+
+    number: int
+    source: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a framework renders from: the plan, the options, the trainer container's env as the user and as the
+    controller wrote it, and the directory the files go to (for the paths a file names)."""
+
+    plan: Plan
+    options: Options
+    user: Mapping[str, UserValue]
+    injected: Mapping[str, str]
+    files_dir: str | None
+    asked: frozenset[str] = frozenset()  # the frameworks the setting names (not only the job)
+    memo: dict[str, Any] = field(default_factory=dict)  # what a framework computes once per rendering
+
+    @property
+    def topology(self) -> Topology:
+        return self.plan.topology
+
+    @property
+    def me(self) -> Member:
+        return self.plan.topology.me
+
+    @property
+    def partial(self) -> bool:
+        """The plan holds rank 0 and this pod only (--view own)."""
+        return self.plan.topology.whole is not None
+
+    def path(self, name: str) -> str:
+        return f"{self.files_dir.rstrip('/')}/{name}" if self.files_dir else name
+
+
+@dataclass(frozen=True)
+class Rendition:
+    """One framework's part of this pod's generation: its variables, its files' bytes, its port, and lines that
+    say who gets the files and why this pod got what it got."""
+
+    key: str
+    selected_by: str
+    variables: tuple[Variable, ...] = ()
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    port: Port | None = None
+    notes: tuple[str, ...] = ()
+    withheld: str | None = None  # the pod gets the files, without values: why
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """Stands for the files' bytes, so that the sidecar, continuing from topology.json, knows whether a new
+        rendering changes them (an IP in mlx_hostfile.json is in no membership key)."""
+        digest = hashlib.sha256()
+        for name, data in self.files.items():
+            digest.update(f"{name}\0{len(data)}\0".encode())
+            digest.update(data)
+        return digest.hexdigest()[:32]
+
+    def document(self) -> dict[str, Any]:
+        """Its entry under ``frameworks`` in topology.json."""
+        return {"selectedBy": self.selected_by, "files": list(self.files),
+                "port": self.port.number if self.port else None, "portSource": self.port.source if self.port else None,
+                "env": {v.name: v.value for v in self.variables if v.written and not v.unset},
+                "withheld": self.withheld, "notes": list(self.notes), "digest": self.digest}
+
+
+def host_ports(addresses: Iterable[str], port: int) -> list[str]:
+    """``<address>:<port>`` for each address, IPv6 in brackets (one pass over thousands of members per change)."""
+    tail = f":{port}"
+    return [f"[{a}]{tail}" if ":" in a else a + tail for a in addresses]
+
+
+def compact_json(value: Any) -> bytes:
+    """A JSON file as the frameworks write them: one line, no spaces, keys in the order built (deterministic)."""
+    return json.dumps(value, separators=(",", ":")).encode() + b"\n"
+
+
+def resolve_port(framework: Framework, plan: Plan, options: Options) -> Port | None:
+    """A framework's port, as MASTER_PORT's: the setting (``--<framework>-port``), else what the leader published
+    (``--view own``), else the controller's container port by its name on rank 0's trainer container, else the
+    controller's convention, else the framework's own default. None when only rank 0's container can say and a
+    ``--view own`` plan does not hold it."""
+    key = framework.key
+    asked = options.frameworks.port(key)
+    if asked is not None:
+        return Port(asked, options.label(f"{key}_port"))
+    published = plan.published_ports
+    if published is not None and key in published:
+        number, source = published[key]
+        return Port(number, f"{source} (published by the job's leader)")
+    name, default = plan.controller.framework_port(key) or (None, None)
+    if name is not None:
+        if plan.rank0_pod is not None:
+            container = pick_trainer_container(plan.rank0_pod, options.container) or {}
+            for entry in container.get("ports", []):
+                if entry.get("name") == name and entry.get("containerPort"):
+                    return Port(int(entry["containerPort"]), f"port '{name}' of container '{container.get('name')}' "
+                                f"in pod '{pod_name(plan.rank0_pod)}'")
+        elif published is not None:
+            return None
+    if default is not None:
+        return Port(default, f"{plan.controller.title} convention {default}")
+    if framework.default_port is not None:
+        return Port(framework.default_port, framework.default_port_source)
+    return None
+
+
+class Framework(abc.ABC):
+    """One framework's spelling of the plan. ``env_file`` is the sourced file; ``other_files`` the others (written
+    empty, JSON ones as ``null``, while withheld); ``recipients`` says in one line which pods get them."""
+
+    key: ClassVar[str]
+    title: ClassVar[str]
+    env_file: ClassVar[str]
+    other_files: ClassVar[tuple[str, ...]] = ()
+    recipients: ClassVar[str] = "training pods"
+    has_port: ClassVar[bool] = True
+    default_port: ClassVar[int | None] = None
+    default_port_source: ClassVar[str] = ""
+    port_meaning: ClassVar[str] = ""  # what the port is, for --help and docs
+    # Its files name every member: a --view own plan (rank 0 and this pod) cannot make them.
+    needs_every_member: ClassVar[bool] = False
+    aliases: ClassVar[tuple[tuple[str, ...], ...]] = ()  # names of one fact: a user value for one is the fact
+
+    def refusal(self, ctx: Context) -> str | None:
+        """Why this pod gets none of the files (None: it gets them). By default: training pods only."""
+        if ctx.me.training:
+            return None
+        roles = ", ".join(ctx.topology.training_roles) or "none"
+        return f"role '{ctx.me.role}' is not a training role ({roles}); {self.env_file} goes to {self.recipients}"
+
+    def port(self, plan: Plan, options: Options) -> Port | None:
+        return resolve_port(self, plan, options) if self.has_port else None
+
+    def blocked(self, ctx: Context, port: Port | None) -> str | None:
+        """Why the values cannot be known for this plan (the files are then written without them)."""
+        if self.needs_every_member and ctx.partial:
+            return (f"{self.env_file} names every member and --view own holds rank 0 and this pod only; use "
+                    "--view full for this pod")
+        if self.has_port and port is None:
+            return (f"the job's leader published no {self.key} port and --view own does not read rank 0's "
+                    f"container; set --{self.key}-port")
+        return None
+
+    @abc.abstractmethod
+    def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
+        """Every variable of the env file, in its order, each with the rule behind it."""
+
+    def extra_files(self, ctx: Context, port: Port | None) -> dict[str, bytes]:
+        """The other files (``other_files``), from the agent's values."""
+        return {}
+
+    def notes(self, ctx: Context) -> tuple[str, ...]:
+        """Lines for explain about what the pod must add itself (per-process values)."""
+        return ()
+
+    def render(self, ctx: Context, selected_by: str) -> Rendition:
+        refusal = self.refusal(ctx)
+        if refusal is not None:
+            return Rendition(self.key, selected_by, notes=(f"not written to this pod: {refusal}",))
+        port = self.port(ctx.plan, ctx.options)
+        why = self.blocked(ctx, port)
+        if why is not None:
+            files = {self.env_file: render_env((), name=self.env_file, notes=(f"not written: {why}",)).encode(),
+                     **{name: b"null\n" if name.endswith(".json") else b"" for name in self.other_files}}
+            return Rendition(self.key, selected_by, files=files, port=port, withheld=why,
+                             notes=(f"written without values: {why}",))
+        made = respect_user(self.variables(ctx, port), dict(ctx.user), dict(ctx.injected),
+                            ctx.plan.controller.title, aliases=self.aliases)
+        variables = tuple(_fit(made))
+        files = {self.env_file: render_env(variables, name=self.env_file).encode(), **self.extra_files(ctx, port)}
+        return Rendition(self.key, selected_by, variables, files, port, self.notes(ctx))
+
+
+def _fit(variables: Sequence[Variable]) -> list[Variable]:
+    """A value longer than an environment holds (TF_CONFIG, WORKER_ADDRS of thousands of pods: ``exec`` fails with
+    "Argument list too long") is not written; the JSON file holds it."""
+    return [Variable(v.name, f"({len(v.value.encode())} bytes)", f"{v.source}: too long for the environment, not "
+                     "written", written=False) if v.written and len(v.value.encode()) > ENV_BUDGET else v
+            for v in variables]

@@ -1,0 +1,104 @@
+"""TensorFlow: ``tf_config.json`` and ``tf.env`` (``TF_CONFIG``), from the live members.
+
+TF 2 accepts only the cluster keys ``chief``, ``worker``, ``ps`` and ``evaluator``, at most one chief and one
+evaluator (tensorflow/python/distribute/multi_worker_util.py ``_validate_cluster_spec``). A role named
+``master`` (a TFJob ``Master`` replica) is written as ``chief``: TFJob writes ``master``, which
+MultiWorkerMirroredStrategy refuses (tensorflow#27058). Every live member of those roles is listed, in rank
+order within its type, in every pod's file, the chief too (TFJob's ``enableDynamicWorker`` left the chief out
+of its own cluster, kubeflow/trainer#1763), and the sidecar rewrites it when members change (TFJob and Volcano
+set TF_CONFIG once, at pod creation: kubeflow/trainer#2070). TF reads it once, when the strategy is built: a
+new membership needs a new process.
+
+Who gets it: the pods whose role is one of those types, training or not (a parameter server does not train
+in torch's sense, but is a TF task). A pod of any other role gets no TF file: TF refuses a task type outside
+its cluster. One TF task per pod (TF runs one server per host and uses its local devices).
+"""
+
+from __future__ import annotations
+
+from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports
+from agent.core.model import ADDRESS
+from agent.core.variables import Variable
+
+TASK_TYPES = ("chief", "worker", "ps", "evaluator")  # TF's cluster keys, in the order they are written
+ROLE_TYPES = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}
+SINGLE = ("chief", "evaluator")  # TF allows at most one of each
+
+
+def task_type(role: str) -> str | None:
+    return ROLE_TYPES.get(role.lower())
+
+
+class Tf(Framework):
+    key, title, env_file = "tf", "TensorFlow", "tf.env"
+    other_files = ("tf_config.json",)
+    recipients = "the pods of roles chief, master (as chief), worker, ps and evaluator"
+    default_port = 2222
+    port_meaning = "the port every TF task listens on"
+    default_port_source = "TFJob's and Volcano's tensorflow plugin's default 2222"
+    needs_every_member = True
+
+    def refusal(self, ctx: Context) -> str | None:
+        if task_type(ctx.me.role) is not None:
+            return None
+        return f"role '{ctx.me.role}' is no TensorFlow task type; {self.env_file} goes to {self.recipients}"
+
+    def cluster(self, ctx: Context, port: Port) -> dict[str, list[str]]:
+        """Each type's ``<address>:<port>`` in rank order (computed once per rendering)."""
+        found: dict[str, list[str]] | None = ctx.memo.get("tf.cluster")
+        if found is None:
+            topo = ctx.topology
+            found = {}
+            for kind in TASK_TYPES:
+                for role in topo.roles:
+                    if task_type(role) == kind:
+                        found.setdefault(kind, []).extend(host_ports(map(ADDRESS, topo.role_members(role)),
+                                                                     port.number))
+            ctx.memo["tf.cluster"] = found
+        return found
+
+    def blocked(self, ctx: Context, port: Port | None) -> str | None:
+        why = super().blocked(ctx, port)
+        if why is not None or port is None:
+            return why
+        cluster = self.cluster(ctx, port)
+        crowded = [kind for kind in SINGLE if len(cluster.get(kind, ())) > 1]
+        if crowded:
+            return (f"{len(cluster[crowded[0]])} pods are TF task type '{crowded[0]}', and TF allows one; give the "
+                    "role one replica")
+        return None
+
+    def config(self, ctx: Context, port: Port) -> dict[str, object]:
+        me, topo = ctx.me, ctx.topology
+        kind = task_type(me.role)
+        assert kind is not None
+        roles = [r for r in topo.roles if task_type(r) == kind]
+        before = 0
+        for role in roles:  # 'chief' and 'master' are one type: the first role's pods come first
+            members = topo.role_members(role)
+            if role == me.role:
+                before += next(i for i, m in enumerate(members) if m.name == me.name)
+                break
+            before += len(members)
+        return {"cluster": self.cluster(ctx, port), "task": {"type": kind, "index": before}}
+
+    def text(self, ctx: Context, port: Port) -> bytes:
+        found: bytes | None = ctx.memo.get("tf.config")
+        if found is None:
+            found = ctx.memo["tf.config"] = compact_json(self.config(ctx, port))
+        return found
+
+    def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
+        assert port is not None
+        kind = task_type(ctx.me.role)
+        text = self.text(ctx, port).decode().rstrip("\n")
+        return [Variable("TF_CONFIG", text, f"the live members of roles {', '.join(sorted(ROLE_TYPES))} in rank "
+                         f"order, each <address>:{port.number} ({port.source}); this pod is task '{kind}' "
+                         "(= tf_config.json)")]
+
+    def extra_files(self, ctx: Context, port: Port | None) -> dict[str, bytes]:
+        assert port is not None
+        return {"tf_config.json": self.text(ctx, port)}
+
+
+TF = Tf()

@@ -1,0 +1,104 @@
+"""XGBoost (and LightGBM through XGBoostJob's names): ``xgboost.env`` and ``xgboost.json``.
+
+xgboost 3 reads no ``DMLC_*`` from the environment: the collective takes them as arguments
+(``CommunicatorContext(**args)``), so ``xgboost.json`` holds exactly those arguments. ``DMLC_NUM_WORKER`` is the
+tracker's ``n_workers`` and counts processes, and ``DMLC_TASK_ID`` is the pod's first process's global rank (a
+base: each process adds its local rank), so the count and the ids always agree (Trainer v2 writes GPUs x pods
+workers but one id per pod, and the group never forms). Start the tracker with ``sortby="task"`` so that the
+rank is the task id.
+
+XGBoost re-forms its group in the same process between rounds, with a new tracker on a new port. The port is
+derived from the membership so that every pod computes the same one without talking to the others (their
+generation numbers are their own): the base port (``--xgboost-port``, the controller's, else 9999) plus a stable
+hash (SHA-256) of the training members' names, addresses, node ranks and process counts, modulo
+``TRACKER_PORTS`` (fewer where the range would pass 65535). Every field hashed is part of the membership key the
+sidecar compares, so a change that alters the port always rewrites the files.
+
+XGBoostJob's ``MASTER_ADDR``/``MASTER_PORT``/``WORLD_SIZE``/``RANK``/``WORKER_ADDRS``/``WORKER_PORT``
+(training-operator v1.9 pkg/controller.v1/xgboost/xgboost.go) are written per pod, one LightGBM machine per pod,
+with every worker listed (XGBoostJob lists ``replicas - 1`` names, assuming exactly one master).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from agent.core.frameworks.base import Context, Framework, Port, compact_json, resolve_port
+from agent.core.frameworks.jax import process_rules
+from agent.core.model import ADDRESS, Member, Options
+from agent.core.topology import Plan
+from agent.core.variables import Variable
+
+TRACKER_PORTS = 1024
+
+
+def tracker_port(base: int, training: tuple[Member, ...]) -> int:
+    """``base`` + a stable hash of the training members, in [base, base + TRACKER_PORTS) and at most 65535."""
+    text = "\n".join(f"{m.name} {m.address} {m.node_rank} {m.slots}" for m in training)
+    span = min(TRACKER_PORTS, 65536 - base)
+    return base + int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % span
+
+
+class XGBoost(Framework):
+    key, title, env_file = "xgboost", "XGBoost / LightGBM", "xgboost.env"
+    other_files = ("xgboost.json",)
+    default_port = 9999
+    port_meaning = f"the base of the tracker's port (+ a hash of the members, mod {TRACKER_PORTS})"
+    default_port_source = "XGBoostJob's default 9999 (xgboost's tracker has no fixed port)"
+
+    def port(self, plan: Plan, options: Options) -> Port | None:
+        """The tracker's port: the base port chosen as for any framework, moved by the membership's hash. A
+        --view own plan takes the leader's (it needs every member)."""
+        if plan.published_ports is not None:
+            found = plan.published_ports.get(self.key)
+            return Port(found[0], f"{found[1]} (published by the job's leader)") if found else None
+        base = resolve_port(self, plan, options)
+        if base is None or not plan.topology.training:
+            return None
+        span = min(TRACKER_PORTS, 65536 - base.number)
+        return Port(tracker_port(base.number, plan.topology.training),
+                    f"base {base.number} ({base.source}) + hash of the training members mod {span}: the same on "
+                    "every pod, new with each membership")
+
+    def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
+        assert port is not None
+        topo, me = ctx.topology, ctx.me
+        rank0 = topo.training[0]
+        count_rule, id_rule = process_rules(ctx)
+        where = f"address of node rank 0, pod '{rank0.name}' (the tracker runs there)"
+        out = [
+            Variable("DMLC_TRACKER_URI", rank0.address, where),
+            Variable("DMLC_TRACKER_PORT", str(port.number), port.source),
+            Variable("DMLC_TASK_ID", str(me.first_rank), id_rule),
+            Variable("DMLC_NUM_WORKER", str(topo.world_size), count_rule),
+            Variable("MASTER_ADDR", rank0.address, "XGBoostJob's name: = DMLC_TRACKER_URI"),
+            Variable("MASTER_PORT", str(port.number), "XGBoostJob's name: = DMLC_TRACKER_PORT"),
+            Variable("WORLD_SIZE", str(topo.nnodes), "XGBoostJob's name: training pods (one LightGBM machine each)"),
+            Variable("RANK", str(me.node_rank), "XGBoostJob's name: NODE_RANK"),
+        ]
+        if topo.nnodes > 1:
+            if ctx.partial:
+                out.append(Variable("WORKER_ADDRS", "", "XGBoostJob's name: every training pod but rank 0; --view "
+                                    "own holds rank 0 and this pod only: not written", written=False))
+            else:
+                out.append(Variable("WORKER_ADDRS", ",".join(map(ADDRESS, topo.training[1:])),
+                                    "XGBoostJob's name: addresses of the training pods after rank 0, rank order"))
+            out.append(Variable("WORKER_PORT", str(port.number), "XGBoostJob's name: = MASTER_PORT"))
+        return out
+
+    def extra_files(self, ctx: Context, port: Port | None) -> dict[str, bytes]:
+        assert port is not None
+        return {"xgboost.json": compact_json({"dmlc_tracker_uri": ctx.topology.training[0].address,
+                                              "dmlc_tracker_port": port.number,
+                                              "dmlc_task_id": str(ctx.me.first_rank)})}
+
+    def notes(self, ctx: Context) -> tuple[str, ...]:
+        lines = ["xgboost.json goes straight into xgboost.collective.CommunicatorContext(**...); rank 0 starts "
+                 "RabitTracker(n_workers=DMLC_NUM_WORKER, port=DMLC_TRACKER_PORT, sortby='task')"]
+        if ctx.me.slots > 1:
+            lines.append(f"{ctx.me.slots} processes in this pod: DMLC_TASK_ID is the first's; process i uses "
+                         "DMLC_TASK_ID + i")
+        return tuple(lines)
+
+
+XGBOOST = XGBoost()
