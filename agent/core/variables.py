@@ -345,9 +345,10 @@ def repeated_hosts_warning(topology: Topology) -> str | None:
         first.setdefault(member.address, member.name)
     shown = ", ".join(f"'{m.name}' ({m.address}, as '{first[m.address]}')" for m in repeated[:8])
     more = f" and {len(repeated) - 8} more" if len(repeated) > 8 else ""
-    return (f"pods {shown}{more} share an address with an earlier pod (hostNetwork pods on one node share its IP): "
-            "torch.env counts them, but the hostfile and discover_hosts.sh name each address once, for the first "
-            "pod; for SSH launchers (DeepSpeed, MPI) run one training pod per node (podAntiAffinity)")
+    return (f"pods {shown}{more} share an address with an earlier pod (hostNetwork pods on one node share its IP; "
+            "pods given one hostname and subdomain share a DNS name): torch.env counts them, but the hostfile and "
+            "discover_hosts.sh name each address once, for the first pod; for SSH launchers (DeepSpeed, MPI) run one "
+            "training pod per node (podAntiAffinity) and give each pod its own hostname")
 
 
 def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:

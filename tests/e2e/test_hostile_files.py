@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent import examples
@@ -53,6 +53,14 @@ def hostile_jobs(draw):
     return pods, draw(st.sampled_from(["dns", "ip"]))
 
 
+def _same_hostname_twice() -> list:
+    """Two workers given one hostname (and so one DNS name, ``0.demo``): the case a run once found."""
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2), ("extras", 1)))
+    for pod in pods[1:3]:
+        pod["spec"]["hostname"] = "0"
+    return pods
+
+
 def _write(tmp: Path, name: str, text: str) -> Path:
     path = tmp / name
     path.write_text(text)
@@ -62,6 +70,7 @@ def _write(tmp: Path, name: str, text: str) -> Path:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(hostile_jobs())
+@example(job=(_same_hostname_twice(), "dns"))
 def test_every_file_parses_to_exactly_the_members(tmp_path_factory, job):
     pods, address = job
     try:
@@ -80,17 +89,23 @@ def test_every_file_parses_to_exactly_the_members(tmp_path_factory, job):
     written = {v.name for v in rendered.variables if v.written and not v.unset}
     assert names == written
 
+    # A host list names each address once, for the first pod that holds it (two pods can share one: hostNetwork
+    # pods on one node, or pods given one hostname and subdomain); torch.env counts every pod.
+    repeated = set(map(id, topo.repeated_hosts))
+    hosts = [m for m in training if id(m) not in repeated]
+    assert len({m.address for m in hosts}) == len(hosts) == len({m.address for m in training})
+
     # DeepSpeed's own parser: the training pods, in rank order, with their slots
     from deepspeed.launcher.runner import fetch_hostfile
 
     hostfile = _write(tmp, "hostfile", rendered.files["hostfile"].decode())
     parsed = fetch_hostfile(str(hostfile))
-    assert list(parsed.items()) == [(m.address, m.slots) for m in training]
+    assert list(parsed.items()) == [(m.address, m.slots) for m in hosts]
 
     # sh: discover_hosts.sh prints exactly host:slots of the running training pods
     script = _write(tmp, "discover_hosts.sh", rendered.files["discover_hosts.sh"].decode())
     printed = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert printed == [f"{m.address}:{m.slots}" for m in training if m.running]
+    assert printed == [f"{m.address}:{m.slots}" for m in hosts if m.running]
 
     # ssh -G: one Host block per member plus the defaults; no pod text becomes a directive
     config = _write(tmp, "ssh_config", render_ssh_config(topo, SshPaths(str(tmp)), 2222))
