@@ -10,10 +10,13 @@ Scenarios: ``idle`` (started, one review); ``connections`` (1000 TCP connections
 12 s, then a review); ``heads`` (100 TLS connections that send half a request head, held 12 s); ``objects`` (a 2.85
 MiB Pod, a 7.9 MiB one, a Volcano Job with a 3 MiB list, and the costliest shapes the webhook accepts, each just
 under its count of JSON values: distinct map keys, short strings, empty objects); ``at_once`` (six 7.9 MiB bodies
-at once); ``settings`` (1000 reviews, 8 at a time, each with a distinct 200 KB ``trainer-match``); ``latency``
+at once); ``settings`` (1000 reviews, 8 at a time, each with a distinct 200 KB ``trainer-match``);
+``settings_at_bound`` (the same with distinct values of 1000 characters, which are admitted); ``latency``
 (/healthz every 10 ms and a small review every 50 ms while the 3 MiB Volcano Job is reviewed back to back);
-``namespaces`` (reviews naming a namespace that is no namespace name: the webhook's requests to the API server
-are counted).
+``latency_alone`` (the same probes without the large reviews: the control for the machine's own load);
+``namespaces`` (reviews naming a namespace that is no namespace name, then reviews in real ones: every request
+the webhook's reviews make of the API server is listed); ``failing`` (8 reviews at once in a namespace whose read
+fails: 403, 500, or no answer).
 
     python bench/webhook_attack_bench.py --runs 3
 """
@@ -26,7 +29,9 @@ import base64
 import contextlib
 import io
 import json
+import multiprocessing
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -43,7 +48,7 @@ from typing import Any
 import aiohttp
 import psutil
 
-from agent import examples
+from agent import __version__, examples
 from agent.core.admission import MAX_VALUES
 from agent.core.injection import INJECT_LABEL, PREFIX
 from agent.sandbox.threaded import SandboxThread
@@ -130,8 +135,8 @@ class Webhook:
                 raise SystemExit(f"the webhook did not listen: {self.proc.communicate()[1][-500:]}")
             time.sleep(0.05)
         secret = sandbox.sandbox.store.get("/v1/secrets", "topology-agent-system", "topology-agent-webhook-tls")
-        trust = base64.b64decode(secret["data"]["ca.crt"]).decode()
-        self.context = ssl.create_default_context(cadata=trust)
+        self.trust = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        self.context = ssl.create_default_context(cadata=self.trust)
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
@@ -147,7 +152,7 @@ class Webhook:
             time.sleep(0.02)
 
     def stop(self) -> dict[str, float]:
-        """Server, reviewer (the largest) and their sum, in MB."""
+        """Server, reviewer (the largest) and their sum, in MiB (VmHWM is in KiB)."""
         main = self.proc.pid
         self.peaks[main] = max(self.peaks.get(main, 0.0), hwm(main) or 0.0)
         self._watching = False
@@ -262,8 +267,9 @@ async def at_once(hook: Webhook) -> dict[str, Any]:
     return {"answers": counts}
 
 
-async def settings(hook: Webhook) -> dict[str, Any]:
-    counts: dict[int, int] = {}
+async def distinct_settings(hook: Webhook, value: Callable[[int], str], **spec: Any) -> dict[str, Any]:
+    """1000 reviews, 8 at a time, each Pod with its own ``trainer-match`` (and the sidecar it configures)."""
+    counts: dict[str, int] = {}
     async with aiohttp.ClientSession() as session:
         queue = list(range(1000))
 
@@ -271,29 +277,58 @@ async def settings(hook: Webhook) -> dict[str, Any]:
             while queue:
                 i = queue.pop()
                 pod = small_pod(i)
-                pod["metadata"]["annotations"] = {PREFIX + "trainer-match": f"{i:06d}" + "x" * (200 * 1024)}
-                status, _ = await post(session, hook, wrap(pod, f"u{i}"))
-                counts[status] = counts.get(status, 0) + 1
+                pod["metadata"]["annotations"] = {PREFIX + "sidecar": "true", PREFIX + "trainer-match": value(i)}
+                pod["spec"].update(spec)
+                status, answer = await post(session, hook, wrap(pod, f"u{i}"))
+                result = str(status) if status != 200 else (
+                    "allowed" if json.loads(answer)["response"]["allowed"] else "denied")
+                counts[result] = counts.get(result, 0) + 1
 
         started = time.monotonic()
         await asyncio.gather(*(sender() for _ in range(8)))
     return {"answers": counts, "seconds": round(time.monotonic() - started, 1)}
 
 
-async def latency(hook: Webhook, seconds: float = 20.0) -> dict[str, Any]:
-    big = wrap(volcano_with_list(3 << 20), "v", plural="jobs")
+async def settings(hook: Webhook) -> dict[str, Any]:
+    """Distinct 200 KB values: each refused by the setting's length bound (1024) before any parser sees it."""
+    return await distinct_settings(hook, lambda i: f"{i:06d}" + "x" * (200 * 1024))
+
+
+async def settings_at_bound(hook: Webhook) -> dict[str, Any]:
+    """Distinct values of the most a setting may hold, each a regex the agent's parser compiles: admitted."""
+    return await distinct_settings(hook, lambda i: f"train(er)?-{i:06d}-" + "[a-z]" * 200,
+                                   shareProcessNamespace=True, securityContext={"runAsUser": 1000})
+
+
+def send_large(port: int, trust: str, seconds: float, reviewed: Any) -> None:
+    """The 3 MiB Volcano Job reviewed back to back for ``seconds``, from a process of its own: encrypting 3 MiB
+    on the probes' event loop would delay the probes on the caller's side, not the webhook's."""
+    async def send() -> int:
+        context = ssl.create_default_context(cadata=trust)
+        body = wrap(volcano_with_list(3 << 20), "v", plural="jobs")
+        done, stop = 0, time.monotonic() + seconds
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < stop:
+                async with session.post(f"https://127.0.0.1:{port}/mutate", data=io.BytesIO(body), ssl=context,
+                                        headers={"Content-Type": "application/json"}) as answer:
+                    await answer.read()
+                    done += answer.status == 200
+        return done
+
+    reviewed.value = asyncio.run(send())
+
+
+async def latency(hook: Webhook, seconds: float = 20.0, large_too: bool = True) -> dict[str, Any]:
     health: list[float] = []
     small: list[float] = []
-    large = 0
+    spawn = multiprocessing.get_context("spawn")
+    reviewed = spawn.Value("i", 0)
+    sender = spawn.Process(target=send_large, args=(hook.port, hook.trust, seconds + 2, reviewed))
+    if large_too:
+        sender.start()
+        await asyncio.sleep(2)  # the sender's start-up, and its first large review under way
     stop = time.monotonic() + seconds
     async with aiohttp.ClientSession() as session:
-        async def reviews_of_large() -> None:
-            nonlocal large
-            async with aiohttp.ClientSession() as own:
-                while time.monotonic() < stop:
-                    status, _ = await post(own, hook, big)
-                    large += status == 200
-
         async def healthz() -> None:
             while time.monotonic() < stop:
                 started = time.perf_counter()
@@ -312,23 +347,87 @@ async def latency(hook: Webhook, seconds: float = 20.0) -> dict[str, Any]:
                 i += 1
                 await asyncio.sleep(0.05)
 
-        await asyncio.gather(reviews_of_large(), healthz(), smalls())
-    return {"large reviewed": large, "healthz": health, "small": small}
+        await asyncio.gather(healthz(), smalls())
+    if large_too:
+        await asyncio.to_thread(sender.join, 60)
+    return {"large reviewed": reviewed.value, "healthz": health, "small": small}
+
+
+async def latency_alone(hook: Webhook) -> dict[str, Any]:
+    """The same probes with no large review: what the machine's own load costs them (the control)."""
+    return await latency(hook, large_too=False)
+
+
+def record_requests(sandbox: SandboxThread) -> list[tuple[str, str, str, str]]:
+    """Every request the sandbox gates from now on: (User-Agent, method, path, query). The sandbox counts
+    requests per client; this keeps what each asked for (the benchmark wraps its gate in its own process)."""
+    seen: list[tuple[str, str, str, str]] = []
+    gate = sandbox.sandbox._gate
+
+    async def recording(request: Any, agent: str) -> Any:
+        seen.append((agent, request.method, request.path, request.query_string))
+        return await gate(request, agent)
+
+    sandbox.sandbox._gate = recording  # type: ignore[method-assign]
+    return seen
+
+
+REVIEWS_CLIENT = f"topology-agent/{__version__} webhook"  # the namespaces' reads (cli.py); its TLS has its own
+NAMESPACE_GET = re.compile(r"/api/v1/namespaces/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 async def namespaces(hook: Webhook, sandbox: SandboxThread) -> dict[str, Any]:
-    agent = next((a for a in sandbox.stats()["byAgent"] if "webhook" in a), None)
-    before = sandbox.stats()["byAgent"].get(agent, {}).get("requests", 0) if agent else 0
-    denied = 0
+    """Reviews naming hostile namespaces (20 of each), then 5 reviews in each of 3 real ones: every request the
+    webhook's reviews made is listed."""
+    seen = record_requests(sandbox)
+    denied = allowed = 0
     async with aiohttp.ClientSession() as session:
         for round_ in range(20):
             for namespace in HOSTILE_NAMESPACES:
                 status, answer = await post(session, hook, wrap(small_pod(round_), "n", namespace=namespace))
                 denied += status == 200 and not json.loads(answer)["response"]["allowed"]
-    by_agent = sandbox.stats()["byAgent"]
-    agent = next((a for a in by_agent if "webhook" in a), agent)
-    after = by_agent.get(agent, {}).get("requests", 0) if agent else 0
-    return {"reviews": 20 * len(HOSTILE_NAMESPACES), "denied": denied, "requests to the API server": after - before}
+        for namespace in ("default", "team-a", "team-b"):
+            for i in range(5):
+                status, answer = await post(session, hook, wrap(small_pod(i), "ok", namespace=namespace))
+                allowed += status == 200 and json.loads(answer)["response"]["allowed"]
+    reviews = [s for s in seen if s[0] == REVIEWS_CLIENT]
+    other = [s for s in reviews if s[1] != "GET" or s[3] or not NAMESPACE_GET.fullmatch(s[2])]
+    return {"hostile reviews": 20 * len(HOSTILE_NAMESPACES), "denied": denied, "reviews in real namespaces": 15,
+            "allowed": allowed, "requests by the reviews' client": [f"{m} {p}" for _, m, p, _ in reviews],
+            "requests to any other path": len(other)}
+
+
+async def failing(hook: Webhook, sandbox: SandboxThread) -> dict[str, Any]:
+    """8 reviews at once in a namespace whose read fails, for each way it can fail: how many are answered, with
+    the reason, and when. Sent with ?timeout=5s, as the shipped timeoutSeconds makes the API server send them."""
+    out: dict[str, Any] = {}
+    faults = {"403 (no RBAC)": {"status": 403}, "500 on every read": {"status": 500},
+              "no answer (hangs)": {"delay": 60.0}}
+    async with aiohttp.ClientSession() as session:
+        for i, (name, knobs) in enumerate(faults.items()):
+            namespace = f"failing-{i}"
+            sandbox.faults(path=f"/api/v1/namespaces/{namespace}", **knobs)
+
+            async def one(uid: str, namespace: str = namespace) -> tuple[bool, float]:
+                started = time.monotonic()
+                url = hook.url("/mutate?timeout=5s")
+                async with session.post(url, data=wrap(small_pod(0), uid, namespace=namespace), ssl=hook.context,
+                                        headers={"Content-Type": "application/json"}) as answer:
+                    body = await answer.json() if answer.status == 200 else {}
+                response = body.get("response", {})
+                reason = response.get("status", {}).get("message", "")
+                return (response.get("allowed") is False and f"Namespace {namespace}" in reason,
+                        time.monotonic() - started)
+
+            results = await asyncio.gather(*(one(f"u{j}") for j in range(8)), return_exceptions=True)
+            sandbox.faults(clear=True)
+            answered = [r for r in results if isinstance(r, tuple) and r[0]]
+            out[name] = {"answered with the reason": f"{len(answered)} of 8",
+                         "slowest (s)": round(max((r[1] for r in answered), default=float("nan")), 2)}
+    return out
+
+
+LATENCY = ("healthz p99", "healthz max", "small p99", "small max")
 
 
 def main() -> None:
@@ -338,10 +437,11 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
     os.sched_setaffinity(0, {c for c in os.sched_getaffinity(0) if str(c) != args.webhook_cpu} or {0})
-    scenarios = ["idle", "connections", "heads", "objects", "at_once", "settings", "latency", "namespaces"]
+    scenarios = ["idle", "connections", "heads", "objects", "at_once", "settings", "settings_at_bound", "latency",
+                 "latency_alone", "namespaces", "failing"]
     rows: dict[str, list[dict[str, float]]] = {s: [] for s in scenarios if not args.only or s in args.only}
     notes: dict[str, Any] = {}
-    lat: dict[str, list[float]] = {"healthz p99": [], "healthz max": [], "small p99": [], "small max": []}
+    lat: dict[str, dict[str, list[float]]] = {}
     for run in range(args.runs):
         for scenario in rows:
             port = free_port()
@@ -351,35 +451,45 @@ def main() -> None:
                                                  "metadata": {"name": "topology-agent-system"}})
                 hook = Webhook(sb, port, args.webhook_cpu)
                 try:
-                    if scenario == "namespaces":
-                        result = asyncio.run(namespaces(hook, sb))
+                    if scenario in ("namespaces", "failing"):
+                        result = asyncio.run(globals()[scenario](hook, sb))
                     else:
                         result = asyncio.run(globals()[scenario](hook))
                 finally:
                     peaks = hook.stop()
             rows[scenario].append(peaks)
-            if scenario == "latency":
+            if scenario.startswith("latency"):
                 for name in ("healthz", "small"):
-                    lat[f"{name} p99"].append(percentile(result[name], 0.99) * 1e3)
-                    lat[f"{name} max"].append(max(result[name]) * 1e3)
-                result = {"large reviewed": result["large reviewed"], "healthz": len(result["healthz"]),
-                          "small": len(result["small"])}
+                    values = result.pop(name)
+                    result[f"{name} count"] = len(values)
+                    for key in ("p99", "max"):
+                        result[f"{name} {key} (ms)"] = round(figure(values, key), 1)
+                for key in LATENCY:
+                    lat.setdefault(scenario, {}).setdefault(key, []).append(result[f"{key} (ms)"])
             notes.setdefault(scenario, []).append(result)
-            print(f"run {run + 1} {scenario}: server {peaks['server']:.1f} MB, reviewer {peaks['reviewer']:.1f} "
-                  f"MB, sum {peaks['sum']:.1f} MB; {result}", flush=True)
-    print("\n| scenario | server peak (MB) | reviewer peak (MB) | sum (MB) |")
+            print(f"run {run + 1} {scenario}: server {peaks['server']:.1f} MiB, reviewer {peaks['reviewer']:.1f} "
+                  f"MiB, sum {peaks['sum']:.1f} MiB; {result}", flush=True)
+    summary(rows, lat, notes)
+
+
+def figure(seconds: list[float], key: str) -> float:
+    return (percentile(seconds, 0.99) if key == "p99" else max(seconds)) * 1e3
+
+
+def summary(rows: dict[str, list[dict[str, float]]], lat: dict[str, dict[str, list[float]]],
+            notes: dict[str, Any]) -> None:
+    def cell(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+    print("\n| scenario | server peak (MiB) | reviewer peak (MiB) | sum (MiB) |")
     print("|---|---|---|---|")
     for scenario, runs in rows.items():
-        cells = []
-        for key in ("server", "reviewer", "sum"):
-            values = [r[key] for r in runs]
-            cells.append(f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})")
-        print(f"| {scenario} | {' | '.join(cells)} |")
-    if lat["healthz p99"]:
-        print("\n| while a 3 MiB Volcano Job is reviewed back to back | median (min-max) of runs, ms |")
-        print("|---|---|")
-        for key, values in lat.items():
-            print(f"| {key} | {statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f}) |")
+        print(f"| {scenario} | {' | '.join(cell([r[k] for r in runs]) for k in ('server', 'reviewer', 'sum'))} |")
+    if lat:
+        print("\n| probe | " + " | ".join(f"{s}: median (min-max) of runs, ms" for s in lat) + " |")
+        print("|---|" + "---|" * len(lat))
+        for key in LATENCY:
+            print(f"| {key} | " + " | ".join(cell(lat[s][key]) for s in lat) + " |")
     print("\n" + json.dumps({k: v[-1] for k, v in notes.items()}, indent=1, default=str))
 
 

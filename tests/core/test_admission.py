@@ -262,6 +262,46 @@ def test_the_patch_comes_from_what_the_agent_adds_not_a_copy_of_the_object():
     assert len(patch) < 8192 and b"xxxx" not in patch and b"V19999" not in patch
 
 
+def test_a_review_with_more_json_values_than_the_webhook_reads_is_refused_before_it_is_parsed(monkeypatch):
+    """Issue 34: parsing a 3 MiB object of the costliest shape (distinct map keys, ~70 bytes a value parsed)
+    took a webhook past its memory limit. Values are counted before anything is made: past MAX_VALUES the review
+    is refused in one line, under it (a 3 MiB object of real shape has ~350000) it is read."""
+    pod = bare_pod()
+    pod["spec"]["nodeSelector"] = {f"k{i:06d}": "" for i in range(admission.MAX_VALUES // 2 + 1)}  # ':' and ','
+    body = json.dumps(review(pod)).encode()
+    parsed: list[int] = []
+    real = json.loads
+    monkeypatch.setattr(json, "loads", lambda *args, **kwargs: parsed.append(1) or real(*args, **kwargs))
+    with pytest.raises(InputError) as refused:
+        admission.read_review(body)
+    assert parsed == []
+    assert str(refused.value).startswith(f"the review holds about {admission.json_values(body)} JSON values, more "
+                                         f"than the webhook reads ({admission.MAX_VALUES})")
+    assert "\n" not in str(refused.value)
+    pod["spec"]["nodeSelector"] = {f"k{i:06d}": "" for i in range(admission.MAX_VALUES // 2 - 64)}
+    assert admission.read_review(json.dumps(review(pod)).encode()).uid == "u-1" and parsed == [1]
+
+
+def test_a_users_pvc_named_like_the_agent_is_kept_by_the_webhooks_patch():
+    """Issue 34: a PVC `topology-agent-data` mounted at /data was replaced by the empty shared volume and the pod
+    admitted. The patch removes only the agent's own pieces, in a template the agent injected."""
+    pod = bare_pod()
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "topology-agent-data", "mountPath": "/data"}]
+    pod["spec"]["volumes"] = [{"name": "topology-agent-data", "persistentVolumeClaim": {"claimName": "data"}},
+                              {"name": "topology-agent-config", "configMap": {"name": "settings"}}]
+    after, response = admitted(pod)
+    assert response["allowed"] is True
+    spec = after["spec"]
+    assert spec["volumes"][:2] == pod["spec"]["volumes"]
+    assert [v["name"] for v in spec["volumes"][2:]] == ["topology-agent-shared", "topology-agent-token"]
+    assert spec["containers"][0]["volumeMounts"] == [{"name": "topology-agent-data", "mountPath": "/data"},
+                                                     {"name": "topology-agent-shared", "mountPath": "/shared"}]
+    pod["spec"]["volumes"][0]["name"] = "topology-agent-shared"  # one of the agent's own names: refused, never replaced
+    _, response = admitted(pod)
+    assert response["allowed"] is False
+    assert "volume 'topology-agent-shared' is in a template the agent did not inject" in response["status"]["message"]
+
+
 AGENT_PIECES = {"initContainers": [{"name": INIT, "image": "old"}, {"name": SIDECAR, "image": "old"}],
                 "volumes": [{"name": "topology-agent-shared", "emptyDir": {}},
                             {"name": "topology-agent-token", "projected": {"sources": []}}]}

@@ -11,6 +11,7 @@ import gc
 import io
 import json
 import os
+import re
 import socket
 import ssl
 import sys
@@ -26,7 +27,7 @@ from agent.errors import ApiForbidden, ApiNotFound
 from agent.runtime import certs
 from agent.runtime.serving import BoundedServer, Limits
 from agent.runtime.tls import load_tls
-from agent.runtime.webhook import MAX_BODY, REVIEWER, Webhook, WebhookSettings, review_timeout
+from agent.runtime.webhook import MAX_BODY, REVIEWER, Budget, Webhook, WebhookSettings, review_timeout
 
 
 class Namespaces:
@@ -258,6 +259,28 @@ async def test_a_keep_alive_connection_between_reviews_is_not_taken_for_a_slow_h
         assert s.server.slow_heads == 0
 
 
+async def test_a_keep_alive_connection_that_starts_its_next_head_and_stops_is_closed():
+    """Slowloris after one whole review: the head's clock starts again at the first byte of the next request,
+    so a connection that sends half a head after a review is not held until its idle timeout (120 s)."""
+    async with served(Namespaces({}), head=0.5) as s:
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port, ssl=s.client)
+        body = json.dumps(review("u1")).encode()
+        writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = re.search(rb"content-length: *(\d+)", head, re.IGNORECASE)
+        assert head.startswith(b"HTTP/1.1 200") and length is not None
+        await reader.readexactly(int(length.group(1)))
+        await asyncio.sleep(0.8)  # idle between requests, longer than the head timeout: kept (keep-alive)
+        assert s.server.open == 1 and s.server.slow_heads == 0
+        writer.write(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+        await writer.drain()
+        assert await closed_by_server(reader, 5.0)
+        assert s.server.slow_heads == 1
+        writer.close()
+
+
 async def test_a_body_too_large_or_of_unknown_length_is_refused_before_it_is_read():
     async with served(Namespaces({})) as s:
         reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port, ssl=s.client)
@@ -298,6 +321,40 @@ async def test_a_large_object_is_reviewed_in_its_own_process_while_health_and_sm
         answer = json.loads(body)["response"]
         assert answer["uid"] == "big" and answer["allowed"] is True and len(answer["patch"]) < 8192
         assert pid != os.getpid() and s.webhook.reviewer.started == 1
+
+
+async def test_bodies_are_read_only_while_those_held_fit_the_budget():
+    """Six 7.9 MiB bodies at once would be 47 MiB read before the first is reviewed: a body is read only when its
+    Content-Length fits what the bodies held (read, or waiting for the reviewing process) leave of the budget;
+    the others wait, unread, and every review is answered."""
+    class Watched(Budget):
+        peak = 0
+
+        @contextlib.asynccontextmanager
+        async def hold(self, size: int):
+            async with super().hold(size):
+                self.peak = max(self.peak, self.used)
+                yield
+
+    async with served(Namespaces({})) as s:
+        s.webhook.bodies = budget = Watched(1 << 20)
+        bodies = [big_pod_review(f"b{i}", 0.4) for i in range(4)]
+        assert all(len(b) > (1 << 20) // 3 for b in bodies)  # three of them do not fit at once
+        answers = await asyncio.gather(*(s.post(body) for body in bodies))
+        assert [status for status, _, _ in answers] == [200] * 4
+        assert all(json.loads(body)["response"]["allowed"] is True for _, body, _ in answers)
+        assert max(len(b) for b in bodies) <= budget.peak <= 1 << 20 and budget.used == 0
+
+
+async def test_a_review_with_more_json_values_than_the_webhook_reads_is_a_400_with_one_line():
+    """1.2 MB of empty objects, 600000 values: refused by the reviewing process before it parses them, one line."""
+    async with served(Namespaces({})) as s:
+        body = review("u1")
+        body["request"]["object"]["spec"]["tolerations"] = [{}] * 300_000
+        status, text, _ = await s.post(json.dumps(body).encode())
+        assert status == 400, text
+        assert b"JSON values, more than the webhook reads (524288)" in text and len(text.strip().splitlines()) == 1
+        assert s.webhook.reviewer.started == 1
 
 
 async def test_a_review_that_outlives_its_deadline_is_answered_in_time_and_its_process_ended(tmp_path):
