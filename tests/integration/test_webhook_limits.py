@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 
 from tests.integration.test_webhook import SECRET, cluster, get, start_webhook, stop  # noqa: F401 (fixture)
-from tests.test_webhook_server import review
+from tests.runtime.test_webhook_server import review
 
 
 def serving(sandbox, proc) -> ssl.SSLContext:
