@@ -31,3 +31,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped where every test must run (TOPOLOGY_TESTS_REQUIRE_ALL=1): {reason}"
+
+
+LANES = {"integration": "sandbox", "e2e": "e2e"}  # a test's folder -> its lane's marker
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test of tests/integration is marked ``sandbox`` and each of tests/e2e ``e2e``, by its folder, so a
+    lane is chosen by marker (scripts/test --fast: ``-m "not sandbox and not e2e and not slow"``)."""
+    root = config.rootpath / "tests"
+    for item in items:
+        parts = item.path.relative_to(root).parts if item.path.is_relative_to(root) else ()
+        lane = LANES.get(parts[0]) if parts else None
+        if lane is not None:
+            item.add_marker(lane)

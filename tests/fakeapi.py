@@ -155,9 +155,12 @@ class FakeApi:
         return AsyncClient(CONFIG, user_agent=agent,
                            transport=AsyncMockTransport(lambda request: self._async(agent, request)), **kwargs)
 
+    def __post_init__(self) -> None:
+        self.memory.on_open = self.notice.changed
+
     def watching(self, agent: str, path: str) -> bool:
-        """Whether ``agent`` has asked for a watch of ``path`` (a collection)."""
-        return any(who == agent and r.verb == "watch" and r.path == path for who, r in list(self.requests))
+        """Whether the sandbox has opened a watch of ``path`` (a collection) for ``agent``."""
+        return self.memory.watching(agent, path)
 
     # --- blocking ----------------------------------------------------------------------------------------
 

@@ -55,6 +55,13 @@ class Memory(SandboxThread):
 
     def __init__(self, state_dir: Path, **kwargs: Any) -> None:
         super().__init__(state_dir, listen=False, **kwargs)
+        self.opened: list[tuple[str, str]] = []  # (client, path) of each watch as it is opened, in order
+        self.on_open: Callable[[], None] = lambda: None  # called as each is: a test awaits a watch open
+
+    def watching(self, agent: str, path: str) -> bool:
+        """Whether ``agent`` has a watch of ``path`` opened: from then on no change of it is missed, and a drop
+        cuts it."""
+        return (agent, path) in list(self.opened)
 
     def _call(self, asked: Asked, agent: str) -> Call | Answer:
         parts = route(asked.path)
@@ -83,6 +90,8 @@ class Memory(SandboxThread):
             put(line)
 
         ended = _CUT
+        self.opened.append((watch.agent, watch.path))
+        self.on_open()  # nothing else runs on this loop until the stream has its watcher and can be dropped
         try:
             await self.sandbox.watches.stream(watch, write)
             ended = _END

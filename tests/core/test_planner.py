@@ -178,6 +178,7 @@ PAIRS = [(a, b) for a in OPS if a not in ("burst", "labels", "self", "clone")
          for b in ("ip", "no-ip", "running", "leave", "join")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.parametrize("opts", sorted(OPTIONS))
 def test_every_pod_through_every_two_changes(job, opts):

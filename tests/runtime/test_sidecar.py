@@ -149,7 +149,7 @@ async def test_an_unchanged_relist_after_410_triggers_nothing(job, memory, api):
     await api.notice.until(lambda: [r.verb for who, r in list(api.requests) if who == agent][-1:] == ["watch"]
                            and sum(1 for who, r in list(api.requests) if who == agent and r.verb == "list") > lists,
                            what="a relist and the watch after it")
-    assert job.sidecar.metrics.relists._value.get() == 1
+    assert job.sidecar.metrics.relists._value.get() >= 1  # a LIST after the first (one more if it met the outage)
     await job.until(job.settled, "nothing pending")
     assert generation(job.out) == 1 and job.trainer.signals() == []
 
