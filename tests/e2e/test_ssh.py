@@ -25,7 +25,8 @@ from agent import examples
 from agent.cli import main
 from agent.ssh.material import generate_secret_manifest
 
-pytestmark = pytest.mark.consumer
+# One at a time, on one worker (xdist): the consumers' processes and ports.
+pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e")]
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 SSH = shutil.which("ssh")
 if SSHD is None or SSH is None:

@@ -25,6 +25,8 @@ from agent import examples
 from tests.integration.test_sidecar import free_port, stop_sidecars, wait_for
 from tests.jobs import create_volcano_job
 
+pytestmark = pytest.mark.xdist_group("timing")  # these measure time and request rates: one at a time
+
 IDLE = 2.0
 
 
