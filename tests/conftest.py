@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from agent.core import Options, Rendered, render_pod
+from agent.sandbox.memory import Memory
+from tests.fakeapi import FakeApi, Inits, Sidecars, capturing
 
 
 def env_of(rendered: Rendered) -> dict[str, str]:
@@ -46,3 +48,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         lane = LANES.get(parts[0]) if parts else None
         if lane is not None:
             item.add_marker(lane)
+
+
+# --- the fast lane's fixtures: the sandbox's API in memory, with init and sidecars in this process over it
+# (tests/fakeapi.py)
+
+@pytest.fixture
+def memory(tmp_path):
+    with Memory(tmp_path / "sandbox", bookmark_interval=0.5) as running:
+        yield running
+
+
+@pytest.fixture
+def api(memory):
+    return FakeApi(memory)
+
+
+@pytest.fixture
+def logs():
+    with capturing() as captured:
+        yield captured
+
+
+@pytest.fixture
+def inits(api, logs):
+    return Inits(api, logs)
+
+
+@pytest.fixture
+async def sidecars(api, logs):
+    running = Sidecars(api, logs)
+    yield running
+    await running.stop_all()

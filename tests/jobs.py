@@ -90,3 +90,59 @@ def generation(out: Path) -> int:
 def world(out: Path) -> tuple[str, str]:
     env = json.loads((out / "topology.json").read_text())["env"]
     return env["WORLD_SIZE"], env["MASTER_ADDR"]
+
+
+# --- a TrainJob on Trainer's DeepSpeed runtime (Trainer v2.3.0's manifests/base/runtimes/deepspeed_distributed.yaml:
+# mlPolicy.mpi with runLauncherAsNode, replicated job ``node``, then ``launcher`` that dependsOn node Ready) ---
+
+TRAINJOB = "ds"
+
+
+def runtime(*, as_node: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "deepspeed-distributed", "labels": {"trainer.kubeflow.org/framework": "deepspeed"}},
+        "spec": {"mlPolicy": {"numNodes": 1, "mpi": {"numProcPerNode": 1, "mpiImplementation": "OpenMPI",
+                                                     "sshAuthMountPath": "/home/mpiuser/.ssh",
+                                                     "runLauncherAsNode": as_node}},
+                 "template": {"spec": {"replicatedJobs": [
+                     {"name": "node", "template": {}},
+                     {"name": "launcher", "dependsOn": [{"name": "node", "status": "Ready"}], "template": {}}]}}},
+    }
+
+
+def create_trainjob(sandbox, *, num_nodes: int, as_node: bool = True) -> tuple[list[dict], list[dict]]:
+    """The runtime, the TrainJob, the JobSet Trainer makes of them, and the pods: node pods now, the launcher's
+    pod returned for the test to create once the nodes are Ready (as JobSet does)."""
+    sandbox.create("trainer.kubeflow.org/v1alpha1/clustertrainingruntimes", "", runtime(as_node=as_node))
+    trainjob = sandbox.create("trainer.kubeflow.org/v1alpha1/trainjobs", "default", {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": TRAINJOB},
+        "spec": {"runtimeRef": {"name": "deepspeed-distributed"}, "trainer": {"numNodes": num_nodes}}})
+    nodes = num_nodes - 1 if as_node else num_nodes
+    sandbox.create("jobset.x-k8s.io/v1alpha2/jobsets", "default", {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": TRAINJOB, "ownerReferences": [
+            {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": TRAINJOB,
+             "uid": trainjob["metadata"]["uid"], "controller": True}]},
+        "spec": {"replicatedJobs": [
+            {"name": "node", "replicas": 1, "template": {"spec": {"parallelism": nodes, "completions": nodes}}},
+            {"name": "launcher", "replicas": 1, "dependsOn": [{"name": "node", "status": "Ready"}],
+             "template": {"spec": {"parallelism": 1, "completions": 1}}}]}})
+    pods = examples.trainjob_mpi(TRAINJOB, num_nodes)
+    if not as_node:
+        pods = examples.trainjob_mpi(TRAINJOB, num_nodes + 1)
+        pods[-1]["spec"]["containers"][0]["name"] = "launcher"
+    node_pods = [p for p in pods if p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"]
+    launcher = [p for p in pods if p not in node_pods]
+    for pod in node_pods:
+        sandbox.create_pod(pod)
+    return node_pods, launcher
+
+
+def name_of(pod: dict[str, Any]) -> str:
+    return pod["metadata"]["name"]
+
+
+def members(out: Path) -> list[tuple[str, str, bool]]:
+    document = json.loads((out / "topology.json").read_text())
+    return [(m["name"], m["role"], m["training"]) for m in document["members"]]

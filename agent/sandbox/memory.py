@@ -46,7 +46,7 @@ class Asked(Protocol):
     def accept(self) -> str: ...
 
     @property
-    def body(self) -> bytes | None: ...
+    def body(self) -> bytes | None: ...  # JSON; a request with a ``content_type`` (a JSON patch) names its own
 
 
 class Memory(SandboxThread):
@@ -68,7 +68,7 @@ class Memory(SandboxThread):
         if parts is None:
             return failure(404, "NotFound", "the server could not find the requested resource")
         return Call(asked.method, asked.path, parts, dict(asked.query), accept=asked.accept, body=asked.body or b"",
-                    agent=agent)
+                    content_type=getattr(asked, "content_type", "application/json"), agent=agent)
 
     async def _answer(self, call: Call | Answer) -> Answer | Watch:
         if isinstance(call, Answer):

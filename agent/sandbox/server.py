@@ -245,19 +245,26 @@ class Sandbox:
         if self.faults.down_until:
             raise Cut("the API server is down")
         self.stats.count(call.agent, request=True)
-        delay = self.faults.take_delay(call.path)
-        if delay:
-            with self.watches.cancellable():  # stop() cancels it, as it cancels open watches
-                await asyncio.sleep(delay)
-        code = self.faults.take_status(call.path)
-        if code is not None:
-            if self.faults.reset:
-                raise Cut(f"a fault resets the connection ({code})")
-            return fault_answer(self.faults, code, call.method)
+        failed = await self._faults(call.path, call.method)
+        if failed is not None:
+            return failed
         answered = await self.objects.answer(call)
         if isinstance(answered, Answer):
             self.stats.count(call.agent, nbytes=len(answered.encoded))
         return answered
+
+    async def _faults(self, path: str, method: str) -> Answer | None:
+        """The faults asked for, met by one request: a delay, then a failure (``Cut``: the connection reset)."""
+        delay = self.faults.take_delay(path)
+        if delay:
+            with self.watches.cancellable():  # stop() cancels it, as it cancels open watches
+                await asyncio.sleep(delay)
+        code = self.faults.take_status(path)
+        if code is None:
+            return None
+        if self.faults.reset:
+            raise Cut(f"a fault resets the connection ({code})")
+        return fault_answer(self.faults, code, method)
 
     # --- HTTP --------------------------------------------------------------------------------------------
 
@@ -315,16 +322,14 @@ class Sandbox:
         """Discovery, OpenAPI, /version: counted and failed as ``answer`` does for the objects."""
         agent = request.headers.get("User-Agent", "?")
         self.stats.count(agent, request=True)
-        delay = self.faults.take_delay(request.path)
-        if delay:
-            with self.watches.cancellable():
-                await asyncio.sleep(delay)
-        code = self.faults.take_status(request.path)
-        if code is not None:
-            if self.faults.reset and request.transport:
+        try:
+            failed = await self._faults(request.path, request.method)
+        except Cut:
+            if request.transport:
                 request.transport.abort()
-                raise web.HTTPServiceUnavailable()
-            return http(fault_answer(self.faults, code, request.method))
+            raise web.HTTPServiceUnavailable() from None
+        if failed is not None:
+            return http(failed)
         response = await handler(request)
         if isinstance(response, web.Response) and response.body is not None:
             self.stats.count(agent, nbytes=len(response.body))  # type: ignore[arg-type]
