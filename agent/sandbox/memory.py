@@ -59,8 +59,7 @@ class Memory(SandboxThread):
         self.on_open: Callable[[], None] = lambda: None  # called as each is: a test awaits a watch open
 
     def watching(self, agent: str, path: str) -> bool:
-        """Whether ``agent`` has a watch of ``path`` opened: from then on no change of it is missed, and a drop
-        cuts it."""
+        """Whether the sandbox has opened a watch of ``path`` for ``agent`` (from then on a drop cuts it)."""
         return (agent, path) in list(self.opened)
 
     def _call(self, asked: Asked, agent: str) -> Call | Answer:
