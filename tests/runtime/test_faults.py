@@ -65,6 +65,7 @@ def test_init_ends_by_its_timeout_under_any_fault_and_asks_at_most_5_times_a_sec
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+@pytest.mark.slow
 async def test_a_503_at_start_does_not_make_a_follower_watch_every_pod_for_its_life(memory, api, logs, sidecars,
                                                                                     tmp_path):
     await published_job(memory, api, logs, tmp_path, 4)
@@ -83,6 +84,7 @@ def _renew(memory, change):
     return memory._run(apply)
 
 
+@pytest.mark.slow
 async def test_followers_fall_back_to_the_pods_when_the_publisher_stops_and_return_when_it_is_back(memory, api, logs,
                                                                                                    sidecars, tmp_path):
     """A stolen and renewed Lease left every follower stale with no warning."""

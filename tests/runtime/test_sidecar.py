@@ -154,6 +154,7 @@ async def test_an_unchanged_relist_after_410_triggers_nothing(job, memory, api):
     assert generation(job.out) == 1 and job.trainer.signals() == []
 
 
+@pytest.mark.slow
 async def test_changes_during_a_dropped_watch_a_410_and_5xx_are_not_lost(job, memory):
     memory.faults(status=500, count=2, path="/pods")
     memory.faults(drop_watches=True)
