@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from agent.core import Options, Rendered, render_pod
+from agent.sandbox.memory import Memory
+from tests.fakeapi import FakeApi, Inits, Sidecars, capturing
 
 
 def env_of(rendered: Rendered) -> dict[str, str]:
@@ -31,3 +33,50 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped where every test must run (TOPOLOGY_TESTS_REQUIRE_ALL=1): {reason}"
+
+
+LANES = {"integration": "sandbox", "e2e": "e2e"}  # a test's folder -> its lane's marker
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test of tests/integration is marked ``sandbox`` and each of tests/e2e ``e2e``, by its folder, so a
+    lane is chosen by marker (scripts/test --fast: ``-m "not sandbox and not e2e and not slow"``)."""
+    root = config.rootpath / "tests"
+    for item in items:
+        parts = item.path.relative_to(root).parts if item.path.is_relative_to(root) else ()
+        lane = LANES.get(parts[0]) if parts else None
+        if lane is not None:
+            item.add_marker(lane)
+
+
+# --- the fast lane's fixtures: the sandbox's API in memory, with init and sidecars in this process over it
+# (tests/fakeapi.py)
+
+@pytest.fixture
+def memory(tmp_path):
+    with Memory(tmp_path / "sandbox", bookmark_interval=0.5) as running:
+        yield running
+
+
+@pytest.fixture
+def api(memory):
+    return FakeApi(memory)
+
+
+@pytest.fixture
+def logs():
+    with capturing() as captured:
+        yield captured
+
+
+@pytest.fixture
+def inits(api, logs):
+    return Inits(api, logs)
+
+
+@pytest.fixture
+async def sidecars(api, logs):
+    running = Sidecars(api, logs)
+    yield running
+    await running.stop_all()

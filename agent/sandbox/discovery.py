@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from agent.sandbox.calls import Answer, failure
 from agent.sandbox.responses import constant, status
 from agent.sandbox.store import Obj
 
@@ -65,12 +66,12 @@ class Catalog:
 
     # --- the served kinds --------------------------------------------------------------------------------
 
-    def resolve(self, request: web.Request) -> Resolved | web.Response:
-        info = request.match_info
-        group, version, plural = info.get("group", ""), info["version"], info["plural"]
+    def resolve(self, route: Mapping[str, str]) -> Resolved | Answer:
+        """The resource an object path names (calls.route), or 404."""
+        group, version, plural = route.get("group", ""), route["version"], route["plural"]
         found = self.resources.get((group, version, plural))
         if found is None:
-            return status(404, "NotFound", "the server could not find the requested resource")
+            return failure(404, "NotFound", "the server could not find the requested resource")
         return Resolved(resource_key(group, version, plural), found.kind, f"{group}/{version}" if group else version,
                         found.namespaced)
 

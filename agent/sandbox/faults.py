@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.sandbox.responses import status
+from agent.sandbox.calls import Answer, failure
 
 
 @dataclass
@@ -93,24 +93,25 @@ class Knobs:
     stats: Stats = field(default_factory=Stats)
 
 
-def fault_response(faults: Faults, code: int, request: web.Request) -> web.Response:
+def fault_answer(faults: Faults, code: int, method: str) -> Answer:
     """The failure the fault asks for, worded as the API server words it (403 as RBAC refuses a pod)."""
     reasons = {403: "Forbidden", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
                504: "Timeout"}
     message = {
-        403: f'pods is forbidden: User "system:serviceaccount:default:default" cannot {request.method.lower()} '
+        403: f'pods is forbidden: User "system:serviceaccount:default:default" cannot {method.lower()} '
              'resource "pods" in API group "" in the namespace "default"',
     }.get(code, f"sandbox fault: {code}")
-    response = status(code, reasons.get(code, "InternalError"), message)
-    if faults.retry_after is not None:
-        response.headers["Retry-After"] = str(int(faults.retry_after) if faults.retry_after >= 1
-                                              else faults.retry_after)
-    return response
+    answer = failure(code, reasons.get(code, "InternalError"), message)
+    if faults.retry_after is None:
+        return answer
+    after = str(int(faults.retry_after) if faults.retry_after >= 1 else faults.retry_after)
+    return Answer(answer.status, answer.body, {"Retry-After": after})
 
 
 async def trickle(request: web.Request, response: web.Response, knobs: Knobs) -> web.StreamResponse:
     """The answer's body at ``faults.trickle`` bytes per second, one byte at a time; the rate is read at each
-    byte, so a test that clears the faults cuts the answer rather than leave it trickling."""
+    byte, so a test that clears the faults cuts the answer rather than leave it trickling. Over HTTPS only: how
+    a client bounds a trickling answer is its transport's to prove."""
     body = bytes(response.body)  # type: ignore[arg-type]
     stream = web.StreamResponse(status=response.status, headers={"Content-Type": response.content_type})
     stream.content_length = len(body)

@@ -11,10 +11,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
-
 from agent.sandbox import tables
-from agent.sandbox.responses import metadata_only, partial, status
+from agent.sandbox.calls import Answer, failure
+from agent.sandbox.responses import metadata_only, partial
 from agent.sandbox.store import Obj, Store
 
 SNAPSHOTS = 64  # paged LISTs in progress kept; an older continue token gets 410 Expired, as from the API server
@@ -28,12 +27,12 @@ class Pager:
         self._ids = itertools.count(1)
 
     def page(self, store: Store, resource: str, namespace: str | None, matches: Callable[[Obj], bool], *,
-             limit: int, token: str) -> tuple[list[Obj], dict[str, Any]] | web.Response:
+             limit: int, token: str) -> tuple[list[Obj], dict[str, Any]] | Answer:
         """One page of the matching objects and the list's metadata (resourceVersion, continue)."""
         if token:
             snapshot_id, _, offset = token.partition(":")
             if snapshot_id not in self._snapshots or not offset.isdigit():
-                return status(410, "Expired", "The provided continue parameter is too old to display a "
+                return failure(410, "Expired", "The provided continue parameter is too old to display a "
                               "consistent list result. You can start a new list without the continue parameter.")
             version, items = self._snapshots[snapshot_id]
             start = int(offset)
@@ -55,12 +54,11 @@ class Pager:
         return (items[start:start + limit] if limit else items), meta
 
 
-def list_response(request: web.Request, kind: str, api_version: str, page: list[Obj],
-                  meta: dict[str, Any]) -> web.Response:
+def list_answer(accept: str, kind: str, api_version: str, page: list[Obj], meta: dict[str, Any]) -> Answer:
     """The page in the form asked for: a Table, PartialObjectMetadataList, or the kind's List."""
-    if tables.wants_table(request.headers.get("Accept", "")):
-        return web.json_response(tables.table(kind, page, meta["resourceVersion"], partial=partial))
-    if metadata_only(request):
-        return web.json_response({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
-                                  "metadata": meta, "items": [partial(o) for o in page]})
-    return web.json_response({"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page})
+    if tables.wants_table(accept):
+        return Answer(200, tables.table(kind, page, meta["resourceVersion"], partial=partial))
+    if metadata_only(accept):
+        return Answer(200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
+                            "items": [partial(o) for o in page]})
+    return Answer(200, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page})

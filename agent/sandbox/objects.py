@@ -1,35 +1,35 @@
 """Objects as the API server reads and writes them: a collection's LIST, WATCH and CREATE (through the
 mutating webhooks), one object's GET, DELETE, PUT and PATCH, and the ``status`` subresource, in JSON or the
-Kubernetes protobuf kubectl's typed create commands send."""
+Kubernetes protobuf kubectl's typed create commands send. Each request is a ``Call`` and each answer an
+``Answer`` (calls.py), whether it came over HTTPS (server.py) or in memory (memory.py)."""
 
 from __future__ import annotations
 
 import base64
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonpatch
-from aiohttp import web
 
 from agent.sandbox import admission, protobuf, tables
+from agent.sandbox.calls import Answer, Call, failure
 from agent.sandbox.discovery import Catalog, Resolved, resource_key
-from agent.sandbox.listing import Pager, list_response
-from agent.sandbox.responses import metadata_only, partial, status
+from agent.sandbox.listing import Pager, list_answer
+from agent.sandbox.responses import metadata_only, partial
 from agent.sandbox.selectors import SelectorError, parse_field_selector, parse_label_selector
 from agent.sandbox.store import Conflict, NotFound, Obj, Store
-from agent.sandbox.watching import Watches
+from agent.sandbox.watching import Watch
 
 
 class Objects:
-    """The handlers of ``/api/...`` and ``/apis/...`` collections and objects, over one store."""
+    """The answers to ``/api/...`` and ``/apis/...`` collections and objects, over one store."""
 
-    def __init__(self, store: Store, catalog: Catalog, admission_: admission.Caller, watches: Watches) -> None:
+    def __init__(self, store: Store, catalog: Catalog, admission_: admission.Caller) -> None:
         self.store = store
         self.catalog = catalog
         self.admission = admission_
-        self.watches = watches
         self.pager = Pager()
 
     def store_object(self, resource: str, namespace: str, body: Obj, *, keep_uid: bool = False) -> Obj:
@@ -38,73 +38,78 @@ class Objects:
         self.catalog.learn(resource, created)
         return created
 
+    async def answer(self, call: Call) -> Answer | Watch:
+        """The answer to a call on an object path; a ``Watch`` for the caller to stream when one is asked."""
+        resolved = self.catalog.resolve(call.route)
+        if isinstance(resolved, Answer):
+            return resolved
+        if call.is_item:
+            return await self._item(call, resolved)
+        namespace = call.route.get("namespace") if resolved.namespaced else ""
+        if call.method == "GET":
+            return self._list(call, resolved, namespace)
+        if call.method == "POST":
+            if namespace is None:
+                return failure(405, "MethodNotAllowed", "create needs a namespace")
+            return await self._create(call, resolved, namespace)
+        return failure(405, "MethodNotAllowed", f"{call.method} is not supported on a collection")
+
     # --- collections -------------------------------------------------------------------------------------
 
-    async def collection(self, request: web.Request) -> web.StreamResponse:
-        resolved = self.catalog.resolve(request)
-        if isinstance(resolved, web.Response):
-            return resolved
-        namespace = request.match_info.get("namespace") if resolved.namespaced else ""
-        if request.method == "GET":
-            return await self._list(request, resolved, namespace)
-        if request.method == "POST":
-            if namespace is None:
-                return status(405, "MethodNotAllowed", "create needs a namespace")
-            return await self._create(request, resolved, namespace)
-        return status(405, "MethodNotAllowed", f"{request.method} is not supported on a collection")
-
-    async def _list(self, request: web.Request, resolved: Resolved, namespace: str | None) -> web.StreamResponse:
+    def _list(self, call: Call, resolved: Resolved, namespace: str | None) -> Answer | Watch:
         """A LIST, or a WATCH when asked (``?watch=true``), of the objects the selectors match."""
         try:
-            matches = matcher(request)
+            matches = matcher(call.query)
         except SelectorError as err:
-            return status(400, "BadRequest", str(err))
-        if request.query.get("watch") in ("1", "true"):
-            return await self.watches.serve(request, resolved.resource, namespace, matches, resolved.kind,
-                                            resolved.api_version)
-        limit = int(request.query.get("limit", "0") or 0)
+            return failure(400, "BadRequest", str(err))
+        if call.query.get("watch") in ("1", "true"):
+            return Watch(resolved.resource, namespace, matches, resolved.kind, resolved.api_version, call.path,
+                         resource_version=call.query.get("resourceVersion", ""),
+                         bookmarks=call.query.get("allowWatchBookmarks") in ("true", "1"),
+                         timeout=float(call.query.get("timeoutSeconds", "0") or 0) or None, agent=call.agent)
+        limit = int(call.query.get("limit", "0") or 0)
         paged = self.pager.page(self.store, resolved.resource, namespace, matches, limit=limit,
-                                token=request.query.get("continue", ""))
-        if isinstance(paged, web.Response):
+                                token=call.query.get("continue", ""))
+        if isinstance(paged, Answer):
             return paged
-        return list_response(request, resolved.kind, resolved.api_version, *paged)
+        return list_answer(call.accept, resolved.kind, resolved.api_version, *paged)
 
-    async def _create(self, request: web.Request, resolved: Resolved, namespace: str) -> web.Response:
+    async def _create(self, call: Call, resolved: Resolved, namespace: str) -> Answer:
         kind = resolved.kind
-        body = await read_body(request)
-        if isinstance(body, web.Response):
+        body = read_body(call)
+        if isinstance(body, Answer):
             return body
         if not isinstance(body.get("metadata"), dict) or not (body["metadata"].get("name")
                                                               or body["metadata"].get("generateName")):
-            return status(422, "Invalid", f"{kind} is invalid: metadata.name: Required value")
+            return failure(422, "Invalid", f"{kind} is invalid: metadata.name: Required value")
         body.setdefault("apiVersion", resolved.api_version)
         body.setdefault("kind", kind)
         written(kind, body)
         if namespace:
             body["metadata"]["namespace"] = namespace
-        admitted = await self._admit(request, kind, namespace, body)
-        if isinstance(admitted, web.Response):
+        admitted = await self._admit(call, kind, namespace, body)
+        if isinstance(admitted, Answer):
             return admitted
         body = admitted
-        if request.query.get("dryRun"):  # kubectl --dry-run=server: checked, answered, not stored
-            return web.json_response(body, status=201)
+        if call.query.get("dryRun"):  # kubectl --dry-run=server: checked, answered, not stored
+            return Answer(201, body)
         try:
             created = self.store_object(resolved.resource, namespace, body)
         except Conflict:
             name = body["metadata"]["name"]
-            return status(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists',
-                          details={"name": name, "kind": kind.lower() + "s"})
-        return web.json_response(created, status=201)
+            return failure(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists',
+                           details={"name": name, "kind": kind.lower() + "s"})
+        return Answer(201, created)
 
-    async def _admit(self, request: web.Request, kind: str, namespace: str, body: Obj) -> Obj | web.Response:
+    async def _admit(self, call: Call, kind: str, namespace: str, body: Obj) -> Obj | Answer:
         """The mutating admission webhooks, as the API server runs them before it stores a created object."""
         configs = self.store.list(resource_key("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"),
                                   "")
         if not configs:
             return body
-        info = request.match_info
+        info = call.route
         target = admission.Target(info.get("group", ""), info["version"], info["plural"], kind, namespace,
-                                  dry_run=bool(request.query.get("dryRun")))
+                                  dry_run=bool(call.query.get("dryRun")))
         try:
             ns = self.store.get(resource_key("", "v1", "namespaces"), "", namespace) if namespace else None
         except NotFound:
@@ -112,71 +117,68 @@ class Objects:
         try:
             return await self.admission.admit(configs, target, body, ns)
         except admission.Denied as err:
-            return status(err.code, err.reason, err.message)
+            return failure(err.code, err.reason, err.message)
 
     # --- one object --------------------------------------------------------------------------------------
 
-    async def item(self, request: web.Request) -> web.StreamResponse:
-        resolved = self.catalog.resolve(request)
-        if isinstance(resolved, web.Response):
-            return resolved
+    async def _item(self, call: Call, resolved: Resolved) -> Answer:
         resource, kind = resolved.resource, resolved.kind
-        namespace, name = _address(request, resolved)
+        namespace, name = _address(call, resolved)
         try:
             current = self.store.get(resource, namespace, name)
         except NotFound:
-            return status(404, "NotFound", f'{kind.lower()}s "{name}" not found',
-                          details={"name": name, "kind": kind.lower() + "s"})
-        if request.method == "GET":
-            if tables.wants_table(request.headers.get("Accept", "")):
-                return web.json_response(tables.table(kind, [current], str(self.store.rv), partial=partial))
-            return web.json_response(partial(current) if metadata_only(request) else current)
-        if request.method == "DELETE":
-            graceful = resource == "/v1/pods" and request.query.get("gracePeriodSeconds") not in (None, "0") \
+            return failure(404, "NotFound", f'{kind.lower()}s "{name}" not found',
+                           details={"name": name, "kind": kind.lower() + "s"})
+        if call.method == "GET":
+            if tables.wants_table(call.accept):
+                return Answer(200, tables.table(kind, [current], str(self.store.rv), partial=partial))
+            return Answer(200, partial(current) if metadata_only(call.accept) else current)
+        if call.method == "DELETE":
+            graceful = resource == "/v1/pods" and call.query.get("gracePeriodSeconds") not in (None, "0") \
                 and bool(current.get("metadata", {}).get("finalizers"))
-            return web.json_response(self.store.delete(resource, namespace, name, graceful=graceful))
-        if request.method == "PUT":
-            return await self._replace(request, resolved, current)
-        if request.method == "PATCH":
-            return await self._patch(request, resolved, current)
-        return status(405, "MethodNotAllowed", f"{request.method} is not supported")
+            return Answer(200, self.store.delete(resource, namespace, name, graceful=graceful))
+        if call.method == "PUT":
+            return self._replace(call, resolved, current)
+        if call.method == "PATCH":
+            return self._patch(call, resolved, current)
+        return failure(405, "MethodNotAllowed", f"{call.method} is not supported")
 
-    async def _replace(self, request: web.Request, resolved: Resolved, current: Obj) -> web.Response:
+    def _replace(self, call: Call, resolved: Resolved, current: Obj) -> Answer:
         """PUT: the object as sent (only its status, on the status subresource), if its resourceVersion is
         still the current one."""
-        kind, (namespace, name) = resolved.kind, _address(request, resolved)
-        body = await read_body(request)
-        if isinstance(body, web.Response):
+        kind, (namespace, name) = resolved.kind, _address(call, resolved)
+        body = read_body(call)
+        if isinstance(body, Answer):
             return body
         written(kind, body)
-        if request.match_info.get("sub") == "status":
+        if call.route.get("sub") == "status":
             merged = copy.deepcopy(current)
             merged["status"] = body.get("status", {})
             body = merged
         try:
-            return web.json_response(self.store.replace(resolved.resource, namespace, name, body))
+            return Answer(200, self.store.replace(resolved.resource, namespace, name, body))
         except Conflict:
-            return status(409, "Conflict", f'Operation cannot be fulfilled on {kind.lower()}s "{name}": '
-                                           "the object has been modified; please apply your changes to the "
-                                           "latest version and try again")
+            return failure(409, "Conflict", f'Operation cannot be fulfilled on {kind.lower()}s "{name}": '
+                                            "the object has been modified; please apply your changes to the "
+                                            "latest version and try again")
 
-    async def _patch(self, request: web.Request, resolved: Resolved, current: Obj) -> web.Response:
+    def _patch(self, call: Call, resolved: Resolved, current: Obj) -> Answer:
         """PATCH: a JSON patch, or a merge patch (strategic-merge alike: lists are replaced, enough for the pod
         fields here); the status subresource changes the status only, the object everything but it."""
-        patch = await read_body(request)
-        if isinstance(patch, web.Response):
+        patch = read_body(call)
+        if isinstance(patch, Answer):
             return patch
         new = copy.deepcopy(current)
-        if request.content_type == "application/json-patch+json":
+        if call.content_type == "application/json-patch+json":
             try:
                 if not isinstance(patch, list):
-                    return status(400, "BadRequest", "a JSON patch is a list of operations")
+                    return failure(400, "BadRequest", "a JSON patch is a list of operations")
                 new = jsonpatch.apply_patch(new, patch)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as err:
-                return status(422, "Invalid", f"the JSON patch does not apply: {err}")
+                return failure(422, "Invalid", f"the JSON patch does not apply: {err}")
         else:
             new = merge_patch(new, patch)
-        sub = request.match_info.get("sub")
+        sub = call.route.get("sub")
         if sub == "status":
             kept = copy.deepcopy(current)
             kept["status"] = new.get("status", {})
@@ -184,37 +186,37 @@ class Objects:
         elif sub is None:
             new["status"] = current.get("status", {})
         new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        namespace, name = _address(request, resolved)
-        return web.json_response(self.store.replace(resolved.resource, namespace, name, new))
+        namespace, name = _address(call, resolved)
+        return Answer(200, self.store.replace(resolved.resource, namespace, name, new))
 
 
-def _address(request: web.Request, resolved: Resolved) -> tuple[str, str]:
-    """The namespace ("" for a cluster-scoped kind) and name of the object a request names."""
-    return request.match_info.get("namespace", "") if resolved.namespaced else "", request.match_info["name"]
+def _address(call: Call, resolved: Resolved) -> tuple[str, str]:
+    """The namespace ("" for a cluster-scoped kind) and name of the object a call names."""
+    return call.route.get("namespace", "") if resolved.namespaced else "", call.route["name"]
 
 
-def matcher(request: web.Request) -> Callable[[Obj], bool]:
-    """The request's label and field selectors as one test (SelectorError if either does not parse)."""
-    labels = parse_label_selector(request.query.get("labelSelector"))
-    fields = parse_field_selector(request.query.get("fieldSelector"))
+def matcher(query: Mapping[str, str]) -> Callable[[Obj], bool]:
+    """The query's label and field selectors as one test (SelectorError if either does not parse)."""
+    labels = parse_label_selector(query.get("labelSelector"))
+    fields = parse_field_selector(query.get("fieldSelector"))
     return lambda obj: labels(obj) and fields(obj)
 
 
-async def read_body(request: web.Request) -> Obj | web.Response:
-    """The request's object: JSON, or the Kubernetes protobuf kubectl's typed create commands send."""
-    raw = await request.read()
-    if request.content_type == "application/vnd.kubernetes.protobuf":
+def read_body(call: Call) -> Obj | Answer:
+    """The call's object: JSON, or the Kubernetes protobuf kubectl's typed create commands send."""
+    raw = call.body
+    if call.content_type == "application/vnd.kubernetes.protobuf":
         try:
             return protobuf.decode(raw)
         except protobuf.Unsupported as err:
-            return status(415, "UnsupportedMediaType", f"the sandbox reads protobuf for "
-                          f"{', '.join(protobuf.KINDS)} only ({err}); send JSON (kubectl apply -f)")
+            return failure(415, "UnsupportedMediaType", f"the sandbox reads protobuf for "
+                           f"{', '.join(protobuf.KINDS)} only ({err}); send JSON (kubectl apply -f)")
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as err:
-        return status(400, "BadRequest", f"the body is not JSON ({type(err).__name__}): {str(err)[:120]}")
+        return failure(400, "BadRequest", f"the body is not JSON ({type(err).__name__}): {str(err)[:120]}")
     if not isinstance(body, (dict, list)):
-        return status(400, "BadRequest", "the body is not a JSON object")
+        return failure(400, "BadRequest", "the body is not a JSON object")
     return body  # type: ignore[return-value]
 
 

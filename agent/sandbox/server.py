@@ -14,6 +14,8 @@ prove the agent's behaviour under each fault. ``GET /sandbox/stats`` counts requ
 This module says what is served and puts the pieces together: discovery.py (the served kinds, discovery and
 OpenAPI), objects.py (CRUD), listing.py (paged LISTs), watching.py (WATCH streams), faults.py (the knobs),
 credentials.py (TLS, kubeconfig, service account mount), store.py (objects, resourceVersions, the event log).
+An API request is a ``Call`` (calls.py) from the moment it is read: ``Sandbox.answer`` meets the faults and asks the
+objects, for a request that came over HTTPS and for one made in memory (memory.py) alike.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from aiohttp import web
 
 from agent.core.controllers import job_resources
 from agent.sandbox import admission
+from agent.sandbox.calls import Answer, Call, patterns
 from agent.sandbox.credentials import KUBECONFIG, SERVICEACCOUNT, make_tls, write_client_files
 from agent.sandbox.discovery import Catalog, Kind, resource_key
-from agent.sandbox.faults import Faults, Knobs, Stats, fault_response, trickle
+from agent.sandbox.faults import Faults, Knobs, Stats, fault_answer, trickle
 from agent.sandbox.objects import Objects
-from agent.sandbox.responses import constant, status
+from agent.sandbox.responses import constant, http, status
 from agent.sandbox.store import Obj, Store
-from agent.sandbox.watching import Watches
+from agent.sandbox.watching import Watch, Watches
 
 # (group, version, plural) -> what it serves; short names as the API server gives them (kubectl get ns, po, cm).
 BUILT_IN: dict[tuple[str, str, str], Kind] = {
@@ -79,6 +82,10 @@ VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platfo
            "gitTreeState": "clean"}
 
 
+class Cut(Exception):
+    """The connection is closed without an answer: the API server is down, or a fault resets it."""
+
+
 class Listener:
     """Where the sandbox listens: 127.0.0.1 on one port (0: a free one, then kept), closed and opened again on
     it by go_down, so clients come back to the same address."""
@@ -97,7 +104,8 @@ class Listener:
         await self.listen()
 
     async def listen(self) -> None:
-        assert self._runner is not None
+        if self._runner is None:  # never started: a sandbox served in memory
+            return
         self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._ssl, reuse_address=True)
         await self._site.start()
         if self.port == 0:
@@ -109,13 +117,16 @@ class Listener:
         if self._site:
             await self._site.stop()
 
-    async def close(self) -> None:
-        if self._runner:
-            server = self._runner.server
-            transports = list(getattr(server, "_connections", {}).values()) if server else []
-            await self._runner.cleanup()
-            for transport in transports:  # keep-alive connections: abort, a TLS close would wait for the peer
-                transport.abort()
+    async def close(self) -> bool:
+        """Whether there was anything to close (a sandbox served in memory never listened)."""
+        if not self._runner:
+            return False
+        server = self._runner.server
+        transports = list(getattr(server, "_connections", {}).values()) if server else []
+        await self._runner.cleanup()
+        for transport in transports:  # keep-alive connections: abort, a TLS close would wait for the peer
+            transport.abort()
+        return True
 
 
 class Sandbox:
@@ -132,7 +143,7 @@ class Sandbox:
         self.watches = Watches(self.store, self.knobs, bookmark_interval)
         self.catalog = Catalog(RESOURCES, SUBRESOURCES, version=VERSION["gitVersion"], definitions=CRDS)
         self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
-        self.objects = Objects(self.store, self.catalog, self.admission, self.watches)
+        self.objects = Objects(self.store, self.catalog, self.admission)
         self._restart: asyncio.Task[None] | None = None
         for name in NAMESPACES:
             self.store.create(resource_key("", "v1", "namespaces"), "", {
@@ -200,8 +211,8 @@ class Sandbox:
             self._restart.cancel()
         await self.admission.close()
         await self._drop_watches()
-        await self.listener.close()
-        await asyncio.sleep(0.05)  # let the transports' connection_lost callbacks run before the loop ends
+        if await self.listener.close():
+            await asyncio.sleep(0.05)  # let the transports' connection_lost callbacks run before the loop ends
 
     async def go_down(self, seconds: float) -> None:
         """Refuse connections for ``seconds``: stop listening, cut open streams, then listen again."""
@@ -220,6 +231,36 @@ class Sandbox:
     async def _drop_watches(self) -> None:
         await self.watches.drop()
 
+    # --- API requests -----------------------------------------------------------------------------------
+
+    async def answer(self, call: Call) -> Answer | Watch:
+        """An API request, as the API server answers it: counted, through the faults asked for (a delay, then a
+        failure), then from the objects (a ``Watch`` for the caller to stream). ``Cut`` when the connection is to
+        be closed without an answer (the server down, or a fault that resets it)."""
+        if self.faults.down_until:
+            raise Cut("the API server is down")
+        self.stats.count(call.agent, request=True)
+        failed = await self._faults(call.path, call.method)
+        if failed is not None:
+            return failed
+        answered = await self.objects.answer(call)
+        if isinstance(answered, Answer):
+            self.stats.count(call.agent, nbytes=len(answered.encoded))
+        return answered
+
+    async def _faults(self, path: str, method: str) -> Answer | None:
+        """The faults asked for, met by one request: a delay, then a failure (``Cut``: the connection reset)."""
+        delay = self.faults.take_delay(path)
+        if delay:
+            with self.watches.cancellable():  # stop() cancels it, as it cancels open watches
+                await asyncio.sleep(delay)
+        code = self.faults.take_status(path)
+        if code is None:
+            return None
+        if self.faults.reset:
+            raise Cut(f"a fault resets the connection ({code})")
+        return fault_answer(self.faults, code, method)
+
     # --- HTTP --------------------------------------------------------------------------------------------
 
     def _build_app(self) -> web.Application:
@@ -233,50 +274,63 @@ class Sandbox:
         r.add_get("/healthz", constant("ok"))
         r.add_get("/readyz", constant("ok"))
         self.catalog.add_routes(r)
-        for prefix in ("/api/{version}", "/apis/{group}/{version}"):
-            r.add_route("*", prefix + "/{plural}", self.objects.collection)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}", self.objects.collection)
-            r.add_route("*", prefix + "/{plural}/{name}", self.objects.item)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}", self.objects.item)
-            r.add_route("*", prefix + "/namespaces/{namespace}/{plural}/{name}/{sub}", self.objects.item)
+        for pattern in patterns():  # the object paths (calls.py)
+            r.add_route("*", pattern, self._objects)
         return app
+
+    async def _objects(self, request: web.Request) -> web.StreamResponse:
+        call = Call(request.method, request.path, dict(request.match_info), dict(request.query),
+                    accept=request.headers.get("Accept", ""), content_type=request.content_type,
+                    body=await request.read(), agent=request.headers.get("User-Agent", "?"))
+        try:
+            answered = await self.answer(call)
+        except Cut:
+            if request.transport:
+                request.transport.abort()
+            raise web.HTTPServiceUnavailable() from None
+        if isinstance(answered, Watch):
+            return await self.watches.serve(request, answered)
+        response = http(answered)
+        if self.faults.trickle > 0 and self.faults.applies(request.path):
+            return await trickle(request, response, self.knobs)
+        return response
 
     @web.middleware
     async def _middleware(self, request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        agent = request.headers.get("User-Agent", "?")
+        """What every request meets before its handler: the server down (the connection cut), and for the API
+        the token; the discovery documents are counted and trickled here, the objects in ``answer``."""
         if self.faults.down_until and request.transport:
             request.transport.abort()
             raise web.HTTPServiceUnavailable()
-        if not request.path.startswith("/sandbox/"):
-            refused = await self._gate(request, agent)
-            if refused is not None:
-                return refused
+        if request.path.startswith("/sandbox/"):
+            return await handler(request)
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            self.stats.count(request.headers.get("User-Agent", "?"), request=True)
+            return status(401, "Unauthorized", "Unauthorized")
+        if request.match_info.handler == self._objects:  # type: ignore[comparison-overlap]
+            return await handler(request)
+        return await self._other(request, handler)
+
+    async def _other(self, request: web.Request,
+                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Discovery, OpenAPI, /version: counted and failed as ``answer`` does for the objects."""
+        agent = request.headers.get("User-Agent", "?")
+        self.stats.count(agent, request=True)
+        try:
+            failed = await self._faults(request.path, request.method)
+        except Cut:
+            if request.transport:
+                request.transport.abort()
+            raise web.HTTPServiceUnavailable() from None
+        if failed is not None:
+            return http(failed)
         response = await handler(request)
         if isinstance(response, web.Response) and response.body is not None:
             self.stats.count(agent, nbytes=len(response.body))  # type: ignore[arg-type]
-            if self.faults.trickle > 0 and self.faults.applies(request.path) and not request.path.startswith(
-                    "/sandbox/"):
+            if self.faults.trickle > 0 and self.faults.applies(request.path):
                 return await trickle(request, response, self.knobs)
         return response
-
-    async def _gate(self, request: web.Request, agent: str) -> web.Response | None:
-        """An API request is counted, needs the token, and meets the faults asked for: a delay, then a failure
-        (or a cut connection); None lets it through."""
-        self.stats.count(agent, request=True)
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
-            return status(401, "Unauthorized", "Unauthorized")
-        delay = self.faults.take_delay(request.path)
-        if delay:
-            with self.watches.cancellable():  # stop() cancels it, as it cancels open watches
-                await asyncio.sleep(delay)
-        code = self.faults.take_status(request.path)
-        if code is not None:
-            if self.faults.reset and request.transport:
-                request.transport.abort()
-                raise web.HTTPServiceUnavailable()
-            return fault_response(self.faults, code, request)
-        return None
 
     async def _get_stats(self, _: web.Request) -> web.Response:
         return web.json_response({"requests": self.stats.requests, "bytes": self.stats.bytes,

@@ -1,7 +1,8 @@
 """A sandbox running on its own event loop in a background thread, with blocking helpers to change it.
 
 For ``demo``, tests and benchmarks that drive the sandbox from ordinary (blocking) code while agents,
-kubectl or other processes talk to it over HTTPS.
+kubectl or other processes talk to it over HTTPS; with ``listen=False`` it opens no socket and is reached in
+memory only (memory.py).
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ PODS = "/v1/pods"
 
 
 class SandboxThread:
-    def __init__(self, state_dir: Path, **kwargs: Any) -> None:
+    def __init__(self, state_dir: Path, *, listen: bool = True, **kwargs: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.sandbox = Sandbox(state_dir, **kwargs)
+        self.listen = listen
         self._thread = threading.Thread(target=self.loop.run_forever, name="sandbox", daemon=True)
 
     def __enter__(self) -> SandboxThread:
         self._thread.start()
-        self.call(self.sandbox.start())
+        if self.listen:
+            self.call(self.sandbox.start())
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -4,7 +4,8 @@ A watch from resourceVersion "" or "0" starts with the current objects as ADDED;
 events after N (410 Expired once the log has forgotten N), then streams new ones, with BOOKMARKs when asked. A
 label- or field-selected watch sees an object that stops matching as DELETED and one that starts as ADDED.
 Every open stream and its task are tracked, so that a dropped watch is cut (no final chunk, as a lost
-connection) and stop() does not wait for a stream that never ends.
+connection) and stop() does not wait for a stream that never ends. A stream's lines go to a ``write`` function:
+an HTTPS response's (``serve``), or an in-memory client's (memory.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -22,9 +24,27 @@ from agent.sandbox.faults import Knobs
 from agent.sandbox.store import Gone, Obj, Store, Watcher
 
 HEADERS = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+Write = Callable[[bytes], Awaitable[Any]]
 GONE = json.dumps({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                                "status": "Failure", "message": "too old resource version",
                                                "reason": "Expired", "code": 410}}).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A WATCH asked for: what it watches (a resource in a namespace, through the request's selectors), from
+    which resourceVersion, for how long, with bookmarks or not; and who asks (the stats count by it)."""
+
+    resource: str
+    namespace: str | None
+    matches: Callable[[Obj], bool]
+    kind: str
+    api_version: str
+    path: str
+    resource_version: str = ""
+    bookmarks: bool = False
+    timeout: float | None = None
+    agent: str = "?"
 
 
 class Watches:
@@ -57,62 +77,56 @@ class Watches:
         for task in list(self.tasks):
             task.cancel()
 
-    async def serve(self, request: web.Request, resource: str, namespace: str | None,
-                    matches: Callable[[Obj], bool], kind: str, api_version: str) -> web.StreamResponse:
-        agent = request.headers.get("User-Agent", "?")
-        self.knobs.stats.count(agent, watch=True)
-        faults = self.knobs.faults
-        if faults.watch and faults.applies(request.path):
-            return await self._faulty(request, faults.watch)
-        raw_rv = request.query.get("resourceVersion", "")
-        bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
-        timeout = float(request.query.get("timeoutSeconds", "0") or 0) or None
-        watcher = Watcher(resource=resource, namespace=namespace)
-        self.store.watchers.add(watcher)  # before the headers: no event is missed while they go out
+    async def serve(self, request: web.Request, watch: Watch) -> web.StreamResponse:
+        """The watch as an HTTPS response; a dropped one is cut (its connection aborted, no final chunk)."""
         response = web.StreamResponse(headers=HEADERS)
         await response.prepare(request)
         self.streams.add(response)
-        stream = _Stream(response, agent, self.knobs, self.store, watcher, matches)
         try:
-            with self.cancellable():
-                if await stream.begin(raw_rv):
-                    await stream.follow(timeout, self.bookmark_interval if bookmarks else None, kind, api_version)
-                    with contextlib.suppress(ConnectionResetError):
-                        await response.write_eof()
+            await self.stream(watch, response.write)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
         except (asyncio.CancelledError, ConnectionResetError):
             pass
         finally:
-            self.store.watchers.discard(watcher)
             self.streams.discard(response)
         return response
 
-    async def _faulty(self, request: web.Request, mode: str) -> web.StreamResponse:
-        """A watch that goes wrong as the fault asks: the headers, then nothing until the client gives up
-        ("hang"), nothing at all ("empty"), or 410 Gone at once ("gone")."""
-        response = web.StreamResponse(headers=HEADERS)
-        await response.prepare(request)
-        self.streams.add(response)
+    async def stream(self, watch: Watch, write: Write) -> None:
+        """The watch's lines, as the API server sends them (or as the watch fault asks), until the timeout asked
+        or the store ends it; ``CancelledError`` when dropped or stopped (a cut connection)."""
+        self.knobs.stats.count(watch.agent, watch=True)
+        faults = self.knobs.faults
+        if faults.watch and faults.applies(watch.path):
+            await self._faulty(faults.watch, write)
+            return
+        watcher = Watcher(resource=watch.resource, namespace=watch.namespace)
+        self.store.watchers.add(watcher)  # before the first line: no event is missed meanwhile
+        stream = _Stream(write, watch.agent, self.knobs, self.store, watcher, watch.matches)
         try:
             with self.cancellable():
-                if mode == "hang":
-                    await asyncio.Event().wait()
-                elif mode == "gone":
-                    await response.write(GONE)
-                with contextlib.suppress(ConnectionResetError):
-                    await response.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
-            pass
+                if await stream.begin(watch.resource_version):
+                    await stream.follow(watch.timeout, self.bookmark_interval if watch.bookmarks else None,
+                                        watch.kind, watch.api_version)
         finally:
-            self.streams.discard(response)
-        return response
+            self.store.watchers.discard(watcher)
+
+    async def _faulty(self, mode: str, write: Write) -> None:
+        """A watch that goes wrong as the fault asks: the headers, then nothing until the client gives up
+        ("hang"), nothing at all ("empty"), or 410 Gone at once ("gone")."""
+        with self.cancellable():
+            if mode == "hang":
+                await asyncio.Event().wait()
+            elif mode == "gone":
+                await write(GONE)
 
 
 class _Stream:
     """One watch's events, as its client is allowed to see them (its namespace, its selectors)."""
 
-    def __init__(self, response: web.StreamResponse, agent: str, knobs: Knobs, store: Store, watcher: Watcher,
+    def __init__(self, write: Write, agent: str, knobs: Knobs, store: Store, watcher: Watcher,
                  matches: Callable[[Obj], bool]) -> None:
-        self.response = response
+        self.write = write
         self.agent = agent
         self.knobs = knobs
         self.store = store
@@ -122,7 +136,7 @@ class _Stream:
     async def send(self, event_type: str, obj: Obj) -> None:
         line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
         self.knobs.stats.count(self.agent, nbytes=len(line))
-        await self.response.write(line)
+        await self.write(line)
         self.knobs.stats.last_event[self.agent] = time.perf_counter()  # benchmarks: when the API sent it
 
     def in_scope(self, obj: Obj | None) -> bool:

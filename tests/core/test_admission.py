@@ -307,6 +307,7 @@ AGENT_PIECES = {"initContainers": [{"name": INIT, "image": "old"}, {"name": SIDE
                             {"name": "topology-agent-token", "projected": {"sources": []}}]}
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_the_patch_applied_to_the_object_as_sent_is_the_transform_whatever_the_template_holds(data):

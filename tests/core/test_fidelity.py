@@ -161,6 +161,7 @@ def test_a_trainjob_on_an_mpi_runtime_is_one_world_from_every_pod():
     assert views[launcher][3] == "2"  # after the node pod set, as Trainer's hostfile lists it
 
 
+@pytest.mark.slow
 def test_torch_env_of_a_4096_plus_4096_pod_job_stays_small_and_bash_sources_and_execs_it(tmp_path):
     # Limit from issue 11: VC_WORKER_HOSTS alone was ~180 KB at 4096 pods with --cluster-domain, and
     # ". torch.env && exec torchrun" failed with "Argument list too long".

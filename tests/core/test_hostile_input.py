@@ -83,6 +83,7 @@ def check_rank_rules(rendered):
             assert env["NODE_RANK"] == str(topo.me.node_rank)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(volcano_pods())
 def test_any_pods_give_a_valid_topology_or_one_input_error(case):

@@ -277,6 +277,7 @@ def test_trainer_mesh_refuses_uneven_domains_and_unknown_levels():
     assert world.groups("subblock") == [[0, 1], [2]]
 
 
+@pytest.mark.slow
 def test_the_rank_order_bench_meets_the_lower_bound_and_draws_the_ring(tmp_path):
     """bench/rank_order.py exits non-zero when topology order misses the lower bound anywhere."""
     import subprocess

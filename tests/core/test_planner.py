@@ -43,6 +43,9 @@ OPTIONS = {
     "topology": Options(rank_order="topology", levels=DEFAULT_LEVELS),
     "levels": Options(levels=DEFAULT_LEVELS),
 }
+# The fast lane (scripts/test --fast) plans every controller with the default options and by IP; the whole suite
+# also with the topology levels.
+OPTION_PARAMS = [o if o in ("default", "ip") else pytest.param(o, marks=pytest.mark.slow) for o in sorted(OPTIONS)]
 OPS = ("ip", "no-ip", "dup-ip", "leave", "join", "terminating", "failed", "pending", "running", "slots", "clone",
        "node", "labels", "self", "other-job", "burst")
 
@@ -167,7 +170,7 @@ def _check(world: World, options: Options, ops: list[str], target: str | None = 
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
-@pytest.mark.parametrize("opts", sorted(OPTIONS))
+@pytest.mark.parametrize("opts", OPTION_PARAMS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=25))
 def test_planner_equals_planning_from_scratch(job, opts, seed, ops):
@@ -178,6 +181,7 @@ PAIRS = [(a, b) for a in OPS if a not in ("burst", "labels", "self", "clone")
          for b in ("ip", "no-ip", "running", "leave", "join")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.parametrize("opts", sorted(OPTIONS))
 def test_every_pod_through_every_two_changes(job, opts):
@@ -233,7 +237,7 @@ def _touched(before, after):
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
-@pytest.mark.parametrize("opts", sorted(OPTIONS))
+@pytest.mark.parametrize("opts", OPTION_PARAMS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), steps=st.lists(st.tuples(st.sampled_from((*OPS, "ip", "ip")),
                                                                  st.sampled_from(("follow", "told", "plan"))),

@@ -131,6 +131,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 HEAD = {"schema": SCHEMA, "job": "j", "namespace": "default", "generation": 3, "containers": []}
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(extra=st.dictionaries(st.text(max_size=6), JSON, max_size=4), rows=st.lists(JSON, max_size=5),
        indent=st.sampled_from([None, 0, 2]), order=st.randoms(), cut=st.integers(min_value=0))

@@ -145,6 +145,7 @@ def jobsets(draw):
     return rjobs, coordinator, depends, roles
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(jobsets())
 def test_the_predicted_leader_is_rank_0_of_any_jobset(shape):

@@ -84,6 +84,7 @@ ROLES = st.text(st.sampled_from("abwWoOrRkKeE-_.0"), min_size=1, max_size=8).fil
     lambda r: r[0].isalnum() and r[-1].isalnum())
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(roles=st.lists(ROLES, min_size=1, max_size=4, unique=True))
 @example(roles=["worker", "WORKER"])  # the review's case

@@ -74,7 +74,7 @@ def _check_every_pod(pods: list, options: Options, listed: int = summary_module.
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
-@pytest.mark.parametrize("listed", [16, 2])
+@pytest.mark.parametrize("listed", [pytest.param(16, marks=pytest.mark.slow), 2])  # the fast lane: 2
 @pytest.mark.parametrize("address", ["dns", "ip"])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=12))

@@ -196,6 +196,7 @@ from hypothesis import strategies as st  # noqa: E402
 ZONE_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40)
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, deadline=None)
 @given(address=st.ip_addresses(), zone=st.one_of(st.none(), ZONE_TEXT), spelling=st.sampled_from(
     ["compressed", "exploded"]))

@@ -14,7 +14,8 @@ import pytest
 from agent import examples
 from agent.cli import main
 
-pytestmark = pytest.mark.consumer
+# One at a time, on one worker (xdist): the consumers' processes and ports.
+pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e")]
 HERE = Path(__file__).resolve().parent
 
 

@@ -22,7 +22,8 @@ import pytest
 from agent import examples
 from agent.sandbox.threaded import SandboxThread
 
-pytestmark = pytest.mark.consumer
+# A worker of its own (xdist): two minutes of torchrun restarts, and --trainer-match names any torchrun.
+pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e-elastic")]
 HERE = Path(__file__).resolve().parent
 JOB = "elastic"
 NAMES = [f"{JOB}-worker-{i}" for i in range(3)]

@@ -18,6 +18,9 @@ from agent.core import Options, render_pod
 from agent.core.ssh_config import SshPaths, render_known_hosts, render_ssh_config
 from agent.errors import InputError
 
+# One at a time, on one worker (xdist): the consumers' processes and ports.
+pytestmark = pytest.mark.xdist_group("e2e")
+
 if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
     pytest.skip("OpenSSH ssh/ssh-keygen are not installed (apt-get install openssh-client; .ci/run does)",
                 allow_module_level=True)

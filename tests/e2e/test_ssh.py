@@ -25,7 +25,8 @@ from agent import examples
 from agent.cli import main
 from agent.ssh.material import generate_secret_manifest
 
-pytestmark = pytest.mark.consumer
+# One at a time, on one worker (xdist): the consumers' processes and ports.
+pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e")]
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 SSH = shutil.which("ssh")
 if SSHD is None or SSH is None:
@@ -227,8 +228,8 @@ def test_the_sidecar_keeps_known_hosts_current_when_a_member_joins_by_ip(workdir
     strict host key checking refused it."""
     from agent.sandbox.threaded import SandboxThread
     from tests.integration.conftest import finish, start_init
-    from tests.integration.test_init import create_volcano_job
-    from tests.integration.test_sidecar import add_worker, generation, start_sidecar, wait_for
+    from tests.integration.test_sidecar import start_sidecar, wait_for
+    from tests.jobs import add_worker, create_volcano_job, generation
 
     Path("/run/sshd").mkdir(exist_ok=True)
     port = free_port()

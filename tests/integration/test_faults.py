@@ -1,4 +1,7 @@
-"""The API server misbehaving, as a fault proxy showed it can (issue 21), against real init and sidecar processes.
+"""The API server misbehaving, as a fault proxy showed it can (issue 21), against real init and sidecar processes:
+the faults a socket makes (a watch that hangs silently, 1 byte a second, no answer at all) and the sidecar's
+request rate over seconds. The others run in process, over the sandbox's API in memory
+(tests/runtime/test_faults.py).
 
 Each fault is the sandbox's (``sandbox.faults``): a watch that hangs silently, one that ends at once, a 410 on
 every watch, 429 with Retry-After 0, 1 byte a second, no answer at all. The tests bound what the agent does:
@@ -9,7 +12,6 @@ lists each fault with what the agent does.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from agent import examples
-from tests.integration.test_init import create_volcano_job
-from tests.integration.test_sidecar import add_worker, free_port, published_job, stop_sidecars, wait_for, world
+from tests.integration.test_sidecar import free_port, stop_sidecars, wait_for
+from tests.jobs import create_volcano_job
+
+pytestmark = pytest.mark.xdist_group("timing")  # these measure time and request rates: one at a time
 
 IDLE = 2.0
 
@@ -50,10 +54,7 @@ def run_init(sandbox, tmp_path, *args):
     return run, time.monotonic() - started
 
 
-INIT_FAULTS = [  # (name, the fault, what init's last line says)
-    ("a watch that ends at once", {"watch": "empty", "path": "/pods"}, "without IP: demo-worker-0"),
-    ("a 410 on every watch", {"watch": "gone", "path": "/pods"}, "without IP: demo-worker-0"),
-    ("429 with Retry-After 0", {"status": 429, "retry_after": 0}, "API answered 429"),
+INIT_FAULTS = [  # (name, the fault, what init's last line says); the others: tests/runtime/test_faults.py
     ("1 byte a second", {"trickle": 1.0}, "no whole answer within"),
     ("no answer", {"delay": 3600.0}, "no whole answer within"),
 ]
@@ -162,96 +163,3 @@ def test_a_sidecar_without_news_from_the_api_server_says_why_it_is_not_ready(san
     assert "no news of pods from the API server for" in text and "503" in text, text
     sandbox.faults(clear=True)
     wait_for(lambda: readyz(port)[0] == 200, timeout=2 * IDLE + 5, what="ready again")
-
-
-def test_a_sidecar_that_cannot_write_keeps_the_last_files_says_why_and_writes_once_it_can(sandbox, sidecar):
-    """The sidecar exited 1 on a full disk or a replaced ssh/: a trainer could stop its own sidecar."""
-    proc, port, out = sidecar
-    before = (out / "topology.json").read_bytes()
-    (out / "hostfile").unlink()
-    (out / "hostfile").mkdir()  # the rename onto it fails, as on a full disk: the markers stay at generation 1
-    sandbox.set_pod_ip("default", "demo-worker-0", examples.loopback_ip(1))
-    wait_for(lambda: readyz(port)[0] == 503 and "cannot write the files" in readyz(port)[1], what="not ready")
-    time.sleep(1.0)
-    assert proc.poll() is None, "the sidecar keeps running"
-    assert (out / "topology.json").read_bytes() == before and (out / "generation").read_text() == "1\n"
-    (out / "hostfile").rmdir()
-    wait_for(lambda: has_worker(out), timeout=40, what="the files written once they can be")
-    assert (out / "generation").read_text() == "2\n"
-    wait_for(lambda: readyz(port)[0] == 200, what="ready again")
-
-
-def test_a_503_at_start_does_not_make_a_follower_watch_every_pod_for_its_life(sandbox, tmp_path):
-    published_job(sandbox, tmp_path, 4)
-    sandbox.faults(status=503, count=3, path="/configmaps")
-    proc, log, _ = start_sidecar(sandbox, tmp_path, "demo-worker-3")
-    try:
-        wait_for(lambda: "(follower)" in (tmp_path / "demo-worker-3.log").read_text(), what="follower mode")
-    finally:
-        stop_sidecars({"s": (proc, log)})
-
-
-def test_followers_fall_back_to_the_pods_when_the_publisher_stops_and_return_when_it_is_back(sandbox, tmp_path):
-    """A stolen and renewed Lease left every follower stale with no warning."""
-    published_job(sandbox, tmp_path, 4)
-    procs = {"demo-master-0": start_sidecar(sandbox, tmp_path, "demo-master-0", "--lease-seconds", "2")[:2]}
-    procs["demo-worker-3"] = start_sidecar(sandbox, tmp_path, "demo-worker-3", "--lease-seconds", "2",
-                                           "--probe-every", "1")[:2]
-    log = tmp_path / "demo-worker-3.log"
-    try:
-        wait_for(lambda: "(follower)" in log.read_text(), what="follower mode")
-        wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
-        stop_sidecars({"leader": procs.pop("demo-master-0")})  # the publisher goes ...
-
-        def steal(lease):  # ... and a pod that is no member holds and renews its Lease
-            lease["spec"]["holderIdentity"] = "not-a-member"
-        for _ in range(2):
-            _renew(sandbox, steal)
-        wait_for(lambda: "the publisher stopped: lease demo-topology is held by 'not-a-member'" in log.read_text(),
-                 timeout=20, what="the follower's warning")
-        add_worker(sandbox, 4, 92)  # nobody publishes: the follower sees it from the pods
-        wait_for(lambda: world(tmp_path / "demo-worker-3")[0] == "6", timeout=15, what="the new worker seen")
-        procs["demo-master-0"] = start_sidecar(sandbox, tmp_path, "demo-master-0", "--lease-seconds", "2")[:2]
-        _renew(sandbox, lambda lease: lease["spec"].update(holderIdentity="", leaseDurationSeconds=1))
-        wait_for(lambda: "the published topology is sound again" in log.read_text(), timeout=30,
-                 what="the follower back on the journal")
-    finally:
-        stop_sidecars(procs)
-
-
-def _renew(sandbox, change):
-    def apply():
-        store = sandbox.sandbox.store
-        lease = json.loads(json.dumps(store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")))
-        change(lease)
-        lease["metadata"].pop("resourceVersion", None)
-        return store.replace("coordination.k8s.io/v1/leases", "default", "demo-topology", lease)
-    return sandbox._run(apply)
-
-
-def test_a_journal_sequence_out_of_range_makes_followers_follow_the_pods(sandbox, tmp_path):
-    """A forged journal at sequence 2^53-1 made followers refuse every later journal, silently, for good."""
-    published_job(sandbox, tmp_path, 4)
-    procs = {"demo-master-0": start_sidecar(sandbox, tmp_path, "demo-master-0")[:2],
-             "demo-worker-3": start_sidecar(sandbox, tmp_path, "demo-worker-3")[:2]}
-    log = tmp_path / "demo-worker-3.log"
-    try:
-        wait_for(lambda: "(follower)" in log.read_text(), what="follower mode")
-        wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
-        stop_sidecars({"leader": procs.pop("demo-master-0")})  # nobody will write the journal back
-
-        def forge():
-            store = sandbox.sandbox.store
-            journal = json.loads(json.dumps(store.get("/v1/configmaps", "default", "demo-topology-journal")))
-            top = 2**53 - 1
-            journal["data"].update(base=str(top - 1), seq=str(top), **{"changes.json": json.dumps(
-                [{"seq": top, "put": [], "gone": [], "shapes": {}}])})
-            journal["metadata"].pop("resourceVersion", None)
-            return store.replace("/v1/configmaps", "default", "demo-topology-journal", journal)
-        sandbox._run(forge)
-        wait_for(lambda: "the published journal starts after its snapshot" in log.read_text(), timeout=15,
-                 what="the follower's warning")
-        add_worker(sandbox, 4, 93)
-        wait_for(lambda: world(tmp_path / "demo-worker-3")[0] == "6", timeout=15, what="the new worker seen")
-    finally:
-        stop_sidecars(procs)

@@ -11,9 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
+import pytest
 
 from tests.integration.test_webhook import SECRET, cluster, get, start_webhook, stop  # noqa: F401 (fixture)
 from tests.runtime.test_webhook_server import review
+
+pytestmark = pytest.mark.xdist_group("timing")  # these measure time: one at a time
 
 
 def serving(sandbox, proc) -> ssl.SSLContext:

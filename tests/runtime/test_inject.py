@@ -357,6 +357,7 @@ PSS_CHECKS = ",".join(["CKV_K8S_16", "CKV_K8S_17", "CKV_K8S_18", "CKV_K8S_19", "
                        "CKV_K8S_31", "CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13"])
 
 
+@pytest.mark.slow
 def test_checkov_finds_the_agents_injected_containers_restricted(tmp_path):
     """Each injected template's agent containers, as the containers of a Pod of their own (with the template's
     pod-level fields), through checkov's restricted-PSS and resource checks: the user's containers are theirs."""

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -115,6 +116,7 @@ def manifests(draw: st.DrawFn) -> tuple[Any, bool]:
     return doc, draw(st.booleans())
 
 
+@pytest.mark.slow
 @FUZZ
 @given(manifests())
 def test_inject_refuses_a_bad_manifest_with_input_error_only(case):
@@ -152,6 +154,7 @@ def mutated_texts(draw: st.DrawFn) -> str:
     return text
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated_texts())
 @example("\x00" + TEXTS[0])  # ruamel's reader error spans two lines
@@ -183,6 +186,7 @@ def commented_texts(draw: st.DrawFn) -> tuple[str, list[str]]:
     return "\n".join(lines) + "\n", own_lines
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=30)  # two runs of ruamel over a whole example each: ~60 ms an example
 @given(commented_texts())
 def test_comments_anywhere_stay_and_a_second_run_changes_nothing(case):

@@ -38,11 +38,13 @@ async def test_a_lease_won_before_the_first_list_evaluates_no_empty_view(tmp_pat
     loop = asyncio.create_task(sidecar.evaluate_loop())
     try:
         sidecar.changes.changed()  # what winning the Lease does
-        await asyncio.sleep(0.05)
+        while sidecar.changes.dirty.is_set():  # until the loop has taken the change (no real time passes)
+            await asyncio.sleep(0)
         assert not sidecar.evaluator.evaluated and "no valid topology" not in caplog.text
         sidecar.view.replace([])  # the LIST came back empty
         sidecar.changes.changed()
-        await asyncio.sleep(0.05)
+        async with sidecar.evaluations:
+            await asyncio.wait_for(sidecar.evaluations.wait_for(lambda: sidecar.evaluator.evaluated), 10)
         assert sidecar.evaluator.evaluated and "the pod list is empty" in (sidecar.evaluator.problem or "")
     finally:
         loop.cancel()
@@ -81,10 +83,11 @@ async def test_a_new_leader_reads_back_the_publication_before_it_plans(tmp_path:
     sidecar.view.replace(examples.volcano_job())
     loop = asyncio.create_task(sidecar.evaluate_loop())
     try:
-        sidecar.changes.changed()
-        await asyncio.sleep(0.1)
-        sidecar.changes.changed()
-        await asyncio.sleep(0.1)
+        for published in (1, 2):  # each change once it is evaluated: the sidecar's evaluations say when
+            sidecar.changes.changed()
+            async with sidecar.evaluations:
+                await asyncio.wait_for(sidecar.evaluations.wait_for(lambda n=published: calls.count("publish") == n),
+                                       10)
     finally:
         loop.cancel()
     assert calls == ["read back", "plan", "publish", "plan", "publish"]  # read back once, before the first plan

@@ -281,6 +281,7 @@ async def test_a_keep_alive_connection_that_starts_its_next_head_and_stops_is_cl
         writer.close()
 
 
+@pytest.mark.slow
 async def test_a_body_too_large_or_of_unknown_length_is_refused_before_it_is_read():
     async with served(Namespaces({})) as s:
         reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port, ssl=s.client)
@@ -385,6 +386,7 @@ async def test_a_namespace_that_is_no_namespace_name_is_never_put_in_a_path(name
         await client.close()
 
 
+@pytest.mark.slow
 async def test_the_namespaces_kept_are_bounded():
     api = Namespaces({})
     webhook = Webhook(api, WebhookSettings(namespaces=64), version=__version__)
@@ -441,6 +443,7 @@ async def test_a_review_nested_too_deep_is_a_400_with_one_line_not_a_500():
         await client.close()
 
 
+@pytest.mark.slow
 async def test_distinct_long_settings_leave_nothing_behind():
     """30 dry-run Pods with distinct 200 KB trainer-match values: 197 MB never given back. The command lines
     checked are remembered by digest, a bounded number of them."""

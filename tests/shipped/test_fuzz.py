@@ -30,6 +30,7 @@ def test_a_thousand_mutated_pod_lists_find_nothing():
     assert outcomes["rendered"] > 100 and outcomes["refused"] > 100  # both sides of the boundary were reached
 
 
+@pytest.mark.slow
 def test_a_thousand_mutated_watch_streams_find_nothing():
     outcomes, findings, _ = fuzz.fuzz_streams(1000, random.Random(2))
     assert findings == []

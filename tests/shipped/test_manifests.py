@@ -242,6 +242,7 @@ def test_the_agent_runs_restricted_and_only_the_agent_holds_the_token(where, tem
             assert not token, f"trainer container {container['name']} must not hold the agent's token"
 
 
+@pytest.mark.slow
 def test_checkov_passes_on_the_manifests():
     checkov = os.environ.get("TOPOLOGY_CHECKOV") or shutil.which("checkov")
     if checkov is None:

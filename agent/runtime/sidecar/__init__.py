@@ -140,6 +140,9 @@ class Sidecar:
         self.selector = ""
         self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
         self._trim: asyncio.TimerHandle | None = None
+        # Notified after each evaluation (files written or not): whoever waits for a generation, a readiness or
+        # the files a change makes awaits it (``wait_for``) instead of polling the files.
+        self.evaluations = asyncio.Condition()
 
     @property
     def mode(self) -> Mode:
@@ -293,6 +296,8 @@ class Sidecar:
             if not self.view.listed and light is None:
                 continue  # the Lease came before the first LIST: an empty view is no topology; the LIST marks again
             await self._written(since, light)
+            async with self.evaluations:
+                self.evaluations.notify_all()
 
     async def _written(self, since: float, light: Any) -> None:
         """One evaluation: the Nodes of new pods, a new leader's read-back, the files, the publication."""

@@ -1,4 +1,5 @@
-"""A stand-in trainer: records every signal it gets, with the generation on disk at that moment."""
+"""A stand-in trainer: records every signal it gets, with the generation on disk at that moment, in the record
+file and on stdout (a test reads its stdout to await each signal); "ready" on stdout once its handlers are in."""
 
 import os
 import signal
@@ -13,12 +14,15 @@ def handler(signum, _frame):
         generation = (shared / "generation").read_text().strip()
     except OSError:
         generation = "?"
+    line = f"{signal.Signals(signum).name} {generation}"
     with record.open("a") as out:
-        out.write(f"{signal.Signals(signum).name} {generation}\n")
+        out.write(line + "\n")
+    print(line, flush=True)
 
 
 for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
     signal.signal(sig, handler)
 Path(str(record) + ".pid").write_text(str(os.getpid()))
+print("ready", flush=True)
 while True:
     signal.pause()

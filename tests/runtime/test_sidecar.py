@@ -1,0 +1,472 @@
+"""The sidecar in this process against the sandbox's API in memory (tests/fakeapi.py): files and generation follow
+membership, a large job's leader publishes and its followers follow, a standby takes over, and the publication is
+refused when its writer is not the job's. Each sidecar is the real ``run_sidecar`` on the test's loop, its
+settings from the same flags; the trainer it signals is a real process. Every wait is for an event: a sidecar's
+evaluation, a log line, a request, a signal on the trainer's stdout. tests/integration/test_sidecar.py keeps the
+scenarios that need a real sidecar process (its signals, its health port, SIGTERM)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent import examples
+from tests.fakeapi import agent_name, init_pod
+from tests.jobs import (
+    add_worker,
+    configmap,
+    create_volcano_job,
+    generation,
+    policy_admits,
+    world,
+)
+
+TRAINER = Path(__file__).resolve().parents[1] / "fake_trainer.py"
+PODS = "/api/v1/namespaces/default/pods"
+CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+
+
+async def init(api, logs, pod: str, out: Path, *args: str):
+    """init for ``pod`` in a thread (it runs its own event loop, as its process does), to the end."""
+    ran = await asyncio.to_thread(init_pod, api, logs, pod, out, *args)
+    assert ran.code == 0, ran.err
+    return ran
+
+
+def has_ip(out: Path, ip_index: int) -> bool:
+    try:
+        return examples.loopback_ip(ip_index) in (out / "hostfile").read_text()
+    except OSError:
+        return False
+
+
+class Trainer:
+    """tests/fake_trainer.py, a real process: each signal it gets is read from its stdout, as it comes."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, record: Path) -> None:
+        self.proc, self.record = proc, record
+
+    @classmethod
+    async def start(cls, tmp_path: Path, out: Path) -> Trainer:
+        record = tmp_path / "signals.txt"
+        record.touch()
+        proc = await asyncio.create_subprocess_exec(sys.executable, str(TRAINER), str(record), str(out),
+                                                    stdout=asyncio.subprocess.PIPE)
+        trainer = cls(proc, record)
+        assert await trainer.next() == "ready"
+        return trainer
+
+    @property
+    def match(self) -> str:
+        """--trainer-match for this trainer alone (tests run side by side)."""
+        return re.escape(str(self.record))
+
+    async def next(self, timeout: float = 30.0) -> str:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        return line.decode().strip()
+
+    def signals(self) -> list[str]:
+        return self.record.read_text().splitlines()
+
+    async def stop(self) -> None:
+        self.proc.kill()
+        await self.proc.wait()
+
+
+class Job:
+    def __init__(self, running, trainer: Trainer) -> None:
+        self.running, self.trainer = running, trainer
+        self.out, self.sidecar = running.out, running.sidecar
+
+    async def until(self, test, what: str = "condition"):
+        return await self.running.until(test, what=what)
+
+    def env(self) -> dict[str, str]:
+        return self.running.env()
+
+    def settled(self) -> bool:
+        """Nothing seen that is not written yet: the files are the membership's as the sidecar holds it."""
+        changes = self.sidecar.changes
+        return not changes.dirty.is_set() and changes.since is None
+
+
+async def start_job(api, logs, sidecars, tmp_path, *, pod="demo-worker-0", debounce="0") -> Job:
+    out = tmp_path / "shared"
+    await init(api, logs, pod, out, "--address", "ip")
+    trainer = await Trainer.start(tmp_path, out)
+    running = await sidecars.start(pod, out, "--address", "ip", "--debounce", debounce, "--trainer-match",
+                                   trainer.match)
+    job = Job(running, trainer)
+    await job.until(lambda: job.sidecar.ready, "sidecar ready")
+    return job
+
+
+@pytest.fixture
+async def job(memory, api, logs, sidecars, tmp_path):
+    create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    started = await start_job(api, logs, sidecars, tmp_path)
+    yield started
+    await started.trainer.stop()
+
+
+async def test_start_from_init_files_rewrites_nothing_and_signals_nobody(job):
+    await job.until(job.settled, "nothing pending")
+    assert job.sidecar.evaluator.evaluated  # the first evaluation ran
+    assert generation(job.out) == 1 and job.trainer.signals() == []
+    assert job.sidecar.metrics.rewrites._value.get() == 0
+
+
+async def test_scale_down_delete_terminate_and_replace_are_followed(job, memory):
+    # Each change waits for the signal of the one before: two SIGUSR1 pending at once are one (POSIX).
+    memory.delete_pod("default", "demo-worker-1")
+    await job.until(lambda: generation(job.out) == 2 and job.env()["WORLD_SIZE"] == "2", "scale down")
+    assert await job.trainer.next() == "SIGUSR1 2"
+    add_worker(memory, 1, 20)  # replacement with a new IP
+    await job.until(lambda: generation(job.out) == 3, "replacement")
+    assert json.loads((job.out / "topology.json").read_text())["members"][2]["address"] == examples.loopback_ip(20)
+    assert await job.trainer.next() == "SIGUSR1 3"
+    memory.update_pod("default", "demo-worker-1",
+                      lambda p: p["metadata"].__setitem__("deletionTimestamp", "2026-11-22T01:00:00Z"))
+    await job.until(lambda: generation(job.out) == 4 and job.env()["WORLD_SIZE"] == "2", "terminating excluded")
+    assert await job.trainer.next() == "SIGUSR1 4"
+    assert [line.split()[1] for line in job.trainer.signals()] == ["2", "3", "4"]
+
+
+async def test_an_unchanged_relist_after_410_triggers_nothing(job, memory, api):
+    memory.faults(down_for=1.0)  # while the sidecar is away, a change that moves no one, then compaction
+    memory.update_pod("default", "demo-worker-1", lambda p: p["metadata"]["annotations"].__setitem__("note", "x"))
+    memory.faults(compact=True)
+    agent = agent_name("sidecar", "demo-worker-0")
+    lists = sum(1 for who, r in list(api.requests) if who == agent and r.verb == "list")
+    # The relist, then the watch from it: the LIST was applied, and nothing came of it.
+    await api.notice.until(lambda: [r.verb for who, r in list(api.requests) if who == agent][-1:] == ["watch"]
+                           and sum(1 for who, r in list(api.requests) if who == agent and r.verb == "list") > lists,
+                           what="a relist and the watch after it")
+    assert job.sidecar.metrics.relists._value.get() >= 1  # a LIST after the first (one more if it met the outage)
+    await job.until(job.settled, "nothing pending")
+    assert generation(job.out) == 1 and job.trainer.signals() == []
+
+
+@pytest.mark.slow
+async def test_changes_during_a_dropped_watch_a_410_and_5xx_are_not_lost(job, memory):
+    memory.faults(status=500, count=2, path="/pods")
+    memory.faults(drop_watches=True)
+    add_worker(memory, 2, 30)  # while the sidecar is disconnected and failing
+    await job.until(lambda: generation(job.out) == 2, "catch-up after 5xx")
+    memory.faults(down_for=1.0)
+    memory.delete_pod("default", "demo-worker-2")
+    memory.faults(compact=True)  # and the version it resumes from is gone: 410, relist
+    await job.until(lambda: generation(job.out) == 3 and job.env()["WORLD_SIZE"] == "3",
+                    "catch-up after outage and 410")
+    assert (job.out / "torch.env").read_text().count("export WORLD_SIZE='3'") == 1
+
+
+async def test_debounce_coalesces_a_burst_into_one_generation(memory, api, logs, sidecars, tmp_path):
+    create_volcano_job(memory, (("master", 1), ("worker", 1)))
+    job = await start_job(api, logs, sidecars, tmp_path, debounce="0.8")
+    try:
+        for i in range(1, 4):
+            add_worker(memory, i, 60 + i)
+        await job.until(lambda: generation(job.out) == 2 and job.env()["WORLD_SIZE"] == "5", "one rewrite")
+        assert await job.trainer.next() == "SIGUSR1 2"
+        await job.until(job.settled, "nothing pending")  # the burst was written whole: no second generation
+        assert generation(job.out) == 2 and job.sidecar.metrics.rewrites._value.get() == 1
+        assert job.trainer.signals() == ["SIGUSR1 2"]
+    finally:
+        await job.trainer.stop()
+
+
+async def test_a_pod_with_the_jobs_labels_only_neither_joins_nor_freezes_the_sidecar(job, memory, logs):
+    """A rogue pod with a duplicate index froze a running sidecar (readyz 503) until deleted."""
+    pod = examples.volcano_job("demo", (("master", 1), ("worker", 1)))[1]
+    pod["metadata"]["name"] = "rogue-dup"
+    pod["metadata"].pop("ownerReferences")
+    pod["spec"]["hostname"] = "rogue-dup"
+    pod["status"].update(podIP=examples.loopback_ip(80), podIPs=[{"ip": examples.loopback_ip(80)}])
+    memory.create_pod(pod)
+    await logs.until("demo-worker-0", "leaving out a pod that is not the job's: pod 'rogue-dup'")
+    await job.until(job.settled, "the change evaluated")
+    assert job.sidecar.ready and generation(job.out) == 1
+    add_worker(memory, 2, 81)  # the job's own pod still joins
+    await job.until(lambda: generation(job.out) == 2, "generation 2")
+    assert job.env()["WORLD_SIZE"] == "4" and examples.loopback_ip(80) not in (job.out / "hostfile").read_text()
+
+
+async def test_a_sidecar_that_cannot_write_keeps_the_last_files_says_why_and_writes_once_it_can(job, memory):
+    """The sidecar exited 1 on a full disk or a replaced ssh/: a trainer could stop its own sidecar."""
+    out = job.out
+    before = (out / "topology.json").read_bytes()
+    (out / "hostfile").unlink()
+    (out / "hostfile").mkdir()  # the rename onto it fails, as on a full disk: the markers stay at generation 1
+    memory.set_pod_ip("default", "demo-worker-1", examples.loopback_ip(41))
+    await job.until(lambda: "cannot write the files" in (job.sidecar.unready() or ""), "not ready")
+    assert not job.running.task.done(), "the sidecar keeps running"
+    assert (out / "topology.json").read_bytes() == before and (out / "generation").read_text() == "1\n"
+    (out / "hostfile").rmdir()
+    await job.until(lambda: has_ip(out, 41), "the files written once they can be")
+    assert (out / "generation").read_text() == "2\n"
+    await job.until(lambda: job.sidecar.ready, "ready again")
+
+
+# --- a large job's publication --------------------------------------------------------------------------------
+
+async def published_job(memory, api, logs, tmp_path, workers, *extra):
+    pods = create_volcano_job(memory, (("master", 1), ("worker", workers)))
+    for pod in pods:
+        await init(api, logs, pod["metadata"]["name"], tmp_path / pod["metadata"]["name"], "--address", "ip",
+                   "--source", "published", *extra)
+    return pods
+
+
+async def start_sidecar(sidecars, tmp_path, pod: str, *extra: str, who: str | None = None, out: Path | None = None):
+    return await sidecars.start(pod, out or tmp_path / pod, "--address", "ip", "--debounce", "0", "--signal", "none",
+                                *extra, who=who)
+
+
+async def follower_watching(api, pod: str) -> None:
+    await api.notice.until(lambda: api.watching(agent_name("sidecar", pod), CONFIGMAPS), what=f"{pod} watching")
+
+
+async def test_with_a_published_topology_only_the_leader_watches_pods_and_followers_follow(memory, api, logs,
+                                                                                           sidecars, tmp_path):
+    await published_job(memory, api, logs, tmp_path, 3)
+    await start_sidecar(sidecars, tmp_path, "demo-master-0")
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2")
+    await logs.until("demo-worker-2", "(follower)")
+    await logs.until("demo-master-0", "started publishing")
+    await follower_watching(api, "demo-worker-2")
+    memory.reset_stats()
+    add_worker(memory, 3, 80)
+    follower_out = tmp_path / "demo-worker-2"
+    await follower.until(lambda: generation(follower_out) == 2, what="the follower follows the leader's publication")
+    env = json.loads((follower_out / "topology.json").read_text())["env"]
+    assert env["WORLD_SIZE"] == "5" and env["NODE_RANK"] == "3"
+    assert (follower_out / "hostfile").read_text() == (tmp_path / "demo-master-0" / "hostfile").read_text()
+    stats = memory.stats()["byAgent"]
+    agent = agent_name("sidecar", "demo-worker-2")
+    assert agent not in stats or stats[agent]["requests"] == 0  # the watch was open
+
+
+async def test_a_follower_receives_only_the_journal_and_the_leader_names_its_standbys(memory, api, logs, sidecars,
+                                                                                      tmp_path):
+    """Each change reached every follower as the whole snapshot (88 KiB at 4096 pods)."""
+    await published_job(memory, api, logs, tmp_path, 7)
+    running = {n: await start_sidecar(sidecars, tmp_path, n) for n in ("demo-master-0", "demo-worker-0",
+                                                                        "demo-worker-5")}
+    await logs.until("demo-worker-0", "(candidate)")
+    await follower_watching(api, "demo-worker-5")
+    assert "(follower)" in logs.text("demo-worker-5")
+    snapshot = configmap(memory, "demo-topology")
+    memory.reset_stats()
+    add_worker(memory, 7, 90)
+    await running["demo-worker-5"].until(lambda: world(tmp_path / "demo-worker-5")[0] == "9",
+                                         what="the follower sees the new worker")
+    follower = memory.stats()["byAgent"][agent_name("sidecar", "demo-worker-5")]
+    assert follower["requests"] == 0  # its watch was open already
+    assert follower["bytes"] < len(json.dumps(snapshot))  # the journal, not the snapshot
+    journal = configmap(memory, "demo-topology-journal")
+    assert journal["data"]["leader"] == "demo-master-0"
+    assert journal["data"]["standby"] == "demo-worker-0,demo-worker-1"
+    # The leader's real objects pass the admission policy as a CREATE by its own pod's token
+    for name in ("demo-topology", "demo-topology-journal"):
+        assert policy_admits(memory, "CREATE", "demo-master-0", configmap(memory, name), None)
+
+
+async def test_without_rbac_for_leases_the_leader_still_publishes_without_failover(memory, api, logs, sidecars,
+                                                                                   tmp_path):
+    """RBAC from before the Lease (no leases rule): init says the topology is published without failover; the
+    leader named in the journal must then keep publishing, not wait for a Lease it cannot read."""
+    memory.faults(status=403, path="/leases", count=-1)
+    await published_job(memory, api, logs, tmp_path, 5)
+    await start_sidecar(sidecars, tmp_path, "demo-master-0")
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-3")
+    await logs.until("demo-worker-3", "(follower)")
+    await logs.until("demo-master-0", "without failover")
+    add_worker(memory, 5, 91)
+    await follower.until(lambda: world(tmp_path / "demo-worker-3")[0] == "7", what="the follower sees the new worker")
+
+
+async def test_when_the_leader_stops_a_standby_takes_over_and_followers_see_the_new_membership(memory, api, logs,
+                                                                                               sidecars, tmp_path):
+    """Followers kept the last membership forever when the leader pod went away. The leader here stops as on
+    SIGTERM (its Lease released); tests/integration kills a leader process."""
+    await published_job(memory, api, logs, tmp_path, 5)
+    running = {n: await start_sidecar(sidecars, tmp_path, n, "--lease-seconds", "3")
+               for n in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-4")}
+    await logs.until("demo-worker-1", "(candidate)")
+    await logs.until("demo-master-0", "started publishing")
+    # The follower must follow the journal before the leader goes (a follower that starts after the leader's pod
+    # is deleted refuses the copy its writer no longer vouches for, and reads the pods).
+    await logs.until("demo-worker-4", "(follower)")
+    before = world(tmp_path / "demo-worker-4")
+    published_before = {n: configmap(memory, n) for n in ("demo-topology", "demo-topology-journal")}
+    await sidecars.stop("demo-master-0")
+    memory.delete_pod("default", "demo-master-0")
+    await running["demo-worker-4"].until(lambda: world(tmp_path / "demo-worker-4")[0] == "5", timeout=30,
+                                         what="the follower sees the leader gone")
+    after = world(tmp_path / "demo-worker-4")
+    assert before[0] == "6" and after[1] != before[1]  # a new rank 0, a new MASTER_ADDR
+    took = [n for n in ("demo-worker-0", "demo-worker-1") if "started publishing" in logs.text(n)]
+    assert len(took) == 1
+    lease = memory.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")
+    assert lease["spec"]["holderIdentity"] == took[0] and lease["spec"]["leaseTransitions"] >= 1
+    # The new publisher's real writes pass the admission policy as an UPDATE by its own pod (a standby the
+    # previous leader named), journal and snapshot alike.
+    await memory.until("/v1/configmaps", lambda store: configmap(memory, "demo-topology")["data"]["leader"] == took[0])
+    from tests.vap import Deny
+
+    for name, old in published_before.items():
+        assert policy_admits(memory, "UPDATE", took[0], configmap(memory, name), old)
+        with pytest.raises(Deny, match=r"only the pod named in data\.leader"):  # the same write by a follower
+            policy_admits(memory, "UPDATE", "demo-worker-4", configmap(memory, name), old)
+    assert "released lease demo-topology" in logs.text("demo-master-0")
+
+
+async def test_after_the_whole_job_is_re_created_followers_wait_for_the_leader_to_publish_again(memory, api, logs,
+                                                                                                inits, sidecars,
+                                                                                                tmp_path):
+    """What a real cluster does: a controller that restarts a job re-creates every pod under its name with a new
+    uid, and the publication survives (the job owns it). The copy's writer is then a member under another uid: not
+    a forgery. Reading the pods instead would make every follower list every pod (the load the publication exists
+    to avoid), so followers wait for the leader, whose sidecar publishes again, and use its copy."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 3)))
+    names = [p["metadata"]["name"] for p in pods]
+    for name in names:
+        await init(api, logs, name, tmp_path / "before" / name, "--source", "published", "--address", "ip")
+    for pod in pods:  # the controller restarts the job: same names, new uids, new addresses
+        memory.delete_pod("default", pod["metadata"]["name"])
+        pod["metadata"]["uid"] = pod["metadata"]["uid"][:-4] + "beef"
+        ip = examples.loopback_ip(200 + names.index(pod["metadata"]["name"]))
+        pod["status"].update(podIP=ip, podIPs=[{"ip": ip}])
+        memory.create_pod(pod)
+    followers = {n: inits.start(n, tmp_path / n, "--source", "published", "--address", "ip", "--timeout", "60")
+                 for n in names[1:]}
+    await init(api, logs, "demo-master-0", tmp_path / "demo-master-0", "--source", "published", "--address", "ip")
+    await start_sidecar(sidecars, tmp_path, "demo-master-0")
+    for name, who in followers.items():
+        ran = await inits.finish_async(who)
+        assert ran.code == 0, ran.err
+        assert "waiting for the published topology to be written again" in ran.err and "its writer's uid" in ran.err
+        assert "reading the pods instead" not in ran.err
+        hostfile = (tmp_path / name / "hostfile").read_text()
+        assert all(p["status"]["podIP"] in hostfile for p in pods), hostfile
+
+
+async def test_a_follower_leaves_a_journal_that_a_pod_of_another_job_rewrote_and_follows_the_pods(memory, api, logs,
+                                                                                                  sidecars, tmp_path):
+    """A journal rewritten by a writer that is not a member of the job (here another job's pod, in a namespace
+    without the admission policy) was applied by every follower. A new writer is now read once before its journal
+    is used: this one is refused in one line, and the follower follows the pods, so the job's changes still reach
+    it."""
+    await published_job(memory, api, logs, tmp_path, 3)
+    other = memory.create_pod(examples.volcano_job("other", (("master", 1),))[0])
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2")
+    await logs.until("demo-worker-2", "(follower)")
+    journal = copy.deepcopy(configmap(memory, "demo-topology-journal"))
+    journal["data"].update(leader="other-master-0", leaderUid=other["metadata"]["uid"])
+    journal["metadata"].pop("resourceVersion")
+    memory._run(memory.sandbox.store.replace, "/v1/configmaps", "default", "demo-topology-journal", journal)
+    await logs.until("demo-worker-2", "the published topology is not used (configmap demo-topology-journal: its "
+                                      "writer, pod 'other-master-0', belongs to job 'other', not 'demo'")
+    await logs.until("demo-worker-2", "following the pods from now on")
+    add_worker(memory, 3, 81)
+    await follower.until(lambda: world(tmp_path / "demo-worker-2")[0] == "5", what="the follower sees the new worker")
+    await sidecars.stop("demo-worker-2")
+    # a follower that starts now (the same pod's sidecar, restarted) refuses the copy at once
+    await start_sidecar(sidecars, tmp_path, "demo-worker-2")
+    await logs.until("demo-worker-2", "(pods)")
+    assert "the published topology is not used (configmap demo-topology-journal: its writer" in \
+        logs.text("demo-worker-2")
+
+
+async def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_followers_use_it(memory, api, logs,
+                                                                                                 sidecars, tmp_path):
+    """Readers accept a copy only from the pod that holds the writer's name *and* uid. Volcano re-creates a failed
+    pod under its name with a new uid: the new leader's sidecar must not be locked out by its earlier
+    incarnation's copy. It stays the candidate, rewrites the snapshot first and then the journal under its new uid
+    (the policy admits it: the name is the leader's), and a follower that starts then uses them."""
+    pods = await published_job(memory, api, logs, tmp_path, 3)
+    old_uid = configmap(memory, "demo-topology")["data"]["leaderUid"]
+    earlier = {n: configmap(memory, n) for n in ("demo-topology", "demo-topology-journal")}
+    memory.delete_pod("default", "demo-master-0")
+    reborn = copy.deepcopy(pods[0])
+    reborn["metadata"]["uid"] = "6f1e2d3c-0000-4000-8000-00000000abcd"
+    memory.create_pod(reborn)
+    await start_sidecar(sidecars, tmp_path, "demo-master-0")
+
+    def rewritten(store) -> bool:
+        return all(store.get("/v1/configmaps", "default", name)["data"]["leaderUid"] == reborn["metadata"]["uid"]
+                   for name in ("demo-topology", "demo-topology-journal"))
+    await memory.until("/v1/configmaps", rewritten)
+    assert old_uid == pods[0]["metadata"]["uid"] != reborn["metadata"]["uid"]
+    for name, old in earlier.items():  # the policy admits the new incarnation's rewrite (the leader's name)
+        assert policy_admits(memory, "UPDATE", "demo-master-0", configmap(memory, name), old)
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2")
+    await logs.until("demo-worker-2", "(follower)")
+    add_worker(memory, 3, 82)
+    await follower.until(lambda: world(tmp_path / "demo-worker-2")[0] == "5", what="the follower sees the new worker")
+    assert "not used" not in logs.text("demo-worker-2")
+
+
+async def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_changes_and_a_takeover(memory, api,
+                                                                                                   logs, sidecars,
+                                                                                                   tmp_path):
+    """A follower read the whole snapshot twice and rewrote every file; with --view own it reads the journal's
+    summary (never the snapshot), writes torch.env equal to the full view's, and follows a new worker and a new
+    rank 0. The pods that hold every pod (the leader, its standbys) write the same three files, made from their
+    own plan's summary: one shape of files across the job."""
+    # every pod with the job's options: the leader summarizes
+    await published_job(memory, api, logs, tmp_path, 7, "--view", "own")
+    light_files = ["generation", "topology.json", "torch.env"]
+    for pod in ("demo-master-0", "demo-worker-0", "demo-worker-6"):  # the leader, a standby, a follower
+        assert sorted(p.name for p in (tmp_path / pod).iterdir()) == light_files, pod
+        assert json.loads((tmp_path / pod / "topology.json").read_text())["view"] == "own"
+    light = tmp_path / "light"
+    ran = await init(api, logs, "demo-worker-5", light, "--address", "ip", "--source", "published", "--view", "own")
+    assert "waiting for the leader to publish its summary" in ran.err and "not used" not in ran.err
+    assert sorted(p.name for p in light.iterdir()) == ["generation", "topology.json", "torch.env"]
+    full = tmp_path / "full"
+    await init(api, logs, "demo-worker-5", full, "--address", "ip", "--source", "published")
+    full_env = json.loads((full / "topology.json").read_text())["env"]
+    assert json.loads((light / "topology.json").read_text())["env"] == full_env  # 7 workers: lists are kept
+
+    running = {n: await start_sidecar(sidecars, tmp_path, n, "--lease-seconds", "3", "--view", "own")
+               for n in ("demo-master-0", "demo-worker-0", "demo-worker-1")}
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-5", "--lease-seconds", "3", "--view", "own",
+                                   who="light", out=light)
+    await logs.until("demo-master-0", "started publishing")
+    await logs.until("light", "(follower)")
+    await follower_watching(api, "demo-worker-5")
+    assert generation(light) == 1  # the summary places it where init did: nothing rewritten
+    add_worker(memory, 7, 90)
+    await follower.until(lambda: world(light)[0] == "9", what="the light follower sees the new worker")
+    for pod in ("demo-master-0", "demo-worker-0"):  # the leader's and a standby's sidecars, from the pods
+        await running[pod].until(lambda pod=pod: world(tmp_path / pod) == world(light), what=f"{pod} sees it")
+        assert sorted(p.name for p in (tmp_path / pod).iterdir()) == light_files, pod
+        env = json.loads((tmp_path / pod / "topology.json").read_text())["env"]
+        assert env["NODE_RANK"] == ("0" if pod == "demo-master-0" else "1") and "VC_WORKER_HOSTS" in env
+    await sidecars.kill("demo-master-0")
+    before = world(light)
+    memory.delete_pod("default", "demo-master-0")
+    await follower.until(lambda: world(light)[0] == "8", timeout=30, what="the light follower sees the leader gone")
+    assert world(light)[1] != before[1]  # a new rank 0, a new MASTER_ADDR
+    assert sorted(p.name for p in light.iterdir()) == ["generation", "topology.json", "torch.env"]
+    text = logs.text("light")
+    assert "not used" not in text and "reading the whole topology" not in text
+
+
+async def test_with_view_own_but_no_summary_published_a_pod_says_so_and_reads_the_whole_topology(memory, api, logs,
+                                                                                                 tmp_path):
+    await published_job(memory, api, logs, tmp_path, 4)  # the leader without --view own publishes no summary
+    out = tmp_path / "light"
+    ran = await init(api, logs, "demo-worker-3", out, "--address", "ip", "--source", "published", "--view", "own")
+    assert "--view own not used: the leader published no summary" in ran.err
+    assert (out / "hostfile").read_text() == (tmp_path / "demo-worker-3" / "hostfile").read_text()
+    assert (out / "torch.env").read_text() == (tmp_path / "demo-worker-3" / "torch.env").read_text()

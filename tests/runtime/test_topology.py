@@ -1,0 +1,106 @@
+"""--rank-order topology in this process against the sandbox's API in memory (tests/fakeapi.py): without RBAC for
+Nodes, one warning line and index order; init waits for every training pod's node; a join lands in its rack's
+block for a follower. tests/integration/test_topology.py keeps the whole job of real processes over HTTPS."""
+
+from __future__ import annotations
+
+import json
+
+from agent import examples
+from tests.fakeapi import agent_name
+from tests.jobs import create_volcano_job
+from tests.runtime.test_sidecar import follower_watching, init, start_sidecar
+
+TASKS = (("master", 1), ("worker", 5), ("extras", 1))
+ARGS = ("--rank-order", "topology", "--topology-levels", f"{examples.ZONE},{examples.RACK}", "--timeout", "60")
+
+
+def job_on_two_racks(memory):
+    pods = create_volcano_job(memory, TASKS)
+    for node in examples.racks(pods):
+        memory.create_node(node)
+    for pod in pods:
+        memory.update_pod("default", pod["metadata"]["name"],
+                          lambda p, n=pod["spec"]["nodeName"]: p["spec"].update(nodeName=n))
+    return pods, {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
+
+
+def run_inits(inits, tmp_path, names, *args):
+    started = {n: inits.start(n, tmp_path / n, *args) for n in reversed(names)}  # followers first
+    errors = {}
+    for name, who in started.items():
+        ran = inits.finish(who)
+        assert ran.code == 0, ran.err
+        errors[name] = ran.err
+    return errors
+
+
+def test_without_rbac_for_nodes_one_line_and_index_order(memory, inits, tmp_path):
+    pods, _ = job_on_two_racks(memory)
+    names = [p["metadata"]["name"] for p in pods]
+    memory.faults(status=403, path="/api/v1/nodes", count=-1)
+    errors = run_inits(inits, tmp_path, names, *ARGS)
+    lines = [line for line in errors["demo-master-0"].splitlines() if "cannot read Nodes" in line]
+    assert len(lines) == 1 and "manifests/rbac/nodes" in lines[0]
+    assert not any("cannot read Nodes" in errors[n] for n in names[1:])  # followers never asked
+    doc = json.loads((tmp_path / "demo-worker-0" / "topology.json").read_text())
+    assert [m["name"] for m in doc["members"] if m["training"]] == names[:6]
+    assert doc["env"]["TOPOLOGY_RANK_ORDER"] == "index" and "TOPOLOGY_RACK" not in doc["env"]
+    assert "labels are unknown" in doc["topology"]["note"]
+
+
+def test_init_waits_until_every_training_pod_is_scheduled(memory, api, inits, tmp_path):
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)), with_ips=False)
+    nodes = examples.racks(pods)
+    for node in nodes:
+        memory.create_node(node)
+    names = [p["metadata"]["name"] for p in pods]
+    # --address dns: without --rank-order topology the gang would be complete now (DNS names need no IP)
+    started = {n: inits.start(n, tmp_path / n, *ARGS) for n in names}
+    # The leader waits for the pods, the others for its publication: each is waiting once it watches.
+    api.notice.wait_until(lambda: api.watching(agent_name("init", "demo-master-0"), "/api/v1/namespaces/default/pods")
+                          and all(api.watching(agent_name("init", n), "/api/v1/namespaces/default/configmaps")
+                                  for n in names[1:]), what="every init waiting")
+    assert all(inits.running(who) for who in started.values())
+    for k, name in enumerate(names):
+        memory.schedule("default", name, examples.loopback_ip(k), node=nodes[k]["metadata"]["name"])
+    for who in started.values():
+        ran = inits.finish(who)
+        assert ran.code == 0, ran.err
+    doc = json.loads((tmp_path / "demo-worker-1" / "topology.json").read_text())
+    assert [m["name"] for m in doc["members"]] == ["demo-master-0", "demo-worker-1", "demo-worker-0"]
+
+
+async def test_a_join_lands_in_its_racks_block_for_the_follower_and_only_the_publisher_reads_its_node(
+        memory, api, logs, sidecars, tmp_path):
+    pods, _ = job_on_two_racks(memory)
+    names = [p["metadata"]["name"] for p in pods]
+    for name in names:  # the leader first, so each follower finds its publication
+        await init(api, logs, name, tmp_path / name, *ARGS)
+    levels = ARGS[:4]
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", *levels)
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-4", *levels)
+    await logs.until("demo-worker-4", "(follower)")
+    await follower_watching(api, "demo-worker-4")
+    memory.create_node(examples.node("node-new", {examples.ZONE: "zone-a", examples.RACK: "rack-a"}))
+    pod = examples.volcano_job("demo", (("master", 1), ("worker", 6)))[-1]  # demo-worker-5
+    pod["spec"]["nodeName"] = "node-new"
+    pod["status"].update(podIP="127.1.0.99", podIPs=[{"ip": "127.1.0.99"}])  # extras-0 holds the next one
+    memory.reset_stats()
+    memory.create_pod(pod)
+    out = tmp_path / "demo-worker-4"
+
+    def order() -> list[str]:
+        doc = json.loads((out / "topology.json").read_text())
+        return [m["name"] for m in doc["members"] if m["training"]]
+    await follower.until(lambda: "demo-worker-5" in order(), what="the follower sees the new worker")
+    # rack-a: master-0, worker-1, worker-3, then the joiner; rack-b after it, each survivor in its order
+    assert order() == ["demo-master-0", "demo-worker-1", "demo-worker-3", "demo-worker-5",
+                       "demo-worker-0", "demo-worker-2", "demo-worker-4"]
+    env = json.loads((out / "topology.json").read_text())["env"]
+    assert env["TOPOLOGY_RANK_ORDER"] == "topology" and env["NODE_RANK"] == "6"
+    stats = memory.stats()["byAgent"]
+    follower_stats = stats[agent_name("sidecar", "demo-worker-4")]
+    assert follower_stats["requests"] == 0  # the node's labels came in the journal entry
+    leader = stats[agent_name("sidecar", "demo-master-0")]
+    assert leader["requests"] >= 2  # GET node-new and the journal write (Lease renewals come on top)
