@@ -165,9 +165,19 @@ TF_CASES = [
     ("IPv6 addresses in brackets", lambda: ipv6(volcano(tasks=(("master", 1), ("worker", 1)))), "demo-worker-0",
      {"address": "ip"}, {"cluster": {"chief": ["[fd00::1]:2222"], "worker": ["[fd00::2]:2222"]},
                          "task": {"type": "worker", "index": 0}}),
-    ("--tf-port", lambda: volcano(tasks=(("master", 1),)), "demo-master-0", {"ports": (("tf", 3000),)},
-     {"cluster": {"chief": ["demo-master-0.demo:3000"]}, "task": {"type": "chief", "index": 0}}),
+    ("--tf-port", lambda: volcano(tasks=(("master", 1), ("worker", 1))), "demo-master-0", {"ports": (("tf", 3000),)},
+     {"cluster": {"chief": ["demo-master-0.demo:3000"], "worker": ["demo-worker-0.demo:3000"]},
+      "task": {"type": "chief", "index": 0}}),
 ]
+
+
+def test_a_job_of_one_tf_task_gets_no_tf_config_as_under_tfjob_and_volcano():
+    # TFJob (util.go isDistributed) and Volcano's plugin set none for one pod: TF's Estimator takes a TF_CONFIG of
+    # one worker for a distributed job (kubeflow/trainer#1078).
+    rendition = part(rendered_with(volcano(tasks=(("master", 1),)), "demo-master-0", ("tf",)), "tf")
+    assert rendition.withheld is None and "TF_CONFIG" not in written(rendition)
+    assert rendition.files["tf_config.json"] == b"{}\n" and "export" not in rendition.files["tf.env"].decode()
+    assert "kubeflow/trainer#1078" in next(v.source for v in rendition.variables if v.name == "TF_CONFIG")
 
 
 @pytest.mark.parametrize(("pods", "me", "options", "expected"), [c[1:] for c in TF_CASES],
@@ -260,7 +270,7 @@ def test_the_tracker_port_stays_in_its_documented_range_near_the_top():
 PADDLE_CASES = [
     ("volcano worker: rank 0's address; PADDLE_RANK is NODE_RANK (PaddleJob writes none)", volcano,
      "demo-worker-1", {}, {"PADDLE_MASTER": "demo-master-0.demo:36543", "PADDLE_NNODES": "4", "PADDLE_RANK": "2",
-                           "PADDLE_JOB_ID": examples.owner_uid("vcjob", "default", "demo"),
+                           "PADDLE_JOB_ID": "demo",
                            "PADDLE_NPROC_PER_NODE": "1", "POD_IP": "127.1.0.3"}),
     ("rank 0 gets its own IP, where Paddle starts its master (as PaddleJob)", volcano, "demo-master-0", {},
      {"PADDLE_MASTER": "127.1.0.1:36543", "POD_IP": "127.1.0.1", "PADDLE_RANK": "0"}),

@@ -37,14 +37,14 @@ class Paddle(Framework):
                                 "the pod's own address" if me.ip else "this pod's address (its IP is not known)")
         else:
             host, where = rank0.address, f"address of node rank 0, pod '{rank0.name}'"
-        job_id = topo.job_uid or topo.job.replace("/", "-")
+        job_id = topo.job.replace("/", "-")
         count = processes(ctx, self.process_rule)
         assert count is not None
         out = [
             Variable("PADDLE_MASTER", f"{bracketed(host)}:{port.number}", f"{where} : {port.source}"),
             Variable("PADDLE_NNODES", str(topo.nnodes), "number of training pods"),
             Variable("PADDLE_RANK", str(me.node_rank), "NODE_RANK (PaddleJob writes none)"),
-            Variable("PADDLE_JOB_ID", job_id, "uid of the job object" if topo.job_uid else "job name"),
+            Variable("PADDLE_JOB_ID", job_id, "the job's name, as PaddleJob writes it (envvar.go)"),
             Variable("PADDLE_NPROC_PER_NODE", str(count.mine), f"the launcher starts them: {count.mine_rule}"),
             Variable("POD_IP", own, "this pod's IP (the launcher's --host)" if me.ip else
                      "this pod's address (its IP is not known)"),

@@ -96,10 +96,15 @@ class Tf(Framework):
         return {"cluster": self.cluster(ctx, port), "task": {"type": kind, "index": before},
                 **dict(ctx.plan.controller.framework_fields(self.key))}
 
+    def alone(self, ctx: Context, port: Port) -> bool:
+        """The job is one TF task: TFJob (util.go isDistributed) and Volcano's plugin (OnPodCreate) set no TF_CONFIG
+        then, since TF's Estimator takes a TF_CONFIG of one worker for a distributed job (kubeflow/trainer#1078)."""
+        return sum(map(len, self.cluster(ctx, port).values())) == 1
+
     def text(self, ctx: Context, port: Port) -> bytes:
         found: bytes | None = ctx.memo.get("tf.config")
         if found is None:
-            found = ctx.memo["tf.config"] = compact_json(self.config(ctx, port))
+            found = ctx.memo["tf.config"] = b"{}\n" if self.alone(ctx, port) else compact_json(self.config(ctx, port))
         return found
 
     def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
@@ -107,6 +112,10 @@ class Tf(Framework):
         named = types_of(ctx)
         kind = task_type(ctx.me.role, named)
         text = self.text(ctx, port).decode().rstrip("\n")
+        if self.alone(ctx, port):
+            return [Variable("TF_CONFIG", "", "not written: this pod is the job's one TF task, which TF runs alone "
+                             "without it (as TFJob and Volcano, kubeflow/trainer#1078); tf_config.json is {}",
+                             written=False)]
         roles = ", ".join(sorted(named or ROLE_TYPES))
         return [Variable("TF_CONFIG", text, f"the live members of roles {roles} in rank order, each "
                          f"<address>:{port.number} ({port.source}); this pod is task '{kind}' (= tf_config.json)")]
