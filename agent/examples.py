@@ -247,12 +247,16 @@ def _operator_pods(name: str, resource: JobResource, container: str, specs: tupl
 
 
 def tfjob(name: str = "mnist-tf", specs: tuple[tuple[str, int], ...] = (("chief", 1), ("worker", 2), ("ps", 1)), *,
-          namespace: str = "default", ip_base: int = 0, port: int = 2222, cpu: str = "2") -> list[Pod]:
+          namespace: str = "default", ip_base: int = 0, port: int = 2222, cpu: str = "2",
+          domain: str = "") -> list[Pod]:
     """A TFJob (training-operator v1.9): its replica types (lower-cased), TF_CONFIG in container ``tensorflow`` as
-    genClusterSpec writes it (cluster keys sorted as Go marshals a map, ``<job>-<type>-<i>.<ns>.svc:<port>``,
-    ``environment: cloud``), none for a one-pod job."""
+    genClusterSpec writes it (cluster keys sorted as Go marshals a map, ``<job>-<type>-<i>.<ns>.svc[.<domain>]:
+    <port>``, the domain being the operator's CUSTOM_CLUSTER_DOMAIN; ``environment: cloud``), none for a one-pod
+    job."""
     total = sum(n for _, n in specs)
-    cluster = {rtype: [f"{name}-{rtype}-{i}.{namespace}.svc:{port}" for i in range(n)] for rtype, n in sorted(specs)}
+    suffix = f".{domain}" if domain else ""
+    cluster = {rtype: [f"{name}-{rtype}-{i}.{namespace}.svc{suffix}:{port}" for i in range(n)]
+               for rtype, n in sorted(specs)}
 
     def env(rtype: str, i: int) -> list[dict[str, Any]]:
         config = json.dumps({"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"},

@@ -35,13 +35,14 @@ VOLCANO_INDEX = "volcano.sh/task-index"
 VCJOB = JobResource("batch.volcano.sh", "v1alpha1", "Job", "jobs", short=("vcjob", "vj"))
 
 
-# The distributed-framework plugins' flags: flag -> the framework's role, and the port flag's default
-# (volcano-sh/volcano v1.15.0 pkg/controllers/job/plugins/distributed-framework/tensorflow/tensorflow.go addFlags:
-# --ps, --worker, --chief, --evaluator, each defaulting to its own name, --port 2222, since v1.5.0;
-# .../ray/ray.go addFlags: --head "head", --worker "worker", --port 6379, since v1.13.0).
-PLUGINS: Mapping[str, tuple[str, tuple[str, ...], int]] = {
-    "tensorflow": ("tf", ("chief", "worker", "ps", "evaluator"), 2222),
-    "ray": ("ray", ("head", "worker"), 6379),
+# The distributed-framework plugins: the framework, the flags that name a role's task (each defaulting to the
+# role's name), the port flag's default, and the plugin's other flags (Go's flag package stops at a flag it does
+# not know). volcano-sh/volcano v1.15.0 pkg/controllers/job/plugins/distributed-framework/tensorflow/tensorflow.go
+# addFlags: --ps, --worker, --chief, --evaluator, --port 2222 (since v1.5.0); .../ray/ray.go addFlags: --head,
+# --worker, --port 6379, --headContainer, --workerContainer, --dashboardPort, --clientPort (since v1.13.0).
+PLUGINS: Mapping[str, tuple[str, tuple[str, ...], int, tuple[str, ...]]] = {
+    "tensorflow": ("tf", ("chief", "worker", "ps", "evaluator"), 2222, ()),
+    "ray": ("ray", ("head", "worker"), 6379, ("headContainer", "workerContainer", "dashboardPort", "clientPort")),
 }
 
 
@@ -97,16 +98,16 @@ class Volcano(Controller):
     def frameworks(self, objects: Objects) -> tuple[str, ...]:
         """The frameworks whose plugin the job enables (none known without the job object)."""
         plugins = _plugins(objects)
-        return tuple(framework for name, (framework, _, _) in PLUGINS.items() if name in plugins)
+        return tuple(framework for name, (framework, *_) in PLUGINS.items() if name in plugins)
 
     def framework_args(self, objects: Objects) -> dict[str, FrameworkArgs]:
         """Each plugin's task names for its roles and its port, from its flags (the defaults where unset)."""
         plugins, found = _plugins(objects), {}
         job = (objects[0].get("metadata") or {}).get("name", "?") if objects else "?"
-        for name, (framework, roles, default) in PLUGINS.items():
+        for name, (framework, roles, default, others) in PLUGINS.items():
             if name not in plugins:
                 continue
-            flags = go_flags(plugins[name], (*roles, "port"))
+            flags = go_flags(plugins[name], (*roles, "port", *others))
             port = flags.get("port", "")
             given = port.isascii() and port.isdigit() and 0 < int(port) < 65536
             where = f"--port {port} of the {name} plugin of Job '{job}'" if given else \
@@ -124,7 +125,7 @@ class Volcano(Controller):
             return OwnerOptions(options)
         tasks = [t.get("name") for t in list_at(objects[0] if objects else None, "spec", "tasks")
                  if isinstance(t, Mapping)]
-        for name, (framework, _, _) in PLUGINS.items():
+        for name, (framework, *_) in PLUGINS.items():
             if name in plugins:
                 args = self.framework_args(objects)[framework]
                 roles = tuple(task for task, _ in args.roles if task in tasks)
