@@ -422,6 +422,13 @@ def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default
     return initializer + nodes
 
 
+def trainer_hostfile_volume(trainjob: str) -> dict[str, Any]:
+    """The volume Trainer v2's MPI plugin gives the launcher: its hostfile ConfigMap (plugins/mpi/mpi.go,
+    pkg/constants/constants.go MPIHostfileVolumeName, MPIHostfileConfigMapSuffix)."""
+    return {"name": "mpi-hostfile", "configMap": {"name": f"{trainjob}-mpi-hostfile",
+                                                  "items": [{"key": "hostfile", "path": "hostfile", "mode": 0o444}]}}
+
+
 def trainjob_mpi(name: str = "ds", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0,
                  launcher_as_node: bool = True) -> list[Pod]:
     """A TrainJob on Trainer v2's deepspeed-distributed runtime (manifests/base/runtimes/deepspeed_distributed.yaml,
@@ -437,6 +444,7 @@ def trainjob_mpi(name: str = "ds", num_nodes: int = 3, *, namespace: str = "defa
     for pod in launcher:  # the launcher's Job comes after node's: global index 1 of 2
         for section in ("labels", "annotations"):
             pod["metadata"][section][JOBSET_GLOBAL_INDEX] = "1"
+        pod["spec"]["volumes"].append(trainer_hostfile_volume(name))
     for pod in nodes + launcher:
         for section in ("labels", "annotations"):
             pod["metadata"][section]["jobset.sigs.k8s.io/global-replicas"] = "2"

@@ -28,8 +28,11 @@ def _pod(rjob: str, global_index: int, completion: int, hostname: str, container
     trainer = examples.trainer_container(container, cpu="4")  # 4 CPUs: Trainer's slots never follow the CPUs
     if resources:
         trainer["resources"] = {"limits": dict(resources), "requests": dict(resources)}
-    return examples.make_pod(f"{hostname}-x{completion}", labels=labels, hostname=hostname, subdomain=NAME,
-                             ip=examples.loopback_ip(global_index * 10 + completion), containers=[trainer])
+    pod = examples.make_pod(f"{hostname}-x{completion}", labels=labels, hostname=hostname, subdomain=NAME,
+                            ip=examples.loopback_ip(global_index * 10 + completion), containers=[trainer])
+    if rjob == "launcher":  # Trainer's MPI plugin mounts its hostfile in the launcher (plugins/mpi/mpi.go)
+        pod["spec"]["volumes"].append(examples.trainer_hostfile_volume(NAME))
+    return pod
 
 
 def _objects(pod_sets: list[tuple[str, int]], mpi: dict[str, Any], trainer: dict[str, Any]) -> list[dict[str, Any]]:

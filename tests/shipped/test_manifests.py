@@ -119,8 +119,8 @@ def test_the_examples_pods_give_the_documented_ranks(path):
 
 
 SHIPPED = {"volcano": "volcano-job.yaml", "pytorchjob": "pytorchjob.yaml", "trainjob": "trainjob-pods.json",
-           "mpijob": "mpijob.yaml", "tfjob": "tfjob.yaml", "xgboostjob": "xgboostjob.yaml", "paddlejob": "paddlejob.yaml",
-           "jaxjob": "jaxjob.yaml",
+           "mpijob": "mpijob.yaml", "tfjob": "tfjob.yaml", "xgboostjob": "xgboostjob.yaml",
+           "paddlejob": "paddlejob.yaml", "jaxjob": "jaxjob.yaml",
            "jobset": "jobset.yaml", "lws": "leaderworkerset.yaml", "indexed-job": "indexed-job.yaml"}
 
 

@@ -225,15 +225,15 @@ class TrainJob(JobSet):
     def claims(self, pod: RawPod) -> bool:
         # Trainer v2 labels its Jobs, not always its pods; pods show it by a trainer.kubeflow.org/ label or by the
         # runtimes' convention: container "node" in replicated job "node", or in "launcher" when the MPI runtime
-        # runs the launcher as a node. Any other pod of a TrainJob's JobSet is known as such once the JobSet is
-        # read (JobSet.owner_options).
+        # runs the launcher as a node, or a launcher with the MPI plugin's hostfile volume. Any other pod of a
+        # TrainJob's JobSet is known as such once the JobSet is read (JobSet.owner_options).
         labels = meta(pod)[1]
         containers = {c.get("name") for c in pod.get("spec", {}).get("containers", [])}
         rjob = labels.get(JOBSET_RJOB)
         return JOBSET_NAME in labels and (
             any(k.startswith(TRAINJOB_PREFIX) for k in labels)
             or (rjob in (TRAINER_NODE, TRAINER_LAUNCHER) and TRAINER_NODE in containers)
-            or (rjob == TRAINER_LAUNCHER and TRAINER_LAUNCHER in containers))
+            or (rjob == TRAINER_LAUNCHER and _mounts_trainers_hostfile(pod, labels[JOBSET_NAME])))
 
     # Offline (no runtime read), the launcher shows itself whether it is a node: by its container's name.
     roles_by_pod = frozenset({TRAINER_LAUNCHER})
@@ -310,6 +310,17 @@ class TrainJob(JobSet):
             options = dataclasses.replace(options, nproc_per_node=slots)
             notes.append(f"slots per host from {why}")
         return OwnerOptions(options, tuple(notes))
+
+
+# The MPI plugin's launcher volume: ConfigMap <trainjob>-mpi-hostfile as volume mpi-hostfile (pkg/constants/
+# constants.go MPIHostfileVolumeName, MPIHostfileConfigMapSuffix; plugins/mpi/mpi.go, v2.0.0-v2.3.0).
+MPI_HOSTFILE_VOLUME, MPI_HOSTFILE_SUFFIX = "mpi-hostfile", "-mpi-hostfile"
+
+
+def _mounts_trainers_hostfile(pod: RawPod, jobset: str) -> bool:
+    """A launcher with Trainer's hostfile volume: a TrainJob's, whatever its container is named."""
+    return any(v.get("name") == MPI_HOSTFILE_VOLUME and at(v, "configMap", "name") == jobset + MPI_HOSTFILE_SUFFIX
+               for v in list_at(pod, "spec", "volumes") if isinstance(v, Mapping))
 
 
 def _count(value: object, low: int = 1) -> bool:
