@@ -161,8 +161,8 @@ def with_implied_frameworks(controller: Controller, objects: Objects, options: O
     implied = controller.frameworks(objects)
     if not implied or not objects:
         return options
-    owner = objects[0]
-    why = f"{owner.get('kind', controller.title)} '{(owner.get('metadata') or {}).get('name', '?')}'"
+    said = objects[-1]  # the object read last says it: the job itself, or a TrainJob's runtime
+    why = f"{said.get('kind', controller.title)} '{(said.get('metadata') or {}).get('name', '?')}'"
     chosen = options.frameworks
     known = dict(chosen.implied)
     added = tuple((name, why) for name in implied if name not in known)

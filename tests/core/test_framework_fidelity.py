@@ -231,7 +231,7 @@ def test_trainers_jax_values_are_the_agents(case, name, nodes):
     pods = [p for p in examples.trainjob(name, num_nodes=nodes, plugin="jax") if p["metadata"]["name"].startswith(
         f"{name}-node-")]
     view = read(pods[0], _trainjob_objects(name, _runtime("jax-distributed", "jax", {"jax": {}})), Options())
-    assert dict(view.options.frameworks.implied) == {"jax": f"JobSet '{name}'"}
+    assert dict(view.options.frameworks.implied) == {"jax": "ClusterTrainingRuntime 'jax-distributed'"}
     for index, pod in enumerate(pods):
         env = written(part(render_pod(pods, pod["metadata"]["name"], view.options), "jax"))
         assert env["JAX_NUM_PROCESSES"] == str(nodes) and env["JAX_PROCESS_ID"] == str(index)  # completion index

@@ -100,8 +100,11 @@ class _OperatorJob(Controller):
 
     def job_of(self, pod: RawPod) -> str | None:
         # Another kind's job of the same name is another job: the operator lists its pods by both labels
-        # (GenLabels, pkg/controller.v1/common/job_controller.go; GetPodsForJob, common/pod.go).
-        return meta(pod)[1].get(PYTORCHJOB_JOB) if operator_of(pod) == OPERATORS[self.resource.kind] else None
+        # (GenLabels, pkg/controller.v1/common/job_controller.go; GetPodsForJob, common/pod.go). A pod that names
+        # an operator the agent does not know is left to --controller.
+        other = operator_of(pod)
+        known = other in OPERATORS.values() or other == MPI_OPERATOR
+        return None if known and other != OPERATORS[self.resource.kind] else meta(pod)[1].get(PYTORCHJOB_JOB)
 
     def selector(self, pod: RawPod, options: Options) -> str:
         labels = meta(pod)[1]
@@ -141,11 +144,8 @@ class PyTorchJob(_OperatorJob):
         # TFJob's pod is not a PyTorchJob's), and a pod that names no operator is taken for a PyTorchJob's.
         return PYTORCHJOB_JOB in meta(pod)[1] and operator_of(pod) in (OPERATORS["PyTorchJob"], None)
 
-    def job_of(self, pod: RawPod) -> str | None:
-        return meta(pod)[1].get(self.marker)
-
     def selector(self, pod: RawPod, options: Options) -> str:
-        return f"{self.marker}={meta(pod)[1][self.marker]}"
+        return f"{self.marker}={meta(pod)[1][self.marker]}"  # pods that name no operator are listed too
 
     def elastic_in_pod(self, pod: Mapping[str, Any]) -> str | None:
         # training-operator writes an elasticPolicy's MIN:MAX into PET_NNODES of every container it runs.
