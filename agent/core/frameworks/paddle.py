@@ -11,7 +11,7 @@ not count): every other value here is per pod.
 
 Parameter-server mode (a PaddleJob with a Master spec: its masters are Paddle's servers, its workers the
 trainers) adds ``PADDLE_SERVER_NUM`` to a server's file and ``PADDLE_TRAINER_NUM`` to a trainer's: the servers or
-trainers the launcher starts in that pod (PaddleJob writes 1 for each pod; envvar.go).
+trainers the launcher starts in that pod, one, as PaddleJob writes them (envvar.go).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ class Paddle(Framework):
             Variable("POD_IP", own, "this pod's IP (the launcher's --host)" if me.ip else
                      "this pod's address (its IP is not known)"),
         ]
-        return out + self.ps_mode(ctx, count.mine)
+        return out + self.ps_mode(ctx)
 
-    def ps_mode(self, ctx: Context, mine: int) -> list[Variable]:
+    def ps_mode(self, ctx: Context) -> list[Variable]:
         """Parameter-server mode's counts for this pod, when some role of the job is Paddle's server."""
         roles = role_map(ctx, self.key) or {}
         servers = [r for r in ctx.topology.roles if roles.get(r) == "server"]
@@ -62,7 +62,7 @@ class Paddle(Framework):
         if kind == "server":
             return [Variable("PADDLE_SERVER_NUM", "1", f"{why}: one server in this pod, as PaddleJob starts")]
         if kind == "trainer":
-            return [Variable("PADDLE_TRAINER_NUM", str(mine), f"{why}: this pod's trainers, one per process")]
+            return [Variable("PADDLE_TRAINER_NUM", "1", f"{why}: one trainer in this pod, as PaddleJob starts")]
         return []
 
     def notes(self, ctx: Context) -> tuple[str, ...]:
