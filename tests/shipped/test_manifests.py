@@ -51,6 +51,8 @@ def agent_command_lines():
 def test_there_is_an_example_for_every_controller():
     kinds = {(doc["apiVersion"].split("/")[0], doc["kind"]) for _, doc in ALL}
     for wanted in [("batch.volcano.sh", "Job"), ("kubeflow.org", "PyTorchJob"), ("kubeflow.org", "MPIJob"),
+                   ("kubeflow.org", "TFJob"), ("kubeflow.org", "XGBoostJob"), ("kubeflow.org", "PaddleJob"),
+                   ("kubeflow.org", "JAXJob"),
                    ("jobset.x-k8s.io", "JobSet"),
                    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"), ("batch", "Job")]:
         assert wanted in kinds
@@ -117,7 +119,8 @@ def test_the_examples_pods_give_the_documented_ranks(path):
 
 
 SHIPPED = {"volcano": "volcano-job.yaml", "pytorchjob": "pytorchjob.yaml", "trainjob": "trainjob-pods.json",
-           "mpijob": "mpijob.yaml",
+           "mpijob": "mpijob.yaml", "tfjob": "tfjob.yaml", "xgboostjob": "xgboostjob.yaml",
+           "paddlejob": "paddlejob.yaml", "jaxjob": "jaxjob.yaml",
            "jobset": "jobset.yaml", "lws": "leaderworkerset.yaml", "indexed-job": "indexed-job.yaml"}
 
 
