@@ -1,0 +1,40 @@
+"""Run a command as a pod's container would run: in the pod's network namespace, with its own hostname that
+/etc/hosts maps to its IP (what the kubelet writes into a pod), and exactly the environment given.
+
+    python pod_exec.py NETNS HOSTNAME HOSTS_FILE -- CMD ARGS...
+
+The hostname matters: gloo (jax's and Paddle's CPU collectives) binds to the address its host name resolves to.
+It execs the command, so its pid is the command's (the sidecar's pid file names it). Standard library only.
+"""
+
+import ctypes
+import os
+import sys
+
+CLONE_NEWNET, CLONE_NEWUTS, CLONE_NEWNS = 0x40000000, 0x04000000, 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise SystemExit(f"pod_exec: {what}: {os.strerror(errno)}")
+
+
+def main() -> None:
+    netns, hostname, hosts, sep, *command = sys.argv[1:]
+    if sep != "--" or not command:
+        raise SystemExit("usage: pod_exec.py NETNS HOSTNAME HOSTS_FILE -- CMD ARGS...")
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    check(libc.setns(fd, CLONE_NEWNET), f"setns {netns}")
+    os.close(fd)
+    check(libc.unshare(CLONE_NEWUTS | CLONE_NEWNS), "unshare")
+    check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    check(libc.mount(hosts.encode(), b"/etc/hosts", None, MS_BIND, None), "bind /etc/hosts")
+    check(libc.sethostname(hostname.encode(), len(hostname.encode())), "sethostname")
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main()
