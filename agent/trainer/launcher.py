@@ -16,7 +16,10 @@ the command starts again from the new files; checkpoints are the command's busin
 
 SIGTERM and SIGINT are passed to the command's group, and the launcher exits with the command's code when the
 command ends by itself (128 + the signal when a signal ended it). A command that fails after the files moved on
-(a peer left and broke its collective before the signal came) is started again, not reported.
+(a peer left and broke its collective before the signal came) is started again, not reported; one that fails
+while the files stay is started again up to ``--max-restarts`` times per generation, after 1, 2, 4... s, as
+torchrun's ``--max-restarts`` does: a process that joins may reach a coordinator that still runs the old world
+(measured with JAX: ``Unexpected task registered``) until that pod's launcher has started it again.
 
 It imports only the standard library, so it runs in any Python that can import ``agent.trainer``.
 """
@@ -133,8 +136,9 @@ class Launcher:
     """The command's life across generations."""
 
     def __init__(self, out: Path, command: list[str], *, grace: float, poll: float,
-                 frameworks: tuple[str, ...] | None) -> None:
+                 frameworks: tuple[str, ...] | None, max_restarts: int = 3) -> None:
         self.out, self.command, self.grace, self.poll, self.frameworks = out, command, grace, poll, frameworks
+        self.max_restarts = max_restarts
         self.base = dict(os.environ)
         self.wake = threading.Event()
         self.forwarded: int | None = None  # SIGTERM or SIGINT received: the command is being stopped for good
@@ -207,6 +211,7 @@ class Launcher:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(signum, self._on_signal)
         self._start(self._wait_for_files())
+        failures = 0  # in this generation
         while True:
             self.wake.wait(self.poll)
             self.wake.clear()
@@ -217,21 +222,35 @@ class Launcher:
                 if code is None:
                     continue
                 return _exit_code(code)
-            if code is not None:
-                moved = self._changed() if code != 0 else None
-                if moved is None:
+            if code == 0:
+                log.info("the command ended by itself with 0")
+                return 0
+            new = self._changed()
+            if code is not None and new is None:
+                if failures >= self.max_restarts:
                     log.info("the command ended by itself with %s", code)
                     return _exit_code(code)
+                failures += 1
+                pause = min(2.0 ** (failures - 1), 30.0)
+                log.warning("the command ended with %s; starting it again in %.0f s (restart %d of %d in this "
+                            "generation: a peer may still run the old world)", code, pause, failures,
+                            self.max_restarts)
+                self.wake.wait(pause)
+                if self.forwarded is not None:
+                    return _exit_code(code)
+                new = self._changed() or self.files
+            elif code is not None:
                 log.warning("the command ended with %s after the files moved on: starting it again", code)
-                self._start(moved if not moved.withheld else self._wait_for_files())
-                continue
-            new = self._changed()
-            if new is not None:
+            elif new is not None:
                 log.info("generation %d: the world changed; stopping pid %d and starting again", new.generation,
                          proc.pid)
                 self._stop()
-                self._start(new if not new.withheld else self._wait_for_files())
-
+            else:
+                continue
+            if new is not self.files:
+                failures = 0
+            assert new is not None
+            self._start(new if not new.withheld else self._wait_for_files())
 
 def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
@@ -251,6 +270,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--pid-file", default=None,
                      help="where to write this launcher's pid for the sidecar's --trainer-pid-file (default "
                           "<out>/trainer.pid; 'none': do not write one)")
+    run.add_argument("--max-restarts", default=3, type=int,
+                     help="times a failing command is started again within one generation, after 1, 2, 4... s "
+                          "(default 3): a process that joins may reach a peer still in the old world and fail")
     run.add_argument("--frameworks", default=None,
                      help="only these frameworks' env files, comma-separated (default: every one the pod got)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
@@ -259,8 +281,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.cmd = args.cmd[1:]
     if not args.cmd:
         parser.error("no command: give it after --, e.g. python -m agent.trainer run -- python train.py")
-    if args.grace < 0 or args.poll <= 0:
-        parser.error("--grace must be 0 or more and --poll more than 0")
+    if args.grace < 0 or args.poll <= 0 or args.max_restarts < 0:
+        parser.error("--grace and --max-restarts must be 0 or more, --poll more than 0")
     return args
 
 
@@ -271,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.pid_file != "none":
             write_pid_file(Path(args.pid_file) if args.pid_file else args.out / "trainer.pid")
-        return Launcher(args.out, args.cmd, grace=args.grace, poll=args.poll, frameworks=wanted).run()
+        return Launcher(args.out, args.cmd, grace=args.grace, poll=args.poll, frameworks=wanted,
+                        max_restarts=args.max_restarts).run()
     except LaunchError as err:
         print(f"agent.trainer: {err}", file=sys.stderr)
         return 2

@@ -346,3 +346,30 @@ def venv_fixture(framework: str) -> Any:
             shutil.rmtree(made.path, ignore_errors=True)
 
     return venv
+
+
+def restarted_at_size_three(job: Job, venv: Venv, command: Any, *, framework: str,
+                            launcher_frameworks: str | None = None, timeout: float = 240) -> None:
+    """The launcher's case: two pods run ``command(pod)`` under ``python -m agent.trainer run`` until each has
+    recorded a world of 2, a third pod joins, and each launcher (signalled by its sidecar through the pid file
+    it wrote) starts the command again from the new files, until every pod has recorded a world of 3. The
+    launchers are the same processes throughout: the pods are not recreated."""
+    started = time.monotonic()
+    pods = job.first_pods()
+
+    def start(pod: Pod) -> None:
+        pod.sidecar("--trainer-pid-file", str(pod.out / "trainer.pid"))
+        pod.launch(command(pod), venv, frameworks=launcher_frameworks)
+
+    for pod in pods:
+        start(pod)
+    wait_for(lambda: all(p.worlds()[-1:] == [2] for p in pods), "both pods running in a world of 2", timeout,
+             dump=job.logs)
+    launchers = [p.trainer.pid for p in pods if p.trainer is not None]
+    _, seconds = grow(job, start, lambda: all(p.worlds()[-1:] == [3] for p in job.pods), timeout=timeout)
+    for pod, pid in zip(pods, launchers, strict=True):
+        assert pod.trainer is not None and pod.trainer.pid == pid and pod.trainer.poll() is None, job.logs()
+        assert (pod.out / "trainer.pid").read_text().strip() == str(pid)
+        assert pod.worlds()[0] == 2 and pod.worlds()[-1] == 3
+    report(framework=framework, what="2->3", seconds=round(seconds, 2))
+    report(framework=framework, what="test", seconds=round(time.monotonic() - started, 1))
