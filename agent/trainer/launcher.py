@@ -75,24 +75,27 @@ def _frameworks(document: dict[str, object], wanted: tuple[str, ...] | None, out
         raise LaunchError(f"{out / 'topology.json'}: 'frameworks' is not an object; is it the agent's file?")
     if wanted is None:
         return [(name, spec) for name, spec in found.items() if isinstance(spec, dict)]
-    missing = [name for name in wanted if name not in found]
+    missing = [name for name in wanted if name not in found and name != "torch"]
     if missing:
         got = ", ".join(found) or "none"
         raise LaunchError(f"--frameworks {','.join(missing)}: this pod got no files for it (its frameworks: {got}); "
                           "select it for the job (--frameworks on init and the sidecar, or the annotation "
                           "topology-agent.io/frameworks)")
-    return [(name, found[name]) for name in wanted]
+    return [(name, found[name]) for name in wanted if name != "torch"]
 
 
 def read_files(out: Path, base: dict[str, str], wanted: tuple[str, ...] | None = None) -> Files:
-    """torch.env, then each framework's env files in topology.json's order, applied to ``base``. Read until the
+    """torch.env, then each framework's env files in topology.json's order, applied to ``base``; with ``wanted``,
+    only those frameworks' files (torch.env if it names ``torch``). Read until the
     generation is the same before and after, so that one reading is one generation (``generation`` is written
     last)."""
     for _ in range(50):
         before = _read_generation(out)
         try:
             document = json.loads((out / "topology.json").read_text())
-            env = apply_env_file((out / "torch.env").read_text(), dict(base))
+            env = dict(base)
+            if wanted is None or "torch" in wanted:
+                apply_env_file((out / "torch.env").read_text(), env)
             withheld = []
             for name, spec in _frameworks(document, wanted, out):
                 if spec.get("withheld"):
@@ -274,7 +277,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                      help="times a failing command is started again within one generation, after 1, 2, 4... s "
                           "(default 3): a process that joins may reach a peer still in the old world and fail")
     run.add_argument("--frameworks", default=None,
-                     help="only these frameworks' env files, comma-separated (default: every one the pod got)")
+                     help="only these frameworks' env files, comma-separated, torch for torch.env (default: torch.env "
+                          "and every framework's file the pod got; where two files name a variable, the later wins)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = parser.parse_args(argv)
     if args.cmd[:1] == ["--"]:

@@ -79,6 +79,7 @@ class Network:
 
     def close(self) -> None:
         for name in reversed(self.namespaces):
+            kill_namespace(name)
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self.namespaces.clear()
 
@@ -230,20 +231,25 @@ class Pod:
         wait_for(lambda: "following" in (self.dir / "sidecar.log").read_text(), f"{self.name}'s sidecar", 30,
                  dump=lambda: (self.dir / "sidecar.log").read_text())
 
-    def start(self, argv: list[str], venv: Venv, *, extra_env: dict[str, str] | None = None) -> None:
-        """The trainer container's command, in the pod's namespace, with PATH, HOME and PYTHONPATH only."""
-        env = {"PATH": f"{venv.bin}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.dir),
-               "PYTHONPATH": str(ROOT), **(extra_env or {})}
-        with (self.dir / "trainer.log").open("w") as log:
-            self.trainer = subprocess.Popen(
-                [sys.executable, str(HERE / "pod_exec.py"), self.netns, self.name, str(self.hosts), "--", *argv],
-                env=env, stdout=log, stderr=log, cwd=self.dir, start_new_session=True)
+    def exec(self, argv: list[str], venv: Venv, *, log: str = "trainer.log",
+             binds: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        """A command as the pod's container runs it: in the pod's namespace, with PATH, HOME and PYTHONPATH only."""
+        env = {"PATH": f"{venv.bin}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.dir), "PYTHONPATH": str(ROOT)}
+        with (self.dir / log).open("w") as handle:
+            return subprocess.Popen(
+                [sys.executable, str(HERE / "pod_exec.py"), self.netns, self.name, str(self.hosts), *binds, "--",
+                 *argv], env=env, stdout=handle, stderr=handle, cwd=self.dir, start_new_session=True)
 
-    def launch(self, command: list[str], venv: Venv, *, frameworks: str | None = None) -> None:
+    def start(self, argv: list[str], venv: Venv, *, binds: tuple[str, ...] = ()) -> None:
+        """The trainer container's command."""
+        self.trainer = self.exec(argv, venv, binds=binds)
+
+    def launch(self, command: list[str], venv: Venv, *, frameworks: str | None = None,
+               binds: tuple[str, ...] = ()) -> None:
         """``python -m agent.trainer run -- CMD``: the launcher, restarted commands and all."""
         chosen = ["--frameworks", frameworks] if frameworks else []
         self.start([venv.python, "-m", "agent.trainer", "run", "--out", str(self.out), "--grace", "10",
-                    "--poll", "0.5", *chosen, "--", *command], venv)
+                    "--poll", "0.5", *chosen, "--", *command], venv, binds=binds)
 
     def lines(self) -> list[str]:
         try:
@@ -265,14 +271,20 @@ class Pod:
                 parts.append(f"--- {self.name} {name}\n{(self.dir / name).read_text()[-3000:]}")
         return "\n".join(parts)
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """The kubelet's SIGTERM to the trainer container."""
         if self.trainer is not None and self.trainer.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.trainer.pid, signal.SIGTERM)  # the kubelet's SIGTERM to the container
+                os.killpg(self.trainer.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        self.terminate()
+        if self.trainer is not None:
             try:
                 self.trainer.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.trainer.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.trainer.pid, signal.SIGKILL)
                 self.trainer.wait(10)
         for proc in self.procs:
             proc.terminate()
@@ -282,6 +294,15 @@ class Pod:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        kill_namespace(self.netns)
+
+
+def kill_namespace(netns: str) -> None:
+    """Every process left in the pod's namespace (what a command started in a session of its own: Ray's)."""
+    listing = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+    for pid in listing.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 class Job:
@@ -314,7 +335,9 @@ class Job:
 
     def close(self) -> None:
         try:
-            for pod in self.pods:
+            for pod in self.pods:  # all at once, as when a job is deleted
+                pod.terminate()
+            for pod in reversed(self.pods):
                 pod.stop()
         finally:
             self.sandbox.stop()

@@ -1,7 +1,9 @@
 """Run a command as a pod's container would run: in the pod's network namespace, with its own hostname that
 /etc/hosts maps to its IP (what the kubelet writes into a pod), and exactly the environment given.
 
-    python pod_exec.py NETNS HOSTNAME HOSTS_FILE -- CMD ARGS...
+    python pod_exec.py NETNS HOSTNAME HOSTS_FILE [SOURCE:TARGET ...] -- CMD ARGS...
+
+Each SOURCE:TARGET is bind-mounted for the pod alone (a pod's own /tmp/ray, as each pod has its own /tmp).
 
 The hostname matters: gloo (jax's and Paddle's CPU collectives) binds to the address its host name resolves to.
 It execs the command, so its pid is the command's (the sidecar's pid file names it). Standard library only.
@@ -22,16 +24,18 @@ def check(result: int, what: str) -> None:
 
 
 def main() -> None:
-    netns, hostname, hosts, sep, *command = sys.argv[1:]
-    if sep != "--" or not command:
-        raise SystemExit("usage: pod_exec.py NETNS HOSTNAME HOSTS_FILE -- CMD ARGS...")
+    netns, hostname, hosts, *rest = sys.argv[1:]
+    if "--" not in rest or rest[-1] == "--":
+        raise SystemExit("usage: pod_exec.py NETNS HOSTNAME HOSTS_FILE [SOURCE:TARGET ...] -- CMD ARGS...")
+    binds, command = rest[:rest.index("--")], rest[rest.index("--") + 1:]
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
     check(libc.setns(fd, CLONE_NEWNET), f"setns {netns}")
     os.close(fd)
     check(libc.unshare(CLONE_NEWUTS | CLONE_NEWNS), "unshare")
     check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-    check(libc.mount(hosts.encode(), b"/etc/hosts", None, MS_BIND, None), "bind /etc/hosts")
+    for source, target in [(hosts, "/etc/hosts"), *(b.split(":", 1) for b in binds)]:
+        check(libc.mount(source.encode(), target.encode(), None, MS_BIND, None), f"bind {target}")
     check(libc.sethostname(hostname.encode(), len(hostname.encode())), "sethostname")
     os.execvp(command[0], command)
 

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.e2e.frameworks.cluster import HERE, grow, report, venv_fixture, wait_for
+from tests.e2e.frameworks.cluster import HERE, grow, report, restarted_at_size_three, venv_fixture, wait_for
 
 pytestmark = [pytest.mark.consumer, pytest.mark.frameworks]
 venv = venv_fixture("xgboost")
@@ -45,3 +45,14 @@ def test_xgboost_forms_its_group_again_in_the_same_process_when_a_third_pod_join
     joined = third.lines()
     assert joined and joined[0].startswith("world=3 rank=2 ") and int(joined[0].split()[2].split("=")[1]) > 1
     report(framework="xgboost", what="2->3", seconds=round(seconds, 2))
+
+
+def test_lightgbm_grows_the_same_trees_on_every_pod_and_starts_again_at_size_three(make_job, venv):
+    job = make_job("xgboost")
+    restarted_at_size_three(job, venv, lambda pod: [venv.python, str(HERE / "worker_lightgbm.py"), str(pod.record)],
+                            framework="lightgbm", launcher_frameworks="xgboost")
+    models = {world: {line.split()[2] for pod in job.pods for line in pod.lines() if line.startswith(f"world={world}")}
+              for world in (2, 3)}
+    assert len(models[2]) == 1 and len(models[3]) == 1 and models[2] != models[3], models
+    for pod in job.pods:
+        assert pod.lines()[-1].startswith(f"world=3 rank={pod.index} ")
