@@ -206,7 +206,7 @@ class Pod:
         with (self.dir / f"{command}.log").open("w") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "agent.cli", command, "--out", str(self.out), "--address", "ip",
-                 "--nproc-per-node", "1", "--frameworks", self.job.frameworks, *extra],
+                 "--nproc-per-node", "1", "--frameworks", self.job.frameworks, *self.job.agent_args, *extra],
                 env=env, stdout=log, stderr=log)
         self.procs.append(proc)
         return proc
@@ -233,8 +233,10 @@ class Pod:
 
     def exec(self, argv: list[str], venv: Venv, *, log: str = "trainer.log",
              binds: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-        """A command as the pod's container runs it: in the pod's namespace, with PATH, HOME and PYTHONPATH only."""
-        env = {"PATH": f"{venv.bin}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.dir), "PYTHONPATH": str(ROOT)}
+        """A command as the pod's container runs it: in the pod's namespace, with PATH, HOME and PYTHONPATH only
+        (PATH: the pod's own bin/ first, where the image's tools would be, then the venv's)."""
+        env = {"PATH": f"{self.dir / 'bin'}:{venv.bin}:/usr/local/bin:/usr/bin:/bin", "HOME": str(self.dir),
+               "PYTHONPATH": str(ROOT)}
         with (self.dir / log).open("w") as handle:
             return subprocess.Popen(
                 [sys.executable, str(HERE / "pod_exec.py"), self.netns, self.name, str(self.hosts), *binds, "--",
@@ -308,8 +310,9 @@ def kill_namespace(netns: str) -> None:
 class Job:
     """The sandbox, the network and the pods of one test."""
 
-    def __init__(self, tmp: Path, network: Network, frameworks: str, *, size: int = 3) -> None:
-        self.tmp, self.network, self.frameworks = tmp, network, frameworks
+    def __init__(self, tmp: Path, network: Network, frameworks: str, *, size: int = 3,
+                 agent_args: tuple[str, ...] = ()) -> None:
+        self.tmp, self.network, self.frameworks, self.agent_args = tmp, network, frameworks, agent_args
         self.sandbox = SandboxThread(tmp / "sandbox", bookmark_interval=0.5)
         self.sandbox.__enter__()
         self.specs = create_job(self.sandbox, size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,11 +24,11 @@ def network() -> Iterator[Network]:
 
 
 @pytest.fixture
-def make_job(tmp_path, network) -> Iterator[Callable[[str], Job]]:
+def make_job(tmp_path, network) -> Iterator[Callable[..., Job]]:
     jobs: list[Job] = []
 
-    def make(frameworks: str) -> Job:
-        jobs.append(Job(tmp_path, network, frameworks))
+    def make(frameworks: str, *, tmp: Path | None = None, agent_args: tuple[str, ...] = ()) -> Job:
+        jobs.append(Job(tmp or tmp_path, network, frameworks, agent_args=agent_args))
         return jobs[-1]
 
     yield make
