@@ -206,3 +206,13 @@ def test_importing_agent_trainer_and_its_launcher_loads_nothing_of_the_agent_or_
             "'xgboost', 'numpy', 'yaml'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == str(["agent.trainer", "agent.trainer.launcher", "agent.trainer.xgboost"])
+
+
+def test_trainer_match_on_the_launchers_command_line_finds_the_launcher_not_its_command(files):
+    import re
+
+    out, record, procs = files
+    procs.append(launch(out, record, "--pid-file", "none"))
+    wait_for(lambda: len(starts(record)) == 1, "the first start")
+    found = TrainerFinder(match=re.compile(r"agent\.trainer run")).find()
+    assert found is not None and found.pid == procs[0].pid
