@@ -7,6 +7,7 @@ LightGBM's ``num_machines`` is fixed for a ``train()``: the launcher starts it a
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import pytest
@@ -18,6 +19,7 @@ venv = venv_fixture("xgboost")
 
 
 def test_xgboost_forms_its_group_again_in_the_same_process_when_a_third_pod_joins(make_job, venv):
+    started = time.monotonic()
     job = make_job("xgboost")
     pods = job.first_pods()
 
@@ -45,6 +47,7 @@ def test_xgboost_forms_its_group_again_in_the_same_process_when_a_third_pod_join
     joined = third.lines()
     assert joined and joined[0].startswith("world=3 rank=2 ") and int(joined[0].split()[2].split("=")[1]) > 1
     report(framework="xgboost", what="2->3", seconds=round(seconds, 2))
+    report(framework="xgboost", what="test", seconds=round(time.monotonic() - started, 1))
 
 
 def test_lightgbm_grows_the_same_trees_on_every_pod_and_starts_again_at_size_three(make_job, venv):
