@@ -152,9 +152,9 @@ def apply_env_file(text: str, env: dict[str, str]) -> dict[str, str]:
 
 def parse_env_file(text: str) -> dict[str, str]:
     """The variables an env file exports, references expanded from this process's environment."""
-    exported: dict[str, str] = {}
-    apply_env_file(text, _Overlay(exported))
-    return exported
+    exported = _Overlay()
+    apply_env_file(text, exported)
+    return dict(exported)
 
 
 class _Overlay(dict[str, str]):
