@@ -15,6 +15,11 @@ The signal handler only sets a flag (nothing else is safe inside a handler); the
 ``reload(apply_env=True)`` also copies the new variables into ``os.environ`` so that a fresh
 ``init_process_group(init_method="env://")`` sees them. Importing this module imports nothing heavy.
 
+A command that cannot take a new world in its process (JAX, TensorFlow, Paddle, MLX, LightGBM, mpirun) runs
+under the launcher instead, which starts it again with the new files: ``python -m agent.trainer run -- CMD``
+(``agent.trainer.launcher``). XGBoost forms its group again between rounds in the same process:
+``agent.trainer.xgboost.Group``. docs/frameworks.md, "What a membership change does".
+
 Process groups by where the pods landed (topology.json carries every member's domains), e.g. tensor parallel
 inside an NVLink clique and data parallel (HSDP replicas) across::
 
