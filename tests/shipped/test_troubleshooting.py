@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RAISE = re.compile(r"(InputError|GangTimeout|OutputError|ApiError|ApiForbidden|ApiNotFound|ApiGone|ApiUnavailable)"
+RAISE = re.compile(r"(InputError|GangTimeout|OutputError|ApiError|ApiForbidden|ApiNotFound|ApiGone|ApiUnavailable"
+                   r"|LaunchError|GroupError)"
                    r"\(\s*(f?\"(?:[^\"\\]|\\.)*\"(?:\s*f?\"(?:[^\"\\]|\\.)*\")*)", re.S)
 
 
