@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from agent.runtime.init import Held
 
 
+EVENTS_TIMEOUT = 10.0  # seconds an Event write may take (it is dropped after, never retried in place)
+
+
 def _render(given: RenderSettings) -> int:
     from agent.core import render_pod
     from agent.runtime.output import write_generation
@@ -59,10 +62,13 @@ def _init(start: PodStart[InitFields]) -> Held:
     settings = InitSettings(**start.pod, **start.own)
     where = f"{settings.namespace}/{settings.pod_name}"
     api = Client(start.config, user_agent=f"topology-agent/{__version__} init ({where})")
+    # The pod's Events go on a client of their own (runtime/events.py): a slow one never holds init's calls up.
+    events = Client(start.config, user_agent=f"topology-agent/{__version__} events ({where})", timeout=EVENTS_TIMEOUT)
     try:
-        return run_init(api, settings, ssh=start.ssh)
+        return run_init(api, settings, ssh=start.ssh, events=events)
     finally:
         api.close()  # its connections; the rest of what it held is kept (console)
+        events.close()
 
 
 def _sidecar(start: PodStart[SidecarFlags]) -> int:
@@ -76,8 +82,10 @@ def _sidecar(start: PodStart[SidecarFlags]) -> int:
     where = f"{settings.namespace}/{settings.pod_name}"
 
     async def serve(stop: asyncio.Event) -> None:
-        async with AsyncClient(start.config, user_agent=f"topology-agent/{__version__} sidecar ({where})") as api:
-            await run_sidecar(api, settings, stop=stop, **own.health)
+        async with AsyncClient(start.config, user_agent=f"topology-agent/{__version__} sidecar ({where})") as api, \
+                AsyncClient(start.config, user_agent=f"topology-agent/{__version__} events ({where})",
+                            timeout=EVENTS_TIMEOUT, connections=1) as events:
+            await run_sidecar(api, settings, stop=stop, events=events, **own.health)
 
     _until_stopped(serve)
     return 0

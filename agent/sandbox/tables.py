@@ -54,6 +54,30 @@ def _age(obj: Obj, now: datetime.datetime | None = None) -> str:
     return human_duration(((now or datetime.datetime.now(datetime.UTC)) - when).total_seconds())
 
 
+def _since(stamp: Any, now: datetime.datetime | None = None) -> str:
+    """The age of an RFC 3339 time, with or without microseconds (an Event's eventTime is a MicroTime)."""
+    if not isinstance(stamp, str) or not stamp:
+        return "<unknown>"
+    try:
+        when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return "<unknown>"
+    return human_duration(((now or datetime.datetime.now(datetime.UTC)) - when).total_seconds())
+
+
+def _event_seen(event: Obj) -> str:
+    """When an Event was last seen: its series' last observation, else its lastTimestamp, else its eventTime."""
+    series = event.get("series") or {}
+    stamp = series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("deprecatedLastTimestamp") \
+        or event.get("eventTime")
+    return _since(stamp)
+
+
+def _event_object(event: Obj) -> str:
+    ref = event.get("involvedObject") or event.get("regarding") or {}
+    return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
+
+
 def _none(value: Any) -> str:
     return str(value) if value not in (None, "", []) else "<none>"
 
@@ -114,6 +138,9 @@ COLUMNS: dict[str, list[Column]] = {
                 ("Port(s)", "string", 0, lambda s: ",".join(
                     f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in (s.get("spec") or {}).get("ports") or [])
                  or "<none>"), AGE],
+    "Event": [("Last Seen", "string", 0, _event_seen), ("Type", "string", 0, lambda e: e.get("type") or ""),
+              ("Reason", "string", 0, lambda e: e.get("reason") or ""), ("Object", "string", 0, _event_object),
+              ("Message", "string", 0, lambda e: (e.get("message") or e.get("note") or "").strip())],
     "Lease": [NAME, ("Holder", "string", 0, lambda lease: (lease.get("spec") or {}).get("holderIdentity") or ""),
               AGE],
 }
