@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from agent.flags.render import RenderSettings
     from agent.flags.sandbox import SandboxSettings
     from agent.flags.sidecar import SidecarFlags
+    from agent.flags.status import StatusSettings
     from agent.flags.webhook import WebhookStart
     from agent.runtime.init import Held
 
@@ -51,6 +52,13 @@ def _explain(given: RenderSettings) -> int:
     from agent.core.explaining import format_explanation
 
     print(format_explanation(render_pod(given.pods, given.me, given.options, nodes=given.nodes)))
+    return 0
+
+
+def _status(given: StatusSettings) -> int:
+    from agent.runtime.status import run_status
+
+    run_status(given, user_agent=f"topology-agent/{__version__} status")
     return 0
 
 
@@ -187,8 +195,8 @@ def _demo(out: Path) -> int:
 
 # Each command, run with the settings its module in agent/flags/ gives.
 COMMANDS: dict[str, Callable[[Any], int | Held]] = {
-    "render": _render, "explain": _explain, "init": _init, "sidecar": _sidecar, "sandbox": _sandbox, "demo": _demo,
-    "keygen": _keygen, "inject": _inject, "webhook": _webhook}
+    "render": _render, "explain": _explain, "status": _status, "init": _init, "sidecar": _sidecar,
+    "sandbox": _sandbox, "demo": _demo, "keygen": _keygen, "inject": _inject, "webhook": _webhook}
 BUG_EXIT = 70  # EX_SOFTWARE
 SIGPIPE_EXIT = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 ONE_SHOT = ("render", "explain", "init")

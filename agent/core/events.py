@@ -27,6 +27,7 @@ from typing import Any
 
 from agent.core.gang import GangStatus
 from agent.core.topology import Plan
+from agent.core.validation import is_label_value
 
 CONTROLLER = "topology-agent.io/agent"  # reportingController: a qualified name, as the API server requires
 NOTE_LIMIT = 1024  # characters of a note (kube-apiserver's NoteLengthLimit)
@@ -157,6 +158,13 @@ class Write:
     reason: str = ""
 
 
+def job_label(job: str) -> str | None:
+    """The ``JOB_LABEL`` value of a job's Events: its object's name (a LeaderWorkerSet's pods name their group
+    too: ``name/group``), if it makes a label value."""
+    name = job.split("/")[0]
+    return name if is_label_value(name) else None
+
+
 def micro_time(now: float) -> str:
     """A MicroTime, as the API server reads one: RFC 3339 with microseconds, in UTC."""
     return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -257,7 +265,8 @@ class Correlator:
     def body(self, recorded: Series) -> dict[str, Any]:
         """The whole events.k8s.io/v1 Event of a series (with its count once it repeats)."""
         occurrence, kind = recorded.occurrence, recorded.occurrence.kind
-        labels = {JOB_LABEL: self.job} if self.job else {}
+        label = job_label(self.job)
+        labels = {JOB_LABEL: label} if label else {}
         if occurrence.generation is not None:
             labels[GENERATION_LABEL] = str(occurrence.generation)
         body: dict[str, Any] = {

@@ -230,6 +230,9 @@ class TrainJob(JobSet):
     def selector(self, pod: RawPod, options: Options) -> str:
         return f"{JOBSET_NAME}={meta(pod)[1][JOBSET_NAME]}"
 
+    def pods_selector(self, job: str) -> str:
+        return f"{JOBSET_NAME}={job}"  # the TrainJob's JobSet has its name
+
     def pod_templates(self, job: Mapping[str, Any]) -> Iterator[PodTemplate]:
         """A runtime's replicated jobs (``spec.template.spec``), unsized; the JobSet a TrainJob made, as JobSet's."""
         if job.get("kind") in RUNTIME_KINDS:
