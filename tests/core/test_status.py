@@ -16,9 +16,9 @@ from agent.core.status import SCHEMA, Publication, Seen, document, human_duratio
 NOW = 1_800_000_000.0
 
 
-def job(*, options: Options = Options(), **kwargs):
+def job(**kwargs):
     pods = examples.volcano_job("demo", (("master", 1), ("worker", 3), ("extras", 1)))
-    return pods, job_status(pods, job="demo", kind="Volcano Job 'demo'", namespace="default", options=options,
+    return pods, job_status(pods, job="demo", kind="Volcano Job 'demo'", namespace="default", options=Options(),
                             roster=None, expected=4, seen={}, **kwargs)
 
 
