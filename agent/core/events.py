@@ -313,7 +313,7 @@ def waiting_note(status: GangStatus, *, source: str, unscheduled: Sequence[str],
 
 
 def outcome_note(plan: Plan, *, how: str) -> str:
-    """What init wrote, for its last Event: ``how`` it got there, then this pod's place."""
+    """What init writes, for its last Event: ``how`` it got there, then this pod's place."""
     topology = plan.topology
     me = topology.me
     if me.node_rank is None:
@@ -322,7 +322,7 @@ def outcome_note(plan: Plan, *, how: str) -> str:
         first = me.first_rank if me.first_rank is not None else 0
         ranks = f"rank {first}" if me.slots == 1 else f"ranks {first}-{first + me.slots - 1}"
         place = f"role {me.role}, node rank {me.node_rank} of {topology.nnodes}, {ranks} of {topology.world_size}"
-    return f"{how}; wrote generation 1: {place}"
+    return f"{how}; generation 1: {place}"
 
 
 def generation_note(generation: int, before: tuple[int, int] | None, after: tuple[int, int]) -> str:

@@ -77,10 +77,13 @@ def kubeconfig_config(path: str | None = None, context: str | None = None) -> Ap
             raise InputError(f"kubeconfig {file} is not a kubeconfig ({why}); point KUBECONFIG (or --kubeconfig) at "
                              "the file kubectl uses, or run in a pod")
     try:
-        k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
         contexts, active = k8s_config.list_kube_config_contexts(config_file=path)
         if context is not None:
-            active = next((c for c in contexts if c.get("name") == context), active)
+            active = next((c for c in contexts if c.get("name") == context), None)
+            if active is None:
+                raise InputError(f"--context '{context}' is not a context of kubeconfig {where} (its contexts: "
+                                 f"{', '.join(str(c.get('name')) for c in contexts) or 'none'}); give one of them")
+        k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
     except (ConfigException, OSError, TypeError, ValueError, KeyError, AttributeError) as err:
         reason = str(err) if isinstance(err, ConfigException) else f"{type(err).__name__} while reading it"
         raise InputError(

@@ -537,6 +537,10 @@ class Init:
         if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
             rendered = await self.from_pods(me, source, expected)
         self.held.rendered = rendered
+        # Told before the files are written: the Event is on its way while they are, so init's exit hardly waits.
+        how = f"read the published topology {source.configmap}" if source.follows and self.held.pods is None \
+            else f"gang complete: {rendered.plan.topology.nnodes} training pods"
+        self.tell(Occurrence("GangComplete", outcome_note(rendered.plan, how=how), generation=1))
         if s.wait_dns:
             await check_dns(self.api, rendered, s, resolver=self.resolver, clock=self.clock, sleep=self.sleep,
                             deadline=self.deadline)
@@ -546,9 +550,6 @@ class Init:
         member = rendered.plan.topology.me
         log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names), s.out_dir,
                  member.role, member.node_rank, rendered.plan.topology.nnodes, peak_rss_mb())
-        how = f"read the published topology {source.configmap}" if source.follows and self.held.pods is None \
-            else f"gang complete: {rendered.plan.topology.nnodes} training pods"
-        self.tell(Occurrence("GangComplete", outcome_note(rendered.plan, how=how), generation=1))
         return self.held
 
 

@@ -47,6 +47,6 @@ def test_kubectl_describe_shows_why_a_pod_waits_and_then_that_its_gang_is_comple
     done = describe_events(kubectl, "demo-master-0")
     print(done)
     assert "Normal  GangComplete" in done
-    assert "gang complete: 4 training pods; wrote generation 1: role master, node rank 0 of 4, rank 0 of 4" in done
+    assert "gang complete: 4 training pods; generation 1: role master, node rank 0 of 4, rank 0 of 4" in done
     assert "WaitingForGang" in done  # the wait it recorded stays, before the outcome
     assert "topology-agent.io/agent" not in describe_events(kubectl, "demo-worker-0")  # each pod its own Events

@@ -177,7 +177,7 @@ def test_init_says_why_it_waits_then_that_the_gang_is_complete(quick, memory, ap
     ran = inits.finish(who)
     assert ran.code == 0, ran.err
     done = [e for e in stored(memory) if e["reason"] == "GangComplete"]
-    assert [e["message"] for e in done] == ["gang complete: 4 training pods; wrote generation 1: role master, node "
+    assert [e["message"] for e in done] == ["gang complete: 4 training pods; generation 1: role master, node "
                                             "rank 0 of 4, rank 0 of 4"]
     assert done[0]["metadata"]["labels"] == {JOB_LABEL: "demo", GENERATION_LABEL: "1"}
 
