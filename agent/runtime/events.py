@@ -78,6 +78,7 @@ class Recording:
     stopped: str | None = None  # why recording stopped for good
     paused_until: float = 0.0
     backoff: Backoff = field(default_factory=lambda: Backoff(base=1.0, cap=60.0))
+    refusals: set[int] = field(default_factory=set)  # the statuses of refused Events said so far (once each)
 
     @property
     def path(self) -> str:
@@ -138,8 +139,9 @@ class Recording:
             if self.backoff.attempt == 1:
                 log.warning("events paused: %s; the pod's Events resume once the API server takes them (next "
                             "try in %.0f s, backing off)", err, delay)
-        elif not isinstance(err, ApiConflict):  # a name taken (a clock step back): that Event is dropped
-            log.warning("an Event was refused (%s); it is dropped", err)
+        elif not isinstance(err, ApiConflict) and err.status not in self.refusals:  # 409: a name taken, dropped
+            self.refusals.add(err.status)
+            log.warning("an Event was refused (%s); it is dropped, and others refused so are not said again", err)
         return None
 
     def bug(self, err: Exception) -> None:

@@ -78,6 +78,16 @@ async def test_a_403_is_said_once_and_recording_stops(recorder, memory, logs):
     assert sent_by(memory, POD.name)["requests"] == 1 and stored(memory) == []
 
 
+async def test_an_event_refused_otherwise_is_dropped_and_said_once(recorder, memory, logs):
+    memory.faults(status=422, path="/events")
+    for n in range(2):
+        recorder.record(Occurrence("PodRefused", f"pod '{n}' is not the job's", related=Ref(str(n), "default")))
+    await settled(recorder, lambda: recorder.counts.dropped == 2, "both refused")
+    said = [line for line in logs.text("").splitlines() if "Event was refused" in line]
+    assert len(said) == 1 and "API answered 422 to create events" in said[0]
+    assert recorder.recording.stopped is None  # the next Events are still tried
+
+
 async def test_a_5xx_pauses_recording_which_resumes_after_its_backoff(api, memory, logs):
     now = [1_800_000_000.0]
     async with api.async_client(agent_name("events", POD.name)) as client:
