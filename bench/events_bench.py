@@ -68,17 +68,19 @@ class Exits:
 
     def __init__(self) -> None:
         self.waits: list[float] = []
+        self.counts: list[recording.Counts] = []  # each recorder's own count (dropped: given up, not sent)
         self.lock = threading.Lock()
         self.original = recording.ThreadRecorder.close
 
     def __enter__(self) -> Exits:
-        original, waits, lock = self.original, self.waits, self.lock
+        original, waits, lock, counts = self.original, self.waits, self.lock, self.counts
 
         def timed(recorder: recording.ThreadRecorder, grace: float = recording.EXIT_GRACE) -> None:
             started = time.perf_counter()
             original(recorder, grace)
             with lock:
                 waits.append(time.perf_counter() - started)
+                counts.append(recorder.counts)
 
         recording.ThreadRecorder.close = timed  # type: ignore[method-assign]
         return self
@@ -109,7 +111,9 @@ def run(pods: int, spread: float, seed: int) -> dict[str, Any]:
         failed = [ran.err[-300:] for ran in (inits.finish(who, timeout=900) for who in names) if ran.code != 0]
         if failed:
             raise SystemExit(f"{len(failed)} inits failed, the first: {failed[0]}")
-        return measure(memory, api, exits.waits, pods)
+        result = measure(memory, api, exits.waits, pods)
+        result["dropped by the recorders"] = sum(c.dropped for c in exits.counts)
+        return result
 
 
 def measure(memory: Memory, api: FakeApi, waits: list[float], pods: int) -> dict[str, Any]:
