@@ -374,6 +374,13 @@ class GangTracker:
         if training and self.options.rank_order == "topology" and not has_node:
             (self.unscheduled.add if sign > 0 else self.unscheduled.discard)(name)
 
+    def unplaced(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The pods the gang waits for that are present: those not on a node yet, and those on one without an IP
+        yet (what the pod's Events say of them; the tracker's own flags, O(pods awaited))."""
+        waiting = self.without_ip | self.unscheduled
+        unscheduled = tuple(sorted(n for n in waiting if n in self.members and not self.members[n][4]))
+        return unscheduled, tuple(sorted(n for n in self.without_ip if n not in unscheduled))
+
     def pending(self) -> int:
         """Training pods still awaited (absent, without an IP, unscheduled): an upper bound, in O(1)."""
         return max(0, self.expected.total - self.presence.training) + len(self.without_ip) + len(self.unscheduled)

@@ -156,9 +156,12 @@ def test_kubectl_kustomize_builds_the_rbac_base():
     verbs = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert verbs[(("",), ("pods",))] == {"get", "list", "watch"}
     writes = {k: v - {"get", "list", "watch"} for k, v in verbs.items() if v - {"get", "list", "watch"}}
-    # The only writes: the published topology and the Lease that elects its publisher (no delete, no patch).
+    # The only writes: the published topology and the Lease that elects its publisher (no delete, no patch), and
+    # the pods' own Events (created, their series patched: runtime/events.py).
     assert writes == {(("",), ("configmaps",)): {"create", "update"},
-                      (("coordination.k8s.io",), ("leases",)): {"create", "update"}}
+                      (("coordination.k8s.io",), ("leases",)): {"create", "update"},
+                      (("events.k8s.io",), ("events",)): {"create", "patch"}}
+    assert verbs[(("events.k8s.io",), ("events",))] == {"create", "patch"}  # never read: status lists as the user
 
 
 COMPONENTS = [  # optional cluster-scoped reads, each a component of its own

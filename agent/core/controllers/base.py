@@ -224,6 +224,15 @@ class Controller(abc.ABC):
         """The job a pod belongs to, read from labels alone (no role or index needed)."""
         return meta(pod)[1].get(self.marker)
 
+    @property
+    def job_kind(self) -> JobResource | None:
+        """The kind of object a job of this controller is (the first of its resources; None: no object)."""
+        return self.resources[0] if self.resources else None
+
+    def pods_selector(self, job: str) -> str:
+        """The label selector of the pods of the job object named ``job`` (``topology-agent status``)."""
+        return f"{self.marker}={job}"
+
     @abc.abstractmethod
     def identify(self, pod: RawPod, options: Options) -> Identity:
         """Role, index and job of one pod, by the controller's own labels (each controller says how)."""

@@ -266,6 +266,9 @@ class TrainJob(JobSet):
         # unnamed container port; pkg/runtime/framework/plugins/{jax/jax.go,xgboost/xgboost.go}, v2.2.0-v2.3.0).
         return (None, TRAINJOB_MASTER_PORT) if framework in ("jax", "xgboost") else None
 
+    def pods_selector(self, job: str) -> str:
+        return f"{JOBSET_NAME}={job}"  # the TrainJob's JobSet has its name
+
     def pod_templates(self, job: Mapping[str, Any]) -> Iterator[PodTemplate]:
         """A runtime's replicated jobs (``spec.template.spec``), unsized; the JobSet a TrainJob made, as JobSet's."""
         if job.get("kind") in RUNTIME_KINDS:
