@@ -44,6 +44,9 @@ API_VERSION = "admission.k8s.io/v1"
 # objects); the parsed object costs up to ~70 bytes a value, so this bounds what the webhook's reviewing process
 # holds (docs/adopt.md sizes its memory from the worst shape under it).
 MAX_VALUES = 1 << 19
+# Deeper than Python 3.11's and 3.12's JSON decoder goes (RecursionError near 1000); 3.13's goes on to thousands,
+# so the bound is the webhook's own, the same on every interpreter. No Kubernetes object nests this deep.
+MAX_DEPTH = 1000
 
 
 def _job_resources() -> dict[str, tuple[str, ...]]:
@@ -225,13 +228,30 @@ def read_review(body: bytes | bytearray) -> Request:
         raise InputError(f"the review holds about {values} JSON values, more than the webhook reads ({MAX_VALUES}); "
                          "no Kubernetes object of 3 MiB has that many; label it topology-agent.io/inject=disabled "
                          "to create it without the agent")
+    too_deep = InputError(f"the review is nested too deep to read (over {MAX_DEPTH} levels); no Kubernetes object "
+                          "nests that deep")
     try:
         parsed = json.loads(body, parse_constant=not_json)
     except RecursionError:
-        raise InputError("the review is nested too deep to read; no Kubernetes object nests that deep") from None
+        raise too_deep from None
     except ValueError as err:
         raise InputError(f"the body is not JSON: {err}") from None
+    if body.count(b"{") + body.count(b"[") > MAX_DEPTH and _deeper_than(parsed, MAX_DEPTH):
+        raise too_deep
     return parse_review(parsed)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` containers deep, without recursing (a loop over its
+    containers, run only for a body with more than ``limit`` of them)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [child for item in level
+                 for child in (item.values() if isinstance(item, dict) else item if isinstance(item, list) else ())
+                 if isinstance(child, (dict, list))]
+        if not level:
+            return False
+    return bool(level)
 
 
 def namespace_settings(namespace: Mapping[str, Any] | None) -> Settings:
