@@ -503,12 +503,17 @@ def main() -> None:
     parser.add_argument("--agent-arg", action="append", default=[], help="one more argument for every process")
     parser.add_argument("--history", type=int, default=20_000, help="the sandbox's event log (each event holds "
                         "two copies of a pod)")
+    parser.add_argument("--max-load", type=float, help="before each run, wait (up to 30 min) until the 1-minute "
+                        "load average is below this")
     parser.add_argument("--keep", help="write the agents' files and logs here (run<k>/), not to a temporary directory")
     parser.add_argument("--seed", type=int, default=0, help="run k uses IP order seed + k (compare commits on the "
                                                             "same orders)")
     args = parser.parse_args()
     runs = []
     for run in range(args.runs):
+        waited = time.monotonic()
+        while args.max_load and os.getloadavg()[0] > args.max_load and time.monotonic() - waited < 1800:
+            time.sleep(10)  # a machine shared with other work: start when it is quieter (at most 30 min later)
         runs.append(one_run(args, run))
         shown = {k: v for k, v in runs[-1].items() if k != "latency"}
         print(f"run {run + 1}: {json.dumps(shown)}", file=sys.stderr, flush=True)
