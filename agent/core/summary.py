@@ -27,7 +27,8 @@ from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
 from agent.core.facts import facts_of
-from agent.core.frameworks import FRAMEWORKS, published_ports
+from agent.core.frameworks import FRAMEWORKS, Context, published_ports, selected
+from agent.core.frameworks.mpi import LAUNCHER_ROLE
 from agent.core.model import ADDRESS, Member, Options, RawPod, Topology, Whole
 from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
@@ -304,11 +305,13 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
                 slots_source={name: slots_source}, published_ports=dict(summary.ports))
 
 
-def own_view(plan: Plan, options: Options, *, ssh: bool, listed: int = LISTED_HOSTS) -> tuple[Plan | None, str]:
-    """The plan a ``--view own`` pod renders when it holds the whole job (the leader, a standby, every pod of a
-    job that reads the pods): made from its plan's summary exactly as a follower makes it from the published
-    one, so that every pod of the job writes files of one shape. (None, why) when the full view applies."""
-    why = why_full_view(options, ssh=ssh)
+def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed: int = LISTED_HOSTS
+             ) -> tuple[Plan | None, str]:
+    """The plan a pod renders when it holds the whole job (the leader, a standby, every pod of a job that reads the
+    pods) and its view is its own (``choose_view``): made from its plan's summary exactly as a follower makes it
+    from the published one, so that every such pod of the job writes files of one shape. (None, why) when it is
+    to write every member. ``published``: the job publishes its topology (the view is the default's own there)."""
+    why = choose_view(plan, options, ssh=ssh, published=published)
     if why is not None:
         return None, why
     raw = summarize(plan, seq=0, listed=listed, options=options)
@@ -334,12 +337,43 @@ def view_key(env: dict[str, str], frameworks: dict[str, Any] | None = None) -> t
     return tuple(sorted(items))
 
 
-def why_full_view(options: Options, *, ssh: bool) -> str | None:
-    """Why ``--view own`` cannot apply to this pod's options (None: it can)."""
-    if options.view != "own":
+def why_full_view(options: Options) -> str | None:
+    """Why this pod reads every member, known from its options alone, before anything is read (None: it may read
+    the summary; ``choose_view`` decides once its own place is known)."""
+    if options.view == "full":
         return "--view full"
     if options.levels is not None or options.rank_order != "index":
         return "ranks by Node labels (--topology-levels, --rank-order topology) need every member"
-    if ssh:
-        return "SSH (--ssh-secret-dir): known_hosts and ssh_config name every member"
     return None
+
+
+def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | None:
+    """Why this pod's files must name every member (None: rank 0, the job's sizes and its own place are all they
+    say). A pod that does not train (its role's host lists); a launcher over SSH (the rank-0 pod of a DeepSpeed or
+    MPI job runs ``deepspeed --launcher pdsh`` or ``mpirun`` on the hostfile, and so does a role ``launcher``); a
+    framework whose files name every member (``Framework.needs_every_member``: TF_CONFIG, MLX's ring, an MPI
+    hostfile) and which gives this pod its files (``Framework.refusal``)."""
+    me = plan.topology.me
+    if not me.training:
+        return f"role '{me.role}' does not train: its files list the job's pods by role"
+    if ssh and (me.node_rank == 0 or me.role == LAUNCHER_ROLE):
+        return "it launches over SSH (DeepSpeed's pdsh runner, mpirun): its hostfile names every training pod"
+    context = Context(plan, options, {}, {}, None, frozenset(options.frameworks.names))
+    for framework, _ in selected(plan, options):
+        if framework.needs_every_member and framework.refusal(context) is None:
+            return f"its {framework.title} files ({framework.env_file}) name every member"
+    return None
+
+
+def choose_view(plan: Plan, options: Options, *, ssh: bool, published: bool) -> str | None:
+    """Why this pod's files name every member (None: it writes its own view: rank 0, the sizes, its place).
+    ``--view auto`` (the default) gives a large job's pods (``published``) their own view unless their files need
+    every member (``every_member_needed``); a small job's pods read the pods and write every member, as they always
+    did. ``--view own`` gives it wherever a summary can say the ranks (a framework that needs every member is then
+    written without values); ``--view full`` never."""
+    why = why_full_view(options)
+    if why is not None or options.view == "own":
+        return why
+    if not published:
+        return "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
+    return every_member_needed(plan, options, ssh=ssh)

@@ -21,7 +21,7 @@ from agent.core.journal import JOURNAL_KEY, Journal, PublishedState, journal_nam
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
 from agent.core.published import Compactor
-from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
+from agent.core.summary import SUMMARY_KEY, every_member_needed, light_plan, read_summary
 from agent.core.topology import Plan
 from agent.core.validation import split_pods
 from agent.errors import ApiGone, InputError
@@ -225,15 +225,18 @@ NO_SUMMARY = "the leader published no summary (more runs of ranks than a summary
 
 
 class SummaryView:
-    """``--view own``: this pod's plan from the journal's summary (core/summary.py), the journal alone being read
-    (a few KiB, not the snapshot). ``unsummarized`` says why this pod must read the whole topology instead; a
-    summary that does not place this pod (not a member in the leader's view yet) leaves the plan as it was."""
+    """A large job's pod in its own view (core/summary.py): its plan from the journal's summary, the journal alone
+    being read (a few KiB, not the snapshot). ``unsummarized`` says why this pod must read the whole topology
+    instead: the summary cannot serve it (``chosen`` False), or with ``--view auto`` its files name every member
+    (``chosen`` True: a decision, not a failure). A summary that does not place this pod (not a member in the
+    leader's view yet) leaves the plan as it was."""
 
-    def __init__(self, name: str, own: RawPod, options: Options) -> None:
-        self.name, self.own, self.options = journal_name(name), own, options
+    def __init__(self, name: str, own: RawPod, options: Options, *, ssh: bool = False) -> None:
+        self.name, self.own, self.options, self.ssh = journal_name(name), own, options, ssh
         self.plan: Plan | None = None
         self.journal: Journal | None = None
         self.unsummarized: str | None = None
+        self.chosen = False  # unsummarized by --view auto's choice (core/summary.every_member_needed)
         self.changed = False  # the last journal read changed this pod's plan
 
     def replace(self, items: list[Any]) -> None:
@@ -264,7 +267,20 @@ class SummaryView:
             return
         if plan is None:
             return
+        if self.options.view == "auto":
+            why = every_member_needed(plan, self.options, ssh=self.ssh)
+            if why is not None:
+                self.unsummarized, self.chosen = why, True
+                return
         before = self.plan
         self.changed = before is None or before.topology != plan.topology or before.master_port != plan.master_port \
             or before.published_ports != plan.published_ports
         self.plan = plan
+
+
+def full_view_line(view: str, why: str) -> tuple[int, str]:
+    """How a pod says it reads every member: a warning when ``--view own`` was asked and cannot apply, a note when
+    ``--view auto`` chose it (or the summary cannot serve it)."""
+    if view == "own":
+        return logging.WARNING, f"--view own not used: {why}"
+    return logging.INFO, f"this pod holds every member ({why})"
