@@ -28,8 +28,12 @@ if TYPE_CHECKING:
     from agent.flags.render import RenderSettings
     from agent.flags.sandbox import SandboxSettings
     from agent.flags.sidecar import SidecarFlags
+    from agent.flags.status import StatusSettings
     from agent.flags.webhook import WebhookStart
     from agent.runtime.init import Held
+
+
+EVENTS_TIMEOUT = 10.0  # seconds an Event write may take (it is dropped after, never retried in place)
 
 
 def _render(given: RenderSettings) -> int:
@@ -51,6 +55,13 @@ def _explain(given: RenderSettings) -> int:
     return 0
 
 
+def _status(given: StatusSettings) -> int:
+    from agent.runtime.status import run_status
+
+    run_status(given, user_agent=f"topology-agent/{__version__} status")
+    return 0
+
+
 def _init(start: PodStart[InitFields]) -> Held:
     from agent.k8s.client import Client
     from agent.runtime.init import InitSettings, run_init
@@ -59,10 +70,13 @@ def _init(start: PodStart[InitFields]) -> Held:
     settings = InitSettings(**start.pod, **start.own)
     where = f"{settings.namespace}/{settings.pod_name}"
     api = Client(start.config, user_agent=f"topology-agent/{__version__} init ({where})")
+    # The pod's Events go on a client of their own (runtime/events.py): a slow one never holds init's calls up.
+    events = Client(start.config, user_agent=f"topology-agent/{__version__} events ({where})", timeout=EVENTS_TIMEOUT)
     try:
-        return run_init(api, settings, ssh=start.ssh)
+        return run_init(api, settings, ssh=start.ssh, events=events)
     finally:
         api.close()  # its connections; the rest of what it held is kept (console)
+        events.close()
 
 
 def _sidecar(start: PodStart[SidecarFlags]) -> int:
@@ -76,8 +90,10 @@ def _sidecar(start: PodStart[SidecarFlags]) -> int:
     where = f"{settings.namespace}/{settings.pod_name}"
 
     async def serve(stop: asyncio.Event) -> None:
-        async with AsyncClient(start.config, user_agent=f"topology-agent/{__version__} sidecar ({where})") as api:
-            await run_sidecar(api, settings, stop=stop, **own.health)
+        async with AsyncClient(start.config, user_agent=f"topology-agent/{__version__} sidecar ({where})") as api, \
+                AsyncClient(start.config, user_agent=f"topology-agent/{__version__} events ({where})",
+                            timeout=EVENTS_TIMEOUT, connections=1) as events:
+            await run_sidecar(api, settings, stop=stop, events=events, **own.health)
 
     _until_stopped(serve)
     return 0
@@ -179,8 +195,8 @@ def _demo(out: Path) -> int:
 
 # Each command, run with the settings its module in agent/flags/ gives.
 COMMANDS: dict[str, Callable[[Any], int | Held]] = {
-    "render": _render, "explain": _explain, "init": _init, "sidecar": _sidecar, "sandbox": _sandbox, "demo": _demo,
-    "keygen": _keygen, "inject": _inject, "webhook": _webhook}
+    "render": _render, "explain": _explain, "status": _status, "init": _init, "sidecar": _sidecar,
+    "sandbox": _sandbox, "demo": _demo, "keygen": _keygen, "inject": _inject, "webhook": _webhook}
 BUG_EXIT = 70  # EX_SOFTWARE
 SIGPIPE_EXIT = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 ONE_SHOT = ("render", "explain", "init")

@@ -21,14 +21,19 @@ from agent.core.controllers.base import COMPLETION_INDEX, JOB_NAME, JobResource
 from agent.core.controllers.batch import JOBS
 from agent.core.controllers.jobset import JOBSET_GLOBAL_INDEX, JOBSET_JOB_INDEX, JOBSET_NAME, JOBSET_RJOB
 from agent.core.controllers.kubeflow import (
+    JAXJOBS,
     MPI_JOB_ROLE,
     MPI_OPERATOR,
     MPI_OPERATOR_NAME,
     MPIJOBS,
+    OPERATORS,
+    PADDLEJOBS,
     PYTORCHJOB_INDEX,
     PYTORCHJOB_JOB,
     PYTORCHJOB_TYPE,
     PYTORCHJOBS,
+    TFJOBS,
+    XGBOOSTJOBS,
 )
 from agent.core.controllers.lws import LWS_GROUP, LWS_NAME, LWS_SIZE, LWS_WORKER
 from agent.core.controllers.volcano import VCJOB, VOLCANO_INDEX, VOLCANO_JOB, VOLCANO_TASK
@@ -80,7 +85,8 @@ def agent_init_container() -> dict[str, Any]:
 
 
 def trainer_container(name: str = "trainer", *, env: list[dict[str, Any]] | None = None,
-                      cpu: str | None = "2", gpus: int = 0, port: int | None = None) -> dict[str, Any]:
+                      cpu: str | None = "2", gpus: int = 0, port: int | None = None,
+                      port_name: str = "pytorchjob-port") -> dict[str, Any]:
     limits: dict[str, Any] = {}
     if cpu is not None:
         limits["cpu"] = cpu
@@ -95,7 +101,7 @@ def trainer_container(name: str = "trainer", *, env: list[dict[str, Any]] | None
         "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
     }
     if port is not None:
-        container["ports"] = [{"name": "pytorchjob-port", "containerPort": port, "protocol": "TCP"}]
+        container["ports"] = [{"name": port_name, "containerPort": port, "protocol": "TCP"}]
     return container
 
 
@@ -144,7 +150,7 @@ def make_pod(name: str, *, namespace: str = "default", labels: dict[str, str],
 def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("master", 1), ("worker", 3), ("extras", 4)),
                 *, namespace: str = "default", ip_base: int = 0, master_port: int = 23456,
                 cpu: str = "1", release: str = "v1.15.0", plugins: tuple[str, ...] = ("pytorch", "svc", "env"),
-                user_env: list[dict[str, Any]] | None = None) -> list[Pod]:
+                user_env: list[dict[str, Any]] | None = None, tf_port: int = 2222) -> list[Pod]:
     """A Volcano Job with job plugins (default ``{pytorch: [], svc: [], env: []}``), each appending its block
     to every container in ``plugins`` order (Volcano's is a Go map's: any order), from ``agent.core.injected``.
     ``user_env`` is the template's own env, before the plugins' blocks."""
@@ -156,8 +162,11 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
         for i in range(replicas):
             pod_name = f"{name}-{task}-{i}"
             features = {f"plugin {p}" for p in plugins} | ({"training task"} if task in ("master", "worker") else set())
+            if len(tasks) == 1 and replicas == 1:
+                features.discard("plugin tensorflow")  # OnPodCreate: no TF_CONFIG for a stand-alone job
             facts = {"plugin_order": plugins, "tasks": [t for t, _ in tasks], "job": name, "index": i,
-                     "port": master_port, "replicas": world, "rank": i + 1 if task == "worker" else 0}
+                     "port": master_port, "replicas": world, "rank": i + 1 if task == "worker" else 0,
+                     "tf_config": _volcano_tf_config(name, tasks, task, i, tf_port)}
             injected: list[dict[str, Any]] = [*(user_env or []),
                                               *injected_env("volcano", release, features, facts)]  # type: ignore
             labels = {VOLCANO_JOB: name, "volcano.sh/job-namespace": namespace,
@@ -204,6 +213,111 @@ def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "defau
             ))
             n += 1
     return pods
+
+
+def _volcano_tf_config(job: str, tasks: tuple[tuple[str, int], ...], task: str, index: int, port: int) -> str:
+    """TF_CONFIG as Volcano's tensorflow plugin writes it with its default task names: cluster keys ps, worker,
+    chief, evaluator (its struct's order, empty ones left out), each ``<job>-<task>-<i>.<job>:<port>``
+    (tensorflow.go generateTFClusterSpec; helpers.go MakeDomainName)."""
+    cluster = {kind: [f"{job}-{kind}-{i}.{job}:{port}" for i in range(n)]
+               for kind in ("ps", "worker", "chief", "evaluator") for name, n in tasks if name == kind and n}
+    return json.dumps({"cluster": cluster, "task": {"type": task, "index": index}}, separators=(",", ":"))
+
+
+def _operator_pods(name: str, resource: JobResource, container: str, specs: tuple[tuple[str, int], ...], *,
+                   namespace: str, ip_base: int, cpu: str, gpus: int, port: tuple[str, int],
+                   env: Callable[[str, int], list[dict[str, Any]]], master: Callable[[str, int], bool]) -> list[Pod]:
+    """The pods training-operator v1.9 creates for a job of ``resource``'s kind: one per replica, named and
+    labelled by createNewPod (pkg/controller.v1/common/pod.go), owned by the job, ``env(rtype, index)`` appended to
+    the container the kind writes to."""
+    owner = {**_kind(resource), "name": name, "uid": _uid(resource.kind.lower(), namespace, name)}
+    pods, n = [], ip_base
+    for rtype, count in specs:
+        for i in range(count):
+            labels = {PYTORCHJOB_JOB: name, MPI_OPERATOR_NAME: OPERATORS[resource.kind], PYTORCHJOB_TYPE: rtype,
+                      PYTORCHJOB_INDEX: str(i)}
+            if master(rtype, i):
+                labels[MPI_JOB_ROLE] = "master"
+            pods.append(make_pod(
+                f"{name}-{rtype}-{i}", namespace=namespace, labels=labels, ip=loopback_ip(n), owner=owner,
+                containers=[trainer_container(container, env=env(rtype, i), port=port[1], port_name=port[0],
+                                              cpu=cpu, gpus=gpus)]))
+            n += 1
+    return pods
+
+
+def tfjob(name: str = "mnist-tf", specs: tuple[tuple[str, int], ...] = (("chief", 1), ("worker", 2), ("ps", 1)), *,
+          namespace: str = "default", ip_base: int = 0, port: int = 2222, cpu: str = "2",
+          domain: str = "") -> list[Pod]:
+    """A TFJob (training-operator v1.9): its replica types (lower-cased), TF_CONFIG in container ``tensorflow`` as
+    genClusterSpec writes it (cluster keys sorted as Go marshals a map, ``<job>-<type>-<i>.<ns>.svc[.<domain>]:
+    <port>``, the domain being the operator's CUSTOM_CLUSTER_DOMAIN; ``environment: cloud``), none for a one-pod
+    job."""
+    total = sum(n for _, n in specs)
+    suffix = f".{domain}" if domain else ""
+    cluster = {rtype: [f"{name}-{rtype}-{i}.{namespace}.svc{suffix}:{port}" for i in range(n)]
+               for rtype, n in sorted(specs)}
+
+    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+        config = json.dumps({"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"},
+                            separators=(",", ":"))
+        return injected_env("tfjob", "v1.9.0", {"distributed"} if total > 1 else set(),  # type: ignore[return-value]
+                            {"tf_config": config})
+
+    chief = any(rtype in ("chief", "master") for rtype, _ in specs)
+    return _operator_pods(name, TFJOBS, "tensorflow", specs, namespace=namespace, ip_base=ip_base, cpu=cpu,
+                          gpus=0, port=("tfjob-port", port), env=env,
+                          master=lambda r, i: r in ("chief", "master") if chief else (r == "worker" and i == 0))
+
+
+def xgboostjob(name: str = "xgb", workers: int = 2, *, namespace: str = "default", ip_base: int = 0,
+               port: int = 9999, cpu: str = "2", gpus: int = 0) -> list[Pod]:
+    """An XGBoostJob (training-operator v1.9): a master and ``workers`` workers, every container with SetPodEnv's
+    variables (RANK master 0, worker index + 1; WORKER_ADDRS of replicas - 1 workers)."""
+    total = 1 + workers
+
+    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+        facts = {"port": port, "job": name, "replicas": total, "rank": i + 1 if rtype == "worker" else 0,
+                 "worker_port": port, "worker_addrs": ",".join(f"{name}-worker-{k}" for k in range(total - 1))}
+        return injected_env("xgboostjob", "v1.9.0", {"several replicas"} if total > 1 else set(),  # type: ignore
+                            facts)
+
+    return _operator_pods(name, XGBOOSTJOBS, "xgboost", (("master", 1), ("worker", workers)), namespace=namespace,
+                          ip_base=ip_base, cpu=cpu, gpus=gpus, port=("xgboostjob-port", port), env=env,
+                          master=lambda r, i: r == "master")
+
+
+def paddlejob(name: str = "paddle", workers: int = 3, *, masters: int = 0, namespace: str = "default",
+              ip_base: int = 0, port: int = 36543, cpu: str = "2", gpus: int = 0) -> list[Pod]:
+    """A PaddleJob (training-operator v1.9): ``workers`` workers (collective mode), and with ``masters`` its
+    parameter servers (PS mode); setPodEnv's variables in every container."""
+    specs = ((("master", masters),) if masters else ()) + (("worker", workers),)
+    total = masters + workers
+    host = "master" if masters else "worker"
+
+    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+        own = i == 0 and rtype == host
+        features = {"the master's pod"} if own else set()
+        if masters:
+            features.add(f"ps mode, {rtype}")
+        facts = {"job": name, "replicas": total,
+                 "master": f"$(POD_IP_DUMMY):{port}" if own else f"{name}-{host}-0:{port}"}
+        return injected_env("paddlejob", "v1.9.0", features, facts)  # type: ignore[return-value]
+
+    return _operator_pods(name, PADDLEJOBS, "paddle", specs, namespace=namespace, ip_base=ip_base, cpu=cpu,
+                          gpus=gpus, port=("master", port), env=env, master=lambda r, i: r == "master")
+
+
+def jaxjob(name: str = "jax", workers: int = 3, *, namespace: str = "default", ip_base: int = 0,
+           port: int = 6666, cpu: str = "2", gpus: int = 0) -> list[Pod]:
+    """A JAXJob (training-operator v1.9): ``workers`` workers, setPodEnv's variables in every container (worker 0
+    the coordinator, without a port)."""
+    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+        return injected_env("jaxjob", "v1.9.0", set(),  # type: ignore[return-value]
+                            {"port": port, "job": name, "replicas": workers, "index": i})
+
+    return _operator_pods(name, JAXJOBS, "jax", (("worker", workers),), namespace=namespace, ip_base=ip_base,
+                          cpu=cpu, gpus=gpus, port=("jaxjob-port", port), env=env, master=lambda r, i: i == 0)
 
 
 def mpijob(name: str = "allreduce", workers: int = 3, *, namespace: str = "default", ip_base: int = 0,
@@ -283,12 +397,15 @@ def jobset(name: str = "trainer", rjobs: tuple[tuple[str, int, int], ...] = (("d
 
 
 def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0,
-             release: str = "v2.3.0", nproc: str = "auto") -> list[Pod]:
+             release: str = "v2.3.0", nproc: str = "auto", plugin: str = "torch", workers: int = 0) -> list[Pod]:
     """A Kubeflow TrainJob (Trainer v2) on the torch-distributed runtime: a finished dataset initializer and
     ``num_nodes`` pods of replicated job ``node`` (container ``node``), with the env the torch plugin of
-    ``release`` writes (from ``agent.core.injected``)."""
+    ``release`` writes (from ``agent.core.injected``); with ``plugin`` "jax" or "xgboost", the env that plugin
+    writes instead (jax-distributed, xgboost-distributed; ``workers``: its DMLC_NUM_WORKER)."""
     env: list[dict[str, Any]] = injected_env(  # type: ignore[assignment]
-        "trainjob", release, set(), {"nnodes": num_nodes, "nproc": nproc, "trainjob": name})
+        "trainjob", release, set() if plugin == "torch" else {f"mlPolicy {plugin}"},
+        {"nnodes": num_nodes, "nproc": nproc, "trainjob": name, "workers": workers or num_nodes,
+         "plugins": ("main",) if plugin == "torch" else (plugin,)})
     initializer = _jobset_pods(
         name, (("dataset-initializer", 1, 1),), namespace=namespace, ip_base=ip_base, container="@rjob",
         extra_labels={"dataset-initializer": {"trainer.kubeflow.org/trainjob-ancestor-step": "dataset-initializer"}},
@@ -305,18 +422,29 @@ def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default
     return initializer + nodes
 
 
-def trainjob_mpi(name: str = "ds", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0) -> list[Pod]:
+def trainer_hostfile_volume(trainjob: str) -> dict[str, Any]:
+    """The volume Trainer v2's MPI plugin gives the launcher: its hostfile ConfigMap (plugins/mpi/mpi.go,
+    pkg/constants/constants.go MPIHostfileVolumeName, MPIHostfileConfigMapSuffix)."""
+    return {"name": "mpi-hostfile", "configMap": {"name": f"{trainjob}-mpi-hostfile",
+                                                  "items": [{"key": "hostfile", "path": "hostfile", "mode": 0o444}]}}
+
+
+def trainjob_mpi(name: str = "ds", num_nodes: int = 3, *, namespace: str = "default", ip_base: int = 0,
+                 launcher_as_node: bool = True) -> list[Pod]:
     """A TrainJob on Trainer v2's deepspeed-distributed runtime (manifests/base/runtimes/deepspeed_distributed.yaml,
     v2.3.0): replicated job ``node`` (numNodes - 1 pods, sshd) then ``launcher`` (1 pod), both running container
     ``node`` because the runtime sets runLauncherAsNode: true (pkg/constants/constants.go: "When
-    RunLauncherAsNode: true, for the launcher Job the container name is node")."""
-    nodes = _jobset_pods(name, (("node", 1, max(num_nodes - 1, 1)),), namespace=namespace, ip_base=ip_base,
+    RunLauncherAsNode: true, for the launcher Job the container name is node"). ``launcher_as_node=False``: an MPI
+    runtime without it, whose launcher runs container ``launcher`` and ``num_nodes`` node pods."""
+    count = max(num_nodes - 1, 1) if launcher_as_node else num_nodes
+    nodes = _jobset_pods(name, (("node", 1, count),), namespace=namespace, ip_base=ip_base,
                          container="node", extra_labels={})
     launcher = _jobset_pods(name, (("launcher", 1, 1),), namespace=namespace, ip_base=ip_base + len(nodes),
-                            container="node", extra_labels={})
+                            container="node" if launcher_as_node else "launcher", extra_labels={})
     for pod in launcher:  # the launcher's Job comes after node's: global index 1 of 2
         for section in ("labels", "annotations"):
             pod["metadata"][section][JOBSET_GLOBAL_INDEX] = "1"
+        pod["spec"]["volumes"].append(trainer_hostfile_volume(name))
     for pod in nodes + launcher:
         for section in ("labels", "annotations"):
             pod["metadata"][section]["jobset.sigs.k8s.io/global-replicas"] = "2"
@@ -412,6 +540,10 @@ def _volcano_example() -> list[Pod]:
 EXAMPLES: dict[str, Callable[[], list[Pod]]] = {
     "volcano": _volcano_example,
     "pytorchjob": lambda: pytorchjob(gpus=1),
+    "tfjob": tfjob,
+    "xgboostjob": xgboostjob,
+    "paddlejob": paddlejob,
+    "jaxjob": jaxjob,
     "trainjob": trainjob,
     "mpijob": mpijob,
     "jobset": jobset,

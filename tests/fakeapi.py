@@ -263,14 +263,16 @@ def init_pod(api: FakeApi, logs: Logs, pod: str, out: Path, *args: str, who: str
     token = WHO.set(who)
     start = len(logs.lines.get(who, []))
     client = api.client(agent_name("init", pod, namespace), clock=run.get("clock", time.monotonic))  # as run_init's
+    events = api.client(agent_name("events", pod, namespace))  # the pod's Events: a client of their own, as cli's
     try:
         settings, ssh = init_settings(pod, out, *args, namespace=namespace)
-        held = run_init(client, settings, ssh=ssh, **run)
+        held = run_init(client, settings, ssh=ssh, events=events, **run)
     except AgentError as err:
         said = "\n".join(logs.lines.get(who, [])[start:])
         return Ran(err.exit_code, f"{said}\ntopology-agent init: error: {err}", error=err)
     finally:
         client.close()
+        events.close()
         WHO.reset(token)
     return Ran(0, "\n".join(logs.lines.get(who, [])[start:]), held)
 
@@ -362,9 +364,10 @@ class Sidecars:
 
         async def run() -> Any:
             WHO.set(who)
-            async with self.api.async_client(agent) as api:
+            async with self.api.async_client(agent) as api, \
+                    self.api.async_client(agent_name("events", pod, namespace)) as events:
                 try:
-                    return await run_sidecar(api, settings, stop=stop,
+                    return await run_sidecar(api, settings, stop=stop, events=events,
                                              on_ready=lambda sidecar, _port: started.set_result(sidecar))
                 finally:
                     if not started.done():

@@ -19,6 +19,14 @@ def _pod(name: str, template: dict[str, Any], labels: dict[str, str], n: int, *,
     return pod
 
 
+# training-operator's kinds: their replica specs' field and the operator-name label value (PyTorchJob's pods are
+# made without it here: a pod that names no operator is taken for a PyTorchJob's).
+OPERATOR_KINDS = {"PyTorchJob": ("pytorchReplicaSpecs", None), "TFJob": ("tfReplicaSpecs", "tfjob-controller"),
+                  "XGBoostJob": ("xgbReplicaSpecs", "xgboostjob-controller"),
+                  "PaddleJob": ("paddleReplicaSpecs", "paddlejob-controller"),
+                  "JAXJob": ("jaxReplicaSpecs", "jaxjob-controller")}
+
+
 def pods_for(doc: dict[str, Any]) -> list[dict[str, Any]]:
     kind, name = doc["kind"], doc["metadata"]["name"]
     spec = doc["spec"]
@@ -30,11 +38,14 @@ def pods_for(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 labels = {"volcano.sh/job-name": name, "volcano.sh/task-spec": task["name"],
                           "volcano.sh/task-index": str(i)}
                 pods.append(_pod(pod_name, task["template"], labels, len(pods), hostname=pod_name, subdomain=name))
-    elif kind == "PyTorchJob":
-        for rtype, replica in spec["pytorchReplicaSpecs"].items():
+    elif kind in OPERATOR_KINDS:
+        field, operator = OPERATOR_KINDS[kind]
+        for rtype, replica in spec[field].items():
             for i in range(replica["replicas"]):
                 labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/replica-type": rtype.lower(),
                           "training.kubeflow.org/replica-index": str(i)}
+                if operator:  # training-operator v1.9 labels every kind's pods with its reconciler's name
+                    labels["training.kubeflow.org/operator-name"] = operator
                 pods.append(_pod(f"{name}-{rtype.lower()}-{i}", replica["template"], labels, len(pods)))
     elif kind == "MPIJob":
         base = {"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": name}
@@ -88,8 +99,8 @@ def pod_templates(doc: dict[str, Any]) -> list[dict[str, Any]]:
     kind, spec = doc["kind"], doc.get("spec", {})
     if kind == "Job" and doc["apiVersion"].startswith("batch.volcano.sh"):
         return [t["template"] for t in spec["tasks"]]
-    if kind == "PyTorchJob":
-        return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+    if kind in OPERATOR_KINDS:
+        return [r["template"] for r in spec[OPERATOR_KINDS[kind][0]].values()]
     if kind == "MPIJob":
         return [r["template"] for r in spec["mpiReplicaSpecs"].values()]
     if kind == "JobSet":

@@ -12,6 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import Literal
 
 from agent.core.accelerators import accelerator_of, is_unknown_extended
 from agent.core.injected import controller_entries
@@ -111,6 +112,21 @@ def user_env(container: RawContainer | None, *, controller: str | None = None) -
 
 
 _NPROC_VARS = ("PET_NPROC_PER_NODE", "NPROC_PER_NODE")
+CPU_RULE = "CPU limit "  # how resolve_nproc's rule begins when the CPU limit decided (torchrun's CPU rule)
+DEVICES_RULE = " accelerator(s) in container "  # ... and where it says the accelerators decided
+
+
+def nproc_kind(rule: str) -> Literal["explicit", "devices", "cpu", "none"]:
+    """What decided a pod's processes, from the rule ``resolve_nproc`` gave: a setting or a variable
+    ("explicit"), the accelerators ("devices"), the CPU limit ("cpu"), or nothing (1: "none"). Frameworks that
+    run one process per device, or per pod, do not follow the CPU rule (core/frameworks)."""
+    if rule.startswith(CPU_RULE):
+        return "cpu"
+    if DEVICES_RULE in rule:
+        return "devices"
+    if rule == "--nproc-per-node" or " set by user in container " in rule:
+        return "explicit"
+    return "none"
 
 
 def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options) -> tuple[int, str]:
@@ -153,7 +169,7 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
             if total > 0:
                 names = ", ".join(f"{k}: {row.family}" for k, _, row in devices)
                 notes = "".join(f"; {row.note}" for _, _, row in devices if row.note)
-                return total, (f"{total} accelerator(s) in container '{cname}' resources.{section} ({names})"
+                return total, (f"{total}{DEVICES_RULE}'{cname}' resources.{section} ({names})"
                                f"{notes}{unknown_note}")
     if options.nproc_per_node == "accelerators":
         return 1, f"no accelerators in container '{cname}': 1 (Trainer's MPI rule: numProcPerNode 1 is the GPUs of " \
@@ -162,5 +178,5 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     if cpu is not None:
         cores = parse_quantity(cpu, where=f"pod '{pod_name}' container '{cname}' limits.cpu")
         count = max(1, math.ceil(cores))
-        return count, f"CPU limit {cpu} of container '{cname}' rounded up{unknown_note}"
+        return count, f"{CPU_RULE}{cpu} of container '{cname}' rounded up{unknown_note}"
     return 1, f"container '{cname}' has no accelerators and no CPU limit: 1{unknown_note}"

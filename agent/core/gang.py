@@ -156,17 +156,24 @@ def job_reads(me: RawPod, options: Options) -> JobReads:
 
 
 def with_implied_frameworks(controller: Controller, objects: Objects, options: Options) -> Options:
-    """``options`` with the frameworks the job's objects imply (``Controller.frameworks``), each with why."""
+    """``options`` with the frameworks the job's objects imply (``Controller.frameworks``), each with why, and
+    what the objects say of them (``Controller.framework_args``: role names, ports)."""
     implied = controller.frameworks(objects)
     if not implied or not objects:
         return options
-    owner = objects[0]
-    why = f"{owner.get('kind', controller.title)} '{(owner.get('metadata') or {}).get('name', '?')}'"
-    known = dict(options.frameworks.implied)
+    said = objects[-1]  # the object read last says it: the job itself, or a TrainJob's runtime
+    why = f"{said.get('kind', controller.title)} '{(said.get('metadata') or {}).get('name', '?')}'"
+    chosen = options.frameworks
+    known = dict(chosen.implied)
     added = tuple((name, why) for name in implied if name not in known)
-    if not added:
+    args = controller.framework_args(objects)
+    roles = tuple((name, a.roles) for name, a in args.items() if a.roles and chosen.role_map(name) is None)
+    ports = tuple((name, a.port, a.source) for name, a in args.items()
+                  if a.port is not None and chosen.job_port(name) is None)
+    if not added and not roles and not ports:
         return options
-    frameworks = dataclasses.replace(options.frameworks, implied=options.frameworks.implied + added)
+    frameworks = dataclasses.replace(chosen, implied=chosen.implied + added, roles=chosen.roles + roles,
+                                     job_ports=chosen.job_ports + ports)
     return dataclasses.replace(options, frameworks=frameworks)
 
 
@@ -308,10 +315,14 @@ class GangTracker:
         self.without_ip: set[str] = set()
         self.unscheduled: set[str] = set()
         self.sizes: Sizes = {}  # process counts per container object (init's compact pods share them)
+        # Pods of a role the controller decides by its pods that say they do not train (as ``collect`` drops
+        # their role), where neither the user nor the job's objects named the roles.
+        self.by_pod = bool(self.scope.controller.roles_by_pod) and options.roles is None
+        self.not_training: set[str] = set()
 
-    def _trains(self, role: str) -> bool:
+    def _trains(self, role: str, name: str = "") -> bool:
         roles = self.scope.roles  # None: every role trains (JobSet)
-        return roles is None or role in roles
+        return (roles is None or role in roles) and name not in self.not_training
 
     def put(self, pod: RawPod) -> None:
         """A pod as the API reports it now (added or modified)."""
@@ -328,6 +339,9 @@ class GangTracker:
         if ident is None:
             self.errors[name] = facts.error or InputError(f"pod '{name}': cannot be identified")
             return
+        if self.by_pod and ident.role in scope.controller.roles_by_pod \
+                and not scope.controller.trains_by_pod(pod, ident.role):
+            self.not_training.add(name)
         self.members[name] = (ident.role, ident.index, ident.ordinal, facts.has_ip, bool(facts.node))
         claimants = self.claims.setdefault((ident.role, ident.index), [])
         claimants.append(name)
@@ -342,6 +356,7 @@ class GangTracker:
             return
         self._count(name, -1)
         del self.members[name]
+        self.not_training.discard(name)
         claimants = self.claims[(entry[0], entry[1])]
         claimants.remove(name)
         self.clashes -= len(claimants) == 1
@@ -350,7 +365,7 @@ class GangTracker:
 
     def _count(self, name: str, sign: int) -> None:
         role, _, ordinal, has_ip, has_node = self.members[name]
-        training = self._trains(role)
+        training = self._trains(role, name)
         if training:
             self.presence.count(role, ordinal, sign)
         waits = training or name == self.self_name
@@ -358,6 +373,13 @@ class GangTracker:
             (self.without_ip.add if sign > 0 else self.without_ip.discard)(name)
         if training and self.options.rank_order == "topology" and not has_node:
             (self.unscheduled.add if sign > 0 else self.unscheduled.discard)(name)
+
+    def unplaced(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The pods the gang waits for that are present: those not on a node yet, and those on one without an IP
+        yet (what the pod's Events say of them; the tracker's own flags, O(pods awaited))."""
+        waiting = self.without_ip | self.unscheduled
+        unscheduled = tuple(sorted(n for n in waiting if n in self.members and not self.members[n][4]))
+        return unscheduled, tuple(sorted(n for n in self.without_ip if n not in unscheduled))
 
     def pending(self) -> int:
         """Training pods still awaited (absent, without an IP, unscheduled): an upper bound, in O(1)."""

@@ -173,10 +173,75 @@ ROWS += (
               f"{MPI_OP} {_MPI_LAUNCHER} (nvidiaDisableEnvVars)"),
 )
 
-MODES: Mapping[str, Mode] = {"pytorchjob": "append", "trainjob": "upsert", "lws": "prepend", "volcano": "plugins",
+TO_JAX = ("v1.9.0",)  # JAXJob is new in v1.9
+_TF = "pkg/controller.v1/tensorflow/tfjob_controller.go SetClusterSpec; tensorflow.go genTFConfigJSONStr"
+_XGB = "pkg/controller.v1/xgboost/xgboost.go SetPodEnv"
+_PADDLE = "pkg/controller.v1/paddlepaddle/envvar.go setPodEnv"
+_JAX = "pkg/controller.v1/jax/envvar.go setPodEnv"
+TRAINER_V22 = ("v2.2.0", "v2.3.0")  # Trainer v2's jax and xgboost plugins are new in v2.2.0
+_TRAINER_JAX = "pkg/runtime/framework/plugins/jax/jax.go Jax.EnforceMLPolicy"
+_TRAINER_XGB = "pkg/runtime/framework/plugins/xgboost/xgboost.go XGBoost.EnforceMLPolicy; pkg/constants/constants.go"
+
+ROWS += (
+    # training-operator TFJob: the container named tensorflow only; appended; not for a job of one pod
+    # (util.go isDistributed). {tf_config}: {"cluster":{<type>:[...]},"task":{...},"environment":"cloud"}.
+    Injection("tfjob", TO_NEW, "TF_CONFIG", "{tf_config}", "distributed", f"{TO} {_TF}"),
+    # training-operator XGBoostJob: every container of every replica; appended. {rank}: 0 for the master, index +
+    # master replicas for a worker; {replicas}: master + worker replicas; the WORKER_* for LightGBM.
+    Injection("xgboostjob", TO_NEW, "MASTER_PORT", "{port}", "always", f"{TO} {_XGB} (port xgboostjob-port)"),
+    Injection("xgboostjob", TO_NEW, "MASTER_ADDR", "{job}-master-0", "always", f"{TO} {_XGB}"),
+    Injection("xgboostjob", TO_NEW, "WORLD_SIZE", "{replicas}", "always", f"{TO} {_XGB}"),
+    Injection("xgboostjob", TO_NEW, "RANK", "{rank}", "always", f"{TO} {_XGB}"),
+    Injection("xgboostjob", TO_NEW, "PYTHONUNBUFFERED", "1", "always", f"{TO} {_XGB}"),
+    Injection("xgboostjob", TO_NEW, "WORKER_PORT", "{worker_port}", "several replicas", f"{TO} {_XGB}"),
+    Injection("xgboostjob", TO_NEW, "WORKER_ADDRS", "{worker_addrs}", "several replicas",
+              f"{TO} {_XGB} (<job>-worker-0 .. <job>-worker-<replicas - 2>)"),
+    # training-operator PaddleJob: every container of every replica; appended. {master}: the worker 0's (or
+    # master 0's, with a Master spec) <name>:<port>, and $(POD_IP_DUMMY):<port> in that pod itself.
+    Injection("paddlejob", TO_NEW, "PYTHONUNBUFFERED", "1", "always", f"{TO} {_PADDLE}"),
+    Injection("paddlejob", TO_NEW, "PADDLE_JOB_ID", "{job}", "always", f"{TO} {_PADDLE}"),
+    Injection("paddlejob", TO_NEW, "PADDLE_NNODES", "{replicas}", "always", f"{TO} {_PADDLE}"),
+    Injection("paddlejob", TO_NEW, "POD_IP_DUMMY", "status.podIP", "the master's pod", f"{TO} {_PADDLE}",
+              field_ref=True),
+    Injection("paddlejob", TO_NEW, "PADDLE_MASTER", "{master}", "always", f"{TO} {_PADDLE} (port master, 36543)"),
+    Injection("paddlejob", TO_NEW, "PADDLE_SERVER_NUM", "1", "ps mode, master", f"{TO} {_PADDLE}"),
+    Injection("paddlejob", TO_NEW, "PADDLE_TRAINER_NUM", "1", "ps mode, worker", f"{TO} {_PADDLE}"),
+    # training-operator JAXJob: every container of every replica; appended.
+    Injection("jaxjob", TO_JAX, "PYTHONUNBUFFERED", "1", "always", f"{TO} {_JAX}"),
+    Injection("jaxjob", TO_JAX, "COORDINATOR_PORT", "{port}", "always", f"{TO} {_JAX} (port jaxjob-port, 6666)"),
+    Injection("jaxjob", TO_JAX, "COORDINATOR_ADDRESS", "{job}-worker-0", "always", f"{TO} {_JAX} (no port)"),
+    Injection("jaxjob", TO_JAX, "NUM_PROCESSES", "{replicas}", "always", f"{TO} {_JAX}"),
+    Injection("jaxjob", TO_JAX, "PROCESS_ID", "{index}", "always", f"{TO} {_JAX}"),
+    # Trainer v2 jax and xgboost plugins (container 'node' of the trainer's replicated job; upserted).
+    Injection("trainjob", TRAINER_V22, "JAX_NUM_PROCESSES", "{nnodes}", "mlPolicy jax", f"{TRAINER} {_TRAINER_JAX}",
+              block="jax"),
+    Injection("trainjob", TRAINER_V22, "JAX_PROCESS_ID", COMPLETION_INDEX_FIELD, "mlPolicy jax",
+              f"{TRAINER} {_TRAINER_JAX}", field_ref=True, block="jax"),
+    Injection("trainjob", TRAINER_V22, "JAX_COORDINATOR_ADDRESS", "{trainjob}-node-0-0.{trainjob}:29500",
+              "mlPolicy jax", f"{TRAINER} {_TRAINER_JAX} (ContainerTrainerPort = 29500)", block="jax"),
+    Injection("trainjob", TRAINER_V22, "DMLC_TRACKER_URI", "{trainjob}-node-0-0.{trainjob}", "mlPolicy xgboost",
+              f"{TRAINER} {_TRAINER_XGB}", block="xgboost"),
+    Injection("trainjob", TRAINER_V22, "DMLC_TRACKER_PORT", "29500", "mlPolicy xgboost",
+              f"{TRAINER} {_TRAINER_XGB} (ContainerTrainerPort = 29500)", block="xgboost"),
+    Injection("trainjob", TRAINER_V22, "DMLC_TASK_ID", COMPLETION_INDEX_FIELD, "mlPolicy xgboost",
+              f"{TRAINER} {_TRAINER_XGB}", field_ref=True, block="xgboost"),
+    Injection("trainjob", TRAINER_V22, "DMLC_NUM_WORKER", "{workers}", "mlPolicy xgboost",
+              f"{TRAINER} {_TRAINER_XGB} (numNodes x GPUs per node, else numNodes)", block="xgboost"),
+    # Volcano tensorflow plugin: TF_CONFIG in every container of every pod (not for one task of one replica).
+    Injection("volcano", VC_RELEASES, "TF_CONFIG", "{tf_config}", "plugin tensorflow",
+              f"{VC} pkg/controllers/job/plugins/distributed-framework/tensorflow/tensorflow.go "
+              "tensorflowPlugin.OnPodCreate", block="tensorflow"),
+)
+
+MODES: Mapping[str, Mode] = {"pytorchjob": "append", "tfjob": "append", "xgboostjob": "append", "paddlejob": "append",
+                             "jaxjob": "append", "trainjob": "upsert", "lws": "prepend", "volcano": "plugins",
                              "mpijob": "append"}
-RELEASES: Mapping[str, tuple[str, ...]] = {"pytorchjob": TO_OLD + TO_NEW, "trainjob": TRAINER_V2,
+RELEASES: Mapping[str, tuple[str, ...]] = {"pytorchjob": TO_OLD + TO_NEW, "tfjob": TO_NEW, "xgboostjob": TO_NEW,
+                                          "paddlejob": TO_NEW, "jaxjob": TO_JAX, "trainjob": TRAINER_V2,
                                           "volcano": VC_RELEASES, "lws": LWS_RELEASES, "mpijob": MPI_RELEASES}
+# Rows of a block other than "main" outside Volcano's plugins mode (Trainer's plugins) are written only when the
+# fixture names the block in facts["plugins"]; a controller's rows without that name are its default blocks.
+DEFAULT_BLOCKS: Mapping[str, tuple[str, ...]] = {"trainjob": ("main",)}
 TRAINJOB_MASTER_PORT = 29500  # Trainer's ContainerTrainerPort, in every v2 release above
 
 
@@ -224,7 +289,10 @@ def injected_env(controller: str, release: str, features: set[str], facts: Mappi
                     continue
                 out.append(_entry(row, facts))
         return out
+    blocks = facts.get("plugins", DEFAULT_BLOCKS.get(controller, ("main",)))
     for row in rows:
+        if row.block not in blocks:
+            continue
         negated = row.when.startswith("not ")
         wanted = row.when.removeprefix("not ")
         if row.when != "always" and (wanted in features) == negated:
@@ -235,7 +303,8 @@ def injected_env(controller: str, release: str, features: set[str], facts: Mappi
 
 def _block_length(controller: str, release: str, names: list[str]) -> int:
     """How many entries at the end of ``names`` the controller appended at ``release``: the longest suffix that
-    is, in order, a run of the release's rows and begins with its unconditional first row."""
+    is, in order, a run of the release's rows and begins with its unconditional first row (or its first row,
+    where the block's rows are all conditional: TFJob's one TF_CONFIG)."""
     rows = rows_for(controller, release)
     pointer = len(rows)
     length = 0
@@ -245,7 +314,7 @@ def _block_length(controller: str, release: str, names: list[str]) -> int:
         if match is None:
             break
         pointer, length = match, length + 1
-        if rows[match].when == "always" and all(r.when != "always" for r in rows[:match]):
+        if match == 0 or (rows[match].when == "always" and all(r.when != "always" for r in rows[:match])):
             start_ok = length  # the block may begin here
     return start_ok
 
@@ -264,7 +333,7 @@ def _plugin_blocks_length(controller: str, env: list[RawEnvVar]) -> int:
     """Volcano: the longest run of whole plugin blocks at the end of ``env``, each plugin at most once."""
     rows = rows_for(controller, RELEASES[controller][-1])
     fixed = {block: [r.name for r in rows if r.block == block and "{" not in r.name]
-             for block in ("env", "pytorch")}
+             for block in ("env", "pytorch", "tensorflow")}
     names = [e.get("name", "") for e in env]
     end, used = len(env), set()
     while end > 0:
@@ -305,8 +374,13 @@ def controller_entries(controller: str, env: list[RawEnvVar]) -> set[int]:
     return set(range(len(names) - longest, len(names)))
 
 
-TITLES: Mapping[str, str] = {"pytorchjob": "Kubeflow training-operator (PyTorchJob)", "trainjob": "Kubeflow Trainer v2 "
-                             "(TrainJob, torch plugin)", "volcano": "Volcano (job plugins)", "lws": "LeaderWorkerSet",
+TITLES: Mapping[str, str] = {"pytorchjob": "Kubeflow training-operator (PyTorchJob)",
+                             "tfjob": "Kubeflow training-operator (TFJob)",
+                             "xgboostjob": "Kubeflow training-operator (XGBoostJob)",
+                             "paddlejob": "Kubeflow training-operator (PaddleJob)",
+                             "jaxjob": "Kubeflow training-operator (JAXJob)",
+                             "trainjob": "Kubeflow Trainer v2 (TrainJob: torch, jax and xgboost plugins)",
+                             "volcano": "Volcano (job plugins)", "lws": "LeaderWorkerSet",
                              "mpijob": "MPI operator v2 (MPIJob)"}
 WHAT_THE_AGENT_DOES: Mapping[str, str] = {
     "PYTHONUNBUFFERED": "left as it is (not a topology fact)",
@@ -321,6 +395,19 @@ WHAT_THE_AGENT_DOES: Mapping[str, str] = {
     **dict.fromkeys(("OMPI_MCA_orte_keep_fqdn_hostnames", "OMPI_MCA_orte_default_hostfile",
                      "OMPI_MCA_orte_set_default_slots", "I_MPI_HYDRA_HOST_FILE", "HYDRA_HOST_FILE"),
                     "replaced in mpi.env (docs/frameworks.md)"),
+    "TF_CONFIG": "replaced in tf.env and tf_config.json (docs/frameworks.md)",
+    **dict.fromkeys(("COORDINATOR_PORT", "COORDINATOR_ADDRESS", "NUM_PROCESSES", "PROCESS_ID", "JAX_NUM_PROCESSES",
+                     "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"), "replaced in jax.env (docs/frameworks.md)"),
+    **dict.fromkeys(("WORKER_PORT", "WORKER_ADDRS", "DMLC_TRACKER_URI", "DMLC_TRACKER_PORT", "DMLC_TASK_ID",
+                     "DMLC_NUM_WORKER"), "replaced in xgboost.env (docs/frameworks.md)"),
+    **dict.fromkeys(("PADDLE_JOB_ID", "PADDLE_NNODES", "PADDLE_MASTER", "PADDLE_SERVER_NUM", "PADDLE_TRAINER_NUM"),
+                    "replaced in paddle.env (docs/frameworks.md)"),
+    "POD_IP_DUMMY": "left as it is (paddle.env's PADDLE_MASTER and POD_IP hold rank 0's own IP)",
+}
+# Where one name means something else under another controller (XGBoostJob's MASTER_* are its tracker's).
+WHAT_THE_AGENT_DOES_FOR: Mapping[tuple[str, str], str] = {
+    **{("xgboostjob", name): "replaced in torch.env (training pods) and in xgboost.env, per pod (docs/frameworks.md)"
+       for name in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK")},
 }
 
 
@@ -337,8 +424,8 @@ def injection_table_markdown() -> str:
             value = f"fieldRef `{row.value}`" if row.field_ref else (
                 f"configMapKeyRef `{row.config_map_key}`" if row.config_map_key else f"`{row.value}`")
             span = row.releases[0] if len(row.releases) == 1 else f"{row.releases[0]}-{row.releases[-1]}"
-            agent = WHAT_THE_AGENT_DOES.get(row.name, "replaced (training pods) / unset (others)"
-                                            if row.name in TRAINING_NAMES else "replaced")
+            agent = WHAT_THE_AGENT_DOES_FOR.get((controller, row.name)) or WHAT_THE_AGENT_DOES.get(
+                row.name, "replaced (training pods) / unset (others)" if row.name in TRAINING_NAMES else "replaced")
             lines.append(f"| `{row.name}` | {value} | {row.when} | {span} | {row.source} | {agent} |")
         lines.append("")
     return "\n".join(lines)

@@ -123,14 +123,26 @@ class FrameworkOptions:
     """Which frameworks' files to write besides torch.env (agent/core/frameworks), and their ports.
 
     ``names``: the setting's list (``--frameworks``); ``implied``: what the job's objects imply, each with why
-    (read by init and the sidecar: an MPIJob's launcher gets mpi); ``ports``: ``--<framework>-port``."""
+    (read by init and the sidecar: an MPIJob's launcher gets mpi); ``ports``: ``--<framework>-port``. What the
+    job's objects say of a framework (a Volcano job's tensorflow plugin: its task names and ``--port``):
+    ``roles``, the job's role -> the framework's role, per framework; ``job_ports``, a port and where it was
+    read."""
 
     names: tuple[str, ...] = ()
     implied: tuple[tuple[str, str], ...] = ()
     ports: tuple[tuple[str, int], ...] = ()
+    roles: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    job_ports: tuple[tuple[str, int, str], ...] = ()
 
     def port(self, framework: str) -> int | None:
         return dict(self.ports).get(framework)
+
+    def job_port(self, framework: str) -> tuple[int, str] | None:
+        return next(((port, source) for key, port, source in self.job_ports if key == framework), None)
+
+    def role_map(self, framework: str) -> dict[str, str] | None:
+        found = dict(self.roles).get(framework)
+        return dict(found) if found is not None else None
 
 
 @dataclass(frozen=True)

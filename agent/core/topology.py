@@ -155,8 +155,18 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
         live.append((pod, ident, facts))
     present = {ident.role for _, ident, _ in live}
     training_roles = tuple(scope.roles) if scope.roles is not None else tuple(sorted(present))
+    if controller.roles_by_pod and options.roles is None:
+        training_roles = shown_roles(controller, training_roles, ((p, i.role) for p, i, _ in live))
     return Collected(me=me, scope=scope, live=tuple(live), excluded=tuple(excluded), training_roles=training_roles,
                      explicit_roles=scope.roles is not None)
+
+
+def shown_roles(controller: Controller, roles: tuple[str, ...], pods: Iterable[tuple[RawPod, str]]) -> tuple[str, ...]:
+    """``roles`` without those whose pods say they do not train (``Controller.roles_by_pod``: Trainer's launcher
+    with a container not named 'node'), where neither the user nor the job's objects named the roles."""
+    dropped = {role for pod, role in pods
+               if role in controller.roles_by_pod and not controller.trains_by_pod(pod, role)}
+    return tuple(r for r in roles if r not in dropped) if dropped else roles
 
 
 NodeLabels = Mapping[str, "Mapping[str, str] | None"]  # node name -> its labels (None: could not be read)
@@ -700,6 +710,11 @@ class Planner:
         except _FromScratch:
             return None
         found, role_count = layout.found, layout.census.role_count
+        controller = found.controller
+        if controller.roles_by_pod and self.options.roles is None and any(
+                p is not None and controller.shows_training(p) for p in (*map(pods.get, changed),
+                                                                         *map(before.get, gone))):
+            return None  # a pod that says whether its role trains: its roles are decided again, from scratch
         _check_roles(found, role_count, self.options)
         if not found.explicit_roles and {r for r, n in role_count.items() if n} != set(found.training_roles):
             return None

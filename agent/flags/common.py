@@ -152,8 +152,7 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cluster-domain", help="write fully qualified names under this domain, e.g. cluster.local")
     group.add_argument("--elastic", help="MIN:MAX nodes: torchrun elastic rendezvous (c10d)")
     group.add_argument("--rdzv-port", help="c10d rendezvous port (default 29400)")
-    group.add_argument("--controller", help="force a controller: volcano, pytorchjob, trainjob, jobset, lws, "
-                                            "indexed-job, selector")
+    group.add_argument("--controller", help=f"force a controller: {', '.join(CONTROLLERS)}")
     group.add_argument("--selector", help="generic: equality label selector of the job's pods, e.g. app=x,job=y")
     group.add_argument("--index-label", help="generic: the label that holds each pod's index")
     group.add_argument("--rank-order", help="index (default: the controller's order) or topology (pods of each "

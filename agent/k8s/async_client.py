@@ -140,6 +140,9 @@ class AsyncClient:
     async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self.call(core.write("PUT", path, body))
 
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.call(core.patch(path, body))
+
     async def list_pods(self, namespace: str, selector: str, *,
                         keep: Keep | None = None) -> tuple[list[RawPod], str]:
         """The job's pods, in pages of ``PAGE``; ``keep`` shrinks each page before the next is read."""

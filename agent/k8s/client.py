@@ -163,6 +163,9 @@ class Client:
     def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self.call(core.write("PUT", path, body))
 
+    def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.call(core.patch(path, body))
+
     def list_pods(self, namespace: str, selector: str, *, keep: Keep | None = None) -> tuple[list[RawPod], str]:
         """The job's pods, in pages of ``PAGE``; ``keep`` shrinks each page before the next is read."""
         return self.list_objects(core.pods_path(namespace), label_selector=selector, limit=PAGE,  # type: ignore

@@ -58,7 +58,7 @@ def in_cluster_config() -> ApiConfig | None:
     )
 
 
-def kubeconfig_config(path: str | None = None) -> ApiConfig:
+def kubeconfig_config(path: str | None = None, context: str | None = None) -> ApiConfig:
     try:
         from kubernetes import client as k8s_client
         from kubernetes import config as k8s_config
@@ -77,8 +77,13 @@ def kubeconfig_config(path: str | None = None) -> ApiConfig:
             raise InputError(f"kubeconfig {file} is not a kubeconfig ({why}); point KUBECONFIG (or --kubeconfig) at "
                              "the file kubectl uses, or run in a pod")
     try:
-        k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
-        _, context = k8s_config.list_kube_config_contexts(config_file=path)
+        contexts, active = k8s_config.list_kube_config_contexts(config_file=path)
+        if context is not None:
+            active = next((c for c in contexts if c.get("name") == context), None)
+            if active is None:
+                raise InputError(f"--context '{context}' is not a context of kubeconfig {where} (its contexts: "
+                                 f"{', '.join(str(c.get('name')) for c in contexts) or 'none'}); give one of them")
+        k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
     except (ConfigException, OSError, TypeError, ValueError, KeyError, AttributeError) as err:
         reason = str(err) if isinstance(err, ConfigException) else f"{type(err).__name__} while reading it"
         raise InputError(
@@ -94,7 +99,7 @@ def kubeconfig_config(path: str | None = None) -> ApiConfig:
         cert_file=configuration.cert_file,
         key_file=configuration.key_file,
         verify=bool(configuration.verify_ssl),
-        namespace=(context or {}).get("context", {}).get("namespace"),
+        namespace=(active or {}).get("context", {}).get("namespace"),
         source=f"kubeconfig {where}",
     )
 
@@ -129,11 +134,12 @@ def kubeconfig_problem(file: Path) -> str | None:
     return None
 
 
-def load_config(kubeconfig: str | None = None) -> ApiConfig:
-    """In-cluster when the service account is mounted (and no kubeconfig is named), else kubeconfig."""
-    if not kubeconfig:
+def load_config(kubeconfig: str | None = None, context: str | None = None) -> ApiConfig:
+    """In-cluster when the service account is mounted (and no kubeconfig or context is named), else kubeconfig
+    (``context``: one of its contexts, as kubectl's --context)."""
+    if not kubeconfig and not context:
         found = in_cluster_config()
         if found is not None:
             return found
-    return kubeconfig_config(kubeconfig)
+    return kubeconfig_config(kubeconfig, context)
 

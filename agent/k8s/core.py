@@ -45,8 +45,9 @@ class Request:
     query: tuple[tuple[str, str], ...] = ()
     accept: str = "application/json"
     body: bytes | None = None
-    verb: str = "get"  # for messages and the traffic counters: get, list, watch, create, update
+    verb: str = "get"  # for messages and the traffic counters: get, list, watch, create, update, patch
     what: str = ""  # what the messages call the object: "pod 'x'", "pods"
+    content_type: str = "application/json"  # the body's (a merge patch names its own)
 
     @property
     def namespace(self) -> str:
@@ -155,6 +156,16 @@ def write(method: str, path: str, body: dict[str, Any]) -> Request:
     name = body.get("metadata", {}).get("name", "?") if isinstance(body.get("metadata"), dict) else "?"
     return Request(method, path, body=json.dumps(body).encode(), verb="create" if method == "POST" else "update",
                    what=f"{parts[-1] if method == 'POST' else parts[-2]} '{name}'")
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def patch(path: str, body: dict[str, Any]) -> Request:
+    """A JSON merge patch (RFC 7386) to an object: the fields sent replace the object's, the rest stay."""
+    parts = path.strip("/").split("/")
+    return Request("PATCH", path, body=json.dumps(body).encode(), verb="patch", what=f"{parts[-2]} '{parts[-1]}'",
+                   content_type=MERGE_PATCH)
 
 
 # --- reading -------------------------------------------------------------------------------------------------

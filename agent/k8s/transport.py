@@ -43,7 +43,7 @@ def headers(config: ApiConfig, user_agent: str, request: Request) -> dict[str, s
     if token:
         out["Authorization"] = f"Bearer {token}"
     if request.body is not None:
-        out["Content-Type"] = "application/json"
+        out["Content-Type"] = request.content_type
     return out
 
 

@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.core import Memo, Options, Rendered, render_plan, render_pod
 from agent.core.controllers import Controller, detect_controller
+from agent.core.events import Occurrence, Ref, outcome_note, waiting_note
 from agent.core.gang import (
     Expectation,
     GangStatus,
@@ -43,7 +45,7 @@ from agent.core.summary import own_view, why_full_view
 from agent.core.topology import Planner
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
-from agent.errors import ApiError, ApiNotFound, GangTimeout, InputError
+from agent.errors import AgentError, ApiError, ApiNotFound, GangTimeout, InputError
 from agent.k8s.blocking import Blocking
 from agent.k8s.client import Client
 from agent.k8s.core import PAGE, WatchEvent, pods_path
@@ -51,6 +53,7 @@ from agent.k8s.reflector import AsyncOps, Reflector, Store, aclose, reflect
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import DeadlineExceeded, retried
 from agent.k8s.transport import IDLE
+from agent.runtime.events import Sink, ThreadRecorder
 from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
@@ -152,10 +155,17 @@ class _Gang:
     """The gang wait's watcher of the pods: a ``GangTracker`` (complete yet?) and the ``Planner`` that lays the
     job out as the pods arrive, so the plan is one change away when the gang is complete."""
 
-    def __init__(self, view: PodView, settings: InitSettings, expected: Expectation, memo: Memo) -> None:
+    def __init__(self, view: PodView, settings: InitSettings, expected: Expectation, memo: Memo,
+                 lock: threading.Lock) -> None:
         self.view, self.settings, self.expected, self.memo = view, settings, expected, memo
         self.tracker: GangTracker | None = None
         self.planner = Planner(settings.options, settings.pod_name, checked=True, memo=memo)  # the intake checked
+        # What the pod's Events say of the wait, read in the events thread: the tracker and the pods the intake
+        # refused (name -> the roster's line, and the LIST it came in), changed under ``lock``.
+        self.lock = lock
+        self.refused: dict[str, tuple[str, int]] = {}
+        self.lists = 0
+        self.just_refused = ""
 
     def ready(self) -> bool:
         return self.tracker is not None and self.tracker.ready()
@@ -165,29 +175,66 @@ class _Gang:
 
     def reset(self, pods: Mapping[str, RawPod]) -> None:
         s = self.settings
-        self.tracker = GangTracker(pods[s.pod_name], s.pod_name, s.options, self.expected, memo=self.memo,
-                                   checked=True)  # every pod held passed the intake
+        tracker = GangTracker(pods[s.pod_name], s.pod_name, s.options, self.expected, memo=self.memo,
+                              checked=True)  # every pod held passed the intake
         for pod in pods.values():
-            self.tracker.put(pod)
+            tracker.put(pod)
+        with self.lock:
+            self.tracker = tracker
+            self.refused = {name: why for name, why in self.refused.items() if why[1] == self.lists}  # this LIST's
+            self.lists += 1
         self.planner.follow(self.view.pods)
-        log.info("waiting for the gang: %s", self.tracker.status().describe())
+        log.info("waiting for the gang: %s", tracker.status().describe())
 
     def changed(self, name: str, pod: RawPod | None) -> None:
         assert self.tracker is not None
-        if pod is None:
-            self.tracker.remove(name)
-        else:
-            self.tracker.put(pod)
+        with self.lock:
+            if pod is None:
+                self.tracker.remove(name)
+                if name != self.just_refused:  # deleted, not refused: no longer a reason to wait
+                    self.refused.pop(name, None)
+            else:
+                self.tracker.put(pod)
+                self.refused.pop(name, None)
+            self.just_refused = ""
         self.planner.follow(self.view.pods, (name,))
+
+    def refuse(self, pod: Any, why: str) -> None:
+        """The intake left ``pod`` out (the view's ``refused``): the Events name it until it is let in or gone."""
+        name = str(pod.get("metadata", {}).get("name", "?"))
+        with self.lock:
+            self.refused[name] = (why, self.lists)
+            if len(self.refused) > 64:  # a note names 3: the rest need not be kept
+                self.refused.pop(next(iter(self.refused)))
+            self.just_refused = name
+
+    def waiting(self) -> Occurrence | None:
+        """Why the gang is not complete, for the pod's Events (called under ``lock``, in the events thread)."""
+        tracker = self.tracker
+        if tracker is None:
+            return None
+        try:
+            status = tracker.status()
+        except InputError:
+            return None  # init ends with this error: its last Event says it
+        if status.ready:
+            return None
+        unscheduled, no_ip = tracker.unplaced()
+        return Occurrence("WaitingForGang", waiting_note(status, source=self.expected.source, unscheduled=unscheduled,
+                                                         no_ip=no_ip, refused={n: w for n, (w, _) in
+                                                                               self.refused.items()}))
 
 
 class Init:
     """One init: its settings (the job's objects may fill options), its deadline, its client."""
 
     def __init__(self, api: AsyncApi, settings: InitSettings, *, clock: Callable[[], float],
-                 sleep: Callable[[float], None], resolver: Resolver, ssh: object | None) -> None:
+                 sleep: Callable[[float], None], resolver: Resolver, ssh: object | None,
+                 events: Sink | None = None) -> None:
         self.api, self.settings, self.clock, self.sleep = api, settings, clock, sleep
         self.resolver, self.ssh = resolver, ssh
+        self.sink = events  # where the pod's Events go (their own client: runtime/events.py)
+        self.recorder: ThreadRecorder | None = None
         self.started = clock()
         self.deadline = self.started + settings.timeout
         self.memo = Memo(settings.options)  # each pod's facts are computed once per resourceVersion
@@ -269,14 +316,17 @@ class Init:
         view = PodView(s.pod_name, s.options, roster=self.roster, whole_own=True)
         view.me = me
         view.stage = publisher.stage if publisher is not None else None  # the leader's rows, as the pods arrive
-        gang = _Gang(view, s, expected, self.memo)
+        gang = _Gang(view, s, expected, self.memo, self.recorder.lock if self.recorder else threading.Lock())
         view.watchers.append(gang)
+        view.refused = gang.refuse
+        self.stand(gang.waiting)
         collection = pods_path(s.namespace)
         ops = self.ops(lambda: self.api.list_objects(collection, label_selector=source.selector, limit=PAGE,
                                                      keep=view.intake),
                        lambda rv, timeout, idle: self._paced(gang, self.api.watch_objects(
                            collection, rv, timeout=timeout, label_selector=source.selector, idle=idle)))
         reflector = await self.reflect(f"pods of {source.selector}", ops, view, gang.ready)
+        self.stand(None)
         if gang.tracker is None:
             raise GangTimeout(f"timed out after {self.elapsed():.1f} s (--timeout {s.timeout:g}): the API server "
                               f"kept failing ({reflector.last_error}); check the API server and the pod's network")
@@ -377,10 +427,14 @@ class Init:
         view, gate = PublicationView(name), _Vouched(self.api, check, name)
         gate.superseded_then = view.clear
         log.info("waiting for the leader to publish configmap %s", name)
+        self.stand(self._publication_wait(name))
         reflector = await self.reflect(f"configmap {name}", self._vouched_ops(gate, label=select_value(name)), view,
                                        lambda: gate.refused is not None or view.has(s.pod_name))
+        self.stand(None)
         if gate.refused is not None:
             log.warning("the published topology is not used (%s); reading the pods instead", gate.refused)
+            self.tell(Occurrence("PublicationRefused", f"the published topology {name} is not used "
+                                                       f"({gate.refused}); reading the pods instead"))
             return None
         if not view.has(s.pod_name):
             raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
@@ -399,9 +453,11 @@ class Init:
         gate = _Vouched(self.api, check, source.configmap)
         journal = view.name
         log.info("waiting for the leader to publish its summary in configmap %s (--view %s)", journal, s.options.view)
+        self.stand(self._publication_wait(journal))
         reflector = await self.reflect(
             f"configmap {journal}", self._vouched_ops(gate, field=f"metadata.name={journal}"), view,
             lambda: gate.refused is not None or view.unsummarized is not None or view.plan is not None)
+        self.stand(None)
         if gate.refused is None and view.unsummarized is None and view.plan is None:
             raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {journal} placing pod "
                               f"'{s.pod_name}'{_last(reflector)}; is the leader pod running its init container? "
@@ -438,11 +494,48 @@ class Init:
 
     # --- the whole -------------------------------------------------------------------------------------------
 
+    # --- the pod's Events ------------------------------------------------------------------------------------
+
+    def start_events(self, me: RawPod) -> None:
+        """Record on this pod from now on (its uid known), if init was given where to."""
+        if self.sink is None:
+            return
+        meta, s = me.get("metadata", {}), self.settings
+        self.recorder = ThreadRecorder(self.sink, Ref(s.pod_name, s.namespace, meta.get("uid") or ""))
+
+    def stand(self, source: Callable[[], Occurrence | None] | None) -> None:
+        if self.recorder is not None:
+            self.recorder.stand(source)
+
+    def tell(self, occurrence: Occurrence) -> None:
+        if self.recorder is not None:
+            self.recorder.record(occurrence)
+
+    def _publication_wait(self, name: str) -> Callable[[], Occurrence]:
+        occurrence = Occurrence("WaitingForPublication", f"waiting for the job's leader (the pod of rank 0) to "
+                                                         f"publish configmap {name} with this pod")
+        return lambda: occurrence
+
+    async def main(self) -> Held:
+        """``run``, its outcome told on the pod's Events (given at most ``EXIT_GRACE`` to be sent)."""
+        try:
+            return await self.run()
+        except AgentError as err:
+            reason = "GangTimeout" if isinstance(err, GangTimeout) else "InitFailed"
+            self.tell(Occurrence(reason, f"gave up: {err}"))
+            raise
+        finally:
+            if self.recorder is not None:
+                self.recorder.close()
+
     async def run(self) -> Held:
         me = await self.own_pod()
+        self.start_events(me)
         expected = await self.expectation(me)
         s = self.settings  # the job's objects may have filled options the user left open (MPI roles, slots)
         source = decide(me, s, expected, self.objects)
+        if self.recorder is not None:
+            self.recorder.recording.correlator.job = source.me.job
         log.info("pod %s: %s, selector %s, expecting %d training pods (%s); topology from %s", s.pod_name,
                  source.controller.title, source.selector, expected.total, expected.source,
                  "the pods" if source.kind == "pods" else
@@ -451,6 +544,10 @@ class Init:
         if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
             rendered = await self.from_pods(me, source, expected)
         self.held.rendered = rendered
+        # Told before the files are written: the Event is on its way while they are, so init's exit hardly waits.
+        how = f"read the published topology {source.configmap}" if source.follows and self.held.pods is None \
+            else f"gang complete: {rendered.plan.topology.nnodes} training pods"
+        self.tell(Occurrence("GangComplete", outcome_note(rendered.plan, how=how), generation=1))
         if s.wait_dns:
             await check_dns(self.api, rendered, s, resolver=self.resolver, clock=self.clock, sleep=self.sleep,
                             deadline=self.deadline)
@@ -537,13 +634,14 @@ async def _check_service(api: AsyncApi, namespace: str, subdomain: str) -> None:
 
 def run_init(api: Client | AsyncApi, settings: InitSettings, *, resolver: Resolver = resolves,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-             ssh: object | None = None) -> Held:
-    """Configure this pod (the module's docstring); what it held, with the files it rendered."""
+             ssh: object | None = None, events: Sink | None = None) -> Held:
+    """Configure this pod (the module's docstring); what it held, with the files it rendered. ``events``: the
+    client the pod's Events are sent with (its own: a slow Event never holds init's calls up), or none."""
     if isinstance(api, Client):
         api.budget.deadline = clock() + settings.timeout  # every request ends by --timeout, connect included
         api = Blocking(api)
-    init = Init(api, settings, clock=clock, sleep=sleep, resolver=resolver, ssh=ssh)
-    return asyncio.run(init.run())
+    init = Init(api, settings, clock=clock, sleep=sleep, resolver=resolver, ssh=ssh, events=events)
+    return asyncio.run(init.main())
 
 
 def with_placement(me: RawPod, published: RawPod) -> RawPod:

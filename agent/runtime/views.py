@@ -30,13 +30,18 @@ from agent.k8s.core import WatchEvent
 log = logging.getLogger("topology_agent.intake")
 
 
-def usable_pods(items: list[Any], roster: Roster | None = None, *, own: str | None = None) -> list[RawPod]:
+Refused = Callable[[Any, str], None]  # told of each pod left out: the object, and why (runtime/events.py)
+
+
+def usable_pods(items: list[Any], roster: Roster | None = None, *, own: str | None = None,
+                refused: Refused | None = None) -> list[RawPod]:
     """The pods among ``items`` that have a pod's shape and, once the job's object is read, are the job's own
     (core/gang.Roster); each refused one is logged in one line and left out, so one broken or hostile object never
     stops the agent, nor stalls the other members. ``own``: this pod's name, never left out here (it is the one
-    asking; init and the sidecar read it themselves)."""
-    usable, refused = split_pods(items)
-    for line in refused:
+    asking; init and the sidecar read it themselves). ``refused`` hears of each pod the roster leaves out (the
+    pod's Events name it)."""
+    usable, broken = split_pods(items)
+    for line in broken:
         log.warning("ignoring a pod the API sent: %s", line)
     if roster is None:
         return usable  # type: ignore[return-value]
@@ -47,6 +52,8 @@ def usable_pods(items: list[Any], roster: Roster | None = None, *, own: str | No
             members.append(pod)
         else:
             log.warning("leaving out a pod that is not the job's: %s", why)
+            if refused is not None:
+                refused(pod, why)
     return members  # type: ignore[return-value]
 
 
@@ -73,6 +80,7 @@ class PodView:
         self.touched: set[str] = set()  # changed since the publisher last drained them
         self.watchers: list[Watcher] = []
         self.stage: Callable[[RawPod], None] | None = None
+        self.refused: Refused | None = None  # told of each pod the intake leaves out (the pod's Events)
         self.compactor = Compactor(options)
 
     @property
@@ -99,7 +107,7 @@ class PodView:
 
     def intake(self, page: list[Any]) -> list[RawPod]:
         """What is kept of each LIST page, before the next page is read: the peak is one page, not the LIST."""
-        return [self.keep(p) for p in usable_pods(page, self.roster, own=self.own)]
+        return [self.keep(p) for p in usable_pods(page, self.roster, own=self.own, refused=self.refused)]
 
     # --- the store ---------------------------------------------------------------------------------------------
 
@@ -115,7 +123,8 @@ class PodView:
         if event.type == "BOOKMARK":
             return
         name = pod_name(event.object)  # type: ignore[arg-type]
-        if event.type == "DELETED" or not usable_pods([event.object], self.roster, own=self.own):
+        if event.type == "DELETED" or not usable_pods([event.object], self.roster, own=self.own,
+                                                      refused=self.refused):
             self.remove(name)  # one bad object is left out: it never stops the job
         else:
             self.put(name, self.keep(event.object))  # type: ignore[arg-type]

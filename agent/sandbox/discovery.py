@@ -25,6 +25,7 @@ class Kind:
     namespaced: bool
     short: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
+    stored_as: GVR | None = None  # another version's store, converted at each request (events.k8s.io's Events)
 
 
 class Resolved(NamedTuple):
@@ -72,8 +73,8 @@ class Catalog:
         found = self.resources.get((group, version, plural))
         if found is None:
             return failure(404, "NotFound", "the server could not find the requested resource")
-        return Resolved(resource_key(group, version, plural), found.kind, f"{group}/{version}" if group else version,
-                        found.namespaced)
+        return Resolved(resource_key(*(found.stored_as or (group, version, plural))), found.kind,
+                        f"{group}/{version}" if group else version, found.namespaced)
 
     def learn(self, resource: str, created: Obj) -> None:
         """A CustomResourceDefinition's kind is served from its creation (no schema checks: stored as sent)."""

@@ -186,36 +186,3 @@ class Memory(SandboxThread):
                 yield item  # type: ignore[misc]
         finally:
             following.cancel()
-
-    # --- what tests wait for -----------------------------------------------------------------------------
-
-    def wait_for(self, resource: str, test: Callable[[Any], bool], *, timeout: float = 30.0) -> Any:
-        """Block until ``test(store)`` holds, looked at after each change of ``resource`` (a store key such as
-        "/v1/configmaps"): a condition awaited on the store's own events, not polled."""
-        future = asyncio.run_coroutine_threadsafe(self._until(resource, test), self.loop)
-        try:
-            return future.result(timeout)
-        finally:
-            future.cancel()
-
-    async def until(self, resource: str, test: Callable[[Any], bool], *, timeout: float = 30.0) -> Any:
-        """``wait_for`` for a caller on an event loop."""
-        future = asyncio.run_coroutine_threadsafe(self._until(resource, test), self.loop)
-        try:
-            async with asyncio.timeout(timeout):
-                return await asyncio.wrap_future(future)
-        finally:
-            future.cancel()
-
-    async def _until(self, resource: str, test: Callable[[Any], bool]) -> Any:
-        from agent.sandbox.store import Watcher
-
-        store = self.sandbox.store
-        watcher = Watcher(resource=resource, namespace=None)
-        store.watchers.add(watcher)
-        try:
-            while not (found := test(store)):
-                await watcher.queue.get()
-            return found
-        finally:
-            store.watchers.discard(watcher)

@@ -13,7 +13,7 @@ from typing import Any
 
 import jsonpatch
 
-from agent.sandbox import admission, protobuf, tables
+from agent.sandbox import admission, events, protobuf, tables
 from agent.sandbox.calls import Answer, Call, failure
 from agent.sandbox.discovery import Catalog, Resolved, resource_key
 from agent.sandbox.listing import Pager, list_answer
@@ -59,20 +59,24 @@ class Objects:
     def _list(self, call: Call, resolved: Resolved, namespace: str | None) -> Answer | Watch:
         """A LIST, or a WATCH when asked (``?watch=true``), of the objects the selectors match."""
         try:
-            matches = matcher(call.query)
+            matches = matcher(call.query, resolved)
         except SelectorError as err:
             return failure(400, "BadRequest", str(err))
+        shown = _shown(resolved)
         if call.query.get("watch") in ("1", "true"):
             return Watch(resolved.resource, namespace, matches, resolved.kind, resolved.api_version, call.path,
                          resource_version=call.query.get("resourceVersion", ""),
                          bookmarks=call.query.get("allowWatchBookmarks") in ("true", "1"),
-                         timeout=float(call.query.get("timeoutSeconds", "0") or 0) or None, agent=call.agent)
+                         timeout=float(call.query.get("timeoutSeconds", "0") or 0) or None, agent=call.agent,
+                         shown=shown)
         limit = int(call.query.get("limit", "0") or 0)
         paged = self.pager.page(self.store, resolved.resource, namespace, matches, limit=limit,
                                 token=call.query.get("continue", ""))
         if isinstance(paged, Answer):
             return paged
-        return list_answer(call.accept, resolved.kind, resolved.api_version, *paged)
+        items, meta = paged
+        return list_answer(call.accept, resolved.kind, resolved.api_version, [shown(o) for o in items] if shown
+                           else items, meta)
 
     async def _create(self, call: Call, resolved: Resolved, namespace: str) -> Answer:
         kind = resolved.kind
@@ -87,6 +91,12 @@ class Objects:
         written(kind, body)
         if namespace:
             body["metadata"]["namespace"] = namespace
+        if _converted(resolved):  # an events.k8s.io Event, validated and stored in v1's form
+            why = events.invalid_create(body)
+            if why is not None:
+                return failure(422, "Invalid", f'Event.events.k8s.io "{body["metadata"].get("name", "")}" is '
+                                               f"invalid: {why}")
+            body = events.to_core(body)
         admitted = await self._admit(call, kind, namespace, body)
         if isinstance(admitted, Answer):
             return admitted
@@ -99,7 +109,7 @@ class Objects:
             name = body["metadata"]["name"]
             return failure(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists',
                            details={"name": name, "kind": kind.lower() + "s"})
-        return Answer(201, created)
+        return Answer(201, _show(resolved, created))
 
     async def _admit(self, call: Call, kind: str, namespace: str, body: Obj) -> Obj | Answer:
         """The mutating admission webhooks, as the API server runs them before it stores a created object."""
@@ -132,11 +142,11 @@ class Objects:
         if call.method == "GET":
             if tables.wants_table(call.accept):
                 return Answer(200, tables.table(kind, [current], str(self.store.rv), partial=partial))
-            return Answer(200, partial(current) if metadata_only(call.accept) else current)
+            return Answer(200, partial(current) if metadata_only(call.accept) else _show(resolved, current))
         if call.method == "DELETE":
             graceful = resource == "/v1/pods" and call.query.get("gracePeriodSeconds") not in (None, "0") \
                 and bool(current.get("metadata", {}).get("finalizers"))
-            return Answer(200, self.store.delete(resource, namespace, name, graceful=graceful))
+            return Answer(200, _show(resolved, self.store.delete(resource, namespace, name, graceful=graceful)))
         if call.method == "PUT":
             return self._replace(call, resolved, current)
         if call.method == "PATCH":
@@ -155,8 +165,13 @@ class Objects:
             merged = copy.deepcopy(current)
             merged["status"] = body.get("status", {})
             body = merged
+        if _converted(resolved):
+            body = events.to_core(body)
+            why = events.invalid_update(body, current)
+            if why is not None:
+                return failure(422, "Invalid", f'Event.events.k8s.io "{name}" is invalid: {why}')
         try:
-            return Answer(200, self.store.replace(resolved.resource, namespace, name, body))
+            return Answer(200, _show(resolved, self.store.replace(resolved.resource, namespace, name, body)))
         except Conflict:
             return failure(409, "Conflict", f'Operation cannot be fulfilled on {kind.lower()}s "{name}": '
                                             "the object has been modified; please apply your changes to the "
@@ -168,7 +183,7 @@ class Objects:
         patch = read_body(call)
         if isinstance(patch, Answer):
             return patch
-        new = copy.deepcopy(current)
+        new = copy.deepcopy(_show(resolved, current))
         if call.content_type == "application/json-patch+json":
             try:
                 if not isinstance(patch, list):
@@ -187,7 +202,12 @@ class Objects:
             new["status"] = current.get("status", {})
         new["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         namespace, name = _address(call, resolved)
-        return Answer(200, self.store.replace(resolved.resource, namespace, name, new))
+        if _converted(resolved):
+            new = events.to_core(new)
+            why = events.invalid_update(new, current)
+            if why is not None:
+                return failure(422, "Invalid", f'Event.events.k8s.io "{name}" is invalid: {why}')
+        return Answer(200, _show(resolved, self.store.replace(resolved.resource, namespace, name, new)))
 
 
 def _address(call: Call, resolved: Resolved) -> tuple[str, str]:
@@ -195,10 +215,28 @@ def _address(call: Call, resolved: Resolved) -> tuple[str, str]:
     return call.route.get("namespace", "") if resolved.namespaced else "", call.route["name"]
 
 
-def matcher(query: Mapping[str, str]) -> Callable[[Obj], bool]:
-    """The query's label and field selectors as one test (SelectorError if either does not parse)."""
+def _converted(resolved: Resolved) -> bool:
+    """Whether the kind is served from another version's store: events.k8s.io's Events, kept in v1's form."""
+    return resolved.resource == events.CORE and resolved.api_version != "v1"
+
+
+def _shown(resolved: Resolved) -> Callable[[Obj], Obj] | None:
+    """How a stored object is shown in the request's version (None: as stored)."""
+    return events.to_events if _converted(resolved) else None
+
+
+def _show(resolved: Resolved, obj: Obj) -> Obj:
+    return events.to_events(obj) if _converted(resolved) else obj
+
+
+def matcher(query: Mapping[str, str], resolved: Resolved | None = None) -> Callable[[Obj], bool]:
+    """The query's label and field selectors as one test (SelectorError if either does not parse); Events are
+    selected by the fields the API server offers for them, in the request's version's names."""
     labels = parse_label_selector(query.get("labelSelector"))
-    fields = parse_field_selector(query.get("fieldSelector"))
+    if resolved is not None and resolved.resource == events.CORE:
+        fields = events.matcher(query.get("fieldSelector"), group=resolved.api_version.rpartition("/")[0])
+    else:
+        fields = parse_field_selector(query.get("fieldSelector"))
     return lambda obj: labels(obj) and fields(obj)
 
 

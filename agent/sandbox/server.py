@@ -53,6 +53,7 @@ BUILT_IN: dict[tuple[str, str, str], Kind] = {
     ("", "v1", "nodes"): Kind("Node", False, ("no",)),
     ("", "v1", "serviceaccounts"): Kind("ServiceAccount", True, ("sa",)),
     ("", "v1", "events"): Kind("Event", True, ("ev",)),
+    ("events.k8s.io", "v1", "events"): Kind("Event", True, ("ev",), stored_as=("", "v1", "events")),  # events.py
     ("apps", "v1", "deployments"): Kind("Deployment", True, ("deploy",), ("all",)),
     ("batch", "v1", "jobs"): Kind("Job", True, (), ("all",)),
     ("coordination.k8s.io", "v1", "leases"): Kind("Lease", True),

@@ -11,36 +11,10 @@ import datetime
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agent.core.status import human_duration
+
 Obj = dict[str, Any]
 Column = tuple[str, str, int, Callable[[Obj], Any]]  # name, type, priority, cell
-
-
-def human_duration(seconds: float) -> str:
-    s = int(seconds)
-    if s < -1:
-        return "<invalid>"
-    if s < 0:
-        return "0s"
-    if s < 120:
-        return f"{s}s"
-    minutes = s // 60
-    if minutes < 10:
-        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = s // 3600
-    if hours < 8:
-        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    if hours < 24 * 365 * 8:
-        days = (hours // 24) % 365
-        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
-    return f"{hours // 24 // 365}y"
 
 
 def _age(obj: Obj, now: datetime.datetime | None = None) -> str:
@@ -52,6 +26,30 @@ def _age(obj: Obj, now: datetime.datetime | None = None) -> str:
     except ValueError:
         return "<unknown>"
     return human_duration(((now or datetime.datetime.now(datetime.UTC)) - when).total_seconds())
+
+
+def _since(stamp: Any, now: datetime.datetime | None = None) -> str:
+    """The age of an RFC 3339 time, with or without microseconds (an Event's eventTime is a MicroTime)."""
+    if not isinstance(stamp, str) or not stamp:
+        return "<unknown>"
+    try:
+        when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return "<unknown>"
+    return human_duration(((now or datetime.datetime.now(datetime.UTC)) - when).total_seconds())
+
+
+def _event_seen(event: Obj) -> str:
+    """When an Event was last seen: its series' last observation, else its lastTimestamp, else its eventTime."""
+    series = event.get("series") or {}
+    stamp = series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("deprecatedLastTimestamp") \
+        or event.get("eventTime")
+    return _since(stamp)
+
+
+def _event_object(event: Obj) -> str:
+    ref = event.get("involvedObject") or event.get("regarding") or {}
+    return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
 
 
 def _none(value: Any) -> str:
@@ -114,6 +112,9 @@ COLUMNS: dict[str, list[Column]] = {
                 ("Port(s)", "string", 0, lambda s: ",".join(
                     f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in (s.get("spec") or {}).get("ports") or [])
                  or "<none>"), AGE],
+    "Event": [("Last Seen", "string", 0, _event_seen), ("Type", "string", 0, lambda e: e.get("type") or ""),
+              ("Reason", "string", 0, lambda e: e.get("reason") or ""), ("Object", "string", 0, _event_object),
+              ("Message", "string", 0, lambda e: (e.get("message") or e.get("note") or "").strip())],
     "Lease": [NAME, ("Holder", "string", 0, lambda lease: (lease.get("spec") or {}).get("holderIdentity") or ""),
               AGE],
 }

@@ -45,6 +45,7 @@ class Watch:
     bookmarks: bool = False
     timeout: float | None = None
     agent: str = "?"
+    shown: Callable[[Obj], Obj] | None = None  # how a stored object is shown in the watch's version
 
 
 class Watches:
@@ -112,7 +113,7 @@ class Watches:
             return
         watcher = Watcher(resource=watch.resource, namespace=watch.namespace)
         self.store.watchers.add(watcher)  # before the first line: no event is missed meanwhile
-        stream = _Stream(write, watch.agent, self.knobs, self.store, watcher, watch.matches)
+        stream = _Stream(write, watch.agent, self.knobs, self.store, watcher, watch.matches, watch.shown)
         try:
             with self.cancellable():
                 if await stream.begin(watch.resource_version):
@@ -135,7 +136,8 @@ class _Stream:
     """One watch's events, as its client is allowed to see them (its namespace, its selectors)."""
 
     def __init__(self, write: Write, agent: str, knobs: Knobs, store: Store, watcher: Watcher,
-                 matches: Callable[[Obj], bool]) -> None:
+                 matches: Callable[[Obj], bool], shown: Callable[[Obj], Obj] | None = None) -> None:
+        self.shown = shown
         self.write = write
         self.agent = agent
         self.knobs = knobs
@@ -144,6 +146,8 @@ class _Stream:
         self.matches = matches
 
     async def send(self, event_type: str, obj: Obj) -> None:
+        if self.shown is not None and event_type in ("ADDED", "MODIFIED", "DELETED"):
+            obj = self.shown(obj)
         line = json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
         self.knobs.stats.count(self.agent, nbytes=len(line))
         await self.write(line)

@@ -84,3 +84,110 @@ def test_trainer_torch_rows_match_trainers_test():
         {"name": "PET_MASTER_ADDR", "value": "trainJob-node-0-0.trainJob"},
         {"name": "PET_MASTER_PORT", "value": "29500"},  # constants.ContainerTrainerPort
     ], TRAINER_TORCH
+
+
+# --- training-operator v1.9's other kinds, Trainer v2's jax and xgboost plugins, Volcano's tensorflow plugin ------
+
+TO_JAX = "kubeflow/training-operator v1.9.4 pkg/controller.v1/jax/envvar_test.go TestSetPodEnv"
+
+
+def test_jaxjob_rows_match_its_envvar_test():
+    # "successful environment variable setup": one worker, container port jaxjob-port 6666, index "0".
+    got = injected_env("jaxjob", "v1.9.0", set(), {"port": 6666, "job": "test-jaxjob", "replicas": 1, "index": 0})
+    assert got == [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "COORDINATOR_PORT", "value": "6666"},
+                   {"name": "COORDINATOR_ADDRESS", "value": "test-jaxjob-worker-0"},
+                   {"name": "NUM_PROCESSES", "value": "1"}, {"name": "PROCESS_ID", "value": "0"}], TO_JAX
+
+
+TO_TF = "kubeflow/training-operator v1.9.4 pkg/controller.v1/tensorflow/pod_test.go \"Test ClusterSpec\""
+NAME = "test-tfjob"  # tftestutil.TestTFJobName
+TF_CASES = [
+    # (workers, ps, evaluators, namespace, CUSTOM_CLUSTER_DOMAIN, the TF_CONFIG of worker 0; "" for none)
+    (1, 0, 0, "ns0", "", ""),
+    (1, 0, 0, "ns1", "tf.training.com", ""),
+    (1, 1, 0, "ns2", "tf.training.org",
+     '{"cluster":{"ps":["' + NAME + '-ps-0.ns2.svc.tf.training.org:2222"],"worker":["' + NAME
+     + '-worker-0.ns2.svc.tf.training.org:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"}'),
+    (1, 1, 1, "ns3", "tf.training.io",
+     '{"cluster":{"evaluator":["' + NAME + '-evaluator-0.ns3.svc.tf.training.io:2222"],"ps":["' + NAME
+     + '-ps-0.ns3.svc.tf.training.io:2222"],"worker":["' + NAME + '-worker-0.ns3.svc.tf.training.io:2222"]},'
+     '"task":{"type":"worker","index":0},"environment":"cloud"}'),
+    (1, 1, 1, "ns3", "",
+     '{"cluster":{"evaluator":["' + NAME + '-evaluator-0.ns3.svc:2222"],"ps":["' + NAME + '-ps-0.ns3.svc:2222"],'
+     '"worker":["' + NAME + '-worker-0.ns3.svc:2222"]},"task":{"type":"worker","index":0},"environment":"cloud"}'),
+]
+
+
+@pytest.mark.parametrize(("workers", "ps", "evaluators", "namespace", "domain", "expected"), TF_CASES,
+                         ids=[f"{c[3]}-{c[4] or 'no domain'}-{c[0]}w{c[1]}ps{c[2]}ev" for c in TF_CASES])
+def test_the_tfjob_fixture_writes_what_tfjobs_test_expects(workers, ps, evaluators, namespace, domain, expected):
+    from agent import examples
+
+    specs = tuple((t, n) for t, n in (("worker", workers), ("ps", ps), ("evaluator", evaluators)) if n)
+    pods = examples.tfjob(NAME, specs, namespace=namespace, domain=domain)
+    env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
+    assert env.get("TF_CONFIG", "") == expected, TO_TF
+
+
+VOLCANO_TF = ("volcano-sh/volcano v1.15.0 pkg/controllers/job/plugins/distributed-framework/tensorflow/"
+              "tensorflow_test.go TestTensorflow")
+VOLCANO_TF_CLUSTER = ('{"cluster":{"ps":["train-123-ps-0.train-123:5000","train-123-ps-1.train-123:5000"],"worker":'
+                      '["train-123-worker-0.train-123:5000","train-123-worker-1.train-123:5000"],"chief":'
+                      '["train-123-chief-0.train-123:5000"]},')
+VOLCANO_TF_CASES = [("ps case", "ps"), ("worker case", "worker"), ("chief case", "chief")]
+
+
+@pytest.mark.parametrize(("case", "task"), VOLCANO_TF_CASES, ids=[c[0] for c in VOLCANO_TF_CASES])
+def test_the_volcano_tensorflow_fixture_writes_what_volcanos_test_expects(case, task):
+    from agent import examples
+
+    pods = examples.volcano_job("train-123", tasks=(("ps", 2), ("worker", 2), ("chief", 1)), plugins=("tensorflow",),
+                                tf_port=5000)
+    pod = next(p for p in pods if p["metadata"]["name"] == f"train-123-{task}-0")
+    assert pod["spec"]["containers"][0]["env"] == [
+        {"name": "TF_CONFIG", "value": VOLCANO_TF_CLUSTER + f'"task":{{"type":"{task}","index":0}}}}'}], \
+        f"{VOLCANO_TF}: {case}"
+
+
+TRAINER_JAX = "kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/jax/jax_test.go TestJAXEnforceMLPolicy"
+TRAINER_JAX_CASES = [("single node JAX training", "test-job", 1), ("multi-node JAX training", "multi-node-job", 4),
+                     ("trainJob numNodes is respected", "trainJob", 3)]
+
+
+@pytest.mark.parametrize(("case", "name", "nodes"), TRAINER_JAX_CASES, ids=[c[0] for c in TRAINER_JAX_CASES])
+def test_trainer_jax_rows_match_trainers_test(case, name, nodes):
+    got = injected_env("trainjob", "v2.3.0", {"mlPolicy jax"}, {"nnodes": nodes, "trainjob": name, "plugins": ("jax",)})
+    assert got == [
+        {"name": "JAX_NUM_PROCESSES", "value": str(nodes)},
+        {"name": "JAX_PROCESS_ID", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": "JAX_COORDINATOR_ADDRESS", "value": f"{name}-node-0-0.{name}:29500"},
+    ], f"{TRAINER_JAX}: {case}"
+
+
+TRAINER_XGB = "kubeflow/trainer v2.3.0 pkg/runtime/framework/plugins/xgboost/xgboost_test.go TestXGBoostEnforceMLPolicy"
+TRAINER_XGB_CASES = [
+    # (case, TrainJob name, numNodes, GPUs per node from the resolved resources, DMLC_NUM_WORKER)
+    ("single node XGBoost training (CPU)", "test-job", 1, 0, 1),
+    ("multi-node XGBoost training (CPU)", "multi-node-job", 4, 0, 4),
+    ("XGBoost training with GPU resources", "gpu-job", 2, 4, 8),
+    ("trainJob numNodes is respected", "trainJob", 3, 0, 3),
+    ("resources not set - defaults to 1 worker per node", "no-res-job", 2, 0, 2),
+    ("resources set in Runtime only", "runtime-res-job", 3, 2, 6),
+    ("resources set in TrainJob only", "trainjob-res", 2, 4, 8),
+    ("resources set in both Runtime and TrainJob", "both-res-job", 2, 3, 6),
+]
+
+
+@pytest.mark.parametrize(("case", "name", "nodes", "gpus", "workers"), TRAINER_XGB_CASES,
+                         ids=[c[0] for c in TRAINER_XGB_CASES])
+def test_trainer_xgboost_rows_match_trainers_test(case, name, nodes, gpus, workers):
+    got = injected_env("trainjob", "v2.3.0", {"mlPolicy xgboost"},
+                       {"trainjob": name, "workers": nodes * max(gpus, 1), "plugins": ("xgboost",)})
+    assert got == [
+        {"name": "DMLC_TRACKER_URI", "value": f"{name}-node-0-0.{name}"},
+        {"name": "DMLC_TRACKER_PORT", "value": "29500"},
+        {"name": "DMLC_TASK_ID", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+        {"name": "DMLC_NUM_WORKER", "value": str(workers)},
+    ], f"{TRAINER_XGB}: {case}"

@@ -219,3 +219,74 @@ def test_no_module_but_controllers_knows_a_controller():
              for path in root.rglob("*.py") if path.parent != root / "core" / "controllers"
              for n, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
     assert found == []
+
+
+# --- training-operator's other kinds: told apart from PyTorchJob --------------------------------------------------
+
+OPERATOR_KINDS = [("tfjob", examples.tfjob), ("xgboostjob", examples.xgboostjob), ("paddlejob", examples.paddlejob),
+                  ("jaxjob", examples.jaxjob)]
+
+
+@pytest.mark.parametrize(("key", "build"), OPERATOR_KINDS, ids=[k for k, _ in OPERATOR_KINDS])
+def test_a_kinds_pods_are_its_own_not_a_pytorchjobs(key, build):
+    """They carry PyTorchJob's label keys (training.kubeflow.org/job-name, replica-type, replica-index); the
+    operator-name label, else the owner's kind, says whose they are."""
+    from agent.core import Options
+    from agent.core.controllers import CONTROLLERS, detect_controller
+
+    pods = build()
+    assert all(detect_controller(p, Options()).key == key for p in pods)
+    assert not any(CONTROLLERS["pytorchjob"].claims(p) for p in pods)
+    for pod in pods:  # a pod that lost its operator-name label: its owner's kind
+        del pod["metadata"]["labels"]["training.kubeflow.org/operator-name"]
+    assert all(detect_controller(p, Options()).key == key for p in pods)
+    for pod in pods:  # and one that says neither is taken for a PyTorchJob's, as before
+        del pod["metadata"]["ownerReferences"]
+    assert all(detect_controller(p, Options()).key == "pytorchjob" for p in pods)
+
+
+def test_a_pytorchjob_and_a_tfjob_of_one_name_are_two_jobs():
+    tf = examples.tfjob("same", (("chief", 1), ("ps", 1)))
+    pt = examples.pytorchjob("same", workers=0, ip_base=10)  # same-master-0: the job-name label "same" too
+    rendered = render(tf + pt, "same-chief-0")
+    assert rendered.plan.controller.key == "tfjob"
+    assert [m.name for m in rendered.plan.topology.members] == ["same-chief-0", "same-ps-0"]
+    other = render(tf + pt, "same-master-0")
+    assert other.plan.controller.key == "pytorchjob"
+    assert [m.name for m in other.plan.topology.members] == ["same-master-0"]
+
+
+TFJOB = examples.tfjob()  # chief 1, worker 2, ps 1; 2 CPUs each
+TFJOB_CASES = [
+    ("the chief is rank 0, on TFJob's service name", "mnist-tf-chief-0",
+     {"MASTER_ADDR": "mnist-tf-chief-0.default.svc", "NODE_RANK": "0", "NNODES": "4"}),
+    ("the parameter server is waited for and ranked last", "mnist-tf-ps-0", {"NODE_RANK": "3", "RANK": "6"}),
+]
+
+
+@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in TFJOB_CASES], ids=[c[0] for c in TFJOB_CASES])
+def test_tfjob(self_name, expected):
+    check(TFJOB, self_name, expected)
+
+
+def test_tfjob_addresses_are_fully_qualified_under_a_cluster_domain():
+    check(TFJOB, "mnist-tf-worker-1", {"MASTER_ADDR": "mnist-tf-chief-0.default.svc.cluster.local"},
+          {"cluster_domain": "cluster.local"})
+
+
+XGBOOSTJOB = examples.xgboostjob()  # master 1, worker 2
+PADDLEJOB_PS = examples.paddlejob(workers=2, masters=1)
+JAXJOB = examples.jaxjob()
+RANK_CASES = [
+    ("xgboostjob: the master is rank 0 (it runs the tracker)", XGBOOSTJOB, "xgb-master-0",
+     {"NODE_RANK": "0", "MASTER_ADDR": "xgb-master-0"}),
+    ("xgboostjob: worker i is node rank i + 1, as XGBoostJob's RANK", XGBOOSTJOB, "xgb-worker-1", {"NODE_RANK": "2"}),
+    ("paddlejob with a Master spec: master 0 hosts Paddle's master", PADDLEJOB_PS, "paddle-worker-0",
+     {"NODE_RANK": "1", "MASTER_ADDR": "paddle-master-0"}),
+    ("jaxjob: worker 0 is the coordinator", JAXJOB, "jax-worker-2", {"NODE_RANK": "2", "MASTER_ADDR": "jax-worker-0"}),
+]
+
+
+@pytest.mark.parametrize(("pods", "self_name", "expected"), [c[1:] for c in RANK_CASES], ids=[c[0] for c in RANK_CASES])
+def test_training_operator_kinds(pods, self_name, expected):
+    check(pods, self_name, expected)

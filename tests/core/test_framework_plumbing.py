@@ -52,7 +52,9 @@ def test_every_framework_a_controller_implies_is_known_and_mpijob_implies_mpi():
     for controller in CONTROLLERS.values():
         assert set(controller.frameworks(())) <= set(FRAMEWORKS), controller.key
     assert CONTROLLERS["mpijob"].frameworks(()) == ("mpi",)
-    assert [c.key for c in CONTROLLERS.values() if c.frameworks(())] == ["mpijob"]
+    implied = {c.key: c.frameworks(()) for c in CONTROLLERS.values() if c.frameworks(())}
+    assert implied == {"tfjob": ("tf",), "xgboostjob": ("xgboost",), "paddlejob": ("paddle",), "jaxjob": ("jax",),
+                       "mpijob": ("mpi",)}
 
 
 def test_init_records_what_the_job_objects_imply():

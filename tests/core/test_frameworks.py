@@ -61,6 +61,12 @@ def selector_pods() -> list[dict[str, Any]]:
 SELECTOR = {"selector": "app=train", "index_label": "idx", "address": "ip"}
 
 
+def _with_env(pods: list[dict[str, Any]], name: str, value: str) -> list[dict[str, Any]]:
+    for pod in pods:
+        pod["spec"]["containers"][0]["env"].insert(0, {"name": name, "value": value})
+    return pods
+
+
 def ipv6(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, pod in enumerate(pods):
         pod["status"]["podIP"] = f"fd00::{i + 1}"
@@ -75,21 +81,29 @@ JAX_CASES = [
      {"JAX_COORDINATOR_ADDRESS": "demo-master-0.demo:55527", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "2",
       "COORDINATOR_ADDRESS": "demo-master-0.demo", "COORDINATOR_PORT": "55527", "NUM_PROCESSES": "4",
       "PROCESS_ID": "2"}),
-    ("two processes per pod: processes counted, the id is the pod's first", lambda: volcano("2"), "demo-worker-1",
-     {}, {"JAX_NUM_PROCESSES": "8", "JAX_PROCESS_ID": "4", "NUM_PROCESSES": "8", "PROCESS_ID": "4"}),
-    ("pytorchjob: rank 0 is the master's Service, 4 processes per pod", lambda: examples.pytorchjob(workers=2),
-     "mnist-worker-1", {}, {"JAX_COORDINATOR_ADDRESS": "mnist-master-0:55527", "JAX_NUM_PROCESSES": "12",
-                            "JAX_PROCESS_ID": "8"}),
+    ("NPROC_PER_NODE 2 set explicitly: processes counted, the id is the pod's first", lambda: volcano("2"),
+     "demo-worker-1", {"nproc_per_node": 2},
+     {"JAX_NUM_PROCESSES": "8", "JAX_PROCESS_ID": "4", "NUM_PROCESSES": "8", "PROCESS_ID": "4"}),
+    ("a CPU limit of 2 is no JAX process count: one process per pod (Trainer v2's and JAXJob's count)",
+     lambda: volcano("2"), "demo-worker-1", {},
+     {"JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "2", "NUM_PROCESSES": "4", "PROCESS_ID": "2"}),
+    ("GPUs are no JAX process count either: one process drives the pod's devices",
+     lambda: examples.pytorchjob(workers=1, gpus=2), "mnist-worker-0", {},
+     {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}),
+    ("pytorchjob: rank 0 is the master's Service; its CPU limit of 4 is not counted",
+     lambda: examples.pytorchjob(workers=2), "mnist-worker-1", {},
+     {"JAX_COORDINATOR_ADDRESS": "mnist-master-0:55527", "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": "2"}),
     ("jobset: the first replicated job holds rank 0", examples.jobset, "trainer-workers-1-0-5q6rr", {},
-     {"JAX_COORDINATOR_ADDRESS": "trainer-driver-0-0.trainer:55527", "JAX_NUM_PROCESSES": "10",
-      "JAX_PROCESS_ID": "6"}),
-    ("indexed job, 3 processes per pod", lambda: examples.indexed_job(completions=3), "sweep-2-dl25p", {},
+     {"JAX_COORDINATOR_ADDRESS": "trainer-driver-0-0.trainer:55527", "JAX_NUM_PROCESSES": "5",
+      "JAX_PROCESS_ID": "3"}),
+    ("indexed job, 3 processes per pod set by the container's NPROC_PER_NODE",
+     lambda: _with_env(examples.indexed_job(completions=3), "NPROC_PER_NODE", "3"), "sweep-2-dl25p", {},
      {"JAX_COORDINATOR_ADDRESS": "sweep-0.sweep:55527", "JAX_NUM_PROCESSES": "9", "JAX_PROCESS_ID": "6"}),
     ("Trainer v2's ids with one process per pod: completion index, numNodes",
      lambda: examples.trainjob(num_nodes=3), "llm-node-0-2-f59jk", {"nproc_per_node": 1},
      {"JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": "2"}),
     ("selector with --address ip: rank 0's IP", selector_pods, "w-2", SELECTOR,
-     {"JAX_COORDINATOR_ADDRESS": "127.1.0.1:55527", "COORDINATOR_ADDRESS": "127.1.0.1", "JAX_PROCESS_ID": "4"}),
+     {"JAX_COORDINATOR_ADDRESS": "127.1.0.1:55527", "COORDINATOR_ADDRESS": "127.1.0.1", "JAX_PROCESS_ID": "2"}),
     ("IPv6: bracketed where a port follows, bare in JAXJob's COORDINATOR_ADDRESS",
      lambda: ipv6(examples.indexed_job(completions=2)), "sweep-1-h9q5m", {"address": "ip"},
      {"JAX_COORDINATOR_ADDRESS": "[fd00::1]:55527", "COORDINATOR_ADDRESS": "fd00::1"}),
@@ -151,9 +165,19 @@ TF_CASES = [
     ("IPv6 addresses in brackets", lambda: ipv6(volcano(tasks=(("master", 1), ("worker", 1)))), "demo-worker-0",
      {"address": "ip"}, {"cluster": {"chief": ["[fd00::1]:2222"], "worker": ["[fd00::2]:2222"]},
                          "task": {"type": "worker", "index": 0}}),
-    ("--tf-port", lambda: volcano(tasks=(("master", 1),)), "demo-master-0", {"ports": (("tf", 3000),)},
-     {"cluster": {"chief": ["demo-master-0.demo:3000"]}, "task": {"type": "chief", "index": 0}}),
+    ("--tf-port", lambda: volcano(tasks=(("master", 1), ("worker", 1))), "demo-master-0", {"ports": (("tf", 3000),)},
+     {"cluster": {"chief": ["demo-master-0.demo:3000"], "worker": ["demo-worker-0.demo:3000"]},
+      "task": {"type": "chief", "index": 0}}),
 ]
+
+
+def test_a_job_of_one_tf_task_gets_no_tf_config_as_under_tfjob_and_volcano():
+    # TFJob (util.go isDistributed) and Volcano's plugin set none for one pod: TF's Estimator takes a TF_CONFIG of
+    # one worker for a distributed job (kubeflow/trainer#1078).
+    rendition = part(rendered_with(volcano(tasks=(("master", 1),)), "demo-master-0", ("tf",)), "tf")
+    assert rendition.withheld is None and "TF_CONFIG" not in written(rendition)
+    assert rendition.files["tf_config.json"] == b"{}\n" and "export" not in rendition.files["tf.env"].decode()
+    assert "kubeflow/trainer#1078" in next(v.source for v in rendition.variables if v.name == "TF_CONFIG")
 
 
 @pytest.mark.parametrize(("pods", "me", "options", "expected"), [c[1:] for c in TF_CASES],
@@ -186,16 +210,20 @@ XGBOOST_CASES = [
      {"DMLC_TRACKER_URI": "demo-master-0.demo", "DMLC_TASK_ID": "2", "DMLC_NUM_WORKER": "4",
       "MASTER_ADDR": "demo-master-0.demo", "WORLD_SIZE": "4", "RANK": "2",
       "WORKER_ADDRS": "demo-worker-0.demo,demo-worker-1.demo,demo-worker-2.demo"}),
-    ("two processes per pod: the worker count and the task ids agree (Trainer v2's do not with GPUs)",
-     lambda: volcano("2"), "demo-worker-1", {},
-     {"DMLC_NUM_WORKER": "8", "DMLC_TASK_ID": "4", "WORLD_SIZE": "4", "RANK": "2"}),
+    ("two GPUs per pod: a worker per GPU; the worker count and the task ids agree (Trainer v2's ids count pods)",
+     lambda: examples.pytorchjob(workers=2, gpus=2), "mnist-worker-1", {},
+     {"DMLC_NUM_WORKER": "6", "DMLC_TASK_ID": "4", "WORLD_SIZE": "3", "RANK": "2"}),
+    ("CPU pods: one worker per pod, whatever the CPU limit (Trainer v2's rule)", lambda: volcano("2"),
+     "demo-worker-1", {}, {"DMLC_NUM_WORKER": "4", "DMLC_TASK_ID": "2", "WORLD_SIZE": "4", "RANK": "2"}),
+    ("NPROC_PER_NODE set explicitly: its processes are workers", lambda: volcano("2"), "demo-worker-1",
+     {"nproc_per_node": 2}, {"DMLC_NUM_WORKER": "8", "DMLC_TASK_ID": "4", "WORLD_SIZE": "4", "RANK": "2"}),
     ("every worker is listed (XGBoostJob lists replicas - 1 names, assuming one master)",
      lambda: examples.pytorchjob(workers=3), "mnist-master-0", {},
      {"WORKER_ADDRS": "mnist-worker-0,mnist-worker-1,mnist-worker-2", "RANK": "0", "DMLC_TASK_ID": "0"}),
     ("a one-pod job writes no worker list (as XGBoostJob)", lambda: volcano(tasks=(("master", 1),)),
      "demo-master-0", {}, {"WORKER_ADDRS": None, "WORKER_PORT": None, "DMLC_NUM_WORKER": "1"}),
     ("selector with --address ip", selector_pods, "w-1", SELECTOR,
-     {"DMLC_TRACKER_URI": "127.1.0.1", "WORKER_ADDRS": "127.1.0.2,127.1.0.3", "DMLC_TASK_ID": "2"}),
+     {"DMLC_TRACKER_URI": "127.1.0.1", "WORKER_ADDRS": "127.1.0.2,127.1.0.3", "DMLC_TASK_ID": "1"}),
     ("IPv6: the tracker URI is a bare host", lambda: ipv6(examples.indexed_job(completions=2)), "sweep-1-h9q5m",
      {"address": "ip"}, {"DMLC_TRACKER_URI": "fd00::1", "WORKER_ADDRS": "fd00::2"}),
 ]
@@ -242,13 +270,16 @@ def test_the_tracker_port_stays_in_its_documented_range_near_the_top():
 PADDLE_CASES = [
     ("volcano worker: rank 0's address; PADDLE_RANK is NODE_RANK (PaddleJob writes none)", volcano,
      "demo-worker-1", {}, {"PADDLE_MASTER": "demo-master-0.demo:36543", "PADDLE_NNODES": "4", "PADDLE_RANK": "2",
-                           "PADDLE_JOB_ID": examples.owner_uid("vcjob", "default", "demo"),
+                           "PADDLE_JOB_ID": "demo",
                            "PADDLE_NPROC_PER_NODE": "1", "POD_IP": "127.1.0.3"}),
     ("rank 0 gets its own IP, where Paddle starts its master (as PaddleJob)", volcano, "demo-master-0", {},
      {"PADDLE_MASTER": "127.1.0.1:36543", "POD_IP": "127.1.0.1", "PADDLE_RANK": "0"}),
-    ("pytorchjob, the launcher starts 4 processes per pod", lambda: examples.pytorchjob(workers=2),
-     "mnist-worker-0", {}, {"PADDLE_MASTER": "mnist-master-0:36543", "PADDLE_NNODES": "3",
-                            "PADDLE_NPROC_PER_NODE": "4", "PADDLE_RANK": "1"}),
+    ("pytorchjob with 4 GPUs per pod: the launcher starts one process per GPU",
+     lambda: examples.pytorchjob(workers=2, gpus=4), "mnist-worker-0", {},
+     {"PADDLE_MASTER": "mnist-master-0:36543", "PADDLE_NNODES": "3", "PADDLE_NPROC_PER_NODE": "4",
+      "PADDLE_RANK": "1"}),
+    ("CPU pods: one process per pod, whatever the CPU limit", lambda: examples.pytorchjob(workers=2),
+     "mnist-worker-0", {}, {"PADDLE_NPROC_PER_NODE": "1", "PADDLE_SERVER_NUM": None, "PADDLE_TRAINER_NUM": None}),
     ("jobset: the job id is the JobSet's name (its pods' owner is a Job)", examples.jobset,
      "trainer-workers-0-0-kwhz6", {}, {"PADDLE_JOB_ID": "trainer", "PADDLE_RANK": "1"}),
     ("IPv6 rank 0: its own IP in brackets", lambda: ipv6(examples.indexed_job(completions=2)), "sweep-0-4vtwl",
@@ -279,10 +310,13 @@ MLX_CASES = [
     ("one entry per pod, IPs in rank order", volcano, "demo-worker-1", {},
      [["127.1.0.1:32323"], ["127.1.0.2:32323"], ["127.1.0.3:32323"], ["127.1.0.4:32323"]],
      {"MLX_RANK": "2", "MLX_WORLD_SIZE": "4", "MLX_HOSTFILE": "/shared/mlx_hostfile.json"}),
-    ("two processes per pod: one entry each, port = base + local rank", lambda: volcano("2", (("master", 1),
-                                                                                              ("worker", 1))),
-     "demo-worker-0", {}, [["127.1.0.1:32323"], ["127.1.0.1:32324"], ["127.1.0.2:32323"], ["127.1.0.2:32324"]],
+    ("two processes per pod (set explicitly): one entry each, port = base + local rank",
+     lambda: volcano("2", (("master", 1), ("worker", 1))), "demo-worker-0", {"nproc_per_node": 2},
+     [["127.1.0.1:32323"], ["127.1.0.1:32324"], ["127.1.0.2:32323"], ["127.1.0.2:32324"]],
      {"MLX_RANK": "2", "MLX_WORLD_SIZE": "4"}),
+    ("CPU pods: one ring rank per pod, whatever the CPU limit", lambda: volcano("2", (("master", 1), ("worker", 1))),
+     "demo-worker-0", {}, [["127.1.0.1:32323"], ["127.1.0.2:32323"]],
+     {"MLX_RANK": "1", "MLX_WORLD_SIZE": "2", "NCCL_HOST_IP": "127.1.0.1", "NCCL_PORT": "12345"}),
     ("IPs even with --address dns (the ring backend requires IPs)", examples.jobset, "trainer-driver-0-0-cht55",
      {"nproc_per_node": 1}, [[f"127.1.0.{i}:32323"] for i in range(1, 6)], {"MLX_RANK": "0"}),
     ("IPv6 in brackets, --mlx-port", lambda: ipv6(examples.indexed_job(completions=2)), "sweep-0-4vtwl",

@@ -20,6 +20,10 @@ JOBS = {
     "jobset": (lambda: examples.jobset(), Expectation(total=5, per_role=None, source="t"), "trainer-driver-0-0-cht55"),
     "lws": (lambda: examples.leaderworkerset(size=4, groups=1),
             Expectation(total=4, per_role={"leader": 1, "worker": 3}, source="t"), "vllm-0-2"),
+    # Trainer's MPI launcher running container 'launcher' is no node when no runtime was read (issue 36)
+    "trainjob-mpi": (lambda: examples.trainjob_mpi(num_nodes=3, launcher_as_node=False),
+                     Expectation(total=3, per_role={"node": 3}, source="t"),
+                     examples.trainjob_mpi(num_nodes=3, launcher_as_node=False)[1]["metadata"]["name"]),
 }
 
 

@@ -28,8 +28,11 @@ def _pod(rjob: str, global_index: int, completion: int, hostname: str, container
     trainer = examples.trainer_container(container, cpu="4")  # 4 CPUs: Trainer's slots never follow the CPUs
     if resources:
         trainer["resources"] = {"limits": dict(resources), "requests": dict(resources)}
-    return examples.make_pod(f"{hostname}-x{completion}", labels=labels, hostname=hostname, subdomain=NAME,
-                             ip=examples.loopback_ip(global_index * 10 + completion), containers=[trainer])
+    pod = examples.make_pod(f"{hostname}-x{completion}", labels=labels, hostname=hostname, subdomain=NAME,
+                            ip=examples.loopback_ip(global_index * 10 + completion), containers=[trainer])
+    if rjob == "launcher":  # Trainer's MPI plugin mounts its hostfile in the launcher (plugins/mpi/mpi.go)
+        pod["spec"]["volumes"].append(examples.trainer_hostfile_volume(NAME))
+    return pod
 
 
 def _objects(pod_sets: list[tuple[str, int]], mpi: dict[str, Any], trainer: dict[str, Any]) -> list[dict[str, Any]]:
@@ -134,3 +137,46 @@ def test_a_plain_jobset_is_not_read_further():
     paths, view = read(pods[0], [jobset], Options())
     assert paths == ["/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/trainer"]
     assert view.controller.key == "jobset" and view.options == Options()
+
+
+OFFLINE = [c for c in CASES if c[4][0] == LAUNCHER_OWN]
+
+
+@pytest.mark.parametrize(("pods", "hostfile"), [(c[4], c[5]) for c in OFFLINE], ids=[c[0] for c in OFFLINE])
+def test_offline_a_launcher_whose_container_is_launcher_is_no_host(pods, hostfile):
+    """render/explain from the pods alone (no runtime read): Trainer names the launcher's container 'node' exactly
+    when runLauncherAsNode is true (pkg/constants/constants.go Launcher), so a launcher running container
+    'launcher' is no node, from its own pod and from every node pod. Slots follow the containers offline (the
+    runtime's numProcPerNode is not read): the hosts are compared."""
+    built = [_pod(*p) for p in pods]
+    wanted = [line.split()[0] for line in hostfile.splitlines()]
+    for pod in built:
+        rendered = render_pod(built, pod["metadata"]["name"], Options())
+        assert rendered.plan.controller.key == "trainjob"
+        assert [line.split()[0] for line in rendered.files["hostfile"].decode().splitlines()] == wanted
+        assert rendered.plan.topology.me.training == (pod is not built[0])
+
+
+def test_offline_a_launcher_running_container_node_stays_a_node():
+    pods = examples.trainjob_mpi(num_nodes=3)
+    launcher = pods[-1]["metadata"]["name"]
+    assert render_pod(pods, launcher, Options()).plan.topology.me.training
+
+
+@pytest.mark.parametrize("as_node", [True, False], ids=["container node", "container launcher"])
+def test_the_sidecars_planner_decides_again_when_the_launcher_arrives_after_the_nodes(as_node):
+    """JobSet creates the launcher once the nodes are Ready (the runtimes' dependsOn): a node's planner that laid
+    the job out without it plans from scratch, and says what build_plan says over the same pods."""
+    from agent.core.topology import Planner, build_plan
+
+    pods = examples.trainjob_mpi(num_nodes=3 if as_node else 2, launcher_as_node=as_node)
+    node = pods[0]["metadata"]["name"]
+    planner = Planner(Options(), node)
+    nodes = {p["metadata"]["name"]: p for p in pods[:-1]}
+    planner.plan(nodes)
+    after = planner.plan({**nodes, pods[-1]["metadata"]["name"]: pods[-1]})
+    scratch = build_plan(pods, node, Options())
+    assert after.topology.training_roles == scratch.topology.training_roles
+    assert [(m.name, m.training, m.node_rank) for m in after.topology.members] == \
+        [(m.name, m.training, m.node_rank) for m in scratch.topology.members]
+    assert ("launcher" in after.topology.training_roles) == as_node

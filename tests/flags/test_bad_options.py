@@ -130,10 +130,17 @@ CASES += [
     ("webhook", "--check-every", ["--check-every", "0.5"], ["--check-every '0.5'"]),
     ("webhook", "--kubeconfig", ["--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),
     ("webhook", "--log-format", ["--log-format", "xml"], ["--log-format 'xml'"]),
+    ("status", "(job)", ["Bad_Job"], ["JOB 'Bad_Job'", "not a valid object name"]),
+    ("status", "--namespace", ["demo", "--namespace", "Team A"], ["--namespace 'Team A'"]),
+    ("status", "--kubeconfig", ["demo", "--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),
+    ("status", "--context", ["demo", "--kubeconfig", "@kubeconfig", "--context", "nope"],
+     ["--context 'nope' is not a context of kubeconfig", "(its contexts: sandbox)"]),
+    ("status", "--controller", ["demo", "--controller", "slurm"], ["--controller 'slurm'", "volcano"]),
+    ("status", "--output", ["demo", "-o", "yaml"], ["--output 'yaml' must be one of: table, json"]),
     ("render", "(usage)", ["--pods"], ["expected one argument", "--help"]),
     ("init", "(usage)", ["--no-such-option"], ["unrecognized arguments", "--help"]),
 ]
-NO_VALUE = {"--help", "--version", "--wait-dns", "--apply", "--health-topology"}  # flags: no bad value
+NO_VALUE = {"--help", "--version", "--wait-dns", "--apply", "--health-topology", "--watch"}  # flags: no bad value
 
 
 def _case_id(case: tuple[str, str, list[str], list[str]]) -> str:
@@ -159,7 +166,11 @@ def _materialise(argv: list[str], tmp_path: Path) -> list[str]:
     pod = tmp_path / "pod.json"
     pod.write_text('{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, '
                    '"spec": {"containers": [{"name": "t", "image": "t"}]}}')
-    named = {"@empty": str(empty), "@pod": str(pod)}
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: sandbox, cluster: {server: "
+                          "'https://127.0.0.1:1'}}]\nusers: [{name: sandbox, user: {token: t}}]\ncontexts: "
+                          "[{name: sandbox, context: {cluster: sandbox, user: sandbox}}]\ncurrent-context: sandbox\n")
+    named = {"@empty": str(empty), "@pod": str(pod), "@kubeconfig": str(kubeconfig)}
     return [str(blocker / "sub") if a == BLOCKER else named.get(a, a) for a in argv]
 
 

@@ -51,3 +51,18 @@ def test_the_hashed_locks_carry_a_hash_for_every_pin():
         entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n\n", 1)[-1])
         unhashed = [e.split()[0] for e in entries if PIN.match(e) and "--hash=sha256:" not in e]
         assert not unhashed, f"{name}: {unhashed}"
+
+
+def test_every_framework_lock_pins_what_its_input_asks_for_with_a_hash_for_every_pin():
+    """consumers/<name>.lock: what the frameworks' end-to-end tests install, each into a venv of its own."""
+    inputs = sorted((ROOT / "consumers").glob("*.in"))
+    assert {p.stem for p in inputs} == {"jax", "xgboost", "tensorflow", "paddle", "mlx", "ray"}
+    for wanted in inputs:
+        lock = wanted.with_suffix(".lock")
+        locked = pins(str(lock.relative_to(ROOT)))
+        asked = dict(re.sub(r"\[.*\]", "", line).lower().split("==")  # mlx[cpu]==0.32.4: mlx at 0.32.4
+                     for line in wanted.read_text().split() if not line.startswith("#"))
+        assert asked and all(locked.get(name) == version for name, version in asked.items()), (wanted.name, asked)
+        entries = re.split(r"\n(?=[A-Za-z0-9])", lock.read_text().split("\n\n", 1)[-1])
+        unhashed = [e.split()[0] for e in entries if PIN.match(e) and "--hash=sha256:" not in e]
+        assert not unhashed, f"{lock.name}: {unhashed}"

@@ -51,6 +51,8 @@ def agent_command_lines():
 def test_there_is_an_example_for_every_controller():
     kinds = {(doc["apiVersion"].split("/")[0], doc["kind"]) for _, doc in ALL}
     for wanted in [("batch.volcano.sh", "Job"), ("kubeflow.org", "PyTorchJob"), ("kubeflow.org", "MPIJob"),
+                   ("kubeflow.org", "TFJob"), ("kubeflow.org", "XGBoostJob"), ("kubeflow.org", "PaddleJob"),
+                   ("kubeflow.org", "JAXJob"),
                    ("jobset.x-k8s.io", "JobSet"),
                    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"), ("batch", "Job")]:
         assert wanted in kinds
@@ -117,7 +119,8 @@ def test_the_examples_pods_give_the_documented_ranks(path):
 
 
 SHIPPED = {"volcano": "volcano-job.yaml", "pytorchjob": "pytorchjob.yaml", "trainjob": "trainjob-pods.json",
-           "mpijob": "mpijob.yaml",
+           "mpijob": "mpijob.yaml", "tfjob": "tfjob.yaml", "xgboostjob": "xgboostjob.yaml",
+           "paddlejob": "paddlejob.yaml", "jaxjob": "jaxjob.yaml",
            "jobset": "jobset.yaml", "lws": "leaderworkerset.yaml", "indexed-job": "indexed-job.yaml"}
 
 
@@ -153,9 +156,12 @@ def test_kubectl_kustomize_builds_the_rbac_base():
     verbs = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert verbs[(("",), ("pods",))] == {"get", "list", "watch"}
     writes = {k: v - {"get", "list", "watch"} for k, v in verbs.items() if v - {"get", "list", "watch"}}
-    # The only writes: the published topology and the Lease that elects its publisher (no delete, no patch).
+    # The only writes: the published topology and the Lease that elects its publisher (no delete, no patch), and
+    # the pods' own Events (created, their series patched: runtime/events.py).
     assert writes == {(("",), ("configmaps",)): {"create", "update"},
-                      (("coordination.k8s.io",), ("leases",)): {"create", "update"}}
+                      (("coordination.k8s.io",), ("leases",)): {"create", "update"},
+                      (("events.k8s.io",), ("events",)): {"create", "patch"}}
+    assert verbs[(("events.k8s.io",), ("events",))] == {"create", "patch"}  # never read: status lists as the user
 
 
 COMPONENTS = [  # optional cluster-scoped reads, each a component of its own

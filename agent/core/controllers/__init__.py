@@ -21,6 +21,7 @@ from typing import Any
 from agent.core.controllers.base import (
     TORCHRUN_MASTER_PORT,
     Controller,
+    FrameworkArgs,
     JobResource,
     Objects,
     OwnerOptions,
@@ -40,7 +41,7 @@ from agent.core.controllers.jobset import (
     TRAINJOB,
     TRAINJOB_PREFIX,
 )
-from agent.core.controllers.kubeflow import MPIJOB, PYTORCHJOB
+from agent.core.controllers.kubeflow import JAXJOB, MPIJOB, PADDLEJOB, PYTORCHJOB, TFJOB, XGBOOSTJOB
 from agent.core.controllers.lws import LWS
 from agent.core.controllers.selector import GENERIC, parse_selector, selector_matches
 from agent.core.controllers.volcano import VOLCANO
@@ -48,14 +49,16 @@ from agent.core.model import Options, RawPod
 from agent.errors import InputError
 
 __all__ = [
-    "ALL_LABELS", "CONTROLLERS", "COORDINATOR", "GENERIC", "INDEXED_JOB", "JOBSET", "JOBSET_GLOBAL_INDEX",
-    "JOBSET_JOB_INDEX", "JOBSET_NAME", "JOBSET_RJOB", "LWS", "MPIJOB", "PYTORCHJOB", "TORCHRUN_MASTER_PORT", "TRAINJOB",
-    "VOLCANO", "Controller", "JobResource", "Objects", "OwnerOptions", "PodTemplate", "detect_controller",
-    "is_read_label", "job_resources", "parse_selector", "qualify", "replicas", "selector_matches", "templates_owner",
+    "ALL_LABELS", "CONTROLLERS", "COORDINATOR", "GENERIC", "INDEXED_JOB", "JAXJOB", "JOBSET", "JOBSET_GLOBAL_INDEX",
+    "JOBSET_JOB_INDEX", "JOBSET_NAME", "JOBSET_RJOB", "LWS", "MPIJOB", "PADDLEJOB", "PYTORCHJOB", "TFJOB",
+    "TORCHRUN_MASTER_PORT", "TRAINJOB", "VOLCANO", "XGBOOSTJOB", "Controller", "FrameworkArgs", "JobResource",
+    "Objects", "OwnerOptions", "PodTemplate", "detect_controller", "is_read_label", "job_resources", "parse_selector",
+    "qualify", "replicas", "selector_matches", "templates_owner",
 ]
 
 CONTROLLERS: dict[str, Controller] = {
-    c.key: c for c in (VOLCANO, PYTORCHJOB, MPIJOB, TRAINJOB, JOBSET, LWS, INDEXED_JOB, GENERIC)
+    c.key: c for c in (VOLCANO, PYTORCHJOB, TFJOB, XGBOOSTJOB, PADDLEJOB, JAXJOB, MPIJOB, TRAINJOB, JOBSET, LWS,
+                       INDEXED_JOB, GENERIC)
 }
 
 # Every pod label (and annotation) key some controller reads: the published rows keep these.

@@ -178,6 +178,17 @@ def named_path(pod: RawPod, resource: JobResource, label: str) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class FrameworkArgs:
+    """What a job object says of a framework it runs, beyond that it runs it (a Volcano job's tensorflow plugin:
+    its flags): which of the job's roles plays which of the framework's roles, and a port with where it was
+    read."""
+
+    roles: tuple[tuple[str, str], ...] = ()
+    port: int | None = None
+    source: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class OwnerOptions:
     """What the job's objects say that its pods do not: options for the ones the user left open, and a line per
     decision for the log."""
@@ -212,6 +223,15 @@ class Controller(abc.ABC):
     def job_of(self, pod: RawPod) -> str | None:
         """The job a pod belongs to, read from labels alone (no role or index needed)."""
         return meta(pod)[1].get(self.marker)
+
+    @property
+    def job_kind(self) -> JobResource | None:
+        """The kind of object a job of this controller is (the first of its resources; None: no object)."""
+        return self.resources[0] if self.resources else None
+
+    def pods_selector(self, job: str) -> str:
+        """The label selector of the pods of the job object named ``job`` (``topology-agent status``)."""
+        return f"{self.marker}={job}"
 
     @abc.abstractmethod
     def identify(self, pod: RawPod, options: Options) -> Identity:
@@ -310,3 +330,29 @@ class Controller(abc.ABC):
         """The container port name (looked up on rank 0's trainer container) and the default port this
         controller gives ``framework``; None: no convention of its own."""
         return None
+
+    def framework_args(self, objects: Objects) -> dict[str, FrameworkArgs]:
+        """What the job's objects say of each framework they imply: role names and ports (empty: nothing)."""
+        return {}
+
+    def framework_roles(self, framework: str) -> Mapping[str, str] | None:
+        """The controller's own naming of ``framework``'s roles, role -> the framework's role (PaddleJob's Master
+        is Paddle's parameter server); None: the framework reads the role names itself."""
+        return None
+
+    def framework_fields(self, framework: str) -> tuple[tuple[str, str], ...]:
+        """Fields the controller writes into ``framework``'s configuration that no fact of the plan decides
+        (TFJob's ``environment`` in TF_CONFIG), so that the agent's file says what the controller's said."""
+        return ()
+
+    # Roles whose pods say themselves whether they train, where neither the user nor the job's objects did
+    # (Trainer's MPI launcher runs container 'node' exactly when it is a node): ``trains_by_pod`` decides.
+    roles_by_pod: ClassVar[frozenset[str]] = frozenset()
+
+    def trains_by_pod(self, pod: RawPod, role: str) -> bool:
+        """Whether a pod of one of ``roles_by_pod`` trains, by what the pod shows."""
+        return True
+
+    def shows_training(self, pod: RawPod) -> bool:
+        """Whether a pod is of one of ``roles_by_pod``, by its labels alone (the planner then plans again)."""
+        return False

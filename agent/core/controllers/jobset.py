@@ -199,9 +199,18 @@ def _runtime_path(trainjob: Mapping[str, Any]) -> str | None:
     return f"/apis/{group}/{version}/{CLUSTER_TRAINING_RUNTIMES.plural}/{ref['name']}"
 
 
-# Trainer v2's replicated job names (pkg/constants/constants.go Node, Launcher, v2.0.0-v2.3.0).
+# Trainer v2's replicated job names (pkg/constants/constants.go Node, Launcher, v2.0.0-v2.3.0), which name the
+# containers too: the launcher's container is "node" exactly when the MPI runtime runs it as a node
+# (constants.go: "When RunLauncherAsNode: true, for the launcher Job the container name is node").
 TRAINER_NODE = "node"
 TRAINER_LAUNCHER = "launcher"
+# What a runtime says it runs: its label trainer.kubeflow.org/framework (manifests/base/runtimes/*.yaml, v2.3.0:
+# torch, deepspeed, mlx, jax, xgboost, torchtune) and its mlPolicy's source (pkg/apis/trainer/v1alpha1/
+# trainingruntime_types.go MLPolicySource: torch, mpi, flux, jax since v2.2.0, xgboost since v2.2.0). The
+# mlx-distributed and deepspeed-distributed runtimes run mpirun (mlPolicy.mpi); mlx-distributed's nodes run MLX.
+RUNTIME_FRAMEWORK = ("metadata", "labels", "trainer.kubeflow.org/framework")  # a runtime's label, not a pod's
+LABEL_FRAMEWORKS = {"jax": "jax", "xgboost": "xgboost", "mlx": "mlx"}
+POLICY_FRAMEWORKS = {"jax": "jax", "xgboost": "xgboost", "mpi": "mpi"}
 
 
 class TrainJob(JobSet):
@@ -216,19 +225,49 @@ class TrainJob(JobSet):
     def claims(self, pod: RawPod) -> bool:
         # Trainer v2 labels its Jobs, not always its pods; pods show it by a trainer.kubeflow.org/ label or by the
         # runtimes' convention: container "node" in replicated job "node", or in "launcher" when the MPI runtime
-        # runs the launcher as a node. Any other pod of a TrainJob's JobSet is known as such once the JobSet is
-        # read (JobSet.owner_options).
+        # runs the launcher as a node, or a launcher with the MPI plugin's hostfile volume. Any other pod of a
+        # TrainJob's JobSet is known as such once the JobSet is read (JobSet.owner_options).
         labels = meta(pod)[1]
         containers = {c.get("name") for c in pod.get("spec", {}).get("containers", [])}
+        rjob = labels.get(JOBSET_RJOB)
         return JOBSET_NAME in labels and (
             any(k.startswith(TRAINJOB_PREFIX) for k in labels)
-            or (labels.get(JOBSET_RJOB) in (TRAINER_NODE, TRAINER_LAUNCHER) and TRAINER_NODE in containers))
+            or (rjob in (TRAINER_NODE, TRAINER_LAUNCHER) and TRAINER_NODE in containers)
+            or (rjob == TRAINER_LAUNCHER and _mounts_trainers_hostfile(pod, labels[JOBSET_NAME])))
+
+    # Offline (no runtime read), the launcher shows itself whether it is a node: by its container's name.
+    roles_by_pod = frozenset({TRAINER_LAUNCHER})
+
+    def trains_by_pod(self, pod: RawPod, role: str) -> bool:
+        return any(c.get("name") == TRAINER_NODE for c in pod.get("spec", {}).get("containers", []))
+
+    def shows_training(self, pod: RawPod) -> bool:
+        return meta(pod)[1].get(JOBSET_RJOB) == TRAINER_LAUNCHER
 
     def job_of(self, pod: RawPod) -> str | None:
         return meta(pod)[1].get(JOBSET_NAME)
 
     def selector(self, pod: RawPod, options: Options) -> str:
         return f"{JOBSET_NAME}={meta(pod)[1][JOBSET_NAME]}"
+
+    def frameworks(self, objects: Objects) -> tuple[str, ...]:
+        """What the TrainJob's runtime runs: its framework label and its mlPolicy (mlx-distributed: mlx and mpi;
+        deepspeed-distributed: mpi; jax-distributed: jax; xgboost-distributed: xgboost). Nothing without it."""
+        runtime = objects[2] if len(objects) > 2 else None
+        label = at(runtime, *RUNTIME_FRAMEWORK)
+        policy = at(runtime, "spec", "mlPolicy")
+        found = [LABEL_FRAMEWORKS[label]] if isinstance(label, str) and label in LABEL_FRAMEWORKS else []
+        if isinstance(policy, Mapping):
+            found += [name for key, name in POLICY_FRAMEWORKS.items() if isinstance(policy.get(key), Mapping)]
+        return tuple(dict.fromkeys(found))
+
+    def framework_port(self, framework: str) -> tuple[str | None, int | None] | None:
+        # The jax and xgboost plugins put the coordinator and the tracker on ContainerTrainerPort 29500 (an
+        # unnamed container port; pkg/runtime/framework/plugins/{jax/jax.go,xgboost/xgboost.go}, v2.2.0-v2.3.0).
+        return (None, TRAINJOB_MASTER_PORT) if framework in ("jax", "xgboost") else None
+
+    def pods_selector(self, job: str) -> str:
+        return f"{JOBSET_NAME}={job}"  # the TrainJob's JobSet has its name
 
     def pod_templates(self, job: Mapping[str, Any]) -> Iterator[PodTemplate]:
         """A runtime's replicated jobs (``spec.template.spec``), unsized; the JobSet a TrainJob made, as JobSet's."""
@@ -274,6 +313,17 @@ class TrainJob(JobSet):
             options = dataclasses.replace(options, nproc_per_node=slots)
             notes.append(f"slots per host from {why}")
         return OwnerOptions(options, tuple(notes))
+
+
+# The MPI plugin's launcher volume: ConfigMap <trainjob>-mpi-hostfile as volume mpi-hostfile (pkg/constants/
+# constants.go MPIHostfileVolumeName, MPIHostfileConfigMapSuffix; plugins/mpi/mpi.go, v2.0.0-v2.3.0).
+MPI_HOSTFILE_VOLUME, MPI_HOSTFILE_SUFFIX = "mpi-hostfile", "-mpi-hostfile"
+
+
+def _mounts_trainers_hostfile(pod: RawPod, jobset: str) -> bool:
+    """A launcher with Trainer's hostfile volume: a TrainJob's, whatever its container is named."""
+    return any(v.get("name") == MPI_HOSTFILE_VOLUME and at(v, "configMap", "name") == jobset + MPI_HOSTFILE_SUFFIX
+               for v in list_at(pod, "spec", "volumes") if isinstance(v, Mapping))
 
 
 def _count(value: object, low: int = 1) -> bool:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import abc
 import functools
 import hashlib
+import itertools
 import json
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from agent.core.containers import UserValue, pick_trainer_container
-from agent.core.model import Member, Options, Topology
+from agent.core.containers import UserValue, nproc_kind, pick_trainer_container
+from agent.core.model import NAME, SLOTS, Member, Options, Topology
 from agent.core.pods import pod_name
 from agent.core.rendering import render_env
 from agent.core.topology import Plan
@@ -120,6 +122,9 @@ def resolve_port(framework: Framework, plan: Plan, options: Options) -> Port | N
     if published is not None and key in published:
         number, source = published[key]
         return Port(number, f"{source} (published by the job's leader)")
+    from_job = options.frameworks.job_port(key)
+    if from_job is not None:
+        return Port(*from_job)
     name, default = plan.controller.framework_port(key) or (None, None)
     if name is not None:
         if plan.rank0_pod is not None:
@@ -135,6 +140,101 @@ def resolve_port(framework: Framework, plan: Plan, options: Options) -> Port | N
     if framework.default_port is not None:
         return Port(framework.default_port, framework.default_port_source)
     return None
+
+
+def role_map(ctx: Context, framework: str) -> Mapping[str, str] | None:
+    """The job's roles as ``framework``'s roles: what the job's objects said (a Volcano plugin's task names), else
+    the controller's own naming (PaddleJob's Master is a parameter server); None: the role names themselves."""
+    found = ctx.options.frameworks.role_map(framework)
+    return found if found is not None else ctx.plan.controller.framework_roles(framework)
+
+
+# How many of a framework's processes a training pod runs (docs/frameworks.md, "Processes per pod"):
+# "plan": NPROC_PER_NODE as torch.env has it; "explicit": one per pod unless NPROC_PER_NODE was set (a
+# setting, a variable in the container, the job's slots); "devices": as "explicit", and one per accelerator
+# the container asks for. Neither of the last two counts the CPU limit (torchrun's rule for CPU pods).
+ProcessRule = Literal["plan", "explicit", "devices"]
+_KEPT: dict[str, frozenset[str]] = {"plan": frozenset({"explicit", "devices", "cpu", "none"}),
+                                    "explicit": frozenset({"explicit"}), "devices": frozenset({"explicit", "devices"})}
+_RULE_SAYS = {"explicit": "one process per pod unless NPROC_PER_NODE is set", "devices": "one process per "
+              "accelerator, else one per pod, unless NPROC_PER_NODE is set"}
+
+
+@dataclass(frozen=True)
+class Processes:
+    """A framework's processes under its rule: this pod's, its first process's global id, the job's total, each
+    with the rule that gave it (explain shows them); ``counts``: every training pod's, in rank order (None: not
+    known to a --view own pod, whose pods then all run ``mine``)."""
+
+    mine: int
+    first: int
+    total: int
+    mine_rule: str
+    first_rule: str
+    total_rule: str
+    counts: tuple[int, ...] | None
+
+
+def processes(ctx: Context, rule: ProcessRule) -> Processes | None:
+    """The processes of every training pod under ``rule`` (computed once per rendering); None when a --view own
+    pod cannot know them (its pods differ in process counts)."""
+    key = f"processes.{rule}"
+    if key in ctx.memo:
+        return ctx.memo[key]  # type: ignore[no-any-return]
+    ctx.memo[key] = found = _processes(ctx, rule)
+    return found
+
+
+def _processes(ctx: Context, rule: ProcessRule) -> Processes | None:
+    topo, me, sources = ctx.topology, ctx.me, ctx.plan.slots_source
+    keep = _KEPT[rule]
+    everyone = rule == "plan" or topo.slot_sizes == {1}  # the plan's counts stand
+    kept_me = everyone or _kind(sources.get(me.name, "")) in keep
+    mine = me.slots if kept_me else 1
+    mine_rule = f"NPROC_PER_NODE: {sources.get(me.name, '')}" if kept_me else \
+        f"1 ({_RULE_SAYS[rule]}; NPROC_PER_NODE {me.slots} is the CPU limit's)"
+    counts: tuple[int, ...] | None
+    if ctx.partial:
+        if len(topo.slot_sizes) != 1:
+            return None
+        counts, total, first = None, topo.nnodes * mine, (me.node_rank or 0) * mine
+        total_rule = f"NNODES {topo.nnodes} x {mine} (--view own: every pod runs as many as this one)"
+        ones = mine == 1
+    else:
+        counts = _counts(topo.training, sources, None if everyone else keep)
+        total, first = sum(counts), sum(counts[:me.node_rank or 0])
+        same = len(set(counts)) == 1
+        total_rule = f"NNODES {topo.nnodes} x {mine}" if same else "sum of every training pod's processes (pods differ)"
+        ones = set(counts) == {1}
+    first_rule = "NODE_RANK" if ones else "the global id of this pod's first process: each process adds its local rank"
+    return Processes(mine, first, total, mine_rule, first_rule, f"processes: {total_rule}", counts)
+
+
+_kind = functools.lru_cache(maxsize=256)(nproc_kind)  # a job's pods share a few rules
+
+
+def _counts(training: Sequence[Member], sources: Mapping[str, str], keep: frozenset[str] | None) -> tuple[int, ...]:
+    """Each training pod's processes: its NPROC_PER_NODE where ``keep`` holds the kind of rule that gave it (None:
+    every pod's), else 1. C-level passes (4096 members per change: a Python loop per framework costs ~1 ms)."""
+    slots = list(map(SLOTS, training))
+    if keep is None:
+        return tuple(slots)
+    kept = map(keep.__contains__, map(_kind, map(sources.__getitem__, map(NAME, training))))
+    return tuple(map(operator.add, itertools.repeat(1), map(operator.mul, map(operator.sub, slots,
+                                                                                itertools.repeat(1)), kept)))
+
+
+def process_notes(ctx: Context, rule: ProcessRule, name: str, more: str = "") -> tuple[str, ...]:
+    """explain's lines on this pod's processes under ``rule``: the rule, and what each process adds to ``name``
+    when the pod runs several."""
+    count = processes(ctx, rule)
+    if count is None:
+        return ()
+    lines = [f"processes in this pod: {count.mine_rule}"]
+    if count.mine > 1:
+        lines.append(f"{count.mine} processes in this pod: {name} is the first's; process i uses {name} + i"
+                     + (f" {more}" if more else ""))
+    return tuple(lines)
 
 
 class Framework(abc.ABC):
@@ -153,6 +253,7 @@ class Framework(abc.ABC):
     # Its files name every member: a --view own plan (rank 0 and this pod) cannot make them.
     needs_every_member: ClassVar[bool] = False
     aliases: ClassVar[tuple[tuple[str, ...], ...]] = ()  # names of one fact: a user value for one is the fact
+    process_rule: ClassVar[ProcessRule] = "plan"  # how many of its processes a pod runs (``processes``)
 
     def refusal(self, ctx: Context) -> str | None:
         """Why this pod gets none of the files (None: it gets them). By default: training pods only."""
@@ -172,6 +273,9 @@ class Framework(abc.ABC):
         if self.has_port and port is None:
             return (f"the job's leader published no {self.key} port and --view own does not read rank 0's "
                     f"container; set --{self.key}-port")
+        if self.process_rule != "plan" and processes(ctx, self.process_rule) is None:
+            return ("the job's training pods run different numbers of processes and --view own holds two of them; "
+                    "use --view full for this pod")
         return None
 
     @abc.abstractmethod

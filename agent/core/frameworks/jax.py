@@ -6,26 +6,19 @@ copied there). ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` it does not read: th
 ``initialize``, as Trainer v2's jax runtime asks. JAXJob's own names (training-operator v1.9
 pkg/controller.v1/jax/envvar.go) are written too, with the same facts, so a script written for JAXJob runs.
 
-One JAX process per pod unless NPROC_PER_NODE > 1: then the count is of processes and the id is the pod's first
-process's (a base: each process adds its local rank), as RANK is.
+One JAX process per pod, driving all the pod's devices, as Trainer v2's jax plugin counts (JAX_NUM_PROCESSES =
+numNodes, pkg/runtime/framework/plugins/jax/jax.go) and JAXJob does (NUM_PROCESSES = replicas): the CPU limit
+that gives torchrun its processes does not count. Where NPROC_PER_NODE is set explicitly (a setting, the
+container's variable, the job's slots) the count is of processes and the id is the pod's first process's (a
+base: each process adds its local rank), as RANK is.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from agent.core.frameworks.base import Context, Framework, Port
+from agent.core.frameworks.base import Context, Framework, Port, process_notes, processes
 from agent.core.variables import Variable, bracketed
-
-
-def process_rules(ctx: Context) -> tuple[str, str]:
-    """The rules behind a process count and a pod's first process id, as torch.env states WORLD_SIZE and RANK."""
-    topo, me = ctx.topology, ctx.me
-    count = f"NNODES {topo.nnodes} x NPROC_PER_NODE {me.slots}" if len(topo.slot_sizes) == 1 \
-        else "sum of every training pod's NPROC_PER_NODE (pods differ)"
-    first = "NODE_RANK" if me.slots == 1 and topo.slot_sizes == {1} else \
-        "the global rank of this pod's first process (= RANK): each process adds its local rank"
-    return f"processes: {count}", first
 
 
 class Jax(Framework):
@@ -35,29 +28,27 @@ class Jax(Framework):
     default_port_source = "jax's own Kubernetes port 55527 (jax/_src/clusters/k8s_cluster.py)"
     aliases: ClassVar[tuple[tuple[str, ...], ...]] = (("JAX_NUM_PROCESSES", "NUM_PROCESSES"),
                                                      ("JAX_PROCESS_ID", "PROCESS_ID"))
+    process_rule = "explicit"
 
     def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
         assert port is not None
-        topo, me = ctx.topology, ctx.me
-        rank0 = topo.training[0]
-        count_rule, id_rule = process_rules(ctx)
+        rank0 = ctx.topology.training[0]
+        count = processes(ctx, self.process_rule)
+        assert count is not None
         where = f"address of node rank 0, pod '{rank0.name}'"
         return [
             Variable("JAX_COORDINATOR_ADDRESS", f"{bracketed(rank0.address)}:{port.number}",
                      f"{where} : {port.source}"),
-            Variable("JAX_NUM_PROCESSES", str(topo.world_size), count_rule),
-            Variable("JAX_PROCESS_ID", str(me.first_rank), id_rule),
+            Variable("JAX_NUM_PROCESSES", str(count.total), count.total_rule),
+            Variable("JAX_PROCESS_ID", str(count.first), count.first_rule),
             Variable("COORDINATOR_ADDRESS", rank0.address, f"JAXJob's name: {where}, without the port"),
             Variable("COORDINATOR_PORT", str(port.number), f"JAXJob's name: {port.source}"),
-            Variable("NUM_PROCESSES", str(topo.world_size), "JAXJob's name: = JAX_NUM_PROCESSES"),
-            Variable("PROCESS_ID", str(me.first_rank), "JAXJob's name: = JAX_PROCESS_ID"),
+            Variable("NUM_PROCESSES", str(count.total), "JAXJob's name: = JAX_NUM_PROCESSES"),
+            Variable("PROCESS_ID", str(count.first), "JAXJob's name: = JAX_PROCESS_ID"),
         ]
 
     def notes(self, ctx: Context) -> tuple[str, ...]:
-        if ctx.me.slots == 1:
-            return ()
-        return (f"{ctx.me.slots} processes in this pod: JAX_PROCESS_ID is the first's; process i uses "
-                "JAX_PROCESS_ID + i (and its own JAX_LOCAL_DEVICE_IDS)",)
+        return process_notes(ctx, self.process_rule, "JAX_PROCESS_ID", "(and its own JAX_LOCAL_DEVICE_IDS)")
 
 
 JAX = Jax()

@@ -2,28 +2,35 @@
 
 Ray follows membership itself (a raylet that reaches the GCS joins), so every pod of the job gets the head's
 address, training or not: the head gets ``RAY_ADDRESS=127.0.0.1:<port>`` as KubeRay's head does, the others
-``<head>:<port>``. The head is the pod of role ``head`` (Volcano's ray plugin, a KubeRay head group), else node
-rank 0.
+``<head>:<port>``. The head is the first pod of role ``head`` (a KubeRay head group), or of the task a Volcano
+job's ray plugin names ``--head`` (default ``head``), else node rank 0.
 """
 
 from __future__ import annotations
 
-from agent.core.frameworks.base import Context, Framework, Port
+from agent.core.frameworks.base import Context, Framework, Port, role_map
 from agent.core.variables import Variable, bracketed
 
 HEAD_ROLE = "head"
+
+
+def head_role(ctx: Context) -> str:
+    """The role whose first pod is the head: the job's naming (a Volcano ray plugin's --head), else 'head'."""
+    named = role_map(ctx, "ray") or {}
+    return next((role for role, kind in named.items() if kind == HEAD_ROLE), HEAD_ROLE)
 
 
 def head_of(ctx: Context) -> tuple[str, bool, str] | None:
     """(the head's address, whether this pod is the head, why it is the head), or None when the view holds no
     head."""
     topo, me = ctx.topology, ctx.me
-    if HEAD_ROLE in topo.roles:
-        why = "the first pod of role 'head'"
+    role = head_role(ctx)
+    if role in topo.roles:
+        why = f"the first pod of role '{role}'"
         if ctx.partial:  # rank 0 and this pod: the head's address from the role's published list
-            _, hosts = topo.role_hosts(HEAD_ROLE)
-            return (hosts[0], me.role == HEAD_ROLE and me.address == hosts[0], why) if hosts else None
-        head = topo.role_members(HEAD_ROLE)[0]
+            _, hosts = topo.role_hosts(role)
+            return (hosts[0], me.role == role and me.address == hosts[0], why) if hosts else None
+        head = topo.role_members(role)[0]
         return head.address, head.name == me.name, f"{why}, pod '{head.name}'"
     if topo.training:
         head = topo.training[0]

@@ -10,13 +10,18 @@ set TF_CONFIG once, at pod creation: kubeflow/trainer#2070). TF reads it once, w
 new membership needs a new process.
 
 Who gets it: the pods whose role is one of those types, training or not (a parameter server does not train
-in torch's sense, but is a TF task). A pod of any other role gets no TF file: TF refuses a task type outside
-its cluster. One TF task per pod (TF runs one server per host and uses its local devices).
+in torch's sense, but is a TF task). A role is a type by its name, or by the job's naming where the job names
+them (a Volcano job's tensorflow plugin: ``--ps``, ``--worker``, ``--chief``, ``--evaluator``). A pod of any
+other role gets no TF file: TF refuses a task type outside its cluster. One TF task per pod (TF runs one server
+per host and uses its local devices). Fields a controller writes beside ``cluster`` and ``task`` (TFJob's
+``environment``) are written as it writes them.
 """
 
 from __future__ import annotations
 
-from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports
+from collections.abc import Mapping
+
+from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports, role_map
 from agent.core.model import ADDRESS
 from agent.core.variables import Variable
 
@@ -25,8 +30,16 @@ ROLE_TYPES = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps
 SINGLE = ("chief", "evaluator")  # TF allows at most one of each
 
 
-def task_type(role: str) -> str | None:
+def task_type(role: str, named: Mapping[str, str] | None = None) -> str | None:
+    """The TF task type of a role: the job's naming when it has one (its roles -> TF's types), else the name."""
+    if named is not None:
+        found = named.get(role)
+        return found if found in TASK_TYPES else None
     return ROLE_TYPES.get(role.lower())
+
+
+def types_of(ctx: Context) -> Mapping[str, str] | None:
+    return role_map(ctx, "tf")
 
 
 class Tf(Framework):
@@ -39,7 +52,7 @@ class Tf(Framework):
     needs_every_member = True
 
     def refusal(self, ctx: Context) -> str | None:
-        if task_type(ctx.me.role) is not None:
+        if task_type(ctx.me.role, types_of(ctx)) is not None:
             return None
         return f"role '{ctx.me.role}' is no TensorFlow task type; {self.env_file} goes to {self.recipients}"
 
@@ -47,11 +60,11 @@ class Tf(Framework):
         """Each type's ``<address>:<port>`` in rank order (computed once per rendering)."""
         found: dict[str, list[str]] | None = ctx.memo.get("tf.cluster")
         if found is None:
-            topo = ctx.topology
+            topo, named = ctx.topology, types_of(ctx)
             found = {}
             for kind in TASK_TYPES:
                 for role in topo.roles:
-                    if task_type(role) == kind:
+                    if task_type(role, named) == kind:
                         found.setdefault(kind, []).extend(host_ports(map(ADDRESS, topo.role_members(role)),
                                                                      port.number))
             ctx.memo["tf.cluster"] = found
@@ -69,10 +82,10 @@ class Tf(Framework):
         return None
 
     def config(self, ctx: Context, port: Port) -> dict[str, object]:
-        me, topo = ctx.me, ctx.topology
-        kind = task_type(me.role)
+        me, topo, named = ctx.me, ctx.topology, types_of(ctx)
+        kind = task_type(me.role, named)
         assert kind is not None
-        roles = [r for r in topo.roles if task_type(r) == kind]
+        roles = [r for r in topo.roles if task_type(r, named) == kind]
         before = 0
         for role in roles:  # 'chief' and 'master' are one type: the first role's pods come first
             members = topo.role_members(role)
@@ -80,21 +93,32 @@ class Tf(Framework):
                 before += next(i for i, m in enumerate(members) if m.name == me.name)
                 break
             before += len(members)
-        return {"cluster": self.cluster(ctx, port), "task": {"type": kind, "index": before}}
+        return {"cluster": self.cluster(ctx, port), "task": {"type": kind, "index": before},
+                **dict(ctx.plan.controller.framework_fields(self.key))}
+
+    def alone(self, ctx: Context, port: Port) -> bool:
+        """The job is one TF task: TFJob (util.go isDistributed) and Volcano's plugin (OnPodCreate) set no TF_CONFIG
+        then, since TF's Estimator takes a TF_CONFIG of one worker for a distributed job (kubeflow/trainer#1078)."""
+        return sum(map(len, self.cluster(ctx, port).values())) == 1
 
     def text(self, ctx: Context, port: Port) -> bytes:
         found: bytes | None = ctx.memo.get("tf.config")
         if found is None:
-            found = ctx.memo["tf.config"] = compact_json(self.config(ctx, port))
+            found = ctx.memo["tf.config"] = b"{}\n" if self.alone(ctx, port) else compact_json(self.config(ctx, port))
         return found
 
     def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
         assert port is not None
-        kind = task_type(ctx.me.role)
+        named = types_of(ctx)
+        kind = task_type(ctx.me.role, named)
         text = self.text(ctx, port).decode().rstrip("\n")
-        return [Variable("TF_CONFIG", text, f"the live members of roles {', '.join(sorted(ROLE_TYPES))} in rank "
-                         f"order, each <address>:{port.number} ({port.source}); this pod is task '{kind}' "
-                         "(= tf_config.json)")]
+        if self.alone(ctx, port):
+            return [Variable("TF_CONFIG", "", "not written: this pod is the job's one TF task, which TF runs alone "
+                             "without it (as TFJob and Volcano, kubeflow/trainer#1078); tf_config.json is {}",
+                             written=False)]
+        roles = ", ".join(sorted(named or ROLE_TYPES))
+        return [Variable("TF_CONFIG", text, f"the live members of roles {roles} in rank order, each "
+                         f"<address>:{port.number} ({port.source}); this pod is task '{kind}' (= tf_config.json)")]
 
     def extra_files(self, ctx: Context, port: Port | None) -> dict[str, bytes]:
         assert port is not None

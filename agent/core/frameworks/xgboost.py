@@ -2,10 +2,11 @@
 
 xgboost 3 reads no ``DMLC_*`` from the environment: the collective takes them as arguments
 (``CommunicatorContext(**args)``), so ``xgboost.json`` holds exactly those arguments. ``DMLC_NUM_WORKER`` is the
-tracker's ``n_workers`` and counts processes, and ``DMLC_TASK_ID`` is the pod's first process's global rank (a
+tracker's ``n_workers`` and counts processes, and ``DMLC_TASK_ID`` is the pod's first process's global id (a
 base: each process adds its local rank), so the count and the ids always agree (Trainer v2 writes GPUs x pods
-workers but one id per pod, and the group never forms). Start the tracker with ``sortby="task"`` so that the
-rank is the task id.
+workers but one id per pod, and the group never forms). A pod runs one worker per GPU, else one (Trainer v2's
+rule, pkg/runtime/framework/plugins/xgboost/xgboost.go), unless NPROC_PER_NODE is set explicitly: the CPU limit
+does not count. Start the tracker with ``sortby="task"`` so that the rank is the task id.
 
 XGBoost re-forms its group in the same process between rounds, with a new tracker on a new port. The port is
 derived from the membership so that every pod computes the same one without talking to the others (their
@@ -23,8 +24,7 @@ from __future__ import annotations
 
 import hashlib
 
-from agent.core.frameworks.base import Context, Framework, Port, compact_json, resolve_port
-from agent.core.frameworks.jax import process_rules
+from agent.core.frameworks.base import Context, Framework, Port, compact_json, process_notes, processes, resolve_port
 from agent.core.model import ADDRESS, Member, Options
 from agent.core.topology import Plan
 from agent.core.variables import Variable
@@ -45,6 +45,7 @@ class XGBoost(Framework):
     default_port = 9999
     port_meaning = f"the base of the tracker's port (+ a hash of the members, mod {TRACKER_PORTS})"
     default_port_source = "XGBoostJob's default 9999 (xgboost's tracker has no fixed port)"
+    process_rule = "devices"
 
     def port(self, plan: Plan, options: Options) -> Port | None:
         """The tracker's port: the base port chosen as for any framework, moved by the membership's hash. A
@@ -64,13 +65,14 @@ class XGBoost(Framework):
         assert port is not None
         topo, me = ctx.topology, ctx.me
         rank0 = topo.training[0]
-        count_rule, id_rule = process_rules(ctx)
+        count = processes(ctx, self.process_rule)
+        assert count is not None
         where = f"address of node rank 0, pod '{rank0.name}' (the tracker runs there)"
         out = [
             Variable("DMLC_TRACKER_URI", rank0.address, where),
             Variable("DMLC_TRACKER_PORT", str(port.number), port.source),
-            Variable("DMLC_TASK_ID", str(me.first_rank), id_rule),
-            Variable("DMLC_NUM_WORKER", str(topo.world_size), count_rule),
+            Variable("DMLC_TASK_ID", str(count.first), count.first_rule),
+            Variable("DMLC_NUM_WORKER", str(count.total), count.total_rule),
             Variable("MASTER_ADDR", rank0.address, "XGBoostJob's name: = DMLC_TRACKER_URI"),
             Variable("MASTER_PORT", str(port.number), "XGBoostJob's name: = DMLC_TRACKER_PORT"),
             Variable("WORLD_SIZE", str(topo.nnodes), "XGBoostJob's name: training pods (one LightGBM machine each)"),
@@ -88,17 +90,16 @@ class XGBoost(Framework):
 
     def extra_files(self, ctx: Context, port: Port | None) -> dict[str, bytes]:
         assert port is not None
+        count = processes(ctx, self.process_rule)
+        assert count is not None
         return {"xgboost.json": compact_json({"dmlc_tracker_uri": ctx.topology.training[0].address,
                                               "dmlc_tracker_port": port.number,
-                                              "dmlc_task_id": str(ctx.me.first_rank)})}
+                                              "dmlc_task_id": str(count.first)})}
 
     def notes(self, ctx: Context) -> tuple[str, ...]:
-        lines = ["xgboost.json goes straight into xgboost.collective.CommunicatorContext(**...); rank 0 starts "
-                 "RabitTracker(n_workers=DMLC_NUM_WORKER, port=DMLC_TRACKER_PORT, sortby='task')"]
-        if ctx.me.slots > 1:
-            lines.append(f"{ctx.me.slots} processes in this pod: DMLC_TASK_ID is the first's; process i uses "
-                         "DMLC_TASK_ID + i")
-        return tuple(lines)
+        return ("xgboost.json goes straight into xgboost.collective.CommunicatorContext(**...); rank 0 starts "
+                "RabitTracker(n_workers=DMLC_NUM_WORKER, port=DMLC_TRACKER_PORT, sortby='task')",
+                *process_notes(ctx, self.process_rule, "DMLC_TASK_ID"))
 
 
 XGBOOST = XGBoost()

@@ -27,6 +27,7 @@ from typing import Any
 
 from agent.core import Options
 from agent.core.controllers import detect_controller
+from agent.core.events import Occurrence, Ref
 from agent.core.gang import roster_of
 from agent.core.journal import journal_name
 from agent.core.model import RawPod
@@ -37,6 +38,7 @@ from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import retried
+from agent.runtime.events import AsyncSink, TaskRecorder
 from agent.runtime.jobs import read_job
 from agent.runtime.memory import keep_freed_memory, release_memory
 from agent.runtime.metrics import SidecarMetrics
@@ -89,6 +91,7 @@ class Changes:
         self.may_stand_by = False  # a publication exists: this pod may become a candidate
         self.switching = asyncio.Event()  # the mode changed: the running follower ends, the next one starts
         self.candidate = asyncio.Event()  # this pod contends for the Lease from now on
+        self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
 
     def changed(self) -> None:
         if self.since is None:
@@ -108,6 +111,8 @@ class Changes:
             return
         log.log(logging.WARNING if mode == Mode.PODS else logging.INFO, "%s: following %s from now on", why,
                 "the published journal" if mode == Mode.FOLLOWER else "the pods")
+        if mode == Mode.PODS:
+            self.tell(Occurrence("PublicationRefused", f"{why}: following the pods from now on"))
         self.mode = mode
         if mode == Mode.CANDIDATE:
             self.candidate.set()
@@ -130,8 +135,10 @@ class Changes:
 
 class Sidecar:
     def __init__(self, api: AsyncApi, settings: SidecarSettings, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, events: AsyncSink | None = None) -> None:
         self.api, self.settings, self.clock = api, settings, clock
+        self.sink = events  # where the pod's Events go (their own client: runtime/events.py)
+        self.recorder: TaskRecorder | None = None
         self.metrics = SidecarMetrics()
         self.changes = Changes(self.metrics, clock)
         self.view = PodView(settings.pod_name, settings.options)
@@ -197,6 +204,7 @@ class Sidecar:
         controller = detect_controller(me, s.options)
         self.selector = controller.selector(me, s.options)
         self.view.me = me
+        self._start_events(me, controller.identify(me, s.options).job)
         owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
         name = controller.identify(me, s.options).job
         job = Job(s.namespace, s.pod_name, me.get("metadata", {}).get("uid") or "", name, configmap_name(name),
@@ -220,6 +228,22 @@ class Sidecar:
         if s.signal is None:
             log.info("rewrites signal nobody (%s)", "--signal none" if s.finder.pid_file or s.finder.match else
                      "no trainer named: --trainer-pid-file or --trainer-match names the process to signal")
+
+    def _start_events(self, me: RawPod, job: str) -> None:
+        """Record on this pod from now on: each new generation, each pod left out, a publication not used."""
+        if self.sink is None:
+            return
+        s = self.settings
+        recorder = self.recorder = TaskRecorder(self.sink, Ref(s.pod_name, s.namespace,
+                                                               me.get("metadata", {}).get("uid") or ""), job=job)
+        self.evaluator.tell = self.changes.tell = recorder.record
+
+        def refused(pod: Any, why: str) -> None:
+            meta = pod.get("metadata", {})
+            recorder.record(Occurrence("PodRefused", why, related=Ref(str(meta.get("name", "?")), s.namespace,
+                                                                      str(meta.get("uid") or ""))))
+
+        self.view.refused = refused
 
     def _journal_follower(self, job: Job, check: WriterCheck) -> JournalFollower:
         s = self.settings
@@ -372,12 +396,12 @@ class Sidecar:
 
 async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio.Event,
                       health_port: int | None = None, health_host: str = "0.0.0.0", health_label: str = "",
-                      health_topology: bool = False,
+                      health_topology: bool = False, events: AsyncSink | None = None,
                       on_ready: Callable[[Sidecar, int | None], None] | None = None) -> Sidecar:
     from agent.runtime.health import serve_health, start_health
 
     keep_freed_memory()
-    sidecar = Sidecar(api, settings)
+    sidecar = Sidecar(api, settings, events=events)
     sidecar.evaluator.keep_document = health_port is not None and health_topology
     runner = None
     bound: int | None = None
@@ -402,6 +426,8 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
                                          "elect": sidecar.elect_loop()}
     if runner is not None:
         tasks["health"] = serve_health(runner)
+    if sidecar.recorder is not None:
+        tasks["events"] = sidecar.recorder.run()
     if on_ready is not None:
         async def announce() -> None:
             on_ready(sidecar, bound)

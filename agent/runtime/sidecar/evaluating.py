@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
+from agent.core.events import Occurrence, generation_note
 from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
 from agent.core.rendering import membership_key_of_document
@@ -44,6 +45,14 @@ def _own_key(rendered: Rendered) -> tuple[tuple[str, str], ...]:
                     {r.key: r.document() for r in rendered.frameworks})
 
 
+def _shape(env: Any) -> tuple[int, int] | None:
+    """Training pods and world size, as a previous topology.json's variables say them (None: they do not)."""
+    try:
+        return int(env["NNODES"]), int(env["WORLD_SIZE"])
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
 class Evaluator:
     def __init__(self, settings: Any, metrics: SidecarMetrics, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -60,6 +69,8 @@ class Evaluator:
         self.plan: Plan | None = None  # the last valid plan: the leader summarizes it (core/summary.py)
         self.full_view_why = ""  # why the own view does not apply to the pods held (said once per reason)
         self.published = False  # the job publishes its topology: the default view is each pod's own there
+        self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
+        self.shape: tuple[int, int] | None = None  # training pods and world size of the files in place
 
     @property
     def valid(self) -> bool:
@@ -86,6 +97,7 @@ class Evaluator:
                         str(err)[:200])
             return
         self.generation, self.last_key = generation, key
+        self.shape = _shape(document.get("env"))
         self.document = text if self.keep_document else None
         self.metrics.generation.set(self.generation)
         try:
@@ -168,6 +180,10 @@ class Evaluator:
         topo = rendered.plan.topology
         log.info("generation %d written: %d training pods, world size %d (%s files_at=%.6f)", self.generation,
                  topo.nnodes, topo.world_size, note, written)
+        shape = (topo.nnodes, topo.world_size)
+        self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.shape, shape),
+                             generation=self.generation))
+        self.shape = shape
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
         result = signal_trainer(s.finder, s.signal)

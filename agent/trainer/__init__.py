@@ -15,6 +15,11 @@ The signal handler only sets a flag (nothing else is safe inside a handler); the
 ``reload(apply_env=True)`` also copies the new variables into ``os.environ`` so that a fresh
 ``init_process_group(init_method="env://")`` sees them. Importing this module imports nothing heavy.
 
+A command that cannot take a new world in its process (JAX, TensorFlow, Paddle, MLX, LightGBM, mpirun) runs
+under the launcher instead, which starts it again with the new files: ``python -m agent.trainer run -- CMD``
+(``agent.trainer.launcher``). XGBoost forms its group again between rounds in the same process:
+``agent.trainer.xgboost.Group``. docs/frameworks.md, "What a membership change does".
+
 Process groups by where the pods landed (topology.json carries every member's domains), e.g. tensor parallel
 inside an NVLink clique and data parallel (HSDP replicas) across::
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import string
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,7 +109,7 @@ def domain_groups(document: dict[str, Any], level: str) -> list[list[int]]:
     return sorted((sorted(g) for g in by_domain.values()), key=lambda g: g[0])
 
 
-def _read_word(text: str, i: int) -> tuple[str, int]:
+def _read_word(text: str, i: int, expand: Callable[[str], str]) -> tuple[str, int]:
     """One sh word of the forms torch.env uses: '...' (literal, across line breaks) and "${NAME}" pieces."""
     out = []
     while i < len(text) and text[i] not in " \t\n":
@@ -113,7 +119,7 @@ def _read_word(text: str, i: int) -> tuple[str, int]:
             if end < 0:
                 raise ValueError("torch.env: a quote is not closed")
             piece = text[i + 1:end]
-            out.append(piece if quote == "'" else os.path.expandvars(piece))
+            out.append(piece if quote == "'" else expand(piece))
             i = end + 1
         else:
             out.append(quote)
@@ -121,10 +127,15 @@ def _read_word(text: str, i: int) -> tuple[str, int]:
     return "".join(out), i
 
 
-def parse_env_file(text: str) -> dict[str, str]:
-    """The ``export KEY='value'`` and ``unset KEY`` statements of torch.env, as sh reads them: a value may hold
-    any character, line breaks and U+2028 included (``str.splitlines`` would cut it there; sh does not)."""
-    env: dict[str, str] = {}
+def apply_env_file(text: str, env: dict[str, str]) -> dict[str, str]:
+    """Apply the ``export KEY='value'`` and ``unset KEY`` statements of an agent's env file (torch.env, jax.env,
+    ...) to ``env`` in place, as sh would: a value may hold any character, line breaks and U+2028 included
+    (``str.splitlines`` would cut it there; sh does not), a ``"${NAME}"`` piece takes NAME from ``env`` as it
+    stands, and ``unset`` removes a name ``env`` had before. Nothing goes through a shell."""
+
+    def expand(piece: str) -> str:
+        return string.Template(piece).safe_substitute(env)
+
     i, n = 0, len(text)
     while i < n:
         if text[i] in " \t\n":
@@ -132,7 +143,7 @@ def parse_env_file(text: str) -> dict[str, str]:
         elif text.startswith("export ", i) and "=" in text[i:text.find("\n", i) if "\n" in text[i:] else n]:
             eq = text.index("=", i)
             key = text[i + len("export "):eq]
-            env[key], i = _read_word(text, eq + 1)
+            env[key], i = _read_word(text, eq + 1, expand)
         else:  # a comment, or unset KEY...: one physical line
             end = text.find("\n", i)
             end = n if end < 0 else end
@@ -142,6 +153,20 @@ def parse_env_file(text: str) -> dict[str, str]:
                     env.pop(key, None)
             i = end + 1
     return env
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """The variables an env file exports, references expanded from this process's environment."""
+    exported = _Overlay()
+    apply_env_file(text, exported)
+    return dict(exported)
+
+
+class _Overlay(dict[str, str]):
+    """The file's own values, with this process's environment behind them for ``"${NAME}"`` pieces only."""
+
+    def __missing__(self, key: str) -> str:
+        return os.environ[key]
 
 
 def read_world(directory: Path | str) -> World:

@@ -1,0 +1,232 @@
+"""``topology-agent status``, the pure part: a job's pods, its publication and its pods' generation Events -> one
+row per member (role, rank, node rank, node, domain, address, generation seen, readiness) and one line per pod
+left out with the reason; printed as kubectl prints (a table, or a stable JSON document).
+
+Ranks come from the planner init uses (``topology.build_plan``, with the options the pods' own init container
+was given): "who decides RANK" stays in one place, and a row shows what a pod's files say once the pods shown
+are the gang. A pod that cannot be placed now is left out with the reason the agent itself gives: the roster's
+refusal, a pod gone (terminating, finished), no IP yet with ``--address ip``. "Generation seen" is the
+latest generation a pod's agent recorded on its Events (core/events.py ``GENERATION_LABEL``): no request per
+change beyond the Events' own budget, at the price of an age (shown) and of being bounded by that budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core.gang import Roster
+from agent.core.model import Options, RawPod
+from agent.core.pods import pod_ip
+from agent.core.topology import NodeLabels, build_plan
+from agent.errors import InputError
+
+SCHEMA = "topology-agent.io/v1"
+
+
+def human_duration(seconds: float) -> str:
+    """An age as kubectl prints one (apimachinery's pkg/util/duration HumanDuration)."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    if hours < 24 * 365 * 8:
+        days = (hours // 24) % 365
+        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
+    return f"{hours // 24 // 365}y"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The latest generation a pod's agent recorded, and when (epoch seconds)."""
+
+    generation: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    role: str
+    first_rank: int | None  # None: not a training pod
+    slots: int
+    node_rank: int | None
+    node: str
+    domain: tuple[str, ...] | None  # the Node's value per level (None: levels not asked, or not known)
+    address: str
+    seen: Seen | None
+    ready: str  # containers ready, of all, as kubectl shows it
+
+
+@dataclass(frozen=True)
+class Left:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A large job's publication: the ConfigMaps, who publishes, who holds the Lease, who stands by."""
+
+    configmap: str
+    sequence: int
+    publisher: str
+    standbys: tuple[str, ...]
+    holder: str | None  # the Lease's holder (None: no Lease read)
+    renewed: float | None  # epoch seconds of its last renewal
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job: str
+    kind: str  # "Volcano Job 'demo'"
+    namespace: str
+    rows: tuple[Row, ...]
+    left: tuple[Left, ...]
+    expected: int | None  # training pods the job's objects ask for
+    world_size: int
+    levels: tuple[str, ...] | None  # the topology levels' names, when asked
+    publication: Publication | None = None
+    problem: str | None = None  # why the pods make no plan now (the planner's line)
+
+    @property
+    def training(self) -> int:
+        return sum(1 for row in self.rows if row.first_rank is not None)
+
+
+def _ready(pod: RawPod) -> str:
+    raw: Any = pod
+    statuses = (raw.get("status") or {}).get("containerStatuses") or []
+    containers = (raw.get("spec") or {}).get("containers") or []
+    ready = sum(1 for s in statuses if isinstance(s, dict) and s.get("ready"))
+    return f"{ready}/{len(containers)}"
+
+
+def _unplaced(pod: RawPod, options: Options) -> str | None:
+    """Why a pod of the job cannot be placed now (None: it can)."""
+    if options.address != "ip" or pod_ip(pod):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    return f"no IP yet (on node {node})" if node else "not scheduled (no node, no IP yet)"
+
+
+def job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, options: Options,
+               roster: Roster | None, expected: int | None, seen: Mapping[str, Seen],
+               nodes: NodeLabels | None = None, publication: Publication | None = None) -> JobStatus:
+    """The job's status from its pods (``seen``: by pod uid)."""
+    left: list[Left] = []
+    placeable: list[RawPod] = []
+    by_name: dict[str, RawPod] = {}
+    for pod in sorted(pods, key=lambda p: p.get("metadata", {}).get("name", "")):
+        name = pod.get("metadata", {}).get("name", "?")
+        by_name[name] = pod
+        why = roster.refusal(pod) if roster is not None else None
+        why = why or _unplaced(pod, options)
+        if why is None:
+            placeable.append(pod)
+        else:
+            left.append(Left(name, why))
+    levels = tuple(level.name for level in options.levels) if options.levels is not None else None
+    empty = JobStatus(job, kind, namespace, (), tuple(left), expected, 0, levels, publication)
+    if not placeable:
+        return empty
+    try:
+        plan = build_plan(placeable, placeable[0]["metadata"]["name"], options, nodes=nodes)
+    except InputError as err:
+        return JobStatus(job, kind, namespace, (), tuple(left), expected, 0, levels, publication, str(err))
+    topology = plan.topology
+    left += [Left(gone.name, gone.reason) for gone in topology.excluded]
+    rows = []
+    for member in topology.members:
+        pod = by_name[member.name]
+        uid = pod.get("metadata", {}).get("uid") or ""
+        rows.append(Row(member.name, member.role, member.first_rank if member.training else None, member.slots,
+                        member.node_rank, member.node, member.domains, member.address, seen.get(uid), _ready(pod)))
+    return JobStatus(job, kind, namespace, tuple(rows), tuple(sorted(left, key=lambda item: item.name)), expected,
+                     topology.world_size, levels, publication)
+
+
+# --- printing ---------------------------------------------------------------------------------------------------
+
+def _rank(row: Row) -> str:
+    if row.first_rank is None:
+        return "-"
+    return str(row.first_rank) if row.slots == 1 else f"{row.first_rank}-{row.first_rank + row.slots - 1}"
+
+
+def _seen(row: Row, now: float) -> str:
+    return f"{row.seen.generation} ({human_duration(now - row.seen.at)})" if row.seen is not None else "<unknown>"
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned columns three spaces apart, as kubectl's printer."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def table(status: JobStatus, *, now: float) -> str:
+    """The table ``topology-agent status`` prints by default."""
+    expected = f" of {status.expected}" if status.expected is not None else ""
+    lines = [f"{status.kind} in namespace {status.namespace}: {status.training}{expected} training pods placed, "
+             f"world size {status.world_size}"]
+    if status.problem:
+        lines.append(f"no plan: {status.problem}")
+    header = ["NAME", "ROLE", "RANK", "NODE-RANK", "NODE", *(["DOMAIN"] if status.levels else []), "ADDRESS",
+              "GENERATION", "READY"]
+    cells = [header] + [
+        [row.name, row.role, _rank(row), "-" if row.node_rank is None else str(row.node_rank), row.node or "<none>",
+         *(["/".join(row.domain) if row.domain else "<unknown>"] if status.levels else []), row.address,
+         _seen(row, now), row.ready] for row in status.rows]
+    if status.rows:
+        lines += _columns(cells)
+    publication = status.publication
+    if publication is not None:
+        holder = "no Lease" if publication.holder is None else (
+            f"Lease held by {publication.holder or 'nobody'}"
+            + (f", renewed {human_duration(now - publication.renewed)} ago" if publication.renewed else ""))
+        lines += ["", f"PUBLISHED   configmap {publication.configmap}, sequence {publication.sequence}",
+                  f"PUBLISHER   {publication.publisher} ({holder})",
+                  f"STANDBYS    {', '.join(publication.standbys) or '<none>'}"]
+    if status.left:
+        lines += ["", *_columns([["LEFT OUT", "REASON"]] + [[item.name, item.reason] for item in status.left])]
+    return "\n".join(lines) + "\n"
+
+
+def document(status: JobStatus, *, now: float) -> dict[str, Any]:
+    """The stable JSON document of ``status -o json`` (``SCHEMA``: its keys change only with a new version)."""
+    publication = status.publication
+    return {
+        "apiVersion": SCHEMA, "kind": "JobStatus", "job": status.job, "owner": status.kind,
+        "namespace": status.namespace, "expectedTrainingPods": status.expected,
+        "trainingPods": status.training, "worldSize": status.world_size, "levels": list(status.levels or []) or None,
+        "problem": status.problem,
+        "members": [{"name": row.name, "role": row.role, "rank": row.first_rank, "slots": row.slots,
+                     "nodeRank": row.node_rank, "node": row.node or None,
+                     "domain": list(row.domain) if row.domain else None, "address": row.address,
+                     "generation": row.seen.generation if row.seen else None,
+                     "generationAge": round(now - row.seen.at, 3) if row.seen else None, "ready": row.ready}
+                    for row in status.rows],
+        "leftOut": [{"name": item.name, "reason": item.reason} for item in status.left],
+        "publication": None if publication is None else {
+            "configmap": publication.configmap, "sequence": publication.sequence, "publisher": publication.publisher,
+            "standbys": list(publication.standbys), "leaseHolder": publication.holder,
+            "leaseRenewedAge": round(now - publication.renewed, 3) if publication.renewed else None},
+    }

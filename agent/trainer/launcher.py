@@ -1,0 +1,307 @@
+"""``python -m agent.trainer run -- CMD ARGS...``: run a command under the current files, and start it again
+under the new ones when the membership changes.
+
+JAX, TensorFlow, PaddlePaddle, MLX, LightGBM and MPI launchers fix their world when they start (docs/frameworks.md,
+"What a membership change does"); the only way to give them a new one is a new process. The launcher is that
+process's parent in the trainer container: it reads ``torch.env`` and the frameworks' env files the pod got (the
+list is in ``topology.json``), parses their ``export K='v'`` lines as data (no shell), and starts the command in a
+process group of its own with that environment.
+
+A new generation is noticed two ways: SIGUSR1 (the sidecar's signal: it finds the launcher by the pid file the
+launcher writes, ``--trainer-pid-file /shared/trainer.pid``) makes it look at once, and the ``generation`` file is
+read every ``--poll`` seconds in case no signal comes (no trainer named, a signal lost). The command is started
+again only when what it is given changed: its environment, or the bytes of an agent file a variable names (the
+MPI hostfile, MLX's JSON hostfile). Then the process group gets SIGTERM, SIGKILL after ``--grace`` seconds, and
+the command starts again from the new files; checkpoints are the command's business. The pod is not recreated.
+
+SIGTERM and SIGINT are passed to the command's group, and the launcher exits with the command's code when the
+command ends by itself (128 + the signal when a signal ended it). A command that fails after the files moved on
+(a peer left and broke its collective before the signal came) is started again, not reported; one that fails
+while the files stay is started again up to ``--max-restarts`` times per generation, after 1, 2, 4... s, as
+torchrun's ``--max-restarts`` does: a process that joins may reach a coordinator that still runs the old world
+(measured with JAX: ``Unexpected task registered``) until that pod's launcher has started it again.
+
+It imports only the standard library, so it runs in any Python that can import ``agent.trainer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from agent.trainer import apply_env_file
+
+log = logging.getLogger("topology_agent.launcher")
+
+FILE_LIMIT = 64 << 20  # an agent file that names a path: a hostfile of every member is far smaller
+
+
+class LaunchError(Exception):
+    """Bad input or a missing file, said in one line."""
+
+
+@dataclass(frozen=True)
+class Files:
+    """One generation of the files, as the command gets it."""
+
+    generation: int
+    env: dict[str, str]
+    key: str  # what the command is given, hashed: the environment and the agent files it names
+    withheld: tuple[str, ...]  # why a selected framework's values are not there (nothing to run with yet)
+
+
+def _read_generation(out: Path) -> int:
+    try:
+        return int((out / "generation").read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+def _frameworks(document: dict[str, object], wanted: tuple[str, ...] | None, out: Path) -> list[tuple[str, dict]]:
+    found = document.get("frameworks") or {}
+    if not isinstance(found, dict):
+        raise LaunchError(f"{out / 'topology.json'}: 'frameworks' is not an object; is it the agent's file?")
+    if wanted is None:
+        return [(name, spec) for name, spec in found.items() if isinstance(spec, dict)]
+    missing = [name for name in wanted if name not in found and name != "torch"]
+    if missing:
+        got = ", ".join(found) or "none"
+        raise LaunchError(f"--frameworks {','.join(missing)}: this pod got no files for it (its frameworks: {got}); "
+                          "select it for the job (--frameworks on init and the sidecar, or the annotation "
+                          "topology-agent.io/frameworks)")
+    return [(name, found[name]) for name in wanted if name != "torch"]
+
+
+def read_files(out: Path, base: dict[str, str], wanted: tuple[str, ...] | None = None) -> Files:
+    """torch.env, then each framework's env files in topology.json's order, applied to ``base``; with ``wanted``,
+    only those frameworks' files (torch.env if it names ``torch``). Read until the
+    generation is the same before and after, so that one reading is one generation (``generation`` is written
+    last)."""
+    for _ in range(50):
+        before = _read_generation(out)
+        try:
+            document = json.loads((out / "topology.json").read_text())
+            env = dict(base)
+            if wanted is None or "torch" in wanted:
+                apply_env_file((out / "torch.env").read_text(), env)
+            withheld = []
+            for name, spec in _frameworks(document, wanted, out):
+                if spec.get("withheld"):
+                    withheld.append(f"{name}: {spec['withheld']}")
+                for file in spec.get("files", []):
+                    if str(file).endswith(".env"):
+                        apply_env_file((out / file).read_text(), env)
+        except FileNotFoundError as err:
+            raise LaunchError(f"{err.filename}: not there; run the launcher where topology-agent init has written "
+                              f"its files (--out {out})") from None
+        except (OSError, ValueError) as err:
+            raise LaunchError(f"cannot read the agent's files in {out}: {err}") from None
+        if _read_generation(out) == before:
+            return Files(before, env, _key(env, out), tuple(withheld))
+        time.sleep(0.02)
+    raise LaunchError(f"{out}: the generation kept changing while the files were read")
+
+
+def _key(env: dict[str, str], out: Path) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(env):
+        digest.update(f"{name}={env[name]}\0".encode("utf-8", "surrogateescape"))
+        path = Path(env[name])
+        if path.is_absolute() and path.parent == out and path.is_file():  # MPI's hostfile, MLX's JSON hostfile
+            digest.update(path.read_bytes()[:FILE_LIMIT])
+    return digest.hexdigest()
+
+
+def write_pid_file(path: Path) -> None:
+    """The sidecar's ``--trainer-pid-file``: this process, written to a temp file and renamed."""
+    temp = path.with_name(f".{path.name}.tmp")
+    try:
+        temp.write_text(f"{os.getpid()}\n")
+        os.replace(temp, path)
+    except OSError as err:
+        raise LaunchError(f"cannot write the pid file {path}: {err.strerror}; mount the shared volume writable in "
+                          "the trainer container, or give --pid-file another path the sidecar can read") from None
+
+
+class Launcher:
+    """The command's life across generations."""
+
+    def __init__(self, out: Path, command: list[str], *, grace: float, poll: float,
+                 frameworks: tuple[str, ...] | None, max_restarts: int = 3) -> None:
+        self.out, self.command, self.grace, self.poll, self.frameworks = out, command, grace, poll, frameworks
+        self.max_restarts = max_restarts
+        self.base = dict(os.environ)
+        self.wake = threading.Event()
+        self.forwarded: int | None = None  # SIGTERM or SIGINT received: the command is being stopped for good
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.files: Files | None = None
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            if self.forwarded is not None:  # a second one: stop waiting for the grace period
+                self._signal_group(signal.SIGKILL)
+            self.forwarded = signum
+            self._signal_group(signum)
+        self.wake.set()
+
+    def _signal_group(self, signum: int) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signum)
+
+    def _wait_for_files(self) -> Files:
+        said = ""
+        while True:
+            files = read_files(self.out, self.base, self.frameworks)
+            if not files.withheld:
+                return files
+            if "; ".join(files.withheld) != said:
+                said = "; ".join(files.withheld)
+                log.warning("generation %d: not started, the files have no values yet (%s); waiting for the next "
+                            "generation", files.generation, said)
+            self.wake.wait(self.poll)
+            self.wake.clear()
+            if self.forwarded is not None:
+                raise SystemExit(128 + self.forwarded)
+
+    def _start(self, files: Files) -> None:
+        self.files = files
+        self.proc = subprocess.Popen(self.command, env=files.env, start_new_session=True)
+        threading.Thread(target=self._reap, args=(self.proc,), daemon=True).start()
+        log.info("generation %d: started %s (pid %d)", files.generation, self.command[0], self.proc.pid)
+
+    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        self.wake.set()
+
+    def _stop(self) -> None:
+        """SIGTERM to the command's group, SIGKILL to what is left after the grace period."""
+        proc = self.proc
+        assert proc is not None
+        self._signal_group(signal.SIGTERM)
+        try:
+            proc.wait(self.grace)
+        except subprocess.TimeoutExpired:
+            log.warning("pid %d did not end within %.0f s of SIGTERM: SIGKILL", proc.pid, self.grace)
+        self._signal_group(signal.SIGKILL)  # its children too, whether or not the leader ended
+        proc.wait()
+
+    def _changed(self) -> Files | None:
+        """The new files, when a new generation gives the command something else."""
+        assert self.files is not None
+        if _read_generation(self.out) == self.files.generation:
+            return None
+        files = read_files(self.out, self.base, self.frameworks)
+        if files.key == self.files.key:
+            log.info("generation %d: the command's files are unchanged; not restarted", files.generation)
+            self.files = files
+            return None
+        return files
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(signum, self._on_signal)
+        self._start(self._wait_for_files())
+        failures = 0  # in this generation
+        while True:
+            self.wake.wait(self.poll)
+            self.wake.clear()
+            proc = self.proc
+            assert proc is not None
+            code = proc.poll()
+            if self.forwarded is not None:
+                if code is None:
+                    continue
+                return _exit_code(code)
+            if code == 0:
+                log.info("the command ended by itself with 0")
+                return 0
+            new = self._changed()
+            if code is not None and new is None:
+                if failures >= self.max_restarts:
+                    log.info("the command ended by itself with %s", code)
+                    return _exit_code(code)
+                failures += 1
+                pause = min(2.0 ** (failures - 1), 30.0)
+                log.warning("the command ended with %s; starting it again in %.0f s (restart %d of %d in this "
+                            "generation: a peer may still run the old world)", code, pause, failures,
+                            self.max_restarts)
+                self.wake.wait(pause)
+                if self.forwarded is not None:
+                    return _exit_code(code)
+                new = self._changed() or self.files
+            elif code is not None:
+                log.warning("the command ended with %s after the files moved on: starting it again", code)
+            elif new is not None:
+                log.info("generation %d: the world changed; stopping pid %d and starting again", new.generation,
+                         proc.pid)
+                self._stop()
+            else:
+                continue
+            if new is not self.files:
+                failures = 0
+            assert new is not None
+            self._start(new if not new.withheld else self._wait_for_files())
+
+def _exit_code(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m agent.trainer",
+        description="Run a training command under the agent's files; start it again when the world changes.")
+    sub = parser.add_subparsers(dest="command_name", required=True)
+    run = sub.add_parser("run", help="run CMD with torch.env and the frameworks' env files (after --)")
+    run.add_argument("--out", default="/shared", type=Path, help="the shared volume (default /shared)")
+    run.add_argument("--grace", default=30.0, type=float,
+                     help="seconds between SIGTERM and SIGKILL when the command is stopped (default 30)")
+    run.add_argument("--poll", default=1.0, type=float,
+                     help="seconds between looks at the generation file when no signal comes (default 1)")
+    run.add_argument("--pid-file", default=None,
+                     help="where to write this launcher's pid for the sidecar's --trainer-pid-file (default "
+                          "<out>/trainer.pid; 'none': do not write one)")
+    run.add_argument("--max-restarts", default=3, type=int,
+                     help="times a failing command is started again within one generation, after 1, 2, 4... s "
+                          "(default 3): a process that joins may reach a peer still in the old world and fail")
+    run.add_argument("--frameworks", default=None,
+                     help="only these frameworks' env files, comma-separated, torch for torch.env (default: torch.env "
+                          "and every framework's file the pod got; where two files name a variable, the later wins)")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = parser.parse_args(argv)
+    if args.cmd[:1] == ["--"]:
+        args.cmd = args.cmd[1:]
+    if not args.cmd:
+        parser.error("no command: give it after --, e.g. python -m agent.trainer run -- python train.py")
+    if args.grace < 0 or args.poll <= 0 or args.max_restarts < 0:
+        parser.error("--grace and --max-restarts must be 0 or more, --poll more than 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="agent.trainer: %(message)s", stream=sys.stderr)
+    wanted = tuple(n for n in args.frameworks.split(",") if n) if args.frameworks else None
+    try:
+        if args.pid_file != "none":
+            write_pid_file(Path(args.pid_file) if args.pid_file else args.out / "trainer.pid")
+        return Launcher(args.out, args.cmd, grace=args.grace, poll=args.poll, frameworks=wanted,
+                        max_restarts=args.max_restarts).run()
+    except LaunchError as err:
+        print(f"agent.trainer: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"agent.trainer: {args.cmd[0]}: command not found ({err.strerror})", file=sys.stderr)
+        return 127

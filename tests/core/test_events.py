@@ -1,0 +1,166 @@
+"""The correlator (core/events.py): isomorphic occurrences become a series, new Events come from a token bucket,
+the latest held-back occurrence is the one written, a process's outcome is always written; the bodies are what
+the API server takes; the notes come from the gang tracker's own answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import examples
+from agent.core.events import (
+    CONTROLLER,
+    GENERATION_LABEL,
+    JOB_LABEL,
+    NOTE_LIMIT,
+    REASONS,
+    Budget,
+    Correlator,
+    Occurrence,
+    Ref,
+    generation_note,
+    micro_time,
+    waiting_note,
+)
+from agent.core.gang import Expectation, GangTracker
+from agent.core.model import Options
+from agent.sandbox.events import invalid_create, invalid_update, to_core
+
+T0 = 1_800_000_000.0
+POD = Ref("demo-worker-0", "default", "uid-0")
+
+
+def correlator(**budget: float) -> Correlator:
+    return Correlator(POD, POD.name, T0, job="demo", budget=Budget(**budget))  # type: ignore[arg-type]
+
+
+def waiting(note: str = "waiting for the gang: 1 of 2") -> Occurrence:
+    return Occurrence("WaitingForGang", note)
+
+
+def test_an_occurrence_seen_again_is_a_series_patched_not_a_new_event():
+    events = correlator(series_every=300)
+    first = events.observe(waiting(), T0)
+    assert first is not None and first.verb == "create" and "series" not in first.body
+    second = events.observe(waiting(), T0 + 30)
+    assert second is not None and second.verb == "patch" and second.name == first.name  # count 2 at once
+    assert second.body == {"series": {"count": 2, "lastObservedTime": micro_time(T0 + 30)}}
+    assert events.observe(waiting(), T0 + 60) is None  # counted, written later
+    assert events.observe(waiting(), T0 + 90) is None
+    assert events.due(T0 + 329) == []
+    assert events.next_due(T0 + 100) == pytest.approx(T0 + 330)
+    [later] = events.due(T0 + 330)
+    assert later.verb == "patch" and later.body["series"] == {"count": 4, "lastObservedTime": micro_time(T0 + 90)}
+    assert events.due(T0 + 1000) == []  # nothing new counted since
+    assert later.fallback is not None and later.fallback["series"]["count"] == 4  # recreated whole if it expired
+
+
+def test_a_different_note_is_a_new_event_while_the_bucket_lasts_then_the_latest_waits_for_a_token():
+    events = correlator(burst=3, refill=300)
+    made = [events.observe(waiting(f"waiting: {n} of 9"), T0 + n) for n in range(3)]
+    assert [w.verb for w in made if w] == ["create"] * 3
+    assert events.observe(waiting("waiting: 3 of 9"), T0 + 3) is None  # no token: held back
+    assert events.observe(waiting("waiting: 4 of 9"), T0 + 4) is None  # the newer one replaces it
+    assert events.due(T0 + 100) == []
+    [created] = events.due(T0 + 300)  # one token, 300 s after the bucket began to refill
+    assert created.verb == "create" and created.body["note"] == "waiting: 4 of 9"
+    assert events.next_due(T0 + 300) is None
+
+
+def test_a_process_outcome_is_written_even_with_the_bucket_empty():
+    events = correlator(burst=1)
+    assert events.observe(waiting("a"), T0) is not None
+    assert events.observe(waiting("b"), T0 + 1) is None
+    done = events.observe(Occurrence("GangComplete", "gang complete", generation=1), T0 + 2)
+    assert done is not None and done.verb == "create"
+    assert done.body["metadata"]["labels"] == {JOB_LABEL: "demo", GENERATION_LABEL: "1"}
+
+
+def test_events_of_different_reasons_or_related_pods_are_held_back_apart():
+    events = correlator(burst=3, refill=10)
+    for n in range(3):  # the bucket emptied
+        assert events.observe(waiting(f"waiting: {n}"), T0) is not None
+    other = Ref("rogue", "default", "uid-r")
+    assert events.observe(Occurrence("PodRefused", "rogue: not the job's", related=other), T0) is None
+    assert events.observe(Occurrence("PodRefused", "stale: not the job's", related=Ref("stale", "default")), T0) \
+        is None
+    assert events.observe(Occurrence("NewGeneration", "generation 2", generation=2), T0) is None
+    assert events.observe(Occurrence("NewGeneration", "generation 3", generation=3), T0) is None
+    written = events.due(T0 + 30)
+    assert [(w.body["reason"], w.body["note"]) for w in written] == [
+        ("PodRefused", "rogue: not the job's"), ("PodRefused", "stale: not the job's"),
+        ("NewGeneration", "generation 3")]  # the latest generation only
+    assert written[0].body["related"] == other.body()
+
+
+def test_a_failed_write_is_forgotten_so_the_next_occurrence_creates_again():
+    events = correlator()
+    first = events.observe(waiting(), T0)
+    assert first is not None
+    events.forget(first)
+    again = events.observe(waiting(), T0 + 1)
+    assert again is not None and again.verb == "create" and again.name != first.name
+
+
+def test_every_body_is_one_the_api_server_takes_and_names_are_unique():
+    events = correlator(burst=10)
+    names = set()
+    for reason, kind in REASONS.items():
+        write = events.observe(Occurrence(reason, f"{reason} happened"), T0)  # the same nanosecond for all
+        assert write is not None
+        body = write.body
+        assert invalid_create(body) is None, body
+        assert (body["reason"], body["action"], body["type"]) == (reason, kind.action, kind.type)
+        assert body["reportingController"] == CONTROLLER and body["reportingInstance"] == POD.name
+        assert body["regarding"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "default",
+                                     "name": "demo-worker-0", "uid": "uid-0"}
+        assert body["metadata"]["namespace"] == "default"
+        names.add(body["metadata"]["name"])
+    assert len(names) == len(REASONS)
+    repeat = events.observe(Occurrence("WaitingForGang", "WaitingForGang happened"), T0 + 1)
+    assert repeat is not None and repeat.verb == "patch"
+    stored = to_core(repeat.fallback)  # type: ignore[arg-type]
+    patched = {**stored, "series": repeat.body["series"]}
+    assert invalid_update(patched, stored | {"series": None}) is None
+
+
+def test_notes_are_cut_to_the_apis_limit_and_reasons_are_known():
+    assert len(Occurrence("WaitingForGang", "x" * 5000).note) == NOTE_LIMIT
+    with pytest.raises(ValueError, match="unknown event reason"):
+        Occurrence("Waiting", "x")
+    assert generation_note(4, (2, 8), (3, 12)) == "generation 4: world size 8 -> 12, training pods 2 -> 3"
+    assert generation_note(2, None, (3, 12)) == "generation 2: world size 12, 3 training pods"
+
+
+def test_the_waiting_note_says_how_many_and_why_each_missing_pod_is_missing():
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 7)))
+    for pod in pods[2:5]:  # workers 1-3: on no node yet
+        pod["status"] = {"phase": "Pending"}
+    pods[5]["spec"]["nodeName"] = "node-a"  # worker 4: on a node, no IP yet
+    pods[5]["status"] = {"phase": "Pending"}
+    del pods[7]  # worker 6: not created
+    options = Options(address="ip")
+    tracker = GangTracker(pods[0], "demo-master-0", options,
+                          Expectation(total=8, per_role={"master": 1, "worker": 7}, source="Job 'demo' replicas"))
+    for pod in pods:
+        tracker.put(pod)
+    unscheduled, no_ip = tracker.unplaced()
+    note = waiting_note(tracker.status(), source="Job 'demo' replicas", unscheduled=unscheduled, no_ip=no_ip,
+                        refused={"rogue-1": "pod 'rogue-1' has the labels of Job 'demo' but is not owned by it"})
+    assert note == ("waiting for the gang: 7 of 8 training pods present (Job 'demo' replicas); not created: worker 6; "
+                    "not scheduled: demo-worker-1, demo-worker-2, demo-worker-3; no IP yet: demo-worker-4; "
+                    "refused: pod 'rogue-1' has the labels of Job 'demo' but is not owned by it")
+
+
+def test_the_waiting_note_names_the_first_pods_and_counts_the_rest():
+    status_pods = examples.volcano_job("demo", (("master", 1), ("worker", 20)))
+    for pod in status_pods[1:]:
+        pod["spec"]["nodeName"] = "node-a"
+        pod["status"] = {"phase": "Pending"}
+    tracker = GangTracker(status_pods[0], "demo-master-0", Options(address="ip"),
+                          Expectation(total=21, per_role=None, source="--expect"))
+    for pod in status_pods:
+        tracker.put(pod)
+    unscheduled, no_ip = tracker.unplaced()
+    note = waiting_note(tracker.status(), source="--expect", unscheduled=unscheduled, no_ip=no_ip, refused={})
+    assert note.endswith("no IP yet: demo-worker-0, demo-worker-1, demo-worker-10, demo-worker-11, demo-worker-12 "
+                         "and 15 more")
