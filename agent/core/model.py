@@ -162,7 +162,7 @@ class Options:
     # Node labels to read, outermost first (None: Nodes are not read); ranks by index or by those domains.
     levels: tuple[Level, ...] | None = None
     rank_order: Literal["index", "topology"] = "index"
-    # "auto": each pod of a large job reads what its files need (core/summary.choose_view): every member for a
+    # "auto": each pod of a large job reads what its files need (core/view_choice.py): every member for a
     # launcher, a framework whose files name every member, ranks by Node labels; the published summary for the
     # rest. "own": a training pod that follows a large job's publication reads its summary, whatever it writes;
     # "full": every pod reads every member.

@@ -27,13 +27,13 @@ from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
 from agent.core.facts import facts_of
-from agent.core.frameworks import FRAMEWORKS, Context, published_ports, selected
-from agent.core.frameworks.mpi import LAUNCHER_ROLE
+from agent.core.frameworks import FRAMEWORKS, published_ports
 from agent.core.model import ADDRESS, Member, Options, RawPod, Topology, Whole
 from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
 from agent.core.topology import Plan, ranks_in_run
 from agent.core.validation import DNS_NAME, check_pod, parse_ip
+from agent.core.view_choice import choose_view
 from agent.errors import InputError
 
 SUMMARY_KEY = "summary.json"
@@ -323,7 +323,10 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed
         light = light_plan(summary, plan.self_pod, options)
     except InputError as err:
         return None, str(err)
-    return (light, "") if light is not None else (None, "the summary does not place this pod")
+    if light is None:
+        return None, "the summary does not place this pod"
+    why = choose_view(light, options, ssh=ssh, published=published)  # what only the own view lacks (a port, ...)
+    return (light, "") if why is None else (None, why)
 
 
 def view_key(env: dict[str, str], frameworks: dict[str, Any] | None = None) -> tuple[tuple[str, str], ...]:
@@ -335,45 +338,3 @@ def view_key(env: dict[str, str], frameworks: dict[str, Any] | None = None) -> t
         items += [(f"{key}:{name}", value) for name, value in entry["env"].items()]
         items += [(f"{key}:withheld", str(entry["withheld"])), (f"{key}:digest", str(entry["digest"]))]
     return tuple(sorted(items))
-
-
-def why_full_view(options: Options) -> str | None:
-    """Why this pod reads every member, known from its options alone, before anything is read (None: it may read
-    the summary; ``choose_view`` decides once its own place is known)."""
-    if options.view == "full":
-        return "--view full"
-    if options.levels is not None or options.rank_order != "index":
-        return "ranks by Node labels (--topology-levels, --rank-order topology) need every member"
-    return None
-
-
-def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | None:
-    """Why this pod's files must name every member (None: rank 0, the job's sizes and its own place are all they
-    say). A pod that does not train (its role's host lists); a launcher over SSH (the rank-0 pod of a DeepSpeed or
-    MPI job runs ``deepspeed --launcher pdsh`` or ``mpirun`` on the hostfile, and so does a role ``launcher``); a
-    framework whose files name every member (``Framework.needs_every_member``: TF_CONFIG, MLX's ring, an MPI
-    hostfile) and which gives this pod its files (``Framework.refusal``)."""
-    me = plan.topology.me
-    if not me.training:
-        return f"role '{me.role}' does not train: its files list the job's pods by role"
-    if ssh and (me.node_rank == 0 or me.role == LAUNCHER_ROLE):
-        return "it launches over SSH (DeepSpeed's pdsh runner, mpirun): its hostfile names every training pod"
-    context = Context(plan, options, {}, {}, None, frozenset(options.frameworks.names))
-    for framework, _ in selected(plan, options):
-        if framework.needs_every_member and framework.refusal(context) is None:
-            return f"its {framework.title} files ({framework.env_file}) name every member"
-    return None
-
-
-def choose_view(plan: Plan, options: Options, *, ssh: bool, published: bool) -> str | None:
-    """Why this pod's files name every member (None: it writes its own view: rank 0, the sizes, its place).
-    ``--view auto`` (the default) gives a large job's pods (``published``) their own view unless their files need
-    every member (``every_member_needed``); a small job's pods read the pods and write every member, as they always
-    did. ``--view own`` gives it wherever a summary can say the ranks (a framework that needs every member is then
-    written without values); ``--view full`` never."""
-    why = why_full_view(options)
-    if why is not None or options.view == "own":
-        return why
-    if not published:
-        return "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
-    return every_member_needed(plan, options, ssh=ssh)

@@ -5,7 +5,7 @@ for LeaderWorkerSets), one LIST of the job's pods, then one WATCH from the list'
 gang is complete. A watch that the server ends or that breaks resumes from the last resourceVersion seen; a
 410 Gone relists. No polling. From 256 training pods one pod (the leader) lists the pods and publishes them;
 every other pod reads the publication (runtime/publishing.py), or in its own view (the default's for most pods,
-core/summary.choose_view) its summary.
+core/view_choice.py) its summary.
 
 init is written against the async client face (``AsyncApi``) as the sidecar is, over its own blocking client
 (k8s/blocking.py): one ``asyncio.run`` for the whole command. Where its pods come from is decided first, from
@@ -41,10 +41,11 @@ from agent.core.journal import STANDBYS, PublishedState, Publisher
 from agent.core.model import Identity, RawPod
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import SELECT_LABEL, configmap_name, is_leader, leader_identity, select_value
-from agent.core.summary import own_view, why_full_view
+from agent.core.summary import own_view
 from agent.core.topology import Planner
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
+from agent.core.view_choice import why_full_view
 from agent.errors import AgentError, ApiError, ApiNotFound, GangTimeout, InputError
 from agent.k8s.blocking import Blocking
 from agent.k8s.client import Client
@@ -386,10 +387,7 @@ class Init:
                                 owner=dict(owners[0]) if owners else None,
                                 standby=tuple(m.name for m in plan.topology.training[1:1 + STANDBYS]),
                                 nodes=nodes, plan=plan, publisher=publisher)
-        published = source.kind == "published"
-        own, why = (None, "")
-        if s.options.view == "own" or (s.options.view == "auto" and published):
-            own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=published)
+        own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=source.kind == "published")
         if why and not (source.follows and why == why_full_view(s.options)):  # a follower said that one already
             log.log(*full_view_line(s.options.view, why))
         return render_plan(own or plan, s.options, files_dir=str(s.out_dir.absolute()))
@@ -397,7 +395,7 @@ class Init:
     # --- the leader's publication -------------------------------------------------------------------------------
 
     async def from_publication(self, me: RawPod, source: Source) -> Rendered | None:
-        """A follower of a large job: its plan from the summary (``--view own``) or its pods from the snapshot;
+        """A follower of a large job: its plan from the summary (its own view) or its pods from the snapshot;
         None (said in one line) when the publication cannot be used: the caller reads the pods instead."""
         s = self.settings
         check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,

@@ -21,9 +21,10 @@ from agent.core.journal import JOURNAL_KEY, Journal, PublishedState, journal_nam
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
 from agent.core.published import Compactor
-from agent.core.summary import SUMMARY_KEY, every_member_needed, light_plan, read_summary
+from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
 from agent.core.topology import Plan
 from agent.core.validation import split_pods
+from agent.core.view_choice import SMALL_JOB, choose_view
 from agent.errors import ApiGone, InputError
 from agent.k8s.core import WatchEvent
 
@@ -236,16 +237,15 @@ NO_SUMMARY = "the leader published no summary (more runs of ranks than a summary
 class SummaryView:
     """A large job's pod in its own view (core/summary.py): its plan from the journal's summary, the journal alone
     being read (a few KiB, not the snapshot). ``unsummarized`` says why this pod must read the whole topology
-    instead: the summary cannot serve it (``chosen`` False), or with ``--view auto`` its files name every member
-    (``chosen`` True: a decision, not a failure). A summary that does not place this pod (not a member in the
-    leader's view yet) leaves the plan as it was."""
+    instead: the summary cannot serve it, or its files name every member (core/view_choice.py, asked again at
+    each summary: a pod that becomes node rank 0 may become the SSH launcher). A summary that does not place this
+    pod (not a member in the leader's view yet) leaves the plan as it was."""
 
     def __init__(self, name: str, own: RawPod, options: Options, *, ssh: bool = False) -> None:
         self.name, self.own, self.options, self.ssh = journal_name(name), own, options, ssh
         self.plan: Plan | None = None
         self.journal: Journal | None = None
         self.unsummarized: str | None = None
-        self.chosen = False  # unsummarized by --view auto's choice (core/summary.every_member_needed)
         self.changed = False  # the last journal read changed this pod's plan
 
     def replace(self, items: list[Any]) -> None:
@@ -276,11 +276,10 @@ class SummaryView:
             return
         if plan is None:
             return
-        if self.options.view == "auto":
-            why = every_member_needed(plan, self.options, ssh=self.ssh)
-            if why is not None:
-                self.unsummarized, self.chosen = why, True
-                return
+        why = choose_view(plan, self.options, ssh=self.ssh, published=True)
+        if why is not None:
+            self.unsummarized = why
+            return
         before = self.plan
         self.changed = before is None or before.topology != plan.topology or before.master_port != plan.master_port \
             or before.published_ports != plan.published_ports
@@ -288,8 +287,10 @@ class SummaryView:
 
 
 def full_view_line(view: str, why: str) -> tuple[int, str]:
-    """How a pod says it reads every member: a warning when ``--view own`` was asked and cannot apply, a note when
-    ``--view auto`` chose it (or the summary cannot serve it)."""
+    """How a pod says it writes every member: a warning when ``--view own`` was asked and cannot apply, a note when
+    ``--view auto`` chose it for a large job's pod (or the summary cannot serve it), a debug line where nothing
+    else was in question (``--view full``, a small job)."""
     if view == "own":
         return logging.WARNING, f"--view own not used: {why}"
-    return logging.INFO, f"this pod holds every member ({why})"
+    level = logging.DEBUG if why in ("--view full", SMALL_JOB) else logging.INFO
+    return level, f"this pod holds every member ({why})"

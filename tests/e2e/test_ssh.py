@@ -290,7 +290,7 @@ def published_job(request, workdir):
         pods = create_volcano_job(sandbox, (("master", 1), ("worker", 3)))
         ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
         started = {name: start_init(sandbox, name, workdir / name, *args) for name in OWN_NAMES}
-        for name, proc in started.items():
+        for proc in started.values():
             code, err = finish(proc)
             assert code == 0, err
         try:

@@ -142,9 +142,7 @@ class Evaluator:
             return rendered, _own_key(rendered)
         assert pods is not None
         plan = self.renderer.planner.plan(pods, nodes=nodes)
-        own, why = (None, "")
-        if s.options.view == "own" or (s.options.view == "auto" and self.published):
-            own, why = own_view(plan, s.options, ssh=s.ssh is not None, published=self.published)
+        own, why = own_view(plan, s.options, ssh=s.ssh is not None, published=self.published)
         if why != self.full_view_why and why:
             log.log(*full_view_line(s.options.view, why))
         self.full_view_why = why

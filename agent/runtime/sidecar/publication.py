@@ -19,8 +19,8 @@ from agent.core.journal import journal_name, state_from
 from agent.core.lease import Timing
 from agent.core.provenance import WriterCheck
 from agent.core.published import SELECT_LABEL, select_value
-from agent.core.summary import why_full_view
 from agent.core.topology import Plan
+from agent.core.view_choice import why_full_view
 from agent.errors import ApiError, ApiForbidden, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.retrying import retried
