@@ -354,11 +354,11 @@ def test_in_its_own_view_a_server_the_job_ca_did_not_sign_is_still_refused(publi
         impostor.wait(10)
 
 
+@pytest.mark.parametrize("published_job", ["auto"], indirect=True)  # --view own: rank 0 writes no hostfile
 def test_by_default_the_launcher_runs_deepspeed_on_every_peer_whose_own_view_serves_its_sshd(published_job):
     """The pdsh launcher (rank 0, every member) reaches the workers, which hold their own view."""
     job = published_job
-    if job["view"] != "auto":
-        pytest.skip("with --view own rank 0 writes no hostfile: the launcher needs the default view")
+    assert job["view"] == "auto"
     pytest.importorskip("deepspeed", reason="DeepSpeed is installed by scripts/test")
     if shutil.which("pdsh") is None:
         pytest.skip("pdsh is not installed (apt-get install pdsh; .ci/run does)")
