@@ -269,8 +269,8 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
     if ident is None:
         raise facts.error or InputError(f"pod '{name}': cannot be identified")
     if ident.role not in summary.training_roles:
-        raise InputError(f"pod '{name}' is role '{ident.role}', which does not train: --view own is for training "
-                         "pods; it reads the whole topology")
+        raise InputError(f"pod '{name}' is role '{ident.role}', which does not train: its files list the job's pods "
+                         "by role")
     run = summary.run_of(ident.role, ident.index)
     if run is None:
         return None

@@ -59,7 +59,7 @@ from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
 from agent.runtime.publishing import first_publisher, publish_first, vouch
-from agent.runtime.views import PodView, PublicationView, SummaryView, full_view_line
+from agent.runtime.views import HOLDING, READING, PodView, PublicationView, SummaryView, full_view_line
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load
     from agent.k8s.async_client import AsyncApi
@@ -389,7 +389,7 @@ class Init:
                                 nodes=nodes, plan=plan, publisher=publisher)
         own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=source.kind == "published")
         if why and not (source.follows and why == why_full_view(s.options)):  # a follower said that one already
-            log.log(*full_view_line(s.options.view, why))
+            log.log(*full_view_line(s.options.view, why, HOLDING))
         return render_plan(own or plan, s.options, files_dir=str(s.out_dir.absolute()))
 
     # --- the leader's publication -------------------------------------------------------------------------------
@@ -403,7 +403,7 @@ class Init:
         why_full = why_full_view(s.options)
         files_dir = str(s.out_dir.absolute())
         if why_full is not None and s.options.view != "full":
-            log.log(*full_view_line(s.options.view, why_full))
+            log.log(*full_view_line(s.options.view, why_full, READING))
         elif why_full is None:
             plan = await self.summary(me, source, check)
             if plan is not None:
@@ -463,8 +463,7 @@ class Init:
         if gate.refused is not None:
             log.warning("the published summary is not used (%s)", gate.refused)
         elif view.plan is None:
-            level, line = full_view_line(s.options.view, view.unsummarized or "")
-            log.log(level, "%s; reading the whole topology", line)
+            log.log(*full_view_line(s.options.view, view.unsummarized or "", READING))
         return view.plan
 
     def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "") -> AsyncOps:

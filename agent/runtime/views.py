@@ -286,11 +286,15 @@ class SummaryView:
         self.plan = plan
 
 
-def full_view_line(view: str, why: str) -> tuple[int, str]:
-    """How a pod says it writes every member: a warning when ``--view own`` was asked and cannot apply, a note when
-    ``--view auto`` chose it for a large job's pod (or the summary cannot serve it), a debug line where nothing
-    else was in question (``--view full``, a small job)."""
+READING = "reading the whole topology"  # a follower that cannot, or need not, read the summary alone
+HOLDING = "this pod's files hold the whole topology"  # a pod that holds every member and writes it
+
+
+def full_view_line(view: str, why: str, then: str) -> tuple[int, str]:
+    """How a pod says it writes every member (``then``: what it does about it): a warning when ``--view own`` was
+    asked and cannot apply, a note when ``--view auto`` chose it for a large job's pod (or the summary cannot serve
+    it), a debug line where nothing else was in question (``--view full``, a small job)."""
     if view == "own":
-        return logging.WARNING, f"--view own not used: {why}"
+        return logging.WARNING, f"--view own not used: {why}; {then}"
     level = logging.DEBUG if why in ("--view full", SMALL_JOB) else logging.INFO
-    return level, f"this pod holds every member ({why})"
+    return level, f"{then}: {why}"

@@ -29,7 +29,7 @@ from agent.k8s.retrying import Backoff
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
 from agent.runtime.signalling import signal_trainer
-from agent.runtime.views import full_view_line
+from agent.runtime.views import HOLDING, full_view_line
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -144,7 +144,7 @@ class Evaluator:
         plan = self.renderer.planner.plan(pods, nodes=nodes)
         own, why = own_view(plan, s.options, ssh=s.ssh is not None, published=self.published)
         if why != self.full_view_why and why:
-            log.log(*full_view_line(s.options.view, why))
+            log.log(*full_view_line(s.options.view, why, HOLDING))
         self.full_view_why = why
         self._planned(plan)
         if own is not None:  # --view own, holding every pod: the files a follower makes from the summary

@@ -35,7 +35,7 @@ from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.runtime.memory import freeze, release_memory
 from agent.runtime.publishing import lease_path, vouch
 from agent.runtime.tasks import race
-from agent.runtime.views import PodView, PublicationView, SummaryView, full_view_line
+from agent.runtime.views import READING, PodView, PublicationView, SummaryView, full_view_line
 
 log = logging.getLogger("topology_agent.sidecar")
 PROBE_EVERY = 300.0  # seconds between a follower's looks at the publisher's Lease (jittered by a quarter)
@@ -300,8 +300,7 @@ class _Journal:
             follower.stand_by(summary.journal.standby)
         if summary.unsummarized is not None:
             follower.light = False
-            level, line = full_view_line(follower.pods.options.view, summary.unsummarized)
-            log.log(level, "%s; reading the whole topology", line)
+            log.log(*full_view_line(follower.pods.options.view, summary.unsummarized, READING))
             raise ApiGone("reading the whole topology", status=410)
         if summary.changed:
             follower.sink.changed()

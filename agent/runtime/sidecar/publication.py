@@ -28,7 +28,7 @@ from agent.runtime.election import Elector
 from agent.runtime.nodes import NodeMap
 from agent.runtime.publishing import JournalWriter, vouch
 from agent.runtime.sidecar.following import JournalFollower, Mode
-from agent.runtime.views import PodView, full_view_line
+from agent.runtime.views import READING, PodView, full_view_line
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -62,7 +62,7 @@ class Publication:
         why_full = why_full_view(options)
         light = why_full is None
         if why_full is not None and options.view != "full":
-            log.log(*full_view_line(options.view, why_full))
+            log.log(*full_view_line(options.view, why_full, READING))
         # its own view reads the journal alone (its summary), never the snapshot
         field = f"metadata.name={journal_name(job.configmap)}" if light else ""
         label = "" if light else f"{SELECT_LABEL}={select_value(job.configmap)}"
