@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from agent import __version__
-from agent.errors import AgentError, ApiConflict, InputError
+from agent.errors import AgentError
 from agent.flags.parser import UsageError, parse_command_line, settings_from
 from agent.runtime.logs import setup_logging
 
@@ -134,56 +134,21 @@ def _until_stopped(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
 
 def _inject(given: InjectSettings) -> int:
-    from agent.flags.inject import read_manifest
-    from agent.runtime.adoption import inject_text
+    from agent.runtime.adoption import run_inject
 
-    outputs = []
-    for name in given.filenames:
-        out, changed = inject_text(read_manifest(name), given.defaults, version=__version__)
-        outputs.append(out)
-        print(f"topology-agent inject: {name}: added the agent to {len(changed)} pod template(s)"
-              + (f": {'; '.join(changed)}" if changed else ""), file=sys.stderr)
-    sys.stdout.write("".join((("---\r\n" if out.endswith("\r\n") else "---\n") if i else "") + out
-                             for i, out in enumerate(outputs)))
-    return 0
+    return run_inject(given.filenames, given.defaults, version=__version__)
 
 
 def _keygen(given: KeygenSettings) -> int:
-    import yaml
+    from agent.runtime.keygen import run_keygen
 
-    from agent.ssh.material import generate_secret_manifest
-
-    manifest = generate_secret_manifest(given.job, given.namespace)
-    if given.config is None:
-        print(manifest, end="")
-        return 0
-    from agent.k8s.client import Client
-
-    api = Client(given.config)
-    try:
-        created = api.create(f"/api/v1/namespaces/{given.namespace}/secrets", yaml.safe_load(manifest))
-    except ApiConflict as err:
-        raise ApiConflict(f"secrets '{given.job}-ssh' already exists in namespace '{given.namespace}'; delete it "
-                          "first to rotate keys", status=409) from err
-    print(f"secret/{created['metadata']['name']} created in namespace {given.namespace}")
-    return 0
+    return run_keygen(given.job, given.namespace, given.config)
 
 
 def _sandbox(given: SandboxSettings) -> int:
-    import asyncio
+    from agent.sandbox.server import run_sandbox
 
-    from agent.sandbox.server import Sandbox, serve
-
-    def ready(server: Sandbox) -> None:
-        print(f"sandbox API server at {server.url}\nexport KUBECONFIG={server.kubeconfig}", flush=True)
-
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(given.state, port=given.port, ready=ready, bookmark_interval=given.bookmark_interval,
-                              services=given.services))
-    except OSError as err:
-        raise InputError(f"--port {given.port}: cannot listen on 127.0.0.1 ({err.strerror or err}); choose another "
-                         "port, or 0 for any free one") from None
+    run_sandbox(given.state, port=given.port, bookmark_interval=given.bookmark_interval, services=given.services)
     return 0
 
 

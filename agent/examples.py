@@ -157,6 +157,7 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
     owner = {**_kind(VCJOB), "name": name,
              "uid": _uid("vcjob", namespace, name)}
     world = sum(n for task, n in tasks if task in ("master", "worker"))
+    tf_config = _volcano_tf_config(name, tasks, tf_port)
     pods, n = [], ip_base
     for task, replicas in tasks:
         for i in range(replicas):
@@ -166,7 +167,7 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
                 features.discard("plugin tensorflow")  # OnPodCreate: no TF_CONFIG for a stand-alone job
             facts = {"plugin_order": plugins, "tasks": [t for t, _ in tasks], "job": name, "index": i,
                      "port": master_port, "replicas": world, "rank": i + 1 if task == "worker" else 0,
-                     "tf_config": _volcano_tf_config(name, tasks, task, i, tf_port)}
+                     "tf_config": tf_config(task, i) if "tensorflow" in plugins else None}
             injected: list[dict[str, Any]] = [*(user_env or []),
                                               *injected_env("volcano", release, features, facts)]  # type: ignore
             labels = {VOLCANO_JOB: name, "volcano.sh/job-namespace": namespace,
@@ -215,13 +216,18 @@ def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "defau
     return pods
 
 
-def _volcano_tf_config(job: str, tasks: tuple[tuple[str, int], ...], task: str, index: int, port: int) -> str:
+def _volcano_tf_config(job: str, tasks: tuple[tuple[str, int], ...], port: int) -> Callable[[str, int], str]:
     """TF_CONFIG as Volcano's tensorflow plugin writes it with its default task names: cluster keys ps, worker,
     chief, evaluator (its struct's order, empty ones left out), each ``<job>-<task>-<i>.<job>:<port>``
-    (tensorflow.go generateTFClusterSpec; helpers.go MakeDomainName)."""
-    cluster = {kind: [f"{job}-{kind}-{i}.{job}:{port}" for i in range(n)]
-               for kind in ("ps", "worker", "chief", "evaluator") for name, n in tasks if name == kind and n}
-    return json.dumps({"cluster": cluster, "task": {"type": task, "index": index}}, separators=(",", ":"))
+    (tensorflow.go generateTFClusterSpec; helpers.go MakeDomainName). The cluster is the job's, encoded once: a
+    pod's TF_CONFIG adds only its task."""
+    cluster = json.dumps({kind: [f"{job}-{kind}-{i}.{job}:{port}" for i in range(n)]
+                          for kind in ("ps", "worker", "chief", "evaluator") for name, n in tasks
+                          if name == kind and n}, separators=(",", ":"))
+
+    def spelled(task: str, index: int) -> str:
+        return f'{{"cluster":{cluster},"task":{json.dumps({"type": task, "index": index}, separators=(",", ":"))}}}'
+    return spelled
 
 
 def _operator_pods(name: str, resource: JobResource, container: str, specs: tuple[tuple[str, int], ...], *,

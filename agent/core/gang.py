@@ -317,7 +317,6 @@ class GangTracker:
         self.sizes: Sizes = {}  # process counts per container object (init's compact pods share them)
         # Pods of a role the controller decides by its pods that say they do not train (as ``collect`` drops
         # their role), where neither the user nor the job's objects named the roles.
-        self.by_pod = bool(self.scope.controller.roles_by_pod) and options.roles is None
         self.not_training: set[str] = set()
 
     def _trains(self, role: str, name: str = "") -> bool:
@@ -339,7 +338,7 @@ class GangTracker:
         if ident is None:
             self.errors[name] = facts.error or InputError(f"pod '{name}': cannot be identified")
             return
-        if self.by_pod and ident.role in scope.controller.roles_by_pod \
+        if self.options.roles is None and ident.role in scope.controller.roles_by_pod \
                 and not scope.controller.trains_by_pod(pod, ident.role):
             self.not_training.add(name)
         self.members[name] = (ident.role, ident.index, ident.ordinal, facts.has_ip, bool(facts.node))

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import io
 import json
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -221,6 +222,22 @@ def check_injected(doc: Mapping[str, Any]) -> None:
             if isinstance(container, Mapping) and container.get("name") in (INIT, SIDECAR):
                 check_command_line([str(a) for a in container.get("args") or []],
                                    f"{template.where} {container['name']}")
+
+
+def run_inject(filenames: Sequence[str], defaults: Settings, *, version: str) -> int:
+    """``topology-agent inject``: each file's manifests with the agent added, as one stream on stdout (documents
+    apart as the inputs' line ends say), and on stderr what was added to which template."""
+    from agent.flags.inject import read_manifest
+
+    outputs = []
+    for name in filenames:
+        out, changed = inject_text(read_manifest(name), defaults, version=version)
+        outputs.append(out)
+        print(f"topology-agent inject: {name}: added the agent to {len(changed)} pod template(s)"
+              + (f": {'; '.join(changed)}" if changed else ""), file=sys.stderr)
+    sys.stdout.write("".join((("---\r\n" if out.endswith("\r\n") else "---\n") if i else "") + out
+                             for i, out in enumerate(outputs)))
+    return 0
 
 
 def inject_text(text: str, defaults: Settings, *, version: str) -> tuple[str, list[str]]:

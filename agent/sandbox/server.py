@@ -32,6 +32,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from agent.core.controllers import job_resources
+from agent.errors import InputError
 from agent.sandbox import admission
 from agent.sandbox.calls import Answer, Call, patterns
 from agent.sandbox.credentials import KUBECONFIG, SERVICEACCOUNT, make_tls, write_client_files
@@ -405,6 +406,20 @@ async def serve(state_dir: Path, *, port: int, ready: Callable[[Sandbox], None] 
         await (stop or asyncio.Event()).wait()
     finally:
         await sandbox.stop()
+
+
+def run_sandbox(state_dir: Path, *, port: int, **kwargs: Any) -> None:
+    """``topology-agent sandbox``: serve until interrupted, saying where and how to reach it; a port that cannot be
+    listened on is bad input (one line), not a bug."""
+    def ready(server: Sandbox) -> None:
+        print(f"sandbox API server at {server.url}\nexport KUBECONFIG={server.kubeconfig}", flush=True)
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(state_dir, port=port, ready=ready, **kwargs))
+    except OSError as err:
+        raise InputError(f"--port {port}: cannot listen on 127.0.0.1 ({err.strerror or err}); choose another "
+                         "port, or 0 for any free one") from None
 
 
 @contextlib.asynccontextmanager
