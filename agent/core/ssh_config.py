@@ -95,7 +95,7 @@ def render_known_hosts(topology: Topology, ca_public_key: str, port: int) -> str
             f"# signed by the job's CA for the name used.\n@cert-authority {patterns} {ca_public_key.strip()}\n")
 
 
-def _patterned(member: Member) -> tuple[str, str] | None:
+def host_pattern(member: Member) -> tuple[str, str] | None:
     """(``Host`` pattern, ``HostName``) that reach this member by its short name without naming it: its pod name is
     its host name, its address its DNS name ``<host>.<suffix>``, and the name ends in an index."""
     dns = member.dns_name
@@ -113,7 +113,7 @@ def render_ssh_config(topology: Topology, paths: SshPaths, port: int) -> str:
     lines = ["# Written by topology-agent. Use: ssh -F this-file, or link it to ~/.ssh/config.", ""]
     patterns: dict[str, str] = {}
     for member in topology.members:
-        found = _patterned(member)
+        found = host_pattern(member)
         if found is not None:
             patterns.setdefault(*found)
             continue
