@@ -310,7 +310,8 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed
     """The plan a pod renders when it holds the whole job (the leader, a standby, every pod of a job that reads the
     pods) and its view is its own (``choose_view``): made from its plan's summary exactly as a follower makes it
     from the published one, so that every such pod of the job writes files of one shape. (None, why) when it is
-    to write every member. ``published``: the job publishes its topology (the view is the default's own there)."""
+    to write every member. ``choose_view`` is asked of the whole plan, then of the own view's (what only that one
+    lacks: a port, one process count)."""
     why = choose_view(plan, options, ssh=ssh, published=published)
     if why is not None:
         return None, why
