@@ -125,10 +125,35 @@ def check_files(rendered: Any) -> str | None:
     if len([line for line in known.splitlines() if line and not line.startswith("#")]) != 1:
         return "known_hosts"
     config = render_ssh_config(topo, SshPaths("/shared/ssh"), 2222).splitlines()
-    if sum(line.startswith("Host ") for line in config) != len(topo.members) + 1 or \
-            any(line and not line.startswith(("Host ", "    ", "#")) for line in config):
+    if any(line and not line.startswith(("Host ", "    ", "#")) for line in config) or \
+            not _ssh_config_names_members_only(config, topo):
         return "ssh_config"
     return None
+
+
+def _ssh_config_names_members_only(config: list[str], topo: Any) -> bool:
+    """Every ``Host`` block but the last names members (their names) or a pattern of a member's name with its index
+    wildcarded and no dot, and sends them to a member's address or to ``%h.<a member's DNS suffix>``; the last is
+    ``Host *``; every member is reached by one of them."""
+    names = {n for m in topo.members for n in (m.name, m.address, m.dns_name, (m.dns_name or "").split(".")[0]) if n}
+    suffixes = {m.dns_name.split(".", 1)[1] for m in topo.members if m.dns_name and "." in m.dns_name}
+    heads = [(i, line[5:].split()) for i, line in enumerate(config) if line.startswith("Host ")]
+    if not heads or heads[-1][1] != ["*"]:
+        return False
+    reached = set()
+    for i, patterns in heads[:-1]:
+        target = config[i + 1].strip()
+        if patterns[-1:] == ["!*.*"] and len(patterns) == 2 and patterns[0].endswith("-*"):
+            prefix = patterns[0][:-1]
+            if target[len("HostName %h."):] not in suffixes or not target.startswith("HostName %h.") or \
+                    not any(m.name.startswith(prefix) for m in topo.members):
+                return False
+            reached |= {m.name for m in topo.members if m.name.startswith(prefix) and "." not in m.name}
+        elif set(patterns) <= names and target[len("HostName "):] in {m.address for m in topo.members}:
+            reached |= set(patterns)
+        else:
+            return False
+    return {m.name for m in topo.members} <= reached
 
 
 def _try(label: str, refused: str, outcomes: Counter[str], findings: list[str],

@@ -50,6 +50,8 @@ def forge_publication(sandbox: Any, pods: list[dict[str, Any]], *, writer: str, 
     from agent.core import Options
     from agent.core.journal import PublishedState, Publisher, journal_body
     from agent.core.published import configmap_body, configmap_name, pack
+    from agent.core.summary import SUMMARY_KEY, summarize, summary_text
+    from agent.core.topology import build_plan
 
     forged_pods = copy.deepcopy(pods)
     for pod in forged_pods:
@@ -61,8 +63,11 @@ def forge_publication(sandbox: Any, pods: list[dict[str, Any]], *, writer: str, 
         configmap_name("demo"), pack(forger.snapshot_document()), generation=forger.state.seq, leader=writer,
         leader_uid=writer_uid, owner=None))
     forger.start_from_snapshot()
-    sandbox.create("/v1/configmaps", "default", journal_body(configmap_name("demo"), forger.journal_data(),
-                                                             owner=None))
+    data = forger.journal_data()  # with a summary of the forged pods: what a follower in its own view reads
+    data[SUMMARY_KEY] = summary_text(summarize(build_plan(forged_pods, writer if writer in {
+        p["metadata"]["name"] for p in forged_pods} else forged_pods[0]["metadata"]["name"], Options(address="ip")),
+        seq=forger.state.seq) or {})
+    sandbox.create("/v1/configmaps", "default", journal_body(configmap_name("demo"), data, owner=None))
 
 
 def configmap(sandbox: Any, name: str) -> dict[str, Any]:

@@ -162,9 +162,11 @@ class Options:
     # Node labels to read, outermost first (None: Nodes are not read); ranks by index or by those domains.
     levels: tuple[Level, ...] | None = None
     rank_order: Literal["index", "topology"] = "index"
-    # "own": a training pod that follows a large job's publication reads its summary, not every member
-    # (core/summary.py); "full": every pod reads every member.
-    view: Literal["full", "own"] = "full"
+    # "auto": each pod of a large job reads what its files need (core/view_choice.py): every member for a
+    # launcher, a framework whose files name every member, ranks by Node labels; the published summary for the
+    # rest. "own": a training pod that follows a large job's publication reads its summary, whatever it writes;
+    # "full": every pod reads every member.
+    view: Literal["auto", "full", "own"] = "auto"
     # The roles were checked against the job object's replica counts: a training role without live pods is one
     # the controller has not created yet (JobSet dependsOn), not a misspelt --roles.
     roles_checked: bool = False

@@ -1,13 +1,17 @@
 """SSH text files for a job: sshd_config snippet, ssh_config, known_hosts, and each pod's host-cert principals.
 
 Host keys are verified through a certificate authority instead of being skipped (the incumbents write
-``StrictHostKeyChecking no``). known_hosts holds one ``@cert-authority`` line whose patterns cover the job's
-names (the headless Service's wildcard and the peers' IPs), so a new member needs no new key line: its
-certificate, signed by the job's CA for its own names, is what ssh checks.
+``StrictHostKeyChecking no``). known_hosts holds one ``@cert-authority`` line whose patterns cover every name a
+job's pod is reached by, the same for any size of job and any membership: ssh checks the certificate's principals
+against the name it dialled (ssh(1), sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"), so a list of the members would add
+nothing, and a pod that knows only rank 0 and itself (its own view) writes the same line as one that knows every
+member. Each pod's certificate, signed by the job's CA (its Secret), names that pod alone. ssh_config maps a pod's
+short name to its DNS name by pattern where the names allow it, and names the others one block each.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from agent.core.model import Member, Topology
@@ -47,8 +51,26 @@ def _pattern(name: str, port: int) -> str:
     return name if port == 22 else f"[{name}]:{port}"
 
 
+_TRAILING_INDEX = re.compile(r"(-[0-9]+)+$")
+
+
+def _dns_patterns(member: Member) -> list[str]:
+    """Patterns for the names a member's certificate carries beside its IP: ``*.<suffix>`` of its DNS name (the
+    headless Service's domain), with the ``.<ns>.svc`` and ``.svc.cluster.local`` forms ``host_principals`` adds
+    to a relative name; a single-label name (a per-replica Service) with its trailing index as ``*``."""
+    dns = member.dns_name
+    if not dns:
+        return []
+    if "." not in dns:
+        return [_TRAILING_INDEX.sub("-*", dns)] if _TRAILING_INDEX.search(dns) else [dns]
+    suffix = dns.split(".", 1)[1]
+    return [f"*.{suffix}"] if "." in suffix else [f"*.{suffix}", f"*.{suffix}.{{ns}}.svc",
+                                                 f"*.{suffix}.{{ns}}.svc.cluster.local"]
+
+
 def known_hosts_patterns(topology: Topology, port: int) -> list[str]:
-    """Wildcards for the job's DNS suffixes (stable across membership changes) plus every member's IP."""
+    """The job's names as patterns that do not grow with the job (a few per DNS domain), and any IP address of the
+    members' families: the certificate decides which host is which (the module's docstring)."""
     patterns: list[str] = []
 
     def add(name: str) -> None:
@@ -57,14 +79,13 @@ def known_hosts_patterns(topology: Topology, port: int) -> list[str]:
             patterns.append(pattern)
 
     for member in topology.members:
-        if member.dns_name and "." in member.dns_name:
-            add("*." + member.dns_name.split(".", 1)[1])
-        elif member.dns_name:
-            add(member.dns_name)
-        add(member.name)
-    for member in topology.members:
-        if member.ip:
-            add(member.ip)
+        for name in _dns_patterns(member):
+            add(name.replace("{ns}", topology.namespace))
+    families = {":" in member.ip for member in topology.members if member.ip}
+    if False in families:
+        add("*.*.*.*")
+    if True in families:
+        add("*:*")
     return patterns
 
 
@@ -74,14 +95,35 @@ def render_known_hosts(topology: Topology, ca_public_key: str, port: int) -> str
             f"# signed by the job's CA for the name used.\n@cert-authority {patterns} {ca_public_key.strip()}\n")
 
 
+def host_pattern(member: Member) -> tuple[str, str] | None:
+    """(``Host`` pattern, ``HostName``) that reach this member by its short name without naming it: its pod name is
+    its host name, its address its DNS name ``<host>.<suffix>``, and the name ends in an index."""
+    dns = member.dns_name
+    if not dns or member.address != dns or "." not in dns:
+        return None
+    host, suffix = dns.split(".", 1)
+    if host != member.name or not _TRAILING_INDEX.search(host):
+        return None
+    return f"{_TRAILING_INDEX.sub('-*', host)} !*.*", f"%h.{suffix}"
+
+
 def render_ssh_config(topology: Topology, paths: SshPaths, port: int) -> str:
+    """One ``Host`` block per member that no pattern reaches (each name it goes by -> its address), one per pattern
+    (``demo-worker-* !*.*`` -> ``%h.demo``: a name with no dot, completed), then the settings for every host."""
     lines = ["# Written by topology-agent. Use: ssh -F this-file, or link it to ~/.ssh/config.", ""]
+    patterns: dict[str, str] = {}
     for member in topology.members:
+        found = host_pattern(member)
+        if found is not None:
+            patterns.setdefault(*found)
+            continue
         aliases = [member.name]
         if member.dns_name:
             short = member.dns_name.split(".")[0]
             aliases += [a for a in (short, member.dns_name) if a not in aliases]
         lines += [f"Host {' '.join(aliases)}", f"    HostName {member.address}", ""]
+    for pattern, hostname in patterns.items():
+        lines += [f"Host {pattern}", f"    HostName {hostname}", ""]
     lines += [
         "Host *",
         f"    Port {port}",

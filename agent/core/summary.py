@@ -33,6 +33,7 @@ from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
 from agent.core.topology import Plan, ranks_in_run
 from agent.core.validation import DNS_NAME, check_pod, parse_ip
+from agent.core.view_choice import choose_view
 from agent.errors import InputError
 
 SUMMARY_KEY = "summary.json"
@@ -268,8 +269,8 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
     if ident is None:
         raise facts.error or InputError(f"pod '{name}': cannot be identified")
     if ident.role not in summary.training_roles:
-        raise InputError(f"pod '{name}' is role '{ident.role}', which does not train: --view own is for training "
-                         "pods; it reads the whole topology")
+        raise InputError(f"pod '{name}' is role '{ident.role}', which does not train: its files list the job's pods "
+                         "by role")
     run = summary.run_of(ident.role, ident.index)
     if run is None:
         return None
@@ -304,11 +305,14 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
                 slots_source={name: slots_source}, published_ports=dict(summary.ports))
 
 
-def own_view(plan: Plan, options: Options, *, ssh: bool, listed: int = LISTED_HOSTS) -> tuple[Plan | None, str]:
-    """The plan a ``--view own`` pod renders when it holds the whole job (the leader, a standby, every pod of a
-    job that reads the pods): made from its plan's summary exactly as a follower makes it from the published
-    one, so that every pod of the job writes files of one shape. (None, why) when the full view applies."""
-    why = why_full_view(options, ssh=ssh)
+def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed: int = LISTED_HOSTS
+             ) -> tuple[Plan | None, str]:
+    """The plan a pod renders when it holds the whole job (the leader, a standby, every pod of a job that reads the
+    pods) and its view is its own (``choose_view``): made from its plan's summary exactly as a follower makes it
+    from the published one, so that every such pod of the job writes files of one shape. (None, why) when it is
+    to write every member. ``choose_view`` is asked of the whole plan, then of the own view's (what only that one
+    lacks: a port, one process count)."""
+    why = choose_view(plan, options, ssh=ssh, published=published)
     if why is not None:
         return None, why
     raw = summarize(plan, seq=0, listed=listed, options=options)
@@ -320,7 +324,10 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, listed: int = LISTED_HO
         light = light_plan(summary, plan.self_pod, options)
     except InputError as err:
         return None, str(err)
-    return (light, "") if light is not None else (None, "the summary does not place this pod")
+    if light is None:
+        return None, "the summary does not place this pod"
+    why = choose_view(light, options, ssh=ssh, published=published)  # what only the own view lacks (a port, ...)
+    return (light, "") if why is None else (None, why)
 
 
 def view_key(env: dict[str, str], frameworks: dict[str, Any] | None = None) -> tuple[tuple[str, str], ...]:
@@ -332,14 +339,3 @@ def view_key(env: dict[str, str], frameworks: dict[str, Any] | None = None) -> t
         items += [(f"{key}:{name}", value) for name, value in entry["env"].items()]
         items += [(f"{key}:withheld", str(entry["withheld"])), (f"{key}:digest", str(entry["digest"]))]
     return tuple(sorted(items))
-
-
-def why_full_view(options: Options, *, ssh: bool) -> str | None:
-    """Why ``--view own`` cannot apply to this pod's options (None: it can)."""
-    if options.view != "own":
-        return "--view full"
-    if options.levels is not None or options.rank_order != "index":
-        return "ranks by Node labels (--topology-levels, --rank-order topology) need every member"
-    if ssh:
-        return "SSH (--ssh-secret-dir): known_hosts and ssh_config name every member"
-    return None

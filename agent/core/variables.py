@@ -178,8 +178,9 @@ def _host_variables(plan: Plan) -> list[Variable]:
             continue
         keys[key] = role
         if hosts is None:
-            out.append(Variable(f"VC_{key}_HOSTS", "", f"role '{role}' has {count} pods: --view own reads no list "
-                                "that long (--view full writes it)", written=False))
+            out.append(Variable(f"VC_{key}_HOSTS", "", f"role '{role}' has {count} pods: this pod's own view holds "
+                                f"no list that long (--view full writes it, in {host_file_name(role)})",
+                                written=False))
         else:
             out.append(Variable(f"VC_{key}_HOSTS", ",".join(hosts), f"addresses of role '{role}' in rank order "
                                 "(Volcano)"))

@@ -157,9 +157,10 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--index-label", help="generic: the label that holds each pod's index")
     group.add_argument("--rank-order", help="index (default: the controller's order) or topology (pods of each "
                                             "network domain contiguous, rank 0 kept; reads Node labels)")
-    group.add_argument("--view", help="full (default: every pod reads every member) or own (a training pod of a large "
-                       "job reads the published summary: rank 0, the job's size and its own ranks; it writes "
-                       "torch.env without the long host lists, and no hostfile; docs/sidecar.md)")
+    group.add_argument("--view", help="what a pod of a large job reads: auto (default: every member for a pod whose "
+                       "files name every member, a launcher's hostfile, TF_CONFIG; the published summary for the "
+                       "others), full (every member, every pod) or own (the summary: rank 0, the job's size and its "
+                       "own ranks; torch.env without the long host lists, no hostfile; docs/sidecar.md)")
     group.add_argument("--topology-levels", help="Node label keys outermost first, comma-separated, or 'default' "
                                                  "(zone, region, GKE, EKS, NVLink clique): TOPOLOGY_<LEVEL> vars")
     group.add_argument("--frameworks", help="files for these frameworks too, comma-separated: "
@@ -190,7 +191,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if levels is None and (rank_order == "topology" or getattr(args, "nodes", None)):
         levels = DEFAULT_LEVELS
     view_k = knob(args, "view")
-    view = choice_knob(Knob(view_k.value or "full", view_k.label), ("full", "own"))
+    view = choice_knob(Knob(view_k.value or "auto", view_k.label), ("auto", "full", "own"))
 
     frameworks_k = knob(args, "frameworks")
     port_ks = {key: knob(args, f"{key}-port") for key in PORTED}

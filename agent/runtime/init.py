@@ -4,7 +4,8 @@ API cost is fixed whatever the job size: GET own pod, GET the owner object (skip
 for LeaderWorkerSets), one LIST of the job's pods, then one WATCH from the list's resourceVersion until the
 gang is complete. A watch that the server ends or that breaks resumes from the last resourceVersion seen; a
 410 Gone relists. No polling. From 256 training pods one pod (the leader) lists the pods and publishes them;
-every other pod reads the publication (runtime/publishing.py), or with ``--view own`` its summary.
+every other pod reads the publication (runtime/publishing.py), or in its own view (the default's for most pods,
+core/view_choice.py) its summary.
 
 init is written against the async client face (``AsyncApi``) as the sidecar is, over its own blocking client
 (k8s/blocking.py): one ``asyncio.run`` for the whole command. Where its pods come from is decided first, from
@@ -40,10 +41,11 @@ from agent.core.journal import STANDBYS, PublishedState, Publisher
 from agent.core.model import Identity, RawPod
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import SELECT_LABEL, configmap_name, is_leader, leader_identity, select_value
-from agent.core.summary import own_view, why_full_view
+from agent.core.summary import own_view
 from agent.core.topology import Planner
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
+from agent.core.view_choice import why_full_view
 from agent.errors import AgentError, ApiError, ApiNotFound, GangTimeout, InputError
 from agent.k8s.blocking import Blocking
 from agent.k8s.client import Client
@@ -57,7 +59,7 @@ from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
 from agent.runtime.publishing import first_publisher, publish_first, vouch
-from agent.runtime.views import PodView, PublicationView, SummaryView
+from agent.runtime.views import HOLDING, READING, PodView, PublicationView, SummaryView, full_view_line
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load
     from agent.k8s.async_client import AsyncApi
@@ -385,26 +387,24 @@ class Init:
                                 owner=dict(owners[0]) if owners else None,
                                 standby=tuple(m.name for m in plan.topology.training[1:1 + STANDBYS]),
                                 nodes=nodes, plan=plan, publisher=publisher)
-        own, why = own_view(plan, s.options, ssh=self.ssh is not None) if s.options.view == "own" else (None, "")
-        said = why_full_view(s.options, ssh=self.ssh is not None) if source.kind == "published" and not source.lead \
-            else None  # a follower that read no publication said it already
-        if why and why != said:
-            log.warning("--view own not used: %s; this pod's files hold the whole topology", why)
+        own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=source.kind == "published")
+        if why and not (source.follows and why == why_full_view(s.options)):  # a follower said that one already
+            log.log(*full_view_line(s.options.view, why, HOLDING))
         return render_plan(own or plan, s.options, files_dir=str(s.out_dir.absolute()))
 
     # --- the leader's publication -------------------------------------------------------------------------------
 
     async def from_publication(self, me: RawPod, source: Source) -> Rendered | None:
-        """A follower of a large job: its plan from the summary (``--view own``) or its pods from the snapshot;
+        """A follower of a large job: its plan from the summary (its own view) or its pods from the snapshot;
         None (said in one line) when the publication cannot be used: the caller reads the pods instead."""
         s = self.settings
         check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
                             me=Writer(s.pod_name, me.get("metadata", {}).get("uid") or ""))
-        why_full = why_full_view(s.options, ssh=self.ssh is not None)
+        why_full = why_full_view(s.options)
         files_dir = str(s.out_dir.absolute())
-        if s.options.view == "own" and why_full is not None:
-            log.warning("--view own not used: %s; reading the whole topology", why_full)
-        elif s.options.view == "own":
+        if why_full is not None and s.options.view != "full":
+            log.log(*full_view_line(s.options.view, why_full, READING))
+        elif why_full is None:
             plan = await self.summary(me, source, check)
             if plan is not None:
                 return render_plan(plan, s.options, files_dir=files_dir)
@@ -443,12 +443,14 @@ class Init:
         return view.state
 
     async def summary(self, me: RawPod, source: Source, check: WriterCheck) -> Any:
-        """``--view own``: this pod's plan from the published summary once it places this pod; None (said in one
-        line) when it cannot be used. Only the journal is read, by name: a few KiB, not the snapshot."""
+        """This pod's own view: its plan from the published summary once it places this pod; None (said in one
+        line) when it cannot be used, or its files name every member (``--view auto``). Only the journal is read,
+        by name: a few KiB, not the snapshot."""
         s = self.settings
-        view, gate = SummaryView(source.configmap, me, s.options), _Vouched(self.api, check, source.configmap)
+        view = SummaryView(source.configmap, me, s.options, ssh=self.ssh is not None)
+        gate = _Vouched(self.api, check, source.configmap)
         journal = view.name
-        log.info("waiting for the leader to publish its summary in configmap %s (--view own)", journal)
+        log.info("waiting for the leader to publish its summary in configmap %s (--view %s)", journal, s.options.view)
         self.stand(self._publication_wait(journal))
         reflector = await self.reflect(
             f"configmap {journal}", self._vouched_ops(gate, field=f"metadata.name={journal}"), view,
@@ -458,8 +460,10 @@ class Init:
             raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {journal} placing pod "
                               f"'{s.pod_name}'{_last(reflector)}; is the leader pod running its init container? "
                               f"kubectl get configmap {journal} -n {s.namespace}")
-        if view.plan is None:
-            log.warning("--view own not used: %s; reading the whole topology", gate.refused or view.unsummarized)
+        if gate.refused is not None:
+            log.warning("the published summary is not used (%s)", gate.refused)
+        elif view.plan is None:
+            log.log(*full_view_line(s.options.view, view.unsummarized or "", READING))
         return view.plan
 
     def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "") -> AsyncOps:

@@ -74,10 +74,11 @@ async def vouch(get: Callable[[str], Awaitable[dict[str, Any]]], check: WriterCh
 
 
 def journal_data(publisher: Publisher, plan: Plan | None, options: Options) -> dict[str, str]:
-    """The journal ConfigMap's data: the publisher's changes and, for a job of ``--view own`` whose plan can be
-    summarized, its summary (~400 bytes more in every event each follower receives: not for jobs that use none)."""
+    """The journal ConfigMap's data: the publisher's changes and, unless the job asks every pod to read every member
+    (``--view full``), the summary of a plan that can be summarized (~400 bytes more in every event each follower
+    receives: not for jobs that use none)."""
     data = publisher.journal_data()
-    summary = summarize(plan, seq=publisher.state.seq, options=options) if plan is not None and options.view == "own" \
+    summary = summarize(plan, seq=publisher.state.seq, options=options) if plan is not None and options.view != "full" \
         else None
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)

@@ -24,6 +24,7 @@ from agent.core.published import Compactor
 from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
 from agent.core.topology import Plan
 from agent.core.validation import split_pods
+from agent.core.view_choice import SMALL_JOB, choose_view
 from agent.errors import ApiGone, InputError
 from agent.k8s.core import WatchEvent
 
@@ -234,12 +235,14 @@ NO_SUMMARY = "the leader published no summary (more runs of ranks than a summary
 
 
 class SummaryView:
-    """``--view own``: this pod's plan from the journal's summary (core/summary.py), the journal alone being read
-    (a few KiB, not the snapshot). ``unsummarized`` says why this pod must read the whole topology instead; a
-    summary that does not place this pod (not a member in the leader's view yet) leaves the plan as it was."""
+    """A large job's pod in its own view (core/summary.py): its plan from the journal's summary, the journal alone
+    being read (a few KiB, not the snapshot). ``unsummarized`` says why this pod must read the whole topology
+    instead: the summary cannot serve it, or its files name every member (core/view_choice.py, asked again at
+    each summary: a pod that becomes node rank 0 may become the SSH launcher). A summary that does not place this
+    pod (not a member in the leader's view yet) leaves the plan as it was."""
 
-    def __init__(self, name: str, own: RawPod, options: Options) -> None:
-        self.name, self.own, self.options = journal_name(name), own, options
+    def __init__(self, name: str, own: RawPod, options: Options, *, ssh: bool = False) -> None:
+        self.name, self.own, self.options, self.ssh = journal_name(name), own, options, ssh
         self.plan: Plan | None = None
         self.journal: Journal | None = None
         self.unsummarized: str | None = None
@@ -273,7 +276,25 @@ class SummaryView:
             return
         if plan is None:
             return
+        why = choose_view(plan, self.options, ssh=self.ssh, published=True)
+        if why is not None:
+            self.unsummarized = why
+            return
         before = self.plan
         self.changed = before is None or before.topology != plan.topology or before.master_port != plan.master_port \
             or before.published_ports != plan.published_ports
         self.plan = plan
+
+
+READING = "reading the whole topology"  # a follower that cannot, or need not, read the summary alone
+HOLDING = "this pod's files hold the whole topology"  # a pod that holds every member and writes it
+
+
+def full_view_line(view: str, why: str, then: str) -> tuple[int, str]:
+    """How a pod says it writes every member (``then``: what it does about it): a warning when ``--view own`` was
+    asked and cannot apply, a note when ``--view auto`` chose it for a large job's pod (or the summary cannot serve
+    it), a debug line where nothing else was in question (``--view full``, a small job)."""
+    if view == "own":
+        return logging.WARNING, f"--view own not used: {why}; {then}"
+    level = logging.DEBUG if why in ("--view full", SMALL_JOB) else logging.INFO
+    return level, f"{then}: {why}"

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from agent.core.controllers import job_resources
 from agent.errors import InputError
@@ -41,6 +43,7 @@ from agent.sandbox.responses import constant, http, status
 from agent.sandbox.store import Obj, Store
 from agent.sandbox.watching import Watch, Watches
 
+log = logging.getLogger("topology_agent.sandbox")
 # (group, version, plural) -> what it serves; short names as the API server gives them (kubectl get ns, po, cm).
 BUILT_IN: dict[tuple[str, str, str], Kind] = {
     ("", "v1", "pods"): Kind("Pod", True, ("po",), ("all",)),
@@ -88,20 +91,47 @@ class Cut(Exception):
     """The connection is closed without an answer: the API server is down, or a fault resets it."""
 
 
+COUNTED = web.RequestKey("sandbox.counted", int)  # per request: the bytes of its answer's body counted already
+STREAMED = web.RequestKey("sandbox.streamed", bool)  # per request: a watch, which counts its own bytes
+
+
+def head_size(request: web.BaseRequest) -> int:
+    """The bytes of a request's line and headers as they came ('Name: value' per line, as aiohttp parsed them)."""
+    version = request.version
+    line = f"{request.method} {request.raw_path} HTTP/{version.major}.{version.minor}\r\n"
+    return len(line.encode()) + sum(len(name) + len(value) + 4 for name, value in request.raw_headers) + 2
+
+
+def counting(knobs: Knobs) -> type[AbstractAccessLogger]:
+    """aiohttp's access log, as the place that knows each answer's bytes on the wire once it is sent: what is
+    not the body counted already (its status line and headers) is counted as ``headers``. A watch counts its own
+    as it is written (watching.py)."""
+
+    class Counted(AbstractAccessLogger):
+        def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+            if not request.get(STREAMED):
+                knobs.stats.count(request.headers.get("User-Agent", "?"),
+                                  headers=max(0, response.body_length - request.get(COUNTED, 0)))
+
+    return Counted
+
+
 class Listener:
     """Where the sandbox listens: 127.0.0.1 on one port (0: a free one, then kept), closed and opened again on
-    it by go_down, so clients come back to the same address."""
+    it by go_down, so clients come back to the same address. ``access``: the access log class (it counts)."""
 
-    def __init__(self, app: web.Application, port: int) -> None:
+    def __init__(self, app: web.Application, port: int, access: type[AbstractAccessLogger] | None = None) -> None:
         self.app = app
         self.port = port
+        self.access = access
         self._ssl: ssl.SSLContext | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
 
     async def start(self, context: ssl.SSLContext | None) -> None:
         self._ssl = context
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app, handle_signals=False, **(
+            {"access_log_class": self.access, "access_log": log} if self.access else {"access_log": None}))
         await self._runner.setup()
         await self.listen()
 
@@ -151,7 +181,7 @@ class Sandbox:
             self.store.create(resource_key("", "v1", "namespaces"), "", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}})
         self.app = self._build_app()
-        self.listener = Listener(self.app, port)
+        self.listener = Listener(self.app, port, counting(self.knobs))
 
     # --- what tests, the demo and the command line read and turn -----------------------------------------
 
@@ -241,7 +271,7 @@ class Sandbox:
         be closed without an answer (the server down, or a fault that resets it)."""
         if self.faults.down_until:
             raise Cut("the API server is down")
-        self.stats.count(call.agent, request=True)
+        self.stats.count(call.agent, request=True, sent=len(call.body))
         failed = await self._faults(call.path, call.method)
         if failed is not None:
             return failed
@@ -284,6 +314,7 @@ class Sandbox:
         call = Call(request.method, request.path, dict(request.match_info), dict(request.query),
                     accept=request.headers.get("Accept", ""), content_type=request.content_type,
                     body=await request.read(), agent=request.headers.get("User-Agent", "?"))
+        self.stats.count(call.agent, sent=head_size(request))
         try:
             answered = await self.answer(call)
         except Cut:
@@ -291,7 +322,9 @@ class Sandbox:
                 request.transport.abort()
             raise web.HTTPServiceUnavailable() from None
         if isinstance(answered, Watch):
+            request[STREAMED] = True  # its headers and framing are counted as it is written (watching.py)
             return await self.watches.serve(request, answered)
+        request[COUNTED] = len(answered.encoded)
         response = http(answered)
         if self.faults.trickle > 0 and self.faults.applies(request.path):
             return await trickle(request, response, self.knobs)
@@ -308,7 +341,8 @@ class Sandbox:
         if request.path.startswith("/sandbox/"):
             return await handler(request)
         if request.headers.get("Authorization") != f"Bearer {self.token}":
-            self.stats.count(request.headers.get("User-Agent", "?"), request=True)
+            self.stats.count(request.headers.get("User-Agent", "?"), request=True,
+                             sent=head_size(request) + (request.content_length or 0))
             return status(401, "Unauthorized", "Unauthorized")
         if request.match_info.handler == self._objects:  # type: ignore[comparison-overlap]
             return await handler(request)
@@ -318,7 +352,7 @@ class Sandbox:
                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         """Discovery, OpenAPI, /version: counted and failed as ``answer`` does for the objects."""
         agent = request.headers.get("User-Agent", "?")
-        self.stats.count(agent, request=True)
+        self.stats.count(agent, request=True, sent=head_size(request) + len(await request.read()))
         try:
             failed = await self._faults(request.path, request.method)
         except Cut:
@@ -330,6 +364,7 @@ class Sandbox:
         response = await handler(request)
         if isinstance(response, web.Response) and response.body is not None:
             self.stats.count(agent, nbytes=len(response.body))  # type: ignore[arg-type]
+            request[COUNTED] = len(response.body)  # type: ignore[arg-type]
             if self.faults.trickle > 0 and self.faults.applies(request.path):
                 return await trickle(request, response, self.knobs)
         return response

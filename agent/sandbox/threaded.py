@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent.sandbox.server import Sandbox
-from agent.sandbox.store import Watcher
+from agent.sandbox.store import Watcher, clone
 
 T = TypeVar("T")
 PODS = "/v1/pods"
@@ -67,7 +67,7 @@ class SandboxThread:
     def update_pod(self, namespace: str, name: str, change: Any) -> dict[str, Any]:
         """Apply ``change(pod)`` (mutating a copy) as one MODIFIED event."""
         def apply() -> dict[str, Any]:
-            pod = copy.deepcopy(self.sandbox.store.get(PODS, namespace, name))
+            pod = clone(self.sandbox.store.get(PODS, namespace, name))
             change(pod)
             pod["metadata"].pop("resourceVersion", None)
             return self.sandbox.store.replace(PODS, namespace, name, pod)

@@ -82,11 +82,21 @@ class Watches:
         """The watch as an HTTPS response; a dropped one is cut (its connection aborted, no final chunk)."""
         response = web.StreamResponse(headers=HEADERS)
         await response.prepare(request)
+        count = self.knobs.stats.count
+        version = request.version
+        count(watch.agent, headers=len(f"HTTP/{version.major}.{version.minor} {response.status} {response.reason}\r\n")
+              + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in response.headers.items()) + 2)
+
+        async def write(line: bytes) -> None:  # each line one chunk: its size in hex, CRLF, the line, CRLF
+            count(watch.agent, headers=len(f"{len(line):x}\r\n") + 2)
+            await response.write(line)
+
         self.streams.add(response)
         try:
-            await self.stream(watch, response.write)
+            await self.stream(watch, write)
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
+                count(watch.agent, headers=len(b"0\r\n\r\n"))
         except (asyncio.CancelledError, ConnectionResetError):
             pass
         finally:

@@ -140,7 +140,7 @@ def test_view_own_writes_what_rank_0_and_this_pod_decide_and_holds_back_the_rest
         env_file = FRAMEWORKS[key].env_file
         assert b"export" not in rendition.files[env_file] and b"# not written: " in rendition.files[env_file]
         assert all(data in (b"null\n", b"") for name, data in rendition.files.items() if name != env_file)
-    own, why = own_view(full.plan, options, ssh=False)
+    own, why = own_view(full.plan, options, ssh=False, published=True)
     assert why == "" and render_plan(own, options).files == light.files  # type: ignore[arg-type]
 
 

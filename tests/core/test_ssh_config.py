@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 
 from agent import examples
@@ -33,7 +36,65 @@ def test_known_hosts_patterns_use_brackets_only_off_port_22(port, first):
     topo = render(examples.volcano_job(tasks=(("master", 1), ("worker", 1))), "demo-master-0").plan.topology
     patterns = known_hosts_patterns(topo, port)
     assert patterns[0] == first
-    assert patterns[-1] == ("127.1.0.2" if port == 22 else "[127.1.0.2]:2222")
+    assert patterns[-1] == ("*.*.*.*" if port == 22 else "[*.*.*.*]:2222")
+
+
+def ssh_matches(pattern: str, name: str) -> bool:
+    """ssh's match_pattern: '*' and '?' are wildcards, everything else (brackets too) is literal."""
+    return re.fullmatch("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern),
+                        name) is not None
+
+
+JOBS = [
+    ("volcano, dns", examples.volcano_job("demo", (("master", 1), ("worker", 5))), {}),
+    ("volcano, ip", examples.volcano_job("demo", (("master", 1), ("worker", 5))), {"address": "ip"}),
+    ("volcano, cluster domain", examples.volcano_job("demo", (("master", 1), ("worker", 5))),
+     {"cluster_domain": "c.local"}),
+    ("pytorchjob (per-replica Services)", examples.pytorchjob(workers=5), {}),
+    ("jobset", examples.jobset(rjobs=(("driver", 1, 1), ("workers", 3, 2))), {}),
+]
+
+
+def dialled(config: str, name: str) -> str:
+    """The name ssh checks the host certificate against when asked for ``name`` with this ssh_config: the first
+    ``Host`` block that matches (no negated pattern matching) gives ``HostName`` (``%h``: the name asked)."""
+    for block in config.split("\nHost ")[1:]:
+        head, *body = block.splitlines()
+        patterns = head.split()
+        if any(p.startswith("!") and ssh_matches(p[1:], name) for p in patterns):
+            continue
+        if any(not p.startswith("!") and ssh_matches(p, name) for p in patterns):
+            for line in body:
+                if line.strip().startswith("HostName "):
+                    return line.split(None, 1)[1].replace("%h", name)
+    return name
+
+
+@pytest.mark.parametrize(("pods", "options"), [j[1:] for j in JOBS], ids=[j[0] for j in JOBS])
+@pytest.mark.parametrize("port", [22, 2222])
+def test_known_hosts_matches_every_name_a_member_is_reached_by_and_no_member_list(pods, options, port):
+    """Issue 37: one line serves any size. Every DNS name and IP a member's certificate carries is matched by the
+    line's patterns (ssh then checks the certificate), so is every name ssh_config sends a pod's name or host name
+    to, and the line does not name the members: a pod that knows only rank 0 and itself writes the same line."""
+    names = [p["metadata"]["name"] for p in pods]
+    topo = render(pods, names[-1], **options).plan.topology
+    patterns = known_hosts_patterns(topo, port)
+    config = render_ssh_config(topo, SshPaths("/shared/ssh"), port)
+
+    def covered(name: str) -> bool:
+        return any(ssh_matches(p, name if port == 22 else f"[{name}]:{port}") for p in patterns)
+
+    for member in topo.members:
+        principals = host_principals(member, topo, options.get("cluster_domain"))
+        for principal in principals:
+            if "." in principal or ":" in principal:  # a name DNS resolves, or an IP: dialled as it is
+                assert covered(principal), (principal, patterns)
+            else:  # a pod or host name: ssh_config completes it to one the certificate carries
+                assert dialled(config, principal) in principals and covered(dialled(config, principal)), principal
+    assert not any(m.ip in p or m.name in p for m in topo.members for p in patterns if m.ip)
+    own = dataclasses.replace(topo, members=(topo.training[0], topo.me))
+    assert known_hosts_patterns(own, port) == patterns
+    assert len(patterns) <= 5
 
 
 def test_ssh_config_maps_aliases_to_addresses_and_checks_host_keys():
@@ -42,3 +103,16 @@ def test_ssh_config_maps_aliases_to_addresses_and_checks_host_keys():
     assert "Host mnist-worker-0\n    HostName 127.1.0.2\n" in text
     assert text.index("Host mnist-worker-0") < text.index("Host *")  # first match wins in ssh_config
     assert "StrictHostKeyChecking yes" in text and "IdentityFile /shared/ssh/id_ed25519" in text
+
+
+def test_ssh_config_reaches_dns_named_pods_by_pattern_not_one_block_each():
+    """Issue 37: a pod named as its host name, addressed by its DNS name, is reached by a pattern per role: the
+    file does not grow with the job, and a pod in its own view writes the same blocks for rank 0's role and its
+    own."""
+    topo = render(examples.volcano_job("demo", (("master", 1), ("worker", 40))), "demo-worker-3").plan.topology
+    text = render_ssh_config(topo, SshPaths("/shared/ssh"), 2222)
+    assert "Host demo-master-* !*.*\n    HostName %h.demo\n" in text
+    assert "Host demo-worker-* !*.*\n    HostName %h.demo\n" in text
+    assert text.count("Host ") == 3 and "demo-worker-7" not in text
+    own = dataclasses.replace(topo, members=(topo.training[0], topo.me))
+    assert render_ssh_config(own, SshPaths("/shared/ssh"), 2222) == text

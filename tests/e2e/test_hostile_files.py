@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.ssh_config import SshPaths, render_known_hosts, render_ssh_config
+from agent.core.ssh_config import SshPaths, host_pattern, render_known_hosts, render_ssh_config
 from agent.errors import InputError
 
 # One at a time, on one worker (xdist): the consumers' processes and ports.
@@ -110,10 +110,14 @@ def test_every_file_parses_to_exactly_the_members(tmp_path_factory, job):
     printed = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=True).stdout.splitlines()
     assert printed == [f"{m.address}:{m.slots}" for m in hosts if m.running]
 
-    # ssh -G: one Host block per member plus the defaults; no pod text becomes a directive
+    # ssh -G: one Host block per member that no role pattern reaches, one per pattern, then the defaults; no pod
+    # text becomes a directive
     config = _write(tmp, "ssh_config", render_ssh_config(topo, SshPaths(str(tmp)), 2222))
     text = config.read_text()
-    assert text.count("\nHost ") + text.startswith("Host ") == len(topo.members) + 1
+    patterns = {host_pattern(m) for m in topo.members} - {None}
+    alone = [m for m in topo.members if host_pattern(m) is None]
+    assert text.count("\nHost ") + text.startswith("Host ") == len(alone) + len(patterns) + 1
+    assert all(not line or line.startswith(("Host ", "    ", "#")) for line in text.splitlines())
     for member in topo.members:
         got = subprocess.run(["ssh", "-G", "-F", str(config), member.name], capture_output=True, text=True,
                              check=True).stdout.splitlines()

@@ -124,7 +124,8 @@ def test_written_files_have_safe_modes_and_strict_checking(job):
     config = (ssh_dir / "ssh_config").read_text()
     assert "StrictHostKeyChecking yes" in config and "StrictHostKeyChecking no" not in config
     known = (ssh_dir / "known_hosts").read_text()
-    assert f"@cert-authority [*.demo]:{job['port']}," in known and f"[127.1.0.1]:{job['port']}" in known
+    assert f"@cert-authority [*.demo]:{job['port']}," in known and f"[*.*.*.*]:{job['port']} " in known
+    assert not any(ip in known for ip in job["ips"].values())  # the certificates say which host is which
 
 
 @pytest.mark.parametrize("peer", NAMES)
@@ -265,3 +266,115 @@ def test_the_sidecar_keeps_known_hosts_current_when_a_member_joins_by_ip(workdir
             for proc in procs:
                 proc.terminate()
                 proc.wait(10)
+
+
+OWN_NAMES = ["demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
+
+
+@pytest.fixture(params=["auto", "own"])
+def published_job(request, workdir):
+    """Four pods of a job that publishes its topology, each init a real process with the job's Secret, each pod
+    with its own sshd: by default (auto) rank 0 launches over SSH and holds every member, the workers hold their
+    own view; with --view own every pod does."""
+    from agent.sandbox.threaded import SandboxThread
+    from tests.integration.conftest import finish, start_init
+    from tests.jobs import create_volcano_job
+
+    Path("/run/sshd").mkdir(exist_ok=True)
+    port = free_port()
+    secret = write_secret(workdir / "secret")
+    args = ("--address", "ip", "--source", "published", "--ssh-secret-dir", str(secret), "--ssh-port", str(port),
+            "--nproc-per-node", "1", "--view", request.param)
+    procs = []
+    with SandboxThread(workdir / "sandbox", bookmark_interval=0.5) as sandbox:
+        pods = create_volcano_job(sandbox, (("master", 1), ("worker", 3)))
+        ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
+        started = {name: start_init(sandbox, name, workdir / name, *args) for name in OWN_NAMES}
+        for proc in started.values():
+            code, err = finish(proc)
+            assert code == 0, err
+        try:
+            for name in OWN_NAMES:
+                log = workdir / f"sshd-{name}.log"
+                procs.append(start_sshd(workdir / name / "ssh" / "sshd_config", ips[name], log))
+                wait_listening(ips[name], port, procs[-1], log)
+            yield {"dir": workdir, "port": port, "ips": ips, "secret": secret, "view": request.param}
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(10)
+
+
+def views(job) -> dict[str, str]:
+    return {name: json.loads((job["dir"] / name / "topology.json").read_text()).get("view", "full")
+            for name in OWN_NAMES}
+
+
+def test_in_its_own_view_a_pod_reaches_every_peer_over_ssh_and_its_known_hosts_names_no_member(published_job):
+    """Issue 37: SSH works in either view. A worker that knows only rank 0 and itself writes one @cert-authority
+    line that names no member, and reaches every peer, by the address the launcher's hostfile gives, with strict
+    host key checking; by default rank 0 (the SSH launcher) holds every member and writes the hostfile."""
+    job = published_job
+    expected = {"demo-master-0": "full" if job["view"] == "auto" else "own"} | {n: "own" for n in OWN_NAMES[1:]}
+    assert views(job) == expected
+    assert (job["dir"] / "demo-master-0" / "hostfile").exists() == (job["view"] == "auto")
+    for me in OWN_NAMES[1:]:
+        known = (job["dir"] / me / "ssh" / "known_hosts").read_text()
+        assert not any(ip in known for ip in job["ips"].values()) and known.count("@cert-authority") == 1
+        for peer, ip in job["ips"].items():
+            result = ssh(job, ip, "echo $TOPOLOGY_SSH_POD", config_pod=me)
+            assert result.returncode == 0, (me, peer, result.stderr)
+            assert result.stdout.strip() == peer
+
+
+def test_in_its_own_view_a_server_the_job_ca_did_not_sign_is_still_refused(published_job, workdir):
+    """The line trusts any address of the job's family only for a certificate of the job's CA naming that address:
+    an impostor on a peer's address with another CA's certificate for the same names is refused."""
+    job = published_job
+    victim, me = "demo-worker-2", "demo-worker-1"
+    other_pods = workdir / "pods.json"
+    other_pods.write_text(json.dumps(examples.volcano_job("demo", (("master", 1), ("worker", 3)))))
+    other_secret = write_secret(workdir / "other-secret", job="impostor")
+    assert main(["render", "--pods", str(other_pods), "--self", victim, "--out", str(workdir / "impostor"),
+                 "--address", "ip", "--ssh-secret-dir", str(other_secret), "--ssh-port", str(job["port"])]) == 0
+    (workdir / "impostor" / "ssh" / "authorized_keys").write_text((job["secret"] / "id_ed25519.pub").read_text())
+    ip = job["ips"][victim]
+    subprocess.run(["pkill", "-f", f"ListenAddress={ip}"], check=False)  # this test's own sshd on that address
+    log = workdir / "sshd-impostor.log"
+    impostor = start_sshd(workdir / "impostor" / "ssh" / "sshd_config", ip, log)
+    try:
+        wait_listening(ip, job["port"], impostor, log)
+        result = ssh(job, ip, "echo reached", config_pod=me)
+        assert result.returncode == 255 and "reached" not in result.stdout
+        lax = ssh(job, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", ip, "echo reached",
+                  config_pod=me)
+        assert lax.returncode == 0 and lax.stdout.strip() == "reached", lax.stderr
+    finally:
+        impostor.terminate()
+        impostor.wait(10)
+
+
+@pytest.mark.parametrize("published_job", ["auto"], indirect=True)  # --view own: rank 0 writes no hostfile
+def test_by_default_the_launcher_runs_deepspeed_on_every_peer_whose_own_view_serves_its_sshd(published_job):
+    """The pdsh launcher (rank 0, every member) reaches the workers, which hold their own view."""
+    job = published_job
+    assert job["view"] == "auto"
+    pytest.importorskip("deepspeed", reason="DeepSpeed is installed by scripts/test")
+    if shutil.which("pdsh") is None:
+        pytest.skip("pdsh is not installed (apt-get install pdsh; .ci/run does)")
+    marks = job["dir"] / "marks"
+    marks.mkdir()
+    script = job["dir"] / "trivial.py"
+    script.write_text(f"import os, pathlib\npathlib.Path('{marks}', os.environ['RANK'])"
+                      ".write_text(os.environ.get('TOPOLOGY_SSH_POD', '?'))\n")
+    bindir = job["dir"] / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(f'#!/bin/sh\nexec {SSH} -F {job["dir"] / OWN_NAMES[0] / "ssh" / "ssh_config"} "$@"\n')
+    (bindir / "ssh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PDSH_RCMD_TYPE": "ssh"}
+    result = subprocess.run(
+        [sys.executable, "-m", "deepspeed.launcher.runner", "--launcher", "pdsh", "--hostfile",
+         str(job["dir"] / OWN_NAMES[0] / "hostfile"), "--master_addr", job["ips"][OWN_NAMES[0]], "--master_port",
+         str(free_port()), str(script)], env=env, capture_output=True, text=True, timeout=240, cwd=job["dir"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert sorted(p.name for p in marks.iterdir()) == ["0", "1", "2", "3"]

@@ -250,3 +250,60 @@ def test_the_sandbox_certificate_passes_strict_x509_verification(sandbox):
     with socket.create_connection(("127.0.0.1", sandbox.sandbox.port), timeout=5) as raw, \
             context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
         assert tls.version() in ("TLSv1.2", "TLSv1.3")
+
+
+def _exchange(sandbox, head: str, body: bytes = b"") -> bytes:
+    """One request over a raw TLS socket, the connection closed after the answer: every byte either way."""
+    import socket
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(sandbox.sandbox.state_dir / "ca.crt"))
+    with socket.create_connection(("127.0.0.1", sandbox.sandbox.port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        tls.sendall(head.encode() + body)
+        received = b""
+        while chunk := tls.recv(65536):
+            received += chunk
+    return received
+
+
+@pytest.mark.parametrize("kind", ["get", "put", "watch", "unauthorized"])
+def test_the_stats_count_every_byte_of_a_request_and_its_answer_on_the_wire(sandbox, kind):
+    """Issue 37: the benchmarks' API traffic is request and answer, headers included (a watch's chunk framing
+    too), so the sandbox's counts must equal what a client sends and receives."""
+    import time
+
+    for pod in examples.volcano_job("demo", (("master", 1), ("worker", 1))):
+        sandbox.create_pod(pod)
+    path = "/api/v1/namespaces/default/pods"
+    body = b""
+    target = f"{path}/demo-worker-0"
+    method = "GET"
+    if kind == "put":
+        pod = sandbox.sandbox.store.get("/v1/pods", "default", "demo-worker-0")
+        body = json.dumps(pod).encode()
+        method = "PUT"
+    elif kind == "watch":
+        target = f"{path}?watch=true&resourceVersion=0&timeoutSeconds=1&labelSelector=volcano.sh%2Fjob-name%3Ddemo"
+    token = "wrong" if kind == "unauthorized" else sandbox.sandbox.token
+    head = (f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: counted/{kind}\r\n"
+            f"Authorization: Bearer {token}\r\nAccept: application/json\r\nConnection: close\r\n"
+            + (f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if body else "") + "\r\n")
+    sandbox.reset_stats()
+    received = _exchange(sandbox, head, body)
+    assert received.startswith(b"HTTP/1.1 401" if kind == "unauthorized" else b"HTTP/1.1 200")
+    deadline = time.monotonic() + 5
+    while True:  # the access log counts once the answer is sent; the client may read it first
+        counted = sandbox.stats()["byAgent"][f"counted/{kind}"]
+        if counted["bytes"] + counted["headers"] == len(received) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert counted["sent"] == len(head.encode()) + len(body)
+    assert counted["bytes"] + counted["headers"] == len(received)
+    if kind == "watch":  # the lines are the body; the rest (chunk sizes, CRLFs, the last chunk) is framing
+        chunked, lines = received.split(b"\r\n\r\n", 1)[1], []
+        while (size := int(chunked.split(b"\r\n", 1)[0], 16)) > 0:
+            chunked = chunked.split(b"\r\n", 1)[1]
+            lines.append(chunked[:size])
+            chunked = chunked[size + 2:]
+        assert len(lines) == 2 and counted["bytes"] == sum(map(len, lines))

@@ -109,10 +109,11 @@ async def test_followers_fall_back_to_the_pods_when_the_publisher_stops_and_retu
 
 
 async def test_a_journal_sequence_out_of_range_makes_followers_follow_the_pods(memory, api, logs, sidecars, tmp_path):
-    """A forged journal at sequence 2^53-1 made followers refuse every later journal, silently, for good."""
-    await published_job(memory, api, logs, tmp_path, 4)
-    await start_sidecar(sidecars, tmp_path, "demo-master-0")
-    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-3")
+    """A forged journal at sequence 2^53-1 made followers refuse every later journal, silently, for good. (A
+    follower that holds every member applies the journal's entries; one in its own view reads only the summary.)"""
+    await published_job(memory, api, logs, tmp_path, 4, "--view", "full")
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", "--view", "full")
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-3", "--view", "full")
     await logs.until("demo-worker-3", "(follower)")
     await logs.until("demo-master-0", "started publishing")
     await sidecars.stop("demo-master-0")  # nobody will write the journal back

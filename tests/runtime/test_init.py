@@ -300,7 +300,7 @@ def test_the_leader_never_follows_a_topology_someone_made_before_it(memory, api,
         configmap_name("demo"), pack(forger.snapshot_document()), generation=forger.state.seq,
         leader="demo-master-0", owner=None))
     ran = init_pod(api, logs, "demo-master-0", tmp_path / "leader", "--source", "published", "--address", "ip",
-                   "--timeout", "30")
+                   "--timeout", "30", "--view", "full")  # the hostfile, as the launcher's view has it
     assert ran.code == 0, ran.err
     assert "configmap demo-topology exists already (this init ran before, or another writer made it): not " \
            "followed" in ran.err
@@ -308,8 +308,10 @@ def test_the_leader_never_follows_a_topology_someone_made_before_it(memory, api,
     assert "127.9.9.9" not in hostfile and pods[1]["status"]["podIP"] in hostfile
 
 
+@pytest.mark.parametrize("view", ["full", "auto"])
 @pytest.mark.parametrize("case", ["another_jobs_agent", "no_writer_named", "a_pod_not_owned"])
-def test_followers_never_use_a_topology_that_no_pod_of_the_job_wrote(memory, api, logs, inits, tmp_path, case):
+def test_followers_never_use_a_topology_that_no_pod_of_the_job_wrote(memory, api, logs, inits, tmp_path, case,
+                                                                      view):
     """Any pod under the agent's ServiceAccount could create another job's `<job>-topology` naming itself, and the
     followers used it (MASTER_ADDR and the hosts of the forger's choosing). Each follower now reads the writer pod
     once: a copy whose writer is not a member of this job, by name and uid, is refused in one line and the
@@ -331,19 +333,22 @@ def test_followers_never_use_a_topology_that_no_pod_of_the_job_wrote(memory, api
         writer, uid, why = "demo-master-9", created["metadata"]["uid"], "is not a member"
     forge_publication(memory, pods, writer=writer, writer_uid=uid)
     names = [p["metadata"]["name"] for p in pods]
-    started = {n: inits.start(n, tmp_path / n, "--source", "published", "--address", "ip", "--timeout", "30")
-               for n in reversed(names)}
+    started = {n: inits.start(n, tmp_path / n, "--source", "published", "--address", "ip", "--timeout", "30",
+                              "--view", view) for n in reversed(names)}
     for name, who in started.items():
         ran = inits.finish(who)
         assert ran.code == 0, ran.err
-        hostfile = (tmp_path / name / "hostfile").read_text()
-        assert "127.9.9.9" not in hostfile and all(p["status"]["podIP"] in hostfile for p in pods)
+        if view == "full":
+            hostfile = (tmp_path / name / "hostfile").read_text()
+            assert "127.9.9.9" not in hostfile and all(p["status"]["podIP"] in hostfile for p in pods)
         env = (tmp_path / name / "torch.env").read_text()
-        assert f"export MASTER_ADDR='{pods[0]['status']['podIP']}'" in env
+        assert "127.9.9.9" not in env and f"export MASTER_ADDR='{pods[0]['status']['podIP']}'" in env
         if name != "demo-master-0":
             assert "the published topology is not used (configmap demo-topology" in ran.err and why in ran.err, \
                 ran.err
             assert "reading the pods instead" in ran.err
+            if view == "auto":  # its own view read the forged summary first, and refused it as well
+                assert "the published summary is not used (configmap demo-topology" in ran.err, ran.err
 
 
 def _watching_pods(api, pod: str) -> bool:

@@ -234,11 +234,12 @@ async def follower_watching(api, pod: str) -> None:
     await api.notice.until(lambda: api.watching(agent_name("sidecar", pod), CONFIGMAPS), what=f"{pod} watching")
 
 
+@pytest.mark.parametrize("view", ["full", "auto"])
 async def test_with_a_published_topology_only_the_leader_watches_pods_and_followers_follow(memory, api, logs,
-                                                                                           sidecars, tmp_path):
-    await published_job(memory, api, logs, tmp_path, 3)
-    await start_sidecar(sidecars, tmp_path, "demo-master-0")
-    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2")
+                                                                                           sidecars, tmp_path, view):
+    await published_job(memory, api, logs, tmp_path, 3, "--view", view)
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", "--view", view)
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2", "--view", view)
     await logs.until("demo-worker-2", "(follower)")
     await logs.until("demo-master-0", "started publishing")
     await follower_watching(api, "demo-worker-2")
@@ -248,7 +249,11 @@ async def test_with_a_published_topology_only_the_leader_watches_pods_and_follow
     await follower.until(lambda: generation(follower_out) == 2, what="the follower follows the leader's publication")
     env = json.loads((follower_out / "topology.json").read_text())["env"]
     assert env["WORLD_SIZE"] == "5" and env["NODE_RANK"] == "3"
-    assert (follower_out / "hostfile").read_text() == (tmp_path / "demo-master-0" / "hostfile").read_text()
+    if view == "full":
+        assert (follower_out / "hostfile").read_text() == (tmp_path / "demo-master-0" / "hostfile").read_text()
+    else:  # its own view: rank 0, the sizes and its own place, from the journal's summary; no host list
+        assert not (follower_out / "hostfile").exists() and not (tmp_path / "demo-master-0" / "hostfile").exists()
+        assert env["MASTER_ADDR"] == world(tmp_path / "demo-master-0")[1]
     stats = memory.stats()["byAgent"]
     agent = agent_name("sidecar", "demo-worker-2")
     assert agent not in stats or stats[agent]["requests"] == 0  # the watch was open
@@ -256,10 +261,12 @@ async def test_with_a_published_topology_only_the_leader_watches_pods_and_follow
 
 async def test_a_follower_receives_only_the_journal_and_the_leader_names_its_standbys(memory, api, logs, sidecars,
                                                                                       tmp_path):
-    """Each change reached every follower as the whole snapshot (88 KiB at 4096 pods)."""
-    await published_job(memory, api, logs, tmp_path, 7)
-    running = {n: await start_sidecar(sidecars, tmp_path, n) for n in ("demo-master-0", "demo-worker-0",
-                                                                        "demo-worker-5")}
+    """Each change reached every follower as the whole snapshot (88 KiB at 4096 pods). (A follower in its own view
+    never reads the snapshot: test_view_own_... below.)"""
+    await published_job(memory, api, logs, tmp_path, 7, "--view", "full")
+    running = {n: await start_sidecar(sidecars, tmp_path, n, "--view", "full") for n in ("demo-master-0",
+                                                                                          "demo-worker-0",
+                                                                                          "demo-worker-5")}
     await logs.until("demo-worker-0", "(candidate)")
     await follower_watching(api, "demo-worker-5")
     assert "(follower)" in logs.text("demo-worker-5")
@@ -329,9 +336,10 @@ async def test_when_the_leader_stops_a_standby_takes_over_and_followers_see_the_
     assert "released lease demo-topology" in logs.text("demo-master-0")
 
 
+@pytest.mark.parametrize("view", ["full", "auto"])
 async def test_after_the_whole_job_is_re_created_followers_wait_for_the_leader_to_publish_again(memory, api, logs,
                                                                                                 inits, sidecars,
-                                                                                                tmp_path):
+                                                                                                tmp_path, view):
     """What a real cluster does: a controller that restarts a job re-creates every pod under its name with a new
     uid, and the publication survives (the job owns it). The copy's writer is then a member under another uid: not
     a forgery. Reading the pods instead would make every follower list every pod (the load the publication exists
@@ -339,24 +347,30 @@ async def test_after_the_whole_job_is_re_created_followers_wait_for_the_leader_t
     pods = create_volcano_job(memory, (("master", 1), ("worker", 3)))
     names = [p["metadata"]["name"] for p in pods]
     for name in names:
-        await init(api, logs, name, tmp_path / "before" / name, "--source", "published", "--address", "ip")
+        await init(api, logs, name, tmp_path / "before" / name, "--source", "published", "--address", "ip",
+                   "--view", view)
     for pod in pods:  # the controller restarts the job: same names, new uids, new addresses
         memory.delete_pod("default", pod["metadata"]["name"])
         pod["metadata"]["uid"] = pod["metadata"]["uid"][:-4] + "beef"
         ip = examples.loopback_ip(200 + names.index(pod["metadata"]["name"]))
         pod["status"].update(podIP=ip, podIPs=[{"ip": ip}])
         memory.create_pod(pod)
-    followers = {n: inits.start(n, tmp_path / n, "--source", "published", "--address", "ip", "--timeout", "60")
-                 for n in names[1:]}
-    await init(api, logs, "demo-master-0", tmp_path / "demo-master-0", "--source", "published", "--address", "ip")
-    await start_sidecar(sidecars, tmp_path, "demo-master-0")
+    followers = {n: inits.start(n, tmp_path / n, "--source", "published", "--address", "ip", "--timeout", "60",
+                                "--view", view) for n in names[1:]}
+    await init(api, logs, "demo-master-0", tmp_path / "demo-master-0", "--source", "published", "--address", "ip",
+               "--view", view)
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", "--view", view)
     for name, who in followers.items():
         ran = await inits.finish_async(who)
         assert ran.code == 0, ran.err
         assert "waiting for the published topology to be written again" in ran.err and "its writer's uid" in ran.err
         assert "reading the pods instead" not in ran.err
-        hostfile = (tmp_path / name / "hostfile").read_text()
-        assert all(p["status"]["podIP"] in hostfile for p in pods), hostfile
+        if view == "full":
+            hostfile = (tmp_path / name / "hostfile").read_text()
+            assert all(p["status"]["podIP"] in hostfile for p in pods), hostfile
+        else:  # its own view, from the summary the re-created leader published
+            assert "(--view auto)" in ran.err and "reading the whole topology" not in ran.err
+            assert world(tmp_path / name) == ("4", pods[0]["status"]["podIP"])
 
 
 async def test_a_follower_leaves_a_journal_that_a_pod_of_another_job_rewrote_and_follows_the_pods(memory, api, logs,
@@ -464,7 +478,7 @@ async def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_chan
 
 async def test_with_view_own_but_no_summary_published_a_pod_says_so_and_reads_the_whole_topology(memory, api, logs,
                                                                                                  tmp_path):
-    await published_job(memory, api, logs, tmp_path, 4)  # the leader without --view own publishes no summary
+    await published_job(memory, api, logs, tmp_path, 4, "--view", "full")  # the leader publishes no summary
     out = tmp_path / "light"
     ran = await init(api, logs, "demo-worker-3", out, "--address", "ip", "--source", "published", "--view", "own")
     assert "--view own not used: the leader published no summary" in ran.err

@@ -216,6 +216,7 @@ class Sidecar:
             self.api, job, check, self.view, options=s.options, ssh=s.ssh is not None,
             lease_seconds=s.lease_seconds, make_follower=lambda: self._journal_follower(job, check))
         self.changes.mode, self.changes.may_stand_by = mode, self.publication is not None
+        self.evaluator.published = self.publication is not None
         if mode == Mode.CANDIDATE:
             self.changes.candidate.set()
         if self.publication is not None and self.publication.nodes:
@@ -248,7 +249,7 @@ class Sidecar:
         s = self.settings
         probe = {"probe_every": s.probe_every} if s.probe_every is not None else {}
         return JournalFollower(self.changes, self.api, self.view, namespace=s.namespace, configmap=job.configmap,
-                               check=check, settings=s.reflecting, clock=self.clock,
+                               check=check, settings=s.reflecting, clock=self.clock, ssh=s.ssh is not None,
                                grace=2.0 * s.lease_seconds, **probe)  # type: ignore[arg-type]
 
     async def _read_job(self, me: RawPod) -> None:

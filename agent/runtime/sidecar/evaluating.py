@@ -29,6 +29,7 @@ from agent.k8s.retrying import Backoff
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
 from agent.runtime.signalling import signal_trainer
+from agent.runtime.views import HOLDING, full_view_line
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -66,7 +67,8 @@ class Evaluator:
         self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
         self.standby_now: tuple[str, ...] = ()  # node ranks 1.. in the last evaluation: the leader names them
         self.plan: Plan | None = None  # the last valid plan: the leader summarizes it (core/summary.py)
-        self.full_view_why = ""  # why --view own does not apply to the pods held (said once per reason)
+        self.full_view_why = ""  # why the own view does not apply to the pods held (said once per reason)
+        self.published = False  # the job publishes its topology: the default view is each pod's own there
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
         self.shape: tuple[int, int] | None = None  # training pods and world size of the files in place
 
@@ -140,9 +142,9 @@ class Evaluator:
             return rendered, _own_key(rendered)
         assert pods is not None
         plan = self.renderer.planner.plan(pods, nodes=nodes)
-        own, why = own_view(plan, s.options, ssh=s.ssh is not None) if s.options.view == "own" else (None, "")
+        own, why = own_view(plan, s.options, ssh=s.ssh is not None, published=self.published)
         if why != self.full_view_why and why:
-            log.warning("--view own not used: %s; this pod's files hold the whole topology", why)
+            log.log(*full_view_line(s.options.view, why, HOLDING))
         self.full_view_why = why
         self._planned(plan)
         if own is not None:  # --view own, holding every pod: the files a follower makes from the summary

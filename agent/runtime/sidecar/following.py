@@ -35,7 +35,7 @@ from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.runtime.memory import freeze, release_memory
 from agent.runtime.publishing import lease_path, vouch
 from agent.runtime.tasks import race
-from agent.runtime.views import PodView, PublicationView, SummaryView
+from agent.runtime.views import READING, PodView, PublicationView, SummaryView, full_view_line
 
 log = logging.getLogger("topology_agent.sidecar")
 PROBE_EVERY = 300.0  # seconds between a follower's looks at the publisher's Lease (jittered by a quarter)
@@ -128,13 +128,13 @@ class JournalFollower:
 
     def __init__(self, sink: Sink, api: AsyncApi, pods: PodView, *, namespace: str, configmap: str,
                  check: WriterCheck | None, settings: ReflectorSettings, clock: Callable[[], float],
-                 grace: float = 30.0, probe_every: float = PROBE_EVERY) -> None:
+                 grace: float = 30.0, probe_every: float = PROBE_EVERY, ssh: bool = False) -> None:
         self.sink, self.api, self.pods, self.namespace, self.configmap = sink, api, pods, namespace, configmap
         self.check, self.settings, self.clock, self.grace, self.probe_every = check, settings, clock, grace, probe_every
         self.published = PublicationView(configmap, strict=True)
         self.published.watchers.append(self._rows)
-        self.summary = SummaryView(configmap, pods.me or {}, pods.options)  # type: ignore[arg-type]
-        self.light = False  # --view own: the journal's summary places this pod; the snapshot is never read
+        self.summary = SummaryView(configmap, pods.me or {}, pods.options, ssh=ssh)  # type: ignore[arg-type]
+        self.light = False  # its own view: the journal's summary places this pod; the snapshot is never read
         self.first_list: tuple[list[dict[str, Any]], str] | None = None  # the LIST that chose the mode: reused
 
     @property
@@ -300,7 +300,7 @@ class _Journal:
             follower.stand_by(summary.journal.standby)
         if summary.unsummarized is not None:
             follower.light = False
-            log.warning("--view own not used: %s; reading the whole topology", summary.unsummarized)
+            log.log(*full_view_line(follower.pods.options.view, summary.unsummarized, READING))
             raise ApiGone("reading the whole topology", status=410)
         if summary.changed:
             follower.sink.changed()

@@ -19,8 +19,8 @@ from agent.core.journal import journal_name, state_from
 from agent.core.lease import Timing
 from agent.core.provenance import WriterCheck
 from agent.core.published import SELECT_LABEL, select_value
-from agent.core.summary import why_full_view
 from agent.core.topology import Plan
+from agent.core.view_choice import why_full_view
 from agent.errors import ApiError, ApiForbidden, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.retrying import retried
@@ -28,7 +28,7 @@ from agent.runtime.election import Elector
 from agent.runtime.nodes import NodeMap
 from agent.runtime.publishing import JournalWriter, vouch
 from agent.runtime.sidecar.following import JournalFollower, Mode
-from agent.runtime.views import PodView
+from agent.runtime.views import READING, PodView, full_view_line
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -59,11 +59,11 @@ class Publication:
                    lease_seconds: int, make_follower: Callable[[], JournalFollower]) -> tuple[Publication | None, Mode]:
         """Look for a publication (the API being away at start is waited out: it decides the mode for the pod's
         life; no RBAC for ConfigMaps means the pods). None and PODS when there is none to follow."""
-        why_full = why_full_view(options, ssh=ssh)
-        light = options.view == "own" and why_full is None
-        if options.view == "own" and why_full is not None:
-            log.warning("--view own not used: %s; reading the whole topology", why_full)
-        # --view own reads the journal alone (its summary), never the snapshot
+        why_full = why_full_view(options)
+        light = why_full is None
+        if why_full is not None and options.view != "full":
+            log.log(*full_view_line(options.view, why_full, READING))
+        # its own view reads the journal alone (its summary), never the snapshot
         field = f"metadata.name={journal_name(job.configmap)}" if light else ""
         label = "" if light else f"{SELECT_LABEL}={select_value(job.configmap)}"
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"

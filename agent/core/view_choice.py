@@ -1,0 +1,75 @@
+"""Which view a pod writes: every member (the full view) or its own (rank 0, the job's sizes and its own place).
+
+The one place the choice is made (``choose_view``); init, the sidecar and the follower of a published summary all
+ask it. ``--view full`` and ``--view own`` decide it outright. ``--view auto`` (the default) gives a large job's pods
+(those that follow a published topology) their own view, which costs a few KiB whatever the job's size, unless
+their files must name every member:
+
+- a pod of role ``launcher`` (an MPIJob's, a TrainJob's on an MPI runtime): mpirun runs there, on the hostfile;
+- a pod whose role does not train (a parameter server, a driver): its files list the job's pods by role;
+- with SSH (``--ssh-secret-dir``) and no launcher role, node rank 0, which launches: DeepSpeed's pdsh runner,
+  ``mpirun`` and ``horovodrun`` (with discover_hosts.sh) run there on the hostfile;
+- a pod given the files of a framework that names every member (``Framework.needs_every_member``: TensorFlow's
+  TF_CONFIG, MLX's ring hostfile, MPI's hostfile for every training pod with ``--frameworks mpi``);
+- a pod in its own view whose framework files would be written without values (``Framework.blocked``: pods that run
+  different numbers of processes, a port only rank 0's container names and the leader did not publish).
+
+A small job's pods read the pods and write every member, as the full view always did: their own view would save
+nothing. Where a pod reads from (the pods, the published snapshot, the summary) follows from this choice; the
+leader and the standbys hold every member whatever they write, to publish and to take over.
+"""
+
+from __future__ import annotations
+
+from agent.core.frameworks import Context, selected
+from agent.core.frameworks.mpi import LAUNCHER_ROLE
+from agent.core.model import Options
+from agent.core.topology import Plan
+
+SMALL_JOB = "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
+
+
+def why_full_view(options: Options) -> str | None:
+    """Why this pod writes every member, known from its options alone, before anything is read (None: it may read
+    the summary; ``choose_view`` decides once its own place is known)."""
+    if options.view == "full":
+        return "--view full"
+    if options.levels is not None or options.rank_order != "index":
+        return "ranks by Node labels (--topology-levels, --rank-order topology) need every member"
+    return None
+
+
+def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | None:
+    """Why this pod's files must name every member (None: rank 0, the job's sizes and its own place are all they
+    say); the module's docstring lists the reasons. ``plan`` is the pod's whole plan or its own view's."""
+    me, topology = plan.topology.me, plan.topology
+    if me.role == LAUNCHER_ROLE:
+        return f"role '{LAUNCHER_ROLE}': mpirun runs here, on the hostfile of every training pod"
+    if not me.training:
+        return f"role '{me.role}' does not train: its files list the job's pods by role"
+    if ssh and me.node_rank == 0 and LAUNCHER_ROLE not in topology.roles:
+        return "it launches over SSH (DeepSpeed's pdsh runner, mpirun, horovodrun): its hostfile names every " \
+               "training pod"
+    context = Context(plan, options, {}, {}, None, frozenset(options.frameworks.names))
+    for framework, _ in selected(plan, options):
+        if framework.refusal(context) is not None:
+            continue
+        if framework.needs_every_member:
+            return f"its {framework.title} files ({framework.env_file}) name every member"
+        if context.partial:
+            blocked = framework.blocked(context, framework.port(plan, options))
+            if blocked is not None:
+                return f"its {framework.title} files ({framework.env_file}) need more than its own view: {blocked}"
+    return None
+
+
+def choose_view(plan: Plan, options: Options, *, ssh: bool, published: bool) -> str | None:
+    """Why this pod writes every member (None: it writes its own view). ``published``: the job publishes its
+    topology (from 256 training pods); ``ssh``: the pod has the job's SSH material. ``--view own`` gives the own view
+    wherever a summary can say the ranks (a framework that needs every member is then written without values)."""
+    why = why_full_view(options)
+    if why is not None or options.view == "own":
+        return why
+    if not published:
+        return SMALL_JOB
+    return every_member_needed(plan, options, ssh=ssh)
