@@ -164,8 +164,6 @@ class Sidecar:
 
     def unready(self) -> str | None:
         """Why the files in place may not be the job's current membership (None: they are)."""
-        if not self.evaluator.evaluated:
-            return "the first evaluation has not run yet"
         if self.evaluator.problem is not None:
             return self.evaluator.problem
         reflector = self.changes.reflector

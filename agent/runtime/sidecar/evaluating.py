@@ -53,6 +53,9 @@ def _shape(env: Any) -> tuple[int, int] | None:
         return None
 
 
+NOT_EVALUATED = "the first evaluation has not run yet"
+
+
 class Evaluator:
     def __init__(self, settings: Any, metrics: SidecarMetrics, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -62,10 +65,8 @@ class Evaluator:
         self.last_key: tuple[tuple[object, ...], ...] | None = None
         self.document: bytes | None = None  # topology.json as written, served by /topology
         self.keep_document = True  # False when /topology is not served: 4.5 MB less held at 16384 pods
-        self.evaluated = False
-        self.problem: str | None = None  # why the files in place are not the current membership's
+        self.problem: str | None = NOT_EVALUATED  # why the files in place may not be the membership's (None: they are)
         self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
-        self.standby_now: tuple[str, ...] = ()  # node ranks 1.. in the last evaluation: the leader names them
         self.plan: Plan | None = None  # the last valid plan: the leader summarizes it (core/summary.py)
         self.full_view_why = ""  # why the own view does not apply to the pods held (said once per reason)
         self.published = False  # the job publishes its topology: the default view is each pod's own there
@@ -74,7 +75,17 @@ class Evaluator:
 
     @property
     def valid(self) -> bool:
-        return self.evaluated and self.problem is None
+        return self.problem is None
+
+    @property
+    def evaluated(self) -> bool:
+        return self.problem != NOT_EVALUATED
+
+    @property
+    def standby_now(self) -> tuple[str, ...]:
+        """Node ranks 1.. in the last valid plan: the leader names them its standbys."""
+        plan = self.plan
+        return () if plan is None else tuple(m.name for m in plan.topology.training[1:1 + STANDBYS])
 
     def load_previous(self) -> None:
         """Continue from init's (or a previous sidecar's) generation: same membership -> no rewrite. The files
@@ -119,7 +130,6 @@ class Evaluator:
         """Recompute from the pods that can be placed, or from this pod's plan (``--view own``: the published
         summary's); rewrite and signal only if membership changed. Returns None, or the seconds after which a
         failed write is to be tried again."""
-        self.evaluated = True
         try:
             rendered, key = self._render(pods, light, nodes)
         except InputError as err:
@@ -155,7 +165,6 @@ class Evaluator:
 
     def _planned(self, plan: Plan) -> None:
         self.plan = plan  # the whole job's when it holds every pod: the leader publishes it, names standbys from it
-        self.standby_now = tuple(m.name for m in plan.topology.training[1:1 + STANDBYS])
 
     def _write(self, rendered: Rendered, key: Any, since: float, note: str) -> float | None:
         s = self.settings
