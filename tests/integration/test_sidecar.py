@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -262,9 +263,19 @@ def test_sigterm_while_the_api_is_down_at_start_exits_0_at_once(sandbox, tmp_pat
     env.pop("KUBECONFIG", None)
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(tmp_path / "out"),
                              "--health-port", "0"], env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    # Its first line says it cannot reach the API: it is in the start-up retry loop (a loaded machine can take
+    # seconds to start the interpreter, and a SIGTERM before the handlers are set is the default one)
+    wait_for(lambda: lines, timeout=30, what="the sidecar's first line")
+    time.sleep(1.0)
     assert proc.poll() is None, "the sidecar keeps retrying while the API is down"
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=5)
+    proc.wait(timeout=5)
+    reader.join(5)
+    proc.stderr.close()
+    err = "".join(lines)
     assert proc.returncode == 0, err
     assert "stopped before the first list" in err
