@@ -323,6 +323,7 @@ def test_a_one_shot_command_run_in_process_leaves_the_cyclic_collector_as_it_fou
         gc.enable()
 
 
+@pytest.mark.slow  # seconds of real waiting (backoffs, a timeout): the whole suite runs it
 def test_explain_piped_into_head_ends_quietly_with_the_shells_sigpipe_code(tmp_path):
     """``explain ... | head`` closes the pipe early: no "internal error" line, and the code a shell gives a process
     ended by SIGPIPE (141), not the bug exit (70). The job's explanation (~550 KB) outgrows the pipe's buffer."""

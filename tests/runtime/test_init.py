@@ -19,6 +19,7 @@ from tests.fakeapi import agent_name, init_pod
 from tests.jobs import create_volcano_job, forge_publication, rogue
 
 
+@pytest.mark.slow  # seconds of real waiting (backoffs, a timeout): the whole suite runs it
 def test_a_missing_pod_times_out_naming_it(memory, api, logs, tmp_path):
     pods = create_volcano_job(memory, (("master", 1), ("worker", 3)))
     memory.delete_pod("default", "demo-worker-2")
@@ -78,6 +79,7 @@ def test_an_api_that_resets_connections_at_start_is_retried_until_it_answers(mem
     assert (tmp_path / "out" / "torch.env").is_file()
 
 
+@pytest.mark.slow  # seconds of real waiting (backoffs, a timeout): the whole suite runs it
 def test_watch_resumes_after_a_dropped_stream_and_relists_after_410(memory, api, logs, inits, tmp_path):
     pods = create_volcano_job(memory, (("master", 1), ("worker", 2)), with_ips=False)
     who = inits.start("demo-master-0", tmp_path / "out", "--address", "ip", "--timeout", "60")
@@ -132,6 +134,7 @@ def test_wait_dns_waits_until_the_injected_resolver_answers():
     assert asked.count("demo-master-0.demo") == 3 and asked.count("demo-worker-0.demo") == 1
 
 
+@pytest.mark.slow  # seconds of real waiting (backoffs, a timeout): the whole suite runs it
 def test_slow_api_responses_delay_init_but_it_completes(memory, api, logs, tmp_path):
     create_volcano_job(memory, (("master", 1), ("worker", 1)))
     memory.faults(delay=1.0, delay_count=3)

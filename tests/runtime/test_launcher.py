@@ -154,6 +154,7 @@ def test_a_command_that_ends_by_itself_ends_the_launcher_with_its_code(files):
     assert procs[0].wait(20) == 0 and len(starts(record)) == 1
 
 
+@pytest.mark.slow  # seconds of real waiting (backoffs, a timeout): the whole suite runs it
 def test_a_failing_command_is_started_again_a_few_times_then_its_code_is_the_launchers(files):
     out, record, procs = files
     procs.append(launch(out, record, "--max-restarts", "2", env={"EXIT_WITH": "7"}))

@@ -429,6 +429,7 @@ async def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_
     assert "not used" not in logs.text("demo-worker-2")
 
 
+@pytest.mark.slow  # seconds of real waiting (backoffs, a timeout): the whole suite runs it
 async def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_changes_and_a_takeover(memory, api,
                                                                                                    logs, sidecars,
                                                                                                    tmp_path):
