@@ -54,7 +54,9 @@ def wait_listening(address: str, port: int, proc: subprocess.Popen, log: Path, t
         if proc.poll() is not None:
             raise AssertionError(f"sshd exited: {log.read_text()}")
         with socket.socket() as sock:
-            if sock.connect_ex((address, port)) == 0:
+            # A port with no listener yet can "accept" a connect whose source port the kernel picked equal to it
+            # (TCP's simultaneous open: the socket connected to itself), which then holds the port sshd binds
+            if sock.connect_ex((address, port)) == 0 and sock.getsockname() != sock.getpeername():
                 return
         time.sleep(0.05)
     raise AssertionError(f"sshd on {address}:{port} did not listen")
@@ -298,6 +300,8 @@ def published_job(request, workdir):
                 log = workdir / f"sshd-{name}.log"
                 procs.append(start_sshd(workdir / name / "ssh" / "sshd_config", ips[name], log))
                 wait_listening(ips[name], port, procs[-1], log)
+            for name, proc in zip(OWN_NAMES, procs, strict=True):  # each still serving, its port its own
+                assert proc.poll() is None, (name, (workdir / f"sshd-{name}.log").read_text())
             yield {"dir": workdir, "port": port, "ips": ips, "secret": secret, "view": request.param}
         finally:
             for proc in procs:
