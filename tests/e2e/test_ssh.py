@@ -42,7 +42,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_sshd(config: Path, address: str, log: Path) -> subprocess.Popen:
+def held_port() -> tuple[int, dict[str, socket.socket]]:
+    """A port held on each pod address (127.1.0.1-8) until its sshd starts (``start_sshd(..., held=)``): between
+    the pick and sshd's bind other tests' servers bind ports too, and one on 0.0.0.0 would take the port from the
+    sshd and answer in its place."""
+    while True:
+        port, holders = free_port(), {}
+        try:
+            for last in range(1, 9):
+                holder = socket.socket()
+                holders[f"127.1.0.{last}"] = holder
+                holder.bind((f"127.1.0.{last}", port))
+        except OSError:
+            for holder in holders.values():
+                holder.close()
+            continue
+        return port, holders
+
+
+def start_sshd(config: Path, address: str, log: Path, held: dict[str, socket.socket] | None = None) -> subprocess.Popen:
+    if held is not None and address in held:
+        held.pop(address).close()  # the port is this sshd's now
     with log.open("w") as handle:
         return subprocess.Popen([SSHD, "-D", "-e", "-f", str(config), "-o", f"ListenAddress={address}"],
                                 stderr=handle)
@@ -53,11 +73,10 @@ def wait_listening(address: str, port: int, proc: subprocess.Popen, log: Path, t
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"sshd exited: {log.read_text()}")
-        with socket.socket() as sock:
-            # A port with no listener yet can "accept" a connect whose source port the kernel picked equal to it
-            # (TCP's simultaneous open: the socket connected to itself), which then holds the port sshd binds
-            if sock.connect_ex((address, port)) == 0 and sock.getsockname() != sock.getpeername():
-                return
+        # This sshd's own word that it listens there: a connect alone may reach another process's listener on the
+        # port (or the socket itself, by TCP's simultaneous open), and this sshd then fails to bind
+        if f"Server listening on {address} port {port}." in log.read_text(errors="replace"):
+            return
         time.sleep(0.05)
     raise AssertionError(f"sshd on {address}:{port} did not listen")
 
@@ -283,7 +302,7 @@ def published_job(request, workdir):
     from tests.jobs import create_volcano_job
 
     Path("/run/sshd").mkdir(exist_ok=True)
-    port = free_port()
+    port, held = held_port()
     secret = write_secret(workdir / "secret")
     args = ("--address", "ip", "--source", "published", "--ssh-secret-dir", str(secret), "--ssh-port", str(port),
             "--nproc-per-node", "1", "--view", request.param)
@@ -298,12 +317,14 @@ def published_job(request, workdir):
         try:
             for name in OWN_NAMES:
                 log = workdir / f"sshd-{name}.log"
-                procs.append(start_sshd(workdir / name / "ssh" / "sshd_config", ips[name], log))
+                procs.append(start_sshd(workdir / name / "ssh" / "sshd_config", ips[name], log, held))
                 wait_listening(ips[name], port, procs[-1], log)
             for name, proc in zip(OWN_NAMES, procs, strict=True):  # each still serving, its port its own
                 assert proc.poll() is None, (name, (workdir / f"sshd-{name}.log").read_text())
             yield {"dir": workdir, "port": port, "ips": ips, "secret": secret, "view": request.param}
         finally:
+            for holder in held.values():  # the addresses no pod took
+                holder.close()
             for proc in procs:
                 proc.terminate()
                 proc.wait(10)
