@@ -211,7 +211,9 @@ def test_pdsh_runs_a_command_on_every_peer(job):
     assert got == sorted(NAMES)
 
 
-def test_deepspeed_pdsh_launcher_starts_the_script_on_every_peer(job):
+def deepspeed_script(job) -> tuple[Path, Path]:
+    """A script DeepSpeed's pdsh launcher starts on every peer: each rank leaves a mark naming its pod (or skips
+    the test, saying why, without DeepSpeed or pdsh)."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is installed by scripts/test")
     if shutil.which("pdsh") is None:
         pytest.skip("pdsh is not installed (apt-get install pdsh; .ci/run does)")
@@ -220,6 +222,11 @@ def test_deepspeed_pdsh_launcher_starts_the_script_on_every_peer(job):
     script = job["dir"] / "trivial.py"
     script.write_text(f"import os, pathlib\npathlib.Path('{marks}', os.environ['RANK'])"
                       ".write_text(os.environ.get('TOPOLOGY_SSH_POD', '?'))\n")
+    return marks, script
+
+
+def test_deepspeed_pdsh_launcher_starts_the_script_on_every_peer(job):
+    marks, script = deepspeed_script(job)
     hostfile = job["dir"] / NAMES[0] / "hostfile"
     result = subprocess.run(
         [sys.executable, "-m", "deepspeed.launcher.runner", "--launcher", "pdsh", "--hostfile", str(hostfile),
@@ -384,14 +391,7 @@ def test_by_default_the_launcher_runs_deepspeed_on_every_peer_whose_own_view_ser
     """The pdsh launcher (rank 0, every member) reaches the workers, which hold their own view."""
     job = published_job
     assert job["view"] == "auto"
-    pytest.importorskip("deepspeed", reason="DeepSpeed is installed by scripts/test")
-    if shutil.which("pdsh") is None:
-        pytest.skip("pdsh is not installed (apt-get install pdsh; .ci/run does)")
-    marks = job["dir"] / "marks"
-    marks.mkdir()
-    script = job["dir"] / "trivial.py"
-    script.write_text(f"import os, pathlib\npathlib.Path('{marks}', os.environ['RANK'])"
-                      ".write_text(os.environ.get('TOPOLOGY_SSH_POD', '?'))\n")
+    marks, script = deepspeed_script(job)
     bindir = job["dir"] / "bin"
     bindir.mkdir()
     (bindir / "ssh").write_text(f'#!/bin/sh\nexec {SSH} -F {job["dir"] / OWN_NAMES[0] / "ssh" / "ssh_config"} "$@"\n')
