@@ -328,7 +328,8 @@ def published_job(request, workdir):
                 wait_listening(ips[name], port, procs[-1], log)
             for name, proc in zip(OWN_NAMES, procs, strict=True):  # each still serving, its port its own
                 assert proc.poll() is None, (name, (workdir / f"sshd-{name}.log").read_text())
-            yield {"dir": workdir, "port": port, "ips": ips, "secret": secret, "view": request.param}
+            yield {"dir": workdir, "port": port, "ips": ips, "secret": secret, "view": request.param,
+                   "sshd": dict(zip(OWN_NAMES, procs, strict=True))}
         finally:
             for holder in held.values():  # the addresses no pod took
                 holder.close()
@@ -371,7 +372,9 @@ def test_in_its_own_view_a_server_the_job_ca_did_not_sign_is_still_refused(publi
                  "--address", "ip", "--ssh-secret-dir", str(other_secret), "--ssh-port", str(job["port"])]) == 0
     (workdir / "impostor" / "ssh" / "authorized_keys").write_text((job["secret"] / "id_ed25519.pub").read_text())
     ip = job["ips"][victim]
-    subprocess.run(["pkill", "-f", f"ListenAddress={ip}"], check=False)  # this test's own sshd on that address
+    victim_sshd = job["sshd"][victim]  # this fixture's own sshd on that address, by its process (not a pattern)
+    victim_sshd.terminate()
+    victim_sshd.wait(10)
     log = workdir / "sshd-impostor.log"
     impostor = start_sshd(workdir / "impostor" / "ssh" / "sshd_config", ip, log)
     try:
