@@ -107,15 +107,38 @@ def host_pattern(member: Member) -> tuple[str, str] | None:
     return f"{_TRAILING_INDEX.sub('-*', host)} !*.*", f"%h.{suffix}"
 
 
+def _role_patterns(topology: Topology) -> tuple[dict[str, str], list[tuple[str, str] | None]]:
+    """Each member's pattern and the patterns whose block reaches only members it names the right way: every
+    member whose name the glob matches has that pattern and that ``HostName`` (ssh takes the first matching block,
+    so a pattern shared by two DNS domains, or one that also matches another role's names, would send someone to
+    the wrong host)."""
+    found = [host_pattern(member) for member in topology.members]
+    targets: dict[str, set[str]] = {}
+    for pair in found:
+        if pair is not None:
+            targets.setdefault(pair[0], set()).add(pair[1])
+    prefixes = {pattern.split(" ", 1)[0][:-1]: pattern for pattern in targets}  # "demo-worker-"
+    # Two globs match one name only if one's prefix starts the other's: those are the ones to look at.
+    related = {pattern: tuple(q for q in prefixes if q != p and (q.startswith(p) or p.startswith(q)))
+               for p, pattern in prefixes.items()}
+    every = tuple(prefixes)
+    for member, pair in zip(topology.members, found, strict=True):
+        others = every if pair is None else related[pair[0]]
+        if others and member.name.startswith(others):
+            for prefix in others:
+                if member.name.startswith(prefix):
+                    targets[prefixes[prefix]].add("")  # a name this glob reaches that is not its own
+    kept = {pattern: next(iter(hostnames)) for pattern, hostnames in targets.items() if len(hostnames) == 1}
+    return kept, found
+
+
 def render_ssh_config(topology: Topology, paths: SshPaths, port: int) -> str:
     """One ``Host`` block per member that no pattern reaches (each name it goes by -> its address), one per pattern
     (``demo-worker-* !*.*`` -> ``%h.demo``: a name with no dot, completed), then the settings for every host."""
     lines = ["# Written by topology-agent. Use: ssh -F this-file, or link it to ~/.ssh/config.", ""]
-    patterns: dict[str, str] = {}
-    for member in topology.members:
-        found = host_pattern(member)
-        if found is not None:
-            patterns.setdefault(*found)
+    patterns, found = _role_patterns(topology)
+    for member, pair in zip(topology.members, found, strict=True):
+        if pair is not None and patterns.get(pair[0]) == pair[1]:
             continue
         aliases = [member.name]
         if member.dns_name:

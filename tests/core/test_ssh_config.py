@@ -116,3 +116,45 @@ def test_ssh_config_reaches_dns_named_pods_by_pattern_not_one_block_each():
     assert text.count("Host ") == 3 and "demo-worker-7" not in text
     own = dataclasses.replace(topo, members=(topo.training[0], topo.me))
     assert render_ssh_config(own, SshPaths("/shared/ssh"), 2222) == text
+
+
+def _ssh_g_hostname(text: str, name: str) -> str:
+    """What ssh -G would dial for ``name``: the first block whose patterns match it (ssh(1)'s rule)."""
+    import fnmatch
+
+    for block in text.split("\nHost ")[1:]:
+        head, _, body = block.partition("\n")
+        globs = head.split()
+        if any(g.startswith("!") and fnmatch.fnmatchcase(name, g[1:]) for g in globs):
+            continue
+        if any(not g.startswith("!") and fnmatch.fnmatchcase(name, g) for g in globs) and "HostName" in body:
+            return body.split("HostName ", 1)[1].split("\n", 1)[0].replace("%h", name)
+    return name
+
+
+@pytest.mark.parametrize(("subdomains", "blocks"), [
+    ({2: "other"}, 4 + 1 + 1),               # a worker in another domain: the workers are named one block each
+    ({1: "x", 2: "x", 3: "x", 4: "x"}, 3),  # every worker in one domain of its own: one pattern still serves them
+])
+def test_a_role_pattern_is_written_only_when_it_sends_every_name_it_matches_to_its_own_host(subdomains, blocks):
+    """A pattern is shared by a role's members; ssh takes the first matching block, so members of one role in two
+    DNS domains (found by the hostile-files property test) are named one block each instead."""
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 4)))
+    for index, subdomain in subdomains.items():
+        pods[index]["spec"]["subdomain"] = subdomain
+    topo = render(pods, "demo-master-0").plan.topology
+    text = render_ssh_config(topo, SshPaths("/shared/ssh"), 2222)
+    for member in topo.members:
+        assert _ssh_g_hostname(text, member.name) == member.address, (member.name, text)
+    assert text.count("\nHost ") == blocks
+
+
+def test_a_role_pattern_that_matches_another_roles_names_is_not_written():
+    """``demo-a-*`` also matches ``demo-a-b-0``: when their domains differ, neither is reached by the wrong block."""
+    pods = examples.volcano_job("demo", (("a", 2), ("a-b", 2)))
+    for pod in pods[2:]:
+        pod["spec"]["subdomain"] = "other"
+    topo = render(pods, "demo-a-0").plan.topology
+    text = render_ssh_config(topo, SshPaths("/shared/ssh"), 2222)
+    for member in topo.members:
+        assert _ssh_g_hostname(text, member.name) == member.address, (member.name, text)
