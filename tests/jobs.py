@@ -45,10 +45,10 @@ def rogue(name: str, role: str, index: int, ip: int) -> dict[str, Any]:
 
 def forge_publication(sandbox: Any, pods: list[dict[str, Any]], *, writer: str, writer_uid: str,
                       forged_ip: str = "127.9.9.9") -> None:
-    """`demo-topology` and its journal, made before the job's leader publishes, by ``writer`` (the admission
-    policy binds data.leader and data.leaderUid to the writer's token, not to the job)."""
+    """`demo-topology`, its journal and its summary, made before the job's leader publishes, by ``writer`` (the
+    admission policy binds data.leader and data.leaderUid to the writer's token, not to the job)."""
     from agent.core import Options
-    from agent.core.journal import PublishedState, Publisher, journal_body
+    from agent.core.journal import JOURNAL_KEY, PublishedState, Publisher, journal_body, summary_name
     from agent.core.published import configmap_body, configmap_name, pack
     from agent.core.summary import SUMMARY_KEY, summarize, summary_text
     from agent.core.topology import build_plan
@@ -63,11 +63,15 @@ def forge_publication(sandbox: Any, pods: list[dict[str, Any]], *, writer: str, 
         configmap_name("demo"), pack(forger.snapshot_document()), generation=forger.state.seq, leader=writer,
         leader_uid=writer_uid, owner=None))
     forger.start_from_snapshot()
-    data = forger.journal_data()  # with a summary of the forged pods: what a follower in its own view reads
+    sandbox.create("/v1/configmaps", "default", journal_body(configmap_name("demo"), forger.journal_data(),
+                                                             owner=None))
+    seq = str(forger.state.seq)
+    data = {**forger.journal_data(), "base": seq, JOURNAL_KEY: "[]"}  # what a follower in its own view reads
     data[SUMMARY_KEY] = summary_text(summarize(build_plan(forged_pods, writer if writer in {
         p["metadata"]["name"] for p in forged_pods} else forged_pods[0]["metadata"]["name"], Options(address="ip")),
         seq=forger.state.seq) or {})
-    sandbox.create("/v1/configmaps", "default", journal_body(configmap_name("demo"), data, owner=None))
+    sandbox.create("/v1/configmaps", "default", journal_body(configmap_name("demo"), data, owner=None,
+                                                             name=summary_name(configmap_name("demo"))))
 
 
 def configmap(sandbox: Any, name: str) -> dict[str, Any]:

@@ -61,6 +61,12 @@ def journal_name(snapshot_name: str) -> str:
     return f"{snapshot_name}-journal"
 
 
+def summary_name(snapshot_name: str) -> str:
+    """``<job>-topology-summary``: the summary (core/summary.py) with the journal's header and no changes, written
+    only when what it says changes, so that a pod in its own view receives nothing while other pods' rows move."""
+    return f"{snapshot_name}-summary"
+
+
 @dataclass(frozen=True)
 class Entry:
     seq: int
@@ -408,11 +414,12 @@ class Publisher:
 
 
 def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, Any] | None,
-                 resource_version: str = "") -> dict[str, Any]:
-    """The journal ConfigMap (labelled like the snapshot, so one LIST by label reads both)."""
+                 resource_version: str = "", name: str = "") -> dict[str, Any]:
+    """The journal ConfigMap, or with ``name`` the summary's (labelled like the snapshot, so one LIST by label
+    reads them all)."""
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": journal_name(snapshot_name),
+        "metadata": {"name": name or journal_name(snapshot_name),
                      "labels": {"app.kubernetes.io/managed-by": "topology-agent",
                                 SELECT_LABEL: select_value(snapshot_name)}},
         "data": data,
@@ -428,9 +435,11 @@ def state_from(items: list[dict[str, Any]], snapshot_name: str, *, pods: bool = 
                compare_only: bool = False) -> tuple[PublishedState | None, Journal | None]:
     """The snapshot's state brought forward by the journal, from one LIST of both objects; the state is None
     when there is no snapshot yet or the journal has moved past it (read again). ``pods``: keep the pods too;
-    ``compare_only``: see ``PublishedState.from_configmap``."""
+    ``compare_only``: see ``PublishedState.from_configmap``. Without the journal, the summary's header (who
+    publishes, who stands by) is the journal: a pod in its own view lists the summary alone."""
     by_name = {object_name(item): item for item in items if isinstance(item, dict)}  # any object's name, or ""
-    journal = read_journal(by_name[journal_name(snapshot_name)]) if journal_name(snapshot_name) in by_name else None
+    header = by_name.get(journal_name(snapshot_name)) or by_name.get(summary_name(snapshot_name))
+    journal = read_journal(header) if header is not None else None
     snapshot = by_name.get(snapshot_name)
     state = PublishedState.from_configmap(snapshot, pods=pods, compare_only=compare_only) \
         if snapshot is not None else None

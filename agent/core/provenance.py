@@ -20,7 +20,7 @@ from typing import Any
 
 from agent.core.controllers import Controller
 from agent.core.gang import Roster
-from agent.core.journal import journal_name
+from agent.core.journal import journal_name, summary_name
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name
 from agent.core.validation import is_dns1123_subdomain
@@ -59,7 +59,7 @@ class WriterCheck:
     def pending(self, items: Iterable[Any], snapshot_name: str) -> list[tuple[Writer, str]]:
         """The writers of the published objects among ``items`` not accepted yet, each once, with the name of
         an object it wrote."""
-        wanted = (snapshot_name, journal_name(snapshot_name))
+        wanted = (snapshot_name, journal_name(snapshot_name), summary_name(snapshot_name))
         found: dict[Writer, str] = {}
         for item in items:
             name = object_name(item)  # any object's name, or ""

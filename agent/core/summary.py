@@ -1,9 +1,9 @@
 """The job in a few hundred bytes, for pods that need no host list (``--view own``).
 
 A training pod of a large torchrun job needs rank 0's address, the job's size and its own place: not the
-other 16383 members. The leader derives that from its plan at every publication and puts it beside the
-journal (``summary.json`` in ``<job>-topology-journal``, which followers watch anyway). The training members
-in rank order are cut into *runs*: consecutive node ranks whose pods have one role, one index prefix,
+other 16383 members. The leader derives that from its plan at every publication and writes it to
+``<job>-topology-summary`` (``summary.json``) when it says something new: what a pod in its own view watches. The
+training members in rank order are cut into *runs*: consecutive node ranks whose pods have one role, one index prefix,
 consecutive last indices and one process count. A pod finds its own run from its own identity, and with it
 its NODE_RANK, RANK and ordinal; every job-wide number is in the summary. A follower then reads O(1) bytes at
 start and per change instead of the whole snapshot (issue 24: 13 GiB through the API server to start a
@@ -38,7 +38,7 @@ from agent.errors import InputError
 
 SUMMARY_KEY = "summary.json"
 SUMMARY_SCHEMA = 1
-MAX_RUNS = 128  # ~5 KiB: every follower receives it with each journal event
+MAX_RUNS = 128  # ~5 KiB: every pod in its own view receives it at each change of what it says
 LISTED_HOSTS = 16  # a role of at most this many pods keeps its address list in the summary
 MAX_SUMMARY = 64 * 1024  # bytes; what the leader writes is far below
 MAX_VALUES = 8192

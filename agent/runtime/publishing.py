@@ -1,11 +1,12 @@
 """Reading and writing a large job's published topology (see core/published.py and core/journal.py).
 
-The leader's init creates the snapshot ``<job>-topology`` (sequence 1), the journal ``<job>-topology-journal``
-and the Lease ``<job>-topology`` it holds; from then on its sidecar keeps them current. Every other init makes
-one LIST (by label: the snapshot and the journal together, from the watch cache) and, only while its own pod is
-not yet published, one WATCH of the journal by name, and one GET of the pod that wrote them (core/provenance.py).
-Followers make 4 requests and receive ~27 B per pod of the job (the compressed snapshot) in init and again when
-their sidecar starts, then ~2 KB per change (the journal), instead of every pod (~4.5 KB each).
+The leader's init creates the snapshot ``<job>-topology`` (sequence 1), the journal ``<job>-topology-journal``,
+the summary ``<job>-topology-summary`` and the Lease ``<job>-topology`` it holds; from then on its sidecar keeps
+them current. A pod that holds every member makes one LIST in init (by label: the snapshot, the journal and the
+summary together, from the watch cache), then watches the journal: ~27 B per pod of the job once, ~2 KB per
+change. A pod in its own view lists and watches the summary alone, by name: a few KiB at start, and one event per
+change of what the summary says (rank 0, the sizes, the runs), none while other pods' rows move. Each reader GETs
+the pod that wrote them once (core/provenance.py).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.core.journal import (
+    JOURNAL_KEY,
     PublishedState,
     Publisher,
     journal_body,
     journal_name,
     state_from,
+    summary_name,
 )
 from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
@@ -73,16 +76,18 @@ async def vouch(get: Callable[[str], Awaitable[dict[str, Any]]], check: WriterCh
     return None, False
 
 
-def journal_data(publisher: Publisher, plan: Plan | None, options: Options) -> dict[str, str]:
-    """The journal ConfigMap's data: the publisher's changes and, unless the job asks every pod to read every member
-    (``--view full``), the summary of a plan that can be summarized (~400 bytes more in every event each follower
-    receives: not for jobs that use none)."""
-    data = publisher.journal_data()
+def summary_data(publisher: Publisher, plan: Plan | None, options: Options) -> tuple[dict[str, str], str]:
+    """The summary ConfigMap's data: the journal's header with no changes and, unless the job asks every pod to
+    read every member (``--view full``), the summary of a plan that can be summarized (core/summary.py); and what a
+    follower's files depend on in it (all but the sequence), which decides whether it is written again."""
+    seq = str(publisher.state.seq)
+    data = {**publisher.journal_data(), "base": seq, JOURNAL_KEY: "[]"}
     summary = summarize(plan, seq=publisher.state.seq, options=options) if plan is not None and options.view != "full" \
         else None
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)
-    return data
+    said = summary_text({**summary, "seq": 0}) if summary is not None else ""
+    return data, f"{publisher.leader}/{publisher.leader_uid}/{data['standby']}/{said}"
 
 
 def first_publisher(namespace: str, options: Options, *, job: str, leader: str, leader_uid: str) -> Publisher:
@@ -117,12 +122,9 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
                     "this pod's files come from the pods it listed, and its sidecar publishes if it holds the Lease",
                     name)
         return False
-    journal = journal_body(name, journal_data(publisher, plan, options), owner=owner)
-    try:
-        await retried(lambda: api.create(collection, journal), what="publish topology journal")
-    except ApiConflict:  # left by an init that stopped between the two writes
-        await retried(lambda: api.replace(f"{collection}/{journal_name(name)}", journal),
-                      what="publish topology journal")
+    await _create_or_replace(api, collection, journal_body(name, publisher.journal_data(), owner=owner))
+    await _create_or_replace(api, collection, journal_body(name, summary_data(publisher, plan, options)[0],
+                                                           owner=owner, name=summary_name(name)))
     try:
         await retried(lambda: api.create(lease_path(namespace), lease_body(name, leader, now_wall=now_wall(),
                                                                            previous=None, owner=owner)),
@@ -135,6 +137,15 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
     log.info("published the topology as configmap %s (%d bytes compressed, sequence %d) and its journal", name,
              len(data), seq)
     return True
+
+
+async def _create_or_replace(api: AsyncApi, collection: str, body: dict[str, Any]) -> None:
+    """The journal or the summary, created; replaced when an init that stopped between the writes left one."""
+    name = body["metadata"]["name"]
+    try:
+        await retried(lambda: api.create(collection, body), what=f"publish {name}")
+    except ApiConflict:
+        await retried(lambda: api.replace(f"{collection}/{name}", body), what=f"publish {name}")
 
 
 class JournalWriter:
@@ -151,6 +162,7 @@ class JournalWriter:
         self.written_rv: dict[str, str] = {}
         self.rewrite_snapshot = False  # the snapshot names another writer: rewrite it after the next journal
         self.again: set[str] | None = None  # read back, not published yet: every pod, and every row read
+        self.said = ""  # what the summary this leader last wrote says (``summary_data``); "" before its first
 
     async def _start(self) -> set[str]:
         """Read what is published now: a new leader continues its sequence. The pods to publish again."""
@@ -191,9 +203,10 @@ class JournalWriter:
         publisher = self.publisher
         assert publisher is not None
         entry = publisher.change(pods, touched, nodes)
-        if entry is None and publisher.standby == standby and not self.rewrite_snapshot:
-            return True
         publisher.standby = standby
+        summary, said = summary_data(publisher, plan, self.options)
+        if entry is None and said == self.said and not self.rewrite_snapshot:
+            return True
         try:
             if publisher.snapshot_due:
                 seq = publisher.state.seq
@@ -203,8 +216,12 @@ class JournalWriter:
                 await self._write(self.name, body)
                 publisher.snapshot_written(seq)
                 self.rewrite_snapshot = False  # written by this pod now
-            journal = journal_body(self.name, journal_data(publisher, plan, self.options), owner=self.owner)
-            await self._write(journal_name(self.name), journal)
+            await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
+                                                                    owner=self.owner))
+            if said != self.said:  # only when it says something new: every pod in its own view receives it
+                await self._write(summary_name(self.name), journal_body(self.name, summary, owner=self.owner,
+                                                                        name=summary_name(self.name)))
+                self.said = said
             if self.rewrite_snapshot:
                 seq = publisher.state.seq
                 await self._write(self.name, configmap_body(

@@ -17,7 +17,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from agent.core.gang import Roster
-from agent.core.journal import JOURNAL_KEY, Journal, PublishedState, journal_name, read_journal, state_from
+from agent.core.journal import (
+    JOURNAL_KEY,
+    Journal,
+    PublishedState,
+    journal_name,
+    read_journal,
+    state_from,
+    summary_name,
+)
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
 from agent.core.published import Compactor
@@ -235,14 +243,15 @@ NO_SUMMARY = "the leader published no summary (more runs of ranks than a summary
 
 
 class SummaryView:
-    """A large job's pod in its own view (core/summary.py): its plan from the journal's summary, the journal alone
-    being read (a few KiB, not the snapshot). ``unsummarized`` says why this pod must read the whole topology
-    instead: the summary cannot serve it, or its files name every member (core/view_choice.py, asked again at
-    each summary: a pod that becomes node rank 0 may become the SSH launcher). A summary that does not place this
-    pod (not a member in the leader's view yet) leaves the plan as it was."""
+    """A large job's pod in its own view (core/summary.py): its plan from the summary ConfigMap, the one object
+    it reads (a few KiB, not the snapshot, and not the journal's every change). ``unsummarized`` says why this pod
+    must read the whole topology instead: the summary cannot serve it, or its files name every member
+    (core/view_choice.py, asked again at each summary: a pod that becomes node rank 0 may become the SSH
+    launcher). A summary that does not place this pod (not a member in the leader's view yet) leaves the plan as
+    it was."""
 
     def __init__(self, name: str, own: RawPod, options: Options, *, ssh: bool = False) -> None:
-        self.name, self.own, self.options, self.ssh = journal_name(name), own, options, ssh
+        self.name, self.own, self.options, self.ssh = summary_name(name), own, options, ssh
         self.plan: Plan | None = None
         self.journal: Journal | None = None
         self.unsummarized: str | None = None

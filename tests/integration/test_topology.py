@@ -57,8 +57,8 @@ def test_ranks_follow_the_racks_and_only_the_leader_reads_nodes(sandbox, tmp_pat
     assert "export TOPOLOGY_RACK='rack-b'" in torch_env and "export TOPOLOGY_LEVELS='zone,rack'" in torch_env
     stats = sandbox.stats()["byAgent"]
     leader = stats["topology-agent/0.1.0 init (default/demo-master-0)"]
-    # get pod, get owner, list pods, one metadata GET per node (7), create snapshot, journal and Lease
-    assert leader["requests"] - leader["watches"] == 6 + len(pods)
+    # get pod, get owner, list pods, one metadata GET per node (7), create snapshot, journal, summary and Lease
+    assert leader["requests"] - leader["watches"] == 7 + len(pods)
     for name in names[1:]:
         follower = stats[f"topology-agent/0.1.0 init (default/{name})"]
         assert follower["requests"] - follower["watches"] <= 4, name  # 4: the writer pod (issue 23)

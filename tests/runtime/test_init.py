@@ -169,8 +169,8 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
     # get pod, get owner, list the published objects, get their writer pod (who wrote them)
     assert follower["requests"] - follower["watches"] <= 4
     assert follower["bytes"] < results["pods"]["demo-worker-3"][1]["bytes"] / 2
-    # get pod, get owner, list pods; create the snapshot, the journal and the Lease
-    assert leader["requests"] - leader["watches"] == 6
+    # get pod, get owner, list pods; create the snapshot, the journal, the summary and the Lease
+    assert leader["requests"] - leader["watches"] == 7
     configmap = memory.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
     assert configmap["metadata"]["ownerReferences"][0]["kind"] == "Job"
 

@@ -286,6 +286,34 @@ async def test_a_follower_receives_only_the_journal_and_the_leader_names_its_sta
         assert policy_admits(memory, "CREATE", "demo-master-0", configmap(memory, name), None)
 
 
+async def test_a_follower_in_its_own_view_receives_nothing_while_only_other_pods_rows_change(memory, api, logs,
+                                                                                                 sidecars, tmp_path):
+    """Followers in their own view read only the summary, but received every journal write: at start-up (the
+    kubelet's status writes) ~1 MiB each at 4096 pods, growing with the job. They watch the summary ConfigMap,
+    written only when what it says changes: a worker's new IP (its role too large to list) changes nothing they
+    read, a worker that joins changes the sizes."""
+    await published_job(memory, api, logs, tmp_path, 20)
+    await start_sidecar(sidecars, tmp_path, "demo-master-0")
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-7")
+    await logs.until("demo-worker-7", "(follower)")
+    await logs.until("demo-master-0", "started publishing")
+    await follower_watching(api, "demo-worker-7")
+    assert "following Volcano Job configmap demo-topology-summary" in logs.text("demo-worker-7")
+    summary = configmap(memory, "demo-topology-summary")["metadata"]["resourceVersion"]
+    seq = int(configmap(memory, "demo-topology-journal")["data"]["seq"])
+    memory.reset_stats()
+    memory.set_pod_ip("default", "demo-worker-12", examples.loopback_ip(90))
+    await api.notice.until(lambda: int(configmap(memory, "demo-topology-journal")["data"]["seq"]) > seq,
+                           what="the journal carries the new IP")
+    assert configmap(memory, "demo-topology-summary")["metadata"]["resourceVersion"] == summary
+    received = memory.stats()["byAgent"].get(agent_name("sidecar", "demo-worker-7"), {"bytes": 0})["bytes"]
+    assert received == 0, received
+    assert "following Volcano Job configmap demo-topology-summary" in logs.text("demo-worker-7")
+    add_worker(memory, 20, 91)  # the sizes change: the summary is written, and the follower rewrites its files
+    await follower.until(lambda: world(tmp_path / "demo-worker-7")[0] == "22", what="the follower sees the new size")
+    assert configmap(memory, "demo-topology-summary")["metadata"]["resourceVersion"] != summary
+
+
 async def test_without_rbac_for_leases_the_leader_still_publishes_without_failover(memory, api, logs, sidecars,
                                                                                    tmp_path):
     """RBAC from before the Lease (no leases rule): init says the topology is published without failover; the
@@ -373,31 +401,31 @@ async def test_after_the_whole_job_is_re_created_followers_wait_for_the_leader_t
             assert world(tmp_path / name) == ("4", pods[0]["status"]["podIP"])
 
 
-async def test_a_follower_leaves_a_journal_that_a_pod_of_another_job_rewrote_and_follows_the_pods(memory, api, logs,
-                                                                                                  sidecars, tmp_path):
-    """A journal rewritten by a writer that is not a member of the job (here another job's pod, in a namespace
-    without the admission policy) was applied by every follower. A new writer is now read once before its journal
-    is used: this one is refused in one line, and the follower follows the pods, so the job's changes still reach
-    it."""
-    await published_job(memory, api, logs, tmp_path, 3)
+@pytest.mark.parametrize(("view", "read"), [("full", "demo-topology-journal"), ("auto", "demo-topology-summary")])
+async def test_a_follower_leaves_a_journal_that_a_pod_of_another_job_rewrote_and_follows_the_pods(
+        memory, api, logs, sidecars, tmp_path, view, read):
+    """A journal (or, for a pod in its own view, the summary) rewritten by a writer that is not a member of the job
+    (here another job's pod, in a namespace without the admission policy) was applied by every follower. A new
+    writer is now read once before its copy is used: this one is refused in one line, and the follower follows
+    the pods, so the job's changes still reach it."""
+    await published_job(memory, api, logs, tmp_path, 3, "--view", view)
     other = memory.create_pod(examples.volcano_job("other", (("master", 1),))[0])
-    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2")
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2", "--view", view)
     await logs.until("demo-worker-2", "(follower)")
-    journal = copy.deepcopy(configmap(memory, "demo-topology-journal"))
-    journal["data"].update(leader="other-master-0", leaderUid=other["metadata"]["uid"])
-    journal["metadata"].pop("resourceVersion")
-    memory._run(memory.sandbox.store.replace, "/v1/configmaps", "default", "demo-topology-journal", journal)
-    await logs.until("demo-worker-2", "the published topology is not used (configmap demo-topology-journal: its "
+    forged = copy.deepcopy(configmap(memory, read))
+    forged["data"].update(leader="other-master-0", leaderUid=other["metadata"]["uid"])
+    forged["metadata"].pop("resourceVersion")
+    memory._run(memory.sandbox.store.replace, "/v1/configmaps", "default", read, forged)
+    await logs.until("demo-worker-2", f"the published topology is not used (configmap {read}: its "
                                       "writer, pod 'other-master-0', belongs to job 'other', not 'demo'")
     await logs.until("demo-worker-2", "following the pods from now on")
     add_worker(memory, 3, 81)
     await follower.until(lambda: world(tmp_path / "demo-worker-2")[0] == "5", what="the follower sees the new worker")
     await sidecars.stop("demo-worker-2")
     # a follower that starts now (the same pod's sidecar, restarted) refuses the copy at once
-    await start_sidecar(sidecars, tmp_path, "demo-worker-2")
+    await start_sidecar(sidecars, tmp_path, "demo-worker-2", "--view", view)
     await logs.until("demo-worker-2", "(pods)")
-    assert "the published topology is not used (configmap demo-topology-journal: its writer" in \
-        logs.text("demo-worker-2")
+    assert f"the published topology is not used (configmap {read}: its writer" in logs.text("demo-worker-2")
 
 
 async def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_followers_use_it(memory, api, logs,

@@ -99,6 +99,12 @@ CASES = {
                                            published(LEADER, name="demo-topology-journal"), None, "used"),
     "the journal, created by a non-member": (request("CREATE", pod=STRANGER, name="demo-topology-journal"),
                                              published(STRANGER, name="demo-topology-journal"), None, "refused"),
+    "the summary, created by the leader": (request("CREATE", pod=LEADER, name="demo-topology-summary"),
+                                           published(LEADER, name="demo-topology-summary"), None, "used"),
+    "the summary, created by a non-member": (request("CREATE", pod=STRANGER, name="demo-topology-summary"),
+                                             published(STRANGER, name="demo-topology-summary"), None, "refused"),
+    "the summary, created by a user": (request("CREATE", username="alice", name="demo-topology-summary"),
+                                       published(LEADER, name="demo-topology-summary"), None, ONLY_AGENT),
     # UPDATE
     "the leader updates": (request("UPDATE", pod=LEADER), published(LEADER), OLD, "used"),
     "a named standby takes over": (request("UPDATE", pod=STANDBY), published(STANDBY), OLD, "used"),

@@ -29,7 +29,6 @@ from agent.core import Options
 from agent.core.controllers import detect_controller
 from agent.core.events import Occurrence, Ref
 from agent.core.gang import roster_of
-from agent.core.journal import journal_name
 from agent.core.model import RawPod
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import configmap_name
@@ -219,8 +218,8 @@ class Sidecar:
             self.changes.candidate.set()
         if self.publication is not None and self.publication.nodes:
             self.nodes.update(self.publication.nodes)
-        what = f"configmap {journal_name(job.configmap)}" if self.mode == Mode.FOLLOWER \
-            else f"pods with selector {self.selector}"
+        what = f"configmap {self.publication.follower.watched_name()}" \
+            if self.mode == Mode.FOLLOWER and self.publication is not None else f"pods with selector {self.selector}"
         log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation,
                  self.mode.value)
         if s.signal is None:

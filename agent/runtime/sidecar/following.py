@@ -3,7 +3,7 @@ list and watch calls and the rule that ends it: the job's pods, or the published
 
 ``PodsFollower`` lists and watches the pods (a small job, a large job's publisher and its standbys, and any
 follower while the publication cannot be trusted). ``JournalFollower`` reads the published snapshot and watches
-the journal (every other pod of a large job), or with ``--view own`` the journal's summary alone; it asks to
+the journal (every other pod of a large job), or in its own view the summary ConfigMap alone; it asks to
 switch when the leader names this pod a standby, or when the publication stops: a journal that cannot be read
 (a sequence out of range, a forged document), or a Lease held, past a grace, by a pod that is not the journal's
 publisher (a standby that takes over names itself in the journal within seconds). A pods follower that took over
@@ -22,7 +22,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-from agent.core.journal import Journal, journal_name, state_from
+from agent.core.journal import Journal, journal_name, state_from, summary_name
 from agent.core.lease import read_record
 from agent.core.provenance import WriterCheck
 from agent.core.published import SELECT_LABEL, select_value
@@ -134,7 +134,7 @@ class JournalFollower:
         self.published = PublicationView(configmap, strict=True)
         self.published.watchers.append(self._rows)
         self.summary = SummaryView(configmap, pods.me or {}, pods.options, ssh=ssh)  # type: ignore[arg-type]
-        self.light = False  # its own view: the journal's summary places this pod; the snapshot is never read
+        self.light = False  # its own view: the summary places this pod; the snapshot and journal are never read
         self.first_list: tuple[list[dict[str, Any]], str] | None = None  # the LIST that chose the mode: reused
 
     @property
@@ -169,15 +169,19 @@ class JournalFollower:
         if changed is None or changed:
             self.sink.changed()
 
+    def watched_name(self) -> str:
+        """The summary ConfigMap in its own view, else the journal (the snapshot is read by the LIST)."""
+        return summary_name(self.configmap) if self.light else journal_name(self.configmap)
+
     async def run(self) -> None:
-        journal = f"metadata.name={journal_name(self.configmap)}"
         selector = f"{SELECT_LABEL}={select_value(self.configmap)}"
 
         async def listed() -> tuple[list[dict[str, Any]], str]:
             if self.first_list is not None:
                 (items, rv), self.first_list = self.first_list, None
             elif self.light:
-                items, rv = await self.api.list_objects(self.collection, field_selector=journal)
+                items, rv = await self.api.list_objects(self.collection,
+                                                        field_selector=f"metadata.name={self.watched_name()}")
             else:
                 items, rv = await self.api.list_objects(self.collection, label_selector=selector)
             if not await self._vouched(items):
@@ -185,9 +189,10 @@ class JournalFollower:
             return items, rv
 
         async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
-            """The journal's events, each new writer (a standby that took over) read once before its first
-            event is used: a GET, where a relist would read the whole snapshot again in every follower."""
-            events = self.api.watch_objects(self.collection, rv, timeout=timeout, field_selector=journal, idle=idle)
+            """The journal's (or the summary's) events, each new writer (a standby that took over) read once before
+            its first event is used: a GET, where a relist would read the whole snapshot again in every follower."""
+            events = self.api.watch_objects(self.collection, rv, timeout=timeout,
+                                            field_selector=f"metadata.name={self.watched_name()}", idle=idle)
             try:
                 async for event in events:
                     if event.type in ("ADDED", "MODIFIED") and not await self._vouched([event.object]):
@@ -196,7 +201,7 @@ class JournalFollower:
             finally:
                 await aclose(events)
 
-        what = f"configmap {journal_name(self.configmap)}"
+        what = f"configmap {self.watched_name()}"
         try:
             first = await race(follow(self.sink, what, self.settings, self.clock, listed, watched, _Journal(self)),
                                self._watch_publisher())

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.journal import journal_name, state_from
+from agent.core.journal import state_from, summary_name
 from agent.core.lease import Timing
 from agent.core.provenance import WriterCheck
 from agent.core.published import SELECT_LABEL, select_value
@@ -63,8 +63,8 @@ class Publication:
         light = why_full is None
         if why_full is not None and options.view != "full":
             log.log(*full_view_line(options.view, why_full, READING))
-        # its own view reads the journal alone (its summary), never the snapshot
-        field = f"metadata.name={journal_name(job.configmap)}" if light else ""
+        # its own view reads the summary alone, never the snapshot or the journal
+        field = f"metadata.name={summary_name(job.configmap)}" if light else ""
         label = "" if light else f"{SELECT_LABEL}={select_value(job.configmap)}"
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
         try:
