@@ -11,6 +11,8 @@ the pod that wrote them once (core/provenance.py).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -78,16 +80,27 @@ async def vouch(get: Callable[[str], Awaitable[dict[str, Any]]], check: WriterCh
 
 def summary_data(publisher: Publisher, plan: Plan | None, options: Options) -> tuple[dict[str, str], str]:
     """The summary ConfigMap's data: the journal's header with no changes and, unless the job asks every pod to
-    read every member (``--view full``), the summary of a plan that can be summarized (core/summary.py); and what a
-    follower's files depend on in it (all but the sequence), which decides whether it is written again."""
+    read every member (``--view full``), the summary of a plan that can be summarized (core/summary.py); and what
+    it says (``said``), which decides whether it is written again."""
     seq = str(publisher.state.seq)
     data = {**publisher.journal_data(), "base": seq, JOURNAL_KEY: "[]"}
     summary = summarize(plan, seq=publisher.state.seq, options=options) if plan is not None and options.view != "full" \
         else None
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)
-    said = summary_text({**summary, "seq": 0}) if summary is not None else ""
-    return data, f"{publisher.leader}/{publisher.leader_uid}/{data['standby']}/{said}"
+    return data, said(data)
+
+
+def said(data: Any) -> str:
+    """What a summary ConfigMap's data says to a pod in its own view: all of it but the sequence. A new leader
+    compares what it would write with what is published, so that the same summary is not sent to every such
+    pod again."""
+    data = data if isinstance(data, dict) else {}
+    summary: Any = None
+    with contextlib.suppress(TypeError, ValueError):
+        summary = json.loads(data.get(SUMMARY_KEY, "null"))
+    text = summary_text({**summary, "seq": 0}) if isinstance(summary, dict) else ""
+    return json.dumps([data.get("leader"), data.get("leaderUid"), data.get("standby"), text])
 
 
 def first_publisher(namespace: str, options: Options, *, job: str, leader: str, leader_uid: str) -> Publisher:
@@ -162,7 +175,7 @@ class JournalWriter:
         self.written_rv: dict[str, str] = {}
         self.rewrite_snapshot = False  # the snapshot names another writer: rewrite it after the next journal
         self.again: set[str] | None = None  # read back, not published yet: every pod, and every row read
-        self.said = ""  # what the summary this leader last wrote says (``summary_data``); "" before its first
+        self.said = ""  # what the published summary says (``said``): read back, then what this leader wrote
 
     async def _start(self) -> set[str]:
         """Read what is published now: a new leader continues its sequence. The pods to publish again."""
@@ -177,6 +190,8 @@ class JournalWriter:
         self.publisher = Publisher(state, self.options, leader=self.leader, leader_uid=self.leader_uid,
                                    journal=journal.entries if journal else ())
         self.publisher.standby = journal.standby if journal is not None and journal.leader == self.leader else ()
+        summary = next((i for i in items if object_name(i) == summary_name(self.name)), None)
+        self.said = said(summary.get("data")) if summary is not None else ""
         snapshot = next((i for i in items if object_name(i) == self.name), None)
         # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation) is
         # rewritten right after the first journal (what followers wait for), so that a reader that starts later
@@ -204,8 +219,8 @@ class JournalWriter:
         assert publisher is not None
         entry = publisher.change(pods, touched, nodes)
         publisher.standby = standby
-        summary, said = summary_data(publisher, plan, self.options)
-        if entry is None and said == self.said and not self.rewrite_snapshot:
+        summary, saying = summary_data(publisher, plan, self.options)
+        if entry is None and saying == self.said and not self.rewrite_snapshot:
             return True
         try:
             if publisher.snapshot_due:
@@ -218,10 +233,10 @@ class JournalWriter:
                 self.rewrite_snapshot = False  # written by this pod now
             await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
                                                                     owner=self.owner))
-            if said != self.said:  # only when it says something new: every pod in its own view receives it
+            if saying != self.said:  # only when it says something new: every pod in its own view receives it
                 await self._write(summary_name(self.name), journal_body(self.name, summary, owner=self.owner,
                                                                         name=summary_name(self.name)))
-                self.said = said
+                self.said = saying
             if self.rewrite_snapshot:
                 seq = publisher.state.seq
                 await self._write(self.name, configmap_body(
