@@ -21,8 +21,7 @@ leader and the standbys hold every member whatever they write, to publish and to
 
 from __future__ import annotations
 
-from agent.core.frameworks import Context, selected
-from agent.core.frameworks.mpi import LAUNCHER_ROLE
+from agent.core.frameworks import LAUNCHER_ROLE, selected
 from agent.core.model import Options
 from agent.core.topology import Plan
 
@@ -50,8 +49,13 @@ def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | Non
     if ssh and me.node_rank == 0 and LAUNCHER_ROLE not in topology.roles:
         return "it launches over SSH (DeepSpeed's pdsh runner, mpirun, horovodrun): its hostfile names every " \
                "training pod"
+    chosen = selected(plan, options)
+    if not chosen:
+        return None
+    from agent.core.frameworks.base import Context  # loaded with the first framework a job selects
+
     context = Context(plan, options, {}, {}, None, frozenset(options.frameworks.names))
-    for framework, _ in selected(plan, options):
+    for framework, _ in chosen:
         if framework.refusal(context) is not None:
             continue
         if framework.needs_every_member:
