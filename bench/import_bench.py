@@ -155,13 +155,22 @@ def report(args: argparse.Namespace, copies: list[Copy], runs: dict[str, dict[st
     print("|---|---|---|")
     for what, times in runs.items():
         print(f"| {what} | {med(times['wall'])} | {med(times['cpu'])} |")
+    owns = {c.label: {name: statistics.median(us) for name, us in modules[c.label].items() if len(us) == n}
+            for c in copies}
     for copy in copies:
-        own = {name: statistics.median(us) for name, us in modules[copy.label].items() if len(us) == n}
+        own = owns[copy.label]
         agent = sum(us for name, us in own.items() if name == "agent" or name.startswith("agent."))
+        urllib3 = sum(us for name, us in own.items() if name.split(".")[0] == "urllib3")
         print(f"\n{copy.label}: {len(own)} modules imported, {sum(own.values()) / 1e3:.1f} ms of import time "
-              f"by -X importtime (the agent's own modules {agent / 1e3:.1f} ms); the largest own times, ms:\n")
+              f"by -X importtime (the agent's own modules {agent / 1e3:.1f} ms, urllib3's {urllib3 / 1e3:.1f} ms); "
+              "the largest own times, ms:\n")
         top = sorted(own.items(), key=lambda kv: -kv[1])[:args.top]
         print(", ".join(f"{name} {us / 1e3:.1f}" for name, us in top))
+        for other in copies:
+            only = {name: us for name, us in own.items() if name not in owns[other.label]}
+            if other is not copy and only:
+                print(f"\nonly in {copy.label}: {len(only)} modules, {sum(only.values()) / 1e3:.1f} ms: "
+                      + ", ".join(f"{name} {us / 1e3:.1f}" for name, us in sorted(only.items(), key=lambda kv: -kv[1])))
 
 
 def main() -> None:
