@@ -21,7 +21,7 @@ leader and the standbys hold every member whatever they write, to publish and to
 
 from __future__ import annotations
 
-from agent.core.frameworks import LAUNCHER_ROLE, selected
+from agent.core.frameworks import LAUNCHER_ROLE, new_context, selected
 from agent.core.model import Options
 from agent.core.topology import Plan
 
@@ -52,9 +52,7 @@ def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | Non
     chosen = selected(plan, options)
     if not chosen:
         return None
-    from agent.core.frameworks.base import Context  # loaded with the first framework a job selects
-
-    context = Context(plan, options, {}, {}, None, frozenset(options.frameworks.names))
+    context = new_context(plan, options, trainer=False)
     for framework, _ in chosen:
         if framework.refusal(context) is not None:
             continue

@@ -104,11 +104,17 @@ def render_frameworks(plan: Plan, options: Options, *, files_dir: str | None = N
     chosen = selected(plan, options)
     if not chosen:
         return ()
+    context = new_context(plan, options, trainer=True, files_dir=files_dir)
+    return tuple(framework.render(context, why) for framework, why in chosen)
+
+
+def new_context(plan: Plan, options: Options, *, trainer: bool, files_dir: str | None = None) -> Context:
+    """What the selected frameworks render from; ``trainer``: with the trainer container's env, as rendering needs
+    (the view choice asks only who gets which files). ``base`` is imported here, once a job has selected one."""
     from agent.core.frameworks.base import Context
 
-    user, injected = trainer_env(plan, options)
-    context = Context(plan, options, user, injected, files_dir, frozenset(options.frameworks.names))
-    return tuple(framework.render(context, why) for framework, why in chosen)
+    user, injected = trainer_env(plan, options) if trainer else ({}, {})
+    return Context(plan, options, user, injected, files_dir, frozenset(options.frameworks.names))
 
 
 def published_ports(plan: Plan, options: Options) -> dict[str, tuple[int, str]]:
@@ -122,5 +128,5 @@ def published_ports(plan: Plan, options: Options) -> dict[str, tuple[int, str]]:
     return found
 
 
-__all__ = ["FRAMEWORKS", "LAUNCHER_ROLE", "PORTED", "Context", "Framework", "Port", "Rendition", "published_ports",
-           "render_frameworks", "selected"]
+__all__ = ["FRAMEWORKS", "LAUNCHER_ROLE", "PORTED", "Context", "Framework", "Port", "Rendition", "new_context",
+           "published_ports", "render_frameworks", "selected"]
