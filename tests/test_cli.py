@@ -207,6 +207,16 @@ def test_checking_options_imports_no_heavy_library():
     assert run.stdout.strip() == "[]"
 
 
+def test_init_starts_without_what_a_torch_only_pod_never_runs():
+    # Every pod pays init's imports: the frameworks' renderers load when a job selects one, ctypes when a process
+    # gives memory back (init's leader), the SSH files' module with the SSH material (bench/import_bench.py).
+    code = ("import sys, agent.cli, agent.flags.init, agent.flags.pod, agent.runtime.init, agent.k8s.client; "
+            "print(sorted(m for m in sys.modules if m.startswith(('agent.core.frameworks.', 'ctypes', "
+            "'agent.core.ssh_config', 'agent.ssh'))))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"
+
+
 def test_render_with_node_labels_gives_the_documented_variables(tmp_path):
     """Issue 14, "Done when": each default level's variable, read back by bash, is named in docs/variables.md."""
     from agent.core.placement import DEFAULT_LEVELS

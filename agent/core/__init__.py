@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agent.core.frameworks import Rendition, render_frameworks
+from agent.core.frameworks import render_frameworks
 from agent.core.model import Options, RawPod
 from agent.core.rendering import MemberTexts, render_files, with_frameworks
 from agent.core.topology import Memo, NodeLabels, Plan, Planner, build_plan
 from agent.core.variables import Variable, compute_variables
+
+if TYPE_CHECKING:  # the frameworks' shared module is loaded with the first framework a job selects
+    from agent.core.frameworks.base import Rendition
 
 
 @dataclass(frozen=True)

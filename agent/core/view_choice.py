@@ -21,8 +21,7 @@ leader and the standbys hold every member whatever they write, to publish and to
 
 from __future__ import annotations
 
-from agent.core.frameworks import Context, selected
-from agent.core.frameworks.mpi import LAUNCHER_ROLE
+from agent.core.frameworks import LAUNCHER_ROLE, new_context, selected
 from agent.core.model import Options
 from agent.core.topology import Plan
 
@@ -50,8 +49,11 @@ def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | Non
     if ssh and me.node_rank == 0 and LAUNCHER_ROLE not in topology.roles:
         return "it launches over SSH (DeepSpeed's pdsh runner, mpirun, horovodrun): its hostfile names every " \
                "training pod"
-    context = Context(plan, options, {}, {}, None, frozenset(options.frameworks.names))
-    for framework, _ in selected(plan, options):
+    chosen = selected(plan, options)
+    if not chosen:
+        return None
+    context = new_context(plan, options, trainer=False)
+    for framework, _ in chosen:
         if framework.refusal(context) is not None:
             continue
         if framework.needs_every_member:

@@ -11,7 +11,7 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.frameworks import FRAMEWORKS, PORTED
@@ -24,6 +24,28 @@ if TYPE_CHECKING:
     from agent.ssh.material import SshSettings
 
 DEFAULT_OUT = "/shared"
+
+
+class FrameworkPort(argparse.Action):
+    """``--<framework>-port``. Its help is the framework's own words, read when help is shown: the parser is built
+    at every start, and a framework's module is imported only when it is first used (core/frameworks)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, framework: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.framework = framework
+
+    @property
+    def help(self) -> str:
+        framework = FRAMEWORKS[self.framework]
+        return f"{framework.title}: {framework.port_meaning} (default: the controller's, else {framework.default_port})"
+
+    @help.setter
+    def help(self, _given: str | None) -> None:
+        """argparse's ``Action`` sets a help; this one's is the property's."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
 
 
 def env_name(name: str) -> str:
@@ -167,9 +189,7 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
                        f"{', '.join(FRAMEWORKS)} (added to what the job implies; torch.env is always written; "
                        "docs/frameworks.md)")
     for key in PORTED:
-        framework = FRAMEWORKS[key]
-        group.add_argument(f"--{key}-port", help=f"{framework.title}: {framework.port_meaning} (default: the "
-                           f"controller's, else {framework.default_port})")
+        group.add_argument(f"--{key}-port", action=FrameworkPort, framework=key)
     ssh = parser.add_argument_group("SSH for DeepSpeed/MPI (written when the job's Secret is mounted)")
     ssh.add_argument("--ssh-secret-dir", help="the mounted Secret from 'topology-agent keygen', e.g. /etc/topology/ssh")
     ssh.add_argument("--ssh-port", help="port the trainers' sshd listens on (default 2222: non-root)")

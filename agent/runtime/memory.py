@@ -4,8 +4,16 @@ its large transients (a LIST page, a snapshot read back) would otherwise stay in
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
+from typing import Any
+
+
+def _libc() -> Any:
+    """glibc through ctypes, imported on the first call rather than with this module: of init's processes only the
+    leader's calls here, and the import costs every other pod's start a few milliseconds (bench/import_bench.py)."""
+    import ctypes
+
+    return ctypes.CDLL("libc.so.6")
 
 
 def release_memory() -> None:
@@ -14,7 +22,7 @@ def release_memory() -> None:
     Python frees the parsed objects, but glibc keeps the freed heap until asked (malloc_trim)."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        _libc().malloc_trim(0)
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt(3) parameters
@@ -27,7 +35,7 @@ def keep_freed_memory() -> None:
     2500 page faults per change, 20.5-22.0 ms of CPU against 14.6-15.8 ms with fixed thresholds (in-process).
     Freed blocks now stay in the heap, and ``release_memory`` hands them back once a burst is over."""
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6")
+        libc = _libc()
         libc.mallopt(M_MMAP_THRESHOLD, KEEP_FREED)
         libc.mallopt(M_TRIM_THRESHOLD, 2 * KEEP_FREED)
 

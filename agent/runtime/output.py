@@ -7,7 +7,6 @@ from pathlib import Path
 from agent.core import Rendered
 from agent.core.model import Options
 from agent.core.rendering import EXECUTABLE, MARKERS
-from agent.core.ssh_config import SshPaths
 from agent.files.writing import write_files
 
 
@@ -21,6 +20,7 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
     owner = None
     private: tuple[str, ...] = ()
     if ssh is not None:
+        from agent.core.ssh_config import SshPaths  # with the SSH material only: most pods have none
         from agent.ssh.material import PUBLIC, SshSettings, load_job_keys, membership_files, ssh_files
 
         assert isinstance(ssh, SshSettings)

@@ -75,6 +75,17 @@ def test_every_port_has_a_setting_of_each_kind():
     assert set(PORTED) == {"jax", "tf", "xgboost", "paddle", "mlx", "ray"}
 
 
+def test_each_registry_row_names_its_frameworks_module_and_says_whether_it_has_a_port():
+    # The registry imports a framework on first use, so its rows say what the parser needs before: held here to
+    # the instances they name.
+    for key, row in FRAMEWORKS.rows.items():
+        framework = FRAMEWORKS[key]
+        assert type(framework).__module__ == f"agent.core.frameworks.{key}"
+        assert (framework.key, framework.has_port) == (key, row.ported)
+    assert list(FRAMEWORKS) == ["jax", "tf", "xgboost", "paddle", "mlx", "mpi", "ray"]
+    assert "torch" not in FRAMEWORKS and len(FRAMEWORKS) == 7
+
+
 # --- ports: the precedence of MASTER_PORT ----------------------------------------------------------------------------
 
 def _named_port(pods: list[dict[str, Any]], name: str, number: int) -> None:

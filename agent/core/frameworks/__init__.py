@@ -5,25 +5,82 @@ decides every framework's values too (docs/frameworks.md). A pod gets a framewor
 selected, by the setting (``--frameworks``) or by the job (``Controller.frameworks``: an MPIJob implies mpi),
 and when the framework's own rule gives them to the pod (``Framework.refusal``). Nothing is selected for a
 torch-only job, and then nothing here runs.
+
+The registry names each framework's module and imports it (with ``base``, what they share) the first time the
+framework is looked up: a torch-only job's pods, most pods of most jobs, never load a renderer, and every
+``topology-agent`` process starts without them (bench/import_bench.py). What is known without a renderer: the
+keys, their order, and which frameworks have a port of their own (``--<key>-port``).
 """
 
 from __future__ import annotations
 
-from agent.core.frameworks.base import Context, Framework, Port, Rendition
-from agent.core.frameworks.jax import JAX
-from agent.core.frameworks.mlx import MLX
-from agent.core.frameworks.mpi import MPI
-from agent.core.frameworks.paddle import PADDLE
-from agent.core.frameworks.ray import RAY
-from agent.core.frameworks.tf import TF
-from agent.core.frameworks.xgboost import XGBOOST
-from agent.core.model import Options
-from agent.core.topology import Plan
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
 from agent.core.variables import trainer_env
 
+if TYPE_CHECKING:
+    from agent.core.frameworks.base import Context, Framework, Port, Rendition
+    from agent.core.model import Options
+    from agent.core.topology import Plan
+
+
+class Row(NamedTuple):
+    """One framework: its key (its module is ``agent/core/frameworks/<key>.py``), the name of its instance there,
+    and whether it has a port of its own (its ``has_port``; a test holds the two together)."""
+
+    key: str
+    instance: str
+    ported: bool
+
+
+class Registry(Mapping[str, "Framework"]):
+    """The frameworks by key, in the rows' order; a framework's module is imported when it is first looked up
+    (iterating, ``len`` and ``in`` import nothing)."""
+
+    def __init__(self, rows: tuple[Row, ...]) -> None:
+        self.rows = {row.key: row for row in rows}
+        self._loaded: dict[str, Framework] = {}
+
+    def __getitem__(self, key: str) -> Framework:
+        found = self._loaded.get(key)
+        if found is None:
+            row = self.rows[key]
+            found = getattr(importlib.import_module(f"{__name__}.{row.key}"), row.instance)
+            self._loaded[key] = found
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 # The order is the files' write order and explain's.
-FRAMEWORKS: dict[str, Framework] = {f.key: f for f in (JAX, TF, XGBOOST, PADDLE, MLX, MPI, RAY)}
-PORTED = tuple(key for key, f in FRAMEWORKS.items() if f.has_port)  # the frameworks with a --<key>-port
+FRAMEWORKS = Registry((
+    Row("jax", "JAX", ported=True),
+    Row("tf", "TF", ported=True),
+    Row("xgboost", "XGBOOST", ported=True),
+    Row("paddle", "PADDLE", ported=True),
+    Row("mlx", "MLX", ported=True),
+    Row("mpi", "MPI", ported=False),
+    Row("ray", "RAY", ported=True),
+))
+# The role mpirun runs in (an MPIJob's, a TrainJob's on an MPI runtime): mpi's rule and the view choice read it.
+LAUNCHER_ROLE = "launcher"
+PORTED = tuple(row.key for row in FRAMEWORKS.rows.values() if row.ported)  # the frameworks with a --<key>-port
+
+
+def __getattr__(name: str) -> Any:
+    """What every framework shares, from ``base``, loaded with the first framework that needs it."""
+    if name in ("Context", "Framework", "Port", "Rendition"):
+        return getattr(importlib.import_module(f"{__name__}.base"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def selected(plan: Plan, options: Options) -> list[tuple[Framework, str]]:
@@ -39,7 +96,7 @@ def selected(plan: Plan, options: Options) -> list[tuple[Framework, str]]:
         why.setdefault(name, reason)
     for name in implied:
         why.setdefault(name, f"{plan.controller.title} jobs")
-    return [(framework, why[key]) for key, framework in FRAMEWORKS.items() if key in why]
+    return [(FRAMEWORKS[key], why[key]) for key in FRAMEWORKS if key in why]
 
 
 def render_frameworks(plan: Plan, options: Options, *, files_dir: str | None = None) -> tuple[Rendition, ...]:
@@ -47,9 +104,17 @@ def render_frameworks(plan: Plan, options: Options, *, files_dir: str | None = N
     chosen = selected(plan, options)
     if not chosen:
         return ()
-    user, injected = trainer_env(plan, options)
-    context = Context(plan, options, user, injected, files_dir, frozenset(options.frameworks.names))
+    context = new_context(plan, options, trainer=True, files_dir=files_dir)
     return tuple(framework.render(context, why) for framework, why in chosen)
+
+
+def new_context(plan: Plan, options: Options, *, trainer: bool, files_dir: str | None = None) -> Context:
+    """What the selected frameworks render from; ``trainer``: with the trainer container's env, as rendering needs
+    (the view choice asks only who gets which files). ``base`` is imported here, once a job has selected one."""
+    from agent.core.frameworks.base import Context
+
+    user, injected = trainer_env(plan, options) if trainer else ({}, {})
+    return Context(plan, options, user, injected, files_dir, frozenset(options.frameworks.names))
 
 
 def published_ports(plan: Plan, options: Options) -> dict[str, tuple[int, str]]:
@@ -63,5 +128,5 @@ def published_ports(plan: Plan, options: Options) -> dict[str, tuple[int, str]]:
     return found
 
 
-__all__ = ["FRAMEWORKS", "PORTED", "Context", "Framework", "Port", "Rendition", "published_ports",
-           "render_frameworks", "selected"]
+__all__ = ["FRAMEWORKS", "LAUNCHER_ROLE", "PORTED", "Context", "Framework", "Port", "Rendition", "new_context",
+           "published_ports", "render_frameworks", "selected"]

@@ -15,11 +15,10 @@ lives.
 
 from __future__ import annotations
 
+from agent.core.frameworks import LAUNCHER_ROLE
 from agent.core.frameworks.base import Context, Framework, Port
 from agent.core.rendering import hosts_lines
 from agent.core.variables import Variable
-
-LAUNCHER_ROLE = "launcher"
 
 
 class Mpi(Framework):
