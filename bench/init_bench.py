@@ -26,6 +26,9 @@ from agent import examples
 from agent.runtime.demo import volcano_owner
 from agent.sandbox.threaded import SandboxThread
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import installed
+
 AGENT_PATH: str | None = None
 
 
@@ -119,6 +122,7 @@ def main() -> None:
     parser.add_argument("--agent-path", help="run the agent from this checkout (PYTHONPATH of the agent process "
                                              "only): the same pods and sandbox, another commit's init")
     args = parser.parse_args()
+    installed.compile_agent()  # as pip install does: no process below compiles the agent
     global AGENT_PATH
     AGENT_PATH = args.agent_path
     with tempfile.TemporaryDirectory() as tmp, SandboxThread(Path(tmp) / "sb") as sandbox:
