@@ -421,6 +421,8 @@ def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
         finally:
             gc.enable()
             gc.unfreeze()
+            for child in psutil.Process().children(recursive=True):  # a run that failed leaves no agent running
+                child.kill()
     return result
 
 
