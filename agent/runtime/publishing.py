@@ -176,6 +176,7 @@ class JournalWriter:
         self.rewrite_snapshot = False  # the snapshot names another writer: rewrite it after the next journal
         self.again: set[str] | None = None  # read back, not published yet: every pod, and every row read
         self.said = ""  # what the published summary says (``said``): read back, then what this leader wrote
+        self.compared = False  # this leadership has compared its summary with ``said`` once
 
     async def _start(self) -> set[str]:
         """Read what is published now: a new leader continues its sequence. The pods to publish again."""
@@ -192,6 +193,7 @@ class JournalWriter:
         self.publisher.standby = journal.standby if journal is not None and journal.leader == self.leader else ()
         summary = next((i for i in items if object_name(i) == summary_name(self.name)), None)
         self.said = said(summary.get("data")) if summary is not None else ""
+        self.compared = False
         snapshot = next((i for i in items if object_name(i) == self.name), None)
         # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation) is
         # rewritten right after the first journal (what followers wait for), so that a reader that starts later
@@ -218,8 +220,11 @@ class JournalWriter:
         publisher = self.publisher
         assert publisher is not None
         entry = publisher.change(pods, touched, nodes)
+        if entry is None and publisher.standby == standby and not self.rewrite_snapshot and self.compared:
+            return True  # no row changed, so neither did the plan the summary is made of
         publisher.standby = standby
         summary, saying = summary_data(publisher, plan, self.options)
+        self.compared = True
         if entry is None and saying == self.said and not self.rewrite_snapshot:
             return True
         try:
