@@ -262,7 +262,7 @@ def sidecars_up(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, st
     agents = {role: AGENT.format(kind="sidecar", pod=pod) for role, pod in roles.items()}
     wait_until(lambda: "started publishing" in running["leader"][1].read_text(), 120, "the leader to publish")
     for standby in ("standby", "standby2"):
-        wait_until(lambda s=standby: "(candidate)" in running[s][1].read_text(), 120, f"{standby} to be named")
+        wait_until(lambda s=standby: "(standby)" in running[s][1].read_text(), 120, f"{standby} to be named")
     wait_until(lambda: all(traffic(sandbox, agents[r])["watches"] >= 1 for r in roles), 120,
                "every sidecar to watch")
     kubelet_churn(sandbox, job, kubelet_spread)
@@ -361,7 +361,7 @@ def steady(sandbox: SandboxThread, tmp: Path, job: Job, args: argparse.Namespace
     }
     for role, pod in roles.items():
         holds_all = json.loads((tmp / pod / "topology.json").read_text()).get("view") != "own"
-        by_rv = role.startswith(("leader", "standby"))  # they watch the pods themselves
+        by_rv = role == "leader"  # it watches the pods itself; the standbys follow the publication until takeover
         result["latency"][role], result["missed"][role] = credit(
             emitted, seen, generations(running[role][1]), holds_all=holds_all, by_rv=by_rv)
         result.setdefault("holds_all", {})[role] = holds_all

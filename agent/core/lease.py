@@ -40,6 +40,12 @@ class Timing:
         within the lease duration + 1 s of its last renewal."""
         return min(1.0, self.duration / 10)
 
+    @property
+    def ready_after(self) -> float:
+        """A record unchanged for this part of its duration: a standby gets ready to take over (it lists the
+        pods then, not at start), so that its LIST is done before the Lease can be taken."""
+        return 0.5
+
 
 @dataclass(frozen=True)
 class Record:
@@ -120,3 +126,12 @@ def may_take(observed: Observation, me: str, now: float) -> bool:
     if record is None or not record.holder or record.holder == me:
         return True
     return now - observed.changed_at >= record.duration
+
+
+def abandoned(observed: Observation, me: str, now: float, timing: Timing) -> bool:
+    """Whether a standby should get ready to take over: nobody holds the Lease, or its holder has not renewed it
+    for ``timing.ready_after`` of its duration (three renewals missed at the default 15 s)."""
+    record = observed.record
+    if record is None or record.holder == me:
+        return False
+    return not record.holder or now - observed.changed_at >= record.duration * timing.ready_after

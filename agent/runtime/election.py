@@ -3,7 +3,9 @@
 Only the leader and the standbys it names run this (2 GETs/s for the whole job while the leader is healthy);
 followers never touch the Lease. The leader renews every ``Timing.renew_every`` and counts as leader until it
 has failed to renew for ``Timing.renew_deadline``; a standby writes the Lease only when ``may_take`` says so,
-always with the resourceVersion it read, so at most one pod publishes.
+always with the resourceVersion it read, so at most one pod publishes. A standby follows the publication, not
+the pods, until the Lease looks ``abandoned`` (half its duration without a renewal): ``get_ready`` is told then,
+so that the standby lists the pods before the Lease may be taken.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from agent.core.lease import (
     Observation,
     Timing,
+    abandoned,
     lease_body,
     may_take,
     read_record,
@@ -41,6 +44,7 @@ class Elector:
         self.observed = Observation()
         self.leading = False
         self.renewed_at = 0.0
+        self.get_ready: Callable[[], None] = lambda: None  # the holder looks gone: list the pods now
 
     async def attempt(self) -> bool:
         """One client-go tryAcquireOrRenew: whether this pod holds the Lease now."""
@@ -58,6 +62,8 @@ class Elector:
         now = self.clock()
         record = read_record(lease)
         self.observed.see(record, now)
+        if abandoned(self.observed, self.me, now, self.timing):
+            self.get_ready()
         if not may_take(self.observed, self.me, now):
             return False
         body = lease_body(self.name, self.me, now_wall=now_wall(), previous=record, owner=self.owner,

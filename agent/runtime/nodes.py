@@ -1,7 +1,7 @@
 """Reading the topology labels of the Nodes a job's pods run on (metadata only: labels are all that is used).
 
 Only the agent that reads the pods for the job reads Nodes: the leader's init, and in an elastic job the
-sidecars that watch the pods (the publisher and its standbys), each new node once. The others receive the labels
+sidecars that watch the pods (the publisher, a standby taking over), each new node once. The others receive the labels
 inside the published rows. A handful of nodes costs one GET each; more cost one paged LIST of every Node's
 metadata (a 4096-pod job on 512 nodes: one or two requests, not 512). Nodes are cluster-scoped, so reading them
 needs a ClusterRole, an optional component (manifests/rbac/nodes): without it the agent says so once and

@@ -3,7 +3,7 @@ the candidate itself last saw the record change, never by comparing the holder's
 
 from __future__ import annotations
 
-from agent.core.lease import Observation, Timing, lease_body, may_take, read_record, release_body
+from agent.core.lease import Observation, Timing, abandoned, lease_body, may_take, read_record, release_body
 
 
 def lease(holder, renew="2026-11-22T00:00:00.000000Z", rv="7", duration=15, transitions=2):
@@ -19,6 +19,19 @@ def test_a_standby_waits_a_whole_lease_duration_after_the_last_change_it_saw():
     seen.see(read_record(lease("leader", renew="2026-11-22T00:00:02.000000Z", rv="8")), now=110.0)  # renewed
     assert not may_take(seen, "standby", 124.9)
     assert may_take(seen, "standby", 125.0)
+
+
+def test_a_standby_gets_ready_halfway_through_the_lease_long_before_it_may_take_it():
+    seen, timing = Observation(), Timing()
+    assert not abandoned(seen, "standby", 100.0, timing)  # nothing read yet
+    seen.see(read_record(lease("leader")), now=100.0)
+    assert not abandoned(seen, "standby", 107.4, timing)  # three renewals of 2 s may be late: not yet
+    assert abandoned(seen, "standby", 107.5, timing) and not may_take(seen, "standby", 107.5)
+    seen.see(read_record(lease("leader", renew="2026-11-22T00:00:02.000000Z", rv="8")), now=108.0)  # renewed
+    assert not abandoned(seen, "standby", 115.0, timing)
+    assert not abandoned(seen, "leader", 200.0, timing)  # its own Lease is never abandoned to itself
+    seen.see(read_record(lease("")), now=116.0)  # released on SIGTERM: ready at once
+    assert abandoned(seen, "standby", 116.0, timing)
 
 
 def test_a_renew_time_from_a_skewed_clock_does_not_count_as_expired():

@@ -221,7 +221,8 @@ def test_when_the_leader_crashes_a_standby_takes_over_and_followers_see_the_new_
     procs = {n: start_sidecar(sandbox, tmp_path, n, "--lease-seconds", "3")
              for n in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-4")}
     try:
-        wait_for(lambda: "(candidate)" in (tmp_path / "demo-worker-1.log").read_text(), what="standby named")
+        for standby in ("demo-worker-0", "demo-worker-1"):  # both stand by before the leader goes
+            wait_for(lambda s=standby: "(standby)" in (tmp_path / f"{s}.log").read_text(), what="standby named")
         wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
         # The follower must follow the journal before the leader goes (a follower that starts after the leader's
         # pod is deleted refuses the copy its writer no longer vouches for, issue 23, and reads the pods).
@@ -240,6 +241,11 @@ def test_when_the_leader_crashes_a_standby_takes_over_and_followers_see_the_new_
         took = [n for n in ("demo-worker-0", "demo-worker-1")
                 if "started publishing" in (tmp_path / f"{n}.log").read_text()]
         assert len(took) == 1
+        # it followed the publication until the Lease went unrenewed for half its duration, listed the pods then,
+        # and took the Lease once it expired
+        text = (tmp_path / f"{took[0]}.log").read_text()
+        ready = text.index("lease demo-topology is free or was not renewed for half its duration")
+        assert ready < text.index("started publishing")
         lease = sandbox.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")
         assert lease["spec"]["holderIdentity"] == took[0] and lease["spec"]["leaseTransitions"] >= 1
         # Issue 23, H3: the new publisher's real writes pass the admission policy as an UPDATE by its own pod

@@ -267,9 +267,13 @@ async def test_a_follower_receives_only_the_journal_and_the_leader_names_its_sta
     running = {n: await start_sidecar(sidecars, tmp_path, n, "--view", "full") for n in ("demo-master-0",
                                                                                           "demo-worker-0",
                                                                                           "demo-worker-5")}
-    await logs.until("demo-worker-0", "(candidate)")
+    await logs.until("demo-worker-0", "(standby)")
     await follower_watching(api, "demo-worker-5")
     assert "(follower)" in logs.text("demo-worker-5")
+    # A standby follows the publication too (each standby's LIST and watch of 16384 pods was ~450 MiB at start);
+    # it lists the pods only once the Lease looks abandoned (the next test).
+    await follower_watching(api, "demo-worker-0")
+    assert not api.watching(agent_name("sidecar", "demo-worker-0"), PODS)
     snapshot = configmap(memory, "demo-topology")
     memory.reset_stats()
     add_worker(memory, 7, 90)
@@ -344,7 +348,8 @@ async def test_when_the_leader_stops_a_standby_takes_over_and_followers_see_the_
     await published_job(memory, api, logs, tmp_path, 5)
     running = {n: await start_sidecar(sidecars, tmp_path, n, "--lease-seconds", "3")
                for n in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-4")}
-    await logs.until("demo-worker-1", "(candidate)")
+    for standby in ("demo-worker-0", "demo-worker-1"):  # both stand by before the leader goes
+        await logs.until(standby, "(standby)")
     await logs.until("demo-master-0", "started publishing")
     # The follower must follow the journal before the leader goes (a follower that starts after the leader's pod
     # is deleted refuses the copy its writer no longer vouches for, and reads the pods).
@@ -359,6 +364,8 @@ async def test_when_the_leader_stops_a_standby_takes_over_and_followers_see_the_
     assert before[0] == "6" and after[1] != before[1]  # a new rank 0, a new MASTER_ADDR
     took = [n for n in ("demo-worker-0", "demo-worker-1") if "started publishing" in logs.text(n)]
     assert len(took) == 1
+    # the released Lease read as abandoned: the standby listed the pods before it took the Lease
+    assert "lease demo-topology is free or was not renewed for half its duration" in logs.text(took[0])
     lease = memory.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")
     assert lease["spec"]["holderIdentity"] == took[0] and lease["spec"]["leaseTransitions"] >= 1
     # The new publisher's real writes pass the admission policy as an UPDATE by its own pod (a standby the

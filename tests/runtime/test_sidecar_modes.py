@@ -22,10 +22,28 @@ def test_only_sidecars_that_watch_pods_wait_for_a_burst_to_end(tmp_path: Path) -
     for mode in Mode:
         sidecar.changes.mode = mode
         gathered[mode] = sidecar.gathers
-    assert gathered == {Mode.PODS: True, Mode.CANDIDATE: True, Mode.FOLLOWER: False}
+    assert gathered == {Mode.PODS: True, Mode.CANDIDATE: True, Mode.STANDBY: False, Mode.FOLLOWER: False}
     sidecar.settings = SidecarSettings("default", "demo-worker-2", Options(), tmp_path, debounce=0)
     sidecar.changes.mode = Mode.PODS
     assert not sidecar.gathers  # --debounce 0: never
+
+
+def test_a_follower_named_a_standby_keeps_its_watch_and_lists_the_pods_only_to_take_over(tmp_path: Path) -> None:
+    """Standbys listed and watched every pod from the moment they were named (~450 MiB each at 16384 pods): now
+    a follower named a standby only starts contending (its watch of the publication goes on), and the pods are
+    listed when the Lease looks abandoned or is won; a candidate never goes back to the publication."""
+    changes = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path)).changes  # type: ignore
+    changes.mode = Mode.FOLLOWER
+    changes.switch(Mode.STANDBY, "named a standby publisher")
+    assert changes.mode == Mode.FOLLOWER and not changes.candidate.is_set()  # no publication: nothing to stand by
+    changes.may_stand_by = True
+    changes.switch(Mode.STANDBY, "named a standby publisher")
+    assert changes.mode == Mode.STANDBY and changes.candidate.is_set() and not changes.switching.is_set()
+    changes.switch(Mode.CANDIDATE, "lease looks abandoned")
+    assert changes.mode == Mode.CANDIDATE and changes.switching.is_set()  # the pods follower starts
+    changes.switching.clear()
+    changes.switch(Mode.STANDBY, "named a standby publisher")  # the journal names it again: it keeps the pods
+    assert changes.mode == Mode.CANDIDATE and not changes.switching.is_set()
 
 
 async def test_a_lease_won_before_the_first_list_evaluates_no_empty_view(tmp_path: Path, caplog) -> None:

@@ -106,16 +106,21 @@ class Changes:
         return since
 
     def switch(self, mode: Mode, why: str) -> None:
-        if mode == self.mode or (mode == Mode.CANDIDATE and not self.may_stand_by):
+        contends = mode in (Mode.CANDIDATE, Mode.STANDBY)
+        if mode == self.mode or (contends and not self.may_stand_by) or (
+                mode == Mode.STANDBY and self.mode == Mode.CANDIDATE):  # a candidate keeps the pods it lists
             return
-        log.log(logging.WARNING if mode == Mode.PODS else logging.INFO, "%s: following %s from now on", why,
-                "the published journal" if mode == Mode.FOLLOWER else "the pods")
+        log.log(logging.WARNING if mode == Mode.PODS else logging.INFO, "%s: %s from now on", why,
+                "following the publication" if mode == Mode.FOLLOWER else "following the publication and "
+                "contending for the Lease" if mode == Mode.STANDBY else "following the pods")
         if mode == Mode.PODS:
             self.tell(Occurrence("PublicationRefused", f"{why}: following the pods from now on"))
+        same_follower = mode.reads_publication and self.mode.reads_publication
         self.mode = mode
-        if mode == Mode.CANDIDATE:
+        if contends:
             self.candidate.set()
-        self.switching.set()
+        if not same_follower:  # a follower named a standby keeps its watch: it only contends from now on
+            self.switching.set()
 
     def attempted(self) -> None:
         self.last_attempt = self.clock()
@@ -214,12 +219,12 @@ class Sidecar:
             lease_seconds=s.lease_seconds, make_follower=lambda: self._journal_follower(job, check))
         self.changes.mode, self.changes.may_stand_by = mode, self.publication is not None
         self.evaluator.published = self.publication is not None
-        if mode == Mode.CANDIDATE:
+        if mode in (Mode.CANDIDATE, Mode.STANDBY):
             self.changes.candidate.set()
         if self.publication is not None and self.publication.nodes:
             self.nodes.update(self.publication.nodes)
         what = f"configmap {self.publication.follower.watched_name()}" \
-            if self.mode == Mode.FOLLOWER and self.publication is not None else f"pods with selector {self.selector}"
+            if self.mode.reads_publication and self.publication is not None else f"pods with selector {self.selector}"
         log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation,
                  self.mode.value)
         if s.signal is None:
@@ -280,7 +285,7 @@ class Sidecar:
 
     def _follower(self) -> PodsFollower | JournalFollower:
         publication = self.publication
-        if self.mode == Mode.FOLLOWER and publication is not None:
+        if self.mode.reads_publication and publication is not None:
             return publication.follower
         return PodsFollower(self.changes, self.api, self.view, namespace=self.settings.namespace,
                             selector=self.selector, settings=self.settings.reflecting, clock=self.clock,
@@ -288,11 +293,15 @@ class Sidecar:
                             else None)
 
     async def elect_loop(self) -> None:
-        """The leader and its standbys contend for the Lease; followers never touch it."""
+        """The leader and its standbys contend for the Lease; followers never touch it. A standby lists the pods
+        once the Lease looks abandoned, or once it holds it."""
         if self.publication is None:
             await asyncio.Event().wait()
             return
         await self.changes.candidate.wait()
+        elector = self.publication.elector
+        elector.get_ready = lambda: self.changes.switch(
+            Mode.CANDIDATE, f"the publisher's lease {elector.name} is free or was not renewed for half its duration")
         await self.publication.elect(self._on_leading)
 
     async def _on_leading(self, leading: bool) -> None:
@@ -300,6 +309,7 @@ class Sidecar:
         assert self.publication is not None
         self.publication.lead(leading, self.settings.options)
         if leading:
+            self.changes.switch(Mode.CANDIDATE, "took the publisher's lease")  # publishes from its own LIST
             self.changes.changed()
 
     async def release(self) -> None:
@@ -324,7 +334,7 @@ class Sidecar:
     async def _written(self, since: float, light: Any) -> None:
         """One evaluation: the Nodes of new pods, a new leader's read-back, the files, the publication."""
         publication = self.publication
-        if self.mode != Mode.FOLLOWER:
+        if not self.mode.reads_publication:
             await self._learn_nodes()
         read_back = await publication.prepare(self.mode) if publication is not None else False
         before = self.generation, publication.seq() if publication is not None else None
@@ -343,20 +353,20 @@ class Sidecar:
 
     def _light(self) -> Any:
         """--view own: this pod's plan from the published summary, while the summary is followed."""
-        if self.mode == Mode.FOLLOWER and self.publication is not None:
+        if self.mode.reads_publication and self.publication is not None:
             return self.publication.follower.plan
         return None
 
     def _nodes(self) -> Any:
         publication = self.publication
         published = publication.follower.published.state if publication is not None else None
-        if self.mode == Mode.FOLLOWER and published is not None and self.settings.options.levels is not None:
+        if self.mode.reads_publication and published is not None and self.settings.options.levels is not None:
             return published.node_labels()
         return self.nodes
 
     def _note(self) -> str:
         reflector, publication = self.changes.reflector, self.publication
-        seq = publication.follower.seq if publication is not None and self.mode == Mode.FOLLOWER else 0
+        seq = publication.follower.seq if publication is not None and self.mode.reads_publication else 0
         return f"rv={reflector.rv if reflector else ''} seq={seq}"
 
     async def _learn_nodes(self) -> None:
@@ -377,7 +387,7 @@ class Sidecar:
         """Whether to wait for a burst to end before rewriting (``--debounce``). Not while following the journal:
         each entry is a burst the publisher has gathered already, so waiting again only added SETTLE to every
         follower's event-to-file (issue 24: 50 of the 282 ms p99 at 16384 pods)."""
-        return self.settings.debounce > 0 and self.mode != Mode.FOLLOWER
+        return self.settings.debounce > 0 and not self.mode.reads_publication
 
     async def _settle(self) -> None:
         """Wait until the changes stop for SETTLE seconds, and never longer than --debounce: a lone change is

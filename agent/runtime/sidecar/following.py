@@ -1,13 +1,14 @@
 """What a sidecar follows, through the one reflector (k8s/reflector.py), each a view (runtime/views.py) with its
 list and watch calls and the rule that ends it: the job's pods, or the published journal.
 
-``PodsFollower`` lists and watches the pods (a small job, a large job's publisher and its standbys, and any
-follower while the publication cannot be trusted). ``JournalFollower`` reads the published snapshot and watches
-the journal (every other pod of a large job), or in its own view the summary ConfigMap alone; it asks to
-switch when the leader names this pod a standby, or when the publication stops: a journal that cannot be read
-(a sequence out of range, a forged document), or a Lease held, past a grace, by a pod that is not the journal's
-publisher (a standby that takes over names itself in the journal within seconds). A pods follower that took over
-from a stalled journal looks back every probe interval and returns to the journal once it is sound again.
+``PodsFollower`` lists and watches the pods (a small job, a large job's publisher and a standby about to take
+over, and any follower while the publication cannot be trusted). ``JournalFollower`` reads the published
+snapshot and watches the journal (every other pod of a large job, its standbys included), or in its own view the
+summary ConfigMap alone; it asks to switch when the leader names this pod a standby, or when the publication
+stops: a journal that cannot be read (a sequence out of range, a forged document), or a Lease held, past a grace,
+by a pod that is not the journal's publisher (a standby that takes over names itself in the journal within
+seconds). A pods follower that took over from a stalled journal looks back every probe interval and returns to
+the journal once it is sound again.
 
 Followers report to a ``Sink``: a change to write, a mode to switch to, and their progress. They hold nothing of
 the sidecar.
@@ -43,8 +44,13 @@ PROBE_EVERY = 300.0  # seconds between a follower's looks at the publisher's Lea
 
 class Mode(enum.Enum):
     PODS = "pods"  # watch the pods (a small job, or a follower whose publisher stopped)
-    CANDIDATE = "candidate"  # watch the pods and publish while holding the Lease (a large job's leader, standbys)
-    FOLLOWER = "follower"  # watch the published journal
+    CANDIDATE = "candidate"  # watch the pods and publish while holding the Lease (the leader, a standby taking over)
+    STANDBY = "standby"  # follow the publication as a follower does, and contend for the Lease
+    FOLLOWER = "follower"  # follow the publication: the summary (its own view) or the snapshot and journal
+
+    @property
+    def reads_publication(self) -> bool:
+        return self in (Mode.FOLLOWER, Mode.STANDBY)
 
 
 class Sink(Protocol):
@@ -218,9 +224,9 @@ class JournalFollower:
         return why is None
 
     def stand_by(self, standby: tuple[str, ...]) -> None:
-        """Named a standby by the leader: watch the pods too, and contend for the Lease."""
+        """Named a standby by the leader: contend for the Lease (the pods are listed once it looks abandoned)."""
         if self.pods.own in standby:
-            self.sink.switch(Mode.CANDIDATE, "named a standby publisher")
+            self.sink.switch(Mode.STANDBY, "named a standby publisher")
 
     async def _lease_holder(self) -> str | None:
         """The Lease's holder, '' when nobody holds it, None when it cannot be read now."""

@@ -2,9 +2,10 @@
 standbys contend for (election.py), and, in the pod that holds it, the writes that keep the publication equal to
 the pods (publishing.JournalWriter). Small jobs have none of this: their sidecars follow the pods.
 
-The leader's init published the topology (from 256 training pods): then only the leader and its standbys read
-the pods, the others follow the journal. A standby taking over reads back what is published before it plans
-(``prepare``), then publishes what changed in the pods it holds (``publish``).
+The leader's init published the topology (from 256 training pods): then only the leader reads the pods, the
+others follow the publication; a standby also contends for the Lease and lists the pods once the Lease looks
+abandoned (election.py). A standby taking over reads back what is published before it plans (``prepare``), then
+publishes what changed in the pods it holds (``publish``).
 """
 
 from __future__ import annotations
@@ -80,23 +81,25 @@ class Publication:
             return None, Mode.PODS
         if state is None and journal is None:
             return None, Mode.PODS
-        candidate = journal is not None and (journal.leader == job.pod or job.pod in journal.standby)
+        leader = journal is not None and journal.leader == job.pod
+        standby = journal is not None and job.pod in journal.standby
         why, _ = await vouch(api.get_object, check, items, job.configmap)
-        if why is not None and not candidate:  # a follower uses the rows: their writer must be a member
+        if why is not None and not (leader or standby):  # a follower uses the rows: their writer must be a member
             log.warning("the published topology is not used (%s); following the pods", why)
             return None, Mode.PODS
-        # A candidate watches the pods itself; the copy only names it (this pod's earlier incarnation, under
-        # another uid, may have written it: it rewrites it once it leads).
+        # The leader watches the pods itself, and so does a standby whose copy is not vouched for: the copy only
+        # names them (this pod's earlier incarnation, under another uid, may have written it: it rewrites it once
+        # it leads). A standby follows a vouched copy as a follower does until the Lease looks abandoned.
         elector = Elector(api, job.namespace, job.configmap, job.pod, owner=job.owner, timing=Timing(lease_seconds),
                           named_leader=journal is not None and journal.leader == job.pod)
         publication = cls(api, job, make_follower(), elector)
         if state is not None and why is None:  # labels only from a vouched copy: a standby need not read Nodes
             publication.nodes = dict(state.node_labels())
-        if candidate:
+        if leader or (standby and why is not None):
             return publication, Mode.CANDIDATE
         publication.follower.light = light
         publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
-        return publication, Mode.FOLLOWER
+        return publication, Mode.STANDBY if standby else Mode.FOLLOWER
 
     async def elect(self, on_leading: Callable[[bool], Awaitable[None]]) -> None:
         await self.elector.run(on_leading)
