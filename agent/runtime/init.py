@@ -55,6 +55,7 @@ from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import DeadlineExceeded, retried
 from agent.k8s.transport import IDLE
 from agent.runtime.events import Sink, ThreadRecorder
+from agent.runtime.handoff import Handoff, write_handoff
 from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
@@ -244,6 +245,7 @@ class Init:
         self.objects: tuple[Mapping[str, Any], ...] = ()  # the job's objects as read (the owner first)
         self.roster: Roster | None = None  # who may be a member, once the owner is read
         self.held = Held(memo=self.memo)
+        self.reads = Handoff()  # what the sidecar would read again at start (runtime/handoff.py)
         # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
         # in time to list again before its deadline.
         self.reflecting = ReflectorSettings.with_idle(settings.watch_idle or min(IDLE, max(3.0, settings.timeout / 3)))
@@ -271,6 +273,7 @@ class Init:
                 "from the downward API (metadata.name, metadata.namespace)"
             ) from err
         check_pod(me)  # a malformed own pod: one line, nothing to wait for
+        self.reads.pod = me
         return me
 
     async def expectation(self, me: RawPod) -> Expectation:
@@ -284,9 +287,13 @@ class Init:
         if controller.owner_path(me) is None:
             raise InputError(f"pod '{s.pod_name}': cannot tell how many pods the {controller.title} has (no owner "
                              "to read); pass --expect N")
+        async def get(path: str) -> Any:
+            obj = await self.retried(lambda: self.api.get_object(path), f"get {path}")
+            self.reads.objects[path] = obj
+            return obj
+
         try:
-            view = await read_job(lambda path: self.retried(lambda: self.api.get_object(path), f"get {path}"),
-                                  me, s.options)
+            view = await read_job(get, me, s.options)
         except ApiNotFound as err:
             raise InputError(f"owner {controller.owner_path(me)} of pod '{s.pod_name}' not found; pass --expect N") \
                 from err
@@ -402,6 +409,7 @@ class Init:
         s = self.settings
         check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
                             me=Writer(s.pod_name, me.get("metadata", {}).get("uid") or ""))
+        self.reads.writers = check.accepted  # the writers vouched for: the sidecar need not read them again
         why_full = why_full_view(s.options)
         files_dir = str(s.out_dir.absolute())
         if why_full is not None and s.options.view != "full":
@@ -553,6 +561,7 @@ class Init:
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
         names = write_generation(s.out_dir, rendered, s.options, self.ssh)
+        write_handoff(s.out_dir, self.reads)
         member = rendered.plan.topology.me
         log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names), s.out_dir,
                  member.role, member.node_rank, rendered.plan.topology.nnodes, peak_rss_mb())

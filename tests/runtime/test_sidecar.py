@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent import examples
+from agent.runtime.handoff import NAME as READS
 from tests.fakeapi import agent_name, init_pod
 from tests.jobs import (
     add_worker,
@@ -290,6 +291,30 @@ async def test_a_follower_receives_only_the_journal_and_the_leader_names_its_sta
         assert policy_admits(memory, "CREATE", "demo-master-0", configmap(memory, name), None)
 
 
+async def test_a_sidecar_starts_from_what_its_init_read_and_reads_it_again_only_without_it(memory, api, logs,
+                                                                                             sidecars, tmp_path):
+    """Each follower's sidecar read its own pod, the job and the leader's pod again, which init had read a moment
+    before (~20 KiB of its ~34 KiB at start in a 16384-pod job): it starts from init's reads
+    (runtime/handoff.py). Without them (a sidecar run alone, a file the trainer broke) it reads the API."""
+    await published_job(memory, api, logs, tmp_path, 20)
+    (tmp_path / "demo-worker-8" / READS).write_text("{not json")  # broken: read again, in one line
+    await start_sidecar(sidecars, tmp_path, "demo-master-0")
+    for pod in ("demo-worker-7", "demo-worker-8"):
+        await start_sidecar(sidecars, tmp_path, pod)
+        await logs.until(pod, "(follower)")
+
+    def gets(pod: str) -> set[str]:
+        return {r.path for agent, r in api.requests if agent == agent_name("sidecar", pod) and r.verb == "get"}
+
+    read_again = {"/api/v1/namespaces/default/pods/demo-worker-8", "/apis/batch.volcano.sh/v1alpha1/namespaces/"
+                  "default/jobs/demo", "/api/v1/namespaces/default/pods/demo-master-0"}
+    assert gets("demo-worker-8") >= read_again
+    assert not gets("demo-worker-7") & {p.replace("worker-8", "worker-7") for p in read_again}
+    assert "not using init's reads" in logs.text("demo-worker-8")
+    for pod in ("demo-worker-7", "demo-worker-8"):  # the same files either way
+        assert json.loads((tmp_path / pod / "topology.json").read_text())["generation"] == 1
+
+
 def watch_events(running) -> float:
     """The objects a sidecar's watches have brought (its topology_agent_watch_events_total, BOOKMARKs apart: the
     sandbox sends one at each quiet half second)."""
@@ -483,14 +508,14 @@ async def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_chan
     own plan's summary: one shape of files across the job."""
     # every pod with the job's options: the leader summarizes
     await published_job(memory, api, logs, tmp_path, 7, "--view", "own")
-    light_files = ["generation", "topology.json", "torch.env"]
+    light_files = [READS, "generation", "topology.json", "torch.env"]  # READS: init's reads for its sidecar
     for pod in ("demo-master-0", "demo-worker-0", "demo-worker-6"):  # the leader, a standby, a follower
         assert sorted(p.name for p in (tmp_path / pod).iterdir()) == light_files, pod
         assert json.loads((tmp_path / pod / "topology.json").read_text())["view"] == "own"
     light = tmp_path / "light"
     ran = await init(api, logs, "demo-worker-5", light, "--address", "ip", "--source", "published", "--view", "own")
     assert "waiting for the leader to publish its summary" in ran.err and "not used" not in ran.err
-    assert sorted(p.name for p in light.iterdir()) == ["generation", "topology.json", "torch.env"]
+    assert sorted(p.name for p in light.iterdir()) == light_files
     full = tmp_path / "full"
     await init(api, logs, "demo-worker-5", full, "--address", "ip", "--source", "published")
     full_env = json.loads((full / "topology.json").read_text())["env"]
@@ -516,7 +541,7 @@ async def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_chan
     memory.delete_pod("default", "demo-master-0")
     await follower.until(lambda: world(light)[0] == "8", timeout=30, what="the light follower sees the leader gone")
     assert world(light)[1] != before[1]  # a new rank 0, a new MASTER_ADDR
-    assert sorted(p.name for p in light.iterdir()) == ["generation", "topology.json", "torch.env"]
+    assert sorted(p.name for p in light.iterdir()) == light_files
     text = logs.text("light")
     assert "not used" not in text and "reading the whole topology" not in text
 

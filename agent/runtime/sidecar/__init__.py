@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from agent.k8s.reflector import Reflector
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import retried
 from agent.runtime.events import AsyncSink, TaskRecorder
+from agent.runtime.handoff import read_handoff
 from agent.runtime.jobs import read_job
 from agent.runtime.memory import keep_freed_memory, release_memory
 from agent.runtime.metrics import SidecarMetrics
@@ -195,13 +196,9 @@ class Sidecar:
 
     async def start(self) -> None:
         s = self.settings
-        try:
-            me: RawPod = await retried(lambda: self.api.get_pod(s.namespace, s.pod_name),  # type: ignore
-                                       what="get own pod")
-        except ApiNotFound as err:
-            raise InputError(f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and "
-                             "POD_NAMESPACE from the downward API") from err
-        await self._read_job(me)
+        reads = read_handoff(s.out_dir, s.pod_name)  # what init read: not read again (runtime/handoff.py)
+        me = reads.own_pod() or await self._own_pod()
+        await self._read_job(me, reads.objects)
         s = self.settings
         controller = detect_controller(me, s.options)
         self.selector = controller.selector(me, s.options)
@@ -212,7 +209,7 @@ class Sidecar:
         job = Job(s.namespace, s.pod_name, me.get("metadata", {}).get("uid") or "", name, configmap_name(name),
                   dict(owners[0]) if owners else None)
         check = WriterCheck(controller, s.options, job.name, s.namespace, self.view.roster,
-                            me=Writer(s.pod_name, job.uid))
+                            me=Writer(s.pod_name, job.uid), accepted=set(reads.writers))
         self.evaluator.load_previous()
         self.publication, mode = await Publication.find(
             self.api, job, check, self.view, options=s.options, ssh=s.ssh is not None,
@@ -230,6 +227,15 @@ class Sidecar:
         if s.signal is None:
             log.info("rewrites signal nobody (%s)", "--signal none" if s.finder.pid_file or s.finder.match else
                      "no trainer named: --trainer-pid-file or --trainer-match names the process to signal")
+
+    async def _own_pod(self) -> RawPod:
+        s = self.settings
+        try:
+            return await retried(lambda: self.api.get_pod(s.namespace, s.pod_name),  # type: ignore[no-any-return]
+                                 what="get own pod")
+        except ApiNotFound as err:
+            raise InputError(f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and "
+                             "POD_NAMESPACE from the downward API") from err
 
     def _start_events(self, me: RawPod, job: str) -> None:
         """Record on this pod from now on: each new generation, each pod left out, a publication not used."""
@@ -254,13 +260,19 @@ class Sidecar:
                                check=check, settings=s.reflecting, clock=self.clock, ssh=s.ssh is not None,
                                grace=2.0 * s.lease_seconds, **probe)  # type: ignore[arg-type]
 
-    async def _read_job(self, me: RawPod) -> None:
-        """What the job's objects say that the pods do not (MPI roles and slots), as init reads it: the sidecar
-        must place the pods as init did. Unreadable objects leave the options as given."""
+    async def _read_job(self, me: RawPod, read: Mapping[str, Mapping[str, Any]]) -> None:
+        """What the job's objects say that the pods do not (MPI roles and slots), as init reads it (from the
+        objects init read, ``read``, by path): the sidecar must place the pods as init did. Unreadable objects
+        leave the options as given."""
         s = self.settings
+
+        async def get(path: str) -> Mapping[str, Any]:
+            if path in read:
+                return read[path]
+            return await retried(lambda: self.api.get_object(path), what=f"get {path}")  # type: ignore[no-any-return]
+
         try:
-            view = await read_job(lambda path: retried(lambda: self.api.get_object(path), what=f"get {path}"),
-                                  me, s.options)
+            view = await read_job(get, me, s.options)
         except (ApiNotFound, ApiForbidden) as err:
             log.warning("cannot read the job's owner (%s); the controller's defaults stand", err)
             return

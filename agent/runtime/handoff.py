@@ -1,0 +1,89 @@
+"""What init read that its pod's sidecar would read again at start: the own pod, the job's objects, and the
+publishers init vouched for (core/provenance.py). In a 16384-pod job each follower's sidecar read its own pod,
+the job and the writer pod again (~20 KiB of its ~34 KiB at start, ~0.3 GiB job-wide); it starts from init's
+reads instead, and reads what changed since (the membership) as before.
+
+The file is in the shared directory, which the trainer can write too: it is read as untrusted (files/reading.py)
+and used only if every part has the shape the API gives (the own pod is checked as init checks it, and must be
+this pod); anything else is said in one line and the sidecar reads the API as before. Nothing in it is a
+secret: the trainer could read the same objects with the pod's token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.core.model import RawPod
+from agent.core.provenance import Writer
+from agent.core.validation import check_pod
+from agent.errors import InputError
+from agent.files.reading import Unreadable, read_untrusted
+from agent.files.writing import write_files
+
+log = logging.getLogger("topology_agent.handoff")
+NAME = ".topology-init-reads.json"  # not TEMP_PREFIX: a later write would remove it as stale
+LIMIT = 4 << 20  # bytes: the own pod and a job's objects are tens of KiB
+
+
+@dataclass
+class Handoff:
+    pod: RawPod | None = None  # the own pod as init read it
+    objects: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the job's objects by API path
+    writers: set[Writer] = field(default_factory=set)  # publishers init accepted (name and uid)
+
+    def own_pod(self) -> RawPod | None:
+        """The own pod if init read it with its IP (an init that starts before the kubelet has posted the pod's
+        IP reads it without: the sidecar reads it again; a pod is bound before any of its containers runs)."""
+        pod = self.pod
+        return pod if pod is not None and pod.get("status", {}).get("podIP") else None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"pod": self.pod, "objects": self.objects,
+                           "writers": sorted([w.name, w.uid] for w in self.writers)}, separators=(",", ":")).encode()
+
+
+def write_handoff(out_dir: Path, handoff: Handoff) -> None:
+    """Written after the files, temp file and rename like them; a failure costs the sidecar its reads only."""
+    try:
+        write_files(out_dir, {NAME: handoff.to_bytes()})
+    except OSError as err:
+        log.info("could not leave init's reads for the sidecar (%s); it reads them again", err)
+
+
+def read_handoff(out_dir: Path, pod_name: str) -> Handoff:
+    """Init's reads for ``pod_name``, or an empty handoff (said in one line when the file is there but unusable)."""
+    try:
+        raw = read_untrusted(out_dir / NAME, LIMIT)
+    except FileNotFoundError:
+        return Handoff()
+    except (Unreadable, OSError) as err:
+        log.info("not using init's reads (%s); reading them from the API server", err)
+        return Handoff()
+    try:
+        return _parsed(json.loads(raw), pod_name)
+    except (ValueError, TypeError, InputError, RecursionError) as err:
+        log.info("not using init's reads in %s (%s); reading them from the API server", out_dir / NAME,
+                 str(err)[:200])
+        return Handoff()
+
+
+def _parsed(document: Any, pod_name: str) -> Handoff:
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    pod, objects, writers = document.get("pod"), document.get("objects"), document.get("writers")
+    if pod is not None:
+        check_pod(pod)
+        if pod.get("metadata", {}).get("name") != pod_name:
+            raise ValueError(f"its pod is not '{pod_name}'")
+    if not isinstance(objects, dict) or not all(
+            isinstance(k, str) and k.startswith("/") and isinstance(v, dict) for k, v in objects.items()):
+        raise ValueError("objects is not a map of API paths to objects")
+    if not isinstance(writers, list) or not all(
+            isinstance(w, list) and len(w) == 2 and all(isinstance(x, str) and x for x in w) for w in writers):
+        raise ValueError("writers is not a list of [name, uid]")
+    return Handoff(pod, objects, {Writer(name, uid) for name, uid in writers})  # type: ignore[arg-type]

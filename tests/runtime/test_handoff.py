@@ -1,0 +1,63 @@
+"""Init's reads left for its sidecar (runtime/handoff.py): the file is in the directory the trainer writes too,
+so whatever is not what init wrote is refused in one line and the sidecar reads the API instead."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+from agent import examples
+from agent.core.provenance import Writer
+from agent.runtime.handoff import NAME, Handoff, read_handoff, write_handoff
+
+POD = examples.volcano_job("demo", (("master", 1), ("worker", 2)))[1]
+JOB = "/apis/batch.volcano.sh/v1alpha1/namespaces/default/jobs/demo"
+
+
+def test_what_init_wrote_is_read_back_whole(tmp_path):
+    write_handoff(tmp_path, Handoff(POD, {JOB: {"kind": "Job"}}, {Writer("demo-master-0", "u-1")}))
+    back = read_handoff(tmp_path, "demo-worker-0")
+    assert back.pod == POD and back.own_pod() == POD and back.objects == {JOB: {"kind": "Job"}}
+    assert back.writers == {Writer("demo-master-0", "u-1")}
+    assert [p.name for p in tmp_path.iterdir()] == [NAME]  # renamed into place: no temp file left
+
+
+def test_an_own_pod_read_before_its_ip_is_read_again():
+    pod = {**POD, "status": {"phase": "Pending"}}
+    assert Handoff(pod).own_pod() is None
+
+
+@pytest.mark.parametrize("content, why", [
+    ("{not json", "Expecting property name"),
+    ("[]", "not a JSON object"),
+    (json.dumps({"pod": {**POD, "metadata": {**POD["metadata"], "name": "demo-worker-1"}}, "objects": {},
+                 "writers": []}), "its pod is not 'demo-worker-0'"),
+    (json.dumps({"pod": {"metadata": "x"}, "objects": {}, "writers": []}), "metadata"),
+    (json.dumps({"pod": None, "objects": {"jobs/demo": {}}, "writers": []}), "objects is not a map of API paths"),
+    (json.dumps({"pod": None, "objects": {}, "writers": [["demo-master-0"]]}), "writers is not a list"),
+    (json.dumps({"pod": None, "objects": {}, "writers": [["demo-master-0", ""]]}), "writers is not a list"),
+])
+def test_anything_else_is_refused_in_one_line(tmp_path, caplog, content, why):
+    (tmp_path / NAME).write_text(content)
+    with caplog.at_level(logging.INFO, "topology_agent.handoff"):
+        assert read_handoff(tmp_path, "demo-worker-0") == Handoff()
+    assert len(caplog.records) == 1 and why in caplog.text and "reading them from the API server" in caplog.text
+
+
+def test_a_link_planted_by_the_trainer_is_not_followed(tmp_path, caplog):
+    target = tmp_path / "elsewhere.json"
+    write_handoff(tmp_path, Handoff(POD))
+    os.replace(tmp_path / NAME, target)
+    (tmp_path / NAME).symlink_to(target)
+    with caplog.at_level(logging.INFO, "topology_agent.handoff"):
+        assert read_handoff(tmp_path, "demo-worker-0") == Handoff()
+    assert "symbolic link" in caplog.text
+
+
+def test_no_file_is_no_reads_and_no_line(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, "topology_agent.handoff"):
+        assert read_handoff(tmp_path, "demo-worker-0") == Handoff()
+    assert not caplog.records
