@@ -43,8 +43,9 @@ class Timing:
     @property
     def ready_after(self) -> float:
         """A record unchanged for this part of its duration: a standby gets ready to take over (it lists the
-        pods then, not at start), so that its LIST is done before the Lease can be taken."""
-        return 0.5
+        pods then, not at start), so that its LIST is done before the Lease can be taken: two thirds of the
+        lease (10 s at the default 15) for two standbys' LISTs of every pod at once."""
+        return 1 / 3
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def may_take(observed: Observation, me: str, now: float) -> bool:
 
 def abandoned(observed: Observation, me: str, now: float, timing: Timing) -> bool:
     """Whether a standby should get ready to take over: nobody holds the Lease, or its holder has not renewed it
-    for ``timing.ready_after`` of its duration (three renewals missed at the default 15 s)."""
+    for ``timing.ready_after`` of its duration (5 s at the default 15 s: two renewals missed)."""
     record = observed.record
     if record is None or record.holder == me:
         return False

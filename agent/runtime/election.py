@@ -4,7 +4,7 @@ Only the leader and the standbys it names run this (2 GETs/s for the whole job w
 followers never touch the Lease. The leader renews every ``Timing.renew_every`` and counts as leader until it
 has failed to renew for ``Timing.renew_deadline``; a standby writes the Lease only when ``may_take`` says so,
 always with the resourceVersion it read, so at most one pod publishes. A standby follows the publication, not
-the pods, until the Lease looks ``abandoned`` (half its duration without a renewal): ``get_ready`` is told then,
+the pods, until the Lease looks ``abandoned`` (a third of its duration without a renewal): ``get_ready`` is told then,
 so that the standby lists the pods before the Lease may be taken.
 """
 

@@ -11,6 +11,7 @@ secret: the trainer could read the same objects with the pod's token.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import Any
 from agent.core.model import RawPod
 from agent.core.provenance import Writer
 from agent.core.validation import check_pod
-from agent.errors import InputError
+from agent.errors import InputError, OutputError
 from agent.files.reading import Unreadable, read_untrusted
 from agent.files.writing import write_files
 
@@ -48,11 +49,15 @@ class Handoff:
 
 
 def write_handoff(out_dir: Path, handoff: Handoff) -> None:
-    """Written after the files, temp file and rename like them; a failure costs the sidecar its reads only."""
+    """Written after the files, temp file and rename like them; a failure costs the sidecar its reads only. Init
+    runs before the sidecar in every new pod, so the file is always this pod's (a shared volume that outlives
+    the pod, a hostPath or a PVC, has its earlier pod's file replaced, or removed when it cannot be)."""
     try:
         write_files(out_dir, {NAME: handoff.to_bytes()})
-    except OSError as err:
+    except (OSError, OutputError) as err:
         log.info("could not leave init's reads for the sidecar (%s); it reads them again", err)
+        with contextlib.suppress(OSError):
+            (out_dir / NAME).unlink()
 
 
 def read_handoff(out_dir: Path, pod_name: str) -> Handoff:

@@ -241,10 +241,10 @@ def test_when_the_leader_crashes_a_standby_takes_over_and_followers_see_the_new_
         took = [n for n in ("demo-worker-0", "demo-worker-1")
                 if "started publishing" in (tmp_path / f"{n}.log").read_text()]
         assert len(took) == 1
-        # it followed the publication until the Lease went unrenewed for half its duration, listed the pods then,
+        # it followed the publication until the Lease went unrenewed for a third of its duration, listed the pods then,
         # and took the Lease once it expired
         text = (tmp_path / f"{took[0]}.log").read_text()
-        ready = text.index("lease demo-topology is free or was not renewed for half its duration")
+        ready = text.index("lease demo-topology is free or was not renewed for a third of its duration")
         assert ready < text.index("started publishing")
         lease = sandbox.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")
         assert lease["spec"]["holderIdentity"] == took[0] and lease["spec"]["leaseTransitions"] >= 1

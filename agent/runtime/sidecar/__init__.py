@@ -312,8 +312,8 @@ class Sidecar:
             return
         await self.changes.candidate.wait()
         elector = self.publication.elector
-        elector.get_ready = lambda: self.changes.switch(
-            Mode.CANDIDATE, f"the publisher's lease {elector.name} is free or was not renewed for half its duration")
+        why = f"the publisher's lease {elector.name} is free or was not renewed for a third of its duration"
+        elector.get_ready = lambda: self.changes.switch(Mode.CANDIDATE, why)
         await self.publication.elect(self._on_leading)
 
     async def _on_leading(self, leading: bool) -> None:
