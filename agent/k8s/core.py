@@ -20,7 +20,10 @@ from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiGone, ApiNotFou
 
 Keep = Callable[[list[dict[str, Any]]], list[Any]]  # what a LIST caller keeps of each page (slimmed pods)
 RBAC_HINT = "grant it with manifests/rbac (Role: get/list/watch pods, get the job's owner kind)"
-PAGE = 500  # pods per LIST page: a 4096-pod job's 18 MB LIST parsed at once peaked at 200 MB in the leader
+# Pods per LIST page: a 4096-pod job's 18 MB LIST parsed at once peaked at 200 MB in the leader; a page of 500
+# pods as a cluster holds them (~9.6 KB each) is ~5 MB of text and ~21 MB parsed, a fifth of the leader's peak
+# at 16384 pods; 100 holds ~5 MB for one more request per 100 pods (headers: ~1 KB).
+PAGE = 100
 # Metadata only (what client-go's metadata client asks for), JSON as the fallback a server without it sends.
 METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
