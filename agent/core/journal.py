@@ -80,6 +80,10 @@ class Entry:
 
 
 STANDBYS = 2  # pods that watch the pods too and take over from the leader (node ranks 1 and 2)
+# Where the publication stands in the pods' history (journal data): the pods' resourceVersion its rows are
+# current to, and what the rows were cut for (``rows_options``). The publisher's own sidecar starts from the
+# rows and watches the pods from there, instead of listing every pod again.
+PODS_RV_KEY, ROWS_KEY = "podsResourceVersion", "rowsOptions"
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,16 @@ class Journal:
     base: int  # the entries cover (base, seq]
     seq: int
     entries: tuple[Entry, ...]
+    pods_rv: str = ""  # the pods' resourceVersion the rows are current to ("": not said)
+    rows_options: str = ""  # ``rows_options`` of the options the rows were cut with
+
+
+def rows_options(options: Options) -> str:
+    """What a row keeps of a pod depends on (published._row): a reader that cuts pods otherwise cannot take the
+    rows for its own."""
+    levels = [level.label for level in options.levels] if options.levels is not None else None
+    return json.dumps([SCHEMA, options.choice.selector, options.choice.index_label, options.container, levels],
+                      separators=(",", ":"))
 
 
 def _same_content(row: list[Any], published: list[Any] | None) -> bool:
@@ -286,6 +300,7 @@ class Publisher:
         self.options = options
         self.leader, self.leader_uid = leader, leader_uid  # the writer, as readers check it (provenance.py)
         self.standby: tuple[str, ...] = ()
+        self.pods_rv = ""  # the pods' resourceVersion the rows are current to (PODS_RV_KEY), when known
         self.entries: list[Entry] = list(journal)
         self._encoded: list[str] = [e.encoded() for e in self.entries]
         self._shape_index = {json.dumps(s, sort_keys=True, separators=(",", ":")): i
@@ -408,9 +423,12 @@ class Publisher:
 
     def journal_data(self) -> dict[str, str]:
         """The journal ConfigMap's ``data``."""
-        return {"leader": self.leader, "leaderUid": self.leader_uid, "standby": ",".join(self.standby),
-                "base": str(self.base),
-                "seq": str(self.state.seq), JOURNAL_KEY: "[" + ",".join(self._encoded) + "]"}
+        data = {"leader": self.leader, "leaderUid": self.leader_uid, "standby": ",".join(self.standby),
+                "base": str(self.base), "seq": str(self.state.seq),
+                JOURNAL_KEY: "[" + ",".join(self._encoded) + "]"}
+        if self.pods_rv:
+            data[PODS_RV_KEY], data[ROWS_KEY] = self.pods_rv, rows_options(self.options)
+        return data
 
 
 def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, Any] | None,
@@ -488,6 +506,9 @@ def read_journal(configmap: dict[str, Any]) -> Journal | None:
     if entries and (entries[0].seq != base + 1 or entries[-1].seq != seq or
                     any(b.seq != a.seq + 1 for a, b in pairwise(entries))):
         raise _refuse("the journal's sequence numbers do not follow each other")
+    pods_rv, cut = data.get(PODS_RV_KEY, ""), data.get(ROWS_KEY, "")
     return Journal(leader=leader, standby=tuple(n for n in standby.split(",")[:STANDBYS] if n),
-                   base=_whole(base, "base"), seq=_whole(seq, "seq"), entries=tuple(entries))
+                   base=_whole(base, "base"), seq=_whole(seq, "seq"), entries=tuple(entries),
+                   pods_rv=pods_rv if isinstance(pods_rv, str) and len(pods_rv) <= 64 else "",
+                   rows_options=cut if isinstance(cut, str) and len(cut) <= 4096 else "")
 

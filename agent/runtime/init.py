@@ -169,6 +169,7 @@ class _Gang:
         self.lock = lock
         self.refused: dict[str, tuple[str, int]] = {}
         self.lists = 0
+        self.rv = ""  # the pods' resourceVersion once the gang is complete
         self.just_refused = ""
 
     def ready(self) -> bool:
@@ -343,6 +344,7 @@ class Init:
         if not gang.ready():
             why = f"; last API error: {reflector.last_error}" if reflector.last_error else ""
             raise GangTimeout(self._timeout_message(gang.tracker.status(), source.selector) + why)
+        gang.rv = reflector.rv
         return view, gang
 
     async def _paced(self, gang: _Gang, events: AsyncIterator[WatchEvent]) -> AsyncIterator[WatchEvent]:
@@ -395,7 +397,10 @@ class Init:
                                 job=source.me.job, leader=s.pod_name, leader_uid=uid,
                                 owner=dict(owners[0]) if owners else None,
                                 standby=tuple(m.name for m in plan.topology.training[1:1 + STANDBYS]),
-                                nodes=nodes, plan=plan, publisher=publisher)
+                                nodes=nodes, plan=plan, publisher=publisher,
+                                # a pod left out here (an index past the replicas) may be a member to the
+                                # sidecar, whose roster lets the job grow: it lists the pods then
+                                pods_rv="" if gang.refused else gang.rv)
         own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=source.kind == "published")
         if why and not (source.follows and why == why_full_view(s.options)):  # a follower said that one already
             log.log(*full_view_line(s.options.view, why, HOLDING))

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from agent.core.journal import (
     JOURNAL_KEY,
+    PODS_RV_KEY,
+    ROWS_KEY,
     PublishedState,
     Publisher,
     journal_body,
@@ -84,6 +86,8 @@ def summary_data(publisher: Publisher, plan: Plan | None, options: Options) -> t
     it says (``said``), which decides whether it is written again."""
     seq = str(publisher.state.seq)
     data = {**publisher.journal_data(), "base": seq, JOURNAL_KEY: "[]"}
+    for key in (PODS_RV_KEY, ROWS_KEY):  # where the rows stand in the pods' history: the publisher's own
+        data.pop(key, None)
     summary = summarize(plan, seq=publisher.state.seq, options=options) if plan is not None and options.view != "full" \
         else None
     if summary is not None:
@@ -111,14 +115,17 @@ def first_publisher(namespace: str, options: Options, *, job: str, leader: str, 
 async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
                   leader: str, leader_uid: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
                   nodes: NodeLabels | None = None, plan: Plan | None = None,
-                  publisher: Publisher | None = None) -> bool:
+                  publisher: Publisher | None = None, pods_rv: str = "") -> bool:
     """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/summary.py) and the Lease.
     False when the snapshot exists already (this
     init runs again after a restart, and whoever holds the Lease keeps it current, or someone else wrote it):
     the leader's files still come from the pods it listed, never from that ConfigMap. ``publisher``: one made by
-    ``first_publisher``, with the rows staged while the pods arrived."""
+    ``first_publisher``, with the rows staged while the pods arrived. ``pods_rv``: the pods' resourceVersion
+    ``pods`` are current to (the leader's sidecar watches from there), "" when a LIST from there would bring
+    pods that ``pods`` left out."""
     publisher = publisher or first_publisher(namespace, options, job=job, leader=leader, leader_uid=leader_uid)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
+    publisher.pods_rv = pods_rv
     publisher.change({p["metadata"]["name"]: p for p in pods}, [p["metadata"]["name"] for p in pods], nodes,
                      journal=False)
     seq = publisher.state.seq
@@ -211,14 +218,16 @@ class JournalWriter:
             release_memory()
 
     async def publish(self, pods: dict[str, RawPod], touched: set[str], nodes: NodeLabels,
-                      standby: tuple[str, ...], plan: Plan | None = None) -> bool:
+                      standby: tuple[str, ...], plan: Plan | None = None, pods_rv: str = "") -> bool:
         """Put what changed where the followers read it (``plan``: the same pods' plan, summarized for
-        ``--view own``); False when another pod changed the publication (this pod stops publishing)."""
+        ``--view own``); False when another pod changed the publication (this pod stops publishing).
+        ``pods_rv``: the pods' resourceVersion ``pods`` are current to, taken with ``touched``."""
         await self.prepare()
         if self.again is not None:
             touched, self.again = touched | set(pods) | self.again, None
         publisher = self.publisher
         assert publisher is not None
+        publisher.pods_rv = pods_rv  # said with the next journal written (a change of it alone writes none)
         entry = publisher.change(pods, touched, nodes)
         if entry is None and publisher.standby == standby and not self.rewrite_snapshot and self.compared:
             return True  # no row changed, so neither did the plan the summary is made of

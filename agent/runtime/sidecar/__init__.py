@@ -302,7 +302,7 @@ class Sidecar:
         return PodsFollower(self.changes, self.api, self.view, namespace=self.settings.namespace,
                             selector=self.selector, settings=self.settings.reflecting, clock=self.clock,
                             journal=publication.follower if publication is not None and self.mode == Mode.PODS
-                            else None)
+                            else None, first_list=publication.take_seed() if publication is not None else None)
 
     async def elect_loop(self) -> None:
         """The leader and its standbys contend for the Lease; followers never touch it. A standby lists the pods
@@ -355,7 +355,8 @@ class Sidecar:
         if retry is not None:  # the files could not be written: the same change again, later
             asyncio.get_running_loop().call_later(retry, self.changes.changed)
         if publication is not None and self.evaluator.valid and await publication.publish(
-                self.mode, self.view, self.nodes, self.evaluator.standby_now, self.evaluator.plan):
+                self.mode, self.view, self.nodes, self.evaluator.standby_now, self.evaluator.plan,
+                pods_rv=self.changes.reflector.rv if self.changes.reflector is not None else ""):
             self.metrics.published.inc()
         if read_back or (self.generation, publication.seq() if publication is not None else None) != before:
             # Once the burst is over, hand the freed memory back (a full gc costs a few ms: not per change).

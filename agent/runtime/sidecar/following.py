@@ -39,6 +39,7 @@ from agent.runtime.tasks import race
 from agent.runtime.views import READING, PodView, PublicationView, SummaryView, full_view_line
 
 log = logging.getLogger("topology_agent.sidecar")
+Seed = tuple[dict[str, Any], str]  # the publisher's own published pods (compact) and their pods resourceVersion
 PROBE_EVERY = 300.0  # seconds between a follower's looks at the publisher's Lease (jittered by a quarter)
 
 
@@ -104,10 +105,25 @@ class _Told:
 class PodsFollower:
     def __init__(self, sink: Sink, api: AsyncApi, view: PodView, *, namespace: str, selector: str,
                  settings: ReflectorSettings, clock: Callable[[], float],
-                 journal: JournalFollower | None = None) -> None:
+                 journal: JournalFollower | None = None, first_list: Seed | None = None) -> None:
         self.sink, self.api, self.view, self.namespace, self.selector = sink, api, view, namespace, selector
         self.settings, self.clock = settings, clock
         self.journal = journal  # a follower's journal, stalled: looked at again every probe interval
+        self.first_list = first_list  # the publisher's own rows and where they stand: its first LIST
+
+    async def _listed(self, collection: str) -> tuple[list[Any], str]:
+        """The pods: the publisher's own rows the first time (its init's, or its own before a restart; the watch
+        from their resourceVersion brings what changed since, or a 410 and a LIST), then a LIST."""
+        if self.first_list is not None:
+            (rows, rv), self.first_list = self.first_list, None
+            me = self.view.me
+            items = [pod for name, pod in rows.items() if name != self.view.own]
+            if me is not None:
+                items.append(self.view.keep(me))
+            log.info("starting from the %d pods published at pods resourceVersion %s, not a LIST", len(items), rv)
+            return items, rv
+        return await self.api.list_objects(collection, label_selector=self.selector, limit=PAGE,
+                                           keep=self.view.intake)
 
     async def run(self) -> None:
         collection = pods_path(self.namespace)
@@ -115,9 +131,7 @@ class PodsFollower:
         self.view.watchers.append(told)
         try:
             following = follow(
-                self.sink, "pods", self.settings, self.clock,
-                lambda: self.api.list_objects(collection, label_selector=self.selector, limit=PAGE,
-                                              keep=self.view.intake),
+                self.sink, "pods", self.settings, self.clock, lambda: self._listed(collection),
                 lambda rv, timeout, idle: self.api.watch_objects(collection, rv, timeout=timeout,
                                                                  label_selector=self.selector, idle=idle),
                 self.view)
