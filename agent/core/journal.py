@@ -47,6 +47,8 @@ from agent.core.validation import check_pod
 JOURNAL_KEY = "changes.json"
 JOURNAL_BYTES = 1024  # changes kept in the journal (the newest one is kept whatever its size)
 MAX_JOURNAL = 1024 * 1024  # a ConfigMap cannot hold more; anything near it is not our journal
+MAX_ENTRY = MAX_JOURNAL // 2  # a larger change (a relist after a 410, thousands of pods joining) goes in the
+#                               snapshot alone: the journal is left empty after it
 MAX_JOURNAL_VALUES = 150_000  # ~7500 changes of ~20 values (published.bounded_loads): <= ~11 MB parsed
 
 
@@ -378,6 +380,9 @@ class Publisher:
         while len(self.entries) > 1 and sum(map(len, self._encoded)) > JOURNAL_BYTES:
             self.entries.pop(0)
             self._encoded.pop(0)
+        if len(self._encoded[-1]) > MAX_ENTRY:  # readers would refuse the journal: the snapshot carries it
+            self.entries.clear()
+            self._encoded.clear()
         if self.base > state.snapshot_seq:
             self.snapshot_due = True  # a follower that falls behind must find a snapshot the journal reaches
         return entry

@@ -87,10 +87,12 @@ class Observation:
 
     record: Record | None = None
     changed_at: float = 0.0
+    renewals: int = 0  # changes seen after the first sight (a holder seen renewing)
 
     def see(self, record: Record, now: float) -> None:
         if self.record is None or self.record.key != record.key:
             self.changed_at = now
+            self.renewals += self.record is not None
         self.record = record
 
 
@@ -130,9 +132,12 @@ def may_take(observed: Observation, me: str, now: float) -> bool:
 
 
 def abandoned(observed: Observation, me: str, now: float, timing: Timing) -> bool:
-    """Whether a standby should get ready to take over: nobody holds the Lease, or its holder has not renewed it
-    for ``timing.ready_after`` of its duration (5 s at the default 15 s: two renewals missed)."""
+    """Whether a standby should get ready to take over: nobody holds the Lease, or a holder seen renewing it has
+    not for ``timing.ready_after`` of its duration (5 s at the default 15 s: two renewals missed). A record not
+    seen to change yet says nothing: the leader's sidecar renews it first seconds after its init wrote it, while
+    the standbys' sidecars start (a publisher that never renews is taken over, and listed for, at expiry)."""
     record = observed.record
     if record is None or record.holder == me:
         return False
-    return not record.holder or now - observed.changed_at >= record.duration * timing.ready_after
+    return not record.holder or (observed.renewals > 0 and
+                                 now - observed.changed_at >= record.duration * timing.ready_after)

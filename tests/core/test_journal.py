@@ -142,6 +142,23 @@ def test_a_status_update_that_moves_nothing_is_not_published():
     assert leader.state.seq == seq
 
 
+def test_a_change_too_large_for_a_configmap_goes_in_the_snapshot_and_the_journal_stays_readable():
+    """The newest entry was kept whatever its size: after the publisher's relist at 16384 pods one entry held
+    every row, the journal passed 1 MiB, and every follower that reads it refused it and listed the pods."""
+    pods = job(4096)
+    leader = leader_for(pods)
+    for k, name in enumerate(sorted(pods)):
+        pods[name]["status"]["podIP"] = f"127.8.{k // 250}.{k % 250 + 1}"
+    entry = leader.change(pods, set(pods))
+    assert entry is not None and len(entry.encoded()) > journal_module.MAX_ENTRY
+    data = leader.journal_data()
+    assert data[journal_module.JOURNAL_KEY] == "[]" and data["base"] == data["seq"] == str(entry.seq)
+    assert leader.snapshot_due
+    assert read_journal({"data": data}) is not None  # readable: a follower behind it reads the snapshot again
+    leader.snapshot_written(leader.state.seq)
+    assert not leader.snapshot_due
+
+
 @pytest.mark.parametrize("n", [1024, 4096])
 def test_a_single_pod_change_costs_each_follower_a_few_kib_at_any_size(n):
     pods = job(n)

@@ -24,10 +24,13 @@ def test_a_standby_waits_a_whole_lease_duration_after_the_last_change_it_saw():
 def test_a_standby_gets_ready_a_third_into_the_lease_long_before_it_may_take_it():
     seen, timing = Observation(), Timing()
     assert not abandoned(seen, "standby", 100.0, timing)  # nothing read yet
-    seen.see(read_record(lease("leader")), now=100.0)
+    seen.see(read_record(lease("leader")), now=90.0)
+    # as init wrote it: the leader's sidecar renews it once it has started, while the standbys start
+    assert not abandoned(seen, "standby", 104.9, timing)
+    seen.see(read_record(lease("leader", renew="2026-11-22T00:00:01.000000Z", rv="8")), now=100.0)  # renewing
     assert not abandoned(seen, "standby", 104.9, timing)  # a renewal of every 2 s may be late: not yet
     assert abandoned(seen, "standby", 105.0, timing) and not may_take(seen, "standby", 105.0)
-    seen.see(read_record(lease("leader", renew="2026-11-22T00:00:02.000000Z", rv="8")), now=108.0)  # renewed
+    seen.see(read_record(lease("leader", renew="2026-11-22T00:00:02.000000Z", rv="9")), now=108.0)  # renewed
     assert not abandoned(seen, "standby", 112.9, timing)
     assert not abandoned(seen, "leader", 200.0, timing)  # its own Lease is never abandoned to itself
     seen.see(read_record(lease("")), now=116.0)  # released on SIGTERM: ready at once
