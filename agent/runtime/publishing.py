@@ -271,8 +271,9 @@ class JournalWriter:
         """Write again whichever of the snapshot, the summary and the journal is gone (a user's ``kubectl delete``,
         a cleanup script): each is otherwise written again only at its next change, and the summary only when
         what it says changes, which may be never while the job runs. One LIST of the three objects' metadata (no
-        data: ~1.5 KiB) per call; the sidecar calls it once per lease duration. Only creates: an object found
-        meanwhile (a LIST from the API server's cache may lag a write) is left as it is."""
+        data: ~1.7 KiB from the sandbox, more with managedFields) per call; the sidecar calls it once per lease
+        duration. Only creates: an object found meanwhile (a LIST from the API server's cache may lag a write) is
+        left as it is."""
         publisher = self.publisher
         if publisher is None or self.summary is None:  # not published in this leadership yet: nothing to compare
             return
