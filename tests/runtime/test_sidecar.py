@@ -590,6 +590,8 @@ async def test_a_leader_writes_again_the_snapshot_and_journal_deleted_while_noth
     await published_job(memory, api, logs, tmp_path, 4, "--view", "full")
     await start_sidecar(sidecars, tmp_path, "demo-master-0", "--lease-seconds", "2", "--view", "full")
     await logs.until("demo-master-0", "started publishing")
+    # it read back what init published and published once (a look comes only after that)
+    await api.notice.until(lambda: looks(api, "demo-master-0") >= 1, what="the leader looking")
     seq = configmap(memory, "demo-topology-journal")["data"]["seq"]
     gone(memory, "demo-topology", "demo-topology-journal")
     await memory.until("/v1/configmaps", present("demo-topology", "demo-topology-journal"))
