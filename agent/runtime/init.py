@@ -60,7 +60,15 @@ from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
 from agent.runtime.publishing import first_publisher, publish_first, vouch
-from agent.runtime.views import HOLDING, READING, PodView, PublicationView, SummaryView, full_view_line
+from agent.runtime.views import (
+    HOLDING,
+    READING,
+    PodView,
+    PublicationView,
+    SummaryView,
+    full_view_line,
+    summary_list,
+)
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load
     from agent.k8s.async_client import AsyncApi
@@ -441,7 +449,8 @@ class Init:
         gate.superseded_then = view.clear
         log.info("waiting for the leader to publish configmap %s", name)
         self.stand(self._publication_wait(name))
-        reflector = await self.reflect(f"configmap {name}", self._vouched_ops(gate, label=select_value(name)), view,
+        ops = self._vouched_ops(gate, label=f"{SELECT_LABEL}={select_value(name)}")
+        reflector = await self.reflect(f"configmap {name}", ops, view,
                                        lambda: gate.refused is not None or view.has(s.pod_name))
         self.stand(None)
         if gate.refused is not None:
@@ -459,40 +468,48 @@ class Init:
 
     async def summary(self, me: RawPod, source: Source, check: WriterCheck) -> Any:
         """This pod's own view: its plan from the published summary once it places this pod; None (said in one
-        line) when it cannot be used, or its files name every member (``--view auto``). Only the journal is read,
-        by name: a few KiB, not the snapshot."""
+        line) when it cannot be used, or its files name every member (``--view auto``), or it is gone while the
+        journal is published (deleted: ``summary_gone``). Only the summary and the journal are listed (a few KiB,
+        not the snapshot), and the summary alone is watched, by name."""
         s = self.settings
         view = SummaryView(source.configmap, me, s.options, ssh=self.ssh is not None)
         gate = _Vouched(self.api, check, source.configmap)
         journal = view.name
         log.info("waiting for the leader to publish its summary in configmap %s (--view %s)", journal, s.options.view)
         self.stand(self._publication_wait(journal))
+        label, field = summary_list(source.configmap)
         reflector = await self.reflect(
-            f"configmap {journal}", self._vouched_ops(gate, field=f"metadata.name={journal}"), view,
-            lambda: gate.refused is not None or view.unsummarized is not None or view.plan is not None)
+            f"configmap {journal}", self._vouched_ops(gate, label=label, field=field,
+                                                      watch_field=f"metadata.name={journal}"), view,
+            lambda: gate.refused is not None or view.unsummarized is not None or view.plan is not None
+            or view.gone is not None)
         self.stand(None)
-        if gate.refused is None and view.unsummarized is None and view.plan is None:
+        if gate.refused is None and view.unsummarized is None and view.plan is None and view.gone is None:
             raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {journal} placing pod "
                               f"'{s.pod_name}'{_last(reflector)}; is the leader pod running its init container? "
                               f"kubectl get configmap {journal} -n {s.namespace}")
         if gate.refused is not None:
             log.warning("the published summary is not used (%s)", gate.refused)
+        elif view.gone is not None and view.plan is None:
+            log.warning("%s", view.gone)
         elif view.plan is None:
             log.log(*full_view_line(s.options.view, view.unsummarized or "", READING))
         return view.plan
 
-    def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "") -> AsyncOps:
-        """The published ConfigMaps' list and watch, each object's writer vouched for before a view sees it."""
+    def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "",
+                     watch_field: str | None = None) -> AsyncOps:
+        """The published ConfigMaps' list and watch, each object's writer vouched for before a view sees it
+        (``watch_field``: the watch by this field selector alone)."""
         collection = f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
-        selector = f"{SELECT_LABEL}={label}" if label else ""
+        watch_label, watch_by = (label, field) if watch_field is None else ("", watch_field)
 
         async def listed() -> tuple[list[Any], str]:
-            items, rv = await self.api.list_objects(collection, label_selector=selector, field_selector=field)
+            items, rv = await self.api.list_objects(collection, label_selector=label, field_selector=field)
             return (items if await gate.admits(items) else []), rv
 
         async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
-            events = self.api.watch_objects(collection, rv, timeout=timeout, label_selector=selector,
-                                            field_selector=field, idle=idle)
+            events = self.api.watch_objects(collection, rv, timeout=timeout, label_selector=watch_label,
+                                            field_selector=watch_by, idle=idle)
             try:
                 async for event in events:
                     if event.type not in ("ADDED", "MODIFIED") or await gate.admits([event.object]):

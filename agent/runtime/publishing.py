@@ -11,6 +11,7 @@ the pod that wrote them once (core/provenance.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -142,9 +143,11 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
                     "this pod's files come from the pods it listed, and its sidecar publishes if it holds the Lease",
                     name)
         return False
-    await _create_or_replace(api, collection, journal_body(name, publisher.journal_data(), owner=owner))
+    # The summary before the journal: a LIST that shows the journal and not the summary then means the summary
+    # was deleted (views.summary_gone), never that a reader came between the two writes.
     await _create_or_replace(api, collection, journal_body(name, summary_data(publisher, plan, options)[0],
                                                            owner=owner, name=summary_name(name)))
+    await _create_or_replace(api, collection, journal_body(name, publisher.journal_data(), owner=owner))
     try:
         await retried(lambda: api.create(lease_path(namespace), lease_body(name, leader, now_wall=now_wall(),
                                                                            previous=None, owner=owner)),
@@ -170,20 +173,26 @@ async def _create_or_replace(api: AsyncApi, collection: str, body: dict[str, Any
 
 class JournalWriter:
     """The leader's side of the publication, in its sidecar: the journal after every change, the snapshot when it
-    is due (core/journal.py). Each write carries the resourceVersion this leader last wrote, so a deposed leader's
-    late write fails (409) instead of overwriting its successor's."""
+    is due (core/journal.py), the summary when what it says changes. Each write carries the resourceVersion this
+    leader last wrote, so a deposed leader's late write fails (409) instead of overwriting its successor's.
+    ``tend`` writes again any of the three that was deleted (a summary is otherwise written only when it says
+    something new, and pods in their own view would read the whole topology until then)."""
 
     def __init__(self, api: AsyncApi, namespace: str, name: str, *, job: str, options: Options, leader: str,
                  leader_uid: str, owner: dict[str, Any] | None) -> None:
         self.api, self.namespace, self.name, self.job = api, namespace, name, job
         self.options, self.leader, self.leader_uid, self.owner = options, leader, leader_uid, owner
-        self.collection = f"/api/v1/namespaces/{namespace}/configmaps"
         self.publisher: Publisher | None = None  # what this leader has published, and the journal
         self.written_rv: dict[str, str] = {}
         self.rewrite_snapshot = False  # the snapshot names another writer: rewrite it after the next journal
         self.again: set[str] | None = None  # read back, not published yet: every pod, and every row read
         self.said = ""  # what the published summary says (``said``): read back, then what this leader wrote
-        self.compared = False  # this leadership has compared its summary with ``said`` once
+        self.summary: dict[str, str] | None = None  # the summary's data as last made in this leadership
+        self.writing = asyncio.Lock()  # ``publish`` and ``tend`` write one at a time
+
+    @property
+    def collection(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/configmaps"
 
     async def _start(self) -> set[str]:
         """Read what is published now: a new leader continues its sequence. The pods to publish again."""
@@ -200,7 +209,7 @@ class JournalWriter:
         self.publisher.standby = journal.standby if journal is not None and journal.leader == self.leader else ()
         summary = next((i for i in items if object_name(i) == summary_name(self.name)), None)
         self.said = said(summary.get("data")) if summary is not None else ""
-        self.compared = False
+        self.summary = None
         snapshot = next((i for i in items if object_name(i) == self.name), None)
         # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation) is
         # rewritten right after the first journal (what followers wait for), so that a reader that starts later
@@ -229,22 +238,20 @@ class JournalWriter:
         assert publisher is not None
         publisher.pods_rv = pods_rv  # said with the next journal written (a change of it alone writes none)
         entry = publisher.change(pods, touched, nodes)
-        if entry is None and publisher.standby == standby and not self.rewrite_snapshot and self.compared:
+        if entry is None and publisher.standby == standby and not self.rewrite_snapshot and self.summary is not None:
             return True  # no row changed, so neither did the plan the summary is made of
         publisher.standby = standby
-        summary, saying = summary_data(publisher, plan, self.options)
-        self.compared = True
+        self.summary, saying = summary_data(publisher, plan, self.options)
         if entry is None and saying == self.said and not self.rewrite_snapshot:
             return True
+        async with self.writing:
+            return await self._written(publisher, self.summary, saying)
+
+    async def _written(self, publisher: Publisher, summary: dict[str, str], saying: str) -> bool:
+        """``publish``'s writes: the snapshot when due, the journal, the summary when it says something new."""
         try:
             if publisher.snapshot_due:
-                seq = publisher.state.seq
-                body = configmap_body(self.name, publisher.snapshot_packed(), generation=seq,
-                                      leader=self.leader, leader_uid=self.leader_uid, owner=self.owner,
-                                      standby=standby)
-                await self._write(self.name, body)
-                publisher.snapshot_written(seq)
-                self.rewrite_snapshot = False  # written by this pod now
+                await self._write_snapshot(publisher, self._write)
             await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
                                                                     owner=self.owner))
             if saying != self.said:  # only when it says something new: every pod in its own view receives it
@@ -252,16 +259,59 @@ class JournalWriter:
                                                                         name=summary_name(self.name)))
                 self.said = saying
             if self.rewrite_snapshot:
-                seq = publisher.state.seq
-                await self._write(self.name, configmap_body(
-                    self.name, publisher.snapshot_packed(), generation=seq, leader=self.leader,
-                    leader_uid=self.leader_uid, owner=self.owner, standby=standby))
-                publisher.snapshot_written(seq)
-                self.rewrite_snapshot = False
+                await self._write_snapshot(publisher, self._write)
         except ApiConflict:
             log.warning("the published topology was changed by another pod; no longer publishing")
             self.publisher = None
             return False
+        return True
+
+    async def _write_snapshot(self, publisher: Publisher,
+                              write: Callable[[str, dict[str, Any]], Awaitable[object]]) -> None:
+        """The snapshot at the sequence published now, written by this pod."""
+        seq = publisher.state.seq
+        await write(self.name, configmap_body(self.name, publisher.snapshot_packed(), generation=seq,
+                                              leader=self.leader, leader_uid=self.leader_uid, owner=self.owner,
+                                              standby=publisher.standby))
+        publisher.snapshot_written(seq)
+        self.rewrite_snapshot = False
+
+    async def tend(self) -> None:
+        """Write again whichever of the snapshot, the summary and the journal is gone (a user's ``kubectl delete``,
+        a cleanup script): each is otherwise written again only at its next change, and the summary only when
+        what it says changes, which may be never while the job runs. One LIST of the three objects' metadata (no
+        data: ~1.7 KiB from the sandbox, more with managedFields) per call; the sidecar calls it once per lease
+        duration. Only creates: an object found meanwhile (a LIST from the API server's cache may lag a write) is
+        left as it is."""
+        publisher = self.publisher
+        if publisher is None or self.summary is None:  # not published in this leadership yet: nothing to compare
+            return
+        items, _ = await self.api.list_objects(self.collection, metadata_only=True,
+                                               label_selector=f"{SELECT_LABEL}={select_value(self.name)}")
+        there = {object_name(item) for item in items}
+        # the snapshot before the journal that needs it, the summary before the journal (views.summary_gone)
+        gone = [name for name in (self.name, summary_name(self.name), journal_name(self.name)) if name not in there]
+        async with self.writing:
+            if self.publisher is not publisher or self.summary is None:  # read back again meanwhile
+                return
+            for name in gone:
+                if name == self.name:
+                    await self._write_snapshot(publisher, self._create)
+                elif name == journal_name(self.name):
+                    await self._create(name, journal_body(self.name, publisher.journal_data(), owner=self.owner))
+                elif await self._create(name, journal_body(self.name, self.summary, owner=self.owner, name=name)):
+                    self.said = said(self.summary)
+
+    async def _create(self, name: str, body: dict[str, Any]) -> bool:
+        """``tend``'s write of an object that was gone; False when it is there after all."""
+        try:
+            written = await self.api.create(self.collection, body)
+        except ApiConflict:
+            return False
+        self.written_rv[name] = written.get("metadata", {}).get("resourceVersion", "")
+        seq = self.publisher.state.seq if self.publisher is not None else 0
+        log.warning("configmap %s was gone (deleted?); wrote it again at sequence %d (the leader writes its "
+                    "publication again within a lease duration: deleting it does not reset the job)", name, seq)
         return True
 
     async def _write(self, name: str, body: dict[str, Any]) -> None:

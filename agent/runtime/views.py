@@ -28,7 +28,7 @@ from agent.core.journal import (
 )
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
-from agent.core.published import Compactor
+from agent.core.published import SELECT_LABEL, Compactor, select_value
 from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
 from agent.core.topology import Plan
 from agent.core.validation import split_pods
@@ -242,6 +242,27 @@ class PublicationView:
 NO_SUMMARY = "the leader published no summary (more runs of ranks than a summary holds, or an older agent)"
 
 
+def summary_list(configmap: str) -> tuple[str, str]:
+    """The label and field selectors of a LIST by a pod in its own view: the summary and the journal, not the
+    snapshot. The journal (its header and last changes: a few KiB) says that the publication exists, so that a
+    summary that is gone is seen in the same LIST, with no request more. The watch is of the summary alone."""
+    return f"{SELECT_LABEL}={select_value(configmap)}", f"metadata.name!={configmap}"
+
+
+def summary_gone(items: list[Any], configmap: str) -> str | None:
+    """Why a pod in its own view reads the whole topology: the journal is published and the summary is not (it
+    was deleted; the leader's init writes the summary before the journal, so that no LIST at the job's start
+    shows the journal alone). The leader's sidecar looks once per lease duration and writes a summary that is gone
+    again (publishing.JournalWriter.tend)."""
+    names = {object_name(item) for item in items if isinstance(item, dict)}
+    summary, journal = summary_name(configmap), journal_name(configmap)
+    if summary in names or journal not in names:
+        return None
+    return (f"configmap {summary} is gone while configmap {journal} is published (was it deleted?): reading the "
+            f"whole topology instead; the leader's sidecar writes the summary again within its lease duration "
+            f"(--lease-seconds, 15 s by default): if it does not, see the log of the leader pod's sidecar")
+
+
 class SummaryView:
     """A large job's pod in its own view (core/summary.py): its plan from the summary ConfigMap, the one object
     it reads (a few KiB, not the snapshot, and not the journal's every change). ``unsummarized`` says why this pod
@@ -251,13 +272,15 @@ class SummaryView:
     it was."""
 
     def __init__(self, name: str, own: RawPod, options: Options, *, ssh: bool = False) -> None:
-        self.name, self.own, self.options, self.ssh = summary_name(name), own, options, ssh
+        self.configmap, self.name, self.own, self.options, self.ssh = name, summary_name(name), own, options, ssh
         self.plan: Plan | None = None
         self.journal: Journal | None = None
         self.unsummarized: str | None = None
+        self.gone: str | None = None  # the last LIST showed the journal but no summary (``summary_gone``)
         self.changed = False  # the last journal read changed this pod's plan
 
     def replace(self, items: list[Any]) -> None:
+        self.gone = summary_gone(items, self.configmap)
         for item in items:
             if object_name(item) == self.name:
                 self._take(item)

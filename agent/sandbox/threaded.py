@@ -98,6 +98,10 @@ class SandboxThread:
     def delete_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._run(self.sandbox.store.delete, PODS, namespace, name)
 
+    def delete(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        """Delete any object as ``kubectl delete`` would (one DELETED event), e.g. a ConfigMap ("/v1/configmaps")."""
+        return self._run(self.sandbox.store.delete, resource, namespace, name)
+
     def faults(self, **knobs: Any) -> None:
         async def apply() -> None:
             s = self.sandbox

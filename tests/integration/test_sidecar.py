@@ -261,6 +261,36 @@ def test_when_the_leader_crashes_a_standby_takes_over_and_followers_see_the_new_
         stop_sidecars(procs)
 
 
+def test_kubectl_delete_of_the_summary_neither_stops_an_init_nor_stays(sandbox, kubectl, tmp_path):
+    """A user's `kubectl delete configmap demo-topology-summary`, over real HTTPS: an init in its own view that runs
+    then reads the whole topology (it waited out its --timeout), and the leader's sidecar process writes the summary
+    again within a lease duration while nothing changes (it wrote it only when what it says changed).
+    tests/runtime/test_sidecar.py follows the same steps in process, with a sidecar in its own view too."""
+    published_job(sandbox, tmp_path, 20)
+    kubectl("delete", "configmap", "demo-topology-summary")
+    code, err = finish(start_init(sandbox, "demo-worker-7", tmp_path / "again", "--address", "ip", "--source",
+                                  "published", "--timeout", "10"))
+    assert code == 0, err
+    assert "configmap demo-topology-summary is gone while configmap demo-topology-journal is published" in err
+    assert world(tmp_path / "again") == world(tmp_path / "demo-worker-7")
+    procs = {"demo-master-0": start_sidecar(sandbox, tmp_path, "demo-master-0", "--lease-seconds", "2")}
+    try:
+        # a new leadership writes the summary that is not there; then it is deleted while the leader publishes
+        wait_for(lambda: kubectl("get", "configmap", "demo-topology-summary", check=False).returncode == 0,
+                 what="the summary written by the new leader")
+        kubectl("delete", "configmap", "demo-topology-summary")
+        wait_for(lambda: "configmap demo-topology-summary was gone (deleted?); wrote it again" in
+                 (tmp_path / "demo-master-0.log").read_text(), timeout=20, what="the summary written again")
+        assert kubectl("get", "configmap", "demo-topology-summary", "-o", "name").stdout.strip() == \
+            "configmap/demo-topology-summary"
+        code, err = finish(start_init(sandbox, "demo-worker-8", tmp_path / "later", "--address", "ip", "--source",
+                                      "published", "--timeout", "10"))
+        assert code == 0, err
+        assert "is gone" not in err and "reading the whole topology" not in err
+    finally:
+        stop_sidecars(procs)
+
+
 def test_sigterm_while_the_api_is_down_at_start_exits_0_at_once(sandbox, tmp_path):
     # Issue 12: the start-up retry loop ignored SIGTERM; the pod then waited for its grace period's SIGKILL.
     create_volcano_job(sandbox, (("master", 1), ("worker", 1)))

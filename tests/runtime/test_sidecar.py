@@ -18,6 +18,7 @@ import pytest
 
 from agent import examples
 from agent.runtime.handoff import NAME as READS
+from agent.runtime.publishing import said
 from tests.fakeapi import agent_name, init_pod
 from tests.jobs import (
     add_worker,
@@ -585,3 +586,82 @@ async def test_with_view_own_but_no_summary_published_a_pod_says_so_and_reads_th
     assert "--view own not used: the leader published no summary" in ran.err
     assert (out / "hostfile").read_text() == (tmp_path / "demo-worker-3" / "hostfile").read_text()
     assert (out / "torch.env").read_text() == (tmp_path / "demo-worker-3" / "torch.env").read_text()
+
+
+def gone(memory, *names: str) -> None:
+    """What `kubectl delete configmap` (a user's, a cleanup script's) does to the published objects."""
+    for name in names:
+        memory.delete("/v1/configmaps", "default", name)
+
+
+def present(*names: str):
+    return lambda store: all(("/v1/configmaps", "default", name) in store.objects for name in names)
+
+
+def looks(api, pod: str) -> int:
+    """The leader's looks at what is published: LISTs of the configmaps' metadata alone."""
+    return sum(1 for who, request in api.requests if who == agent_name("sidecar", pod) and request.verb == "list"
+               and request.path == CONFIGMAPS and "PartialObjectMetadataList" in request.accept)
+
+
+async def test_a_deleted_summary_neither_stops_a_pod_in_its_own_view_nor_stays_gone(memory, api, logs, sidecars,
+                                                                                    tmp_path):
+    """`kubectl delete configmap demo-topology-summary`: the leader wrote the summary again only when what it says
+    changed, so meanwhile an init in its own view (a restarted pod, a replacement) waited out its --timeout, and a
+    sidecar that started followed the whole job's pods. Now both read the whole topology (the journal in the same
+    LIST says that it is published), and the leader's sidecar writes the summary again within a lease duration,
+    saying what it said: later pods read it alone again."""
+    await published_job(memory, api, logs, tmp_path, 20)
+    before = configmap(memory, "demo-topology-summary")["data"]
+    gone(memory, "demo-topology-summary")
+    again = tmp_path / "again"
+    ran = await init(api, logs, "demo-worker-7", again, "--address", "ip", "--source", "published", "--timeout", "10")
+    assert ("configmap demo-topology-summary is gone while configmap demo-topology-journal is published (was it "
+            "deleted?): reading the whole topology instead") in ran.err
+    assert "read the published topology demo-topology: sequence 1, 21 pods" in ran.err
+    assert world(again) == world(tmp_path / "demo-worker-7")
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-7", who="restarted", out=again)
+    await logs.until("restarted", "(follower)")
+    assert "following Volcano Job configmap demo-topology-journal from generation 1" in logs.text("restarted")
+    assert "configmap demo-topology-summary is gone" in logs.text("restarted")
+
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", "--lease-seconds", "2")
+    await logs.until("demo-master-0", "started publishing")  # a new leadership writes a summary that is not there
+    await memory.until("/v1/configmaps", present("demo-topology-summary"))
+    await api.notice.until(lambda: looks(api, "demo-master-0") >= 1, what="the leader looking")
+    gone(memory, "demo-topology-summary")  # again, while the leader publishes and nothing changes
+    await logs.until("demo-master-0", "configmap demo-topology-summary was gone (deleted?); wrote it again")
+    assert said(configmap(memory, "demo-topology-summary")["data"]) == said(before)
+    later = tmp_path / "later"
+    ran = await init(api, logs, "demo-worker-8", later, "--address", "ip", "--source", "published", "--timeout", "10")
+    assert "is gone" not in ran.err and "reading the whole topology" not in ran.err
+    assert world(later) == world(tmp_path / "demo-worker-8")
+    # The leader looks once per lease duration and writes nothing while everything is there.
+    rv, seen = configmap(memory, "demo-topology-summary")["metadata"]["resourceVersion"], looks(api, "demo-master-0")
+    await api.notice.until(lambda: looks(api, "demo-master-0") >= seen + 2, what="two more looks")
+    assert configmap(memory, "demo-topology-summary")["metadata"]["resourceVersion"] == rv
+    add_worker(memory, 20, 91)  # the follower that read the whole topology follows the journal
+    await follower.until(lambda: world(again)[0] == "22", what="the follower sees the new worker")
+
+
+async def test_a_leader_writes_again_the_snapshot_and_journal_deleted_while_nothing_changes(memory, api, logs,
+                                                                                          sidecars, tmp_path):
+    """The journal was written again at the next change only, the snapshot when it was due: a pod that reads the
+    whole topology (its files name every member) waited out its --timeout in a job where nothing changed."""
+    await published_job(memory, api, logs, tmp_path, 4, "--view", "full")
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", "--lease-seconds", "2", "--view", "full")
+    await logs.until("demo-master-0", "started publishing")
+    # it read back what init published and published once (a look comes only after that)
+    await api.notice.until(lambda: looks(api, "demo-master-0") >= 1, what="the leader looking")
+    seq = configmap(memory, "demo-topology-journal")["data"]["seq"]
+    gone(memory, "demo-topology", "demo-topology-journal")
+    await memory.until("/v1/configmaps", present("demo-topology", "demo-topology-journal"))
+    await logs.until("demo-master-0", "configmap demo-topology-journal was gone")  # logged once its write returned
+    assert configmap(memory, "demo-topology-journal")["data"]["seq"] == seq
+    out = tmp_path / "full"
+    ran = await init(api, logs, "demo-worker-3", out, "--address", "ip", "--source", "published", "--view", "full",
+                     "--timeout", "10")
+    assert f"read the published topology demo-topology: sequence {seq}, 5 pods" in ran.err
+    assert (out / "hostfile").read_text() == (tmp_path / "demo-worker-3" / "hostfile").read_text()
+    text = logs.text("demo-master-0")
+    assert "configmap demo-topology was gone" in text and "configmap demo-topology-journal was gone" in text

@@ -10,13 +10,14 @@ publishes what changed in the pods it holds (``publish``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.journal import journal_name, rows_options, state_from, summary_name
+from agent.core.journal import journal_name, rows_options, state_from
 from agent.core.lease import Timing
 from agent.core.pods import object_name
 from agent.core.provenance import Writer, WriterCheck, writer_of
@@ -30,7 +31,8 @@ from agent.runtime.election import Elector
 from agent.runtime.nodes import NodeMap
 from agent.runtime.publishing import JournalWriter, vouch
 from agent.runtime.sidecar.following import JournalFollower, Mode, Seed
-from agent.runtime.views import READING, PodView, full_view_line
+from agent.runtime.tasks import race
+from agent.runtime.views import READING, PodView, full_view_line, summary_gone, summary_list
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -66,9 +68,8 @@ class Publication:
         light = why_full is None
         if why_full is not None and options.view != "full":
             log.log(*full_view_line(options.view, why_full, READING))
-        # its own view reads the summary alone, never the snapshot or the journal
-        field = f"metadata.name={summary_name(job.configmap)}" if light else ""
-        label = "" if light else f"{SELECT_LABEL}={select_value(job.configmap)}"
+        # its own view lists the summary and the journal (never the snapshot), and follows the summary alone
+        label, field = summary_list(job.configmap) if light else (f"{SELECT_LABEL}={select_value(job.configmap)}", "")
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
         try:
             items, rv = await retried(lambda: api.list_objects(collection, label_selector=label, field_selector=field),
@@ -101,8 +102,12 @@ class Publication:
             publication.seed = await _own_rows(api, job, options, collection)
         if leader or (standby and why is not None):
             return publication, Mode.CANDIDATE
-        publication.follower.light = light
-        publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
+        gone = summary_gone(items, job.configmap) if light else None
+        if gone is not None:  # the whole topology, as when the summary cannot serve this pod
+            log.warning("%s", gone)
+        publication.follower.light = light and gone is None
+        if gone is None:
+            publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
         return publication, Mode.STANDBY if standby else Mode.FOLLOWER
 
     def take_seed(self) -> Seed | None:
@@ -110,7 +115,18 @@ class Publication:
         return seed
 
     async def elect(self, on_leading: Callable[[bool], Awaitable[None]]) -> None:
-        await self.elector.run(on_leading)
+        (await race(self.elector.run(on_leading), self._tend())).result()
+
+    async def _tend(self) -> None:
+        """While this pod publishes, once per lease duration: write again what was deleted (JournalWriter.tend)."""
+        while True:
+            await asyncio.sleep(self.elector.timing.duration)
+            writer = self.writer
+            if writer is not None and self.elector.leading:
+                try:
+                    await writer.tend()
+                except (ApiError, InputError) as err:
+                    log.info("cannot look at the published topology now (%s); looking again later", err)
 
     def lead(self, leading: bool, options: Any) -> None:
         """Leading from now on, or not: a new leader starts from what is published now, read back at its first
