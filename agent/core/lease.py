@@ -134,10 +134,10 @@ def may_take(observed: Observation, me: str, now: float) -> bool:
 def abandoned(observed: Observation, me: str, now: float, timing: Timing) -> bool:
     """Whether a standby should get ready to take over: nobody holds the Lease, or a holder seen renewing it has
     not for ``timing.ready_after`` of its duration (5 s at the default 15 s: two renewals missed). A record not
-    seen to change yet says nothing: the leader's sidecar renews it first seconds after its init wrote it, while
-    the standbys' sidecars start (a publisher that never renews is taken over, and listed for, at expiry)."""
+    seen to change yet is given twice as long: the leader's sidecar renews it first seconds after its init wrote
+    it, while the standbys' sidecars start."""
     record = observed.record
     if record is None or record.holder == me:
         return False
-    return not record.holder or (observed.renewals > 0 and
-                                 now - observed.changed_at >= record.duration * timing.ready_after)
+    after = timing.ready_after if observed.renewals else 2 * timing.ready_after
+    return not record.holder or now - observed.changed_at >= record.duration * after
