@@ -223,6 +223,44 @@ def test_a_join_moves_the_ranks_after_it():
                      "demo-worker-3": 4, "demo-worker-4": 5, "demo-worker-5": 6}
 
 
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.parametrize("opts", ["default", "ip"])
+def test_members_between_changes_are_carried_over_with_their_ranks_moved(job, opts, monkeypatch):
+    """A leave and a join re-place the members after the first of them; those whose pods did not change are
+    carried over (their node ranks, ranks and ordinals moved by what changed before them), and only the pods
+    that changed, and the member after each one that left, are placed one by one from their facts."""
+    from agent.core import topology
+
+    world, options = World(JOBS[job](), random.Random(0)), OPTIONS[opts]
+    world.pods = dict(world.all)
+    order = [m.name for m in build_plan(list(world.pods.values()), world.me, options).topology.members]
+    world.me = order[0]
+    early, late = order[len(order) // 3], order[2 * len(order) // 3]
+    one_by_one: list[int] = []
+    real = topology._place_each
+
+    def counting(layout, start, stop, *args):
+        one_by_one.append(stop - start)
+        return real(layout, start, stop, *args)
+
+    planner = Planner(options, world.me)
+    planner.plan(dict(world.pods))
+    monkeypatch.setattr(topology, "_place_each", counting)
+    steps = [("leave", early, None), ("join", early, late), ("join", late, early), ("ip", early, None),
+             ("join", early, order[-1])]
+    for op, name, away in steps:
+        one_by_one.clear()
+        world.step(op, name)
+        if away is not None:
+            del world.pods[away]
+        held = dict(world.pods)
+        got = planner.plan(held)
+        assert sum(one_by_one) <= 2, f"after {op} {name}: {one_by_one} placed one by one"
+        assert got == build_plan(list(held.values()), world.me, options), f"after {op} {name}"
+        _same_views(got)
+    assert planner.incremental == len(steps)
+
 def _bare(world: World, names) -> None:
     """These pods as created, before the kubelet reports their IPs (init's wait starts with most of them so)."""
     for name in names:
