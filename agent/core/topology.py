@@ -325,19 +325,21 @@ class _Rows:
 
 
 class _Census:
-    """Who is live: the pod that holds each (role, index), the live pods per role, and how many of them train
-    (the first ``training`` rows)."""
+    """Who is live: the pod that holds each (role, index), the live pods per role, how many of them train
+    (the first ``training`` rows), and how many take their ordinal from their place in their role (JobSet's):
+    while none does, the members' ordinals never move and the planner counts no role."""
 
-    __slots__ = ("claims", "role_count", "training")
+    __slots__ = ("claims", "derived", "role_count", "training")
 
     def __init__(self, live: Iterable[Live], position: Mapping[str, int]) -> None:
         self.claims: dict[tuple[str, tuple[int, ...]], str] = {}
         self.role_count: dict[str, int] = {}
-        self.training = 0
+        self.training = self.derived = 0
         for _, ident, facts in live:
             self.claims[(ident.role, ident.index)] = facts.name
             self.role_count[ident.role] = self.role_count.get(ident.role, 0) + 1
             self.training += ident.role in position
+            self.derived += ident.ordinal < 0
 
     def enter(self, ident: Identity, name: str, *, trains: bool) -> bool:
         """Count a pod in; False (and nothing counted) when another pod holds its role and index."""
@@ -347,12 +349,14 @@ class _Census:
         self.claims[claim] = name
         self.role_count[ident.role] = self.role_count.get(ident.role, 0) + 1
         self.training += trains
+        self.derived += ident.ordinal < 0
         return True
 
     def leave(self, ident: Identity, *, trains: bool) -> None:
         self.claims.pop((ident.role, ident.index), None)
         self.role_count[ident.role] -= 1
         self.training -= trains
+        self.derived -= ident.ordinal < 0
 
 
 class _Tally:
@@ -461,10 +465,14 @@ def _counters_at(layout: _Layout, start: int) -> tuple[int, int, dict[str, int]]
     node_rank = min(start, layout.census.training)
     last = placed[node_rank - 1] if node_rank else None
     first_rank = last.first_rank + last.slots if last is not None and last.first_rank is not None else 0
+    if not layout.census.derived:
+        return node_rank, first_rank, {}  # every ordinal is the identity's: the counts per role decide none
     return node_rank, first_rank, dict(collections.Counter(map(ROLE, filter(None, placed[:start]))))
 
 
-Counters = tuple[int, int, dict[str, int]]  # (node rank, first rank, members seen per role) where placing starts
+# (node rank, first rank, members seen per role) where placing starts; the counts per role start empty while no
+# ordinal is derived from them (_Census.derived)
+Counters = tuple[int, int, dict[str, int]]
 DomainsOf = Callable[[str], "tuple[str, ...] | None"]
 
 
@@ -571,7 +579,8 @@ def _shift(layout: _Layout, at: int, run: list[Member], counters: Counters) -> C
     identity and others from their place in the role (no controller mixes them; placed member by member)."""
     node_rank, first_rank, seen = counters
     first, last = run[0], run[-1]
-    ordinals = list(map(_ORDINAL, map(_IDENT, layout.rows.live[at:at + len(run)])))
+    derived = layout.census.derived
+    ordinals = list(map(_ORDINAL, map(_IDENT, layout.rows.live[at:at + len(run)]))) if derived else [0]
     in_role = seen.get(first.role, 0)
     if min(ordinals) >= 0:
         by_ordinal = 0  # the identity's: it stands

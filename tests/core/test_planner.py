@@ -259,6 +259,10 @@ def test_members_between_changes_are_carried_over_with_their_ranks_moved(job, op
         assert sum(one_by_one) <= 2, f"after {op} {name}: {one_by_one} placed one by one"
         assert got == build_plan(list(held.values()), world.me, options), f"after {op} {name}"
         _same_views(got)
+        layout = planner._layout
+        kept, counted = layout.census, topology._Census(layout.rows.live, layout.rule.position)  # kept == counted
+        assert (kept.claims, kept.derived, kept.training) == (counted.claims, counted.derived, counted.training)
+        assert {r: n for r, n in kept.role_count.items() if n} == counted.role_count
     assert planner.incremental == len(steps)
 
 def _bare(world: World, names) -> None:
