@@ -728,12 +728,15 @@ class Planner:
         self.incremental = 0  # plans made from the previous layout (the rest were made from scratch)
         self.followed = 0  # follow() calls that carried the layout over (the rest dropped it or made one)
 
-    def plan(self, pods: Mapping[str, RawPod], *, nodes: NodeLabels | None = None) -> Plan:
-        """The plan of ``pods`` (each compared with the last call's, by identity)."""
+    def plan(self, pods: Mapping[str, RawPod], *, nodes: NodeLabels | None = None,
+             touched: Iterable[str] | None = None) -> Plan:
+        """The plan of ``pods`` (each compared with the last call's, by identity). ``touched``: the names that can
+        have changed since the last call (a caller that follows the watch knows them), so that the pods are not
+        all compared (16384 pods: ~2.5 ms); None: any."""
         layout = self._layout
         if layout is not None:
             try:
-                step = self._advance(layout, pods, nodes, None)
+                step = self._advance(layout, pods, nodes, touched)
                 plan = None if step is None or layout.unplaced else self._plan_after(layout, step)
             except InputError:
                 plan = None

@@ -155,13 +155,17 @@ class World:
         self.pods[name] = pod
 
 
-def _check(world: World, options: Options, ops: list[str], target: str | None = None) -> Planner:
+def _check(world: World, options: Options, ops: list[str], target: str | None = None, *,
+           told: bool = False) -> Planner:
+    """``told``: the planner is told which pods changed (else it compares them all)."""
     planner = Planner(options, world.me)
+    held: dict = {}
     for op in ["start", *ops]:
         if op != "start":
             world.step(op, target)
-        held, nodes = dict(world.pods), world.nodes
-        got = _outcome(lambda: planner.plan(held, nodes=nodes))  # noqa: B023 - called at once
+        before, held, nodes = held, dict(world.pods), world.nodes
+        touched = _touched(before, held) if told else None
+        got = _outcome(lambda: planner.plan(held, nodes=nodes, touched=touched))  # noqa: B023 - called at once
         want = _outcome(lambda: build_plan(list(held.values()), world.me, options, nodes=nodes))  # noqa: B023
         assert got == want, f"after {op}"
         _same_views(got)
@@ -172,9 +176,10 @@ def _check(world: World, options: Options, ops: list[str], target: str | None = 
 @pytest.mark.parametrize("job", sorted(JOBS))
 @pytest.mark.parametrize("opts", OPTION_PARAMS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=25))
-def test_planner_equals_planning_from_scratch(job, opts, seed, ops):
-    _check(World(JOBS[job](), random.Random(seed)), OPTIONS[opts], ops)
+@given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=25),
+       told=st.booleans())
+def test_planner_equals_planning_from_scratch(job, opts, seed, ops, told):
+    _check(World(JOBS[job](), random.Random(seed)), OPTIONS[opts], ops, told=told)
 
 
 PAIRS = [(a, b) for a in OPS if a not in ("burst", "labels", "self", "clone")
