@@ -712,7 +712,8 @@ FOLLOW_SCRATCH = 16  # Planner.follow: a layout from scratch at most once per le
 class Planner:
     """``build_plan`` for a caller that lives through many changes (the sidecar, init's wait): the layout is kept,
     and a change of k pods costs O(k log N) of Python plus list moves, not the O(N) pass over every pod (34 ms
-    per change at 4096 pods). A pod that moves in the rank order re-places the pods after it. Anything rarer
+    per change at 4096 pods). A pod that arrives or leaves moves the ranks of the members after it: those are
+    carried over with their ranks shifted, in C-level passes (``_carry``), not placed again. Anything rarer
     (this pod itself, the roles present, Node labels, a topology-order move, any error) is planned from
     scratch, so the result is always ``build_plan``'s over the same pods (a property test checks that after
     every change). ``memo``: share the facts another reader of the same pods computed (init's gang tracker)."""
