@@ -482,3 +482,37 @@ def test_a_relist_after_a_long_followed_wait_is_laid_out_again_at_once():
     planner.follow(relisted)  # 65 new objects: too many to carry over
     assert planner._layout is not None and planner._layout.pods["demo-worker-0"] is relisted["demo-worker-0"]
     assert planner.followed == 10  # laid out again, not carried over
+
+
+def test_a_role_whose_pods_mix_both_kinds_of_ordinal_is_placed_member_by_member(monkeypatch):
+    """No controller mixes them, but the carry-over does not assume it: where some of a role's pods take their
+    ordinal from their identity and others from their place in the role, that run is placed from the facts,
+    and the plans still equal ``build_plan``'s (the odd workers here count their place)."""
+    from agent.core import topology
+    from agent.core.controllers.volcano import Volcano
+
+    real_identify = Volcano.identify
+
+    def mixed(self, pod, options):
+        ident = real_identify(self, pod, options)
+        return dataclasses.replace(ident, ordinal=-1) if ident.role == "worker" and ident.index[0] % 2 else ident
+
+    monkeypatch.setattr(Volcano, "identify", mixed)
+    world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 12))), random.Random(4))
+    world.pods, world.me = dict(world.all), "demo-master-0"
+    planner = Planner(OPTIONS["default"], world.me)
+    planner.plan(dict(world.pods))
+    one_by_one: list[int] = []
+    real = topology._place_each
+    monkeypatch.setattr(topology, "_place_each", lambda layout, start, stop, *a: one_by_one.append(stop - start)
+                        or real(layout, start, stop, *a))
+    for op, name in (("leave", "demo-worker-3"), ("leave", "demo-worker-6"), ("join", "demo-worker-3")):
+        one_by_one.clear()
+        world.step(op, name)
+        held = dict(world.pods)
+        got = planner.plan(held)
+        assert sum(one_by_one) > 2, f"after {op} {name}: the mixed run was carried over"
+        assert got == build_plan(list(held.values()), world.me, OPTIONS["default"]), f"after {op} {name}"
+        workers = got.topology.role_members("worker")
+        assert any(m.ordinal != m.index[0] for m in workers) and any(m.ordinal == m.index[0] for m in workers)
+    assert planner.incremental == 3
