@@ -87,6 +87,7 @@ class PodView:
         self.unaddressed: set[str] = set()  # pods without an IP yet (kept per change, not rescanned)
         self.listed = False  # every pod was held at once (a LIST, a snapshot): before that, nothing to place
         self.touched: set[str] = set()  # changed since the publisher last drained them
+        self.unplanned: set[str] | None = set()  # changed since the last plan (None: every pod, after a LIST)
         self.watchers: list[Watcher] = []
         self.stage: Callable[[RawPod], None] | None = None
         self.refused: Refused | None = None  # told of each pod the intake leaves out (the pod's Events)
@@ -145,6 +146,7 @@ class PodView:
         if own and self.me is not None and self.own in pods:
             pods[self.own] = slim_pod(self.me)
         self.touched |= set(self.pods) | set(pods)
+        self.unplanned = None
         self.pods = pods
         self.listed = True
         self.unaddressed = {name for name, pod in pods.items() if not pod_ip(pod) and name != self.own}
@@ -155,6 +157,8 @@ class PodView:
         if own and name == self.own and self.me is not None:
             pod = slim_pod(self.me)
         self.touched.add(name)
+        if self.unplanned is not None:
+            self.unplanned.add(name)
         self.pods[name] = pod
         if pod_ip(pod) or name == self.own:
             self.unaddressed.discard(name)
@@ -165,10 +169,17 @@ class PodView:
 
     def remove(self, name: str) -> None:
         self.touched.add(name)
+        if self.unplanned is not None:
+            self.unplanned.add(name)
         self.pods.pop(name, None)
         self.unaddressed.discard(name)
         for watcher in self.watchers:
             watcher.changed(name, None)
+
+    def take_unplanned(self) -> set[str] | None:
+        """The pods changed since the last call (the planner's ``touched``); None: any (a LIST came between)."""
+        unplanned, self.unplanned = self.unplanned, set()
+        return unplanned
 
     def drain(self) -> set[str]:
         """The pods changed since the last drain (the publisher's journal entry)."""

@@ -4,6 +4,7 @@ which the publisher gathered already; a sidecar watching pods waits for a burst 
 from __future__ import annotations
 
 import asyncio
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 
 from agent import examples
 from agent.core import Options
+from agent.core.topology import build_plan
 from agent.runtime.sidecar import Sidecar, SidecarSettings
 from agent.runtime.sidecar.following import Mode
 from agent.runtime.sidecar.publication import Job, Publication
@@ -134,3 +136,32 @@ def test_a_change_reuses_the_memory_the_last_one_freed() -> None:
         counts[mode] = int(out.stdout)
     assert counts["default"] > 40 * 2000  # the 12 MiB faulted in again at each change (3072 pages of 4 KiB)
     assert counts["keep"] < counts["default"] / 10, counts
+
+
+async def test_the_planner_is_told_which_pods_changed_since_the_last_evaluation(tmp_path: Path) -> None:
+    """The publisher's planner compared every pod it holds at each change (~2.5 ms at 16384 pods) although the
+    watch says which pods changed: the sidecar tells it, a LIST or new Node labels meaning any. The plan stays
+    the plan from scratch."""
+    sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path,  # type: ignore[arg-type]
+                                            debounce=0))
+    planner = sidecar.evaluator.renderer.planner
+    told: list[set[str] | None] = []
+    plan = planner.plan
+
+    def spy(pods, *, nodes=None, touched=None):  # type: ignore[no-untyped-def]
+        told.append(None if touched is None else set(touched))
+        return plan(pods, nodes=nodes, touched=touched)
+
+    planner.plan = spy  # type: ignore[method-assign]
+    sidecar.view.replace(examples.volcano_job())
+    await sidecar._written(0.0, None)
+    moved = copy.deepcopy(sidecar.view.pods["demo-worker-1"])
+    moved["status"]["podIP"] = "127.0.9.9"
+    sidecar.view.put("demo-worker-1", moved)
+    sidecar.view.remove("demo-worker-0")
+    await sidecar._written(0.0, None)
+    await sidecar._written(0.0, None)  # nothing changed since
+    assert told == [None, {"demo-worker-0", "demo-worker-1"}, set()]
+    scratch = build_plan(list(sidecar.view.pods.values()), "demo-worker-2", Options())
+    assert sidecar.evaluator.plan is not None
+    assert sidecar.evaluator.plan.topology.members == scratch.topology.members

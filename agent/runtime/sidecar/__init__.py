@@ -351,7 +351,8 @@ class Sidecar:
         read_back = await publication.prepare(self.mode) if publication is not None else False
         before = self.generation, publication.seq() if publication is not None else None
         pods = None if light is not None else self.view.placed(by_ip=self.settings.options.address == "ip")
-        retry = self.evaluator.evaluate(since, pods=pods, light=light, nodes=self._nodes(), note=self._note())
+        retry = self.evaluator.evaluate(since, pods=pods, light=light, nodes=self._nodes(), note=self._note(),
+                                        touched=self.view.take_unplanned() if pods is not None else None)
         if retry is not None:  # the files could not be written: the same change again, later
             asyncio.get_running_loop().call_later(retry, self.changes.changed)
         if publication is not None and self.evaluator.valid and await publication.publish(
@@ -394,6 +395,7 @@ class Sidecar:
         self.nodes.update(learned)
         self.view.touched |= {name for name, pod in self.view.pods.items()
                               if pod.get("spec", {}).get("nodeName") in learned}
+        self.view.unplanned = None  # the Nodes' labels place pods anew: the planner compares them all
 
     @property
     def gathers(self) -> bool:

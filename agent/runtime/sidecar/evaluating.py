@@ -126,12 +126,13 @@ class Evaluator:
                          "renames", marker[:20], generation)
 
     def evaluate(self, since: float, *, pods: Mapping[str, RawPod] | None, light: Plan | None, nodes: NodeLabels,
-                 note: str) -> float | None:
+                 note: str, touched: set[str] | None = None) -> float | None:
         """Recompute from the pods that can be placed, or from this pod's plan (``--view own``: the published
         summary's); rewrite and signal only if membership changed. Returns None, or the seconds after which a
-        failed write is to be tried again."""
+        failed write is to be tried again. ``touched``: the pods that can have changed since the last
+        evaluation (None: any), so that the planner does not compare every pod held."""
         try:
-            rendered, key = self._render(pods, light, nodes)
+            rendered, key = self._render(pods, light, nodes, touched)
         except InputError as err:
             self.problem = f"the current pods make no valid topology ({err})"
             log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
@@ -142,7 +143,7 @@ class Evaluator:
         return self._write(rendered, key, since, note)
 
     def _render(self, pods: Mapping[str, RawPod] | None, light: Plan | None,
-                nodes: NodeLabels) -> tuple[Rendered, Any]:
+                nodes: NodeLabels, touched: set[str] | None = None) -> tuple[Rendered, Any]:
         """The next generation's files and what they say about membership (equal keys: nothing to rewrite)."""
         s = self.settings
         files_dir = str(s.out_dir.absolute())
@@ -151,7 +152,7 @@ class Evaluator:
             self._planned(rendered.plan)
             return rendered, _own_key(rendered)
         assert pods is not None
-        plan = self.renderer.planner.plan(pods, nodes=nodes)
+        plan = self.renderer.planner.plan(pods, nodes=nodes, touched=touched)
         own, why = own_view(plan, s.options, ssh=s.ssh is not None, published=self.published)
         if why != self.full_view_why and why:
             log.log(*full_view_line(s.options.view, why, HOLDING))
