@@ -131,13 +131,15 @@ def may_take(observed: Observation, me: str, now: float) -> bool:
     return now - observed.changed_at >= record.duration
 
 
-def abandoned(observed: Observation, me: str, now: float, timing: Timing) -> bool:
+def abandoned(observed: Observation, me: str, now: float, timing: Timing, rank: int = 0) -> bool:
     """Whether a standby should get ready to take over: nobody holds the Lease, or a holder seen renewing it has
     not for ``timing.ready_after`` of its duration (5 s at the default 15 s: two renewals missed). A record not
     seen to change yet is given twice as long: the leader's sidecar renews it first seconds after its init wrote
-    it, while the standbys' sidecars start."""
+    it, while the standbys' sidecars start. The second standby (``rank`` 1) waits one whole duration more: it
+    gets ready only when the first has not taken over, so that one LIST of every pod, not two at once, stands
+    between a crash and the new publisher."""
     record = observed.record
     if record is None or record.holder == me:
         return False
-    after = timing.ready_after if observed.renewals else 2 * timing.ready_after
+    after = (timing.ready_after if observed.renewals else 2 * timing.ready_after) + rank
     return not record.holder or now - observed.changed_at >= record.duration * after

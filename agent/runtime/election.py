@@ -45,6 +45,8 @@ class Elector:
         self.leading = False
         self.renewed_at = 0.0
         self.get_ready: Callable[[], None] = lambda: None  # the holder looks gone: list the pods now
+        self.rank: Callable[[], int] = lambda: 0  # this standby's place among the named ones (``abandoned``)
+        self.ready: Callable[[], bool] = lambda: True  # it could publish now: only then does it take the Lease
 
     async def attempt(self) -> bool:
         """One client-go tryAcquireOrRenew: whether this pod holds the Lease now."""
@@ -52,6 +54,8 @@ class Elector:
         try:
             lease = await self.api.get_object(path)
         except ApiNotFound:
+            if not self.named_leader and not self.ready():
+                return False
             body = lease_body(self.name, self.me, now_wall=now_wall(), previous=None, owner=self.owner,
                               duration=self.timing.duration)
             try:
@@ -62,8 +66,10 @@ class Elector:
         now = self.clock()
         record = read_record(lease)
         self.observed.see(record, now)
-        if abandoned(self.observed, self.me, now, self.timing):
+        if abandoned(self.observed, self.me, now, self.timing, self.rank()):
             self.get_ready()
+        if record.holder != self.me and not self.ready():  # it would hold the Lease without publishing
+            return False
         if not may_take(self.observed, self.me, now):
             return False
         body = lease_body(self.name, self.me, now_wall=now_wall(), previous=record, owner=self.owner,

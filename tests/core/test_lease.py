@@ -33,8 +33,10 @@ def test_a_standby_gets_ready_a_third_into_the_lease_long_before_it_may_take_it(
     seen.see(read_record(lease("leader", renew="2026-11-22T00:00:02.000000Z", rv="9")), now=108.0)  # renewed
     assert not abandoned(seen, "standby", 112.9, timing)
     assert not abandoned(seen, "leader", 200.0, timing)  # its own Lease is never abandoned to itself
+    # the second standby gets ready only when the first has not taken over within the lease
+    assert not abandoned(seen, "standby2", 127.9, timing, rank=1) and abandoned(seen, "standby2", 128.0, timing, 1)
     seen.see(read_record(lease("")), now=116.0)  # released on SIGTERM: ready at once
-    assert abandoned(seen, "standby", 116.0, timing)
+    assert abandoned(seen, "standby", 116.0, timing) and abandoned(seen, "standby2", 116.0, timing, 1)
 
 
 def test_a_renew_time_from_a_skewed_clock_does_not_count_as_expired():

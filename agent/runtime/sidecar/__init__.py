@@ -311,9 +311,11 @@ class Sidecar:
             await asyncio.Event().wait()
             return
         await self.changes.candidate.wait()
-        elector = self.publication.elector
+        elector, follower = self.publication.elector, self.publication.follower
         why = f"the publisher's lease {elector.name} is free or was not renewed for a third of its duration"
         elector.get_ready = lambda: self.changes.switch(Mode.CANDIDATE, why)
+        elector.rank = follower.standby_rank
+        elector.ready = lambda: self.mode in (Mode.CANDIDATE, Mode.PODS) and self.view.listed
         await self.publication.elect(self._on_leading)
 
     async def _on_leading(self, leading: bool) -> None:

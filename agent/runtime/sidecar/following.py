@@ -237,6 +237,12 @@ class JournalFollower:
             self.sink.switch(Mode.PODS, f"the published topology is not used ({why})")
         return why is None
 
+    def standby_rank(self) -> int:
+        """This pod's place among the standbys the publication names (0: the first, or not named)."""
+        journal = self.published.journal or self.summary.journal
+        standby = journal.standby if journal is not None else ()
+        return standby.index(self.pods.own) if self.pods.own in standby else 0
+
     def stand_by(self, standby: tuple[str, ...]) -> None:
         """Named a standby by the leader: contend for the Lease (the pods are listed once it looks abandoned)."""
         if self.pods.own in standby:
