@@ -18,8 +18,8 @@ managedFields), bound to its own node and Pending without an IP. Then:
    then the kubelet writes every pod's status twice more (init done and phase Running over --kubelet-spread
    seconds, then Ready over 5x as long), as it does for real pods; the publication settles. Start-up bytes per
    process: every request and answer until then, headers included (the sandbox's Stats: the leases and the
-   snapshot and journal writes are requests). Job-wide: the leader + 2 standbys + every other pod as the costliest
-   follower measured.
+   snapshot and journal writes are requests), and each measured pod's Events (init's and the sidecar's, sent on a
+   client of their own). Job-wide: the leader + 2 standbys + every other pod as the costliest follower measured.
 3. Steady state: --changes changes, one every --gap seconds: a worker gets a new IP, and every --leave-every-th
    change a worker leaves or comes back (the world size changes: every pod's torch.env). Event-to-file per change
    for each sidecar whose files the change alters (all changes for a pod that holds every member, the membership
@@ -268,7 +268,10 @@ def sidecars_up(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, st
     kubelet_churn(sandbox, job, kubelet_spread)
     settle(sandbox, [proc.pid for proc, _ in running.values()])
     pod_bytes = len(json.dumps(sandbox.sandbox.store.get(PODS, "default", job.names[-1])))
-    return running, {**{role: traffic(sandbox, agents[role]) for role in roles}, "pod_bytes": pod_bytes}
+    # each pod's Events (its init's and its sidecar's) go on a client of their own: counted apart, by pod
+    events = {role: traffic(sandbox, AGENT.format(kind="events", pod=pod)) for role, pod in roles.items()}
+    return running, {**{role: traffic(sandbox, agents[role]) for role in roles}, "pod_bytes": pod_bytes,
+                     "events": events}
 
 
 @dataclass
@@ -345,6 +348,7 @@ def steady(sandbox: SandboxThread, tmp: Path, job: Job, args: argparse.Namespace
         raise SystemExit("the first and the last IP went to measured pods: use another --seed")
     running, start = sidecars_up(sandbox, tmp, job, roles, args.lease_seconds, args.kubelet_spread)
     pod_bytes = start.pop("pod_bytes")
+    events = start.pop("events")
     agents = {role: AGENT.format(kind="sidecar", pod=pod) for role, pod in roles.items()}
     cpu0 = {role: sum(psutil.Process(proc.pid).cpu_times()[:2]) for role, (proc, _) in running.items()}
     emitted, seen = make_changes(sandbox, job, set(roles.values()) | set(inits["inits"]), args.changes, args.gap,
@@ -352,7 +356,7 @@ def steady(sandbox: SandboxThread, tmp: Path, job: Job, args: argparse.Namespace
     cpu1 = {role: sum(psutil.Process(proc.pid).cpu_times()[:2]) for role, (proc, _) in running.items()}
     during = {role: traffic(sandbox, agents[role]) for role in roles}
     result: dict[str, Any] = {
-        "roles": roles, "start": start, "pod_bytes": pod_bytes,
+        "roles": roles, "start": start, "pod_bytes": pod_bytes, "events": events,
         "per_change_bytes": {role: (total(during[role]) - total(start[role])) / args.changes for role in roles},
         "cpu_ms": {role: (cpu1[role] - cpu0[role]) * 1000 / args.changes for role in roles},
         "latency": {}, "missed": {}, "unpublished": sum(
@@ -432,14 +436,20 @@ def med(values: list[float], fmt: str = ".2f") -> str:
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
-def job_wide(run: dict[str, Any], n: int) -> float:
-    """GiB to start the job: the leader, both standbys, and every other pod as the costliest follower measured."""
+def job_wide(run: dict[str, Any], n: int, *, events: bool = True) -> float:
+    """GiB to start the job: the leader, both standbys, and every other pod as the costliest follower measured;
+    with each pod's Events (init's and sidecar's, on their own client), or without them."""
     inits, start, roles = run["inits"], run["start"], run["roles"]
-    leader = total(inits[roles["leader"]]) + total(start["leader"])
-    standbys = sum(total(inits[roles[r]]) + total(start[r]) for r in ("standby", "standby2"))
+    sent = run.get("events", {}) if events else {}
+
+    def told(role: str) -> int:
+        return total(sent[role]) if role in sent else 0
+
+    leader = total(inits[roles["leader"]]) + total(start["leader"]) + told("leader")
+    standbys = sum(total(inits[roles[r]]) + total(start[r]) + told(r) for r in ("standby", "standby2"))
     followers = [name for name, i in inits.items() if name not in (roles["leader"], roles["standby"],
                                                                    roles["standby2"], roles["full"])]
-    follower = max(total(inits[name]) for name in followers) + total(start["follower"])
+    follower = max(total(inits[name]) for name in followers) + total(start["follower"]) + told("follower")
     return (leader + standbys + (n - 3) * follower) / 2**30
 
 
@@ -466,7 +476,11 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
               f"received {med([i['received'] / 1024 for i in inits], '.0f')} KiB, "
               f"sent {med([i['sent'] / 1024 for i in inits], '.0f')} KiB")
     print(f"- job-wide start-up bytes, both ways, headers included (leader + 2 standbys + {n - 3} x the costliest "
-          f"follower; init, sidecar, the kubelet's status writes): {med([job_wide(r, n) for r in runs], '.3f')} GiB")
+          f"follower; init, sidecar, their Events, the kubelet's status writes): "
+          f"{med([job_wide(r, n) for r in runs], '.3f')} GiB; without the Events "
+          f"{med([job_wide(r, n, events=False) for r in runs], '.3f')} GiB; Events per pod: leader "
+          f"{med([total(r['events']['leader']) / 1024 for r in runs], '.1f')} KiB, follower "
+          f"{med([total(r['events']['follower']) / 1024 for r in runs], '.1f')} KiB")
     print(f"\nSteady state, {args.changes} changes, one every {args.gap:g} s (every {args.leave_every}th a worker "
           "leaves or comes back):\n")
     for role in ("leader", "standby", "standby2", "follower", "full"):
