@@ -67,7 +67,7 @@ from agent.runtime.views import (
     PublicationView,
     SummaryView,
     full_view_line,
-    summary_list,
+    journal_if_summary_gone,
 )
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load
@@ -469,18 +469,17 @@ class Init:
     async def summary(self, me: RawPod, source: Source, check: WriterCheck) -> Any:
         """This pod's own view: its plan from the published summary once it places this pod; None (said in one
         line) when it cannot be used, or its files name every member (``--view auto``), or it is gone while the
-        journal is published (deleted: ``summary_gone``). Only the summary and the journal are listed (a few KiB,
-        not the snapshot), and the summary alone is watched, by name."""
+        journal is published (deleted: ``summary_gone``). Only the summary is listed and watched, by name (a few
+        KiB, not the snapshot); when it is not there, the journal's metadata says whether it was deleted."""
         s = self.settings
         view = SummaryView(source.configmap, me, s.options, ssh=self.ssh is not None)
         gate = _Vouched(self.api, check, source.configmap)
         journal = view.name
         log.info("waiting for the leader to publish its summary in configmap %s (--view %s)", journal, s.options.view)
         self.stand(self._publication_wait(journal))
-        label, field = summary_list(source.configmap)
         reflector = await self.reflect(
-            f"configmap {journal}", self._vouched_ops(gate, label=label, field=field,
-                                                      watch_field=f"metadata.name={journal}"), view,
+            f"configmap {journal}", self._vouched_ops(gate, field=f"metadata.name={journal}",
+                                                      summary_of=source.configmap), view,
             lambda: gate.refused is not None or view.unsummarized is not None or view.plan is not None
             or view.gone is not None)
         self.stand(None)
@@ -497,19 +496,22 @@ class Init:
         return view.plan
 
     def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "",
-                     watch_field: str | None = None) -> AsyncOps:
+                     summary_of: str = "") -> AsyncOps:
         """The published ConfigMaps' list and watch, each object's writer vouched for before a view sees it
-        (``watch_field``: the watch by this field selector alone)."""
+        (``summary_of``: a LIST of that publication's summary says whether its journal is there when the summary
+        is not: ``journal_if_summary_gone``)."""
         collection = f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
-        watch_label, watch_by = (label, field) if watch_field is None else ("", watch_field)
 
         async def listed() -> tuple[list[Any], str]:
             items, rv = await self.api.list_objects(collection, label_selector=label, field_selector=field)
-            return (items if await gate.admits(items) else []), rv
+            admitted = items if await gate.admits(items) else []
+            if summary_of:
+                admitted = admitted + await journal_if_summary_gone(self.api, collection, summary_of, items)
+            return admitted, rv
 
         async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
-            events = self.api.watch_objects(collection, rv, timeout=timeout, label_selector=watch_label,
-                                            field_selector=watch_by, idle=idle)
+            events = self.api.watch_objects(collection, rv, timeout=timeout, label_selector=label,
+                                            field_selector=field, idle=idle)
             try:
                 async for event in events:
                     if event.type not in ("ADDED", "MODIFIED") or await gate.admits([event.object]):

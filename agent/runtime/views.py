@@ -28,7 +28,7 @@ from agent.core.journal import (
 )
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
-from agent.core.published import SELECT_LABEL, Compactor, select_value
+from agent.core.published import Compactor
 from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
 from agent.core.topology import Plan
 from agent.core.validation import split_pods
@@ -253,11 +253,16 @@ class PublicationView:
 NO_SUMMARY = "the leader published no summary (more runs of ranks than a summary holds, or an older agent)"
 
 
-def summary_list(configmap: str) -> tuple[str, str]:
-    """The label and field selectors of a LIST by a pod in its own view: the summary and the journal, not the
-    snapshot. The journal (its header and last changes: a few KiB) says that the publication exists, so that a
-    summary that is gone is seen in the same LIST, with no request more. The watch is of the summary alone."""
-    return f"{SELECT_LABEL}={select_value(configmap)}", f"metadata.name!={configmap}"
+async def journal_if_summary_gone(api: Any, collection: str, configmap: str, items: list[Any]) -> list[Any]:
+    """When a pod in its own view listed no summary: whether the journal is published, read as metadata only (a
+    few hundred bytes, whatever changes the journal holds: a burst can hold hundreds of KiB), as a stand-in that
+    carries only its name, so that ``summary_gone`` tells a deleted summary from one not published yet. Never
+    used for its data, so never vouched for."""
+    summary, journal = summary_name(configmap), journal_name(configmap)
+    if any(object_name(item) == summary for item in items):
+        return []
+    found, _ = await api.list_objects(collection, field_selector=f"metadata.name={journal}", metadata_only=True)
+    return [{"metadata": {"name": journal}}] if found else []
 
 
 def summary_gone(items: list[Any], configmap: str) -> str | None:

@@ -166,8 +166,10 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
         assert results["published"][name][0] == results["pods"][name][0], name
     leader = results["published"]["demo-master-0"][1]
     follower = results["published"]["demo-worker-3"][1]
-    # get pod, get owner, list the published objects, get their writer pod (who wrote them)
-    assert follower["requests"] - follower["watches"] <= 4
+    # get pod, get owner, list the published objects, get their writer pod (who wrote them); a pod in its own view
+    # that lists before the leader has published also asks whether the journal is there (its metadata only, a
+    # few hundred bytes: a deleted summary is read around, one not published yet is waited for)
+    assert follower["requests"] - follower["watches"] <= 5
     assert follower["bytes"] < results["pods"]["demo-worker-3"][1]["bytes"] / 2
     # get pod, get owner, list pods; create the snapshot, the journal, the summary and the Lease
     assert leader["requests"] - leader["watches"] == 7

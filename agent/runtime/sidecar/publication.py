@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.journal import journal_name, rows_options, state_from
+from agent.core.journal import journal_name, rows_options, state_from, summary_name
 from agent.core.lease import Timing
 from agent.core.pods import object_name
 from agent.core.provenance import Writer, WriterCheck, writer_of
@@ -32,7 +32,7 @@ from agent.runtime.nodes import NodeMap
 from agent.runtime.publishing import JournalWriter, vouch
 from agent.runtime.sidecar.following import JournalFollower, Mode, Seed
 from agent.runtime.tasks import race
-from agent.runtime.views import READING, PodView, full_view_line, summary_gone, summary_list
+from agent.runtime.views import READING, PodView, full_view_line, journal_if_summary_gone, summary_gone
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -68,12 +68,17 @@ class Publication:
         light = why_full is None
         if why_full is not None and options.view != "full":
             log.log(*full_view_line(options.view, why_full, READING))
-        # its own view lists the summary and the journal (never the snapshot), and follows the summary alone
-        label, field = summary_list(job.configmap) if light else (f"{SELECT_LABEL}={select_value(job.configmap)}", "")
+        # its own view reads the summary alone, never the snapshot or the journal (unless the summary was deleted)
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
         try:
-            items, rv = await retried(lambda: api.list_objects(collection, label_selector=label, field_selector=field),
-                                      what="look for a published topology")
+            items, rv = await _listed(api, collection, job.configmap, light)
+            gone = summary_gone(await retried(lambda: journal_if_summary_gone(api, collection, job.configmap, items),
+                                              what="look for a published topology"), job.configmap) \
+                if light else None
+            if gone is not None:  # the whole topology, as when the summary cannot serve this pod
+                log.warning("%s", gone)
+                light = False
+                items, rv = await _listed(api, collection, job.configmap, light)
         except ApiForbidden as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return None, Mode.PODS
@@ -102,12 +107,8 @@ class Publication:
             publication.seed = await _own_rows(api, job, options, collection)
         if leader or (standby and why is not None):
             return publication, Mode.CANDIDATE
-        gone = summary_gone(items, job.configmap) if light else None
-        if gone is not None:  # the whole topology, as when the summary cannot serve this pod
-            log.warning("%s", gone)
-        publication.follower.light = light and gone is None
-        if gone is None:
-            publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
+        publication.follower.light = light
+        publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
         return publication, Mode.STANDBY if standby else Mode.FOLLOWER
 
     def take_seed(self) -> Seed | None:
@@ -179,6 +180,14 @@ class Publication:
 
     async def release(self) -> None:
         await self.elector.release()
+
+
+async def _listed(api: AsyncApi, collection: str, configmap: str, light: bool) -> tuple[list[Any], str]:
+    """The summary by name (its own view), or the snapshot, journal and summary by their label."""
+    label, field = ("", f"metadata.name={summary_name(configmap)}") if light else \
+        (f"{SELECT_LABEL}={select_value(configmap)}", "")
+    return await retried(lambda: api.list_objects(collection, label_selector=label, field_selector=field),  # type: ignore[no-any-return]
+                         what="look for a published topology")
 
 
 async def _own_rows(api: AsyncApi, job: Job, options: Any, collection: str) -> Seed | None:
