@@ -3,6 +3,7 @@ writer pods, and what a reader asks the API for."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -53,10 +54,18 @@ TABLE = [
 ]
 
 
+def metadata_of(found: dict | None) -> dict | None:
+    """The writer pod as a reader fetches it: PartialObjectMetadata (publishing.vouch)."""
+    return None if found is None else {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                       "metadata": found["metadata"]}
+
+
 @pytest.mark.parametrize(("writer", "found", "words"), TABLE)
-def test_a_writer_is_used_only_when_it_is_a_member_of_this_job_by_name_and_uid(writer, found, words):
+@pytest.mark.parametrize("form", ["pod", "metadata"])
+def test_a_writer_is_used_only_when_it_is_a_member_of_this_job_by_name_and_uid(writer, found, words, form):
+    """The same answer from the pod and from its metadata alone, which is what a reader asks for."""
     judged = check()
-    why = judged.judge(writer, found, "demo-topology")
+    why = judged.judge(writer, found if form == "pod" else metadata_of(found), "demo-topology")
     if words is None:
         assert why is None and writer in judged.accepted
     else:
@@ -85,6 +94,22 @@ def test_the_leader_writes_its_name_and_uid_on_both_objects_and_a_reader_reads_i
     assert check(me=LEADER).pending(items, "demo-topology") == []  # its own writes: no read at all
     unrelated = {"metadata": {"name": "settings"}, "data": {"leader": "x", "leaderUid": "y"}}
     assert check().pending([unrelated], "demo-topology") == []
+
+
+def test_a_reader_fetches_the_writer_pod_as_metadata_once():
+    from agent.runtime.publishing import vouch
+
+    asked: list[tuple[str, dict]] = []
+
+    async def get(path: str, **kw) -> dict:
+        asked.append((path, kw))
+        return metadata_of(pod("demo-master-0"))  # type: ignore[return-value]
+
+    judged = check()
+    items = published_items(LEADER)
+    assert asyncio.run(vouch(get, judged, items, "demo-topology")) == (None, False)
+    assert asyncio.run(vouch(get, judged, items, "demo-topology")) == (None, False)
+    assert asked == [("/api/v1/namespaces/default/pods/demo-master-0", {"metadata_only": True})]
 
 
 def test_after_a_takeover_the_new_writer_is_pending_until_read():
