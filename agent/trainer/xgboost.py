@@ -50,18 +50,34 @@ class GroupError(Exception):
     """The files do not say how to form the group, or it did not form in time."""
 
 
-def read_arguments(directory: Path) -> tuple[dict[str, Any], int, int]:
-    """``CommunicatorContext``'s arguments, the tracker's ``n_workers``, and the generation they belong to."""
-    generation = _generation(directory)
-    try:
-        arguments = json.loads((directory / "xgboost.json").read_text())
-        spec = json.loads((directory / "topology.json").read_text())["frameworks"]["xgboost"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise GroupError(f"{directory}: no XGBoost files ({err}); select the framework for the job "
-                         "(--frameworks xgboost)") from None
-    if not isinstance(arguments, dict) or spec.get("withheld"):
-        raise GroupError(f"{directory}/xgboost.json has no values: {spec.get('withheld')}")
-    return arguments, int(spec["env"]["DMLC_NUM_WORKER"]), generation
+def read_arguments(directory: Path, *, settle: float = 5.0) -> tuple[dict[str, Any], int, int]:
+    """``CommunicatorContext``'s arguments, the tracker's ``n_workers``, and the generation they belong to.
+
+    The sidecar writes ``xgboost.json`` before ``topology.json``: a read between the two renames would take the
+    new tracker port with the old ``n_workers`` (a tracker for 2 that 3 workers join: one of them is dropped, a
+    broken pipe at init). The two agree on the tracker's address, port and task id when they are one
+    generation's, so a read that finds them apart reads again until they agree (``settle`` seconds at most)."""
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            arguments = json.loads((directory / "xgboost.json").read_text())
+            document = json.loads((directory / "topology.json").read_text())
+            spec = document["frameworks"]["xgboost"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise GroupError(f"{directory}: no XGBoost files ({err}); select the framework for the job "
+                             "(--frameworks xgboost)") from None
+        if not isinstance(arguments, dict) or spec.get("withheld"):
+            raise GroupError(f"{directory}/xgboost.json has no values: {spec.get('withheld')}")
+        env = spec["env"]
+        said = (str(env.get("DMLC_TRACKER_URI")), str(env.get("DMLC_TRACKER_PORT")), str(env.get("DMLC_TASK_ID")))
+        if said == (str(arguments.get("dmlc_tracker_uri")), str(arguments.get("dmlc_tracker_port")),
+                    str(arguments.get("dmlc_task_id"))):
+            return arguments, int(env["DMLC_NUM_WORKER"]), int(document.get("generation", _generation(directory)))
+        if time.monotonic() > deadline:
+            raise GroupError(f"{directory}/xgboost.json names tracker {arguments.get('dmlc_tracker_uri')}:"
+                             f"{arguments.get('dmlc_tracker_port')} but topology.json {said[0]}:{said[1]} for "
+                             f"{settle:.0f} s; is something other than this pod's sidecar writing {directory}?")
+        time.sleep(0.05)
 
 
 def _generation(directory: Path) -> int:
