@@ -156,6 +156,31 @@ async def test_an_unchanged_relist_after_410_triggers_nothing(job, memory, api):
     assert generation(job.out) == 1 and job.trainer.signals() == []
 
 
+def kubelet_ready(pod: dict) -> None:
+    """What the kubelet writes once the containers are ready: conditions and container statuses only."""
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:01:00Z"}]
+    pod["status"]["containerStatuses"] = [{"name": "trainer", "ready": True, "restartCount": 0, "started": True,
+                                           "state": {"running": {"startedAt": "2026-11-22T00:00:30Z"}}}]
+
+
+async def test_the_kubelets_ready_writes_are_no_change_and_the_layout_is_kept(job, memory):
+    """A write that changes nothing the agent holds (the kubelet's Ready, to every pod of a job at start) is not
+    evaluated, and the own pod's no longer makes the planner lay the whole job out again."""
+    await job.until(job.settled, "nothing pending")
+    planner = job.sidecar.evaluator.renderer.planner
+    layout, plans = planner._layout, planner.incremental
+    assert layout is not None
+    for name in ("demo-worker-0", "demo-worker-1", "demo-master-0"):  # its own pod first
+        memory.update_pod("default", name, kubelet_ready)
+    memory.update_pod("default", "demo-worker-1", lambda p: p["status"].update(
+        podIP=examples.loopback_ip(77), podIPs=[{"ip": examples.loopback_ip(77)}]))
+    await job.until(lambda: generation(job.out) == 2, "the new IP written")
+    assert job.env()["VC_WORKER_HOSTS"].split(",")[1] == examples.loopback_ip(77)
+    assert planner._layout is layout  # never laid out from scratch
+    assert planner.incremental == plans + 1  # one plan: the IP's
+    assert await job.trainer.next() == "SIGUSR1 2"
+
+
 @pytest.mark.slow
 async def test_changes_during_a_dropped_watch_a_410_and_5xx_are_not_lost(job, memory):
     memory.faults(status=500, count=2, path="/pods")
