@@ -172,14 +172,15 @@ class PublishedState:
         """From the snapshot ConfigMap (None while it holds none), each row checked like any pod from the API.
         ``compare_only``: the rows are decoded one at a time and each is kept as its content key alone
         (``_compared``), for a new leader that only compares the rows published with its own: 16384 decoded rows
-        held at once cost it 25 MB."""
+        held at once cost it 25 MB. With ``pods`` too, each row's pod is kept (a leader that starts from what it
+        published: the pods for its view, the keys for its publisher, from one streamed read)."""
         if not compare_only:  # a follower keeps every row anyway: json.loads of the whole is faster (~20 %)
             document = decode_configmap(configmap)
             return cls.from_document(document, pods=pods) if document is not None else None
         made: list[PublishedState] = []
 
         def begin(header: dict[str, Any]) -> Callable[[Any], object]:
-            made.append(cls._from_header(header, pods=False, compare_only=True))
+            made.append(cls._from_header(header, pods=pods, compare_only=True))
             return made[0]._put
 
         return made[0] if decode_configmap(configmap, begin) is not None else None

@@ -23,6 +23,7 @@ from agent.core.journal import (
     JOURNAL_KEY,
     PODS_RV_KEY,
     ROWS_KEY,
+    Journal,
     PublishedState,
     Publisher,
     journal_body,
@@ -172,6 +173,11 @@ async def _create_or_replace(api: AsyncApi, collection: str, body: dict[str, Any
         await retried(lambda: api.replace(f"{collection}/{name}", body), what=f"publish {name}")
 
 
+# A publication as read back for its writer: the objects listed, their state (rows as content keys alone, no pods:
+# ``compare_only``) and the journal.
+ReadBack = tuple[list[dict[str, Any]], PublishedState | None, Journal | None]
+
+
 class JournalWriter:
     """The leader's side of the publication, in its sidecar: the journal after every change, the snapshot when it
     is due (core/journal.py), the summary when what it says changes. Each write carries the resourceVersion this
@@ -195,11 +201,15 @@ class JournalWriter:
     def collection(self) -> str:
         return f"/api/v1/namespaces/{self.namespace}/configmaps"
 
-    async def _start(self) -> set[str]:
-        """Read what is published now: a new leader continues its sequence. The pods to publish again."""
-        items, _ = await self.api.list_objects(self.collection,
-                                               label_selector=f"{SELECT_LABEL}={select_value(self.name)}")
-        state, journal = state_from(items, self.name, pods=False, compare_only=True)
+    async def _start(self, read: ReadBack | None = None) -> set[str]:
+        """Read what is published now: a new leader continues its sequence. The pods to publish again. ``read``:
+        what this pod read of it already (its sidecar started from the rows it published), not read again."""
+        if read is None:
+            items, _ = await self.api.list_objects(self.collection,
+                                                   label_selector=f"{SELECT_LABEL}={select_value(self.name)}")
+            state, journal = state_from(items, self.name, pods=False, compare_only=True)
+        else:
+            items, state, journal = read
         self.written_rv = {i["metadata"]["name"]: i["metadata"].get("resourceVersion", "") for i in items}
         if state is None:  # nothing usable published: start a new sequence after the journal's
             state = PublishedState(job=self.job, namespace=self.namespace, seq=journal.seq if journal else 0,
@@ -218,11 +228,12 @@ class JournalWriter:
         self.rewrite_snapshot = snapshot is not None and writer_of(snapshot) != Writer(self.leader, self.leader_uid)
         return set(state.rows)  # every row is compared again: what changed while nobody published goes out
 
-    async def prepare(self) -> None:
-        """Read back what is published, once per leadership. The sidecar calls it before it plans: the read-back's
-        transient (~10 MB at 16384 pods) then comes before the plan's memory, not on top of it."""
+    async def prepare(self, read: ReadBack | None = None) -> None:
+        """Read back what is published, once per leadership (``read``: read already). The sidecar calls it before
+        it plans: the read-back's transient (~10 MB at 16384 pods) then comes before the plan's memory, not on top
+        of it."""
         if self.publisher is None:
-            self.again = await self._start()
+            self.again = await self._start(read)
             # The read-back's text and ConfigMap are freed, but glibc keeps them in the heap, where the objects
             # made next cannot reuse them (Python's small objects live in arenas of their own).
             release_memory()

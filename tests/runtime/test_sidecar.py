@@ -367,6 +367,10 @@ async def test_the_leaders_sidecar_starts_from_its_published_rows_and_watches_wh
              and r.path == PODS and r.verb == "list"]
     assert len(lists) == (1 if compacted else 0)
     assert "starting from the 21 pods published" in logs.text("demo-master-0")
+    # the publication is read once: the rows it starts from are also its publisher's read-back
+    reads = [r for agent, r in api.requests if agent == agent_name("sidecar", "demo-master-0")
+             and r.path == CONFIGMAPS and r.verb == "list" and "demo-topology" in dict(r.query).get("labelSelector", "")]
+    assert len(reads) == 1
 
 
 def watch_events(running) -> float:

@@ -29,7 +29,7 @@ from agent.k8s.async_client import AsyncApi
 from agent.k8s.retrying import retried
 from agent.runtime.election import Elector
 from agent.runtime.nodes import NodeMap
-from agent.runtime.publishing import JournalWriter, vouch
+from agent.runtime.publishing import JournalWriter, ReadBack, vouch
 from agent.runtime.sidecar.following import JournalFollower, Mode, Seed
 from agent.runtime.tasks import race
 from agent.runtime.views import READING, PodView, full_view_line, journal_if_summary_gone, summary_gone
@@ -58,6 +58,7 @@ class Publication:
         self.writer: JournalWriter | None = None
         self.nodes: NodeMap | None = None  # the Nodes' labels a vouched copy carried (a standby starts from them)
         self.seed: Seed | None = None  # this pod's own publication: the pods it starts from instead of a LIST
+        self.read_back: ReadBack | None = None  # the same read, for its first leadership's writer
 
     @classmethod
     async def find(cls, api: AsyncApi, job: Job, check: WriterCheck, view: PodView, *, options: Any, ssh: bool,
@@ -82,8 +83,8 @@ class Publication:
         except ApiForbidden as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return None, Mode.PODS
-        try:
-            state, journal = state_from(items, job.configmap, pods=False)
+        try:  # the rows as content keys (streamed): only whether they are there counts, and Nodes' labels
+            state, journal = state_from(items, job.configmap, pods=False, compare_only=options.levels is None)
         except InputError as err:
             log.warning("the published topology is not usable (%s); following the pods", err)
             return None, Mode.PODS
@@ -101,10 +102,12 @@ class Publication:
         elector = Elector(api, job.namespace, job.configmap, job.pod, owner=job.owner, timing=Timing(lease_seconds),
                           named_leader=journal is not None and journal.leader == job.pod)
         publication = cls(api, job, make_follower(), elector)
-        if state is not None and why is None:  # labels only from a vouched copy: a standby need not read Nodes
+        if state is not None and why is None and not state.compare_only:  # labels only from a vouched copy (and
+            # only with --topology-levels: none are published without): a standby need not read Nodes
             publication.nodes = dict(state.node_labels())
         if leader:
-            publication.seed = await _own_rows(api, job, options, collection)
+            publication.seed, publication.read_back = await _own_rows(api, job, options, collection,
+                                                                      None if light else items)
         if leader or (standby and why is not None):
             return publication, Mode.CANDIDATE
         publication.follower.light = light
@@ -150,8 +153,9 @@ class Publication:
         writer = self.publishing(mode)
         if writer is None or writer.publisher is not None:
             return False
+        read, self.read_back = self.read_back, None
         with contextlib.suppress(ApiError, InputError):
-            await writer.prepare()
+            await writer.prepare(read)
         return True
 
     def seq(self) -> int | None:
@@ -190,20 +194,26 @@ async def _listed(api: AsyncApi, collection: str, configmap: str, light: bool) -
                          what="look for a published topology")
 
 
-async def _own_rows(api: AsyncApi, job: Job, options: Any, collection: str) -> Seed | None:
+async def _own_rows(api: AsyncApi, job: Job, options: Any, collection: str,
+                    items: list[Any] | None) -> tuple[Seed | None, ReadBack | None]:
     """The pods as this very pod published them (its init, or its sidecar before a restart), with the pods'
     resourceVersion they are current to: its sidecar watches from there instead of listing every pod (at 16384
     pods of ~9.6 KB, 155 MiB). None (and a LIST) when the publication does not say where it stands, was cut with
-    other options, or was written by anyone else (another pod, or this pod's name under another uid)."""
+    other options, or was written by anyone else (another pod, or this pod's name under another uid). The same
+    streamed read is its publisher's read-back (rows kept as content keys): the snapshot is decoded once, never
+    whole (at 16384 pods the whole document and both reads were ~40 MB of the publisher's peak). ``items``: the
+    publication as listed already (None: list it)."""
     try:
-        items, _ = await retried(lambda: api.list_objects(
-            collection, label_selector=f"{SELECT_LABEL}={select_value(job.configmap)}"), what="read the publication")
-        state, journal = state_from(items, job.configmap)
+        listed: list[Any] = items if items is not None else (await retried(lambda: api.list_objects(
+            collection, label_selector=f"{SELECT_LABEL}={select_value(job.configmap)}"),
+            what="read the publication"))[0]
+        state, journal = state_from(listed, job.configmap, compare_only=True)
     except (ApiError, InputError) as err:
         log.info("listing the pods: the published topology cannot be started from (%s)", err)
-        return None
-    header = next((i for i in items if object_name(i) == journal_name(job.configmap)), None)
+        return None, None
+    header = next((i for i in listed if object_name(i) == journal_name(job.configmap)), None)
     if state is None or journal is None or header is None or writer_of(header) != Writer(job.pod, job.uid) or \
             not journal.pods_rv or journal.rows_options != rows_options(options):
-        return None
-    return state.pods, journal.pods_rv
+        return None, None
+    pods, state.pods, state.keep_pods = state.pods, {}, False  # the view holds the pods; the writer, the keys
+    return (pods, journal.pods_rv), (listed, state, journal)
