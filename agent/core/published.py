@@ -287,6 +287,47 @@ def _members(text: str, rows: Callable[[dict[str, Any]], RowSink] | None,
     return header, pods, streamed
 
 
+def decode_streamed(text: str, key: str, sink: RowSink) -> dict[str, Any]:
+    """A JSON object's members but ``key``, whose array's values go to ``sink`` one at a time as the text is
+    read, never all decoded at once (a 16384-member topology.json: ~25 MB of dicts for a key of ~3 MB). JSON's
+    grammar as ``json.loads`` reads it, but for ``key`` given twice or not an array (refused)."""
+    decode_at = _DECODER.raw_decode
+    at = _skip(text, 0)
+    if text[at:at + 1] != "{":
+        raise ValueError("not an object")
+    found: dict[str, Any] = {}
+    seen = False
+    at = _skip(text, at + 1)
+    if text[at:at + 1] == "}":
+        at += 1
+    else:
+        while True:
+            name, at = decode_at(text, at)
+            if not isinstance(name, str):
+                raise ValueError("a key is not a string")
+            at = _skip(text, at)
+            if text[at:at + 1] != ":":
+                raise ValueError("':' expected")
+            at = _skip(text, at + 1)
+            if name != key:
+                found[name], at = decode_at(text, at)
+            elif seen or text[at:at + 1] != "[":
+                raise ValueError(f"{key} given twice or not an array")
+            else:
+                seen = True
+                at = _stream_array(text, _skip(text, at + 1), sink)
+            at = _skip(text, at)
+            if text[at:at + 1] == "}":
+                at += 1
+                break
+            if text[at:at + 1] != ",":
+                raise ValueError("',' or '}' expected")
+            at = _skip(text, at + 1)
+    if _skip(text, at) != len(text):
+        raise ValueError("extra data")
+    return found
+
+
 def _skip(text: str, at: int) -> int:
     """Past JSON's whitespace (the leader writes none)."""
     while text[at:at + 1] in _SPACE:

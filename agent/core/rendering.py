@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology
 from agent.core.placement import Level
+from agent.core.published import decode_streamed
 from agent.core.topology import Plan
 from agent.core.variables import Variable, host_file_name
 
@@ -237,13 +238,24 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int, 
 _KEY_FIELDS = operator.itemgetter(0, 1, 4, 7, 8, 9, 11, 12, 13)
 
 
+def member_key(m: dict[str, Any]) -> tuple[object, ...]:
+    """One member's part of the membership key, read back from its ``topology.json`` entry."""
+    return (m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"], m.get("running", True),
+            m.get("node", ""), tuple(m["domains"].values()) if isinstance(m.get("domains"), dict) else None)
+
+
 def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:
     """The same key read back from a ``topology.json`` (the sidecar continues where init left off)."""
-    key = tuple((m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"],
-                 m.get("running", True), m.get("node", ""),
-                 tuple(m["domains"].values()) if isinstance(m.get("domains"), dict) else None)
-                for m in document.get("members", []))
+    key = tuple(map(member_key, document.get("members", [])))
     return with_frameworks(key, document.get("frameworks"))
+
+
+def read_topology_json(text: str) -> tuple[dict[str, Any], tuple[tuple[object, ...], ...]]:
+    """A ``topology.json``'s document without its members, and its membership key, the members read one at a
+    time (``decode_streamed``): the sidecar's start held every member's dict at once, ~25 MB at 16384 pods."""
+    keys: list[tuple[object, ...]] = []
+    document = decode_streamed(text, "members", lambda m: keys.append(member_key(m)))
+    return document, with_frameworks(tuple(keys), document.get("frameworks"))
 
 
 def with_frameworks(key: tuple[tuple[object, ...], ...], frameworks: dict[str, Any] | None

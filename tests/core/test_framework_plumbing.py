@@ -19,7 +19,7 @@ from agent.core.explaining import format_explanation
 from agent.core.frameworks import FRAMEWORKS, PORTED, selected
 from agent.core.injection import COMMON_FLAGS, Settings, inject_document
 from agent.core.model import FrameworkOptions
-from agent.core.rendering import MARKERS, membership_key_of_document
+from agent.core.rendering import MARKERS, membership_key_of_document, read_topology_json
 from agent.core.summary import light_plan, own_view, read_summary, summarize, summary_text, view_key
 from agent.core.variables import bracketed
 from tests.core.test_frameworks import ALL, ipv6, part, rendered_with, volcano, written
@@ -209,6 +209,9 @@ def test_the_sidecar_continues_from_init_s_topology_json_without_a_new_generatio
     rendered = renderer.render({p["metadata"]["name"]: p for p in volcano()}, generation=4)
     document = json.loads(rendered.files["topology.json"])
     assert membership_key_of_document(document) == renderer.membership_key(rendered)
+    header, key = read_topology_json(rendered.files["topology.json"].decode())  # the sidecar's streamed read
+    assert key == renderer.membership_key(rendered)
+    assert header == {k: v for k, v in document.items() if k != "members"}
 
 
 def test_a_view_own_pod_s_key_read_back_from_topology_json_is_the_rendered_one():

@@ -13,7 +13,16 @@ from agent.core import Options, render_pod
 from agent.core.controllers import CONTROLLERS
 from agent.core.gang import Expectation
 from agent.core.journal import PublishedState, Publisher
-from agent.core.published import SCHEMA, configmap_name, decode, is_leader, leader_identity, pack, pack_text
+from agent.core.published import (
+    SCHEMA,
+    configmap_name,
+    decode,
+    decode_streamed,
+    is_leader,
+    leader_identity,
+    pack,
+    pack_text,
+)
 from agent.errors import InputError
 
 JOBS = [
@@ -168,3 +177,29 @@ def test_the_document_decodes_as_json_loads_reads_it_streamed_or_not(extra, rows
 def test_what_a_parser_would_read_two_ways_is_refused(text, says):
     with pytest.raises(InputError, match=says):
         decode(pack_text(text % json.dumps(SCHEMA)), lambda h: (lambda row: None))
+
+
+STREAMED = [
+    '{"a": 1, "members": [{"x": 1}, [2], "3"], "b": {"c": [4]}}',
+    ' { "members" : [ ] , "a" : null } ',
+    '{"a": [1, {"members": [9]}]}',  # a nested key of that name is a value like any other
+    '{}',
+    '{"a": 1, "a": 2, "members": [1]}',  # a key given twice keeps its last value, as json.loads
+]
+
+
+@pytest.mark.parametrize("text", STREAMED)
+def test_a_streamed_document_reads_as_json_loads_does(text):
+    got: list[object] = []
+    document = decode_streamed(text, "members", got.append)
+    whole = json.loads(text)
+    assert got == whole.pop("members", [])
+    assert document == whole
+
+
+@pytest.mark.parametrize("text", ['{"members": [1], "members": [2]}', '{"members": {"a": 1}}', '[1]',
+                                  '{"members": [1]} x', '{"members": [1,]}', '{"a" 1}', '{"a": NaN}',
+                                  '{"a": 1,}'])
+def test_a_streamed_document_refuses_what_a_parser_would_read_otherwise(text):
+    with pytest.raises(ValueError):
+        decode_streamed(text, "members", lambda _: None)

@@ -7,7 +7,6 @@ why it is not ready, and the next evaluation writes again. A trainer cannot stop
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -17,10 +16,9 @@ from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.events import Occurrence, generation_note
 from agent.core.journal import STANDBYS
 from agent.core.model import RawPod
-from agent.core.rendering import membership_key_of_document
+from agent.core.rendering import read_topology_json
 from agent.core.summary import own_view, view_key
 from agent.core.topology import Plan
-from agent.core.validation import not_json
 from agent.core.variables import warnings_for
 from agent.errors import InputError, OutputError
 from agent.files.reading import Unreadable, read_untrusted
@@ -95,12 +93,12 @@ class Evaluator:
         out = self.settings.out_dir
         try:
             text = read_untrusted(out / "topology.json", PREVIOUS_LIMIT)
-            document = json.loads(text, parse_constant=not_json)
-            generation = document.get("generation") if isinstance(document, dict) else None
+            document, members = read_topology_json(text.decode() if isinstance(text, bytes) else text)
+            generation = document.get("generation")
             if not isinstance(generation, int) or isinstance(generation, bool) or not 0 <= generation < 2**53:
                 raise ValueError(f"its generation is {str(generation)[:20]}, not a whole number")
             key = view_key(document.get("env", {}), document.get("frameworks")) if document.get("view") == "own" \
-                else membership_key_of_document(document)
+                else members
         except FileNotFoundError:
             return
         except (Unreadable, OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
