@@ -805,8 +805,9 @@ class Planner:
         changed, gone = _changes(before, pods, touched)
         if not changed and not gone:
             return "same"
-        if self.self_name in gone or self.self_name in changed or len(changed) + len(gone) > 64:
-            return None  # this pod itself, or a burst: from scratch (the same cost as one pass)
+        if self.self_name in gone or self.self_name in changed or \
+                len(changed) + len(gone) > max(64, len(before) // FOLLOW_SCRATCH):
+            return None  # this pod itself, or a burst of a sixteenth of the job: from scratch (one pass's cost)
         try:
             taken = self._take(layout, pods, [*changed, *gone])
         except _FromScratch:

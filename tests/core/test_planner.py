@@ -210,6 +210,24 @@ def test_single_pod_changes_are_incremental(opts):
     assert planner.incremental == len(ops)
 
 
+@pytest.mark.parametrize("opts", ["default", "ip"])
+def test_a_burst_under_a_sixteenth_of_a_large_job_is_carried_over(opts):
+    """A journal entry gathers the kubelet's writes of ~80 pods at once while a 16384-pod job starts: each made a
+    full-view pod lay the job out from scratch (over 64 changes). A burst of up to a sixteenth of the job is
+    carried over, and the plan is still the one made from scratch."""
+    world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 2047))), random.Random(11))
+    planner = Planner(OPTIONS[opts], world.me)
+    planner.plan(dict(world.pods))
+    layout = planner._layout
+    for _ in range(3):
+        for _ in range(120):
+            world.step(world.rnd.choice(("ip", "leave", "join", "running", "pending")))
+        held = dict(world.pods)
+        got = _outcome(lambda: planner.plan(held))  # noqa: B023 - called at once
+        assert got == _outcome(lambda: build_plan(list(held.values()), world.me, OPTIONS[opts]))  # noqa: B023
+    assert planner._layout is layout and planner.incremental == 3
+
+
 def test_a_join_moves_the_ranks_after_it():
     """A worker joining in the middle: the workers after it move one node rank up; those before keep theirs."""
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 6)))
