@@ -805,9 +805,10 @@ class Planner:
         changed, gone = _changes(before, pods, touched)
         if not changed and not gone:
             return "same"
-        if self.self_name in gone or self.self_name in changed or \
-                len(changed) + len(gone) > max(64, len(before) // FOLLOW_SCRATCH):
-            return None  # this pod itself, or a burst of a sixteenth of the job: from scratch (one pass's cost)
+        if self.self_name in gone or len(changed) + len(gone) > max(64, len(before) // FOLLOW_SCRATCH):
+            return None  # this pod gone, or a burst of a sixteenth of the job: from scratch (one pass's cost)
+        if self.self_name in changed and not self._renew_me(layout, pods[self.self_name]):
+            return None
         try:
             taken = self._take(layout, pods, [*changed, *gone])
         except _FromScratch:
@@ -833,6 +834,19 @@ class Planner:
         if lowest < len(layout.rows.live):
             _place(layout, lowest, len(layout.rows.live), self.options, domains_of, marks=taken.marks(layout.rows))
         return "moved" if taken.moved else "in place"
+
+    def _renew_me(self, layout: _Layout, me: RawPod) -> bool:
+        """This pod changed and kept its scope, identity and membership (its phase, its IP, the kubelet's writes
+        while it starts): the layout takes its new object as any other pod's. Anything else is planned from
+        scratch, which says why (a pod that is no longer a member of its own job)."""
+        found = layout.found
+        if Scope.of(me, self.options) != found.scope:
+            return False
+        facts = facts_of(me, found.controller, self.options, found.scope.pairs, self.memo, checked=self.checked)
+        if facts.reason or facts.ident != found.scope.me_id:
+            return False
+        layout.found = replace(found, me=me)
+        return True
 
     def _take(self, layout: _Layout, pods: Mapping[str, RawPod], names: list[str]) -> _Taken:
         """Take the changes of ``names`` into the rows: a member whose key, identity and place stand is updated in

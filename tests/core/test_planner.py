@@ -200,6 +200,23 @@ def test_every_pod_through_every_two_changes(job, opts):
             _check(world, OPTIONS[opts], [first, then], target=name)
 
 
+@pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.parametrize("opts", sorted(OPTIONS))
+def test_this_pods_own_changes_plan_as_from_scratch(job, opts):
+    """This pod's own changes (its IP, its phase, its slots, its node, leaving its job) are carried over when it
+    keeps its scope and identity, else planned from scratch: the plan is always the one made from scratch."""
+    for first, then in [(a, b) for a in ("ip", "no-ip", "running", "pending", "failed", "slots", "node",
+                                         "terminating", "other-job") for b in ("ip", "running", "pending")]:
+        world = World(JOBS[job](), random.Random(0))
+        _check(world, OPTIONS[opts], [first, then], target=world.me)
+
+
+def test_this_pods_phase_and_ip_keep_the_layout():
+    world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(3))
+    planner = _check(world, OPTIONS["ip"], ["ip", "running", "pending", "ip"], target=world.me)
+    assert planner.incremental == 4
+
+
 @pytest.mark.parametrize("opts", ["default", "ip", "topology"])
 def test_single_pod_changes_are_incremental(opts):
     """The point of the planner: a new IP, a leave and a join are planned from the last layout (in topology
