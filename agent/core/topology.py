@@ -707,6 +707,7 @@ class _Taken:
 
 _UNKNOWN = object()
 FOLLOW_SCRATCH = 16  # Planner.follow: a layout from scratch at most once per len(pods) / this many calls
+BURST = 4  # Planner.plan: a change of more than len(pods) / this many pods is laid out from scratch
 
 
 class Planner:
@@ -805,8 +806,10 @@ class Planner:
         changed, gone = _changes(before, pods, touched)
         if not changed and not gone:
             return "same"
-        if self.self_name in gone or len(changed) + len(gone) > max(64, len(before) // FOLLOW_SCRATCH):
-            return None  # this pod gone, or a burst of a sixteenth of the job: from scratch (one pass's cost)
+        if self.self_name in gone or len(changed) + len(gone) > max(64, len(before) // BURST):
+            # this pod gone, or a burst of a quarter of the job: from scratch (one pass's cost). A smaller one is
+            # carried over: the kubelet's Running writes while a 16384-pod job starts come ~1000-1700 an entry
+            return None
         if self.self_name in changed and not self._renew_me(layout, pods[self.self_name]):
             return None
         try:
