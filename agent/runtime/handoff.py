@@ -1,7 +1,8 @@
-"""What init read that its pod's sidecar would read again at start: the own pod, the job's objects, and the
-publishers init vouched for (core/provenance.py). In a 16384-pod job each follower's sidecar read its own pod,
-the job and the writer pod again (~20 KiB of its ~34 KiB at start, ~0.3 GiB job-wide); it starts from init's
-reads instead, and reads what changed since (the membership) as before.
+"""What init read that its pod's sidecar would read again at start: the own pod, the job's objects, the
+publishers init vouched for (core/provenance.py) and, in its own view, the summary that placed it. In a
+16384-pod job each follower's sidecar read its own pod, the job and the writer pod again (~20 KiB of its ~34 KiB
+at start, ~0.3 GiB job-wide), then listed the summary init had just read; it starts from init's reads instead,
+and watches what changed since (the summary from the resourceVersion init read it at) as before.
 
 The file is in the shared directory, which the trainer can write too: it is read as untrusted (files/reading.py)
 and used only if every part has the shape the API gives (the own pod is checked as init checks it, and must be
@@ -36,6 +37,7 @@ class Handoff:
     pod: RawPod | None = None  # the own pod as init read it
     objects: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the job's objects by API path
     writers: set[Writer] = field(default_factory=set)  # publishers init accepted (name and uid)
+    summary: dict[str, Any] | None = None  # the summary ConfigMap that placed this pod (its own view)
 
     def own_pod(self) -> RawPod | None:
         """The own pod if init read it with its IP (an init that starts before the kubelet has posted the pod's
@@ -44,7 +46,7 @@ class Handoff:
         return pod if pod is not None and pod.get("status", {}).get("podIP") else None
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"pod": self.pod, "objects": self.objects,
+        return json.dumps({"pod": self.pod, "objects": self.objects, "summary": self.summary,
                            "writers": sorted([w.name, w.uid] for w in self.writers)}, separators=(",", ":")).encode()
 
 
@@ -81,6 +83,7 @@ def _parsed(document: Any, pod_name: str) -> Handoff:
     if not isinstance(document, dict):
         raise ValueError("not a JSON object")
     pod, objects, writers = document.get("pod"), document.get("objects"), document.get("writers")
+    summary = document.get("summary")
     if pod is not None:
         check_pod(pod)
         if pod.get("metadata", {}).get("name") != pod_name:
@@ -91,4 +94,9 @@ def _parsed(document: Any, pod_name: str) -> Handoff:
     if not isinstance(writers, list) or not all(
             isinstance(w, list) and len(w) == 2 and all(isinstance(x, str) and x for x in w) for w in writers):
         raise ValueError("writers is not a list of [name, uid]")
-    return Handoff(pod, objects, {Writer(name, uid) for name, uid in writers})  # type: ignore[arg-type]
+    if summary is not None and not (isinstance(summary, dict) and isinstance(summary.get("metadata"), dict)
+                                    and isinstance(summary["metadata"].get("name"), str)
+                                    and isinstance(summary["metadata"].get("resourceVersion"), str)
+                                    and summary["metadata"]["resourceVersion"]):
+        raise ValueError("summary is not a ConfigMap with a name and a resourceVersion")
+    return Handoff(pod, objects, {Writer(name, uid) for name, uid in writers}, summary)  # type: ignore[arg-type]

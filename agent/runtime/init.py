@@ -493,6 +493,8 @@ class Init:
             log.warning("%s", view.gone)
         elif view.plan is None:
             log.log(*full_view_line(s.options.view, view.unsummarized or "", READING))
+        else:
+            self.reads.summary = view.placing  # its sidecar watches it from here, without a LIST of its own
         return view.plan
 
     def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "",

@@ -319,6 +319,7 @@ class SummaryView:
         self.unsummarized: str | None = None
         self.gone: str | None = None  # the last LIST showed the journal but no summary (``summary_gone``)
         self.changed = False  # the last journal read changed this pod's plan
+        self.placing: dict[str, Any] | None = None  # the summary ConfigMap the plan is from
 
     def replace(self, items: list[Any]) -> None:
         self.gone = summary_gone(items, self.configmap)
@@ -356,7 +357,7 @@ class SummaryView:
         before = self.plan
         self.changed = before is None or before.topology != plan.topology or before.master_port != plan.master_port \
             or before.published_ports != plan.published_ports
-        self.plan = plan
+        self.plan, self.placing = plan, configmap
 
 
 READING = "reading the whole topology"  # a follower that cannot, or need not, read the summary alone

@@ -18,9 +18,11 @@ JOB = "/apis/batch.volcano.sh/v1alpha1/namespaces/default/jobs/demo"
 
 
 def test_what_init_wrote_is_read_back_whole(tmp_path):
-    write_handoff(tmp_path, Handoff(POD, {JOB: {"kind": "Job"}}, {Writer("demo-master-0", "u-1")}))
+    summary = {"metadata": {"name": "demo-topology-summary", "resourceVersion": "7"}, "data": {}}
+    write_handoff(tmp_path, Handoff(POD, {JOB: {"kind": "Job"}}, {Writer("demo-master-0", "u-1")}, summary))
     back = read_handoff(tmp_path, "demo-worker-0")
     assert back.pod == POD and back.own_pod() == POD and back.objects == {JOB: {"kind": "Job"}}
+    assert back.summary == summary
     assert back.writers == {Writer("demo-master-0", "u-1")}
     assert [p.name for p in tmp_path.iterdir()] == [NAME]  # renamed into place: no temp file left
 
@@ -39,6 +41,10 @@ def test_an_own_pod_read_before_its_ip_is_read_again():
     (json.dumps({"pod": None, "objects": {"jobs/demo": {}}, "writers": []}), "objects is not a map of API paths"),
     (json.dumps({"pod": None, "objects": {}, "writers": [["demo-master-0"]]}), "writers is not a list"),
     (json.dumps({"pod": None, "objects": {}, "writers": [["demo-master-0", ""]]}), "writers is not a list"),
+    (json.dumps({"pod": None, "objects": {}, "writers": [],
+                 "summary": {"metadata": {"name": "demo-topology-summary"}}}),
+     "summary is not a ConfigMap with a name and a resourceVersion"),
+    (json.dumps({"pod": None, "objects": {}, "writers": [], "summary": ["x"]}), "summary is not a ConfigMap"),
 ])
 def test_anything_else_is_refused_in_one_line(tmp_path, caplog, content, why):
     (tmp_path / NAME).write_text(content)

@@ -340,6 +340,35 @@ async def test_a_sidecar_starts_from_what_its_init_read_and_reads_it_again_only_
     for pod in ("demo-worker-7", "demo-worker-8"):  # the same files either way
         assert json.loads((tmp_path / pod / "topology.json").read_text())["generation"] == 1
 
+    def lists(pod: str) -> int:
+        return sum(1 for agent, r in api.requests if agent == agent_name("sidecar", pod) and r.verb == "list")
+
+    assert lists("demo-worker-7") == 0 and lists("demo-worker-8") == 1  # the summary init read, not listed again
+
+
+async def test_a_sidecar_follows_the_summary_from_where_its_init_read_it(memory, api, logs, sidecars, tmp_path):
+    """A pod in its own view watches the summary from the resourceVersion its init read it at: a change made in
+    between reaches its files. A summary in init's reads that names the pod a standby is not used (the file is
+    the trainer's to write too): that pod lists the publication itself."""
+    await published_job(memory, api, logs, tmp_path, 20)
+    handed = json.loads((tmp_path / "demo-worker-9" / READS).read_text())
+    assert handed["summary"]["metadata"]["name"] == "demo-topology-summary"
+    forged = json.loads((tmp_path / "demo-worker-10" / READS).read_text())
+    forged["summary"]["data"]["standby"] = "demo-worker-10"
+    (tmp_path / "demo-worker-10" / READS).write_text(json.dumps(forged))
+    await start_sidecar(sidecars, tmp_path, "demo-master-0")
+    await logs.until("demo-master-0", "started publishing")
+    add_worker(memory, 20, 90)  # the sizes change: the summary is written again before the followers start
+    await memory.until("/v1/configmaps", lambda store: '"nnodes":22' in store.get(
+        "/v1/configmaps", "default", "demo-topology-summary")["data"].get("summary.json", ""))
+    for pod in ("demo-worker-9", "demo-worker-10"):
+        follower = await start_sidecar(sidecars, tmp_path, pod)
+        await follower.until(lambda p=pod: world(tmp_path / p)[0] == "22", what=f"{pod} sees the new worker")
+    verbs = {pod: [r.verb for agent, r in api.requests if agent == agent_name("sidecar", pod)]
+             for pod in ("demo-worker-9", "demo-worker-10")}
+    assert "list" not in verbs["demo-worker-9"] and "watch" in verbs["demo-worker-9"]
+    assert "list" in verbs["demo-worker-10"]
+
 
 @pytest.mark.parametrize("compacted", [False, True])
 async def test_the_leaders_sidecar_starts_from_its_published_rows_and_watches_what_changed_since(
@@ -369,7 +398,8 @@ async def test_the_leaders_sidecar_starts_from_its_published_rows_and_watches_wh
     assert "starting from the 21 pods published" in logs.text("demo-master-0")
     # the publication is read once: the rows it starts from are also its publisher's read-back
     reads = [r for agent, r in api.requests if agent == agent_name("sidecar", "demo-master-0")
-             and r.path == CONFIGMAPS and r.verb == "list" and "demo-topology" in dict(r.query).get("labelSelector", "")]
+             and r.path == CONFIGMAPS and r.verb == "list"
+             and "demo-topology" in dict(r.query).get("labelSelector", "")]
     assert len(reads) == 1
 
 
@@ -521,10 +551,14 @@ async def test_a_follower_leaves_a_journal_that_a_pod_of_another_job_rewrote_and
     add_worker(memory, 3, 81)
     await follower.until(lambda: world(tmp_path / "demo-worker-2")[0] == "5", what="the follower sees the new worker")
     await sidecars.stop("demo-worker-2")
-    # a follower that starts now (the same pod's sidecar, restarted) refuses the copy at once
-    await start_sidecar(sidecars, tmp_path, "demo-worker-2", "--view", view)
-    await logs.until("demo-worker-2", "(pods)")
-    assert f"the published topology is not used (configmap {read}: its writer" in logs.text("demo-worker-2")
+    # a follower that starts now (the same pod's sidecar, restarted) refuses the copy at once: at its LIST, or (in
+    # its own view, from the summary its init read) at the first event of its watch, which brings the copy
+    refused = f"the published topology is not used (configmap {read}: its writer"
+    restarted = await start_sidecar(sidecars, tmp_path, "demo-worker-2", "--view", view)
+    await logs.until("demo-worker-2", refused)  # the restarted sidecar's own log
+    await logs.until("demo-worker-2", "(pods)" if view == "full" else "following the pods from now on")
+    add_worker(memory, 4, 82)
+    await restarted.until(lambda: world(tmp_path / "demo-worker-2")[0] == "6", what="the new worker followed")
 
 
 async def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_followers_use_it(memory, api, logs,

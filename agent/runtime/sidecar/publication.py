@@ -62,15 +62,25 @@ class Publication:
 
     @classmethod
     async def find(cls, api: AsyncApi, job: Job, check: WriterCheck, view: PodView, *, options: Any, ssh: bool,
-                   lease_seconds: int, make_follower: Callable[[], JournalFollower]) -> tuple[Publication | None, Mode]:
+                   lease_seconds: int, make_follower: Callable[[], JournalFollower],
+                   summary: dict[str, Any] | None = None) -> tuple[Publication | None, Mode]:
         """Look for a publication (the API being away at start is waited out: it decides the mode for the pod's
-        life; no RBAC for ConfigMaps means the pods). None and PODS when there is none to follow."""
+        life; no RBAC for ConfigMaps means the pods). None and PODS when there is none to follow. ``summary``:
+        the summary that placed this pod in its init (runtime/handoff.py), followed from there without a LIST."""
         why_full = why_full_view(options)
         light = why_full is None
         if why_full is not None and options.view != "full":
             log.log(*full_view_line(options.view, why_full, READING))
         # its own view reads the summary alone, never the snapshot or the journal (unless the summary was deleted)
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
+        handed = _handed(summary, job) if light else None
+        if handed is not None:
+            publication = cls(api, job, make_follower(), Elector(
+                api, job.namespace, job.configmap, job.pod, owner=job.owner, timing=Timing(lease_seconds),
+                named_leader=False))
+            publication.follower.light = True
+            publication.follower.first_list = handed
+            return publication, Mode.FOLLOWER
         try:
             items, rv = await _listed(api, collection, job.configmap, light)
             gone = summary_gone(await retried(lambda: journal_if_summary_gone(api, collection, job.configmap, items),
@@ -184,6 +194,21 @@ class Publication:
 
     async def release(self) -> None:
         await self.elector.release()
+
+
+def _handed(summary: dict[str, Any] | None, job: Job) -> tuple[list[Any], str] | None:
+    """Init's summary as a first LIST, when it is this job's and names this pod neither the publisher nor a
+    standby: those list the publication themselves (the file is the trainer's to write too, and must never make a
+    pod contend for the Lease). A summary that changed since comes with the watch from its resourceVersion."""
+    if summary is None or object_name(summary) != summary_name(job.configmap):
+        return None
+    try:
+        _, journal = state_from([summary], job.configmap, pods=False)
+    except InputError:
+        return None
+    if journal is None or journal.leader == job.pod or job.pod in journal.standby:
+        return None
+    return [summary], summary["metadata"]["resourceVersion"]
 
 
 async def _listed(api: AsyncApi, collection: str, configmap: str, light: bool) -> tuple[list[Any], str]:
