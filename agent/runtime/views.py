@@ -160,9 +160,18 @@ class PodView:
     # --- changes, from the store or from the published rows (the journal follower) ----------------------------
 
     def hold(self, pods: dict[str, RawPod], *, own: bool = False) -> None:
-        """Every pod at once. ``own``: the own pod as read at start in place of its published row."""
+        """Every pod at once. ``own``: the own pod as read at start in place of its published row. A pod that says
+        nothing new keeps the object held (``same_but_version``): after a relist or a new snapshot the planner, the
+        facts' memo and the files' member texts find every unchanged pod by identity, and the plan is carried
+        over instead of laid out again beside the old one (a full-view pod's peak at 16384 pods)."""
         if own and self.me is not None and self.own in pods:
             pods[self.own] = slim_pod(self.me)
+        held = self.pods
+        if held:
+            for name, pod in pods.items():
+                old = held.get(name)
+                if old is not None and old is not pod and same_but_version(old, pod):
+                    pods[name] = old
         self.touched |= set(self.pods) | set(pods)
         self.unplanned = None
         self.pods = pods

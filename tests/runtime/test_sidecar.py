@@ -142,6 +142,8 @@ async def test_scale_down_delete_terminate_and_replace_are_followed(job, memory)
 
 
 async def test_an_unchanged_relist_after_410_triggers_nothing(job, memory, api):
+    await job.until(job.settled, "nothing pending")
+    plan = job.sidecar.evaluator.plan
     memory.faults(down_for=1.0)  # while the sidecar is away, a change that moves no one, then compaction
     memory.update_pod("default", "demo-worker-1", lambda p: p["metadata"]["annotations"].__setitem__("note", "x"))
     memory.faults(compact=True)
@@ -154,6 +156,7 @@ async def test_an_unchanged_relist_after_410_triggers_nothing(job, memory, api):
     assert job.sidecar.metrics.relists._value.get() >= 1  # a LIST after the first (one more if it met the outage)
     await job.until(job.settled, "nothing pending")
     assert generation(job.out) == 1 and job.trainer.signals() == []
+    assert job.sidecar.evaluator.plan is plan  # the pods held were kept: the plan is the one before, not made again
 
 
 def kubelet_ready(pod: dict) -> None:
