@@ -707,7 +707,11 @@ class _Taken:
 
 _UNKNOWN = object()
 FOLLOW_SCRATCH = 16  # Planner.follow: a layout from scratch at most once per len(pods) / this many calls
-BURST = 4  # Planner.plan: a change of more than len(pods) / this many pods is laid out from scratch
+# A change of more than len(pods) / BURST pods is laid out from scratch; a smaller one is carried over: the
+# kubelet's Running writes came ~1000-1700 a journal entry while a 16384-pod job started, and init's wait follows
+# ~80 IPs at a time, which kept the plan after the last IP one change away (5 ms, not 210 ms from scratch:
+# bench/plan_follow_bench.py --burst 80).
+BURST = 4
 
 
 class Planner:
