@@ -56,6 +56,7 @@ class Record:
     acquire_time: str
     renew_time: str
     resource_version: str
+    owner_uid: str = ""  # the uid its ownerReference names: the job's incarnation that made it
 
     @property
     def key(self) -> tuple[str, int, int, str, str]:
@@ -75,10 +76,13 @@ def read_record(lease: dict[str, Any]) -> Record:
     def whole(value: Any, default: int) -> int:
         return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else default
 
+    owners = meta.get("ownerReferences")
+    owner = owners[0] if isinstance(owners, list) and owners and isinstance(owners[0], dict) else {}
     return Record(holder=text(spec.get("holderIdentity")), duration=whole(spec.get("leaseDurationSeconds"),
                                                                           LEASE_SECONDS),
                   transitions=whole(spec.get("leaseTransitions"), 0), acquire_time=text(spec.get("acquireTime")),
-                  renew_time=text(spec.get("renewTime")), resource_version=text(meta.get("resourceVersion")))
+                  renew_time=text(spec.get("renewTime")), resource_version=text(meta.get("resourceVersion")),
+                  owner_uid=text(owner.get("uid")))
 
 
 @dataclass

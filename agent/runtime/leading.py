@@ -1,0 +1,223 @@
+"""init's side of the publisher Lease of a large job: who leads is core/leading.py's to say; this module reads and
+writes the Lease for it.
+
+- ``claim``: a training pod's first look (a GET), then a create where there is none, or a write over it with the
+  resourceVersion read where ``leading.claim`` says so; a 409 is another init's win, and one more look says whose.
+- ``guard``: a guard's look while it waits for the publication (a GET every few seconds), and the take-over.
+- ``keep``: while this init leads, a thread renews the Lease every ``Timing.renew_every``: init's calls block (a
+  LIST of 16384 pods takes seconds, a gang wait minutes), and a Lease left unrenewed for its duration is a guard's
+  to take. It stops when init ends; the sidecar renews from then on (election.py).
+- ``hand_to``: a leader whose snapshot was there already (written by a pod of this job) gives that pod the Lease:
+  only that pod may write over its copy (the admission policy), and its sidecar publishes once it holds the Lease.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agent.core import leading
+from agent.core.lease import Observation, Record, Timing, lease_body, read_record
+from agent.errors import ApiConflict, ApiError, ApiNotFound
+from agent.runtime.publishing import lease_path, now_wall
+
+if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load (k8s/blocking.py)
+    from agent.k8s.async_client import AsyncApi
+
+log = logging.getLogger("topology_agent.init")
+Retried = Callable[[Callable[[], Awaitable[Any]], str], Awaitable[Any]]
+STOP_WAIT = 5.0  # seconds init waits at its end for a renewal in flight (the thread otherwise ends at once)
+
+
+class LeaseCalls(Protocol):
+    """The blocking calls the renewing thread makes (init's client)."""
+
+    def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]: ...
+
+    def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class InitLease:
+    """The Lease as one init sees it: what it observed, and while it holds the Lease, what it wrote last."""
+
+    def __init__(self, api: AsyncApi, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
+                 timing: Timing, clock: Callable[[], float], blocking: LeaseCalls | None = None) -> None:
+        self.api, self.namespace, self.name, self.me, self.owner = api, namespace, name, me, owner
+        self.timing, self.clock, self.blocking = timing, clock, blocking
+        self.owner_uid = str((owner or {}).get("uid") or "")
+        self.observed = Observation()
+        self._lock = threading.Lock()  # ``_record``, shared with the renewing thread
+        self._record: Record | None = None  # what this init wrote last, while it holds the Lease
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def path(self) -> str:
+        return lease_path(self.namespace, self.name)
+
+    @property
+    def holder(self) -> str:
+        """Who holds the Lease, as this init saw it last ("" before it looked, or when nobody does)."""
+        return self.observed.record.holder if self.observed.record is not None else ""
+
+    @property
+    def holding(self) -> bool:
+        with self._lock:
+            return self._record is not None
+
+    async def claim(self, retried: Retried) -> bool:
+        """Whether this init leads: True once it created the Lease or wrote over it, False when another pod of
+        this job holds it. ``ApiForbidden`` (no RBAC for Leases) goes to the caller."""
+        for _ in range(2):  # a 409: another init wrote first, and the second look says who
+            try:
+                lease = await retried(lambda: self.api.get_object(self.path), f"read lease {self.name}")
+            except ApiNotFound:
+                lease = None
+            record = read_record(lease) if lease is not None else None
+            if record is not None:
+                self.observed.see(record, self.clock())
+            verdict = leading.claim(record, me=self.me, owner_uid=self.owner_uid)
+            if verdict is leading.Claim.FOLLOW:
+                log.info("lease %s is held by pod %s: it publishes the topology", self.name, record.holder
+                         if record is not None else "?")
+                return False
+            try:
+                await retried(functools.partial(self._write, record), f"write lease {self.name}")
+            except ApiConflict:
+                continue
+            log.info("lease %s %s: this pod lists the pods and publishes the topology", self.name,
+                     _taken(record, self))
+            return True
+        return False
+
+    async def guard(self) -> bool:
+        """A guard's look (core/leading.py): True when it took the Lease over, and this init leads from now on.
+        A failed look is no verdict: the next one comes within seconds."""
+        try:
+            lease: dict[str, Any] | None = await self.api.get_object(self.path)
+        except ApiNotFound:
+            lease = None
+        except ApiError as err:
+            log.info("lease %s: cannot look at it now (%s)", self.name, err)
+            return False
+        now = self.clock()
+        record = read_record(lease) if lease is not None else None
+        if record is not None:
+            self.observed.see(record, now)
+            if not leading.takes_over(self.observed, me=self.me, owner_uid=self.owner_uid, now=now):
+                return False
+        why = _taken(record, self) if record is None or leading.claim(
+            record, me=self.me, owner_uid=self.owner_uid) is leading.Claim.TAKE else \
+            f"taken over from pod {record.holder}: not renewed for {now - self.observed.changed_at:.1f} s"
+        try:
+            await self._write(record)
+        except ApiError as err:  # a 409: another guard was first
+            log.info("lease %s: not taken over (%s)", self.name, err)
+            return False
+        log.warning("lease %s %s; this pod lists the pods and publishes the topology instead", self.name, why)
+        return True
+
+    async def _write(self, previous: Record | None) -> None:
+        """Create the Lease (``previous`` None) or write over the record read, as its holder from now on."""
+        body = lease_body(self.name, self.me, now_wall=now_wall(), previous=previous, owner=self.owner,
+                          duration=self.timing.duration)
+        written = await (self.api.create(lease_path(self.namespace), body) if previous is None else
+                         self.api.replace(self.path, body))
+        record = read_record(written)
+        self.observed.see(record, self.clock())
+        with self._lock:
+            self._record = record
+
+    def keep(self) -> None:
+        """Renew the Lease from a thread of its own until ``stop`` (init's client is blocking)."""
+        if self.blocking is None or not self.holding or self._thread is not None:
+            return
+        context = contextvars.copy_context()  # its log lines are the pod's, as init's are
+        self._thread = threading.Thread(target=lambda: context.run(self._renew), name="lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        assert self.blocking is not None
+        failing = False  # a failure is said once, until a renewal works again
+        while not self._stop.wait(self.timing.renew_every):
+            with self._lock:
+                previous = self._record
+            if previous is None:
+                return
+            body = lease_body(self.name, self.me, now_wall=now_wall(), previous=previous, owner=self.owner,
+                              duration=self.timing.duration)
+            try:
+                written = self.blocking.replace(self.path, body)
+            except ApiConflict:
+                if self._lost():
+                    return
+                continue
+            except ApiError as err:
+                if not failing:
+                    log.info("lease %s: not renewed (%s); trying again every %.1f s", self.name, err,
+                             self.timing.renew_every)
+                failing = True
+                continue
+            failing = False
+            with self._lock:
+                if self._record is not None:
+                    self._record = read_record(written)
+
+    def _lost(self) -> bool:
+        """After a 409 to a renewal: whether another pod holds the Lease now (a guard that found it unrenewed)."""
+        assert self.blocking is not None
+        try:
+            record = read_record(self.blocking.get_object(self.path))
+        except ApiNotFound:
+            record = None
+        except ApiError:
+            return False
+        with self._lock:
+            if record is not None and record.holder == self.me:
+                self._record = record
+                return False
+            self._record = None
+        log.warning("lease %s is held by %s now, not by this pod (it was not renewed in time); this init still "
+                    "publishes if the snapshot is not there yet (its create decides), and gives way otherwise",
+                    self.name, record.holder if record is not None else "nobody")
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT)
+            self._thread = None
+
+    async def hand_to(self, holder: str) -> None:
+        """Give the Lease to ``holder``, the pod that wrote the copy found: only it may write over its copy, and
+        its sidecar renews the Lease as its own (election.py)."""
+        self.stop()
+        with self._lock:
+            previous, self._record = self._record, None
+        if previous is None:
+            return
+        body = lease_body(self.name, holder, now_wall=now_wall(), previous=previous, owner=self.owner,
+                          duration=self.timing.duration)
+        try:
+            await self.api.replace(self.path, body)
+        except ApiError as err:
+            log.info("lease %s: not handed to %s (%s); it is free once this init stops renewing it", self.name,
+                     holder, err)
+            return
+        log.info("handed lease %s to pod %s, which wrote the published topology found: only it writes over it",
+                 self.name, holder)
+
+
+def _taken(record: Record | None, lease: InitLease) -> str:
+    """How this init came to hold the Lease, for its log line."""
+    if record is None:
+        return "created"
+    if record.holder == lease.me:
+        return "held under this pod's name, taken again"
+    if not record.holder:
+        return "free, taken"
+    return f"left by an earlier incarnation of the job (owner uid {record.owner_uid}), taken over"
