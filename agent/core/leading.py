@@ -4,9 +4,11 @@ the sidecar's election.py) pass what they read and their own clock.
 - The first training pod whose init runs leads. It creates the publisher Lease (``<job>-topology``, lease.py): the
   API server's create is atomic, so of inits that race one gets 201 and leads and the others get 409 and follow.
   Every other training pod's init reads the Lease once and follows, unless it may have it now (``claim``): it is
-  held under this pod's name (its init ran before, or its pod was re-created), held by nobody (released), or left
-  by an earlier incarnation of the job (its owner reference names another uid). Then it writes over it with the
-  resourceVersion it read (one init wins) and leads. Whoever leads lists and watches the pods through the gang
+  held under this pod's name (its init ran before, or its pod was re-created), held by nobody (released), left by
+  an earlier incarnation of the job (its owner reference names another uid), or held by no live pod of this job
+  (the holder pod is gone, has another uid than the Lease says, or is not a member: provenance.WriterCheck, read
+  once, and the publication that pod writes is then read with no second look at it). Then it writes over it with
+  the resourceVersion it read (one init wins) and leads. Whoever leads lists and watches the pods through the gang
   wait and publishes: the leader's pod is as likely to start last as any, and a leader that starts last made the
   whole job wait for its LIST of every pod after the last IP.
 - The leading init renews the Lease while it waits for the gang; its sidecar renews it after (election.py).
@@ -49,13 +51,19 @@ class Claim(enum.Enum):
     FOLLOW = "follow"  # another pod of this incarnation holds it: wait for its publication
 
 
-def claim(record: Record | None, *, me: str, owner_uid: str) -> Claim:
-    """An init's first look at the Lease (``owner_uid``: the uid of this pod's controller, "" if none)."""
+def claim(record: Record | None, *, me: str, owner_uid: str, holder_live: bool = True) -> Claim:
+    """An init's first look at the Lease (``owner_uid``: the uid of this pod's controller, "" if none;
+    ``holder_live``: its holder is a live pod of this job, as far as the caller could tell)."""
     if record is None:
         return Claim.CREATE
-    if not record.holder or record.holder == me or is_leftover(record, owner_uid):
+    if not record.holder or record.holder == me or is_leftover(record, owner_uid) or not holder_live:
         return Claim.TAKE
     return Claim.FOLLOW
+
+
+def judges_holder(record: Record | None, *, me: str, owner_uid: str) -> bool:
+    """Whether the holder pod must be read before ``claim`` can say: only when the Lease would be followed."""
+    return record is not None and claim(record, me=me, owner_uid=owner_uid) is Claim.FOLLOW
 
 
 def is_leftover(record: Record, owner_uid: str) -> bool:
@@ -64,12 +72,12 @@ def is_leftover(record: Record, owner_uid: str) -> bool:
     return bool(record.owner_uid and owner_uid and record.owner_uid != owner_uid)
 
 
-def takes_over(observed: Observation, *, me: str, owner_uid: str, now: float) -> bool:
+def takes_over(observed: Observation, *, me: str, owner_uid: str, now: float, holder_live: bool = True) -> bool:
     """Whether a guard writes over the Lease it has been looking at: it may have it at once (``claim``), or the
     holder has not renewed it for its whole duration of the guard's clock."""
     record = observed.record
-    return record is not None and (claim(record, me=me, owner_uid=owner_uid) is Claim.TAKE or
-                                   may_take(observed, me, now))
+    return record is not None and (claim(record, me=me, owner_uid=owner_uid, holder_live=holder_live) is
+                                   Claim.TAKE or may_take(observed, me, now))
 
 
 def is_guard(me: Identity, rank_zero_pod: tuple[str, tuple[int, ...]] | None) -> bool:

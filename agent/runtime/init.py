@@ -40,7 +40,7 @@ from agent.core.gang import (
 )
 from agent.core.journal import PublishedState, Publisher
 from agent.core.leading import is_guard, is_rank_zero, must_publish_again, rank_zero_identity, standbys
-from agent.core.lease import Timing
+from agent.core.lease import Record, Timing
 from agent.core.model import Identity, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_name, select_value
@@ -261,7 +261,9 @@ class Init:
         self.roster: Roster | None = None  # who may be a member, once the owner is read
         self.held = Held(memo=self.memo)
         self.reads = Handoff()  # what the sidecar would read again at start (runtime/handoff.py)
+        self.pod: RawPod | None = None  # its own pod, as read at start
         self.source: Source | None = None  # where its pods come from, once decided
+        self.check: WriterCheck | None = None  # who may have written what it reads (``writer_check``)
         self.lease: InitLease | None = None  # a large job's publisher Lease, as this training pod's init sees it
         self.leading = False  # this init lists the pods and publishes them (core/leading.py says who)
         self.followed = False  # this init waited for a publication (and said why its view is what it is)
@@ -343,9 +345,28 @@ class Init:
         if not source.training:
             return False
         s = self.settings
+        check = self.writer_check(me, source)
+
+        async def judge(record: Record) -> str | None:
+            """The holder pod, read once as metadata: accepted, it is the writer of what this pod reads."""
+            writer = Writer(record.holder, record.holder_uid)
+            path = check.path(writer)
+            if path is None:
+                return f"{record.holder[:80]!r} is not a pod name"
+            try:
+                pod: Any = await self.retried(lambda: self.api.get_object(path, metadata_only=True),
+                                              f"get pod {record.holder}")
+            except ApiNotFound:
+                pod = None
+            except ApiForbidden:
+                return None  # cannot tell: the Lease is followed
+            uid = record.holder_uid or (pod or {}).get("metadata", {}).get("uid") or ""
+            return check.vet(Writer(record.holder, uid), pod)
+
         lease = InitLease(self.api, s.namespace, source.configmap, s.pod_name, owner=owner_of(me),
                           timing=Timing(s.lease_seconds), clock=self.clock,
-                          blocking=self.api.client if isinstance(self.api, Blocking) else None)
+                          blocking=self.api.client if isinstance(self.api, Blocking) else None,
+                          uid=me.get("metadata", {}).get("uid") or "", judge=judge)
         try:
             leads = await lease.claim(self.retried)
         except ApiForbidden as err:
@@ -354,29 +375,41 @@ class Init:
                         "this pod, rank 0, publishes" if source.rank_zero else "the pod of rank 0 publishes")
             return source.rank_zero
         self.lease = lease
-        if leads:
-            lease.keep()
-        return leads
+        return leads and await self.lead_now(me, source)
 
-    async def give_way(self, me: RawPod, source: Source) -> None:
-        """The snapshot was there when this leader published: a pod of this job that wrote it (its earlier
-        incarnation, or a leader that took the Lease meanwhile) is the only one that may write over it, so it gets
-        the Lease; a copy no member wrote is left to the readers, who refuse it."""
+    async def lead_now(self, me: RawPod, source: Source) -> bool:
+        """This init holds the Lease (it took it first, or a guard took it over): it leads, renewing the Lease,
+        unless a copy a pod of this job wrote is there, whose writer must publish again (``give_way``: this init
+        then waits for it as a follower does)."""
+        assert self.lease is not None
+        if await self.give_way(me, source, first=True):
+            return False
+        self.lease.keep()
+        return True
+
+    async def give_way(self, me: RawPod, source: Source, *, first: bool = False) -> bool:
+        """A publication is there already, written by a pod of this job (its earlier incarnation, or a leader that
+        took the Lease meanwhile): only that pod may write over it, so it gets the Lease, and True. ``first``:
+        before this leader lists the pods, the summary alone is looked for (one GET, a 404 at a job's first
+        start); after its snapshot create found one, any of the three. A copy this pod wrote is its own to
+        continue; one no member wrote is left to the readers, who refuse it."""
         lease = self.lease
         if lease is None or not lease.holding:
-            return
+            return False
         try:
-            copy = await existing_copy(self.api, self.settings.namespace, source.configmap)
+            copy = await existing_copy(self.api, self.settings.namespace, source.configmap, summary_only=first)
             writer = writer_of(copy) if copy is not None else None
-            if writer is None or writer.name in ("", self.settings.pod_name):
-                return
+            if copy is None or writer is None or writer.name in ("", self.settings.pod_name):
+                return False
             why, superseded = await vouch(self.api.get_object, self.writer_check(me, source), [copy],
                                           source.configmap)
         except ApiError as err:
             log.info("cannot tell who wrote configmap %s (%s); keeping lease %s", source.configmap, err, lease.name)
-            return
-        if why is None or superseded:
-            await lease.hand_to(writer.name)
+            return False
+        if why is not None and not superseded:
+            return False
+        await lease.hand_to(writer.name)
+        return True
 
     # --- the pods themselves ------------------------------------------------------------------------------------
 
@@ -470,9 +503,13 @@ class Init:
     # --- the leader's publication -------------------------------------------------------------------------------
 
     def writer_check(self, me: RawPod, source: Source) -> WriterCheck:
+        """Who may have written what this pod reads (core/provenance.py): one check for init's life, so a writer
+        read once (the Lease's holder, say) is not read again."""
         s = self.settings
-        return WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
-                           me=Writer(s.pod_name, me.get("metadata", {}).get("uid") or ""))
+        if self.check is None:
+            self.check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
+                                     me=Writer(s.pod_name, me.get("metadata", {}).get("uid") or ""))
+        return self.check
 
     async def from_publication(self, me: RawPod, source: Source) -> Rendered | None:
         """A follower of a large job: its plan from the summary (its own view) or its pods from the snapshot;
@@ -590,8 +627,9 @@ class Init:
 
         async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
             if guarding is not None:
-                if await guarding.guard():
-                    self.leading = True
+                if await guarding.guard() and self.pod is not None and self.source is not None:
+                    self.leading = await self.lead_now(self.pod, self.source)
+                if self.leading:
                     return
                 timeout = min(timeout, guarding.timing.renew_every)
             events = self.api.watch_objects(collection, rv, timeout=timeout, label_selector=label,
@@ -666,7 +704,7 @@ class Init:
                 self.recorder.close()
 
     async def run(self) -> Held:
-        me = await self.own_pod()
+        self.pod = me = await self.own_pod()
         self.start_events(me)
         expected = await self.expectation(me)
         s = self.settings  # the job's objects may have filled options the user left open (MPI roles, slots)

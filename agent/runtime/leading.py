@@ -1,8 +1,10 @@
 """init's side of the publisher Lease of a large job: who leads is core/leading.py's to say; this module reads and
 writes the Lease for it.
 
-- ``claim``: a training pod's first look (a GET), then a create where there is none, or a write over it with the
-  resourceVersion read where ``leading.claim`` says so; a 409 is another init's win, and one more look says whose.
+- ``claim``: a training pod's first look (a GET, and a GET of the holder pod's metadata once: ``judge``, whose
+  answer spares the read of the publication's writer later), then a create where there is none, or a write over it
+  with the resourceVersion read where ``leading.claim`` says so; a 409 is another init's win, and one more look
+  says whose.
 - ``guard``: a guard's look while it waits for the publication (a GET every few seconds), and the take-over.
 - ``keep``: while this init leads, a thread renews the Lease every ``Timing.renew_every``: init's calls block (a
   LIST of 16384 pods takes seconds, a gang wait minutes), and a Lease left unrenewed for its duration is a guard's
@@ -30,6 +32,7 @@ if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not 
 
 log = logging.getLogger("topology_agent.init")
 Retried = Callable[[Callable[[], Awaitable[Any]], str], Awaitable[Any]]
+Judge = Callable[[Record], Awaitable["str | None"]]  # why the Lease's holder is no live pod of this job, or None
 STOP_WAIT = 5.0  # seconds init waits at its end for a renewal in flight (the thread otherwise ends at once)
 
 
@@ -45,9 +48,11 @@ class InitLease:
     """The Lease as one init sees it: what it observed, and while it holds the Lease, what it wrote last."""
 
     def __init__(self, api: AsyncApi, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
-                 timing: Timing, clock: Callable[[], float], blocking: LeaseCalls | None = None) -> None:
+                 timing: Timing, clock: Callable[[], float], blocking: LeaseCalls | None = None, uid: str = "",
+                 judge: Judge | None = None) -> None:
         self.api, self.namespace, self.name, self.me, self.owner = api, namespace, name, me, owner
-        self.timing, self.clock, self.blocking = timing, clock, blocking
+        self.timing, self.clock, self.blocking, self.uid, self.judge = timing, clock, blocking, uid, judge
+        self._judged: dict[tuple[str, str], str | None] = {}  # each holder (name, uid) is read once
         self.owner_uid = str((owner or {}).get("uid") or "")
         self.observed = Observation()
         self._lock = threading.Lock()  # ``_record``, shared with the renewing thread
@@ -80,7 +85,8 @@ class InitLease:
             record = read_record(lease) if lease is not None else None
             if record is not None:
                 self.observed.see(record, self.clock())
-            verdict = leading.claim(record, me=self.me, owner_uid=self.owner_uid)
+            why = await self._holder(record)
+            verdict = leading.claim(record, me=self.me, owner_uid=self.owner_uid, holder_live=why is None)
             if verdict is leading.Claim.FOLLOW:
                 log.info("lease %s is held by pod %s: it publishes the topology", self.name, record.holder
                          if record is not None else "?")
@@ -90,9 +96,19 @@ class InitLease:
             except ApiConflict:
                 continue
             log.info("lease %s %s: this pod lists the pods and publishes the topology", self.name,
-                     _taken(record, self))
+                     _taken(record, self, why))
             return True
         return False
+
+    async def _holder(self, record: Record | None) -> str | None:
+        """Why the holder of a Lease this init would follow is no live pod of this job (``judge``), or None."""
+        if self.judge is None or not leading.judges_holder(record, me=self.me, owner_uid=self.owner_uid):
+            return None
+        assert record is not None
+        key = (record.holder, record.holder_uid)
+        if key not in self._judged:
+            self._judged[key] = await self.judge(record)
+        return self._judged[key]
 
     async def guard(self) -> bool:
         """A guard's look (core/leading.py): True when it took the Lease over, and this init leads from now on.
@@ -106,12 +122,18 @@ class InitLease:
             return False
         now = self.clock()
         record = read_record(lease) if lease is not None else None
+        holder = None
         if record is not None:
             self.observed.see(record, now)
-            if not leading.takes_over(self.observed, me=self.me, owner_uid=self.owner_uid, now=now):
+            try:
+                holder = await self._holder(record)
+            except ApiError as err:
+                log.info("lease %s: cannot read its holder now (%s)", self.name, err)
+            if not leading.takes_over(self.observed, me=self.me, owner_uid=self.owner_uid, now=now,
+                                      holder_live=holder is None):
                 return False
-        why = _taken(record, self) if record is None or leading.claim(
-            record, me=self.me, owner_uid=self.owner_uid) is leading.Claim.TAKE else \
+        why = _taken(record, self, holder) if record is None or leading.claim(
+            record, me=self.me, owner_uid=self.owner_uid, holder_live=holder is None) is leading.Claim.TAKE else \
             f"taken over from pod {record.holder}: not renewed for {now - self.observed.changed_at:.1f} s"
         try:
             await self._write(record)
@@ -124,7 +146,7 @@ class InitLease:
     async def _write(self, previous: Record | None) -> None:
         """Create the Lease (``previous`` None) or write over the record read, as its holder from now on."""
         body = lease_body(self.name, self.me, now_wall=now_wall(), previous=previous, owner=self.owner,
-                          duration=self.timing.duration)
+                          duration=self.timing.duration, holder_uid=self.uid)
         written = await (self.api.create(lease_path(self.namespace), body) if previous is None else
                          self.api.replace(self.path, body))
         record = read_record(written)
@@ -149,7 +171,7 @@ class InitLease:
             if previous is None:
                 return
             body = lease_body(self.name, self.me, now_wall=now_wall(), previous=previous, owner=self.owner,
-                              duration=self.timing.duration)
+                              duration=self.timing.duration, holder_uid=self.uid)
             try:
                 written = self.blocking.replace(self.path, body)
             except ApiConflict:
@@ -212,10 +234,12 @@ class InitLease:
                  self.name, holder)
 
 
-def _taken(record: Record | None, lease: InitLease) -> str:
-    """How this init came to hold the Lease, for its log line."""
+def _taken(record: Record | None, lease: InitLease, why: str | None = None) -> str:
+    """How this init came to hold the Lease, for its log line (``why``: its holder is no live pod of this job)."""
     if record is None:
         return "created"
+    if why is not None:
+        return f"held by pod {record.holder}, no live pod of this job ({why}), taken over"
     if record.holder == lease.me:
         return "held under this pod's name, taken again"
     if not record.holder:

@@ -160,11 +160,12 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
     return True
 
 
-async def existing_copy(api: AsyncApi, namespace: str, name: str) -> dict[str, Any] | None:
+async def existing_copy(api: AsyncApi, namespace: str, name: str, *,
+                        summary_only: bool = False) -> dict[str, Any] | None:
     """One of a publication's objects as it is (the summary first: a few KiB, the snapshot last), for the pod it
     names as its writer; None when none is there."""
     collection = f"/api/v1/namespaces/{namespace}/configmaps"
-    for each in (summary_name(name), journal_name(name), name):
+    for each in (summary_name(name),) if summary_only else (summary_name(name), journal_name(name), name):
         try:
             return await api.get_object(f"{collection}/{each}")
         except ApiNotFound:

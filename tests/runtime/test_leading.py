@@ -171,53 +171,106 @@ def test_a_lease_left_by_an_earlier_incarnation_of_the_job_does_not_stall_it(mem
     assert not any("not renewed for" in r.err for r in ran.values())
 
 
-async def test_after_the_job_is_re_created_the_pod_that_published_before_publishes_again_whoever_leads(
+def restart(memory, pods, *, without_ip: str) -> None:
+    """What a controller that restarts a job does: every pod re-created under its name with a new uid (one not
+    given its IP yet); the publication, owned by the job, stays."""
+    for pod in pods:
+        memory.delete_pod("default", pod["metadata"]["name"])
+        pod["metadata"]["uid"] = pod["metadata"]["uid"][:-4] + "beef"
+        if pod["metadata"]["name"] == without_ip:
+            pod["status"] = {"phase": "Pending"}
+        memory.create_pod(pod)
+
+
+def release(memory) -> None:
+    """The Lease as the publisher's sidecar leaves it on SIGTERM: held by nobody."""
+    released = copy.deepcopy(lease(memory))
+    released["spec"]["holderIdentity"] = ""
+    released["metadata"].pop("resourceVersion")
+    memory._run(memory.sandbox.store.replace, LEASES, "default", "demo-topology", released)
+
+
+async def test_after_the_job_is_re_created_the_first_init_leaves_the_lease_to_the_pod_that_published_before(
         memory, api, logs, inits, sidecars, tmp_path):
-    """The controller restarted the job: every pod re-created under its name with a new uid, the publication
-    (owned by the job) left, written by demo-worker-2, whose init ran first before; the Lease released by its
-    sidecar's SIGTERM. Now demo-master-0's init runs first and takes the free Lease, but only demo-worker-2 may
-    write over its copy (the admission policy binds the writer's name to its token): its init publishes again,
-    the leader hands it the Lease when its own snapshot create finds the copy, and its sidecar rewrites the copy
-    the followers wait for."""
+    """The controller restarted the job; the publication stays, written by demo-worker-2, whose init ran first
+    before. Now demo-master-0's init runs first and takes the free Lease, but only demo-worker-2 may write over
+    its copy (the admission policy binds the writer's name to its token): demo-master-0 finds the copy before it
+    lists any pod, hands demo-worker-2 the Lease and waits with the others; demo-worker-2's init leads, and its
+    sidecar rewrites the copy the followers wait for."""
     tasks = (("master", 1), ("worker", 4))
     pods = create_volcano_job(memory, tasks)
     names = [p["metadata"]["name"] for p in pods]
     for name in ["demo-worker-2", *(n for n in names if n != "demo-worker-2")]:
         await init(api, logs, name, tmp_path / "before" / name, *PUBLISHED)
-    released = copy.deepcopy(lease(memory))
-    released["spec"]["holderIdentity"] = ""
-    released["metadata"].pop("resourceVersion")
-    memory._run(memory.sandbox.store.replace, LEASES, "default", "demo-topology", released)
+    release(memory)
     old = {n: configmap(memory, n) for n in ("demo-topology", "demo-topology-journal", "demo-topology-summary")}
-    for pod in pods:  # same names, new uids; the last worker without its IP yet
-        memory.delete_pod("default", pod["metadata"]["name"])
-        pod["metadata"]["uid"] = pod["metadata"]["uid"][:-4] + "beef"
-        if pod["metadata"]["name"] == "demo-worker-3":
-            pod["status"] = {"phase": "Pending"}
-        memory.create_pod(pod)
-    leader = inits.start("demo-master-0", tmp_path / "demo-master-0", *PUBLISHED, "--timeout", "60")
-    await api.notice.until(lambda: watching(api, "demo-master-0", PODS), what="the first init waiting")
+    restart(memory, pods, without_ip="demo-worker-3")
+    followers = {"demo-master-0": inits.start("demo-master-0", tmp_path / "demo-master-0", *PUBLISHED,
+                                              "--timeout", "60")}
+    await logs.until("init demo-master-0", "handed lease demo-topology to pod demo-worker-2")
     again = inits.start("demo-worker-2", tmp_path / "demo-worker-2", *PUBLISHED, "--timeout", "60")
-    followers = {n: inits.start(n, tmp_path / n, *PUBLISHED, "--timeout", "60") for n in ("demo-worker-0",
-                                                                                          "demo-worker-1")}
-    await logs.until("init demo-worker-2", "this pod publishes the topology again")
-    await api.notice.until(lambda: watching(api, "demo-worker-2", PODS), what="it waits for the gang too")
+    await api.notice.until(lambda: watching(api, "demo-worker-2", PODS), what="it waits for the gang")
+    followers.update({n: inits.start(n, tmp_path / n, *PUBLISHED, "--timeout", "60")
+                      for n in ("demo-worker-0", "demo-worker-1")})
     memory.set_pod_ip("default", "demo-worker-3", examples.loopback_ip(4))
     followers["demo-worker-3"] = inits.start("demo-worker-3", tmp_path / "demo-worker-3", *PUBLISHED,
                                              "--timeout", "60")
-    ran = {"demo-master-0": await inits.finish_async(leader), "demo-worker-2": await inits.finish_async(again)}
-    assert ran["demo-master-0"].code == 0 and ran["demo-worker-2"].code == 0, ran
-    assert "handed lease demo-topology to pod demo-worker-2" in ran["demo-master-0"].err
-    assert lease(memory)["spec"]["holderIdentity"] == "demo-worker-2"
+    ran = {"demo-worker-2": await inits.finish_async(again)}
+    assert ran["demo-worker-2"].code == 0, ran["demo-worker-2"].err
+    assert "lease demo-topology held under this pod's name, taken again" in ran["demo-worker-2"].err
     await start_sidecar(sidecars, tmp_path, "demo-worker-2")
     for name, who in followers.items():
         ran[name] = await inits.finish_async(who)
         assert ran[name].code == 0, ran[name].err
         assert "waiting for the published topology to be written again" in ran[name].err
-        assert "reading the pods instead" not in ran[name].err
+        assert "reading the pods instead" not in ran[name].err and "waiting for the gang" not in ran[name].err
+    assert lease(memory)["spec"]["holderIdentity"] == "demo-worker-2"
     new_uid = pods[3]["metadata"]["uid"]  # demo-worker-2's
     for name, before in old.items():
         written = configmap(memory, name)
         assert (written["data"]["leader"], written["data"]["leaderUid"]) == ("demo-worker-2", new_uid), name
         assert policy_admits(memory, "UPDATE", "demo-worker-2", written, before)
+    await asyncio.to_thread(same_files_as_the_pods_give, api, logs, tmp_path, {n: tmp_path / n for n in names})
+
+
+async def test_a_pod_that_finds_its_earlier_incarnations_copy_publishes_again_while_another_holds_the_lease(
+        memory, api, logs, inits, sidecars, tmp_path):
+    """As above, but the summary was deleted before the restart, so the first init (demo-master-0) finds no copy
+    when it looks and leads. demo-worker-3 (no guard: it looks at the Lease once) reads the whole topology
+    instead of the summary, finds its earlier incarnation's copy, which no other pod may write over, and publishes
+    again itself; demo-master-0 hands it the Lease when its own snapshot create finds the copy."""
+    tasks = (("master", 1), ("worker", 4))
+    pods = create_volcano_job(memory, tasks)
+    names = [p["metadata"]["name"] for p in pods]
+    for name in ["demo-worker-3", *(n for n in names if n != "demo-worker-3")]:
+        await init(api, logs, name, tmp_path / "before" / name, *PUBLISHED)
+    release(memory)
+    memory.delete("/v1/configmaps", "default", "demo-topology-summary")
+    old = {n: configmap(memory, n) for n in ("demo-topology", "demo-topology-journal")}
+    restart(memory, pods, without_ip="demo-worker-1")
+    leader = inits.start("demo-master-0", tmp_path / "demo-master-0", *PUBLISHED, "--timeout", "60")
+    await api.notice.until(lambda: watching(api, "demo-master-0", PODS), what="the first init waiting")
+    again = inits.start("demo-worker-3", tmp_path / "demo-worker-3", *PUBLISHED, "--timeout", "60")
+    await logs.until("init demo-worker-3", "this pod publishes the topology again")
+    await api.notice.until(lambda: watching(api, "demo-worker-3", PODS), what="it waits for the gang too")
+    followers = {n: inits.start(n, tmp_path / n, *PUBLISHED, "--timeout", "60") for n in ("demo-worker-0",
+                                                                                          "demo-worker-2")}
+    memory.set_pod_ip("default", "demo-worker-1", examples.loopback_ip(2))
+    followers["demo-worker-1"] = inits.start("demo-worker-1", tmp_path / "demo-worker-1", *PUBLISHED,
+                                             "--timeout", "60")
+    ran = {"demo-master-0": await inits.finish_async(leader), "demo-worker-3": await inits.finish_async(again)}
+    assert ran["demo-master-0"].code == 0 and ran["demo-worker-3"].code == 0, ran
+    assert "handed lease demo-topology to pod demo-worker-3" in ran["demo-master-0"].err
+    assert lease(memory)["spec"]["holderIdentity"] == "demo-worker-3"
+    await start_sidecar(sidecars, tmp_path, "demo-worker-3")
+    for name, who in followers.items():
+        ran[name] = await inits.finish_async(who)
+        assert ran[name].code == 0, ran[name].err
+        assert "waiting for the published topology to be written again" in ran[name].err
+        assert "reading the pods instead" not in ran[name].err
+    new_uid = pods[4]["metadata"]["uid"]  # demo-worker-3's
+    for name, before in old.items():
+        written = configmap(memory, name)
+        assert (written["data"]["leader"], written["data"]["leaderUid"]) == ("demo-worker-3", new_uid), name
+        assert policy_admits(memory, "UPDATE", "demo-worker-3", written, before)
     await asyncio.to_thread(same_files_as_the_pods_give, api, logs, tmp_path, {n: tmp_path / n for n in names})
