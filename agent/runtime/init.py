@@ -169,6 +169,19 @@ class Held:
     published: PublishedState | None = None
 
 
+@dataclass
+class Part:
+    """An init's part in a large job's publication, as it is decided: its own pod, where its pods come from, who
+    may have written what it reads, the Lease as it sees it, whether it leads (core/leading.py says who)."""
+
+    pod: RawPod | None = None  # as read at start
+    source: Source | None = None  # once decided
+    check: WriterCheck | None = None  # one for init's life (``Init.writer_check``)
+    lease: InitLease | None = None  # a training pod's, once it looked
+    leading: bool = False  # this init lists the pods and publishes them
+    followed: bool = False  # this init waited for a publication (and said why its view is what it is)
+
+
 class _Gang:
     """The gang wait's watcher of the pods: a ``GangTracker`` (complete yet?) and the ``Planner`` that lays the
     job out as the pods arrive, so the plan is one change away when the gang is complete."""
@@ -261,12 +274,7 @@ class Init:
         self.roster: Roster | None = None  # who may be a member, once the owner is read
         self.held = Held(memo=self.memo)
         self.reads = Handoff()  # what the sidecar would read again at start (runtime/handoff.py)
-        self.pod: RawPod | None = None  # its own pod, as read at start
-        self.source: Source | None = None  # where its pods come from, once decided
-        self.check: WriterCheck | None = None  # who may have written what it reads (``writer_check``)
-        self.lease: InitLease | None = None  # a large job's publisher Lease, as this training pod's init sees it
-        self.leading = False  # this init lists the pods and publishes them (core/leading.py says who)
-        self.followed = False  # this init waited for a publication (and said why its view is what it is)
+        self.part = Part()  # its part in a large job's publication
         # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
         # in time to list again before its deadline.
         self.reflecting = ReflectorSettings.with_idle(settings.watch_idle or min(IDLE, max(3.0, settings.timeout / 3)))
@@ -374,17 +382,17 @@ class Init:
                         "manifests/rbac)", source.configmap, err,
                         "this pod, rank 0, publishes" if source.rank_zero else "the pod of rank 0 publishes")
             return source.rank_zero
-        self.lease = lease
+        self.part.lease = lease
         return leads and await self.lead_now(me, source)
 
     async def lead_now(self, me: RawPod, source: Source) -> bool:
         """This init holds the Lease (it took it first, or a guard took it over): it leads, renewing the Lease,
         unless a copy a pod of this job wrote is there, whose writer must publish again (``give_way``: this init
         then waits for it as a follower does)."""
-        assert self.lease is not None
+        assert self.part.lease is not None
         if await self.give_way(me, source, first=True):
             return False
-        self.lease.keep()
+        self.part.lease.keep()
         return True
 
     async def give_way(self, me: RawPod, source: Source, *, first: bool = False) -> bool:
@@ -393,7 +401,7 @@ class Init:
         before this leader lists the pods, the summary alone is looked for (one GET, a 404 at a job's first
         start); after its snapshot create found one, any of the three. A copy this pod wrote is its own to
         continue; one no member wrote is left to the readers, who refuse it."""
-        lease = self.lease
+        lease = self.part.lease
         if lease is None or not lease.holding:
             return False
         try:
@@ -468,7 +476,7 @@ class Init:
         s = self.settings
         uid = me.get("metadata", {}).get("uid") or ""
         publisher = first_publisher(s.namespace, s.options, job=source.me.job, leader=s.pod_name,
-                                    leader_uid=uid) if self.leading else None
+                                    leader_uid=uid) if self.part.leading else None
         view, gang = await self.gang(me, source, expected, publisher)
         self.held.pods, self.held.planner, self.held.publisher = view, gang.planner, publisher
         assert gang.tracker is not None
@@ -496,7 +504,7 @@ class Init:
                 pods_rv="" if gang.refused else gang.rv):
             await self.give_way(me, source)
         own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=source.kind == "published")
-        if why and not (self.followed and why == why_full_view(s.options)):  # a follower said that one already
+        if why and not (self.part.followed and why == why_full_view(s.options)):  # a follower said that one already
             log.log(*full_view_line(s.options.view, why, HOLDING))
         return render_plan(own or plan, s.options, files_dir=str(s.out_dir.absolute()))
 
@@ -506,17 +514,17 @@ class Init:
         """Who may have written what this pod reads (core/provenance.py): one check for init's life, so a writer
         read once (the Lease's holder, say) is not read again."""
         s = self.settings
-        if self.check is None:
-            self.check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
+        if self.part.check is None:
+            self.part.check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
                                      me=Writer(s.pod_name, me.get("metadata", {}).get("uid") or ""))
-        return self.check
+        return self.part.check
 
     async def from_publication(self, me: RawPod, source: Source) -> Rendered | None:
         """A follower of a large job: its plan from the summary (its own view) or its pods from the snapshot;
         None when the publication cannot be used (said in one line: the caller reads the pods instead), or when
         this pod leads from now on (``leading``: a guard took the Lease over, or the copy is this pod's own)."""
         s = self.settings
-        self.followed = True
+        self.part.followed = True
         check = self.writer_check(me, source)
         self.reads.writers = check.accepted  # the writers vouched for: the sidecar need not read them again
         why_full = why_full_view(s.options)
@@ -527,7 +535,7 @@ class Init:
             plan = await self.summary(me, source, check)
             if plan is not None:
                 return render_plan(plan, s.options, files_dir=files_dir)
-        if self.leading:
+        if self.part.leading:
             return None
         published = await self.publication(source, check)
         if published is None:
@@ -549,9 +557,9 @@ class Init:
         self.stand(self._publication_wait(name))
         ops = self._vouched_ops(gate, label=f"{SELECT_LABEL}={select_value(name)}")
         reflector = await self.reflect(f"configmap {name}", ops, view,
-                                       lambda: self.leading or gate.refused is not None or view.has(s.pod_name))
+                                       lambda: self.part.leading or gate.refused is not None or view.has(s.pod_name))
         self.stand(None)
-        if self.leading:
+        if self.part.leading:
             return None
         if gate.refused is not None:
             log.warning("the published topology is not used (%s); reading the pods instead", gate.refused)
@@ -582,10 +590,10 @@ class Init:
         reflector = await self.reflect(
             f"configmap {journal}", self._vouched_ops(gate, field=f"metadata.name={journal}",
                                                       summary_of=source.configmap), view,
-            lambda: self.leading or gate.refused is not None or view.unsummarized is not None or
+            lambda: self.part.leading or gate.refused is not None or view.unsummarized is not None or
             view.plan is not None or view.gone is not None)
         self.stand(None)
-        if self.leading:
+        if self.part.leading:
             return None
         if gate.refused is None and view.unsummarized is None and view.plan is None and view.gone is None:
             raise GangTimeout(f"timed out waiting for the job's publisher to publish configmap {journal} placing "
@@ -607,7 +615,7 @@ class Init:
     def _publish_again(self, why: str) -> None:
         """The copy found is this pod's earlier incarnation's: no other pod may write over it (core/leading.py)."""
         log.warning("this pod publishes the topology again: %s", why)
-        self.leading = True
+        self.part.leading = True
 
     def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "",
                      summary_of: str = "") -> AsyncOps:
@@ -627,9 +635,9 @@ class Init:
 
         async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
             if guarding is not None:
-                if await guarding.guard() and self.pod is not None and self.source is not None:
-                    self.leading = await self.lead_now(self.pod, self.source)
-                if self.leading:
+                if await guarding.guard() and self.part.pod is not None and self.part.source is not None:
+                    self.part.leading = await self.lead_now(self.part.pod, self.part.source)
+                if self.part.leading:
                     return
                 timeout = min(timeout, guarding.timing.renew_every)
             events = self.api.watch_objects(collection, rv, timeout=timeout, label_selector=label,
@@ -638,7 +646,7 @@ class Init:
                 async for event in events:
                     if event.type not in ("ADDED", "MODIFIED") or await gate.admits([event.object]):
                         yield event
-                    elif gate.refused is not None or self.leading:
+                    elif gate.refused is not None or self.part.leading:
                         return
             finally:
                 await aclose(events)
@@ -647,7 +655,8 @@ class Init:
 
     def guarding(self) -> InitLease | None:
         """The Lease this init guards while it waits (core/leading.is_guard), if it does."""
-        return self.lease if self.lease is not None and self.source is not None and self.source.guard else None
+        part = self.part
+        return part.lease if part.lease is not None and part.source is not None and part.source.guard else None
 
     # --- the whole -------------------------------------------------------------------------------------------
 
@@ -670,17 +679,19 @@ class Init:
 
     def _publisher(self) -> str:
         """Who this pod waits for, in its log line and Event."""
-        lease, name = self.lease, self.source.configmap if self.source is not None else "?"
-        if lease is None and self.source is not None and self.source.training:
+        lease, source = self.part.lease, self.part.source
+        name = source.configmap if source is not None else "?"
+        if lease is None and source is not None and source.training:
             return "the job's publisher (the pod of rank 0: the Lease cannot be read)"
         if lease is None or not lease.holder:
             return f"the job's publisher (the holder of lease {name})"
         return f"the job's publisher, pod {lease.holder} (the holder of lease {name})"
 
     def _look_at(self) -> str:
-        if self.lease is None and self.source is not None and self.source.training:
+        source = self.part.source
+        if self.part.lease is None and source is not None and source.training:
             return "is the pod of rank 0 running its init container?"
-        name = self.source.configmap if self.source is not None else "?"
+        name = source.configmap if source is not None else "?"
         return f"is the pod that holds lease {name} running its init container? kubectl get lease {name} -n " \
                f"{self.settings.namespace}"
 
@@ -698,26 +709,27 @@ class Init:
             self.tell(Occurrence(reason, f"gave up: {err}"))
             raise
         finally:
-            if self.lease is not None:
-                self.lease.stop()  # the sidecar renews it from now on
+            if self.part.lease is not None:
+                self.part.lease.stop()  # the sidecar renews it from now on
             if self.recorder is not None:
                 self.recorder.close()
 
     async def run(self) -> Held:
-        self.pod = me = await self.own_pod()
+        self.part.pod = me = await self.own_pod()
         self.start_events(me)
         expected = await self.expectation(me)
         s = self.settings  # the job's objects may have filled options the user left open (MPI roles, slots)
-        self.source = source = decide(me, s, expected, self.objects)
+        self.part.source = source = decide(me, s, expected, self.objects)
         if self.recorder is not None:
             self.recorder.recording.correlator.job = source.me.job
-        self.leading = await self.elect(me, source)
+        self.part.leading = await self.elect(me, source)
         log.info("pod %s: %s, selector %s, expecting %d training pods (%s); topology from %s", s.pod_name,
                  source.controller.title, source.selector, expected.total, expected.source,
-                 "the pods" if source.kind == "pods" else
-                 ("the pods, published for the others (leader)" if self.leading else f"configmap {source.configmap}"))
-        rendered = await self.from_publication(me, source) if source.kind == "published" and not self.leading \
-            else None
+                 "the pods" if source.kind == "pods" else "the pods, published for the others (leader)"
+                 if self.part.leading else f"configmap {source.configmap}")
+        rendered = None
+        if source.kind == "published" and not self.part.leading:
+            rendered = await self.from_publication(me, source)
         if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
             rendered = await self.from_pods(me, source, expected)
         self.held.rendered = rendered

@@ -45,24 +45,24 @@ class LeaseCalls(Protocol):
 
 
 class InitLease:
-    """The Lease as one init sees it: what it observed, and while it holds the Lease, what it wrote last."""
+    """The Lease as one init sees it: what it observed, and while it holds the Lease, its renewals (``Keeper``)."""
 
     def __init__(self, api: AsyncApi, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
                  timing: Timing, clock: Callable[[], float], blocking: LeaseCalls | None = None, uid: str = "",
                  judge: Judge | None = None) -> None:
-        self.api, self.namespace, self.name, self.me, self.owner = api, namespace, name, me, owner
-        self.timing, self.clock, self.blocking, self.uid, self.judge = timing, clock, blocking, uid, judge
+        self.api, self.namespace, self.name, self.me, self.uid, self.owner = api, namespace, name, me, uid, owner
+        self.timing, self.clock, self.judge = timing, clock, judge
         self._judged: dict[tuple[str, str], str | None] = {}  # each holder (name, uid) is read once
-        self.owner_uid = str((owner or {}).get("uid") or "")
         self.observed = Observation()
-        self._lock = threading.Lock()  # ``_record``, shared with the renewing thread
-        self._record: Record | None = None  # what this init wrote last, while it holds the Lease
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.keeper = Keeper(self, blocking)
 
     @property
     def path(self) -> str:
         return lease_path(self.namespace, self.name)
+
+    @property
+    def owner_uid(self) -> str:
+        return str((self.owner or {}).get("uid") or "")
 
     @property
     def holder(self) -> str:
@@ -71,8 +71,12 @@ class InitLease:
 
     @property
     def holding(self) -> bool:
-        with self._lock:
-            return self._record is not None
+        return self.keeper.record is not None
+
+    def body(self, holder: str, previous: Record | None) -> dict[str, Any]:
+        """The Lease written over ``previous`` (created when None), held by ``holder``."""
+        return lease_body(self.name, holder, now_wall=now_wall(), previous=previous, owner=self.owner,
+                          duration=self.timing.duration, holder_uid=self.uid if holder == self.me else "")
 
     async def claim(self, retried: Retried) -> bool:
         """Whether this init leads: True once it created the Lease or wrote over it, False when another pod of
@@ -145,43 +149,88 @@ class InitLease:
 
     async def _write(self, previous: Record | None) -> None:
         """Create the Lease (``previous`` None) or write over the record read, as its holder from now on."""
-        body = lease_body(self.name, self.me, now_wall=now_wall(), previous=previous, owner=self.owner,
-                          duration=self.timing.duration, holder_uid=self.uid)
+        body = self.body(self.me, previous)
         written = await (self.api.create(lease_path(self.namespace), body) if previous is None else
                          self.api.replace(self.path, body))
         record = read_record(written)
         self.observed.see(record, self.clock())
+        self.keeper.record = record
+
+    def keep(self) -> None:
+        """Renew the Lease from a thread of its own until ``stop``."""
+        self.keeper.start()
+
+    def stop(self) -> None:
+        self.keeper.stop()
+
+    async def hand_to(self, holder: str) -> None:
+        """Give the Lease to ``holder``, the pod that wrote the copy found: only it may write over its copy, and
+        its init or sidecar renews the Lease as its own (election.py)."""
+        self.keeper.stop()
+        previous, self.keeper.record = self.keeper.record, None
+        if previous is None:
+            return
+        try:
+            await self.api.replace(self.path, self.body(holder, previous))
+        except ApiError as err:
+            log.info("lease %s: not handed to %s (%s); it is free once this init stops renewing it", self.name,
+                     holder, err)
+            return
+        log.info("handed lease %s to pod %s, which wrote the published topology found: only it writes over it",
+                 self.name, holder)
+
+
+class Keeper:
+    """While an init holds the Lease, a thread renews it every ``Timing.renew_every`` with init's blocking client;
+    ``record`` is what it wrote last (None: not held), shared with init's thread under a lock."""
+
+    def __init__(self, lease: InitLease, blocking: LeaseCalls | None) -> None:
+        self.lease, self.blocking = lease, blocking
+        self._lock = threading.Lock()
+        self._record: Record | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def record(self) -> Record | None:
+        with self._lock:
+            return self._record
+
+    @record.setter
+    def record(self, record: Record | None) -> None:
         with self._lock:
             self._record = record
 
-    def keep(self) -> None:
-        """Renew the Lease from a thread of its own until ``stop`` (init's client is blocking)."""
-        if self.blocking is None or not self.holding or self._thread is not None:
+    def start(self) -> None:
+        if self.blocking is None or self.record is None or self._thread is not None:
             return
         context = contextvars.copy_context()  # its log lines are the pod's, as init's are
         self._thread = threading.Thread(target=lambda: context.run(self._renew), name="lease", daemon=True)
         self._thread.start()
 
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT)
+            self._thread = None
+
     def _renew(self) -> None:
         assert self.blocking is not None
-        failing = False  # a failure is said once, until a renewal works again
-        while not self._stop.wait(self.timing.renew_every):
-            with self._lock:
-                previous = self._record
+        lease, failing = self.lease, False  # a failure is said once, until a renewal works again
+        while not self._stop.wait(lease.timing.renew_every):
+            previous = self.record
             if previous is None:
                 return
-            body = lease_body(self.name, self.me, now_wall=now_wall(), previous=previous, owner=self.owner,
-                              duration=self.timing.duration, holder_uid=self.uid)
             try:
-                written = self.blocking.replace(self.path, body)
+                written = self.blocking.replace(lease.path, lease.body(lease.me, previous))
             except ApiConflict:
                 if self._lost():
                     return
                 continue
             except ApiError as err:
                 if not failing:
-                    log.info("lease %s: not renewed (%s); trying again every %.1f s", self.name, err,
-                             self.timing.renew_every)
+                    log.info("lease %s: not renewed (%s); trying again every %.1f s", lease.name, err,
+                             lease.timing.renew_every)
                 failing = True
                 continue
             failing = False
@@ -192,46 +241,22 @@ class InitLease:
     def _lost(self) -> bool:
         """After a 409 to a renewal: whether another pod holds the Lease now (a guard that found it unrenewed)."""
         assert self.blocking is not None
+        lease = self.lease
         try:
-            record = read_record(self.blocking.get_object(self.path))
+            record: Record | None = read_record(self.blocking.get_object(lease.path))
         except ApiNotFound:
             record = None
         except ApiError:
             return False
         with self._lock:
-            if record is not None and record.holder == self.me:
+            if record is not None and record.holder == lease.me:
                 self._record = record
                 return False
             self._record = None
         log.warning("lease %s is held by %s now, not by this pod (it was not renewed in time); this init still "
                     "publishes if the snapshot is not there yet (its create decides), and gives way otherwise",
-                    self.name, record.holder if record is not None else "nobody")
+                    lease.name, record.holder if record is not None else "nobody")
         return True
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(STOP_WAIT)
-            self._thread = None
-
-    async def hand_to(self, holder: str) -> None:
-        """Give the Lease to ``holder``, the pod that wrote the copy found: only it may write over its copy, and
-        its sidecar renews the Lease as its own (election.py)."""
-        self.stop()
-        with self._lock:
-            previous, self._record = self._record, None
-        if previous is None:
-            return
-        body = lease_body(self.name, holder, now_wall=now_wall(), previous=previous, owner=self.owner,
-                          duration=self.timing.duration)
-        try:
-            await self.api.replace(self.path, body)
-        except ApiError as err:
-            log.info("lease %s: not handed to %s (%s); it is free once this init stops renewing it", self.name,
-                     holder, err)
-            return
-        log.info("handed lease %s to pod %s, which wrote the published topology found: only it writes over it",
-                 self.name, holder)
 
 
 def _taken(record: Record | None, lease: InitLease, why: str | None = None) -> str:

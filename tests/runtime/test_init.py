@@ -167,6 +167,7 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
     for source in ("pods", "published"):
         memory.reset_stats()
         api.requests.clear()
+        memory.opened.clear()  # the watches of the round before
         memory.delete_pod("default", "demo-worker-4")
         # every other init at once, rank 0's last: the first training pod's init to run leads (the Lease's create
         # decides between those that race), the others wait for its publication; the last pod comes once each
