@@ -204,6 +204,7 @@ class Keeper:
     def start(self) -> None:
         if self.blocking is None or self.record is None or self._thread is not None:
             return
+        self._stop = threading.Event()  # a guard that handed the Lease on may hold it again later
         context = contextvars.copy_context()  # its log lines are the pod's, as init's are
         self._thread = threading.Thread(target=lambda: context.run(self._renew), name="lease", daemon=True)
         self._thread.start()

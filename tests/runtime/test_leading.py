@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from agent import examples
-from agent.core.lease import lease_body
+from agent.core.lease import Timing, lease_body, read_record
+from agent.runtime.leading import InitLease
 from agent.runtime.publishing import now_wall
 from tests.fakeapi import agent_name, init_pod
 from tests.jobs import add_worker, configmap, create_volcano_job, policy_admits, world
@@ -274,3 +275,28 @@ async def test_a_pod_that_finds_its_earlier_incarnations_copy_publishes_again_wh
         assert (written["data"]["leader"], written["data"]["leaderUid"]) == ("demo-worker-3", new_uid), name
         assert policy_admits(memory, "UPDATE", "demo-worker-3", written, before)
     await asyncio.to_thread(same_files_as_the_pods_give, api, logs, tmp_path, {n: tmp_path / n for n in names})
+
+
+def test_the_keeper_renews_the_lease_again_when_this_init_holds_it_again():
+    """An init that handed the Lease on (a copy's writer must publish) and later holds it again (a guard that
+    took it over) renews it again."""
+    class Calls:
+        def __init__(self) -> None:
+            self.renewed = threading.Semaphore(0)
+
+        def replace(self, path, body):
+            self.renewed.release()
+            return {**body, "metadata": {**body["metadata"], "resourceVersion": "8"}}
+
+        def get_object(self, path, *, metadata_only=False):
+            raise AssertionError("no conflict here")
+
+    calls = Calls()
+    held = InitLease(None, "default", "demo-topology", "demo-worker-0", owner=None, timing=Timing(2),
+                     clock=lambda: 0.0, blocking=calls)
+    for _ in range(2):
+        held.keeper.record = read_record(lease_body("demo-topology", "demo-worker-0", now_wall=now_wall(),
+                                                    previous=None, owner=None))
+        held.keep()
+        assert calls.renewed.acquire(timeout=10), "not renewed"
+        held.stop()
