@@ -6,14 +6,18 @@ managedFields), bound to its own node and Pending without an IP. Then:
 
 1. Start-up with every pod late: the pods get their IPs one by one over --spread seconds in a random order (the
    kubelet's first status write: IP, init container running). An init container starts when its own pod has its
-   IP, so each real init process starts then. Which inits differ: the leader's (node rank 0: it lists the pods,
-   waits for the whole gang and publishes), and the followers' (every other pod: it reads the publication, the
-   summary or the whole snapshot, whichever its view decides; the standbys are followers in init). A follower's
-   work does not depend on which pod it is, only on when it starts: before the publication (it waits on a watch)
-   or after it (it lists it). So the real processes are the leader, both standbys, the pod that gets the first IP
-   (it waits longest), the pod that gets the last IP (it starts last: "the last init done after the last IP" is
-   its), and --full-pod (a pod given --view full: what a launcher holds); every other pod's init is one of
-   these. Each real init's CPU, peak RSS (VmHWM, its own log line at exit), requests and bytes both ways.
+   IP, so each real init process starts then. Which inits differ: the leader's (the first training pod's init to
+   run takes the publisher Lease: it lists the pods, waits for the whole gang and publishes), and the followers'
+   (every other pod: it reads the publication, the summary or the whole snapshot, whichever its view decides; the
+   standbys are followers in init, and rank 0's and the first workers' inits guard the Lease while they wait). A
+   follower's work does not depend on which pod it is, only on when it starts: before the publication (it waits
+   on a watch) or after it (it lists it). So the real processes are the pods that get the first three IPs (the
+   first leads, as the first init of the whole job does; the next one that is no standby is "the first-IP
+   follower": it waits longest), the pods of node ranks 0-2 (the standbys are the first two of them that do not
+   publish), the pod that gets the last IP (it starts last: "the last init done after the last IP" is its), and
+   --full-pod (a pod given --view full: what a launcher holds); every other pod's init is one of these. Which pod
+   led and which stand by is read from the publication (the journal's data.leader and data.standby). Each real
+   init's CPU, peak RSS (VmHWM, its own log line at exit), requests and bytes both ways.
 2. The job starts: the sidecars of the leader, both standbys, the first-IP follower and the full-view pod run;
    then the kubelet writes every pod's status twice more (init done and phase Running over --kubelet-spread
    seconds, then Ready over 5x as long), as it does for real pods; the publication settles. Start-up bytes per
@@ -26,7 +30,8 @@ managedFields), bound to its own node and Pending without an IP. Then:
    changes for a pod that holds its own view), credited to the first generation whose published sequence
    contains it (followers) or whose resourceVersion is past it (pods-watchers). CPU and bytes per change.
 4. Takeover: the leader's sidecar is killed (--takeover crash: SIGKILL, nothing released; sigterm: it releases
-   the Lease) and its pod deleted; the time until the follower's torch.env names a new MASTER_ADDR. Then every
+   the Lease) and its pod deleted; the time until the follower's torch.env says a world one pod smaller (a
+   standby took over and published the pod gone). Then every
    sidecar's peak RSS (VmHWM, the kernel's exact high-water mark, read before the process ends; the killed
    leader's just before the kill), both standbys having run through it.
 
@@ -97,14 +102,12 @@ class Job:
     names: list[str] = field(default_factory=list)
     ips: dict[str, str] = field(default_factory=dict)
     owner_uid: str = ""
+    leader: str = ""  # the publisher, as the journal names it once the job has started (data.leader)
+    standbys: tuple[str, ...] = ()  # the journal's data.standby
 
     @property
-    def leader(self) -> str:
-        return "demo-master-0"
-
-    @property
-    def standbys(self) -> tuple[str, str]:
-        return "demo-worker-0", "demo-worker-1"  # node ranks 1 and 2
+    def first_ranks(self) -> tuple[str, str, str]:
+        return "demo-master-0", "demo-worker-0", "demo-worker-1"  # node ranks 0-2: the standbys are among them
 
     @property
     def full_pod(self) -> str:
@@ -149,7 +152,7 @@ def kubelet_write(sandbox: SandboxThread, name: str, write: Any, *args: Any) -> 
 def start_up(sandbox: SandboxThread, tmp: Path, job: Job, spread: float, seed: int) -> dict[str, Any]:
     order = list(job.names)
     random.Random(seed).shuffle(order)
-    measured = {job.leader, *job.standbys, order[0], order[-1], job.full_pod}
+    measured = {*order[:3], *job.first_ranks, order[-1], job.full_pod}
     procs: dict[str, tuple[subprocess.Popen[bytes], Any]] = {}
     first = time.perf_counter()
     for k, name in enumerate(order):
@@ -183,7 +186,12 @@ def start_up(sandbox: SandboxThread, tmp: Path, job: Job, spread: float, seed: i
                                  "after_last_ip": done - last_ip,
                                  **traffic(sandbox, AGENT.format(kind="init", pod=name))}
     result["critical_path"] = max(i["after_last_ip"] for i in result["inits"].values()) + last_ip - first
+    published = journal(sandbox)["data"]
+    job.leader, job.standbys = published["leader"], tuple(published["standby"].split(","))
     result["leader_ip_at"] = order.index(job.leader) / max(1, job.n - 1)  # its place in the IP order (0..1)
+    # the follower that waits longest: the measured pod that got the first IP and neither publishes nor stands by
+    result["first_ip"] = next(n for n in order if n in measured and n not in (job.leader, *job.standbys,
+                                                                               job.full_pod))
     return result
 
 
@@ -340,12 +348,9 @@ def credit(emitted: list[Change], seen: dict[int, set[tuple[str, str]]], gens: l
 
 def steady(sandbox: SandboxThread, tmp: Path, job: Job, args: argparse.Namespace,
            inits: dict[str, Any]) -> dict[str, Any]:
-    follower = inits["first_ip"] if inits["first_ip"] not in (job.leader, *job.standbys, job.full_pod) \
-        else inits["last_ip"]
+    follower = inits["first_ip"]
     roles = {"leader": job.leader, "standby": job.standbys[0], "standby2": job.standbys[1], "follower": follower,
              "full": job.full_pod}
-    if follower in (job.leader, *job.standbys, job.full_pod):
-        raise SystemExit("the first and the last IP went to measured pods: use another --seed")
     running, start = sidecars_up(sandbox, tmp, job, roles, args.lease_seconds, args.kubelet_spread)
     pod_bytes = start.pop("pod_bytes")
     events = start.pop("events")
@@ -375,16 +380,17 @@ def steady(sandbox: SandboxThread, tmp: Path, job: Job, args: argparse.Namespace
 
 def takeover(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, str],
              running: dict[str, tuple[subprocess.Popen[bytes], Path]], args: argparse.Namespace) -> dict[str, Any]:
-    """The leader goes; the follower's files must name a new rank 0. Every sidecar's peak after it."""
+    """The leader goes; the follower's files must say it is gone (the world one pod smaller: the leader need not be
+    rank 0). Every sidecar's peak after it."""
     env_file = tmp / roles["follower"] / "torch.env"
 
-    def master() -> str:
+    def world() -> str:
         for line in env_file.read_text().splitlines():
-            if line.startswith(("export MASTER_ADDR=", "MASTER_ADDR=")):
+            if line.startswith(("export WORLD_SIZE=", "WORLD_SIZE=")):
                 return line.split("=", 1)[1]
         return ""
 
-    before = master()
+    before = world()
     rss = {"leader": hwm_mb(running["leader"][0].pid)}
     leader = running.pop("leader")[0]
     killed = time.monotonic()
@@ -394,7 +400,7 @@ def takeover(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, str],
         leader.terminate()
     leader.wait(30)
     sandbox.delete_pod("default", roles["leader"])
-    wait_until(lambda: master() not in ("", before), args.lease_seconds + 60, "the follower to see a new rank 0")
+    wait_until(lambda: world() not in ("", before), args.lease_seconds + 60, "the follower to see the leader gone")
     took = time.monotonic() - killed
     wait_until(lambda: any("started publishing" in running[s][1].read_text() for s in ("standby", "standby2")), 60,
                "a standby to publish")
@@ -499,8 +505,8 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
               f"peak RSS {med([r['rss'][role] for r in runs], '.0f')} MB")
     print(f"- changes never published: {[r['unpublished'] for r in runs]}; journal sequences the benchmark missed: "
           f"{[r['missing_seqs'] for r in runs]}")
-    print(f"\nTakeover ({args.takeover}, lease {args.lease_seconds} s): leader gone -> follower's files name a new "
-          f"rank 0: {med([r['takeover'] for r in runs])} s")
+    print(f"\nTakeover ({args.takeover}, lease {args.lease_seconds} s): leader gone -> follower's files say it is "
+          f"gone: {med([r['takeover'] for r in runs])} s")
 
 
 def main() -> None:

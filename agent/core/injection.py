@@ -43,7 +43,7 @@ HEALTH_PORT = 8090
 COMMON_FLAGS = ("roles", "master-port", "nproc-per-node", "container", "address", "cluster-domain", "elastic",
                 "rdzv-port", "controller", "selector", "index-label", "rank-order", "topology-levels", "ssh-port",
                 "view", "frameworks", "jax-port", "tf-port", "xgboost-port", "paddle-port", "mlx-port", "ray-port")
-INIT_FLAGS = ("timeout", "expect", "wait-dns", "source")
+INIT_FLAGS = ("timeout", "expect", "wait-dns", "source", "lease-seconds")
 SIDECAR_FLAGS = ("debounce", "signal", "trainer-match", "lease-seconds", "probe-every", "stuck-after")
 # Settings that shape the pod rather than pass a flag.
 POD_KEYS = ("image", "out", "service-account", "ssh-secret", "ssh-owner", "sidecar", "inject", "injected")

@@ -81,7 +81,7 @@ class Entry:
                            "shapes": {str(i): s for i, s in self.shapes}}, separators=(",", ":"), sort_keys=True)
 
 
-STANDBYS = 2  # pods that watch the pods too and take over from the leader (node ranks 1 and 2)
+STANDBYS = 2  # pods that watch the pods too and take over from the publisher (leading.standbys names them)
 # Where the publication stands in the pods' history (journal data): the pods' resourceVersion its rows are
 # current to, and what the rows were cut for (``rows_options``). The publisher's own sidecar starts from the
 # rows and watches the pods from there, instead of listing every pod again.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 LEASE_SECONDS = 15  # client-go's defaults for kube-controller-manager: a 15 s lease, a 10 s renew deadline
+HOLDER_UID = "topology-agent.io/holder-uid"  # annotation: the holder pod's uid (its name alone outlives it)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Record:
     acquire_time: str
     renew_time: str
     resource_version: str
+    owner_uid: str = ""  # the uid its ownerReference names: the job's incarnation that made it
+    holder_uid: str = ""  # the holder pod's uid, as its holder wrote it ("": not said)
 
     @property
     def key(self) -> tuple[str, int, int, str, str]:
@@ -75,10 +78,15 @@ def read_record(lease: dict[str, Any]) -> Record:
     def whole(value: Any, default: int) -> int:
         return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else default
 
+    owners = meta.get("ownerReferences")
+    owner = owners[0] if isinstance(owners, list) and owners and isinstance(owners[0], dict) else {}
+    notes = meta.get("annotations")
+    notes = notes if isinstance(notes, dict) else {}
     return Record(holder=text(spec.get("holderIdentity")), duration=whole(spec.get("leaseDurationSeconds"),
                                                                           LEASE_SECONDS),
                   transitions=whole(spec.get("leaseTransitions"), 0), acquire_time=text(spec.get("acquireTime")),
-                  renew_time=text(spec.get("renewTime")), resource_version=text(meta.get("resourceVersion")))
+                  renew_time=text(spec.get("renewTime")), resource_version=text(meta.get("resourceVersion")),
+                  owner_uid=text(owner.get("uid")), holder_uid=text(notes.get(HOLDER_UID)))
 
 
 @dataclass
@@ -97,8 +105,9 @@ class Observation:
 
 
 def lease_body(name: str, holder: str, *, now_wall: str, previous: Record | None,
-               owner: dict[str, Any] | None, duration: int = LEASE_SECONDS) -> dict[str, Any]:
-    """The Lease to create (previous None) or to write over ``previous`` (with its resourceVersion)."""
+               owner: dict[str, Any] | None, duration: int = LEASE_SECONDS, holder_uid: str = "") -> dict[str, Any]:
+    """The Lease to create (previous None) or to write over ``previous`` (with its resourceVersion), held by pod
+    ``holder`` (its uid ``holder_uid``, when known)."""
     if previous is not None and previous.holder == holder:
         acquire, transitions = previous.acquire_time or now_wall, previous.transitions
     else:
@@ -111,6 +120,8 @@ def lease_body(name: str, holder: str, *, now_wall: str, previous: Record | None
     }
     if previous is not None:
         body["metadata"]["resourceVersion"] = previous.resource_version
+    if holder_uid:
+        body["metadata"]["annotations"] = {HOLDER_UID: holder_uid}
     if owner:
         body["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
     return body

@@ -78,11 +78,16 @@ class WriterCheck:
     def judge(self, writer: Writer, pod: RawPod | None, what: str) -> str | None:
         """Why ``what`` (a ConfigMap's name) written by ``writer`` must not be used, or None (then accepted);
         ``pod`` is the writer pod as read now, None when it does not exist."""
+        why = self.vet(writer, pod)
+        return None if why is None else f"configmap {what}: {why}; delete it if no pod of this job wrote it"
+
+    def vet(self, writer: Writer, pod: RawPod | None) -> str | None:
+        """Why pod ``writer`` (as read now: ``pod``) is no live member of this job, or None: then it is accepted,
+        and what it publishes needs no read of it (the publisher Lease's holder is judged so, core/leading.py)."""
         why = self._refusal(writer, pod)
         if why is None:
             self.accepted.add(writer)
-            return None
-        return f"configmap {what}: {why}; delete it if no pod of this job wrote it"
+        return why
 
     def superseded(self, writer: Writer, pod: RawPod | None) -> bool:
         """The writer pod was re-created: a pod of that name is a member of this job now, under another uid.

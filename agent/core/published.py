@@ -6,9 +6,7 @@ container shapes stored once, gzip-compressed, in ConfigMap ``<job>-topology`` (
 it go to a journal, see journal.py). The others run the same core over the same rows, so files and rank rules
 are identical in both modes; the pods-watching sidecars hold their peers in this form too (``Compactor``).
 
-Who publishes first is decided from the pod's own labels and the owner object, never by a race: the pod the rank
-order will put first (``topology.rank_zero``: JobSet's coordinator, else the first index of the first training
-role that has replicas). After that a Lease decides (lease.py).
+Who publishes is decided by a Lease, taken by the first training pod whose init runs (leading.py).
 """
 
 from __future__ import annotations
@@ -24,10 +22,7 @@ from typing import Any
 
 from agent.core import controllers as c
 from agent.core.containers import pick_trainer_container
-from agent.core.controllers import Controller, Objects
-from agent.core.gang import Expectation
-from agent.core.model import Identity, Options, RawPod
-from agent.core.topology import rank_zero
+from agent.core.model import Options, RawPod
 from agent.core.validation import json_values, not_json
 from agent.errors import InputError
 
@@ -450,17 +445,3 @@ def decode_configmap(configmap: dict[str, Any],
     except ValueError:
         raise _refuse("binaryData is not base64") from None
     return decode(packed, rows)
-
-
-def leader_identity(controller: Controller, expected: Expectation, objects: Objects,
-                    training_roles: Sequence[str] | None) -> tuple[str, tuple[int, ...]] | None:
-    """(role, index) of the pod that will be node rank 0, by the rank order's own rule (``topology.rank_zero``)
-    over the owner's replica counts; None if unknown. A role that waits for others to be Ready (JobSet dependsOn)
-    never leads: the others would wait for its publication."""
-    if not expected.per_role:
-        return None
-    return rank_zero(controller, expected.per_role, objects, training_roles)
-
-
-def is_leader(me: Identity, leader: tuple[str, tuple[int, ...]] | None) -> bool:
-    return leader is not None and (me.role, me.index) == leader

@@ -6,7 +6,7 @@ import argparse
 from typing import TypedDict
 
 from agent.flags.common import Knob, add_topology_arguments, choice_knob, env_flag, knob, whole_knob
-from agent.flags.pod import PodStart, add_in_cluster_arguments, pod_start, watch_idle
+from agent.flags.pod import PodStart, add_in_cluster_arguments, add_lease_argument, lease_seconds, pod_start, watch_idle
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", help="where peers come from: pods (every pod lists the job's pods), published "
                                          "(the leader publishes a compact topology), auto (default: published from "
                                          "256 training pods)")
+    add_lease_argument(parser)
     add_topology_arguments(parser)
 
 
@@ -29,6 +30,7 @@ class InitFields(TypedDict):
     wait_dns: bool
     source: str
     watch_idle: float | None
+    lease_seconds: int
 
 
 def check(args: argparse.Namespace) -> InitFields:
@@ -41,6 +43,7 @@ def check(args: argparse.Namespace) -> InitFields:
         source=choice_knob(Knob(source_k.value or "auto", source_k.label), ("auto", "pods", "published")),
         wait_dns=env_flag(args, "wait-dns"),
         watch_idle=watch_idle(args),
+        lease_seconds=lease_seconds(args),
     )
 
 

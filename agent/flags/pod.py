@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypedDict, TypeVar
 
 from agent.core.model import Options
+from agent.errors import InputError
 from agent.flags.common import (
     DEFAULT_OUT,
     at_least_one_second,
@@ -22,6 +23,7 @@ from agent.flags.common import (
     log_format,
     options_from_args,
     out_dir,
+    seconds,
     ssh_settings,
 )
 
@@ -43,6 +45,21 @@ def add_in_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 def watch_idle(args: argparse.Namespace) -> float | None:
     return at_least_one_second(knob(args, "watch-idle"), 60.0, high=3600)
+
+
+def add_lease_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lease-seconds", help="large jobs: duration of the Lease that elects the pod publishing the "
+                                                "topology; a publisher that stopped is replaced after it (default 15)")
+
+
+def lease_seconds(args: argparse.Namespace) -> int:
+    """The publisher Lease's duration: init's leader holds it while it waits for the gang, the sidecar's after."""
+    lease_k = knob(args, "lease-seconds")
+    value = seconds(lease_k.label, lease_k.value, 15.0, high=3600)
+    if value < 2 or value != int(value):
+        raise InputError(f"{lease_k.label} '{lease_k.value}' must be a whole number of seconds from 2 to 3600 "
+                         "(a Lease counts whole seconds)")
+    return int(value)
 
 
 class PodFields(TypedDict):

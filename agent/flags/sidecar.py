@@ -19,7 +19,7 @@ from agent.flags.common import (
     seconds,
     whole_knob,
 )
-from agent.flags.pod import PodStart, add_in_cluster_arguments, pod_start, watch_idle
+from agent.flags.pod import PodStart, add_in_cluster_arguments, add_lease_argument, lease_seconds, pod_start, watch_idle
 
 if TYPE_CHECKING:
     import signal
@@ -41,8 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--health-topology", action="store_true", default=None,
                         help="also serve topology.json at /topology on the health port (default off)")
     parser.add_argument("--stuck-after", help="seconds without watch progress before /healthz fails (default 600)")
-    parser.add_argument("--lease-seconds", help="large jobs: duration of the Lease that elects the pod publishing the "
-                                                "topology; a crashed publisher is replaced after it (default 15)")
+    add_lease_argument(parser)
     parser.add_argument("--probe-every", help="large jobs: seconds between a follower's looks at the publisher's "
                                               "Lease; a publisher that stopped is left for the pods (default 300)")
     add_topology_arguments(parser)
@@ -86,19 +85,15 @@ class SidecarFlags(NamedTuple):
 def check(args: argparse.Namespace) -> SidecarFlags:
     """The sidecar's own flags, checked (inject and the webhook check every command line they write with it)."""
     trainer = _trainer(args)
-    debounce_k, stuck_k, lease_k = knob(args, "debounce"), knob(args, "stuck-after"), knob(args, "lease-seconds")
+    debounce_k, stuck_k = knob(args, "debounce"), knob(args, "stuck-after")
     debounce = seconds(debounce_k.label, debounce_k.value, 1.0, high=3600)
     stuck_after = seconds(stuck_k.label, stuck_k.value, 600.0)
-    lease_seconds = seconds(lease_k.label, lease_k.value, 15.0, high=3600)
-    if lease_seconds < 2 or lease_seconds != int(lease_seconds):
-        raise InputError(f"{lease_k.label} '{lease_k.value}' must be a whole number of seconds from 2 to 3600 "
-                         "(a Lease counts whole seconds)")
     trainer_signal = _signal(args, trainer)
     health = _health(args)
     idle = watch_idle(args)
     probe_every = at_least_one_second(knob(args, "probe-every"), 300.0, high=86_400)
     fields = SidecarFields(debounce=debounce, signal=trainer_signal, stuck_after=stuck_after,
-                           lease_seconds=int(lease_seconds), reflecting=_reflecting(idle), probe_every=probe_every)
+                           lease_seconds=lease_seconds(args), reflecting=_reflecting(idle), probe_every=probe_every)
     return SidecarFlags(settings=fields, trainer=trainer, health=health)
 
 

@@ -35,8 +35,9 @@ log = logging.getLogger("topology_agent.election")
 class Elector:
     def __init__(self, api: AsyncApi, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
                  timing: Timing | None = None, named_leader: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, uid: str = "") -> None:
         self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock
+        self.uid = uid  # this pod's: the Lease says which incarnation of its name holds it (core/leading.py)
         self.timing = timing or Timing()
         # Without RBAC for Leases the pod the journal names as leader publishes anyway (no failover), as before
         # the Lease existed; the standbys then never take over.
@@ -57,7 +58,7 @@ class Elector:
             if not self.named_leader and not self.ready():
                 return False
             body = lease_body(self.name, self.me, now_wall=now_wall(), previous=None, owner=self.owner,
-                              duration=self.timing.duration)
+                              duration=self.timing.duration, holder_uid=self.uid)
             try:
                 written = await self.api.create(lease_path(self.namespace), body)
             except ApiConflict:
@@ -73,7 +74,7 @@ class Elector:
         if not may_take(self.observed, self.me, now):
             return False
         body = lease_body(self.name, self.me, now_wall=now_wall(), previous=record, owner=self.owner,
-                          duration=self.timing.duration)
+                          duration=self.timing.duration, holder_uid=self.uid)
         try:
             written = await self.api.replace(path, body)
         except ApiConflict:  # another standby wrote first

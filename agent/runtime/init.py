@@ -3,9 +3,10 @@
 API cost is fixed whatever the job size: GET own pod, GET the owner object (skipped with ``--expect`` and
 for LeaderWorkerSets), one LIST of the job's pods, then one WATCH from the list's resourceVersion until the
 gang is complete. A watch that the server ends or that breaks resumes from the last resourceVersion seen; a
-410 Gone relists. No polling. From 256 training pods one pod (the leader) lists the pods and publishes them;
-every other pod reads the publication (runtime/publishing.py), or in its own view (the default's for most pods,
-core/view_choice.py) its summary.
+410 Gone relists. No polling. From 256 training pods one pod (the leader: the first training pod whose init runs,
+as the publisher Lease says, core/leading.py) lists the pods and publishes them; every other pod reads the
+publication (runtime/publishing.py), or in its own view (the default's for most pods, core/view_choice.py) its
+summary.
 
 init is written against the async client face (``AsyncApi``) as the sidecar is, over its own blocking client
 (k8s/blocking.py): one ``asyncio.run`` for the whole command. Where its pods come from is decided first, from
@@ -37,16 +38,18 @@ from agent.core.gang import (
     expectation_from_pod,
     roster_of,
 )
-from agent.core.journal import STANDBYS, PublishedState, Publisher
+from agent.core.journal import PublishedState, Publisher
+from agent.core.leading import is_guard, is_rank_zero, must_publish_again, rank_zero_identity, standbys
+from agent.core.lease import Record, Timing
 from agent.core.model import Identity, RawPod
-from agent.core.provenance import Writer, WriterCheck
-from agent.core.published import SELECT_LABEL, configmap_name, is_leader, leader_identity, select_value
+from agent.core.provenance import Writer, WriterCheck, writer_of
+from agent.core.published import SELECT_LABEL, configmap_name, select_value
 from agent.core.summary import own_view
 from agent.core.topology import Planner
 from agent.core.validation import check_pod
 from agent.core.variables import warnings_for
 from agent.core.view_choice import why_full_view
-from agent.errors import AgentError, ApiError, ApiNotFound, GangTimeout, InputError
+from agent.errors import AgentError, ApiError, ApiForbidden, ApiNotFound, GangTimeout, InputError
 from agent.k8s.blocking import Blocking
 from agent.k8s.client import Client
 from agent.k8s.core import PAGE, WatchEvent, pods_path
@@ -57,9 +60,10 @@ from agent.k8s.transport import IDLE
 from agent.runtime.events import Sink, ThreadRecorder
 from agent.runtime.handoff import Handoff, write_handoff
 from agent.runtime.jobs import read_job
+from agent.runtime.leading import InitLease
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
-from agent.runtime.publishing import first_publisher, publish_first, vouch
+from agent.runtime.publishing import existing_copy, first_publisher, publish_first, vouch
 from agent.runtime.views import (
     HOLDING,
     READING,
@@ -101,6 +105,7 @@ class InitSettings:
     wait_dns: bool = False
     source: str = "auto"  # pods | published | auto (published from PUBLISH_THRESHOLD training pods up)
     watch_idle: float | None = None  # seconds without progress before a watch counts as dead (None: derived)
+    lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
 
 
 @dataclass(frozen=True)
@@ -111,12 +116,10 @@ class Source:
     me: Identity
     selector: str
     kind: str  # "pods" | "published"
-    lead: bool  # this pod lists the pods and publishes them for the others
     configmap: str
-
-    @property
-    def follows(self) -> bool:
-        return self.kind == "published" and not self.lead
+    training: bool = False  # a training pod of a job that publishes: it may lead (core/leading.py)
+    rank_zero: bool = False  # the pod of rank 0 by the job's objects: it leads where Leases cannot be read
+    guard: bool = False  # it guards the leading init while it waits (core/leading.is_guard)
 
 
 def choose_source(settings: InitSettings, expected: Expectation) -> str:
@@ -128,24 +131,27 @@ def choose_source(settings: InitSettings, expected: Expectation) -> str:
 
 
 def decide(me: RawPod, settings: InitSettings, expected: Expectation, objects: tuple[Mapping[str, Any], ...]) -> Source:
-    """The plan of init's work (pure): the pods themselves, or the leader's publication."""
+    """The plan of init's work (pure): the pods themselves, or a publication; and, where the job publishes, this
+    pod's part in who leads (core/leading.py: the Lease decides between the training pods)."""
     options = settings.options
     controller = detect_controller(me, options)
     identity = controller.identify(me, options)
     kind = choose_source(settings, expected)
-    leader = None
+    zero = None
     if kind == "published" and identity.role in controller.waits_for(objects):
         # Created once others are Ready (JobSet dependsOn): the leader published before this pod existed.
         log.info("role %s starts once %s are Ready; reading the pods directly", identity.role,
                  ", ".join(sorted(controller.waits_for(objects)[identity.role])))
         kind = "pods"
     if kind == "published":
-        leader = leader_identity(controller, expected, objects, controller.training_roles(options))
-        if leader is None:
-            log.info("cannot tell which pod leads (no per-role counts); reading the pods directly")
+        zero = rank_zero_identity(controller, expected, objects, controller.training_roles(options))
+        if zero is None:
+            log.info("cannot tell which pod is rank 0 (no per-role counts); reading the pods directly")
             kind = "pods"
-    return Source(controller, identity, controller.selector(me, options), kind,
-                  kind == "published" and is_leader(identity, leader), configmap_name(identity.job))
+    training = kind == "published" and identity.role in (expected.per_role or {})
+    return Source(controller, identity, controller.selector(me, options), kind, configmap_name(identity.job),
+                  training=training, rank_zero=training and is_rank_zero(identity, zero),
+                  guard=training and is_guard(identity, zero))
 
 
 @dataclass(repr=False)
@@ -161,6 +167,19 @@ class Held:
     planner: Planner | None = None
     publisher: Publisher | None = None
     published: PublishedState | None = None
+
+
+@dataclass
+class Part:
+    """An init's part in a large job's publication, as it is decided: its own pod, where its pods come from, who
+    may have written what it reads, the Lease as it sees it, whether it leads (core/leading.py says who)."""
+
+    pod: RawPod | None = None  # as read at start
+    source: Source | None = None  # once decided
+    check: WriterCheck | None = None  # one for init's life (``Init.writer_check``)
+    lease: InitLease | None = None  # a training pod's, once it looked
+    leading: bool = False  # this init lists the pods and publishes them
+    followed: bool = False  # this init waited for a publication (and said why its view is what it is)
 
 
 class _Gang:
@@ -255,6 +274,7 @@ class Init:
         self.roster: Roster | None = None  # who may be a member, once the owner is read
         self.held = Held(memo=self.memo)
         self.reads = Handoff()  # what the sidecar would read again at start (runtime/handoff.py)
+        self.part = Part()  # its part in a large job's publication
         # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
         # in time to list again before its deadline.
         self.reflecting = ReflectorSettings.with_idle(settings.watch_idle or min(IDLE, max(3.0, settings.timeout / 3)))
@@ -325,6 +345,80 @@ class Init:
         await reflect(reflector, ops, store, deadline=self.deadline, done=done)
         return reflector
 
+    # --- who leads -----------------------------------------------------------------------------------------------
+
+    async def elect(self, me: RawPod, source: Source) -> bool:
+        """Whether this init leads a large job's publication (core/leading.py): a training pod's init looks at
+        the Lease once (a guard again while it waits); a pod that does not train follows, and looks at nothing."""
+        if not source.training:
+            return False
+        s = self.settings
+        check = self.writer_check(me, source)
+
+        async def judge(record: Record) -> str | None:
+            """The holder pod, read once as metadata: accepted, it is the writer of what this pod reads."""
+            writer = Writer(record.holder, record.holder_uid)
+            path = check.path(writer)
+            if path is None:
+                return f"{record.holder[:80]!r} is not a pod name"
+            try:
+                pod: Any = await self.retried(lambda: self.api.get_object(path, metadata_only=True),
+                                              f"get pod {record.holder}")
+            except ApiNotFound:
+                pod = None
+            except ApiForbidden:
+                return None  # cannot tell: the Lease is followed
+            uid = record.holder_uid or (pod or {}).get("metadata", {}).get("uid") or ""
+            return check.vet(Writer(record.holder, uid), pod)
+
+        lease = InitLease(self.api, s.namespace, source.configmap, s.pod_name, owner=owner_of(me),
+                          timing=Timing(s.lease_seconds), clock=self.clock,
+                          blocking=self.api.client if isinstance(self.api, Blocking) else None,
+                          uid=me.get("metadata", {}).get("uid") or "", judge=judge)
+        try:
+            leads = await lease.claim(self.retried)
+        except ApiForbidden as err:
+            log.warning("cannot read or write lease %s (%s); %s, without leader failover (grant leases: "
+                        "manifests/rbac)", source.configmap, err,
+                        "this pod, rank 0, publishes" if source.rank_zero else "the pod of rank 0 publishes")
+            return source.rank_zero
+        self.part.lease = lease
+        return leads and await self.lead_now(me, source)
+
+    async def lead_now(self, me: RawPod, source: Source) -> bool:
+        """This init holds the Lease (it took it first, or a guard took it over): it leads, renewing the Lease,
+        unless a copy a pod of this job wrote is there, whose writer must publish again (``give_way``: this init
+        then waits for it as a follower does)."""
+        assert self.part.lease is not None
+        if await self.give_way(me, source, first=True):
+            return False
+        self.part.lease.keep()
+        return True
+
+    async def give_way(self, me: RawPod, source: Source, *, first: bool = False) -> bool:
+        """A publication is there already, written by a pod of this job (its earlier incarnation, or a leader that
+        took the Lease meanwhile): only that pod may write over it, so it gets the Lease, and True. ``first``:
+        before this leader lists the pods, the summary alone is looked for (one GET, a 404 at a job's first
+        start); after its snapshot create found one, any of the three. A copy this pod wrote is its own to
+        continue; one no member wrote is left to the readers, who refuse it."""
+        lease = self.part.lease
+        if lease is None or not lease.holding:
+            return False
+        try:
+            copy = await existing_copy(self.api, self.settings.namespace, source.configmap, summary_only=first)
+            writer = writer_of(copy) if copy is not None else None
+            if copy is None or writer is None or writer.name in ("", self.settings.pod_name):
+                return False
+            why, superseded = await vouch(self.api.get_object, self.writer_check(me, source), [copy],
+                                          source.configmap)
+        except ApiError as err:
+            log.info("cannot tell who wrote configmap %s (%s); keeping lease %s", source.configmap, err, lease.name)
+            return False
+        if why is not None and not superseded:
+            return False
+        await lease.hand_to(writer.name)
+        return True
+
     # --- the pods themselves ------------------------------------------------------------------------------------
 
     async def gang(self, me: RawPod, source: Source, expected: Expectation,
@@ -382,7 +476,7 @@ class Init:
         s = self.settings
         uid = me.get("metadata", {}).get("uid") or ""
         publisher = first_publisher(s.namespace, s.options, job=source.me.job, leader=s.pod_name,
-                                    leader_uid=uid) if source.lead else None
+                                    leader_uid=uid) if self.part.leading else None
         view, gang = await self.gang(me, source, expected, publisher)
         self.held.pods, self.held.planner, self.held.publisher = view, gang.planner, publisher
         assert gang.tracker is not None
@@ -397,31 +491,41 @@ class Init:
         plan = gang.planner.plan(view.pods, nodes=nodes)  # the layout the wait carried over, or from scratch
         log.debug("plan: %d changes followed during the wait, %s", gang.planner.followed,
                   "carried over" if gang.planner.incremental else "made from scratch")
-        if publisher is not None:  # publish first (a valid plan): every other pod of the job is waiting for it
-            owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
-            # The leader's own files come from the pods it has just listed, whether or not its snapshot was
-            # created: a `<job>-topology` that exists already is never followed by the pod that leads (issue 23).
-            await publish_first(self.api, s.namespace, source.configmap, list(view.pods.values()), s.options,
-                                job=source.me.job, leader=s.pod_name, leader_uid=uid,
-                                owner=dict(owners[0]) if owners else None,
-                                standby=tuple(m.name for m in plan.topology.training[1:1 + STANDBYS]),
-                                nodes=nodes, plan=plan, publisher=publisher,
-                                # a pod left out here (an index past the replicas) may be a member to the
-                                # sidecar, whose roster lets the job grow: it lists the pods then
-                                pods_rv="" if gang.refused else gang.rv)
+        # The leader publishes first (a valid plan): every other pod of the job is waiting for it. Its own files
+        # come from the pods it has just listed, whether or not its snapshot was created: a `<job>-topology` that
+        # exists already is never followed by the pod that leads (issue 23).
+        if publisher is not None and not await publish_first(
+                self.api, s.namespace, source.configmap, list(view.pods.values()), s.options, job=source.me.job,
+                leader=s.pod_name, leader_uid=uid, owner=owner_of(me),
+                standby=standbys((m.name for m in plan.topology.training), s.pod_name), nodes=nodes, plan=plan,
+                publisher=publisher, retry=self.retried,
+                # a pod left out here (an index past the replicas) may be a member to the sidecar, whose roster
+                # lets the job grow: it lists the pods then
+                pods_rv="" if gang.refused else gang.rv):
+            await self.give_way(me, source)
         own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=source.kind == "published")
-        if why and not (source.follows and why == why_full_view(s.options)):  # a follower said that one already
+        if why and not (self.part.followed and why == why_full_view(s.options)):  # a follower said that one already
             log.log(*full_view_line(s.options.view, why, HOLDING))
         return render_plan(own or plan, s.options, files_dir=str(s.out_dir.absolute()))
 
     # --- the leader's publication -------------------------------------------------------------------------------
 
+    def writer_check(self, me: RawPod, source: Source) -> WriterCheck:
+        """Who may have written what this pod reads (core/provenance.py): one check for init's life, so a writer
+        read once (the Lease's holder, say) is not read again."""
+        s = self.settings
+        if self.part.check is None:
+            self.part.check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
+                                     me=Writer(s.pod_name, me.get("metadata", {}).get("uid") or ""))
+        return self.part.check
+
     async def from_publication(self, me: RawPod, source: Source) -> Rendered | None:
         """A follower of a large job: its plan from the summary (its own view) or its pods from the snapshot;
-        None (said in one line) when the publication cannot be used: the caller reads the pods instead."""
+        None when the publication cannot be used (said in one line: the caller reads the pods instead), or when
+        this pod leads from now on (``leading``: a guard took the Lease over, or the copy is this pod's own)."""
         s = self.settings
-        check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
-                            me=Writer(s.pod_name, me.get("metadata", {}).get("uid") or ""))
+        self.part.followed = True
+        check = self.writer_check(me, source)
         self.reads.writers = check.accepted  # the writers vouched for: the sidecar need not read them again
         why_full = why_full_view(s.options)
         files_dir = str(s.out_dir.absolute())
@@ -431,6 +535,8 @@ class Init:
             plan = await self.summary(me, source, check)
             if plan is not None:
                 return render_plan(plan, s.options, files_dir=files_dir)
+        if self.part.leading:
+            return None
         published = await self.publication(source, check)
         if published is None:
             return None
@@ -443,24 +549,26 @@ class Init:
     async def publication(self, source: Source, check: WriterCheck) -> PublishedState | None:
         """The published state once it includes this pod; ``GangTimeout`` at the deadline. One LIST by label reads
         the snapshot and the journal together; while this pod is not in them yet, a WATCH with the same label
-        brings the leader's writes in order (a snapshot always before the journal that needs it)."""
+        brings the publisher's writes in order (a snapshot always before the journal that needs it)."""
         s, name = self.settings, source.configmap
-        view, gate = PublicationView(name), _Vouched(self.api, check, name)
+        view, gate = PublicationView(name), self._gate(check, name)
         gate.superseded_then = view.clear
-        log.info("waiting for the leader to publish configmap %s", name)
+        log.info("waiting for %s to publish configmap %s", self._publisher(), name)
         self.stand(self._publication_wait(name))
         ops = self._vouched_ops(gate, label=f"{SELECT_LABEL}={select_value(name)}")
         reflector = await self.reflect(f"configmap {name}", ops, view,
-                                       lambda: gate.refused is not None or view.has(s.pod_name))
+                                       lambda: self.part.leading or gate.refused is not None or view.has(s.pod_name))
         self.stand(None)
+        if self.part.leading:
+            return None
         if gate.refused is not None:
             log.warning("the published topology is not used (%s); reading the pods instead", gate.refused)
             self.tell(Occurrence("PublicationRefused", f"the published topology {name} is not used "
                                                        f"({gate.refused}); reading the pods instead"))
             return None
         if not view.has(s.pod_name):
-            raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {name} (with pod "
-                              f"'{s.pod_name}'){_last(reflector)}; is the leader pod running its init container? "
+            raise GangTimeout(f"timed out waiting for the job's publisher to publish configmap {name} (with pod "
+                              f"'{s.pod_name}'){_last(reflector)}; {self._look_at()}; "
                               f"kubectl get configmap {name} -n {s.namespace}")
         assert view.state is not None
         log.info("read the published topology %s: sequence %d, %d pods", name, view.state.seq, len(view.state.pods))
@@ -469,23 +577,27 @@ class Init:
     async def summary(self, me: RawPod, source: Source, check: WriterCheck) -> Any:
         """This pod's own view: its plan from the published summary once it places this pod; None (said in one
         line) when it cannot be used, or its files name every member (``--view auto``), or it is gone while the
-        journal is published (deleted: ``summary_gone``). Only the summary is listed and watched, by name (a few
-        KiB, not the snapshot); when it is not there, the journal's metadata says whether it was deleted."""
+        journal is published (deleted: ``summary_gone``), or this pod leads from now on. Only the summary is
+        listed and watched, by name (a few KiB, not the snapshot); when it is not there, the journal's metadata
+        says whether it was deleted."""
         s = self.settings
         view = SummaryView(source.configmap, me, s.options, ssh=self.ssh is not None)
-        gate = _Vouched(self.api, check, source.configmap)
+        gate = self._gate(check, source.configmap)
         journal = view.name
-        log.info("waiting for the leader to publish its summary in configmap %s (--view %s)", journal, s.options.view)
+        log.info("waiting for %s to publish its summary in configmap %s (--view %s)", self._publisher(), journal,
+                 s.options.view)
         self.stand(self._publication_wait(journal))
         reflector = await self.reflect(
             f"configmap {journal}", self._vouched_ops(gate, field=f"metadata.name={journal}",
                                                       summary_of=source.configmap), view,
-            lambda: gate.refused is not None or view.unsummarized is not None or view.plan is not None
-            or view.gone is not None)
+            lambda: self.part.leading or gate.refused is not None or view.unsummarized is not None or
+            view.plan is not None or view.gone is not None)
         self.stand(None)
+        if self.part.leading:
+            return None
         if gate.refused is None and view.unsummarized is None and view.plan is None and view.gone is None:
-            raise GangTimeout(f"timed out waiting for the job's leader to publish configmap {journal} placing pod "
-                              f"'{s.pod_name}'{_last(reflector)}; is the leader pod running its init container? "
+            raise GangTimeout(f"timed out waiting for the job's publisher to publish configmap {journal} placing "
+                              f"pod '{s.pod_name}'{_last(reflector)}; {self._look_at()}; "
                               f"kubectl get configmap {journal} -n {s.namespace}")
         if gate.refused is not None:
             log.warning("the published summary is not used (%s)", gate.refused)
@@ -497,12 +609,24 @@ class Init:
             self.reads.summary = view.placing  # its sidecar watches it from here, without a LIST of its own
         return view.plan
 
+    def _gate(self, check: WriterCheck, name: str) -> _Vouched:
+        gate = _Vouched(self.api, check, name, me=self.settings.pod_name)
+        gate.publish_again = self._publish_again
+        return gate
+
+    def _publish_again(self, why: str) -> None:
+        """The copy found is this pod's earlier incarnation's: no other pod may write over it (core/leading.py)."""
+        log.warning("this pod publishes the topology again: %s", why)
+        self.part.leading = True
+
     def _vouched_ops(self, gate: _Vouched, *, label: str = "", field: str = "",
                      summary_of: str = "") -> AsyncOps:
         """The published ConfigMaps' list and watch, each object's writer vouched for before a view sees it
         (``summary_of``: a LIST of that publication's summary says whether its journal is there when the summary
-        is not: ``journal_if_summary_gone``)."""
+        is not: ``journal_if_summary_gone``). A guard looks at the Lease before each watch, and its watches end
+        every few seconds so that it does (``guarding``)."""
         collection = f"/api/v1/namespaces/{self.settings.namespace}/configmaps"
+        guarding = self.guarding()
 
         async def listed() -> tuple[list[Any], str]:
             items, rv = await self.api.list_objects(collection, label_selector=label, field_selector=field)
@@ -512,18 +636,29 @@ class Init:
             return admitted, rv
 
         async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
+            if guarding is not None:
+                if await guarding.guard() and self.part.pod is not None and self.part.source is not None:
+                    self.part.leading = await self.lead_now(self.part.pod, self.part.source)
+                if self.part.leading:
+                    return
+                timeout = min(timeout, guarding.timing.renew_every)
             events = self.api.watch_objects(collection, rv, timeout=timeout, label_selector=label,
                                             field_selector=field, idle=idle)
             try:
                 async for event in events:
                     if event.type not in ("ADDED", "MODIFIED") or await gate.admits([event.object]):
                         yield event
-                    elif gate.refused is not None:
+                    elif gate.refused is not None or self.part.leading:
                         return
             finally:
                 await aclose(events)
 
         return self.ops(listed, watched)
+
+    def guarding(self) -> InitLease | None:
+        """The Lease this init guards while it waits (core/leading.is_guard), if it does."""
+        part = self.part
+        return part.lease if part.lease is not None and part.source is not None and part.source.guard else None
 
     # --- the whole -------------------------------------------------------------------------------------------
 
@@ -544,9 +679,27 @@ class Init:
         if self.recorder is not None:
             self.recorder.record(occurrence)
 
+    def _publisher(self) -> str:
+        """Who this pod waits for, in its log line and Event."""
+        lease, source = self.part.lease, self.part.source
+        name = source.configmap if source is not None else "?"
+        if lease is None and source is not None and source.training:
+            return "the job's publisher (the pod of rank 0: the Lease cannot be read)"
+        if lease is None or not lease.holder:
+            return f"the job's publisher (the holder of lease {name})"
+        return f"the job's publisher, pod {lease.holder} (the holder of lease {name})"
+
+    def _look_at(self) -> str:
+        source = self.part.source
+        if self.part.lease is None and source is not None and source.training:
+            return "is the pod of rank 0 running its init container?"
+        name = source.configmap if source is not None else "?"
+        return f"is the pod that holds lease {name} running its init container? kubectl get lease {name} -n " \
+               f"{self.settings.namespace}"
+
     def _publication_wait(self, name: str) -> Callable[[], Occurrence]:
-        occurrence = Occurrence("WaitingForPublication", f"waiting for the job's leader (the pod of rank 0) to "
-                                                         f"publish configmap {name} with this pod")
+        occurrence = Occurrence("WaitingForPublication", f"waiting for {self._publisher()} to publish configmap "
+                                                         f"{name} with this pod")
         return lambda: occurrence
 
     async def main(self) -> Held:
@@ -558,27 +711,32 @@ class Init:
             self.tell(Occurrence(reason, f"gave up: {err}"))
             raise
         finally:
+            if self.part.lease is not None:
+                self.part.lease.stop()  # the sidecar renews it from now on
             if self.recorder is not None:
                 self.recorder.close()
 
     async def run(self) -> Held:
-        me = await self.own_pod()
+        self.part.pod = me = await self.own_pod()
         self.start_events(me)
         expected = await self.expectation(me)
         s = self.settings  # the job's objects may have filled options the user left open (MPI roles, slots)
-        source = decide(me, s, expected, self.objects)
+        self.part.source = source = decide(me, s, expected, self.objects)
         if self.recorder is not None:
             self.recorder.recording.correlator.job = source.me.job
+        self.part.leading = await self.elect(me, source)
         log.info("pod %s: %s, selector %s, expecting %d training pods (%s); topology from %s", s.pod_name,
                  source.controller.title, source.selector, expected.total, expected.source,
-                 "the pods" if source.kind == "pods" else
-                 ("the pods, published for the others (leader)" if source.lead else f"configmap {source.configmap}"))
-        rendered = await self.from_publication(me, source) if source.follows else None
+                 "the pods" if source.kind == "pods" else "the pods, published for the others (leader)"
+                 if self.part.leading else f"configmap {source.configmap}")
+        rendered = None
+        if source.kind == "published" and not self.part.leading:
+            rendered = await self.from_publication(me, source)
         if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
             rendered = await self.from_pods(me, source, expected)
         self.held.rendered = rendered
         # Told before the files are written: the Event is on its way while they are, so init's exit hardly waits.
-        how = f"read the published topology {source.configmap}" if source.follows and self.held.pods is None \
+        how = f"read the published topology {source.configmap}" if self.held.pods is None \
             else f"gang complete: {rendered.plan.topology.nnodes} training pods"
         self.tell(Occurrence("GangComplete", outcome_note(rendered.plan, how=how), generation=1))
         if s.wait_dns:
@@ -597,13 +755,15 @@ class Init:
 class _Vouched:
     """Who wrote the published objects, before they are used (core/provenance.py). A copy written by an earlier
     incarnation of a member (its controller re-created the pod) is not used, but that pod publishes again, so
-    init waits for it as for a first publication; any other refusal ends the wait (``refused``)."""
+    init waits for it as for a first publication, or publishes itself when that pod is this one
+    (``publish_again``); any other refusal ends the wait (``refused``)."""
 
-    def __init__(self, api: AsyncApi, check: WriterCheck, name: str) -> None:
-        self.api, self.check, self.name = api, check, name
+    def __init__(self, api: AsyncApi, check: WriterCheck, name: str, *, me: str = "") -> None:
+        self.api, self.check, self.name, self.me = api, check, name, me
         self.refused: str | None = None
         self.superseded: str | None = None
         self.superseded_then: Callable[[], None] = lambda: None
+        self.publish_again: Callable[[str], None] = lambda why: None  # the copy is this pod's earlier incarnation's
 
     async def admits(self, items: list[Any]) -> bool:
         if self.refused is not None:
@@ -614,6 +774,8 @@ class _Vouched:
             return True
         if not superseded:
             self.refused = why
+        elif must_publish_again(self.me, (writer.name for writer in self.check.superseded_by)):
+            self.publish_again(why)
         elif self.superseded is None:
             self.superseded = why
             log.info("waiting for the published topology to be written again (%s)", why)
@@ -676,6 +838,12 @@ def run_init(api: Client | AsyncApi, settings: InitSettings, *, resolver: Resolv
         api = Blocking(api)
     init = Init(api, settings, clock=clock, sleep=sleep, resolver=resolver, ssh=ssh, events=events)
     return asyncio.run(init.main())
+
+
+def owner_of(me: RawPod) -> dict[str, Any] | None:
+    """The pod's controller (its ownerReference): it owns the Lease and the ConfigMaps, which go with it."""
+    owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
+    return dict(owners[0]) if owners else None
 
 
 def with_placement(me: RawPod, published: RawPod) -> RawPod:

@@ -1,12 +1,12 @@
 """Reading and writing a large job's published topology (see core/published.py and core/journal.py).
 
-The leader's init creates the snapshot ``<job>-topology`` (sequence 1), the journal ``<job>-topology-journal``,
-the summary ``<job>-topology-summary`` and the Lease ``<job>-topology`` it holds; from then on its sidecar keeps
-them current. A pod that holds every member makes one LIST in init (by label: the snapshot, the journal and the
-summary together, from the watch cache), then watches the journal: ~27 B per pod of the job once, ~2 KB per
-change. A pod in its own view lists and watches the summary alone, by name: a few KiB at start, and one event per
-change of what the summary says (rank 0, the sizes, the runs), none while other pods' rows move. Each reader GETs
-the pod that wrote them once (core/provenance.py).
+The leader's init (the holder of the Lease ``<job>-topology``: core/leading.py) creates the snapshot
+``<job>-topology`` (sequence 1), the journal ``<job>-topology-journal`` and the summary ``<job>-topology-summary``;
+from then on its sidecar keeps them current. A pod that holds every member makes one LIST in init (by label: the
+snapshot, the journal and the summary together, from the watch cache), then watches the journal: ~27 B per pod of
+the job once, ~2 KB per change. A pod in its own view lists and watches the summary alone, by name: a few KiB at
+start, and one event per change of what the summary says (rank 0, the sizes, the runs), none while other pods' rows
+move. Each reader GETs the pod that wrote them once (core/provenance.py).
 """
 
 from __future__ import annotations
@@ -31,14 +31,13 @@ from agent.core.journal import (
     state_from,
     summary_name,
 )
-from agent.core.lease import lease_body
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_body, select_value
 from agent.core.summary import SUMMARY_KEY, summarize, summary_text
 from agent.core.topology import NodeLabels, Plan
-from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound
+from agent.errors import ApiConflict, ApiForbidden, ApiNotFound
 from agent.k8s.retrying import retried
 from agent.runtime.memory import release_memory
 
@@ -115,17 +114,24 @@ def first_publisher(namespace: str, options: Options, *, job: str, leader: str, 
     return Publisher(PublishedState(job=job, namespace=namespace), options, leader=leader, leader_uid=leader_uid)
 
 
+Retry = Callable[[Callable[[], Awaitable[Any]], str], Awaitable[Any]]
+
+
+async def _retried(call: Callable[[], Awaitable[Any]], what: str) -> Any:
+    return await retried(call, what=what)
+
+
 async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
                   leader: str, leader_uid: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
                   nodes: NodeLabels | None = None, plan: Plan | None = None,
-                  publisher: Publisher | None = None, pods_rv: str = "") -> bool:
-    """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/summary.py) and the Lease.
-    False when the snapshot exists already (this
-    init runs again after a restart, and whoever holds the Lease keeps it current, or someone else wrote it):
-    the leader's files still come from the pods it listed, never from that ConfigMap. ``publisher``: one made by
+                  publisher: Publisher | None = None, pods_rv: str = "", retry: Retry = _retried) -> bool:
+    """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/summary.py); the Lease is
+    held already (runtime/leading.py). False when the snapshot exists already (this init runs again after a
+    restart, an earlier incarnation of a member or another leader wrote it, or someone else did): the leader's
+    files still come from the pods it listed, never from that ConfigMap. ``publisher``: one made by
     ``first_publisher``, with the rows staged while the pods arrived. ``pods_rv``: the pods' resourceVersion
     ``pods`` are current to (the leader's sidecar watches from there), "" when a LIST from there would bring
-    pods that ``pods`` left out."""
+    pods that ``pods`` left out. ``retry``: how a write is tried again (init's gives up at its deadline)."""
     publisher = publisher or first_publisher(namespace, options, job=job, leader=leader, leader_uid=leader_uid)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.pods_rv = pods_rv
@@ -139,38 +145,42 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
     body = configmap_body(name, data, generation=seq, leader=leader, leader_uid=leader_uid, owner=owner,
                           standby=standby)
     try:
-        await retried(lambda: api.create(collection, body), what="publish topology")
+        await retry(lambda: api.create(collection, body), "publish topology")
     except ApiConflict:
         log.warning("configmap %s exists already (this init ran before, or another writer made it): not followed; "
-                    "this pod's files come from the pods it listed, and its sidecar publishes if it holds the Lease",
-                    name)
+                    "this pod's files come from the pods it listed, and the pod that wrote it publishes if it is one "
+                    "of the job's", name)
         return False
     # The summary before the journal: a LIST that shows the journal and not the summary then means the summary
     # was deleted (views.summary_gone), never that a reader came between the two writes.
     await _create_or_replace(api, collection, journal_body(name, summary_data(publisher, plan, options)[0],
-                                                           owner=owner, name=summary_name(name)))
-    await _create_or_replace(api, collection, journal_body(name, publisher.journal_data(), owner=owner))
-    try:
-        await retried(lambda: api.create(lease_path(namespace), lease_body(name, leader, now_wall=now_wall(),
-                                                                           previous=None, owner=owner)),
-                      what="create the publisher's Lease")
-    except ApiConflict:
-        log.info("lease %s exists already; the sidecars elect the publisher", name)
-    except ApiError as err:  # no RBAC for leases: the sidecars publish without failover (they say so)
-        log.warning("cannot create lease %s (%s); the topology is published, but without leader failover", name,
-                    err)
+                                                           owner=owner, name=summary_name(name)), retry)
+    await _create_or_replace(api, collection, journal_body(name, publisher.journal_data(), owner=owner), retry)
     log.info("published the topology as configmap %s (%d bytes compressed, sequence %d) and its journal", name,
              len(data), seq)
     return True
 
 
-async def _create_or_replace(api: AsyncApi, collection: str, body: dict[str, Any]) -> None:
+async def existing_copy(api: AsyncApi, namespace: str, name: str, *,
+                        summary_only: bool = False) -> dict[str, Any] | None:
+    """One of a publication's objects as it is (the summary first: a few KiB, the snapshot last), for the pod it
+    names as its writer; None when none is there."""
+    collection = f"/api/v1/namespaces/{namespace}/configmaps"
+    for each in (summary_name(name),) if summary_only else (summary_name(name), journal_name(name), name):
+        try:
+            return await api.get_object(f"{collection}/{each}")
+        except ApiNotFound:
+            continue
+    return None
+
+
+async def _create_or_replace(api: AsyncApi, collection: str, body: dict[str, Any], retry: Retry) -> None:
     """The journal or the summary, created; replaced when an init that stopped between the writes left one."""
     name = body["metadata"]["name"]
     try:
-        await retried(lambda: api.create(collection, body), what=f"publish {name}")
+        await retry(lambda: api.create(collection, body), f"publish {name}")
     except ApiConflict:
-        await retried(lambda: api.replace(f"{collection}/{name}", body), what=f"publish {name}")
+        await retry(lambda: api.replace(f"{collection}/{name}", body), f"publish {name}")
 
 
 # A publication as read back for its writer: the objects listed, their state (rows as content keys alone, no pods:

@@ -67,9 +67,10 @@ class Faults:
 @dataclass
 class Stats:
     """What each client (by User-Agent) asked and was sent: ``requests`` (watches included), ``watches``,
-    ``bytes`` (the answers' bodies and the watches' lines), ``headers`` (what the wire adds to them: the status
-    line and headers, a watch's chunk framing) and ``sent`` (each request as it came: its request line, headers
-    and body; in memory, its body). Over HTTPS the three byte counts add up to the HTTP bytes both ways."""
+    ``leases`` (the requests to Leases among them: a large job's publisher election), ``bytes`` (the answers'
+    bodies and the watches' lines), ``headers`` (what the wire adds to them: the status line and headers, a
+    watch's chunk framing) and ``sent`` (each request as it came: its request line, headers and body; in memory,
+    its body). Over HTTPS the three byte counts add up to the HTTP bytes both ways."""
 
     requests: int = 0
     bytes: int = 0
@@ -78,11 +79,13 @@ class Stats:
     last_event: dict[str, float] = field(default_factory=dict)  # per agent: perf_counter() of its last watch line
 
     def count(self, agent: str, *, nbytes: int = 0, request: bool = False, watch: bool = False, sent: int = 0,
-              headers: int = 0) -> None:
-        entry = self.by_agent.setdefault(agent, {"requests": 0, "bytes": 0, "watches": 0, "sent": 0, "headers": 0})
+              headers: int = 0, lease: bool = False) -> None:
+        entry = self.by_agent.setdefault(agent, {"requests": 0, "bytes": 0, "watches": 0, "sent": 0, "headers": 0,
+                                                 "leases": 0})
         if request:
             self.requests += 1
             entry["requests"] += 1
+            entry["leases"] += lease
         if watch:
             self.watches += 1
             entry["watches"] += 1

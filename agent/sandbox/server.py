@@ -271,7 +271,8 @@ class Sandbox:
         be closed without an answer (the server down, or a fault that resets it)."""
         if self.faults.down_until:
             raise Cut("the API server is down")
-        self.stats.count(call.agent, request=True, sent=len(call.body))
+        self.stats.count(call.agent, request=True, sent=len(call.body),
+                         lease=call.path.startswith("/apis/coordination.k8s.io/") and "/leases" in call.path)
         failed = await self._faults(call.path, call.method)
         if failed is not None:
             return failed

@@ -12,8 +12,8 @@ import pytest
 
 from agent.core.controllers import CONTROLLERS
 from agent.core.gang import deferred_roles, expectation_from_job
+from agent.core.leading import rank_zero_identity
 from agent.core.model import Options
-from agent.core.published import leader_identity
 from agent.errors import InputError
 
 
@@ -80,7 +80,7 @@ def test_a_role_that_waits_for_others_never_leads_the_publication():
 
     launcher_first = jobset(("launcher", 1, ["node"]), ("node", 3, []))
     expected = Expectation(4, {"launcher": 1, "node": 3}, "t")
-    assert leader_identity(CONTROLLERS["jobset"], expected, (launcher_first,), ("launcher", "node")) == \
+    assert rank_zero_identity(CONTROLLERS["jobset"], expected, (launcher_first,), ("launcher", "node")) == \
         ("node", (1, 0))
 
 

@@ -13,16 +13,8 @@ from agent.core import Options, render_pod
 from agent.core.controllers import CONTROLLERS
 from agent.core.gang import Expectation
 from agent.core.journal import PublishedState, Publisher
-from agent.core.published import (
-    SCHEMA,
-    configmap_name,
-    decode,
-    decode_streamed,
-    is_leader,
-    leader_identity,
-    pack,
-    pack_text,
-)
+from agent.core.leading import is_rank_zero, rank_zero_identity
+from agent.core.published import SCHEMA, configmap_name, decode, decode_streamed, pack, pack_text
 from agent.errors import InputError
 
 JOBS = [
@@ -88,19 +80,19 @@ LEADERS = [
 
 @pytest.mark.parametrize(("key", "per_role", "owner", "roles", "expected"), LEADERS,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(LEADERS)])
-def test_the_leader_is_the_pod_that_will_be_node_rank_0(key, per_role, owner, roles, expected):
+def test_rank_zero_is_predicted_from_the_jobs_objects(key, per_role, owner, roles, expected):
     expectation = Expectation(total=sum((per_role or {}).values()), per_role=per_role, source="test")
-    assert leader_identity(CONTROLLERS[key], expectation, (owner,) if owner else (), roles) == expected
+    assert rank_zero_identity(CONTROLLERS[key], expectation, (owner,) if owner else (), roles) == expected
 
 
-def test_the_leader_agrees_with_the_ranks():
+def test_the_predicted_rank_zero_agrees_with_the_ranks():
     pods = examples.jobset()
     rendered = render_pod(pods, pods[0]["metadata"]["name"], Options())
     rank0 = rendered.plan.topology.training[0]
     owner = {"spec": {"replicatedJobs": [{"name": "driver", "replicas": 1}, {"name": "workers", "replicas": 2}]}}
-    leader = leader_identity(CONTROLLERS["jobset"], Expectation(5, {"driver": 1, "workers": 4}, "t"), (owner,), None)
+    leader = rank_zero_identity(CONTROLLERS["jobset"], Expectation(5, {"driver": 1, "workers": 4}, "t"), (owner,), None)
     ident = CONTROLLERS["jobset"].identify(next(p for p in pods if p["metadata"]["name"] == rank0.name), Options())
-    assert is_leader(ident, leader)
+    assert is_rank_zero(ident, leader)
 
 
 @pytest.mark.parametrize(("job", "name"), [("demo", "demo-topology"), ("vllm/1", "vllm-1-topology"),

@@ -1,6 +1,7 @@
-"""The publication's leader is predicted from the job's objects alone, before any pod is seen
-(``published.leader_identity``, by ``topology.rank_zero``); it must be the pod the plan then puts at rank 0. For
-every controller's example, the shipped manifests, and any JobSet shape (roles, a coordinator, dependsOn)."""
+"""Rank 0's pod is predicted from the job's objects alone, before any pod is seen (``leading.rank_zero_identity``,
+by ``topology.rank_zero``: the pod that publishes where Leases cannot be read, and a guard of the leading init);
+it must be the pod the plan then puts at rank 0. For every controller's example, the shipped manifests, and any
+JobSet shape (roles, a coordinator, dependsOn)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from agent import examples
 from agent.core import Options, build_plan
 from agent.core.controllers import COORDINATOR, detect_controller
 from agent.core.gang import expectation_from_job, expectation_from_pod
-from agent.core.published import leader_identity
+from agent.core.leading import rank_zero_identity
 from agent.errors import InputError
 from tests.manifest_pods import pods_for
 
@@ -78,7 +79,7 @@ EXAMPLES = {
 
 
 def predicted_and_planned(pods, options, owner, *, me=None):
-    """(the leader init predicts for pod ``me``, (role, index) of rank 0 in the plan of ``pods``), the options
+    """(the rank 0 init predicts for pod ``me``, (role, index) of rank 0 in the plan of ``pods``), the options
     first completed by the job's object as init completes them (job_reads)."""
     me_pod = me or next(p for p in pods if p["status"].get("phase") != "Succeeded")
     objects = (owner,) if owner is not None else ()
@@ -92,7 +93,7 @@ def predicted_and_planned(pods, options, owner, *, me=None):
         objects = ()
     else:
         expected = expectation_from_job(controller, objects, roles, options, role=role)
-    leader = leader_identity(controller, expected, objects, roles)
+    leader = rank_zero_identity(controller, expected, objects, roles)
     plan = build_plan(pods, me_pod["metadata"]["name"], dataclasses.replace(options, roles_checked=True))
     if not plan.topology.training:
         return leader, None

@@ -92,8 +92,10 @@ CASES += [
     ("init", "--source", ["--source", "both"], ["--source 'both'", "auto, pods, published"]),
     ("sidecar", "--debounce", ["--debounce", "nan"], ["--debounce 'nan'", "seconds"]),
     ("sidecar", "--debounce", ["--debounce", "-1"], ["--debounce '-1'"]),
-    ("sidecar", "--lease-seconds", ["--lease-seconds", "1"], ["--lease-seconds '1'", "from 2 to 3600"]),
-    ("sidecar", "--lease-seconds", ["--lease-seconds", "2.5"], ["--lease-seconds '2.5'", "whole number"]),
+    *[(command, "--lease-seconds", ["--lease-seconds", "1"], ["--lease-seconds '1'", "from 2 to 3600"])
+      for command in ("init", "sidecar")],
+    *[(command, "--lease-seconds", ["--lease-seconds", "2.5"], ["--lease-seconds '2.5'", "whole number"])
+      for command in ("init", "sidecar")],
     ("sidecar", "--probe-every", ["--probe-every", "0.1"], ["--probe-every '0.1'", "from 1 to 86400"]),
     ("sidecar", "--signal", ["--signal", "SIGFOO"], ["--signal 'SIGFOO'", "SIGUSR1"]),
     ("sidecar", "--signal", ["--signal", "SIGUSR1"], ["--signal SIGUSR1 names a signal but no process",

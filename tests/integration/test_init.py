@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent import examples
+from agent.sandbox.store import NotFound
 from tests.integration.conftest import finish, start_init
 from tests.jobs import create_volcano_job
 
@@ -71,6 +72,48 @@ def test_json_logs_are_one_object_per_line(sandbox, tmp_path):
     assert code == 0, err
     entries = [json.loads(line) for line in err.strip().splitlines()]
     assert entries and all({"ts", "level", "msg"} <= set(e) for e in entries)
+
+
+def test_the_first_init_to_run_publishes_and_rank_0_started_last_reads_its_publication(sandbox, tmp_path):
+    """A large job's publisher is the first training pod's init to run (it takes the publisher Lease), not rank
+    0's: rank 0's pod gets its IP last, its init starts once the gang is complete and reads the publication of the
+    worker that followed the pods through the wait, instead of listing every pod itself."""
+    tasks = (("master", 1), ("worker", 3))
+    pods = create_volcano_job(sandbox, tasks, with_ips=False)
+    names = [p["metadata"]["name"] for p in pods]
+    ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in examples.volcano_job("demo", tasks)}
+    args = ("--source", "published", "--address", "ip", "--timeout", "60")
+    sandbox.set_pod_ip("default", "demo-worker-2", ips["demo-worker-2"])
+    procs = {"demo-worker-2": start_init(sandbox, "demo-worker-2", tmp_path / "demo-worker-2", *args)}
+
+    def lease_holder() -> str:
+        try:
+            return sandbox.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")["spec"][
+                "holderIdentity"]
+        except NotFound:
+            return ""
+
+    deadline = time.monotonic() + 30
+    while lease_holder() != "demo-worker-2" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lease_holder() == "demo-worker-2"
+    for name in ("demo-worker-0", "demo-worker-1"):
+        sandbox.set_pod_ip("default", name, ips[name])
+        procs[name] = start_init(sandbox, name, tmp_path / name, *args)
+    sandbox.set_pod_ip("default", "demo-master-0", ips["demo-master-0"])  # the last IP: the gang is complete
+    procs["demo-master-0"] = start_init(sandbox, "demo-master-0", tmp_path / "demo-master-0", *args)
+    errs = {}
+    for name, proc in procs.items():
+        code, errs[name] = finish(proc)
+        assert code == 0, errs[name]
+    assert "lease demo-topology created" in errs["demo-worker-2"] and "waiting for the gang" in errs["demo-worker-2"]
+    assert "lease demo-topology is held by pod demo-worker-2" in errs["demo-master-0"]
+    assert "waiting for the gang" not in errs["demo-master-0"]  # it never listed the pods
+    journal = sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology-journal")["data"]
+    assert (journal["leader"], journal["standby"]) == ("demo-worker-2", "demo-master-0,demo-worker-0")
+    for rank, name in enumerate(names):
+        env = json.loads((tmp_path / name / "topology.json").read_text())["env"]
+        assert (env["NODE_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == (str(rank), "4", ips["demo-master-0"])
 
 
 @pytest.mark.consumer

@@ -16,7 +16,7 @@ import pytest
 
 from agent import examples
 from tests.fakeapi import agent_name, init_pod
-from tests.jobs import create_volcano_job, forge_publication, rogue
+from tests.jobs import configmap, create_volcano_job, forge_publication, rogue
 
 
 @pytest.mark.slow  # seconds of real waiting (backoffs, a timeout): the whole suite runs it
@@ -146,16 +146,39 @@ def test_slow_api_responses_delay_init_but_it_completes(memory, api, logs, tmp_p
     assert (tmp_path / "out" / "torch.env").is_file()
 
 
+def waiting(api, pod: str) -> bool:
+    """``pod``'s init waits on its watch: of the pods (the gang) or of the published ConfigMaps."""
+    return any(api.watching(agent_name("init", pod), f"/api/v1/namespaces/default/{what}")
+               for what in ("pods", "configmaps"))
+
+
+def lease_calls(api, pod: str) -> list[str]:
+    """The verbs of the requests ``pod``'s init made to the publisher Lease."""
+    return [request.verb for agent, request in api.requests
+            if agent == agent_name("init", pod) and "/leases" in request.path]
+
+
 def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_bytes(memory, api, logs, inits,
                                                                                        tmp_path):
     pods = create_volcano_job(memory, (("master", 1), ("worker", 5), ("extras", 2)))
     names = [p["metadata"]["name"] for p in pods]
+    last = next(p for p in pods if p["metadata"]["name"] == "demo-worker-4")
     results = {}
     for source in ("pods", "published"):
         memory.reset_stats()
-        # followers first: they must wait for the leader (demo-master-0) to publish
+        api.requests.clear()
+        memory.opened.clear()  # the watches of the round before
+        memory.delete_pod("default", "demo-worker-4")
+        # every other init at once, rank 0's last: the first training pod's init to run leads (the Lease's create
+        # decides between those that race), the others wait for its publication; the last pod comes once each
+        # of them waits on its watch, and its init starts after the gang is complete
         started = [inits.start(n, tmp_path / source / n, "--source", source, "--timeout", "60")
-                   for n in reversed(names)]
+                   for n in reversed(names) if n != "demo-worker-4"]
+        api.notice.wait_until(lambda: all(waiting(api, n) for n in names if n != "demo-worker-4"),
+                              what="every init waiting")
+        memory.create_pod(last)
+        started.append(inits.start("demo-worker-4", tmp_path / source / "demo-worker-4", "--source", source,
+                                   "--timeout", "60"))
         for who in started:
             ran = inits.finish(who)
             assert ran.code == 0, ran.err
@@ -164,17 +187,37 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
                                   stats[agent_name("init", name)]) for name in names}
     for name in names:
         assert results["published"][name][0] == results["pods"][name][0], name
-    leader = results["published"]["demo-master-0"][1]
-    follower = results["published"]["demo-worker-3"][1]
-    # get pod, get owner, list the published objects, get their writer pod (who wrote them); a pod in its own view
-    # that lists before the leader has published also asks whether the journal is there (its metadata only, a
-    # few hundred bytes: a deleted summary is read around, one not published yet is waited for)
-    assert follower["requests"] - follower["watches"] <= 5
-    assert follower["bytes"] < results["pods"]["demo-worker-3"][1]["bytes"] / 2
-    # get pod, get owner, list pods; create the snapshot, the journal, the summary and the Lease
-    assert leader["requests"] - leader["watches"] == 7
-    configmap = memory.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
-    assert configmap["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    publisher = configmap(memory, "demo-topology")["data"]["leader"]
+    lease = memory.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")
+    assert lease["spec"]["holderIdentity"] == publisher and publisher.startswith(("demo-master-", "demo-worker-"))
+    for name in names:
+        if name == publisher:
+            continue
+        follower, looked = results["published"][name][1], lease_calls(api, name)
+        # get pod, get owner, list the published objects, get their writer pod (who wrote them); a pod in its own
+        # view that lists before the leader has published also asks whether the journal is there (its metadata
+        # only, a few hundred bytes: a deleted summary is read around, one not published yet is waited for). A pod
+        # that does not train lists the whole topology after the summary told it its files name every member.
+        assert follower["requests"] - follower["watches"] - len(looked) <= (6 if "extras" in name else 5), name
+        # and the Lease: a training pod reads it once, and only an init that raced the publisher for it writes (a
+        # create that got 409, then a second look); a guard (rank 0 and the first three workers, core/leading.py)
+        # looks again before each of its watches; a pod that does not train never looks
+        first, later = (looked[:3], looked[3:]) if looked[1:2] == ["create"] else (looked[:1], looked[1:])
+        if "extras" in name:
+            assert looked == [], name
+        else:
+            assert first in (["get"], ["get", "create", "get"]) and set(later) <= {"get"}, (name, looked)
+            assert not later or name in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-2"), name
+        assert follower["bytes"] < results["pods"][name][1]["bytes"] / 2
+    leader, took = results["published"][publisher][1], lease_calls(api, publisher)
+    # get pod, get owner, list pods; create the snapshot, the journal and the summary; and, having taken the
+    # Lease, a GET of the summary (a 404: no copy of an earlier incarnation to leave to its writer, as the
+    # leader's files come from the pods it lists whatever is there). The Lease: read, created, and renewed every
+    # 2 s while the leader waited, if it did
+    assert leader["requests"] - leader["watches"] - len(took) == 7
+    assert took[:2] == ["get", "create"] and set(took[2:]) <= {"update"}, took
+    configmap_ = memory.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
+    assert configmap_["metadata"]["ownerReferences"][0]["kind"] == "Job"
 
 
 def test_init_takes_run_launcher_as_worker_and_slots_from_the_mpijob(memory, api, logs, tmp_path):
@@ -340,15 +383,19 @@ def test_followers_never_use_a_topology_that_no_pod_of_the_job_wrote(memory, api
     names = [p["metadata"]["name"] for p in pods]
     started = {n: inits.start(n, tmp_path / n, "--source", "published", "--address", "ip", "--timeout", "30",
                               "--view", view) for n in reversed(names)}
-    for name, who in started.items():
-        ran = inits.finish(who)
+    ran_ = {name: inits.finish(who) for name, who in started.items()}
+    # the first init to run leads (it holds the Lease) and never reads the copy it finds
+    publisher = memory.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")["spec"][
+        "holderIdentity"]
+    assert "configmap demo-topology exists already" in ran_[publisher].err and "not followed" in ran_[publisher].err
+    for name, ran in ran_.items():
         assert ran.code == 0, ran.err
         if view == "full":
             hostfile = (tmp_path / name / "hostfile").read_text()
             assert "127.9.9.9" not in hostfile and all(p["status"]["podIP"] in hostfile for p in pods)
         env = (tmp_path / name / "torch.env").read_text()
         assert "127.9.9.9" not in env and f"export MASTER_ADDR='{pods[0]['status']['podIP']}'" in env
-        if name != "demo-master-0":
+        if name != publisher:
             assert "the published topology is not used (configmap demo-topology" in ran.err and why in ran.err, \
                 ran.err
             assert "reading the pods instead" in ran.err

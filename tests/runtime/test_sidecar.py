@@ -612,7 +612,8 @@ async def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_chan
         assert json.loads((tmp_path / pod / "topology.json").read_text())["view"] == "own"
     light = tmp_path / "light"
     ran = await init(api, logs, "demo-worker-5", light, "--address", "ip", "--source", "published", "--view", "own")
-    assert "waiting for the leader to publish its summary" in ran.err and "not used" not in ran.err
+    assert "waiting for the job's publisher, pod demo-master-0 (the holder of lease demo-topology) to publish its " \
+           "summary" in ran.err and "not used" not in ran.err
     assert sorted(p.name for p in light.iterdir()) == light_files
     full = tmp_path / "full"
     await init(api, logs, "demo-worker-5", full, "--address", "ip", "--source", "published")

@@ -8,7 +8,7 @@ import json
 
 from agent import examples
 from tests.fakeapi import agent_name
-from tests.jobs import create_volcano_job
+from tests.jobs import configmap, create_volcano_job
 from tests.runtime.test_sidecar import follower_watching, init, start_sidecar
 
 TASKS = (("master", 1), ("worker", 5), ("extras", 1))
@@ -26,7 +26,8 @@ def job_on_two_racks(memory):
 
 
 def run_inits(inits, tmp_path, names, *args):
-    started = {n: inits.start(n, tmp_path / n, *args) for n in reversed(names)}  # followers first
+    """Every init at once, rank 0's last: the first training pod's init to run publishes (core/leading.py)."""
+    started = {n: inits.start(n, tmp_path / n, *args) for n in reversed(names)}
     errors = {}
     for name, who in started.items():
         ran = inits.finish(who)
@@ -40,9 +41,10 @@ def test_without_rbac_for_nodes_one_line_and_index_order(memory, inits, tmp_path
     names = [p["metadata"]["name"] for p in pods]
     memory.faults(status=403, path="/api/v1/nodes", count=-1)
     errors = run_inits(inits, tmp_path, names, *ARGS)
-    lines = [line for line in errors["demo-master-0"].splitlines() if "cannot read Nodes" in line]
+    publisher = configmap(memory, "demo-topology")["data"]["leader"]
+    lines = [line for line in errors[publisher].splitlines() if "cannot read Nodes" in line]
     assert len(lines) == 1 and "manifests/rbac/nodes" in lines[0]
-    assert not any("cannot read Nodes" in errors[n] for n in names[1:])  # followers never asked
+    assert not any("cannot read Nodes" in errors[n] for n in names if n != publisher)  # followers never asked
     doc = json.loads((tmp_path / "demo-worker-0" / "topology.json").read_text())
     assert [m["name"] for m in doc["members"] if m["training"]] == names[:6]
     assert doc["env"]["TOPOLOGY_RANK_ORDER"] == "index" and "TOPOLOGY_RACK" not in doc["env"]
@@ -57,10 +59,14 @@ def test_init_waits_until_every_training_pod_is_scheduled(memory, api, inits, tm
     names = [p["metadata"]["name"] for p in pods]
     # --address dns: without --rank-order topology the gang would be complete now (DNS names need no IP)
     started = {n: inits.start(n, tmp_path / n, *ARGS) for n in names}
-    # The leader waits for the pods, the others for its publication: each is waiting once it watches.
-    api.notice.wait_until(lambda: api.watching(agent_name("init", "demo-master-0"), "/api/v1/namespaces/default/pods")
-                          and all(api.watching(agent_name("init", n), "/api/v1/namespaces/default/configmaps")
-                                  for n in names[1:]), what="every init waiting")
+    # The leader (the first init to take the Lease) waits for the pods, the others for its publication: each is
+    # waiting once it watches.
+    def waiting() -> bool:
+        pods_ = [n for n in names if api.watching(agent_name("init", n), "/api/v1/namespaces/default/pods")]
+        return len(pods_) == 1 and all(api.watching(agent_name("init", n), "/api/v1/namespaces/default/configmaps")
+                                       for n in names if n not in pods_)
+
+    api.notice.wait_until(waiting, what="every init waiting")
     assert all(inits.running(who) for who in started.values())
     for k, name in enumerate(names):
         memory.schedule("default", name, examples.loopback_ip(k), node=nodes[k]["metadata"]["name"])

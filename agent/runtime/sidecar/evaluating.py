@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.events import Occurrence, generation_note
-from agent.core.journal import STANDBYS
+from agent.core.leading import standbys
 from agent.core.model import RawPod
 from agent.core.rendering import read_topology_json
 from agent.core.summary import own_view, view_key
@@ -81,9 +81,10 @@ class Evaluator:
 
     @property
     def standby_now(self) -> tuple[str, ...]:
-        """Node ranks 1.. in the last valid plan: the leader names them its standbys."""
+        """The first training members of the last valid plan other than this pod: the publisher names them its
+        standbys (core/leading.py)."""
         plan = self.plan
-        return () if plan is None else tuple(m.name for m in plan.topology.training[1:1 + STANDBYS])
+        return () if plan is None else standbys((m.name for m in plan.topology.training), self.settings.pod_name)
 
     def load_previous(self) -> None:
         """Continue from init's (or a previous sidecar's) generation: same membership -> no rewrite. The files

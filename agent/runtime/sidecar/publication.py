@@ -110,7 +110,7 @@ class Publication:
         # names them (this pod's earlier incarnation, under another uid, may have written it: it rewrites it once
         # it leads). A standby follows a vouched copy as a follower does until the Lease looks abandoned.
         elector = Elector(api, job.namespace, job.configmap, job.pod, owner=job.owner, timing=Timing(lease_seconds),
-                          named_leader=journal is not None and journal.leader == job.pod)
+                          named_leader=journal is not None and journal.leader == job.pod, uid=job.uid)
         publication = cls(api, job, make_follower(), elector)
         if state is not None and why is None and not state.compare_only:  # labels only from a vouched copy (and
             # only with --topology-levels: none are published without): a standby need not read Nodes
