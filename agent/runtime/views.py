@@ -296,7 +296,12 @@ async def journal_if_summary_gone(api: Any, collection: str, configmap: str, ite
     if any(object_name(item) == summary for item in items):
         return []
     found, _ = await api.list_objects(collection, field_selector=f"metadata.name={journal}", metadata_only=True)
-    return [{"metadata": {"name": journal}}] if found else []
+    if not found:
+        return []
+    # The leader writes the summary before the journal: one listed now was only not written yet at the first
+    # LIST (the leader published between the two), not deleted. Its stand-in says so; its data comes by the watch.
+    again, _ = await api.list_objects(collection, field_selector=f"metadata.name={summary}", metadata_only=True)
+    return [{"metadata": {"name": journal}}, *([{"metadata": {"name": summary}}] if again else [])]
 
 
 def summary_gone(items: list[Any], configmap: str) -> str | None:

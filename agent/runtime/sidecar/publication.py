@@ -83,9 +83,11 @@ class Publication:
             return publication, Mode.FOLLOWER
         try:
             items, rv = await _listed(api, collection, job.configmap, light)
-            gone = summary_gone(await retried(lambda: journal_if_summary_gone(api, collection, job.configmap, items),
-                                              what="look for a published topology"), job.configmap) \
-                if light else None
+            looked = await retried(lambda: journal_if_summary_gone(api, collection, job.configmap, items),
+                                   what="look for a published topology") if light else []
+            gone = summary_gone(looked, job.configmap) if light else None
+            if looked and gone is None:  # published between the two LISTs: the summary is there now
+                items, rv = await _listed(api, collection, job.configmap, light)
             if gone is not None:  # the whole topology, as when the summary cannot serve this pod
                 log.warning("%s", gone)
                 light = False
