@@ -40,3 +40,37 @@ def test_a_listed_summary_asks_nothing_more():
     assert asyncio.run(journal_if_summary_gone(api, COLLECTION, "demo-topology",
                                                [{"metadata": {"name": "demo-topology-summary"}}])) == []
     assert api.asked == []
+
+
+def test_a_new_snapshot_leaves_one_object_per_unchanged_pod():
+    """The journal follower's state and the view held two copies of every pod after a new snapshot (the view
+    keeps the objects it held for the planner): the state takes the view's."""
+    from types import SimpleNamespace
+
+    from agent import examples
+    from agent.core.journal import PublishedState, Publisher
+    from agent.core.model import Options
+    from agent.core.published import Compactor
+    from agent.runtime.sidecar.following import JournalFollower
+    from agent.runtime.views import PodView
+
+    options = Options(address="ip")
+    compactor = Compactor(options)
+    raw = examples.volcano_job("demo", (("master", 1), ("worker", 7)))
+    view = PodView("demo-worker-3", options)
+    view.me = raw[4]
+    sink = SimpleNamespace(changed=lambda: None)
+    follower = JournalFollower(sink, None, view, namespace="default", configmap="demo-topology",  # type: ignore[arg-type]
+                               check=None, settings=None, clock=lambda: 0.0)  # type: ignore[arg-type]
+
+    def snapshot() -> PublishedState:
+        publisher = Publisher(PublishedState(job="demo", namespace="default"), options, leader="demo-master-0")
+        pods = {p["metadata"]["name"]: compactor.pod(p) for p in raw}
+        publisher.change(pods, list(pods), journal=False)
+        return PublishedState.from_document(publisher.snapshot_document())
+
+    for _ in range(2):  # the first snapshot, then a new one that changes nothing
+        follower.published.state = snapshot()
+        follower._rows(None)
+    state = follower.published.state
+    assert all(state.pods[name] is view.pods[name] for name in state.pods if name != "demo-worker-3")

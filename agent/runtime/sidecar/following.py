@@ -178,6 +178,10 @@ class JournalFollower:
         assert state is not None
         if changed is None:
             self.pods.hold(dict(state.pods), own=True)
+            held, own = self.pods.pods, self.pods.own
+            for name in state.pods:  # the objects the view kept (unchanged pods): one copy of each, not two
+                if name != own and name in held:
+                    state.pods[name] = held[name]
             freeze()  # as after a LIST of pods: the collector's passes must not walk the whole job per change
         else:
             for name in changed:
