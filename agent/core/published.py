@@ -231,20 +231,13 @@ def _check_head(document: Any) -> None:
         raise _refuse("generation is not a whole number")
 
 
-def _members(text: str, rows: Callable[[dict[str, Any]], RowSink] | None,
-             ) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
-    """The top-level object's keys but "pods", the "pods" value (``_ABSENT``: none, or streamed), and the header
-    as it was when streaming began (None: not streamed). Streams the rows when ``rows`` is given, "pods" is an array and
-    every ``_HEAD`` key came before it; JSON's grammar otherwise, as ``json.loads`` reads it (a key given twice
-    keeps its last value), but for "pods" twice (refused: a parser would have kept one of them)."""
+def _walk_object(text: str, value: Callable[[str, int], int]) -> None:
+    """The top-level object's members in order: ``value(key, at)`` reads the value that starts at ``at`` and says
+    where it ends; the grammar around them is JSON's, as ``json.loads`` reads it."""
     decode_at = _DECODER.raw_decode
     at = _skip(text, 0)
     if text[at:at + 1] != "{":
         raise ValueError("not an object")
-    header: dict[str, Any] = {}
-    pods: Any = _ABSENT
-    streamed: dict[str, Any] | None = None
-    seen_pods = False
     at = _skip(text, at + 1)
     if text[at:at + 1] == "}":
         at += 1
@@ -256,21 +249,7 @@ def _members(text: str, rows: Callable[[dict[str, Any]], RowSink] | None,
             at = _skip(text, at)
             if text[at:at + 1] != ":":
                 raise ValueError("':' expected")
-            at = _skip(text, at + 1)
-            if key != "pods":
-                header[key], at = decode_at(text, at)
-            elif seen_pods:
-                raise ValueError("pods given twice")
-            elif rows is not None and text[at:at + 1] == "[" and all(k in header for k in _HEAD):
-                seen_pods = True
-                _check_head(header)  # before any row is read as this schema's
-                streamed = dict(header)
-                sink = rows(streamed)
-                at = _stream_array(text, _skip(text, at + 1), sink)
-            else:
-                seen_pods = True
-                pods, at = decode_at(text, at)
-            at = _skip(text, at)
+            at = _skip(text, value(key, _skip(text, at + 1)))
             if text[at:at + 1] == "}":
                 at += 1
                 break
@@ -279,6 +258,36 @@ def _members(text: str, rows: Callable[[dict[str, Any]], RowSink] | None,
             at = _skip(text, at + 1)
     if _skip(text, at) != len(text):
         raise ValueError("extra data")
+
+
+def _members(text: str, rows: Callable[[dict[str, Any]], RowSink] | None,
+             ) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
+    """The top-level object's keys but "pods", the "pods" value (``_ABSENT``: none, or streamed), and the header
+    as it was when streaming began (None: not streamed). Streams the rows when ``rows`` is given, "pods" is an array and
+    every ``_HEAD`` key came before it; JSON's grammar otherwise, as ``json.loads`` reads it (a key given twice
+    keeps its last value), but for "pods" twice (refused: a parser would have kept one of them)."""
+    decode_at = _DECODER.raw_decode
+    header: dict[str, Any] = {}
+    pods: Any = _ABSENT
+    streamed: dict[str, Any] | None = None
+    seen_pods = False
+
+    def value(key: str, at: int) -> int:
+        nonlocal pods, streamed, seen_pods
+        if key != "pods":
+            header[key], end = decode_at(text, at)
+            return end
+        if seen_pods:
+            raise ValueError("pods given twice")
+        seen_pods = True
+        if rows is not None and text[at:at + 1] == "[" and all(k in header for k in _HEAD):
+            _check_head(header)  # before any row is read as this schema's
+            streamed = dict(header)
+            return _stream_array(text, _skip(text, at + 1), rows(streamed))
+        pods, end = decode_at(text, at)
+        return end
+
+    _walk_object(text, value)
     return header, pods, streamed
 
 
@@ -287,39 +296,20 @@ def decode_streamed(text: str, key: str, sink: RowSink) -> dict[str, Any]:
     read, never all decoded at once (a 16384-member topology.json: ~25 MB of dicts for a key of ~3 MB). JSON's
     grammar as ``json.loads`` reads it, but for ``key`` given twice or not an array (refused)."""
     decode_at = _DECODER.raw_decode
-    at = _skip(text, 0)
-    if text[at:at + 1] != "{":
-        raise ValueError("not an object")
     found: dict[str, Any] = {}
     seen = False
-    at = _skip(text, at + 1)
-    if text[at:at + 1] == "}":
-        at += 1
-    else:
-        while True:
-            name, at = decode_at(text, at)
-            if not isinstance(name, str):
-                raise ValueError("a key is not a string")
-            at = _skip(text, at)
-            if text[at:at + 1] != ":":
-                raise ValueError("':' expected")
-            at = _skip(text, at + 1)
-            if name != key:
-                found[name], at = decode_at(text, at)
-            elif seen or text[at:at + 1] != "[":
-                raise ValueError(f"{key} given twice or not an array")
-            else:
-                seen = True
-                at = _stream_array(text, _skip(text, at + 1), sink)
-            at = _skip(text, at)
-            if text[at:at + 1] == "}":
-                at += 1
-                break
-            if text[at:at + 1] != ",":
-                raise ValueError("',' or '}' expected")
-            at = _skip(text, at + 1)
-    if _skip(text, at) != len(text):
-        raise ValueError("extra data")
+
+    def value(name: str, at: int) -> int:
+        nonlocal seen
+        if name != key:
+            found[name], end = decode_at(text, at)
+            return end
+        if seen or text[at:at + 1] != "[":
+            raise ValueError(f"{key} given twice or not an array")
+        seen = True
+        return _stream_array(text, _skip(text, at + 1), sink)
+
+    _walk_object(text, value)
     return found
 
 
