@@ -191,6 +191,25 @@ def release(memory) -> None:
     memory._run(memory.sandbox.store.replace, LEASES, "default", "demo-topology", released)
 
 
+def rewritten_by(memory, old: dict, writer: str, uid: str) -> None:
+    """Each of the copies in ``old`` now names ``writer`` (its new incarnation, ``uid``), as the policy admits."""
+    for name, before in old.items():
+        written = configmap(memory, name)
+        assert (written["data"]["leader"], written["data"]["leaderUid"]) == (writer, uid), name
+        assert policy_admits(memory, "UPDATE", writer, written, before)
+
+
+async def published_before(memory, api, logs, tmp_path, *, first: str) -> tuple[list, list[str]]:
+    """A 5-pod job whose inits all ran, ``first`` first (it published), and whose Lease is free again: the job as
+    its controller's restart finds it."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 4)))
+    names = [p["metadata"]["name"] for p in pods]
+    for name in [first, *(n for n in names if n != first)]:
+        await init(api, logs, name, tmp_path / "before" / name, *PUBLISHED)
+    release(memory)
+    return pods, names
+
+
 async def test_after_the_job_is_re_created_the_first_init_leaves_the_lease_to_the_pod_that_published_before(
         memory, api, logs, inits, sidecars, tmp_path):
     """The controller restarted the job; the publication stays, written by demo-worker-2, whose init ran first
@@ -198,12 +217,7 @@ async def test_after_the_job_is_re_created_the_first_init_leaves_the_lease_to_th
     its copy (the admission policy binds the writer's name to its token): demo-master-0 finds the copy before it
     lists any pod, hands demo-worker-2 the Lease and waits with the others; demo-worker-2's init leads, and its
     sidecar rewrites the copy the followers wait for."""
-    tasks = (("master", 1), ("worker", 4))
-    pods = create_volcano_job(memory, tasks)
-    names = [p["metadata"]["name"] for p in pods]
-    for name in ["demo-worker-2", *(n for n in names if n != "demo-worker-2")]:
-        await init(api, logs, name, tmp_path / "before" / name, *PUBLISHED)
-    release(memory)
+    pods, names = await published_before(memory, api, logs, tmp_path, first="demo-worker-2")
     old = {n: configmap(memory, n) for n in ("demo-topology", "demo-topology-journal", "demo-topology-summary")}
     restart(memory, pods, without_ip="demo-worker-3")
     followers = {"demo-master-0": inits.start("demo-master-0", tmp_path / "demo-master-0", *PUBLISHED,
@@ -226,11 +240,7 @@ async def test_after_the_job_is_re_created_the_first_init_leaves_the_lease_to_th
         assert "waiting for the published topology to be written again" in ran[name].err
         assert "reading the pods instead" not in ran[name].err and "waiting for the gang" not in ran[name].err
     assert lease(memory)["spec"]["holderIdentity"] == "demo-worker-2"
-    new_uid = pods[3]["metadata"]["uid"]  # demo-worker-2's
-    for name, before in old.items():
-        written = configmap(memory, name)
-        assert (written["data"]["leader"], written["data"]["leaderUid"]) == ("demo-worker-2", new_uid), name
-        assert policy_admits(memory, "UPDATE", "demo-worker-2", written, before)
+    rewritten_by(memory, old, "demo-worker-2", pods[3]["metadata"]["uid"])
     await asyncio.to_thread(same_files_as_the_pods_give, api, logs, tmp_path, {n: tmp_path / n for n in names})
 
 
@@ -240,12 +250,7 @@ async def test_a_pod_that_finds_its_earlier_incarnations_copy_publishes_again_wh
     when it looks and leads. demo-worker-3 (no guard: it looks at the Lease once) reads the whole topology
     instead of the summary, finds its earlier incarnation's copy, which no other pod may write over, and publishes
     again itself; demo-master-0 hands it the Lease when its own snapshot create finds the copy."""
-    tasks = (("master", 1), ("worker", 4))
-    pods = create_volcano_job(memory, tasks)
-    names = [p["metadata"]["name"] for p in pods]
-    for name in ["demo-worker-3", *(n for n in names if n != "demo-worker-3")]:
-        await init(api, logs, name, tmp_path / "before" / name, *PUBLISHED)
-    release(memory)
+    pods, names = await published_before(memory, api, logs, tmp_path, first="demo-worker-3")
     memory.delete("/v1/configmaps", "default", "demo-topology-summary")
     old = {n: configmap(memory, n) for n in ("demo-topology", "demo-topology-journal")}
     restart(memory, pods, without_ip="demo-worker-1")
@@ -269,11 +274,7 @@ async def test_a_pod_that_finds_its_earlier_incarnations_copy_publishes_again_wh
         assert ran[name].code == 0, ran[name].err
         assert "waiting for the published topology to be written again" in ran[name].err
         assert "reading the pods instead" not in ran[name].err
-    new_uid = pods[4]["metadata"]["uid"]  # demo-worker-3's
-    for name, before in old.items():
-        written = configmap(memory, name)
-        assert (written["data"]["leader"], written["data"]["leaderUid"]) == ("demo-worker-3", new_uid), name
-        assert policy_admits(memory, "UPDATE", "demo-worker-3", written, before)
+    rewritten_by(memory, old, "demo-worker-3", pods[4]["metadata"]["uid"])
     await asyncio.to_thread(same_files_as_the_pods_give, api, logs, tmp_path, {n: tmp_path / n for n in names})
 
 
