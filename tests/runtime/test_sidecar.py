@@ -367,6 +367,8 @@ async def test_a_sidecar_follows_the_summary_from_where_its_init_read_it(memory,
     for pod in ("demo-worker-9", "demo-worker-10"):
         follower = await start_sidecar(sidecars, tmp_path, pod)
         await follower.until(lambda p=pod: world(tmp_path / p)[0] == "22", what=f"{pod} sees the new worker")
+        uid = memory.sandbox.store.get("/v1/pods", "default", pod)["metadata"]["uid"]
+        assert follower.sidecar.publication.elector.uid == uid  # a standby later: it holds the Lease as itself
     verbs = {pod: [r.verb for agent, r in api.requests if agent == agent_name("sidecar", pod)]
              for pod in ("demo-worker-9", "demo-worker-10")}
     assert "list" not in verbs["demo-worker-9"] and "watch" in verbs["demo-worker-9"]

@@ -75,9 +75,7 @@ class Publication:
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
         handed = _handed(summary, job) if light else None
         if handed is not None:
-            publication = cls(api, job, make_follower(), Elector(
-                api, job.namespace, job.configmap, job.pod, owner=job.owner, timing=Timing(lease_seconds),
-                named_leader=False))
+            publication = cls(api, job, make_follower(), _elector(api, job, lease_seconds, named_leader=False))
             publication.follower.light = True
             publication.follower.first_list = handed
             return publication, Mode.FOLLOWER
@@ -111,8 +109,7 @@ class Publication:
         # The leader watches the pods itself, and so does a standby whose copy is not vouched for: the copy only
         # names them (this pod's earlier incarnation, under another uid, may have written it: it rewrites it once
         # it leads). A standby follows a vouched copy as a follower does until the Lease looks abandoned.
-        elector = Elector(api, job.namespace, job.configmap, job.pod, owner=job.owner, timing=Timing(lease_seconds),
-                          named_leader=journal is not None and journal.leader == job.pod, uid=job.uid)
+        elector = _elector(api, job, lease_seconds, named_leader=journal is not None and journal.leader == job.pod)
         publication = cls(api, job, make_follower(), elector)
         if state is not None and why is None and not state.compare_only:  # labels only from a vouched copy (and
             # only with --topology-levels: none are published without): a standby need not read Nodes
@@ -196,6 +193,12 @@ class Publication:
 
     async def release(self) -> None:
         await self.elector.release()
+
+
+def _elector(api: AsyncApi, job: Job, lease_seconds: int, *, named_leader: bool) -> Elector:
+    """This pod's contender for the publisher Lease (it contends only once it leads or stands by)."""
+    return Elector(api, job.namespace, job.configmap, job.pod, owner=job.owner, timing=Timing(lease_seconds),
+                   named_leader=named_leader, uid=job.uid)
 
 
 def _handed(summary: dict[str, Any] | None, job: Job) -> tuple[list[Any], str] | None:
