@@ -219,6 +219,15 @@ def _generation(directory: Path) -> int:
         return 0
 
 
+def _joined(shared: Path, name: str) -> dict[str, Any] | None:
+    """The pod's topology.json once it names ``name`` a member (files are renamed into place: never half)."""
+    try:
+        document = json.loads((shared / "topology.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return document if any(m["name"] == name for m in document["members"]) else None
+
+
 def _start_sidecar(sandbox: SandboxThread, shared: Path) -> subprocess.Popen[str]:
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": shared.name, "POD_NAMESPACE": NAMESPACE}
     env.pop("KUBECONFIG", None)
@@ -241,19 +250,18 @@ def show_sidecar(sandbox: SandboxThread, out: Path, write: Any, *, owner_uid: st
         pod["spec"]["nodeName"] = "node-5"
         pod["metadata"]["ownerReferences"][0]["uid"] = owner_uid  # Volcano's own pod: the job owns it
         pod["status"] = {"phase": "Running", "podIP": "127.1.0.9", "podIPs": [{"ip": "127.1.0.9"}]}
-        base = _generation(shared)
         started = time.monotonic()
         sandbox.create_pod(pod)
         write(f"  created {pod['metadata']['name']} at 127.1.0.9 on node-5 (rack-a)\n")
         deadline = started + 20
-        while _generation(shared) <= base and time.monotonic() < deadline:
+        # the newcomer's generation, not the next one: the sidecar may first follow the extras pod's IP
+        while (document := _joined(shared, pod["metadata"]["name"])) is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        if _generation(shared) <= base:
+        if document is None:
             write("  the sidecar did not follow within 20 s\n")
             return False
-        document = json.loads((shared / "topology.json").read_text())
         env_now = document["env"]
-        write(f"  generation {_generation(shared)} after {time.monotonic() - started:.2f} s: "
+        write(f"  generation {document['generation']} after {time.monotonic() - started:.2f} s: "
               f"WORLD_SIZE={env_now['WORLD_SIZE']}, NNODES={env_now['NNODES']}, {shared.name} is now NODE_RANK "
               f"{env_now['NODE_RANK']}; hostfile in rank order:\n")
         racks = {m["address"]: (m["domains"] or {}).get("rack", "?") for m in document["members"]}
