@@ -176,7 +176,10 @@ class Memory(SandboxThread):
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(lines.get(), wait)
+                    # not wait_for: on 3.11 a cancel that meets a line is swallowed (gh-86296), and the watch of
+                    # a follower told to stop went on forever (a standby's switch back to the publication)
+                    async with asyncio.timeout(wait):
+                        item = await lines.get()
                 except TimeoutError:
                     raise TimeoutError(f"no line for {wait:.1f} s") from None
                 if item is _END:

@@ -213,7 +213,8 @@ class _Stream:
                 if wait <= 0:
                     break
             try:
-                item = await asyncio.wait_for(self.watcher.queue.get(), timeout=wait)
+                async with asyncio.timeout(wait):  # not wait_for: on 3.11 it can swallow a cancel (gh-86296)
+                    item = await self.watcher.queue.get()
             except TimeoutError:
                 if bookmark_interval is not None:
                     await self.send("BOOKMARK", {"kind": kind, "apiVersion": api_version,
