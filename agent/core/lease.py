@@ -14,6 +14,7 @@ Pure: the caller passes the object it read and its own monotonic and wall times.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,16 @@ def may_take(observed: Observation, me: str, now: float) -> bool:
     if record is None or not record.holder or record.holder == me:
         return True
     return now - observed.changed_at >= record.duration
+
+
+def stands_down(observed: Observation, me: str, readied: int, timing: Timing) -> bool:
+    """Whether a standby that got ready (listed every pod) when it saw ``readied`` renewals should go back to
+    following the publication: a holder other than itself has renewed the Lease for a whole duration since (a
+    leader that was slow, not gone). Otherwise a standby readied once held every pod for the rest of its life."""
+    record = observed.record
+    if record is None or not record.holder or record.holder == me:
+        return False
+    return observed.renewals - readied >= math.ceil(record.duration / timing.renew_every)
 
 
 def abandoned(observed: Observation, me: str, now: float, timing: Timing, rank: int = 0) -> bool:

@@ -5,7 +5,8 @@ followers never touch the Lease. The leader renews every ``Timing.renew_every`` 
 has failed to renew for ``Timing.renew_deadline``; a standby writes the Lease only when ``may_take`` says so,
 always with the resourceVersion it read, so at most one pod publishes. A standby follows the publication, not
 the pods, until the Lease looks ``abandoned`` (a third of its duration without a renewal): ``get_ready`` is told then,
-so that the standby lists the pods before the Lease may be taken.
+so that the standby lists the pods before the Lease may be taken; ``stand_down`` when the holder has renewed it
+for a whole duration since (a slow leader, not a gone one), so that the standby lets go of them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from agent.core.lease import (
     may_take,
     read_record,
     release_body,
+    stands_down,
 )
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, ApiUnavailable
 from agent.k8s.async_client import AsyncApi
@@ -48,6 +50,8 @@ class Elector:
         self.get_ready: Callable[[], None] = lambda: None  # the holder looks gone: list the pods now
         self.rank: Callable[[], int] = lambda: 0  # this standby's place among the named ones (``abandoned``)
         self.ready: Callable[[], bool] = lambda: True  # it could publish now: only then does it take the Lease
+        self.stand_down: Callable[[], None] = lambda: None  # the holder renews again: let go of the pods listed
+        self.readied: int | None = None  # the renewals seen when it was told to get ready (None: not since)
 
     async def attempt(self) -> bool:
         """One client-go tryAcquireOrRenew: whether this pod holds the Lease now."""
@@ -68,7 +72,12 @@ class Elector:
         record = read_record(lease)
         self.observed.see(record, now)
         if abandoned(self.observed, self.me, now, self.timing, self.rank()):
+            if self.readied is None:
+                self.readied = self.observed.renewals
             self.get_ready()
+        elif self.readied is not None and stands_down(self.observed, self.me, self.readied, self.timing):
+            self.readied = None
+            self.stand_down()
         if record.holder != self.me and not self.ready():  # it would hold the Lease without publishing
             return False
         if not may_take(self.observed, self.me, now):
@@ -83,6 +92,7 @@ class Elector:
 
     def _took(self, written: dict[str, Any]) -> bool:
         self.observed.see(read_record(written), self.clock())
+        self.readied = None
         self.renewed_at = self.clock()
         return True
 

@@ -3,7 +3,16 @@ the candidate itself last saw the record change, never by comparing the holder's
 
 from __future__ import annotations
 
-from agent.core.lease import Observation, Timing, abandoned, lease_body, may_take, read_record, release_body
+from agent.core.lease import (
+    Observation,
+    Timing,
+    abandoned,
+    lease_body,
+    may_take,
+    read_record,
+    release_body,
+    stands_down,
+)
 
 
 def lease(holder, renew="2026-11-22T00:00:00.000000Z", rv="7", duration=15, transitions=2):
@@ -37,6 +46,23 @@ def test_a_standby_gets_ready_a_third_into_the_lease_long_before_it_may_take_it(
     assert not abandoned(seen, "standby2", 127.9, timing, rank=1) and abandoned(seen, "standby2", 128.0, timing, 1)
     seen.see(read_record(lease("")), now=116.0)  # released on SIGTERM: ready at once
     assert abandoned(seen, "standby", 116.0, timing) and abandoned(seen, "standby2", 116.0, timing, 1)
+
+
+def test_a_readied_standby_stands_down_once_the_holder_has_renewed_for_a_whole_duration():
+    """A leader slow for a few seconds readied a standby (it listed every pod) that then held them for good: it
+    stands down after the holder's renewals cover a whole duration (15 s / a renewal every 2 s: 8)."""
+    seen, timing = Observation(), Timing()
+    seen.see(read_record(lease("leader")), now=0.0)
+    readied = seen.renewals
+    for k in range(1, 9):
+        assert not stands_down(seen, "standby", readied, timing)
+        seen.see(read_record(lease("leader", renew=f"2026-11-22T00:00:{2 * k:02d}.000000Z", rv=str(7 + k))),
+                 now=2.0 * k)
+    assert stands_down(seen, "standby", readied, timing)
+    assert not stands_down(seen, "leader", readied, timing)  # its own Lease
+    seen.see(read_record(lease("")), now=30.0)  # released: nobody to follow
+    assert not stands_down(seen, "standby", readied, timing)
+    assert not stands_down(Observation(), "standby", 0, timing)  # nothing read
 
 
 def test_a_renew_time_from_a_skewed_clock_does_not_count_as_expired():

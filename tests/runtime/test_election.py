@@ -81,3 +81,30 @@ async def test_the_second_standby_takes_over_when_the_first_does_not() -> None:
         assert not await second.attempt() and not readied
     now[0] = 21.0  # a lease and a third without a renewal: the first standby is gone too
     assert await second.attempt() and readied == [21.0]
+
+
+async def test_a_standby_readied_by_a_slow_leader_stands_down_once_it_renews_again() -> None:
+    """A leader that missed two renewals readied the first standby, then renewed again: the standby is told to
+    stand down (let go of the pods it listed) once the renewals cover a whole lease, once; a standby that took
+    the Lease is never told."""
+    now = [0.0]
+    api = LeaseApi("demo-master-0")
+    first = Elector(api, "default", "demo-topology", "demo-worker-0", owner=None, timing=Timing(15),  # type: ignore
+                    clock=lambda: now[0])
+    told: list[tuple[str, float]] = []
+    first.get_ready = lambda: told.append(("ready", now[0]))
+    first.stand_down = lambda: told.append(("down", now[0]))
+    first.ready = lambda: False  # still listing: it would not take the Lease
+    await first.attempt()
+    now[0], _ = 1.0, api.renew("T1")
+    await first.attempt()
+    now[0] = 6.0  # slow: a third of the lease without a renewal
+    assert not await first.attempt() and told == [("ready", 6.0)]
+    for k in range(1, 9):  # it renews again, every 2 s
+        now[0] = 6.0 + 2 * k
+        api.renew(f"T{k + 1}")
+        assert not await first.attempt()
+    assert told == [("ready", 6.0), ("down", 22.0)]
+    now[0], _ = 24.0, api.renew("T10")
+    await first.attempt()
+    assert told[-1] == ("down", 22.0)  # told once

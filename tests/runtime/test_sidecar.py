@@ -459,6 +459,40 @@ async def test_without_rbac_for_leases_the_leader_still_publishes_without_failov
     await follower.until(lambda: world(tmp_path / "demo-worker-3")[0] == "7", what="the follower sees the new worker")
 
 
+async def test_a_standby_readied_by_a_slow_leader_lets_go_of_the_pods_once_it_renews_again(memory, api, logs,
+                                                                                          sidecars, tmp_path):
+    """A leader that missed its renewals for a few seconds made the first standby list every pod, and the standby
+    held them for the rest of its life (~90 MB at 16384 pods, against 44 for a standby that follows the summary).
+    Once the leader has renewed for a whole lease, the standby follows the publication again, holding no pod."""
+    await published_job(memory, api, logs, tmp_path, 5)
+    running = {n: await start_sidecar(sidecars, tmp_path, n, "--lease-seconds", "3")
+               for n in ("demo-master-0", "demo-worker-0")}
+    await logs.until("demo-worker-0", "(standby)")
+    await logs.until("demo-master-0", "started publishing")
+    elector = running["demo-master-0"].sidecar.publication.elector
+    renew = elector.attempt
+
+    async def slow() -> bool:  # holds on, but writes nothing: the standby sees no renewal
+        return True
+
+    elector.attempt = slow
+    standby = running["demo-worker-0"].sidecar
+    await running["demo-worker-0"].until(lambda: standby.view.listed, what="the standby lists the pods")
+    assert len(standby.view.pods) == 6 and "was not renewed for a third of its duration" in logs.text("demo-worker-0")
+    elector.attempt = renew  # renewing again, before the standby may take the Lease
+    await logs.until("demo-worker-0", "the publisher renews lease demo-topology again")
+    for _ in range(200):  # let go of once the pods' follower has ended
+        if not standby.view.listed:
+            break
+        await asyncio.sleep(0.05)
+    assert standby.view.pods == {} and not standby.view.listed and standby.evaluator.plan is None
+    assert "started publishing" not in logs.text("demo-worker-0")
+    add_worker(memory, 5, 91)  # it follows the publication again
+    await running["demo-worker-0"].until(lambda: world(tmp_path / "demo-worker-0")[0] == "7",
+                                         what="the standby sees the new worker")
+    assert standby.view.pods == {}
+
+
 async def test_when_the_leader_stops_a_standby_takes_over_and_followers_see_the_new_membership(memory, api, logs,
                                                                                                sidecars, tmp_path):
     """Followers kept the last membership forever when the leader pod went away. The leader here stops as on

@@ -106,10 +106,12 @@ class Changes:
         self.since = None
         return since
 
-    def switch(self, mode: Mode, why: str) -> None:
+    def switch(self, mode: Mode, why: str, *, standing_down: bool = False) -> None:
+        """``standing_down``: a candidate that never took the Lease goes back to being a standby (otherwise a
+        candidate keeps the pods it listed)."""
         contends = mode in (Mode.CANDIDATE, Mode.STANDBY)
         if mode == self.mode or (contends and not self.may_stand_by) or (
-                mode == Mode.STANDBY and self.mode == Mode.CANDIDATE):  # a candidate keeps the pods it lists
+                mode == Mode.STANDBY and self.mode == Mode.CANDIDATE and not standing_down):
             return
         log.log(logging.WARNING if mode == Mode.PODS else logging.INFO, "%s: %s from now on", why,
                 "following the publication" if mode == Mode.FOLLOWER else "following the publication and "
@@ -152,6 +154,7 @@ class Sidecar:
         self.selector = ""
         self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
         self._trim: asyncio.TimerHandle | None = None
+        self._forget = False  # a standby stood down: let go of the pods once their follower has ended
         # Notified after each evaluation (files written or not): whoever waits for a generation, a readiness or
         # the files a change makes awaits it (``wait_for``) instead of polling the files.
         self.evaluations = asyncio.Condition()
@@ -295,6 +298,8 @@ class Sidecar:
             if not self.changes.switching.is_set():
                 first.result()
                 return
+            if self._forget:
+                self._forget_pods()
 
     def _follower(self) -> PodsFollower | JournalFollower:
         publication = self.publication
@@ -317,7 +322,26 @@ class Sidecar:
         elector.get_ready = lambda: self.changes.switch(Mode.CANDIDATE, why)
         elector.rank = follower.standby_rank
         elector.ready = lambda: self.mode in (Mode.CANDIDATE, Mode.PODS) and self.view.listed
+        elector.stand_down = self._stand_down
         await self.publication.elect(self._on_leading)
+
+    def _stand_down(self) -> None:
+        """The publisher renewed the Lease for a whole duration after this standby got ready: a slow leader, not
+        a gone one. The standby follows the publication again and lets go of every pod it listed."""
+        assert self.publication is not None
+        if self.mode != Mode.CANDIDATE or self.publication.elector.leading:
+            return
+        self.changes.switch(Mode.STANDBY, f"the publisher renews lease {self.publication.elector.name} again",
+                            standing_down=True)
+        self._forget = True  # once the pods' follower has ended (watch_loop): no event of it comes after
+
+    def _forget_pods(self) -> None:
+        self._forget = False
+        self.view.forget()
+        self.evaluator.forget_pods()
+        if self._trim is not None:
+            self._trim.cancel()
+        self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
 
     async def _on_leading(self, leading: bool) -> None:
         self.metrics.leading.set(1 if leading else 0)

@@ -163,6 +163,12 @@ class Evaluator:
         rendered = self.renderer.render_planned(plan, generation=self.generation + 1, files_dir=files_dir)
         return rendered, self.renderer.membership_key(rendered)
 
+    def forget_pods(self) -> None:
+        """Let go of the plan and the planner's layout of every pod (a standby that stands down); the next
+        evaluation plans from what the pod then follows."""
+        self.renderer = Renderer(self.settings.options, self.settings.pod_name, checked=True)
+        self.plan = None
+
     def _planned(self, plan: Plan) -> None:
         self.plan = plan  # the whole job's when it holds every pod: the leader publishes it, names standbys from it
 
