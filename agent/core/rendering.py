@@ -153,6 +153,7 @@ class MemberTexts:
         last = self._last
         if last is not None and last.members is members:
             return last
+        entries: list[Any]  # None where a member is yet to be found
         if last is not None and len(last.members) == len(members):
             # Most changes keep every member in its place: compare the two tuples' pointers (no member is
             # touched) and look up only the places that changed; a lookup of all 16384 was ~4 ms of cache misses.
