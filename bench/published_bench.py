@@ -46,6 +46,7 @@ import gc
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -200,11 +201,14 @@ def start_up(sandbox: SandboxThread, tmp: Path, job: Job, spread: float, seed: i
 def start_sidecar(sandbox: SandboxThread, tmp: Path, job: Job, pod: str, lease: int
                   ) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp / f"sidecar-{pod}.log"
+    with socket.socket() as probe:  # the health server runs, as by default: on loopback, a port of its own
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     with log.open("w") as handle:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(tmp / pod), "--address", "ip",
-             "--signal", "none", "--health-port", "0", "--log-format", "json", "--lease-seconds", str(lease),
-             *job.flags(pod)], env=job.pod_env(sandbox, pod), stderr=handle)
+             "--signal", "none", "--health-host", "127.0.0.1", "--health-port", str(port), "--log-format", "json",
+             "--lease-seconds", str(lease), *job.flags(pod)], env=job.pod_env(sandbox, pod), stderr=handle)
     return proc, log
 
 
