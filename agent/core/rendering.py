@@ -218,11 +218,16 @@ def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generatio
     before, _, after = head.partition('"members": []')
     if texts is None:  # one-shot (render, init): an encoder call per 1024 members, not one member dict per pod
         topo = plan.topology
-        listed = b", ".join([json.dumps([_member_json(m, topo.levels) for m in topo.members[at:at + 1024]])[1:-1]
-                             .encode() for at in range(0, len(topo.members), 1024)])
+        listed = [json.dumps([_member_json(m, topo.levels) for m in topo.members[at:at + 1024]])[1:-1].encode()
+                  for at in range(0, len(topo.members), 1024)]
     else:
-        listed = b", ".join(texts.texts(plan.topology.members, plan.topology.levels))
-    return b"".join([before.encode(), b'"members": [', listed, b"]", after.encode(), b"\n"])
+        listed = texts.texts(plan.topology.members, plan.topology.levels)
+    # One join of the pieces and their separators: joining the members first, then the file, held the members'
+    # 4.6 MB twice at 16384 pods.
+    parts = [b", "] * (2 * len(listed) + 1) if listed else [b"", b""]
+    parts[1:-1:2] = listed
+    parts[0], parts[-1] = before.encode() + b'"members": [', b"]" + after.encode() + b"\n"
+    return b"".join(parts)
 
 
 def render_discover_hosts(topology: Topology) -> str:
