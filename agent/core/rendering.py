@@ -49,15 +49,13 @@ def render_env(variables: Sequence[Variable], *, name: str = "torch.env", notes:
     return "\n".join(lines) + "\n"
 
 
-def _lines(members: Sequence[Member], tail: str = "", slots: frozenset[int] | None = None) -> str:
+def _lines(members: Sequence[Member], tail: str, slots: frozenset[int] | None = None) -> str:
     """``<address><tail>\n`` per member, with ``:<slots>``/`` slots=<slots>`` in ``tail`` ("{}" stands for the
     slots; ``slots``: the members' process counts when known). When every member has the same slots (the common
     case) one C-level join makes it."""
     if not members:
         return ""
-    if not tail:
-        slots = frozenset({0})
-    elif slots is None:
+    if slots is None:
         slots = frozenset(map(SLOTS, members))
     if len(slots) == 1:
         end = tail.format(next(iter(slots))) + "\n"
@@ -86,7 +84,12 @@ def render_hostfile(topology: Topology) -> str:
 
 
 def render_role_hosts(topology: Topology) -> dict[str, str]:
-    return {host_file_name(role): _lines(topology.role_members(role)) for role in topology.roles}
+    """Volcano's ``<role>.host``: one address per line, in rank order."""
+    files = {}
+    for role in topology.roles:
+        hosts = topology.role_hosts(role)[1] or ()
+        files[host_file_name(role)] = "\n".join(hosts) + "\n" if hosts else ""
+    return files
 
 
 def _member_json(member: Member, levels: Sequence[Level] = ()) -> dict[str, Any]:
