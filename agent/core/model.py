@@ -324,6 +324,21 @@ class Topology:
         return tuple(repeated)
 
     @functools.cached_property
+    def hosts(self) -> tuple[Member, ...]:
+        """The training members, each address once: a host list cannot name one host twice (DeepSpeed refuses
+        such a hostfile; MPI would start both pods' processes on the first)."""
+        repeated = self.repeated_hosts
+        if not repeated:
+            return self.training
+        left_out = set(map(id, repeated))
+        return tuple(m for m in self.training if id(m) not in left_out)
+
+    @functools.cached_property
+    def host_addresses(self) -> tuple[str, ...]:
+        """The hosts' addresses, once: the hostfile and discover_hosts.sh both list them."""
+        return tuple(map(ADDRESS, self.hosts))
+
+    @functools.cached_property
     def slot_sizes(self) -> frozenset[int]:
         """The process counts of the training pods (one value: every pod runs as many)."""
         if self.whole is not None:

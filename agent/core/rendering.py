@@ -49,34 +49,25 @@ def render_env(variables: Sequence[Variable], *, name: str = "torch.env", notes:
     return "\n".join(lines) + "\n"
 
 
-def _lines(members: Sequence[Member], tail: str, slots: frozenset[int] | None = None) -> str:
+def _lines(members: Sequence[Member], tail: str, slots: frozenset[int] | None = None,
+           addresses: Sequence[str] | None = None) -> str:
     """``<address><tail>\n`` per member, with ``:<slots>``/`` slots=<slots>`` in ``tail`` ("{}" stands for the
-    slots; ``slots``: the members' process counts when known). When every member has the same slots (the common
-    case) one C-level join makes it."""
+    slots; ``slots``: the members' process counts when known; ``addresses``: theirs, when known). When every
+    member has the same slots (the common case) one C-level join makes it."""
     if not members:
         return ""
     if slots is None:
         slots = frozenset(map(SLOTS, members))
     if len(slots) == 1:
         end = tail.format(next(iter(slots))) + "\n"
-        return end.join(map(ADDRESS, members)) + end
+        return end.join(addresses if addresses is not None else map(ADDRESS, members)) + end
     return "".join(f"{m.address}{tail.format(m.slots)}\n" for m in members)
-
-
-def _hosts(topology: Topology) -> Sequence[Member]:
-    """The training members, each address once: a host list cannot name one host twice (DeepSpeed refuses such
-    a hostfile; MPI would start both pods' processes on the first)."""
-    repeated = topology.repeated_hosts
-    if not repeated:
-        return topology.training
-    left_out = set(map(id, repeated))
-    return tuple(m for m in topology.training if id(m) not in left_out)
 
 
 def hosts_lines(topology: Topology, tail: str) -> str:
     """``<address><tail>\n`` per training member, each address once (``{}`` in ``tail``: its slots)."""
-    hosts = _hosts(topology)
-    return _lines(hosts, tail, topology.slot_sizes if hosts is topology.training else None)
+    hosts = topology.hosts
+    return _lines(hosts, tail, topology.slot_sizes if hosts is topology.training else None, topology.host_addresses)
 
 
 def render_hostfile(topology: Topology) -> str:
@@ -238,10 +229,13 @@ def render_discover_hosts(topology: Topology) -> str:
     process now (phase Running, and this pod itself), as the MPI operator's discover_hosts.sh lists only
     Running pods (updateDiscoverHostsInConfigMap, pkg/controller/mpi_job_controller.go, v0.5.0+); each address
     once, as in the hostfile."""
-    hosts = _hosts(topology)
+    hosts, addresses = topology.hosts, topology.host_addresses
+    running = list(map(RUNNING, hosts))
+    if not all(running):
+        hosts, addresses = tuple(itertools.compress(hosts, running)), tuple(itertools.compress(addresses, running))
     sizes = topology.slot_sizes
-    lines = _lines(tuple(itertools.compress(hosts, map(RUNNING, hosts))), ":{}",
-                   sizes if len(sizes) == 1 else None)  # the running pods' sizes: one if all pods have one
+    lines = _lines(hosts, ":{}", sizes if len(sizes) == 1 else None,  # the running pods' sizes: one if all have one
+                   addresses)
     return f"#!/bin/sh\n# Written by topology-agent: live training pods as host:slots.\ncat <<'EOF'\n{lines}EOF\n"
 
 
