@@ -420,13 +420,28 @@ def takeover(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, str],
     return {"takeover": took, "rss": rss}
 
 
+def ssh_secret(directory: Path) -> list[str]:
+    """The job's SSH Secret (``topology-agent keygen``) as its pods mount it, and the flag that names it."""
+    import base64
+
+    import yaml
+
+    from agent.ssh.material import generate_secret_manifest
+
+    directory.mkdir(mode=0o700)
+    for name, value in yaml.safe_load(generate_secret_manifest("demo", "default"))["data"].items():
+        (directory / name).write_bytes(base64.b64decode(value))
+        (directory / name).chmod(0o644 if name.endswith(".pub") else 0o600)
+    return ["--ssh-secret-dir", str(directory)]
+
+
 def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
-    job = Job(args.pods, [*(["--view", args.view] if args.view else []), *args.agent_arg],
-              ["--view", "full"])
     with tempfile.TemporaryDirectory() as tmp_name, \
             SandboxThread(Path(tmp_name) / "sb", history=args.history) as sandbox:
         tmp = Path(args.keep) / f"run{run}" if args.keep else Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)
+        job = Job(args.pods, [*(["--view", args.view] if args.view else []), *args.agent_arg,
+                              *(ssh_secret(tmp / "ssh-secret") if args.ssh else [])], ["--view", "full"])
         build_job(sandbox, job)
         # The harness holds the whole job (~60 KB of objects per pod, and a copy per event in the sandbox's log):
         # its collector walking that at every full pass made the sandbox fall seconds behind the IPs it was told.
@@ -541,6 +556,8 @@ def main() -> None:
     parser.add_argument("--view", choices=["full", "own", "auto"], help="given to every process (default: none, "
                         "the agent's default)")
     parser.add_argument("--agent-arg", action="append", default=[], help="one more argument for every process")
+    parser.add_argument("--ssh", action="store_true", help="a DeepSpeed/MPI job: every process gets the job's SSH "
+                        "Secret (--ssh-secret-dir), as a pod that mounts it")
     parser.add_argument("--history", type=int, default=20_000, help="the sandbox's event log (each event holds "
                         "two copies of a pod)")
     parser.add_argument("--max-load", type=float, help="before each run, wait (up to 30 min) until the 1-minute "
