@@ -11,7 +11,10 @@ short name to its DNS name by pattern where the names allow it, and names the ot
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.core.model import Member, Topology
@@ -54,23 +57,17 @@ def _pattern(name: str, port: int) -> str:
 _TRAILING_INDEX = re.compile(r"(-[0-9]+)+$")
 
 
-def _dns_patterns(member: Member) -> list[str]:
-    """Patterns for the names a member's certificate carries beside its IP: ``*.<suffix>`` of its DNS name (the
-    headless Service's domain), with the ``.<ns>.svc`` and ``.svc.cluster.local`` forms ``host_principals`` adds
-    to a relative name; a single-label name (a per-replica Service) with its trailing index as ``*``."""
-    dns = member.dns_name
-    if not dns:
-        return []
-    if "." not in dns:
-        return [_TRAILING_INDEX.sub("-*", dns)] if _TRAILING_INDEX.search(dns) else [dns]
-    suffix = dns.split(".", 1)[1]
-    return [f"*.{suffix}"] if "." in suffix else [f"*.{suffix}", f"*.{suffix}.{{ns}}.svc",
-                                                 f"*.{suffix}.{{ns}}.svc.cluster.local"]
+# Member.name, .address, .dns_name, .ip (tests/core/test_ssh_config.py checks the positions)
+_NAME, _ADDRESS, _DNS, _IP = operator.itemgetter(0), operator.itemgetter(4), operator.itemgetter(5), \
+    operator.itemgetter(6)
+_DOT, _SUFFIX = operator.methodcaller("partition", "."), operator.itemgetter(1, 2)
 
 
 def known_hosts_patterns(topology: Topology, port: int) -> list[str]:
     """The job's names as patterns that do not grow with the job (a few per DNS domain), and any IP address of the
-    members' families: the certificate decides which host is which (the module's docstring)."""
+    members' families: the certificate decides which host is which (the module's docstring). A member's patterns
+    follow from its DNS domain alone, so the domains are found first, in C-level passes: the launcher of a
+    16384-pod job rewrites this at every change (a Python pass per member was ~20 ms)."""
     patterns: list[str] = []
 
     def add(name: str) -> None:
@@ -78,15 +75,32 @@ def known_hosts_patterns(topology: Topology, port: int) -> list[str]:
         if pattern not in patterns:
             patterns.append(pattern)
 
-    for member in topology.members:
-        for name in _dns_patterns(member):
+    members = topology.members
+    names = list(filter(None, map(_DNS, members)))
+    domains = dict.fromkeys(map(_SUFFIX, map(_DOT, names)))  # ('.', suffix) in order of first appearance
+    if ("", "") in domains:  # a single-label name (a per-replica Service): each name has patterns of its own
+        domains = dict.fromkeys((".", n.partition(".")[2]) if "." in n else ("", n) for n in names)
+    for dot, text in domains:
+        for name in _dns_patterns_of(text if dot else None, text):
             add(name.replace("{ns}", topology.namespace))
-    families = {":" in member.ip for member in topology.members if member.ip}
-    if False in families:
+    ips = list(filter(None, map(_IP, members)))
+    colons = list(map(operator.contains, ips, itertools.repeat(":")))
+    if not all(colons):
         add("*.*.*.*")
-    if True in families:
+    if any(colons):
         add("*:*")
     return patterns
+
+
+def _dns_patterns_of(suffix: str | None, name: str) -> list[str]:
+    """Patterns for the names a member's certificate carries beside its IP, from its DNS name's ``suffix`` after
+    the first dot: ``*.<suffix>`` (the headless Service's domain), with the ``.<ns>.svc`` and
+    ``.svc.cluster.local`` forms ``host_principals`` adds to a relative name; a single-label ``name`` (a
+    per-replica Service; ``suffix`` None) with its trailing index as ``*``."""
+    if suffix is None:
+        return [_TRAILING_INDEX.sub("-*", name)] if _TRAILING_INDEX.search(name) else [name]
+    return [f"*.{suffix}"] if "." in suffix else [f"*.{suffix}", f"*.{suffix}.{{ns}}.svc",
+                                                 f"*.{suffix}.{{ns}}.svc.cluster.local"]
 
 
 def render_known_hosts(topology: Topology, ca_public_key: str, port: int) -> str:
@@ -135,16 +149,11 @@ def _role_patterns(topology: Topology) -> tuple[dict[str, str], list[tuple[str, 
 def render_ssh_config(topology: Topology, paths: SshPaths, port: int) -> str:
     """One ``Host`` block per member that no pattern reaches (each name it goes by -> its address), one per pattern
     (``demo-worker-* !*.*`` -> ``%h.demo``: a name with no dot, completed), then the settings for every host."""
-    lines = ["# Written by topology-agent. Use: ssh -F this-file, or link it to ~/.ssh/config.", ""]
     patterns, found = _role_patterns(topology)
-    for member, pair in zip(topology.members, found, strict=True):
-        if pair is not None and patterns.get(pair[0]) == pair[1]:
-            continue
-        aliases = [member.name]
-        if member.dns_name:
-            short = member.dns_name.split(".")[0]
-            aliases += [a for a in (short, member.dns_name) if a not in aliases]
-        lines += [f"Host {' '.join(aliases)}", f"    HostName {member.address}", ""]
+    listed = topology.members if not patterns else \
+        [m for m, pair in zip(topology.members, found, strict=True) if pair is None or patterns.get(pair[0]) != pair[1]]
+    lines = ["# Written by topology-agent. Use: ssh -F this-file, or link it to ~/.ssh/config.", "",
+             _host_blocks(listed)]
     for pattern, hostname in patterns.items():
         lines += [f"Host {pattern}", f"    HostName {hostname}", ""]
     lines += [
@@ -161,6 +170,23 @@ def render_ssh_config(topology: Topology, paths: SshPaths, port: int) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _host_blocks(members: Sequence[Member]) -> str:
+    """One ``Host`` block per member: each name it goes by -> its address. The common case (its DNS name is
+    ``<pod name>.<domain>``) is formatted in one C-level pass: a launcher rewrites this at every change."""
+    names, dns_names = list(map(_NAME, members)), list(map(_DNS, members))
+    if all(dns_names) and all(map(str.startswith, dns_names, names)) and \
+            list(map(str.find, dns_names, itertools.repeat("."))) == list(map(len, names)):  # <name>.<domain>
+        return "".join(map("Host {} {}\n    HostName {}\n\n".format, names, dns_names, map(_ADDRESS, members)))
+    blocks = []
+    for member in members:
+        aliases = [member.name]
+        if member.dns_name:
+            short = member.dns_name.split(".")[0]
+            aliases += [a for a in (short, member.dns_name) if a not in aliases]
+        blocks.append(f"Host {' '.join(aliases)}\n    HostName {member.address}\n\n")
+    return "".join(blocks)
 
 
 def render_sshd_config(paths: SshPaths, port: int, *, pod_name: str) -> str:

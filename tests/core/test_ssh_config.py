@@ -158,3 +158,88 @@ def test_a_role_pattern_that_matches_another_roles_names_is_not_written():
     text = render_ssh_config(topo, SshPaths("/shared/ssh"), 2222)
     for member in topo.members:
         assert _ssh_g_hostname(text, member.name) == member.address, (member.name, text)
+
+
+# --- the launcher's per-change passes (C-level) against the member-by-member rules they replace ---------------
+
+_TRAILING = re.compile(r"(-[0-9]+)+$")
+
+
+def _reference_patterns(members, namespace: str, port: int) -> list[str]:
+    """known_hosts patterns member by member, as the rules say (the module's docstring)."""
+    patterns: list[str] = []
+    for member in members:
+        dns = member.dns_name
+        if not dns:
+            names = []
+        elif "." not in dns:
+            names = [_TRAILING.sub("-*", dns)] if _TRAILING.search(dns) else [dns]
+        else:
+            suffix = dns.split(".", 1)[1]
+            names = [f"*.{suffix}"] if "." in suffix else [f"*.{suffix}", f"*.{suffix}.{{ns}}.svc",
+                                                         f"*.{suffix}.{{ns}}.svc.cluster.local"]
+        for name in names:
+            pattern = name.replace("{ns}", namespace)
+            pattern = pattern if port == 22 else f"[{pattern}]:{port}"
+            if pattern not in patterns:
+                patterns.append(pattern)
+    families = {":" in m.ip for m in members if m.ip}
+    for family, pattern in ((False, "*.*.*.*"), (True, "*:*")):
+        if family in families:
+            pattern = pattern if port == 22 else f"[{pattern}]:{port}"
+            if pattern not in patterns:
+                patterns.append(pattern)
+    return patterns
+
+
+def _reference_blocks(members) -> str:
+    blocks = []
+    for member in members:
+        aliases = [member.name]
+        if member.dns_name:
+            short = member.dns_name.split(".")[0]
+            aliases += [a for a in (short, member.dns_name) if a not in aliases]
+        blocks.append(f"Host {' '.join(aliases)}\n    HostName {member.address}\n\n")
+    return "".join(blocks)
+
+
+def _member(name, dns, ip, address=None):
+    from agent.core.model import Member
+
+    return Member(name=name, role="worker", index=(0,), ordinal=0, address=address or ip or dns or name,
+                  dns_name=dns, ip=ip, training=True, slots=1, node_rank=0, first_rank=0)
+
+
+MEMBER_SETS = {
+    "one domain, IPv4": [_member(f"w-{i}", f"w-{i}.demo", f"10.0.0.{i}") for i in range(4)],
+    "two domains and a fully qualified one": [
+        _member("a-0", "a-0.x", "10.0.0.1"), _member("b-0", "b-0.y", "10.0.0.2"),
+        _member("c-0", "c-0.z.ns.svc", "10.0.0.3"), _member("a-1", "a-1.x", "10.0.0.4")],
+    "single-label names among dotted ones": [
+        _member("a-0", "a-0.x", "10.0.0.1"), _member("svc-3", "svc-3", "10.0.0.2"),
+        _member("plain", "plain", "fd00::1"), _member("a-1", "a-1.x", None)],
+    "no DNS names, both families": [_member("p", None, "fd00::2"), _member("q", None, "10.1.1.1")],
+    "a DNS name that is not the pod's": [_member("w-0", "host-0.demo", "10.0.0.1"),
+                                          _member("w.1", "w.1.demo", "10.0.0.2")],
+}
+
+
+@pytest.mark.parametrize("port", [22, 2222])
+@pytest.mark.parametrize("case", sorted(MEMBER_SETS))
+def test_known_hosts_patterns_and_host_blocks_are_the_member_by_member_rules(case, port):
+    from agent.core.model import Topology
+    from agent.core.ssh_config import _host_blocks
+
+    members = tuple(MEMBER_SETS[case])
+    topo = Topology(controller="volcano", namespace="ns", job="demo", job_uid=None, self_name=members[0].name,
+                    training_roles=("worker",), members=members)
+    assert known_hosts_patterns(topo, port) == _reference_patterns(members, "ns", port)
+    assert _host_blocks(members) == _reference_blocks(members)
+
+
+def test_the_member_fields_read_by_position_are_the_named_ones():
+    from agent.core import ssh_config
+
+    member = _member("n", "n.d", "10.0.0.9", address="addr")
+    assert (ssh_config._NAME(member), ssh_config._ADDRESS(member), ssh_config._DNS(member), ssh_config._IP(member)) \
+        == (member.name, member.address, member.dns_name, member.ip)
