@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.core import Rendered
 from agent.core.model import Options
 from agent.core.rendering import EXECUTABLE, MARKERS
 from agent.files.writing import write_files
 
+if TYPE_CHECKING:
+    from agent.core.ssh_config import SshTexts
+
 
 def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: object | None = None, *,
-                     ssh_membership_only: bool = False) -> list[str]:
+                     ssh_membership_only: bool = False, ssh_texts: SshTexts | None = None) -> list[str]:
     """Write everything for this pod; return the names written. ``ssh`` is an ``SshSettings`` or None; the
     sidecar passes ``ssh_membership_only`` (known_hosts and ssh_config follow the members; the pod's host key,
-    which sshd has loaded, stays)."""
+    which sshd has loaded, stays) and ``ssh_texts`` (an ``SshTexts`` it keeps between generations)."""
     files = dict(rendered.files)
     modes: dict[str, int] = {}
     owner = None
@@ -27,7 +31,7 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
         paths = SshPaths(str(out_dir.resolve() / "ssh"))
         if ssh_membership_only:
             ca_public = (ssh.secret_dir / "host_ca.pub").read_text().strip()
-            ssh_out = membership_files(rendered, ca_public, paths=paths, port=ssh.port)
+            ssh_out = membership_files(rendered, ca_public, paths=paths, port=ssh.port, texts=ssh_texts)
             modes = dict.fromkeys(ssh_out, PUBLIC)
         else:
             keys = load_job_keys(ssh.secret_dir)

@@ -21,6 +21,7 @@ import yaml
 from agent.core import Rendered
 from agent.core.ssh_config import (
     SshPaths,
+    SshTexts,
     host_principals,
     render_known_hosts,
     render_ssh_config,
@@ -115,12 +116,14 @@ def ssh_files(rendered: Rendered, keys: JobKeys, *, paths: SshPaths, port: int, 
     return files, modes
 
 
-def membership_files(rendered: Rendered, ca_public: str, *, paths: SshPaths, port: int) -> dict[str, bytes]:
+def membership_files(rendered: Rendered, ca_public: str, *, paths: SshPaths, port: int,
+                     texts: SshTexts | None = None) -> dict[str, bytes]:
     """The SSH files that name the members (the sidecar rewrites these when membership changes: with
-    ``--address ip`` a new member is known by its IP only). The pod's own host key and certificate stay."""
+    ``--address ip`` a new member is known by its IP only). The pod's own host key and certificate stay.
+    ``texts``: what each member adds to them, kept by the sidecar between generations."""
     topo = rendered.plan.topology
-    return {"ssh/known_hosts": render_known_hosts(topo, ca_public, port).encode(),
-            "ssh/ssh_config": render_ssh_config(topo, paths, port).encode()}
+    return {"ssh/known_hosts": render_known_hosts(topo, ca_public, port, texts).encode(),
+            "ssh/ssh_config": render_ssh_config(topo, paths, port, texts).encode()}
 
 
 @dataclass(frozen=True)

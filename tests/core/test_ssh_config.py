@@ -243,3 +243,40 @@ def test_the_member_fields_read_by_position_are_the_named_ones():
     member = _member("n", "n.d", "10.0.0.9", address="addr")
     assert (ssh_config._NAME(member), ssh_config._ADDRESS(member), ssh_config._DNS(member), ssh_config._IP(member)) \
         == (member.name, member.address, member.dns_name, member.ip)
+
+
+STEPS = {
+    "the same tuple": lambda ms: ms,
+    "one moved to a new IP": lambda ms: (*ms[:1], _member(ms[1].name, ms[1].dns_name, "10.9.9.9"), *ms[2:]),
+    "one to a new domain": lambda ms: (*ms[:2], _member(ms[2].name, f"{ms[2].name}.other", "10.0.0.7"), *ms[3:]),
+    "one to IPv6": lambda ms: (_member(ms[0].name, ms[0].dns_name, "fd00::9"), *ms[1:]),
+    "one without a DNS name": lambda ms: (*ms[:3], _member(ms[3].name, None, "10.0.0.8")),
+    "one left": lambda ms: ms[:-1],
+    "one more": lambda ms: (*ms, _member("w-9", "w-9.demo", "10.0.0.99")),
+    "equal members, new objects": lambda ms: tuple(_member(m.name, m.dns_name, m.ip, m.address) for m in ms),
+}
+
+
+@pytest.mark.parametrize("address", ["ip", "dns"])
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_the_sidecars_kept_ssh_texts_make_the_files_made_from_scratch(step, address):
+    """A launcher keeps what each member adds to known_hosts and ssh_config (SshTexts) and recomputes only the
+    places that changed: the files are those rendered from scratch, whatever changed."""
+    from agent.core.model import Topology
+    from agent.core.ssh_config import SshTexts, render_known_hosts
+
+    def member(i: int):
+        return _member(f"w-{i}", f"w-{i}.demo", f"10.0.0.{i}", address=f"w-{i}.demo" if address == "dns" else None)
+
+    def topology(members):
+        return Topology(controller="volcano", namespace="ns", job="demo", job_uid=None, self_name="w-0",
+                        training_roles=("worker",), members=tuple(members))
+
+    texts, paths = SshTexts(), SshPaths("/shared/ssh")
+    members = tuple(member(i) for i in range(5))
+    for now in (members, STEPS["one moved to a new IP"](members), STEPS[step](members)):
+        topo = topology(now)
+        assert render_known_hosts(topo, "ssh-ed25519 CA", 2222, texts) == render_known_hosts(topo, "ssh-ed25519 CA",
+                                                                                             2222)
+        assert render_ssh_config(topo, paths, 2222, texts) == render_ssh_config(topo, paths, 2222)
+        members = now

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.events import Occurrence, generation_note
@@ -28,6 +28,9 @@ from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
 from agent.runtime.signalling import signal_trainer
 from agent.runtime.views import HOLDING, full_view_line
+
+if TYPE_CHECKING:
+    from agent.core.ssh_config import SshTexts
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -70,6 +73,11 @@ class Evaluator:
         self.published = False  # the job publishes its topology: the default view is each pod's own there
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
         self.shape: tuple[int, int] | None = None  # training pods and world size of the files in place
+        self.ssh_texts: SshTexts | None = None  # what each member adds to the SSH files, with SSH material
+        if settings.ssh is not None:
+            from agent.core.ssh_config import SshTexts  # with the SSH material only: most pods have none
+
+            self.ssh_texts = SshTexts()
 
     @property
     def valid(self) -> bool:
@@ -175,7 +183,7 @@ class Evaluator:
     def _write(self, rendered: Rendered, key: Any, since: float, note: str) -> float | None:
         s = self.settings
         try:
-            write_generation(s.out_dir, rendered, s.options, s.ssh, ssh_membership_only=True)
+            write_generation(s.out_dir, rendered, s.options, s.ssh, ssh_membership_only=True, ssh_texts=self.ssh_texts)
         except OutputError as err:
             retry = self.write_failed.next_delay()
             self.problem = f"cannot write the files ({err}); generation {self.generation} stays, retrying"
