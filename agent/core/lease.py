@@ -143,14 +143,16 @@ def may_take(observed: Observation, me: str, now: float) -> bool:
     return now - observed.changed_at >= record.duration
 
 
-def stands_down(observed: Observation, me: str, readied: int, timing: Timing) -> bool:
+def stands_down(observed: Observation, me: str, readied: int, timing: Timing, durations: int = 1) -> bool:
     """Whether a standby that got ready (listed every pod) when it saw ``readied`` renewals should go back to
-    following the publication: a holder other than itself has renewed the Lease for a whole duration since (a
-    leader that was slow, not gone). Otherwise a standby readied once held every pod for the rest of its life."""
+    following the publication: a holder other than itself has renewed the Lease for ``durations`` whole
+    durations since (a leader that was slow, not gone). Otherwise a standby readied once held every pod for the
+    rest of its life. The caller doubles ``durations`` at each stand-down: a leader slow again and again costs
+    a LIST of every pod each time, so the standby keeps them longer each time."""
     record = observed.record
     if record is None or not record.holder or record.holder == me:
         return False
-    return observed.renewals - readied >= math.ceil(record.duration / timing.renew_every)
+    return observed.renewals - readied >= durations * math.ceil(record.duration / timing.renew_every)
 
 
 def abandoned(observed: Observation, me: str, now: float, timing: Timing, rank: int = 0) -> bool:

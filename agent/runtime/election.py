@@ -32,6 +32,8 @@ from agent.k8s.async_client import AsyncApi
 from agent.runtime.publishing import lease_path, now_wall
 
 log = logging.getLogger("topology_agent.election")
+STAND_DOWN_MOST = 64  # durations (16 min at the default 15 s): the longest a standby readied again and again keeps
+# the pods it listed before it lets go of them
 
 
 class Elector:
@@ -52,6 +54,7 @@ class Elector:
         self.ready: Callable[[], bool] = lambda: True  # it could publish now: only then does it take the Lease
         self.stand_down: Callable[[], None] = lambda: None  # the holder renews again: let go of the pods listed
         self.readied: int | None = None  # the renewals seen when it was told to get ready (None: not since)
+        self.stand_down_after = 1  # whole durations of renewals before it stands down (doubles each time)
 
     async def attempt(self) -> bool:
         """One client-go tryAcquireOrRenew: whether this pod holds the Lease now."""
@@ -75,8 +78,10 @@ class Elector:
             if self.readied is None:
                 self.readied = self.observed.renewals
             self.get_ready()
-        elif self.readied is not None and stands_down(self.observed, self.me, self.readied, self.timing):
+        elif self.readied is not None and stands_down(self.observed, self.me, self.readied, self.timing,
+                                                      self.stand_down_after):
             self.readied = None
+            self.stand_down_after = min(2 * self.stand_down_after, STAND_DOWN_MOST)
             self.stand_down()
         if record.holder != self.me and not self.ready():  # it would hold the Lease without publishing
             return False

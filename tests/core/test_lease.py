@@ -59,6 +59,7 @@ def test_a_readied_standby_stands_down_once_the_holder_has_renewed_for_a_whole_d
         seen.see(read_record(lease("leader", renew=f"2026-11-22T00:00:{2 * k:02d}.000000Z", rv=str(7 + k))),
                  now=2.0 * k)
     assert stands_down(seen, "standby", readied, timing)
+    assert not stands_down(seen, "standby", readied, timing, durations=2)  # readied before: twice as long
     assert not stands_down(seen, "leader", readied, timing)  # its own Lease
     seen.see(read_record(lease("")), now=30.0)  # released: nobody to follow
     assert not stands_down(seen, "standby", readied, timing)

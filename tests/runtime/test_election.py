@@ -108,3 +108,10 @@ async def test_a_standby_readied_by_a_slow_leader_stands_down_once_it_renews_aga
     now[0], _ = 24.0, api.renew("T10")
     await first.attempt()
     assert told[-1] == ("down", 22.0)  # told once
+    now[0] = 29.0  # slow again: ready again, and it keeps the pods twice as long this time (one LIST each time)
+    assert not await first.attempt() and told[-1] == ("ready", 29.0)
+    for k in range(1, 17):
+        now[0] = 29.0 + 2 * k
+        api.renew(f"U{k}")
+        assert not await first.attempt()
+        assert (told[-1] == ("down", now[0])) == (k == 16)
