@@ -73,11 +73,7 @@ class Evaluator:
         self.published = False  # the job publishes its topology: the default view is each pod's own there
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
         self.shape: tuple[int, int] | None = None  # training pods and world size of the files in place
-        self.ssh_texts: SshTexts | None = None  # what each member adds to the SSH files, with SSH material
-        if settings.ssh is not None:
-            from agent.core.ssh_config import SshTexts  # with the SSH material only: most pods have none
-
-            self.ssh_texts = SshTexts()
+        self.ssh_texts: SshTexts | None = None  # what each member adds to the SSH files (made at the first write)
 
     @property
     def valid(self) -> bool:
@@ -182,6 +178,10 @@ class Evaluator:
 
     def _write(self, rendered: Rendered, key: Any, since: float, note: str) -> float | None:
         s = self.settings
+        if s.ssh is not None and self.ssh_texts is None:
+            from agent.core.ssh_config import SshTexts  # with the SSH material only: most pods have none
+
+            self.ssh_texts = SshTexts()
         try:
             write_generation(s.out_dir, rendered, s.options, s.ssh, ssh_membership_only=True, ssh_texts=self.ssh_texts)
         except OutputError as err:
