@@ -233,6 +233,8 @@ async def test_after_the_job_is_re_created_the_first_init_leaves_the_lease_to_th
     ran = {"demo-worker-2": await inits.finish_async(again)}
     assert ran["demo-worker-2"].code == 0, ran["demo-worker-2"].err
     assert "lease demo-topology held under this pod's name, taken again" in ran["demo-worker-2"].err
+    for name in followers:  # each found the copy before it is written again (a slow start under load looked after)
+        await logs.until(f"init {name}", "waiting for the published topology to be written again")
     await start_sidecar(sidecars, tmp_path, "demo-worker-2")
     for name, who in followers.items():
         ran[name] = await inits.finish_async(who)
