@@ -465,7 +465,8 @@ async def test_a_standby_readied_by_a_slow_leader_lets_go_of_the_pods_once_it_re
     held them for the rest of its life (~90 MB at 16384 pods, against 44 for a standby that follows the summary).
     Once the leader has renewed for a whole lease, the standby follows the publication again, holding no pod."""
     await published_job(memory, api, logs, tmp_path, 5)
-    running = {n: await start_sidecar(sidecars, tmp_path, n, "--lease-seconds", "3")
+    # a 6 s lease: ready after 2 s without a renewal, the Lease free after 6 (slack for a loaded machine)
+    running = {n: await start_sidecar(sidecars, tmp_path, n, "--lease-seconds", "6")
                for n in ("demo-master-0", "demo-worker-0")}
     await logs.until("demo-worker-0", "(standby)")
     await logs.until("demo-master-0", "started publishing")
