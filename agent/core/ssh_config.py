@@ -61,15 +61,13 @@ _TRAILING_INDEX = re.compile(r"(-[0-9]+)+$")
 # Member.name, .address, .dns_name, .ip (tests/core/test_ssh_config.py checks the positions)
 _NAME, _ADDRESS, _DNS, _IP = operator.itemgetter(0), operator.itemgetter(4), operator.itemgetter(5), \
     operator.itemgetter(6)
-_DOT, _SUFFIX = operator.methodcaller("partition", "."), operator.itemgetter(1, 2)
 
 
 def known_hosts_patterns(topology: Topology, port: int, texts: SshTexts | None = None) -> list[str]:
     """The job's names as patterns that do not grow with the job (a few per DNS domain), and any IP address of the
     members' families: the certificate decides which host is which (the module's docstring). A member's patterns
-    follow from its DNS domain alone, so the domains are found first, in C-level passes: the launcher of a
-    16384-pod job rewrites this at every change (a Python pass per member was ~20 ms). ``texts``: each member's
-    domain and family kept from the last generation."""
+    follow from its DNS domain alone, so the distinct domains are found first. ``texts``: each member's domain and
+    family kept from the last generation (the launcher of a 16384-pod job rewrites this at every change)."""
     patterns: list[str] = []
 
     def add(name: str) -> None:
@@ -77,18 +75,9 @@ def known_hosts_patterns(topology: Topology, port: int, texts: SshTexts | None =
         if pattern not in patterns:
             patterns.append(pattern)
 
-    members = topology.members
-    domains: dict[tuple[str, str], None]
-    if texts is not None:
-        kept = texts.look(members)
-        domains = dict.fromkeys(filter(None, kept.domains))
-        families = set(kept.families)
-    else:
-        names = list(filter(None, map(_DNS, members)))
-        domains = dict.fromkeys(map(_SUFFIX, map(_DOT, names)))  # ('.', suffix) in order of first appearance
-        if ("", "") in domains:  # a single-label name (a per-replica Service): each name has patterns of its own
-            domains = dict.fromkeys(map(_domain, names))  # type: ignore[arg-type]  # names: never None
-        families = set(map(operator.contains, filter(None, map(_IP, members)), itertools.repeat(":")))
+    kept = (texts or SshTexts()).look(topology.members)
+    domains = dict.fromkeys(filter(None, kept.domains))
+    families = set(kept.families)
     for dot, text in domains:
         for name in _dns_patterns_of(text if dot else None, text):
             add(name.replace("{ns}", topology.namespace))
@@ -173,14 +162,10 @@ def _role_patterns(topology: Topology, found: Sequence[tuple[str, str] | None] |
 def render_ssh_config(topology: Topology, paths: SshPaths, port: int, texts: SshTexts | None = None) -> str:
     """One ``Host`` block per member that no pattern reaches (each name it goes by -> its address), one per pattern
     (``demo-worker-* !*.*`` -> ``%h.demo``: a name with no dot, completed), then the settings for every host."""
-    kept = texts.look(topology.members) if texts is not None else None
-    patterns, found = _role_patterns(topology, kept.found if kept is not None else None)
-    if kept is not None:
-        blocks = "".join(kept.blocks if not patterns else itertools.compress(kept.blocks, map(
-            _listed, found, itertools.repeat(patterns))))
-    else:
-        blocks = _host_blocks(topology.members if not patterns else [
-            m for m, pair in zip(topology.members, found, strict=True) if _listed(pair, patterns)])
+    kept = (texts or SshTexts()).look(topology.members)
+    patterns, found = _role_patterns(topology, kept.found)
+    blocks = "".join(kept.blocks if not patterns else itertools.compress(kept.blocks, map(
+        _listed, found, itertools.repeat(patterns))))
     lines = ["# Written by topology-agent. Use: ssh -F this-file, or link it to ~/.ssh/config.", "", blocks]
     for pattern, hostname in patterns.items():
         lines += [f"Host {pattern}", f"    HostName {hostname}", ""]
@@ -249,17 +234,12 @@ class SshTexts:
 
 
 def _host_blocks_each(members: Sequence[Member]) -> list[str]:
+    """One ``Host`` block per member; the common case (a DNS name ``<pod name>.<domain>``) in one C-level pass."""
     names, dns_names = list(map(_NAME, members)), list(map(_DNS, members))
     if all(dns_names) and all(map(str.startswith, dns_names, names)) and \
             list(map(str.find, dns_names, itertools.repeat("."))) == list(map(len, names)):  # <name>.<domain>
         return list(map("Host {} {}\n    HostName {}\n\n".format, names, dns_names, map(_ADDRESS, members)))
     return list(map(_host_block, members))
-
-
-def _host_blocks(members: Sequence[Member]) -> str:
-    """One ``Host`` block per member: each name it goes by -> its address. The common case (its DNS name is
-    ``<pod name>.<domain>``) is formatted in one C-level pass: a launcher rewrites this at every change."""
-    return "".join(_host_blocks_each(members))
 
 
 def render_sshd_config(paths: SshPaths, port: int, *, pod_name: str) -> str:

@@ -228,13 +228,13 @@ MEMBER_SETS = {
 @pytest.mark.parametrize("case", sorted(MEMBER_SETS))
 def test_known_hosts_patterns_and_host_blocks_are_the_member_by_member_rules(case, port):
     from agent.core.model import Topology
-    from agent.core.ssh_config import _host_blocks
+    from agent.core.ssh_config import _host_blocks_each
 
     members = tuple(MEMBER_SETS[case])
     topo = Topology(controller="volcano", namespace="ns", job="demo", job_uid=None, self_name=members[0].name,
                     training_roles=("worker",), members=members)
     assert known_hosts_patterns(topo, port) == _reference_patterns(members, "ns", port)
-    assert _host_blocks(members) == _reference_blocks(members)
+    assert "".join(_host_blocks_each(members)) == _reference_blocks(members)
 
 
 def test_the_member_fields_read_by_position_are_the_named_ones():
