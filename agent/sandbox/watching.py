@@ -216,7 +216,9 @@ class _Stream:
                 async with asyncio.timeout(wait):  # not wait_for: on 3.11 it can swallow a cancel (gh-86296)
                     item = await self.watcher.queue.get()
             except TimeoutError:
-                if bookmark_interval is not None:
+                # A BOOKMARK says every event up to its version was sent: never while one waits in the queue (a
+                # write can land as the wait ends; the client resuming from the bookmark would skip it).
+                if bookmark_interval is not None and self.watcher.queue.empty():
                     await self.send("BOOKMARK", {"kind": kind, "apiVersion": api_version,
                                                  "metadata": {"resourceVersion": str(self.store.rv)}})
                 continue
