@@ -115,7 +115,7 @@ def _attempt(compute: Callable[[], T]) -> tuple[T | None, InputError | None]:
         return None, err.with_traceback(None)
 
 
-Sizes = dict[int, tuple[object, tuple[int, str]]]  # id(container) -> (the container, its process count)
+Sizes = dict[tuple[int, ...], tuple[object, tuple[int, str]]]  # ids of a pod's containers -> (them, the count)
 
 
 def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None, *,
@@ -141,16 +141,19 @@ def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[st
 
 
 def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str]:
-    """The pod's process count; ``sizes`` remembers it per container object for one pass (the pods a follower
-    builds from the published rows share one container object per shape: 4096 pods, a handful of shapes).
-    The count depends on the container alone (the pod's name is only in the messages, and a refusal is not
-    remembered). The entry holds the container, so its id is not reused while the entry lives."""
-    container = pick_trainer_container(pod, options.container)
-    if sizes is None or container is None:
-        return resolve_nproc(pod, container, options)
-    known = sizes.get(id(container))
+    """The pod's process count; ``sizes`` remembers it per list of container objects for one pass (the pods a
+    follower builds from the published rows share one container object per shape: 16384 pods, a handful of
+    shapes), so that neither the trainer container is picked nor its count resolved again. Both depend on the
+    containers alone (the pod's name is only in the messages, and a refusal is not remembered). The entry holds
+    the containers, so their ids are not reused while it lives."""
+    if sizes is None:
+        return resolve_nproc(pod, pick_trainer_container(pod, options.container), options)
+    containers = pod.get("spec", {}).get("containers") or ()
+    key = tuple(map(id, containers))
+    known = sizes.get(key)
     if known is None:
-        known = sizes[id(container)] = (container, resolve_nproc(pod, container, options))
+        known = sizes[key] = (tuple(containers), resolve_nproc(pod, pick_trainer_container(pod, options.container),
+                                                                 options))
     return known[1]
 
 
