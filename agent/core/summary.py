@@ -27,8 +27,19 @@ from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
 from agent.core.facts import facts_of
-from agent.core.frameworks import FRAMEWORKS, published_ports
-from agent.core.model import ADDRESS, Member, Options, RawPod, Topology, Whole
+from agent.core.frameworks import FRAMEWORKS, published_ports, selected
+from agent.core.model import (
+    ADDRESS,
+    LISTED_HOSTS,
+    AddressTemplate,
+    Member,
+    Options,
+    RawPod,
+    RoleAddresses,
+    Topology,
+    Whole,
+    fill,
+)
 from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
 from agent.core.topology import Plan, ranks_in_run
@@ -39,7 +50,6 @@ from agent.errors import InputError
 SUMMARY_KEY = "summary.json"
 SUMMARY_SCHEMA = 1
 MAX_RUNS = 128  # ~5 KiB: every pod in its own view receives it at each change of what it says
-LISTED_HOSTS = 16  # a role of at most this many pods keeps its address list in the summary
 MAX_SUMMARY = 64 * 1024  # bytes; what the leader writes is far below
 MAX_VALUES = 8192
 _TEXT = re.compile(r"[A-Za-z0-9._:/%-]{1,253}")  # roles, pod names, port sources' names
@@ -74,6 +84,7 @@ class Summary:
     roles: tuple[tuple[str, int, tuple[str, ...] | None], ...]
     runs: tuple[Run, ...]
     ports: dict[str, tuple[int, str]] = field(default_factory=dict)  # the frameworks' (core/frameworks)
+    addresses: tuple[tuple[str, RoleAddresses], ...] = ()  # large roles' address templates (``_templates``)
 
     def run_of(self, role: str, index: tuple[int, ...]) -> Run | None:
         if not index:
@@ -108,13 +119,27 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Opti
         roles.append([role, count, list(map(ADDRESS, topo.role_members(role))) if count <= listed else None])
     rank0 = topo.training[0]
     ports = published_ports(plan, options) if options is not None else {}
+    addresses = _templates(plan, options, listed) if options is not None else {}
     return {"schema": SUMMARY_SCHEMA, "seq": seq, "trainingRoles": list(topo.training_roles), "nnodes": topo.nnodes,
             "worldSize": topo.world_size, "slots": sorted(topo.slot_sizes), "masterPort": plan.master_port,
             "masterPortSource": plan.master_port_source,
             "rank0": [rank0.name, rank0.role, list(rank0.index), rank0.ordinal, rank0.address, rank0.dns_name,
                       rank0.ip, rank0.slots],
             "roles": roles, "runs": runs,
-            **({"ports": {key: list(value) for key, value in ports.items()}} if ports else {})}
+            **({"ports": {key: list(value) for key, value in ports.items()}} if ports else {}),
+            **({"addresses": {role: [p if isinstance(p, str) else list(p) for p in t]
+                              for role, t in addresses.items()}} if addresses else {})}
+
+
+def _templates(plan: Plan, options: Options, listed: int) -> dict[str, AddressTemplate]:
+    """For a job whose framework files name every member (TF_CONFIG): each large training role's address
+    template, where one gives every member's address (``Topology.address_templates``), so its pods need not
+    read the snapshot to write them."""
+    if not any(framework.needs_every_member for framework, _ in selected(plan, options)):
+        return {}
+    topo = plan.topology
+    return {role: template for role, template in topo.address_templates.items()
+            if template is not None and len(topo.role_members(role)) > listed}
 
 
 def summary_text(summary: dict[str, Any]) -> str:
@@ -188,7 +213,8 @@ def read_summary(text: str | None) -> Summary | None:
         raise _refuse("rank 0 is not the first pod of the first run")
     return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, world_size=world, slot_sizes=slots,
                    master_port=port, master_port_source=source, rank0=rank0, roles=roles, runs=runs,
-                   ports=_read_ports(raw.get("ports", {})))
+                   ports=_read_ports(raw.get("ports", {})),
+                   addresses=_read_addresses(raw.get("addresses", {}), roles, runs))
 
 
 def _is_line(value: Any) -> bool:
@@ -220,6 +246,47 @@ def _read_roles(roles_raw: list[Any]) -> tuple[tuple[str, int, tuple[str, ...] |
             hosts = tuple(_address(h, f"a host of role '{role}'") for h in hosts)
         roles.append((role, count, hosts))
     return tuple(roles)
+
+
+_LITERAL = re.compile(r"[-a-z0-9.]{1,253}")
+
+
+def _read_addresses(raw: Any, roles: tuple[tuple[str, int, tuple[str, ...] | None], ...],
+                    runs: tuple[Run, ...]) -> tuple[tuple[str, RoleAddresses], ...]:
+    """The large training roles' address templates: text of a DNS name, and index parts with what is added to
+    each, which give a DNS name of non-negative numbers at each end of each of the role's runs (so at every
+    index between)."""
+    if not isinstance(raw, dict) or len(raw) > 64:
+        raise _refuse("addresses is not a map of roles to templates")
+    counts = {role: count for role, count, hosts in roles if hosts is None}
+    found = []
+    for role, value in raw.items():
+        mine = [r for r in runs if r.role == role]
+        if role not in counts or not mine or sum(r.last - r.first + 1 for r in mine) != counts[role]:
+            raise _refuse(f"addresses names {str(role)[:40]!r}, no large training role of the runs")
+        template = _template(value, min(len(r.prefix) + 1 for r in mine), role)
+        ends = [(*r.prefix, last) for r in mine for last in (r.first, r.last)]
+        places = [part for part in template if not isinstance(part, str)]
+        if not all(index[k] + add >= 0 for index in ends for k, add in places) \
+                or not all(DNS_NAME.fullmatch(fill(template, index)) for index in ends):
+            raise _refuse(f"the address template of role '{role}' makes no DNS name")
+        found.append((role, RoleAddresses(template, tuple((r.prefix, r.first, r.last) for r in mine))))
+    return tuple(found)
+
+
+def _template(value: Any, width: int, role: str) -> AddressTemplate:
+    parts: list[str | tuple[int, int]] = []
+    for part in value if isinstance(value, list) and 0 < len(value) <= 9 else ():
+        if isinstance(part, str) and _LITERAL.fullmatch(part):
+            parts.append(part)
+        elif isinstance(part, list) and len(part) == 2 and all(type(n) is int for n in part) \
+                and 0 <= part[0] < width and abs(part[1]) < 2**31:
+            parts.append((part[0], part[1]))
+        else:
+            break
+    if not parts or len(parts) != len(value) or all(isinstance(p, str) for p in parts):
+        raise _refuse(f"the address template of role '{role}' is {str(value)[:60]}")
+    return tuple(parts)
 
 
 def _read_rank0(rank0_raw: list[Any]) -> Member:
@@ -295,7 +362,8 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
                           if o.get("controller")), None)
     topology = Topology(controller=controller.key, namespace=facts.namespace, job=ident.job, job_uid=owner_uid,
                         self_name=name, training_roles=summary.training_roles, members=members,
-                        whole=Whole(summary.nnodes, summary.world_size, summary.slot_sizes, summary.roles))
+                        whole=Whole(summary.nnodes, summary.world_size, summary.slot_sizes, summary.roles,
+                                    summary.addresses))
     source = summary.master_port_source
     if options.master_port is not None:
         port, source = options.master_port, "--master-port"

@@ -9,8 +9,9 @@ their files must name every member:
 - a pod whose role does not train (a parameter server, a driver): its files list the job's pods by role;
 - with SSH (``--ssh-secret-dir``) and no launcher role, node rank 0, which launches: DeepSpeed's pdsh runner,
   ``mpirun`` and ``horovodrun`` (with discover_hosts.sh) run there on the hostfile;
-- a pod given the files of a framework that names every member (``Framework.needs_every_member``: TensorFlow's
-  TF_CONFIG, MLX's ring hostfile, MPI's hostfile for every training pod with ``--frameworks mpi``);
+- a pod given the files of a framework that names every member (``Framework.needs_every_member``: MLX's ring
+  hostfile, MPI's hostfile for every training pod with ``--frameworks mpi``, TensorFlow's TF_CONFIG unless the
+  summary gives every TF role's addresses: ``Framework.own_view_serves``);
 - a pod in its own view whose framework files would be written without values (``Framework.blocked``: pods that run
   different numbers of processes, a port only rank 0's container names and the leader did not publish).
 
@@ -56,7 +57,7 @@ def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | Non
     for framework, _ in chosen:
         if framework.refusal(context) is not None:
             continue
-        if framework.needs_every_member:
+        if framework.needs_every_member and not framework.own_view_serves(context):
             return f"its {framework.title} files ({framework.env_file}) name every member"
         if context.partial:
             blocked = framework.blocked(context, framework.port(plan, options))

@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core import Options, render_plan, render_pod
 from agent.core import summary as summary_module
+from agent.core.model import FrameworkOptions
 from agent.core.placement import DEFAULT_LEVELS
 from agent.core.summary import light_plan, own_view, read_summary, summarize, summary_text
 from agent.core.topology import build_plan
 from agent.core.variables import env_key
+from agent.core.view_choice import choose_view
 from agent.errors import InputError
 from tests.core.test_planner import JOBS, World
 
@@ -152,3 +154,102 @@ def test_a_summary_that_does_not_add_up_is_refused_in_one_line(mutate, complaint
 def test_a_summary_bomb_is_refused_before_it_is_parsed():
     with pytest.raises(InputError, match=r"values|bytes"):
         read_summary("[" * 60_000)
+
+
+# --- TF_CONFIG from the summary: a large role's addresses as a template ------------------------------------------
+
+TF_JOBS = {  # a chief and more workers than a summary lists (LISTED_HOSTS): their addresses come as a template
+    "volcano": lambda: examples.volcano_job(tasks=(("chief", 1), ("worker", 20), ("ps", 2))),
+    "pytorchjob": lambda: examples.pytorchjob(workers=20),  # master (TF's chief) and workers
+    "jobset": lambda: examples.jobset(rjobs=(("chief", 1, 1), ("worker", 3, 7))),  # a two-part index
+    "indexed-job": lambda: examples.indexed_job(completions=20),
+}
+
+
+def _tf_files(rendered) -> dict[str, bytes]:
+    part = next((r for r in rendered.frameworks if r.key == "tf"), None)
+    assert part is not None
+    return dict(part.files)
+
+
+def _check_tf(pods: list, options: Options) -> int:
+    """Each training pod whose own view serves TF (``choose_view``) writes the TF files the full view writes; a
+    pod holding every member chooses the same view (``own_view``). The number whose own view was written."""
+    written = 0
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        try:
+            full = render_pod(pods, name, options)
+        except InputError:
+            continue
+        if not full.plan.topology.me.training:
+            continue
+        summary = read_summary(summary_text(summarize(full.plan, seq=4, options=options)))
+        plan = light_plan(summary, pod, options)
+        assert plan is not None
+        chosen = choose_view(plan, options, ssh=False, published=True)
+        own, why = own_view(full.plan, options, ssh=False, published=True)
+        assert why == (chosen or "")
+        if chosen is None:
+            assert _tf_files(render_plan(plan, options)) == _tf_files(full), name
+            assert render_plan(own, options).files == render_plan(plan, options).files  # type: ignore[arg-type]
+            written += 1
+    return written
+
+
+@pytest.mark.parametrize("job", sorted(TF_JOBS))
+@pytest.mark.parametrize("address", ["dns", "ip"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=10))
+def test_tf_config_from_the_summary_is_the_full_views(job, address, seed, ops):
+    world = World(TF_JOBS[job](), random.Random(seed))
+    for op in ops:
+        world.step(op)
+    _check_tf(list(world.pods.values()), Options(address=address, frameworks=FrameworkOptions(names=("tf",))))
+
+
+@pytest.mark.parametrize("job", sorted(TF_JOBS))
+def test_a_tf_job_named_by_dns_writes_tf_config_in_its_own_view(job):
+    """Not vacuous: with DNS names every training pod of these jobs writes TF_CONFIG from the summary; with IPs
+    the large role has no template, and none does."""
+    pods = TF_JOBS[job]()
+    tf = FrameworkOptions(names=("tf",))
+    training = sum(build_plan(pods, p["metadata"]["name"], Options()).topology.me.training for p in pods)
+    assert _check_tf(pods, Options(address="dns", frameworks=tf)) == training
+    assert _check_tf(pods, Options(address="ip", frameworks=tf)) == 0
+
+
+def test_a_large_role_template_is_published_only_for_a_framework_that_names_every_member():
+    pods = TF_JOBS["volcano"]()
+    plan = build_plan(pods, "demo-chief-0", Options())
+    assert "addresses" not in summarize(plan, seq=1, options=Options())
+    tf = Options(frameworks=FrameworkOptions(names=("tf",)))
+    raw = summarize(build_plan(pods, "demo-chief-0", tf), seq=1, options=tf)
+    assert raw["addresses"] == {"worker": ["demo-worker-", [0, 0], ".demo"]}
+    assert len(summary_text(raw)) < 1000
+
+
+@pytest.mark.parametrize("template, complaint", [
+    (["demo-worker-", [1, 0], ".demo"], "template of role 'worker'"),  # no second index part
+    (["demo-worker-"], "template of role 'worker'"),  # no index at all
+    (["Demo_worker-", [0, 0]], "template of role 'worker'"),  # not DNS text
+    (["demo-worker-", 0], "template of role 'worker'"),  # a place without what is added
+    (["-", [0, 0], "..x"], "makes no DNS name"),
+    (["a" * 62, [0, 0]], "makes no DNS name"),  # a label over 63 for the job's later indices
+    (["demo-worker-", [0, -5], ".demo"], "makes no DNS name"),  # a negative number for index 0
+], ids=["part", "no-index", "text", "place", "dots", "long", "negative"])
+def test_a_template_that_could_make_no_address_is_refused(template, complaint):
+    tf = Options(frameworks=FrameworkOptions(names=("tf",)))
+    raw = summarize(build_plan(TF_JOBS["volcano"](), "demo-chief-0", tf), seq=1, options=tf)
+    raw["addresses"]["worker"] = template
+    with pytest.raises(InputError) as err:
+        read_summary(summary_text(raw))
+    assert complaint in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_template_for_a_role_it_cannot_place_is_refused():
+    tf = Options(frameworks=FrameworkOptions(names=("tf",)))
+    raw = summarize(build_plan(TF_JOBS["volcano"](), "demo-chief-0", tf), seq=1, options=tf)
+    raw["addresses"]["chief"] = ["demo-chief-", [0, 0], ".demo"]  # a small role: listed, not a template
+    with pytest.raises(InputError, match="no large training role"):
+        read_summary(summary_text(raw))

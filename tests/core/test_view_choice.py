@@ -41,8 +41,16 @@ ROWS: list[tuple[str, Any, str, dict[str, Any], bool, bool, str | None]] = [
     ("MPIJob: the launcher", examples.mpijob, "allreduce-launcher", {}, True, True, "role 'launcher'"),
     ("MPIJob: worker 0 with SSH, the launcher is another pod", examples.mpijob, "allreduce-worker-0", {}, True,
      True, OWN),
-    ("TFJob: a worker (TF_CONFIG)", examples.tfjob, "mnist-tf-worker-1", {}, False, True, "TensorFlow files"),
-    ("TFJob: the chief (TF_CONFIG)", examples.tfjob, "mnist-tf-chief-0", {}, False, True, "TensorFlow files"),
+    # TF_CONFIG names every task by address: the summary lists a small role's, and gives a large role's as a
+    # template where the pods' names follow their indices (DNS names); IPs follow nothing
+    ("TFJob: a worker (TF_CONFIG, small roles)", examples.tfjob, "mnist-tf-worker-1", {}, False, True, OWN),
+    ("TFJob: the chief (TF_CONFIG, small roles)", examples.tfjob, "mnist-tf-chief-0", {}, False, True, OWN),
+    ("--frameworks tf, 40 workers by DNS name: a template", lambda: _tf_job(40), "demo-worker-7",
+     {"frameworks": ("tf",), "address": "dns"}, False, True, OWN),
+    ("--frameworks tf, 40 workers by IP: no template", lambda: _tf_job(40), "demo-worker-7",
+     {"frameworks": ("tf",)}, False, True, "TensorFlow files"),
+    ("--frameworks tf, 40 workers by DNS name, --view full", lambda: _tf_job(40), "demo-worker-7",
+     {"frameworks": ("tf",), "address": "dns", "view": "full"}, False, True, "--view full"),
     ("--frameworks mlx: the ring hostfile", examples.volcano_job, "demo-worker-1", {"frameworks": ("mlx",)}, False,
      True, "MLX (ring) files"),
     ("--frameworks mpi: every training pod's hostfile", examples.volcano_job, "demo-worker-1",
@@ -56,14 +64,18 @@ ROWS: list[tuple[str, Any, str, dict[str, Any], bool, bool, str | None]] = [
 ]
 
 
+def _tf_job(workers: int) -> list[dict[str, Any]]:
+    return examples.volcano_job("demo", (("chief", 1), ("worker", workers)))
+
+
 def _find(pods: list[dict[str, Any]], start: str) -> str:
     """The pod whose name is ``start`` or begins with it (a launcher's name ends in a hash)."""
     return next(p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith(start))
 
 
 def _options(settings: dict[str, Any]) -> Options:
-    settings = dict(settings)
-    return Options(address="ip", frameworks=FrameworkOptions(names=settings.pop("frameworks", ())), **settings)
+    settings = {"address": "ip", **settings}
+    return Options(frameworks=FrameworkOptions(names=settings.pop("frameworks", ())), **settings)
 
 
 def _own_plan(pods: list[dict[str, Any]], me: str, options: Options) -> Plan | None:

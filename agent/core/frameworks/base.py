@@ -265,9 +265,16 @@ class Framework(abc.ABC):
     def port(self, plan: Plan, options: Options) -> Port | None:
         return resolve_port(self, plan, options) if self.has_port else None
 
+    def own_view_serves(self, ctx: Context) -> bool:
+        """Whether a pod in its own view (rank 0, this pod and the summary's job-wide facts) can write the files
+        of a framework that names every member (``needs_every_member``); asked of the own view's plan, or of a
+        whole plan for the own view it would make. None can, but one that needs only addresses the summary
+        gives (TF_CONFIG)."""
+        return False
+
     def blocked(self, ctx: Context, port: Port | None) -> str | None:
         """Why the values cannot be known for this plan (the files are then written without them)."""
-        if self.needs_every_member and ctx.partial:
+        if self.needs_every_member and ctx.partial and not self.own_view_serves(ctx):
             return (f"{self.env_file} names every member and --view own holds rank 0 and this pod only; use "
                     "--view full for this pod")
         if self.has_port and port is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports, role_map
-from agent.core.model import ADDRESS
+from agent.core.model import LISTED_HOSTS
 from agent.core.variables import Variable
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")  # TF's cluster keys, in the order they are written
@@ -51,6 +51,19 @@ class Tf(Framework):
     default_port_source = "TFJob's and Volcano's tensorflow plugin's default 2222"
     needs_every_member = True
 
+    def own_view_serves(self, ctx: Context) -> bool:
+        """TF_CONFIG names the tasks by address: a pod in its own view writes it when the summary gives every TF
+        role's addresses (the list of a small role, the template of a large one: ``Topology.address_templates``)
+        and its own among them."""
+        topo, named = ctx.topology, types_of(ctx)
+        roles = [role for role in topo.roles if task_type(role, named) is not None]
+        if not ctx.partial:
+            return all(len(topo.role_members(role)) <= LISTED_HOSTS or topo.address_templates.get(role) is not None
+                       for role in roles)
+        if any(topo.role_addresses(role) is None for role in roles):
+            return False
+        return ctx.me.address in (topo.role_addresses(ctx.me.role) or ())
+
     def refusal(self, ctx: Context) -> str | None:
         if task_type(ctx.me.role, types_of(ctx)) is not None:
             return None
@@ -65,8 +78,7 @@ class Tf(Framework):
             for kind in TASK_TYPES:
                 for role in topo.roles:
                     if task_type(role, named) == kind:
-                        found.setdefault(kind, []).extend(host_ports(map(ADDRESS, topo.role_members(role)),
-                                                                     port.number))
+                        found.setdefault(kind, []).extend(host_ports(topo.role_addresses(role) or (), port.number))
             ctx.memo["tf.cluster"] = found
         return found
 
@@ -88,11 +100,10 @@ class Tf(Framework):
         roles = [r for r in topo.roles if task_type(r, named) == kind]
         before = 0
         for role in roles:  # 'chief' and 'master' are one type: the first role's pods come first
-            members = topo.role_members(role)
             if role == me.role:
-                before += next(i for i, m in enumerate(members) if m.name == me.name)
+                before += _position(ctx)
                 break
-            before += len(members)
+            before += len(topo.role_addresses(role) or ())
         return {"cluster": self.cluster(ctx, port), "task": {"type": kind, "index": before},
                 **dict(ctx.plan.controller.framework_fields(self.key))}
 
@@ -126,3 +137,12 @@ class Tf(Framework):
 
 
 TF = Tf()
+
+
+def _position(ctx: Context) -> int:
+    """This pod's place among its role's members in rank order: found by name in the full view, by its address
+    in its own (a DNS name, one per pod: ``holds_every_member``)."""
+    topo, me = ctx.topology, ctx.me
+    if not ctx.partial:
+        return next(i for i, m in enumerate(topo.role_members(me.role)) if m.name == me.name)
+    return (topo.role_addresses(me.role) or ()).index(me.address)
