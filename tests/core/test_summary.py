@@ -42,18 +42,22 @@ def _comparable(rendered, withheld: set[str]) -> tuple[dict[str, str], dict[str,
     return written, job_wide
 
 
+def _training_pods(pods: list, options: Options):
+    """Each training pod that makes a plan, with its files from every pod (its full view)."""
+    for pod in pods:
+        try:
+            full = render_pod(pods, pod["metadata"]["name"], options)
+        except InputError:
+            continue
+        if full.plan.topology.me.training:
+            yield pod, full
+
+
 def _check_every_pod(pods: list, options: Options, listed: int = summary_module.LISTED_HOSTS) -> int:
     """Compare the two views for every training pod that makes a plan; the number compared."""
     compared = 0
-    for pod in pods:
-        name = pod["metadata"]["name"]
-        try:
-            full = render_pod(pods, name, options)
-        except InputError:
-            continue
-        topo = full.plan.topology
-        if not topo.me.training:
-            continue
+    for pod, full in _training_pods(pods, options):
+        name, topo = pod["metadata"]["name"], full.plan.topology
         raw = summarize(full.plan, seq=7, listed=listed)
         assert raw is not None, "an index-ordered job of a few runs is summarized"
         summary = read_summary(summary_text(raw))
@@ -176,14 +180,8 @@ def _check_tf(pods: list, options: Options) -> int:
     """Each training pod whose own view serves TF (``choose_view``) writes the TF files the full view writes; a
     pod holding every member chooses the same view (``own_view``). The number whose own view was written."""
     written = 0
-    for pod in pods:
+    for pod, full in _training_pods(pods, options):
         name = pod["metadata"]["name"]
-        try:
-            full = render_pod(pods, name, options)
-        except InputError:
-            continue
-        if not full.plan.topology.me.training:
-            continue
         summary = read_summary(summary_text(summarize(full.plan, seq=4, options=options)))
         plan = light_plan(summary, pod, options)
         assert plan is not None
