@@ -141,7 +141,7 @@ TF = Tf()
 
 def _position(ctx: Context) -> int:
     """This pod's place among its role's members in rank order: found by name in the full view, by its address
-    in its own (a DNS name, one per pod: ``holds_every_member``)."""
+    in its own (a DNS name, one per pod: ``own_view_serves``)."""
     topo, me = ctx.topology, ctx.me
     if not ctx.partial:
         return next(i for i, m in enumerate(topo.role_members(me.role)) if m.name == me.name)
