@@ -482,3 +482,32 @@ def test_the_leaders_plan_is_carried_through_the_wait_not_made_again_once_the_ga
     listed = memory.sandbox.store.list("/v1/pods", "default")
     assert rendered.plan == build_plan(listed, "demo-master-0", Options(address="ip"))
     assert rendered.plan.topology.world_size == 8
+
+
+def test_a_tf_job_named_by_dns_writes_tf_config_from_the_summary(memory, api, logs, inits, tmp_path):
+    """A published TF job whose pods have DNS names (the default address): each training follower reads the summary
+    alone (the workers' addresses as a template) and writes the TF_CONFIG every pod's list gives (the master is
+    TF's chief); a parameter server, which does not train, reads the whole topology."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 20), ("ps", 2)))
+    names = [p["metadata"]["name"] for p in pods]
+    files = {}
+    for source in ("pods", "published"):
+        started = {n: inits.start(n, tmp_path / source / n, "--source", source, "--frameworks", "tf", "--timeout",
+                                  "60") for n in names}
+        ran = {n: inits.finish(who) for n, who in started.items()}
+        for name in names:
+            assert ran[name].code == 0, ran[name].err
+        files[source] = {n: (tmp_path / source / n / "tf_config.json").read_text() for n in names}
+    for name in names:
+        assert files["published"][name] == files["pods"][name], name
+    assert json.loads(files["pods"]["demo-worker-7"])["cluster"]["worker"][7] == "demo-worker-7.demo:2222"
+    publisher = configmap(memory, "demo-topology")["data"]["leader"]
+    for name in names:
+        log = ran[name].err
+        if name == publisher:
+            continue
+        if name.startswith("demo-ps-"):
+            assert "reading the whole topology" in log, log
+        else:
+            assert "reading the whole topology" not in log and "waiting for the job's publisher" in log, log
+            assert "its summary" in log, log
