@@ -86,10 +86,12 @@ class Tf(Framework):
         why = super().blocked(ctx, port)
         if why is not None or port is None:
             return why
-        cluster = self.cluster(ctx, port)
-        crowded = [kind for kind in SINGLE if len(cluster.get(kind, ())) > 1]
+        topo, named = ctx.topology, types_of(ctx)  # counts only: the cluster's 16384 host:ports are made once
+        counts = {kind: sum(topo.role_hosts(role)[0] for role in topo.roles if task_type(role, named) == kind)
+                  for kind in SINGLE}
+        crowded = [kind for kind in SINGLE if counts[kind] > 1]
         if crowded:
-            return (f"{len(cluster[crowded[0]])} pods are TF task type '{crowded[0]}', and TF allows one; give the "
+            return (f"{counts[crowded[0]]} pods are TF task type '{crowded[0]}', and TF allows one; give the "
                     "role one replica")
         return None
 
