@@ -394,7 +394,9 @@ class Topology:
             first, last = training[start], training[stop - 1]
             runs.setdefault(first.role, []).append((first.index[:-1], first.index[-1], last.index[-1],
                                                     list(map(ADDRESS, training[start:stop]))))
-        return {role: address_template(found) for role, found in runs.items()}
+        # a role with members that do not train (a launcher that is not a node) has addresses no run gives
+        return {role: address_template(found) if sum(len(run[3]) for run in found) == len(self.role_members(role))
+                else None for role, found in runs.items()}
 
     @functools.cached_property
     def _expanded(self) -> dict[str, tuple[str, ...]]:

@@ -251,3 +251,16 @@ def test_a_template_for_a_role_it_cannot_place_is_refused():
     raw["addresses"]["chief"] = ["demo-chief-", [0, 0], ".demo"]  # a small role: listed, not a template
     with pytest.raises(InputError, match="no large training role"):
         read_summary(summary_text(raw))
+
+
+def test_a_role_with_members_that_do_not_train_gets_no_template():
+    """Its addresses are not those of its runs (training members only): the summary lists nothing for it, and
+    reading it does not fail on the count."""
+    tf = Options(frameworks=FrameworkOptions(names=("tf",)))
+    plan = build_plan(TF_JOBS["volcano"](), "demo-chief-0", tf)
+    topo = plan.topology
+    worker = topo.role_members("worker")
+    idle = dataclasses.replace(topo, members=(*[m for m in topo.members if m not in worker[:1]],
+                                              worker[0]._replace(training=False)))
+    assert len(idle.role_members("worker")) == len(worker) and idle.address_templates["worker"] is None
+    assert topo.address_templates["worker"] is not None
