@@ -37,10 +37,12 @@ from agent.core.published import (
     _row,
     bounded_loads,
     check_row,
+    compact_of,
     decode_configmap,
     node_labels_of,
     pack_text,
     select_value,
+    shape_lists,
 )
 from agent.core.validation import check_pod
 
@@ -149,6 +151,7 @@ class PublishedState:
     compare_only: bool = False  # rows read are kept as ``_compared`` ones (a new leader's read-back)
     _checked: set[int] = field(default_factory=set, repr=False, compare=False)  # ids of shapes checked (held in
     #                                                                              ``shapes`` for the state's life)
+    _lists: list[list[dict[str, Any]]] = field(default_factory=list, repr=False, compare=False)  # shape_lists
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         """The labels of the Nodes the members run on, as the publisher read them (rows carry them)."""
@@ -199,10 +202,10 @@ class PublishedState:
 
     def _put(self, row: Any) -> str:
         check_row(row, len(self.shapes))
-        pod = check_pod(_pod_of(row, self.shapes, self.namespace), seen=self._checked)
+        check_pod(_pod_of(row, self.shapes, self.namespace), seen=self._checked)
         self.rows[row[0]] = _compared(row) if self.compare_only else row
-        if self.keep_pods:
-            self.pods[row[0]] = pod  # type: ignore[assignment]
+        if self.keep_pods:  # held as a CompactPod: the row's own values, ~0.7 KB less than the pod's dicts
+            self.pods[row[0]] = compact_of(row, shape_lists(self.shapes, self._lists), self.namespace)
         return row[0]  # type: ignore[no-any-return]
 
     def apply(self, journal: Journal) -> set[str] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from agent.core.compact import CompactPod
 from agent.core.model import RawPod
 from agent.core.validation import check_pod
 from agent.errors import InputError
@@ -17,6 +18,8 @@ from agent.errors import InputError
 
 def object_name(obj: object) -> str:
     """Any API object's name, or "" (whatever shape a forged object has)."""
+    if type(obj) is CompactPod:
+        return obj.name
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     name = meta.get("name") if isinstance(meta, dict) else None
     return name if isinstance(name, str) else ""
@@ -28,6 +31,8 @@ def pod_name(pod: RawPod) -> str:
 
 def pod_ip(pod: RawPod) -> str | None:
     """The pod's IP as the kubelet reported it (unchecked: the planner checks it before it reaches a file)."""
+    if type(pod) is CompactPod:
+        return pod.ip or None
     status = pod.get("status") or {}
     ips = [entry.get("ip") for entry in status.get("podIPs") or [] if entry.get("ip")]
     return status.get("podIP") or (ips[0] if ips else None)

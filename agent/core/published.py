@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agent.core import controllers as c
+from agent.core.compact import CompactPod
 from agent.core.containers import pick_trainer_container
 from agent.core.model import Options, RawPod
 from agent.core.validation import json_values, not_json
@@ -119,6 +120,21 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
     return {"metadata": meta, "spec": spec, "status": status}  # type: ignore[typeddict-item]
 
 
+def compact_of(row: list[Any], containers: list[list[dict[str, Any]]], namespace: str) -> RawPod:
+    """``_pod_of``'s pod, held as a ``CompactPod`` (``containers``: each shape's list, shared by its pods)."""
+    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _ = row
+    return CompactPod(name, namespace, rv, labels, annotations, containers[index],  # type: ignore[return-value]
+                      hostname=name if hostname == name else hostname, subdomain=subdomain, node=node, phase=phase,
+                      ip=ip, deleted=deleted)
+
+
+def shape_lists(shapes: list[dict[str, Any]], lists: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """``lists`` grown to one containers list per shape of ``shapes`` (an empty shape: no container)."""
+    for shape in shapes[len(lists):]:
+        lists.append([shape] if shape else [])
+    return lists
+
+
 _SHARED_STRINGS = 65536  # distinct label values held once; past this (index labels of a huge job) kept as read
 
 
@@ -133,21 +149,22 @@ class Compactor:
     def __init__(self, options: Options) -> None:
         self.options = options
         self._index: dict[str, int] = {}
-        self._shapes: list[dict[str, Any]] = []
+        self._shapes: list[list[dict[str, Any]]] = []  # the containers list of each shape, shared by its pods
         self._strings: dict[str, str] = {}
 
     def pod(self, pod: RawPod) -> RawPod:
         """The compact pod, built from fresh strings: holding the parsed LIST page's own strings would keep the
         page's memory arenas from being freed."""
         row = json.loads(json.dumps(_row(pod, self.options, self._index)))
-        while len(self._shapes) < len(self._index):
-            self._shapes.append(json.loads(next(s for s, i in self._index.items() if i == len(self._shapes))))
+        if len(self._shapes) < len(self._index):  # a new shape: its containers list, shared by its pods
+            texts = sorted(self._index, key=self._index.__getitem__)
+            shape_lists([json.loads(text) for text in texts], self._shapes)
         shared = self._shared
         # keys and values both: each pod's own parse made its own copy of the same keys (~4 MB at 16384 pods)
         row[2] = {shared(key): shared(value) for key, value in row[2].items()}
         row[3] = {shared(key): shared(value) for key, value in row[3].items()}
         row[5], row[7] = shared(row[5]), shared(row[7])
-        return _pod_of(row, self._shapes, self._shared(pod.get("metadata", {}).get("namespace", "default")))
+        return compact_of(row, self._shapes, shared(pod.get("metadata", {}).get("namespace", "default")))
 
     def _shared(self, value: Any) -> Any:
         """The values every pod of a job repeats (its job, role, phase, namespace), held once. Strings only: a

@@ -16,6 +16,7 @@ import ipaddress
 import re
 from typing import Any
 
+from agent.core.compact import CompactPod
 from agent.errors import InputError
 
 # The API server's grammars, transcribed from k8s.io/apimachinery (pkg/api/validate/content: dns.go, kube.go;
@@ -120,6 +121,9 @@ def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
     On the hot path of the sidecar and of init at 16384 pods: no message or path is built unless a check fails.
     Init containers are not read by the core, so not checked. ``seen``: ids of container objects checked
     already, which the caller keeps alive (the published rows' pods share one container object per shape)."""
+    if type(pod) is CompactPod:
+        check_pod(dict(pod), seen=seen)  # its sections as the dicts every reader gets
+        return pod  # type: ignore[return-value]
     if type(pod) is not dict:
         raise InputError(f"a pod is {_shown(pod)}, not an object; the pod list cannot be used")
     _check_metadata(pod, _dict(pod, pod, "metadata", "metadata", required=True))

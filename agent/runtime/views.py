@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from agent.core.compact import CompactPod
 from agent.core.gang import Roster
 from agent.core.journal import (
     JOURNAL_KEY,
@@ -70,6 +71,8 @@ def same_but_version(held: RawPod, pod: RawPod) -> bool:
     """Equal but for ``metadata.resourceVersion``: the same pod to everything that reads it."""
     if held is pod:
         return True
+    if type(held) is CompactPod and type(pod) is CompactPod:
+        return held.same_but_version(pod)
     a: Mapping[str, Any] = held  # type: ignore[assignment]
     b: Mapping[str, Any] = pod  # type: ignore[assignment]
     if a.keys() != b.keys():
