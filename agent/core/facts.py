@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from agent.core.compact import CompactPod
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import Controller, selector_matches
 from agent.core.model import Identity, Options, RawPod
@@ -80,9 +81,14 @@ _MISSING = object()
 
 def why_not_member(pod: RawPod) -> str | None:
     """Terminating, Failed and Succeeded pods are gone for training purposes, whatever their labels say."""
-    if pod.get("metadata", {}).get("deletionTimestamp"):
+    deleted: str | None
+    phase: str | None
+    if type(pod) is CompactPod:
+        deleted, phase = pod.deleted, pod.phase
+    else:
+        deleted, phase = pod.get("metadata", {}).get("deletionTimestamp"), pod.get("status", {}).get("phase")
+    if deleted:
         return "terminating (deletionTimestamp is set)"
-    phase = pod.get("status", {}).get("phase")
     if phase in ("Failed", "Succeeded"):
         return f"phase {phase}"
     return None

@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
+from agent.core.compact import CompactPod
 from agent.core.model import Identity, Options, RawPod
 from agent.core.validation import index_value, role_value
 from agent.errors import InputError
@@ -78,8 +79,13 @@ class PodTemplate:
     by_dns: bool = False  # the controller names the pods by DNS (hostname + subdomain)
 
 
+_NO_ANNOTATIONS: dict[str, str] = {}
+
+
 def meta(pod: RawPod) -> tuple[str, dict[str, str], dict[str, str]]:
     """A pod's name, labels and annotations."""
+    if type(pod) is CompactPod:  # read several times per pod: its slots, not a metadata dict each time
+        return pod.name, pod.labels, pod.annotations or _NO_ANNOTATIONS
     metadata = pod.get("metadata", {})
     return metadata.get("name", "?"), metadata.get("labels", {}) or {}, metadata.get("annotations", {}) or {}
 
