@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.controllers import Controller, Objects, detect_controller
-from agent.core.facts import Memo, Sizes, facts_of
+from agent.core.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.model import Options, RawPod
 from agent.core.pods import pod_ip
 from agent.core.topology import Scope, claim_clash, collect
@@ -306,11 +306,11 @@ class GangTracker:
         self.options, self.expected, self.memo, self.self_name = options, expected, memo, self_name
         self.checked = checked  # pods given to put() have passed check_pod already (init's intake)
         self.scope = Scope.of(me, options)
-        # name -> role, index, ordinal, has IP, has a node
-        self.members: dict[str, tuple[str, tuple[int, ...], int, bool, bool]] = {}
+        # name -> the pod's facts (the memo's own object: a tuple of its fields cost ~200 bytes a pod)
+        self.members: dict[str, PodFacts] = {}
         self.errors: dict[str, InputError] = {}
-        self.claims: dict[tuple[str, tuple[int, ...]], list[str]] = {}
-        self.clashes = 0  # (role, index) keys claimed by two pods or more
+        self.claims: dict[tuple[str, tuple[int, ...]], str] = {}  # (role, index) -> the first pod to claim it
+        self.clashes: dict[tuple[str, tuple[int, ...]], list[str]] = {}  # claimed by two pods or more: all of them
         self.presence = _Presence()
         self.without_ip: set[str] = set()
         self.unscheduled: set[str] = set()
@@ -341,10 +341,11 @@ class GangTracker:
         if self.options.roles is None and ident.role in scope.controller.roles_by_pod \
                 and not scope.controller.trains_by_pod(pod, ident.role):
             self.not_training.add(name)
-        self.members[name] = (ident.role, ident.index, ident.ordinal, facts.has_ip, bool(facts.node))
-        claimants = self.claims.setdefault((ident.role, ident.index), [])
-        claimants.append(name)
-        self.clashes += len(claimants) == 2
+        self.members[name] = facts
+        claim = (ident.role, ident.index)
+        first = self.claims.setdefault(claim, name)
+        if first != name:
+            self.clashes.setdefault(claim, [first]).append(name)
         self._count(name, +1)
 
     def remove(self, name: str) -> None:
@@ -356,14 +357,20 @@ class GangTracker:
         self._count(name, -1)
         del self.members[name]
         self.not_training.discard(name)
-        claimants = self.claims[(entry[0], entry[1])]
+        claim = (entry.ident.role, entry.ident.index)  # type: ignore[union-attr]  # members are identified
+        claimants = self.clashes.get(claim)
+        if claimants is None:
+            del self.claims[claim]
+            return
         claimants.remove(name)
-        self.clashes -= len(claimants) == 1
-        if not claimants:
-            del self.claims[(entry[0], entry[1])]
+        self.claims[claim] = claimants[0]
+        if len(claimants) == 1:
+            del self.clashes[claim]
 
     def _count(self, name: str, sign: int) -> None:
-        role, _, ordinal, has_ip, has_node = self.members[name]
+        facts = self.members[name]
+        role, ordinal = facts.ident.role, facts.ident.ordinal  # type: ignore[union-attr]  # members are identified
+        has_ip, has_node = facts.has_ip, bool(facts.node)
         training = self._trains(role, name)
         if training:
             self.presence.count(role, ordinal, sign)
@@ -377,7 +384,7 @@ class GangTracker:
         """The pods the gang waits for that are present: those not on a node yet, and those on one without an IP
         yet (what the pod's Events say of them; the tracker's own flags, O(pods awaited))."""
         waiting = self.without_ip | self.unscheduled
-        unscheduled = tuple(sorted(n for n in waiting if n in self.members and not self.members[n][4]))
+        unscheduled = tuple(sorted(n for n in waiting if n in self.members and not self.members[n].node))
         return unscheduled, tuple(sorted(n for n in self.without_ip if n not in unscheduled))
 
     def pending(self) -> int:
@@ -397,10 +404,10 @@ class GangTracker:
     def status(self) -> GangStatus:
         if self.errors:
             raise self.errors[min(self.errors)]
-        clash = next((names for names in self.claims.values() if len(names) > 1), None)
+        clash = next(iter(self.clashes.items()), None)
         if clash is not None:
-            role, index = self.members[clash[0]][:2]
-            raise claim_clash(role, index, clash[0], clash[1])
+            (role, index), names = clash
+            raise claim_clash(role, index, names[0], names[1])
         expected, training = self.expected, self.presence.training
         missing: list[str] = []
         if expected.per_role:
