@@ -477,25 +477,29 @@ def test_the_memo_lets_go_of_a_pods_earlier_facts_once_it_holds_the_new_ones():
     follows), a pod's new facts replace those of its earlier version at once, not at the next computation."""
     import weakref
 
-    from agent.core.facts import Memo
+    from agent.core.facts import Memo, PodFacts
 
-    class Facts:
+    class Facts(PodFacts):  # weakly referenced (PodFacts has slots)
         pass
+
+    def facts(version):
+        return Facts(name="a", namespace="default", job=None, reason=None, ident=None, error=None, version=version)
 
     memo = Memo(Options())
     v1 = {"metadata": {"name": "a", "resourceVersion": "1"}}
     v2 = {"metadata": {"name": "a", "resourceVersion": "2"}}
     memo.begin()
-    key, _ = memo.lookup("facts", v1)
-    first = Facts()
-    memo.store(key, first)
+    assert memo.key(v1) == ("a", "1") and memo.lookup(("a", "1")) is None
+    first = facts("1")
+    memo.store(first)
     memo.end()  # a computation over the pods (a layout from scratch) ends: its facts are the ones held
+    assert memo.lookup(("a", "1")) is first
     held = weakref.ref(first)
     del first
-    key, missing = memo.lookup("facts", v2)
-    memo.store(key, Facts())
+    assert memo.lookup(memo.key(v2)) is None
+    second = memo.store(facts("2"))
     assert held() is None
-    assert memo.lookup("facts", v2)[1] is not missing
+    assert memo.lookup(("a", "2")) is second and memo.lookup(("a", "1")) is None
 
 
 def test_a_relist_after_a_long_followed_wait_is_laid_out_again_at_once():
