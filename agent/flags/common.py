@@ -21,7 +21,7 @@ from agent.core.validation import DNS_NAME, is_dns1123_label
 from agent.errors import InputError
 
 if TYPE_CHECKING:
-    from agent.ssh.material import SshSettings
+    from agent.ssh.files import SshSettings
 
 DEFAULT_OUT = "/shared"
 
@@ -321,7 +321,7 @@ def ssh_settings(args: argparse.Namespace) -> SshSettings | None:
     if not Path(secret_dir.value).is_dir():
         raise InputError(f"{secret_dir.label} {secret_dir.value}: directory not found; mount the job's SSH Secret "
                          "(topology-agent keygen) there, or drop the option")
-    from agent.ssh.material import SshSettings  # asyncssh: 0.2 s and 20 MB, paid only with SSH
+    from agent.ssh.files import SshSettings  # not material.py: asyncssh is init's only (0.2 s, 16 MB)
 
     return SshSettings(secret_dir=Path(secret_dir.value), port=port, owner=owner)
 

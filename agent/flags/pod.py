@@ -29,7 +29,7 @@ from agent.flags.common import (
 
 if TYPE_CHECKING:
     from agent.k8s.config import ApiConfig
-    from agent.ssh.material import SshSettings
+    from agent.ssh.files import SshSettings
 
 Own = TypeVar("Own")
 

@@ -15,7 +15,7 @@ from agent.errors import InputError
 from agent.flags.common import DEFAULT_OUT, add_topology_arguments, options_from_args, out_dir, ssh_settings
 
 if TYPE_CHECKING:
-    from agent.ssh.material import SshSettings
+    from agent.ssh.files import SshSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, out: bool = True) -> None:

@@ -25,7 +25,7 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
     private: tuple[str, ...] = ()
     if ssh is not None:
         from agent.core.ssh_config import SshPaths  # with the SSH material only: most pods have none
-        from agent.ssh.material import PUBLIC, SshSettings, load_job_keys, membership_files, ssh_files
+        from agent.ssh.files import PUBLIC, SshSettings, membership_files
 
         assert isinstance(ssh, SshSettings)
         paths = SshPaths(str(out_dir.resolve() / "ssh"))
@@ -34,6 +34,8 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
             ssh_out = membership_files(rendered, ca_public, paths=paths, port=ssh.port, texts=ssh_texts)
             modes = dict.fromkeys(ssh_out, PUBLIC)
         else:
+            from agent.ssh.material import load_job_keys, ssh_files  # asyncssh: init's host key and certificate
+
             keys = load_job_keys(ssh.secret_dir)
             ssh_out, modes = ssh_files(rendered, keys, paths=paths, port=ssh.port,
                                        cluster_domain=options.cluster_domain)

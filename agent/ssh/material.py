@@ -19,20 +19,14 @@ import asyncssh
 import yaml
 
 from agent.core import Rendered
-from agent.core.ssh_config import (
-    SshPaths,
-    SshTexts,
-    host_principals,
-    render_known_hosts,
-    render_ssh_config,
-    render_sshd_config,
-)
+from agent.core.ssh_config import SshPaths, host_principals, render_sshd_config
 from agent.errors import InputError
+from agent.ssh.files import PRIVATE, PUBLIC, SshSettings, membership_files
+
+__all__ = ["PRIVATE", "PUBLIC", "SshSettings", "membership_files"]  # the files' side, for the callers of both
 
 log = logging.getLogger("topology_agent.ssh")
 SECRET_KEYS = ("id_ed25519", "id_ed25519.pub", "host_ca", "host_ca.pub")
-PRIVATE = 0o600
-PUBLIC = 0o644
 CERT_VALIDITY = 365 * 24 * 3600
 
 
@@ -114,20 +108,3 @@ def ssh_files(rendered: Rendered, keys: JobKeys, *, paths: SshPaths, port: int, 
     }
     modes = {name: PRIVATE if name.endswith(("id_ed25519", "_key")) else PUBLIC for name in files}
     return files, modes
-
-
-def membership_files(rendered: Rendered, ca_public: str, *, paths: SshPaths, port: int,
-                     texts: SshTexts | None = None) -> dict[str, bytes]:
-    """The SSH files that name the members (the sidecar rewrites these when membership changes: with
-    ``--address ip`` a new member is known by its IP only). The pod's own host key and certificate stay.
-    ``texts``: what each member adds to them, kept by the sidecar between generations."""
-    topo = rendered.plan.topology
-    return {"ssh/known_hosts": render_known_hosts(topo, ca_public, port, texts).encode(),
-            "ssh/ssh_config": render_ssh_config(topo, paths, port, texts).encode()}
-
-
-@dataclass(frozen=True)
-class SshSettings:
-    secret_dir: Path
-    port: int = 2222
-    owner: tuple[int, int] | None = None
