@@ -34,7 +34,7 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
             ssh_out = membership_files(rendered, ca_public, paths=paths, port=ssh.port, texts=ssh_texts)
             modes = dict.fromkeys(ssh_out, PUBLIC)
         else:
-            from agent.ssh.material import load_job_keys, ssh_files  # asyncssh: init's host key and certificate
+            from agent.ssh.material import load_job_keys, ssh_files  # init's host key and certificate
 
             keys = load_job_keys(ssh.secret_dir)
             ssh_out, modes = ssh_files(rendered, keys, paths=paths, port=ssh.port,

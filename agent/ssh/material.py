@@ -2,8 +2,10 @@
 
 The Secret holds a user key pair (for passwordless login between pods) and a host certificate authority.
 Every pod's init container generates a fresh host key and signs it with the CA for the pod's own names, so a
-pod that lacks the Secret cannot pose as a member. Keys are ed25519, made and signed with asyncssh. Private
-keys are never logged; only ``keygen`` prints one (into the Secret manifest it outputs).
+pod that lacks the Secret cannot pose as a member. Keys are ed25519. ``keygen`` makes the Secret with asyncssh;
+init, in every pod, reads the keys and signs its host certificate with ``cryptography`` alone (its
+SSHCertificateBuilder; asyncssh is built on it): importing asyncssh cost each SSH pod's init ~17 MB more.
+Private keys are never logged; only ``keygen`` prints one (into the Secret manifest it outputs).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncssh
 import yaml
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import SSHCertificateBuilder, SSHCertificateType
 
 from agent.core import Rendered
 from agent.core.ssh_config import SshPaths, host_principals, render_sshd_config
@@ -28,18 +33,21 @@ __all__ = ["PRIVATE", "PUBLIC", "SshSettings", "membership_files"]  # the files'
 log = logging.getLogger("topology_agent.ssh")
 SECRET_KEYS = ("id_ed25519", "id_ed25519.pub", "host_ca", "host_ca.pub")
 CERT_VALIDITY = 365 * 24 * 3600
+_CA_TYPES = (ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey)  # what signs a certificate
 
 
 @dataclass(frozen=True)
 class JobKeys:
     user_private: str
     user_public: str
-    ca_private: asyncssh.SSHKey
+    ca_private: serialization.SSHCertPrivateKeyTypes
     ca_public: str
 
 
 def generate_secret_manifest(job: str, namespace: str) -> str:
     """A Secret with a fresh user key pair and host CA; printed by ``keygen``."""
+    import asyncssh  # keygen's alone
+
     user = asyncssh.generate_private_key("ssh-ed25519", comment=f"{job} user")
     ca = asyncssh.generate_private_key("ssh-ed25519", comment=f"{job} host CA")
     data = {
@@ -76,9 +84,11 @@ def load_job_keys(secret_dir: Path) -> JobKeys:
                         secret_dir / name, stat.S_IMODE(mode))
     try:
         user_private = (secret_dir / "id_ed25519").read_text()
-        asyncssh.import_private_key(user_private)
-        ca = asyncssh.import_private_key((secret_dir / "host_ca").read_text())
-    except (asyncssh.KeyImportError, ValueError) as err:
+        serialization.load_ssh_private_key(user_private.encode(), password=None)
+        ca = serialization.load_ssh_private_key((secret_dir / "host_ca").read_bytes(), password=None)
+        if not isinstance(ca, _CA_TYPES):
+            raise TypeError("a host CA key must be ed25519, ECDSA or RSA")
+    except (ValueError, TypeError, UnsupportedAlgorithm) as err:
         raise InputError(f"--ssh-secret-dir {secret_dir}: a private key does not parse ({type(err).__name__}); "
                          "recreate the Secret with topology-agent keygen") from None
     return JobKeys(user_private=user_private, user_public=(secret_dir / "id_ed25519.pub").read_text().strip(),
@@ -91,20 +101,29 @@ def ssh_files(rendered: Rendered, keys: JobKeys, *, paths: SshPaths, port: int, 
     topo = rendered.plan.topology
     me = topo.me
     principals = host_principals(me, topo, cluster_domain)
-    host_key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{me.name} host key")
+    host_key = ed25519.Ed25519PrivateKey.generate()
     issued = int(now if now is not None else time.time())
-    cert = keys.ca_private.generate_host_certificate(
-        host_key, me.name, principals=principals, valid_after=issued - 300, valid_before=issued + CERT_VALIDITY)
+    cert = (SSHCertificateBuilder().public_key(host_key.public_key()).type(SSHCertificateType.HOST)
+            .key_id(me.name.encode()).valid_principals([p.encode() for p in principals])
+            .valid_after(issued - 300).valid_before(issued + CERT_VALIDITY).sign(keys.ca_private))
     log.info("host certificate for %s signed by the job CA, principals: %s", me.name, ", ".join(principals))
     files = {
         "ssh/id_ed25519": keys.user_private.encode(),
         "ssh/id_ed25519.pub": (keys.user_public + "\n").encode(),
         "ssh/authorized_keys": (keys.user_public + "\n").encode(),
-        "ssh/ssh_host_ed25519_key": host_key.export_private_key("openssh"),
-        "ssh/ssh_host_ed25519_key.pub": host_key.export_public_key(),
-        "ssh/ssh_host_ed25519_key-cert.pub": cert.export_certificate(),
+        "ssh/ssh_host_ed25519_key": host_key.private_bytes(serialization.Encoding.PEM,
+                                                           serialization.PrivateFormat.OpenSSH,
+                                                           serialization.NoEncryption()),
+        "ssh/ssh_host_ed25519_key.pub": _line(host_key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH), f"{me.name} host key"),
+        "ssh/ssh_host_ed25519_key-cert.pub": _line(cert.public_bytes(), f"{me.name} host certificate"),
         **membership_files(rendered, keys.ca_public, paths=paths, port=port),
         "ssh/sshd_config": render_sshd_config(paths, port, pod_name=me.name).encode(),
     }
     modes = {name: PRIVATE if name.endswith(("id_ed25519", "_key")) else PUBLIC for name in files}
     return files, modes
+
+
+def _line(key: bytes, comment: str) -> bytes:
+    """An OpenSSH public key or certificate line, with its comment, as ssh-keygen writes it."""
+    return key + b" " + comment.encode() + b"\n"
