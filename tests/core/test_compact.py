@@ -84,14 +84,30 @@ def test_a_compact_pod_is_the_same_but_for_its_version_only_when_nothing_else_di
     assert not same_but_version(held, dict(again))  # the generic comparison agrees
 
 
-def test_a_compact_pod_with_a_field_of_the_wrong_shape_is_refused_as_its_dict_is():
+BAD_ROWS = [  # (place in the row, value): what check_pod refuses in a pod, in the row's fields
+    (0, "Not_A_Name"), (0, 7), (1, 9), (2, {"a": 1}), (2, ["a"]), (3, {"a": None}), (4, "Not_A_Label"),
+    (5, "a.b"), (7, 3), (8, ["127.0.0.1"]), (9, 5), (10, "Node With Spaces"),
+]
+
+
+@pytest.mark.parametrize("at,value", BAD_ROWS)
+def test_a_compact_pod_with_a_field_of_the_wrong_shape_is_refused_as_its_dict_is(at, value):
     rows, shapes = _rows(JOBS["volcano"])
+    lists = [[s] if s else [] for s in shapes]
+    seen: set[int] = set()
+    check_pod(compact_of(rows[0], lists, "default"), seen=seen)  # the shape is checked once: the slots alone after
+    assert seen
     row = [*rows[1]]
-    row[4] = "Not_A_Label"
-    pod = compact_of(row, [[s] for s in shapes], "default")
-    with pytest.raises(InputError) as compact_error:
-        check_pod(pod)
+    row[at] = value
     with pytest.raises(InputError) as dict_error:
         check_pod(_pod_of(row, shapes, "default"))
-    assert str(compact_error.value) == str(dict_error.value)
-    assert "spec.hostname" in str(compact_error.value)
+    for checked in (seen, None):
+        with pytest.raises(InputError) as compact_error:
+            check_pod(compact_of(row, lists, "default"), seen=checked)
+        assert str(compact_error.value) == str(dict_error.value)
+
+
+def test_a_compact_pod_in_a_bad_namespace_is_refused():
+    rows, shapes = _rows(JOBS["volcano"])
+    with pytest.raises(InputError, match=r"metadata\.namespace"):
+        check_pod(compact_of(rows[1], [[s] for s in shapes], "Bad_Namespace"), seen=set())
