@@ -731,6 +731,7 @@ class Planner:
         self._layout: _Layout | None = None
         self._plan: Plan | None = None  # the plan of the layout as it is (None after follow)
         self._since_scratch: int | None = None  # follow(): calls since its last layout from scratch (None: none)
+        self._addresses_kept = True  # the last change renewed no member's address (its plan keeps the templates)
         self.incremental = 0  # plans made from the previous layout (the rest were made from scratch)
         self.followed = 0  # follow() calls that carried the layout over (the rest dropped it or made one)
 
@@ -793,11 +794,15 @@ class Planner:
         if step == "same" and last is not None:
             return last
         plan = _plan_of(layout, self.options)
-        starts = last.topology.__dict__.get("run_starts", _UNKNOWN) if last is not None else _UNKNOWN
-        if step == "in place" and starts is not _UNKNOWN:
-            # The members kept their roles, indices and process counts (in place: same key, identity and
-            # slots), so the runs are the last plan's: no pass over every member (core/summary.py).
-            plan.topology.remember(run_starts=starts)
+        if step != "in place" or last is None:
+            return plan
+        # The members kept their roles, indices and process counts (in place: same key, identity and slots), so
+        # the runs are the last plan's, and so are the addresses' templates while no member's address changed
+        # (a pod's new IP, addressed by DNS name): no pass over every member (core/summary.py).
+        known = last.topology.__dict__
+        kept = {name: known[name] for name in ("run_starts", "address_templates")
+                if name in known and (name == "run_starts" or self._addresses_kept)}
+        plan.topology.remember(**kept)
         return plan
 
     def _advance(self, layout: _Layout, pods: Mapping[str, RawPod], nodes: NodeLabels | None,
@@ -835,6 +840,7 @@ class Planner:
         for name in gone:
             del before[name]
         domains_of = _domain_reader(self.options, nodes)
+        self._addresses_kept = True
         for at in in_place:
             if at < lowest:
                 self._replace(layout, at, domains_of)
@@ -926,6 +932,9 @@ class Planner:
         seen = {old.role: old.ordinal if ident.ordinal < 0 else 0}
         counters = (old.node_rank or 0, old.first_rank or 0, seen)
         _place(layout, at, at + 1, self.options, domains_of, counters=counters)
+        new = layout.rows.placed[at]
+        if new is None or new.address != old.address:
+            self._addresses_kept = False
 
 
 def _changes(before: Mapping[str, RawPod], pods: Mapping[str, RawPod],
