@@ -77,3 +77,23 @@ def test_a_private_key_that_does_not_parse_is_one_line(tmp_path, key):
         load_job_keys(secret)
     assert "a private key does not parse" in str(err.value) and "keygen" in str(err.value)
     assert "\n" not in str(err.value) and "bm90IGEga2V5" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind,shown", [("ecdsa", "ECDSA"), ("rsa", "RSA")])
+def test_a_users_own_ecdsa_or_rsa_ca_signs_too(tmp_path, kind, shown):
+    if shutil.which("ssh-keygen") is None:  # pragma: no cover - .ci/run installs openssh
+        pytest.skip("ssh-keygen is not installed (.ci/run installs openssh-client)")
+    secret = _secret(tmp_path / "secret")
+    for name in ("host_ca", "host_ca.pub"):
+        (secret / name).chmod(0o600)
+        (secret / name).unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "own CA", "-f", str(secret / "host_ca")],
+                   check=True)
+    keys = load_job_keys(secret)
+    rendered = render_pod(examples.volcano_job(), "demo-worker-1", Options(address="ip"))
+    files, _ = ssh_files(rendered, keys, paths=SshPaths(str(tmp_path / "ssh")), port=2222, cluster_domain=None)
+    (tmp_path / "cert.pub").write_bytes(files["ssh/ssh_host_ed25519_key-cert.pub"])
+    shown_cert = subprocess.run(["ssh-keygen", "-L", "-f", str(tmp_path / "cert.pub")], capture_output=True,
+                                text=True, check=True).stdout
+    assert f"Signing CA: {shown} " in shown_cert and "demo-worker-1.demo" in shown_cert
+    assert (secret / "host_ca.pub").read_text().split()[1] in files["ssh/known_hosts"].decode()
