@@ -207,22 +207,6 @@ def test_checking_options_imports_no_heavy_library():
     assert run.stdout.strip() == "[]"
 
 
-def test_the_sidecars_ssh_files_load_no_key_library(tmp_path):
-    # The sidecar rewrites known_hosts and ssh_config at each change; asyncssh (~16 MB of each process that loads
-    # it) is for init's host key and certificate alone.
-    secret = tmp_path / "secret"
-    secret.mkdir()
-    (secret / "host_ca.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFakeFake demo\n")
-    code = ("import sys; from pathlib import Path; from agent import examples; from agent.core import Options, "
-            "render_pod; from agent.runtime.output import write_generation; from agent.ssh.files import SshSettings; "
-            "o = Options(address='ip'); r = render_pod(examples.volcano_job(), 'demo-worker-1', o); "
-            f"names = write_generation(Path({str(tmp_path / 'out')!r}), r, o, SshSettings(Path({str(secret)!r})), "
-            "ssh_membership_only=True); print('ssh/known_hosts' in names, 'asyncssh' in sys.modules)")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert run.stdout.split() == ["True", "False"]
-    assert "@cert-authority" in (tmp_path / "out" / "ssh" / "known_hosts").read_text()
-
-
 def test_init_starts_without_what_a_torch_only_pod_never_runs():
     # Every pod pays init's imports: the frameworks' renderers load when a job selects one, ctypes when a process
     # gives memory back (init's leader), the SSH files' module with the SSH material (bench/import_bench.py).

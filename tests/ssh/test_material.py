@@ -54,18 +54,24 @@ def test_init_signs_a_host_certificate_openssh_reads_with_the_pods_names(tmp_pat
     assert modes["ssh/ssh_host_ed25519_key"] == 0o600 and modes["ssh/ssh_host_ed25519_key-cert.pub"] == 0o644
 
 
-def test_init_writes_its_ssh_material_without_asyncssh(tmp_path):
-    # asyncssh is keygen's: importing it cost each SSH pod's init ~17 MB more than cryptography's SSH support
+@pytest.mark.parametrize("membership_only,written", [(False, "ssh/ssh_host_ed25519_key-cert.pub"),
+                                                     (True, "ssh/known_hosts")])
+def test_the_ssh_files_are_written_without_asyncssh(tmp_path, membership_only, written):
+    # asyncssh is keygen's: importing it cost each SSH pod's init ~17 MB more than cryptography's SSH support, and
+    # the sidecar, which rewrites known_hosts and ssh_config at each change, loads no key library at all
     secret = _secret(tmp_path / "secret")
     code = ("import sys; from pathlib import Path; from agent import examples; from agent.core import Options, "
             "render_pod; from agent.runtime.output import write_generation; from agent.ssh.files import SshSettings; "
             "o = Options(address='ip'); r = render_pod(examples.volcano_job(), 'demo-worker-1', o); "
-            f"names = write_generation(Path({str(tmp_path / 'out')!r}), r, o, SshSettings(Path({str(secret)!r}))); "
-            "print('ssh/ssh_host_ed25519_key-cert.pub' in names, 'asyncssh' in sys.modules)")
+            f"names = write_generation(Path({str(tmp_path / 'out')!r}), r, o, SshSettings(Path({str(secret)!r})), "
+            f"ssh_membership_only={membership_only}); "
+            f"print({written!r} in names, 'asyncssh' in sys.modules, 'cryptography' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert run.stdout.split() == ["True", "False"]
-    assert (tmp_path / "out/ssh/ssh_host_ed25519_key-cert.pub").read_bytes().startswith(
-        b"ssh-ed25519-cert-v01@openssh.com ")
+    assert run.stdout.split() == ["True", "False", str(not membership_only)]
+    if membership_only:
+        assert "@cert-authority" in (tmp_path / "out/ssh/known_hosts").read_text()
+    else:
+        assert (tmp_path / "out" / written).read_bytes().startswith(b"ssh-ed25519-cert-v01@openssh.com ")
 
 
 @pytest.mark.parametrize("key", ["host_ca", "id_ed25519"])
