@@ -89,8 +89,9 @@ def load_job_keys(secret_dir: Path) -> JobKeys:
         if not isinstance(ca, _CA_TYPES):
             raise TypeError("a host CA key must be ed25519, ECDSA or RSA")
     except (ValueError, TypeError, UnsupportedAlgorithm) as err:
-        raise InputError(f"--ssh-secret-dir {secret_dir}: a private key does not parse ({type(err).__name__}); "
-                         "recreate the Secret with topology-agent keygen") from None
+        why = " ".join(str(err).split())[:120]  # cryptography's own words (a key type, a passphrase), never the key
+        raise InputError(f"--ssh-secret-dir {secret_dir}: a private key does not parse ({type(err).__name__}: "
+                         f"{why}); recreate the Secret with topology-agent keygen") from None
     return JobKeys(user_private=user_private, user_public=(secret_dir / "id_ed25519.pub").read_text().strip(),
                    ca_private=ca, ca_public=(secret_dir / "host_ca.pub").read_text().strip())
 

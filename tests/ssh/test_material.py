@@ -103,3 +103,18 @@ def test_a_users_own_ecdsa_or_rsa_ca_signs_too(tmp_path, kind, shown):
                                 text=True, check=True).stdout
     assert f"Signing CA: {shown} " in shown_cert and "demo-worker-1.demo" in shown_cert
     assert (secret / "host_ca.pub").read_text().split()[1] in files["ssh/known_hosts"].decode()
+
+
+def test_a_passphrase_protected_ca_is_refused_saying_so(tmp_path):
+    if shutil.which("ssh-keygen") is None:  # pragma: no cover - .ci/run installs openssh
+        pytest.skip("ssh-keygen is not installed (.ci/run installs openssh-client)")
+    secret = _secret(tmp_path / "secret")
+    for name in ("host_ca", "host_ca.pub"):
+        (secret / name).chmod(0o600)
+        (secret / name).unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-f", str(secret / "host_ca")],
+                   check=True)
+    with pytest.raises(InputError) as err:
+        load_job_keys(secret)
+    assert "does not parse" in str(err.value) and "password" in str(err.value).lower()
+    assert "\n" not in str(err.value) and "BEGIN" not in str(err.value)
