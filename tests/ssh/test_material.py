@@ -27,9 +27,23 @@ def _secret(directory: Path) -> Path:
     return directory
 
 
+NEEDS_KEYGEN = pytest.mark.skipif(shutil.which("ssh-keygen") is None,
+                                  reason="ssh-keygen is not installed (.ci/run installs openssh-client)")
+
+
+def _own_ca(tmp_path: Path, kind: str, passphrase: str = "") -> Path:
+    """A Secret whose host CA the user made with ssh-keygen, in place of keygen's."""
+    secret = _secret(tmp_path / "secret")
+    for name in ("host_ca", "host_ca.pub"):
+        (secret / name).chmod(0o600)
+        (secret / name).unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", passphrase, "-C", "own CA", "-f", str(secret / "host_ca")],
+                   check=True)
+    return secret
+
+
+@NEEDS_KEYGEN
 def test_init_signs_a_host_certificate_openssh_reads_with_the_pods_names(tmp_path):
-    if shutil.which("ssh-keygen") is None:  # pragma: no cover - .ci/run installs openssh
-        pytest.skip("ssh-keygen is not installed (.ci/run installs openssh-client)")
     keys = load_job_keys(_secret(tmp_path / "secret"))
     rendered = render_pod(examples.volcano_job(), "demo-worker-1", Options(address="ip"))
     files, modes = ssh_files(rendered, keys, paths=SshPaths(str(tmp_path / "ssh")), port=2222, cluster_domain=None,
@@ -86,15 +100,9 @@ def test_a_private_key_that_does_not_parse_is_one_line(tmp_path, key):
 
 
 @pytest.mark.parametrize("kind,shown", [("ecdsa", "ECDSA"), ("rsa", "RSA")])
+@NEEDS_KEYGEN
 def test_a_users_own_ecdsa_or_rsa_ca_signs_too(tmp_path, kind, shown):
-    if shutil.which("ssh-keygen") is None:  # pragma: no cover - .ci/run installs openssh
-        pytest.skip("ssh-keygen is not installed (.ci/run installs openssh-client)")
-    secret = _secret(tmp_path / "secret")
-    for name in ("host_ca", "host_ca.pub"):
-        (secret / name).chmod(0o600)
-        (secret / name).unlink()
-    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "own CA", "-f", str(secret / "host_ca")],
-                   check=True)
+    secret = _own_ca(tmp_path, kind)
     keys = load_job_keys(secret)
     rendered = render_pod(examples.volcano_job(), "demo-worker-1", Options(address="ip"))
     files, _ = ssh_files(rendered, keys, paths=SshPaths(str(tmp_path / "ssh")), port=2222, cluster_domain=None)
@@ -105,15 +113,9 @@ def test_a_users_own_ecdsa_or_rsa_ca_signs_too(tmp_path, kind, shown):
     assert (secret / "host_ca.pub").read_text().split()[1] in files["ssh/known_hosts"].decode()
 
 
+@NEEDS_KEYGEN
 def test_a_passphrase_protected_ca_is_refused_saying_so(tmp_path):
-    if shutil.which("ssh-keygen") is None:  # pragma: no cover - .ci/run installs openssh
-        pytest.skip("ssh-keygen is not installed (.ci/run installs openssh-client)")
-    secret = _secret(tmp_path / "secret")
-    for name in ("host_ca", "host_ca.pub"):
-        (secret / name).chmod(0o600)
-        (secret / name).unlink()
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-f", str(secret / "host_ca")],
-                   check=True)
+    secret = _own_ca(tmp_path, "ed25519", "a passphrase")
     with pytest.raises(InputError) as err:
         load_job_keys(secret)
     assert "does not parse" in str(err.value) and "password" in str(err.value).lower()
