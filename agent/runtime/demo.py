@@ -175,9 +175,12 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
     nodes = examples.racks(pods)  # where the scheduler will bind each pod: racks a, b, a, b, a
     bound = {p["metadata"]["name"]: p["spec"].pop("nodeName") for p in pods}
-    port = _free_port()
-    with SandboxThread(out / ".sandbox", services={WEBHOOK_SERVICE: f"127.0.0.1:{port}"}) as sandbox:
+    with SandboxThread(out / ".sandbox") as sandbox:
         write(f"sandbox API server at {sandbox.sandbox.url} (kubeconfig: {sandbox.sandbox.kubeconfig})\n")
+        # The webhook's port is picked once the sandbox listens: picked before, the sandbox's own port could be
+        # the one just let go, and the sandbox then answered the webhook's calls itself (a CI run's failure).
+        port = _free_port()
+        sandbox.sandbox.admission.services[WEBHOOK_SERVICE] = f"127.0.0.1:{port}"
         webhook = start_webhook(sandbox, port, write)
         if webhook is None:
             return 1
