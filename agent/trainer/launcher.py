@@ -88,7 +88,7 @@ def read_files(out: Path, base: dict[str, str], wanted: tuple[str, ...] | None =
     """torch.env, then each framework's env files in topology.json's order, applied to ``base``; with ``wanted``,
     only those frameworks' files (torch.env if it names ``torch``). Read until the
     generation is the same before and after, so that one reading is one generation (``generation`` is written
-    last)."""
+    last); a file that fails to read while the generation moved on is read again, from the new one."""
     for _ in range(50):
         before = _read_generation(out)
         try:
@@ -103,10 +103,13 @@ def read_files(out: Path, base: dict[str, str], wanted: tuple[str, ...] | None =
                 for file in spec.get("files", []):
                     if str(file).endswith(".env"):
                         apply_env_file((out / file).read_text(), env)
-        except FileNotFoundError as err:
-            raise LaunchError(f"{err.filename}: not there; run the launcher where topology-agent init has written "
-                              f"its files (--out {out})") from None
         except (OSError, ValueError) as err:
+            if _read_generation(out) != before:  # read across two generations: read the new one
+                time.sleep(0.02)
+                continue
+            if isinstance(err, FileNotFoundError):
+                raise LaunchError(f"{err.filename}: not there; run the launcher where topology-agent init has "
+                                  f"written its files (--out {out})") from None
             raise LaunchError(f"cannot read the agent's files in {out}: {err}") from None
         if _read_generation(out) == before:
             return Files(before, env, _key(env, out), tuple(withheld))

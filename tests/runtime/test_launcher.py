@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.runtime.signalling import TrainerFinder, signal_trainer
-from agent.trainer import apply_env_file
+from agent.trainer import apply_env_file, launcher
 
 # The command: records each start (its pid and the variables it got), then waits for a signal.
 COMMAND = """
@@ -35,21 +35,28 @@ time.sleep(600)
 ODD = "it's $HOME; `rm -rf /`\nline two \u2028 \"quoted\""  # what a shell would expand, split or run
 
 
+def _put(path: Path, text: str) -> None:
+    """Written to a temp file and renamed, as the agent writes: a reader never sees half a file."""
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(text)
+    os.replace(temp, path)
+
+
 def write_files(out: Path, generation: int, *, world: int, jax: bool = True, withheld: str | None = None,
                 extra: str = "") -> None:
     """The agent's files as init and the sidecar write them: the env files first, generation last."""
     out.mkdir(exist_ok=True)
     quoted = "'" + ODD.replace("'", "'\"'\"'") + "'"
-    (out / "torch.env").write_text(f"# Written by topology-agent\nexport WORLD_SIZE='{world}'\nexport RANK='1'\n"
-                                   f"export ODD={quoted}\nunset PATHLESS\n{extra}")
+    _put(out / "torch.env", f"# Written by topology-agent\nexport WORLD_SIZE='{world}'\nexport RANK='1'\n"
+                            f"export ODD={quoted}\nunset PATHLESS\n{extra}")
     frameworks = {}
     if jax:
         body = "# not written: no IP yet\n" if withheld else \
             f"export JAX_NUM_PROCESSES='{world}'\nexport JAX_COORDINATOR_ADDRESS='10.0.0.1:55527'\n"
-        (out / "jax.env").write_text(body)
+        _put(out / "jax.env", body)
         frameworks["jax"] = {"files": ["jax.env"], "withheld": withheld}
-    (out / "topology.json").write_text(json.dumps({"generation": generation, "frameworks": frameworks}))
-    (out / "generation").write_text(f"{generation}\n")
+    _put(out / "topology.json", json.dumps({"generation": generation, "frameworks": frameworks}))
+    _put(out / "generation", f"{generation}\n")
 
 
 def starts(record: Path) -> list[dict]:
@@ -174,6 +181,25 @@ def test_withheld_values_hold_the_start_until_a_generation_has_them(files):
     procs[0].send_signal(signal.SIGTERM)
     _, err = procs[0].communicate(timeout=10)
     assert "generation 1: not started, the files have no values yet (jax: pod fw-1 has no IP yet)" in err
+
+
+def test_a_file_read_across_two_generations_is_read_again_from_the_new_one(tmp_path, monkeypatch):
+    out = tmp_path / "shared"
+    write_files(out, 1, world=2)
+    (out / "topology.json").write_text('{"generation": 1, "framew')  # what a reader of a file being written sees
+    with pytest.raises(launcher.LaunchError, match="cannot read the agent's files"):
+        launcher.read_files(out, {})  # the generation stays: a bad file is said, not waited on
+    real, calls = launcher._read_generation, []
+
+    def moving(where: Path) -> int:
+        calls.append(where)
+        if len(calls) == 2:  # looked at after the failed read: generation 2 is there by then
+            write_files(out, 2, world=3)
+        return real(where)
+
+    monkeypatch.setattr(launcher, "_read_generation", moving)
+    files = launcher.read_files(out, {})
+    assert files.generation == 2 and files.env["WORLD_SIZE"] == "3" and files.env["JAX_NUM_PROCESSES"] == "3"
 
 
 @pytest.mark.parametrize(("args", "message"), [
