@@ -13,7 +13,7 @@ import json
 import operator
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology
 from agent.core.placement import Level
@@ -130,16 +130,53 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
     }
 
 
+Entry = tuple[Member, bytes, tuple[object, ...]]  # a member, its text and its membership key
+_NAME_OF = _MEMBER = operator.itemgetter(0)  # a Member's name; an entry's member
+_BEFORE_RANKS, _AFTER_RANKS = operator.itemgetter(slice(0, 9)), operator.itemgetter(slice(11, None))  # Member
+_NODE_RANK_OF, _RANK_OF = operator.itemgetter(9), operator.itemgetter(10)
+_HEAD, _TAIL = operator.itemgetter(0), operator.itemgetter(2)
+_NODE_RANK, _RUNNING = b'"nodeRank": ', b', "running": '
+_RANKS = b'%s"nodeRank": %d, "rank": %d, "running": %s'  # a text's head, its two ranks and its tail
+RERANK_FROM = 256  # moved members from which the bulk pass pays (a dict of the last generation by name)
+
+
+def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> list[tuple[int, Entry]]:
+    """Where ``members[i]`` is the member of ``entries[i]`` but for ``node_rank`` and ``first_rank`` (both numbers),
+    its entry, the old text with the two numbers replaced: (i, entry). In C-level passes: a pod that leaves a
+    16384-pod job moves every member after it, and encoding them one by one was most of such a change. Every value
+    before ``"nodeRank": `` is a number, a literal or an escaped string, so its first occurrence is the key, and
+    only the two numbers stand between it and ``, "running": ``."""
+    olds = list(map(_MEMBER, entries))
+    same = map(operator.and_, map(operator.eq, map(_BEFORE_RANKS, olds), map(_BEFORE_RANKS, members)),
+               map(operator.eq, map(_AFTER_RANKS, olds), map(_AFTER_RANKS, members)))
+    numbered = map(operator.and_, map(operator.is_not, map(_NODE_RANK_OF, members), itertools.repeat(None)),
+                   map(operator.is_not, map(_RANK_OF, members), itertools.repeat(None)))
+    places = list(itertools.compress(range(len(members)), map(operator.and_, same, numbered)))
+    if not places:
+        return []
+    new = list(map(members.__getitem__, places))
+    heads = list(map(bytes.partition, map(_TEXT, map(entries.__getitem__, places)), itertools.repeat(_NODE_RANK)))
+    tails = list(map(bytes.partition, map(_TAIL, heads), itertools.repeat(_RUNNING)))
+    if not (all(map(operator.itemgetter(1), heads)) and all(map(operator.itemgetter(1), tails))):
+        return []  # not a text of ours: encoded member by member
+    texts = list(map(_RANKS.__mod__, zip(map(_HEAD, heads), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
+                                         map(_TAIL, tails), strict=True)))
+    return list(zip(places, zip(new, texts, map(_KEY_FIELDS, new), strict=True), strict=True))
+
+
 class MemberTexts:
     """Each member's topology.json text (as bytes: the file is joined from them without a 4.5 MB encode at 16384
     pods) and membership key between the sidecar's generations, found by the member object's identity (its id;
     the entry holds the member, so no other object can take that id while the entry lives): a C-level lookup per
     member, where hashing 4096 members by value cost 5 ms per change and building their keys 1.5 ms. Members that
     are equal but new objects (a plan made from scratch) are found by value, so they are not encoded again
-    either. The last lookup is kept for the membership key of the same members (one pass per change, not two)."""
+    either, and a member that only moved in rank (a pod before it left or came back: every later member) gets
+    its last text with the two numbers replaced (``_reranked``), not encoded again. Entries of earlier generations
+    are let go at each change that moves members: one generation of texts held, not two. The last lookup is kept
+    for the membership key of the same members (one pass per change, not two)."""
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[Member, bytes, tuple[object, ...]]] = {}
+        self._by_id: dict[int, Entry] = {}
         self._by_value: dict[Member, bytes] = {}
         self._last: _Looked | None = None
 
@@ -160,16 +197,34 @@ class MemberTexts:
             by_id = self._by_id
             entries = list(map(by_id.get, map(id, members)))  # C-level; None for the members new since
             moved = list(itertools.compress(range(len(entries)), map(operator.is_, entries, itertools.repeat(None))))
+            if last is not None and len(moved) >= RERANK_FROM:  # a pod joined or left: the members after it moved
+                self._rerank(entries, moved, members, last)
             for at in moved:
-                entries[at] = self._entry(members[at], levels)
+                if entries[at] is None:
+                    entries[at] = self._entry(members[at], levels)
             texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
-        if moved and len(self._by_id) > 2 * len(members) + 64:  # drop the members of earlier generations
+        if moved and len(self._by_id) > len(members) + 64:  # let go of the members of earlier generations
             self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}  # type: ignore[misc]
             self._by_value = {m: e[1] for m, e in zip(members, entries, strict=True)}  # type: ignore[index]
         self._last = _Looked(members, entries, texts, keys)  # type: ignore[arg-type]
         return self._last
 
-    def _entry(self, member: Member, levels: Sequence[Level]) -> tuple[Member, bytes, tuple[object, ...]]:
+    def _rerank(self, entries: list[Any], moved: list[int], members: Sequence[Member], last: _Looked) -> None:
+        """Fill ``entries`` at the ``moved`` places whose pod's last entry differs only in its ranks
+        (``_reranked``), and remember them both ways."""
+        before = dict(zip(map(_NAME_OF, last.members), last.entries, strict=True))
+        new = list(map(members.__getitem__, moved))
+        olds = list(map(before.get, map(_NAME_OF, new)))
+        known = list(itertools.compress(range(len(new)), olds))  # pods that were members: not None
+        found = _reranked(cast("list[Entry]", list(itertools.compress(olds, olds))),
+                          list(itertools.compress(new, olds)))
+        for at, entry in found:
+            entries[moved[known[at]]] = entry
+        entries_found = list(map(operator.itemgetter(1), found))
+        self._by_id.update(zip(map(id, map(_MEMBER, entries_found)), entries_found, strict=True))
+        self._by_value.update(zip(map(_MEMBER, entries_found), map(_TEXT, entries_found), strict=True))
+
+    def _entry(self, member: Member, levels: Sequence[Level]) -> Entry:
         """The member's entry, found by identity, else by value, else encoded (and remembered both ways)."""
         entry = self._by_id.get(id(member))
         if entry is None:

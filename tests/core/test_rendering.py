@@ -1,5 +1,6 @@
 """core/rendering.MemberTexts: the texts and membership keys it keeps between generations are those of the
-members given, whichever way they changed (in place, equal but new, more or fewer)."""
+members given, whichever way they changed (in place, equal but new, more or fewer, moved in rank), byte for byte
+what encoding each member afresh gives, whether the moved members' ranks are replaced in their texts or encoded."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 import pytest
 
+from agent.core import rendering
 from agent.core.model import Member
 from agent.core.rendering import _KEY_FIELDS, MemberTexts, _member_json
 
@@ -30,13 +32,20 @@ STEPS = {
     "one left: the rest move up": lambda ms: tuple(member(i, rank=i - (i > 2)) for i in range(6) if i != 2),
     "one more at the end": lambda ms: (*ms, member(6)),
     "the same length, every rank shifted": lambda ms: tuple(member(i, rank=i + 1) for i in range(6)),
+    "one left and one moved elsewhere": lambda ms: tuple(member(i, "10.6.6.6" if i == 4 else None, rank=i - (i > 1))
+                                                         for i in range(6) if i != 1),
+    "one joined first: the rest move down": lambda ms: (member(9, rank=0), *(member(i, rank=i + 1) for i in range(6))),
+    "a pod that does not train moved": lambda ms: (*ms[:1], *ms[2:], ms[1]._replace(training=False, node_rank=None,
+                                                                                    first_rank=None)),
     "none": lambda ms: (),
 }
 
 
+@pytest.mark.parametrize("rerank_from", [0, rendering.RERANK_FROM])  # ranks replaced in the texts, or encoded
 @pytest.mark.parametrize("step", sorted(STEPS))
 @pytest.mark.parametrize("before", [0, 1, 2])
-def test_kept_texts_and_keys_are_the_members_own(step, before):
+def test_kept_texts_and_keys_are_the_members_own(step, before, rerank_from, monkeypatch):
+    monkeypatch.setattr(rendering, "RERANK_FROM", rerank_from)
     texts, members = MemberTexts(), base()
     for _ in range(before):  # the cache as a sidecar holds it after some generations
         texts.texts(members, ())
@@ -50,3 +59,31 @@ def test_kept_texts_and_keys_are_the_members_own(step, before):
     topo = Topo()
     topo.members, topo.levels = now, ()
     assert texts.membership_key(topo) == tuple(map(_KEY_FIELDS, now))  # type: ignore[arg-type]
+
+
+def test_a_leave_and_a_come_back_in_a_large_job_replace_ranks_and_match_a_fresh_encoding(monkeypatch):
+    encoded: list[Member] = []
+    real = rendering._member_json
+
+    def counting(m: Member, levels=()):  # what is encoded member by member, rather than re-ranked
+        encoded.append(m)
+        return real(m, levels)
+
+    monkeypatch.setattr(rendering, "_member_json", counting)
+    n = 2 * rendering.RERANK_FROM
+    job = tuple(member(i) for i in range(n))
+    texts = MemberTexts()
+    texts.texts(job, ())
+    encoded.clear()
+    left = tuple(member(i, rank=i - (i > 10)) for i in range(n) if i != 10)
+    assert texts.texts(left, ()) == [json.dumps(real(m)).encode() for m in left]
+    assert encoded == []  # every later member moved up: its ranks replaced, nothing encoded
+    back = tuple(member(i) for i in range(n))
+    assert texts.texts(back, ()) == [json.dumps(real(m)).encode() for m in back]
+    assert [m.name for m in encoded] == ["demo-worker-10"]  # the one that came back is new
+
+
+def test_the_rank_fields_are_where_the_rank_replacement_reads_them():
+    m = member(3)._replace(node="n1", domains=("z",))
+    assert rendering._NODE_RANK_OF(m) == m.node_rank and rendering._RANK_OF(m) == m.first_rank
+    assert (*rendering._BEFORE_RANKS(m), m.node_rank, m.first_rank, *rendering._AFTER_RANKS(m)) == tuple(m)
