@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -45,3 +46,19 @@ def freeze() -> None:
     collection during a change does not walk every pod of the job (refcounting still frees them)."""
     gc.collect()
     gc.freeze()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic collector off for one synchronous burst of allocations (a change's plan and files), on again
+    after it. A pod that leaves a 16384-pod job moves every member after it: ~13000 new members, texts and keys,
+    whose allocations ran the collector's young passes ~150 times per change, and now and then a full pass over
+    the plan (in-process, a full-view pod's CPU per change 29.9 -> 24.4 ms). Cycles made meanwhile are found by
+    the first collection after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import json
 import re
 import sys
@@ -139,6 +140,24 @@ async def test_scale_down_delete_terminate_and_replace_are_followed(job, memory)
     await job.until(lambda: generation(job.out) == 4 and job.env()["WORLD_SIZE"] == "2", "terminating excluded")
     assert await job.trainer.next() == "SIGUSR1 4"
     assert [line.split()[1] for line in job.trainer.signals()] == ["2", "3", "4"]
+
+
+async def test_a_change_is_evaluated_with_the_cyclic_collector_off_and_it_is_on_again_after(job, memory,
+                                                                                             monkeypatch):
+    """The collector's passes over a change's new members were up to a third of a large job's change
+    (runtime/memory.collector_paused)."""
+    evaluator, seen = job.sidecar.evaluator, []
+    evaluate = evaluator.evaluate
+
+    def spied(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator, "evaluate", spied)
+    assert gc.isenabled()
+    memory.delete_pod("default", "demo-worker-1")
+    await job.until(lambda: generation(job.out) == 2, "scale down")
+    assert seen and not any(seen) and gc.isenabled()
 
 
 async def test_an_unchanged_relist_after_410_triggers_nothing(job, memory, api):

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from agent import examples
 from agent.core import Options
@@ -165,3 +168,20 @@ async def test_the_planner_is_told_which_pods_changed_since_the_last_evaluation(
     scratch = build_plan(list(sidecar.view.pods.values()), "demo-worker-2", Options())
     assert sidecar.evaluator.plan is not None
     assert sidecar.evaluator.plan.topology.members == scratch.topology.members
+
+
+def test_the_collector_paused_for_a_change_is_left_as_it_was_found_even_when_the_change_fails() -> None:
+    from agent.runtime.memory import collector_paused
+
+    assert gc.isenabled()
+    try:
+        with pytest.raises(ValueError), collector_paused():
+            assert not gc.isenabled()
+            raise ValueError("a change that fails")
+        assert gc.isenabled()
+        gc.disable()  # a process that runs without it (a one-shot command) keeps it off
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -40,7 +40,7 @@ from agent.k8s.retrying import retried
 from agent.runtime.events import AsyncSink, TaskRecorder
 from agent.runtime.handoff import read_handoff
 from agent.runtime.jobs import read_job
-from agent.runtime.memory import keep_freed_memory, release_memory
+from agent.runtime.memory import collector_paused, keep_freed_memory, release_memory
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.nodes import NodeMap, read_nodes, wanted_nodes
 from agent.runtime.sidecar.evaluating import Evaluator
@@ -378,8 +378,9 @@ class Sidecar:
         read_back = await publication.prepare(self.mode) if publication is not None else False
         before = self.generation, publication.seq() if publication is not None else None
         pods = None if light is not None else self.view.placed(by_ip=self.settings.options.address == "ip")
-        retry = self.evaluator.evaluate(since, pods=pods, light=light, nodes=self._nodes(), note=self._note(),
-                                        touched=self.view.take_unplanned() if pods is not None else None)
+        with collector_paused():
+            retry = self.evaluator.evaluate(since, pods=pods, light=light, nodes=self._nodes(), note=self._note(),
+                                            touched=self.view.take_unplanned() if pods is not None else None)
         if retry is not None:  # the files could not be written: the same change again, later
             asyncio.get_running_loop().call_later(retry, self.changes.changed)
         if publication is not None and self.evaluator.valid and await publication.publish(
