@@ -9,6 +9,9 @@ the figures are the agent's own work, without the sandbox sharing the cores.
    sidecar keeps it) and written to a temporary directory, with the sidecar's malloc settings
    (``keep_freed_memory``) or glibc's defaults (``--malloc default``). CPU per change (median), page faults per
    change. (Memory is measured in the published benchmark, in real processes: this one builds full pods first.)
+   Then a worker a quarter into the job leaves and comes back, 5 times each (every member after it moves in
+   rank; the published benchmark's worker that leaves is the last, so it moves none): CPU of each, median.
+   Each change is rendered with the collector paused, as the sidecar does.
 
     python bench/render_bench.py --pods 16384 --runs 3
     python bench/render_bench.py --pods 4096 --runs 3 --frameworks jax,tf,xgboost,paddle,mlx,mpi,ray
@@ -37,7 +40,7 @@ from agent.core import Renderer
 from agent.core.journal import PublishedState, Publisher
 from agent.core.model import FrameworkOptions, Options
 from agent.core.published import Compactor, pack
-from agent.runtime.memory import keep_freed_memory, release_memory
+from agent.runtime.memory import collector_paused, keep_freed_memory, release_memory
 from agent.runtime.output import write_generation
 
 OPTIONS = Options(address="ip")
@@ -98,11 +101,33 @@ def one_run(n: int, changes: int, malloc: str, frameworks: tuple[str, ...] = ())
             rendered = renderer.render(pods, generation=generation, files_dir=str(out))
             renderer.membership_key(rendered)
             write_generation(out, rendered, options)
-        per.append(cpu_ms(change))
+        per.append(cpu_ms(lambda: paused(change)))
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    # A worker in the first quarter leaves and comes back, 5 times: every member after it moves in rank.
+    mover = workers[len(workers) // 4]
+    moves: dict[str, list[float]] = {"leave": [], "come_back": []}
+    for k in range(10):
+        if k % 2 == 0:
+            gone = pods.pop(mover)
+        else:
+            pods[mover] = gone
+
+        def move(generation: int = changes + k + 2) -> None:
+            rendered = renderer.render(pods, generation=generation, files_dir=str(out))
+            renderer.membership_key(rendered)
+            write_generation(out, rendered, options)
+        moves["come_back" if k % 2 else "leave"].append(cpu_ms(lambda: paused(move)))
     return {"snapshot_first_ms": first, "snapshot_whole_ms": whole,
             "snapshot_after_change_ms": statistics.median(after), "change_cpu_ms": statistics.median(per),
-            "faults_per_change": faults / changes, "topology_json_bytes": (out / "topology.json").stat().st_size}
+            "faults_per_change": faults / changes, "topology_json_bytes": (out / "topology.json").stat().st_size,
+            "leave_cpu_ms": statistics.median(moves["leave"]),
+            "come_back_cpu_ms": statistics.median(moves["come_back"])}
+
+
+def paused(call: Any) -> None:
+    """As the sidecar evaluates a change: with the cyclic collector off (runtime/memory.collector_paused)."""
+    with collector_paused():
+        call()
 
 
 def main() -> None:
