@@ -254,19 +254,26 @@ STEPS = {
     "one left": lambda ms: ms[:-1],
     "one more": lambda ms: (*ms, _member("w-9", "w-9.demo", "10.0.0.99")),
     "equal members, new objects": lambda ms: tuple(_member(m.name, m.dns_name, m.ip, m.address) for m in ms),
+    "the first left, one moved to a new IP": lambda ms: (*ms[1:3], _member(ms[3].name, ms[3].dns_name, "10.8.8.8",
+                                                                           ms[3].address), *ms[4:]),
+    "one joined first, one without an IP": lambda ms: (_member("w-7", "w-7.demo", "10.0.0.77"), *ms[:2],
+                                                       _member(ms[2].name, ms[2].dns_name, None, ms[2].address),
+                                                       *ms[3:]),
+    "one more in IPv6": lambda ms: (*ms, _member("w-8", "w-8.demo", "fd00::8")),
 }
 
 
+@pytest.mark.parametrize("family", ["10.0.0.{}", "fd00::{}"])
 @pytest.mark.parametrize("address", ["ip", "dns"])
 @pytest.mark.parametrize("step", sorted(STEPS))
-def test_the_sidecars_kept_ssh_texts_make_the_files_made_from_scratch(step, address):
+def test_the_sidecars_kept_ssh_texts_make_the_files_made_from_scratch(step, address, family):
     """A launcher keeps what each member adds to known_hosts and ssh_config (SshTexts) and recomputes only the
     places that changed: the files are those rendered from scratch, whatever changed."""
     from agent.core.model import Topology
     from agent.core.ssh_config import SshTexts, render_known_hosts
 
     def member(i: int):
-        return _member(f"w-{i}", f"w-{i}.demo", f"10.0.0.{i}", address=f"w-{i}.demo" if address == "dns" else None)
+        return _member(f"w-{i}", f"w-{i}.demo", family.format(i), address=f"w-{i}.demo" if address == "dns" else None)
 
     def topology(members):
         return Topology(controller="volcano", namespace="ns", job="demo", job_uid=None, self_name="w-0",
