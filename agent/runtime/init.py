@@ -525,6 +525,8 @@ class Init:
         this pod leads from now on (``leading``: a guard took the Lease over, or the copy is this pod's own)."""
         s = self.settings
         self.part.followed = True
+        if self.ssh is not None:  # its keys and certificate are made once the wait is over: import their code now
+            import agent.ssh.material  # noqa: F401  (~30 ms on the start-up path of every pod of an SSH job)
         check = self.writer_check(me, source)
         self.reads.writers = check.accepted  # the writers vouched for: the sidecar need not read them again
         why_full = why_full_view(s.options)
