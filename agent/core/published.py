@@ -138,6 +138,28 @@ def shape_lists(shapes: list[dict[str, Any]], lists: list[list[dict[str, Any]]])
 _SHARED_STRINGS = 65536  # distinct label values held once; past this (index labels of a huge job) kept as read
 
 
+class SharedStrings:
+    """The values every pod of a job repeats (its job, role, phase, namespace, a node's name), held once per
+    reader: each pod's parse made its own copy. Strings only: a dict would hand back 1 for True."""
+
+    def __init__(self) -> None:
+        self._strings: dict[str, str] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if type(value) is not str or len(self._strings) >= _SHARED_STRINGS:
+            return value
+        return self._strings.setdefault(value, value)
+
+    def row(self, row: list[Any]) -> None:
+        """A decoded row's repeated values, in place (the row is the reader's own; its labels and annotations
+        keep their keys, which one document's parse shares already)."""
+        for part in (row[2], row[3]):
+            if type(part) is dict:
+                for key, value in part.items():
+                    part[key] = self(value)
+        row[5], row[7], row[10] = self(row[5]), self(row[7]), self(row[10])
+
+
 class Compactor:
     """Peers as followers see them: the row's fields only, one shared container object per shape.
 
@@ -150,7 +172,7 @@ class Compactor:
         self.options = options
         self._index: dict[str, int] = {}
         self._shapes: list[list[dict[str, Any]]] = []  # the containers list of each shape, shared by its pods
-        self._strings: dict[str, str] = {}
+        self._shared = SharedStrings()
 
     def pod(self, pod: RawPod) -> RawPod:
         """The compact pod, built from fresh strings: holding the parsed LIST page's own strings would keep the
@@ -163,15 +185,8 @@ class Compactor:
         # keys and values both: each pod's own parse made its own copy of the same keys (~4 MB at 16384 pods)
         row[2] = {shared(key): shared(value) for key, value in row[2].items()}
         row[3] = {shared(key): shared(value) for key, value in row[3].items()}
-        row[5], row[7] = shared(row[5]), shared(row[7])
+        row[5], row[7], row[10] = shared(row[5]), shared(row[7]), shared(row[10])
         return compact_of(row, self._shapes, shared(pod.get("metadata", {}).get("namespace", "default")))
-
-    def _shared(self, value: Any) -> Any:
-        """The values every pod of a job repeats (its job, role, phase, namespace), held once. Strings only: a
-        dict would hand back 1 for True."""
-        if type(value) is not str or len(self._strings) >= _SHARED_STRINGS:
-            return value
-        return self._strings.setdefault(value, value)
 
 
 def pack(document: dict[str, Any]) -> bytes:

@@ -18,7 +18,7 @@ from agent import examples
 from agent.core import Options, render_pod
 from agent.core import journal as journal_module
 from agent.core.journal import JOURNAL_BYTES, PublishedState, Publisher, read_journal
-from agent.core.published import decode, pack
+from agent.core.published import _pod_of, decode, pack
 from agent.errors import InputError
 
 OPTIONS = Options(address="ip")
@@ -177,23 +177,36 @@ def test_a_single_pod_change_costs_each_follower_a_few_kib_at_any_size(n):
     assert before > n // 100 * max(sizes)
 
 
-def test_a_new_leader_continues_the_sequence_from_what_it_followed():
+def test_a_new_leader_continues_the_sequence_from_what_it_reads_back():
     pods = job(10)
     old = leader_for(pods)
-    follower = snapshot_of(old)
+    packed = old.snapshot_packed()  # the snapshot as the old leader published it
     touched = mutate(pods, "new-ip", 4)
     old.change(pods, touched)
-    follower.apply(journal_of(old))
+    read = PublishedState.from_configmap(as_configmap(packed), pods=False, compare_only=True)
+    assert read is not None and read.apply(journal_of(old)) == set(touched)  # brought forward, as state_from does
     other = snapshot_of(old)
     other.apply(journal_of(old))
-    # The old leader's pod goes; the follower takes over from its own state and publishes only the difference.
+    # The old leader's pod goes; a new leader takes over from what it read back and publishes only the difference.
     gone = "demo-master-0"
     del pods[gone]
-    new = Publisher(follower, OPTIONS, leader="demo-worker-1", journal=journal_of(old).entries)
+    new = Publisher(read, OPTIONS, leader="demo-worker-1", journal=journal_of(old).entries)
     entry = new.change(pods, set(pods) | {gone})
     assert entry is not None and entry.gone == (gone,) and entry.put == ()
     assert other.apply(journal_of(new)) == {gone}
     assert set(other.pods) == set(pods)
+
+
+def test_a_follower_keeps_a_row_beside_its_pod_only_for_its_nodes_labels():
+    pods = job(6)
+    follower = snapshot_of(leader_for(pods))
+    assert set(follower.pods) == set(pods) and follower.rows == {}  # each pod says all its row says
+    row = next(iter(leader_for(pods).state.rows.values()))
+    labelled = [*row[:10], "node-1", {"topology.kubernetes.io/zone": "z1"}]  # read with --topology-levels
+    follower._put(labelled)
+    assert follower.rows == {row[0]: labelled} and follower.node_labels() == {"node-1": labelled[11]}
+    follower._put(row)  # the same pod on a node without the labels read
+    assert follower.rows == {} and follower.node_labels() == {}
 
 
 @pytest.mark.parametrize("data", [
@@ -213,6 +226,18 @@ def test_a_forged_or_broken_journal_is_refused_in_one_line(data):
     assert "\n" not in str(err.value) and "published topology" in str(err.value)
 
 
+def test_a_followers_pods_hold_once_the_values_every_pod_repeats_and_read_as_published():
+    pods = job(6)
+    leader = leader_for(pods)
+    follower = snapshot_of(leader)
+    a, b = follower.pods["demo-worker-1"], follower.pods["demo-worker-2"]
+    assert a["metadata"]["labels"]["volcano.sh/job-name"] is b["metadata"]["labels"]["volcano.sh/job-name"]
+    assert a["spec"]["subdomain"] is b["spec"]["subdomain"] and a["status"]["phase"] is b["status"]["phase"]
+    fresh = PublishedState.from_document(decode(pack(leader.snapshot_document())), pods=False)
+    assert {name: dict(pod) for name, pod in follower.pods.items()} == {
+        name: _pod_of(row, fresh.shapes, "default") for name, row in fresh.rows.items()}
+
+
 def test_a_refused_container_shape_stays_refused_for_the_rows_after():
     """Rows share container shapes and each shape is checked once; a shape that fails is not remembered as
     checked, so a second row with it is refused too."""
@@ -225,7 +250,7 @@ def test_a_refused_container_shape_stays_refused_for_the_rows_after():
     index = len(follower.shapes)
     follower.shapes.append(bad)
     for name in ("demo-worker-1", "demo-worker-2"):
-        row = [*follower.rows[name]]
+        row = [*leader.state.rows[name]]  # as published (a follower keeps the pod, not the row)
         row[6] = index
         with pytest.raises(InputError, match="env"):
             follower._put(row)
