@@ -182,13 +182,13 @@ class Options:
         return replace(self, choice=replace(self.choice, controller=key))
 
 
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """Where a controller places one pod: its job, its role, and the key that orders it within the role."""
+class Identity(NamedTuple):
+    """Where a controller places one pod: its job, its role, and the key that orders it within the role. A
+    NamedTuple, not a frozen dataclass: one is made per pod and version (16384 pods: 11 -> 3 ms)."""
 
     job: str
     role: str
-    index: tuple[int, ...]
+    index: tuple[int, ...]  # type: ignore[assignment]  # shadows tuple.index, as Member's does
     ordinal: int
 
 
