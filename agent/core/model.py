@@ -322,13 +322,16 @@ class Whole:
     """The job-wide facts of a topology that holds only part of the job (``--view own``: rank 0 and this pod).
     ``roles``: every role present in rank order, with its pod count and its addresses (None: not published,
     the role is too large); ``addresses``: the large roles whose addresses follow a template (published only
-    for a job whose framework files name every member)."""
+    for a job whose framework files name every member, or whose rank 0 launches over SSH); ``runs``: the
+    summary's runs of node ranks; ``hosts``: this pod writes the host lists from them (``Topology.summary_hosts``)."""
 
     nnodes: int
     world_size: int
     slot_sizes: frozenset[int]
     roles: tuple[tuple[str, int, tuple[str, ...] | None], ...]
     addresses: tuple[tuple[str, RoleAddresses], ...] = ()
+    runs: tuple[tuple[str, int, int, int], ...] = ()  # the node ranks in order: (role, seen before, pods, slots)
+    hosts: bool = False  # this pod writes the host lists from the summary (the SSH launcher: core/view_choice.py)
 
 
 @dataclass(frozen=True)
@@ -397,6 +400,26 @@ class Topology:
         # a role with members that do not train (a launcher that is not a node) has addresses no run gives
         return {role: address_template(found) if sum(len(run[3]) for run in found) == len(self.role_members(role))
                 else None for role, found in runs.items()}
+
+    @functools.cached_property
+    def summary_hosts(self) -> tuple[tuple[str, ...], tuple[int, ...]] | None:
+        """In its own view, every training pod's address and process count in node-rank order, as the full view's
+        hostfile lists them, when the summary gives every training role's addresses and no two are one (None:
+        only the full view can list them). The runs say which of a role's addresses come where."""
+        whole = self.whole
+        if whole is None or not whole.runs:
+            return None
+        addresses: list[str] = []
+        slots: list[int] = []
+        for role, seen, count, size in whole.runs:
+            listed = self.role_addresses(role)
+            if listed is None or seen + count > len(listed):
+                return None
+            addresses += listed[seen:seen + count]
+            slots += [size] * count
+        if len(set(addresses)) != len(addresses):  # a host list cannot name one host twice (``hosts``)
+            return None
+        return tuple(addresses), tuple(slots)
 
     @functools.cached_property
     def _expanded(self) -> dict[str, tuple[str, ...]]:

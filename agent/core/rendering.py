@@ -8,6 +8,7 @@ Volcano's one-host-per-line lists; ``topology.json`` is the machine-readable who
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import operator
@@ -65,7 +66,16 @@ def _lines(members: Sequence[Member], tail: str, slots: frozenset[int] | None = 
 
 
 def hosts_lines(topology: Topology, tail: str) -> str:
-    """``<address><tail>\n`` per training member, each address once (``{}`` in ``tail``: its slots)."""
+    """``<address><tail>\n`` per training member, each address once (``{}`` in ``tail``: its slots); in an own
+    view that lists the hosts, from the summary (``Topology.summary_hosts``)."""
+    listed = topology.summary_hosts if topology.whole is not None else None
+    if listed is not None:
+        addresses, slots = listed
+        sizes = set(slots)
+        if len(sizes) == 1:
+            end = tail.format(next(iter(sizes))) + "\n"
+            return end.join(addresses) + end
+        return "".join(f"{address}{tail.format(size)}\n" for address, size in zip(addresses, slots, strict=True))
     hosts = topology.hosts
     return _lines(hosts, tail, topology.slot_sizes if hosts is topology.training else None, topology.host_addresses)
 
@@ -74,11 +84,17 @@ def render_hostfile(topology: Topology) -> str:
     return hosts_lines(topology, " slots={}")
 
 
+def hosts_digest(topology: Topology) -> str:
+    """What an own view's host lists say, in topology.json (``"hosts"``): a change of them is a new generation
+    even where no variable changes (a pod left and another came, between two summaries)."""
+    return hashlib.sha256(render_hostfile(topology).encode()).hexdigest()[:32]
+
+
 def render_role_hosts(topology: Topology) -> dict[str, str]:
     """Volcano's ``<role>.host``: one address per line, in rank order."""
     files = {}
     for role in topology.roles:
-        hosts = topology.role_hosts(role)[1] or ()
+        hosts = topology.role_addresses(role) or ()
         files[host_file_name(role)] = "\n".join(hosts) + "\n" if hosts else ""
     return files
 
@@ -124,6 +140,7 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
                      "rankOrder": topo.rank_order, "note": topo.order_note},
         "members": [_member_json(m, topo.levels) for m in topo.members] if members else [],
         **({"view": "own"} if topo.whole is not None else {}),
+        **({"hosts": hosts_digest(topo)} if topo.whole is not None and topo.whole.hosts else {}),
         "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
         "env": {v.name: v.value for v in variables if v.written and not v.unset},
         **({"frameworks": {r.key: r.document() for r in frameworks}} if frameworks else {}),
@@ -304,9 +321,11 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int, 
     files (agent/core/frameworks) before the markers. A view of part of the job (--view own) writes no host
     list: its pod knows only rank 0 and itself."""
     files = {"torch.env": render_env(variables).encode()}
-    if plan.topology.whole is None:
+    whole = plan.topology.whole
+    if whole is None or whole.hosts:  # an own view lists hosts only for the SSH launcher (core/view_choice.py)
         files["hostfile"] = render_hostfile(plan.topology).encode()
         files.update((name, text.encode()) for name, text in render_role_hosts(plan.topology).items())
+    if whole is None:  # it lists the Running pods, which only the full view knows
         files["discover_hosts.sh"] = render_discover_hosts(plan.topology).encode()
     for rendition in frameworks:
         files.update(rendition.files)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.core.controllers import detect_controller, parse_selector
@@ -44,7 +44,7 @@ from agent.core.pods import pod_name
 from agent.core.published import bounded_loads
 from agent.core.topology import Plan, ranks_in_run
 from agent.core.validation import DNS_NAME, check_pod, parse_ip
-from agent.core.view_choice import choose_view
+from agent.core.view_choice import choose_view, hosts_listed
 from agent.errors import InputError
 
 SUMMARY_KEY = "summary.json"
@@ -94,11 +94,12 @@ class Summary:
                     None)
 
 
-def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Options | None = None
-              ) -> dict[str, Any] | None:
+def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Options | None = None,
+              ssh: bool = False) -> dict[str, Any] | None:
     """The summary of the leader's plan, or None when runs cannot state it (see the module's docstring).
     ``listed``: the largest role whose addresses are kept; ``options``: the job's, whose selected frameworks'
-    ports (which rank 0's container or the whole membership decide) the summary carries."""
+    ports (which rank 0's container or the whole membership decide) the summary carries; ``ssh``: the job's pods
+    have its SSH material (rank 0 launches over SSH, on the hostfile: ``_templates``)."""
     topo = plan.topology
     if topo.levels or topo.rank_order != "index" or not topo.training or topo.whole is not None:
         return None
@@ -119,7 +120,7 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Opti
         roles.append([role, count, list(map(ADDRESS, topo.role_members(role))) if count <= listed else None])
     rank0 = topo.training[0]
     ports = published_ports(plan, options) if options is not None else {}
-    addresses = _templates(plan, options, listed) if options is not None else {}
+    addresses = _templates(plan, options, listed, ssh=ssh) if options is not None else {}
     return {"schema": SUMMARY_SCHEMA, "seq": seq, "trainingRoles": list(topo.training_roles), "nnodes": topo.nnodes,
             "worldSize": topo.world_size, "slots": sorted(topo.slot_sizes), "masterPort": plan.master_port,
             "masterPortSource": plan.master_port_source,
@@ -131,11 +132,11 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Opti
                               for role, t in addresses.items()}} if addresses else {})}
 
 
-def _templates(plan: Plan, options: Options, listed: int) -> dict[str, AddressTemplate]:
-    """For a job whose framework files name every member (TF_CONFIG): each large training role's address
-    template, where one gives every member's address (``Topology.address_templates``), so its pods need not
-    read the snapshot to write them."""
-    if not any(framework.needs_every_member for framework, _ in selected(plan, options)):
+def _templates(plan: Plan, options: Options, listed: int, *, ssh: bool = False) -> dict[str, AddressTemplate]:
+    """For a job whose framework files name every member (TF_CONFIG), or whose rank 0 launches over SSH (its
+    hostfile): each large training role's address template, where one gives every member's address
+    (``Topology.address_templates``), so its pods need not read the snapshot to write them."""
+    if not ssh and not any(framework.needs_every_member for framework, _ in selected(plan, options)):
         return {}
     topo = plan.topology
     return {role: template for role, template in topo.address_templates.items()
@@ -321,10 +322,12 @@ def _read_runs(runs_raw: list[Any], training_roles: tuple[str, ...], slots: froz
     return tuple(runs)
 
 
-def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
+def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = False) -> Plan | None:
     """This pod's plan from the summary and its own pod: rank 0 and itself as members, the job-wide numbers from
     the summary. None when the summary does not place this pod (not published yet, or not a training pod);
-    ``InputError`` when the pod itself cannot be placed (as ``build_plan`` would say)."""
+    ``InputError`` when the pod itself cannot be placed (as ``build_plan`` would say). ``ssh``: the pod has the
+    job's SSH material; as rank 0 it launches, and writes the host lists when the summary gives them
+    (``view_choice.hosts_listed``)."""
     own = check_pod(own)  # type: ignore[assignment]
     controller = detect_controller(own, options)
     pairs = parse_selector(options.choice.selector) if options.choice.selector else None
@@ -360,10 +363,12 @@ def light_plan(summary: Summary, own: RawPod, options: Options) -> Plan | None:
     if controller.owner_is_job:
         owner_uid = next((o.get("uid") for o in own.get("metadata", {}).get("ownerReferences", [])
                           if o.get("controller")), None)
+    whole = Whole(summary.nnodes, summary.world_size, summary.slot_sizes, summary.roles, summary.addresses,
+                  tuple((r.role, r.seen, r.last - r.first + 1, r.slots) for r in summary.runs))
     topology = Topology(controller=controller.key, namespace=facts.namespace, job=ident.job, job_uid=owner_uid,
-                        self_name=name, training_roles=summary.training_roles, members=members,
-                        whole=Whole(summary.nnodes, summary.world_size, summary.slot_sizes, summary.roles,
-                                    summary.addresses))
+                        self_name=name, training_roles=summary.training_roles, members=members, whole=whole)
+    if ssh and node_rank == 0 and hosts_listed(topology):  # rank 0 launches on the hostfile: it writes it
+        topology = replace(topology, whole=replace(whole, hosts=True))
     source = summary.master_port_source
     if options.master_port is not None:
         port, source = options.master_port, "--master-port"
@@ -383,13 +388,13 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed
     why = choose_view(plan, options, ssh=ssh, published=published)
     if why is not None:
         return None, why
-    raw = summarize(plan, seq=0, listed=listed, options=options)
+    raw = summarize(plan, seq=0, listed=listed, options=options, ssh=ssh)
     if raw is None:
         return None, "the job's ranks make no summary (more runs of ranks than a summary holds)"
     try:
         summary = read_summary(summary_text(raw))
         assert summary is not None
-        light = light_plan(summary, plan.self_pod, options)
+        light = light_plan(summary, plan.self_pod, options, ssh=ssh)
     except InputError as err:
         return None, str(err)
     if light is None:
@@ -398,11 +403,14 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed
     return (light, "") if why is None else (None, why)
 
 
-def view_key(env: dict[str, str], frameworks: dict[str, Any] | None = None) -> tuple[tuple[str, str], ...]:
+def view_key(env: dict[str, str], frameworks: dict[str, Any] | None = None, hosts: str | None = None
+             ) -> tuple[tuple[str, str], ...]:
     """What a change must alter to be worth a rewrite and a signal with --view own: the written variables (the
-    generation aside) and the frameworks' (their ``env`` and whether they are withheld), as rendered or as read
-    back from topology.json's ``env`` and ``frameworks``."""
+    generation aside), the frameworks' (their ``env`` and whether they are withheld) and the host lists' digest
+    (the SSH launcher's), as rendered or as read back from topology.json's ``env``, ``frameworks`` and ``hosts``."""
     items = [(k, v) for k, v in env.items() if k != "TOPOLOGY_GENERATION"]
+    if hosts is not None:
+        items.append((":hosts", str(hosts)))
     for key, entry in (frameworks or {}).items():
         items += [(f"{key}:{name}", value) for name, value in entry["env"].items()]
         items += [(f"{key}:withheld", str(entry["withheld"])), (f"{key}:digest", str(entry["digest"]))]

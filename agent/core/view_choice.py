@@ -8,7 +8,10 @@ their files must name every member:
 - a pod of role ``launcher`` (an MPIJob's, a TrainJob's on an MPI runtime): mpirun runs there, on the hostfile;
 - a pod whose role does not train (a parameter server, a driver): its files list the job's pods by role;
 - with SSH (``--ssh-secret-dir``) and no launcher role, node rank 0, which launches: DeepSpeed's pdsh runner,
-  ``mpirun`` and ``horovodrun`` (with discover_hosts.sh) run there on the hostfile;
+  ``mpirun`` and ``horovodrun`` run there on the hostfile, unless the summary lists every host (DNS names that
+  follow the pods' indices, in rank 0's domain: ``hosts_listed``); its own view then writes the hostfile and
+  the ``<role>.host`` files from the summary, the same bytes, and no discover_hosts.sh (which lists the Running
+  pods: ``--view full`` for horovodrun's ``--host-discovery-script``);
 - a pod given the files of a framework that names every member (``Framework.needs_every_member``: MLX's ring
   hostfile, MPI's hostfile for every training pod with ``--frameworks mpi``, TensorFlow's TF_CONFIG unless the
   summary gives every TF role's addresses: ``Framework.own_view_serves``);
@@ -23,7 +26,7 @@ leader and the standbys hold every member whatever they write, to publish and to
 from __future__ import annotations
 
 from agent.core.frameworks import LAUNCHER_ROLE, new_context, selected
-from agent.core.model import Options
+from agent.core.model import LISTED_HOSTS, Options, Topology
 from agent.core.topology import Plan
 
 SMALL_JOB = "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
@@ -47,9 +50,10 @@ def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | Non
         return f"role '{LAUNCHER_ROLE}': mpirun runs here, on the hostfile of every training pod"
     if not me.training:
         return f"role '{me.role}' does not train: its files list the job's pods by role"
-    if ssh and me.node_rank == 0 and LAUNCHER_ROLE not in topology.roles:
-        return "it launches over SSH (DeepSpeed's pdsh runner, mpirun, horovodrun): its hostfile names every " \
-               "training pod"
+    if ssh and me.node_rank == 0 and LAUNCHER_ROLE not in topology.roles and not hosts_listed(topology):
+        return "it launches over SSH (DeepSpeed's pdsh runner, mpirun, horovodrun) and its hostfile names every " \
+               "training pod, which the summary cannot list (addresses that follow no template, or outside rank " \
+               "0's DNS domain)"
     chosen = selected(plan, options)
     if not chosen:
         return None
@@ -64,6 +68,32 @@ def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | Non
             if blocked is not None:
                 return f"its {framework.title} files ({framework.env_file}) need more than its own view: {blocked}"
     return None
+
+
+def hosts_listed(topology: Topology) -> bool:
+    """Whether rank 0's own view can write its host lists (hostfile, ``<role>.host``) from the summary, the same
+    bytes as the full view: every role's addresses known to the summary (a role of at most ``LISTED_HOSTS`` pods
+    is listed, a larger one needs an address template: DNS names that follow the pods' indices), no address
+    twice, and every host in rank 0's own DNS domain, so that its known_hosts patterns (core/ssh_config.py, made
+    from the members it holds) cover every name the hostfile gives. Asked of the whole plan (what the summary
+    would allow) or of the own view (what it does: ``Whole.hosts``, set from ``Topology.summary_hosts``)."""
+    if topology.whole is not None:
+        if topology.summary_hosts is None or any(topology.role_addresses(r) is None for r in topology.roles):
+            return False
+        addresses = topology.summary_hosts[0]
+    else:
+        templates = topology.address_templates
+        if topology.repeated_hosts or any(len(topology.role_members(role)) > LISTED_HOSTS
+                                          and templates.get(role) is None for role in topology.roles):
+            return False
+        addresses = topology.host_addresses
+    if LAUNCHER_ROLE in topology.roles or not topology.training:
+        return False
+    rank0 = topology.training[0]
+    if not rank0.dns_name or rank0.address != rank0.dns_name or "." not in rank0.dns_name:
+        return False
+    domain = rank0.dns_name.partition(".")[2]
+    return all(address.partition(".")[2] == domain for address in addresses)
 
 
 def choose_view(plan: Plan, options: Options, *, ssh: bool, published: bool) -> str | None:

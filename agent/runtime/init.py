@@ -501,7 +501,7 @@ class Init:
                 publisher=publisher, retry=self.retried,
                 # a pod left out here (an index past the replicas) may be a member to the sidecar, whose roster
                 # lets the job grow: it lists the pods then
-                pods_rv="" if gang.refused else gang.rv):
+                pods_rv="" if gang.refused else gang.rv, ssh=self.ssh is not None):
             await self.give_way(me, source)
         own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=source.kind == "published")
         if why and not (self.part.followed and why == why_full_view(s.options)):  # a follower said that one already

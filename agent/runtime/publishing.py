@@ -82,7 +82,8 @@ async def vouch(get: Callable[..., Awaitable[dict[str, Any]]], check: WriterChec
     return None, False
 
 
-def summary_data(publisher: Publisher, plan: Plan | None, options: Options) -> tuple[dict[str, str], str]:
+def summary_data(publisher: Publisher, plan: Plan | None, options: Options, *, ssh: bool = False
+                 ) -> tuple[dict[str, str], str]:
     """The summary ConfigMap's data: the journal's header with no changes and, unless the job asks every pod to
     read every member (``--view full``), the summary of a plan that can be summarized (core/summary.py); and what
     it says (``said``), which decides whether it is written again."""
@@ -90,8 +91,8 @@ def summary_data(publisher: Publisher, plan: Plan | None, options: Options) -> t
     data = {**publisher.journal_data(), "base": seq, JOURNAL_KEY: "[]"}
     for key in (PODS_RV_KEY, ROWS_KEY):  # where the rows stand in the pods' history: the publisher's own
         data.pop(key, None)
-    summary = summarize(plan, seq=publisher.state.seq, options=options) if plan is not None and options.view != "full" \
-        else None
+    summary = summarize(plan, seq=publisher.state.seq, options=options, ssh=ssh) \
+        if plan is not None and options.view != "full" else None
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)
     return data, said(data)
@@ -124,14 +125,16 @@ async def _retried(call: Callable[[], Awaitable[Any]], what: str) -> Any:
 async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[RawPod], options: Options, *, job: str,
                   leader: str, leader_uid: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
                   nodes: NodeLabels | None = None, plan: Plan | None = None,
-                  publisher: Publisher | None = None, pods_rv: str = "", retry: Retry = _retried) -> bool:
+                  publisher: Publisher | None = None, pods_rv: str = "", retry: Retry = _retried,
+                  ssh: bool = False) -> bool:
     """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/summary.py); the Lease is
     held already (runtime/leading.py). False when the snapshot exists already (this init runs again after a
     restart, an earlier incarnation of a member or another leader wrote it, or someone else did): the leader's
     files still come from the pods it listed, never from that ConfigMap. ``publisher``: one made by
     ``first_publisher``, with the rows staged while the pods arrived. ``pods_rv``: the pods' resourceVersion
     ``pods`` are current to (the leader's sidecar watches from there), "" when a LIST from there would bring
-    pods that ``pods`` left out. ``retry``: how a write is tried again (init's gives up at its deadline)."""
+    pods that ``pods`` left out. ``retry``: how a write is tried again (init's gives up at its deadline).
+    ``ssh``: the job's pods have its SSH material (the summary lists rank 0's hosts: core/summary.py)."""
     publisher = publisher or first_publisher(namespace, options, job=job, leader=leader, leader_uid=leader_uid)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.pods_rv = pods_rv
@@ -153,7 +156,7 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
         return False
     # The summary before the journal: a LIST that shows the journal and not the summary then means the summary
     # was deleted (views.summary_gone), never that a reader came between the two writes.
-    await _create_or_replace(api, collection, journal_body(name, summary_data(publisher, plan, options)[0],
+    await _create_or_replace(api, collection, journal_body(name, summary_data(publisher, plan, options, ssh=ssh)[0],
                                                            owner=owner, name=summary_name(name)), retry)
     await _create_or_replace(api, collection, journal_body(name, publisher.journal_data(), owner=owner), retry)
     log.info("published the topology as configmap %s (%d bytes compressed, sequence %d) and its journal", name,
@@ -196,9 +199,10 @@ class JournalWriter:
     something new, and pods in their own view would read the whole topology until then)."""
 
     def __init__(self, api: AsyncApi, namespace: str, name: str, *, job: str, options: Options, leader: str,
-                 leader_uid: str, owner: dict[str, Any] | None) -> None:
+                 leader_uid: str, owner: dict[str, Any] | None, ssh: bool = False) -> None:
         self.api, self.namespace, self.name, self.job = api, namespace, name, job
         self.options, self.leader, self.leader_uid, self.owner = options, leader, leader_uid, owner
+        self.ssh = ssh  # the job's pods have its SSH material: the summary lists rank 0's hosts
         self.publisher: Publisher | None = None  # what this leader has published, and the journal
         self.written_rv: dict[str, str] = {}
         self.rewrite_snapshot = False  # the snapshot names another writer: rewrite it after the next journal
@@ -263,7 +267,7 @@ class JournalWriter:
         if entry is None and publisher.standby == standby and not self.rewrite_snapshot and self.summary is not None:
             return True  # no row changed, so neither did the plan the summary is made of
         publisher.standby = standby
-        self.summary, saying = summary_data(publisher, plan, self.options)
+        self.summary, saying = summary_data(publisher, plan, self.options, ssh=self.ssh)
         if entry is None and saying == self.said and not self.rewrite_snapshot:
             return True
         async with self.writing:

@@ -367,7 +367,7 @@ class SummaryView:
         try:
             summary = read_summary(text if isinstance(text, str) else "(not a string)")
             assert summary is not None
-            plan = light_plan(summary, self.own, self.options)
+            plan = light_plan(summary, self.own, self.options, ssh=self.ssh)
         except InputError as err:
             self.unsummarized = str(err)
             return

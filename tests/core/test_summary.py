@@ -8,6 +8,7 @@ large to be summarized, which it does not write (and says why); topology.json's 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import random
 
@@ -20,6 +21,7 @@ from agent.core import Options, render_plan, render_pod
 from agent.core import summary as summary_module
 from agent.core.model import FrameworkOptions
 from agent.core.placement import DEFAULT_LEVELS
+from agent.core.ssh_config import known_hosts_patterns
 from agent.core.summary import light_plan, own_view, read_summary, summarize, summary_text
 from agent.core.topology import build_plan
 from agent.core.variables import env_key
@@ -217,10 +219,12 @@ def test_a_tf_job_named_by_dns_writes_tf_config_in_its_own_view(job):
     assert _check_tf(pods, Options(address="ip", frameworks=tf)) == 0
 
 
-def test_a_large_role_template_is_published_only_for_a_framework_that_names_every_member():
+def test_a_large_role_template_is_published_only_for_a_framework_that_names_every_member_or_an_ssh_launch():
     pods = TF_JOBS["volcano"]()
     plan = build_plan(pods, "demo-chief-0", Options())
     assert "addresses" not in summarize(plan, seq=1, options=Options())
+    assert summarize(plan, seq=1, options=Options(), ssh=True)["addresses"] == {  # rank 0's hostfile
+        "worker": ["demo-worker-", [0, 0], ".demo"]}
     tf = Options(frameworks=FrameworkOptions(names=("tf",)))
     raw = summarize(build_plan(pods, "demo-chief-0", tf), seq=1, options=tf)
     assert raw["addresses"] == {"worker": ["demo-worker-", [0, 0], ".demo"]}
@@ -264,3 +268,93 @@ def test_a_role_with_members_that_do_not_train_gets_no_template():
                                               worker[0]._replace(training=False)))
     assert len(idle.role_members("worker")) == len(worker) and idle.address_templates["worker"] is None
     assert topo.address_templates["worker"] is not None
+
+
+# --- the SSH launcher's host lists from the summary --------------------------------------------------------------
+
+def _launcher_files(pods: list, options: Options, listed: int = summary_module.LISTED_HOSTS) -> bool | None:
+    """Rank 0 of a job whose pods have the SSH material: when its own view lists the hosts (``Whole.hosts``), its
+    hostfile and ``<role>.host`` files are the full view's, byte for byte, and it writes no discover_hosts.sh;
+    a follower that reads the same summary chooses the same. True: written from the summary; False: the full
+    view (said why); None: no rank 0 that launches (none, or a launcher role's pod does)."""
+    for pod, full in _training_pods(pods, options):
+        if full.plan.topology.me.node_rank != 0:
+            continue
+        own, why = own_view(full.plan, options, ssh=True, published=True, listed=listed)
+        raw = summarize(full.plan, seq=5, listed=listed, options=options, ssh=True)
+        light = light_plan(read_summary(summary_text(raw)), pod, options, ssh=True) if raw is not None else None
+        if own is None:
+            assert "launches over SSH" in why or "summary" in why, why
+            assert light is None or not light.topology.whole.hosts
+            return False
+        if not own.topology.whole.hosts:  # a launcher role: mpirun runs there, not on rank 0, which lists nothing
+            assert "launcher" in full.plan.topology.roles and "hostfile" not in render_plan(own, options).files
+            return None
+        assert light is not None and light.topology == own.topology
+        files = render_plan(own, options).files
+        lists = {name for name in full.files if name == "hostfile" or name.endswith(".host")}
+        assert lists and {name: files[name] for name in lists} == {name: full.files[name] for name in lists}
+        assert "discover_hosts.sh" not in files and json.loads(files["topology.json"])["view"] == "own"
+        patterns = known_hosts_patterns(own.topology, 22)  # ssh checks a host's name against these (fnmatch)
+        hosts = [line.split()[0] for line in files["hostfile"].decode().splitlines()]
+        assert all(any(fnmatch.fnmatchcase(host, p) for p in patterns) for host in hosts), patterns
+        assert choose_view(light, options, ssh=True, published=True) is None
+        return True
+    return None
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+@pytest.mark.parametrize("address", ["dns", "ip"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=12))
+def test_an_ssh_launchers_host_lists_from_the_summary_are_the_full_views(job, address, seed, ops):
+    world = World(JOBS[job](), random.Random(seed))
+    for op in ops:
+        world.step(op)
+    _launcher_files(list(world.pods.values()), Options(address=address), listed=2)
+
+
+def _other_domain(pods: list) -> list:
+    """Rank 0 in a DNS domain of its own: the known_hosts patterns it makes from its own name would not cover its
+    workers' names."""
+    pods[0]["spec"].update(hostname=pods[0]["metadata"]["name"], subdomain="elsewhere")
+    return pods
+
+
+@pytest.mark.parametrize(("make", "address", "lists"), [
+    (lambda: examples.volcano_job("demo", (("master", 1), ("worker", 299))), "dns", True),
+    (lambda: examples.volcano_job("demo", (("master", 1), ("worker", 299))), "ip", False),  # IPs follow nothing
+    (lambda: [p for p in examples.volcano_job("demo", (("master", 1), ("worker", 299)))
+              if p["metadata"]["name"] not in ("demo-worker-7", "demo-worker-150")], "dns", True),  # leaves
+    # a Service per replica: one-label names, whose known_hosts patterns go by role (rank 0's cover only its own)
+    (lambda: examples.pytorchjob(workers=40), "dns", False),
+    (lambda: _other_domain(examples.volcano_job("demo", (("master", 1), ("worker", 299)))), "dns", False),
+    (lambda: examples.jobset(rjobs=(("driver", 1, 1), ("workers", 6, 5))), "dns", True),  # two index parts
+    (lambda: examples.mpijob(workers=40), "dns", None),  # mpirun runs on the launcher (every pod): rank 0 lists none
+], ids=["volcano", "volcano-ip", "volcano-leaves", "pytorchjob", "two-domains", "jobset", "mpijob"])
+def test_rank_0_launching_over_ssh_lists_its_hosts_from_the_summary_where_their_names_follow_a_template(
+        make, address, lists):
+    """Not vacuous: these jobs' rank 0 takes its host lists from the summary (DNS names that follow the indices,
+    one domain), or says why it holds every member."""
+    assert _launcher_files(make(), Options(address=address), listed=2) is lists
+
+
+def test_a_host_list_change_the_variables_do_not_show_is_a_new_generation():
+    """One worker left and another came between two summaries: the counts are the same, and so is every
+    variable, but the hostfile is not; topology.json's ``hosts`` (the key's) says so, as the sidecar reads it back."""
+    from agent.core.rendering import hosts_digest
+
+    options = Options(address="dns")
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 40)))
+    before = [p for p in pods if p["metadata"]["name"] != "demo-worker-39"]
+    after = [p for p in pods if p["metadata"]["name"] != "demo-worker-3"]
+    made = []
+    for job in (before, after):
+        own, why = own_view(render_pod(job, "demo-master-0", options).plan, options, ssh=True, published=True,
+                            listed=2)
+        assert own is not None, why
+        rendered = render_plan(own, options)
+        made.append((rendered, json.loads(rendered.files["topology.json"])))
+    (first, doc1), (second, doc2) = made
+    assert doc1["env"] == doc2["env"] and first.files["hostfile"] != second.files["hostfile"]
+    assert doc1["hosts"] == hosts_digest(first.plan.topology) != doc2["hosts"]

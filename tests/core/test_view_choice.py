@@ -28,6 +28,12 @@ ROWS: list[tuple[str, Any, str, dict[str, Any], bool, bool, str | None]] = [
     ("large job: rank 0 without SSH", examples.volcano_job, "demo-master-0", {}, False, True, OWN),
     ("large job: rank 0 with SSH launches", examples.volcano_job, "demo-master-0", {}, True, True, LAUNCHES),
     ("large job: a worker with SSH is launched", examples.volcano_job, "demo-worker-2", {}, True, True, OWN),
+    # its hostfile from the summary where every host's DNS name follows its index, in rank 0's domain
+    ("large job: rank 0 with SSH, hosts named by DNS after their indices", lambda: _ds_job(40), "demo-master-0",
+     {"address": "dns"}, True, True, OWN),
+    ("large job: rank 0 with SSH, 40 hosts by IP", lambda: _ds_job(40), "demo-master-0", {}, True, True, LAUNCHES),
+    ("PyTorchJob: the master with SSH, one-label DNS names", examples.pytorchjob, "mnist-master-0",
+     {"address": "dns"}, True, True, LAUNCHES),
     ("large job: a role that does not train", examples.volcano_job, "demo-extras-0", {}, False, True,
      "role 'extras' does not train"),
     ("--view full", examples.volcano_job, "demo-worker-1", {"view": "full"}, False, True, "--view full"),
@@ -64,6 +70,10 @@ ROWS: list[tuple[str, Any, str, dict[str, Any], bool, bool, str | None]] = [
 ]
 
 
+def _ds_job(workers: int) -> list[dict[str, Any]]:
+    return examples.volcano_job("demo", (("master", 1), ("worker", workers)))
+
+
 def _tf_job(workers: int) -> list[dict[str, Any]]:
     return examples.volcano_job("demo", (("chief", 1), ("worker", workers)))
 
@@ -78,13 +88,13 @@ def _options(settings: dict[str, Any]) -> Options:
     return Options(frameworks=FrameworkOptions(names=settings.pop("frameworks", ())), **settings)
 
 
-def _own_plan(pods: list[dict[str, Any]], me: str, options: Options) -> Plan | None:
+def _own_plan(pods: list[dict[str, Any]], me: str, options: Options, *, ssh: bool = False) -> Plan | None:
     """The plan a follower makes from the summary the leader (the first pod, which holds every member) publishes."""
     leader = render_pod(pods, pods[0]["metadata"]["name"], options).plan
-    raw = summarize(leader, seq=1, options=options)
+    raw = summarize(leader, seq=1, options=options, ssh=ssh)
     summary = read_summary(summary_text(raw)) if raw is not None else None
     own = next(p for p in pods if p["metadata"]["name"] == me)
-    return light_plan(summary, own, options) if summary is not None else None
+    return light_plan(summary, own, options, ssh=ssh) if summary is not None else None
 
 
 @pytest.mark.parametrize(("make", "start", "settings", "ssh", "published", "why"), [r[1:] for r in ROWS],
@@ -98,7 +108,7 @@ def test_each_pod_writes_the_view_its_files_need(make, start, settings, ssh, pub
         assert chosen is None, chosen
     else:
         assert chosen is not None and why in chosen, chosen
-    own = _own_plan(pods, me, options) if whole.topology.me.training and "levels" not in settings else None
+    own = _own_plan(pods, me, options, ssh=ssh) if whole.topology.me.training and "levels" not in settings else None
     if own is not None and published:  # a follower asks with its own view's plan, and must be told the same
         assert choose_view(own, options, ssh=ssh, published=True) == chosen
     made, said = own_view(whole, options, ssh=ssh, published=published)  # a pod that holds every member

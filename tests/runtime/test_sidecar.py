@@ -811,3 +811,57 @@ async def test_a_leader_writes_again_the_snapshot_and_journal_deleted_while_noth
     assert (out / "hostfile").read_text() == (tmp_path / "demo-worker-3" / "hostfile").read_text()
     text = logs.text("demo-master-0")
     assert "configmap demo-topology was gone" in text and "configmap demo-topology-journal was gone" in text
+
+
+def _job_secret(directory: Path) -> Path:
+    """The job's SSH Secret as its pods mount it (``topology-agent keygen``)."""
+    import base64
+
+    import yaml
+
+    from agent.ssh.material import generate_secret_manifest
+
+    directory.mkdir(mode=0o700, parents=True)
+    for key, value in yaml.safe_load(generate_secret_manifest("demo", "default"))["data"].items():
+        (directory / key).write_bytes(base64.b64decode(value))
+        (directory / key).chmod(0o400)
+    return directory
+
+
+async def test_rank_0_launching_over_ssh_writes_its_hostfile_from_the_summary_and_follows_it(memory, api, logs,
+                                                                                             sidecars, tmp_path):
+    """A large DeepSpeed job's rank 0 (no launcher role: pdsh runs there) whose hosts have DNS names that follow
+    their indices reads the summary, not the whole topology (a few KiB where a 16384-pod job's snapshot is 4 MB),
+    and writes the hostfile and <role>.host files the full view writes, byte for byte; its sidecar continues
+    from init's generation (no rewrite at start) and rewrites them when a worker in the middle leaves."""
+    from agent.core import Options, render_pod
+
+    secret = _job_secret(tmp_path / "secret")
+    ssh = ("--address", "dns", "--ssh-secret-dir", str(secret), "--nproc-per-node", "1")
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 20)))
+    names = [p["metadata"]["name"] for p in pods]
+    order = ["demo-worker-3", *(n for n in names if n != "demo-worker-3")]  # a worker's init leads
+    for name in order:
+        await init(api, logs, name, tmp_path / name, "--source", "published", *ssh)
+    master = tmp_path / "demo-master-0"
+    document = json.loads((master / "topology.json").read_text())
+    assert document["view"] == "own" and document["hosts"] and len(document["members"]) == 1  # rank 0: itself
+    assert "reading the whole topology" not in logs.text("demo-master-0")
+    options = Options(address="dns", nproc_per_node=1)
+    full = render_pod(memory.sandbox.store.list("/v1/pods", "default"), "demo-master-0", options)
+    for name in ("hostfile", "master.host", "worker.host"):
+        assert (master / name).read_bytes() == full.files[name], name
+    assert not (master / "discover_hosts.sh").exists()
+    assert "demo-worker-19.demo" in (master / "hostfile").read_text()
+    await start_sidecar(sidecars, tmp_path, "demo-worker-3", *ssh)
+    await logs.until("demo-worker-3", "started publishing")
+    rank0 = await start_sidecar(sidecars, tmp_path, "demo-master-0", *ssh)
+    await rank0.until(lambda: rank0.sidecar.evaluator.evaluated, what="rank 0's sidecar evaluated")
+    assert generation(master) == 1  # init's files continued from: the same hosts, no rewrite
+    memory.delete_pod("default", "demo-worker-7")
+    await rank0.until(lambda: generation(master) == 2, what="rank 0 rewrites its host lists")
+    left = render_pod(memory.sandbox.store.list("/v1/pods", "default"), "demo-master-0", options)
+    for name in ("hostfile", "worker.host"):
+        assert (master / name).read_bytes() == left.files[name], name
+    assert "demo-worker-7.demo" not in (master / "hostfile").read_text()
+    assert json.loads((master / "topology.json").read_text())["hosts"] != document["hosts"]

@@ -16,7 +16,7 @@ from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.events import Occurrence, generation_note
 from agent.core.leading import standbys
 from agent.core.model import RawPod
-from agent.core.rendering import read_topology_json
+from agent.core.rendering import hosts_digest, read_topology_json
 from agent.core.summary import own_view, view_key
 from agent.core.topology import Plan
 from agent.core.variables import warnings_for
@@ -42,8 +42,10 @@ PREVIOUS_LIMIT = 32 * 1024 * 1024  # topology.json is ~1.2 MB at 4096 pods, ~5 M
 def _own_key(rendered: Rendered) -> tuple[tuple[str, str], ...]:
     """What a --view own pod's files say about it: a change elsewhere in the job that alters none of it is no
     rewrite and no signal."""
+    topology = rendered.plan.topology
     return view_key({v.name: v.value for v in rendered.variables if v.written and not v.unset},
-                    {r.key: r.document() for r in rendered.frameworks})
+                    {r.key: r.document() for r in rendered.frameworks},
+                    hosts_digest(topology) if topology.whole is not None and topology.whole.hosts else None)
 
 
 def _shape(env: Any) -> tuple[int, int] | None:
@@ -102,8 +104,8 @@ class Evaluator:
             generation = document.get("generation")
             if not isinstance(generation, int) or isinstance(generation, bool) or not 0 <= generation < 2**53:
                 raise ValueError(f"its generation is {str(generation)[:20]}, not a whole number")
-            key = view_key(document.get("env", {}), document.get("frameworks")) if document.get("view") == "own" \
-                else members
+            key = view_key(document.get("env", {}), document.get("frameworks"), document.get("hosts")) \
+                if document.get("view") == "own" else members
         except FileNotFoundError:
             return
         except (Unreadable, OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:

@@ -59,6 +59,7 @@ class Publication:
         self.nodes: NodeMap | None = None  # the Nodes' labels a vouched copy carried (a standby starts from them)
         self.seed: Seed | None = None  # this pod's own publication: the pods it starts from instead of a LIST
         self.read_back: ReadBack | None = None  # the same read, for its first leadership's writer
+        self.ssh = False  # the pod has the job's SSH material: what it publishes lists rank 0's hosts
 
     @classmethod
     async def find(cls, api: AsyncApi, job: Job, check: WriterCheck, view: PodView, *, options: Any, ssh: bool,
@@ -76,6 +77,7 @@ class Publication:
         handed = _handed(summary, job) if light else None
         if handed is not None:
             publication = cls(api, job, make_follower(), _elector(api, job, lease_seconds, named_leader=False))
+            publication.ssh = ssh
             publication.follower.light = True
             publication.follower.first_list = handed
             return publication, Mode.FOLLOWER
@@ -111,6 +113,7 @@ class Publication:
         # it leads). A standby follows a vouched copy as a follower does until the Lease looks abandoned.
         elector = _elector(api, job, lease_seconds, named_leader=journal is not None and journal.leader == job.pod)
         publication = cls(api, job, make_follower(), elector)
+        publication.ssh = ssh
         if state is not None and why is None and not state.compare_only:  # labels only from a vouched copy (and
             # only with --topology-levels: none are published without): a standby need not read Nodes
             publication.nodes = dict(state.node_labels())
@@ -148,7 +151,7 @@ class Publication:
         if leading:
             job = self.job
             self.writer = JournalWriter(self.api, job.namespace, job.configmap, job=job.name, options=options,
-                                        leader=job.pod, leader_uid=job.uid, owner=job.owner)
+                                        leader=job.pod, leader_uid=job.uid, owner=job.owner, ssh=self.ssh)
 
     def publishing(self, mode: Mode) -> JournalWriter | None:
         """The writer while this pod holds the Lease as a candidate: the one pod that publishes."""
