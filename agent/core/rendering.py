@@ -86,8 +86,12 @@ def render_hostfile(topology: Topology) -> str:
 
 def hosts_digest(topology: Topology) -> str:
     """What an own view's host lists say, in topology.json (``"hosts"``): a change of them is a new generation
-    even where no variable changes (a pod left and another came, between two summaries)."""
-    return hashlib.sha256(render_hostfile(topology).encode()).hexdigest()[:32]
+    even where no variable changes (a pod left and another came, between two summaries). Of the hosts and their
+    process counts (``Topology.summary_hosts``, computed once per plan), not of the rendered file."""
+    listed = topology.summary_hosts
+    addresses, slots = listed if listed is not None else ((), ())
+    text = "\n".join(addresses) + "\n" + ",".join(map(str, slots))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def render_role_hosts(topology: Topology) -> dict[str, str]:

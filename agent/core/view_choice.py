@@ -25,8 +25,11 @@ leader and the standbys hold every member whatever they write, to publish and to
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 from agent.core.frameworks import LAUNCHER_ROLE, new_context, selected
-from agent.core.model import LISTED_HOSTS, Options, Topology
+from agent.core.model import Options, Topology
 from agent.core.topology import Plan
 
 SMALL_JOB = "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
@@ -75,16 +78,16 @@ def hosts_listed(topology: Topology) -> bool:
     bytes as the full view: every role's addresses known to the summary (a role of at most ``LISTED_HOSTS`` pods
     is listed, a larger one needs an address template: DNS names that follow the pods' indices), no address
     twice, and every host in rank 0's own DNS domain, so that its known_hosts patterns (core/ssh_config.py, made
-    from the members it holds) cover every name the hostfile gives. Asked of the whole plan (what the summary
-    would allow) or of the own view (what it does: ``Whole.hosts``, set from ``Topology.summary_hosts``)."""
+    from the members it holds) cover every name the hostfile gives. Asked of the own view, all of it (what it
+    does: ``Whole.hosts``, from ``Topology.summary_hosts``); of the whole plan, what it tells at little cost (the
+    names and their domain): the own view it makes (``summary.own_view``) checks the templates, ~10 ms of a
+    16384-pod plan's."""
     if topology.whole is not None:
         if topology.summary_hosts is None or any(topology.role_addresses(r) is None for r in topology.roles):
             return False
         addresses = topology.summary_hosts[0]
     else:
-        templates = topology.address_templates
-        if topology.repeated_hosts or any(len(topology.role_members(role)) > LISTED_HOSTS
-                                          and templates.get(role) is None for role in topology.roles):
+        if topology.repeated_hosts:
             return False
         addresses = topology.host_addresses
     if LAUNCHER_ROLE in topology.roles or not topology.training:
@@ -92,8 +95,12 @@ def hosts_listed(topology: Topology) -> bool:
     rank0 = topology.training[0]
     if not rank0.dns_name or rank0.address != rank0.dns_name or "." not in rank0.dns_name:
         return False
-    domain = rank0.dns_name.partition(".")[2]
-    return all(address.partition(".")[2] == domain for address in addresses)
+    # Every address is '<a label>.<domain>': its first dot is where the domain starts (C-level passes, 16384 each
+    # time a pod that holds every member plans)
+    suffix = "." + rank0.dns_name.partition(".")[2]
+    return all(map(operator.methodcaller("endswith", suffix), addresses)) and list(
+        map(str.find, addresses, itertools.repeat("."))) == list(map(operator.sub, map(len, addresses),
+                                                                     itertools.repeat(len(suffix))))
 
 
 def choose_view(plan: Plan, options: Options, *, ssh: bool, published: bool) -> str | None:
