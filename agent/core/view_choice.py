@@ -82,6 +82,8 @@ def hosts_listed(topology: Topology) -> bool:
     does: ``Whole.hosts``, from ``Topology.summary_hosts``); of the whole plan, what it tells at little cost (the
     names and their domain): the own view it makes (``summary.own_view``) checks the templates, ~10 ms of a
     16384-pod plan's."""
+    if LAUNCHER_ROLE in topology.roles or not topology.training:
+        return False
     if topology.whole is not None:
         if topology.summary_hosts is None or any(topology.role_addresses(r) is None for r in topology.roles):
             return False
@@ -90,8 +92,6 @@ def hosts_listed(topology: Topology) -> bool:
         if topology.repeated_hosts:
             return False
         addresses = topology.host_addresses
-    if LAUNCHER_ROLE in topology.roles or not topology.training:
-        return False
     rank0 = topology.training[0]
     if not rank0.dns_name or rank0.address != rank0.dns_name or "." not in rank0.dns_name:
         return False

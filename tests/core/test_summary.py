@@ -33,6 +33,14 @@ OPS = ("ip", "no-ip", "leave", "join", "terminating", "failed", "pending", "runn
        "self", "burst")
 
 
+def _stepped(make, seed: int, ops: list[str]) -> list:
+    """A job's pods after the planner property test's random changes (its World)."""
+    world = World(make(), random.Random(seed))
+    for op in ops:
+        world.step(op)
+    return list(world.pods.values())
+
+
 def _comparable(rendered, withheld: set[str]) -> tuple[dict[str, str], dict[str, object]]:
     written = {v.name: v.value for v in rendered.variables if v.written}
     for role in withheld:
@@ -88,10 +96,7 @@ def _check_every_pod(pods: list, options: Options, listed: int = summary_module.
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=12))
 def test_a_pods_light_variables_are_its_full_variables_without_the_long_host_lists(job, listed, address, seed, ops):
-    world = World(JOBS[job](), random.Random(seed))
-    for op in ops:
-        world.step(op)
-    _check_every_pod(list(world.pods.values()), Options(address=address), listed)
+    _check_every_pod(_stepped(JOBS[job], seed, ops), Options(address=address), listed)
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
@@ -202,10 +207,7 @@ def _check_tf(pods: list, options: Options) -> int:
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=10))
 def test_tf_config_from_the_summary_is_the_full_views(job, address, seed, ops):
-    world = World(TF_JOBS[job](), random.Random(seed))
-    for op in ops:
-        world.step(op)
-    _check_tf(list(world.pods.values()), Options(address=address, frameworks=FrameworkOptions(names=("tf",))))
+    _check_tf(_stepped(TF_JOBS[job], seed, ops), Options(address=address, frameworks=FrameworkOptions(names=("tf",))))
 
 
 @pytest.mark.parametrize("job", sorted(TF_JOBS))
@@ -308,10 +310,7 @@ def _launcher_files(pods: list, options: Options, listed: int = summary_module.L
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=12))
 def test_an_ssh_launchers_host_lists_from_the_summary_are_the_full_views(job, address, seed, ops):
-    world = World(JOBS[job](), random.Random(seed))
-    for op in ops:
-        world.step(op)
-    _launcher_files(list(world.pods.values()), Options(address=address), listed=2)
+    _launcher_files(_stepped(JOBS[job], seed, ops), Options(address=address), listed=2)
 
 
 def _other_domain(pods: list) -> list:
