@@ -323,7 +323,7 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int, 
                  frameworks: Sequence[Rendition] = ()) -> dict[str, bytes]:
     """Every file of one generation, by name relative to the output directory, in write order: the frameworks'
     files (agent/core/frameworks) before the markers. A view of part of the job (--view own) writes no host
-    list: its pod knows only rank 0 and itself."""
+    list (its pod knows only rank 0 and itself) but the SSH launcher's, from the summary (``Whole.hosts``)."""
     files = {"torch.env": render_env(variables).encode()}
     whole = plan.topology.whole
     if whole is None or whole.hosts:  # an own view lists hosts only for the SSH launcher (core/view_choice.py)
