@@ -204,8 +204,8 @@ class PublishedState:
 
     def _put(self, row: Any) -> str:
         check_row(row, len(self.shapes))
-        if self.keep_pods and not self.compare_only:
-            self._strings.row(row)  # held for the pod's life: the values every pod repeats, once
+        if self.keep_pods:  # held for the pod's life: the values every pod repeats, once (and the labels' keys
+            self._strings.row(row, keys=self.compare_only)  # of rows decoded one at a time: no parse shared them)
         # held as a CompactPod: the row's own values, ~0.7 KB less than the pod's dicts, checked from its slots
         pod = check_pod(compact_of(row, shape_lists(self.shapes, self._lists), self.namespace), seen=self._checked)
         if self.keep_pods:

@@ -150,13 +150,19 @@ class SharedStrings:
             return value
         return self._strings.setdefault(value, value)
 
-    def row(self, row: list[Any]) -> None:
-        """A decoded row's repeated values, in place (the row is the reader's own; its labels and annotations
-        keep their keys, which one document's parse shares already)."""
-        for part in (row[2], row[3]):
-            if type(part) is dict:
-                for key, value in part.items():
-                    part[key] = self(value)
+    def row(self, row: list[Any], *, keys: bool = False) -> None:
+        """A decoded row's repeated values, in place (the row is the reader's own). Its labels and annotations
+        keep their keys, which one document's parse shares already; ``keys``: shared too (a row decoded on its own
+        has its own copy of each)."""
+        for at in (2, 3):
+            part = row[at]
+            if type(part) is not dict:
+                continue
+            if keys:
+                row[at] = {self(key): self(value) for key, value in part.items()}
+                continue
+            for key, value in part.items():
+                part[key] = self(value)
         row[5], row[7], row[10] = self(row[5]), self(row[7]), self(row[10])
 
 

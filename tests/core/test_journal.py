@@ -197,6 +197,23 @@ def test_a_new_leader_continues_the_sequence_from_what_it_reads_back():
     assert set(other.pods) == set(pods)
 
 
+def test_a_leader_reading_back_its_own_rows_holds_once_what_every_pod_repeats():
+    """The rows decoded one at a time (its sidecar's read-back): no parse shared their labels' keys either."""
+    pods = job(6)
+    leader = leader_for(pods)
+    read = PublishedState.from_configmap(as_configmap(leader.snapshot_packed()), compare_only=True)
+    assert read is not None
+    a, b = read.pods["demo-worker-1"], read.pods["demo-worker-2"]
+    (key_a, value_a), = ((k, v) for k, v in a["metadata"]["labels"].items() if k == "volcano.sh/job-name")
+    (key_b, value_b), = ((k, v) for k, v in b["metadata"]["labels"].items() if k == "volcano.sh/job-name")
+    assert key_a is key_b and value_a is value_b and a["spec"]["subdomain"] is b["spec"]["subdomain"]
+    whole = snapshot_of(leader)
+    assert {name: dict(pod) for name, pod in read.pods.items()} == {name: dict(pod) for name, pod in whole.pods.items()}
+    assert leader.change(pods, set(pods)) is None  # the rows it kept to compare still say every pod's content
+    again = Publisher(read, OPTIONS, leader="demo-master-0")
+    assert again.change(pods, set(pods)) is None
+
+
 def test_a_follower_keeps_a_row_beside_its_pod_only_for_its_nodes_labels():
     pods = job(6)
     follower = snapshot_of(leader_for(pods))
