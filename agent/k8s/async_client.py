@@ -179,12 +179,12 @@ class AsyncClient:
                     raise core.error_for_status(request, part)
                 continue
             self.traffic.bytes += len(part)
-            events = lines.feed(part)
+            complete = lines.feed(part)
             now = self.clock()
-            if events:
+            if complete:
                 last = now
-                for event in events:
-                    yield event
+                for line in complete:
+                    yield core.parse_event(line)
             elif now - last > idle:  # bytes, but no event: a trickle is no progress
                 raise silent(request, idle)
         lines.finish()

@@ -221,11 +221,12 @@ class Client:
         try:
             for chunk in chunks:
                 self.traffic.bytes += len(chunk)
-                events = lines.feed(chunk)
+                complete = lines.feed(chunk)
                 now = self.clock()
-                if events:
+                if complete:
                     last = now
-                    yield from events
+                    for line in complete:
+                        yield core.parse_event(line)
                 elif now - last > wait:  # bytes, but no event: a trickle is no progress
                     raise silent(request, wait)
                 self.budget.left(idle)  # past the client's deadline: ApiUnavailable
