@@ -197,6 +197,22 @@ def test_a_new_leader_continues_the_sequence_from_what_it_reads_back():
     assert set(other.pods) == set(pods)
 
 
+@pytest.mark.parametrize("n", [1, journal_module.BLOCK_ROWS, journal_module.BLOCK_ROWS + 1,
+                               2 * journal_module.BLOCK_ROWS + 3])
+def test_an_entry_encoded_a_block_of_rows_at_a_time_is_the_whole_entrys_json(n):
+    pods = job(n + 2)
+    leader = leader_for(pods)
+    first = leader.entries[-1]
+    gone = ["demo-worker-1"]
+    del pods[gone[0]]
+    leader.change(pods, set(pods) | set(gone))
+    for entry in (first, leader.entries[-1], journal_module.Entry(seq=3, put=(), gone=(), shapes=())):
+        whole = json.dumps({"seq": entry.seq, "put": list(entry.put), "gone": list(entry.gone),
+                            "shapes": {str(i): s for i, s in entry.shapes}}, separators=(",", ":"), sort_keys=True)
+        assert entry.encoded() == whole
+    assert first.shapes and len(first.put) == n + 2 and leader.entries[-1].gone == tuple(gone)
+
+
 def test_a_leader_reading_back_its_own_rows_holds_once_what_every_pod_repeats():
     """The rows decoded one at a time (its sidecar's read-back): no parse shared their labels' keys either."""
     pods = job(6)
