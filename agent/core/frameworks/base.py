@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import operator
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -102,6 +103,23 @@ def host_ports(addresses: Iterable[str], port: int) -> list[str]:
     """``<address>:<port>`` for each address, IPv6 in brackets (one pass over thousands of members per change)."""
     tail = f":{port}"
     return [f"[{a}]{tail}" if ":" in a else a + tail for a in addresses]
+
+
+_PRINTABLE = re.compile(rb"[ -~]*")  # printable ASCII: JSON writes it as it is, but '"' and '\\'
+
+
+def hosts_json(addresses: Sequence[str], port: int) -> list[bytes]:
+    """``json.dumps(host_ports(addresses, port))`` (compact) as bytes, in parts for the caller's one join: made
+    by one join of the addresses where each is plain text without a ':' (a DNS name, an IPv4 address). Python's
+    encoder held a string per host and another per value until it joined them, and each step after it a copy:
+    a TF cluster of 16384 workers peaked at 3.3 MB at every change, 1 MB this way (bench/transients_bench.py)."""
+    tail = f":{port}"
+    joined = f'{tail}","'.join(addresses).encode()
+    between = len(addresses) - 1  # the separators' ':' and '"' are the only ones, and no '\\'
+    if not addresses or joined.count(b":") != between or joined.count(b'"') != 2 * between or b"\\" in joined \
+            or _PRINTABLE.fullmatch(joined) is None:
+        return [json.dumps(host_ports(addresses, port), separators=(",", ":")).encode()]
+    return [b'["', joined, f'{tail}"]'.encode()]
 
 
 def compact_json(value: Any) -> bytes:

@@ -19,9 +19,10 @@ per host and uses its local devices). Fields a controller writes beside ``cluste
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
-from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports, role_map
+from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports, hosts_json, role_map
 from agent.core.model import LISTED_HOSTS
 from agent.core.variables import Variable
 
@@ -69,18 +70,22 @@ class Tf(Framework):
             return None
         return f"role '{ctx.me.role}' is no TensorFlow task type; {self.env_file} goes to {self.recipients}"
 
-    def cluster(self, ctx: Context, port: Port) -> dict[str, list[str]]:
-        """Each type's ``<address>:<port>`` in rank order (computed once per rendering)."""
-        found: dict[str, list[str]] | None = ctx.memo.get("tf.cluster")
+    def addresses(self, ctx: Context) -> dict[str, list[str]]:
+        """Each type's addresses in rank order (once per rendering)."""
+        found: dict[str, list[str]] | None = ctx.memo.get("tf.addresses")
         if found is None:
             topo, named = ctx.topology, types_of(ctx)
             found = {}
             for kind in TASK_TYPES:
                 for role in topo.roles:
                     if task_type(role, named) == kind:
-                        found.setdefault(kind, []).extend(host_ports(topo.role_addresses(role) or (), port.number))
-            ctx.memo["tf.cluster"] = found
+                        found.setdefault(kind, []).extend(topo.role_addresses(role) or ())
+            ctx.memo["tf.addresses"] = found
         return found
+
+    def cluster(self, ctx: Context, port: Port) -> dict[str, list[str]]:
+        """Each type's ``<address>:<port>`` in rank order."""
+        return {kind: host_ports(addresses, port.number) for kind, addresses in self.addresses(ctx).items()}
 
     def blocked(self, ctx: Context, port: Port | None) -> str | None:
         why = super().blocked(ctx, port)
@@ -95,7 +100,7 @@ class Tf(Framework):
                     "role one replica")
         return None
 
-    def config(self, ctx: Context, port: Port) -> dict[str, object]:
+    def config(self, ctx: Context, port: Port, *, cluster: dict[str, list[str]] | None = None) -> dict[str, object]:
         me, topo, named = ctx.me, ctx.topology, types_of(ctx)
         kind = task_type(me.role, named)
         assert kind is not None
@@ -106,25 +111,38 @@ class Tf(Framework):
                 before += _position(ctx)
                 break
             before += len(topo.role_addresses(role) or ())
-        return {"cluster": self.cluster(ctx, port), "task": {"type": kind, "index": before},
-                **dict(ctx.plan.controller.framework_fields(self.key))}
+        return {"cluster": self.cluster(ctx, port) if cluster is None else cluster,
+                "task": {"type": kind, "index": before}, **dict(ctx.plan.controller.framework_fields(self.key))}
 
     def alone(self, ctx: Context, port: Port) -> bool:
         """The job is one TF task: TFJob (util.go isDistributed) and Volcano's plugin (OnPodCreate) set no TF_CONFIG
         then, since TF's Estimator takes a TF_CONFIG of one worker for a distributed job (kubeflow/trainer#1078)."""
-        return sum(map(len, self.cluster(ctx, port).values())) == 1
+        return sum(map(len, self.addresses(ctx).values())) == 1
 
     def text(self, ctx: Context, port: Port) -> bytes:
+        """``compact_json(self.config(...))``, its cluster's lists made as text (``hosts_json``)."""
         found: bytes | None = ctx.memo.get("tf.config")
         if found is None:
-            found = ctx.memo["tf.config"] = b"{}\n" if self.alone(ctx, port) else compact_json(self.config(ctx, port))
+            found = ctx.memo["tf.config"] = b"{}\n" if self.alone(ctx, port) else self._config_text(ctx, port)
         return found
+
+    def _config_text(self, ctx: Context, port: Port) -> bytes:
+        lists: dict[str, list[str]] = {}
+        config = self.config(ctx, port, cluster=lists)
+        if config["cluster"] is not lists:  # a controller's own cluster field: written as the encoder writes it
+            return compact_json(config)
+        parts = [b'{"cluster":{']
+        for kind, addresses in self.addresses(ctx).items():
+            parts += [b"," if len(parts) > 1 else b"", json.dumps(kind).encode(), b":",
+                      *hosts_json(addresses, port.number)]
+        rest = compact_json({k: v for k, v in config.items() if k != "cluster"})  # "task" first, then the fields
+        return b"".join([*parts, b"},", rest[1:]])
 
     def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
         assert port is not None
         named = types_of(ctx)
         kind = task_type(ctx.me.role, named)
-        text = self.text(ctx, port).decode().rstrip("\n")
+        text = str(memoryview(self.text(ctx, port))[:-1], "utf-8")  # without its newline, in one copy
         if self.alone(ctx, port):
             return [Variable("TF_CONFIG", "", "not written: this pod is the job's one TF task, which TF runs alone "
                              "without it (as TFJob and Volcano, kubeflow/trainer#1078); tf_config.json is {}",
