@@ -752,7 +752,7 @@ class Planner:
                 self.incremental += 1
                 return plan
         # Nothing may hold the old layout while the new one is made (this frame's name held it: both layouts at
-        # once, ~10 MB more at the publisher's peak of a 16384-pod job, whose kubelet writes come in bursts).
+        # once, 8.4 MB more at 16384 pods, bench/transients_bench.py; the publisher's kubelet writes come in bursts).
         self._layout = self._plan = layout = None
         layout = _lay_out(list(pods.values()), self.self_name, self.options, self.memo, nodes, self.checked)
         plan = _plan_of(layout, self.options)

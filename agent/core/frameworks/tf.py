@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from agent.core.frameworks.base import Context, Framework, Port, compact_json, host_ports, hosts_json, role_map
+from agent.core.frameworks.base import Context, Framework, Port, compact_json, hosts_json, role_map
 from agent.core.model import LISTED_HOSTS
 from agent.core.variables import Variable
 
@@ -83,10 +83,6 @@ class Tf(Framework):
             ctx.memo["tf.addresses"] = found
         return found
 
-    def cluster(self, ctx: Context, port: Port) -> dict[str, list[str]]:
-        """Each type's ``<address>:<port>`` in rank order."""
-        return {kind: host_ports(addresses, port.number) for kind, addresses in self.addresses(ctx).items()}
-
     def blocked(self, ctx: Context, port: Port | None) -> str | None:
         why = super().blocked(ctx, port)
         if why is not None or port is None:
@@ -100,7 +96,9 @@ class Tf(Framework):
                     "role one replica")
         return None
 
-    def config(self, ctx: Context, port: Port, *, cluster: dict[str, list[str]] | None = None) -> dict[str, object]:
+    def config(self, ctx: Context) -> dict[str, object]:
+        """TF_CONFIG with None for its cluster, in its place (``text`` writes the lists), unless the controller's
+        fields give one."""
         me, topo, named = ctx.me, ctx.topology, types_of(ctx)
         kind = task_type(me.role, named)
         assert kind is not None
@@ -111,8 +109,8 @@ class Tf(Framework):
                 before += _position(ctx)
                 break
             before += len(topo.role_addresses(role) or ())
-        return {"cluster": self.cluster(ctx, port) if cluster is None else cluster,
-                "task": {"type": kind, "index": before}, **dict(ctx.plan.controller.framework_fields(self.key))}
+        return {"cluster": None, "task": {"type": kind, "index": before},
+                **dict(ctx.plan.controller.framework_fields(self.key))}
 
     def alone(self, ctx: Context, port: Port) -> bool:
         """The job is one TF task: TFJob (util.go isDistributed) and Volcano's plugin (OnPodCreate) set no TF_CONFIG
@@ -120,16 +118,15 @@ class Tf(Framework):
         return sum(map(len, self.addresses(ctx).values())) == 1
 
     def text(self, ctx: Context, port: Port) -> bytes:
-        """``compact_json(self.config(...))``, its cluster's lists made as text (``hosts_json``)."""
+        """tf_config.json: ``config``, its cluster each type's ``<address>:<port>`` in rank order (``hosts_json``)."""
         found: bytes | None = ctx.memo.get("tf.config")
         if found is None:
             found = ctx.memo["tf.config"] = b"{}\n" if self.alone(ctx, port) else self._config_text(ctx, port)
         return found
 
     def _config_text(self, ctx: Context, port: Port) -> bytes:
-        lists: dict[str, list[str]] = {}
-        config = self.config(ctx, port, cluster=lists)
-        if config["cluster"] is not lists:  # a controller's own cluster field: written as the encoder writes it
+        config = self.config(ctx)
+        if config["cluster"] is not None:  # a controller's own cluster field: written as the encoder writes it
             return compact_json(config)
         parts = [b'{"cluster":{']
         for kind, addresses in self.addresses(ctx).items():
