@@ -10,7 +10,9 @@ lastObservedTime are PATCHed, never a new object; the first repeat at once (as c
 once per ``series_every``. A new Event is created only when a token of the pod's bucket is left (client-go's
 spam filter: a token bucket per source and object); an occurrence that finds none waits, and a newer one of the
 same reason (and related object) replaces it, so when a token comes the latest state is written, not a backlog.
-The final occurrence of a process (init's outcome) is always written: it is once per process.
+The occurrences waiting are bounded whatever arrives (``Budget.hold`` per reason, the newest kept; the rest
+counted in the note of the next Event of their reason), and one about a pod gone is let go (``gone``). The final
+occurrence of a process (init's outcome) is always written: it is once per process.
 
 The budget per pod, per process (init, then the sidecar): at most ``burst`` + 1 Events created in its first
 ``refill`` seconds, then one per ``refill`` seconds; one series write per ``series_every`` seconds per series
@@ -20,6 +22,7 @@ The budget per pod, per process (init, then the sidecar): at most ``burst`` + 1 
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -101,6 +104,7 @@ class Budget:
     refill: float = 300.0  # seconds per further Event (client-go's spam filter: one per 5 minutes)
     series_every: float = 300.0  # seconds between two writes of one series' count, after the first repeat
     keep: int = 64  # series remembered per process (client-go keeps an LRU cache of them)
+    hold: int = 10  # occurrences of one reason waiting for a token, the newest (``Correlator``)
 
 
 BUDGET = Budget()
@@ -132,6 +136,7 @@ class Bucket:
 
 
 Key = tuple[str, str, str, str, Ref | None]  # reason, action, type, note, related (regarding and source fixed)
+Slot = tuple[str, Ref | None]  # a waiting occurrence's place: its reason and related object
 
 
 @dataclass
@@ -172,7 +177,19 @@ def micro_time(now: float) -> str:
 
 @dataclass
 class Correlator:
-    """One process's Events about its pod: occurrences in, writes out (``observe``, ``due``)."""
+    """One process's Events about its pod: occurrences in, writes out (``observe``, ``due``).
+
+    What waits for a token is bounded by reasons, not by what arrives: the pods a sidecar refuses each wait
+    apart (their related object differs), and a namespace can hold any number of them. client-go's correlator is
+    the model: every cache it keeps is an LRU of fixed size (4096 keys), and once it has seen more than 10
+    Events of one object and reason that differ only in their message within 10 minutes, it writes one Event
+    that says they were combined instead of each (tools/record/events_cache.go, ``defaultAggregateMaxEvents``).
+    So ``Budget.hold`` (10, that number) occurrences of a reason wait, the newest: the bucket writes one Event
+    per ``refill`` seconds, so ten already take most of the hour the API server keeps an Event, and the newest
+    say the state now. An older one let go is counted, and the next Event of its reason created says how many
+    were not recorded. Eight reasons of at most ``hold`` occurrences, each note at most ``NOTE_LIMIT``
+    characters, is the most that waits; an occurrence about a pod that is gone (``gone``) is let go unwritten
+    and uncounted in any note (nothing is left to tell of it)."""
 
     regarding: Ref
     instance: str  # reportingInstance: the pod's name
@@ -180,9 +197,14 @@ class Correlator:
     job: str = ""
     budget: Budget = BUDGET
     series: collections.OrderedDict[Key, Series] = field(default_factory=collections.OrderedDict)
-    waiting: dict[tuple[str, Ref | None], Occurrence] = field(default_factory=dict)  # held back: no token
+    waiting: dict[Slot, Occurrence] = field(default_factory=dict)  # held back (no token), least recent first
     bucket: Bucket | None = None
     last_nanos: int = 0
+    held: collections.Counter[str] = field(default_factory=collections.Counter)  # waiting, per reason
+    about: collections.Counter[str] = field(default_factory=collections.Counter)  # waiting, per related pod name
+    untold: collections.Counter[str] = field(default_factory=collections.Counter)  # let go for ``hold``, per
+    # reason, not yet said in a note
+    given_up: int = 0  # occurrences let go unwritten: beyond ``hold``, or about a pod gone
 
     def __post_init__(self) -> None:
         self.bucket = Bucket(self.budget.burst, self.budget.refill, self.now)
@@ -194,7 +216,8 @@ class Correlator:
 
     def observe(self, occurrence: Occurrence, now: float) -> Write | None:
         """The write ``occurrence`` makes now, if any: a series' count, or a new Event if the bucket allows
-        (else it waits for ``due``, replacing an older one of its reason)."""
+        (else it waits for ``due``, replacing an older one of its reason and related object, and letting go the
+        oldest of its reason beyond ``Budget.hold``)."""
         recorded = self.series.get(self.key(occurrence))
         if recorded is not None:
             self.series.move_to_end(self.key(occurrence))
@@ -206,20 +229,39 @@ class Correlator:
         slot = (occurrence.reason, occurrence.related)
         assert self.bucket is not None
         if occurrence.kind.final or (slot not in self.waiting and self.bucket.take(now)):
-            self.waiting.pop(slot, None)
+            self._release(slot)
             return self._create(occurrence, now)
-        self.waiting[slot] = occurrence
+        self._release(slot)
+        self._wait(slot, occurrence)
+        if self.held[occurrence.reason] > self.budget.hold:
+            oldest = next(s for s in self.waiting if s[0] == occurrence.reason)
+            self._release(oldest)
+            self.untold[occurrence.reason] += 1
+            self.given_up += 1
         return None
 
+    def gone(self, name: str) -> int:
+        """The pod ``name`` (of the pod's namespace) is gone: the occurrences waiting about it are let go.
+        How many."""
+        if name not in self.about:
+            return 0
+        slots = [s for s in self.waiting if s[1] is not None and s[1].name == name]
+        for slot in slots:
+            self._release(slot)
+        self.given_up += len(slots)
+        return len(slots)
+
     def due(self, now: float) -> list[Write]:
-        """The writes whose time has come: held-back Events a token now allows (oldest first), series whose
-        count changed ``series_every`` after their last write."""
+        """The writes whose time has come: held-back Events a token now allows (least recently observed
+        first), series whose count changed ``series_every`` after their last write."""
         writes: list[Write] = []
         assert self.bucket is not None
         for slot in list(self.waiting):
             if not self.bucket.take(now):
                 break
-            writes.append(self._create(self.waiting.pop(slot), now))
+            occurrence = self._release(slot)
+            assert occurrence is not None
+            writes.append(self._create(occurrence, now))
         for recorded in self.series.values():
             if recorded.count > recorded.written_count and now - recorded.written_at >= self.budget.series_every:
                 writes.append(self._patch(recorded, now))
@@ -235,6 +277,24 @@ class Correlator:
                   if s.count > s.written_count]
         return min(times) if times else None
 
+    def _wait(self, slot: Slot, occurrence: Occurrence) -> None:
+        self.waiting[slot] = occurrence
+        self.held[slot[0]] += 1
+        if slot[1] is not None:
+            self.about[slot[1].name] += 1
+
+    def _release(self, slot: Slot) -> Occurrence | None:
+        """``slot``'s waiting occurrence (if any), no longer waiting."""
+        occurrence = self.waiting.pop(slot, None)
+        if occurrence is None:
+            return None
+        for counter, key in ((self.held, slot[0]), (self.about, slot[1].name if slot[1] is not None else None)):
+            if key is not None:
+                counter[key] -= 1
+                if counter[key] <= 0:
+                    del counter[key]
+        return occurrence
+
     def forget(self, write: Write) -> None:
         """A write that failed: its series is forgotten, so the next occurrence creates the Event again."""
         for key, recorded in list(self.series.items()):
@@ -249,9 +309,16 @@ class Correlator:
         return f"{self.regarding.name}.{self.last_nanos:x}"
 
     def _create(self, occurrence: Occurrence, now: float) -> Write:
+        """A new Event; the first of a reason after some were let go for ``Budget.hold`` says how many (its
+        series is still the occurrence's: a repeat of it counts there)."""
         name = self._name(now)
+        key = self.key(occurrence)
+        untold = self.untold.pop(occurrence.reason, 0)
+        if untold:
+            occurrence = dataclasses.replace(occurrence, note=f"({untold} more {occurrence.reason} not recorded: "
+                                                              f"too many at once) {occurrence.note}")
         recorded = Series(name, occurrence, first=now, observed=now, written_at=now)
-        self.series[self.key(occurrence)] = recorded
+        self.series[key] = recorded
         while len(self.series) > self.budget.keep:
             self.series.popitem(last=False)
         return Write("create", name, self.body(recorded), reason=occurrence.reason)

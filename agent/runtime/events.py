@@ -16,6 +16,7 @@ Event whose series counts the observations, and a wait over in less than ``WAIT_
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import json
@@ -23,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -87,8 +88,14 @@ class Recording:
     def writes(self, occurrence: Occurrence | None) -> list[Write]:
         """The writes to make now: ``occurrence``'s, then whatever has come due."""
         now = self.clock()
+        given_up = self.correlator.given_up
         first = self.correlator.observe(occurrence, now) if occurrence is not None else None
+        self.counts.dropped += self.correlator.given_up - given_up  # let go for the correlator's bound
         return ([first] if first is not None else []) + self.correlator.due(now)
+
+    def gone(self, name: str) -> None:
+        """The pod ``name`` is gone: what waits about it is never written."""
+        self.counts.dropped += self.correlator.gone(name)
 
     def wait(self, default: float) -> float:
         """Seconds until something comes due, at most ``default``."""
@@ -244,7 +251,11 @@ class ThreadRecorder:
 
 
 class TaskRecorder:
-    """The sidecar's Events: a task on its loop (``run``, one of its root tasks), fed through a bounded queue."""
+    """The sidecar's Events: a task on its loop (``run``, one of its root tasks), fed through a bounded queue.
+
+    The sidecar's occurrences about other pods (the pods it refuses) are kept to pods that still exist: ``gone``
+    lets go of those waiting for the bucket and of those still queued (counted per pod as they are queued, so a
+    pod of the same name refused again after is recorded). init records none about other pods."""
 
     def __init__(self, sink: AsyncSink, regarding: Ref, *, job: str = "", budget: Budget = BUDGET,
                  clock: Callable[[], float] = time.time) -> None:
@@ -252,6 +263,8 @@ class TaskRecorder:
         self.recording = Recording(Correlator(regarding, regarding.name, clock(), job=job, budget=budget), clock)
         self.queue: asyncio.Queue[Occurrence] = asyncio.Queue(maxsize=QUEUE)
         self.sent = asyncio.Condition()  # notified after each write (tests await a count)
+        self.queued: collections.Counter[str] = collections.Counter()  # in the queue, per related pod name
+        self.departed: dict[str, int] = {}  # of those, how many were queued before their pod was gone
 
     @property
     def counts(self) -> Counts:
@@ -262,6 +275,35 @@ class TaskRecorder:
             self.queue.put_nowait(occurrence)
         except asyncio.QueueFull:
             self.recording.counts.dropped += 1
+            return
+        if occurrence.related is not None:
+            self.queued[occurrence.related.name] += 1
+
+    def gone(self, name: str) -> None:
+        """The pod ``name`` is gone (deleted, or let in): nothing queued or waiting about it is written."""
+        if name in self.queued:
+            self.departed[name] = self.queued[name]
+        self.recording.gone(name)
+
+    def pending(self) -> set[str]:
+        """The pods that occurrences queued or waiting are about."""
+        return set(self.queued) | set(self.recording.correlator.about)
+
+    def _taken(self, occurrence: Occurrence) -> Occurrence | None:
+        """``occurrence``, taken from the queue; None if its pod was gone meanwhile."""
+        if occurrence.related is None:
+            return occurrence
+        name = occurrence.related.name
+        self.queued[name] -= 1
+        if self.queued[name] <= 0:
+            del self.queued[name]
+        left = self.departed.pop(name, 0)
+        if not left:
+            return occurrence
+        if left > 1:
+            self.departed[name] = left - 1
+        self.recording.counts.dropped += 1
+        return None
 
     async def run(self) -> None:
         """Send until cancelled; a bug stops recording, never the sidecar."""
@@ -269,7 +311,7 @@ class TaskRecorder:
         while True:
             try:
                 async with asyncio.timeout(recording.wait(3600.0)):
-                    item: Occurrence | None = await self.queue.get()
+                    item: Occurrence | None = self._taken(await self.queue.get())
             except TimeoutError:
                 item = None
             try:
@@ -292,3 +334,41 @@ class TaskRecorder:
                 continue
             recording.done(write)
             return
+
+
+class Refusals:
+    """The sidecar's view watcher (runtime/views.Watcher) for the pods it refuses: each refused pod is recorded
+    (PodRefused), and what is pending about a pod is let go once the view says it is gone: deleted, let in, or
+    absent from a LIST (a deletion the watch missed). A pod refused again is told as refused, then removed from
+    the view: that removal is not its end."""
+
+    def __init__(self, recorder: TaskRecorder, namespace: str) -> None:
+        self.recorder, self.namespace = recorder, namespace
+        self.seen: set[str] = set()  # refused by the LIST under way (pruned to the pods pending)
+        self.just = ""  # refused by the watch event the view applies now
+
+    def refused(self, pod: Any, why: str) -> None:
+        meta = pod.get("metadata", {})
+        name = str(meta.get("name", "?"))
+        self.recorder.record(Occurrence("PodRefused", why, related=Ref(name, self.namespace,
+                                                                        str(meta.get("uid") or ""))))
+        self.just = name
+        self.seen.add(name)
+        if len(self.seen) > 4 * QUEUE:  # a LIST of many refused pods: only those pending matter
+            self.seen &= self.recorder.pending()
+
+    def reset(self, pods: Mapping[str, Any]) -> None:
+        """A LIST (or a snapshot): a pod pending that it did not refuse is a member now, or no more."""
+        for name in self.recorder.pending() - self.seen:
+            self.recorder.gone(name)
+        self.seen.clear()
+        self.just = ""
+
+    def changed(self, name: str, pod: Any | None) -> None:
+        """A watch event: a pod refused by it is removed from the view (not gone); any other pod removed is gone
+        and one put is let in."""
+        if name == self.just:
+            self.seen.discard(name)  # refused by a watch event, not by a LIST
+        else:
+            self.recorder.gone(name)
+        self.just = ""

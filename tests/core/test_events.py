@@ -1,8 +1,11 @@
 """The correlator (core/events.py): isomorphic occurrences become a series, new Events come from a token bucket,
-the latest held-back occurrence is the one written, a process's outcome is always written; the bodies are what
+the latest held-back occurrence is the one written, what waits is bounded (the newest of each reason, the rest
+counted in a note) and let go once its pod is gone, a process's outcome is always written; the bodies are what
 the API server takes; the notes come from the gang tracker's own answers."""
 
 from __future__ import annotations
+
+import tracemalloc
 
 import pytest
 
@@ -90,6 +93,76 @@ def test_events_of_different_reasons_or_related_pods_are_held_back_apart():
         ("PodRefused", "rogue: not the job's"), ("PodRefused", "stale: not the job's"),
         ("NewGeneration", "generation 3")]  # the latest generation only
     assert written[0].body["related"] == other.body()
+
+
+def refused(n: int) -> Occurrence:
+    """A rogue pod's refusal, as the sidecar records it (a note of the roster's length)."""
+    name = f"rogue-{n}"
+    return Occurrence("PodRefused", f"pod '{name}' has the labels of Job 'demo' but is not owned by it (no "
+                      "ownerReference with controller=true to Job 'demo'); it is left out of the topology",
+                      related=Ref(name, "default", f"uid-rogue-{n}"))
+
+
+def test_fifty_thousand_refused_pods_leave_the_newest_few_waiting_and_count_the_rest():
+    events = correlator(burst=1, refill=300)  # the default bound: 10 per reason
+    assert events.observe(waiting(), T0) is not None  # the bucket emptied
+    for n in range(45_000):
+        assert events.observe(refused(n), T0 + n / 1000) is None
+    tracemalloc.start()  # the last 5000 alone: tracing makes each ~5 times slower
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for n in range(45_000, 50_000):
+            assert events.observe(refused(n), T0 + n / 1000) is None
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(events.waiting) == 10
+    assert held - before < 16 * 1024  # nothing more is held for 5000 more pods (each waiting one is ~1 KB)
+    assert [slot[1].name for slot in events.waiting] == [f"rogue-{n}" for n in range(49_990, 50_000)]  # newest
+    assert events.held == {"PodRefused": 10}
+    assert events.given_up == 49_990 and events.untold == {"PodRefused": 49_990}
+    [first] = events.due(T0 + 50 + 300)  # one token: the oldest of the ten, which says how many were not
+    assert first.body["related"]["name"] == "rogue-49990"
+    assert first.body["note"].startswith("(49990 more PodRefused not recorded: too many at once) pod 'rogue-49990'")
+    assert len(first.body["note"]) <= NOTE_LIMIT and not events.untold
+    [second] = events.due(T0 + 50 + 600)
+    assert second.body["note"] == refused(49_991).note  # nothing more was let go meanwhile
+
+
+def test_a_repeat_of_a_noted_occurrence_counts_in_its_series():
+    events = correlator(burst=1, refill=300, hold=1)
+    assert events.observe(waiting(), T0) is not None
+    for n in range(3):
+        events.observe(refused(n), T0)
+    [created] = events.due(T0 + 300)
+    assert created.body["note"].startswith("(2 more PodRefused not recorded")
+    repeat = events.observe(refused(2), T0 + 301)
+    assert repeat is not None and (repeat.verb, repeat.name) == ("patch", created.name)
+
+
+def test_the_bound_is_per_reason_and_a_replaced_occurrence_is_the_newest():
+    events = correlator(burst=1, refill=300, hold=2)
+    assert events.observe(waiting(), T0) is not None
+    events.observe(refused(1), T0)
+    events.observe(Occurrence("NewGeneration", "generation 2", generation=2), T0)
+    events.observe(refused(2), T0)
+    events.observe(refused(1), T0 + 1)  # rogue-1 again, with the same note: newer than rogue-2 now
+    events.observe(refused(3), T0 + 2)  # over the bound: rogue-2 is the oldest refusal
+    assert [(reason, related.name if related else None) for reason, related in events.waiting] == [
+        ("NewGeneration", None), ("PodRefused", "rogue-1"), ("PodRefused", "rogue-3")]
+    assert events.untold == {"PodRefused": 1}
+
+
+def test_an_occurrence_about_a_pod_gone_is_never_written():
+    events = correlator(burst=1, refill=300)
+    assert events.observe(waiting(), T0) is not None
+    for n in range(3):
+        assert events.observe(refused(n), T0) is None
+    assert events.gone("rogue-1") == 1 and events.gone("rogue-1") == 0 and events.gone("demo-worker-1") == 0
+    assert events.given_up == 1 and "rogue-1" not in events.about and not events.untold
+    written = events.due(T0 + 300) + events.due(T0 + 600) + events.due(T0 + 900)
+    assert [w.body["related"]["name"] for w in written] == ["rogue-0", "rogue-2"]
+    assert events.next_due(T0 + 900) is None
 
 
 def test_a_failed_write_is_forgotten_so_the_next_occurrence_creates_again():

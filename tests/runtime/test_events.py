@@ -1,6 +1,7 @@
 """A pod's Events over the sandbox's API in memory (runtime/events.py): sent off the path that configures the pod,
 aggregated into series, stopped by a 403 in one line, paused by a 5xx and resumed, an expired series created
-again; init says why it waits and how it ended, the sidecar each new generation and each pod it leaves out.
+again; init says why it waits and how it ended, the sidecar each new generation and each pod it leaves out (the
+newest few of any number pending, none about a pod gone).
 tests/integration/test_events.py shows them through real kubectl describe."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from agent import examples
-from agent.core.events import GENERATION_LABEL, JOB_LABEL, Budget, Occurrence, Ref
+from agent.core.events import GENERATION_LABEL, JOB_LABEL, Bucket, Budget, Occurrence, Ref
 from agent.runtime import events as recording
 from agent.runtime.events import TaskRecorder, ThreadRecorder
 from tests.fakeapi import agent_name, init_pod
@@ -19,6 +20,7 @@ from tests.jobs import add_worker, create_volcano_job, rogue
 
 EVENTS = "/v1/events"  # the sandbox's store key for both versions
 POD = Ref("demo-worker-0", "default", "uid-0")
+T0 = 1_800_000_000.0
 
 
 def stored(memory) -> list[dict]:
@@ -126,6 +128,79 @@ async def test_a_series_whose_event_expired_is_created_again_whole(recorder, mem
 
 async def _delete(memory, name: str) -> None:
     memory.sandbox.store.delete(EVENTS, "default", name)
+
+
+class Writes:
+    """An AsyncSink that keeps what it is asked to write."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, dict]] = []
+
+    async def create(self, path: str, body: dict) -> dict:
+        self.made.append(("create", body))
+        return body
+
+    async def patch(self, path: str, body: dict) -> dict:
+        self.made.append(("patch", body))
+        return body
+
+
+def rogue_pod(n: int) -> dict:
+    return {"metadata": {"name": f"rogue-{n}", "namespace": "default", "uid": f"uid-rogue-{n}"}}
+
+
+async def test_fifty_thousand_refused_pods_leave_at_most_the_bound_pending():
+    sink = Writes()
+    recorder = TaskRecorder(sink, POD, budget=Budget(burst=1, refill=3600))  # the default bound: 10 per reason
+    refusals = recording.Refusals(recorder, "default")
+    task = asyncio.create_task(recorder.run())
+    try:
+        most = 0
+        for n in range(50_000):
+            refusals.refused(rogue_pod(n), f"pod 'rogue-{n}' has the labels of Job 'demo' but is not owned by it")
+            refusals.changed(f"rogue-{n}", None)  # an ADDED refused: removed from the view, not gone
+            if n % 32 == 31:
+                await asyncio.sleep(0)  # the recorder takes what is queued, as between two watch events
+                most = max(most, len(recorder.recording.correlator.waiting))
+        await settled(recorder, lambda: recorder.queue.empty(), "the queue taken")
+        waiting = recorder.recording.correlator.waiting
+        assert most <= 10 and len(waiting) == 10
+        assert [related.name for _, related in waiting] == [f"rogue-{n}" for n in range(49_990, 50_000)]
+        assert len(recorder.pending()) == 10 and len(refusals.seen) <= 4 * recording.QUEUE
+        assert [body["related"]["name"] for _, body in sink.made] == ["rogue-0"]  # the one token
+        assert recorder.counts.dropped == 50_000 - 1 - 10  # let go for the bound, or by the full queue
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_an_occurrence_about_a_pod_gone_is_let_go_queued_or_waiting():
+    sink = Writes()
+    now = [T0]
+    recorder = TaskRecorder(sink, POD, budget=Budget(burst=1, refill=300), clock=lambda: now[0])
+    refusals = recording.Refusals(recorder, "default")
+    for n in range(3):
+        refusals.refused(rogue_pod(n), f"rogue-{n}: not the job's")
+        refusals.changed(f"rogue-{n}", None)
+    refusals.changed("rogue-2", None)  # deleted while queued
+    task = asyncio.create_task(recorder.run())
+    try:
+        await settled(recorder, lambda: recorder.queue.empty(), "the queue taken")
+        assert recorder.pending() == {"rogue-1"} and recorder.counts.dropped == 1
+        refusals.refused(rogue_pod(2), "rogue-2: not the job's")  # a new pod of that name: recorded
+        refusals.changed("rogue-2", None)
+        await settled(recorder, lambda: recorder.queue.empty(), "the queue taken")
+        assert recorder.pending() == {"rogue-1", "rogue-2"}
+        refusals.changed("rogue-1", None)  # deleted while waiting for a token
+        refusals.reset({POD.name: {}})  # a LIST that does not refuse rogue-2: deleted meanwhile, or let in
+        assert recorder.pending() == set() and recorder.counts.dropped == 3
+        now[0] += 3600
+        recorder.record(Occurrence("NewGeneration", "generation 2"))
+        await settled(recorder, lambda: len(sink.made) == 2, "the token taken")
+        assert [body.get("related", {}).get("name") for _, body in sink.made] == ["rogue-0", None]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_full_queue_drops_and_a_bug_stops_recording_not_the_caller(api, logs):
@@ -243,3 +318,31 @@ async def test_the_sidecar_records_each_new_generation_and_each_pod_it_leaves_ou
     refused = by_reason["PodRefused"]
     assert refused["type"] == "Warning" and refused["related"]["name"] == "rogue-1"
     assert refused["message"].startswith("pod 'rogue-1' has the labels of Job 'demo' but is not owned by it")
+
+
+def waits_about(recorder: TaskRecorder, name: str) -> bool:
+    return any(related is not None and related.name == name for _, related in recorder.recording.correlator.waiting)
+
+
+async def test_the_sidecar_never_writes_a_refusal_of_a_pod_deleted_before_a_token_came(memory, api, logs, sidecars,
+                                                                                      tmp_path):
+    create_volcano_job(memory, (("master", 1), ("worker", 1)))
+    out = tmp_path / "out"
+    ran = await asyncio.to_thread(init_pod, api, logs, "demo-worker-0", out, "--address", "ip")
+    assert ran.code == 0, ran.err
+    running = await sidecars.start("demo-worker-0", out, "--address", "ip", "--debounce", "0")
+    recorder = running.sidecar.recorder
+    now = [T0]
+    recorder.recording.clock = lambda: now[0]
+    recorder.recording.correlator.bucket = Bucket(1, 300.0, T0)  # one Event, then one per 5 minutes
+    memory.create_pod(rogue("rogue-1", "worker", 5, 31))
+    await settled(recorder, lambda: recorder.counts.created == 1, "rogue-1's Event")
+    memory.create_pod(rogue("rogue-2", "worker", 6, 32))
+    await settled(recorder, lambda: waits_about(recorder, "rogue-2"), "rogue-2 waiting")
+    memory.delete_pod("default", "rogue-2")
+    memory.create_pod(rogue("rogue-3", "worker", 7, 33))  # after the deletion, in the watch's order
+    await settled(recorder, lambda: waits_about(recorder, "rogue-3"), "rogue-3 waiting")
+    now[0] += 300  # a token
+    memory.update_pod("default", "rogue-1", lambda p: p["metadata"]["labels"].update(seen="again"))  # wakes it
+    await settled(recorder, lambda: recorder.counts.created == 2, "the token taken")
+    assert [e["related"]["name"] for e in stored(memory) if e["reason"] == "PodRefused"] == ["rogue-1", "rogue-3"]

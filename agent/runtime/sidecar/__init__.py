@@ -37,7 +37,7 @@ from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import retried
-from agent.runtime.events import AsyncSink, TaskRecorder
+from agent.runtime.events import AsyncSink, Refusals, TaskRecorder
 from agent.runtime.handoff import read_handoff
 from agent.runtime.jobs import read_job
 from agent.runtime.memory import collector_paused, keep_freed_memory, release_memory
@@ -249,13 +249,9 @@ class Sidecar:
         recorder = self.recorder = TaskRecorder(self.sink, Ref(s.pod_name, s.namespace,
                                                                me.get("metadata", {}).get("uid") or ""), job=job)
         self.evaluator.tell = self.changes.tell = recorder.record
-
-        def refused(pod: Any, why: str) -> None:
-            meta = pod.get("metadata", {})
-            recorder.record(Occurrence("PodRefused", why, related=Ref(str(meta.get("name", "?")), s.namespace,
-                                                                      str(meta.get("uid") or ""))))
-
-        self.view.refused = refused
+        refusals = Refusals(recorder, s.namespace)
+        self.view.refused = refusals.refused
+        self.view.watchers.append(refusals)
 
     def _journal_follower(self, job: Job, check: WriterCheck) -> JournalFollower:
         s = self.settings
