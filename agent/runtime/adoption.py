@@ -30,6 +30,7 @@ from agent.core.injection import (
 )
 from agent.errors import InputError
 from agent.flags.parser import check_command_line
+from agent.runtime.quoting import is_misread_plain
 
 if TYPE_CHECKING:
     from ruamel.yaml.composer import Composer
@@ -338,9 +339,11 @@ def _inject_yaml(text: str, defaults: Settings, version: str) -> tuple[str, list
             _place_comments(docs, dropped, text.splitlines(), indentation)
         _comments_before_what_follows(docs, indentation)
     flows = _flow_sizes(docs)
+    as_written = _misread_as_written(docs)
     changed = _inject_all(docs, defaults, version)
     if flows:
         _block_where_added(docs, flows)
+    _quote_added(docs, as_written)
     out = io.StringIO()
     yaml.dump_all(docs, out)
     return lead + out.getvalue(), changed
@@ -717,6 +720,48 @@ def _block_where_added(docs: list[Any], flows: Mapping[int, int]) -> None:
         if obj.fa.flow_style() and added_to(obj):
             for outer in [*path, obj]:
                 outer.fa.set_block_style()
+
+
+def _plain_strings(docs: list[Any]) -> Iterator[tuple[Any, Any, str]]:
+    """Every string value written plain (a mapping's value or a sequence's item) with its collection and key or
+    index, in the user's collections and those the agent added alike; each collection once."""
+    from ruamel.yaml.scalarstring import PlainScalarString
+
+    pending = [d for d in docs if isinstance(d, (Mapping, list))]
+    seen: set[int] = set()
+    while pending:
+        obj = pending.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        for key, value in list(obj.items() if isinstance(obj, Mapping) else enumerate(obj)):
+            if isinstance(value, (Mapping, list)):
+                pending.append(value)
+            elif type(value) is str or type(value) is PlainScalarString:  # the others are quoted or a block
+                yield obj, key, value
+
+
+def _misread_as_written(docs: list[Any]) -> dict[tuple[int, Any], tuple[Any, str]]:
+    """The input's plain strings that a YAML 1.1 reader misreads (kubectl reads `on` as a bool, PyYAML `1:2` as
+    62), by where they are; they stay as the user wrote them."""
+    return {(id(obj), key): (obj, value) for obj, key, value in _plain_strings(docs) if is_misread_plain(value)}
+
+
+def _quote_added(docs: list[Any], as_written: Mapping[tuple[int, Any], tuple[Any, str]]) -> None:
+    """Quote every plain string the injection wrote that a YAML 1.1 reader would misread: ruamel quotes only what
+    YAML 1.2 misreads, and kubectl (go-yaml v2) and PyYAML read 1.1. What is the input's, where the input had it,
+    stays as written. Where a value is decides, not the object: the agent copies the user's values (a setting's
+    annotation, an elastic range from the pod's env) into the arguments it adds."""
+    from ruamel.yaml.scalarstring import SingleQuotedScalarString
+
+    added = [(obj, key, value) for obj, key, value in _plain_strings(docs)
+             if is_misread_plain(value) and not _same(as_written.get((id(obj), key)), obj, value)]
+    for obj, key, value in added:
+        obj[key] = SingleQuotedScalarString(value)  # ruamel writes it double-quoted where single quotes cannot
+
+
+def _same(written: tuple[Any, str] | None, obj: Any, value: str) -> bool:
+    return written is not None and written[0] is obj and written[1] is value
 
 
 def _lead(text: str) -> str:

@@ -312,7 +312,7 @@ def test_a_kubectl_list_and_json_come_back_as_they_came():
     text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
     out, changed = inject_text(text, Settings(), version=__version__)
     back = json.loads(out)
-    assert back["kind"] == "List" and len(changed) == 4
+    assert back["kind"] == "List" and len(changed) == 5
     assert all(agent_args(t) for item in back["items"] for t in pod_templates(item))
 
 
