@@ -40,10 +40,11 @@ _STR = "tag:yaml.org,2002:str"
 def is_misread_plain(text: str) -> bool:
     """Whether ``text``, written as a plain scalar, is read as something other than this string by PyYAML or by
     go-yaml v2 (kubectl)."""
-    return _go_yaml_v2_misreads(text) or _pyyaml_misreads(text)
+    return is_misread_by_go_yaml_v2(text) or is_misread_by_pyyaml(text)
 
 
-def _go_yaml_v2_misreads(text: str) -> bool:
+def is_misread_by_go_yaml_v2(text: str) -> bool:
+    """Whether go-yaml v2 resolves ``text``, written plain, to another type than a string (a timestamp too)."""
     if text in _WORDS:
         return True
     if not text or text[0] not in GO_YAML_V2_FIRST:
@@ -53,7 +54,8 @@ def _go_yaml_v2_misreads(text: str) -> bool:
                 or GO_YAML_V2_FLOAT.fullmatch(plain))
 
 
-def _pyyaml_misreads(text: str) -> bool:
+def is_misread_by_pyyaml(text: str) -> bool:
+    """Whether PyYAML's loaders resolve ``text``, written plain, to another type than a string."""
     import yaml
 
     return bool(_pyyaml_resolver().resolve(yaml.ScalarNode, text, (True, False)) != _STR)

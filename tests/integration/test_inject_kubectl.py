@@ -10,6 +10,7 @@ import json
 from agent import __version__
 from agent.core.injection import Settings
 from agent.runtime.adoption import inject_text
+from agent.runtime.quoting import is_misread_by_go_yaml_v2
 from tests.runtime.test_inject_yaml11 import CASES, ELASTIC, annotated, template_of, written
 
 
@@ -35,3 +36,25 @@ def test_kubectl_reads_every_value_inject_adds_as_the_string_it_is(kubectl):
         got = written(template, setting)
         assert got and got == [value] * len(got), (setting, value, got)
         assert written(template, "elastic") == [ELASTIC] * 2, (setting, value)
+
+
+# Plain scalars and whether go-yaml v2 reads them as something else: its words, and its ints and floats (with
+# underscores, base prefixes in either case, a leading 0 as octal or else a float) beside look-alikes it keeps.
+GO_YAML_V2 = [("on", True), ("ON", True), ("y", True), ("N", True), ("off", True), ("~", True), ("null", True),
+              ("0o17", True), ("0O17", True), ("0x1F", True), ("-0x1F", True), ("0X1F", True), ("0b101", True),
+              ("0B1", True), ("-0b1", True), ("1_000", True), ("1__", True), ("09", True), ("0777", True),
+              ("08.5", True), ("1e3", True), ("1.", True), ("1.e5", True), (".5", True), ("+5", True), ("2001", True),
+              ("1:2", False), ("ono", False), ("yes-no", False), ("0o18", False), ("0x", False), ("1:2:a", False),
+              ("1.2.3", False), ("_1", False), ("v1.2", False), ("2001-01-01x", False)]
+
+
+def test_the_go_yaml_v2_table_says_what_kubectl_reads(kubectl):
+    """The rule quoting.py keeps for go-yaml v2, held to kubectl's own reading of each text written plain."""
+    items = "".join(f"  - {text}\n" for text, _ in GO_YAML_V2)
+    job = f"apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata:\n  name: table\nspec:\n  texts:\n{items}"
+    run = kubectl("create", "--dry-run=client", "--validate=false", "-o", "json", "-f", "-", input=job)
+    read = json.loads(run.stdout)["spec"]["texts"]
+    assert len(read) == len(GO_YAML_V2)
+    for (text, misread), got in zip(GO_YAML_V2, read, strict=True):
+        assert (got != text) is misread, (text, got)
+        assert is_misread_by_go_yaml_v2(text) is misread, text
