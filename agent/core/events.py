@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.core.escaping import printable
 from agent.core.gang import GangStatus
 from agent.core.topology import Plan
 from agent.core.validation import is_label_value
@@ -79,7 +80,8 @@ class Ref:
 
 @dataclass(frozen=True)
 class Occurrence:
-    """Something to tell: a reason of ``REASONS`` and a note (cut to the API's limit); ``generation`` labels the
+    """Something to tell: a reason of ``REASONS`` and a note (escaped, core/escaping.py: its values come from
+    objects; then cut to the API's limit); ``generation`` labels the
     Events that say which generation of files a pod wrote (``topology-agent status`` reads it)."""
 
     reason: str
@@ -90,6 +92,7 @@ class Occurrence:
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
             raise ValueError(f"unknown event reason {self.reason!r}")
+        object.__setattr__(self, "note", printable(self.note))  # ``kubectl describe`` prints a note as it is
         if len(self.note) > NOTE_LIMIT:
             object.__setattr__(self, "note", self.note[:NOTE_LIMIT - 3] + "...")
 

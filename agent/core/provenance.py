@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.controllers import Controller
+from agent.core.escaping import shown
 from agent.core.gang import Roster
 from agent.core.journal import journal_name, summary_name
 from agent.core.model import Options, RawPod
@@ -106,8 +107,8 @@ class WriterCheck:
             return f"its writer, pod '{writer.name}', does not exist"
         uid = (pod.get("metadata") or {}).get("uid")
         if uid != writer.uid:
-            return (f"its writer's uid {writer.uid} is not the uid of pod '{writer.name}' ({uid}): written by an "
-                    f"earlier pod of that name, or by someone else")
+            return (f"its writer's uid {shown(writer.uid)} is not the uid of pod '{writer.name}' ({uid}): written "
+                    f"by an earlier pod of that name, or by someone else")
         try:
             job = self.controller.identify(pod, self.options).job
         except InputError as err:

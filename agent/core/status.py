@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.core.escaping import pod_name_shown, printable
 from agent.core.gang import Roster
 from agent.core.model import Options, RawPod
 from agent.core.pods import pod_ip
@@ -177,13 +178,15 @@ def _seen(row: Row, now: float) -> str:
 
 
 def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Left-aligned columns three spaces apart, as kubectl's printer."""
+    """Left-aligned columns three spaces apart, as kubectl's printer (each cell escaped first: core/escaping.py)."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def table(status: JobStatus, *, now: float) -> str:
-    """The table ``topology-agent status`` prints by default."""
+    """The table ``topology-agent status`` prints by default: every value escaped (core/escaping.py), and a
+    publisher, Lease holder or standby that is no pod name shown as invalid."""
     expected = f" of {status.expected}" if status.expected is not None else ""
     lines = [f"{status.kind} in namespace {status.namespace}: {status.training}{expected} training pods placed, "
              f"world size {status.world_size}"]
@@ -200,14 +203,15 @@ def table(status: JobStatus, *, now: float) -> str:
     publication = status.publication
     if publication is not None:
         holder = "no Lease" if publication.holder is None else (
-            f"Lease held by {publication.holder or 'nobody'}"
+            f"Lease held by {pod_name_shown(publication.holder) if publication.holder else 'nobody'}"
             + (f", renewed {human_duration(now - publication.renewed)} ago" if publication.renewed else ""))
         lines += ["", f"PUBLISHED   configmap {publication.configmap}, sequence {publication.sequence}",
-                  f"PUBLISHER   {publication.publisher} ({holder})",
-                  f"STANDBYS    {', '.join(publication.standbys) or '<none>'}"]
+                  f"PUBLISHER   {pod_name_shown(publication.publisher) if publication.publisher else '<none>'} "
+                  f"({holder})",
+                  f"STANDBYS    {', '.join(pod_name_shown(name) for name in publication.standbys) or '<none>'}"]
     if status.left:
         lines += ["", *_columns([["LEFT OUT", "REASON"]] + [[item.name, item.reason] for item in status.left])]
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"
 
 
 def document(status: JobStatus, *, now: float) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.core import leading
+from agent.core.escaping import pod_name_shown, shown
 from agent.core.lease import Observation, Record, Timing, lease_body, read_record
 from agent.errors import ApiConflict, ApiError, ApiNotFound
 from agent.runtime.publishing import lease_path, now_wall
@@ -92,8 +93,8 @@ class InitLease:
             why = await self._holder(record)
             verdict = leading.claim(record, me=self.me, owner_uid=self.owner_uid, holder_live=why is None)
             if verdict is leading.Claim.FOLLOW:
-                log.info("lease %s is held by pod %s: it publishes the topology", self.name, record.holder
-                         if record is not None else "?")
+                log.info("lease %s is held by pod %s: it publishes the topology", self.name,
+                         pod_name_shown(record.holder) if record is not None else "?")
                 return False
             try:
                 await retried(functools.partial(self._write, record), f"write lease {self.name}")
@@ -138,7 +139,8 @@ class InitLease:
                 return False
         why = _taken(record, self, holder) if record is None or leading.claim(
             record, me=self.me, owner_uid=self.owner_uid, holder_live=holder is None) is leading.Claim.TAKE else \
-            f"taken over from pod {record.holder}: not renewed for {now - self.observed.changed_at:.1f} s"
+            f"taken over from pod {pod_name_shown(record.holder)}: not renewed for " \
+            f"{now - self.observed.changed_at:.1f} s"
         try:
             await self._write(record)
         except ApiError as err:  # a 409: another guard was first
@@ -256,7 +258,7 @@ class Keeper:
             self._record = None
         log.warning("lease %s is held by %s now, not by this pod (it was not renewed in time); this init still "
                     "publishes if the snapshot is not there yet (its create decides), and gives way otherwise",
-                    lease.name, record.holder if record is not None else "nobody")
+                    lease.name, pod_name_shown(record.holder) if record is not None and record.holder else "nobody")
         return True
 
 
@@ -265,9 +267,9 @@ def _taken(record: Record | None, lease: InitLease, why: str | None = None) -> s
     if record is None:
         return "created"
     if why is not None:
-        return f"held by pod {record.holder}, no live pod of this job ({why}), taken over"
+        return f"held by pod {pod_name_shown(record.holder)}, no live pod of this job ({why}), taken over"
     if record.holder == lease.me:
         return "held under this pod's name, taken again"
     if not record.holder:
         return "free, taken"
-    return f"left by an earlier incarnation of the job (owner uid {record.owner_uid}), taken over"
+    return f"left by an earlier incarnation of the job (owner uid {shown(record.owner_uid)}), taken over"

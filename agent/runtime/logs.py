@@ -1,4 +1,8 @@
-"""Logging: human-readable lines by default, one JSON object per line with ``--log-format json``."""
+"""Logging: human-readable lines by default, one JSON object per line with ``--log-format json``.
+
+Every message is escaped (core/escaping.py) whatever the format: its values come from objects anyone in the
+namespace can write, and an LF in one must not start a forged line nor an ESC drive the terminal of whoever reads
+the log (``kubectl logs``, ``jq -r .msg``)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,14 @@ import logging
 import sys
 import time
 
+from agent.core.escaping import printable
+
+
+class TextFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -14,7 +26,7 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": printable(record.getMessage()),
         }
         return json.dumps(entry)
 
@@ -24,7 +36,7 @@ def setup_logging(fmt: str = "text", *, level: int = logging.INFO) -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("topology_agent")
     root.handlers[:] = [handler]
     root.setLevel(level)

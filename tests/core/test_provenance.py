@@ -145,3 +145,10 @@ def test_a_member_re_created_under_its_name_has_superseded_its_copy_a_stranger_h
         **unowned("demo-master-0")["metadata"], "uid": "x"}})  # a pod the job does not own
     assert not judged.superseded(Writer("demo-master-0", ""), reborn)  # no uid named: not a leader's write
     assert not judged.superseded(Writer("other-master-0", "u1"), pod("other-master-0", uid="u9"))
+
+
+def test_a_forged_writer_uid_is_quoted_escaped_and_cut():
+    forged = Writer("demo-worker-0", "x\n12:00:00 INFO init complete\x1b[2J" + "u" * 500)
+    why = check().judge(forged, pod("demo-worker-0"), "demo-topology")
+    assert why is not None and why.isprintable() and len(why) < 400
+    assert "its writer's uid x\\n12:00:00 INFO init complete\\x1b[2J" in why

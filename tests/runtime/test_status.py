@@ -6,6 +6,7 @@ tests/integration/test_status.py runs the command itself against running agents.
 from __future__ import annotations
 
 import asyncio
+import copy
 import io
 import json
 
@@ -124,3 +125,35 @@ async def test_watch_prints_again_when_a_pod_joins(memory, api, logs, tmp_path):
     first, second = out.getvalue().split("\n\n", 1)
     assert "2 of 2 training pods placed" in first
     assert "demo-worker-1   worker   2      2" in second and "<unknown>" in second  # no agent ran in it yet
+
+
+# --- what others wrote: names, pods and Events the job does not own -------------------------------------------
+
+LEASES = "coordination.k8s.io/v1/leases"
+OSC8 = "\x1b]8;;https://evil.example/\x07demo-worker-0\x1b]8;;\x07"
+FAKE_ROW = "x\r\ndemo-rogue-0   master   0      0      node-0   127.9.9.9   1 (1s)   1/1"
+
+
+def replaced(memory, resource: str, name: str, change) -> None:
+    """An object of the job rewritten by someone who may write it (its resourceVersion dropped: no conflict)."""
+    obj = copy.deepcopy(memory.sandbox.store.get(resource, "default", name))
+    change(obj)
+    obj["metadata"].pop("resourceVersion")
+    memory._run(memory.sandbox.store.replace, resource, "default", name, obj)
+
+
+async def test_a_forged_lease_holder_and_journal_publisher_print_escaped_and_invalid(memory, api, logs, tmp_path):
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    await started(api, logs, tmp_path, [p["metadata"]["name"] for p in pods], "--source", "published")
+    replaced(memory, LEASES, "demo-topology", lambda lease: lease["spec"].update(holderIdentity=OSC8))
+    replaced(memory, "/v1/configmaps", "demo-topology-journal",
+             lambda journal: journal["data"].update(leader="\x1b[2J\x1b[H", standby=f"{FAKE_ROW},demo-worker-1\x07"))
+    text = await status(api)
+    lines = text.splitlines()
+    assert all(line.isprintable() for line in lines), lines
+    assert len([line for line in lines if line.startswith("demo-")]) == 3  # the three pods' rows, and no other
+    assert "PUBLISHER   <invalid: \\x1b[2J\\x1b[H> (Lease held by <invalid: \\x1b]8;;https://evil.example/\\x07" \
+           "demo-worker-0\\x1b]8;;\\x07>, renewed" in text
+    assert "STANDBYS    <invalid: x\\r\\ndemo-rogue-0   master   0" in text and "<invalid: demo-worker-1\\x07>" in text
+    doc = json.loads(await status(api, output="json"))  # the document keeps the values, as JSON escapes them
+    assert doc["publication"]["leaseHolder"] == OSC8

@@ -23,6 +23,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
+from agent.core.escaping import pod_name_shown
 from agent.core.journal import Journal, journal_name, state_from, summary_name
 from agent.core.lease import read_record
 from agent.core.provenance import WriterCheck
@@ -266,7 +267,8 @@ class JournalFollower:
         journal = journal or self.published.journal or self.summary.journal
         leader = journal.leader if journal is not None else ""
         if holder and leader and holder != leader:
-            return f"lease {self.configmap} is held by '{holder}', but the journal's publisher is '{leader}'"
+            return (f"lease {self.configmap} is held by '{pod_name_shown(holder)}', but the journal's publisher is "
+                    f"'{pod_name_shown(leader)}'")
         return None
 
     async def _watch_publisher(self) -> None:
