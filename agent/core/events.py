@@ -36,6 +36,7 @@ from agent.core.validation import is_label_value
 CONTROLLER = "topology-agent.io/agent"  # reportingController: a qualified name, as the API server requires
 NOTE_LIMIT = 1024  # characters of a note (kube-apiserver's NoteLengthLimit)
 GENERATION_LABEL = "topology-agent.io/generation"  # on the Events that say which generation a pod wrote
+GENERATION_REASONS = frozenset({"GangComplete", "NewGeneration"})  # the reasons of those Events
 JOB_LABEL = "topology-agent.io/job"  # on every Event the agent records: the job whose pod it is
 
 
@@ -92,6 +93,8 @@ class Occurrence:
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
             raise ValueError(f"unknown event reason {self.reason!r}")
+        if self.generation is not None and self.reason not in GENERATION_REASONS:
+            raise ValueError(f"event reason {self.reason!r} says no generation")
         object.__setattr__(self, "note", printable(self.note))  # ``kubectl describe`` prints a note as it is
         if len(self.note) > NOTE_LIMIT:
             object.__setattr__(self, "note", self.note[:NOTE_LIMIT - 3] + "...")

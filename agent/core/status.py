@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from agent.core.escaping import pod_name_shown, printable
+from agent.core.events import CONTROLLER, GENERATION_LABEL, GENERATION_REASONS
 from agent.core.gang import Roster
 from agent.core.model import Options, RawPod
 from agent.core.pods import pod_ip
 from agent.core.topology import NodeLabels, build_plan
+from agent.core.validation import DNS1123_LABEL, is_dns1123_subdomain
 from agent.errors import InputError
 
 SCHEMA = "topology-agent.io/v1"
@@ -61,6 +64,85 @@ class Seen:
 
     generation: int
     at: float
+
+
+# The objects through which a job object owns its pods, each named by the ownerReference its controller sets
+# (controller: true) on what it creates: group, kind -> resource. A pod is the job's when a chain of such
+# references, each to an object read and found with that uid, ends at the job object's uid.
+OWNED_THROUGH: dict[tuple[str, str], str] = {
+    ("batch", "Job"): "jobs",  # JobSet's replicated Jobs (sigs.k8s.io/jobset pkg/controllers/jobset_controller.go),
+    #                            an MPIJob's launcher (kubeflow/mpi-operator v2 pkg/controller/mpi_job_controller.go)
+    ("apps", "StatefulSet"): "statefulsets",  # a LeaderWorkerSet's leader and worker StatefulSets
+    #                                           (sigs.k8s.io/lws pkg/controllers/leaderworkerset_controller.go)
+    ("", "Pod"): "pods",  # a LeaderWorkerSet group's leader pod owns its worker StatefulSet (lws pod_controller.go)
+    ("jobset.x-k8s.io", "JobSet"): "jobsets",  # a TrainJob's JobSet (kubeflow/trainer pkg/runtime/framework/plugins)
+}
+CHAIN = 4  # links at most from a pod to its job: LWS -> StatefulSet -> leader Pod -> StatefulSet -> worker Pod
+
+
+def owner_refs(meta: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    refs = meta.get("ownerReferences")
+    return [r for r in refs if isinstance(r, Mapping)] if isinstance(refs, list) else []
+
+
+def controller_path(meta: Mapping[str, Any], namespace: str) -> tuple[str, str] | None:
+    """The controlling owner of an object (uid, API path) when it is of a kind of ``OWNED_THROUGH``, else None."""
+    for ref in owner_refs(meta):
+        if ref.get("controller") is not True:
+            continue
+        api_version, kind, name, uid = (ref.get(k) for k in ("apiVersion", "kind", "name", "uid"))
+        if not all(isinstance(v, str) and v for v in (api_version, kind, name, uid)):
+            return None
+        group, _, version = str(api_version).rpartition("/")
+        plural = OWNED_THROUGH.get((group, str(kind)))
+        if plural is None or not is_dns1123_subdomain(str(name)) or not DNS1123_LABEL.fullmatch(version):
+            return None
+        prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        return str(uid), f"{prefix}/namespaces/{namespace}/{plural}/{name}"
+    return None
+
+
+def generations(events: Sequence[Mapping[str, Any]], members: Mapping[str, str], namespace: str) -> dict[str, Seen]:
+    """The latest generation each member's agent recorded (by pod uid; ``members``: uid -> name of the pods the
+    job owns), read only from Events its agent could have written (core/events.py ``Correlator.body``): by the
+    agent (``reportingController``), from the pod itself (``reportingInstance`` its name, the Event named after
+    it), about that very pod (``regarding``: a Pod of this namespace with the member's uid and name), of a reason
+    that says a generation, labelled with a whole number. Any other Event with the label is someone else's."""
+    seen: dict[str, Seen] = {}
+    for event in events:
+        regarding = event.get("regarding")
+        meta = event.get("metadata")
+        if not isinstance(regarding, Mapping) or not isinstance(meta, Mapping):
+            continue
+        uid, name = regarding.get("uid"), regarding.get("name")
+        labels = meta.get("labels")
+        raw = labels.get(GENERATION_LABEL) if isinstance(labels, Mapping) else None
+        if not isinstance(uid, str) or uid not in members or name != members[uid] \
+                or regarding.get("kind") != "Pod" or regarding.get("apiVersion") != "v1" \
+                or regarding.get("namespace") != namespace or event.get("reportingController") != CONTROLLER \
+                or event.get("reportingInstance") != name[:128] or event.get("reason") not in GENERATION_REASONS \
+                or not str(meta.get("name", "")).startswith(f"{name}.") \
+                or not isinstance(raw, str) or not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+            continue
+        series = event.get("series")
+        at = stamp((series.get("lastObservedTime") if isinstance(series, Mapping) else None)
+                    or event.get("eventTime"))
+        if at is None:
+            continue
+        found = Seen(int(raw), at)
+        if uid not in seen or (found.generation, found.at) > (seen[uid].generation, seen[uid].at):
+            seen[uid] = found
+    return seen
+
+
+def stamp(value: Any) -> float | None:
+    """Epoch seconds of an RFC 3339 time (with or without fractions), or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

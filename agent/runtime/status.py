@@ -6,18 +6,21 @@ after a change (at most once a second), printing only what differs.
 
 The job is read as its agents read it (runtime/jobs.read_job, from one of its pods, with the options that pod's
 init container was given): the roster a sidecar holds refuses the same pods (a new index is a scale-up, as there),
-the planner init and the sidecar use gives the same ranks.
+the planner init and the sidecar use gives the same ranks. Only pods the job object owns count (``Ownership``):
+labels are anyone's to write, so a pod with the job's labels that sorts first cannot choose the options, the
+owner or the ranks; the pod read from is the first owned one by name. A generation is read only from an Event its
+pod's own agent could have written (core/status.py ``generations``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
-from datetime import datetime
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from agent.core.controllers import CONTROLLERS, Controller
 from agent.core.events import GENERATION_LABEL, JOB_LABEL, job_label
@@ -26,7 +29,19 @@ from agent.core.journal import journal_name, read_journal
 from agent.core.lease import read_record
 from agent.core.model import Options, RawPod
 from agent.core.published import configmap_name
-from agent.core.status import JobStatus, Left, Publication, Seen, document, job_status, table
+from agent.core.status import (
+    CHAIN,
+    JobStatus,
+    Left,
+    Publication,
+    controller_path,
+    document,
+    generations,
+    job_status,
+    owner_refs,
+    stamp,
+    table,
+)
 from agent.errors import ApiForbidden, ApiNotFound, InputError
 from agent.flags.status import StatusSettings, options_of
 from agent.k8s.async_client import AsyncApi, AsyncClient
@@ -38,16 +53,6 @@ from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.publishing import lease_path
 
 SETTLE = 1.0  # -w: seconds between two readings of the job (a burst of changes is one reprint)
-
-
-def _stamp(value: Any) -> float | None:
-    """Epoch seconds of an RFC 3339 time (with or without fractions), or None."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _object_path(controller: Controller, namespace: str, name: str) -> str:
@@ -86,27 +91,61 @@ async def find_job(api: AsyncApi, settings: StatusSettings) -> tuple[Controller,
     return found[0]
 
 
-async def _generations(api: AsyncApi, namespace: str, job: str) -> tuple[dict[str, Seen], str]:
-    """The latest generation each pod's agent recorded (by pod uid), and the LIST's resourceVersion."""
+async def _events(api: AsyncApi, namespace: str, job: str) -> tuple[list[dict[str, Any]], str]:
+    """The Events the job's pods' agents labelled with a generation, and the LIST's resourceVersion."""
     label = job_label(job)
     if label is None:
-        return {}, ""
+        return [], ""
     try:
-        items, rv = await api.list_objects(events_path(namespace), label_selector=f"{JOB_LABEL}={label},"
-                                                                                  f"{GENERATION_LABEL}")
+        return await api.list_objects(events_path(namespace), label_selector=f"{JOB_LABEL}={label},"
+                                                                            f"{GENERATION_LABEL}")
     except (ApiForbidden, ApiNotFound):
-        return {}, ""  # Events not readable here: every generation shows as unknown
-    seen: dict[str, Seen] = {}
-    for event in items:
-        uid = (event.get("regarding") or {}).get("uid")
-        raw = ((event.get("metadata") or {}).get("labels") or {}).get(GENERATION_LABEL, "")
-        at = _stamp((event.get("series") or {}).get("lastObservedTime") or event.get("eventTime"))
-        if not isinstance(uid, str) or not raw.isdigit() or at is None:
-            continue
-        found = Seen(int(raw), at)
-        if uid not in seen or (found.generation, found.at) > (seen[uid].generation, seen[uid].at):
-            seen[uid] = found
-    return seen, rv
+        return [], ""  # Events not readable here: every generation shows as unknown
+
+
+class Ownership:
+    """Which pods with the job's labels the job object owns: an ownerReference with its uid, or a chain of
+    controlling references through the objects its controller creates (core/status.py ``OWNED_THROUGH``), each
+    read once (metadata only) and found with the uid referred to. Labels are anyone's to write; the job
+    object's uid is not. Verdicts are kept by uid for the command's life (``-w`` reads no object twice)."""
+
+    def __init__(self, api: AsyncApi, namespace: str, job: Mapping[str, Any]) -> None:
+        meta = job.get("metadata") or {}
+        self.api, self.namespace = api, namespace
+        self.uid = str(meta.get("uid") or "")
+        self.label = f"{job.get('kind', '?')} '{meta.get('name', '?')}'"
+        self.verdicts: dict[str, bool] = {}  # uid of an object between a pod and the job -> owned by the job
+        self.unread: list[str] = []  # the objects that could not be read, for the line that says none is owned
+
+    async def owns(self, meta: Mapping[str, Any], known: Mapping[str, Mapping[str, Any]], depth: int = 0) -> bool:
+        """Whether the job owns the object of metadata ``meta`` (``known``: the pods listed, by uid)."""
+        if self.uid and any(ref.get("uid") == self.uid for ref in owner_refs(meta)):
+            return True
+        link = controller_path(meta, self.namespace)
+        if not self.uid or link is None or depth >= CHAIN:
+            return False
+        uid, path = link
+        if uid not in self.verdicts:
+            parent: Mapping[str, Any] | None = known.get(uid)
+            if parent is None:
+                try:
+                    parent = await self.api.get_object(path, metadata_only=True)
+                except (ApiNotFound, ApiForbidden) as err:
+                    self.unread.append(f"{path} ({err.status})")
+            parent_meta = (parent or {}).get("metadata") or {}
+            self.verdicts[uid] = parent_meta.get("uid") == uid and await self.owns(parent_meta, known, depth + 1)
+        return self.verdicts[uid]
+
+    def stranger(self, pod: RawPod) -> Left:
+        name = pod["metadata"]["name"]
+        return Left(name, f"pod '{name}' has the labels of {self.label} but is not owned by it (no ownerReference "
+                          f"leads to its uid {self.uid}); only the job's own pods are members")
+
+    def none_owned(self, count: int) -> str:
+        unread = f"; cannot read {', '.join(self.unread[:3])}" if self.unread else ""
+        return (f"none of the {count} pods with the job's labels is owned by {self.label} (uid {self.uid}){unread}: "
+                "they are no pods of this job (another object of that name made them, or someone else did); wait "
+                "for its controller to create its pods, or check -n and --controller")
 
 
 async def _publication(api: AsyncApi, namespace: str, job: str) -> Publication | None:
@@ -123,7 +162,7 @@ async def _publication(api: AsyncApi, namespace: str, job: str) -> Publication |
     renewed = None
     try:
         record = read_record(await api.get_object(lease_path(namespace, name)))
-        holder, renewed = record.holder, _stamp(record.renew_time)
+        holder, renewed = record.holder, stamp(record.renew_time)
     except (ApiNotFound, ApiForbidden):
         holder = None
     return Publication(name, journal.seq, journal.leader, journal.standby, holder, renewed)
@@ -136,26 +175,41 @@ def _expected(view: JobView) -> int | None:
     return total or None
 
 
-async def _group(api: AsyncApi, settings: StatusSettings, pods: list[RawPod], kind: str,
-                 versions: dict[str, str]) -> JobStatus:
+def _reader(owned: list[RawPod]) -> RawPod:
+    """The pod whose options the job is read with: the first by name that runs the agent's init container (its
+    options are the job's, as ``inject`` gives every pod the same), else the first; among owned pods only."""
+    ordered = sorted(owned, key=lambda p: p["metadata"]["name"])
+    return next((p for p in ordered if options_of(p) is not None), ordered[0])
+
+
+async def _group(api: AsyncApi, settings: StatusSettings, owned: list[RawPod], kind: str, versions: dict[str, str],
+                 ownership: Ownership) -> JobStatus:
     """One gang's status (a LeaderWorkerSet has one per group), read as its pods' agents read it."""
-    me = pods[0]
+    me = _reader(owned)
     options = options_of(me) or Options()
     view = await read_job(api.get_object, me, options)
+    if view.objects and ownership.uid not in {(o.get("metadata") or {}).get("uid") for o in view.objects}:
+        raise InputError(f"pod '{me['metadata']['name']}' leads to objects other than {ownership.label} (uid "
+                         f"{ownership.uid}); its labels or owner were changed")
     options = view.options
     job = view.controller.identify(me, options).job
-    names = wanted_nodes(pods, options, {})
+    names = wanted_nodes(owned, options, {})
     nodes = await read_nodes(api, names, options) if names else None
-    seen, versions["events"] = await _generations(api, settings.namespace, job)
-    return job_status(pods, job=job, kind=kind, namespace=settings.namespace, options=options,
-                      roster=roster_of(view, check_index=False), expected=_expected(view), seen=seen, nodes=nodes,
+    events, versions["events"] = await _events(api, settings.namespace, job)
+    members = {str(p["metadata"].get("uid")): p["metadata"]["name"] for p in owned if p["metadata"].get("uid")}
+    return job_status(owned, job=job, kind=kind, namespace=settings.namespace, options=options,
+                      roster=roster_of(view, check_index=False), expected=_expected(view),
+                      seen=generations(events, members, settings.namespace), nodes=nodes,
                       publication=await _publication(api, settings.namespace, job))
 
 
 async def read_status(api: AsyncApi, settings: StatusSettings, controller: Controller,
-                      obj: Mapping[str, Any]) -> tuple[list[JobStatus], dict[str, str]]:
+                      obj: Mapping[str, Any], ownership: Ownership | None = None
+                      ) -> tuple[list[JobStatus], dict[str, str]]:
     """Every gang of the job, and the resourceVersions of what was listed ("pods", "events": ``-w`` watches from
-    them; Events may live in an etcd of their own, with versions of their own)."""
+    them; Events may live in an etcd of their own, with versions of their own). Only pods the job object owns
+    are read from and shown as members; the others are left out, each with why."""
+    ownership = ownership or Ownership(api, settings.namespace, obj)
     kind = f"{controller.title} '{settings.job}'"
     pods, rv = await api.list_objects(pods_path(settings.namespace), label_selector=controller.pods_selector(
         settings.job), limit=PAGE)
@@ -163,17 +217,28 @@ async def read_status(api: AsyncApi, settings: StatusSettings, controller: Contr
     if not pods:
         return [JobStatus(settings.job, kind, settings.namespace, (), (), None, 0, None,
                           problem="no pods yet")], versions
-    groups: dict[str, list[RawPod]] = {}
-    for pod in pods:
-        groups.setdefault(controller.job_of(pod) or "", []).append(pod)  # type: ignore[arg-type]
+    known = {str(p["metadata"].get("uid")): p for p in pods if p.get("metadata", {}).get("uid")}
+    groups: dict[str, tuple[list[RawPod], list[Left]]] = {}
+    for pod in cast(list[RawPod], pods):
+        owned, strangers = groups.setdefault(controller.job_of(pod) or "", ([], []))
+        if await ownership.owns(pod["metadata"], known):  # type: ignore[arg-type]
+            owned.append(pod)
+        else:
+            strangers.append(ownership.stranger(pod))
     statuses = []
-    for name, members in sorted(groups.items()):
+    for name, (members, strangers) in sorted(groups.items()):
+        title = kind if len(groups) == 1 else f"{kind} ({name})"
+        if not members:
+            statuses.append(JobStatus(name, title, settings.namespace, (), tuple(strangers), None, 0, None,
+                                      problem=ownership.none_owned(len(strangers))))
+            continue
         try:
-            statuses.append(await _group(api, settings, members, kind if len(groups) == 1 else f"{kind} ({name})",
-                                         versions))
+            status = await _group(api, settings, members, title, versions, ownership)
         except InputError as err:
             left = tuple(Left(p["metadata"]["name"], "its job cannot be read") for p in members)
-            statuses.append(JobStatus(name, kind, settings.namespace, (), left, None, 0, None, problem=str(err)))
+            status = JobStatus(name, title, settings.namespace, (), left, None, 0, None, problem=str(err))
+        statuses.append(dataclasses.replace(status, left=tuple(sorted((*status.left, *strangers),
+                                                                      key=lambda item: item.name))))
     return statuses, versions
 
 
@@ -221,9 +286,10 @@ async def show(api: AsyncApi, settings: StatusSettings, *, out: TextIO = sys.std
                clock: Any = time.time) -> None:
     """Print the job's status once, or with ``watch`` again at each change until interrupted."""
     controller, obj = await find_job(api, settings)
+    ownership = Ownership(api, settings.namespace, obj)
     last = ""
     while True:
-        statuses, versions = await read_status(api, settings, controller, obj)
+        statuses, versions = await read_status(api, settings, controller, obj, ownership)
         text = render(statuses, settings, now=clock())
         if text != last:
             out.write(("\n" if last and settings.output == "table" else "") + text)

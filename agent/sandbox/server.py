@@ -56,6 +56,7 @@ BUILT_IN: dict[tuple[str, str, str], Kind] = {
     ("", "v1", "events"): Kind("Event", True, ("ev",)),
     ("events.k8s.io", "v1", "events"): Kind("Event", True, ("ev",), stored_as=("", "v1", "events")),  # events.py
     ("apps", "v1", "deployments"): Kind("Deployment", True, ("deploy",), ("all",)),
+    ("apps", "v1", "statefulsets"): Kind("StatefulSet", True, ("sts",), ("all",)),
     ("batch", "v1", "jobs"): Kind("Job", True, (), ("all",)),
     ("coordination.k8s.io", "v1", "leases"): Kind("Lease", True),
     ("policy", "v1", "poddisruptionbudgets"): Kind("PodDisruptionBudget", True, ("pdb",)),

@@ -4,14 +4,27 @@ each row says what that pod's own files say."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from agent import examples
 from agent.core import render_pod
+from agent.core.events import GENERATION_LABEL, GENERATION_REASONS, REASONS, Correlator, Occurrence, Ref, micro_time
 from agent.core.gang import Roster
 from agent.core.model import Options
 from agent.core.placement import parse_levels
-from agent.core.status import SCHEMA, Publication, Seen, document, human_duration, job_status, table
+from agent.core.status import (
+    SCHEMA,
+    Publication,
+    Seen,
+    controller_path,
+    document,
+    generations,
+    human_duration,
+    job_status,
+    table,
+)
 
 NOW = 1_800_000_000.0
 
@@ -121,3 +134,72 @@ def test_pods_that_make_no_plan_say_why_instead_of_rows():
 @pytest.mark.parametrize(("seconds", "shown"), [(5, "5s"), (75, "75s"), (150, "2m30s"), (3 * 3600, "3h")])
 def test_ages_are_kubectls(seconds, shown):
     assert human_duration(seconds) == shown
+
+
+# --- whose Events say a generation, whose objects own a pod ------------------------------------------------------
+
+MEMBERS = {"uid-0": "demo-worker-0"}
+
+
+def generation_event(**given) -> dict:
+    """An Event as the agent of pod demo-worker-0 writes it (core/events.py Correlator.body), saying generation 3."""
+    correlator = Correlator(Ref("demo-worker-0", "default", "uid-0"), "demo-worker-0", NOW, job="demo")
+    write = correlator.observe(Occurrence("NewGeneration", "generation 3", generation=3), NOW)
+    assert write is not None
+    body = copy.deepcopy(write.body)
+    for path, value in given.items():
+        *keys, last = path.split(".")
+        target = body
+        for key in keys:
+            target = target[key]
+        target[last] = value
+    return body
+
+
+def test_the_generation_of_an_event_the_pods_own_agent_writes_is_read():
+    assert generations([generation_event()], MEMBERS, "default") == {"uid-0": Seen(3, NOW)}
+    later = generation_event(**{"metadata.labels": {GENERATION_LABEL: "4"}, "series": {
+        "count": 2, "lastObservedTime": micro_time(NOW + 5)}})
+    assert generations([generation_event(), later], MEMBERS, "default") == {"uid-0": Seen(4, NOW + 5)}
+
+
+@pytest.mark.parametrize("forged", [
+    {"reportingController": "evil.example/forger"},
+    {"reportingInstance": "aaa-rogue"},
+    {"reason": "PodRefused"},
+    {"regarding.name": "aaa-rogue"},
+    {"regarding.uid": "uid-of-no-member"},
+    {"regarding.kind": "Node"},
+    {"regarding.namespace": "other"},
+    {"metadata.name": "aaa-rogue.18ed42c20fb6c100"},
+    {"metadata.labels": {GENERATION_LABEL: "³"}},
+    {"metadata.labels": {GENERATION_LABEL: "9" * 40}},
+    {"eventTime": "yesterday"},
+], ids=["controller", "instance", "reason", "regarding-name", "regarding-uid", "regarding-kind",
+        "regarding-namespace", "event-name", "not-ascii-digit", "huge", "no-time"])
+def test_an_event_the_pods_own_agent_could_not_have_written_says_no_generation(forged):
+    assert generations([generation_event(**forged)], MEMBERS, "default") == {}
+
+
+def test_only_the_reasons_that_say_a_generation_carry_one():
+    assert set(REASONS) >= GENERATION_REASONS
+    with pytest.raises(ValueError, match="says no generation"):
+        Occurrence("PodRefused", "x", generation=2)
+
+
+@pytest.mark.parametrize(("ref", "path"), [
+    ({"apiVersion": "batch/v1", "kind": "Job", "name": "demo-node-0", "uid": "u", "controller": True},
+     ("u", "/apis/batch/v1/namespaces/default/jobs/demo-node-0")),
+    ({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "vllm-0", "uid": "u", "controller": True},
+     ("u", "/apis/apps/v1/namespaces/default/statefulsets/vllm-0")),
+    ({"apiVersion": "v1", "kind": "Pod", "name": "vllm-0", "uid": "u", "controller": True},
+     ("u", "/api/v1/namespaces/default/pods/vllm-0")),
+    ({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "ds", "uid": "u", "controller": True},
+     ("u", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/ds")),
+    ({"apiVersion": "batch/v1", "kind": "Job", "name": "demo-node-0", "uid": "u"}, None),  # not the controller
+    ({"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u", "controller": True}, None),
+    ({"apiVersion": "batch/v1", "kind": "Job", "name": "../../secrets/x", "uid": "u", "controller": True}, None),
+    ({"apiVersion": "batch/V1/x", "kind": "Job", "name": "x", "uid": "u", "controller": True}, None),
+], ids=["job", "statefulset", "pod", "jobset", "not-controller", "unknown-kind", "name-no-path", "bad-version"])
+def test_the_chain_from_a_pod_to_its_job_is_followed_only_through_known_kinds(ref, path):
+    assert controller_path({"ownerReferences": [ref]}, "default") == path

@@ -9,14 +9,19 @@ import asyncio
 import copy
 import io
 import json
+import time
 
 import pytest
 
+from agent import examples
+from agent.core.events import CONTROLLER, GENERATION_LABEL, JOB_LABEL, micro_time
 from agent.errors import InputError
 from agent.flags.status import StatusSettings, options_of
+from agent.runtime.demo import volcano_owner
+from agent.runtime.events import events_path
 from agent.runtime.status import show
 from tests.fakeapi import CONFIG, init_pod
-from tests.jobs import add_worker, create_volcano_job, rogue
+from tests.jobs import add_worker, create_trainjob, create_volcano_job, name_of, rogue
 
 
 def settings(**given) -> StatusSettings:
@@ -157,3 +162,145 @@ async def test_a_forged_lease_holder_and_journal_publisher_print_escaped_and_inv
     assert "STANDBYS    <invalid: x\\r\\ndemo-rogue-0   master   0" in text and "<invalid: demo-worker-1\\x07>" in text
     doc = json.loads(await status(api, output="json"))  # the document keeps the values, as JSON escapes them
     assert doc["publication"]["leaseHolder"] == OSC8
+
+
+def rogue_job_and_pod(memory) -> None:
+    """``aaa-rogue``, sorting before every pod of the job: the job's labels, an owner of its own maker's (a job
+    'evil' of the same kind), and ``--roles worker`` in its init container's args."""
+    evil = volcano_owner()
+    evil["metadata"].update(name="evil", uid="uid-of-evil")
+    evil["spec"]["tasks"] = [{"name": "worker", "replicas": 3, "template": {}}]
+    memory.create("batch.volcano.sh/v1alpha1/jobs", "default", evil)
+    pod = rogue("aaa-rogue", "worker", 0, 9)
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "evil",
+                                           "uid": "uid-of-evil", "controller": True}]
+    pod["spec"]["initContainers"][0]["args"] += ["--roles", "worker"]
+    memory.create_pod(pod)
+
+
+async def test_a_rogue_pod_that_sorts_first_neither_sets_the_options_nor_shows_as_a_rank(memory, api, logs,
+                                                                                        tmp_path):
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    await started(api, logs, tmp_path, [p["metadata"]["name"] for p in pods])
+    rogue_job_and_pod(memory)
+    text = await status(api)
+    lines = text.splitlines()
+    assert lines[0] == "Volcano Job 'demo' in namespace default: 3 of 3 training pods placed, world size 3"
+    assert [line.split()[:4] for line in lines[2:5]] == [["demo-master-0", "master", "0", "0"],
+                                                        ["demo-worker-0", "worker", "1", "1"],
+                                                        ["demo-worker-1", "worker", "2", "2"]]
+    assert [line.split(None, 1)[1] for line in lines if line.startswith("aaa-rogue ")] == [
+        f"pod 'aaa-rogue' has the labels of Job 'demo' but is not owned by it (no ownerReference leads to its uid "
+        f"{pods[0]['metadata']['ownerReferences'][0]['uid']}); only the job's own pods are members"]
+
+
+async def test_a_job_that_owns_none_of_the_pods_with_its_labels_says_so_in_one_line(memory, api):
+    owner = volcano_owner()
+    owner["metadata"]["uid"] = "uid-of-a-new-demo"  # the pods are an earlier job's of that name
+    memory.create("batch.volcano.sh/v1alpha1/jobs", "default", owner)
+    for pod in examples.volcano_job("demo", (("master", 1), ("worker", 1))):
+        memory.create_pod(pod)
+    memory.create_pod(rogue("aaa-rogue", "worker", 0, 9))
+    text = await status(api)
+    problems = [line for line in text.splitlines() if line.startswith("no plan: ")]
+    assert problems == ["no plan: none of the 3 pods with the job's labels is owned by Job 'demo' (uid "
+                        "uid-of-a-new-demo): they are no pods of this job (another object of that name made them, "
+                        "or someone else did); wait for its controller to create its pods, or check -n and "
+                        "--controller"]
+    assert "0 training pods placed, world size 0" in text and "demo-master-0   pod 'demo-master-0' has the labels" \
+        in text
+
+
+async def forged_generation(memory, api, pod: str, **given) -> None:
+    """An Event someone who may create Events wrote with the job's generation label, saying ``pod`` wrote
+    generation 99 now."""
+    uid = memory.sandbox.store.get("/v1/pods", "default", pod)["metadata"]["uid"]
+    event = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+             "metadata": {"name": f"{pod}.forged{len(given)}", "namespace": "default",
+                          "labels": {JOB_LABEL: "demo", GENERATION_LABEL: "99"}},
+             "eventTime": micro_time(time.time() + 60), "reportingController": CONTROLLER,
+             "reportingInstance": pod, "action": "Rewrite", "reason": "NewGeneration", "type": "Normal",
+             "note": "generation 99", "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": "default",
+                                                    "name": pod, "uid": uid}}
+    if "regarding_name" in given:
+        event["regarding"]["name"] = given.pop("regarding_name")
+    event.update(given)
+    async with api.async_client("forger") as client:
+        await client.create(events_path("default"), event)
+
+
+@pytest.mark.parametrize("forged", [
+    {"reportingController": "evil.example/forger"},
+    {"reportingInstance": "aaa-rogue"},
+    {"reason": "PodRefused"},
+    {"regarding_name": "aaa-rogue"},
+], ids=["another-controller", "another-instance", "another-reason", "about-another-pod-with-the-members-uid"])
+async def test_a_generation_is_read_only_from_events_the_pods_own_agent_could_have_written(memory, api, logs,
+                                                                                         tmp_path, forged):
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 1)))
+    await started(api, logs, tmp_path, [p["metadata"]["name"] for p in pods])
+    await forged_generation(memory, api, "demo-worker-0", **forged)
+    doc = json.loads(await status(api, output="json"))
+    assert [(m["name"], m["generation"]) for m in doc["members"]] == [("demo-master-0", 1), ("demo-worker-0", 1)]
+    await forged_generation(memory, api, "demo-worker-0")  # all an agent writes: what status cannot tell from its own
+    doc = json.loads(await status(api, output="json"))
+    assert [(m["name"], m["generation"]) for m in doc["members"]] == [("demo-master-0", 1), ("demo-worker-0", 99)]
+
+
+async def test_a_trainjobs_pods_are_its_own_through_its_jobset_and_jobs_and_a_rogue_jobs_are_not(memory, api):
+    node_pods, launcher = create_trainjob(memory, num_nodes=3)
+    jobset = memory.sandbox.store.get("jobset.x-k8s.io/v1alpha2/jobsets", "default", "ds")
+    by_jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "ds",
+                 "uid": jobset["metadata"]["uid"], "controller": True}
+    for ref in {p["metadata"]["ownerReferences"][0]["name"]: p["metadata"]["ownerReferences"][0]
+                for p in node_pods + launcher}.values():  # the Jobs JobSet makes, each owned by it
+        memory.create("batch/v1/jobs", "default", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+            "name": ref["name"], "uid": ref["uid"], "ownerReferences": [by_jobset]}, "spec": {}})
+    for pod in launcher:
+        memory.create_pod(pod)
+    # someone's Job of their own, and a pod of it with the TrainJob's labels, sorting first
+    memory.create("batch/v1/jobs", "default", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "ds-node-9", "uid": "uid-of-ds-node-9"}, "spec": {}})
+    pod = copy.deepcopy(node_pods[0])
+    pod["metadata"].update(name="aaa-rogue", uid="uid-of-aaa-rogue", ownerReferences=[
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "ds-node-9", "uid": "uid-of-ds-node-9", "controller": True}])
+    pod["spec"]["hostname"] = "aaa-rogue"
+    memory.create_pod(pod)
+    text = await status(api, job="ds")
+    real = [name_of(p) for p in node_pods + launcher]
+    rows = [line.split()[0] for line in text.splitlines()[2:] if line.split() and line.split()[0] in real]
+    assert sorted(rows) == sorted(real), text
+    assert "3 of 3 training pods placed, world size 3" in text.splitlines()[0]
+    assert any(line.startswith("aaa-rogue ") and "pod 'aaa-rogue' has the labels of TrainJob 'ds' but is not owned "
+               "by it" in line for line in text.splitlines()), text
+
+
+async def test_a_leaderworkersets_workers_are_its_own_through_their_leader_pod_and_statefulsets(memory, api):
+    """LeaderWorkerSet -> leader StatefulSet -> leader pod -> the group's worker StatefulSet -> worker pods."""
+    pods = examples.leaderworkerset("vllm", size=3, groups=1)
+
+    def statefulset(pod: dict, owner: dict) -> None:
+        ref = pod["metadata"]["ownerReferences"][0]
+        memory.create("apps/v1/statefulsets", "default", {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {
+            "name": ref["name"], "uid": ref["uid"], "ownerReferences": [{**owner, "controller": True}]}, "spec": {}})
+
+    memory.create("leaderworkerset.x-k8s.io/v1/leaderworkersets", "default", {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+        "metadata": {"name": "vllm", "uid": "uid-of-vllm"}, "spec": {"replicas": 1}})
+    statefulset(pods[0], {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": "vllm",
+                          "uid": "uid-of-vllm"})
+    leader = memory.create_pod(pods[0])
+    statefulset(pods[1], {"apiVersion": "v1", "kind": "Pod", "name": "vllm-0", "uid": leader["metadata"]["uid"]})
+    for pod in pods[1:]:
+        memory.create_pod(pod)
+    extra = copy.deepcopy(pods[2])  # a fourth worker in the group, of a StatefulSet that is no one's
+    extra["metadata"].update(name="vllm-0-3", uid="uid-of-vllm-0-3", ownerReferences=[
+        {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "evil", "uid": "uid-of-evil", "controller": True}])
+    extra["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] = "3"
+    extra["spec"]["hostname"] = "vllm-0-3"
+    memory.create_pod(extra)
+    text = await status(api, job="vllm")
+    lines = text.splitlines()
+    assert [line.split()[0] for line in lines[2:5]] == ["vllm-0", "vllm-0-1", "vllm-0-2"], text
+    assert "3 training pods placed, world size" in lines[0]
+    assert [line.split(None, 1)[0] for line in lines if "not owned" in line] == ["vllm-0-3"], text
