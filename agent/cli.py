@@ -1,6 +1,7 @@
 """The ``topology-agent`` command: dispatch, exit codes and the process's life. Each command's flags, their
 ``TOPOLOGY_<NAME>`` fallbacks and their checks are its module in agent/flags/. An ``AgentError`` becomes one line
-on stderr and its exit code; anything else is a bug, one line too (its traceback with TOPOLOGY_DEBUG=1)."""
+on stderr and its exit code; anything else is a bug, one line too (its traceback with TOPOLOGY_DEBUG=1). The
+line is escaped (core/escaping.py): an error quotes what an object or the API server said."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from agent import __version__
+from agent.core.escaping import printable
 from agent.errors import AgentError
 from agent.flags.parser import UsageError, parse_command_line, settings_from
 from agent.runtime.logs import setup_logging
@@ -196,7 +198,7 @@ def run(argv: Sequence[str] | None = None, *, ending: bool = False) -> Ran:
         result = COMMANDS[args.command](settings_from(args))
         return Ran(args.command, result) if isinstance(result, int) else Ran(args.command, 0, held=result)
     except AgentError as err:
-        print(f"topology-agent {args.command}: error: {err}", file=sys.stderr)
+        print(f"topology-agent {args.command}: error: {printable(str(err))}", file=sys.stderr)
         return Ran(args.command, err.exit_code)
     except KeyboardInterrupt:
         return Ran(args.command, 130)
@@ -209,7 +211,7 @@ def run(argv: Sequence[str] | None = None, *, ending: bool = False) -> Ran:
         # A bug, not bad input: still one line, so a log shows what broke; the traceback on request.
         if os.environ.get("TOPOLOGY_DEBUG"):
             raise
-        first = (str(err).splitlines() or [""])[0][:200]
+        first = printable((str(err).splitlines() or [""])[0][:200])
         print(f"topology-agent {args.command}: internal error: {type(err).__name__}: {first} (a bug in the agent; "
               "run again with TOPOLOGY_DEBUG=1 for the traceback and report it)", file=sys.stderr)
         return Ran(args.command, BUG_EXIT)

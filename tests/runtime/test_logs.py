@@ -12,7 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from agent import cli, examples
 from agent.core.lease import lease_body
+from agent.errors import InputError
 from agent.runtime.logs import setup_logging
 from agent.runtime.publishing import now_wall
 from tests.fakeapi import init_pod
@@ -79,3 +81,22 @@ def test_init_meeting_a_lease_held_by_no_pod_name_logs_it_escaped_and_invalid(me
     assert len(taken) == 1, ran.err
     assert "held by pod <invalid: x\\n12:00:00 INFO init complete: wrote torch.env\\r\\x1b]8;;https://evil." in \
         taken[0]
+
+
+@pytest.mark.parametrize(("raised", "said"), [
+    (InputError("pod 'x': \x1b[2Jcleared\x07\nINFO init complete"),
+     "topology-agent explain: error: pod 'x': \\x1b[2Jcleared\\x07\\nINFO init complete\n"),
+    (RuntimeError("broken \x1b]0;title\x07\nsecond line"),
+     "topology-agent explain: internal error: RuntimeError: broken \\x1b]0;title\\x07 (a bug in the agent; run again "
+     "with TOPOLOGY_DEBUG=1 for the traceback and report it)\n"),
+], ids=["input-error", "bug"])
+def test_the_commands_error_line_is_one_escaped_line(monkeypatch, capsys, tmp_path, raised, said):
+    def fail(_settings):
+        raise raised
+
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"items": examples.volcano_job("demo", (("master", 1),))}))
+    monkeypatch.delenv("TOPOLOGY_DEBUG", raising=False)
+    monkeypatch.setitem(cli.COMMANDS, "explain", fail)
+    assert cli.run(["explain", "--pods", str(pods), "--self", "demo-master-0"]).code != 0
+    assert capsys.readouterr().err == said
