@@ -493,9 +493,20 @@ def state_from(items: list[dict[str, Any]], snapshot_name: str, *, pods: bool = 
     return state, journal
 
 
+MAX_SEQ = 2**53 - 1  # the largest integer every JSON reader holds exactly (those that read numbers as doubles)
+_JSON_TYPES = {str: "a string", float: "a floating-point number", bool: "a boolean", list: "a list", dict: "an object",
+               type(None): "null"}
+
+
 def _whole(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**53:
-        raise _refuse(f"{what} is not a whole number")
+    """A sequence number: a JSON integer from 0 to ``MAX_SEQ``. Out of range, the refusal names the value, so
+    a sequence moved past every reader's reach is not taken for a malformed one."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _refuse(f"{what} is not a whole number but {_JSON_TYPES.get(type(value), 'a value')}")
+    if not 0 <= value <= MAX_SEQ:
+        shown = str(value) if value.bit_length() <= 128 else f"of {value.bit_length()} bits"
+        raise _refuse(f"{what} {shown} is out of range: a sequence number is from 0 to 2**53-1 ({MAX_SEQ}), "
+                      "the largest whole number every JSON reader holds exactly")
     return value
 
 

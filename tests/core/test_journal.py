@@ -259,6 +259,40 @@ def test_a_forged_or_broken_journal_is_refused_in_one_line(data):
     assert "\n" not in str(err.value) and "published topology" in str(err.value)
 
 
+EDGE = 2**53 - 1
+
+
+def _entry(seq: object) -> str:
+    return json.dumps([{"seq": seq, "put": [], "gone": [], "shapes": {}}])
+
+
+@pytest.mark.parametrize(("data", "said"), [
+    pytest.param({"changes.json": "[]", "base": str(EDGE), "seq": str(EDGE + 1)},
+                 f"seq {EDGE + 1} is out of range: a sequence number is from 0 to 2**53-1 ({EDGE})",
+                 id="seq-one-past-2**53-1"),
+    pytest.param({"changes.json": "[]", "base": str(EDGE + 1), "seq": str(EDGE + 1)},
+                 f"base {EDGE + 1} is out of range", id="base-one-past-2**53-1"),
+    pytest.param({"changes.json": _entry(EDGE + 1), "base": str(EDGE), "seq": str(EDGE + 1)},
+                 f"a journal entry's seq {EDGE + 1} is out of range", id="entry-one-past-2**53-1"),
+    pytest.param({"changes.json": "[]", "base": "-1", "seq": "0"}, "base -1 is out of range", id="negative-base"),
+    pytest.param({"changes.json": "[]", "base": "1" + "0" * 100, "seq": "1" + "0" * 100},
+                 "base of 333 bits is out of range", id="a-hundred-digits"),
+    pytest.param({"changes.json": _entry(2.5), "base": "1", "seq": "2"},
+                 "a journal entry's seq is not a whole number but a floating-point number", id="entry-seq-2.5"),
+    pytest.param({"changes.json": _entry("2"), "base": "1", "seq": "2"},
+                 "a journal entry's seq is not a whole number but a string", id="entry-seq-a-string"),
+])
+def test_a_sequence_number_out_of_range_is_named_with_its_value(data, said):
+    with pytest.raises(InputError) as err:
+        read_journal({"data": data})
+    assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_journal_at_sequence_2_53_minus_1_is_read():
+    journal = read_journal({"data": {"changes.json": _entry(EDGE), "base": str(EDGE - 1), "seq": str(EDGE)}})
+    assert journal is not None and (journal.base, journal.seq) == (EDGE - 1, EDGE)
+
+
 def test_a_followers_pods_hold_once_the_values_every_pod_repeats_and_read_as_published():
     pods = job(6)
     leader = leader_for(pods)
