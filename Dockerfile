@@ -14,8 +14,12 @@ FROM python:3.11-slim
 LABEL org.opencontainers.image.title="topology-agent" \
       org.opencontainers.image.description="Configures multi-pod training jobs: torch.env, hostfile, SSH, elastic sidecar"
 COPY --from=build /install /usr/local
+# The interpreter may be run, not read, by any user but root: the kernel starts a program its user cannot read
+# non-dumpable, so no process of the agent's user (the trainer's, for a sidecar that signals) can open an agent
+# process's /proc/<pid>/root or environ, not even before the agent marks itself (docs/security.md).
 RUN groupadd --system --gid 65532 agent \
-    && useradd --system --uid 65532 --gid agent --no-create-home --shell /usr/sbin/nologin agent
+    && useradd --system --uid 65532 --gid agent --no-create-home --shell /usr/sbin/nologin agent \
+    && chmod 0711 /usr/local/bin/python3.11
 USER 65532:65532
 ENTRYPOINT ["topology-agent"]
 CMD ["init"]

@@ -10,7 +10,9 @@ signal each other.
 
 The mark is per process and ``execve`` sets it back, so every agent process that holds a token or key, or whose
 ``/proc/<pid>/root`` leads to one, sets it for itself at its start: init, the sidecar, the webhook and the
-webhook's reviewing process. A process that only reads (``status``, ``render``) does not.
+webhook's reviewing process. A process that only reads (``status``, ``render``) does not. Before the mark, the
+interpreter's start: the image closes that interval too, as its interpreter cannot be read by the agent's user
+and the kernel starts such a program non-dumpable (Dockerfile).
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ def _drop_capabilities() -> None:
     user and no capability, where the interpreter lives under a directory only root may enter."""
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
-        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP {cap}")
     header = ctypes.create_string_buffer(struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0))
     if _libc.capset(header, ctypes.create_string_buffer(24)) != 0:  # v3: effective, permitted, inheritable x 2
         raise OSError(ctypes.get_errno(), "capset")
@@ -228,6 +229,9 @@ def _tls_pair(tls: Path) -> None:
 @pytest.mark.slow  # a real agent process each
 @pytest.mark.parametrize("command", ["init", "sidecar", "webhook", "webhook's reviewer"])
 def test_every_agent_process_that_holds_a_token_is_sealed_once_it_runs(command, tmp_path):
+    """Each started as it is in a pod (``python -m agent.cli``; the reviewer as the webhook starts it), the API
+    server refusing so that it stays up. Under root the process and its reader are uid 0 with no capability: the
+    same user without CAP_SYS_PTRACE (the tests' interpreter may sit where 65532 cannot run it)."""
     sa = tmp_path / "serviceaccount"
     sa.mkdir()
     (sa / "token").write_text(SECRET + "\n")
@@ -262,6 +266,8 @@ def test_every_agent_process_that_holds_a_token_is_sealed_once_it_runs(command, 
             assert select.select([proc.stdout], [], [], 60)[0], "the reviewer did not answer"
             assert proc.stdout.read(1) == b"E"
         assert proc.poll() is None
+        if IS_ROOT:  # the premise: the agent's process has no capability
+            assert "CapEff:\t0000000000000000\n" in Path(f"/proc/{proc.pid}/status").read_text()
         assert _in_child(_as_the_same_user_without_capabilities, lambda: _doors(proc.pid, sa / "token")) == DENIED
         os.kill(proc.pid, 0)  # and its own user may still signal it
     finally:

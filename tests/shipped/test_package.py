@@ -85,3 +85,36 @@ def test_the_wheel_built_from_the_images_context_carries_the_package_data(tmp_pa
                 assert any(fnmatch.fnmatch(n, f"{folder}/{pattern}") for n in names), \
                     f"the wheel has no {folder}/{pattern}"
         assert archive.read("agent/runtime/mutatingwebhookconfiguration.yaml") == (ROOT / WEBHOOK_CONFIG).read_bytes()
+
+
+def test_the_image_starts_every_agent_process_non_dumpable_from_its_exec():
+    """The image's interpreter may be run, not read, by the agent's user (Dockerfile), and Linux starts a program
+    its user cannot read non-dumpable: its /proc/<pid>/environ is root's from the exec on, before the agent's
+    own prctl (agent/runtime/sealing.py). The kernel's side is checked with a copy of sleep, read-only and not."""
+    import os
+    import re
+    import tempfile
+
+    final = (ROOT / "Dockerfile").read_text().rsplit("\nFROM ", 1)[1]
+    assert final.startswith("python:3.11-slim\n"), "the interpreter's path below is this base image's"
+    assert re.search(r"^\s*(RUN|&&) .*\bchmod 0711 /usr/local/bin/python3\.11\b", final, re.M)
+    assert re.search(r"^USER 65532:65532$", final, re.M)
+
+    user = 65532 if os.geteuid() == 0 else os.geteuid()
+    as_user = {"user": user, "group": user, "extra_groups": []} if os.geteuid() == 0 else {}
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    owners = {}
+    with tempfile.TemporaryDirectory() as where:
+        os.chmod(where, 0o711)  # the user reaches the programs in it
+        for mode in (0o755, 0o111):
+            program = Path(where) / f"sleep-{mode:o}"
+            shutil.copy(sleep, program)
+            program.chmod(mode)
+            proc = subprocess.Popen([str(program), "30"], **as_user)  # returns once the exec has happened
+            try:
+                owners[mode] = os.stat(f"/proc/{proc.pid}/environ").st_uid
+            finally:
+                proc.kill()
+                proc.wait()
+    assert owners == {0o755: user, 0o111: 0}
