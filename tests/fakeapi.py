@@ -238,18 +238,31 @@ class Ran:
     error: AgentError | None = None
 
 
+def state_of(out: Path) -> Path:
+    """The pod's state directory beside its output directory, as inject mounts one in the agent's containers."""
+    return out.with_name(f"{out.name}.agent-state")
+
+
+def with_state(out: Path, args: tuple[str, ...]) -> tuple[str, ...]:
+    """``args`` with ``--state-dir`` (made, as the volume would be) unless they give one."""
+    if "--state-dir" in args:
+        return args
+    state_of(out).mkdir(parents=True, exist_ok=True)
+    return ("--state-dir", str(state_of(out)), *args)
+
+
 def init_settings(pod: str, out: Path, *args: str, namespace: str = "default") -> tuple[Any, Any]:
     """init's settings and SSH settings from its command line, as ``flags/pod.pod_start`` makes them (the
     output directory made and proven writable), with the pod's identity given."""
-    from agent.flags.common import options_from_args, out_dir, ssh_settings
+    from agent.flags.common import options_from_args, out_dir, ssh_settings, state_dir
     from agent.flags.init import check
     from agent.flags.parser import parse_command_line
     from agent.runtime.init import InitSettings
 
-    parsed = parse_command_line(["init", "--out", str(out), *args])
+    parsed = parse_command_line(["init", "--out", str(out), *with_state(out, args)])
     options, own, ssh = options_from_args(parsed), check(parsed), ssh_settings(parsed)
     settings = InitSettings(namespace=namespace, pod_name=pod, options=options, out_dir=out_dir(parsed, check=True),
-                            **own)
+                            state_dir=state_dir(parsed, out), **own)
     return settings, ssh
 
 
@@ -319,6 +332,7 @@ class Running:
     task: asyncio.Task[Any]
     stop: asyncio.Event
     sidecar: Any = None  # the runtime's Sidecar, once started
+    port: int | None = None  # its health server's, when started with one
 
     def env(self) -> dict[str, str]:
         import json
@@ -343,9 +357,10 @@ class Sidecars:
         self.running: dict[str, Running] = {}
 
     async def start(self, pod: str, out: Path, *args: str, who: str | None = None,
-                    namespace: str = "default") -> Running:
-        """``topology-agent sidecar --out OUT ARGS`` for ``pod``: its settings from the same flags."""
-        from agent.flags.common import options_from_args, out_dir, ssh_settings
+                    namespace: str = "default", topology: bool = False) -> Running:
+        """``topology-agent sidecar --out OUT ARGS`` for ``pod``: its settings from the same flags. ``topology``:
+        its health server on a loopback port (``Running.port``), serving /topology."""
+        from agent.flags.common import options_from_args, out_dir, ssh_settings, state_dir
         from agent.flags.parser import parse_command_line
         from agent.flags.sidecar import check
         from agent.runtime.sidecar import SidecarSettings, run_sidecar
@@ -353,11 +368,13 @@ class Sidecars:
 
         who = who or pod
         self.logs.lines.pop(who, None)  # a restarted sidecar's log starts empty, as its file did
-        parsed = parse_command_line(["sidecar", "--out", str(out), "--health-port", "0", *args])
+        parsed = parse_command_line(["sidecar", "--out", str(out), "--health-port", "0", *with_state(out, args)])
         own = check(parsed)
         settings = SidecarSettings(namespace=namespace, pod_name=pod, options=options_from_args(parsed),
-                                   out_dir=out_dir(parsed, check=True), **own.settings, ssh=ssh_settings(parsed),
-                                   finder=TrainerFinder(**own.trainer))
+                                   out_dir=out_dir(parsed, check=True), state_dir=state_dir(parsed, out),
+                                   **own.settings, ssh=ssh_settings(parsed), finder=TrainerFinder(**own.trainer))
+        health = {"health_port": 0, "health_host": "127.0.0.1", "health_topology": True} if topology else {}
+        bound: list[int | None] = []
         agent = agent_name("sidecar", pod, namespace)
         started: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
@@ -367,8 +384,9 @@ class Sidecars:
             async with self.api.async_client(agent) as api, \
                     self.api.async_client(agent_name("events", pod, namespace)) as events:
                 try:
-                    return await run_sidecar(api, settings, stop=stop, events=events,
-                                             on_ready=lambda sidecar, _port: started.set_result(sidecar))
+                    return await run_sidecar(api, settings, stop=stop, events=events, **health,
+                                             on_ready=lambda sidecar, port: bound.append(port)
+                                             or started.set_result(sidecar))
                 finally:
                     if not started.done():
                         started.cancel()
@@ -377,7 +395,7 @@ class Sidecars:
         self.running[who] = running
         await asyncio.wait([started, running.task], return_when=asyncio.FIRST_COMPLETED)
         if started.done() and not started.cancelled():
-            running.sidecar = started.result()
+            running.sidecar, running.port = started.result(), bound[0]
         else:  # it ended before its tasks ran: its error, or the sidecar stopped before the first list
             self.running.pop(who)
             running.sidecar = await running.task

@@ -3,9 +3,9 @@ and the admission webhook (Pods at CREATE).
 
 The transform edits the template in place, so a round-trip YAML document keeps its comments and key order. It
 adds only what carries the agent's exact names (containers ``topology-agent`` and ``topology-sidecar``, volumes
-``topology-agent-shared``, ``-token`` and ``-ssh``) and the shared mount in the user's containers. In a template
-the agent injected before (it carries ``topology-agent.io/injected``) it first takes those pieces out, so a
-second run, or a run over an older injection, gives what one run over the user's own template gives. Nothing
+``topology-agent-shared``, ``-token``, ``-ssh`` and ``-state``) and the shared mount in the user's containers.
+In a template the agent injected before (it carries ``topology-agent.io/injected``) it first takes those pieces
+out, so a second run, or a run over an older injection, gives what one run over the user's own template gives. Nothing
 else is ever taken out: a volume such as ``topology-agent-data`` is the user's, and a template the agent did not
 inject that uses one of the exact names is refused (removing or replacing it would drop the user's data). The
 user's containers keep their command, image, user and security context; pod-level settings that would change
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.controllers import CONTROLLERS, PodTemplate, templates_owner
-from agent.core.model import parse_owner
+from agent.core.model import STATE_DIR, parse_owner
 from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
 
@@ -33,6 +33,7 @@ INJECT_LABEL = PREFIX + "inject"  # "enabled": the webhook's objectSelector / na
 INJECTED = PREFIX + "injected"  # the version that injected the template (an upgrade replaces it)
 INIT, SIDECAR = "topology-agent", "topology-sidecar"
 SHARED, TOKEN, SSH = "topology-agent-shared", "topology-agent-token", "topology-agent-ssh"
+STATE = "topology-agent-state"  # the agent's containers' own volume (core/model.STATE_DIR), never the trainer's
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 SSH_PATH = "/etc/topology/ssh"
 AGENT_UID = 65532
@@ -220,7 +221,7 @@ def escape(token: Any) -> str:
 # since inject began (9d07551) gives these names and sets INJECTED on the template, so an earlier injection is
 # recognised by the annotation and its pieces by name and source.
 AGENT_CONTAINERS = (INIT, SIDECAR)
-AGENT_VOLUMES = {SHARED: "emptyDir", TOKEN: "projected", SSH: "secret"}
+AGENT_VOLUMES = {SHARED: "emptyDir", TOKEN: "projected", SSH: "secret", STATE: "emptyDir"}
 
 
 def _mappings(items: Any) -> list[Mapping[str, Any]]:
@@ -582,6 +583,10 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     if sidecar:
         added.append(_sidecar_container(template, user_containers, image=image, out=out, common=common))
     _add_to_spec(spec, added, settings)
+    if sidecar:  # what init read, for its sidecar, where the trainer cannot write it (runtime/handoff.py)
+        for container in added:
+            container["volumeMounts"].append({"name": STATE, "mountPath": STATE_DIR})
+        spec["volumes"].append({"name": STATE, "emptyDir": {}})
     _mark_injected(template.template, version)
     return template.template
 

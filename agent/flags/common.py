@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.frameworks import FRAMEWORKS, PORTED
-from agent.core.model import ControllerChoice, FrameworkOptions, Options, is_whole_number, parse_owner
+from agent.core.model import (
+    STATE_DIR,
+    ControllerChoice,
+    FrameworkOptions,
+    Options,
+    is_whole_number,
+    parse_owner,
+)
 from agent.core.placement import DEFAULT_LEVELS, RANK_ORDERS, parse_levels
 from agent.core.validation import DNS_NAME, is_dns1123_label
 from agent.errors import InputError
@@ -330,6 +337,22 @@ def ssh_values(args: argparse.Namespace) -> tuple[int, tuple[int, int] | None]:
     port = whole_knob(knob(args, "ssh-port")) or 2222
     owner_k = knob(args, "ssh-owner")
     return port, parse_owner(owner_k.value, label=owner_k.label)
+
+
+def state_dir(args: argparse.Namespace, out: Path) -> Path:
+    """The directory only the agent's containers mount. It must not be the output directory nor hold it or lie in
+    it: the trainer writes there, and what is kept here decides who the members are."""
+    k = knob(args, "state-dir", STATE_DIR)
+    state = Path(k.value or STATE_DIR)
+    if not state.is_absolute():
+        raise InputError(f"{k.label} '{k.value}' is not an absolute path; give the directory where the agent's "
+                         f"containers alone mount a volume (default {STATE_DIR})")
+    mine, theirs = Path(os.path.normpath(state)), Path(os.path.normpath(out.absolute()))
+    if mine == theirs or theirs in mine.parents or mine in theirs.parents:
+        raise InputError(f"{k.label} {state} and the output directory {out} overlap, and the trainer writes the "
+                         "output directory; give a directory that only the agent's containers mount (default "
+                         f"{STATE_DIR})")
+    return state
 
 
 def out_dir(args: argparse.Namespace, *, check: bool = False) -> Path:

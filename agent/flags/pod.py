@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypedDict, TypeVar
 
-from agent.core.model import Options
+from agent.core.model import STATE_DIR, Options
 from agent.errors import InputError
 from agent.flags.common import (
     DEFAULT_OUT,
@@ -25,6 +25,7 @@ from agent.flags.common import (
     out_dir,
     seconds,
     ssh_settings,
+    state_dir,
 )
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ Own = TypeVar("Own")
 
 def add_in_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--state-dir", help=f"directory only the agent's containers mount (an emptyDir), never the "
+                                            f"trainer: init leaves what it read there for the sidecar (default "
+                                            f"{STATE_DIR}; not there: the sidecar reads it from the API server)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
     parser.add_argument("--log-format", help="text (default) or json")
     parser.add_argument("--watch-idle", help="seconds a watch may show no event or bookmark before it counts as "
@@ -69,6 +73,7 @@ class PodFields(TypedDict):
     pod_name: str
     options: Options
     out_dir: Path
+    state_dir: Path
 
 
 class PodStart(NamedTuple, Generic[Own]):
@@ -91,10 +96,11 @@ def pod_start(args: argparse.Namespace, own: Callable[[argparse.Namespace], Own]
     values = own(args)
     ssh = ssh_settings(args)
     config_file = kubeconfig(args)
+    state = state_dir(args, out_dir(args))
     out = out_dir(args, check=True)
     config = load_config(config_file)
     namespace, pod_name = _identity(config)
-    pod = PodFields(namespace=namespace, pod_name=pod_name, options=options, out_dir=out)
+    pod = PodFields(namespace=namespace, pod_name=pod_name, options=options, out_dir=out, state_dir=state)
     return PodStart(pod=pod, own=values, ssh=ssh, log_format=fmt, config=config)
 
 

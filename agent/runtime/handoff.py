@@ -4,10 +4,13 @@ publishers init vouched for (core/provenance.py) and, in its own view, the summa
 at start, ~0.3 GiB job-wide), then listed the summary init had just read; it starts from init's reads instead,
 and watches what changed since (the summary from the resourceVersion init read it at) as before.
 
-The file is in the shared directory, which the trainer can write too: it is read as untrusted (files/reading.py)
-and used only if every part has the shape the API gives (the own pod is checked as init checks it, and must be
-this pod); anything else is said in one line and the sidecar reads the API as before. Nothing in it is a
-secret: the trainer could read the same objects with the pod's token.
+These reads decide who the members are and whose publication is followed, so they are kept where only the
+agent's containers write: the state directory (``--state-dir``), a volume that init and the sidecar mount and
+the trainer never does (``inject`` and the webhook add it). The shared directory is the trainer's to write too
+(it often runs as the same user): a copy there is never read. A pod without the state directory (a manifest
+written by hand before it existed) has its sidecar read the objects from the API server, as it would without
+init. The file is still read with the care of files/reading.py and used only if every part has the shape the
+API gives (the own pod is checked as init checks it, and must be this pod). Nothing in it is a secret.
 """
 
 from __future__ import annotations
@@ -50,22 +53,33 @@ class Handoff:
                            "writers": sorted([w.name, w.uid] for w in self.writers)}, separators=(",", ":")).encode()
 
 
-def write_handoff(out_dir: Path, handoff: Handoff) -> None:
-    """Written after the files, temp file and rename like them; a failure costs the sidecar its reads only. Init
-    runs before the sidecar in every new pod, so the file is always this pod's (a shared volume that outlives
-    the pod, a hostPath or a PVC, has its earlier pod's file replaced, or removed when it cannot be)."""
+def write_handoff(state_dir: Path | None, handoff: Handoff) -> None:
+    """Written after the files, temp file and rename like them, in the state directory when the pod has it; a
+    failure costs the sidecar its reads only. Init runs before the sidecar in every new pod, so the file is
+    always this pod's (a volume that outlives the pod has its earlier pod's file replaced, or removed when it
+    cannot be)."""
+    if state_dir is None or not state_dir.is_dir():
+        return  # no place the trainer cannot write: the sidecar reads the API server (said there, once)
     try:
-        write_files(out_dir, {NAME: handoff.to_bytes()})
+        write_files(state_dir, {NAME: handoff.to_bytes()})
     except (OSError, OutputError) as err:
         log.info("could not leave init's reads for the sidecar (%s); it reads them again", err)
         with contextlib.suppress(OSError):
-            (out_dir / NAME).unlink()
+            (state_dir / NAME).unlink()
 
 
-def read_handoff(out_dir: Path, pod_name: str) -> Handoff:
-    """Init's reads for ``pod_name``, or an empty handoff (said in one line when the file is there but unusable)."""
+def read_handoff(state_dir: Path | None, pod_name: str) -> Handoff:
+    """Init's reads for ``pod_name`` from the state directory, or an empty handoff (said in one line when the
+    directory is not there, or the file is there but unusable)."""
+    if state_dir is None:
+        return Handoff()
+    if not state_dir.is_dir():
+        log.info("no state directory %s (a volume only the agent's containers mount: inject adds it, "
+                 "docs/sidecar.md); reading the own pod and the job's objects from the API server, not from the "
+                 "shared directory the trainer can write", state_dir)
+        return Handoff()
     try:
-        raw = read_untrusted(out_dir / NAME, LIMIT)
+        raw = read_untrusted(state_dir / NAME, LIMIT)
     except FileNotFoundError:
         return Handoff()
     except (Unreadable, OSError) as err:
@@ -74,7 +88,7 @@ def read_handoff(out_dir: Path, pod_name: str) -> Handoff:
     try:
         return _parsed(json.loads(raw), pod_name)
     except (ValueError, TypeError, InputError, RecursionError) as err:
-        log.info("not using init's reads in %s (%s); reading them from the API server", out_dir / NAME,
+        log.info("not using init's reads in %s (%s); reading them from the API server", state_dir / NAME,
                  str(err)[:200])
         return Handoff()
 

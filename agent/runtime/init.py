@@ -106,6 +106,7 @@ class InitSettings:
     source: str = "auto"  # pods | published | auto (published from PUBLISH_THRESHOLD training pods up)
     watch_idle: float | None = None  # seconds without progress before a watch counts as dead (None: derived)
     lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
+    state_dir: Path | None = None  # mounted by the agent's containers alone: init's reads for the sidecar go there
 
 
 @dataclass(frozen=True)
@@ -747,7 +748,7 @@ class Init:
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
         names = write_generation(s.out_dir, rendered, s.options, self.ssh)
-        write_handoff(s.out_dir, self.reads)
+        write_handoff(s.state_dir, self.reads)
         member = rendered.plan.topology.me
         log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names), s.out_dir,
                  member.role, member.node_rank, rendered.plan.topology.nnodes, peak_rss_mb())

@@ -72,6 +72,11 @@ IN_CLUSTER = [
     ("--log-format", ["--log-format", "xml"], ["--log-format 'xml'", "text, json"]),
     ("--watch-idle", ["--watch-idle", "0.5"], ["--watch-idle '0.5'", "from 1 to 3600"]),
     ("--watch-idle", ["--watch-idle", "soon"], ["--watch-idle 'soon'", "seconds"]),
+    ("--state-dir", ["--state-dir", "agent-state"], ["--state-dir 'agent-state'", "absolute path"]),
+    ("--state-dir", ["--state-dir", "/shared/agent"], ["--state-dir /shared/agent and the output directory /shared "
+                                                       "overlap", "only the agent's containers mount"]),
+    ("--state-dir", ["--out", "/var/run/topology-agent/out"], ["the output directory /var/run/topology-agent/out",
+                                                               "overlap"]),
 ]
 CASES: list[tuple[str, str, list[str], list[str]]] = []
 for command in ("render", "explain"):

@@ -1,5 +1,6 @@
-"""Init's reads left for its sidecar (runtime/handoff.py): the file is in the directory the trainer writes too,
-so whatever is not what init wrote is refused in one line and the sidecar reads the API instead."""
+"""Init's reads left for its sidecar (runtime/handoff.py): in the state directory, which only the agent's
+containers mount; never in the shared directory the trainer writes. A file there that is not what init wrote is
+still refused in one line, and the sidecar reads the API instead."""
 
 from __future__ import annotations
 
@@ -67,3 +68,19 @@ def test_no_file_is_no_reads_and_no_line(tmp_path, caplog):
     with caplog.at_level(logging.INFO, "topology_agent.handoff"):
         assert read_handoff(tmp_path, "demo-worker-0") == Handoff()
     assert not caplog.records
+
+
+def test_without_a_state_directory_nothing_is_written_or_read_and_the_sidecar_says_so(tmp_path, caplog):
+    """A pod whose manifest has no state volume: the copy in the shared directory (which the trainer can write,
+    forged or not) is not read; the sidecar reads the API server instead, and says so in one line."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / NAME).write_bytes(Handoff(POD, {JOB: {"kind": "Job"}}, {Writer("rogue-0", "u-9")}).to_bytes())
+    absent = tmp_path / "state"
+    write_handoff(absent, Handoff(POD))
+    assert not absent.exists()
+    with caplog.at_level(logging.INFO, "topology_agent.handoff"):
+        assert read_handoff(absent, "demo-worker-0") == Handoff()
+        assert read_handoff(None, "demo-worker-0") == Handoff()  # no state directory configured: no line
+    assert len(caplog.records) == 1 and f"no state directory {absent}" in caplog.text
+    assert "not from the shared directory the trainer can write" in caplog.text

@@ -17,7 +17,8 @@ import yaml
 from agent import __version__
 from agent.cli import main
 from agent.core import render_pod
-from agent.core.injection import INIT, PREFIX, SIDECAR, Settings, inject_document, templates
+from agent.core.injection import INIT, PREFIX, SIDECAR, STATE, Settings, inject_document, templates
+from agent.core.model import STATE_DIR
 from agent.errors import InputError
 from agent.flags.common import options_from_args
 from agent.flags.parser import build_parser, check_command_line
@@ -29,7 +30,7 @@ EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 UPSTREAM = sorted((ROOT / "tests" / "upstream").glob("*.yaml"))
 K8S_VERSION = "1.32"
 OLD_AGENT = ("topology-agent", "topology-sidecar")
-OLD_VOLUMES = ("shared", "topology-agent-token", "ssh-secret")
+OLD_VOLUMES = ("shared", "topology-agent-token", "ssh-secret", "topology-agent-state")
 VALUE_FLAGS = {"--timeout", "--elastic", "--address", "--ssh-port", "--debounce", "--signal", "--rank-order",
                "--roles", "--expect"}
 
@@ -210,6 +211,14 @@ def test_injected_templates_validate_keep_the_users_containers_and_run_the_agent
         token_holders = [c["name"] for c in new["spec"]["initContainers"] + new["spec"]["containers"]
                          if any(m["name"] == "topology-agent-token" for m in c.get("volumeMounts", []))]
         assert token_holders == [c["name"] for c in agents]
+        # What init leaves for its sidecar decides membership: in a volume of the agent's containers alone.
+        state_holders = [c["name"] for c in new["spec"]["initContainers"] + new["spec"]["containers"]
+                         if any(m["name"] == STATE for m in c.get("volumeMounts", []))]
+        with_sidecar = any(c["name"] == SIDECAR for c in agents)
+        assert state_holders == ([c["name"] for c in agents] if with_sidecar else [])
+        assert all({"name": STATE, "mountPath": STATE_DIR} in c["volumeMounts"] for c in agents if with_sidecar)
+        assert [v for v in new["spec"]["volumes"] if v["name"] == STATE] == (
+            [{"name": STATE, "emptyDir": {}}] if with_sidecar else [])
         assert new["metadata"]["annotations"]["topology-agent.io/injected"] == __version__
 
 

@@ -20,13 +20,14 @@ import pytest
 from agent import examples
 from agent.runtime.handoff import NAME as READS
 from agent.runtime.publishing import said
-from tests.fakeapi import agent_name, init_pod
+from tests.fakeapi import agent_name, init_pod, state_of
 from tests.jobs import (
     add_worker,
     configmap,
     create_volcano_job,
     generation,
     policy_admits,
+    rogue,
     world,
 )
 
@@ -386,7 +387,7 @@ async def test_a_sidecar_starts_from_what_its_init_read_and_reads_it_again_only_
     before (~20 KiB of its ~34 KiB at start in a 16384-pod job): it starts from init's reads
     (runtime/handoff.py). Without them (a sidecar run alone, a file the trainer broke) it reads the API."""
     await published_job(memory, api, logs, tmp_path, 20)
-    (tmp_path / "demo-worker-8" / READS).write_text("{not json")  # broken: read again, in one line
+    (state_of(tmp_path / "demo-worker-8") / READS).write_text("{not json")  # broken: read again, in one line
     await start_sidecar(sidecars, tmp_path, "demo-master-0")
     for pod in ("demo-worker-7", "demo-worker-8"):
         await start_sidecar(sidecars, tmp_path, pod)
@@ -414,11 +415,11 @@ async def test_a_sidecar_follows_the_summary_from_where_its_init_read_it(memory,
     between reaches its files. A summary in init's reads that names the pod a standby is not used (the file is
     the trainer's to write too): that pod lists the publication itself."""
     await published_job(memory, api, logs, tmp_path, 20)
-    handed = json.loads((tmp_path / "demo-worker-9" / READS).read_text())
+    handed = json.loads((state_of(tmp_path / "demo-worker-9") / READS).read_text())
     assert handed["summary"]["metadata"]["name"] == "demo-topology-summary"
-    forged = json.loads((tmp_path / "demo-worker-10" / READS).read_text())
+    forged = json.loads((state_of(tmp_path / "demo-worker-10") / READS).read_text())
     forged["summary"]["data"]["standby"] = "demo-worker-10"
-    (tmp_path / "demo-worker-10" / READS).write_text(json.dumps(forged))
+    (state_of(tmp_path / "demo-worker-10") / READS).write_text(json.dumps(forged))
     await start_sidecar(sidecars, tmp_path, "demo-master-0")
     await logs.until("demo-master-0", "started publishing")
     add_worker(memory, 20, 90)  # the sizes change: the summary is written again before the followers start
@@ -433,6 +434,58 @@ async def test_a_sidecar_follows_the_summary_from_where_its_init_read_it(memory,
              for pod in ("demo-worker-9", "demo-worker-10")}
     assert "list" not in verbs["demo-worker-9"] and "watch" in verbs["demo-worker-9"]
     assert "list" in verbs["demo-worker-10"]
+
+
+JOB = "/apis/batch.volcano.sh/v1alpha1/namespaces/default/jobs/demo"
+
+
+def settled(running) -> bool:
+    """Nothing seen that is not written yet, since the first evaluation."""
+    changes = running.sidecar.changes
+    return running.sidecar.evaluator.evaluated and not changes.dirty.is_set() and changes.since is None
+
+
+def forged_reads(memory, pod: str, rogue_pod: dict) -> bytes:
+    """Init's reads as a trainer can write them: the own pod as the API has it, the job's object with its uid
+    removed and the worker task's replicas one more, and the rogue pod among the publishers init accepted."""
+    from agent.core.provenance import Writer
+    from agent.runtime.handoff import Handoff
+
+    job = copy.deepcopy(next(o for o in list(memory.sandbox.store.objects.values())
+                             if o.get("kind") == "Job" and o["metadata"]["name"] == "demo"))
+    del job["metadata"]["uid"]
+    next(t for t in job["spec"]["tasks"] if t["name"] == "worker")["replicas"] += 1
+    me = memory.sandbox.store.get("/v1/pods", "default", pod)
+    return Handoff(me, {JOB: job}, {Writer(rogue_pod["metadata"]["name"], rogue_pod["metadata"]["uid"])}).to_bytes()
+
+
+@pytest.mark.parametrize("state", ["mounted", "absent"])
+async def test_init_reads_forged_in_the_shared_directory_let_no_rogue_pod_in(memory, api, logs, sidecars, tmp_path,
+                                                                              state):
+    """The sidecar took the job's objects and the publishers it accepts from init's reads in the shared
+    directory, which the trainer writes too: the job's object without its uid and with a task's replicas one
+    more, and a rogue pod among the publishers, let a rogue pod in as rank 3 (WORLD_SIZE 3 -> 4, its IP in the
+    hostfile). The reads are kept in the state directory, which the trainer does not mount; without one (a
+    manifest written by hand before it), the sidecar reads the job from the API server."""
+    create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    out = tmp_path / "demo-worker-0"
+    where = () if state == "mounted" else ("--state-dir", str(tmp_path / "not-mounted"))
+    await init(api, logs, "demo-worker-0", out, "--address", "ip", *where)
+    assert world(out)[0] == "3"
+    rogue_pod = memory.create_pod(rogue("demo-worker-2", "worker", 2, 77))
+    (out / READS).write_bytes(forged_reads(memory, "demo-worker-0", rogue_pod))
+    running = await start_sidecar(sidecars, tmp_path, "demo-worker-0", *where)
+    await running.until(lambda: settled(running), what="the pods evaluated")  # the rogue was in the first list
+    assert (world(out)[0], generation(out)) == ("3", 1)
+    assert examples.loopback_ip(77) not in (out / "hostfile").read_text()
+    assert "leaving out a pod that is not the job's: pod 'demo-worker-2'" in logs.text("demo-worker-0")
+    gets = {r.path for agent, r in api.requests if agent == agent_name("sidecar", "demo-worker-0") and r.verb == "get"}
+    if state == "absent":
+        assert JOB in gets
+        assert "no state directory" in logs.text("demo-worker-0")
+    else:
+        assert JOB not in gets  # init's own reads, from the state directory
+    assert "not using init's reads" not in logs.text("demo-worker-0")  # the shared directory's copy is not read
 
 
 @pytest.mark.parametrize("compacted", [False, True])
@@ -674,9 +727,9 @@ async def test_a_leader_re_created_under_a_new_uid_rewrites_the_publication_and_
     reborn = copy.deepcopy(pods[0])
     reborn["metadata"]["uid"] = "6f1e2d3c-0000-4000-8000-00000000abcd"
     memory.create_pod(reborn)
-    # A re-created pod's shared volume is a new emptyDir: its init's reads of the earlier incarnation are gone
+    # A re-created pod's state volume is a new emptyDir: its init's reads of the earlier incarnation are gone
     # (and its own init, which runs first, would leave its own).
-    (tmp_path / "demo-master-0" / READS).unlink()
+    (state_of(tmp_path / "demo-master-0") / READS).unlink()
     await start_sidecar(sidecars, tmp_path, "demo-master-0")
 
     def rewritten(store) -> bool:
@@ -703,9 +756,10 @@ async def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_chan
     own plan's summary: one shape of files across the job."""
     # every pod with the job's options: the leader summarizes
     await published_job(memory, api, logs, tmp_path, 7, "--view", "own")
-    light_files = [READS, "generation", "topology.json", "torch.env"]  # READS: init's reads for its sidecar
+    light_files = ["generation", "topology.json", "torch.env"]  # init's reads for its sidecar: in its state dir
     for pod in ("demo-master-0", "demo-worker-0", "demo-worker-6"):  # the leader, a standby, a follower
         assert sorted(p.name for p in (tmp_path / pod).iterdir()) == light_files, pod
+        assert [p.name for p in state_of(tmp_path / pod).iterdir()] == [READS], pod
         assert json.loads((tmp_path / pod / "topology.json").read_text())["view"] == "own"
     light = tmp_path / "light"
     ran = await init(api, logs, "demo-worker-5", light, "--address", "ip", "--source", "published", "--view", "own")

@@ -248,6 +248,27 @@ def test_the_agent_runs_restricted_and_only_the_agent_holds_the_token(where, tem
             assert not token, f"trainer container {container['name']} must not hold the agent's token"
 
 
+SIDECAR_TEMPLATES = [(w, t) for w, t in _templates()
+                     if any(c.get("args", [None])[0] == "sidecar" for c in t["spec"].get("initContainers", []))]
+
+
+@pytest.mark.parametrize(("where", "template"), SIDECAR_TEMPLATES, ids=[w for w, _ in SIDECAR_TEMPLATES])
+def test_where_a_sidecar_runs_init_leaves_its_reads_in_a_volume_the_trainer_does_not_mount(where, template):
+    # What init read decides who the members are; the trainer writes the shared directory (runtime/handoff.py).
+    from agent.core.model import STATE_DIR
+
+    spec = template["spec"]
+    agents = [c for c in spec["initContainers"] if c.get("args", [None])[0] in ("init", "sidecar")]
+    assert len(agents) == 2
+    names = {m["name"] for c in agents for m in c["volumeMounts"] if m["mountPath"] == STATE_DIR}
+    assert len(names) == 1, f"{where}: init and the sidecar mount one volume at {STATE_DIR}"
+    volume = next(v for v in spec["volumes"] if v["name"] in names)
+    assert set(volume) == {"name", "emptyDir"}
+    others = [c["name"] for c in spec.get("initContainers", []) + spec["containers"] if c not in agents
+              and any(m["name"] in names for m in c.get("volumeMounts", []))]
+    assert not others, f"{where}: {others} must not mount the agent's state volume"
+
+
 @pytest.mark.slow
 def test_checkov_passes_on_the_manifests():
     checkov = os.environ.get("TOPOLOGY_CHECKOV") or shutil.which("checkov")

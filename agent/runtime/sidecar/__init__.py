@@ -69,6 +69,7 @@ class SidecarSettings:
     lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
     ssh: Any = None  # SshSettings: known_hosts and ssh_config follow the members
     probe_every: float | None = None  # a follower's looks at the publisher (None: following.PROBE_EVERY)
+    state_dir: Path | None = None  # mounted by the agent's containers alone: init's reads (runtime/handoff.py)
 
     @property
     def stale_after(self) -> float:
@@ -199,7 +200,7 @@ class Sidecar:
 
     async def start(self) -> None:
         s = self.settings
-        reads = read_handoff(s.out_dir, s.pod_name)  # what init read: not read again (runtime/handoff.py)
+        reads = read_handoff(s.state_dir, s.pod_name)  # what init read: not read again (runtime/handoff.py)
         me = reads.own_pod() or await self._own_pod()
         await self._read_job(me, reads.objects)
         s = self.settings
