@@ -51,7 +51,7 @@ def make_app(sidecar: Status, *, topology: bool = False) -> web.Application:
         if not topology:
             return web.Response(status=404, text="not served: start the sidecar with --health-topology\n")
         if sidecar.document is None:
-            return web.json_response({"error": "no topology written yet"}, status=503)
+            return web.json_response({"error": "no topology planned by this sidecar yet"}, status=503)
         return web.Response(body=sidecar.document, content_type="application/json")
 
     app = web.Application()

@@ -316,9 +316,10 @@ async def published_job(memory, api, logs, tmp_path, workers, *extra):
     return pods
 
 
-async def start_sidecar(sidecars, tmp_path, pod: str, *extra: str, who: str | None = None, out: Path | None = None):
+async def start_sidecar(sidecars, tmp_path, pod: str, *extra: str, who: str | None = None, out: Path | None = None,
+                        topology: bool = False):
     return await sidecars.start(pod, out or tmp_path / pod, "--address", "ip", "--debounce", "0", "--signal", "none",
-                                *extra, who=who)
+                                *extra, who=who, topology=topology)
 
 
 async def follower_watching(api, pod: str) -> None:
@@ -486,6 +487,48 @@ async def test_init_reads_forged_in_the_shared_directory_let_no_rogue_pod_in(mem
     else:
         assert JOB not in gets  # init's own reads, from the state directory
     assert "not using init's reads" not in logs.text("demo-worker-0")  # the shared directory's copy is not read
+
+
+async def served_topology(running) -> dict:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, \
+            session.get(f"http://127.0.0.1:{running.port}/topology") as answer:
+        assert answer.status == 200, await answer.text()
+        return await answer.json()
+
+
+@pytest.mark.parametrize("view", ["full", "own"])
+async def test_after_a_restart_topology_serves_what_the_sidecar_planned_not_what_the_trainer_wrote(memory, api,
+                                                                                                  logs, sidecars,
+                                                                                                  tmp_path, view):
+    """A restarted sidecar served the topology.json it found in the shared directory, which the trainer can
+    write: the same members with another world size and rank 0 went out on /topology. It serves what it
+    planned itself (from the pods, or in its own view from the published summary), at the generation in place,
+    and rewrites nothing while the members are the same."""
+    pod = "demo-worker-2"
+    out = tmp_path / pod
+    if view == "full":
+        create_volcano_job(memory, (("master", 1), ("worker", 3)))
+        await init(api, logs, pod, out, "--address", "ip")
+    else:  # a large job's follower: its files come from the leader's summary
+        await published_job(memory, api, logs, tmp_path, 3, "--view", "own")
+        await start_sidecar(sidecars, tmp_path, "demo-master-0", "--view", "own")
+        await logs.until("demo-master-0", "started publishing")
+    written = json.loads((out / "topology.json").read_text())
+    assert written.get("view", "full") == view
+    first = await start_sidecar(sidecars, tmp_path, pod, "--view", view, topology=True)
+    await first.until(lambda: settled(first), what="the first evaluation")
+    assert await served_topology(first) == written
+    await sidecars.stop(pod)
+    forged = copy.deepcopy(written)  # the same members (no rewrite is due), another world and rank 0
+    forged.update(worldSize=9, masterAddr=examples.loopback_ip(77),
+                  excluded=[{"name": "demo-master-0", "reason": "forged"}])
+    (out / "topology.json").write_text(json.dumps(forged))
+    again = await start_sidecar(sidecars, tmp_path, pod, "--view", view, topology=True)
+    await again.until(lambda: settled(again), what="the first evaluation after the restart")
+    assert await served_topology(again) == written
+    assert generation(out) == 1 and again.sidecar.metrics.rewrites._value.get() == 0
 
 
 @pytest.mark.parametrize("compacted", [False, True])

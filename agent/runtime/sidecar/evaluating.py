@@ -66,7 +66,7 @@ class Evaluator:
         self.renderer = Renderer(settings.options, settings.pod_name, checked=True)  # pods passed the intake
         self.generation = 0
         self.last_key: tuple[tuple[object, ...], ...] | None = None
-        self.document: bytes | None = None  # topology.json as written, served by /topology
+        self.document: bytes | None = None  # topology.json as this sidecar planned it, served by /topology
         self.keep_document = True  # False when /topology is not served: 4.5 MB less held at 16384 pods
         self.problem: str | None = NOT_EVALUATED  # why the files in place may not be the membership's (None: they are)
         self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
@@ -95,8 +95,10 @@ class Evaluator:
     def load_previous(self) -> None:
         """Continue from init's (or a previous sidecar's) generation: same membership -> no rewrite. The files
         are in the trainer's directory: read as untrusted (files/reading.py), parsed strictly, and anything
-        else starts from generation 0 with one line. A ``generation`` marker that lags topology.json (the
-        process died between the two renames) is written again."""
+        else starts from generation 0 with one line. What they say decides only whether the trainer's own files
+        are rewritten: /topology never serves them (the trainer can write them), it serves what this sidecar
+        plans (``evaluate``). A ``generation`` marker that lags topology.json (the process died between the
+        two renames) is written again."""
         out = self.settings.out_dir
         try:
             text = read_untrusted(out / "topology.json", PREVIOUS_LIMIT)
@@ -114,7 +116,6 @@ class Evaluator:
             return
         self.generation, self.last_key = generation, key
         self.shape = _shape(document.get("env"))
-        self.document = text if self.keep_document else None
         self.metrics.generation.set(self.generation)
         try:
             marker = read_untrusted(out / "generation", 32).decode("ascii", "replace").strip()
@@ -144,8 +145,21 @@ class Evaluator:
             return None
         if key == self.last_key:
             self.problem = None
+            if self.document is None and self.keep_document:  # the first plan since the start: served from now on
+                self.document = self._document_at(rendered, self.generation)
             return None
         return self._write(rendered, key, since, note)
+
+    def _document_at(self, rendered: Rendered, generation: int) -> bytes:
+        """topology.json of ``rendered``'s plan at ``generation`` (the members in place: no new generation)."""
+        s = self.settings
+        files_dir = str(s.out_dir.absolute())
+        plan = rendered.plan
+        if plan.topology.whole is not None:  # an own view's plan, from the summary or from every pod held
+            again = render_plan(plan, s.options, generation=generation, files_dir=files_dir)
+        else:
+            again = self.renderer.render_planned(plan, generation=generation, files_dir=files_dir)
+        return again.files["topology.json"]
 
     def _render(self, pods: Mapping[str, RawPod] | None, light: Plan | None,
                 nodes: NodeLabels, touched: set[str] | None = None) -> tuple[Rendered, Any]:
