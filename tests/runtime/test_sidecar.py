@@ -25,6 +25,7 @@ from tests.jobs import (
     add_worker,
     configmap,
     create_volcano_job,
+    forge_publication,
     generation,
     policy_admits,
     rogue,
@@ -487,6 +488,24 @@ async def test_init_reads_forged_in_the_shared_directory_let_no_rogue_pod_in(mem
     else:
         assert JOB not in gets  # init's own reads, from the state directory
     assert "not using init's reads" not in logs.text("demo-worker-0")  # the shared directory's copy is not read
+
+
+async def test_a_publisher_forged_in_the_shared_directory_is_vetted_like_any_writer(memory, api, logs, sidecars,
+                                                                                     tmp_path):
+    """The publishers init accepted were taken from the shared directory too: a rogue pod named there was
+    trusted without a read, and its forged publication (every address 127.9.9.9) reached a follower's hostfile.
+    The follower reads the writer pod, refuses a copy no member of the job wrote, and follows the pods."""
+    pods = await published_job(memory, api, logs, tmp_path, 3, "--view", "full")
+    rogue_pod = memory.create_pod(rogue("rogue-1", "worker", 7, 78))
+    gone(memory, "demo-topology", "demo-topology-journal", "demo-topology-summary")
+    forge_publication(memory, pods, writer="rogue-1", writer_uid=rogue_pod["metadata"]["uid"])
+    out = tmp_path / "demo-worker-2"
+    (out / READS).write_bytes(forged_reads(memory, "demo-worker-2", rogue_pod))
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2", "--view", "full")
+    await follower.until(lambda: settled(follower), what="the first evaluation")
+    assert "127.9.9.9" not in (out / "hostfile").read_text() and "127.9.9.9" not in (out / "torch.env").read_text()
+    assert world(out)[0] == "4" and generation(out) == 1
+    assert "the published topology is not used (configmap demo-topology" in logs.text("demo-worker-2")
 
 
 async def served_topology(running) -> dict:
