@@ -168,7 +168,8 @@ def start_up(sandbox: SandboxThread, tmp: Path, job: Job, spread: float, seed: i
             log = (tmp / f"init-{name}.log").open("w+b")
             procs[name] = (subprocess.Popen(
                 [sys.executable, "-m", "agent.cli", "init", "--out", str(tmp / name),
-                 "--log-format", "json", *job.flags(name)], env=job.pod_env(sandbox, name),
+                 "--state-dir", str(state_dir(tmp, name)), "--log-format", "json", *job.flags(name)],
+                env=job.pod_env(sandbox, name),
                 stdout=subprocess.DEVNULL, stderr=log), log)
     last_ip = time.perf_counter()
     result: dict[str, Any] = {"inits": {}, "first_ip": order[0], "last_ip": order[-1]}
@@ -201,6 +202,13 @@ def start_up(sandbox: SandboxThread, tmp: Path, job: Job, spread: float, seed: i
     return result
 
 
+def state_dir(tmp: Path, pod: str) -> Path:
+    """The pod's state volume, as inject mounts one in the agent's containers: init's reads for its sidecar."""
+    state = tmp / f"{pod}.agent-state"
+    state.mkdir(exist_ok=True)
+    return state
+
+
 def start_sidecar(sandbox: SandboxThread, tmp: Path, job: Job, pod: str, lease: int
                   ) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp / f"sidecar-{pod}.log"
@@ -210,7 +218,8 @@ def start_sidecar(sandbox: SandboxThread, tmp: Path, job: Job, pod: str, lease: 
     with log.open("w") as handle:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(tmp / pod),
-             "--signal", "none", "--health-host", "127.0.0.1", "--health-port", str(port), "--log-format", "json",
+             "--state-dir", str(state_dir(tmp, pod)), "--signal", "none", "--health-host", "127.0.0.1",
+             "--health-port", str(port), "--log-format", "json",
              "--lease-seconds", str(lease), *job.flags(pod)], env=job.pod_env(sandbox, pod), stderr=handle)
     return proc, log
 

@@ -33,10 +33,12 @@ def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int, sour
                 gap: float) -> dict[str, float]:
     """The sidecar of demo-worker-1; with a published topology it is a follower, and the leader's sidecar runs too."""
     shared = tmp / "sidecar-shared"
+    state = tmp / "sidecar-state"  # the pod's state volume, as inject mounts one: init's reads for its sidecar
+    state.mkdir(exist_ok=True)
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-1", "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
-    subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--address", "ip", "--source",
-                    source], env=env, check=True, stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--state-dir", str(state),
+                    "--address", "ip", "--source", source], env=env, check=True, stderr=subprocess.DEVNULL)
     leader = None
     if source == "published":
         leader_env = {**env, "POD_NAME": "demo-master-0"}
@@ -47,9 +49,9 @@ def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int, sour
     sandbox.reset_stats()
     log_path = tmp / "sidecar.log"
     with log_path.open("w") as log:
-        sidecar = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--address",
-                                    "ip", "--debounce", "0", "--signal", "none", "--health-port", "0",
-                                    "--log-format", "json"], env=env, stderr=log)
+        sidecar = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--state-dir",
+                                    str(state), "--address", "ip", "--debounce", "0", "--signal", "none",
+                                    "--health-port", "0", "--log-format", "json"], env=env, stderr=log)
     time.sleep(3.0 + pods / 1000)
     start_stats = dict(sandbox.stats()["byAgent"].get(agent, {}))
     emitted, versions = [], []

@@ -64,11 +64,13 @@ def main() -> None:
         tmp = Path(tmp_name)
         build_job(sandbox, args.pods, 0)
         shared = tmp / "shared"
+        state = tmp / "agent-state"  # the pod's state volume, as inject mounts one: init's reads for its sidecar
+        state.mkdir()
         env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-1", "POD_NAMESPACE": "default"}
         env.pop("KUBECONFIG", None)
         # Every pod follows the pods here; the published mode is measured by scale_bench.py --source published.
-        subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--address", "ip",
-                        "--source", "pods"], env=env, check=True, stderr=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "agent.cli", "init", "--out", str(shared), "--state-dir", str(state),
+                        "--address", "ip", "--source", "pods"], env=env, check=True, stderr=subprocess.DEVNULL)
         record = tmp / "signals.txt"
         trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(record)])
         while not Path(str(record) + ".ready").exists():
@@ -78,7 +80,8 @@ def main() -> None:
         pid_file.write_text(str(trainer.pid))
         with log_path.open("w") as log:
             sidecar = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--address", "ip",
+                [sys.executable, "-m", "agent.cli", "sidecar", "--out", str(shared), "--state-dir", str(state),
+                 "--address", "ip",
                  *([] if args.debounce == "default" else ["--debounce", args.debounce]),
                  "--trainer-pid-file", str(pid_file), "--health-port", "0", "--log-format", "json"],
                 env=env, stderr=log)
