@@ -100,7 +100,11 @@ def test_inject_keeps_a_configmap_volume_of_a_job():
     ("  - name: topology-agent-shared\n    persistentVolumeClaim:\n      claimName: data\n",
      f"  annotations:\n    {INJECTED}: 0.0.9\n",
      "volume 'topology-agent-shared' is a persistentVolumeClaim volume, not the agent's emptyDir"),
-], ids=["pvc-not-injected", "secret-not-injected", "pvc-in-injected-template"])
+    # the state volume holds what decides membership: a PVC of that name in an injected template is the user's
+    ("  - name: topology-agent-state\n    persistentVolumeClaim:\n      claimName: data\n",
+     f"  annotations:\n    {INJECTED}: 0.0.9\n",
+     "volume 'topology-agent-state' is a persistentVolumeClaim volume, not the agent's emptyDir"),
+], ids=["pvc-not-injected", "secret-not-injected", "pvc-in-injected-template", "state-pvc-in-injected-template"])
 def test_a_users_volume_with_one_of_the_agents_own_names_is_refused_in_one_line(volume, annotations, says, capsys,
                                                                                  monkeypatch):
     line = one_line_exit_2(pod(volume, annotations=annotations), capsys, monkeypatch)
