@@ -14,6 +14,9 @@ again only when what it is given changed: its environment, or the bytes of an ag
 MPI hostfile, MLX's JSON hostfile). Then the process group gets SIGTERM, SIGKILL after ``--grace`` seconds, and
 the command starts again from the new files; checkpoints are the command's business. The pod is not recreated.
 
+Every file is read with a size limit (``FILE_LIMIT``) and only when it is a regular file: one that is not, or is
+larger, is said in one line, never read whole (a FIFO would hold the launcher, a file of any size its memory).
+
 SIGTERM and SIGINT are passed to the command's group, and the launcher exits with the command's code when the
 command ends by itself (128 + the signal when a signal ended it). A command that fails after the files moved on
 (a peer left and broke its collective before the signal came) is started again, not reported; one that fails
@@ -33,19 +36,26 @@ import json
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import BinaryIO
 
 from agent.trainer import apply_env_file
 
 log = logging.getLogger("topology_agent.launcher")
 
-FILE_LIMIT = 64 << 20  # an agent file that names a path: a hostfile of every member is far smaller
+# Any file the launcher reads: topology.json, the largest, is 4.5 MB at 16384 pods (docs/benchmarks.md), and a
+# hostfile of every member is far smaller.
+FILE_LIMIT = 64 << 20
+GENERATION_LIMIT = 64  # a number and a line break
+CHUNK = 1 << 20  # a file named by a variable is hashed this much at a time
 
 
 class LaunchError(Exception):
@@ -62,10 +72,43 @@ class Files:
     withheld: tuple[str, ...]  # why a selected framework's values are not there (nothing to run with yet)
 
 
+@contextlib.contextmanager
+def _open_regular(path: Path, limit: int) -> Iterator[BinaryIO]:
+    """``path`` opened for reading when it is a regular file of at most ``limit`` bytes. O_NONBLOCK: opening a
+    FIFO does not wait for a writer, and the check below refuses it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise LaunchError(f"{path}: not a regular file; the agent writes only regular files in {path.parent}")
+        if info.st_size > limit:
+            raise _too_large(path, limit)
+        yield file
+
+
+def _too_large(path: Path, limit: int) -> LaunchError:
+    return LaunchError(f"{path}: larger than {limit} bytes, the most the launcher reads of a file; no agent file "
+                       f"is that large: keep other files out of {path.parent}")
+
+
+def read_bounded(path: Path, limit: int = FILE_LIMIT) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; a larger one is refused before it is read (and a
+    file that grows while it is read is cut off there)."""
+    with _open_regular(path, limit) as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise _too_large(path, limit)
+    return data
+
+
+def _read_text(path: Path) -> str:
+    return read_bounded(path).decode()
+
+
 def _read_generation(out: Path) -> int:
     try:
-        return int((out / "generation").read_text().strip())
-    except (OSError, ValueError):
+        return int(read_bounded(out / "generation", GENERATION_LIMIT).strip())
+    except (OSError, ValueError, LaunchError):  # not there yet, or not a number: no generation to go by
         return -1
 
 
@@ -92,17 +135,18 @@ def read_files(out: Path, base: dict[str, str], wanted: tuple[str, ...] | None =
     for _ in range(50):
         before = _read_generation(out)
         try:
-            document = json.loads((out / "topology.json").read_text())
+            document = json.loads(_read_text(out / "topology.json"))
             env = dict(base)
             if wanted is None or "torch" in wanted:
-                apply_env_file((out / "torch.env").read_text(), env)
+                apply_env_file(_read_text(out / "torch.env"), env)
             withheld = []
             for name, spec in _frameworks(document, wanted, out):
                 if spec.get("withheld"):
                     withheld.append(f"{name}: {spec['withheld']}")
                 for file in spec.get("files", []):
                     if str(file).endswith(".env"):
-                        apply_env_file((out / file).read_text(), env)
+                        apply_env_file(_read_text(out / file), env)
+            key = _key(env, out)
         except (OSError, ValueError) as err:
             if _read_generation(out) != before:  # read across two generations: read the new one
                 time.sleep(0.02)
@@ -112,7 +156,7 @@ def read_files(out: Path, base: dict[str, str], wanted: tuple[str, ...] | None =
                                   f"written its files (--out {out})") from None
             raise LaunchError(f"cannot read the agent's files in {out}: {err}") from None
         if _read_generation(out) == before:
-            return Files(before, env, _key(env, out), tuple(withheld))
+            return Files(before, env, key, tuple(withheld))
         time.sleep(0.02)
     raise LaunchError(f"{out}: the generation kept changing while the files were read")
 
@@ -123,7 +167,13 @@ def _key(env: dict[str, str], out: Path) -> str:
         digest.update(f"{name}={env[name]}\0".encode("utf-8", "surrogateescape"))
         path = Path(env[name])
         if path.is_absolute() and path.parent == out and path.is_file():  # MPI's hostfile, MLX's JSON hostfile
-            digest.update(path.read_bytes()[:FILE_LIMIT])
+            with _open_regular(path, FILE_LIMIT) as file:
+                size = 0
+                while chunk := file.read(CHUNK):
+                    size += len(chunk)
+                    if size > FILE_LIMIT:
+                        raise _too_large(path, FILE_LIMIT)
+                    digest.update(chunk)
     return digest.hexdigest()
 
 
