@@ -14,15 +14,24 @@ again only when what it is given changed: its environment, or the bytes of an ag
 MPI hostfile, MLX's JSON hostfile). Then the process group gets SIGTERM, SIGKILL after ``--grace`` seconds, and
 the command starts again from the new files; checkpoints are the command's business. The pod is not recreated.
 
-Every file is read with a size limit (``FILE_LIMIT``) and only when it is a regular file: one that is not, or is
-larger, is said in one line, never read whole (a FIFO would hold the launcher, a file of any size its memory).
+The files are read when the command starts: a restart reads them after the old command has ended, so a generation
+that came during the grace period is the one the new command gets. Every file is read with a size limit
+(``FILE_LIMIT``) and only when it is a regular file: one that is not, or is larger, is said in one line, never
+read whole (a FIFO would hold the launcher, a file of any size its memory).
 
-SIGTERM and SIGINT are passed to the command's group, and the launcher exits with the command's code when the
-command ends by itself (128 + the signal when a signal ended it). A command that fails after the files moved on
-(a peer left and broke its collective before the signal came) is started again, not reported; one that fails
-while the files stay is started again up to ``--max-restarts`` times per generation, after 1, 2, 4... s, as
-torchrun's ``--max-restarts`` does: a process that joins may reach a coordinator that still runs the old world
-(measured with JAX: ``Unexpected task registered``) until that pod's launcher has started it again.
+SIGTERM and SIGINT are passed to the command's group and no command is started after them; the launcher exits with
+the command's code (128 + the signal when a signal ended it, as a shell reports it; 128 + the launcher's own signal
+when no command was running). A second one sends SIGKILL. An error after the command started (a file that cannot
+be read) stops the command before the launcher exits: a command is never left without it. The launcher waits for
+every child that ends, not only its command: as a container's PID 1 (or a subreaper) it inherits what the command
+left behind, and whatever it does not wait for stays a zombie. Its signal handlers are in place before it writes
+the pid file, so the sidecar's first SIGUSR1 finds them.
+
+A command that fails after the files moved on (a peer left and broke its collective before the signal came) is
+started again, not reported; one that fails while the files stay is started again up to ``--max-restarts`` times
+per generation, after 1, 2, 4... s, as torchrun's ``--max-restarts`` does: a process that joins may reach a
+coordinator that still runs the old world (measured with JAX: ``Unexpected task registered``) until that pod's
+launcher has started it again.
 
 It imports only the standard library, so it runs in any Python that can import ``agent.trainer``.
 """
@@ -189,7 +198,9 @@ def write_pid_file(path: Path) -> None:
 
 
 class Launcher:
-    """The command's life across generations."""
+    """The command's life across generations. Single-threaded: the signal handlers only record and wake, and
+    every wait is on ``wake`` (set by SIGCHLD, SIGUSR1, SIGTERM, SIGINT), checked after it is cleared so that no
+    signal is missed between a check and a wait."""
 
     def __init__(self, out: Path, command: list[str], *, grace: float, poll: float,
                  frameworks: tuple[str, ...] | None, max_restarts: int = 3) -> None:
@@ -198,25 +209,71 @@ class Launcher:
         self.base = dict(os.environ)
         self.wake = threading.Event()
         self.forwarded: int | None = None  # SIGTERM or SIGINT received: the command is being stopped for good
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.forwarded_to: int | None = None  # the command that got it (one started meanwhile has not)
+        self.proc: subprocess.Popen[bytes] | None = None  # the command; its returncode is set when it is reaped
         self.files: Files | None = None
+
+    def install_handlers(self) -> None:
+        """Before anything can signal: the pid file tells the sidecar where to send SIGUSR1, whose default action
+        ends a process."""
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCHLD):
+            signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT):
             if self.forwarded is not None:  # a second one: stop waiting for the grace period
                 self._signal_group(signal.SIGKILL)
             self.forwarded = signum
-            self._signal_group(signum)
+            self._forward()
         self.wake.set()
 
+    def _forward(self) -> None:
+        assert self.forwarded is not None
+        if self.proc is not None and self.proc.returncode is None:
+            self.forwarded_to = self.proc.pid
+            self._signal_group(self.forwarded)
+
     def _signal_group(self, signum: int) -> None:
-        if self.proc is not None:
+        if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signum)
 
-    def _wait_for_files(self) -> Files:
+    def _reap(self) -> None:
+        """Wait for every child that has ended: the command (its status kept on ``proc``), and the processes it
+        left behind that were given to this one, as to any PID 1 or subreaper."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.proc is not None and pid == self.proc.pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+
+    def _wait_for_command(self, timeout: float | None) -> int | None:
+        """The command's status once it has ended, or None after ``timeout`` seconds."""
+        assert self.proc is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.wake.clear()
+            self._reap()
+            if self.proc.returncode is not None:
+                return self.proc.returncode
+            left = self.poll if deadline is None else min(self.poll, deadline - time.monotonic())
+            if left <= 0:
+                return None
+            self.wake.wait(left)
+
+    def _wait_for_files(self) -> Files | None:
+        """The current files, once no selected framework's values are withheld; None when the launcher is told to
+        stop meanwhile."""
         said = ""
         while True:
+            self.wake.clear()
+            self._reap()
+            if self.forwarded is not None:
+                return None
             files = read_files(self.out, self.base, self.frameworks)
             if not files.withheld:
                 return files
@@ -225,34 +282,33 @@ class Launcher:
                 log.warning("generation %d: not started, the files have no values yet (%s); waiting for the next "
                             "generation", files.generation, said)
             self.wake.wait(self.poll)
-            self.wake.clear()
-            if self.forwarded is not None:
-                raise SystemExit(128 + self.forwarded)
 
-    def _start(self, files: Files) -> None:
+    def _start(self) -> bool:
+        """Start the command with the files as they are now; False when told to stop first."""
+        files = self._wait_for_files()
+        if files is None:
+            return False
         self.files = files
         self.proc = subprocess.Popen(self.command, env=files.env, start_new_session=True)
-        threading.Thread(target=self._reap, args=(self.proc,), daemon=True).start()
+        if self.forwarded is not None and self.forwarded_to != self.proc.pid:  # came while it was being started
+            self._forward()
         log.info("generation %d: started %s (pid %d)", files.generation, self.command[0], self.proc.pid)
-
-    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.wait()
-        self.wake.set()
+        return True
 
     def _stop(self) -> None:
         """SIGTERM to the command's group, SIGKILL to what is left after the grace period."""
         proc = self.proc
-        assert proc is not None
+        if proc is None or proc.returncode is not None:
+            return
         self._signal_group(signal.SIGTERM)
-        try:
-            proc.wait(self.grace)
-        except subprocess.TimeoutExpired:
+        if self._wait_for_command(self.grace) is None:
             log.warning("pid %d did not end within %.0f s of SIGTERM: SIGKILL", proc.pid, self.grace)
-        self._signal_group(signal.SIGKILL)  # its children too, whether or not the leader ended
-        proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # its children too, whether or not the leader ended
+            os.killpg(proc.pid, signal.SIGKILL)
+        self._wait_for_command(None)
 
-    def _changed(self) -> Files | None:
-        """The new files, when a new generation gives the command something else."""
+    def _moved_on(self) -> int | None:
+        """The new generation, when it gives the command something else."""
         assert self.files is not None
         if _read_generation(self.out) == self.files.generation:
             return None
@@ -261,28 +317,57 @@ class Launcher:
             log.info("generation %d: the command's files are unchanged; not restarted", files.generation)
             self.files = files
             return None
-        return files
+        return files.generation
+
+    def _pause(self, seconds: float) -> None:
+        """Before a failed command starts again: until ``seconds`` have passed, a new generation is there, or
+        the launcher is told to stop."""
+        assert self.files is not None
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.wake.clear()
+            self._reap()
+            if self.forwarded is not None or _read_generation(self.out) != self.files.generation:
+                return
+            self.wake.wait(min(left, self.poll))
 
     def run(self) -> int:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(signum, self._on_signal)
-        self._start(self._wait_for_files())
+        """Run the command until it ends by itself or the launcher is told to stop, and exit as a shell would
+        with its status. Whatever ends the launcher otherwise (a file that cannot be read) stops the command
+        first."""
+        try:
+            return self._supervise()
+        except LaunchError as err:
+            if self.proc is not None and self.proc.returncode is None:
+                pid = self.proc.pid
+                self._stop()
+                raise LaunchError(f"{err} (stopped the command, pid {pid})") from None
+            raise
+        except BaseException:
+            self._stop()
+            raise
+
+    def _supervise(self) -> int:
+        if not self._start():  # told to stop before there was a command: as a shell that got the signal
+            assert self.forwarded is not None
+            return 128 + self.forwarded
         failures = 0  # in this generation
         while True:
-            self.wake.wait(self.poll)
             self.wake.clear()
+            self._reap()
             proc = self.proc
-            assert proc is not None
-            code = proc.poll()
+            assert proc is not None and self.files is not None
+            code = proc.returncode
             if self.forwarded is not None:
                 if code is None:
+                    self.wake.wait(self.poll)
                     continue
                 return _exit_code(code)
             if code == 0:
                 log.info("the command ended by itself with 0")
                 return 0
-            new = self._changed()
-            if code is not None and new is None:
+            moved = self._moved_on()
+            if code is not None and moved is None:
                 if failures >= self.max_restarts:
                     log.info("the command ended by itself with %s", code)
                     return _exit_code(code)
@@ -291,22 +376,22 @@ class Launcher:
                 log.warning("the command ended with %s; starting it again in %.0f s (restart %d of %d in this "
                             "generation: a peer may still run the old world)", code, pause, failures,
                             self.max_restarts)
-                self.wake.wait(pause)
-                if self.forwarded is not None:
-                    return _exit_code(code)
-                new = self._changed() or self.files
+                self._pause(pause)
             elif code is not None:
                 log.warning("the command ended with %s after the files moved on: starting it again", code)
-            elif new is not None:
-                log.info("generation %d: the world changed; stopping pid %d and starting again", new.generation,
-                         proc.pid)
+            elif moved is not None:
+                log.info("generation %d: the world changed; stopping pid %d and starting again", moved, proc.pid)
                 self._stop()
             else:
+                self.wake.wait(self.poll)
                 continue
-            if new is not self.files:
+            # The command has ended here. Told to stop while it was stopped or during the pause: no new one.
+            before = self.files.generation
+            if self.forwarded is not None or not self._start():
+                return _exit_code(proc.returncode)
+            if self.files.generation != before:
                 failures = 0
-            assert new is not None
-            self._start(new if not new.withheld else self._wait_for_files())
+
 
 def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
@@ -347,11 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="agent.trainer: %(message)s", stream=sys.stderr)
     wanted = tuple(n for n in args.frameworks.split(",") if n) if args.frameworks else None
+    launcher = Launcher(args.out, args.cmd, grace=args.grace, poll=args.poll, frameworks=wanted,
+                        max_restarts=args.max_restarts)
+    launcher.install_handlers()  # before the pid file: the sidecar signals as soon as it reads it
     try:
         if args.pid_file != "none":
             write_pid_file(Path(args.pid_file) if args.pid_file else args.out / "trainer.pid")
-        return Launcher(args.out, args.cmd, grace=args.grace, poll=args.poll, frameworks=wanted,
-                        max_restarts=args.max_restarts).run()
+        return launcher.run()
     except LaunchError as err:
         print(f"agent.trainer: {err}", file=sys.stderr)
         return 2

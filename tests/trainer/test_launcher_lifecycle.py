@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.trainer import launcher
-from tests.runtime.test_launcher import write_files
+from tests.runtime.test_launcher import wait_for, write_files
 
 # The command: records its start (pid, WORLD_SIZE, the processes it started), then waits to be signalled.
 #   children: three processes in its group and one in a session of its own, none of them ever waited for
@@ -61,12 +61,50 @@ else:
 os.execv(sys.executable, [sys.executable, *argv])
 """
 
+# The sidecar at its quickest: SIGUSR1 to the pid in the pid file the moment the file is there.
+EARLY_SIGNAL = r"""
+import os, signal, sys
+from pathlib import Path
+from agent.trainer import launcher
+written = launcher.write_pid_file
+def write_and_signal(path):
+    written(path)
+    os.kill(int(Path(path).read_text()), signal.SIGUSR1)
+launcher.write_pid_file = write_and_signal
+sys.exit(launcher.main(sys.argv[1:]))
+"""
+
 
 def starts(record: Path) -> list[dict]:
     try:
         return [json.loads(line) for line in record.read_text().splitlines()]
     except OSError:
         return []
+
+
+def is_gone(pid: int) -> bool:
+    """Not even a zombie: ``kill(pid, 0)`` succeeds on a process that ended and was not waited for."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def zombies_of(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" and int(fields[1]) == parent:
+                found.append(int(entry.name))
+    return found
+
+
+def parent_of(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 class Run:
@@ -78,13 +116,23 @@ class Run:
         self.proc: subprocess.Popen[str] | None = None
         write_files(self.out, 1, world=2)
 
-    def start(self, *modes: str, setup: str | None = None, args: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    def start(self, *modes: str, setup: str | None = None, early_signal: bool = False,
+              args: tuple[str, ...] = ()) -> subprocess.Popen[str]:
         argv = ["-m", "agent.trainer", "run", "--out", str(self.out), "--poll", "0.1", "--grace", "60", *args,
                 "--", sys.executable, "-c", COMMAND, str(self.record), *modes]
+        if early_signal:
+            argv = ["-c", EARLY_SIGNAL, *argv[2:]]
         if setup is not None:
             argv = ["-c", SETUP, setup, *argv]
         self.proc = subprocess.Popen([sys.executable, *argv], stderr=subprocess.PIPE, text=True)
         return self.proc
+
+    def terms(self, pid: int) -> int:
+        """The SIGTERMs the command ``pid`` has held on to."""
+        try:
+            return len((self.record.parent / f"term-{pid}").read_text().splitlines())
+        except FileNotFoundError:
+            return 0
 
     def close(self) -> None:
         for start in starts(self.record):
@@ -103,6 +151,75 @@ def run(tmp_path):
     it = Run(tmp_path)
     yield it
     it.close()
+
+
+def test_sigterm_during_a_restart_starts_no_new_command_and_the_launcher_exits(run):
+    proc = run.start("hold")
+    wait_for(lambda: len(starts(run.record)) == 1, "the first start")
+    first = starts(run.record)[0]["pid"]
+    write_files(run.out, 2, world=3)  # a restart: the command gets SIGTERM and holds on to it
+    wait_for(lambda: run.terms(first) == 1, "the restart's SIGTERM to reach the command")
+    proc.send_signal(signal.SIGTERM)  # the pod is deleted while the launcher waits for the old command
+    wait_for(lambda: run.terms(first) == 2, "the launcher to pass the SIGTERM on")
+    run.release.touch()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143  # the command's own code, as a shell reports it
+    assert len(starts(run.record)) == 1, err  # no command after the SIGTERM
+    assert is_gone(first)
+
+
+def test_a_file_error_after_the_start_stops_the_command_before_the_launcher_exits(run):
+    proc = run.start()
+    wait_for(lambda: len(starts(run.record)) == 1, "the first start")
+    command = starts(run.record)[0]["pid"]
+    (run.out / "topology.json").write_text('{"generation": 2, "framew')  # a new generation that cannot be read
+    (run.out / "generation").write_text("2\n")
+    _, err = proc.communicate(timeout=30)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 2
+    assert last.startswith(f"agent.trainer: cannot read the agent's files in {run.out}")
+    assert last.endswith(f"(stopped the command, pid {command})")
+    assert is_gone(command)  # stopped and waited for, not left running without its launcher
+
+
+def test_as_the_reaper_it_waits_for_what_its_commands_leave_behind(run):
+    proc = run.start("children", setup="subreaper")
+    wait_for(lambda: len(starts(run.record)) == 1, "the first start")
+    for generation in range(2, 6):  # four restarts: each command's group is killed, its children with it
+        write_files(run.out, generation, world=generation + 1)
+        wait_for(lambda n=generation: len(starts(run.record)) == n, f"start {generation}")
+    older = starts(run.record)[:-1]
+    # The daemons outlived their command's group: each was given to the launcher, which shows it is their reaper.
+    assert [parent_of(start["daemon"]) for start in older] == [proc.pid] * 4
+    for start in older:
+        os.kill(start["daemon"], signal.SIGKILL)
+    ended = [pid for start in older for pid in [start["pid"], *start["group"], start["daemon"]]]
+    wait_for(lambda: all(is_gone(pid) for pid in ended),
+             f"the launcher to wait for every ended process (its zombies: {zombies_of(proc.pid)})")
+    assert zombies_of(proc.pid) == []
+    assert proc.poll() is None
+    latest = starts(run.record)[-1]
+    os.kill(latest["daemon"], signal.SIGKILL)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM  # its command's status, among all it waited for
+
+
+def test_a_restart_starts_the_command_with_the_files_as_they_are_after_the_grace_period(run):
+    proc = run.start("hold")
+    wait_for(lambda: len(starts(run.record)) == 1, "the first start")
+    first = starts(run.record)[0]["pid"]
+    write_files(run.out, 2, world=3)
+    wait_for(lambda: run.terms(first) == 1, "the restart's SIGTERM to reach the command")
+    write_files(run.out, 3, world=4)  # another generation while the old command takes its time to end
+    run.release.touch()
+    wait_for(lambda: any(start["world"] == "4" for start in starts(run.record)), "the start with generation 3")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    # A command started with generation 2's files would be stopped at once, before it could record itself: the
+    # launcher's log names every start.
+    assert [line.split(":")[1] for line in err.splitlines() if ": started " in line] == [" generation 1",
+                                                                                        " generation 3"], err
 
 
 def plant_hostfile(out: Path, size: int) -> None:
@@ -138,6 +255,16 @@ def test_a_file_too_large_or_not_regular_is_one_line_not_read_whole(run, plant, 
     assert proc.returncode == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"agent.trainer: {run.out / name}: {message}")
     assert starts(run.record) == []
+
+
+def test_a_sigusr1_the_moment_the_pid_file_is_there_finds_the_handler(run):
+    proc = run.start(early_signal=True)
+    wait_for(lambda: len(starts(run.record)) == 1 or proc.poll() is not None, "the first start")
+    assert proc.poll() is None, f"the launcher ended with {proc.returncode}"
+    assert starts(run.record)[0]["world"] == "2"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
 
 
 def test_read_bounded_refuses_a_file_that_is_larger_than_its_size_said():
