@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -80,6 +81,23 @@ def launch(out: Path, record: Path, *args: str, env: dict[str, str] | None = Non
         [sys.executable, "-m", "agent.trainer", "run", "--out", str(out), "--poll", "0.1", "--grace", "2", *args,
          "--", sys.executable, "-c", COMMAND, str(record)],
         env={**os.environ, "PATHLESS": "set in the container", **(env or {})}, stderr=subprocess.PIPE, text=True)
+
+
+def read_until(proc: subprocess.Popen[str], text: str, timeout: float = 20.0) -> str:
+    """The launcher's stderr up to the line holding ``text``; the launcher is stopped if it has not said it by
+    ``timeout`` (the read then ends and the test fails on what was said)."""
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    said = ""
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            said += line
+            if text in line:
+                return said
+    finally:
+        watchdog.cancel()
+    raise AssertionError(f"the launcher ended without saying {text!r}: {said!r}")
 
 
 @pytest.fixture
@@ -174,13 +192,13 @@ def test_withheld_values_hold_the_start_until_a_generation_has_them(files):
     out, record, procs = files
     write_files(out, 1, world=2, withheld="pod fw-1 has no IP yet")
     procs.append(launch(out, record))
-    time.sleep(0.8)
+    said = read_until(procs[0], "generation 1: not started")  # it has read generation 1 and held the start
     assert starts(record) == []
     write_files(out, 2, world=2)
     wait_for(lambda: len(starts(record)) == 1, "the start once the values are there")
     procs[0].send_signal(signal.SIGTERM)
     _, err = procs[0].communicate(timeout=10)
-    assert "generation 1: not started, the files have no values yet (jax: pod fw-1 has no IP yet)" in err
+    assert "generation 1: not started, the files have no values yet (jax: pod fw-1 has no IP yet)" in said + err
 
 
 def test_a_file_read_across_two_generations_is_read_again_from_the_new_one(tmp_path, monkeypatch):
