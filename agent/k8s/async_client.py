@@ -7,6 +7,7 @@ differs. aiohttp and socket exceptions become the agent's ``ApiError`` here, in 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -15,13 +16,19 @@ import aiohttp
 
 from agent import __version__
 from agent.core.model import RawPod
+from agent.errors import ApiUnavailable
 from agent.k8s import core
 from agent.k8s.config import ApiConfig
-from agent.k8s.core import PAGE, Keep, Pager, Request, Response, Traffic, WatchEvent, WatchLines
+from agent.k8s.core import PAGE, Drops, Keep, Oversized, Pager, Request, Response, Traffic, WatchEvent, WatchLines
 from agent.k8s.transport import CONNECT, IDLE, headers, silent, ssl_context, too_slow, unreachable
+
+log = logging.getLogger("topology_agent.api")
 
 
 class AsyncTransport(Protocol):
+    """``send``: a whole answer within ``timeout``. ``stream``: the head, then the body's chunks as they come (a
+    LIST page, a watch), each read waiting at most ``wait`` seconds; an error's body is in the head."""
+
     async def send(self, request: Request, *, timeout: float) -> Response: ...
 
     def stream(self, request: Request, *, wait: float) -> AsyncIterator[Response | bytes]: ...
@@ -79,7 +86,8 @@ class AiohttpTransport:
             raise unreachable(err, self.config.server, request) from err
 
     async def stream(self, request: Request, *, wait: float) -> AsyncIterator[Response | bytes]:
-        """The response head first, then the body's chunks; each read waits at most ``wait`` seconds."""
+        """The response head first, then the body's chunks; each read waits at most ``wait`` seconds (a watch's
+        silence is ``silent``, a LIST page's ``too_slow``)."""
         try:
             async with self._request(request, aiohttp.ClientTimeout(total=None, connect=CONNECT,
                                                                     sock_read=wait)) as resp:
@@ -90,7 +98,7 @@ class AiohttpTransport:
                 while chunk := await resp.content.readany():
                     yield chunk
         except TimeoutError as err:
-            raise silent(request, wait) from err
+            raise (silent(request, wait) if request.verb == "watch" else too_slow(request, wait)) from err
         except (aiohttp.ClientError, OSError) as err:
             raise unreachable(err, self.config.server, request) from err
 
@@ -107,6 +115,7 @@ class AsyncClient:
         self.clock = clock
         self.transport = transport or AiohttpTransport(config, user_agent or f"topology-agent/{__version__}",
                                                        connections)
+        self.drops = Drops()  # objects dropped for their size, each said once
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -152,12 +161,44 @@ class AsyncClient:
 
     async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
                            keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
+        """Every page read as its bytes come (core.ListReader): no page is held whole, an object over its budget
+        is dropped unread and said once (``drops``)."""
         pager = Pager(path, label_selector=label_selector, field_selector=field_selector, limit=limit, keep=keep,
                       metadata_only=metadata_only)
-        request = pager.request()
-        while pager.take(request, await self.send(request)):
-            request = pager.request()
+        while await self._read_page(pager, pager.request()):
+            pass
         return pager.kept, pager.version
+
+    async def _read_page(self, pager: Pager, request: Request) -> bool:
+        """One page into ``pager``, whole within the client's timeout; whether another follows."""
+        self.traffic.count(request)
+        parts = self.transport.stream(request, wait=self.timeout)
+        try:
+            async with asyncio.timeout(self.timeout):  # the whole page, however its bytes arrive
+                page = None
+                async for part in parts:
+                    if isinstance(part, Response):
+                        page = pager.reading(request, part)
+                        part = part.body
+                    self.traffic.bytes += len(part)
+                    if page is not None:
+                        page.feed(part)
+                if page is None:
+                    raise ApiUnavailable(f"list {request.what}: no answer")
+                return page.finish()
+        except TimeoutError:
+            raise too_slow(request, self.timeout) from None
+        finally:
+            closing = getattr(parts, "aclose", None)
+            if closing is not None:
+                await closing()  # a half-read answer closes its connection now
+            self._say(pager.take_dropped())
+
+    def _say(self, dropped: list[Oversized]) -> None:
+        for item in dropped:
+            line = self.drops.say(item)
+            if line is not None:
+                log.warning("%s", line)
 
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *, timeout: float,
                    idle: float = IDLE) -> AsyncIterator[WatchEvent]:
@@ -171,7 +212,7 @@ class AsyncClient:
         request = core.watch(path, resource_version, timeout=timeout, label_selector=label_selector,
                              field_selector=field_selector)
         self.traffic.count(request)
-        lines = WatchLines()
+        lines = WatchLines(core.budget_for(path), what=request.what)
         last = self.clock()
         async for part in self.transport.stream(request, wait=idle):
             if isinstance(part, Response):
@@ -181,6 +222,10 @@ class AsyncClient:
             self.traffic.bytes += len(part)
             complete = lines.feed(part)
             now = self.clock()
+            dropped = lines.take_dropped()
+            if dropped:
+                self._say(dropped)
+                last = now  # a whole event, dropped: the stream goes on
             if complete:
                 last = now
                 for line in complete:

@@ -7,26 +7,33 @@ library is underneath. ``Client.deadline`` (init's ``--timeout``) bounds every r
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain
 from typing import Any, Protocol
 
 import urllib3
 
 from agent import __version__
 from agent.core.model import RawPod
+from agent.errors import ApiError
 from agent.k8s import core
 from agent.k8s.config import ApiConfig
-from agent.k8s.core import PAGE, Keep, Pager, Request, Response, Traffic, WatchEvent, WatchLines
+from agent.k8s.core import PAGE, Drops, Keep, Oversized, Pager, Request, Response, Traffic, WatchEvent, WatchLines
 from agent.k8s.transport import CONNECT, IDLE, READ, Budget, headers, silent, ssl_context, too_slow, unreachable
 
 __all__ = ["Api", "Client", "Transport", "WatchEvent"]
 
+log = logging.getLogger("topology_agent.api")
+
 
 class Transport(Protocol):
-    """Moves a request's bytes; bounds each read. ``send`` answers within ``timeout`` in all; ``stream`` yields
-    a watch's chunks, each read waiting at most ``wait`` seconds."""
+    """Moves a request's bytes; bounds each read. ``send`` answers within ``timeout`` in all; ``stream`` gives the
+    head at once and the body's chunks as they come (a LIST page, a watch), each read waiting at most ``wait``
+    seconds; an error's body (and a body a test's transport has whole) is in the head. Closing the chunks ends
+    the request, whether they were read or not."""
 
     def send(self, request: Request, *, timeout: float) -> Response: ...
 
@@ -101,7 +108,8 @@ class Urllib3Transport:
             finally:
                 response.release_conn()
 
-        return Response(response.status), self._chunks(request, response, silent(request, wait))
+        quiet = silent(request, wait) if request.verb == "watch" else too_slow(request, wait)
+        return Response(response.status), _Body(self._chunks(request, response, quiet), response)
 
     def _chunks(self, request: Request, response: urllib3.BaseHTTPResponse,
                 quiet: Exception) -> Generator[bytes, None, None]:
@@ -124,6 +132,30 @@ class Urllib3Transport:
         self.pool.clear()
 
 
+class _Body:
+    """A response's chunks; ``close`` ends the response even when none was read (a page asked for ahead and not
+    wanted): a generator closed before it started runs no ``finally``."""
+
+    def __init__(self, chunks: Generator[bytes, None, None], response: urllib3.BaseHTTPResponse) -> None:
+        self._chunks, self._response = chunks, response
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        self._chunks.close()
+        if not self._response.closed and self._response.connection is not None:
+            self._response.close()
+            self._response.release_conn()
+
+
+Opened = tuple[Request, Response, Iterator[bytes], float, float]  # a page asked for: its head, body, start, limit
+PEEK = 4096  # a page's first bytes, where its continue token is looked for
+
+
 class Client:
     """The calls init makes, each one request of the core over the transport."""
 
@@ -134,6 +166,7 @@ class Client:
         self.timeout = timeout
         self.clock = clock
         self.budget = Budget(clock)  # .deadline: init's --timeout, which every request ends by
+        self.drops = Drops()  # objects dropped for their size, each said once
         self.transport = transport or Urllib3Transport(config, user_agent or f"topology-agent/{__version__}",
                                                        clock=clock)
 
@@ -173,32 +206,74 @@ class Client:
 
     def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
                      keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
+        """Every page read as its bytes come (core.ListReader): no page is held whole, an object over its budget
+        is dropped unread and said once (``drops``)."""
         pager = Pager(path, label_selector=label_selector, field_selector=field_selector, limit=limit, keep=keep,
                       metadata_only=metadata_only)
         if not limit:
-            request = pager.request()
-            pager.take(request, self.send(request))
+            self._read_page(pager, self._open(pager.request()))
             return pager.kept, pager.version
-        # The next page is asked for while this one is parsed and cut down: the API server prepares a page in
-        # about the time the agent takes to read one (4096 pods: 0.3-0.6 s of 1.0 s waiting, sequentially).
+        # The next page is asked for as soon as this one's first bytes name it (its continue token, written
+        # before its items), while this one is read and cut down: the API server prepares a page in about the
+        # time the agent takes to read one (4096 pods: 0.3-0.6 s of 1.0 s waiting, sequentially). Only its head
+        # is read ahead; its body waits in the connection until this page is done.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="list-ahead") as ahead:
-            request = pager.request()
-            pending = ahead.submit(self.send, request)
+            opened = self._open(pager.request())
             while True:
-                response = pending.result()
-                token = core.peek_continue(response.body)
-                if token:
-                    next_request = pager.request(token)
-                    pending = ahead.submit(self.send, next_request)
-                more = pager.take(request, response)
-                del response
+                more, asked = self._read_page(pager, opened, ahead)
                 if not more:
+                    _discard(asked)
                     break
-                if pager.token != token:  # the peek was wrong: ask for the page the parsed answer names
-                    next_request = pager.request()
-                    pending = ahead.submit(self.send, next_request)
-                request = next_request
+                wanted = pager.request()
+                if asked is not None and asked.result()[0] == wanted:
+                    opened = asked.result()
+                else:  # the peek was wrong, or there was none: ask for the page the parsed answer names
+                    _discard(asked)
+                    opened = self._open(wanted)
         return pager.kept, pager.version
+
+    def _open(self, request: Request) -> Opened:
+        """A page asked for: its head read, its body not yet."""
+        self.traffic.count(request)
+        limit = self.budget.left(self.timeout)
+        started = self.clock()
+        response, chunks = self.transport.stream(request, wait=limit)
+        return request, response, chunks, started, limit
+
+    def _read_page(self, pager: Pager, opened: Opened,
+                   ahead: ThreadPoolExecutor | None = None) -> tuple[bool, Future[Opened] | None]:
+        """Read one page into ``pager`` within its time: whether another follows, and (with ``ahead``) the next
+        page asked for as soon as this one's first bytes gave its continue token (core.peek_continue)."""
+        request, response, chunks, started, limit = opened
+        head, peeking, asked = b"", ahead is not None, None
+        try:
+            page = pager.reading(request, response)
+            for chunk in chain((response.body,), chunks):
+                if peeking and ahead is not None:
+                    head += chunk[:PEEK - len(head)]
+                    if b'"items"' in head or len(head) >= PEEK:
+                        peeking, token = False, core.peek_continue(head)
+                        if token:
+                            asked = ahead.submit(self._open, pager.request(token))
+                self.traffic.bytes += len(chunk)
+                page.feed(chunk)
+                if self.clock() - started > limit:
+                    raise too_slow(request, limit)
+            return page.finish(), asked
+        except BaseException:
+            _discard(asked)
+            raise
+        finally:
+            closing = getattr(chunks, "close", None)
+            if closing is not None:
+                closing()  # a half-read answer closes its connection now
+            self._say(pager.take_dropped())
+
+    def _say(self, dropped: list[Oversized]) -> None:
+        for item in dropped:
+            line = self.drops.say(item)
+            if line is not None:
+                log.warning("%s", line)
 
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *, timeout: float,
                    idle: float = IDLE) -> Iterator[WatchEvent]:
@@ -216,13 +291,17 @@ class Client:
         response, chunks = self.transport.stream(request, wait=wait)
         if response.status >= 400:
             raise core.error_for_status(request, response)
-        lines = WatchLines()
+        lines = WatchLines(core.budget_for(path), what=request.what)
         last = self.clock()
         try:
             for chunk in chunks:
                 self.traffic.bytes += len(chunk)
                 complete = lines.feed(chunk)
                 now = self.clock()
+                dropped = lines.take_dropped()
+                if dropped:
+                    self._say(dropped)
+                    last = now  # a whole event, dropped: the stream goes on
                 if complete:
                     last = now
                     for line in complete:
@@ -235,3 +314,16 @@ class Client:
             if closing is not None:
                 closing()  # a watch left early closes its connection now (a half-read answer is not reused)
         lines.finish()
+
+
+def _discard(future: Future[Opened] | None) -> None:
+    """A page asked for ahead and not wanted: its connection closed."""
+    if future is None:
+        return
+    try:
+        chunks = future.result()[2]
+    except ApiError:  # not this page's failure: the page asked for next meets its own
+        return
+    closing = getattr(chunks, "close", None)
+    if closing is not None:
+        closing()

@@ -8,6 +8,7 @@ reaches every caller. No HTTP library is imported: init does not load aiohttp, t
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Callable
@@ -24,6 +25,22 @@ RBAC_HINT = "grant it with manifests/rbac (Role: get/list/watch pods, get the jo
 # pods as a cluster holds them (~9.6 KB each) is ~5 MB of text and ~21 MB parsed, a fifth of the leader's peak
 # at 16384 pods; 100 holds ~5 MB for one more request per 100 pods (headers: ~1 KB).
 PAGE = 100
+# What one object may take of a LIST answer or a watch stream, in characters of its JSON text (bytes, for the
+# ASCII that pods are made of): an object over it is dropped before it is parsed, and the reading goes on with
+# the next one, so no object costs more than its budget whatever its size (etcd stores objects of up to
+# 1.5 MiB by default). A pod gets 512 KiB. The pods of the jobs the agent serves are ~10 KB as a cluster holds
+# them (docs/benchmarks.md); pods with sidecars injected, many env vars and volumes, and Argo's or Tekton's
+# pods are tens of KB; the largest part a controller can put in a pod is its annotations, which the API server
+# caps at 256 KiB in all (apimachinery pkg/api/validation/objectmeta.go, TotalAnnotationSizeLimitB), and a
+# container's environment must pass exec, which takes at most 128 KiB per variable (Linux MAX_ARG_STRLEN). So
+# 512 KiB holds a pod with its annotations at the cap and as much again of spec, status and managedFields: 50
+# times a member, and no pod a controller makes is dropped; a pod that large is someone's forgery, ignored.
+# Every other kind gets 9 MiB: the JSON of any object etcd can hold at its default 1.5 MiB, even where Go's
+# encoder writes every byte as a 6-character escape (the agent's own ConfigMaps hold up to 1 MiB of JSON text
+# each, which their JSON escapes to up to 2 MiB).
+POD_BUDGET = 512 * 1024
+OBJECT_BUDGET = 9 * 1024 * 1024
+BUDGETS = {"pods": POD_BUDGET}  # a collection's last path segment -> its objects' budget
 # Metadata only (what client-go's metadata client asks for), JSON as the fallback a server without it sends.
 METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -263,26 +280,327 @@ def parse_event(line: bytes) -> WatchEvent:
     return event
 
 
-class WatchLines:
-    """A watch stream's bytes, as they come, into events: one JSON object per line."""
+def budget_for(path: str) -> int:
+    """The characters one object of the collection at ``path`` may take (``POD_BUDGET``, ``OBJECT_BUDGET``)."""
+    return BUDGETS.get(path.strip("/").split("/")[-1], OBJECT_BUDGET)
+
+
+HEAD = 4096  # characters of a dropped object kept to name it
+_NAMED = re.compile(r'"metadata"\s*:\s*\{.*?"name"\s*:\s*"([a-z0-9][a-z0-9.-]{0,252})"', re.S)
+_NAMESPACED = re.compile(r'"metadata"\s*:\s*\{.*?"namespace"\s*:\s*"([a-z0-9][a-z0-9-]{0,62})"', re.S)
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """An object dropped unread for its size: its name as its first characters give it ('' when they do not, or
+    when it is not a DNS-1123 name: nothing else of the object reaches a log), and its size."""
+
+    what: str  # the collection: "pods"
+    namespace: str
+    name: str
+    size: int
+
+    @classmethod
+    def from_head(cls, what: str, head: str, size: int) -> Oversized:
+        name, namespace = _NAMED.search(head), _NAMESPACED.search(head)
+        return cls(what, namespace.group(1) if namespace else "", name.group(1) if name else "", size)
+
+
+class Drops:
+    """The objects dropped for their size, each said once (a rogue pod changed every second is one line), and at
+    most ``NAMED`` of them by name: what is remembered of them is bounded too."""
+
+    NAMED = 1024
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self.named: set[tuple[str, str, str]] = set()
+        self.count = 0
+
+    def say(self, dropped: Oversized) -> str | None:
+        """The line to log for ``dropped``, or None when it was said already."""
+        self.count += 1
+        key = (dropped.what, dropped.namespace, dropped.name)
+        if key in self.named or len(self.named) > self.NAMED:
+            return None
+        self.named.add(key)
+        if len(self.named) > self.NAMED:
+            return f"more than {self.NAMED} objects over their size budget were dropped; the others are not named"
+        kind = dropped.what.removesuffix("s") or "object"
+        where = f"'{dropped.namespace}/{dropped.name}'" if dropped.name else "(its name not among its first bytes)"
+        budget = budget_for(dropped.what)
+        return (f"ignoring {kind} {where} from the API: its JSON is {dropped.size} bytes, over the {budget} bytes a "
+                f"{kind} may take (no controller makes one that large), so it was dropped unread and everything "
+                "goes on without it; delete it if it is not meant to be there")
+
+
+class WatchLines:
+    """A watch stream's bytes, as they come, into events: one JSON object per line. A line over ``budget``
+    (``budget_for`` the watched collection) is dropped as its bytes arrive, only its first ``HEAD`` kept to name
+    it (``dropped``), so a watch holds at most one line of the budget."""
+
+    def __init__(self, budget: int = OBJECT_BUDGET, *, what: str = "") -> None:
+        self.budget, self.what = budget, what
+        self._parts: list[bytes] = []
+        self._size = 0  # bytes of the line so far
+        self._head = b""  # a line being dropped: its first bytes
+        self.dropped: list[Oversized] = []  # since the caller last took them
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """The lines the chunk completes, each to be parsed (``parse_event``) once the one before it is handled:
         a 256 KiB read of the kubelet's writes (26 pods) parsed at once peaked at 1.6 MB, one at a time 0.4 MB,
         and the watcher keeps a few hundred bytes of each."""
-        self._buffer += chunk
-        if b"\n" not in self._buffer:
-            return []
-        *lines, self._buffer = self._buffer.split(b"\n")
-        return [line for line in lines if line.strip()]
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            self._add(chunk, start, len(chunk) if end < 0 else end)
+            if end < 0:
+                return lines
+            line = self._line()
+            if line is not None and line.strip():
+                lines.append(line)
+            start = end + 1
+
+    def _add(self, chunk: bytes, start: int, end: int) -> None:
+        """``chunk[start:end]`` to the line; copied only while the line is within the budget."""
+        self._size += end - start
+        if self._parts and self._size > self.budget:  # over: keep the head, drop the rest as it comes
+            for held in self._parts:
+                self._head += held[:HEAD - len(self._head)]
+            self._parts = []
+        if self._size > self.budget:
+            self._head = self._head or chunk[start:min(end, start + HEAD)]
+        elif end > start:
+            self._parts.append(chunk if start == 0 and end == len(chunk) else chunk[start:end])
+
+    def _line(self) -> bytes | None:
+        size, self._size = self._size, 0
+        if size > self.budget:
+            head, self._head = self._head, b""
+            self.dropped.append(Oversized.from_head(self.what, head.decode(errors="replace"), size))
+            return None
+        parts, self._parts = self._parts, []
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def finish(self) -> None:
         """The stream ended: a partial line left over means it was cut mid-event."""
-        if self._buffer.strip():
+        if self._size > self.budget or b"".join(self._parts).strip():
             raise ApiUnavailable("watch stream ended mid-event (connection cut)")
+
+    def take_dropped(self) -> list[Oversized]:
+        dropped, self.dropped = self.dropped, []
+        return dropped
+
+
+_WHITE = re.compile(r"[ \t\n\r]*")
+_TOKEN = re.compile(r'["{}\[\],]')  # what the reader looks for outside strings
+_ITEMS_KEY = re.compile(r'(?<!\\)"items"[ \t\n\r]*:[ \t\n\r]*\Z')
+STEP = 64 * 1024  # characters a reader takes in at once; a failed attempt at an item waits for this many more
+
+
+class ListReader:
+    """A LIST answer's bytes, as they come, into its items, each parsed alone as soon as it is whole, so a page
+    is never held whole, as text or parsed: what the reader holds is at most one object's budget and a read.
+
+    An item's text over ``budget`` is dropped unread as its characters arrive (``dropped`` names it from its
+    first ``HEAD``), and the items after it are read as usual. The answer's other fields (its metadata: the
+    resourceVersion and the continue token) are kept as text and parsed at the end (``finish``); they may take
+    ``budget`` too. The items are found by their key (``"items": [``) at the answer's top level, wherever the
+    server writes it; an answer whose items are not found so is parsed whole at the end, within the budget."""
+
+    def __init__(self, budget: int = OBJECT_BUDGET, *, what: str = "") -> None:
+        self.budget, self.what = budget, what
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._decoder = json.JSONDecoder(parse_constant=not_json, parse_float=_finite)
+        self._text = ""  # what is not consumed yet
+        self._mode = "envelope"  # "envelope", "items" (between items), "skip" (in an item being dropped), "after"
+        self._envelope: list[str] = []
+        self._envelope_size = 0
+        self._tail = ""  # the envelope's last characters, to find the items' key
+        self._depth = 0  # of the envelope, or of the item being dropped
+        self._in_string = self._escaped = False
+        self._comma = False  # between items: a ',' (True) or the first item or ']' (False) comes next
+        self._after_comma = False
+        self._wait = 0  # the text's length when an item last failed to parse: it waits for STEP more
+        self._skipped = 0  # characters of the item being dropped
+        self._head = ""
+        self.dropped: list[Oversized] = []
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        """The items the chunk completes (within the budget), in order."""
+        items: list[Any] = []
+        for start in range(0, len(chunk), STEP):  # a chunk read whole (a test's transport) a read at a time
+            try:
+                self._text += self._utf8.decode(chunk[start:start + STEP])
+            except UnicodeDecodeError:
+                raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON (UnicodeDecodeError)") \
+                    from None
+            self._run(items, final=False)
+        return items
+
+    def finish(self) -> tuple[list[Any], dict[str, Any]]:
+        """The items the end completes, and the answer without the items found as they came (``list_items`` reads
+        it); ``ApiUnavailable`` for an answer cut or not valid."""
+        items: list[Any] = []
+        try:
+            self._text += self._utf8.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON (UnicodeDecodeError)") from None
+        self._run(items, final=True)
+        if self._mode in ("items", "skip"):
+            raise ApiUnavailable(f"list {self.what}: the answer ended within its items (connection cut)")
+        self._keep_envelope(self._text)
+        self._text = ""
+        envelope = "".join(self._envelope)
+        self._envelope = []
+        return items, parse_json(envelope.encode(), what=f"list {self.what}")
+
+    def take_dropped(self) -> list[Oversized]:
+        dropped, self.dropped = self.dropped, []
+        return dropped
+
+    def _run(self, items: list[Any], *, final: bool) -> None:
+        while self._text:
+            if self._mode in ("envelope", "after"):
+                if not self._scan_envelope():
+                    return
+            elif self._mode == "items":
+                if not self._read_items(items, final=final):
+                    return
+            elif not self._skip():
+                return
+
+    # --- the envelope -------------------------------------------------------------------------------------------
+
+    def _keep_envelope(self, text: str) -> None:
+        self._envelope_size += len(text)
+        if self._envelope_size > self.budget:
+            raise ApiUnavailable(f"list {self.what}: the answer's fields besides its items exceed {self.budget} "
+                                 "characters")
+        self._envelope.append(text)
+        self._tail = (self._tail + text)[-64:]
+
+    def _scan_envelope(self) -> bool:
+        """Through the envelope's text to the items' '[' (then "items" mode: True) or to its end (False)."""
+        text, at = self._text, 0
+        while True:
+            token = self._next_token(text, at)
+            if token < 0:
+                self._keep_envelope(text)
+                self._text = ""
+                return False
+            char = text[token]
+            at = token + 1
+            if char in "{[":
+                if (char == "[" and self._depth == 1 and self._mode == "envelope"
+                            and _ITEMS_KEY.search(self._tail + text[max(0, token - 64):token])):
+                    self._keep_envelope(text[:at] + "]")
+                    self._text = text[at:]
+                    self._mode, self._comma, self._after_comma = "items", False, False
+                    return True
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+
+    def _next_token(self, text: str, at: int) -> int:
+        """Where the next of ``{}[],`` outside strings is, from ``at``; -1 at the text's end (a string or an escape
+        left open is remembered)."""
+        while True:
+            if self._escaped:
+                if at >= len(text):
+                    return -1
+                at, self._escaped = at + 1, False
+            if self._in_string:  # str.find: a regex's class crawls through a string of a megabyte
+                quote = text.find('"', at)
+                escape = text.find("\\", at, len(text) if quote < 0 else quote)
+                if escape >= 0:
+                    at, self._escaped = escape + 1, True
+                elif quote < 0:
+                    return -1
+                else:
+                    at, self._in_string = quote + 1, False
+                continue
+            found = _TOKEN.search(text, at)
+            if found is None:
+                return -1
+            if found.group() == '"':
+                self._in_string, at = True, found.end()
+                continue
+            return found.start()
+
+    # --- the items ----------------------------------------------------------------------------------------------
+
+    def _read_items(self, items: list[Any], *, final: bool) -> bool:
+        """Items parsed while they are whole in the text; True when the mode changed (the items ended, or one is
+        dropped)."""
+        text = self._text
+        at = _WHITE.match(text).end()  # type: ignore[union-attr]
+        try:
+            while at < len(text):
+                char = text[at]
+                if char == "]" and not self._after_comma:
+                    self._text, self._mode, self._depth = text[at + 1:], "after", 1
+                    return True
+                if self._comma:
+                    if char != ",":
+                        raise ValueError("expected ',' or ']'")
+                    self._comma, self._after_comma = False, True
+                    at = _WHITE.match(text, at + 1).end()  # type: ignore[union-attr]
+                    continue
+                if len(text) - at > self.budget:  # whole within the budget, or dropped
+                    try:
+                        item, end = self._decoder.raw_decode(text[at:at + self.budget])
+                        if end == self.budget and text[at + end - 1] not in '}]"':
+                            raise json.JSONDecodeError("a number cut at the budget", text, at + end)
+                        end += at
+                    except json.JSONDecodeError:
+                        self._text, self._mode, self._depth = text[at:], "skip", 0
+                        self._skipped, self._head = 0, text[at:at + HEAD]
+                        return True
+                else:
+                    if not final and len(text) - at < self._wait + STEP:
+                        break  # parsed a read at a time: an item cut at the text's end is parsed again
+                    try:
+                        item, end = self._decoder.raw_decode(text, at)
+                    except json.JSONDecodeError:
+                        if final:
+                            raise
+                        self._wait = len(text) - at
+                        break
+                    if end == len(text) and not final and text[end - 1] not in '}]"':
+                        self._wait = len(text) - at
+                        break  # a number may go on in the next read
+                items.append(item)
+                self._comma, self._after_comma, self._wait = True, False, 0
+                at = _WHITE.match(text, end).end()  # type: ignore[union-attr]
+        except (ValueError, RecursionError) as err:
+            raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON ({type(err).__name__})") from None
+        self._text = text[at:]
+        return False
+
+    def _skip(self) -> bool:
+        """Through an item being dropped, to the ',' or ']' after it (then "items" mode: True)."""
+        text, at = self._text, 0
+        while True:
+            token = self._next_token(text, at)
+            if token < 0:
+                self._skipped += len(text)
+                self._text = ""
+                return False
+            char = text[token]
+            at = token + 1
+            if char in "{[":
+                self._depth += 1
+            elif self._depth and char in "}]":
+                self._depth -= 1
+            elif not self._depth and char in ",]":
+                self._skipped += token
+                self.dropped.append(Oversized.from_head(self.what, self._head, self._skipped))
+                self._text, self._head = text[token:], ""
+                self._mode, self._comma, self._after_comma = "items", True, False
+                return True
+            elif char == "}":
+                raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON (a '}}' unopened)")
 
 
 def list_items(data: dict[str, Any], *, what: str) -> tuple[list[dict[str, Any]], str]:
@@ -310,30 +628,70 @@ def peek_continue(raw: bytes) -> str:
 
 class Pager:
     """A paged LIST: the request of each page (the API server refuses a resourceVersion together with a continue
-    token), what the caller keeps of each page (cut down before the next page is read), and the first page's
-    resourceVersion (the snapshot every page belongs to)."""
+    token), what the caller keeps of each page's items (cut down as they are read, before the next are), and the
+    first page's resourceVersion (the snapshot every page belongs to). A page is read as its bytes come
+    (``reading``): no page is held whole, and an item over ``budget`` (``budget_for`` the collection) is dropped
+    unread (``dropped``)."""
 
     def __init__(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                 keep: Keep | None = None, metadata_only: bool = False) -> None:
+                 keep: Keep | None = None, metadata_only: bool = False, budget: int | None = None) -> None:
         self.path, self.limit, self.keep, self.metadata_only = path, limit, keep, metadata_only
         self.base = list_query(label_selector, field_selector)
         self.what = path.strip("/").split("/")[-1]
+        self.budget = budget_for(path) if budget is None else budget
         self.token = ""
         self.kept: list[Any] = []
         self.version = ""
+        self.dropped: list[Oversized] = []  # since the caller last took them
 
     def request(self, token: str | None = None) -> Request:
         """The next page's request (or the page of ``token``, to ask for it before this one is read)."""
         query = page_query(self.base, self.limit, self.token if token is None else token)
         return list_page(self.path, query, metadata_only=self.metadata_only)
 
+    def reading(self, request: Request, response: Response) -> Page:
+        """A page whose answer has this head (``ApiError`` for an error status); its body is fed to it."""
+        if response.status >= 400:
+            raise error_for_status(request, response)
+        return Page(self)
+
     def take(self, request: Request, response: Response) -> bool:
-        """Absorb one page; whether another follows."""
-        data = read(request, response)
-        items, rv = list_items(data, what=self.what)
-        self.version = self.version or rv
-        self.kept.extend(self.keep(items) if self.keep is not None else items)
+        """Absorb one page read whole; whether another follows."""
+        page = self.reading(request, response)
+        page.feed(response.body)
+        return page.finish()
+
+    def _keep(self, items: list[Any]) -> None:
+        if items:
+            self.kept.extend(self.keep(items) if self.keep is not None else items)
+
+    def take_dropped(self) -> list[Oversized]:
+        dropped, self.dropped = self.dropped, []
+        return dropped
+
+
+class Page:
+    """One LIST page as its bytes come: each item kept (the pager's ``keep``) as soon as it is whole."""
+
+    def __init__(self, pager: Pager) -> None:
+        self.pager = pager
+        self.reader = ListReader(pager.budget, what=pager.what)
+
+    def feed(self, chunk: bytes) -> None:
+        if chunk:
+            self.pager._keep(self.reader.feed(chunk))
+            self.pager.dropped += self.reader.take_dropped()
+
+    def finish(self) -> bool:
+        """The page's end: whether another follows."""
+        pager = self.pager
+        last, data = self.reader.finish()
+        pager._keep(last)
+        pager.dropped += self.reader.take_dropped()
+        items, rv = list_items(data, what=pager.what)
+        pager._keep(items)  # an answer whose items were not found as they came
+        pager.version = pager.version or rv
         meta = data.get("metadata")
-        token = meta.get("continue", "") if isinstance(meta, dict) and self.limit else ""
-        self.token = token if isinstance(token, str) else ""
-        return bool(self.token)
+        token = meta.get("continue", "") if isinstance(meta, dict) and pager.limit else ""
+        pager.token = token if isinstance(token, str) else ""
+        return bool(pager.token)

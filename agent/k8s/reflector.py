@@ -13,6 +13,10 @@ makes them, with the faults seen against real and broken API servers in mind:
   failures back off (0.8 s doubling to 30 s, with jitter, never below 0.8 s whatever Retry-After says);
 * a list, an event, a bookmark, or a watch the server ended after running its course is progress; nothing else
   is. ``stale_for`` tells the runtime how long it has been without progress (the sidecar's /readyz).
+* what it is handed is bounded by the clients: a LIST is read a page at a time and each page an object at a
+  time, a watch an event at a time, and an object over its size budget (core.budget_for: 512 KiB for a pod) is
+  dropped unread, said once, and is neither listed nor an event here: it is as absent as a pod that does not
+  exist, so it never stalls a wait nor costs more than its budget.
 
 ``reflect`` is the one driver: a coroutine over ``Ops`` (list, watch, sleep, clock) that feeds a ``Store``
 (runtime/views.py), as client-go's reflector feeds its store: a LIST replaces what the store holds, each event
