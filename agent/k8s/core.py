@@ -395,6 +395,7 @@ class WatchLines:
 _WHITE = re.compile(r"[ \t\n\r]*")
 _TOKEN = re.compile(r'["{}\[\],]')  # what the reader looks for outside strings
 _ITEMS_KEY = re.compile(r'(?<!\\)"items"[ \t\n\r]*:[ \t\n\r]*\Z')
+_UNOPENED = "a '}' never opened"  # what a dropped item's scan calls a brace that closes nothing
 STEP = 64 * 1024  # characters a reader takes in at once; a failed attempt at an item waits for this many more
 
 
@@ -432,8 +433,8 @@ class ListReader:
         for start in range(0, len(chunk), STEP):  # a chunk read whole (a test's transport) a read at a time
             try:
                 self._text += self._utf8.decode(chunk[start:start + STEP])
-            except UnicodeDecodeError:
-                raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON (UnicodeDecodeError)") \
+            except UnicodeDecodeError as err:
+                raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON ({type(err).__name__})") \
                     from None
             self._run(items, final=False)
         return items
@@ -444,8 +445,8 @@ class ListReader:
         items: list[Any] = []
         try:
             self._text += self._utf8.decode(b"", final=True)
-        except UnicodeDecodeError:
-            raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON (UnicodeDecodeError)") from None
+        except UnicodeDecodeError as err:
+            raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON ({type(err).__name__})") from None
         self._run(items, final=True)
         if self._mode in ("items", "skip"):
             raise ApiUnavailable(f"list {self.what}: the answer ended within its items (connection cut)")
@@ -600,7 +601,7 @@ class ListReader:
                 self._mode, self._comma, self._after_comma = "items", True, False
                 return True
             elif char == "}":
-                raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON (a '}}' unopened)")
+                raise ApiUnavailable(f"list {self.what}: the answer is not valid JSON ({_UNOPENED})")
 
 
 def list_items(data: dict[str, Any], *, what: str) -> tuple[list[dict[str, Any]], str]:
