@@ -193,10 +193,16 @@ def _as_the_same_user_without_capabilities() -> None:
         _drop_capabilities()
 
 
-def _first_line(stream: Any, timeout: float) -> str:
-    ready, _, _ = select.select([stream], [], [], timeout)
-    assert ready, f"no line within {timeout} s"
-    return stream.readline()
+def _line_with(stream: Any, text: bytes, timeout: float) -> bytes:
+    """The first line of ``stream`` that holds ``text``, read within ``timeout`` (lines before it are passed)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([stream], [], [], left)
+        line = stream.readline() if ready else b""
+        if text in line:
+            return line
+        assert not ready or line, f"the stream ended before a line with {text!r}"
+    raise AssertionError(f"no line with {text!r} within {timeout} s")
 
 
 def _answers(port: int, timeout: float) -> None:
@@ -257,7 +263,7 @@ def test_every_agent_process_that_holds_a_token_is_sealed_once_it_runs(command, 
         # Each is past its start when: init and the sidecar say that the API server is unreachable, the webhook
         # answers on its port, the reviewer answers a message that is not a review.
         if command in ("init", "sidecar"):
-            assert b"unreachable" in _first_line(proc.stderr, 60)
+            assert b"unreachable" in _line_with(proc.stderr, b"unreachable", 60)
         elif command == "webhook":
             _answers(port, 60)
         else:
