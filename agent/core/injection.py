@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.core.controllers import CONTROLLERS, PodTemplate, templates_owner
+from agent.core.controllers import CONTROLLERS, Controller, PodTemplate, templates_owner
 from agent.core.model import STATE_DIR, parse_owner
 from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
@@ -143,6 +143,7 @@ class Template:
     wait_dns: bool = False  # the controller names pods by DNS (hostname + subdomain)
     pods: int | None = None  # the most pods the job runs at once (None: not known here, as for a lone Pod)
     pointer: str = ""  # where the template is in its document, as a JSON Pointer (RFC 6901): the webhook's patch
+    untrained: str | None = None  # why no pod of its job would train (Controller.untrained): inject refuses it
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -198,10 +199,22 @@ def _templates_of(doc: Mapping[str, Any], defaults: Settings, at: str) -> Iterat
     controller = templates_owner(doc)
     found = list(controller.pod_templates(doc)) if controller is not None else []
     pods = _job_size(found)
+    untrained = _untrained(controller, doc, settings, where) if controller is not None else None
     for t in found:
         if isinstance(t.template, dict):
             yield Template(f"{where} {t.place}" if t.place else where, t.template, settings, elastic=t.elastic,
-                           wait_dns=t.by_dns, pods=pods, pointer=at + "".join(f"/{escape(key)}" for key in t.path))
+                           wait_dns=t.by_dns, pods=pods, pointer=at + "".join(f"/{escape(key)}" for key in t.path),
+                           untrained=untrained)
+
+
+def _untrained(controller: Controller, doc: Mapping[str, Any], settings: Settings, where: str) -> str | None:
+    """The line that says no pod of the job object ``doc`` would train, and how to name the ones that do."""
+    given = tuple(r.strip() for r in (settings.get("roles") or "").split(",") if r.strip()) or None
+    why = controller.untrained(doc, given)
+    if why is None:
+        return None
+    return (f"{where}: {why}, so the agent would write an empty hostfile and no rank; name the training tasks in "
+            f"rank order in annotation {PREFIX}roles (init's --roles) or in the plugin's flags")
 
 
 def _job_size(found: list[PodTemplate]) -> int | None:
@@ -596,6 +609,8 @@ def inject_document(doc: dict[str, Any], defaults: Settings, *, version: str) ->
     done = []
     injected: set[int] = set()  # a template shared by YAML aliases (tasks: [{template: *t}, ...]) gets it once
     for template in templates(doc, defaults):
+        if template.untrained is not None:
+            raise InputError(template.untrained)
         template.settings = template.settings.over(_metadata(template.template).get("annotations"),
                                                    template.where)
         if id(template.template) not in injected:

@@ -51,7 +51,7 @@ class Plan:
 
 def _master_port(rank0: RawPod | None, controller: Controller, options: Options) -> tuple[int, str]:
     if options.master_port is not None:
-        return options.master_port, "--master-port"
+        return options.master_port, options.label("master_port")
     if rank0 is not None:
         container = pick_trainer_container(rank0, options.container)
         found = controller.master_port((container or {}).get("ports", [])) if container else None

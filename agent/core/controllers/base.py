@@ -314,6 +314,12 @@ class Controller(abc.ABC):
     def owner_options(self, objects: Objects, options: Options) -> OwnerOptions:
         return OwnerOptions(options)
 
+    def untrained(self, job: Mapping[str, Any], roles: tuple[str, ...] | None) -> str | None:
+        """Why no pod of the job object ``job`` would train, ``roles`` being the user's training roles (None: the
+        controller's rule), for ``inject`` to refuse the job in one line; None: some pod trains, or the object
+        alone cannot tell."""
+        return None
+
     def waits_for(self, objects: Objects) -> dict[str, frozenset[str]]:
         """role -> the roles whose pods must be Ready before the controller creates this role's pods."""
         return {}

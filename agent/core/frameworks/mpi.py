@@ -7,16 +7,16 @@ written. PRTE's keep-FQDN is false (kubeflow/trainer PR #4029: with short pod na
 it true takes the launcher's own line for a remote host and tries to SSH to itself). Intel MPI and MPICH (Hydra)
 read ``host:slots`` lines, as the MPI operator writes their hostfile, from ``hydra_hostfile``.
 
-Who gets it: the pods of role ``launcher`` (an MPIJob's, a TrainJob's on an MPI runtime: mpirun runs there), and
-with ``--frameworks mpi`` every training pod too (DeepSpeed and Volcano's mpi plugin run mpirun from a training
-pod). The rule reads only the pod's own role and the setting, so a pod never gains or loses the file while it
-lives.
+Who gets it: the launcher, where mpirun runs: the pods of role ``launcher`` (an MPIJob's, a TrainJob's on an MPI
+runtime) and of the role the job names MPI's launcher (a Volcano mpi plugin's ``--master`` task); and with
+``--frameworks mpi`` every training pod too (DeepSpeed runs mpirun from a training pod). The rule reads only the
+pod's own role, the job's naming and the setting, so a pod never gains or loses the file while it lives.
 """
 
 from __future__ import annotations
 
 from agent.core.frameworks import LAUNCHER_ROLE
-from agent.core.frameworks.base import Context, Framework, Port
+from agent.core.frameworks.base import Context, Framework, Port, role_map
 from agent.core.rendering import hosts_lines
 from agent.core.variables import Variable
 
@@ -24,13 +24,15 @@ from agent.core.variables import Variable
 class Mpi(Framework):
     key, title, env_file = "mpi", "MPI (OpenMPI, Intel MPI, MPICH)", "mpi.env"
     other_files = ("hydra_hostfile",)
-    recipients = "the pods of role 'launcher' and, with --frameworks mpi, every training pod"
+    recipients = "the pods of role 'launcher' or of a Volcano mpi plugin's --master task and, with --frameworks " \
+                 "mpi, every training pod"
     has_port = False
     needs_every_member = True  # it names the hostfile, which a --view own pod does not write
 
     def refusal(self, ctx: Context) -> str | None:
         me = ctx.me
-        if me.role == LAUNCHER_ROLE or (me.training and self.key in ctx.asked):
+        if (role_map(ctx, self.key) or {}).get(me.role, me.role) == LAUNCHER_ROLE \
+                or (me.training and self.key in ctx.asked):
             return None
         why = "not a training pod" if not me.training else f"--frameworks does not name {self.key}"
         return f"role '{me.role}' is not the launcher, and {why}; {self.env_file} goes to {self.recipients}"
