@@ -206,7 +206,8 @@ class Pod:
         with (self.dir / f"{command}.log").open("w") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "agent.cli", command, "--out", str(self.out), "--address", "ip",
-                 "--nproc-per-node", "1", "--frameworks", self.job.frameworks, *self.job.agent_args, *extra],
+                 "--nproc-per-node", "1", *(("--frameworks", self.job.frameworks) if self.job.frameworks else ()),
+                 *self.job.agent_args, *extra],
                 env=env, stdout=log, stderr=log)
         self.procs.append(proc)
         return proc
@@ -311,11 +312,13 @@ class Job:
     """The sandbox, the network and the pods of one test."""
 
     def __init__(self, tmp: Path, network: Network, frameworks: str, *, size: int = 3,
-                 agent_args: tuple[str, ...] = ()) -> None:
+                 agent_args: tuple[str, ...] = (), create: Any = create_job) -> None:
+        """``frameworks``: the agent's --frameworks ('': none, the job's own); ``create(sandbox, size)`` stores
+        the job object and returns its pods' specs (the elastic PyTorchJob's by default)."""
         self.tmp, self.network, self.frameworks, self.agent_args = tmp, network, frameworks, agent_args
         self.sandbox = SandboxThread(tmp / "sandbox", bookmark_interval=0.5)
         self.sandbox.__enter__()
-        self.specs = create_job(self.sandbox, size)
+        self.specs = create(self.sandbox, size)
         self.pods: list[Pod] = []
 
     def add_pod(self) -> Pod:

@@ -6,6 +6,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,8 +28,8 @@ def network() -> Iterator[Network]:
 def make_job(tmp_path, network) -> Iterator[Callable[..., Job]]:
     jobs: list[Job] = []
 
-    def make(frameworks: str, *, tmp: Path | None = None, agent_args: tuple[str, ...] = ()) -> Job:
-        jobs.append(Job(tmp or tmp_path, network, frameworks, agent_args=agent_args))
+    def make(frameworks: str, *, tmp: Path | None = None, agent_args: tuple[str, ...] = (), **job: Any) -> Job:
+        jobs.append(Job(tmp or tmp_path, network, frameworks, agent_args=agent_args, **job))
         return jobs[-1]
 
     yield make
