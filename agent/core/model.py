@@ -151,6 +151,9 @@ class Options:
 
     roles: tuple[str, ...] | None = None
     master_port: int | None = None
+    # MASTER_PORT as the job's objects state it, and where (a Volcano pytorch plugin's --port): below --master-port
+    # and the port rank 0's container declares by the controller's name, above the controller's convention.
+    job_master_port: tuple[int, str] | None = None
     # "accelerators": the container's accelerators, else 1 (Trainer's MPI runtimes: numProcPerNode 1)
     nproc_per_node: int | Literal["auto", "accelerators"] | None = None
     container: str | None = None

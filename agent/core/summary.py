@@ -371,7 +371,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
         topology = replace(topology, whole=replace(whole, hosts=True))
     source = summary.master_port_source
     if options.master_port is not None:
-        port, source = options.master_port, options.label("master_port")
+        port, source = options.master_port, "--master-port"
     else:
         port = summary.master_port
     return Plan(topology=topology, controller=controller, self_pod=own, master_port=port, master_port_source=source,

@@ -51,12 +51,14 @@ class Plan:
 
 def _master_port(rank0: RawPod | None, controller: Controller, options: Options) -> tuple[int, str]:
     if options.master_port is not None:
-        return options.master_port, options.label("master_port")
+        return options.master_port, "--master-port"
     if rank0 is not None:
         container = pick_trainer_container(rank0, options.container)
         found = controller.master_port((container or {}).get("ports", [])) if container else None
         if found is not None and container is not None:
             return found[0], f"{found[1]} of container '{container.get('name')}' in pod '{pod_name(rank0)}'"
+    if options.job_master_port is not None:
+        return options.job_master_port
     port = controller.default_master_port
     if port == TORCHRUN_MASTER_PORT and "default_master_port" not in vars(type(controller)):
         return port, f"torchrun's default {port}"

@@ -265,8 +265,10 @@ class Volcano(Controller):
     def owner_options(self, objects: Objects, options: Options) -> OwnerOptions:
         """The training roles a plugin gives (``plugin_roles``: the pytorch plugin's master and worker, the
         tensorflow and ray plugins' tasks in the plugin's order so that every pod TF_CONFIG names is waited for,
-        the mpi plugin's worker, its master being the launcher), and the pytorch plugin's port as MASTER_PORT
-        (what it writes into every container), where the user gave neither."""
+        the mpi plugin's worker, its master being the launcher) where the user gave none, and the pytorch plugin's
+        port, which it writes into every container as MASTER_PORT (and declares as port 'pytorchjob-port' unless
+        the container declares that number under a name of its own): MASTER_PORT where neither --master-port nor
+        rank 0's container says."""
         job = objects[0] if objects else None
         notes = []
         found = self.plugin_roles(job) if options.roles is None else None
@@ -275,11 +277,9 @@ class Volcano(Controller):
             options = dataclasses.replace(options, roles=roles)
             notes.append(f"Volcano {name} plugin: training roles {', '.join(roles)}")
         plugins = _plugins(objects)
-        if options.master_port is None and "pytorch" in plugins:
+        if "pytorch" in plugins:
             args = plugin_args("pytorch", plugins["pytorch"], job)
-            options = dataclasses.replace(options, master_port=args.port,
-                                          labels=(*options.labels, ("master_port", args.source)))
-            notes.append(f"MASTER_PORT {args.port}: {args.source}")
+            options = dataclasses.replace(options, job_master_port=(args.port, args.source))
         return OwnerOptions(options, tuple(notes))
 
     def untrained(self, job: Mapping[str, Any], roles: tuple[str, ...] | None) -> str | None:
