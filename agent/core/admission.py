@@ -6,7 +6,10 @@ settings. A job object (Volcano Job, PyTorchJob, JobSet, ...) is injected whole,
 own annotations and elasticPolicy count. A template that is already injected, by `inject` or by this webhook
 at the job's level, is not injected again (the job's settings are not in its pods to be read again); only a
 container added since by another webhook gets the shared mount (reinvocation). Bad settings deny the request
-with the one line `inject` would print.
+with the one line `inject` would print. A job none of whose pods would train (a Volcano Job whose tasks no rule
+makes training), which `inject` refuses, is admitted with that line as a warning (kubectl prints it): a namespace
+that adopts every job holds jobs that are no training jobs, and refusing them would stop work the agent does not
+serve.
 
 The patch is built from what the transform changed, never by diffing the whole object: a 3 MiB object costs
 a parse, not a deep copy and a tree diff (which took a webhook to 220-323 MB). The transform touches only the
@@ -110,15 +113,19 @@ def _check(template: Template, check: Callable[[list[str], str], None]) -> None:
 
 def answer(request: Request, namespace_settings: Settings, *, version: str,
            check: Callable[[list[str], str], None]) -> dict[str, Any]:
-    """The AdmissionReview response: allowed, with a JSONPatch when anything was added; denied (400) with the
-    one line that says which setting to fix. ``request.obj`` is changed in place (the caller drops it)."""
+    """The AdmissionReview response: allowed, with a JSONPatch when anything was added and a warning for a job
+    that trains nothing; denied (400) with the one line that says which setting to fix. ``request.obj`` is
+    changed in place (the caller drops it)."""
     response: dict[str, Any] = {"uid": request.uid, "allowed": True}
     if request.operation == "CREATE":
+        warned: list[str] = []
         try:
-            ops = patch(request.obj, namespace_settings, version=version, check=check)
+            ops = patch(request.obj, namespace_settings, version=version, check=check, warnings=warned)
         except InputError as err:
             response = deny(request.uid, str(err))
         else:
+            if warned:
+                response["warnings"] = [f"topology-agent: {line}" for line in warned]
             if ops:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
@@ -134,11 +141,13 @@ def deny(uid: str, why: str) -> dict[str, Any]:
 
 
 def patch(obj: dict[str, Any], namespace_settings: Settings, *, version: str,
-          check: Callable[[list[str], str], None]) -> list[dict]:
+          check: Callable[[list[str], str], None], warnings: list[str] | None = None) -> list[dict]:
     """Inject ``obj`` in place as the webhook does and return the JSONPatch that does the same to the object
-    as sent."""
+    as sent; ``warnings`` gets the line that says its job trains nothing."""
     ops: list[dict[str, Any]] = []
     for template in templates(obj, namespace_settings):
+        if warnings is not None and template.untrained is not None and template.untrained not in warnings:
+            warnings.append(template.untrained)
         template.settings = template.settings.over(_annotations(template), template.where)
         before = _Before(template.template)
         if is_injected(template):

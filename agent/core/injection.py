@@ -143,7 +143,8 @@ class Template:
     wait_dns: bool = False  # the controller names pods by DNS (hostname + subdomain)
     pods: int | None = None  # the most pods the job runs at once (None: not known here, as for a lone Pod)
     pointer: str = ""  # where the template is in its document, as a JSON Pointer (RFC 6901): the webhook's patch
-    untrained: str | None = None  # why no pod of its job would train (Controller.untrained): inject refuses it
+    # why no pod of its job would train (Controller.untrained): inject refuses it, the webhook warns
+    untrained: str | None = None
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -213,8 +214,8 @@ def _untrained(controller: Controller, doc: Mapping[str, Any], settings: Setting
     why = controller.untrained(doc, given)
     if why is None:
         return None
-    return (f"{where}: {why}, so the agent would write an empty hostfile and no rank; name the training tasks in "
-            f"rank order in annotation {PREFIX}roles (init's --roles) or in the plugin's flags")
+    return (f"{where}: {why}; name the training tasks in rank order in annotation {PREFIX}roles (init's --roles) "
+            "or in the plugin's flags, or the agent writes an empty hostfile and no rank")
 
 
 def _job_size(found: list[PodTemplate]) -> int | None:

@@ -210,6 +210,27 @@ def test_bad_settings_deny_the_pod_with_the_one_line_inject_prints(annotations, 
     assert response["status"]["message"] == f"topology-agent: {err.value}"
 
 
+def test_a_volcano_job_whose_tasks_none_trains_is_admitted_with_the_line_inject_prints_as_a_warning():
+    """A namespace that adopts every job holds jobs that are no training jobs: the webhook injects them and says,
+    as kubectl prints a webhook's warning, what inject refuses them with."""
+    def job(plugins: dict) -> dict:
+        return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "lm-mpi-job"},
+                "spec": {"plugins": plugins, "tasks": [
+                    {"name": t, "replicas": n, "template": {"spec": {"containers": [{"name": t, "image": "mpi"}]}}}
+                    for t, n in (("mpimaster", 1), ("mpiworker", 2))]}}
+
+    unnamed = job({"mpi": [], "ssh": [], "svc": []})
+    after, response = admitted(unnamed)
+    assert response["allowed"] is True and "patch" in response
+    assert all(agent_args(task["template"]) for task in after["spec"]["tasks"])
+    with pytest.raises(InputError) as err:
+        inject_text(json.dumps(unnamed), Settings(), version=__version__)
+    assert response["warnings"] == [f"topology-agent: {err.value}"]
+    assert "none of its tasks (mpimaster, mpiworker) trains" in response["warnings"][0]
+    _, named = admitted(job({"mpi": ["--master=mpimaster", "--worker=mpiworker"], "ssh": [], "svc": []}))
+    assert named["allowed"] is True and "patch" in named and "warnings" not in named
+
+
 def test_a_namespace_with_a_misspelt_setting_is_named():
     with pytest.raises(InputError, match=re.escape("Namespace team-a: annotation 'topology-agent.io/imgae'")):
         admission.namespace_settings({"metadata": {"name": "team-a", "annotations": {PREFIX + "imgae": "x"}}})
