@@ -16,6 +16,7 @@ import yaml
 from agent import __version__
 from agent.core import injection
 from agent.core.injection import INIT, PREFIX, SIDECAR, SSH, Settings
+from agent.errors import InputError
 from agent.runtime.adoption import inject_text
 from agent.runtime.quoting import is_misread_plain
 
@@ -117,8 +118,15 @@ UPSTREAM = sorted((ROOT / "tests" / "upstream").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", UPSTREAM, ids=[p.name for p in UPSTREAM])
 def test_the_controllers_own_examples_read_back_with_pyyaml_as_strings_that_validate(path):
-    """Settings given on the command line (inject --set) are written as those from annotations are."""
-    out, changed = inject_text(path.read_text(), Settings({"roles": "on", "image": "1:2"}), version=__version__)
+    """Settings given on the command line (inject --set) are written as those from annotations are. A Volcano
+    Job's roles must name its tasks (inject refuses a job that would train nothing), so there the roles
+    name its training task, after the refusal of `--roles on` is checked."""
+    settings = {"roles": "on", "image": "1:2"}
+    if "batch.volcano.sh/" in path.read_text():
+        with pytest.raises(InputError, match=r"none of its tasks .* is a training role given \(on\)"):
+            inject_text(path.read_text(), Settings(settings), version=__version__)
+        settings["roles"] = "mpiworker"  # Volcano's MPI example: mpimaster launches, mpiworker computes
+    out, changed = inject_text(path.read_text(), Settings(settings), version=__version__)
     assert changed
     templates = [t.template for doc in yaml.safe_load_all(out) if doc for t in injection.templates(doc)]
     assert len(templates) == len(changed)
