@@ -106,7 +106,8 @@ def test_render_reads_stdin_and_options_from_topology_environment(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     env = read_env(out / "torch.env")
-    assert (env["NPROC_PER_NODE"], env["RANK"], env["MASTER_ADDR"]) == ("2", "2", "127.1.0.1")
+    assert (env["NPROC_PER_NODE"], env["NODE_RANK"], env["RANK"], env["MASTER_ADDR"]) == ("2", "1", "1", "127.1.0.1")
+    assert json.loads((out / "topology.json").read_text())["processes"] == 8  # 4 pods, 2 processes each
 
 
 def _bad(tmp_path, mutate):

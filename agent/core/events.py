@@ -394,7 +394,7 @@ def outcome_note(plan: Plan, *, how: str) -> str:
     else:
         first = me.first_rank if me.first_rank is not None else 0
         ranks = f"rank {first}" if me.slots == 1 else f"ranks {first}-{first + me.slots - 1}"
-        place = f"role {me.role}, node rank {me.node_rank} of {topology.nnodes}, {ranks} of {topology.world_size}"
+        place = f"role {me.role}, node rank {me.node_rank} of {topology.nnodes}, {ranks} of {topology.processes}"
     return f"{how}; generation 1: {place}"
 
 

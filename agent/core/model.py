@@ -332,7 +332,7 @@ class Whole:
     summary's runs of node ranks; ``hosts``: this pod writes the host lists from them (``Topology.summary_hosts``)."""
 
     nnodes: int
-    world_size: int
+    processes: int  # the training processes of the job: the sum of every training pod's slots
     slot_sizes: frozenset[int]
     roles: tuple[tuple[str, int, tuple[str, ...] | None], ...]
     addresses: tuple[tuple[str, RoleAddresses], ...] = ()
@@ -456,9 +456,12 @@ class Topology:
         return self._by_role.get(role, ())
 
     @functools.cached_property
-    def world_size(self) -> int:
+    def processes(self) -> int:
+        """The job's training processes, the sum of every training pod's slots: the world a launcher (torchrun,
+        deepspeed, mpirun) forms from NNODES and NPROC_PER_NODE. torch.env's WORLD_SIZE is ``nnodes``: the world
+        of one process per pod, for trainers started without a launcher."""
         if self.whole is not None:
-            return self.whole.world_size
+            return self.whole.processes
         return sum(map(SLOTS, self.training))
 
     @functools.cached_property

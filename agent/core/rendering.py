@@ -138,8 +138,10 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
         "trainingRoles": list(topo.training_roles),
         "masterAddr": training[0].address if training else None,
         "masterPort": plan.master_port if training else None,
+        # Two worlds, named apart: the training pods (torch.env's WORLD_SIZE, the world of a trainer started
+        # without a launcher) and their processes (the world torchrun, deepspeed or mpirun forms from the slots).
         "nnodes": topo.nnodes,
-        "worldSize": topo.world_size,
+        "processes": topo.processes,
         "topology": {"levels": [{"name": level.name.lower(), "label": level.label} for level in topo.levels],
                      "rankOrder": topo.rank_order, "note": topo.order_note},
         "members": [_member_json(m, topo.levels) for m in topo.members] if members else [],

@@ -244,7 +244,7 @@ def job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, o
         rows.append(Row(member.name, member.role, member.first_rank if member.training else None, member.slots,
                         member.node_rank, member.node, member.domains, member.address, seen.get(uid), _ready(pod)))
     return JobStatus(job, kind, namespace, tuple(rows), tuple(sorted(left, key=lambda item: item.name)), expected,
-                     topology.world_size, levels, publication)
+                     topology.processes, levels, publication)
 
 
 # --- printing ---------------------------------------------------------------------------------------------------

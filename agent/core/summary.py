@@ -76,7 +76,7 @@ class Summary:
     seq: int
     training_roles: tuple[str, ...]
     nnodes: int
-    world_size: int
+    processes: int
     slot_sizes: frozenset[int]
     master_port: int
     master_port_source: str
@@ -122,7 +122,9 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Opti
     ports = published_ports(plan, options) if options is not None else {}
     addresses = _templates(plan, options, listed, ssh=ssh) if options is not None else {}
     return {"schema": SUMMARY_SCHEMA, "seq": seq, "trainingRoles": list(topo.training_roles), "nnodes": topo.nnodes,
-            "worldSize": topo.world_size, "slots": sorted(topo.slot_sizes), "masterPort": plan.master_port,
+            # the job's processes, under the name every published summary has used (a follower of another
+            # release reads it); a follower derives its WORLD_SIZE from nnodes
+            "worldSize": topo.processes, "slots": sorted(topo.slot_sizes), "masterPort": plan.master_port,
             "masterPortSource": plan.master_port_source,
             "rank0": [rank0.name, rank0.role, list(rank0.index), rank0.ordinal, rank0.address, rank0.dns_name,
                       rank0.ip, rank0.slots],
@@ -212,7 +214,7 @@ def read_summary(text: str | None) -> Summary | None:
     if first_run.role != rank0.role or (*first_run.prefix, first_run.first) != rank0.index \
             or first_run.slots != rank0.slots:
         raise _refuse("rank 0 is not the first pod of the first run")
-    return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, world_size=world, slot_sizes=slots,
+    return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, processes=world, slot_sizes=slots,
                    master_port=port, master_port_source=source, rank0=rank0, roles=roles, runs=runs,
                    ports=_read_ports(raw.get("ports", {})),
                    addresses=_read_addresses(raw.get("addresses", {}), roles, runs))
@@ -363,7 +365,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     if controller.owner_is_job:
         owner_uid = next((o.get("uid") for o in own.get("metadata", {}).get("ownerReferences", [])
                           if o.get("controller")), None)
-    whole = Whole(summary.nnodes, summary.world_size, summary.slot_sizes, summary.roles, summary.addresses,
+    whole = Whole(summary.nnodes, summary.processes, summary.slot_sizes, summary.roles, summary.addresses,
                   tuple((r.role, r.seen, r.last - r.first + 1, r.slots) for r in summary.runs))
     topology = Topology(controller=controller.key, namespace=facts.namespace, job=ident.job, job_uid=owner_uid,
                         self_name=name, training_roles=summary.training_roles, members=members, whole=whole)

@@ -657,7 +657,7 @@ def _remember_views(layout: _Layout, topology: Topology) -> None:
     last = members[count - 1] if count else None
     known: dict[str, Any] = {
         "training": members[:count],  # training members first, never left out
-        "world_size": last.first_rank + last.slots if last is not None and last.first_rank is not None else 0,
+        "processes": last.first_rank + last.slots if last is not None and last.first_rank is not None else 0,
         "slot_sizes": frozenset(k for k, n in layout.tally.sizes.items() if n),
     }
     if not layout.tally.shared:

@@ -1,7 +1,12 @@
 """Plan -> the environment variables of one pod, each with the rule that produced it.
 
 Every variable carries its provenance, so ``explain`` and ``render`` share one computation: ``explain``
-prints all of them, ``render`` writes those with ``written``. Two rules shape the list:
+prints all of them, ``render`` writes those with ``written``. Three rules shape the list:
+
+* WORLD_SIZE and RANK describe one process per training pod (= NNODES, = NODE_RANK). Every launcher sets each
+  process's own, so only a trainer started without one reads them, and it runs one process per pod: a world of
+  NNODES x NPROC_PER_NODE would keep it waiting for ranks that never start. NPROC_PER_NODE and its twins carry
+  the per-pod process count to the launchers.
 
 * Training variables (MASTER_*, WORLD_SIZE, RANK, NODE_RANK, PET_*) go to training pods only. Volcano's and
   training-operator's plugins inject them into every container of every task, so a parameter server or a
@@ -75,6 +80,14 @@ _RANGE = re.compile(r"([0-9]{1,7}):([0-9]{1,7})")
 _WHOLE = re.compile(r"[0-9]{1,7}")
 DEFAULT_RDZV_PORT = 29400
 
+# Who reads torch.env's WORLD_SIZE and RANK: only a trainer started without a launcher, one process per pod (every
+# launcher, torchrun, deepspeed, mpirun, accelerate, sets each process's own). Lightning's KubeflowEnvironment takes
+# them as the world size and global rank; pytorch/examples' ImageNet script as the number of nodes and the node's
+# rank, spawning its own processes on each. Volcano's pytorch plugin and training-operator write the pods' world too.
+LAUNCHERLESS = ("python running init_process_group('env://'), Lightning's KubeflowEnvironment, the ImageNet "
+                "example's nodes")
+LAUNCHERS = "torchrun, deepspeed, mpirun and accelerate set each process's own from NNODES x NPROC_PER_NODE"
+
 
 def elastic_of(plan: Plan, options: Options, injected: dict[str, str]) -> Elastic | None:
     """--elastic wins; else an elastic job the controller set up (training-operator's elasticPolicy) stays
@@ -102,25 +115,18 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
     me = topo.me
     rank0 = topo.training[0]
     nnodes = topo.nnodes
-    world = topo.world_size
     slots_rule = plan.slots_source[me.name]
-    homogeneous = len(topo.slot_sizes) == 1
-    world_rule = (
-        f"NNODES {nnodes} x NPROC_PER_NODE {me.slots}" if homogeneous
-        else "sum of every training pod's NPROC_PER_NODE (pods differ)"
-    )
-    rank_rule = (
-        f"NODE_RANK {me.node_rank} x NPROC_PER_NODE {me.slots}" if homogeneous
-        else "sum of NPROC_PER_NODE of the pods ranked before this one"
-    )
     order_rule = f"position in rank order (roles {', '.join(topo.training_roles) or '-'}, then index)"
     if topo.rank_order == "topology":
         order_rule = "position in topology order (pods of each domain contiguous, rank 0 kept; --rank-order)"
     out = [
         Variable("MASTER_ADDR", rank0.address, f"address of node rank 0, pod '{rank0.name}'"),
         Variable("MASTER_PORT", str(plan.master_port), plan.master_port_source),
-        Variable("WORLD_SIZE", str(world), world_rule),
-        Variable("RANK", str(me.first_rank), f"global rank of this pod's first process: {rank_rule}"),
+        Variable("WORLD_SIZE", str(nnodes), f"= NNODES: one process per training pod, the world of a trainer "
+                 f"started without a launcher ({LAUNCHERLESS}); {LAUNCHERS} ({topo.processes} processes)"),
+        Variable("RANK", str(me.node_rank), f"= NODE_RANK: this pod's rank among the training pods, one process "
+                 f"each, for a trainer started without a launcher ({LAUNCHERLESS}); {LAUNCHERS} (this pod's first: "
+                 f"rank {me.first_rank})"),
         Variable("NODE_RANK", str(me.node_rank), order_rule),
         Variable("NNODES", str(nnodes), "number of training pods"),
         Variable("NPROC_PER_NODE", str(me.slots), slots_rule),
@@ -360,7 +366,7 @@ def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
     if not topo.me.training:
         return [hosts] if hosts else []
     kept = {v.name: v.value for v in variables if not v.written and "set by user" in v.source}
-    computed = {"WORLD_SIZE": str(topo.world_size), "NNODES": str(topo.nnodes), "PET_NNODES": str(topo.nnodes)}
+    computed = {"WORLD_SIZE": str(topo.nnodes), "NNODES": str(topo.nnodes), "PET_NNODES": str(topo.nnodes)}
     return [
         f"{name}={kept[name]} set by the user is kept, but the job's pods make {name}={value}; torchrun and "
         "torch.distributed will wait for ranks that never come (or refuse extra ones)"

@@ -55,11 +55,19 @@ class World:
 
     @property
     def world_size(self) -> int:
+        """torch.env's WORLD_SIZE: the training pods, one process each (a script started without a launcher)."""
         return int(self.env.get("WORLD_SIZE", "0"))
 
     @property
     def rank(self) -> int:
+        """torch.env's RANK: this pod's rank among them (= NODE_RANK)."""
         return int(self.env.get("RANK", "-1"))
+
+    @property
+    def processes(self) -> int:
+        """Every training pod's processes added up (topology.json's ``processes``): the world a launcher forms
+        from NNODES x NPROC_PER_NODE, which ``groups`` and ``mesh`` number."""
+        return int(self.document.get("processes", 0))
 
     @property
     def node_rank(self) -> int:
@@ -71,7 +79,9 @@ class World:
 
     def groups(self, level: str) -> list[list[int]]:
         """Global ranks of the training processes grouped by their domain at ``level`` (a level name from
-        topology.json's ``topology.levels``, or ``node``); groups in the order of their first rank."""
+        topology.json's ``topology.levels``, or ``node``); groups in the order of their first rank. The ranks are
+        a launcher's (a pod's first rank is the processes of the pods before it): with one process per pod they
+        are the pods' RANKs."""
         return domain_groups(self.document, level)
 
     def mesh(self, level: str) -> list[list[int]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agent import examples
@@ -13,7 +15,13 @@ TRAINING_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK"
 
 
 def check(pods, self_name, expected, options=None):
-    env = env_of(render(pods, self_name, **(options or {})))
+    """``expected``: torch.env's values (None: not written); ``processes``, topology.json's count of the
+    training processes (the launchers' world)."""
+    rendered = render(pods, self_name, **(options or {}))
+    env = env_of(rendered)
+    expected = dict(expected)
+    if "processes" in expected:
+        assert json.loads(rendered.files["topology.json"])["processes"] == expected.pop("processes")
     for key, value in expected.items():
         if value is None:
             assert key not in env, f"{key} must not be written for {self_name}"
@@ -52,18 +60,17 @@ PYTORCHJOB = examples.pytorchjob(workers=3)  # 4 CPUs per pod
 PYTORCHJOB_CASES = [
     ("master on its per-replica Service", "mnist-master-0",
      {"MASTER_ADDR": "mnist-master-0", "MASTER_PORT": "23456", "NODE_RANK": "0", "RANK": "0",
-      "WORLD_SIZE": "16", "NPROC_PER_NODE": "4", "LOCAL_WORLD_SIZE": "4"}),
-    ("worker RANK is the global rank of its first process", "mnist-worker-1",
-     {"NODE_RANK": "2", "RANK": "8", "PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "4"}),
+      "WORLD_SIZE": "4", "NPROC_PER_NODE": "4", "LOCAL_WORLD_SIZE": "4", "processes": 16}, {}),
+    ("worker RANK is its node rank, its processes in NPROC_PER_NODE", "mnist-worker-1",
+     {"NODE_RANK": "2", "RANK": "2", "WORLD_SIZE": "4", "PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "4"}, {}),
     ("one process per pod with --nproc-per-node 1", "mnist-worker-2",
-     {"NODE_RANK": "3", "RANK": "3", "WORLD_SIZE": "4"}),
+     {"NODE_RANK": "3", "RANK": "3", "WORLD_SIZE": "4", "processes": 4}, {"nproc_per_node": 1}),
 ]
 
 
-@pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in PYTORCHJOB_CASES],
+@pytest.mark.parametrize(("self_name", "expected", "options"), [c[1:] for c in PYTORCHJOB_CASES],
                          ids=[c[0] for c in PYTORCHJOB_CASES])
-def test_pytorchjob(self_name, expected):
-    options = {"nproc_per_node": 1} if "RANK" in expected and expected.get("WORLD_SIZE") == "4" else {}
+def test_pytorchjob(self_name, expected, options):
     check(PYTORCHJOB, self_name, expected, options)
 
 
@@ -73,7 +80,8 @@ TRAINJOB_CASES = [
     # of the design proposal that this row said before.
     ("node 0 is master on Trainer's port", "llm-node-0-0-cpc5v",
      {"MASTER_ADDR": "llm-node-0-0.llm", "MASTER_PORT": "29500", "NODE_RANK": "0", "NNODES": "3"}),
-    ("completion index orders nodes", "llm-node-0-2-f59jk", {"NODE_RANK": "2", "RANK": "4", "WORLD_SIZE": "6"}),
+    ("completion index orders nodes", "llm-node-0-2-f59jk",
+     {"NODE_RANK": "2", "RANK": "2", "WORLD_SIZE": "3", "NPROC_PER_NODE": "2", "processes": 6}),
 ]
 
 
@@ -93,7 +101,8 @@ JOBSET_CASES = [
     ("global index first: driver is rank 0", "trainer-driver-0-0-cht55",
      {"MASTER_ADDR": "trainer-driver-0-0.trainer", "NODE_RANK": "0", "NNODES": "5"}),
     ("then job-global-index and completion index", "trainer-workers-0-1-4g2nz", {"NODE_RANK": "2"}),
-    ("last job, last completion", "trainer-workers-1-1-mpjsn", {"NODE_RANK": "4", "RANK": "8", "WORLD_SIZE": "10"}),
+    ("last job, last completion", "trainer-workers-1-1-mpjsn",
+     {"NODE_RANK": "4", "RANK": "4", "WORLD_SIZE": "5", "NPROC_PER_NODE": "2", "processes": 10}),
     ("--roles workers makes the driver a non-training pod", "trainer-workers-0-0-kwhz6",
      {"NODE_RANK": "0", "NNODES": "4", "MASTER_ADDR": "trainer-workers-0-0.trainer"}),
 ]
@@ -117,15 +126,16 @@ def test_jobset_coordinator_names_rank_zero():
     # <jobset>-<rjob>-<jobIndex>-<podIndex>.<subdomain> (pkg/controllers/jobset_controller.go CoordinatorEndpoint).
     pods = _with_coordinator(examples.jobset(), "trainer-workers-1-0.trainer")
     check(pods, "trainer-driver-0-0-cht55", {"MASTER_ADDR": "trainer-workers-1-0.trainer", "NODE_RANK": "1"})
-    check(pods, "trainer-workers-1-0-5q6rr", {"NODE_RANK": "0", "RANK": "0", "WORLD_SIZE": "10"})
+    check(pods, "trainer-workers-1-0-5q6rr", {"NODE_RANK": "0", "RANK": "0", "WORLD_SIZE": "5", "processes": 10})
     check(pods, "trainer-workers-1-1-mpjsn", {"NODE_RANK": "4"})
 
 
 MPIJOB = examples.mpijob(workers=3)  # launcher + 3 workers, 2 CPUs per worker
 MPIJOB_CASES = [
     ("worker 0 is node rank 0", "allreduce-worker-0",
-     {"MASTER_ADDR": "allreduce-worker-0.allreduce", "NODE_RANK": "0", "NNODES": "3", "WORLD_SIZE": "6"}),
-    ("workers follow replica-index", "allreduce-worker-2", {"NODE_RANK": "2", "RANK": "4"}),
+     {"MASTER_ADDR": "allreduce-worker-0.allreduce", "NODE_RANK": "0", "NNODES": "3", "WORLD_SIZE": "3",
+      "NPROC_PER_NODE": "2", "processes": 6}),
+    ("workers follow replica-index", "allreduce-worker-2", {"NODE_RANK": "2", "RANK": "2"}),
     ("the launcher gets hosts, no rank", "allreduce-launcher-wt6j6",
      {"NODE_RANK": None, "WORLD_SIZE": None, "VC_WORKER_HOSTS":
       "allreduce-worker-0.allreduce,allreduce-worker-1.allreduce,allreduce-worker-2.allreduce"}),
@@ -159,9 +169,9 @@ def test_discover_hosts_lists_only_running_training_pods_and_itself():
 LWS = examples.leaderworkerset(size=4, groups=2)  # 2 GPUs per pod
 LWS_CASES = [
     ("leader of group 0", "vllm-0", {"MASTER_ADDR": "vllm-0.vllm", "NODE_RANK": "0", "NNODES": "4",
-                                     "NPROC_PER_NODE": "2", "WORLD_SIZE": "8"}),
+                                     "NPROC_PER_NODE": "2", "WORLD_SIZE": "4", "processes": 8}),
     ("worker of group 1 sees only its own group", "vllm-1-2",
-     {"MASTER_ADDR": "vllm-1.vllm", "NODE_RANK": "2", "RANK": "4", "NNODES": "4",
+     {"MASTER_ADDR": "vllm-1.vllm", "NODE_RANK": "2", "RANK": "2", "NNODES": "4",
       "VC_WORKER_HOSTS": "vllm-1-1.vllm,vllm-1-2.vllm,vllm-1-3.vllm"}),
 ]
 
@@ -174,7 +184,7 @@ def test_leaderworkerset(self_name, expected):
 INDEXED = examples.indexed_job(completions=3)  # cpu 2500m -> 3 processes
 INDEXED_CASES = [
     ("index 0 is master", "sweep-0-4vtwl", {"MASTER_ADDR": "sweep-0.sweep", "NODE_RANK": "0", "NPROC_PER_NODE": "3"}),
-    ("index 2", "sweep-2-dl25p", {"NODE_RANK": "2", "RANK": "6", "WORLD_SIZE": "9"}),
+    ("index 2", "sweep-2-dl25p", {"NODE_RANK": "2", "RANK": "2", "WORLD_SIZE": "3", "processes": 9}),
 ]
 
 
@@ -195,7 +205,8 @@ def _generic_pods():
 GENERIC_CASES = [
     ("index label orders, list order does not", "w-0", {"NODE_RANK": "0", "MASTER_ADDR": "127.1.0.1",
                                                         "NNODES": "3"}),
-    ("pods outside the selector are not peers", "w-2", {"NODE_RANK": "2", "NNODES": "3", "WORLD_SIZE": "6"}),
+    ("pods outside the selector are not peers", "w-2",
+     {"NODE_RANK": "2", "NNODES": "3", "WORLD_SIZE": "3", "processes": 6}),
 ]
 
 
@@ -260,7 +271,8 @@ TFJOB = examples.tfjob()  # chief 1, worker 2, ps 1; 2 CPUs each
 TFJOB_CASES = [
     ("the chief is rank 0, on TFJob's service name", "mnist-tf-chief-0",
      {"MASTER_ADDR": "mnist-tf-chief-0.default.svc", "NODE_RANK": "0", "NNODES": "4"}),
-    ("the parameter server is waited for and ranked last", "mnist-tf-ps-0", {"NODE_RANK": "3", "RANK": "6"}),
+    ("the parameter server is waited for and ranked last", "mnist-tf-ps-0",
+     {"NODE_RANK": "3", "RANK": "3", "WORLD_SIZE": "4", "processes": 8}),
 ]
 
 

@@ -3,6 +3,7 @@ controller wrote and keeps what the user wrote. Each case names the issue-11 bug
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -76,11 +77,12 @@ def test_an_elastic_pytorchjob_stays_elastic_without_the_elastic_option():
 def test_a_user_world_size_that_contradicts_the_world_is_kept_and_warned_about():
     # Bug 9: user wins, but explain and init say so.
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)), cpu="2")
-    pods[1]["spec"]["containers"][0]["env"].insert(0, {"name": "WORLD_SIZE", "value": "3"})
-    pods[1]["spec"]["containers"][0]["env"].append({"name": "WORLD_SIZE", "value": "3"})
+    # The user wrote the processes (3 pods x cpu 2); torch.env's WORLD_SIZE counts the pods.
+    pods[1]["spec"]["containers"][0]["env"].insert(0, {"name": "WORLD_SIZE", "value": "6"})
+    pods[1]["spec"]["containers"][0]["env"].append({"name": "WORLD_SIZE", "value": "6"})
     rendered = _render(pods, "demo-worker-0")
     assert "WORLD_SIZE" not in env_of(rendered)
-    assert any("WORLD_SIZE=3" in w and "6" in w for w in warnings_for(rendered.plan, rendered.variables))
+    assert any("WORLD_SIZE=6" in w and "WORLD_SIZE=3" in w for w in warnings_for(rendered.plan, rendered.variables))
 
 
 @pytest.mark.parametrize("controller", sorted(RELEASES))
@@ -201,7 +203,8 @@ def test_processes_follow_the_accelerator_not_the_cpu_limit(resource, quantity, 
         limits.update({"cpu": "32", resource: quantity})
     rendered = _render(pods, pods[1]["metadata"]["name"])
     assert env_of(rendered)["NPROC_PER_NODE"] == str(nproc)
-    assert env_of(rendered)["WORLD_SIZE"] == str(2 * nproc)
+    assert env_of(rendered)["WORLD_SIZE"] == "2"  # two pods: a trainer without a launcher runs one process each
+    assert json.loads(rendered.files["topology.json"])["processes"] == 2 * nproc
 
 
 def test_an_unknown_extended_resource_is_named_in_explain_never_silently_ignored():

@@ -324,7 +324,7 @@ def test_every_pod_of_a_job_computes_the_same_world(shape, n, nproc, address, v6
     options = _options(*ALL, address=address, nproc_per_node=nproc)
     renders = [render_pod(pods, p["metadata"]["name"], options) for p in pods]
     training = [r for r in renders if r.plan.topology.me.training]
-    world = renders[0].plan.topology.world_size
+    world = renders[0].plan.topology.processes
     envs = {key: [written(part(r, key)) for r in training] for key in ("jax", "xgboost", "paddle", "mlx")}
     assert len({e["JAX_COORDINATOR_ADDRESS"] for e in envs["jax"]}) == 1
     assert len({(e["DMLC_TRACKER_URI"], e["DMLC_TRACKER_PORT"]) for e in envs["xgboost"]}) == 1

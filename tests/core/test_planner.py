@@ -59,7 +59,7 @@ def _outcome(make):
 
 def _views(topology):
     """The derived views renderers read; the planner seeds them, a fresh copy of the topology computes them."""
-    return (topology.training, topology.me, topology.roles, topology.world_size, topology.slot_sizes,
+    return (topology.training, topology.me, topology.roles, topology.processes, topology.slot_sizes,
             {role: topology.role_members(role) for role in topology.roles}, topology.run_starts,
             topology.address_templates)
 

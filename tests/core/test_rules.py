@@ -59,7 +59,9 @@ def test_nproc_per_node(c, flag, expected):
     rendered = render([pod], "solo-0", nproc_per_node=flag)
     values = {v.name: v.value for v in rendered.variables}  # written or left to the user
     assert values["NPROC_PER_NODE"] == values["PET_NPROC_PER_NODE"] == values["LOCAL_WORLD_SIZE"] == str(expected)
-    assert env_of(rendered)["WORLD_SIZE"] == str(expected)
+    # one pod: the launcher-less world is that pod; the launchers' world its processes
+    assert (env_of(rendered)["WORLD_SIZE"], env_of(rendered)["RANK"]) == ("1", "0")
+    assert json.loads(rendered.files["topology.json"])["processes"] == expected
 
 
 USER_ENV_CASES = [
@@ -193,7 +195,7 @@ def test_every_pod_agrees_on_the_topology():
     documents = []
     for pod in pods:
         doc = json.loads(render(pods, pod["metadata"]["name"]).files["topology.json"])
-        documents.append((doc["members"], doc["masterAddr"], doc["worldSize"]))
+        documents.append((doc["members"], doc["masterAddr"], doc["nnodes"], doc["processes"]))
     assert all(d == documents[0] for d in documents)
 
 
@@ -233,7 +235,9 @@ def test_heterogeneous_pods_sum_their_slots():
     pods[2]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "4"}
     rendered = render(pods, "demo-worker-1")
     env = env_of(rendered)
-    assert (env["WORLD_SIZE"], env["RANK"], env["NODE_RANK"]) == ("9", "5", "2")
+    assert (env["WORLD_SIZE"], env["RANK"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("3", "2", "2", "4")
+    document = json.loads(rendered.files["topology.json"])
+    assert document["processes"] == 9 and [m["rank"] for m in document["members"]] == [0, 1, 5]
     assert rendered.files["hostfile"].decode().splitlines()[0].endswith("slots=1")
 
 

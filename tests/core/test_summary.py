@@ -48,7 +48,7 @@ def _comparable(rendered, withheld: set[str]) -> tuple[dict[str, str], dict[str,
             written.pop(name, None)
     document = json.loads(rendered.files["topology.json"])
     job_wide = {key: document[key] for key in ("controller", "namespace", "job", "jobUid", "self", "trainingRoles",
-                                               "masterAddr", "masterPort", "nnodes", "worldSize")}
+                                               "masterAddr", "masterPort", "nnodes", "processes")}
     return written, job_wide
 
 

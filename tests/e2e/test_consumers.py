@@ -92,6 +92,67 @@ def test_torch_all_reduce_with_every_pod_on_one_address_as_hostnetwork_pods_on_o
     assert sorted(outputs) == [f"rank={r} node_rank={r} world=3 sum=6" for r in range(3)]
 
 
+def _pods_with_a_cpu_limit(tmp_path: Path, cpu: str) -> tuple[list[str], Path]:
+    """A Volcano job of a master and two workers, every pod with ``cpu`` as its CPU limit, each "pod" at its own
+    loopback address."""
+    pods = examples.volcano_job(name="cpu", tasks=(("master", 1), ("worker", 2)), cpu=cpu)
+    for k, pod in enumerate(pods):
+        pod["status"].update(podIP=f"127.0.0.{k + 1}", podIPs=[{"ip": f"127.0.0.{k + 1}"}])
+    path = tmp_path / "pods.json"
+    path.write_text(json.dumps(examples.as_list(pods)))
+    return [p["metadata"]["name"] for p in pods], path
+
+
+def _run_pods(tmp_path: Path, names: list[str], worker: str, timeout: float) -> list[str]:
+    """Each pod's trainer, started as a user starts it (source torch.env, run python, no launcher); every line it
+    printed. A trainer that waits for ranks that never come is killed at ``timeout`` and fails the test."""
+    env = {"PATH": os.environ["PATH"], "GLOO_SOCKET_IFNAME": "lo", "HOME": str(tmp_path)}
+    procs = [subprocess.Popen(["bash", "-c", f'. {tmp_path / name}/torch.env && exec "{sys.executable}" '
+                                             f'{HERE / worker}'],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+             for name in reversed(names)]  # start order must not matter
+    lines = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, err
+            lines += out.strip().splitlines()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)  # its session: the trainer and what it spawned
+                proc.wait()
+    return lines
+
+
+def test_a_plain_env_script_without_a_launcher_forms_the_pods_world_on_pods_with_a_cpu_limit(tmp_path):
+    """cpu: 2 makes NPROC_PER_NODE 2 for the launchers; a script started with python runs one process per pod, and
+    init_process_group("env://") must find the world of the pods in WORLD_SIZE and RANK."""
+    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
+    names, pods = _pods_with_a_cpu_limit(tmp_path, "2")
+    port = free_port()
+    for name in names:
+        assert main(["render", "--pods", str(pods), "--self", name, "--out", str(tmp_path / name),
+                     "--address", "ip", "--master-port", str(port)]) == 0
+        assert "export NPROC_PER_NODE='2'\n" in (tmp_path / name / "torch.env").read_text()
+    lines = _run_pods(tmp_path, names, "worker_allreduce.py", timeout=180)
+    assert sorted(lines) == [f"rank={r} node_rank={r} world=3 sum=6" for r in range(3)]
+
+
+def test_the_imagenet_convention_spawns_its_processes_per_node_from_world_size_and_rank(tmp_path):
+    """pytorch/examples' ImageNet script: WORLD_SIZE nodes, RANK the node's rank, each node spawning its own
+    processes (mp.spawn) with global rank RANK x processes + local; on pods with cpu: 2, two processes each."""
+    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
+    names, pods = _pods_with_a_cpu_limit(tmp_path, "2")
+    port = free_port()
+    for name in names:
+        assert main(["render", "--pods", str(pods), "--self", name, "--out", str(tmp_path / name),
+                     "--address", "ip", "--master-port", str(port)]) == 0
+    lines = _run_pods(tmp_path, names, "worker_imagenet.py", timeout=300)
+    assert sorted(lines) == [f"rank={r} world=6 node={r // 2} local={r % 2} sum=21" for r in range(6)]
+
+
 def test_deepspeed_parses_the_hostfile_with_hosts_in_rank_order_and_slots(tmp_path):
     runner = pytest.importorskip(
         "deepspeed.launcher.runner",

@@ -444,7 +444,7 @@ def test_the_leader_builds_its_rows_while_it_waits_and_none_after_the_gang_is_co
     ran = inits.finish(who)
     assert ran.code == 0, ran.err
     rendered = ran.held.rendered
-    assert rendered.plan.topology.world_size == 6
+    assert rendered.plan.topology.processes == 6
     assert built_in_change == []  # every row was staged while the pods arrived
     snapshot = memory.sandbox.store.get("/v1/configmaps", "default", "demo-topology")
     published = {row[0]: row[8] for row in decode_configmap(snapshot)["pods"]}
@@ -481,7 +481,7 @@ def test_the_leaders_plan_is_carried_through_the_wait_not_made_again_once_the_ga
     assert planner.followed >= 8 and planner.incremental == 1  # each IP as it came; the plan from that layout
     listed = memory.sandbox.store.list("/v1/pods", "default")
     assert rendered.plan == build_plan(listed, "demo-master-0", Options(address="ip"))
-    assert rendered.plan.topology.world_size == 8
+    assert rendered.plan.topology.processes == 8
 
 
 def test_a_tf_job_named_by_dns_writes_tf_config_from_the_summary(memory, api, logs, inits, tmp_path):

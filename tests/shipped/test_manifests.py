@@ -84,15 +84,15 @@ def test_the_agents_parser_accepts_every_command_line_in_the_manifests(where, ar
     options_from_args(namespace)  # and the values must be valid
 
 
-def documented_ranks() -> dict[str, dict[str, tuple[str, str, str, str]]]:
+def documented_ranks() -> dict[str, dict[str, tuple[str, str, str, str, str]]]:
     text = (ROOT / "docs" / "controllers.md").read_text()
-    tables: dict[str, dict[str, tuple[str, str, str, str]]] = {}
+    tables: dict[str, dict[str, tuple[str, str, str, str, str]]] = {}
     current = None
     for line in text.splitlines():
         heading = re.match(r"^#+ .*`(?:manifests/)?examples/([\w-]+\.(?:yaml|json))`", line)
         if heading:
             current = tables.setdefault(heading.group(1), {})
-        row = re.match(r"^\| ([\w.-]+) \| (\w[\w-]*) \| ([\d-]+) \| ([\d-]+) \| ([\d-]+) \|$", line)
+        row = re.match(r"^\| ([\w.-]+) \| (\w[\w-]*) \| ([\d-]+) \| ([\d-]+) \| ([\d-]+) \| ([\d-]+) \|$", line)
         if row and current is not None and row.group(1) != "pod":
             current[row.group(1)] = row.groups()[1:]  # type: ignore[assignment]
     return tables
@@ -112,7 +112,7 @@ def test_the_examples_pods_give_the_documented_ranks(path):
             rendered = render_pod(pods, pod["metadata"]["name"], options)
             env = {v.name: v.value for v in rendered.variables if v.written and not v.unset}
             got = (rendered.plan.topology.me.role, env.get("NODE_RANK", "-"), env.get("RANK", "-"),
-                   env.get("WORLD_SIZE", "-"))
+                   env.get("WORLD_SIZE", "-"), env.get("NPROC_PER_NODE", "-"))
             assert got == table[pod["metadata"]["name"]], pod["metadata"]["name"]
             checked += 1
     assert checked == len(table)
@@ -139,7 +139,7 @@ def test_the_shipped_example_pods_are_the_jobs_the_docs_tables_describe(key):
         env = {v.name: v.value for v in rendered.variables if v.written and not v.unset}
         shown = name if name in table else re.sub(r"-[a-z0-9]{5}$", "-abcde", name)  # a Job pod's random suffix
         got[shown] = (rendered.plan.topology.me.role, env.get("NODE_RANK", "-"), env.get("RANK", "-"),
-                      env.get("WORLD_SIZE", "-"))
+                      env.get("WORLD_SIZE", "-"), env.get("NPROC_PER_NODE", "-"))
     assert got == table
 
 

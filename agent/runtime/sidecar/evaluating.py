@@ -48,10 +48,10 @@ def _own_key(rendered: Rendered) -> tuple[tuple[str, str], ...]:
                     hosts_digest(topology) if topology.whole is not None and topology.whole.hosts else None)
 
 
-def _shape(env: Any) -> tuple[int, int] | None:
-    """Training pods and world size, as a previous topology.json's variables say them (None: they do not)."""
+def _shape(document: Any) -> tuple[int, int] | None:
+    """Training pods and their processes, as a previous topology.json says them (None: it does not)."""
     try:
-        return int(env["NNODES"]), int(env["WORLD_SIZE"])
+        return int(document["nnodes"]), int(document["processes"])
     except (TypeError, KeyError, ValueError):
         return None
 
@@ -74,7 +74,7 @@ class Evaluator:
         self.full_view_why = ""  # why the own view does not apply to the pods held (said once per reason)
         self.published = False  # the job publishes its topology: the default view is each pod's own there
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
-        self.shape: tuple[int, int] | None = None  # training pods and world size of the files in place
+        self.shape: tuple[int, int] | None = None  # training pods and processes of the files in place
         self.ssh_texts: SshTexts | None = None  # what each member adds to the SSH files (made at the first write)
 
     @property
@@ -115,7 +115,7 @@ class Evaluator:
                         str(err)[:200])
             return
         self.generation, self.last_key = generation, key
-        self.shape = _shape(document.get("env"))
+        self.shape = _shape(document)
         self.metrics.generation.set(self.generation)
         try:
             marker = read_untrusted(out / "generation", 32).decode("ascii", "replace").strip()
@@ -219,9 +219,9 @@ class Evaluator:
         self.metrics.generation.set(self.generation)
         self.metrics.latency.observe(max(0.0, written - since))
         topo = rendered.plan.topology
-        log.info("generation %d written: %d training pods, world size %d (%s files_at=%.6f)", self.generation,
-                 topo.nnodes, topo.world_size, note, written)
-        shape = (topo.nnodes, topo.world_size)
+        log.info("generation %d written: %d training pods, %d processes (%s files_at=%.6f)", self.generation,
+                 topo.nnodes, topo.processes, note, written)
+        shape = (topo.nnodes, topo.processes)
         self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.shape, shape),
                              generation=self.generation))
         self.shape = shape
