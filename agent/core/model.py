@@ -220,6 +220,7 @@ class Member(NamedTuple):
 # Member fields as C-level projections, for the passes over every member that the sidecar makes per change
 NAME, ROLE, ADDRESS, TRAINING, SLOTS, RUNNING = (operator.itemgetter(i) for i in (0, 1, 4, 7, 8, 11))
 _INDEX, _LAST, _PREFIX = operator.itemgetter(2), operator.itemgetter(-1), operator.itemgetter(slice(0, -1))
+_BY_ORDINAL = operator.itemgetter(3, 2)  # (ordinal, index): a role's index order
 
 
 @dataclass(frozen=True)
@@ -388,6 +389,25 @@ class Topology:
             return self._role_addresses.get(role, ())
         count, hosts = self.role_hosts(role)
         return hosts if hosts is not None or not count else self._expanded.get(role)
+
+    def index_hosts(self, role: str) -> tuple[int, tuple[str, ...] | None]:
+        """``role_hosts`` in index order (by ordinal), whatever the rank order: Volcano's convention for
+        VC_<TASK>_HOSTS and ``<task>.host`` (its svc plugin lists ``<job>-<task>-<i>`` for i = 0, 1, ...), which
+        scripts index with VC_TASK_INDEX. In index rank order a role's members already come by ordinal."""
+        if self.whole is not None or self.rank_order == "index":
+            return self.role_hosts(role)
+        hosts = self._index_addresses.get(role, ())
+        return len(hosts), hosts
+
+    def index_addresses(self, role: str) -> tuple[str, ...] | None:
+        """``role_addresses`` in index order (``index_hosts``)."""
+        if self.whole is not None or self.rank_order == "index":
+            return self.role_addresses(role)
+        return self._index_addresses.get(role, ())
+
+    @functools.cached_property
+    def _index_addresses(self) -> dict[str, tuple[str, ...]]:
+        return {role: tuple(map(ADDRESS, sorted(self.role_members(role), key=_BY_ORDINAL))) for role in self.roles}
 
     @functools.cached_property
     def address_templates(self) -> dict[str, AddressTemplate | None]:

@@ -95,10 +95,11 @@ def hosts_digest(topology: Topology) -> str:
 
 
 def render_role_hosts(topology: Topology) -> dict[str, str]:
-    """Volcano's ``<role>.host``: one address per line, in rank order."""
+    """Volcano's ``<role>.host``: one address per line, in index order (as Volcano's svc plugin writes them, and
+    as VC_<ROLE>_HOSTS lists them), whatever the rank order."""
     files = {}
     for role in topology.roles:
-        hosts = topology.role_addresses(role) or ()
+        hosts = topology.index_addresses(role) or ()
         files[host_file_name(role)] = "\n".join(hosts) + "\n" if hosts else ""
     return files
 

@@ -173,7 +173,7 @@ def _host_variables(plan: Plan) -> list[Variable]:
     ]
     keys: dict[str, str] = {}
     for role in topo.roles:
-        count, hosts = topo.role_hosts(role)
+        count, hosts = topo.index_hosts(role)
         key = env_key(role)
         if key in keys:
             # "worker" and "WORKER" are one variable name: a second export would win in bash. A job object's
@@ -188,8 +188,8 @@ def _host_variables(plan: Plan) -> list[Variable]:
                                 f"no list that long (--view full writes it, in {host_file_name(role)})",
                                 written=False))
         else:
-            out.append(Variable(f"VC_{key}_HOSTS", ",".join(hosts), f"addresses of role '{role}' in rank order "
-                                "(Volcano)"))
+            out.append(Variable(f"VC_{key}_HOSTS", ",".join(hosts), f"addresses of role '{role}' in index order "
+                                "(Volcano's: VC_TASK_INDEX indexes it, whatever the rank order)"))
         out.append(Variable(f"VC_{key}_NUM", str(count), f"number of live pods of role '{role}' (Volcano)"))
     return out + _placement_variables(plan)
 

@@ -111,6 +111,46 @@ def test_topology_order_per_controller(key, build):
 
 
 @pytest.mark.parametrize(("key", "build"), JOBS, ids=[j[0] for j in JOBS])
+def test_volcano_host_lists_stay_in_index_order_under_topology_order(key, build):
+    """Volcano's svc plugin lists a task's hosts by index (VC_<TASK>_HOSTS and <task>.host), and Volcano-era
+    scripts find themselves in them at VC_TASK_INDEX; the rank order is the agent's NODE_RANK and hostfile."""
+    pods, nodes, _ = interleaved(_bigger(build))
+    names = [m.name for m in render_pod(pods, pods[-1]["metadata"]["name"], TOPO, nodes=nodes).plan.topology.members]
+    moved = False
+    for name in names:
+        rendered = render_pod(pods, name, TOPO, nodes=nodes)
+        topo, env = rendered.plan.topology, env_of(rendered)
+        assert topo.rank_order == "topology"
+        for role in topo.roles:
+            by_index = [m.address for m in sorted(topo.role_members(role), key=lambda m: (m.ordinal, m.index))]
+            in_rank_order = [m.address for m in topo.role_members(role)]
+            moved |= by_index != in_rank_order
+            assert env[f"VC_{role.upper().replace('-', '_')}_HOSTS"].split(",") == by_index, (name, role)
+            assert rendered.files[f"{role.replace('-', '_')}.host"].decode().splitlines() == by_index
+        if key != "lws":  # LWS numbers its workers from 1 (the leader is 0, a role of its own)
+            assert env[f"VC_{topo.me.role.upper().replace('-', '_')}_HOSTS"].split(",")[int(env["VC_TASK_INDEX"])] \
+                == topo.me.address
+        hostfile = [line.split()[0] for line in rendered.files["hostfile"].decode().splitlines()]
+        assert hostfile == [m.address for m in topo.training]  # the rank order lives in the agent's own files
+    # topology order moved some role's pods out of index order; JobSet's pods have no index within their
+    # replicated job but their place in the rank order (VC_TASK_INDEX too), so their lists follow it
+    assert moved == (key not in {"jobset", "trainjob", "trainjob-mpi"})
+
+
+def test_volcano_host_lists_name_the_index_order_of_the_controller():
+    pods, nodes, index_order = interleaved(examples.volcano_job(tasks=(("master", 1), ("worker", 5))))
+    rendered = render_pod(pods, "demo-worker-4", TOPO, nodes=nodes)
+    env = env_of(rendered)
+    ranked = [m.name for m in rendered.plan.topology.training]
+    assert ranked != index_order and ranked[0] == "demo-master-0"
+    assert env["VC_WORKER_HOSTS"] == ",".join(f"demo-worker-{i}.demo" for i in range(5))
+    assert rendered.files["worker.host"].decode() == "".join(f"demo-worker-{i}.demo\n" for i in range(5))
+    assert env["VC_TASK_INDEX"] == "4" and env["NODE_RANK"] == str(ranked.index("demo-worker-4"))
+    source = next(v.source for v in rendered.variables if v.name == "VC_WORKER_HOSTS")
+    assert "index order" in source and "VC_TASK_INDEX indexes it" in source
+
+
+@pytest.mark.parametrize(("key", "build"), JOBS, ids=[j[0] for j in JOBS])
 def test_the_published_rows_carry_the_node_labels_and_render_the_same_files(key, build):
     pods, nodes, _ = interleaved(_bigger(build))
     for i, pod in enumerate(pods):
