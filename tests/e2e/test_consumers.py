@@ -122,7 +122,7 @@ def _run_pods(tmp_path: Path, names: list[str], worker: str, timeout: float) -> 
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)  # its session: the trainer and what it spawned
-                proc.wait()
+            proc.communicate()  # reaped, its pipes closed
     return lines
 
 
