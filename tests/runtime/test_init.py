@@ -234,8 +234,10 @@ def test_init_takes_run_launcher_as_worker_and_slots_from_the_mpijob(memory, api
     assert (tmp_path / "out" / "hostfile").read_text().splitlines() == [
         "allreduce-launcher.allreduce slots=4", "allreduce-worker-0.allreduce slots=4",
         "allreduce-worker-1.allreduce slots=4"]
-    env = json.loads((tmp_path / "out" / "topology.json").read_text())["env"]
-    assert (env["NODE_RANK"], env["RANK"], env["WORLD_SIZE"]) == ("1", "4", "12")
+    document = json.loads((tmp_path / "out" / "topology.json").read_text())
+    env = document["env"]
+    assert (env["NODE_RANK"], env["RANK"], env["WORLD_SIZE"], env["NPROC_PER_NODE"]) == ("1", "1", "3", "4")
+    assert document["processes"] == 12 and [m["rank"] for m in document["members"][:3]] == [0, 4, 8]
 
 
 class _ArrivingPods:
