@@ -34,16 +34,19 @@ def format_explanation(rendered: Rendered) -> str:
     order = f" ({topo.rank_order} order)" if topo.levels else ""
     lines += ["", f"members in rank order{order}:"]
     where = "  NODE: DOMAINS" if topo.levels else ""
-    lines.append(f"  {'NODE_RANK':>9}  {'RANK':>5}  {'SLOTS':>5}  {'ROLE':<12} {'POD':<32} {'ADDRESS':<16}{where}")
+    # NODE_RANK is also torch.env's RANK; a launcher numbers the pod's processes from its first rank
+    lines.append(f"  {'NODE_RANK':>9}  {'PROCESS RANKS':>13}  {'SLOTS':>5}  {'ROLE':<12} {'POD':<32} "
+                 f"{'ADDRESS':<16}{where}")
     for m in topo.members:
         node_rank = "-" if m.node_rank is None else str(m.node_rank)
-        rank = "-" if m.first_rank is None else str(m.first_rank)
+        rank = "-" if m.first_rank is None else str(m.first_rank) if m.slots == 1 else \
+            f"{m.first_rank}-{m.first_rank + m.slots - 1}"
         place = ""
         if topo.levels:
             domains = "unknown" if m.domains is None else ",".join(
                 f"{level.name.lower()}={value}" for level, value in zip(topo.levels, m.domains, strict=True) if value)
             place = f"  {m.node or '-'}: {domains}"
-        lines.append(f"  {node_rank:>9}  {rank:>5}  {m.slots:>5}  {m.role:<12} {m.name:<32} {m.address:<16}{place}")
+        lines.append(f"  {node_rank:>9}  {rank:>13}  {m.slots:>5}  {m.role:<12} {m.name:<32} {m.address:<16}{place}")
     lines += ["", f"files: {', '.join(rendered.files)}", "('- ' marks a variable that is not written)"]
     return "\n".join(lines)
 

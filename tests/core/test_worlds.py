@@ -97,3 +97,13 @@ def test_a_user_world_size_of_processes_is_kept_and_named_as_the_pods_world_it_c
     assert [w for w in warnings_for(rendered.plan, rendered.variables) if w.startswith("WORLD_SIZE=8")] == [
         "WORLD_SIZE=8 set by the user is kept, but the job's pods make WORLD_SIZE=4; torchrun and "
         "torch.distributed will wait for ranks that never come (or refuse extra ones)"]
+
+
+def test_explains_member_table_gives_each_pod_its_node_rank_and_the_process_ranks_a_launcher_gives_it():
+    from agent.core.explaining import format_explanation
+
+    text = format_explanation(render(examples.volcano_job(tasks=(("master", 1), ("worker", 2)), cpu="2"),
+                                     "demo-worker-0"))
+    table = text[text.index("members in rank order:"):].splitlines()
+    assert table[1].split()[:4] == ["NODE_RANK", "PROCESS", "RANKS", "SLOTS"]
+    assert [line.split()[:3] for line in table[2:5]] == [["0", "0-1", "2"], ["1", "2-3", "2"], ["2", "4-5", "2"]]
