@@ -1,8 +1,9 @@
-"""Which extended resources are accelerators, and how many training processes one unit runs: data, one row per
-device plugin, each naming where the resource name comes from.
+"""Which extended resources and which Dynamic Resource Allocation (DRA) drivers are accelerators: data, one row
+per device plugin (``ACCELERATORS``) and one per DRA driver (``DRA_DRIVERS``), each naming where the names come
+from.
 
-NPROC_PER_NODE follows the accelerators the trainer container asks for. A resource that is not in this table
-(and is not a ``<vendor>/gpu``) is never counted silently: ``explain`` names it and says what to do.
+NPROC_PER_NODE follows the accelerators the trainer container asks for. A resource or a DRA driver that is not in
+these tables (and is not a ``<vendor>/gpu``) is never counted silently: ``explain`` names it and says what to do.
 """
 
 from __future__ import annotations
@@ -66,3 +67,49 @@ def accelerator_of(resource: str) -> Accelerator | None:
 def is_unknown_extended(resource: str) -> bool:
     """An extended resource (``domain/name``) that is neither a known accelerator nor a known non-device."""
     return "/" in resource and accelerator_of(resource) is None and not resource.startswith(NOT_DEVICES)
+
+
+@dataclass(frozen=True)
+class DraDriver:
+    """A DRA driver: the ``driver`` of an allocated device (ResourceClaim ``status.allocation.devices.results``),
+    and the DeviceClasses its chart installs (what a claim's request names before allocation). ``accelerator``:
+    one training process per device; False: a device that is no accelerator (an IMEX channel), left out."""
+
+    driver: str
+    family: str
+    accelerator: bool
+    classes: tuple[str, ...]
+    source: str
+
+
+DRA_DRIVERS: tuple[DraDriver, ...] = (
+    DraDriver("gpu.nvidia.com", "NVIDIA GPU", True, ("gpu.nvidia.com", "mig.nvidia.com"),
+              "kubernetes-sigs/dra-driver-nvidia-gpu (was NVIDIA/k8s-dra-driver-gpu): driver gpu.nvidia.com, "
+              "DeviceClasses gpu.nvidia.com and mig.nvidia.com (demo/specs, docs)"),
+    DraDriver("compute-domain.nvidia.com", "NVIDIA ComputeDomain IMEX channel", False,
+              ("compute-domain-default-channel.nvidia.com", "compute-domain-daemon.nvidia.com"),
+              "kubernetes-sigs/dra-driver-nvidia-gpu: driver compute-domain.nvidia.com, the ComputeDomain's "
+              "IMEX channel and daemon (templates/compute-domain-*.tmpl.yaml)"),
+    DraDriver("gpu.amd.com", "AMD GPU", True, ("gpu.amd.com",),
+              "ROCm/k8s-gpu-dra-driver pkg/consts/consts.go DriverName; README: DeviceClass gpu.amd.com"),
+    DraDriver("gpu.intel.com", "Intel GPU", True, ("gpu.intel.com",),
+              "intel/intel-resource-drivers-for-kubernetes: GPU resource driver gpu.intel.com (DeviceClass of the "
+              "same name)"),
+    DraDriver("gaudi.intel.com", "Intel Gaudi", True, ("gaudi.intel.com",),
+              "intel/intel-resource-drivers-for-kubernetes: Gaudi resource driver gaudi.intel.com (DeviceClass of "
+              "the same name)"),
+    DraDriver("tpu.google.com", "Google TPU chip", True, ("tpu.google.com",),
+              "kubernetes-sigs/dra-driver-google-tpu: DriverName tpu.google.com (DeviceClass of the same name)"),
+)
+_BY_DRIVER = {row.driver: row for row in DRA_DRIVERS}
+_BY_CLASS = {name: row for row in DRA_DRIVERS for name in row.classes}
+
+
+def dra_driver(driver: str) -> DraDriver | None:
+    """The table row of an allocated device's driver; None: a driver the table does not know."""
+    return _BY_DRIVER.get(driver)
+
+
+def dra_class(device_class: str) -> DraDriver | None:
+    """The table row of a DeviceClass a claim's request names; None: a class the table does not know."""
+    return _BY_CLASS.get(device_class)

@@ -15,8 +15,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Literal
 
 from agent.core.accelerators import accelerator_of, is_unknown_extended
+from agent.core.claims import dra_devices
 from agent.core.injected import controller_entries
-from agent.core.model import Options, RawContainer, RawPod, is_whole_number
+from agent.core.model import Options, RawContainer, RawPod, RawResources, is_whole_number
 from agent.errors import InputError
 
 AGENT_NAME = "topology-agent"
@@ -133,8 +134,12 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     """Processes per pod and the rule that decided it.
 
     Order: explicit value (``--nproc-per-node N``, or an integer PET_NPROC_PER_NODE / NPROC_PER_NODE in the
-    trainer's env) > accelerators in the container's limits (else requests) > CPU limit rounded up (unless
-    ``accelerators`` was asked for) > 1.
+    trainer's env) > accelerators: those the container's DRA claims give (core/claims.py) plus those of its
+    limits (else requests) > CPU limit rounded up (unless ``accelerators`` was asked for) > 1. DRA and device
+    plugin devices add up: a container's ``resources.claims`` and its extended resources are separate devices
+    (a DeviceClass that serves an extended resource makes a claim of its own, not in ``resources.claims``). DRA
+    claims whose count is not known (not read, or an ``All`` request before allocation) fall back to the rest,
+    and the rule says so.
     """
     pod_name = pod.get("metadata", {}).get("name", "?")
     if isinstance(options.nproc_per_node, int):
@@ -159,6 +164,28 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     unknown = sorted(k for k in named if is_unknown_extended(k))
     unknown_note = (f"; extended resource(s) {', '.join(unknown)} not counted: not a known accelerator (set "
                     "--nproc-per-node if they are)") if unknown else ""
+    dra = dra_devices(pod, container, options.claims)
+    plugin, plugin_text = _plugin_devices(resources, pod_name, cname)
+    if dra is not None and dra.accelerators:
+        total = dra.accelerators + plugin
+        said = f"DRA {dra.text}" + (f" + {plugin_text}" if plugin else "")
+        return total, f"{total}{DEVICES_RULE}'{cname}': {said}{unknown_note}"
+    dra_note = f"; DRA: {dra.text}" if dra is not None else ""
+    if plugin:
+        return plugin, f"{plugin}{DEVICES_RULE}'{cname}' {plugin_text}{dra_note}{unknown_note}"
+    if options.nproc_per_node == "accelerators":
+        return 1, f"no accelerators in container '{cname}': 1 (Trainer's MPI rule: numProcPerNode 1 is the GPUs of " \
+                  f"a node, else 1){dra_note}{unknown_note}"
+    cpu = (resources.get("limits", {}) or {}).get("cpu")
+    if cpu is not None:
+        cores = parse_quantity(cpu, where=f"pod '{pod_name}' container '{cname}' limits.cpu")
+        count = max(1, math.ceil(cores))
+        return count, f"{CPU_RULE}{cpu} of container '{cname}' rounded up{dra_note}{unknown_note}"
+    return 1, f"container '{cname}' has no accelerators and no CPU limit: 1{dra_note}{unknown_note}"
+
+
+def _plugin_devices(resources: RawResources, pod_name: str, cname: str) -> tuple[int, str]:
+    """The device plugins' accelerators of the container's limits (else requests), and where they were read."""
     for section in ("limits", "requests"):
         quantities: dict[str, str | int | float] = resources.get(section, {}) or {}  # type: ignore[assignment]
         devices = [(k, v, row) for k, v in sorted(quantities.items()) if (row := accelerator_of(k)) is not None]
@@ -169,14 +196,5 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
             if total > 0:
                 names = ", ".join(f"{k}: {row.family}" for k, _, row in devices)
                 notes = "".join(f"; {row.note}" for _, _, row in devices if row.note)
-                return total, (f"{total}{DEVICES_RULE}'{cname}' resources.{section} ({names})"
-                               f"{notes}{unknown_note}")
-    if options.nproc_per_node == "accelerators":
-        return 1, f"no accelerators in container '{cname}': 1 (Trainer's MPI rule: numProcPerNode 1 is the GPUs of " \
-                  f"a node, else 1){unknown_note}"
-    cpu = (resources.get("limits", {}) or {}).get("cpu")
-    if cpu is not None:
-        cores = parse_quantity(cpu, where=f"pod '{pod_name}' container '{cname}' limits.cpu")
-        count = max(1, math.ceil(cores))
-        return count, f"{CPU_RULE}{cpu} of container '{cname}' rounded up{unknown_note}"
-    return 1, f"container '{cname}' has no accelerators and no CPU limit: 1{unknown_note}"
+                return total, f"resources.{section} ({names}){notes}"
+    return 0, ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from agent.core.claims import has_claims
 from agent.core.compact import CompactPod
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import Controller, selector_matches
@@ -153,10 +154,11 @@ def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str
     follower builds from the published rows share one container object per shape: 16384 pods, a handful of
     shapes), so that neither the trainer container is picked nor its count resolved again. Both depend on the
     containers alone (the pod's name is only in the messages, and a refusal is not remembered). The entry holds
-    the containers, so their ids are not reused while it lives."""
-    if sizes is None:
-        return resolve_nproc(pod, pick_trainer_container(pod, options.container), options)
+    the containers, so their ids are not reused while it lives. A container that takes DRA claims is counted per
+    pod once the claims are read: its devices are the pod's own claims'."""
     containers = pod.get("spec", {}).get("containers") or ()
+    if sizes is None or (options.claims is not None and any(map(has_claims, containers))):
+        return resolve_nproc(pod, pick_trainer_container(pod, options.container), options)
     key = tuple(map(id, containers))
     known = sizes.get(key)
     if known is None:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, TypedDict
 
+from agent.core.claims import Claims
 from agent.core.placement import Level
 from agent.errors import InputError
 
@@ -176,6 +177,8 @@ class Options:
     # How the user spelled each option given ("roles" -> "TOPOLOGY_ROLES"), so the core's messages name it.
     labels: tuple[tuple[str, str], ...] = ()
     frameworks: FrameworkOptions = FrameworkOptions()
+    # The DRA claims of the job's namespace, as the shell read them (core/claims.py); None: not read.
+    claims: Claims | None = None
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, f"--{name.replace('_', '-')}")
