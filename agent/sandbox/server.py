@@ -59,6 +59,8 @@ BUILT_IN: dict[tuple[str, str, str], Kind] = {
     ("apps", "v1", "statefulsets"): Kind("StatefulSet", True, ("sts",), ("all",)),
     ("batch", "v1", "jobs"): Kind("Job", True, (), ("all",)),
     ("coordination.k8s.io", "v1", "leases"): Kind("Lease", True),
+    ("resource.k8s.io", "v1", "resourceclaims"): Kind("ResourceClaim", True),
+    ("resource.k8s.io", "v1", "resourceclaimtemplates"): Kind("ResourceClaimTemplate", True),
     ("policy", "v1", "poddisruptionbudgets"): Kind("PodDisruptionBudget", True, ("pdb",)),
     ("networking.k8s.io", "v1", "networkpolicies"): Kind("NetworkPolicy", True, ("netpol",)),
     ("rbac.authorization.k8s.io", "v1", "roles"): Kind("Role", True),
@@ -82,7 +84,8 @@ RESOURCES = {**BUILT_IN, **{(r.group, r.version, r.plural): Kind(r.kind, r.names
                             for r in job_resources() if (r.group, r.version, r.plural) not in BUILT_IN}}
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")  # every cluster has them
-SUBRESOURCES = {("", "v1", "pods"): ("status",), ("batch", "v1", "jobs"): ("status",)}
+SUBRESOURCES = {("", "v1", "pods"): ("status",), ("batch", "v1", "jobs"): ("status",),
+                ("resource.k8s.io", "v1", "resourceclaims"): ("status",)}
 VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platform": "linux/amd64",
            "goVersion": "go1.23", "compiler": "gc", "buildDate": "2026-01-01T00:00:00Z", "gitCommit": "sandbox",
            "gitTreeState": "clean"}
