@@ -13,7 +13,8 @@ allocation.
 The shell reads the claims (init and the sidecar through the API, render and explain from ``--claims``) and passes
 them in as ``Claims``; this module only reads them. A peer held compact (core/compact.py) has neither
 ``spec.resourceClaims`` nor its status: its claims are found by their owner and annotation, which is why the
-index is kept by (pod, pod claim). Which drivers are accelerators is the table in core/accelerators.py.
+index is kept by (pod, pod claim); of a replaced pod's old and new claim, the one not being deleted and newest.
+Which drivers are accelerators is the table in core/accelerators.py.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ class Claim:
     pod_claim: str  # its pod claim's name (the annotation), else ""
     devices: tuple[tuple[str, str], ...] | None
     asks: tuple[Ask, ...]
+    created: str = ""  # creationTimestamp (RFC 3339 UTC: ordered as text)
+    deleting: bool = False  # deletionTimestamp set: its pod is gone, the garbage collector is at it
+
+    @property
+    def rank(self) -> tuple[bool, str]:
+        """Which of two claims of one pod claim and owner name is the live pod's: not being deleted, newest."""
+        return not self.deleting, self.created
 
 
 @dataclass(frozen=True)
@@ -68,8 +76,12 @@ class Claims:
     def __post_init__(self) -> None:
         for claim in self.claims:
             self._by_name[claim.name] = claim
-            if claim.owner and claim.pod_claim:
-                self._by_owner[(claim.owner, claim.pod_claim)] = claim
+            key = (claim.owner, claim.pod_claim)
+            # A pod re-created under its name (a replaced Volcano or JobSet pod) has a new claim, and the old one
+            # may be there still
+            if claim.owner and claim.pod_claim and (key not in self._by_owner
+                                                    or claim.rank >= self._by_owner[key].rank):
+                self._by_owner[key] = claim
 
     def named(self, name: str) -> Claim | None:
         return self._by_name.get(name)
@@ -125,7 +137,7 @@ def _claim(item: Mapping[str, Any]) -> Claim:
         results = _dicts(_map(allocation.get("devices")).get("results"))
         devices = tuple((_text(r.get("request")), _text(r.get("driver"))) for r in results)
     return Claim(_text(meta.get("name")), owner, _text(notes.get(POD_CLAIM_ANNOTATION)), devices,
-                 _asks(item.get("spec")))
+                 _asks(item.get("spec")), _text(meta.get("creationTimestamp")), bool(meta.get("deletionTimestamp")))
 
 
 def read_claims(items: Iterable[Any], *, kind: str = CLAIM, note: str = "") -> Claims:

@@ -20,8 +20,12 @@ def results(*spec):
     return out
 
 
-def claim(name, *, allocated=None, requests=(), owner=None, pod_claim=None):
+def claim(name, *, allocated=None, requests=(), owner=None, pod_claim=None, created=None, deleted=None):
     meta = {"name": name, "namespace": "default"}
+    if created:
+        meta["creationTimestamp"] = created
+    if deleted:
+        meta["deletionTimestamp"] = deleted
     if owner:
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": "u", "controller": True}]
         meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": pod_claim}
@@ -116,6 +120,13 @@ CASES = [
      dra_pod(trainer([{"name": "gpus"}])),
      read_claims([claim("solo-0-gpus-x1", allocated=results(("gpu", "gpu.nvidia.com", 4)), owner="solo-0",
                         pod_claim="gpus")]), 4, ()),
+    ("a replaced pod's new claim, not the old one the garbage collector has yet to delete",
+     dra_pod(trainer([{"name": "gpus"}])),
+     read_claims([claim("solo-0-gpus-new", allocated=results(("gpu", "gpu.nvidia.com", 2)), owner="solo-0",
+                        pod_claim="gpus", created="2026-12-01T10:05:00Z"),
+                  claim("solo-0-gpus-old", allocated=results(("gpu", "gpu.nvidia.com", 4)), owner="solo-0",
+                        pod_claim="gpus", created="2026-12-01T09:00:00Z", deleted="2026-12-01T10:00:00Z")]), 2,
+     ("ResourceClaim 'solo-0-gpus-new'",)),
     ("claims that could not be read: the CPU limit, and why",
      dra_pod(trainer([{"name": "gpus"}]), pod_claims=[GPUS], statuses=MADE[:1]),
      Claims(note="resourceclaims forbidden: grant get/list (manifests/rbac)"), 96,
