@@ -21,7 +21,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -57,6 +57,7 @@ from agent.k8s.reflector import AsyncOps, Reflector, Store, aclose, reflect
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import DeadlineExceeded, retried
 from agent.k8s.transport import IDLE
+from agent.runtime.claims import with_claims
 from agent.runtime.events import Sink, ThreadRecorder
 from agent.runtime.handoff import Handoff, write_handoff
 from agent.runtime.jobs import read_job
@@ -489,9 +490,13 @@ class Init:
         names = wanted_nodes(view.pods.values(), s.options, {})
         nodes = await self.retried(lambda: read_nodes(self.api, names, s.options, transient=True),
                                    "read nodes") if names else None
-        plan = gang.planner.plan(view.pods, nodes=nodes)  # the layout the wait carried over, or from scratch
-        log.debug("plan: %d changes followed during the wait, %s", gang.planner.followed,
-                  "carried over" if gang.planner.incremental else "made from scratch")
+        planner = gang.planner
+        if await self.read_claims(view.pods.values()):  # the wait's plan counted no DRA devices: plan again
+            s = self.settings
+            planner = self.held.planner = Planner(s.options, s.pod_name, checked=True, memo=self.memo)
+        plan = planner.plan(view.pods, nodes=nodes)  # the layout the wait carried over, or from scratch
+        log.debug("plan: %d changes followed during the wait, %s", planner.followed,
+                  "carried over" if planner.incremental else "made from scratch")
         # The leader publishes first (a valid plan): every other pod of the job is waiting for it. Its own files
         # come from the pods it has just listed, whether or not its snapshot was created: a `<job>-topology` that
         # exists already is never followed by the pod that leads (issue 23).
@@ -508,6 +513,16 @@ class Init:
         if why and not (self.part.followed and why == why_full_view(s.options)):  # a follower said that one already
             log.log(*full_view_line(s.options.view, why, HOLDING))
         return render_plan(own or plan, s.options, files_dir=str(s.out_dir.absolute()))
+
+    async def read_claims(self, pods: Iterable[RawPod]) -> bool:
+        """Read the DRA claims when a pod's trainer takes some (runtime/claims.py); True: the options changed."""
+        s = self.settings
+        options = await with_claims(self.api, s.namespace, pods, s.options, retry=self.retried)
+        if options is s.options:
+            return False
+        self.settings = dataclasses.replace(s, options=options)
+        self.memo = self.held.memo = Memo(options)
+        return True
 
     # --- the leader's publication -------------------------------------------------------------------------------
 
@@ -546,6 +561,8 @@ class Init:
         self.held.published = published
         mine = with_placement(me, published.pods[s.pod_name])
         pods = [mine if name == s.pod_name else pod for name, pod in published.pods.items()]
+        if await self.read_claims(pods):
+            s = self.settings
         return render_pod(pods, s.pod_name, s.options, memo=self.memo, files_dir=files_dir,
                           nodes=published.node_labels(), checked=True)  # the published rows were checked
 
@@ -738,6 +755,7 @@ class Init:
         if rendered is None:  # the pods themselves: a small job, the leader, or a publication not to be used
             rendered = await self.from_pods(me, source, expected)
         self.held.rendered = rendered
+        s = self.settings  # the DRA claims read for the process count are in its options now
         # Told before the files are written: the Event is on its way while they are, so init's exit hardly waits.
         how = f"read the published topology {source.configmap}" if self.held.pods is None \
             else f"gang complete: {rendered.plan.topology.nnodes} training pods"

@@ -999,3 +999,46 @@ async def test_rank_0_launching_over_ssh_writes_its_hostfile_from_the_summary_an
         assert (master / name).read_bytes() == left.files[name], name
     assert "demo-worker-7.demo" not in (master / "hostfile").read_text()
     assert json.loads((master / "topology.json").read_text())["hosts"] != document["hosts"]
+
+
+CLAIMS = "resource.k8s.io/v1/resourceclaims"
+
+
+def _dra_pod(pod, claim_name):
+    """A trainer with cpu 96 taking one DRA claim (made from a template, as the resourceclaim controller does)."""
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "96"}, "claims": [{"name": "gpus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "four-gpus"}]
+    pod.setdefault("status", {})["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": claim_name}]
+
+
+def _allocated(memory, pod, claim_name, gpus=4):
+    from tests.core.test_claims import claim, results
+    memory.create(CLAIMS, "default", claim(claim_name, allocated=results(("gpu", "gpu.nvidia.com", gpus)), owner=pod,
+                                           pod_claim="gpus"))
+
+
+async def test_the_sidecar_counts_dra_gpus_and_reads_the_claim_of_a_replacement_pod(memory, api, logs, sidecars,
+                                                                                   tmp_path):
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        memory.update_pod("default", name, lambda p, n=name: _dra_pod(p, f"{n}-gpus-a"))
+        _allocated(memory, name, f"{name}-gpus-a")
+    job = await start_job(api, logs, sidecars, tmp_path)
+    try:
+        slots = lambda: [m["slots"] for m in json.loads((job.out / "topology.json").read_text())["members"]]  # noqa: E731
+        await job.until(job.settled, "nothing pending")
+        assert generation(job.out) == 1 and slots() == [4, 4, 4] and job.env()["NPROC_PER_NODE"] == "4"
+        memory.delete_pod("default", "demo-worker-1")
+        memory.delete(CLAIMS, "default", "demo-worker-1-gpus-a")  # the garbage collector deletes what it owned
+        await job.until(lambda: generation(job.out) == 2, "scale down")
+        replacement = examples.volcano_job("demo", (("master", 1), ("worker", 2)))[-1]
+        _dra_pod(replacement, "demo-worker-1-gpus-b")
+        replacement["status"].update(podIP=examples.loopback_ip(20), podIPs=[{"ip": examples.loopback_ip(20)}])
+        # Its new claim, allocated before the pod is bound; a claim of two devices tells it from the deleted one.
+        _allocated(memory, "demo-worker-1", "demo-worker-1-gpus-b", gpus=2)
+        memory.create_pod(replacement)
+        await job.until(lambda: generation(job.out) == 3, "replacement")
+        assert slots() == [4, 4, 2]
+    finally:
+        await job.trainer.stop()

@@ -155,6 +155,7 @@ def test_kubectl_kustomize_builds_the_rbac_base():
     role = next(doc for doc in yaml.safe_load_all(out) if doc["kind"] == "Role")
     verbs = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert verbs[(("",), ("pods",))] == {"get", "list", "watch"}
+    assert verbs[(("resource.k8s.io",), ("resourceclaims",))] == {"get", "list"}  # DRA devices: processes per pod
     writes = {k: v - {"get", "list", "watch"} for k, v in verbs.items() if v - {"get", "list", "watch"}}
     # The only writes: the published topology and the Lease that elects its publisher (no delete, no patch), and
     # the pods' own Events (created, their series patched: runtime/events.py).

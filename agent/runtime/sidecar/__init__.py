@@ -30,6 +30,7 @@ from agent.core.controllers import detect_controller
 from agent.core.events import Occurrence, Ref
 from agent.core.gang import roster_of
 from agent.core.model import RawPod
+from agent.core.pods import pod_ip
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import configmap_name
 from agent.errors import ApiForbidden, ApiNotFound, InputError
@@ -37,6 +38,7 @@ from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import retried
+from agent.runtime.claims import claimants, with_claims
 from agent.runtime.events import AsyncSink, Refusals, TaskRecorder
 from agent.runtime.handoff import read_handoff
 from agent.runtime.jobs import read_job
@@ -154,6 +156,7 @@ class Sidecar:
         self.publication: Publication | None = None
         self.selector = ""
         self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
+        self._claims_tried: set[tuple[str, str, str]] = set()  # (pod, node, IP) the DRA claims were read for
         self._trim: asyncio.TimerHandle | None = None
         self._forget = False  # a standby stood down: let go of the pods once their follower has ended
         # Notified after each evaluation (files written or not): whoever waits for a generation, a readiness or
@@ -375,9 +378,12 @@ class Sidecar:
         read_back = await publication.prepare(self.mode) if publication is not None else False
         before = self.generation, publication.seq() if publication is not None else None
         pods = None if light is not None else self.view.placed(by_ip=self.settings.options.address == "ip")
+        touched = self.view.take_unplanned() if pods is not None else None
+        if pods is not None and await self._learn_claims(pods, touched):
+            touched = None
         with collector_paused():
             retry = self.evaluator.evaluate(since, pods=pods, light=light, nodes=self._nodes(), note=self._note(),
-                                            touched=self.view.take_unplanned() if pods is not None else None)
+                                            touched=touched)
         if retry is not None:  # the files could not be written: the same change again, later
             asyncio.get_running_loop().call_later(retry, self.changes.changed)
         if publication is not None and self.evaluator.valid and await publication.publish(
@@ -421,6 +427,30 @@ class Sidecar:
         self.view.touched |= {name for name, pod in self.view.pods.items()
                               if pod.get("spec", {}).get("nodeName") in learned}
         self.view.unplanned = None  # the Nodes' labels place pods anew: the planner compares them all
+
+    async def _learn_claims(self, pods: Mapping[str, RawPod], touched: set[str] | None) -> bool:
+        """Read the DRA claims again when a pod changed since the last plan takes claims and comes with a node and
+        address not seen for it (a new pod, scheduled, or a replacement: a new claim; runtime/claims.py); True:
+        the options changed, every pod is planned again."""
+        s = self.settings
+        changed = pods.values() if touched is None else [pods[n] for n in touched if n in pods]
+        fresh = []
+        for pod in claimants(changed, s.options):
+            key = (pod.get("metadata", {}).get("name", ""), pod.get("spec", {}).get("nodeName") or "",
+                   pod_ip(pod) or "")
+            if key not in self._claims_tried:
+                self._claims_tried.add(key)
+                fresh.append(pod)
+        if not fresh:
+            return False
+        options = await with_claims(self.api, s.namespace, fresh, s.options,
+                                    retry=lambda call, what: retried(call, what=what))
+        if options.claims == s.options.claims:
+            return False
+        self.settings = dataclasses.replace(s, options=options)
+        self.evaluator.use_options(self.settings)
+        self.view.reset_options(options)
+        return True
 
     @property
     def gathers(self) -> bool:

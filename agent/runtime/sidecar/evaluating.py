@@ -187,6 +187,11 @@ class Evaluator:
         rendered = self.renderer.render_planned(plan, generation=self.generation + 1, files_dir=files_dir)
         return rendered, self.renderer.membership_key(rendered)
 
+    def use_options(self, settings: Any) -> None:
+        """New options (the DRA claims read again): the next evaluation plans every pod from scratch with them."""
+        self.settings = settings
+        self.renderer = Renderer(settings.options, settings.pod_name, checked=True)
+
     def forget_pods(self) -> None:
         """Let go of the plan and the planner's layout of every pod (a standby that stands down); the next
         evaluation plans from what the pod then follows."""
