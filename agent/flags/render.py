@@ -4,12 +4,14 @@ what they give (``RenderSettings``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from agent.core.claims import CLAIM, TEMPLATE, Claims, read_claims
 from agent.core.model import Options, RawPod
 from agent.errors import InputError
 from agent.flags.common import DEFAULT_OUT, add_topology_arguments, options_from_args, out_dir, ssh_settings
@@ -23,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
     parser.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
     parser.add_argument("--nodes", help="kubectl get nodes -o json output: the Nodes' labels give each pod's "
                                         "domains (--topology-levels, --rank-order topology)")
+    parser.add_argument("--claims", help="kubectl get resourceclaims,resourceclaimtemplates -o json output: the "
+                                         "devices the pods' DRA claims give (NPROC_PER_NODE)")
     parser.add_argument("--self", help="this pod's name (default: $POD_NAME)")
     if out:
         parser.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
@@ -43,6 +47,8 @@ class RenderSettings(NamedTuple):
 def settings_from(args: argparse.Namespace) -> RenderSettings:
     """Every option checked, then the pods and the Nodes read."""
     options = options_from_args(args)
+    if args.claims is not None:
+        options = dataclasses.replace(options, claims=read_claims_file(args.claims))
     ssh = ssh_settings(args)
     out = out_dir(args)
     return RenderSettings(pods=read_pods(args.pods), me=_self_name(args), nodes=read_nodes_file(args.nodes),
@@ -128,6 +134,27 @@ def read_nodes_file(source: str | None) -> dict[str, dict[str, str] | None] | No
                              "labels); produce it with kubectl get nodes -o json")
         nodes[name] = labels
     return nodes
+
+
+def read_claims_file(source: str) -> Claims:
+    """``kubectl get resourceclaims,resourceclaimtemplates -o json`` output (a List, an array, or one object)."""
+    hint = "give the output of kubectl get resourceclaims,resourceclaimtemplates -o json"
+    try:
+        data = json.loads(Path(source).read_text())
+    except OSError as err:
+        reason = "file not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
+        raise InputError(f"--claims {source}: {reason}; {hint}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"--claims {source} is not JSON text ({err}); {hint}") from None
+    items = data.get("items") if isinstance(data, dict) and "items" in data else \
+        [data] if isinstance(data, dict) else data
+    for position, item in enumerate(items if isinstance(items, list) else [None]):
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) \
+                or item.get("kind") not in (CLAIM, TEMPLATE):  # type: ignore[union-attr]
+            raise InputError(f"--claims {source}: item {position} is not a ResourceClaim or ResourceClaimTemplate "
+                             f"(kind and metadata.name); {hint}")
+    return read_claims(items)  # type: ignore[arg-type]  # a list: each item was checked above
 
 
 def _self_name(args: argparse.Namespace) -> str:
