@@ -87,6 +87,10 @@ for command in ("render", "explain"):
         (command, "--self", ["--pods", PODS, "--self", "nope-0"], ["'nope-0'", "not in the pod list"]),
         (command, "--nodes", [*OFFLINE, "--nodes", MISSING], ["--nodes", "file not found", "kubectl get nodes"]),
         (command, "--nodes", [*OFFLINE, "--nodes", PODS], ["--nodes", "is not a Node", "kubectl get nodes"]),
+        (command, "--claims", [*OFFLINE, "--claims", MISSING], ["--claims", "file not found",
+                                                                  "kubectl get resourceclaims"]),
+        (command, "--claims", [*OFFLINE, "--claims", PODS], ["--claims", "item 0 is not a ResourceClaim",
+                                                               "kubectl get resourceclaims"]),
     ]
 CASES.append(("render", "--out", [*OFFLINE, "--out", BLOCKER], ["cannot"]))
 for command in ("init", "sidecar"):
