@@ -138,14 +138,15 @@ def read_nodes_file(source: str | None) -> dict[str, dict[str, str] | None] | No
 
 def read_claims_file(source: str) -> Claims:
     """``kubectl get resourceclaims,resourceclaimtemplates -o json`` output (a List, an array, or one object)."""
-    hint = "give the output of kubectl get resourceclaims,resourceclaimtemplates -o json"
     try:
         data = json.loads(Path(source).read_text())
     except OSError as err:
         reason = "file not found" if isinstance(err, FileNotFoundError) else (err.strerror or str(err))
-        raise InputError(f"--claims {source}: {reason}; {hint}") from err
+        raise InputError(f"--claims {source}: {reason}; give the output of kubectl get "
+                         "resourceclaims,resourceclaimtemplates -o json") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"--claims {source} is not JSON text ({err}); {hint}") from None
+        raise InputError(f"--claims {source} is not JSON text ({err}); give the output of kubectl get "
+                         "resourceclaims,resourceclaimtemplates -o json") from None
     items = data.get("items") if isinstance(data, dict) and "items" in data else \
         [data] if isinstance(data, dict) else data
     for position, item in enumerate(items if isinstance(items, list) else [None]):
@@ -153,7 +154,8 @@ def read_claims_file(source: str) -> Claims:
         if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) \
                 or item.get("kind") not in (CLAIM, TEMPLATE):  # type: ignore[union-attr]
             raise InputError(f"--claims {source}: item {position} is not a ResourceClaim or ResourceClaimTemplate "
-                             f"(kind and metadata.name); {hint}")
+                             "(kind and metadata.name); give the output of kubectl get "
+                             "resourceclaims,resourceclaimtemplates -o json")
     return read_claims(items)  # type: ignore[arg-type]  # a list: each item was checked above
 
 
