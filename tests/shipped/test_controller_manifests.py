@@ -16,9 +16,9 @@ from agent.core.controllers import CONTROLLERS, job_resources
 ROOT = Path(__file__).resolve().parents[2]
 WEBHOOK = ROOT / "manifests" / "webhook"
 RBAC = ROOT / "manifests" / "rbac"
-# API groups of the agent's own objects (pods, Services, its ConfigMaps, Lease and Events), not of any controller's
-# jobs.
-OWN_GROUPS = ("", "coordination.k8s.io", "events.k8s.io")
+# API groups of the agent's own objects and its pods' (pods, Services, its ConfigMaps, Lease and Events, the pods'
+# DRA ResourceClaims), not of any controller's jobs.
+OWN_GROUPS = ("", "coordination.k8s.io", "events.k8s.io", "resource.k8s.io")
 
 INJECTED = {(r.group, r.plural) for r in job_resources() if r.templates}
 READ = {(r.group, r.plural) for r in job_resources() if r.read and r.namespaced}
