@@ -2,9 +2,10 @@
 
 API cost is fixed whatever the job size: GET own pod, GET the owner object (skipped with ``--expect`` and
 for LeaderWorkerSets), one LIST of the job's pods, then one WATCH from the list's resourceVersion until the
-gang is complete. A watch that the server ends or that breaks resumes from the last resourceVersion seen; a
-410 Gone relists. No polling. From 256 training pods one pod (the leader: the first training pod whose init runs,
-as the publisher Lease says, core/leading.py) lists the pods and publishes them; every other pod reads the
+gang is complete (and one LIST of the namespace's ResourceClaims when a pod's trainer takes DRA claims). A
+watch that the server ends or that breaks resumes from the last resourceVersion seen; a 410 Gone relists. No
+polling. From 256 training pods one pod (the leader: the first training pod whose init runs, as the publisher
+Lease says, core/leading.py) lists the pods and publishes them; every other pod reads the
 publication (runtime/publishing.py), or in its own view (the default's for most pods, core/view_choice.py) its
 summary.
 
