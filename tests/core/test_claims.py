@@ -66,7 +66,8 @@ def dra_pod(c, *, pod_claims=(), statuses=()):
 
 GPUS = {"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}
 IMEX = {"name": "imex", "resourceClaimTemplateName": "channel"}
-MADE = [{"name": "gpus", "resourceClaimName": "solo-0-gpus-x1"}, {"name": "imex", "resourceClaimName": "solo-0-imex-y2"}]
+MADE = [{"name": "gpus", "resourceClaimName": "solo-0-gpus-x1"},
+        {"name": "imex", "resourceClaimName": "solo-0-imex-y2"}]
 TEMPLATES = [template("eight-gpus", exactly("gpu", "gpu.nvidia.com", 8)),
              template("channel", exactly("channel", "compute-domain-default-channel.nvidia.com"))]
 ALLOCATED = [claim("solo-0-gpus-x1", allocated=results(("gpu", "gpu.nvidia.com", 4))),
