@@ -513,3 +513,24 @@ def test_a_tf_job_named_by_dns_writes_tf_config_from_the_summary(memory, api, lo
         else:
             assert "reading the whole topology" not in log and "waiting for the job's publisher" in log, log
             assert "its summary" in log, log
+
+
+def test_a_follower_counts_the_dra_gpus_of_the_published_pods(memory, api, logs, tmp_path):
+    """The published rows hold the pods compact (no spec.resourceClaims, no status): the leader counts the claims
+    before it publishes, and a follower that renders the rows (the whole view: a launcher's, a hostfile's) reads
+    them too, so every hostfile says 4 GPUs, not the 96 CPUs."""
+    from tests.runtime.test_sidecar import _allocated, _dra_pod
+
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        memory.update_pod("default", name, lambda p, n=name: _dra_pod(p, f"{n}-gpus-a"))
+        _allocated(memory, name, f"{name}-gpus-a")
+    for name in ("demo-worker-0", "demo-master-0"):  # the first publishes, the other follows its publication
+        ran = init_pod(api, logs, name, tmp_path / name, "--source", "published", "--address", "ip",
+                       "--timeout", "30", "--view", "full")
+        assert ran.code == 0, ran.err
+        doc = json.loads((tmp_path / name / "topology.json").read_text())
+        assert doc["env"]["NPROC_PER_NODE"] == "4", ran.err
+        hostfile = (tmp_path / name / "hostfile").read_text().split("\n")
+        assert [line.split()[-1] for line in hostfile if line] == ["slots=4"] * 3
