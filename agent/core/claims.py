@@ -224,9 +224,9 @@ def _asked(asks: tuple[Ask, ...], wanted: str, where: str) -> tuple[int | None, 
             why = "allocationMode All" if len(ask.counts) == 1 else "firstAvailable with unlike counts"
             return None, (f"{where}: request '{ask.name}' asks for {why}: how many devices is known only after "
                           "allocation")
+        family = rows[0].family if rows[0] is not None else ""
         total += ask.counts[0]
-        said.append(f"{ask.counts[0]} x {ask.classes[0]} ({rows[0].family}) in request '{ask.name}'"  # type: ignore[union-attr]
-                    " (exactly.count)")
+        said.append(f"{ask.counts[0]} x {ask.classes[0]} ({family}) in request '{ask.name}' (exactly.count)")
     return total, f"{where}: asks for {', '.join(said) or 'no accelerator'}" + "".join(f"; {r}" for r in rest)
 
 
@@ -234,7 +234,7 @@ def dra_devices(pod: RawPod, container: RawContainer | None, claims: Claims | No
     """The accelerators the container's claims give, or None when it takes no claim. Per claim: the allocated
     devices whose driver is an accelerator (``resources.claims[].request``: only that request's), else the
     template's or the claim's requests (``exactly.count``); a claim not found, or an ``All`` request before
-    allocation, makes the count unknown, said in ``text``."""
+    allocation, is not known, said in ``text``: with no accelerator known, the count is None (unknown)."""
     resources = (container or {}).get("resources")
     entries = _dicts(resources.get("claims")) if isinstance(resources, Mapping) else []
     if not entries:
@@ -255,14 +255,14 @@ def dra_devices(pod: RawPod, container: RawContainer | None, claims: Claims | No
         name = _text(by_status.get("resourceClaimName")) or _text(by_spec.get("resourceClaimName"))
         claim = claims.named(name) if name else claims.owned(pod_name, pod_claim)
         template = _text(by_spec.get("resourceClaimTemplateName"))
+        asks = claims.template(template) if template else None
         count: int | None
         if claim is not None and claim.devices is not None:
             count, text = _allocated(claim, wanted, f"ResourceClaim '{claim.name}' ({asked})")
         elif claim is not None:
             count, text = _asked(claim.asks, wanted, f"ResourceClaim '{claim.name}' ({asked}, not allocated yet)")
-        elif template and claims.template(template) is not None:
-            count, text = _asked(claims.template(template) or (), wanted,  # type: ignore[arg-type]
-                                 f"ResourceClaimTemplate '{template}' ({asked}, no claim made yet)")
+        elif asks is not None:
+            count, text = _asked(asks, wanted, f"ResourceClaimTemplate '{template}' ({asked}, no claim made yet)")
         else:
             which = f"ResourceClaim '{name}'" if name else f"the ResourceClaim of {asked}"
             why = claims.note or "not among the claims read"
@@ -272,4 +272,6 @@ def dra_devices(pod: RawPod, container: RawContainer | None, claims: Claims | No
             unknown = True
         else:
             total += count
-    return DraCount(None if unknown else total, "; ".join(texts))
+    # The accelerators known count even when another claim's are not (each is named in the text): a pod's GPUs
+    # are not dropped for the CPU limit because a claim beside them cannot be read.
+    return DraCount(total if total or not unknown else None, "; ".join(texts))
