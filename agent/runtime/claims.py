@@ -54,8 +54,9 @@ def takes_claims(pods: Iterable[RawPod], options: Options) -> bool:
 
 async def with_claims(api: AsyncApi, namespace: str, pods: Iterable[RawPod], options: Options, *,
                       retry: Retry) -> Options:
-    """``options`` with the namespace's claims when a pod's trainer takes DRA claims, else ``options`` itself."""
-    if not takes_claims(pods, options):
+    """``options`` with the namespace's claims when a pod's trainer takes DRA claims, else ``options`` itself
+    (also with ``--nproc-per-node N``, which no device count changes)."""
+    if isinstance(options.nproc_per_node, int) or not takes_claims(pods, options):
         return options
     path = claims_path(namespace)
     try:
