@@ -45,6 +45,10 @@ class Plan:
     master_port_source: str
     slots_source: dict[str, str]
     rank0_pod: RawPod | None = None  # node rank 0's pod, whose container ports name the frameworks' ports
+    # The job's pods by name, as planned (the planner's own map, which its next change updates: read it while
+    # rendering this plan): a framework finds the pod of a member whose container names its port (a TF role's,
+    # the Ray head's). Empty for an own view's plan.
+    pods: Mapping[str, RawPod] = field(default_factory=dict)
     # --view own: the frameworks' ports as the leader published them (core/summary.py); None for a whole plan
     published_ports: Mapping[str, tuple[int, str]] | None = None
 
@@ -647,7 +651,8 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
     )
     _remember_views(layout, topology)
     return Plan(topology=topology, controller=controller, self_pod=me, master_port=master_port,
-                master_port_source=port_source, slots_source=dict(layout.slots_source), rank0_pod=rank0)
+                master_port_source=port_source, slots_source=dict(layout.slots_source), rank0_pod=rank0,
+                pods=layout.pods)
 
 
 def _remember_views(layout: _Layout, topology: Topology) -> None:

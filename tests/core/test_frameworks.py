@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from agent import examples
-from agent.core import Options, Rendered, render_pod
-from agent.core.frameworks import FRAMEWORKS, Rendition
+from agent.core import Options, Rendered, build_plan, render_pod
+from agent.core.frameworks import FRAMEWORKS, Rendition, published_ports
 from agent.core.frameworks.xgboost import TRACKER_PORTS
 from agent.core.model import ControllerChoice, FrameworkOptions
+from agent.core.view_choice import every_member_needed
 
 ALL = tuple(FRAMEWORKS)
 
@@ -145,6 +146,24 @@ def test_a_pod_that_does_not_train_gets_no_jax_file_and_explain_says_why():
 # --- TensorFlow ------------------------------------------------------------------------------------------------
 
 WORKERS = ["demo-worker-0.demo:2222", "demo-worker-1.demo:2222", "demo-worker-2.demo:2222"]
+
+
+def tfjob_ports(ports: dict[str, int | None]) -> list[dict[str, Any]]:
+    """A TFJob (chief 1, worker 2, ps 1) whose replica types' templates declare their own 'tfjob-port' (None: no
+    such port), as TFJob reads it per type (util.go GetPortFromTFJob)."""
+    pods = examples.tfjob(port=2345)
+    for pod in pods:
+        rtype = pod["metadata"]["labels"]["training.kubeflow.org/replica-type"]
+        if rtype in ports:
+            number = ports[rtype]
+            container = pod["spec"]["containers"][0]
+            container["ports"] = [] if number is None else [{"name": "tfjob-port", "containerPort": number}]
+    return pods
+
+
+TFJOB_CLUSTER = {"chief": ["mnist-tf-chief-0.default.svc:2345"],
+                 "worker": ["mnist-tf-worker-0.default.svc:2346", "mnist-tf-worker-1.default.svc:2346"],
+                 "ps": ["mnist-tf-ps-0.default.svc:2222"]}
 TF_CASES = [
     ("volcano master is TF's chief (TFJob's 'master' key is refused by TF 2)", volcano, "demo-master-0", {},
      {"cluster": {"chief": ["demo-master-0.demo:2222"], "worker": WORKERS}, "task": {"type": "chief", "index": 0}}),
@@ -168,6 +187,15 @@ TF_CASES = [
     ("--tf-port", lambda: volcano(tasks=(("master", 1), ("worker", 1))), "demo-master-0", {"ports": (("tf", 3000),)},
      {"cluster": {"chief": ["demo-master-0.demo:3000"], "worker": ["demo-worker-0.demo:3000"]},
       "task": {"type": "chief", "index": 0}}),
+    ("TFJob: each replica type at its own tfjob-port, 2222 for a type that declares none (GetPortFromTFJob)",
+     lambda: tfjob_ports({"worker": 2346, "ps": None}), "mnist-tf-worker-1", {},
+     {"cluster": TFJOB_CLUSTER, "task": {"type": "worker", "index": 1}, "environment": "cloud"}),
+    ("TFJob: the chief lists the workers at their port too", lambda: tfjob_ports({"worker": 2346, "ps": None}),
+     "mnist-tf-chief-0", {}, {"cluster": TFJOB_CLUSTER, "task": {"type": "chief", "index": 0}, "environment": "cloud"}),
+    ("TFJob with --tf-port: one port for every type", lambda: tfjob_ports({"worker": 2346}), "mnist-tf-ps-0",
+     {"ports": (("tf", 3000),)},
+     {"cluster": {k: [a.rpartition(":")[0] + ":3000" for a in v] for k, v in TFJOB_CLUSTER.items()},
+      "task": {"type": "ps", "index": 0}, "environment": "cloud"}),
 ]
 
 
@@ -188,6 +216,18 @@ def test_tf(pods, me, options, expected):
     assert json.loads(rendition.files["tf_config.json"]) == expected
     assert rendition.files["tf_config.json"] == json.dumps(expected, separators=(",", ":")).encode() + b"\n"
     assert written(rendition)["TF_CONFIG"] == rendition.files["tf_config.json"].decode().strip()
+
+
+def test_tf_roles_at_different_ports_publish_no_port_so_their_own_view_is_not_taken():
+    """A pod in its own view knows the one port the leader publishes: where the TF roles listen on their own ports,
+    none is published, so the view choice gives the TF pods every member."""
+    options = Options(frameworks=FrameworkOptions(names=("tf",)))
+    apart = build_plan(tfjob_ports({"worker": 2346}), "mnist-tf-worker-0", options)
+    assert "tf" not in published_ports(apart, options)
+    assert "TensorFlow files (tf.env) name every member" in (every_member_needed(apart, options, ssh=False) or "")
+    together = build_plan(tfjob_ports({}), "mnist-tf-worker-0", options)
+    assert published_ports(together, options)["tf"][0] == 2345
+    assert every_member_needed(together, options, ssh=False) is None
 
 
 def test_a_role_that_is_no_tf_task_type_gets_no_tf_file():

@@ -122,7 +122,7 @@ def published_ports(plan: Plan, options: Options) -> dict[str, tuple[int, str]]:
     leader's plan gives them: the summary carries them (core/summary.py)."""
     found = {}
     for framework, _ in selected(plan, options):
-        port = framework.port(plan, options)
+        port = framework.published_port(plan, options)
         if port is not None:
             found[framework.key] = (port.number, port.source)
     return found

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from agent.core.containers import UserValue, nproc_kind, pick_trainer_container
-from agent.core.model import NAME, SLOTS, Member, Options, Topology
+from agent.core.model import NAME, SLOTS, Member, Options, RawPod, Topology
 from agent.core.pods import pod_name
 from agent.core.rendering import render_env
 from agent.core.topology import Plan
@@ -127,11 +127,27 @@ def compact_json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode() + b"\n"
 
 
-def resolve_port(framework: Framework, plan: Plan, options: Options) -> Port | None:
+def named_port(pod: RawPod, name: str, options: Options, *, container: str | None = None) -> Port | None:
+    """The port called ``name`` of the pod's trainer container (``container``: of the container so named, as a
+    controller that names one reads it), or None when it declares none."""
+    holder: Mapping[str, Any] = {}
+    if container is None:
+        holder = pick_trainer_container(pod, options.container) or {}
+    else:
+        holder = next((c for c in pod.get("spec", {}).get("containers", []) if c.get("name") == container), {})
+    for entry in holder.get("ports", []):
+        if entry.get("name") == name and entry.get("containerPort"):
+            return Port(int(entry["containerPort"]), f"port '{name}' of container '{holder.get('name')}' in pod "
+                        f"'{pod_name(pod)}'")
+    return None
+
+
+def resolve_port(framework: Framework, plan: Plan, options: Options, *, pod: RawPod | None = None) -> Port | None:
     """A framework's port, as MASTER_PORT's: the setting (``--<framework>-port``), else what the leader published
-    (``--view own``), else the controller's container port by its name on rank 0's trainer container, else the
-    controller's convention, else the framework's own default. None when only rank 0's container can say and a
-    ``--view own`` plan does not hold it."""
+    (``--view own``), else the job's (a Volcano plugin's ``--port``), else the controller's container port by its
+    name on the trainer container of ``pod`` (rank 0's unless given), else the controller's convention, else the
+    framework's own default. None when only rank 0's container can say and a ``--view own`` plan does not hold
+    it."""
     key = framework.key
     asked = options.frameworks.port(key)
     if asked is not None:
@@ -145,12 +161,11 @@ def resolve_port(framework: Framework, plan: Plan, options: Options) -> Port | N
         return Port(*from_job)
     name, default = plan.controller.framework_port(key) or (None, None)
     if name is not None:
-        if plan.rank0_pod is not None:
-            container = pick_trainer_container(plan.rank0_pod, options.container) or {}
-            for entry in container.get("ports", []):
-                if entry.get("name") == name and entry.get("containerPort"):
-                    return Port(int(entry["containerPort"]), f"port '{name}' of container '{container.get('name')}' "
-                                f"in pod '{pod_name(plan.rank0_pod)}'")
+        holder = pod if pod is not None else plan.rank0_pod
+        if holder is not None:
+            found = named_port(holder, name, options)
+            if found is not None:
+                return found
         elif published is not None:
             return None
     if default is not None:
@@ -282,6 +297,11 @@ class Framework(abc.ABC):
 
     def port(self, plan: Plan, options: Options) -> Port | None:
         return resolve_port(self, plan, options) if self.has_port else None
+
+    def published_port(self, plan: Plan, options: Options) -> Port | None:
+        """The port the job's leader publishes for the pods in their own view (None: none, so they cannot write
+        the files in it)."""
+        return self.port(plan, options)
 
     def own_view_serves(self, ctx: Context) -> bool:
         """Whether a pod in its own view (rank 0, this pod and the summary's job-wide facts) can write the files

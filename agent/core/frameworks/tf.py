@@ -20,10 +20,20 @@ per host and uses its local devices). Fields a controller writes beside ``cluste
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from agent.core.frameworks.base import Context, Framework, Port, compact_json, hosts_json, role_map
-from agent.core.model import LISTED_HOSTS
+from agent.core.frameworks.base import (
+    Context,
+    Framework,
+    Port,
+    compact_json,
+    host_ports,
+    hosts_json,
+    resolve_port,
+    role_map,
+)
+from agent.core.model import LISTED_HOSTS, Options
+from agent.core.topology import Plan
 from agent.core.variables import Variable
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")  # TF's cluster keys, in the order they are written
@@ -59,6 +69,9 @@ class Tf(Framework):
         topo, named = ctx.topology, types_of(ctx)
         roles = [role for role in topo.roles if task_type(role, named) is not None]
         if not ctx.partial:
+            port = self.port(ctx.plan, ctx.options)
+            if port is not None and len({p.number for p in self.role_ports(ctx, port).values()}) > 1:
+                return False  # the roles' own ports: the summary publishes one
             return all(len(topo.role_members(role)) <= LISTED_HOSTS or topo.address_templates.get(role) is not None
                        for role in roles)
         if any(topo.role_addresses(role) is None for role in roles):
@@ -70,18 +83,49 @@ class Tf(Framework):
             return None
         return f"role '{ctx.me.role}' is no TensorFlow task type; {self.env_file} goes to {self.recipients}"
 
-    def addresses(self, ctx: Context) -> dict[str, list[str]]:
-        """Each type's addresses in rank order (once per rendering)."""
-        found: dict[str, list[str]] | None = ctx.memo.get("tf.addresses")
+    def addresses(self, ctx: Context) -> dict[str, list[tuple[str, Sequence[str]]]]:
+        """Each type's roles with their addresses in rank order (once per rendering)."""
+        found: dict[str, list[tuple[str, Sequence[str]]]] | None = ctx.memo.get("tf.addresses")
         if found is None:
             topo, named = ctx.topology, types_of(ctx)
             found = {}
             for kind in TASK_TYPES:
                 for role in topo.roles:
                     if task_type(role, named) == kind:
-                        found.setdefault(kind, []).extend(topo.role_addresses(role) or ())
+                        found.setdefault(kind, []).append((role, topo.role_addresses(role) or ()))
             ctx.memo["tf.addresses"] = found
         return found
+
+    def role_ports(self, ctx: Context, port: Port) -> dict[str, Port]:
+        """Each TF role's port. TFJob reads each replica type's own, the port 'tfjob-port' of that type's template
+        (pkg/controller.v1/tensorflow/util.go GetPortFromTFJob, called per type by genClusterSpec), so a role's
+        tasks listen where its own pods say: found on the role's first pod, else the convention. A setting, the
+        job's one port (Volcano's tensorflow plugin's --port) or the leader's published port holds for every
+        role."""
+        found: dict[str, Port] | None = ctx.memo.get("tf.ports")
+        if found is None:
+            plan, options, topo, named = ctx.plan, ctx.options, ctx.topology, types_of(ctx)
+            name = (plan.controller.framework_port(self.key) or (None, None))[0]
+            one = name is None or ctx.partial or options.frameworks.port(self.key) is not None \
+                or options.frameworks.job_port(self.key) is not None
+            found = {}
+            for role in topo.roles:
+                if task_type(role, named) is None:
+                    continue
+                members = () if one else topo.role_members(role)
+                pod = plan.pods.get(members[0].name) if members else None
+                found[role] = port if pod is None else (resolve_port(self, plan, options, pod=pod) or port)
+            ctx.memo["tf.ports"] = found
+        return found
+
+    def published_port(self, plan: Plan, options: Options) -> Port | None:
+        """None where the TF roles listen on different ports: a pod in its own view knows only the one published,
+        so it writes every member (the view choice asks ``own_view_serves``)."""
+        port = self.port(plan, options)
+        if port is None or plan.published_ports is not None:
+            return port
+        ports = self.role_ports(Context(plan, options, {}, {}, None), port)
+        return port if len({p.number for p in ports.values()}) <= 1 else None
 
     def blocked(self, ctx: Context, port: Port | None) -> str | None:
         why = super().blocked(ctx, port)
@@ -115,7 +159,7 @@ class Tf(Framework):
     def alone(self, ctx: Context, port: Port) -> bool:
         """The job is one TF task: TFJob (util.go isDistributed) and Volcano's plugin (OnPodCreate) set no TF_CONFIG
         then, since TF's Estimator takes a TF_CONFIG of one worker for a distributed job (kubeflow/trainer#1078)."""
-        return sum(map(len, self.addresses(ctx).values())) == 1
+        return sum(len(addresses) for roles in self.addresses(ctx).values() for _, addresses in roles) == 1
 
     def text(self, ctx: Context, port: Port) -> bytes:
         """tf_config.json: ``config``, its cluster each type's ``<address>:<port>`` in rank order (``hosts_json``)."""
@@ -129,9 +173,17 @@ class Tf(Framework):
         if config["cluster"] is not None:  # a controller's own cluster field: written as the encoder writes it
             return compact_json(config)
         parts = [b'{"cluster":{']
-        for kind, addresses in self.addresses(ctx).items():
-            parts += [b"," if len(parts) > 1 else b"", json.dumps(kind).encode(), b":",
-                      *hosts_json(addresses, port.number)]
+        ports = self.role_ports(ctx, port)
+        for kind, roles in self.addresses(ctx).items():
+            parts += [b"," if len(parts) > 1 else b"", json.dumps(kind).encode(), b":"]
+            numbers = {ports[role].number for role, _ in roles}
+            if len(numbers) == 1:  # one port: the type's addresses in one list (one join, ``hosts_json``)
+                everyone = roles[0][1] if len(roles) == 1 else [a for _, addresses in roles for a in addresses]
+                parts += hosts_json(everyone, numbers.pop())
+            else:  # 'chief' and 'master' roles at their own ports
+                parts.append(json.dumps([h for role, addresses in roles for h in host_ports(addresses,
+                                                                                             ports[role].number)],
+                                        separators=(",", ":")).encode())
         rest = compact_json({k: v for k, v in config.items() if k != "cluster"})  # "task" first, then the fields
         return b"".join([*parts, b"},", rest[1:]])
 
@@ -145,8 +197,14 @@ class Tf(Framework):
                              "without it (as TFJob and Volcano, kubeflow/trainer#1078); tf_config.json is {}",
                              written=False)]
         roles = ", ".join(sorted(named or ROLE_TYPES))
-        return [Variable("TF_CONFIG", text, f"the live members of roles {roles} in rank order, each "
-                         f"<address>:{port.number} ({port.source}); this pod is task '{kind}' (= tf_config.json)")]
+        ports = self.role_ports(ctx, port)
+        if len({p.number for p in ports.values()}) <= 1:
+            where = f"each <address>:{port.number} ({port.source})"
+        else:
+            where = "each role's tasks at its own port: " + ", ".join(f"{role} {p.number} ({p.source})"
+                                                                      for role, p in ports.items())
+        return [Variable("TF_CONFIG", text, f"the live members of roles {roles} in rank order, {where}; this pod is "
+                         f"task '{kind}' (= tf_config.json)")]
 
     def extra_files(self, ctx: Context, port: Port | None) -> dict[str, bytes]:
         assert port is not None
