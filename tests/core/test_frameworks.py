@@ -430,6 +430,22 @@ def test_the_mpijob_launcher_replaces_the_operators_hostfile_and_keeps_what_the_
     assert rendition.selected_by == "MPIJob (MPI operator v2) jobs"
 
 
+TRAINER_LAUNCHER = "ds-launcher-0-0-" + examples._suffix("ds-launcher-0", 0)
+
+
+def test_mlx_on_trainers_launcher_runs_over_mpirun_so_the_launcher_gets_mpi_env_too():
+    """Trainer v2's mlx-distributed runtime runs mpirun from the launcher (mlPolicy.mpi, OpenMPI): MLX there needs
+    the MPI launcher's variables, whatever selected MLX; the nodes, which mpirun reaches over SSH, get none."""
+    pods = examples.trainjob_mpi(num_nodes=3)
+    rendered = rendered_with(pods, TRAINER_LAUNCHER, ("mlx",), files_dir="/shared", nproc_per_node=1)
+    mpi = part(rendered, "mpi")
+    check(mpi, {"OMPI_MCA_orte_default_hostfile": "/shared/hostfile", "OMPI_MCA_orte_set_default_slots": "1",
+                "PRTE_MCA_prte_default_hostfile": "/shared/hostfile"})
+    assert set(mpi.files) == {"mpi.env", "hydra_hostfile"} and "mpirun" in mpi.selected_by
+    node = rendered_with(pods, "ds-node-0-1-" + examples._suffix("ds-node-0", 1), ("mlx",), nproc_per_node=1)
+    assert [r.key for r in node.frameworks] == ["mlx"]
+
+
 def test_mpijob_workers_get_no_mpi_file_and_explain_says_who_does():
     rendition = part(render_pod(examples.mpijob(), "allreduce-worker-0", Options()), "mpi")
     assert rendition.files == {}

@@ -96,6 +96,9 @@ def selected(plan: Plan, options: Options) -> list[tuple[Framework, str]]:
         why.setdefault(name, reason)
     for name in implied:
         why.setdefault(name, f"{plan.controller.title} jobs")
+    if "mlx" in why and plan.topology.me.role == LAUNCHER_ROLE:  # the pod's own role: it keeps the file or never has it
+        why.setdefault("mpi", f"MLX from a '{LAUNCHER_ROLE}' pod runs over mpirun (Trainer v2's mlx runtime); mlx "
+                              f"by {why['mlx']}")
     return [(FRAMEWORKS[key], why[key]) for key in FRAMEWORKS if key in why]
 
 
