@@ -170,10 +170,12 @@ def with_implied_frameworks(controller: Controller, objects: Objects, options: O
     roles = tuple((name, a.roles) for name, a in args.items() if a.roles and chosen.role_map(name) is None)
     ports = tuple((name, a.port, a.source) for name, a in args.items()
                   if a.port is not None and chosen.job_port(name) is None)
-    if not added and not roles and not ports:
+    containers = tuple((name, a.container) for name, a in args.items()
+                       if a.container is not None and chosen.container(name) is None)
+    if not added and not roles and not ports and not containers:
         return options
     frameworks = dataclasses.replace(chosen, implied=chosen.implied + added, roles=chosen.roles + roles,
-                                     job_ports=chosen.job_ports + ports)
+                                     job_ports=chosen.job_ports + ports, containers=chosen.containers + containers)
     return dataclasses.replace(options, frameworks=frameworks)
 
 

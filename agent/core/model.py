@@ -127,19 +127,24 @@ class FrameworkOptions:
     (read by init and the sidecar: an MPIJob's launcher gets mpi); ``ports``: ``--<framework>-port``. What the
     job's objects say of a framework (a Volcano job's tensorflow plugin: its task names and ``--port``):
     ``roles``, the job's role -> the framework's role, per framework; ``job_ports``, a port and where it was
-    read."""
+    read; ``containers``, the container whose ports hold a framework's port (a Volcano ray plugin's
+    ``--headContainer``)."""
 
     names: tuple[str, ...] = ()
     implied: tuple[tuple[str, str], ...] = ()
     ports: tuple[tuple[str, int], ...] = ()
     roles: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     job_ports: tuple[tuple[str, int, str], ...] = ()
+    containers: tuple[tuple[str, str], ...] = ()
 
     def port(self, framework: str) -> int | None:
         return dict(self.ports).get(framework)
 
     def job_port(self, framework: str) -> tuple[int, str] | None:
         return next(((port, source) for key, port, source in self.job_ports if key == framework), None)
+
+    def container(self, framework: str) -> str | None:
+        return dict(self.containers).get(framework)
 
     def role_map(self, framework: str) -> dict[str, str] | None:
         found = dict(self.roles).get(framework)

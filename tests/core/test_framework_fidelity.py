@@ -128,17 +128,74 @@ RAY_CASES = [
 ]
 
 
+def _ray_plugin_pods(job: str, tasks: tuple[tuple[str, int], ...], head: str = "head",
+                     containers: dict[str, str] | None = None, gcs: int | None = 6379) -> list[dict[str, Any]]:
+    """A Volcano job's pods as the ray plugin leaves them: each task's container named as in ray_test.go (the head
+    task's ``head``, the others' ``worker``; ``containers``: task -> another name), and on the head task's container
+    the GCS port named ``gcs`` that OnPodCreate opens there (openHeadContainerPort; None: none)."""
+    pods = examples.volcano_job(job, tasks=tasks, plugins=("svc",))
+    for pod in pods:
+        task = pod["metadata"]["labels"]["volcano.sh/task-spec"]
+        container = pod["spec"]["containers"][0]
+        container["name"] = (containers or {}).get(task, "head" if task == head else "worker")
+        if task == head and gcs is not None:
+            container["ports"] = [{"name": "gcs", "containerPort": gcs}]
+    return pods
+
+
 @pytest.mark.parametrize(("job", "tasks", "args", "me", "address"), [c[1:] for c in RAY_CASES],
                          ids=[c[0] for c in RAY_CASES])
 def test_volcanos_ray_plugin_test_is_the_agents_ray_address(job, tasks, args, me, address):
     """A worker reaches the head where Volcano's ``ray start --address`` does; the head listens on the plugin's
     ``--port`` (as KubeRay's head, RAY_ADDRESS names it on 127.0.0.1)."""
-    pods = examples.volcano_job(job, tasks=tasks, plugins=("svc",))
+    pods = _ray_plugin_pods(job, tasks, tasks[0][0], gcs=int(address.rpartition(":")[2]))
     pod = next(p for p in pods if p["metadata"]["name"] == me)
     view = read(pod, [_vcjob(job, tasks, {"ray": args})], Options())
     env = written(part(render_pod(pods, me, view.options), "ray"))
     assert env["RAY_ADDRESS"] == address, VOLCANO_RAY
     assert env["RAY_PORT"] == address.rpartition(":")[2]
+
+
+def test_the_ray_plugins_client_task_gets_no_ray_env():
+    """A client task beside the plugin's head and workers (a driver that submits to the cluster) is no Ray node:
+    the plugin's tasks are the job's training roles, and no framework's files go to a pod that does not train."""
+    tasks = (("head", 1), ("worker", 2), ("client", 1))
+    pods = _ray_plugin_pods("rc", tasks, containers={"client": "client"})
+    view = read(pods[-1], [_vcjob("rc", tasks, {"ray": []})], Options())
+    assert view.options.roles == ("head", "worker")
+    client = part(render_pod(pods, "rc-client-0", view.options), "ray")
+    assert client.files == {} and "role 'client' is not a training role (head, worker)" in client.notes[0]
+    worker = written(part(render_pod(pods, "rc-worker-1", view.options), "ray"))
+    assert worker["RAY_ADDRESS"] == "rc-head-0.rc:6379"
+
+
+@pytest.mark.parametrize(("args", "containers", "gcs", "port", "source"), [
+    (["--headContainer=ray", "--port=1234"], {"head": "ray"}, 1234, "1234",
+     "port 'gcs' of container 'ray' in pod 'rh-head-0', where Volcano Job's ray plugin starts the head"),
+    (["--headContainer", "ray", "--port", "1234"], {"head": "main"}, None, "6379",
+     "Ray's GCS port 6379 (KubeRay DefaultGcsServerPort): Volcano Job's ray plugin starts the head only in "
+     "container 'ray', which pod 'rh-head-0' has not"),
+], ids=["the head container's gcs port", "a head pod without the plugin's container: Ray's default"])
+def test_the_ray_plugins_head_container_holds_the_heads_port(args, containers, gcs, port, source):
+    """ray.go OnPodCreate starts ``ray start --head --port=<--port>`` and opens the port, named gcs, only in the head
+    task's container named ``--headContainer`` (default head); a head pod without it is left alone, and its Ray
+    listens where Ray's own default puts it."""
+    tasks = (("head", 1), ("worker", 1))
+    pods = _ray_plugin_pods("rh", tasks, containers=containers, gcs=gcs)
+    pods[0]["spec"]["containers"].insert(0, {"name": "log-shipper", "image": "busybox", "ports": [
+        {"name": "gcs", "containerPort": 9}]})  # not the plugin's container: its ports are not read
+    view = read(pods[1], [_vcjob("rh", tasks, {"ray": args})], Options())
+    ray = part(render_pod(pods, "rh-worker-0", view.options), "ray")
+    assert written(ray)["RAY_ADDRESS"] == f"rh-head-0.rh:{port}"
+    assert ray.port is not None and ray.port.source == source
+
+
+def test_offline_the_ray_heads_port_is_the_gcs_port_the_plugin_opened():
+    """``render`` without the job object: the head pod's container ``head`` shows the port the plugin opened."""
+    pods = _ray_plugin_pods("ro", (("head", 1), ("worker", 2)), gcs=1234)
+    options = Options(roles=("head", "worker"), frameworks=FrameworkOptions(names=("ray",)))
+    assert written(part(render_pod(pods, "ro-worker-1", options), "ray"))["RAY_ADDRESS"] == "ro-head-0.ro:1234"
+    assert written(part(render_pod(pods, "ro-head-0", options), "ray"))["RAY_ADDRESS"] == "127.0.0.1:1234"
 
 
 # --- JAXJob: envvar_test.go TestSetPodEnv -------------------------------------------------------------------------

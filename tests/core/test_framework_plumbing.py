@@ -334,8 +334,9 @@ def test_every_pod_of_a_job_computes_the_same_world(shape, n, nproc, address, v6
     rank0 = first.plan.topology.me
     assert masters == {f"{bracketed(rank0.address)}:36543"}  # rank 0 itself: its own IP, where the master starts
     assert written(part(first, "paddle"))["PADDLE_MASTER"] == f"{bracketed(rank0.ip or '')}:36543"
-    heads = [written(part(r, "ray"))["RAY_ADDRESS"] for r in renders]
+    heads = [written(part(r, "ray"))["RAY_ADDRESS"] for r in training]
     assert heads.count("127.0.0.1:6379") == 1 and len(set(heads)) == 2
+    assert all(part(r, "ray").files == {} for r in renders if not r.plan.topology.me.training)
     for key, name in (("jax", "JAX_PROCESS_ID"), ("xgboost", "DMLC_TASK_ID"), ("mlx", "MLX_RANK")):
         ids = sorted(int(e[name]) + local for e in envs[key] for local in range(nproc))
         assert ids == list(range(world)), (key, ids)

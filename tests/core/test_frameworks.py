@@ -459,12 +459,10 @@ RAY_CASES = [
      {"RAY_ADDRESS": "demo-master-0.demo:6379", "RAY_PORT": "6379", "FQ_RAY_IP": "demo-master-0.demo"}),
     ("the head itself: 127.0.0.1, as KubeRay's head", volcano, "demo-master-0", {},
      {"RAY_ADDRESS": "127.0.0.1:6379", "FQ_RAY_IP": "demo-master-0.demo"}),
-    ("a pod that does not train is a Ray node too", volcano, "demo-extras-0", {},
-     {"RAY_ADDRESS": "demo-master-0.demo:6379"}),
     ("role 'head' (Volcano's ray plugin) is the head", lambda: volcano(tasks=(("head", 1), ("worker", 2))),
      "demo-worker-1", {}, {"RAY_ADDRESS": "demo-head-0.demo:6379", "FQ_RAY_IP": "demo-head-0.demo"}),
     ("the head of role 'head' gets 127.0.0.1", lambda: volcano(tasks=(("head", 1), ("worker", 2))),
-     "demo-head-0", {}, {"RAY_ADDRESS": "127.0.0.1:6379"}),
+     "demo-head-0", {"roles": ("head", "worker")}, {"RAY_ADDRESS": "127.0.0.1:6379"}),
     ("IPv6 and --ray-port", lambda: ipv6(examples.indexed_job(completions=2)), "sweep-1-h9q5m",
      {"address": "ip", "ports": (("ray", 7000),)}, {"RAY_ADDRESS": "[fd00::1]:7000", "FQ_RAY_IP": "fd00::1"}),
 ]
@@ -474,6 +472,12 @@ RAY_CASES = [
                          ids=[c[0] for c in RAY_CASES])
 def test_ray(pods, me, options, expected):
     check(part(rendered_with(pods(), me, ("ray",), **options), "ray"), expected)
+
+
+def test_a_pod_that_does_not_train_gets_no_ray_file_and_explain_says_why():
+    rendition = part(rendered_with(volcano(), "demo-extras-0", ("ray",)), "ray")
+    assert rendition.files == {} and rendition.variables == ()
+    assert "role 'extras' is not a training role (master, worker); ray.env goes to training pods" in rendition.notes[0]
 
 
 @pytest.mark.parametrize("addresses, joined", [

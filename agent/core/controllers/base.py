@@ -192,6 +192,7 @@ class FrameworkArgs:
     roles: tuple[tuple[str, str], ...] = ()
     port: int | None = None
     source: str = ""
+    container: str | None = None  # the container whose ports hold the port (the ray plugin's --headContainer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +342,11 @@ class Controller(abc.ABC):
     def framework_port(self, framework: str) -> tuple[str | None, int | None] | None:
         """The container port name (looked up on rank 0's trainer container) and the default port this
         controller gives ``framework``; None: no convention of its own."""
+        return None
+
+    def framework_container(self, framework: str) -> str | None:
+        """The container (by name) whose ports hold ``framework``'s port where the controller names one (Volcano's
+        ray plugin: the head task's ``head``); None: the trainer container."""
         return None
 
     def framework_args(self, objects: Objects) -> dict[str, FrameworkArgs]:

@@ -90,6 +90,13 @@ PLUGINS: Mapping[str, Plugin] = {
 _GO_BOOLS = {"1": "true", "t": "true", "T": "true", "TRUE": "true", "true": "true", "True": "true",
              "0": "false", "f": "false", "F": "false", "FALSE": "false", "false": "false", "False": "false"}
 
+# The ray plugin starts the head with ``ray start --head --port=<--port>`` in the head task's container named by
+# --headContainer (default "head"), and opens the GCS port there as a container port named "gcs" unless one has
+# that number already; a head pod without that container is left alone (ray.go OnPodCreate, openHeadContainerPort,
+# DefaultHeadContainer, GcsPortName; since v1.13.0).
+RAY_HEAD_CONTAINER = ("headContainer", "head")
+RAY_GCS_PORT_NAME = "gcs"
+
 
 def _underscores_ok(digits: str) -> bool:
     """strconv's underscoreOK: each '_' follows a digit (or the base prefix) and precedes one."""
@@ -245,10 +252,17 @@ class Volcano(Controller):
             if name not in plugins or plugin.framework is None:
                 continue
             args = plugin_args(name, plugins[name], job)
+            container = go_flags(plugins[name], plugin.flags).get(*RAY_HEAD_CONTAINER) if name == "ray" else None
             found[plugin.framework] = FrameworkArgs(
                 roles=tuple((args.tasks[role], plugin.plays.get(role, role)) for role in plugin.roles),
-                port=args.port if plugin.framework_port else None, source=args.source)
+                port=args.port if plugin.framework_port else None, source=args.source, container=container)
         return found
+
+    def framework_port(self, framework: str) -> tuple[str | None, int | None] | None:
+        return (RAY_GCS_PORT_NAME, None) if framework == "ray" else None
+
+    def framework_container(self, framework: str) -> str | None:
+        return RAY_HEAD_CONTAINER[1] if framework == "ray" else None
 
     def plugin_roles(self, job: Mapping[str, Any] | None) -> tuple[str, tuple[str, ...]] | None:
         """The training roles the job's plugins give, in rank order, and the plugin: the first plugin of

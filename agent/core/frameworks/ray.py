@@ -1,14 +1,23 @@
 """Ray: ``ray.env`` with what KubeRay gives its pods (kuberay pod.go setContainerEnvVars, v1.7).
 
-Ray follows membership itself (a raylet that reaches the GCS joins), so every pod of the job gets the head's
-address, training or not: the head gets ``RAY_ADDRESS=127.0.0.1:<port>`` as KubeRay's head does, the others
-``<head>:<port>``. The head is the first pod of role ``head`` (a KubeRay head group), or of the task a Volcano
-job's ray plugin names ``--head`` (default ``head``), else node rank 0.
+Ray follows membership itself (a raylet that reaches the GCS joins), so every training pod gets the head's
+address: the head gets ``RAY_ADDRESS=127.0.0.1:<port>`` as KubeRay's head does, the others ``<head>:<port>``. A
+pod that does not train (a Volcano job's client task, which submits to the cluster) is no Ray node and gets no
+file, as no framework's files go to such a pod. The head is the first pod of role ``head`` (a KubeRay head group),
+or of the task a Volcano job's ray plugin names ``--head`` (default ``head``), else node rank 0.
+
+The port is where the head listens. Volcano's ray plugin starts the head, with its ``--port``, only in the head
+pod's container named by ``--headContainer`` (default ``head``), and opens the port there, named ``gcs``
+(volcano ray.go OnPodCreate, openHeadContainerPort): the agent reads that container's ``gcs`` port, and a head
+pod without the container, which the plugin leaves alone, listens on Ray's own default.
 """
 
 from __future__ import annotations
 
-from agent.core.frameworks.base import Context, Framework, Port, role_map
+from agent.core.frameworks.base import Context, Framework, Port, named_port, resolve_port
+from agent.core.model import Member, Options, RawPod
+from agent.core.pods import pod_name
+from agent.core.topology import Plan
 from agent.core.variables import Variable, bracketed
 
 HEAD_ROLE = "head"
@@ -16,7 +25,12 @@ HEAD_ROLE = "head"
 
 def head_role(ctx: Context) -> str:
     """The role whose first pod is the head: the job's naming (a Volcano ray plugin's --head), else 'head'."""
-    named = role_map(ctx, "ray") or {}
+    return _head_role(ctx.plan, ctx.options)
+
+
+def _head_role(plan: Plan, options: Options) -> str:
+    found = options.frameworks.role_map("ray")
+    named = found if found is not None else plan.controller.framework_roles("ray") or {}
     return next((role for role, kind in named.items() if kind == HEAD_ROLE), HEAD_ROLE)
 
 
@@ -38,15 +52,39 @@ def head_of(ctx: Context) -> tuple[str, bool, str] | None:
     return None
 
 
+def _head_pod(plan: Plan, options: Options) -> RawPod | None:
+    """The head's pod in a whole plan (None in an own view's, or without a head)."""
+    topo = plan.topology
+    role = _head_role(plan, options)
+    head: Member | None = topo.role_members(role)[0] if role in topo.roles else \
+        (topo.training[0] if topo.training else None)
+    return plan.pods.get(head.name) if head is not None else None
+
+
 class Ray(Framework):
     key, title, env_file = "ray", "Ray", "ray.env"
-    recipients = "every pod of the job"
     default_port = 6379
     port_meaning = "the head's GCS port"
     default_port_source = "Ray's GCS port 6379 (KubeRay DefaultGcsServerPort)"
 
-    def refusal(self, ctx: Context) -> str | None:
-        return None
+    def port(self, plan: Plan, options: Options) -> Port | None:
+        """As any framework's, but where the controller names the head's container (Volcano's ray plugin): that
+        container's port on the head's pod; where the job's plugin is known to run (the job object was read), Ray's
+        default when the head pod has no such container, which the plugin leaves alone."""
+        plugin = options.frameworks.container(self.key)
+        container = plugin if plugin is not None else plan.controller.framework_container(self.key)
+        name = (plan.controller.framework_port(self.key) or (None, None))[0]
+        pod = _head_pod(plan, options) if container is not None and options.frameworks.port(self.key) is None \
+            and plan.published_ports is None else None
+        if pod is None or name is None:
+            return resolve_port(self, plan, options)
+        if plugin is not None and not any(c.get("name") == plugin for c in pod.get("spec", {}).get("containers", [])):
+            return Port(self.default_port, f"{self.default_port_source}: {plan.controller.title}'s ray plugin "
+                        f"starts the head only in container '{plugin}', which pod '{pod_name(pod)}' has not")
+        found = named_port(pod, name, options, container=container)
+        if found is not None:
+            return Port(found.number, f"{found.source}, where {plan.controller.title}'s ray plugin starts the head")
+        return resolve_port(self, plan, options)
 
     def blocked(self, ctx: Context, port: Port | None) -> str | None:
         if head_of(ctx) is None:
