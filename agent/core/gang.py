@@ -152,7 +152,29 @@ def job_reads(me: RawPod, options: Options) -> JobReads:
                 f"{options.label('roles')} names {', '.join(repr(r) for r in unknown)}, but {kind} '{name}' has no "
                 f"such role (roles present: {', '.join(sorted(counts))}); fix the role names")
         options = dataclasses.replace(options, roles_checked=True)
-    return JobView(controller, with_implied_frameworks(controller, objects, options), tuple(objects), found.notes)
+    options = with_first_size(controller, objects, with_implied_frameworks(controller, objects, options))
+    return JobView(controller, options, tuple(objects), found.notes)
+
+
+def with_first_size(controller: Controller, objects: Objects, options: Options) -> Options:
+    """``options`` with how many training pods the job starts with, as its objects say: the elastic minimum, else
+    the training roles' replicas (the pods init waits for). The first membership keeps the controller's XGBoost
+    tracker port (core/frameworks/xgboost.py); init and the sidecar read the same objects, so they agree."""
+    if not objects or options.frameworks.first is not None:
+        return options
+    owner = objects[0]
+    where = f"{owner.get('kind', controller.title)} '{(owner.get('metadata') or {}).get('name', '?')}'"
+    low = options.elastic[0] if options.elastic is not None else controller.elastic_minimum(objects)
+    if low is not None:
+        first = (low, f"the elastic minimum of {where}")
+    else:
+        counts = controller.replica_counts(objects)
+        roles = [r for r in controller.training_roles(options) or tuple(counts) if r in counts]
+        total = sum(counts[r] for r in roles)
+        if not total:
+            return options
+        first = (total, f"the replicas of {', '.join(roles)} in {where}")
+    return dataclasses.replace(options, frameworks=dataclasses.replace(options.frameworks, first=first))
 
 
 def with_implied_frameworks(controller: Controller, objects: Objects, options: Options) -> Options:

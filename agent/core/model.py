@@ -128,7 +128,8 @@ class FrameworkOptions:
     job's objects say of a framework (a Volcano job's tensorflow plugin: its task names and ``--port``):
     ``roles``, the job's role -> the framework's role, per framework; ``job_ports``, a port and where it was
     read; ``containers``, the container whose ports hold a framework's port (a Volcano ray plugin's
-    ``--headContainer``)."""
+    ``--headContainer``); ``first``, how many training pods the job starts with and where that was read (its
+    objects), which XGBoost's tracker port follows."""
 
     names: tuple[str, ...] = ()
     implied: tuple[tuple[str, str], ...] = ()
@@ -136,6 +137,7 @@ class FrameworkOptions:
     roles: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     job_ports: tuple[tuple[str, int, str], ...] = ()
     containers: tuple[tuple[str, str], ...] = ()
+    first: tuple[int, str] | None = None
 
     def port(self, framework: str) -> int | None:
         return dict(self.ports).get(framework)

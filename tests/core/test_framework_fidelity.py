@@ -246,21 +246,46 @@ def test_paddlejob_writes_no_rank_the_agent_does():
 
 # --- XGBoostJob: xgboost.go SetPodEnv (its tests check no variable) ------------------------------------------------
 
-def test_xgboostjobs_variables_are_the_agents_but_the_tracker_port():
+def test_xgboostjobs_variables_are_the_agents_and_its_first_membership_its_port():
     """XGBoostJob's own tests check ports only; its SetPodEnv (v1.9.4) writes RANK master 0, worker index + 1,
-    WORLD_SIZE the replicas, MASTER_ADDR <job>-master-0, WORKER_ADDRS the workers. Difference: MASTER_PORT and
-    WORKER_PORT are the tracker's port, the base (xgboostjob-port, 9999) moved by a hash of the members, new with
-    each membership (docs/frameworks.md)."""
+    WORLD_SIZE the replicas, MASTER_ADDR <job>-master-0, WORKER_ADDRS the workers, MASTER_PORT xgboostjob-port
+    (9999). The job's first membership (as many pods as WORLD_SIZE says) keeps that port; a later one moves it by a
+    hash of its members, new with each membership (docs/frameworks.md)."""
     pods = examples.xgboostjob("xgb", workers=2)
     for pod in pods:
         name = pod["metadata"]["name"]
         injected = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         rendition = part(render_pod(pods, name, Options()), "xgboost")
         env = written(rendition)
-        same = ("MASTER_ADDR", "WORLD_SIZE", "RANK", "WORKER_ADDRS")
+        same = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "WORKER_ADDRS")
         assert {k: env[k] for k in same} == {k: injected[k] for k in same}, name
-        assert injected["MASTER_PORT"] == "9999" and env["MASTER_PORT"] == env["WORKER_PORT"] != "9999"
-        assert rendition.port is not None and "base 9999 (port 'xgboostjob-port'" in rendition.port.source
+        assert env["DMLC_TRACKER_PORT"] == env["WORKER_PORT"] == "9999"
+        assert rendition.port is not None and rendition.port.source.startswith("port 'xgboostjob-port'")
+    shrunk = written(part(render_pod(pods[:2], "xgb-master-0", Options()), "xgboost"))  # worker 1 has gone
+    assert shrunk["WORLD_SIZE"] == "2" and 9999 < int(shrunk["DMLC_TRACKER_PORT"]) < 9999 + 1024
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "XGBoostJob", "metadata": {"name": "xgb", "namespace": "default"},
+           "spec": {"xgbReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 2}}}}
+    view = read(pods[0], [job], Options())  # init and the sidecar: the job object says it
+    assert view.options.frameworks.first == (3, "the replicas of master, worker in XGBoostJob 'xgb'")
+    assert part(render_pod(pods, "xgb-worker-1", view.options), "xgboost").port.number == 9999  # type: ignore
+
+
+def test_the_first_membership_of_a_job_read_from_its_objects_keeps_the_port_a_later_one_moves_it():
+    """The elastic PyTorchJob the frameworks' end-to-end test runs (minReplicas 2, maxReplicas 3) with --frameworks
+    xgboost: the two pods it starts with get the base port; when a third joins, every pod (the third's init, the
+    others' sidecars, all reading the same object) names another, which XGBoost's new tracker takes."""
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "fw", "namespace": "default"},
+           "spec": {"elasticPolicy": {"minReplicas": 2, "maxReplicas": 3}, "pytorchReplicaSpecs": {
+               "Worker": {"replicas": 2}}}}
+    pods = examples.pytorchjob("fw", workers=3, master=False, elastic=(2, 3))
+    options = Options(frameworks=FrameworkOptions(names=("xgboost",)))
+    view = read(pods[0], [job], options)
+    assert view.options.frameworks.first == (2, "the elastic minimum of PyTorchJob 'fw'")
+    ports = {len(members): {part(render_pod(members, p["metadata"]["name"], view.options), "xgboost").port
+                            for p in members} for members in (pods[:2], pods)}
+    (first,), (later,) = ports[2], ports[3]
+    assert first is not None and first.number == 9999 and "the job's first membership" in first.source
+    assert later is not None and 9999 < later.number < 9999 + 1024 and "not the job's first membership" in later.source
 
 
 # --- Trainer v2: jax_test.go, xgboost_test.go, mpi_test.go --------------------------------------------------------
@@ -310,7 +335,8 @@ def test_trainers_xgboost_values_are_the_agents_but_the_task_ids_with_gpus_and_t
                                                                                       workers):
     """DMLC_TRACKER_URI and DMLC_NUM_WORKER agree (a worker per GPU, else one per pod). Differences: with GPUs
     Trainer's DMLC_TASK_ID is the pod's index while DMLC_NUM_WORKER counts GPUs, and the group never forms
-    (measured); the agent's is the pod's first worker's id. DMLC_TRACKER_PORT is the base 29500 moved by a hash of
+    (measured); the agent's is the pod's first worker's id. DMLC_TRACKER_PORT is Trainer's 29500 for the job's
+    first membership (as many workers as DMLC_NUM_WORKER says), and only a later one moves it by a hash of
     the members (a new tracker port with each membership)."""
     name = name.lower()
     pods = _xgboost_pods(name, nodes, gpus)
@@ -321,7 +347,7 @@ def test_trainers_xgboost_values_are_the_agents_but_the_task_ids_with_gpus_and_t
         env = written(rendition)
         assert env["DMLC_TRACKER_URI"] == f"{name}-node-0-0.{name}" and env["DMLC_NUM_WORKER"] == str(workers)
         assert env["DMLC_TASK_ID"] == str(index * max(gpus, 1))  # Trainer's: str(index)
-        assert 29500 <= int(env["DMLC_TRACKER_PORT"]) < 29500 + 1024
+        assert env["DMLC_TRACKER_PORT"] == "29500"  # the job's first membership: Trainer's port
         assert rendition.port is not None and "Kubeflow TrainJob (via JobSet) convention 29500" in rendition.port.source
 
 

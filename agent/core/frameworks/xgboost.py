@@ -10,10 +10,14 @@ does not count. Start the tracker with ``sortby="task"`` so that the rank is the
 
 XGBoost re-forms its group in the same process between rounds, with a new tracker on a new port. The port is
 derived from the membership so that every pod computes the same one without talking to the others (their
-generation numbers are their own): the base port (``--xgboost-port``, the controller's, else 9999) plus a stable
-hash (SHA-256) of the training members' names, addresses, node ranks and process counts, modulo
-``TRACKER_PORTS`` (fewer where the range would pass 65535). Every field hashed is part of the membership key the
-sidecar compares, so a change that alters the port always rewrites the files.
+generation numbers are their own). The job's first membership, as many training pods as the job starts with
+(``FrameworkOptions.first``, from its objects; without them, the count the controller wrote into this pod:
+XGBoostJob's ``WORLD_SIZE``, Trainer v2's ``DMLC_NUM_WORKER``), gets the base port itself (``--xgboost-port``, the
+controller's, else 9999), where the controller puts its tracker. Any other membership gets the base plus one plus
+a stable hash (SHA-256) of the training members' names, addresses, node ranks and process counts, modulo
+``TRACKER_PORTS`` - 1 (fewer where the range would pass 65535), so never the first's. Every field hashed is part
+of the membership key the sidecar compares, so a change that alters the port always rewrites the files. Where the
+first membership is not known (a job read from its pods alone), every membership's port is hashed.
 
 XGBoostJob's ``MASTER_ADDR``/``MASTER_PORT``/``WORLD_SIZE``/``RANK``/``WORKER_ADDRS``/``WORKER_PORT``
 (training-operator v1.9 pkg/controller.v1/xgboost/xgboost.go) are written per pod, one LightGBM machine per pod,
@@ -27,16 +31,44 @@ import hashlib
 from agent.core.frameworks.base import Context, Framework, Port, compact_json, process_notes, processes, resolve_port
 from agent.core.model import ADDRESS, Member, Options
 from agent.core.topology import Plan
-from agent.core.variables import Variable
+from agent.core.variables import Variable, trainer_env
 
 TRACKER_PORTS = 1024
 
 
+# What a controller writes into its XGBoost pods that counts the job's first membership, and in what: training
+# pods (training-operator v1.9 pkg/controller.v1/xgboost/xgboost.go SetPodEnv: WORLD_SIZE, the replicas of master
+# and workers) or XGBoost workers (Trainer v2.3.0 pkg/runtime/framework/plugins/xgboost/xgboost.go:
+# DMLC_NUM_WORKER, numNodes x GPUs per node).
+INJECTED_FIRST = {"xgboostjob": ("WORLD_SIZE", "pods"), "trainjob": ("DMLC_NUM_WORKER", "workers")}
+
+
 def tracker_port(base: int, training: tuple[Member, ...]) -> int:
-    """``base`` + a stable hash of the training members, in [base, base + TRACKER_PORTS) and at most 65535."""
+    """``base`` + 1 + a stable hash of the training members, in [base + 1, base + TRACKER_PORTS) and at most
+    65535 (``base`` itself where no port is above it)."""
     text = "\n".join(f"{m.name} {m.address} {m.node_rank} {m.slots}" for m in training)
-    span = min(TRACKER_PORTS, 65536 - base)
-    return base + int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % span
+    span = min(TRACKER_PORTS, 65536 - base) - 1
+    if span < 1:
+        return base
+    return base + 1 + int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % span
+
+
+def first_membership(plan: Plan, options: Options) -> tuple[bool, str] | None:
+    """Whether the plan's training members are the job's first membership, and what says how many that is; None:
+    nothing says."""
+    training = plan.topology.training
+    found = options.frameworks.first
+    if found is not None:
+        return len(training) == found[0], f"{found[1]}: {found[0]} training pods"
+    name, unit = INJECTED_FIRST.get(plan.controller.key, ("", ""))
+    said = trainer_env(plan, options)[1].get(name, "") if name else ""
+    if not (said.isascii() and said.isdigit()):
+        return None
+    where = f"{name}={said} that {plan.controller.title} wrote into pod '{plan.topology.self_name}'"
+    if unit == "pods":
+        return len(training) == int(said), where
+    count = processes(Context(plan, options, {}, {}, None), XGBOOST.process_rule)
+    return count is not None and count.total == int(said), where
 
 
 class XGBoost(Framework):
@@ -56,10 +88,16 @@ class XGBoost(Framework):
         base = resolve_port(self, plan, options)
         if base is None or not plan.topology.training:
             return None
-        span = min(TRACKER_PORTS, 65536 - base.number)
+        first = first_membership(plan, options)
+        if first is not None and first[0]:
+            return Port(base.number, f"{base.source}: the job's first membership ({first[1]}); a later one moves "
+                        "it by a hash of its members")
+        span = min(TRACKER_PORTS, 65536 - base.number) - 1
+        why = f"not the job's first membership ({first[1]})" if first is not None else \
+            "the job's first membership is not known"
         return Port(tracker_port(base.number, plan.topology.training),
-                    f"base {base.number} ({base.source}) + hash of the training members mod {span}: the same on "
-                    "every pod, new with each membership")
+                    f"base {base.number} ({base.source}) + 1 + hash of the training members mod {span}: the same on "
+                    f"every pod, new with each membership; {why}")
 
     def variables(self, ctx: Context, port: Port | None) -> list[Variable]:
         assert port is not None
