@@ -159,8 +159,11 @@ def job_reads(me: RawPod, options: Options) -> JobReads:
 def with_first_size(controller: Controller, objects: Objects, options: Options) -> Options:
     """``options`` with how many training pods the job starts with, as its objects say: the elastic minimum, else
     the training roles' replicas (the pods init waits for). The first membership keeps the controller's XGBoost
-    tracker port (core/frameworks/xgboost.py); init and the sidecar read the same objects, so they agree."""
-    if not objects or options.frameworks.first is not None:
+    tracker port (core/frameworks/xgboost.py); init and the sidecar read the same objects, so they agree. Only for
+    a job that selects XGBoost: any other job's options are left as they were."""
+    chosen = options.frameworks
+    if not objects or chosen.first is not None or ("xgboost" not in chosen.names
+                                                   and "xgboost" not in dict(chosen.implied)):
         return options
     owner = objects[0]
     where = f"{owner.get('kind', controller.title)} '{(owner.get('metadata') or {}).get('name', '?')}'"

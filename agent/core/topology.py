@@ -47,8 +47,8 @@ class Plan:
     rank0_pod: RawPod | None = None  # node rank 0's pod, whose container ports name the frameworks' ports
     # The job's pods by name, as planned (the planner's own map, which its next change updates: read it while
     # rendering this plan): a framework finds the pod of a member whose container names its port (a TF role's,
-    # the Ray head's). Empty for an own view's plan.
-    pods: Mapping[str, RawPod] = field(default_factory=dict)
+    # the Ray head's). Empty for an own view's plan. What was read, not what was decided: plans compare without it.
+    pods: Mapping[str, RawPod] = field(default_factory=dict, compare=False, repr=False)
     # --view own: the frameworks' ports as the leader published them (core/summary.py); None for a whole plan
     published_ports: Mapping[str, tuple[int, str]] | None = None
 
