@@ -46,6 +46,9 @@ def test_xgboost_forms_its_group_again_in_the_same_process_when_a_third_pod_join
         assert rounds == sorted(rounds) and len(set(rounds)) == len(rounds)
     joined = third.lines()
     assert joined and joined[0].startswith("world=3 rank=2 ") and int(joined[0].split()[2].split("=")[1]) > 1
+    ports = {world: {line.split()[-1] for pod in job.pods for line in pod.lines() if line.startswith(f"world={world}")}
+             for world in (2, 3)}  # the job's first membership: the controller's port; the next: another
+    assert ports[2] == {"port=9999"} and len(ports[3]) == 1 and ports[3] != ports[2], ports
     report(framework="xgboost", what="2->3", seconds=round(seconds, 2))
     report(framework="xgboost", what="test", seconds=round(time.monotonic() - started, 1))
 

@@ -1,7 +1,7 @@
 """XGBoost trained in one process across a membership change: the group forms from the agent's files, each rank
 trains on its own data, and when a pod joins the group forms again at a round boundary and training goes on from
-the model. One line per round: world, rank, rounds, and the model's hash (the same on every rank only if the
-histograms were all-reduced). Stops 5 rounds after the world reached ``until`` processes.
+the model. One line per round: world, rank, rounds, the model's hash (the same on every rank only if the
+histograms were all-reduced) and the tracker's port. Stops 5 rounds after the world reached ``until`` processes.
 Arguments: the shared volume, the record file, until."""
 
 import hashlib
@@ -29,6 +29,7 @@ while stop_at is None or booster.num_boosted_rounds() < stop_at:
         stop_at = rounds + 5
     with open(record, "a") as handle:
         handle.write(f"world={group.world_size} rank={group.rank} rounds={rounds} "
-                     f"model={hashlib.sha256(bytes(booster.save_raw())).hexdigest()[:16]}\n")
+                     f"model={hashlib.sha256(bytes(booster.save_raw())).hexdigest()[:16]} "
+                     f"port={group.arguments['dmlc_tracker_port'] if group.arguments else '?'}\n")
     time.sleep(0.3)  # a round every ~0.3 s, so that the third pod joins while the others train
 group.close()
