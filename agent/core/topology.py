@@ -3,8 +3,10 @@
 
 Rank order is an explicit sort key (``RankRule``): JobSet's coordinator first, then the position of the pod's role
 in the training roles, then the controller's index (JobSet: job-global-index, then completion index). Never
-creation time, list order or IP: those differ between the pods' views of the same job, and two pods that disagree
-on ranks hang forever. ``_place`` is the one loop that gives NODE_RANK and RANK along that order; what other
+creation time or list order: those differ between the pods' views of the same job, and two pods that disagree
+on ranks hang forever. Under torchrun's c10d rendezvous the training pods are ordered by the address the agent
+gives torchrun (``PET_LOCAL_ADDR``), as c10d numbers its nodes (``c10d_rendezvous``): the ranks the agent writes
+are then torch's. ``_place`` is the one loop that gives NODE_RANK and RANK along that order; what other
 modules need to know about ranks without a plan comes from here too: the pod that will be rank 0, from the job's
 objects alone (``rank_zero``, for the publication's leader), and the ranks inside a run of the order
 (``ranks_in_run``, for the summary that ``--view own`` pods read). ``--rank-order topology`` reorders the training
@@ -21,13 +23,15 @@ import bisect
 import collections
 import itertools
 import operator
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.core.containers import pick_trainer_container
+from agent.core.containers import pick_trainer_container, user_env
 from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, Objects, detect_controller, parse_selector
 from agent.core.facts import Memo, PodFacts, Sizes, facts_of
+from agent.core.injected import controller_entries
 from agent.core.model import ROLE, Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains
 from agent.core.pods import find_pod, host_name, pod_name
@@ -51,6 +55,17 @@ class Plan:
     pods: Mapping[str, RawPod] = field(default_factory=dict, compare=False, repr=False)
     # --view own: the frameworks' ports as the leader published them (core/summary.py); None for a whole plan
     published_ports: Mapping[str, tuple[int, str]] | None = None
+    # Under the c10d order, the training member first in the controller's order: the rendezvous endpoint's host
+    # (``rendezvous_host``). None: node rank 0 is.
+    first_by_index: Member | None = None
+
+    @property
+    def rendezvous_host(self) -> Member:
+        """The training member whose address is torchrun's rendezvous endpoint: node rank 0, but under the c10d
+        order the first in the controller's order, as in index order. Every torchrun of a job must meet at one
+        endpoint while it runs, and a pod that joins with a lower address becomes c10d's rank 0: an endpoint
+        that followed it would send the new pod to a store of its own."""
+        return self.first_by_index or self.topology.training[0]
 
 
 def _master_port(rank0: RawPod | None, controller: Controller, options: Options) -> tuple[int, str]:
@@ -190,37 +205,87 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
 # --- the rank order ----------------------------------------------------------------------------------------
 
 SortKey = tuple[int, int, str, tuple[int, ...], str]
+_ELASTIC_RANGE = re.compile(r"([0-9]{1,7}):([0-9]{1,7})")
+
+
+def elastic_range(nnodes: str) -> tuple[int, int] | None:
+    """MIN:MAX of torchrun's ``--nnodes`` (``PET_NNODES``) when it makes the job elastic, else None."""
+    found = _ELASTIC_RANGE.fullmatch(nnodes)
+    if found is None or int(found.group(1)) > int(found.group(2)):
+        return None
+    return int(found.group(1)), int(found.group(2))
+
+
+def injected_values(pod: RawPod, controller: Controller, options: Options) -> dict[str, str]:
+    """Variables the controller wrote into the pod's trainer container (the last entry of a name wins, as in a
+    container's environment; a ``valueFrom`` is "(valueFrom)")."""
+    container = pick_trainer_container(pod, options.container)
+    env = (container or {}).get("env", [])
+    return {env[i].get("name", ""): ("(valueFrom)" if "valueFrom" in env[i] else str(env[i].get("value", "")))
+            for i in sorted(controller_entries(controller.key, env))}
+
+
+def c10d_rendezvous(pod: RawPod, controller: Controller, options: Options) -> bool:
+    """Whether torchrun meets its peers through the c10d rendezvous, which numbers the pods itself (``RankRule``'s
+    ``by_address``): the rendezvous torch.env gives torchrun, c10d for an elastic job (``--elastic``, or
+    ``PET_NNODES=MIN:MAX`` as the controller wrote it), unless the user set ``PET_RDZV_BACKEND`` in the trainer
+    container, whose value is then torchrun's. Every pod of a job reads the same template: all agree."""
+    user = user_env(pick_trainer_container(pod, options.container), controller=controller.key)
+    backend = user.get("PET_RDZV_BACKEND")
+    if backend is not None:
+        return backend.value == "c10d"
+    return options.elastic is not None or \
+        elastic_range(injected_values(pod, controller, options).get("PET_NNODES", "")) is not None
+
+
+# An address no pod has, after every one: where a training pod without its IP yet waits under the c10d order
+# (Planner.follow's provisional layouts; a plan places no such pod)
+_NO_ADDRESS = "\U0010ffff"
 
 
 @dataclass(frozen=True)
 class RankRule:
     """The rank order as one sort key: JobSet's coordinator first, then the training roles in their order, then
     the controller's index (without explicit roles, JobSet's global index alone orders every replicated job); the
-    pods that do not train after them by role and index. The name only breaks ties no controller makes."""
+    pods that do not train after them by role and index. The name only breaks ties no controller makes.
+
+    ``by_address`` (torchrun's c10d rendezvous, ``c10d_rendezvous``): the training pods in the order of their
+    addresses as strings, whatever their roles and indices, for c10d numbers its nodes so
+    (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, torch 2.13: ``_mark_rendezvous_complete`` ranks
+    ``sorted(state.participants)``, each a ``_NodeDesc(addr, pid, local_id)`` whose ``addr`` is torchrun's
+    ``--local-addr``, which is the agent's ``PET_LOCAL_ADDR``, the member's address). Pods that share an address
+    are told apart by torchrun's process id, which no pod can know: among them index order stands in
+    (``c10d_warnings`` says so)."""
 
     position: dict[str, int]  # training role -> its place in the rank order
     explicit: bool  # the training roles are the user's or the controller's (else every role present trains)
     coordinator: str | None  # the host name of the pod JobSet names rank 0
+    by_address: bool = False  # c10d's order: training pods by address
 
-    def key(self, pod: RawPod, ident: Identity, name: str) -> SortKey:
+    def key(self, pod: RawPod, ident: Identity, facts: PodFacts) -> SortKey:
         at = self.position.get(ident.role)
         if at is None:
-            return (2, len(self.position), ident.role, ident.index, name)
+            return (2, len(self.position), ident.role, ident.index, facts.name)
+        if self.by_address:
+            place = facts.place
+            return (1, 0, place[0] if place is not None else _NO_ADDRESS, ident.index, facts.name)
         coordinator = self.coordinator
         first = coordinator is not None and host_name(pod) == coordinator
-        return (0 if first else 1, at if self.explicit else 0, "", ident.index, name)
+        return (0 if first else 1, at if self.explicit else 0, "", ident.index, facts.name)
 
     def key_of(self, role: str, index: tuple[int, ...], *, first: bool = False) -> SortKey:
         """``key`` of a pod known by its role and index alone (``first``: the coordinator), for ``rank_zero``.
-        Written out again rather than called from ``key``: ``key`` runs once per pod per layout."""
+        Written out again rather than called from ``key``: ``key`` runs once per pod per layout. No address: an
+        elastic job's rank 0 (the c10d order) is never asked of the job's objects (its expectation counts no
+        replicas per role: gang.py)."""
         at = self.position.get(role)
         if at is None:
             return (2, len(self.position), role, index, "")
         return (0 if first else 1, at if self.explicit else 0, "", index, "")
 
     def role_block(self, role: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """The keys between which ``role``'s pods lie, when roles are explicit and no coordinator moves a pod
-        ahead: each role is then one block of the rank order."""
+        """The keys between which ``role``'s pods lie, when roles are explicit, no coordinator moves a pod ahead and
+        no address orders them: each role is then one block of the rank order."""
         block = self.position.get(role)
         if block is not None:
             return (1, block), (1, block + 1)
@@ -288,6 +353,8 @@ def topology_order(paths: Sequence[tuple[str, ...]]) -> list[int]:
 # --- the layout: the live pods in rank order, placed ----------------------------------------------------------
 
 LEFT_OUT = "no IP yet (--address ip), not a training pod"
+C10D_ORDER_NOTE = ("torchrun's c10d rendezvous numbers the pods by their addresses (PET_LOCAL_ADDR) and ignores "
+                   "NODE_RANK: ranks follow the addresses, as torch gives them")
 Live = tuple[RawPod, Identity, PodFacts]
 _NAME_OF = operator.attrgetter("name")
 _UNPLACED: tuple[str, str | None, str | None] = ("", None, None)
@@ -435,18 +502,21 @@ def _lay_out(pods: Sequence[RawPod], self_name: str, options: Options, memo: Mem
         memo.begin()
     found = collect(pods, self_name, options, memo=memo, checked=checked)
     rule = RankRule(position={role: i for i, role in enumerate(found.training_roles)}, explicit=found.explicit_roles,
-                    coordinator=found.controller.coordinator(found.me))
+                    coordinator=found.controller.coordinator(found.me),
+                    by_address=c10d_rendezvous(found.me, found.controller, options))
     census = _Census(found.live, rule.position)
     _check_roles(found, census.role_count, options)
     if self_name in {e.name for e in found.excluded}:
         reason = next(e.reason for e in found.excluded if e.name == self_name)
         raise InputError(f"pod '{self_name}' is not a member of its own job ({reason}); nothing to configure")
     key = rule.key
-    keys = [key(p, i, f.name) for p, i, f in found.live]
+    keys = [key(p, i, f) for p, i, f in found.live]
     order = sorted(range(len(keys)), key=keys.__getitem__)
     domains_of = _domain_reader(options, nodes)
     order_note = None
-    if options.rank_order == "topology":
+    if options.rank_order == "topology" and rule.by_address:
+        order_note = C10D_ORDER_NOTE
+    elif options.rank_order == "topology":
         moved, order_note = _topology_first([found.live[k] for k in order], rule.position, domains_of)
         order = [order[k] for k in moved]
     layout = _Layout(
@@ -454,7 +524,7 @@ def _lay_out(pods: Sequence[RawPod], self_name: str, options: Options, memo: Mem
         # wait at 16384 pods: ~1 KB per event, 15-20 MB by the last IP; the sidecar's planner alike).
         pods={pod_name(p): p for p in pods}, found=replace(found, live=(), excluded=()), rule=rule,
         rows=_Rows([found.live[k] for k in order], [keys[k] for k in order],
-                   by_position=options.rank_order == "topology"),
+                   by_position=options.rank_order == "topology" and not rule.by_address),
         census=census, nodes=dict(nodes) if nodes is not None and options.levels is not None else None,
         provisional=provisional, order_note=order_note, dropped={e.name: e for e in found.excluded})
     _place(layout, 0, len(order), options, domains_of)
@@ -636,6 +706,12 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
         owner_uid = next((o.get("uid") for o in me.get("metadata", {}).get("ownerReferences", [])
                           if o.get("controller")), None)
     excluded = [*layout.dropped.values(), *(Excluded(name=n, reason=LEFT_OUT) for n in layout.left_out)]
+    rule = layout.rule
+    first_by_index = None
+    if rule.by_address and layout.census.training:
+        by_index = replace(rule, by_address=False).key
+        live = layout.rows.live
+        first_by_index = placed[min(range(layout.census.training), key=lambda at: by_index(*live[at]))]
     topology = Topology(
         controller=controller.key,
         namespace=found.scope.namespace,
@@ -646,13 +722,13 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
         members=members,
         excluded=tuple(sorted(excluded, key=_NAME_OF)),  # by name: every pod lists them alike
         levels=options.levels or (),
-        rank_order="index" if layout.order_note is not None else options.rank_order,
+        rank_order="c10d" if rule.by_address else "index" if layout.order_note is not None else options.rank_order,
         order_note=layout.order_note,
     )
     _remember_views(layout, topology)
     return Plan(topology=topology, controller=controller, self_pod=me, master_port=master_port,
                 master_port_source=port_source, slots_source=dict(layout.slots_source), rank0_pod=rank0,
-                pods=layout.pods)
+                pods=layout.pods, first_by_index=first_by_index)
 
 
 def _remember_views(layout: _Layout, topology: Topology) -> None:
@@ -678,7 +754,7 @@ def _remember_views(layout: _Layout, topology: Topology) -> None:
     present = {r for r, n in layout.census.role_count.items() if n > left.get(r, 0)}
     ordered = [r for r in topology.training_roles if r in present]
     known["roles"] = roles = (*ordered, *sorted(present - set(ordered)))
-    if not layout.left_out and rows.at is None and rule.explicit and rule.coordinator is None:
+    if not layout.left_out and rows.at is None and rule.explicit and rule.coordinator is None and not rule.by_address:
         by_role = {}
         for role in roles:  # explicit roles in index order: each role is one block of the rank order
             low, high = rule.role_block(role)
@@ -896,12 +972,12 @@ class Planner:
             old_key = rows.key_of.get(name)
             if old_key is None:
                 if new is not None:
-                    arriving.append((new, sort_key(new[0], new[1], name)))
+                    arriving.append((new, sort_key(*new)))
                 continue
             at = positions[name] if positions is not None else bisect.bisect_left(rows.keys, old_key)  # rows.find
             if new is not None:
                 _, old_ident, old_facts = rows.live[at]
-                if sort_key(new[0], new[1], name) == old_key and new[1] == old_ident \
+                if sort_key(*new) == old_key and new[1] == old_ident \
                         and self._same_place(layout, old_facts, new[2]):
                     rows.live[at] = new
                     taken.in_place.append(at)
@@ -913,7 +989,7 @@ class Planner:
             taken.removed.append(old_key)
             taken.lowest = min(taken.lowest, at)
             if new is not None:
-                arriving.append((new, sort_key(new[0], new[1], name)))
+                arriving.append((new, sort_key(*new)))
         for new, key in arriving:
             if positions is not None:
                 raise _FromScratch

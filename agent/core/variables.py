@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
-from agent.core.injected import TRAINING_NAMES, controller_entries
+from agent.core.injected import TRAINING_NAMES
 from agent.core.model import Options, Topology
-from agent.core.topology import Plan
+from agent.core.topology import Plan, elastic_range, injected_values
 
 # Each group names one fact under several variable names; a user value for any of them is the fact.
 _ALIASES: tuple[tuple[str, ...], ...] = (
@@ -76,7 +76,6 @@ class Elastic:
                                             "set PET_MAX_RESTARTS to change")
 
 
-_RANGE = re.compile(r"([0-9]{1,7}):([0-9]{1,7})")
 _WHOLE = re.compile(r"[0-9]{1,7}")
 DEFAULT_RDZV_PORT = 29400
 
@@ -98,16 +97,16 @@ def elastic_of(plan: Plan, options: Options, injected: dict[str, str]) -> Elasti
     if options.elastic is not None:
         return Elastic(*options.elastic, port=options.rdzv_port or DEFAULT_RDZV_PORT,
                        rule=f"{options.label('elastic')} MIN:MAX", max_restarts=kept)
-    found = _RANGE.fullmatch(injected.get("PET_NNODES", ""))
-    if found is None or int(found.group(1)) > int(found.group(2)):
+    found = elastic_range(injected.get("PET_NNODES", ""))
+    if found is None:
         return None
     port = options.rdzv_port
     endpoint_port = injected.get("PET_RDZV_ENDPOINT", "").rpartition(":")[2]
     if port is None:
         port = int(endpoint_port) if endpoint_port.isdigit() and 0 < int(endpoint_port) < 65536 \
             else DEFAULT_RDZV_PORT
-    rule = f"PET_NNODES={found.group(0)} injected by {plan.controller.title} (its elastic policy)"
-    return Elastic(int(found.group(1)), int(found.group(2)), port=port, rule=rule, max_restarts=kept)
+    rule = f"PET_NNODES={found[0]}:{found[1]} injected by {plan.controller.title} (its elastic policy)"
+    return Elastic(*found, port=port, rule=rule, max_restarts=kept)
 
 
 def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -> list[Variable]:
@@ -119,6 +118,10 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
     order_rule = f"position in rank order (roles {', '.join(topo.training_roles) or '-'}, then index)"
     if topo.rank_order == "topology":
         order_rule = "position in topology order (pods of each domain contiguous, rank 0 kept; --rank-order)"
+    c10d = topo.rank_order == "c10d"
+    if c10d:
+        order_rule = ("position in the order of the training pods' addresses (PET_LOCAL_ADDR) as strings: torchrun's "
+                      "c10d rendezvous numbers its nodes so (GROUP_RANK)")
     out = [
         Variable("MASTER_ADDR", rank0.address, f"address of node rank 0, pod '{rank0.name}'"),
         Variable("MASTER_PORT", str(plan.master_port), plan.master_port_source),
@@ -133,26 +136,31 @@ def _training_variables(plan: Plan, options: Options, elastic: Elastic | None) -
         Variable("LOCAL_WORLD_SIZE", str(me.slots), "= NPROC_PER_NODE"),
         Variable("PET_MASTER_ADDR", rank0.address, "= MASTER_ADDR (torchrun --master-addr)"),
         Variable("PET_MASTER_PORT", str(plan.master_port), "= MASTER_PORT (torchrun --master-port)"),
-        Variable("PET_NODE_RANK", str(me.node_rank), "= NODE_RANK (torchrun --node-rank)"),
         Variable("PET_NPROC_PER_NODE", str(me.slots), "= NPROC_PER_NODE (torchrun --nproc-per-node)"),
     ]
+    if not c10d:  # c10d ignores --node-rank (and torchrun warns on every pod but rank 0)
+        out.append(Variable("PET_NODE_RANK", str(me.node_rank), "= NODE_RANK (torchrun --node-rank)"))
+    local_addr = Variable("PET_LOCAL_ADDR", me.address, "this pod's own address: c10d would otherwise advertise an "
+                          "unresolvable hostname, and it orders the pods by it")
     if elastic is None:
         out.append(Variable("PET_NNODES", str(nnodes), "= NNODES (torchrun --nnodes)"))
+        if c10d:
+            out.append(local_addr)
     else:
+        host = plan.rendezvous_host
         rdzv_id = topo.job_uid or topo.job.replace("/", "-")
         id_rule = "uid of the job object" if topo.job_uid else "job name (the pods' owner is not the job)"
         out += [
             Variable("PET_NNODES", f"{elastic.low}:{elastic.high}", f"{elastic.rule} (torchrun --nnodes)"),
             Variable("PET_RDZV_BACKEND", "c10d", "elastic: torchrun's c10d rendezvous"),
             Variable(
-                "PET_RDZV_ENDPOINT", f"{bracketed(rank0.address)}:{elastic.port}",
-                f"address of node rank 0, pod '{rank0.name}', : rendezvous port",
+                "PET_RDZV_ENDPOINT", f"{bracketed(host.address)}:{elastic.port}",
+                f"address of pod '{host.name}', : rendezvous port "
+                + ("(the first training pod in index order: the endpoint does not move with c10d's rank 0)" if c10d
+                   else "(node rank 0)"),
             ),
             Variable("PET_RDZV_ID", rdzv_id, id_rule),
-            Variable(
-                "PET_LOCAL_ADDR", me.address,
-                "this pod's own address (c10d would otherwise advertise an unresolvable hostname)",
-            ),
+            local_addr,
             Variable("PET_MAX_RESTARTS", elastic.max_restarts[0], elastic.max_restarts[1]),
             Variable(
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1",
@@ -272,11 +280,7 @@ def trainer_env(plan: Plan, options: Options) -> tuple[dict[str, UserValue], dic
 def _injected_values(plan: Plan, options: Options) -> dict[str, str]:
     """Variables the controller wrote into the trainer container (the last entry of a name wins, as in a
     container's environment)."""
-    container = pick_trainer_container(plan.self_pod, options.container)
-    env = (container or {}).get("env", [])
-    positions = controller_entries(plan.controller.key, env)
-    return {env[i].get("name", ""): ("(valueFrom)" if "valueFrom" in env[i] else str(env[i].get("value", "")))
-            for i in sorted(positions)}
+    return injected_values(plan.self_pod, plan.controller, options)
 
 
 ENV_BUDGET = 60 * 1024  # torch.env stays under 64 KiB whatever the job size (Linux: 128 KiB per string, ~2 MiB all)
@@ -328,6 +332,10 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
     variables += _host_variables(plan)
     variables.append(Variable("TOPOLOGY_GENERATION", str(generation), "generation of these files"))
     result = respect_user(variables, env, injected, plan.controller.title)
+    if me.training and plan.topology.rank_order == "c10d" and "PET_NODE_RANK" in injected \
+            and "PET_NODE_RANK" not in env:
+        result.append(Variable("PET_NODE_RANK", "", f"PET_NODE_RANK={injected['PET_NODE_RANK']} injected by "
+                               f"{plan.controller.title}: unset, c10d ignores it (NODE_RANK is c10d's)", unset=True))
     if not me.training:
         # The controller put training variables into a pod that does not train: take them back out, or a
         # data loader or parameter server believes it is a rank.
@@ -366,6 +374,7 @@ def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
     if not topo.me.training:
         return [hosts] if hosts else []
     kept = {v.name: v.value for v in variables if not v.written and "set by user" in v.source}
+    c10d = c10d_warnings(topo, kept)
     computed = {"WORLD_SIZE": str(topo.nnodes), "NNODES": str(topo.nnodes), "PET_NNODES": str(topo.nnodes)}
     return [
         f"{name}={kept[name]} set by the user is kept, but the job's pods make {name}={value}; torchrun and "
@@ -373,7 +382,32 @@ def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
         for name, value in computed.items()
         if name in kept and kept[name] not in (value, "(valueFrom)")
         and not (name == "PET_NNODES" and ":" in kept[name])
-    ] + ([hosts] if hosts else [])
+    ] + c10d + ([hosts] if hosts else [])
+
+
+def c10d_warnings(topology: Topology, kept: dict[str, str]) -> list[str]:
+    """Where torchrun's c10d rendezvous may number the pods otherwise than the agent (core/topology.py
+    ``RankRule``): the topology order asked for, a ``PET_LOCAL_ADDR`` of the user's, addresses shared by pods."""
+    if topology.rank_order != "c10d":
+        return []
+    out = []
+    if topology.order_note:
+        out.append(f"--rank-order topology not applied: {topology.order_note}")
+    if "PET_LOCAL_ADDR" in kept:
+        out.append(f"PET_LOCAL_ADDR={kept['PET_LOCAL_ADDR']} set by the user is kept: c10d orders the pods by each "
+                   "one's PET_LOCAL_ADDR, the agent by the addresses it would write (NODE_RANK, RANK and "
+                   "topology.json may differ from torch's GROUP_RANK and RANK)")
+    shared: dict[str, list[str]] = {}
+    for member in topology.training:
+        shared.setdefault(member.address, []).append(member.name)
+    names = [name for group in shared.values() if len(group) > 1 for name in group]
+    if names:
+        shown = ", ".join(f"'{n}'" for n in names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        out.append(f"pods {shown} share an address: c10d tells them apart by their torchrun's process id, so their "
+                   "order among themselves is torch's to choose (the agent keeps index order there), and two "
+                   "whose torchrun has one pid (pid 1 in each container) are one node to c10d; give each training "
+                   "pod an address of its own (no hostNetwork, or --address dns with a hostname per pod)")
+    return out
 
 
 def explain_exclusions(plan: Plan) -> list[str]:
@@ -386,7 +420,7 @@ def explain_exclusions(plan: Plan) -> list[str]:
             f"pod is role '{topo.me.role}', not a training role ({roles}): no training variables "
             "(MASTER_*, WORLD_SIZE, RANK, NODE_RANK, PET_*)"
         )
-    if topo.order_note:
+    if topo.order_note and topo.rank_order != "c10d":  # under c10d a warning says it (c10d_warnings)
         lines.append(f"--rank-order topology not applied: {topo.order_note}")
     if topo.levels and topo.me.domains is None:
         lines.append(f"node '{topo.me.node or '(none)'}' labels unknown: no TOPOLOGY_<LEVEL> variables")

@@ -33,6 +33,7 @@ from agent.core.model import Options, Topology
 from agent.core.topology import Plan
 
 SMALL_JOB = "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
+C10D_VIEW = "ranks by address (torchrun's c10d rendezvous) make no summary: every member is written"
 
 
 def why_full_view(options: Options) -> str | None:
@@ -108,6 +109,8 @@ def choose_view(plan: Plan, options: Options, *, ssh: bool, published: bool) -> 
     topology (from 256 training pods); ``ssh``: the pod has the job's SSH material. ``--view own`` gives the own view
     wherever a summary can say the ranks (a framework that needs every member is then written without values)."""
     why = why_full_view(options)
+    if why is None and plan.topology.rank_order == "c10d":
+        return C10D_VIEW  # runs of consecutive indices, which a summary states, are not runs of ranks
     if why is not None or options.view == "own":
         return why
     if not published:

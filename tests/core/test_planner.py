@@ -42,10 +42,12 @@ OPTIONS = {
     "ip": Options(address="ip"),
     "topology": Options(rank_order="topology", levels=DEFAULT_LEVELS),
     "levels": Options(levels=DEFAULT_LEVELS),
+    "c10d": Options(address="ip", elastic=(1, 64)),  # training pods in the order of their (random) IPs
 }
-# The fast lane (scripts/test --fast) plans every controller with the default options and by IP; the whole suite
-# also with the topology levels.
-OPTION_PARAMS = [o if o in ("default", "ip") else pytest.param(o, marks=pytest.mark.slow) for o in sorted(OPTIONS)]
+# The fast lane (scripts/test --fast) plans every controller with the default options, by IP and in c10d's order
+# (by IP); the whole suite also with the topology levels.
+FAST = ("default", "ip", "c10d")
+OPTION_PARAMS = [o if o in FAST else pytest.param(o, marks=pytest.mark.slow) for o in sorted(OPTIONS)]
 OPS = ("ip", "no-ip", "dup-ip", "leave", "join", "terminating", "failed", "pending", "running", "slots", "clone",
        "node", "labels", "self", "other-job", "burst")
 
@@ -218,10 +220,10 @@ def test_this_pods_phase_and_ip_keep_the_layout():
     assert planner.incremental == 4
 
 
-@pytest.mark.parametrize("opts", ["default", "ip", "topology"])
+@pytest.mark.parametrize("opts", ["default", "ip", "topology", "c10d"])
 def test_single_pod_changes_are_incremental(opts):
     """The point of the planner: a new IP, a leave and a join are planned from the last layout (in topology
-    order only a change that keeps the pod's place is)."""
+    order only a change that keeps the pod's place is; in c10d's a new IP moves the pod to its address's place)."""
     world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7))
     ops = ["ip"] * 10 if opts == "topology" else ["ip", "leave", "join", "ip", "leave", "join", "ip", "ip"]
     planner = _check(world, OPTIONS[opts], ops)
