@@ -6,10 +6,14 @@ torchrun worker_elastic.py``: no torchrun option and no variable is set by hand.
 (SIGTERM to its torchrun, as the kubelet sends, and the pod deleted): every torchrun process sees each world
 (gloo all_reduce), and the sidecar of the first pod, set up as docs/sidecar.md says for torchrun, follows the
 members without ever ending torchrun, even when told to signal it.
+
+A second job puts its pods at addresses whose string order is not their index order: the ranks torchrun's c10d
+rendezvous gives each worker are the agent's (NODE_RANK, topology.json).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -45,7 +49,8 @@ def wait_for(predicate, what: str, timeout: float) -> float:
 
 
 class Pod:
-    def __init__(self, sandbox: SandboxThread, pod: dict, tmp: Path) -> None:
+    def __init__(self, sandbox: SandboxThread, pod: dict, tmp: Path, *, nproc: int = 1, extra: tuple[str, ...] = ()
+                 ) -> None:
         self.sandbox, self.pod, self.name = sandbox, pod, pod["metadata"]["name"]
         self.out, self.worlds = tmp / self.name, tmp / f"{self.name}.worlds"
         self.log = tmp / f"{self.name}.log"
@@ -53,16 +58,17 @@ class Pod:
         sandbox.create_pod(pod)
         self.init = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "init", "--out", str(self.out), "--address", "ip",
-             "--nproc-per-node", "1", "--timeout", "60"], env=agent_env(sandbox, self.name),
+             "--nproc-per-node", str(nproc), "--timeout", "60", *extra], env=agent_env(sandbox, self.name),
             stderr=subprocess.PIPE, text=True)
 
-    def run(self) -> None:
+    def run(self, worker: str = "worker_elastic.py", *args: str) -> None:
         _, err = self.init.communicate(timeout=90)
         assert self.init.returncode == 0, err
+        args = args or (str(self.worlds),)
         with self.log.open("w") as log:  # a container's environment: nothing of the test's, then torch.env
             self.torchrun = subprocess.Popen(
                 ["bash", "-c", f'. {self.out}/torch.env && exec "{sys.executable}" -m torch.distributed.run '
-                               f'{HERE / "worker_elastic.py"} {self.worlds}'],
+                               f'{HERE / worker} {" ".join(args)}'],
                 env={"PATH": os.environ["PATH"], "HOME": str(self.out), "GLOO_SOCKET_IFNAME": "lo"},
                 stdout=log, stderr=log, start_new_session=True)
 
@@ -143,3 +149,47 @@ def test_real_torchrun_scales_from_two_to_three_and_back_to_two_pods(tmp_path):
             for process in sidecars:
                 process.wait(15)
         assert all(process.returncode == 0 for process in sidecars)
+
+
+# Index 0, 1, 2; as strings .101 < .12 < .3, so c10d ranks them 1, 2, 0 (torch 2.13 dynamic_rendezvous.py:
+# sorted(state.participants), each a _NodeDesc whose addr is torchrun's --local-addr, the agent's PET_LOCAL_ADDR)
+SORTED_UNLIKE_INDEX = ("127.77.0.12", "127.77.0.3", "127.77.0.101")
+
+
+def test_real_torchruns_c10d_ranks_are_the_agents(tmp_path):
+    """Three pods of an elastic PyTorchJob (3:3, so c10d's round holds all three) at addresses that sort unlike
+    their index, two processes each: every worker's GROUP_RANK is its pod's NODE_RANK and topology.json's
+    nodeRank, and its RANK the member's rank plus LOCAL_RANK."""
+    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
+    job = "sorted"
+    with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5) as sandbox:
+        owner = sandbox.create("kubeflow.org/v1/pytorchjobs", "default", {
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": job},
+            "spec": {"elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": 3, "maxReplicas": 3},
+                     "pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}})
+        specs = examples.pytorchjob(job, workers=3, master=False, elastic=(3, 3))
+        for spec, address in zip(specs, SORTED_UNLIKE_INDEX, strict=True):
+            spec["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
+            spec["status"].update(podIP=address, podIPs=[{"ip": address}])
+        # a rendezvous port of its own: the other test's store may still be closing
+        pods = [Pod(sandbox, spec, tmp_path, nproc=2, extra=("--rdzv-port", "29471")) for spec in specs]
+        records = tmp_path / "ranks.jsonl"
+        try:
+            for pod in pods:
+                pod.run("worker_ranks.py", str(pod.out / "topology.json"), str(records))
+            for pod in pods:
+                assert pod.torchrun is not None and pod.torchrun.wait(180) == 0, pod.log.read_text()[-3000:]
+        finally:
+            for pod in pods:
+                pod.stop()
+        seen = [json.loads(line) for line in records.read_text().splitlines()]
+        assert len(seen) == 6, seen
+        for worker in seen:
+            assert worker["group_rank"] == worker["node_rank"] == worker["member_node_rank"], worker
+            assert worker["rank"] == worker["member_rank"] + worker["local_rank"], worker
+            assert worker["pet_node_rank"] is None, worker  # c10d ignores it: torch.env does not write it
+        by_pod = {w["pod"]: w["group_rank"] for w in seen}
+        assert [by_pod[name] for name in (f"{job}-worker-{i}" for i in range(3))] == [1, 2, 0]
+        assert sorted(w["rank"] for w in seen) == list(range(6))
+        for pod in pods:  # torchrun 2.13 warns so on every pod given a node rank but 0 under c10d
+            assert "node_rank is only used for static rdzv_backend" not in pod.log.read_text()
