@@ -62,7 +62,7 @@ class Plan:
     @property
     def rendezvous_host(self) -> Member:
         """The training member whose address is torchrun's rendezvous endpoint: node rank 0, but under the c10d
-        order the first in the controller's order, as in index order. Every torchrun of a job must meet at one
+        order the first in the controller's order. Every torchrun of a job must meet at one
         endpoint while it runs, and a pod that joins with a lower address becomes c10d's rank 0: an endpoint
         that followed it would send the new pod to a store of its own."""
         return self.first_by_index or self.topology.training[0]
@@ -255,7 +255,7 @@ class RankRule:
     ``sorted(state.participants)``, each a ``_NodeDesc(addr, pid, local_id)`` whose ``addr`` is torchrun's
     ``--local-addr``, which is the agent's ``PET_LOCAL_ADDR``, the member's address). Pods that share an address
     are told apart by torchrun's process id, which no pod can know: among them index order stands in
-    (``c10d_warnings`` says so)."""
+    (``variables.c10d_warnings`` says so)."""
 
     position: dict[str, int]  # training role -> its place in the rank order
     explicit: bool  # the training roles are the user's or the controller's (else every role present trains)
