@@ -289,6 +289,18 @@ def test_options_are_spelt_out_and_an_unknown_one_is_named_first(argv, words):
     _one_line(_cli(*argv), 2, *words)
 
 
+@pytest.mark.parametrize(("argv", "words"), [
+    (["stauts", "demo"], ["invalid choice: 'stauts' (did you mean status?)", "choose from render"]),
+    (["render", "--podz", "x", "--self", "y"], ["unrecognized arguments: --podz (did you mean --pods?)"]),
+    (["inject", "--filname", "x.yaml"], ["--filname (did you mean --filename?)"]),
+    (["explain", "--pods", "x", "--slef=y"], ["--slef=y (did you mean --self?)"]),
+    (["status", "demo", "--outptu", "json", "--namspace", "a"],
+     ["--outptu (did you mean --output?) --namspace (did you mean --namespace?)"]),
+], ids=["command", "option", "inject", "option=value", "two options"])
+def test_a_mistyped_command_or_option_is_answered_with_the_nearest_known_one(argv, words):
+    _one_line(_cli(*argv), 2, *words)
+
+
 def test_out_naming_a_file_says_so(tmp_path):
     blocker = tmp_path / "shared"
     blocker.write_text("not a directory")

@@ -4,6 +4,7 @@ parser (``build_parser``), and the check of a command line the agent writes into
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -20,9 +21,16 @@ class UsageError(Exception):
     """argparse's complaint, as one line (argparse itself prints the whole usage first)."""
 
 
+def _did_you_mean(given: str, known: Sequence[str]) -> str:
+    """`` (did you mean --pods?)`` for a near miss among ``known``, else nothing."""
+    close = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 class _Parser(argparse.ArgumentParser):
     """No abbreviations (``--pod`` is not ``--pods``), and an unknown option is named before a missing one: argparse
-    checks required options first, so ``--podz x`` said that ``--pods`` was required."""
+    checks required options first, so ``--podz x`` said that ``--pods`` was required. A mistyped option, command or
+    choice is answered with the nearest known one (difflib), in the same line."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
@@ -41,11 +49,20 @@ class _Parser(argparse.ArgumentParser):
                 action.required = True
         unknown = [a for a in extra if a.startswith("-")]
         if unknown:
-            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+            known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            named = [a + _did_you_mean(a.partition("=")[0], known) for a in unknown]
+            self.error(f"unrecognized arguments: {' '.join(named)}")
         missing = [a for a in required if getattr(parsed, a.dest, None) is None]
         if missing:
             self.error(f"the following arguments are required: {', '.join(a.option_strings[0] for a in missing)}")
         return parsed, extra
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices and isinstance(value, str):
+            choices = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{_did_you_mean(value, choices)}; "
+                                                 f"choose from {', '.join(choices)}")
+        super()._check_value(action, value)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
