@@ -301,6 +301,16 @@ def test_a_mistyped_command_or_option_is_answered_with_the_nearest_known_one(arg
     _one_line(_cli(*argv), 2, *words)
 
 
+def test_render_without_out_writes_nowhere_and_says_where_to(tmp_path):
+    """render is offline: with no --out it refuses, rather than make /shared (init's volume in a pod) at the root
+    of a workstation; the cwd is checked too, so no default anywhere is taken."""
+    run = subprocess.run([sys.executable, "-m", "agent.cli", "render", "--pods", str(EXAMPLES / "volcano-pods.json"),
+                          "--self", "demo-master-0"], capture_output=True,
+                         text=True, cwd=tmp_path, env={**os.environ, "TOPOLOGY_OUT": ""}, timeout=60)
+    _one_line(run, 2, "render needs --out DIR", "explain prints the same")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_out_naming_a_file_says_so(tmp_path):
     blocker = tmp_path / "shared"
     blocker.write_text("not a directory")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agent.core.claims import CLAIM, TEMPLATE, Claims, read_claims
 from agent.core.model import Options, RawPod
 from agent.errors import InputError
-from agent.flags.common import DEFAULT_OUT, add_topology_arguments, options_from_args, out_dir, ssh_settings
+from agent.flags.common import add_topology_arguments, knob, options_from_args, out_dir, ssh_settings
 
 if TYPE_CHECKING:
     from agent.ssh.files import SshSettings
@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
                                          "devices the pods' DRA claims give (NPROC_PER_NODE)")
     parser.add_argument("--self", help="this pod's name (default: $POD_NAME)")
     if out:
-        parser.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT})")
+        parser.add_argument("--out", default=None, help="output directory (required: render is offline and writes "
+                                                        "only where told; explain prints the same without writing)")
     add_topology_arguments(parser)
 
 
@@ -45,11 +46,15 @@ class RenderSettings(NamedTuple):
 
 
 def settings_from(args: argparse.Namespace) -> RenderSettings:
-    """Every option checked, then the pods and the Nodes read."""
+    """Every option checked, then the pods and the Nodes read. render has no default output directory: init's
+    (/shared) is a volume in a pod, and on a workstation it would be a new directory at the filesystem root."""
     options = options_from_args(args)
     if args.claims is not None:
         options = dataclasses.replace(options, claims=read_claims_file(args.claims))
     ssh = ssh_settings(args)
+    if args.command == "render" and knob(args, "out").value is None:
+        raise InputError("render needs --out DIR, the directory to write the files to (e.g. --out ./shared); "
+                         "explain prints the same plan without writing")
     out = out_dir(args)
     return RenderSettings(pods=read_pods(args.pods), me=_self_name(args), nodes=read_nodes_file(args.nodes),
                           options=options, ssh=ssh, out=out)

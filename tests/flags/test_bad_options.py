@@ -80,19 +80,22 @@ IN_CLUSTER = [
 ]
 CASES: list[tuple[str, str, list[str], list[str]]] = []
 for command in ("render", "explain"):
-    CASES += [(command, opt, [*OFFLINE, *argv], words) for opt, argv, words in COMMON + POD_DEPENDENT]
+    where = ["--out", "@out"] if command == "render" else []
+    CASES += [(command, opt, [*OFFLINE, *where, *argv], words) for opt, argv, words in COMMON + POD_DEPENDENT]
     CASES += [
-        (command, "--pods", ["--pods", MISSING, "--self", "x"], ["--pods", "file not found"]),
-        (command, "--pods", ["--pods", "@empty", "--self", "x"], ["the pod list is empty"]),
-        (command, "--self", ["--pods", PODS, "--self", "nope-0"], ["'nope-0'", "not in the pod list"]),
-        (command, "--nodes", [*OFFLINE, "--nodes", MISSING], ["--nodes", "file not found", "kubectl get nodes"]),
-        (command, "--nodes", [*OFFLINE, "--nodes", PODS], ["--nodes", "is not a Node", "kubectl get nodes"]),
-        (command, "--claims", [*OFFLINE, "--claims", MISSING], ["--claims", "file not found",
-                                                                  "kubectl get resourceclaims"]),
-        (command, "--claims", [*OFFLINE, "--claims", PODS], ["--claims", "item 0 is not a ResourceClaim",
-                                                               "kubectl get resourceclaims"]),
+        (command, "--pods", ["--pods", MISSING, "--self", "x", *where], ["--pods", "file not found"]),
+        (command, "--pods", ["--pods", "@empty", "--self", "x", *where], ["the pod list is empty"]),
+        (command, "--self", ["--pods", PODS, "--self", "nope-0", *where], ["'nope-0'", "not in the pod list"]),
+        (command, "--nodes", [*OFFLINE, *where, "--nodes", MISSING], ["--nodes", "file not found",
+                                                                        "kubectl get nodes"]),
+        (command, "--nodes", [*OFFLINE, *where, "--nodes", PODS], ["--nodes", "is not a Node", "kubectl get nodes"]),
+        (command, "--claims", [*OFFLINE, *where, "--claims", MISSING], ["--claims", "file not found",
+                                                                          "kubectl get resourceclaims"]),
+        (command, "--claims", [*OFFLINE, *where, "--claims", PODS], ["--claims", "item 0 is not a ResourceClaim",
+                                                                       "kubectl get resourceclaims"]),
     ]
 CASES.append(("render", "--out", [*OFFLINE, "--out", BLOCKER], ["cannot"]))
+CASES.append(("render", "--out", OFFLINE, ["render needs --out DIR", "explain prints the same"]))
 for command in ("init", "sidecar"):
     CASES += [(command, opt, argv, words) for opt, argv, words in COMMON + IN_CLUSTER]
 CASES += [
@@ -181,7 +184,7 @@ def _materialise(argv: list[str], tmp_path: Path) -> list[str]:
     kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: sandbox, cluster: {server: "
                           "'https://127.0.0.1:1'}}]\nusers: [{name: sandbox, user: {token: t}}]\ncontexts: "
                           "[{name: sandbox, context: {cluster: sandbox, user: sandbox}}]\ncurrent-context: sandbox\n")
-    named = {"@empty": str(empty), "@pod": str(pod), "@kubeconfig": str(kubeconfig)}
+    named = {"@empty": str(empty), "@pod": str(pod), "@kubeconfig": str(kubeconfig), "@out": str(tmp_path / "out")}
     return [str(blocker / "sub") if a == BLOCKER else named.get(a, a) for a in argv]
 
 
