@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import SSHCertificateBuilder, SSHCertificateType
 
 from agent.core import Rendered
+from agent.core.events import JOB_LABEL
 from agent.core.ssh_config import SshPaths, host_principals, render_sshd_config
 from agent.errors import InputError
 from agent.ssh.files import PRIVATE, PUBLIC, SshSettings, membership_files
@@ -45,7 +46,9 @@ class JobKeys:
 
 
 def generate_secret_manifest(job: str, namespace: str) -> str:
-    """A Secret with a fresh user key pair and host CA; printed by ``keygen``."""
+    """A Secret with a fresh user key pair and host CA; printed by ``keygen``. Labelled with the job as the
+    agent's Events are (``topology-agent.io/job``), so ``kubectl get secrets,events -l`` finds both; nothing reads
+    the label back: pods mount the Secret by its name."""
     import asyncssh  # keygen's alone
 
     user = asyncssh.generate_private_key("ssh-ed25519", comment=f"{job} user")
@@ -61,7 +64,7 @@ def generate_secret_manifest(job: str, namespace: str) -> str:
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {"name": secret_name(job), "namespace": namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "topology-agent", "topology-agent/job": job}},
+                     "labels": {"app.kubernetes.io/managed-by": "topology-agent", JOB_LABEL: job}},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
     }
     return yaml.safe_dump(manifest, sort_keys=False)

@@ -27,6 +27,11 @@ def _secret(directory: Path) -> Path:
     return directory
 
 
+def test_the_secret_is_labelled_with_the_job_under_the_agent_s_own_prefix():
+    labels = yaml.safe_load(generate_secret_manifest("demo", "team-a"))["metadata"]["labels"]
+    assert labels == {"app.kubernetes.io/managed-by": "topology-agent", "topology-agent.io/job": "demo"}
+
+
 NEEDS_KEYGEN = pytest.mark.skipif(shutil.which("ssh-keygen") is None,
                                   reason="ssh-keygen is not installed (.ci/run installs openssh-client)")
 
