@@ -17,13 +17,14 @@ each overriding the one before. Keys named like a command-line flag of init or t
 
 from __future__ import annotations
 
+import copy
 import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from agent.core.controllers import CONTROLLERS, Controller, PodTemplate, templates_owner
+from agent.core.controllers import CONTROLLERS, Controller, PodTemplate, job_resources, templates_owner
 from agent.core.model import STATE_DIR, parse_owner
 from agent.core.validation import is_dns1123_subdomain
 from agent.errors import InputError
@@ -168,6 +169,13 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
     too), each with its JSON Pointer in the document. Each object is visited once: YAML aliases can make one List
     appear in another many times over (10^10 templates from 1 KB), and the same object needs the agent only once.
     No recursion: the nesting is the input's to choose."""
+    for obj, at in _objects(doc):
+        yield from _templates_of(obj, defaults, at)
+
+
+def _objects(doc: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """The objects of one document that are not Lists (a List's items, Lists in Lists too), each once, with its
+    JSON Pointer in the document."""
     pending: list[tuple[Mapping[str, Any], str]] = [(doc, "")]
     seen: set[int] = set()
     while pending:
@@ -181,7 +189,27 @@ def templates(doc: Mapping[str, Any], defaults: Settings = Settings()) -> Iterat
                      if isinstance(item, Mapping)]
             pending.extend(reversed(found))
         else:
-            yield from _templates_of(obj, defaults, at)
+            yield obj, at
+
+
+def left_alone(doc: Mapping[str, Any]) -> list[str]:
+    """The objects of one document (a List's items too) that hold no pod template the agent adds itself to, each
+    as "Kind name": inject passes them through unchanged and names them."""
+    return [_name(obj) for obj, _ in _objects(doc) if not _is_pod(obj) and not _holds_templates(obj)]
+
+
+def _holds_templates(obj: Mapping[str, Any]) -> bool:
+    controller = templates_owner(obj)
+    return controller is not None and any(isinstance(t.template, dict) for t in controller.pod_templates(obj))
+
+
+def template_kinds() -> str:
+    """The kinds whose pod templates the agent adds itself to, as a message lists them."""
+    return ", ".join(["Pod", *(f"{r.kind} ({r.group})" for r in job_resources() if r.templates)])
+
+
+def _is_pod(obj: Mapping[str, Any]) -> bool:
+    return obj.get("kind") == "Pod" and "/" not in str(obj.get("apiVersion", "")) and isinstance(obj, dict)
 
 
 def _templates_of(doc: Mapping[str, Any], defaults: Settings, at: str) -> Iterator[Template]:
@@ -189,7 +217,7 @@ def _templates_of(doc: Mapping[str, Any], defaults: Settings, at: str) -> Iterat
     (``Controller.pod_templates``), each sized by the job (the most pods it runs at once, as it may grow)."""
     where = _name(doc)
     settings = defaults.over(_metadata(doc).get("annotations"), where)
-    if doc.get("kind") == "Pod" and "/" not in str(doc.get("apiVersion", "")) and isinstance(doc, dict):
+    if _is_pod(doc) and isinstance(doc, dict):
         # A Pod is its own template (metadata + spec); what the job said is read from what its controller put in
         # the Pod (an elastic range, naming by DNS), as each controller knows it.
         known = CONTROLLERS.values()
@@ -605,17 +633,31 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     return template.template
 
 
-def inject_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> list[str]:
-    """Add the agent to every pod template of one manifest document (in place); the templates it changed."""
+class Adopted(NamedTuple):
+    """A pod template inject gave the agent, and whether that changed it: a template this version injected with
+    the same settings comes out as it went in."""
+
+    where: str
+    changed: bool
+
+
+def adopt_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> list[Adopted]:
+    """Add the agent to every pod template of one manifest document (in place); each template, changed or not."""
     done = []
-    injected: set[int] = set()  # a template shared by YAML aliases (tasks: [{template: *t}, ...]) gets it once
+    injected: dict[int, bool] = {}  # a template shared by YAML aliases (tasks: [{template: *t}, ...]) gets it once
     for template in templates(doc, defaults):
         if template.untrained is not None:
             raise InputError(template.untrained)
         template.settings = template.settings.over(_metadata(template.template).get("annotations"),
                                                    template.where)
         if id(template.template) not in injected:
+            before = copy.deepcopy(template.template)
             inject(template, version=version)
-            injected.add(id(template.template))
-        done.append(template.where)
+            injected[id(template.template)] = template.template != before
+        done.append(Adopted(template.where, injected[id(template.template)]))
     return done
+
+
+def inject_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> list[str]:
+    """Add the agent to every pod template of one manifest document (in place); the templates it holds."""
+    return [adopted.where for adopted in adopt_document(doc, defaults, version=version)]

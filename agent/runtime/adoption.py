@@ -25,8 +25,11 @@ from agent.core.injection import (
     INIT,
     INJECTED,
     SIDECAR,
+    Adopted,
     Settings,
-    inject_document,
+    adopt_document,
+    left_alone,
+    template_kinds,
 )
 from agent.errors import InputError
 from agent.flags.parser import check_command_line
@@ -225,34 +228,72 @@ def check_injected(doc: Mapping[str, Any]) -> None:
                                    f"{template.where} {container['name']}")
 
 
+@dataclass(frozen=True)
+class Report:
+    """What inject did with one input: each pod template it found (given the agent, or found with it already), and
+    the objects it left alone (no pod template of a kind the agent knows)."""
+
+    adopted: list[Adopted]
+    alone: list[str]
+
+    def line(self) -> str:
+        """One line for stderr: what was added, what had the agent already, what was left alone and why."""
+        added = [a.where for a in self.adopted if a.changed]
+        kept = [a.where for a in self.adopted if not a.changed]
+        parts = []
+        if added:
+            parts.append(f"added the agent to {len(added)} pod template(s): {', '.join(added)}")
+        if kept:
+            parts.append(f"{len(kept)} pod template(s) already have the agent, unchanged: {', '.join(kept)}")
+        if self.alone:
+            parts.append(f"left alone: {', '.join(self.alone)} (no pod template of a kind the agent knows)")
+        return "; ".join(parts) or "no objects"
+
+
 def run_inject(filenames: Sequence[str], defaults: Settings, *, version: str) -> int:
     """``topology-agent inject``: each file's manifests with the agent added, as one stream on stdout (documents
-    apart as the inputs' line ends say), and on stderr what was added to which template."""
+    apart as the inputs' line ends say), and on stderr one line per file: the templates given the agent, those
+    that had it already, the objects left alone. Input with no pod template at all is refused and nothing is
+    written: piped to ``kubectl apply -f -``, the empty stream fails the apply too, where passing the input through
+    would have applied a job without the agent, or nothing the user meant."""
     from agent.flags.inject import read_manifest
 
-    outputs = []
+    outputs, lines = [], []
     for name in filenames:
-        out, changed = inject_text(read_manifest(name), defaults, version=version)
+        out, report = inject_report(read_manifest(name), defaults, version=version)
         outputs.append(out)
-        print(f"topology-agent inject: {name}: added the agent to {len(changed)} pod template(s)"
-              + (f": {'; '.join(changed)}" if changed else ""), file=sys.stderr)
+        lines.append((name, report))
+    if not any(report.adopted for _, report in lines):
+        where = ", ".join("stdin" if name == "-" else name for name in filenames)
+        alone = [name for _, report in lines for name in report.alone]
+        raise InputError(f"{where}: no pod template to add the agent to, so nothing is written; "
+                         + (f"left alone: {', '.join(alone)}; " if alone else "it holds no objects; ")
+                         + f"the agent adds itself to the pod templates of {template_kinds()}")
+    for name, report in lines:
+        print(f"topology-agent inject: {'stdin' if name == '-' else name}: {report.line()}", file=sys.stderr)
     sys.stdout.write("".join((("---\r\n" if out.endswith("\r\n") else "---\n") if i else "") + out
                              for i, out in enumerate(outputs)))
     return 0
 
 
 def inject_text(text: str, defaults: Settings, *, version: str) -> tuple[str, list[str]]:
-    """The manifests in ``text`` with the agent added, and the templates changed ("Kind name part"). The output
-    keeps the input's line endings (CRLF stays CRLF) and a leading byte-order mark."""
+    """The manifests in ``text`` with the agent added, and the templates that have it ("Kind name part")."""
+    out, report = inject_report(text, defaults, version=version)
+    return out, [adopted.where for adopted in report.adopted]
+
+
+def inject_report(text: str, defaults: Settings, *, version: str) -> tuple[str, Report]:
+    """The manifests in ``text`` with the agent added, and what was done (``Report``). The output keeps the
+    input's line endings (CRLF stays CRLF) and a leading byte-order mark."""
     bom = "\ufeff" if text.startswith("\ufeff") else ""
     text = text[len(bom):]
     crlf = _crlf(text)
     if crlf:  # YAML reads a CRLF line break as LF (JSON as whitespace); ruamel's comments would keep the CR
         text = text.replace("\r\n", "\n")
-    out, changed = _inject(text, defaults, version)
+    out, report = _inject(text, defaults, version)
     if crlf:  # every line break ruamel or json writes is a line break of the text: none is in a value
         out = out.replace("\n", "\r\n")
-    return bom + out, changed
+    return bom + out, report
 
 
 def _crlf(text: str) -> bool:
@@ -260,7 +301,7 @@ def _crlf(text: str) -> bool:
     return text.count("\r\n") * 2 > text.count("\n")
 
 
-def _inject(text: str, defaults: Settings, version: str) -> tuple[str, list[str]]:
+def _inject(text: str, defaults: Settings, version: str) -> tuple[str, Report]:
     if text.lstrip().startswith(("{", "[")):
         try:
             data = _load_json(text)
@@ -273,8 +314,8 @@ def _inject(text: str, defaults: Settings, version: str) -> tuple[str, list[str]
                 raise InputError(f"the input starts like JSON but is not JSON ({not_json}), nor YAML "
                                  f"({not_yaml})") from None
         docs = data if isinstance(data, list) else [data]
-        changed = _inject_all(docs, defaults, version)
-        return json.dumps(data, indent=2) + "\n", changed
+        report = _inject_all(docs, defaults, version)
+        return json.dumps(data, indent=2) + "\n", report
     try:
         return _inject_yaml(text, defaults, version)
     except _NotYaml as err:
@@ -303,7 +344,7 @@ def _load_json(text: str) -> Any:
     return data
 
 
-def _inject_yaml(text: str, defaults: Settings, version: str) -> tuple[str, list[str]]:
+def _inject_yaml(text: str, defaults: Settings, version: str) -> tuple[str, Report]:
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
@@ -340,13 +381,13 @@ def _inject_yaml(text: str, defaults: Settings, version: str) -> tuple[str, list
         _comments_before_what_follows(docs, indentation)
     flows = _flow_sizes(docs)
     as_written = _misread_as_written(docs)
-    changed = _inject_all(docs, defaults, version)
+    report = _inject_all(docs, defaults, version)
     if flows:
         _block_where_added(docs, flows)
     _quote_added(docs, as_written)
     out = io.StringIO()
     yaml.dump_all(docs, out)
-    return lead + out.getvalue(), changed
+    return lead + out.getvalue(), report
 
 
 @dataclass
@@ -830,10 +871,12 @@ def _code(line: str) -> str:
     return line
 
 
-def _inject_all(docs: list[Any], defaults: Settings, version: str) -> list[str]:
-    changed: list[str] = []
+def _inject_all(docs: list[Any], defaults: Settings, version: str) -> Report:
+    adopted: list[Adopted] = []
+    alone: list[str] = []
     for doc in docs:
         if isinstance(doc, dict):
-            changed += inject_document(doc, defaults, version=version)
+            adopted += adopt_document(doc, defaults, version=version)
+            alone += left_alone(doc)
             check_injected(doc)
-    return changed
+    return Report(adopted, alone)

@@ -343,13 +343,48 @@ def test_a_bad_setting_is_one_line_exit_2_and_nothing_written(annotations, says,
     assert len(lines) == 1 and says in lines[0] and "Job j" in lines[0], lines
 
 
-def test_unknown_kinds_pass_through_unchanged_and_stdin_to_stdout_works():
-    text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c  # mine\ndata:\n  a: '1'\n"
-    run = subprocess.run([sys.executable, "-m", "agent.cli", "inject"], input=text, capture_output=True,
-                         text=True, timeout=60)
+CONFIG_MAP = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c  # mine\ndata:\n  a: '1'\n"
+DEPLOYMENT = ("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\nspec:\n  template:\n    spec:\n"
+              "      containers:\n      - name: t\n        image: x\n")
+BATCH_JOB = ("apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: j\nspec:\n  template:\n    spec:\n"
+             "      containers:\n      - name: t\n        image: x\n")
+
+
+def _inject_cli(text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", "inject"], input=text, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_unknown_kinds_beside_a_job_pass_through_unchanged_and_are_named_as_left_alone():
+    run = _inject_cli(CONFIG_MAP + "---\n" + BATCH_JOB + "---\n" + DEPLOYMENT)
     assert run.returncode == 0, run.stderr
-    assert run.stdout == text
-    assert "added the agent to 0 pod template(s)" in run.stderr
+    config_map, job, deployment = run.stdout.split("---\n")
+    assert config_map == CONFIG_MAP and deployment == DEPLOYMENT
+    assert "initContainers" in job
+    assert run.stderr == ("topology-agent inject: stdin: added the agent to 1 pod template(s): Job j; left alone: "
+                          "ConfigMap c, Deployment d (no pod template of a kind the agent knows)\n")
+
+
+def test_input_with_no_pod_template_writes_nothing_and_names_what_it_holds():
+    """Piped to kubectl apply, an empty stream fails the apply as well: passing the objects through would apply
+    what the user meant to give the agent, without it."""
+    for text, holds in [(CONFIG_MAP + "---\n" + DEPLOYMENT, "left alone: ConfigMap c, Deployment d"),
+                        ("# nothing yet\n", "it holds no objects")]:
+        run = _inject_cli(text)
+        assert run.returncode == 2 and run.stdout == "", run
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1, run.stderr
+        assert "stdin: no pod template to add the agent to, so nothing is written" in lines[0]
+        assert holds in lines[0] and "pod templates of Pod, Job (batch.volcano.sh), PyTorchJob" in lines[0]
+
+
+def test_a_second_run_says_the_templates_already_have_the_agent():
+    once = _inject_cli(BATCH_JOB)
+    twice = _inject_cli(once.stdout)
+    assert twice.returncode == 0 and twice.stdout == once.stdout
+    assert twice.stderr == "topology-agent inject: stdin: 1 pod template(s) already have the agent, unchanged: Job j\n"
+    upgraded = _inject_cli(once.stdout.replace("name: j\n", f"name: j\n  annotations:\n    {PREFIX}timeout: '60'\n", 1))
+    assert upgraded.stderr == "topology-agent inject: stdin: added the agent to 1 pod template(s): Job j\n"
 
 
 @pytest.mark.parametrize("path", RUNTIMES, ids=[p.name for p in RUNTIMES])
