@@ -266,7 +266,7 @@ def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expect
             have.setdefault(ident.role, set()).add(ident.ordinal if ident.ordinal >= 0 else len(have.get(
                 ident.role, ())))
         missing = [line for role, count in expected.per_role.items()
-                   if (line := _missing(role, count, have.get(role, set()))) is not None]
+                   if (line := missing_line(role, count, have.get(role, set()))) is not None]
     elif len(training) < expected.total:
         missing.append(f"{expected.total - len(training)} pod(s)")
     ready = len(training) >= expected.total and not missing and not without_ip and not unscheduled
@@ -274,8 +274,9 @@ def gang_status(pods: Sequence[RawPod], self_name: str, options: Options, expect
                       without_ip=without_ip, unscheduled=unscheduled)
 
 
-def _missing(role: str, count: int, present: set[int]) -> str | None:
-    """What a role lacks of its ``count`` pods, given the ordinals present (None: nothing); a few indices shown."""
+def missing_line(role: str, count: int, present: set[int]) -> str | None:
+    """What a role lacks of its ``count`` pods, given the ordinals present (None: nothing); a few indices shown:
+    ``worker 2, 3``, as init's gang line and ``status`` say it."""
     if len(present) >= count:
         return None
     lacking = [str(i) for i in range(count) if i not in present][: count - len(present)]
@@ -439,7 +440,7 @@ class GangTracker:
         missing: list[str] = []
         if expected.per_role:
             missing = [line for role, count in expected.per_role.items()
-                       if (line := _missing(role, count, self.presence.held(role))) is not None]
+                       if (line := missing_line(role, count, self.presence.held(role))) is not None]
         elif training < expected.total:
             missing.append(f"{expected.total - training} pod(s)")
         without_ip = tuple(sorted(self.without_ip))

@@ -19,7 +19,7 @@ from typing import Any
 
 from agent.core.escaping import pod_name_shown, printable
 from agent.core.events import CONTROLLER, GENERATION_LABEL, GENERATION_REASONS
-from agent.core.gang import Roster
+from agent.core.gang import Roster, missing_line
 from agent.core.model import Options, RawPod
 from agent.core.pods import pod_ip
 from agent.core.topology import NodeLabels, build_plan
@@ -189,6 +189,7 @@ class JobStatus:
     levels: tuple[str, ...] | None  # the topology levels' names, when asked
     publication: Publication | None = None
     problem: str | None = None  # why the pods make no plan now (the planner's line)
+    missing: tuple[str, ...] = ()  # the members the job asks for that no pod of its own stands for ("worker 2")
 
     @property
     def training(self) -> int:
@@ -228,13 +229,15 @@ def job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, o
         else:
             left.append(Left(name, why))
     levels = tuple(level.name for level in options.levels) if options.levels is not None else None
-    empty = JobStatus(job, kind, namespace, (), tuple(left), expected, 0, levels, publication)
+    missing = _missing(pods, roster, options)
+    empty = JobStatus(job, kind, namespace, (), tuple(left), expected, 0, levels, publication, missing=missing)
     if not placeable:
         return empty
     try:
         plan = build_plan(placeable, placeable[0]["metadata"]["name"], options, nodes=nodes)
     except InputError as err:
-        return JobStatus(job, kind, namespace, (), tuple(left), expected, 0, levels, publication, str(err))
+        return JobStatus(job, kind, namespace, (), tuple(left), expected, 0, levels, publication, str(err),
+                         missing)
     topology = plan.topology
     left += [Left(gone.name, gone.reason) for gone in topology.excluded]
     rows = []
@@ -244,7 +247,29 @@ def job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, o
         rows.append(Row(member.name, member.role, member.first_rank if member.training else None, member.slots,
                         member.node_rank, member.node, member.domains, member.address, seen.get(uid), _ready(pod)))
     return JobStatus(job, kind, namespace, tuple(rows), tuple(sorted(left, key=lambda item: item.name)), expected,
-                     topology.processes, levels, publication)
+                     topology.processes, levels, publication, missing=missing)
+
+
+def _missing(pods: Sequence[RawPod], roster: Roster | None, options: Options) -> tuple[str, ...]:
+    """The training members the job's object asks for (role and index, as init's gang line names them) for which
+    no pod of the job's own exists at all, placed or left out: a pod deleted and not (yet) replaced. Known only
+    where the roster has the job's replica counts and the controller gives indices."""
+    if roster is None or not roster.counts or not roster.controller.checks_index:
+        return ()
+    training = roster.controller.training_roles(options) or tuple(roster.counts)
+    have: dict[str, set[int]] = {}
+    for pod in pods:
+        if roster.refusal(pod) is not None:
+            continue  # not the job's own, or not one of its roles: stands for no member
+        try:
+            ident = roster.controller.identify(pod, options)
+        except InputError:
+            continue
+        if ident.ordinal >= 0:
+            have.setdefault(ident.role, set()).add(ident.ordinal)
+    lines = (missing_line(role, roster.counts[role], have.get(role, set())) for role in training
+             if role in roster.counts)
+    return tuple(line for line in lines if line is not None)
 
 
 # --- printing ---------------------------------------------------------------------------------------------------
@@ -271,7 +296,8 @@ def table(status: JobStatus, *, now: float) -> str:
     publisher, Lease holder or standby that is no pod name shown as invalid."""
     expected = f" of {status.expected}" if status.expected is not None else ""
     lines = [f"{status.kind} in namespace {status.namespace}: {status.training}{expected} training pods placed, "
-             f"world size {status.world_size}"]
+             f"world size {status.world_size}" + (f"; missing: {', '.join(status.missing)} (no pod)"
+                                                 if status.missing else "")]
     if status.problem:
         lines.append(f"no plan: {status.problem}")
     header = ["NAME", "ROLE", "RANK", "NODE-RANK", "NODE", *(["DOMAIN"] if status.levels else []), "ADDRESS",

@@ -76,6 +76,31 @@ def test_pods_that_cannot_be_placed_are_left_out_with_the_agents_own_reason():
     assert "LEFT OUT        REASON\ndemo-worker-1   not scheduled (no node, no IP yet)\n" in text
 
 
+def test_a_member_with_no_pod_at_all_is_named_on_the_first_line():
+    """A worker deleted and not replaced: the job asks for it, no pod stands for it, and no LEFT OUT row can name
+    it; the first line names its role and index, as init's gang line does."""
+    from agent.core.controllers import VOLCANO
+
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 4)))
+    for pod in pods:
+        pod["metadata"]["ownerReferences"][0]["uid"] = "uid-demo"
+    rogue = copy.deepcopy(pods[3])  # worker 2's labels, not the job's own pod: stands for no one
+    rogue["metadata"].update(name="rogue-2", uid="uid-rogue", ownerReferences=[])
+    del pods[3]
+    roster = Roster(VOLCANO, Options(), "Volcano Job 'demo'", "uid-demo", {"master": 1, "worker": 4},
+                    check_index=False)
+    status = job_status([*pods, rogue], job="demo", kind="Volcano Job 'demo'", namespace="default",
+                        options=Options(), roster=roster, expected=5, seen={})
+    assert status.missing == ("worker 2",)
+    assert table(status, now=NOW).splitlines()[0] == (
+        "Volcano Job 'demo' in namespace default: 4 of 5 training pods placed, world size 4; missing: worker 2 "
+        "(no pod)")
+    pods[3]["metadata"]["deletionTimestamp"] = "2026-11-22T01:00:00Z"  # worker 3: its LEFT OUT row says why
+    status = job_status(pods, job="demo", kind="Volcano Job 'demo'", namespace="default", options=Options(),
+                        roster=roster, expected=5, seen={})
+    assert status.missing == ("worker 2",) and [item.name for item in status.left] == ["demo-worker-3"]
+
+
 def shown_job():
     pods = examples.volcano_job("demo", (("master", 1), ("worker", 1)))
     for pod, node in zip(pods, ("node-a", "node-b"), strict=True):
