@@ -44,7 +44,8 @@ def _render(given: RenderSettings) -> int:
     rendered = render_pod(given.pods, given.me, given.options, files_dir=str(given.out.absolute()), nodes=given.nodes)
     names = write_generation(given.out, rendered, given.options, given.ssh)
     me = rendered.plan.topology.me
-    print(f"wrote {', '.join(names)} to {given.out} for pod '{me.name}' (role {me.role})")
+    print(f"wrote {', '.join(names)} to {given.out} for pod '{me.name}' (role {me.role})"
+          + (f" with the options of its init container: {' '.join(given.from_pod)}" if given.from_pod else ""))
     return 0
 
 
@@ -52,7 +53,11 @@ def _explain(given: RenderSettings) -> int:
     from agent.core import render_pod
     from agent.core.explaining import format_explanation
 
-    print(format_explanation(render_pod(given.pods, given.me, given.options, nodes=given.nodes)))
+    explanation = format_explanation(render_pod(given.pods, given.me, given.options, nodes=given.nodes))
+    if given.from_pod:  # after the pod's line: what it was given, so the values below are read as its init's
+        first, _, rest = explanation.partition("\n")
+        explanation = f"{first}\noptions from its init container: {' '.join(given.from_pod)}\n{rest}"
+    print(explanation)
     return 0
 
 

@@ -311,6 +311,30 @@ def test_render_without_out_writes_nowhere_and_says_where_to(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_explain_and_render_take_the_pods_own_init_options_unless_given_here(tmp_path, monkeypatch):
+    """A dry run shows what the pod got: the options its init container was given (as status reads them), below
+    this command line's own flags and TOPOLOGY_* values; its paths (--out) are never taken."""
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 2)))
+    for pod in pods:
+        pod["spec"]["initContainers"][0]["args"] = ["init", "--out", "/shared", "--timeout", "60", "--address", "ip",
+                                                    "--master-port", "1234"]
+    path = tmp_path / "pods.json"
+    path.write_text(json.dumps(examples.as_list(pods)))
+    monkeypatch.delenv("TOPOLOGY_ADDRESS", raising=False)
+    monkeypatch.delenv("TOPOLOGY_MASTER_PORT", raising=False)
+    explained = _cli("explain", "--pods", str(path), "--self", "demo-worker-0")
+    assert explained.returncode == 0, explained.stderr
+    assert "options from its init container: --address ip --master-port 1234\n" in explained.stdout
+    assert "MASTER_ADDR=127." in explained.stdout and "MASTER_PORT=1234 " in explained.stdout
+    given_here = _cli("explain", "--pods", str(path), "--self", "demo-worker-0", "--address", "dns")
+    assert "options from its init container: --master-port 1234\n" in given_here.stdout
+    assert "MASTER_ADDR=demo-master-0.demo" in given_here.stdout
+    rendered = _cli("render", "--pods", str(path), "--self", "demo-worker-0", "--out", str(tmp_path / "out"))
+    assert rendered.returncode == 0, rendered.stderr
+    assert "with the options of its init container: --address ip --master-port 1234" in rendered.stdout
+    assert "MASTER_PORT='1234'" in (tmp_path / "out" / "torch.env").read_text()
+
+
 def test_out_naming_a_file_says_so(tmp_path):
     blocker = tmp_path / "shared"
     blocker.write_text("not a directory")

@@ -4,6 +4,7 @@ what they give (``RenderSettings``)."""
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agent.core.claims import CLAIM, TEMPLATE, Claims, read_claims
 from agent.core.model import Options, RawPod
 from agent.errors import InputError
-from agent.flags.common import add_topology_arguments, knob, options_from_args, out_dir, ssh_settings
+from agent.flags.common import add_topology_arguments, env, knob, options_from_args, out_dir, ssh_settings
 
 if TYPE_CHECKING:
     from agent.ssh.files import SshSettings
@@ -43,21 +44,67 @@ class RenderSettings(NamedTuple):
     options: Options
     ssh: SshSettings | None
     out: Path  # where render writes (explain writes nothing)
+    from_pod: tuple[str, ...] = ()  # the options taken from the pod's own init container, as flags
+
+
+# What render and explain never take from a pod's init container: their own inputs, and paths inside the pod.
+NOT_FROM_POD = frozenset({"pods", "nodes", "self", "out", "ssh_secret_dir", "state_dir", "claims"})
 
 
 def settings_from(args: argparse.Namespace) -> RenderSettings:
     """Every option checked, then the pods and the Nodes read. render has no default output directory: init's
-    (/shared) is a volume in a pod, and on a workstation it would be a new directory at the filesystem root."""
-    options = options_from_args(args)
-    if args.claims is not None:
-        options = dataclasses.replace(options, claims=read_claims_file(args.claims))
-    ssh = ssh_settings(args)
+    (/shared) is a volume in a pod, and on a workstation it would be a new directory at the filesystem root.
+
+    An option given neither here nor by ``TOPOLOGY_<NAME>`` is taken from the pod's own init container, as
+    ``status`` reads it: what the pod was given (by inject, the webhook or by hand) is what its init used, so the
+    dry run shows the files the pod got."""
+    options_from_args(args)  # this command line's own options first, each checked
+    ssh_settings(args)
     if args.command == "render" and knob(args, "out").value is None:
         raise InputError("render needs --out DIR, the directory to write the files to (e.g. --out ./shared); "
                          "explain prints the same plan without writing")
     out = out_dir(args)
-    return RenderSettings(pods=read_pods(args.pods), me=_self_name(args), nodes=read_nodes_file(args.nodes),
-                          options=options, ssh=ssh, out=out)
+    pods, me = read_pods(args.pods), _self_name(args)
+    args, from_pod = _take_from_pod(args, pods, me)
+    options = options_from_args(args)
+    if args.claims is not None:
+        options = dataclasses.replace(options, claims=read_claims_file(args.claims))
+    return RenderSettings(pods=pods, me=me, nodes=read_nodes_file(args.nodes), options=options,
+                          ssh=ssh_settings(args), out=out, from_pod=from_pod)
+
+
+def _take_from_pod(args: argparse.Namespace, pods: list[RawPod], me: str) -> tuple[argparse.Namespace,
+                                                                                  tuple[str, ...]]:
+    """``args`` with each option the init container of pod ``me`` was given and this command did not, and the
+    flags taken. A pod whose command line or options the agent refuses gives nothing (its init refused them)."""
+    from agent.flags.parser import UsageError, parse_command_line
+    from agent.flags.status import init_args
+
+    pod = next((p for p in pods if p["metadata"].get("name") == me), None)
+    argv = init_args(pod) if pod is not None else None
+    if argv is None:
+        return args, ()
+    try:
+        given = vars(parse_command_line(argv))
+    except UsageError:
+        return args, ()
+    merged = copy.copy(args)
+    taken: list[tuple[str, str]] = []
+    for dest, value in given.items():
+        flag = dest.replace("_", "-")
+        if dest in NOT_FROM_POD or value is None or not hasattr(args, dest) or getattr(args, dest) is not None \
+                or env(flag) is not None:
+            continue
+        setattr(merged, dest, value)
+        taken.append((f"--{flag}", str(value)))
+    # named in the order the pod gives them (--flag value, or --flag=value)
+    taken.sort(key=lambda pair: next((i for i, a in enumerate(argv) if a.partition("=")[0] == pair[0]), len(argv)))
+    try:
+        options_from_args(merged)
+        ssh_settings(merged)
+    except InputError:
+        return args, ()
+    return merged, tuple(word for pair in taken for word in pair)
 
 
 def read_pods(source: str) -> list[RawPod]:

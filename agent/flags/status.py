@@ -58,17 +58,29 @@ def settings_from(args: argparse.Namespace) -> StatusSettings:
                           controller=args.controller, output=output, watch=bool(args.watch))
 
 
+def _init_container(pod: RawPod) -> dict[str, Any] | None:
+    spec: Any = pod.get("spec") or {}
+    return next((c for c in spec.get("initContainers") or [] if isinstance(c, dict) and c.get("name") == INIT), None)
+
+
+def init_args(pod: RawPod) -> list[str] | None:
+    """The command line of the agent's init container in ``pod`` (``init ...``), or None: no such container."""
+    container = _init_container(pod)
+    args = container.get("args") if container is not None else None
+    if not isinstance(args, list) or not args or args[0] != "init" or not all(isinstance(a, str) for a in args):
+        return None
+    return args
+
+
 def options_of(pod: RawPod) -> Options | None:
     """The options the agent's init container in ``pod`` runs with: its command line and its ``TOPOLOGY_*``
     values, read by the agent's own parser (None: the pod has no such container, or its line does not parse)."""
     from agent.flags.common import options_from_args
     from agent.flags.parser import UsageError, parse_command_line
 
-    spec: Any = pod.get("spec") or {}
-    container: dict[str, Any] | None = next(
-        (c for c in spec.get("initContainers") or [] if isinstance(c, dict) and c.get("name") == INIT), None)
-    args = container.get("args") if container is not None else None
-    if not isinstance(args, list) or not args or args[0] != "init" or not all(isinstance(a, str) for a in args):
+    container = _init_container(pod)
+    args = init_args(pod)
+    if container is None or args is None:
         return None
     given = {e["name"]: e["value"] for e in container.get("env") or []  # type: ignore[union-attr]
              if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"].startswith("TOPOLOGY_")

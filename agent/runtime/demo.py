@@ -8,7 +8,12 @@ init`` process per pod with the arguments the webhook wrote (each sees the sandb
 ``--rank-order topology`` from the namespace), then "schedules" the pods one by one,
 alternating racks as a spreading scheduler does, by binding them to a Node and giving them loopback IPs. The
 inits wait for the gang, write ``./demo-out/<pod>/``, and the demo prints what each pod got: ranks in rack
-order, rank 0 still the master. Then the sidecars follow a scale-up.
+order, rank 0 still the master. Then the sidecars follow a scale-up. The pods and Nodes are saved as kubectl
+prints them (``pods.json``, ``nodes.json``), so ``explain`` on them shows what a pod's files say.
+
+The output folder is the demo's own: a marker file says so, and a second run removes only what the demo writes
+there (``OWN``); a non-empty folder without the marker, or with anything else in it, is refused, so the demo never
+deletes a file it did not make.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ NAMESPACE = "default"
 JOB = "demo"
 TASKS = (("master", 1), ("worker", 3), ("extras", 1))
 TOPOLOGY = ("--rank-order", "topology", "--topology-levels", f"{examples.ZONE},{examples.RACK}")
+NEWCOMER = "demo-worker-3"  # the worker the scale-up adds
+MARKER = ".made-by-topology-agent-demo"  # in the output folder: the demo made it (no writer's temp prefix)
+# Everything the demo writes in its output folder: one folder per pod, the sandbox's state, the saved objects.
+OWN = frozenset({MARKER, ".sandbox", "pods.json", "nodes.json", NEWCOMER,
+                 *(f"{JOB}-{task}-{i}" for task, n in TASKS for i in range(n))})
 
 
 def volcano_owner() -> dict[str, object]:
@@ -145,7 +155,9 @@ def run_inits(sandbox: SandboxThread, stored: dict[str, dict[str, Any]], ips: di
     procs = {}
     write("scheduling the pods one by one; each pod's init container starts once its pod runs, with the "
           "arguments the webhook wrote...\n")
-    for name, ip in ips.items():
+    # The pod that does not train first: init waits for the training pods only, and a pod placed after the gang
+    # formed would reach the files only through a sidecar (docs/variables.md, pods without an IP).
+    for name, ip in sorted(ips.items(), key=lambda item: "-extras-" not in item[0]):
         time.sleep(0.3)
         sandbox.schedule(NAMESPACE, name, ip, node=bound[name])
         args = stored[name]["spec"]["initContainers"][0]["args"]
@@ -165,12 +177,39 @@ def run_inits(sandbox: SandboxThread, stored: dict[str, dict[str, Any]], ips: di
     return failed
 
 
+def clean_output(out: Path) -> list[str]:
+    """Make ``out`` the demo's own and empty of an earlier run's files: the names removed. A folder with
+    anything in it that the demo did not make is refused, and nothing is removed."""
+    import shutil
+
+    from agent.errors import OutputError
+
+    out.mkdir(parents=True, exist_ok=True)
+    present = sorted(p.name for p in out.iterdir())
+    foreign = [name for name in present if name not in OWN]
+    if present and (MARKER not in present or foreign):
+        shown = ", ".join((foreign or present)[:5]) + (" ..." if len(foreign or present) > 5 else "")
+        raise OutputError(f"--out {out} holds files the demo did not make ({shown}); the demo starts from an empty "
+                          "folder and removes only its own files: give a new or empty folder, e.g. --out ./demo-out")
+    removed = [name for name in present if name != MARKER]
+    for name in removed:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    (out / MARKER).write_text("made by topology-agent demo: a second run removes what it wrote here\n")
+    return removed
+
+
 def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
     from agent.k8s.config import load_config
 
     write = (stream or sys.stdout).write
     out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    removed = clean_output(out)
+    if removed:
+        write(f"removed the files of an earlier demo from {out}: {', '.join(removed)}\n")
     pods = examples.volcano_job(JOB, TASKS, namespace=NAMESPACE)
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
     nodes = examples.racks(pods)  # where the scheduler will bind each pod: racks a, b, a, b, a
@@ -205,14 +244,24 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
         write(rack_summary(out / "demo-worker-0") + "\n")
         if not show_sidecar(sandbox, out, write, owner_uid=owner_uid):
             return 1
-        # kubectl get pods -o json, for explain: the demo's own job, wherever the agent was installed from
-        write_files(out, {"pods.json": json.dumps(api.get_object(f"/api/v1/namespaces/{NAMESPACE}/pods"),
-                                                  indent=1).encode()})
-    write(f"\nAPI load of the init step: {stats['requests']} requests ({stats['watches']} watches) for {len(ips)} "
-          f"pods; bytes sent {stats['bytes']}\n")
-    write(f"Try: cat {out / 'demo-worker-0' / 'torch.env'}  |  topology-agent explain --pods "
-          f"{out / 'pods.json'} --self demo-extras-0\n")
+        # kubectl get pods -o json and get nodes -o json, for explain: the demo's own job, as it is at the end
+        write_files(out, {
+            "pods.json": json.dumps(api.get_object(f"/api/v1/namespaces/{NAMESPACE}/pods"), indent=1).encode(),
+            "nodes.json": json.dumps(api.get_object("/api/v1/nodes"), indent=1).encode()})
+    write("\n" + api_load(stats, len(ips)) + "\n")
+    write(f"Try: cat {out / 'demo-worker-0' / 'torch.env'}  |  topology-agent explain --pods {out / 'pods.json'} "
+          f"--nodes {out / 'nodes.json'} --self demo-worker-0   (the same values, each with its rule; explain "
+          "takes the pod's options from its init container)\n")
     return 0
+
+
+def api_load(stats: dict[str, Any], pods: int) -> str:
+    """The init step's requests, and why the count moves between runs."""
+    events = sum(entry["requests"] for agent, entry in stats["byAgent"].items() if " events (" in agent)
+    return (f"API load of the init step: {stats['requests']} requests for {pods} pods ({events} of them Event "
+            f"writes; {stats['watches']} watches); bytes sent {stats['bytes']}. The count moves by a few between "
+            "runs: an init that starts once its whole gang is there lists the pods once, one that starts earlier "
+            "watches until the gang is complete, and which does depends on when the processes start")
 
 
 def _generation(directory: Path) -> int:
@@ -243,11 +292,13 @@ def show_sidecar(sandbox: SandboxThread, out: Path, write: Any, *, owner_uid: st
     """Run the sidecars of the publisher (demo-master-0) and of demo-worker-0, add a worker on a new node in
     rack-a, and show demo-worker-0's files following: the newcomer joins rack-a's block."""
     shared = out / "demo-worker-0"
+    before = _generation(shared)
     write(f"\nstarting the sidecars of demo-master-0 (it publishes) and {shared.name} (generation "
-          f"{_generation(shared)}); adding a worker on a new node in rack-a...\n")
+          f"{before}, written by its init); adding a worker on a new node in rack-a...\n")
     procs = [_start_sidecar(sandbox, out / "demo-master-0"), _start_sidecar(sandbox, shared)]
     try:
         time.sleep(1.5)
+        settled = _generation(shared)  # a generation the sidecar wrote at its start, before the scale-up
         sandbox.create_node(examples.node("node-5", {examples.ZONE: "zone-a", examples.RACK: "rack-a"}))
         pod = examples.volcano_job(JOB, (("master", 1), ("worker", 4)), namespace=NAMESPACE)[4]
         pod["spec"]["nodeName"] = "node-5"
@@ -264,9 +315,10 @@ def show_sidecar(sandbox: SandboxThread, out: Path, write: Any, *, owner_uid: st
             write("  the sidecar did not follow within 20 s\n")
             return False
         env_now = document["env"]
-        write(f"  generation {document['generation']} after {time.monotonic() - started:.2f} s: "
-              f"WORLD_SIZE={env_now['WORLD_SIZE']}, NNODES={env_now['NNODES']}, {shared.name} is now NODE_RANK "
-              f"{env_now['NODE_RANK']}; hostfile in rank order:\n")
+        write(f"  generation {document['generation']} after {time.monotonic() - started:.2f} s "
+              f"({_why_generation(before, settled, document['generation'])}): WORLD_SIZE={env_now['WORLD_SIZE']}, "
+              f"NNODES={env_now['NNODES']}, {shared.name} is now NODE_RANK {env_now['NODE_RANK']}; hostfile in rank "
+              "order:\n")
         racks = {m["address"]: (m["domains"] or {}).get("rack", "?") for m in document["members"]}
         for line in (shared / "hostfile").read_text().splitlines():
             write(f"    {line:<24} # {racks.get(line.split()[0], '?')}\n")
@@ -276,6 +328,16 @@ def show_sidecar(sandbox: SandboxThread, out: Path, write: Any, *, owner_uid: st
             proc.terminate()
         for proc in procs:
             proc.wait(15)
+
+
+def _why_generation(init: int, settled: int, now: int) -> str:
+    """Why the generation shown is the number it is: each write of a pod's files is one generation."""
+    why = f"init wrote {init}; the scale-up is one more"
+    if settled > init:
+        why += f"; the sidecar's first look had written {settled} (a pod's address changed since init)"
+    if now > max(init, settled) + 1:
+        why += f"; {now - max(init, settled) - 1} more while the newcomer's node and pod arrived one after the other"
+    return why
 
 
 def rack_summary(shared: Path) -> str:
@@ -299,7 +361,7 @@ def format_table(out: Path, names: list[str]) -> str:
         doc = json.loads((out / name / "topology.json").read_text())
         env = doc["env"]
         me = next(m for m in doc["members"] if m["name"] == name)
-        files = ", ".join(sorted(p.name for p in (out / name).iterdir()))
+        files = ", ".join(sorted(p.name for p in (out / name).iterdir() if not p.name.startswith(".")))
         rows.append(f"{name:<16} {me['role']:<8} {env.get('TOPOLOGY_RACK', '-'):<7} {env.get('NODE_RANK', '-'):>9} "
                     f"{env.get('RANK', '-'):>5} "
                     f"{env.get('WORLD_SIZE', '-'):>10}  {me['address']:<12} {out / name}/{{{files}}}")
