@@ -72,7 +72,7 @@ class JobView:
 
 @dataclass(frozen=True)
 class Roster:
-    """Who may be a member, by the job's own object, read once (issue 23): a pod with the job's labels is a
+    """Who may be a member, by the job's own object, read once: a pod with the job's labels is a
     member only if the job owns it (where the controller owns its pods directly: the ownerReference carries the
     job's uid), its role is one of the job's by exact name, and, while init forms the gang, its index is within
     the role's replicas (not for elastic jobs, whose size moves). Labels alone are anyone's to write in the
@@ -320,8 +320,8 @@ class _Presence:
 class GangTracker:
     """``gang_status`` kept current one pod at a time, for init's wait: an event costs O(1), not O(job size).
 
-    In a real cluster every pod of a large job is "late" (pods start over seconds to minutes), and each watch
-    event used to recompute the whole job: init at 4096 pods with every pod late spent minutes of CPU. Each pod's
+    In a real cluster every pod of a large job is "late" (pods start over seconds to minutes): recomputing the
+    whole job at each watch event would cost init at 4096 pods minutes of CPU. Each pod's
     facts are computed once per resourceVersion (through ``memo``, which the final render then reuses) and
     folded into per-role counts; ``status()`` reads the counts. It answers what ``gang_status`` answers over the
     same pods (a property test checks), raising the same ``InputError`` for a pod that cannot be identified or

@@ -260,7 +260,7 @@ def escape(token: Any) -> str:
 
 
 # The agent's own pieces, by their exact names: each volume with the one source inject gives it. Every release
-# since inject began (9d07551) gives these names and sets INJECTED on the template, so an earlier injection is
+# of inject gives these names and sets INJECTED on the template, so an earlier injection is
 # recognised by the annotation and its pieces by name and source.
 AGENT_CONTAINERS = (INIT, SIDECAR)
 AGENT_VOLUMES = {SHARED: "emptyDir", TOKEN: "projected", SSH: "secret", STATE: "emptyDir"}

@@ -1,4 +1,4 @@
-"""Who wrote a job's published topology, and whether that pod may have (issue 23, H3).
+"""Who wrote a job's published topology, and whether that pod may have.
 
 Each published object names its writer in ``data.leader`` and ``data.leaderUid``. The admission policy
 (manifests/policy) admits a write only when both are the writer's own pod, from its bound token; it cannot look
@@ -9,7 +9,7 @@ is a pod of this job, and is a member by the job's own object (gang.Roster). A c
 the reader follows the pods instead and says why in one line.
 
 Without the policy the names are anyone's to write (docs/security.md): the check then only keeps out writers that
-are not the job's pods, and the rows are checked like pod data, as before.
+are not the job's pods, and the rows are checked like pod data.
 """
 
 from __future__ import annotations

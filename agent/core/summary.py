@@ -6,12 +6,12 @@ other 16383 members. The leader derives that from its plan at every publication 
 training members in rank order are cut into *runs*: consecutive node ranks whose pods have one role, one index prefix,
 consecutive last indices and one process count. A pod finds its own run from its own identity, and with it
 its NODE_RANK, RANK and ordinal; every job-wide number is in the summary. A follower then reads O(1) bytes at
-start and per change instead of the whole snapshot (issue 24: 13 GiB through the API server to start a
-16384-pod job).
+start and per change instead of the whole snapshot (every follower reading the snapshot would make the
+job-wide start-up quadratic: 13 GiB through the API server for a 16384-pod job).
 
 Only what a run can state exactly is summarized: the index rank order (``--rank-order topology`` interleaves
 domains), without Node labels. A job whose training members make more than ``MAX_RUNS`` runs (pods missing
-everywhere) gets no summary; its pods read the snapshot as before. Roles of at most ``LISTED_HOSTS`` pods keep
+everywhere) gets no summary; its pods read the snapshot. Roles of at most ``LISTED_HOSTS`` pods keep
 their address lists (a master, a launcher, parameter servers): larger lists are not read by such a pod.
 
 Who decides RANK stays the planner (topology.py): the summary carries the results of ``_place``, and a pod finds its

@@ -43,8 +43,8 @@ class Elector:
         self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock
         self.uid = uid  # this pod's: the Lease says which incarnation of its name holds it (core/leading.py)
         self.timing = timing or Timing()
-        # Without RBAC for Leases the pod the journal names as leader publishes anyway (no failover), as before
-        # the Lease existed; the standbys then never take over.
+        # Without RBAC for Leases the pod the journal names as leader publishes anyway (no failover); the
+        # standbys then never take over.
         self.named_leader = named_leader
         self.observed = Observation()
         self.leading = False

@@ -1,8 +1,8 @@
 """What init read that its pod's sidecar would read again at start: the own pod, the job's objects, the
-publishers init vouched for (core/provenance.py) and, in its own view, the summary that placed it. In a
-16384-pod job each follower's sidecar read its own pod, the job and the writer pod again (~20 KiB of its ~34 KiB
-at start, ~0.3 GiB job-wide), then listed the summary init had just read; it starts from init's reads instead,
-and watches what changed since (the summary from the resourceVersion init read it at) as before.
+publishers init vouched for (core/provenance.py) and, in its own view, the summary that placed it. Reading
+its own pod, the job and the writer pod again would cost each follower's sidecar ~20 KiB at start (~0.3 GiB
+job-wide at 16384 pods), and listing the summary init has just read more; so it starts from init's reads and
+watches what changed since (the summary from the resourceVersion init read it at).
 
 These reads decide who the members are and whose publication is followed, so they are kept where only the
 agent's containers write: the state directory (``--state-dir``), a volume that init and the sidecar mount and

@@ -500,7 +500,7 @@ class Init:
                   "carried over" if planner.incremental else "made from scratch")
         # The leader publishes first (a valid plan): every other pod of the job is waiting for it. Its own files
         # come from the pods it has just listed, whether or not its snapshot was created: a `<job>-topology` that
-        # exists already is never followed by the pod that leads (issue 23).
+        # exists already is never followed by the pod that leads: whoever wrote it first is not trusted for that.
         if publisher is not None and not await publish_first(
                 self.api, s.namespace, source.configmap, list(view.pods.values()), s.options, job=source.me.job,
                 leader=s.pod_name, leader_uid=uid, owner=owner_of(me),

@@ -52,9 +52,9 @@ def freeze() -> None:
 def collector_paused() -> Iterator[None]:
     """The cyclic collector off for one synchronous burst of allocations (a change's plan and files), on again
     after it. A pod that leaves a 16384-pod job moves every member after it: ~13000 new members, texts and keys,
-    whose allocations ran the collector's young passes ~150 times per change, and now and then a full pass over
-    the plan (in-process, a full-view pod's CPU per change 29.9 -> 24.4 ms). Cycles made meanwhile are found by
-    the first collection after it."""
+    whose allocations would run the collector's young passes ~150 times per change, and now and then a full pass
+    over the plan, about a fifth of a full-view pod's CPU per change in-process. Cycles made meanwhile are found
+    by the first collection after it."""
     enabled = gc.isenabled()
     gc.disable()
     try:
