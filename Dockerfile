@@ -1,4 +1,4 @@
-# The topology-agent image: init container and sidecar. Build: docker build -t topology-agent:0.1.0 .
+# The topology-agent image: init container and sidecar. Build: docker build -t <registry>/topology-agent:0.1.0 .
 FROM python:3.11-slim AS build
 WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -263,9 +263,10 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return bool(level)
 
 
-def namespace_settings(namespace: Mapping[str, Any] | None) -> Settings:
-    """A namespace's ``topology-agent.io/*`` annotations: the defaults of every job and pod in it."""
+def namespace_settings(namespace: Mapping[str, Any] | None, *, defaults: Settings | None = None) -> Settings:
+    """A namespace's ``topology-agent.io/*`` annotations over ``defaults`` (the webhook's ``--set``): the defaults
+    of every job and pod in it."""
     meta = namespace.get("metadata") if isinstance(namespace, Mapping) else None
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     name = meta.get("name") if isinstance(meta, Mapping) else "?"
-    return Settings().over(annotations, f"Namespace {name}")
+    return (defaults or Settings()).over(annotations, f"Namespace {name}")

@@ -599,6 +599,21 @@ def _add_to_spec(spec: dict[str, Any], added: list[dict[str, Any]], settings: Se
         spec["automountServiceAccountToken"] = False
 
 
+def image_of(settings: Settings, *, version: str) -> str:
+    """The agent's image for a template: its ``image`` setting (annotation ``topology-agent.io/image``, inject's
+    ``--set image=``, the webhook's ``--set image=``), else the image this version is built as."""
+    return settings.get("image") or f"topology-agent:{version}"
+
+
+def names_registry(image: str) -> bool:
+    """Whether an image reference names the registry to pull from. As the distribution reference grammar
+    normalises a name (distribution/reference, normalize.go ``splitDockerDomain``), the part before the first '/'
+    is a registry host only if it holds a '.' or a ':', is ``localhost``, or has an upper-case letter; otherwise
+    the runtime pulls from Docker Hub (``topology-agent:0.1.0`` is ``docker.io/library/topology-agent:0.1.0``)."""
+    first, sep, _ = image.partition("/")
+    return bool(sep) and ("." in first or ":" in first or first == "localhost" or first != first.lower())
+
+
 def _mark_injected(pod: dict[str, Any], version: str) -> None:
     meta = pod.get("metadata")
     if not isinstance(meta, dict):
@@ -617,7 +632,7 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     elastic = elastic_of(template)
     sidecar = elastic is not None or (settings.get("sidecar") or "").strip().lower() not in FLAG_VALUES_OFF
     out = settings.get("out") or "/shared"
-    image = settings.get("image") or f"topology-agent:{version}"
+    image = image_of(settings, version=version)
     user_containers = [c for c in spec["containers"] if isinstance(c, dict)]
     mount_shared(template.where, user_containers, out)
     common = _common_args(settings, elastic)
@@ -639,6 +654,7 @@ class Adopted(NamedTuple):
 
     where: str
     changed: bool
+    image: str  # the agent's image in it
 
 
 def adopt_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> list[Adopted]:
@@ -654,7 +670,8 @@ def adopt_document(doc: dict[str, Any], defaults: Settings, *, version: str) -> 
             before = copy.deepcopy(template.template)
             inject(template, version=version)
             injected[id(template.template)] = template.template != before
-        done.append(Adopted(template.where, injected[id(template.template)]))
+        done.append(Adopted(template.where, injected[id(template.template)],
+                            image_of(template.settings, version=version)))
     return done
 
 

@@ -28,6 +28,7 @@ from agent.core.validation import DNS_NAME, is_dns1123_label
 from agent.errors import InputError
 
 if TYPE_CHECKING:
+    from agent.core.injection import Settings
     from agent.ssh.files import SshSettings
 
 DEFAULT_OUT = "/shared"
@@ -373,3 +374,24 @@ def out_dir(args: argparse.Namespace, *, check: bool = False) -> Path:
             raise OutputError(f"{k.label} {out}: cannot write there ({err.strerror or err}); mount a writable "
                               "volume (an emptyDir) there") from None
     return out
+
+
+def add_set_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE``, the settings inject and the webhook give every job they add the agent to."""
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="a default for every job, as annotation topology-agent.io/KEY would give it (the "
+                             "job's own annotations, and the webhook's namespace's, win), e.g. --set "
+                             "image=registry.example.com/topology-agent:0.1.0: the agent's image")
+
+
+def defaults_from(args: argparse.Namespace) -> Settings:
+    """The settings ``--set`` gives, each checked as its annotation would be."""
+    from agent.core.injection import PREFIX, Settings
+
+    defaults = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--set {item!r}: give KEY=VALUE, e.g. --set elastic=2:4")
+        defaults[PREFIX + key.strip()] = value
+    return Settings().over(defaults, "--set")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agent.errors import InputError
+from agent.flags.common import add_set_argument, defaults_from
 
 if TYPE_CHECKING:
     from agent.core.injection import Settings
@@ -16,9 +17,7 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--filename", action="append", help="manifest file (YAML, multi-document, JSON or a "
                                                                    "kubectl List); '-' or none: stdin")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="a default for every job, as annotation topology-agent.io/KEY would give it (the "
-                             "job's own annotations win), e.g. --set image=registry/topology-agent:0.1.0")
+    add_set_argument(parser)
 
 
 class InjectSettings(NamedTuple):
@@ -27,15 +26,7 @@ class InjectSettings(NamedTuple):
 
 
 def settings_from(args: argparse.Namespace) -> InjectSettings:
-    from agent.core.injection import PREFIX, Settings
-
-    defaults = {}
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InputError(f"--set {item!r}: give KEY=VALUE, e.g. --set elastic=2:4")
-        defaults[PREFIX + key.strip()] = value
-    return InjectSettings(defaults=Settings().over(defaults, "--set"), filenames=tuple(args.filename or ["-"]))
+    return InjectSettings(defaults=defaults_from(args), filenames=tuple(args.filename or ["-"]))
 
 
 def read_manifest(name: str) -> str:

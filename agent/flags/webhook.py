@@ -9,9 +9,20 @@ from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from agent.core.validation import is_dns1123_label, is_dns1123_subdomain
 from agent.errors import InputError
-from agent.flags.common import Knob, at_least_one_second, ip_address, is_ip, kubeconfig, log_format, whole
+from agent.flags.common import (
+    Knob,
+    add_set_argument,
+    at_least_one_second,
+    defaults_from,
+    ip_address,
+    is_ip,
+    kubeconfig,
+    log_format,
+    whole,
+)
 
 if TYPE_CHECKING:
+    from agent.core.injection import Settings
     from agent.k8s.config import ApiConfig
 
 
@@ -33,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-every", default="3600", help="seconds between certificate checks (default 3600)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     parser.add_argument("--log-format", help="text or json (default text)")
+    add_set_argument(parser)
 
 
 class WebhookFields(TypedDict):
@@ -46,6 +58,7 @@ class WebhookFields(TypedDict):
     config: str
     tls_dir: Path | None
     check_every: float
+    defaults: Settings  # --set: every job's settings, under its namespace's annotations
 
 
 class WebhookStart(NamedTuple):
@@ -67,12 +80,14 @@ def settings_from(args: argparse.Namespace) -> WebhookStart:
     check_every = at_least_one_second(Knob(args.check_every, "--check-every"), 3600.0, high=86_400 * 30)
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "topology-agent-system"
     _check_names(args, namespace)
+    defaults = defaults_from(args)
     tls_dir = Path(args.tls_dir) if args.tls_dir else None
     if tls_dir is not None and not tls_dir.is_dir():
         raise InputError(f"--tls-dir {tls_dir}: not a directory; mount the certificate's Secret there")
     config = load_config(kubeconfig(args))
     fields = WebhookFields(host=host, port=port, namespace=namespace, service=args.service, secret=args.secret,
-                           config=args.config, tls_dir=tls_dir, check_every=check_every or 3600.0)
+                           config=args.config, tls_dir=tls_dir, check_every=check_every or 3600.0,
+                           defaults=defaults)
     return WebhookStart(settings=fields, cert_hosts=tuple(args.cert_host), log_format=fmt, config=config)
 
 

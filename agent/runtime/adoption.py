@@ -29,6 +29,7 @@ from agent.core.injection import (
     Settings,
     adopt_document,
     left_alone,
+    names_registry,
     template_kinds,
 )
 from agent.errors import InputError
@@ -271,6 +272,12 @@ def run_inject(filenames: Sequence[str], defaults: Settings, *, version: str) ->
                          + f"the agent adds itself to the pod templates of {template_kinds()}")
     for name, report in lines:
         print(f"topology-agent inject: {'stdin' if name == '-' else name}: {report.line()}", file=sys.stderr)
+    unpulled = sorted({a.image for _, report in lines for a in report.adopted if not names_registry(a.image)})
+    if unpulled:
+        print(f"topology-agent inject: warning: image {', '.join(unpulled)} names no registry, so each node pulls "
+              "it from Docker Hub, where it is not; push the image you built and name it: --set "
+              "image=<registry>/topology-agent:<tag> (or the job's annotation topology-agent.io/image)",
+              file=sys.stderr)
     sys.stdout.write("".join((("---\r\n" if out.endswith("\r\n") else "---\n") if i else "") + out
                              for i, out in enumerate(outputs)))
     return 0

@@ -68,6 +68,7 @@ class WebhookSettings:
     check_every: float = 3600.0  # how often the certificates are checked for renewal
     limits: Limits = field(default_factory=Limits)
     reviewer: Sequence[str] = REVIEWER  # the command of the reviewing process (reviewing.py)
+    defaults: Settings = field(default_factory=Settings)  # --set: every job's settings, under its namespace's
     metrics: CollectorRegistry = field(default_factory=CollectorRegistry, compare=False)
 
 
@@ -89,14 +90,16 @@ class Namespaces:
     read is a task of its own (a review that gives up does not end it for the others), and its failure reaches
     every review that waits for it. At most ``size`` namespaces are kept."""
 
-    def __init__(self, api: AsyncApi, *, ttl: float, size: int, clock: Callable[[], float]) -> None:
+    def __init__(self, api: AsyncApi, *, ttl: float, size: int, clock: Callable[[], float],
+                 defaults: Settings | None = None) -> None:
         self.api, self.ttl, self.size, self.clock = api, ttl, size, clock
+        self.defaults = defaults or Settings()  # the webhook's --set, under each namespace's annotations
         self._kept: OrderedDict[str, tuple[float, Settings | InputError]] = OrderedDict()
         self._reading: dict[str, asyncio.Task[Settings | InputError]] = {}
 
     def cached(self, namespace: str) -> Settings | InputError | None:
         if not namespace:
-            return Settings()  # a cluster-scoped object (ClusterTrainingRuntime)
+            return self.defaults  # a cluster-scoped object (ClusterTrainingRuntime)
         if not is_dns1123_label(namespace):
             return InputError(f"namespace {namespace[:80]!r} is not a Kubernetes namespace name")
         kept = self._kept.get(namespace)
@@ -122,9 +125,9 @@ class Namespaces:
     async def _read(self, namespace: str) -> Settings | InputError:
         try:
             result: Settings | InputError = admission.namespace_settings(
-                await self.api.get_object(f"/api/v1/namespaces/{namespace}"))
+                await self.api.get_object(f"/api/v1/namespaces/{namespace}"), defaults=self.defaults)
         except ApiNotFound:
-            result = Settings()
+            result = self.defaults
         except InputError as err:
             result = err
         except ApiError as err:
@@ -178,7 +181,8 @@ class Webhook:
         self.api, self.settings, self.version, self.clock = api, settings, version, clock
         self.check = _remembering(check_command_line)
         self.metrics = Metrics(settings.metrics)
-        self.namespaces = Namespaces(api, ttl=settings.namespace_ttl, size=settings.namespaces, clock=clock)
+        self.namespaces = Namespaces(api, ttl=settings.namespace_ttl, size=settings.namespaces, clock=clock,
+                                     defaults=settings.defaults)
         self.bodies = Budget(BODIES)
         self.reviewer = Reviewer(settings.reviewer)
         self.tls: ssl.SSLContext | None = None

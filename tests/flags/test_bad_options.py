@@ -144,6 +144,8 @@ CASES += [
     ("webhook", "--check-every", ["--check-every", "0.5"], ["--check-every '0.5'"]),
     ("webhook", "--kubeconfig", ["--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),
     ("webhook", "--log-format", ["--log-format", "xml"], ["--log-format 'xml'"]),
+    ("webhook", "--set", ["--set", "image"], ["--set 'image'", "KEY=VALUE"]),
+    ("webhook", "--set", ["--set", "image=Not An Image"], ["'topology-agent.io/image'", "not an image reference"]),
     ("status", "(job)", ["Bad_Job"], ["JOB 'Bad_Job'", "not a valid object name"]),
     ("status", "--namespace", ["demo", "--namespace", "Team A"], ["--namespace 'Team A'"]),
     ("status", "--kubeconfig", ["demo", "--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),

@@ -17,7 +17,7 @@ import yaml
 from agent import __version__
 from agent.cli import main
 from agent.core import render_pod
-from agent.core.injection import INIT, PREFIX, SIDECAR, STATE, Settings, inject_document, templates
+from agent.core.injection import INIT, PREFIX, SIDECAR, STATE, Settings, inject_document, names_registry, templates
 from agent.core.model import STATE_DIR
 from agent.errors import InputError
 from agent.flags.common import options_from_args
@@ -350,9 +350,20 @@ BATCH_JOB = ("apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: j\nspec:\n  te
              "      containers:\n      - name: t\n        image: x\n")
 
 
-def _inject_cli(text: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent.cli", "inject"], input=text, capture_output=True, text=True,
-                          timeout=60)
+def _inject_cli(text: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", "inject", *args], input=text, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _image_warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("topology-agent inject: warning: image ")]
+
+
+def _without_image_warning(stderr: str) -> str:
+    """inject's report lines: the default image names no registry, so the one warning line, last, is taken off."""
+    lines = stderr.splitlines(keepends=True)
+    assert _image_warnings(stderr) == [lines[-1].rstrip("\n")], stderr
+    return "".join(lines[:-1])
 
 
 def test_unknown_kinds_beside_a_job_pass_through_unchanged_and_are_named_as_left_alone():
@@ -361,7 +372,8 @@ def test_unknown_kinds_beside_a_job_pass_through_unchanged_and_are_named_as_left
     config_map, job, deployment = run.stdout.split("---\n")
     assert config_map == CONFIG_MAP and deployment == DEPLOYMENT
     assert "initContainers" in job
-    assert run.stderr == ("topology-agent inject: stdin: added the agent to 1 pod template(s): Job j; left alone: "
+    assert _without_image_warning(run.stderr) == ("topology-agent inject: stdin: added the agent to 1 pod "
+                                                  "template(s): Job j; left alone: "
                           "ConfigMap c, Deployment d (no pod template of a kind the agent knows)\n")
 
 
@@ -382,9 +394,49 @@ def test_a_second_run_says_the_templates_already_have_the_agent():
     once = _inject_cli(BATCH_JOB)
     twice = _inject_cli(once.stdout)
     assert twice.returncode == 0 and twice.stdout == once.stdout
-    assert twice.stderr == "topology-agent inject: stdin: 1 pod template(s) already have the agent, unchanged: Job j\n"
+    assert _without_image_warning(twice.stderr) == ("topology-agent inject: stdin: 1 pod template(s) already have "
+                                                    "the agent, unchanged: Job j\n")
     upgraded = _inject_cli(once.stdout.replace("name: j\n", f"name: j\n  annotations:\n    {PREFIX}timeout: '60'\n", 1))
-    assert upgraded.stderr == "topology-agent inject: stdin: added the agent to 1 pod template(s): Job j\n"
+    assert _without_image_warning(upgraded.stderr) == ("topology-agent inject: stdin: added the agent to 1 pod "
+                                                       "template(s): Job j\n")
+
+
+@pytest.mark.parametrize(("image", "registry"), [
+    ("topology-agent:0.1.0", False),  # docker.io/library/topology-agent:0.1.0
+    ("team/topology-agent:1", False),  # a Docker Hub account's repository
+    ("topology-agent@sha256:" + "a" * 64, False),
+    ("registry.example.com/x:1", True),
+    ("ghcr.io/acme/topology-agent:0.1.0", True),
+    ("localhost:5000/x", True),
+    ("localhost/x", True),
+    ("127.0.0.1:5000/team/x:2", True),
+    ("Registry/x", True),  # an upper-case first component is a host: a repository path is lower case
+], ids=lambda v: str(v))
+def test_an_image_names_a_registry_as_the_reference_grammar_reads_its_first_component(image, registry):
+    assert names_registry(image) is registry
+
+
+def test_inject_warns_once_on_stderr_when_the_agents_image_names_no_registry(tmp_path):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(BATCH_JOB + "---\n" + BATCH_JOB.replace("name: j\n", "name: k\n", 1))
+    second.write_text(BATCH_JOB.replace("name: j\n", f"name: m\n  annotations:\n    {PREFIX}image: team/agent:1\n", 1))
+    run = subprocess.run([sys.executable, "-m", "agent.cli", "inject", "-f", str(first), "-f", str(second)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    warnings = _image_warnings(run.stderr)
+    assert len(warnings) == 1, run.stderr
+    assert f"image team/agent:1, topology-agent:{__version__} names no registry" in warnings[0]
+    assert "--set image=<registry>/topology-agent:<tag>" in warnings[0] and f"{PREFIX}image" in warnings[0]
+    assert "warning" not in run.stdout and run.stdout.count("image: team/agent:1") == 2
+
+
+@pytest.mark.parametrize("image", ["registry.example.com/x:1", "localhost:5000/x"])
+def test_inject_says_nothing_of_an_image_that_names_its_registry(image):
+    given = _inject_cli(BATCH_JOB, "--set", f"image={image}")
+    annotated = _inject_cli(BATCH_JOB.replace("name: j\n", f"name: j\n  annotations:\n    {PREFIX}image: {image}\n", 1))
+    for run in (given, annotated):
+        assert run.returncode == 0 and f"image: {image}" in run.stdout, run.stderr
+        assert run.stderr == "topology-agent inject: stdin: added the agent to 1 pod template(s): Job j\n"
 
 
 @pytest.mark.parametrize("path", RUNTIMES, ids=[p.name for p in RUNTIMES])

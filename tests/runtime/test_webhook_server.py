@@ -22,7 +22,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agent import __version__
-from agent.core.injection import PREFIX
+from agent.core.injection import PREFIX, Settings
 from agent.errors import ApiForbidden, ApiNotFound
 from agent.runtime import certs
 from agent.runtime.serving import BoundedServer, Limits
@@ -79,6 +79,25 @@ async def test_a_burst_of_pods_reads_the_namespace_once_and_gets_its_settings():
         assert api.gets == 1
         metrics = await (await client.get("/metrics")).text()
         assert 'topology_agent_webhook_reviews_total{result="patched"} 20.0' in metrics
+    finally:
+        await client.close()
+
+
+async def test_the_image_set_on_the_webhook_is_the_agents_in_each_pod_and_a_namespaces_annotation_wins():
+    """The webhook's --set image= (from manifests/webhook's images: entry) is the agent's image in the pods it
+    injects, as inject's --set is; a namespace's topology-agent.io/image is more specific and wins."""
+    api = Namespaces({"team-a": {}, "team-b": {PREFIX + "image": "registry.example.com/b/topology-agent:2"}})
+    settings = WebhookSettings(defaults=Settings({"image": "registry.example.com/team/topology-agent:9.9.9"}))
+    client = TestClient(TestServer(Webhook(api, settings, version=__version__).app()))  # type: ignore[arg-type]
+    await client.start_server()
+    try:
+        for namespace, image in (("team-a", "registry.example.com/team/topology-agent:9.9.9"),
+                                 ("gone", "registry.example.com/team/topology-agent:9.9.9"),
+                                 ("team-b", "registry.example.com/b/topology-agent:2")):
+            body = await (await client.post("/mutate", json=review("u1", namespace=namespace))).json()
+            ops = json.loads(base64.b64decode(body["response"]["patch"]))
+            added = [c for op in ops if op["path"] == "/spec/initContainers" for c in op["value"]]
+            assert [c["image"] for c in added] == [image], (namespace, ops)
     finally:
         await client.close()
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from agent.core import render_pod
-from agent.flags.common import options_from_args
+from agent.flags.common import defaults_from, options_from_args
 from agent.flags.parser import build_parser
 from tests.manifest_pods import pod_templates, pods_for
 
@@ -387,3 +387,23 @@ def test_no_webhook_takes_kube_system_or_its_own_namespace_and_the_policy_names_
         assert {(r["resources"][0], v) for r in reads for v in r["verbs"] if v in ("list", "watch")} == {
             ("secrets", "list"), ("secrets", "watch"), ("mutatingwebhookconfigurations", "list"),
             ("mutatingwebhookconfigurations", "watch")}
+
+
+@pytest.mark.parametrize("install", ["webhook", "webhook-cert-manager"])
+def test_the_images_entry_of_the_webhooks_kustomization_sets_its_image_and_the_agents_it_injects(install, tmp_path):
+    """One setting: the image a user pushed, written once in manifests/webhook's images: entry, is the image the
+    webhook runs and the image of the agent it adds to pods (its --set image=)."""
+    shutil.copytree(ROOT / "manifests", tmp_path / "manifests")
+    kustomization = tmp_path / "manifests" / "webhook" / "kustomization.yaml"
+    entries = yaml.safe_load(kustomization.read_text())["images"]
+    assert entries == [{"name": "topology-agent", "newName": "topology-agent", "newTag": "0.1.0"}]
+    kustomization.write_text(kustomization.read_text().replace(
+        "  newName: topology-agent\n  newTag: 0.1.0\n",
+        "  newName: registry.example.com/team/topology-agent\n  newTag: 9.9.9\n"))
+    for path, image in ((ROOT / "manifests" / install, "topology-agent:0.1.0"),
+                        (tmp_path / "manifests" / install, "registry.example.com/team/topology-agent:9.9.9")):
+        deployment = next(d for d in _built(path) if d["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == image
+        parsed = build_parser().parse_args(container["args"])
+        assert defaults_from(parsed).get("image") == image, container["args"]
