@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "docs" / "sandbox.md", ROOT / "README.md",
          *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "sandbox.md")]
 PLACEHOLDERS = {"<namespace>": "team-a", "<ns>": "team-a", "<selector>": "volcano.sh/job-name=demo",
-                "NAME": "demo-master-0", "<job>": "demo", "<pod>": "demo-master-0"}
+                "NAME": "demo-master-0", "<job>": "demo", "<pod>": "demo-master-0",
+                "<registry>": "registry.example.com"}
 FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
 SPAN = re.compile(r"`(kubectl [^`\s]+ [^`]+)`")  # a verb and what it acts on: `kubectl get` alone is prose
 
