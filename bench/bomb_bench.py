@@ -67,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from agent.core.published import DOCUMENT_CAP
+    from agent.core.published import DOCUMENT_CAP, SCHEMA
 
     print(f"| input | compressed | outcome | peak RSS rise, median of {args.runs} (MB) | rise / cap |")
     print("|---|---|---|---|---|")
@@ -76,7 +76,7 @@ def main() -> None:
             if make is None:
                 document = real_snapshot()
             else:  # a hostile document is still shaped like ours around the bomb
-                document = b'{"schema":2,"generation":1,"containers":[],"pods":' + make(DOCUMENT_CAP) + b"}"
+                document = b'{"schema":%d,"generation":1,"containers":[],"pods":' % SCHEMA + make(DOCUMENT_CAP) + b"}"
             path = Path(tmp) / "doc.gz"
             path.write_bytes(gzip.compress(document, compresslevel=9))
             runs = [json.loads(subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True,

@@ -17,20 +17,28 @@ _KEYS = ("metadata", "spec", "status")
 _NONE: dict[str, Any] = {}
 
 
+def conditions_section(conditions: list[list[str]]) -> list[dict[str, str]]:
+    """A row's conditions ([type, status, reason]) as ``status.conditions`` says them (an empty reason: none)."""
+    return [{"type": kind, "status": status, **({"reason": reason} if reason else {})}
+            for kind, status, reason in conditions]
+
+
 class CompactPod(Mapping[str, Any]):
     """One peer: read-only (no reader writes into a pod; the view replaces a pod with its next version)."""
 
-    __slots__ = ("annotations", "containers", "deleted", "hostname", "ip", "labels", "name", "namespace", "node",
-                 "phase", "subdomain", "version")
+    __slots__ = ("annotations", "conditions", "containers", "deleted", "hostname", "ip", "labels", "name",
+                 "namespace", "node", "phase", "subdomain", "version")
 
     def __init__(self, name: str, namespace: str, version: str, labels: dict[str, str],
                  annotations: dict[str, str], containers: list[dict[str, Any]], *, hostname: str = "",
-                 subdomain: str = "", node: str = "", phase: str = "", ip: str = "", deleted: str = "") -> None:
+                 subdomain: str = "", node: str = "", phase: str = "", ip: str = "", deleted: str = "",
+                 conditions: list[list[str]] | None = None) -> None:
         self.name, self.namespace, self.version, self.labels = name, namespace, version, labels
         self.annotations = annotations or None  # the empty ones not held: ~64 bytes a pod
         self.containers = containers  # one list per container shape, shared by the pods of that shape
         self.hostname, self.subdomain, self.node = hostname, subdomain, node
         self.phase, self.ip, self.deleted = phase, ip, deleted
+        self.conditions = conditions or None  # [type, status, reason] of those that say the pod is lost (lost.py)
 
     def metadata(self) -> dict[str, Any]:
         meta = {"name": self.name, "namespace": self.namespace, "labels": self.labels,
@@ -52,7 +60,10 @@ class CompactPod(Mapping[str, Any]):
         return spec
 
     def status(self) -> dict[str, Any]:
-        return {"phase": self.phase, "podIP": self.ip} if self.ip else {"phase": self.phase}
+        status: dict[str, Any] = {"phase": self.phase, "podIP": self.ip} if self.ip else {"phase": self.phase}
+        if self.conditions:
+            status["conditions"] = conditions_section(self.conditions)
+        return status
 
     def get(self, key: str, default: Any = None) -> Any:  # the hot path: no exception per miss
         if key == "metadata":
@@ -82,7 +93,7 @@ class CompactPod(Mapping[str, Any]):
                 and self.annotations == other.annotations
                 and (self.containers is other.containers or self.containers == other.containers)
                 and self.hostname == other.hostname and self.subdomain == other.subdomain
-                and self.namespace == other.namespace)
+                and self.namespace == other.namespace and self.conditions == other.conditions)
 
     def __repr__(self) -> str:
         return f"CompactPod({dict(self)!r})"

@@ -398,9 +398,20 @@ def outcome_note(plan: Plan, *, how: str) -> str:
     return f"{how}; generation 1: {place}"
 
 
-def generation_note(generation: int, before: tuple[int, int] | None, after: tuple[int, int]) -> str:
-    """A sidecar's new generation: what changed, world size and training pods from -> to."""
+def generation_note(generation: int, before: tuple[int, int] | None, after: tuple[int, int], *,
+                    left: Sequence[tuple[str, str]] = (), back: Sequence[str] = ()) -> str:
+    """A sidecar's new generation: what changed, world size and training pods from -> to; then the pods that
+    left the job's members since the files before, each with why (a lost member: its condition), and the pods
+    that were lost and are members again."""
     pods, world = after
     if before is None:
-        return f"generation {generation}: world size {world}, {pods} training pods"
-    return (f"generation {generation}: world size {before[1]} -> {world}, training pods {before[0]} -> {pods}")
+        note = f"generation {generation}: world size {world}, {pods} training pods"
+    else:
+        note = f"generation {generation}: world size {before[1]} -> {world}, training pods {before[0]} -> {pods}"
+    if left:
+        shown = "; ".join(f"{name}: {why}" for name, why in left[:SHOW])
+        more = f" (and {len(left) - SHOW} more)" if len(left) > SHOW else ""
+        note += f"; left out: {shown}{more}"
+    if back:
+        note += f"; back: {_names(back)}"
+    return note

@@ -13,6 +13,7 @@ from agent.core.claims import has_claims
 from agent.core.compact import CompactPod
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import Controller, selector_matches
+from agent.core.lost import conditions_of, why_lost
 from agent.core.model import Identity, Options, RawPod
 from agent.core.pods import pod_ip, pod_name
 from agent.core.validation import check_pod, dns_value, ip_value
@@ -77,18 +78,22 @@ class Memo:
 
 
 def why_not_member(pod: RawPod) -> str | None:
-    """Terminating, Failed and Succeeded pods are gone for training purposes, whatever their labels say."""
+    """Terminating, Failed and Succeeded pods are gone for training purposes, whatever their labels say; so is a
+    pod whose conditions say it is lost (lost.py: marked for disruption, or its node lost)."""
     deleted: str | None
     phase: str | None
     if type(pod) is CompactPod:
         deleted, phase = pod.deleted, pod.phase
+        conditions = pod.conditions
+        lost = why_lost(conditions) if conditions else None
     else:
         deleted, phase = pod.get("metadata", {}).get("deletionTimestamp"), pod.get("status", {}).get("phase")
+        lost = why_lost(conditions_of(pod.get("status", {}).get("conditions")))
     if deleted:
         return "terminating (deletionTimestamp is set)"
     if phase in ("Failed", "Succeeded"):
         return f"phase {phase}"
-    return None
+    return lost
 
 
 class PodFacts(NamedTuple):

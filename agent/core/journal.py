@@ -127,7 +127,7 @@ def _same_content(row: list[Any], published: list[Any] | None) -> bool:
     return row[2:] == published[2:]
 
 
-_COMPARED_LEN = 3  # a full row has 12 values (published.check_row)
+_COMPARED_LEN = 3  # a full row has 13 values (published.check_row)
 
 
 def _compared(row: list[Any]) -> list[Any]:

@@ -77,10 +77,17 @@ class RawPodIP(TypedDict, total=False):
     ip: str
 
 
+class RawPodCondition(TypedDict, total=False):
+    type: str
+    status: str
+    reason: str
+
+
 class RawPodStatus(TypedDict, total=False):
     phase: str
     podIP: str
     podIPs: list[RawPodIP]
+    conditions: list[RawPodCondition]
 
 
 class RawOwnerReference(TypedDict, total=False):

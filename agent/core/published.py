@@ -21,13 +21,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agent.core import controllers as c
-from agent.core.compact import CompactPod
+from agent.core.compact import CompactPod, conditions_section
 from agent.core.containers import pick_trainer_container
+from agent.core.lost import lost_conditions
 from agent.core.model import Options, RawPod
 from agent.core.validation import json_values, not_json
 from agent.errors import InputError
 
-SCHEMA = 2  # 2: rows carry the pod's node and its level labels
+SCHEMA = 3  # 2: rows carry the pod's node and its level labels; 3: the conditions that say it is lost
 DATA_KEY = "topology.json.gz"
 _NPROC_ENV = frozenset({"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})
 
@@ -68,7 +69,8 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
          nodes: Mapping[str, Mapping[str, str] | None] | None = None,
          shapes: dict[int, tuple[object, str]] | None = None) -> list[Any]:
     """One pod as a row: [name, resourceVersion, labels, annotations, hostname, subdomain, container, phase, ip,
-    deletionTimestamp, nodeName, the node's level labels (None: not read)]. Containers are stored once per
+    deletionTimestamp, nodeName, the node's level labels (None: not read), the conditions that say the pod is lost
+    ([type, status, reason] each, lost.py: usually none)]. Containers are stored once per
     distinct shape (a job's pods share templates). The Node labels ride with the pod, so only the publisher
     reads Nodes and a follower learns a new node from the journal entry that brings its pod."""
     meta = pod.get("metadata", {})
@@ -95,11 +97,11 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
         node_labels = {k: v for k, v in nodes[node].items() if k in wanted}  # type: ignore[union-attr]
     return [meta.get("name", ""), meta.get("resourceVersion", ""), labels, annotations, spec.get("hostname", ""),
             spec.get("subdomain", ""), index, status.get("phase", ""), ip, meta.get("deletionTimestamp", ""), node,
-            node_labels]
+            node_labels, [list(condition) for condition in lost_conditions(status.get("conditions"))]]
 
 
 def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) -> RawPod:
-    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _ = row
+    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _, conditions = row
     if type(hostname) is str and type(name) is str and hostname == name:
         hostname = name  # one string for both (a JobSet's and Volcano's pods are named as their hostnames)
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
@@ -117,15 +119,17 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
     status: dict[str, Any] = {"phase": phase}
     if ip:
         status["podIP"] = ip  # the one IP the row keeps; podIPs would repeat it (pods.pod_ip reads podIP first)
+    if conditions:
+        status["conditions"] = conditions_section(conditions)
     return {"metadata": meta, "spec": spec, "status": status}  # type: ignore[typeddict-item]
 
 
 def compact_of(row: list[Any], containers: list[list[dict[str, Any]]], namespace: str) -> RawPod:
     """``_pod_of``'s pod, held as a ``CompactPod`` (``containers``: each shape's list, shared by its pods)."""
-    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _ = row
+    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _, conditions = row
     return CompactPod(name, namespace, rv, labels, annotations, containers[index],  # type: ignore[return-value]
                       hostname=name if hostname == name else hostname, subdomain=subdomain, node=node, phase=phase,
-                      ip=ip, deleted=deleted)
+                      ip=ip, deleted=deleted, conditions=conditions)
 
 
 def shape_lists(shapes: list[dict[str, Any]], lists: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
@@ -418,10 +422,12 @@ def _count_values(raw: bytes | bytearray, max_values: int, what: str) -> None:
 
 def check_row(row: Any, shapes: int) -> None:
     """A row has the shape ``_row`` writes (its values are checked as a pod's by ``check_pod`` after)."""
-    if not isinstance(row, list) or len(row) != 12 or not isinstance(row[6], int) or isinstance(row[6], bool) \
+    if not isinstance(row, list) or len(row) != 13 or not isinstance(row[6], int) or isinstance(row[6], bool) \
             or not 0 <= row[6] < shapes or not all(isinstance(row[i], str) for i in (0, 1, 4, 5, 7, 8, 9, 10)) \
             or not (row[11] is None or (isinstance(row[11], dict)
-                    and all(isinstance(k, str) and isinstance(v, str) for k, v in row[11].items()))):
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in row[11].items()))) \
+            or not isinstance(row[12], list) or not all(isinstance(c, list) and len(c) == 3
+                                                        and all(isinstance(v, str) for v in c) for c in row[12]):
         raise _refuse("a pod row has the wrong shape")
 
 

@@ -159,6 +159,8 @@ def _compact_passes(pod: CompactPod, seen: set[int] | None) -> bool:
             and type(pod.subdomain) is str and (not pod.subdomain or is_dns1123_label(pod.subdomain))
             and type(pod.node) is str and (not pod.node or is_dns1123_subdomain(pod.node))
             and type(pod.phase) is str and type(pod.ip) is str
+            and (pod.conditions is None or (type(pod.conditions) is list and all(
+                type(c) is list and len(c) == 3 and all(type(v) is str for v in c) for c in pod.conditions)))
             and seen is not None and all(id(container) in seen for container in pod.containers))
 
 

@@ -87,8 +87,13 @@ def mutate(pods: dict[str, dict], what: str, k: int) -> set[str]:
     elif what == "new-ip":
         pods[name]["status"]["podIP"] = f"127.4.{RV[0] // 250 % 250}.{RV[0] % 250 + 1}"
         pods[name]["status"]["podIPs"] = [{"ip": pods[name]["status"]["podIP"]}]
-    elif what == "status-only":  # a condition changed: a new resourceVersion, nothing the core reads
-        pass
+    elif what == "status-only":  # a readiness probe failing: a new resourceVersion, nothing the core reads
+        pods[name]["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}]
+    elif what == "lost":  # evicted: the member leaves every follower's world
+        pods[name]["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                               "reason": "EvictionByEvictionAPI"}]
+    elif what == "found":  # the kubelet's Ready again: a lost member rejoins
+        pods[name]["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
     elif what == "new-shape":
         pods[name]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": str(1 + k % 7)}}
     pods.get(name, {}).get("metadata", {})["resourceVersion"] = str(RV[0])
@@ -96,7 +101,7 @@ def mutate(pods: dict[str, dict], what: str, k: int) -> set[str]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "new-ip", "status-only", "new-shape"]),
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "new-ip", "status-only", "new-shape", "lost", "found"]),
                           st.integers(0, 10_000)), min_size=1, max_size=40),
        st.integers(1, 12), st.sampled_from([256, 2, 1]))
 def test_followers_hold_the_leaders_members_after_every_change(changes, away, block_rows):
@@ -131,6 +136,27 @@ def _follow(changes: list[tuple[str, int]], away: int) -> None:
     if coming_back.apply(journal_of(leader)) is None:
         coming_back = snapshot_of(leader)
     assert files(coming_back.pods) == files(pods)
+
+
+def test_a_member_lost_reaches_followers_through_the_journal_and_so_does_its_return():
+    """A large job's followers take membership from the publication: the row carries the condition that says the
+    pod is lost, and a follower leaves it out of its world as the publisher does."""
+    pods = job(6)
+    leader = leader_for(pods)
+    follower = snapshot_of(leader)
+    pods["demo-worker-3"]["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                                      "reason": "PreemptionByScheduler"}]
+    pods["demo-worker-3"]["metadata"]["resourceVersion"] = "9001"
+    assert leader.change(pods, {"demo-worker-3"}) is not None
+    assert follower.apply(journal_of(leader)) is not None
+    world = json.loads(files(follower.pods)["topology.json"])
+    assert world["env"]["WORLD_SIZE"] == "5" and "demo-worker-3" not in {m["name"] for m in world["members"]}
+    pods["demo-worker-3"]["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "False"}]
+    pods["demo-worker-3"]["metadata"]["resourceVersion"] = "9002"
+    assert leader.change(pods, {"demo-worker-3"}) is not None
+    assert follower.apply(journal_of(leader)) is not None
+    world = json.loads(files(follower.pods)["topology.json"])
+    assert world["env"]["WORLD_SIZE"] == "6" and "demo-worker-3" in {m["name"] for m in world["members"]}
 
 
 def test_a_status_update_that_moves_nothing_is_not_published():
@@ -235,7 +261,7 @@ def test_a_follower_keeps_a_row_beside_its_pod_only_for_its_nodes_labels():
     follower = snapshot_of(leader_for(pods))
     assert set(follower.pods) == set(pods) and follower.rows == {}  # each pod says all its row says
     row = next(iter(leader_for(pods).state.rows.values()))
-    labelled = [*row[:10], "node-1", {"topology.kubernetes.io/zone": "z1"}]  # read with --topology-levels
+    labelled = [*row[:10], "node-1", {"topology.kubernetes.io/zone": "z1"}, row[12]]  # read with --topology-levels
     follower._put(labelled)
     assert follower.rows == {row[0]: labelled} and follower.node_labels() == {"node-1": labelled[11]}
     follower._put(row)  # the same pod on a node without the labels read
@@ -391,7 +417,7 @@ def test_a_new_leader_reads_back_content_keys_and_publishes_only_what_changed(wh
         assert entry is None
     else:
         assert entry is not None and {row[0] for row in entry.put} | set(entry.gone) == touched
-    assert all(len(row) == 12 for row in state.rows.values())
+    assert all(len(row) == 13 for row in state.rows.values())
     # the same rows but for the resourceVersion of a pod whose content did not change: the published one stays
     assert [[r[0], *r[2:]] for r in new.snapshot_document()["pods"]] == \
         [[r[0], *r[2:]] for r in leader_for(pods).snapshot_document()["pods"]]
@@ -473,7 +499,7 @@ def test_rows_that_carry_node_labels_are_not_staged():
     nodes = {"node-a": {DEFAULT_LEVELS[0].label: "block-a"}}
     publisher.change(pods, pods, nodes, journal=False)
     rows = decode(publisher.snapshot_packed())["pods"]
-    assert [row[-1] for row in rows] == [{DEFAULT_LEVELS[0].label: "block-a"}] * 3
+    assert [row[11] for row in rows] == [{DEFAULT_LEVELS[0].label: "block-a"}] * 3
 
 
 def test_a_row_changed_after_staging_is_packed_as_it_is_now():

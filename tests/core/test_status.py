@@ -76,6 +76,22 @@ def test_pods_that_cannot_be_placed_are_left_out_with_the_agents_own_reason():
     assert "LEFT OUT        REASON\ndemo-worker-1   not scheduled (no node, no IP yet)\n" in text
 
 
+def test_a_lost_member_is_left_out_with_the_condition_that_says_why():
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 3), ("extras", 1)))
+    pods[2]["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                        "reason": "DeletionByTaintManager"}]
+    pods[3]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]  # the node controller's mark
+    status = job_status(pods, job="demo", kind="Volcano Job 'demo'", namespace="default", options=Options(),
+                        roster=None, expected=4, seen={})
+    assert [r.name for r in status.rows] == ["demo-master-0", "demo-worker-0", "demo-extras-0"]
+    assert {item.name: item.reason for item in status.left} == {
+        "demo-worker-1": "lost: DisruptionTarget (DeletionByTaintManager: evicted by the taint manager (a NoExecute "
+                         "taint on its node))",
+        "demo-worker-2": "lost: not Ready and no kubelet said why: the node lifecycle controller marked it (its node "
+                         "stopped reporting)"}
+    assert "demo-worker-1   lost: DisruptionTarget (DeletionByTaintManager" in table(status, now=NOW)
+
+
 def test_a_member_with_no_pod_at_all_is_named_on_the_first_line():
     """A worker deleted and not replaced: the job asks for it, no pod stands for it, and no LEFT OUT row can name
     it; the first line names its role and index, as init's gang line does."""

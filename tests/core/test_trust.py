@@ -257,7 +257,10 @@ def test_a_nul_in_the_pods_own_env_is_never_copied_into_torch_env(tmp_path):
 
 
 def _wrapped(pods_json: bytes) -> bytes:
-    return gzip.compress(b'{"schema":2,"generation":1,"containers":[],"pods":' + pods_json + b"}", 9)
+    from agent.core.published import SCHEMA
+
+    head = b'{"schema":%d,"generation":1,"containers":[],"pods":' % SCHEMA
+    return gzip.compress(head + pods_json + b"}", 9)
 
 
 @pytest.mark.parametrize(("bomb", "says"), [
@@ -289,9 +292,9 @@ def test_the_snapshots_gzip_members_are_read_in_turn_and_capped_together():
     """Issue 24: the leader writes the snapshot as one gzip member per block of rows. The cap on the inflated
     text counts every member (a bomb cut into members is still refused), as does the number of members, and
     bytes after the last member that are no gzip member are refused, not skipped."""
-    from agent.core.published import MAX_MEMBERS, decode
+    from agent.core.published import MAX_MEMBERS, SCHEMA, decode
 
-    text = b'{"schema":2,"generation":1,"containers":[],"pods":[]}'
+    text = b'{"schema":%d,"generation":1,"containers":[],"pods":[]}' % SCHEMA
     assert decode(b"".join(gzip.compress(text[i:i + 7]) for i in range(0, len(text), 7)))["generation"] == 1
     bomb = gzip.compress(b" " * (9 * 1024 * 1024), 9)
     with pytest.raises(InputError, match="more than 16777216 bytes uncompressed"):

@@ -144,6 +144,80 @@ async def test_scale_down_delete_terminate_and_replace_are_followed(job, memory)
     assert [line.split()[1] for line in job.trainer.signals()] == ["2", "3", "4"]
 
 
+def set_condition(kind: str, status: str, reason: str | None = None):
+    """A pod's condition ``kind`` written as the control plane writes it (replacing one of that type)."""
+    def update(pod: dict) -> None:
+        conditions = [c for c in pod["status"].get("conditions", []) if c.get("type") != kind]
+        condition = {"type": kind, "status": status, "lastTransitionTime": "2026-11-22T01:00:00Z"}
+        if reason is not None:
+            condition["reason"] = reason
+        pod["status"]["conditions"] = [*conditions, condition]
+    return update
+
+
+def notes(memory) -> list[str]:
+    return [e.get("note") or e.get("message") or "" for e in memory.sandbox.store.list("/v1/events", "default")
+            if e.get("reason") == "NewGeneration"]
+
+
+async def told(job, memory, text: str) -> None:
+    """Until a NewGeneration Event of the sidecar says ``text``."""
+    recorder = job.sidecar.recorder
+    async with asyncio.timeout(30), recorder.sent:
+        await recorder.sent.wait_for(lambda: any(text in note for note in notes(memory)))
+
+
+def member_names(out: Path) -> list[str]:
+    return [m["name"] for m in json.loads((out / "topology.json").read_text())["members"]]
+
+
+@pytest.mark.parametrize(("kind", "status", "reason", "why"), [
+    pytest.param("DisruptionTarget", "True", "EvictionByEvictionAPI", "DisruptionTarget (EvictionByEvictionAPI",
+                 id="evicted"),
+    pytest.param("DisruptionTarget", "True", "DeletionByTaintManager", "DisruptionTarget (DeletionByTaintManager",
+                 id="taint-manager"),
+    pytest.param("Ready", "False", None, "the node lifecycle controller marked it", id="node-lost"),
+])
+async def test_a_member_the_api_shows_lost_leaves_at_once_with_an_event_and_rejoins_when_cleared(
+        job, memory, kind, status, reason, why):
+    worker_1 = examples.loopback_ip(2)
+    assert worker_1 in (job.out / "hostfile").read_text()
+    memory.update_pod("default", "demo-worker-1", set_condition(kind, status, reason))
+    await job.until(lambda: generation(job.out) == 2, "the lost member left")
+    assert job.env()["WORLD_SIZE"] == "2" and "demo-worker-1" not in member_names(job.out)
+    assert worker_1 not in (job.out / "hostfile").read_text()
+    assert await job.trainer.next() == "SIGUSR1 2"
+    await told(job, memory, "left out: demo-worker-1: lost: ")
+    assert any(why in note for note in notes(memory))
+    cleared = "False" if kind == "DisruptionTarget" else "True"
+    memory.update_pod("default", "demo-worker-1", set_condition(kind, cleared))
+    await job.until(lambda: generation(job.out) == 3, "the member back")
+    assert job.env()["WORLD_SIZE"] == "3" and "demo-worker-1" in member_names(job.out)
+    assert worker_1 in (job.out / "hostfile").read_text()
+    assert await job.trainer.next() == "SIGUSR1 3"
+    await told(job, memory, "back: demo-worker-1")
+
+
+async def test_a_failing_readiness_probe_keeps_the_member_while_a_lost_one_leaves(job, memory):
+    """The kubelet writes Ready False with a reason (ContainersNotReady) when a probe fails: the trainer runs and
+    its node reports, so the world is not reshaped (and every trainer restarted) for a probe that flaps. The lost
+    master's change after it shows the probe's was evaluated and kept."""
+    memory.update_pod("default", "demo-worker-1", set_condition("Ready", "False", "ContainersNotReady"))
+    memory.update_pod("default", "demo-master-0", set_condition("DisruptionTarget", "True", "PreemptionByScheduler"))
+    await job.until(lambda: generation(job.out) == 2, "the preempted master left")
+    assert job.env()["WORLD_SIZE"] == "2"
+    assert member_names(job.out) == ["demo-worker-0", "demo-worker-1"]
+    await told(job, memory, "left out: demo-master-0: lost: DisruptionTarget (PreemptionByScheduler")
+    assert not any("demo-worker-1" in note for note in notes(memory))
+
+
+async def test_a_terminating_member_leaves_with_an_event_that_names_it(job, memory):
+    memory.update_pod("default", "demo-worker-1",
+                      lambda p: p["metadata"].__setitem__("deletionTimestamp", "2026-11-22T01:00:00Z"))
+    await job.until(lambda: generation(job.out) == 2 and job.env()["WORLD_SIZE"] == "2", "terminating excluded")
+    await told(job, memory, "left out: demo-worker-1: terminating (deletionTimestamp is set)")
+
+
 async def test_a_change_is_evaluated_with_the_cyclic_collector_off_and_it_is_on_again_after(job, memory,
                                                                                              monkeypatch):
     """The collector's passes over a change's new members were up to a third of a large job's change

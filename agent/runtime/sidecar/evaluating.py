@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.events import Occurrence, generation_note
 from agent.core.leading import standbys
+from agent.core.lost import LOST
 from agent.core.model import RawPod
 from agent.core.rendering import hosts_digest, read_topology_json
 from agent.core.summary import own_view, view_key
@@ -59,6 +60,24 @@ def _shape(document: Any) -> tuple[int, int] | None:
 NOT_EVALUATED = "the first evaluation has not run yet"
 
 
+def _left_out(plan: Plan) -> dict[str, str]:
+    return {gone.name: gone.reason for gone in plan.topology.excluded}
+
+
+def _changes(before: dict[str, str] | None, now: dict[str, str],
+             plan: Plan) -> tuple[list[tuple[str, str]], list[str]]:
+    """The pods left out now and not before (with why), and the pods lost before that are members now. Nothing
+    when what the files before left out is not known (the sidecar's first plan)."""
+    if before is None:
+        return [], []
+    left = sorted((name, why) for name, why in now.items() if name not in before)
+    lost = [name for name, why in before.items() if name not in now and why.startswith(LOST)]
+    if not lost:
+        return left, []
+    members = {member.name for member in plan.topology.members}
+    return left, sorted(name for name in lost if name in members)
+
+
 class Evaluator:
     def __init__(self, settings: Any, metrics: SidecarMetrics, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -76,6 +95,9 @@ class Evaluator:
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
         self.shape: tuple[int, int] | None = None  # training pods and processes of the files in place
         self.ssh_texts: SshTexts | None = None  # what each member adds to the SSH files (made at the first write)
+        # The pods the files in place leave out, with why (None: not planned yet): a new generation's Event names
+        # those that left since, and the lost ones that are members again.
+        self.left_out: dict[str, str] | None = None
 
     @property
     def valid(self) -> bool:
@@ -145,6 +167,7 @@ class Evaluator:
             return None
         if key == self.last_key:
             self.problem = None
+            self.left_out = _left_out(rendered.plan)
             if self.document is None and self.keep_document:  # the first plan since the start: served from now on
                 self.document = self._document_at(rendered, self.generation)
             return None
@@ -227,9 +250,13 @@ class Evaluator:
         log.info("generation %d written: %d training pods, %d processes (%s files_at=%.6f)", self.generation,
                  topo.nnodes, topo.processes, note, written)
         shape = (topo.nnodes, topo.processes)
-        self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.shape, shape),
-                             generation=self.generation))
-        self.shape = shape
+        left_out = _left_out(rendered.plan)
+        left, back = _changes(self.left_out, left_out, rendered.plan)
+        self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.shape, shape, left=left,
+                                                              back=back), generation=self.generation))
+        for name, why in left:
+            log.info("pod %s left the world: %s", name, why)
+        self.shape, self.left_out = shape, left_out
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
         result = signal_trainer(s.finder, s.signal)
