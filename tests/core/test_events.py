@@ -204,6 +204,14 @@ def test_notes_are_cut_to_the_apis_limit_and_reasons_are_known():
     assert generation_note(2, None, (3, 12)) == "generation 2: world size 12, 3 training pods"
 
 
+def test_a_generation_note_names_the_pods_left_out_with_why_and_those_back():
+    left = [(f"w-{i}", "lost: DisruptionTarget (PreemptionByScheduler: preempted by the scheduler)") for i in range(7)]
+    note = generation_note(5, (8, 8), (1, 1), left=left, back=["w-9"])
+    assert note == ("generation 5: world size 8 -> 1, training pods 8 -> 1; left out: "
+                    + "; ".join(f"w-{i}: {left[0][1]}" for i in range(5)) + " (and 2 more); back: w-9")
+    assert len(Occurrence("NewGeneration", note, generation=5).note) <= NOTE_LIMIT
+
+
 def test_the_waiting_note_says_how_many_and_why_each_missing_pod_is_missing():
     pods = examples.volcano_job("demo", (("master", 1), ("worker", 7)))
     for pod in pods[2:5]:  # workers 1-3: on no node yet
