@@ -117,6 +117,24 @@ def test_scale_up_rewrites_with_a_new_generation_and_signals_the_trainer(job, sa
     assert job.bystander.poll() is None  # the process that does not match was not signalled (SIGUSR1 kills)
 
 
+def test_a_pod_kubectl_marks_for_disruption_leaves_the_world_and_rejoins_when_cleared(job, sandbox, kubectl):
+    """The condition as a controller writes it, through the status subresource over real HTTPS: the sidecar
+    process leaves the member out at once, signals the trainer, and takes it back once the mark is cleared."""
+    worker_1 = examples.loopback_ip(2)
+    mark = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+             "lastTransitionTime": "2026-11-22T01:00:00Z"}]
+    kubectl("patch", "pod", "demo-worker-1", "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": {"conditions": mark}}))
+    wait_for(lambda: generation(job.out) == 2, what="the evicted member left")
+    assert job.env()["WORLD_SIZE"] == "2" and worker_1 not in (job.out / "hostfile").read_text()
+    wait_for(lambda: job.signals() == ["SIGUSR1 2"], what="the trainer signalled")
+    kubectl("patch", "pod", "demo-worker-1", "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": {"conditions": [{**mark[0], "status": "False"}]}}))
+    wait_for(lambda: generation(job.out) == 3, what="the member back")
+    assert job.env()["WORLD_SIZE"] == "3" and worker_1 in (job.out / "hostfile").read_text()
+    wait_for(lambda: job.signals() == ["SIGUSR1 2", "SIGUSR1 3"], what="the trainer signalled again")
+
+
 def test_metrics_parse_and_health_endpoints_answer(job, sandbox):
     add_worker(sandbox, 2, 40)
     wait_for(lambda: generation(job.out) == 2, what="generation 2")
