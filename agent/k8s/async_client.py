@@ -194,10 +194,8 @@ class AsyncClient:
             self._say(pager.take_dropped())
 
     def _say(self, dropped: list[Oversized]) -> None:
-        for item in dropped:
-            line = self.drops.say(item)
-            if line is not None:
-                log.warning("%s", line)
+        for line in self.drops.lines(dropped):
+            log.warning("%s", line)
 
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *, timeout: float,
                    idle: float = IDLE) -> AsyncIterator[WatchEvent]:

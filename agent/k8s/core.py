@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -315,6 +315,10 @@ class Drops:
     def __init__(self) -> None:
         self.named: set[tuple[str, str, str]] = set()
         self.count = 0
+
+    def lines(self, dropped: Iterable[Oversized]) -> list[str]:
+        """The lines to log for ``dropped``: those not said already."""
+        return [line for item in dropped if (line := self.say(item)) is not None]
 
     def say(self, dropped: Oversized) -> str | None:
         """The line to log for ``dropped``, or None when it was said already."""
