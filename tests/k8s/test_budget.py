@@ -236,6 +236,7 @@ def test_a_list_read_as_it_comes_gives_what_json_gives_but_the_objects_over_the_
     assert envelope["metadata"] == answer["metadata"]
 
 
+DEEP_BUDGET = 400_000
 BROKEN = [
     ("an item cut", b'{"items":[{"a":1}'),
     ("a trailing comma", b'{"items":[{"a":1},]}'),
@@ -243,6 +244,8 @@ BROKEN = [
     ("NaN in an item", b'{"items":[{"a":NaN}]}'),
     ("1e9999 in an item", b'{"items":[{"a":1e9999}]}'),
     ("invalid UTF-8", b'{"items":[{"a":"\xff"}]}'),
+    # within the budget (DEEP_BUDGET), so that every Python's parser meets the depth: over the budget the item
+    # would be dropped unread, and how deep a parse of its first budget's characters goes differs by version
     ("nesting deeper than the stack", b'{"items":[' + b"[" * 100_000 + b"]" * 100_000 + b"]}"),
     ("items not a list", b'{"items":"x"}'),
     ("metadata a list", b'{"items":[],"metadata":[]}'),
@@ -255,7 +258,7 @@ BROKEN = [
 @pytest.mark.parametrize("body", [b for _, b in BROKEN], ids=[n for n, _ in BROKEN])
 @pytest.mark.parametrize("size", [7, 1 << 20])
 def test_a_broken_list_answer_read_as_it_comes_is_an_api_error(body, size):
-    pager = Pager(PODS, budget=1000)
+    pager = Pager(PODS, budget=DEEP_BUDGET if len(body) > DEEP_BUDGET // 2 else 1000)
     request = pager.request()
     reading = pager.reading(request, Response(200))
     with pytest.raises(ApiError):
