@@ -452,10 +452,12 @@ def test_a_deleted_secret_under_two_replicas_converges_on_one_ca_within_seconds(
     """Today the second replica served a certificate of the CA the caBundle no longer held for up to an hour."""
     kubectl(cluster, "apply", "-k", str(ROOT / "manifests" / "webhook"))
     first = start_webhook(cluster)
-    second_port = free_port()
     env = {**os.environ, "KUBECONFIG": str(cluster.sandbox.kubeconfig), "POD_NAMESPACE": "topology-agent-system"}
-    second = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
-                               str(second_port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        second, second_port = second_replica(env)
+    except BaseException:
+        stop(first)
+        raise
     try:
         wait_serving(cluster, first)
         wait_until("both replicas serve the Secret's certificate",
@@ -471,8 +473,32 @@ def test_a_deleted_secret_under_two_replicas_converges_on_one_ca_within_seconds(
         assert now is not None and ca_bundle(cluster) == now.ca_cert  # one CA: the one both serve from
         admitted_pod(cluster, "after-delete")
     finally:
-        stop(second)
-        stop(first)
+        try:
+            stop(second)
+        finally:
+            stop(first)
+
+
+def second_replica(env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+    """A second webhook process on a free loopback port, and its port. A port found free may be taken by another
+    test's process before the webhook binds it: a start that finds it taken is tried again on another port."""
+    for _ in range(5):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port",
+                                 str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    return proc, port
+            time.sleep(0.05)
+        if proc.poll() is None:
+            err = stop(proc)
+            raise AssertionError(f"the second replica did not listen within 30 s: {err[-2000:]}")
+        _, err = proc.communicate(timeout=20)
+        if "Address already in use" not in err:
+            raise AssertionError(f"the second replica did not start: {err[-2000:]}")
+    raise AssertionError("no free port for the second replica in 5 tries")
 
 
 def test_with_tls_dir_a_mismatched_pair_at_start_is_one_line_and_exit_2(cluster, tmp_path):
