@@ -44,11 +44,11 @@ import hashlib
 import json
 import logging
 import os
+import select
 import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -197,6 +197,28 @@ def write_pid_file(path: Path) -> None:
                           "the trainer container, or give --pid-file another path the sidecar can read") from None
 
 
+class Wake:
+    """A wake-up that a signal handler may set: a byte in a pipe, no lock. A handler runs in the main thread
+    between two bytecodes, so one that took a lock (threading.Event's) while the main thread held it, in that
+    Event's own ``clear`` or ``wait``, would wait for itself for ever."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def set(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # full: it is set already
+            os.write(self._write, b"\0")
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # empty: cleared
+            while os.read(self._read, 4096):
+                pass
+
+    def wait(self, timeout: float | None) -> bool:
+        """True once set, False after ``timeout`` seconds (a signal's handler that sets it ends the wait)."""
+        return bool(select.select([self._read], [], [], timeout)[0])
+
+
 class Launcher:
     """The command's life across generations. Single-threaded: the signal handlers only record and wake, and
     every wait is on ``wake`` (set by SIGCHLD, SIGUSR1, SIGTERM, SIGINT), checked after it is cleared so that no
@@ -207,7 +229,7 @@ class Launcher:
         self.out, self.command, self.grace, self.poll, self.frameworks = out, command, grace, poll, frameworks
         self.max_restarts = max_restarts
         self.base = dict(os.environ)
-        self.wake = threading.Event()
+        self.wake = Wake()
         self.forwarded: int | None = None  # SIGTERM or SIGINT received: the command is being stopped for good
         self.forwarded_to: int | None = None  # the command that got it (one started meanwhile has not)
         self.proc: subprocess.Popen[bytes] | None = None  # the command; its returncode is set when it is reaped
