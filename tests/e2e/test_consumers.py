@@ -126,15 +126,22 @@ def _run_pods(tmp_path: Path, names: list[str], worker: str, timeout: float) -> 
     return lines
 
 
-def test_a_plain_env_script_without_a_launcher_forms_the_pods_world_on_pods_with_a_cpu_limit(tmp_path):
-    """cpu: 2 makes NPROC_PER_NODE 2 for the launchers; a script started with python runs one process per pod, and
-    init_process_group("env://") must find the world of the pods in WORLD_SIZE and RANK."""
-    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
-    names, pods = _pods_with_a_cpu_limit(tmp_path, "2")
+def _rendered_pods_with_a_cpu_limit(tmp_path: Path, cpu: str) -> list[str]:
+    """The pods of ``_pods_with_a_cpu_limit``, each one's files rendered into tmp_path/<pod> (IPs, a free port)."""
+    names, pods = _pods_with_a_cpu_limit(tmp_path, cpu)
     port = free_port()
     for name in names:
         assert main(["render", "--pods", str(pods), "--self", name, "--out", str(tmp_path / name),
                      "--address", "ip", "--master-port", str(port)]) == 0
+    return names
+
+
+def test_a_plain_env_script_without_a_launcher_forms_the_pods_world_on_pods_with_a_cpu_limit(tmp_path):
+    """cpu: 2 makes NPROC_PER_NODE 2 for the launchers; a script started with python runs one process per pod, and
+    init_process_group("env://") must find the world of the pods in WORLD_SIZE and RANK."""
+    pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
+    names = _rendered_pods_with_a_cpu_limit(tmp_path, "2")
+    for name in names:
         assert "export NPROC_PER_NODE='2'\n" in (tmp_path / name / "torch.env").read_text()
     lines = _run_pods(tmp_path, names, "worker_allreduce.py", timeout=180)
     assert sorted(lines) == [f"rank={r} node_rank={r} world=3 sum=6" for r in range(3)]
@@ -144,11 +151,7 @@ def test_the_imagenet_convention_spawns_its_processes_per_node_from_world_size_a
     """pytorch/examples' ImageNet script: WORLD_SIZE nodes, RANK the node's rank, each node spawning its own
     processes (mp.spawn) with global rank RANK x processes + local; on pods with cpu: 2, two processes each."""
     pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
-    names, pods = _pods_with_a_cpu_limit(tmp_path, "2")
-    port = free_port()
-    for name in names:
-        assert main(["render", "--pods", str(pods), "--self", name, "--out", str(tmp_path / name),
-                     "--address", "ip", "--master-port", str(port)]) == 0
+    names = _rendered_pods_with_a_cpu_limit(tmp_path, "2")
     lines = _run_pods(tmp_path, names, "worker_imagenet.py", timeout=300)
     assert sorted(lines) == [f"rank={r} world=6 node={r // 2} local={r % 2} sum=21" for r in range(6)]
 

@@ -300,14 +300,19 @@ def test_init_without_rbac_for_events_is_configured_all_the_same_and_says_so_onc
     assert (tmp_path / "out" / "torch.env").is_file()
 
 
-async def test_the_sidecar_records_each_new_generation_and_each_pod_it_leaves_out(memory, api, logs, sidecars,
-                                                                                  tmp_path):
+async def worker_sidecars_recorder(memory, api, logs, sidecars, tmp_path) -> TaskRecorder:
+    """A master and a worker, the worker's init run and its sidecar started (no debounce): the sidecar's recorder."""
     create_volcano_job(memory, (("master", 1), ("worker", 1)))
     out = tmp_path / "out"
     ran = await asyncio.to_thread(init_pod, api, logs, "demo-worker-0", out, "--address", "ip")
     assert ran.code == 0, ran.err
     running = await sidecars.start("demo-worker-0", out, "--address", "ip", "--debounce", "0")
-    recorder = running.sidecar.recorder
+    return running.sidecar.recorder
+
+
+async def test_the_sidecar_records_each_new_generation_and_each_pod_it_leaves_out(memory, api, logs, sidecars,
+                                                                                  tmp_path):
+    recorder = await worker_sidecars_recorder(memory, api, logs, sidecars, tmp_path)
     add_worker(memory, 1, 30)
     memory.create_pod(rogue("rogue-1", "worker", 5, 31))
     await settled(recorder, lambda: recorder.counts.created == 2, "two Events")
@@ -326,12 +331,7 @@ def waits_about(recorder: TaskRecorder, name: str) -> bool:
 
 async def test_the_sidecar_never_writes_a_refusal_of_a_pod_deleted_before_a_token_came(memory, api, logs, sidecars,
                                                                                       tmp_path):
-    create_volcano_job(memory, (("master", 1), ("worker", 1)))
-    out = tmp_path / "out"
-    ran = await asyncio.to_thread(init_pod, api, logs, "demo-worker-0", out, "--address", "ip")
-    assert ran.code == 0, ran.err
-    running = await sidecars.start("demo-worker-0", out, "--address", "ip", "--debounce", "0")
-    recorder = running.sidecar.recorder
+    recorder = await worker_sidecars_recorder(memory, api, logs, sidecars, tmp_path)
     now = [T0]
     recorder.recording.clock = lambda: now[0]
     recorder.recording.correlator.bucket = Bucket(1, 300.0, T0)  # one Event, then one per 5 minutes
