@@ -1,4 +1,9 @@
-"""A peer pod held as its published row's fields, read through the pod interface the core uses.
+"""The two forms of a pod and the one interface the core reads both through.
+
+A pod is either the dict the API server sent (slimmed by ``pods.slim_pod``) or a ``CompactPod``: a peer held as
+its published row's fields. Only this module knows which: the readers below (``name_of``, ``ip_of``, ``meta_of``,
+``version_of``, ``life_of``, ``same_but_version``, ``quick_check``) answer for either form, each on the fast
+path for the compact one, and the rest of the core asks them, never a pod's type.
 
 A pod that holds every member (the publisher, its standbys, a launcher, a pod whose files name every member) holds
 16384 of them for its life. As nested dicts each costs ~1.3 KB (four dicts and a list, ~800 bytes of them
@@ -10,8 +15,10 @@ sections are built once per pod version in practice, since the facts are memoise
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from agent.core.lost import conditions_of
 
 _KEYS = ("metadata", "spec", "status")
 _NONE: dict[str, Any] = {}
@@ -97,3 +104,114 @@ class CompactPod(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return f"CompactPod({dict(self)!r})"
+
+
+class PodMeta(NamedTuple):
+    """A pod's name, labels and annotations (empty maps when the pod has none)."""
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+class PodLife(NamedTuple):
+    """What says whether a pod can still train: its deletionTimestamp ("" if none), phase and conditions."""
+
+    deleted: str
+    phase: str
+    conditions: Iterable[Sequence[str]]
+
+
+_NO_LABELS: dict[str, str] = {}
+
+
+def name_of(obj: object) -> str:
+    """Any API object's name, or "" (whatever shape a forged object has)."""
+    if type(obj) is CompactPod:
+        return obj.name
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def ip_of(pod: Mapping[str, Any]) -> str | None:
+    """The pod's IP as the kubelet reported it (``podIP``, else the first of ``podIPs``); unchecked."""
+    if type(pod) is CompactPod:
+        return pod.ip or None
+    status = pod.get("status") or {}
+    ips = [entry.get("ip") for entry in status.get("podIPs") or [] if entry.get("ip")]
+    return status.get("podIP") or (ips[0] if ips else None)
+
+
+def meta_of(pod: Mapping[str, Any]) -> PodMeta:
+    """The pod's name ("?" if it has none), labels and annotations: read several times per pod."""
+    if type(pod) is CompactPod:
+        return PodMeta(pod.name, pod.labels, pod.annotations or _NO_LABELS)
+    metadata = pod.get("metadata", {})
+    return PodMeta(metadata.get("name", "?"), metadata.get("labels", {}) or _NO_LABELS,
+                   metadata.get("annotations", {}) or _NO_LABELS)
+
+
+def version_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, resourceVersion), or None when the pod does not say both as strings."""
+    if type(pod) is CompactPod:
+        name, version = pod.name, pod.version
+    else:
+        try:
+            meta = pod["metadata"]
+            name, version = meta["name"], meta["resourceVersion"]
+        except (KeyError, TypeError):
+            return None
+    if type(name) is not str or type(version) is not str or not version:
+        return None
+    return name, version
+
+
+def life_of(pod: Mapping[str, Any]) -> PodLife:
+    """Its deletionTimestamp, phase and conditions (type, status, reason), whatever the form."""
+    if type(pod) is CompactPod:
+        return PodLife(pod.deleted, pod.phase, pod.conditions or ())
+    meta, status = pod.get("metadata", {}), pod.get("status", {})
+    return PodLife(meta.get("deletionTimestamp") or "", status.get("phase") or "",
+                   conditions_of(status.get("conditions")))
+
+
+def same_but_version(held: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Equal but for ``metadata.resourceVersion``: the same pod to everything that reads it."""
+    if held is pod:
+        return True
+    if type(held) is CompactPod and type(pod) is CompactPod:
+        return held.same_but_version(pod)
+    if held.keys() != pod.keys():
+        return False
+    for key, value in held.items():
+        other = pod[key]
+        if key != "metadata":
+            if value != other:
+                return False
+        elif value.keys() != other.keys() or any(value[k] != other[k] for k in value if k != "resourceVersion"):
+            return False
+    return True
+
+
+def quick_check(pod: object, seen: set[int] | None, *, label: Callable[[str], bool],
+                subdomain: Callable[[str], bool]) -> bool | None:
+    """For a compact pod, whether its slots have the shapes ``validation.check_pod`` asks (``label`` and
+    ``subdomain``: its DNS-1123 grammars), read without building its sections: a full-view pod's start checks
+    16384 published rows. None: the pod is a dict, to be checked field by field."""
+    if type(pod) is not CompactPod:
+        return None
+    return (type(pod.name) is str and subdomain(pod.name) and type(pod.namespace) is str
+            and label(pod.namespace) and type(pod.version) is str and type(pod.deleted) is str
+            and _strings(pod.labels) and (pod.annotations is None or _strings(pod.annotations))
+            and type(pod.hostname) is str and (not pod.hostname or label(pod.hostname))
+            and type(pod.subdomain) is str and (not pod.subdomain or label(pod.subdomain))
+            and type(pod.node) is str and (not pod.node or subdomain(pod.node))
+            and type(pod.phase) is str and type(pod.ip) is str
+            and (pod.conditions is None or (type(pod.conditions) is list and all(
+                type(c) is list and len(c) == 3 and all(type(v) is str for v in c) for c in pod.conditions)))
+            and seen is not None and all(id(container) in seen for container in pod.containers))
+
+
+def _strings(value: object) -> bool:
+    return type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items())

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from agent.core.claims import has_claims
-from agent.core.compact import CompactPod
+from agent.core.compact import life_of, version_of
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import Controller, selector_matches
-from agent.core.lost import conditions_of, why_lost
+from agent.core.lost import why_lost
 from agent.core.model import Identity, Options, RawPod
 from agent.core.pods import pod_ip, pod_name
 from agent.core.validation import check_pod, dns_value, ip_value
@@ -45,17 +45,7 @@ class Memo:
     @staticmethod
     def key(pod: RawPod) -> tuple[str, str] | None:
         """(name, resourceVersion), or None: nothing to remember the pod by (and an odd pod: computing refuses it)."""
-        if type(pod) is CompactPod:
-            name, rv = pod.name, pod.version
-        else:
-            try:
-                meta = pod["metadata"]
-                name, rv = meta["name"], meta["resourceVersion"]
-            except (KeyError, TypeError):
-                return None
-        if type(name) is not str or type(rv) is not str or not rv:
-            return None
-        return name, rv
+        return version_of(pod)
 
     def lookup(self, key: tuple[str, str]) -> PodFacts | None:
         """The facts remembered for this version of the pod: the per-change hot path."""
@@ -80,20 +70,12 @@ class Memo:
 def why_not_member(pod: RawPod) -> str | None:
     """Terminating, Failed and Succeeded pods are gone for training purposes, whatever their labels say; so is a
     pod whose conditions say it is lost (lost.py: marked for disruption, or its node lost)."""
-    deleted: str | None
-    phase: str | None
-    if type(pod) is CompactPod:
-        deleted, phase = pod.deleted, pod.phase
-        conditions = pod.conditions
-        lost = why_lost(conditions) if conditions else None
-    else:
-        deleted, phase = pod.get("metadata", {}).get("deletionTimestamp"), pod.get("status", {}).get("phase")
-        lost = why_lost(conditions_of(pod.get("status", {}).get("conditions")))
-    if deleted:
+    life = life_of(pod)
+    if life.deleted:
         return "terminating (deletionTimestamp is set)"
-    if phase in ("Failed", "Succeeded"):
-        return f"phase {phase}"
-    return lost
+    if life.phase in ("Failed", "Succeeded"):
+        return f"phase {life.phase}"
+    return why_lost(life.conditions)
 
 
 class PodFacts(NamedTuple):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agent.core.compact import CompactPod
+from agent.core.compact import ip_of, name_of
 from agent.core.model import RawPod
 from agent.core.validation import check_pod
 from agent.errors import InputError
@@ -18,11 +18,7 @@ from agent.errors import InputError
 
 def object_name(obj: object) -> str:
     """Any API object's name, or "" (whatever shape a forged object has)."""
-    if type(obj) is CompactPod:
-        return obj.name
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) else ""
+    return name_of(obj)
 
 
 def pod_name(pod: RawPod) -> str:
@@ -31,11 +27,7 @@ def pod_name(pod: RawPod) -> str:
 
 def pod_ip(pod: RawPod) -> str | None:
     """The pod's IP as the kubelet reported it (unchecked: the planner checks it before it reaches a file)."""
-    if type(pod) is CompactPod:
-        return pod.ip or None
-    status = pod.get("status") or {}
-    ips = [entry.get("ip") for entry in status.get("podIPs") or [] if entry.get("ip")]
-    return status.get("podIP") or (ips[0] if ips else None)
+    return ip_of(pod)
 
 
 def host_name(pod: RawPod) -> str | None:
@@ -63,7 +55,7 @@ def slim_pod(pod: RawPod) -> RawPod:
     slim: dict[str, Any] = {
         "metadata": {k: meta[k] for k in _META_KEEP if k in meta},  # type: ignore[literal-required]
         "spec": slim_spec,
-        "status": {k: status[k] for k in ("phase", "podIP", "podIPs") if k in status},  # type: ignore
+        "status": {k: status[k] for k in ("phase", "podIP", "podIPs") if k in status},
     }
     return slim  # type: ignore[return-value]
 

@@ -16,7 +16,7 @@ import ipaddress
 import re
 from typing import Any
 
-from agent.core.compact import CompactPod
+from agent.core.compact import quick_check
 from agent.errors import InputError
 
 # The API server's grammars, transcribed from k8s.io/apimachinery (pkg/api/validate/content: dns.go, kube.go;
@@ -121,9 +121,10 @@ def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
     On the hot path of the sidecar and of init at 16384 pods: no message or path is built unless a check fails.
     Init containers are not read by the core, so not checked. ``seen``: ids of container objects checked
     already, which the caller keeps alive (the published rows' pods share one container object per shape)."""
-    if type(pod) is CompactPod:
-        if not _compact_passes(pod, seen):
-            check_pod(dict(pod), seen=seen)  # its sections as the dicts every reader gets: says what is wrong
+    quick = quick_check(pod, seen, label=is_dns1123_label, subdomain=is_dns1123_subdomain)
+    if quick is not None:  # a compact pod: its slots checked at once
+        if not quick:
+            check_pod(dict(pod), seen=seen)  # type: ignore[call-overload]  # its sections as the dicts readers get
         return pod  # type: ignore[return-value]
     if type(pod) is not dict:
         raise InputError(f"a pod is {_shown(pod)}, not an object; the pod list cannot be used")
@@ -147,25 +148,6 @@ def check_pod(pod: object, *, seen: set[int] | None = None) -> dict[str, Any]:
     for i, entry in enumerate(_list_of_dicts(pod, status, "podIPs", "status.podIPs")):
         _string(pod, entry, "ip", ("status", "podIPs", i, "ip"))
     return pod
-
-
-def _compact_passes(pod: CompactPod, seen: set[int] | None) -> bool:
-    """What ``check_pod`` checks, read from a CompactPod's slots without building its sections (a full-view
-    pod's start checks 16384 published rows); False: not sure, the whole check decides and says why."""
-    return (type(pod.name) is str and is_dns1123_subdomain(pod.name) and type(pod.namespace) is str
-            and is_dns1123_label(pod.namespace) and type(pod.version) is str and type(pod.deleted) is str
-            and _strings(pod.labels) and (pod.annotations is None or _strings(pod.annotations))
-            and type(pod.hostname) is str and (not pod.hostname or is_dns1123_label(pod.hostname))
-            and type(pod.subdomain) is str and (not pod.subdomain or is_dns1123_label(pod.subdomain))
-            and type(pod.node) is str and (not pod.node or is_dns1123_subdomain(pod.node))
-            and type(pod.phase) is str and type(pod.ip) is str
-            and (pod.conditions is None or (type(pod.conditions) is list and all(
-                type(c) is list and len(c) == 3 and all(type(v) is str for v in c) for c in pod.conditions)))
-            and seen is not None and all(id(container) in seen for container in pod.containers))
-
-
-def _strings(value: object) -> bool:
-    return type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items())
 
 
 def _check_metadata(pod: dict[str, Any], meta: dict[str, Any]) -> None:

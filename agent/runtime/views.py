@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from agent.core.compact import CompactPod
+from agent.core.compact import same_but_version
 from agent.core.gang import Roster
 from agent.core.journal import (
     JOURNAL_KEY,
@@ -65,26 +65,6 @@ def usable_pods(items: list[Any], roster: Roster | None = None, *, own: str | No
             if refused is not None:
                 refused(pod, why)
     return members  # type: ignore[return-value]
-
-
-def same_but_version(held: RawPod, pod: RawPod) -> bool:
-    """Equal but for ``metadata.resourceVersion``: the same pod to everything that reads it."""
-    if held is pod:
-        return True
-    if type(held) is CompactPod and type(pod) is CompactPod:
-        return held.same_but_version(pod)
-    a: Mapping[str, Any] = held  # type: ignore[assignment]
-    b: Mapping[str, Any] = pod  # type: ignore[assignment]
-    if a.keys() != b.keys():
-        return False
-    for key, value in a.items():
-        other = b[key]
-        if key != "metadata":
-            if value != other:
-                return False
-        elif value.keys() != other.keys() or any(value[k] != other[k] for k in value if k != "resourceVersion"):
-            return False
-    return True
 
 
 class Watcher(Protocol):
@@ -270,12 +250,12 @@ class PublicationView:
         if event.type not in ("ADDED", "MODIFIED"):
             return
         if object_name(event.object) == self.name:  # a new snapshot (init watches both by label)
-            self.state = PublishedState.from_configmap(event.object)  # type: ignore[arg-type]
+            self.state = PublishedState.from_configmap(event.object)
             if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
                 self.journal = None  # older than this snapshot
             self._tell(None)
             return
-        journal = read_journal(event.object)  # type: ignore[arg-type]
+        journal = read_journal(event.object)
         if journal is None:
             return
         self.journal = journal
@@ -352,7 +332,7 @@ class SummaryView:
 
     def apply(self, event: WatchEvent) -> None:
         if event.type in ("ADDED", "MODIFIED"):
-            self._take(event.object)  # type: ignore[arg-type]
+            self._take(event.object)
 
     def _take(self, configmap: dict[str, Any]) -> None:
         self.changed = False

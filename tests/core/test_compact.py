@@ -13,7 +13,7 @@ from agent.core.pods import object_name, pod_ip
 from agent.core.published import Compactor, _pod_of, _row, compact_of
 from agent.core.validation import check_pod
 from agent.errors import InputError
-from agent.runtime.views import same_but_version
+from agent.core.compact import same_but_version
 
 OPTIONS = Options(address="ip")
 JOBS = {

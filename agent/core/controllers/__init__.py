@@ -91,7 +91,7 @@ def templates_owner(obj: Mapping[str, Any]) -> Controller | None:
 def detect_controller(pod: RawPod, options: Options) -> Controller:
     """The controller named by ``--controller``/``--selector``, else the one whose labels the pod carries; a
     controller that creates another's objects outranks it (``Controller.supersedes``)."""
-    name = meta(pod)[0]
+    name = meta(pod).name
     if options.choice.controller:
         try:
             return CONTROLLERS[options.choice.controller]

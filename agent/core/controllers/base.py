@@ -26,7 +26,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agent.core.compact import CompactPod
+from agent.core.compact import PodMeta, meta_of
 from agent.core.model import Identity, Options, RawPod
 from agent.core.validation import index_value, role_value
 from agent.errors import InputError
@@ -79,15 +79,9 @@ class PodTemplate:
     by_dns: bool = False  # the controller names the pods by DNS (hostname + subdomain)
 
 
-_NO_ANNOTATIONS: dict[str, str] = {}
-
-
-def meta(pod: RawPod) -> tuple[str, dict[str, str], dict[str, str]]:
+def meta(pod: RawPod) -> PodMeta:
     """A pod's name, labels and annotations."""
-    if type(pod) is CompactPod:  # read several times per pod: its slots, not a metadata dict each time
-        return pod.name, pod.labels, pod.annotations or _NO_ANNOTATIONS
-    metadata = pod.get("metadata", {})
-    return metadata.get("name", "?"), metadata.get("labels", {}) or {}, metadata.get("annotations", {}) or {}
+    return meta_of(pod)
 
 
 def required(pod: RawPod, key: str, *, fix: str) -> str:
@@ -171,7 +165,7 @@ def owner_ref(obj: Mapping[str, Any], group: str, kind: str) -> Mapping[str, Any
 def owner_ref_path(pod: RawPod, resource: JobResource) -> str | None:
     """The API path of the pod's owner of ``resource``'s kind, at the version the ownerReference names."""
     namespace = pod.get("metadata", {}).get("namespace", "default")
-    ref = owner_ref(pod, resource.group, resource.kind)  # type: ignore[arg-type]
+    ref = owner_ref(pod, resource.group, resource.kind)
     return f"/apis/{ref['apiVersion']}/namespaces/{namespace}/{resource.plural}/{ref['name']}" if ref else None
 
 
@@ -225,11 +219,11 @@ class Controller(abc.ABC):
     # --- one pod ------------------------------------------------------------------------------------------
 
     def claims(self, pod: RawPod) -> bool:
-        return self.marker in meta(pod)[1]
+        return self.marker in meta(pod).labels
 
     def job_of(self, pod: RawPod) -> str | None:
         """The job a pod belongs to, read from labels alone (no role or index needed)."""
-        return meta(pod)[1].get(self.marker)
+        return meta(pod).labels.get(self.marker)
 
     @property
     def job_kind(self) -> JobResource | None:
@@ -253,7 +247,7 @@ class Controller(abc.ABC):
 
     def selector(self, pod: RawPod, options: Options) -> str:
         """The label selector that lists this pod's peers through the API server."""
-        return f"{self.marker}={meta(pod)[1][self.marker]}"
+        return f"{self.marker}={meta(pod).labels[self.marker]}"
 
     def coordinator(self, pod: RawPod) -> str | None:
         """``<hostname>.<subdomain>`` of the pod the controller names rank 0, when it names one."""

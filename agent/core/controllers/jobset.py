@@ -104,7 +104,7 @@ class JobSet(Controller):
         # the subdomain is the JobSet's headless Service (named after the JobSet unless spec.network.subdomain).
         if spec := spec_dns(pod):
             return qualify(f"{spec[0]}.{spec[1]}", namespace, cluster_domain)
-        job_index = meta(pod)[1].get(JOBSET_JOB_INDEX, str(ident.index[0]))
+        job_index = meta(pod).labels.get(JOBSET_JOB_INDEX, str(ident.index[0]))
         return qualify(f"{ident.job}-{ident.role}-{job_index}-{ident.index[1]}.{ident.job}", namespace,
                        cluster_domain)
 
@@ -227,7 +227,7 @@ class TrainJob(JobSet):
         # runtimes' convention: container "node" in replicated job "node", or in "launcher" when the MPI runtime
         # runs the launcher as a node, or a launcher with the MPI plugin's hostfile volume. Any other pod of a
         # TrainJob's JobSet is known as such once the JobSet is read (JobSet.owner_options).
-        labels = meta(pod)[1]
+        labels = meta(pod).labels
         containers = {c.get("name") for c in pod.get("spec", {}).get("containers", [])}
         rjob = labels.get(JOBSET_RJOB)
         return JOBSET_NAME in labels and (
@@ -242,13 +242,13 @@ class TrainJob(JobSet):
         return any(c.get("name") == TRAINER_NODE for c in pod.get("spec", {}).get("containers", []))
 
     def shows_training(self, pod: RawPod) -> bool:
-        return meta(pod)[1].get(JOBSET_RJOB) == TRAINER_LAUNCHER
+        return meta(pod).labels.get(JOBSET_RJOB) == TRAINER_LAUNCHER
 
     def job_of(self, pod: RawPod) -> str | None:
-        return meta(pod)[1].get(JOBSET_NAME)
+        return meta(pod).labels.get(JOBSET_NAME)
 
     def selector(self, pod: RawPod, options: Options) -> str:
-        return f"{JOBSET_NAME}={meta(pod)[1][JOBSET_NAME]}"
+        return f"{JOBSET_NAME}={meta(pod).labels[JOBSET_NAME]}"
 
     def frameworks(self, objects: Objects) -> tuple[str, ...]:
         """What the TrainJob's runtime runs: its framework label and its mlPolicy (mlx-distributed: mlx and mpi;
@@ -304,7 +304,7 @@ class TrainJob(JobSet):
         runtime_slots = mpi.get("numProcPerNode", 1)
         slots: int | Literal["accelerators"] | None = None
         if _count(asked):
-            slots, why = asked, "the TrainJob's trainer.numProcPerNode"  # type: ignore[assignment]
+            slots, why = asked, "the TrainJob's trainer.numProcPerNode"
         elif _count(runtime_slots, 2):
             slots, why = runtime_slots, f"runtime '{name}' mlPolicy.mpi.numProcPerNode"
         elif runtime_slots == 1:

@@ -65,7 +65,7 @@ OPERATORS = {"PyTorchJob": "pytorchjob-controller", "TFJob": "tfjob-controller",
 def operator_of(pod: RawPod) -> str | None:
     """Which training-operator reconciler made the pod: its operator-name label, else its controlling owner's kind
     (None: the pod says neither)."""
-    name = meta(pod)[1].get(OPERATOR_NAME)
+    name = meta(pod).labels.get(OPERATOR_NAME)
     if name:
         return name
     for ref in pod.get("metadata", {}).get("ownerReferences") or []:
@@ -96,7 +96,7 @@ class _OperatorJob(Controller):
     spec_field: ClassVar[str]  # the job's map of replica specs
 
     def claims(self, pod: RawPod) -> bool:
-        return PYTORCHJOB_JOB in meta(pod)[1] and operator_of(pod) == OPERATORS[self.resource.kind]
+        return PYTORCHJOB_JOB in meta(pod).labels and operator_of(pod) == OPERATORS[self.resource.kind]
 
     def job_of(self, pod: RawPod) -> str | None:
         # Another kind's job of the same name is another job: the operator lists its pods by both labels
@@ -104,10 +104,10 @@ class _OperatorJob(Controller):
         # an operator the agent does not know is left to --controller.
         other = operator_of(pod)
         known = other in OPERATORS.values() or other == MPI_OPERATOR
-        return None if known and other != OPERATORS[self.resource.kind] else meta(pod)[1].get(PYTORCHJOB_JOB)
+        return None if known and other != OPERATORS[self.resource.kind] else meta(pod).labels.get(PYTORCHJOB_JOB)
 
     def selector(self, pod: RawPod, options: Options) -> str:
-        labels = meta(pod)[1]
+        labels = meta(pod).labels
         own = f"{PYTORCHJOB_JOB}={labels[PYTORCHJOB_JOB]}"
         return f"{own},{OPERATOR_NAME}={labels[OPERATOR_NAME]}" if labels.get(OPERATOR_NAME) else own
 
@@ -142,10 +142,10 @@ class PyTorchJob(_OperatorJob):
     def claims(self, pod: RawPod) -> bool:
         # The job-name label, and no other operator's name: another kind's pods carry the same label keys (a
         # TFJob's pod is not a PyTorchJob's), and a pod that names no operator is taken for a PyTorchJob's.
-        return PYTORCHJOB_JOB in meta(pod)[1] and operator_of(pod) in (OPERATORS["PyTorchJob"], None)
+        return PYTORCHJOB_JOB in meta(pod).labels and operator_of(pod) in (OPERATORS["PyTorchJob"], None)
 
     def selector(self, pod: RawPod, options: Options) -> str:
-        return f"{self.marker}={meta(pod)[1][self.marker]}"  # pods that name no operator are listed too
+        return f"{self.marker}={meta(pod).labels[self.marker]}"  # pods that name no operator are listed too
 
     def elastic_in_pod(self, pod: Mapping[str, Any]) -> str | None:
         # training-operator writes an elasticPolicy's MIN:MAX into PET_NNODES of every container it runs.
@@ -282,17 +282,17 @@ class MpiJob(Controller):
         return ident.role == "worker"  # the launcher's owner is a batch Job the MPIJob owns
 
     def claims(self, pod: RawPod) -> bool:
-        return meta(pod)[1].get(MPI_OPERATOR_NAME) == MPI_OPERATOR
+        return meta(pod).labels.get(MPI_OPERATOR_NAME) == MPI_OPERATOR
 
     def job_of(self, pod: RawPod) -> str | None:
-        return meta(pod)[1].get(PYTORCHJOB_JOB)
+        return meta(pod).labels.get(PYTORCHJOB_JOB)
 
     def identify(self, pod: RawPod, options: Options) -> Identity:
         fix = "the pod must be created by an MPIJob of the MPI operator v2 (or pass --controller)"
         job = required(pod, PYTORCHJOB_JOB, fix=fix)
         role = required(pod, MPI_JOB_ROLE, fix=fix)
         if role not in ("launcher", "worker"):
-            raise InputError(f"pod '{meta(pod)[0]}': label '{MPI_JOB_ROLE}' is '{role}', not launcher or worker; "
+            raise InputError(f"pod '{meta(pod).name}': label '{MPI_JOB_ROLE}' is '{role}', not launcher or worker; "
                              f"{fix}")
         index = 0 if role == "launcher" else number(pod, PYTORCHJOB_INDEX, fix=fix)
         return Identity(job=job, role=role, index=(index,), ordinal=index)
@@ -305,7 +305,7 @@ class MpiJob(Controller):
         return qualify(f"{host}.{ident.job}", namespace, cluster_domain)
 
     def selector(self, pod: RawPod, options: Options) -> str:
-        labels = meta(pod)[1]
+        labels = meta(pod).labels
         return f"{PYTORCHJOB_JOB}={labels[PYTORCHJOB_JOB]},{MPI_OPERATOR_NAME}={labels[MPI_OPERATOR_NAME]}"
 
     def owner_path(self, pod: RawPod) -> str | None:

@@ -48,7 +48,7 @@ class LeaderWorkerSet(Controller):
         return Identity(job=f"{name}/{group}", role=role, index=(worker,), ordinal=worker)
 
     def job_of(self, pod: RawPod) -> str | None:
-        labels = meta(pod)[1]
+        labels = meta(pod).labels
         return f"{labels[LWS_NAME]}/{labels.get(LWS_GROUP)}" if LWS_NAME in labels else None
 
     def dns_name(self, pod: RawPod, ident: Identity, namespace: str, cluster_domain: str | None) -> str:
@@ -60,11 +60,11 @@ class LeaderWorkerSet(Controller):
         return qualify(f"{host}.{lws}", namespace, cluster_domain)
 
     def selector(self, pod: RawPod, options: Options) -> str:
-        labels = meta(pod)[1]
+        labels = meta(pod).labels
         return f"{LWS_NAME}={labels[LWS_NAME]},{LWS_GROUP}={labels[LWS_GROUP]}"
 
     def size_from_pod(self, pod: RawPod) -> tuple[dict[str, int], str] | None:
-        raw = meta(pod)[2].get(LWS_SIZE)
+        raw = meta(pod).annotations.get(LWS_SIZE)
         if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 9:
             return None
         size = int(raw)

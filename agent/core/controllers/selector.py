@@ -23,7 +23,7 @@ def parse_selector(selector: str, *, label: str = "--selector") -> dict[str, str
 
 
 def selector_matches(pod: RawPod, pairs: dict[str, str]) -> bool:
-    labels = meta(pod)[1]
+    labels = meta(pod).labels
     return all(labels.get(k) == v for k, v in pairs.items())
 
 

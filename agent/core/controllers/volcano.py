@@ -232,7 +232,7 @@ class Volcano(Controller):
 
     def dns_name(self, pod: RawPod, ident: Identity, namespace: str, cluster_domain: str | None) -> str:
         # Volcano's svc plugin gives every pod hostname=<pod name>, subdomain=<job name> and a headless Service.
-        hostname, subdomain = spec_dns(pod) or (meta(pod)[0], ident.job)
+        hostname, subdomain = spec_dns(pod) or (meta(pod).name, ident.job)
         return qualify(f"{hostname}.{subdomain}", namespace, cluster_domain)
 
     def owner_path(self, pod: RawPod) -> str | None:
