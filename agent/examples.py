@@ -379,7 +379,7 @@ def _jobset_pods(name: str, rjobs: tuple[tuple[str, int, int], ...], *, namespac
                     "jobset.sigs.k8s.io/restart-attempt": "0",
                     "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest(),
                 }
-                labels = {**common, **extra_labels.get(rjob, {}),  # type: ignore[dict-item]
+                labels = {**common, **extra_labels.get(rjob, {}),
                           JOB_NAME: job_name, "job-name": job_name,
                           "batch.kubernetes.io/controller-uid": owner["uid"], "controller-uid": owner["uid"],
                           COMPLETION_INDEX: str(completion)}

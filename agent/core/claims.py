@@ -250,8 +250,8 @@ def dra_devices(pod: RawPod, container: RawContainer | None, claims: Claims | No
     for entry in entries:
         pod_claim, wanted = _text(entry.get("name")), _text(entry.get("request"))
         asked = f"pod claim '{pod_claim}'" + (f" request '{wanted}'" if wanted else "")
-        by_status = _entry(status.get("resourceClaimStatuses"), pod_claim)  # type: ignore[union-attr]
-        by_spec = _entry(spec.get("resourceClaims"), pod_claim)  # type: ignore[union-attr]
+        by_status = _entry(status.get("resourceClaimStatuses"), pod_claim)
+        by_spec = _entry(spec.get("resourceClaims"), pod_claim)
         name = _text(by_status.get("resourceClaimName")) or _text(by_spec.get("resourceClaimName"))
         claim = claims.named(name) if name else claims.owned(pod_name, pod_claim)
         template = _text(by_spec.get("resourceClaimTemplateName"))

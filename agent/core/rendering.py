@@ -228,9 +228,9 @@ class MemberTexts:
                     entries[at] = self._entry(members[at], levels)
             texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
         if moved and len(self._by_id) > len(members) + 64:  # let go of the members of earlier generations
-            self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}  # type: ignore[misc]
-            self._by_value = {m: e[1] for m, e in zip(members, entries, strict=True)}  # type: ignore[index]
-        self._last = _Looked(members, entries, texts, keys)  # type: ignore[arg-type]
+            self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}
+            self._by_value = {m: e[1] for m, e in zip(members, entries, strict=True)}
+        self._last = _Looked(members, entries, texts, keys)
         return self._last
 
     def _rerank(self, entries: list[Any], moved: list[int], members: Sequence[Member], last: _Looked) -> None:

@@ -204,7 +204,7 @@ def read_claims_file(source: str) -> Claims:
     for position, item in enumerate(items if isinstance(items, list) else [None]):
         meta = item.get("metadata") if isinstance(item, dict) else None
         if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) \
-                or item.get("kind") not in (CLAIM, TEMPLATE):  # type: ignore[union-attr]
+                or item.get("kind") not in (CLAIM, TEMPLATE):
             raise InputError(f"--claims {source}: item {position} is not a ResourceClaim or ResourceClaimTemplate "
                              "(kind and metadata.name); give the output of kubectl get "
                              "resourceclaims,resourceclaimtemplates -o json")

@@ -82,7 +82,7 @@ def options_of(pod: RawPod) -> Options | None:
     args = init_args(pod)
     if container is None or args is None:
         return None
-    given = {e["name"]: e["value"] for e in container.get("env") or []  # type: ignore[union-attr]
+    given = {e["name"]: e["value"] for e in container.get("env") or []
              if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"].startswith("TOPOLOGY_")
              and isinstance(e.get("value"), str)}
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("TOPOLOGY_")}

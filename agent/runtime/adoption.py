@@ -576,7 +576,7 @@ def _place_comments(docs: list[Any], comments: list[tuple[int, int, str]], lines
     from ruamel.yaml.tokens import CommentToken
 
     def slots(owner: Any, key: Any) -> list[Any]:
-        return owner.ca.items.setdefault(key, [None, None, None, None])  # type: ignore[no-any-return]
+        return owner.ca.items.setdefault(key, [None, None, None, None])
 
     def after(owner: Any, key: Any, text: str, column: int) -> None:
         """A comment after ``owner[key]``: at the end of its line (column 0), or on a line below it."""

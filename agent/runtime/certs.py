@@ -131,7 +131,7 @@ def _names(cert: x509.Certificate) -> set[str]:
 
 
 def _spki(key: Any) -> bytes:
-    return key.public_bytes(serialization.Encoding.DER,  # type: ignore[no-any-return]
+    return key.public_bytes(serialization.Encoding.DER,
                             serialization.PublicFormat.SubjectPublicKeyInfo)
 
 

@@ -113,4 +113,4 @@ def _parsed(document: Any, pod_name: str) -> Handoff:
                                     and isinstance(summary["metadata"].get("resourceVersion"), str)
                                     and summary["metadata"]["resourceVersion"]):
         raise ValueError("summary is not a ConfigMap with a name and a resourceVersion")
-    return Handoff(pod, objects, {Writer(name, uid) for name, uid in writers}, summary)  # type: ignore[arg-type]
+    return Handoff(pod, objects, {Writer(name, uid) for name, uid in writers}, summary)

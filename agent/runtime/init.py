@@ -875,7 +875,7 @@ def with_placement(me: RawPod, published: RawPod) -> RawPod:
     if spec.get("nodeName") and status.get("podIP"):
         return me
     return {**me, "spec": {**spec, "nodeName": spec.get("nodeName") or published.get("spec", {}).get("nodeName", "")},
-            "status": status if status.get("podIP") else published.get("status", {})}  # type: ignore[typeddict-item]
+            "status": status if status.get("podIP") else published.get("status", {})}
 
 
 def peak_rss_mb() -> str:

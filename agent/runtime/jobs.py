@@ -37,4 +37,4 @@ async def read_job(get: AsyncGet, me: RawPod, options: Options) -> JobView:
             owner = False
             path = reads.send(obj)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value

@@ -221,7 +221,7 @@ async def read_status(api: AsyncApi, settings: StatusSettings, controller: Contr
     groups: dict[str, tuple[list[RawPod], list[Left]]] = {}
     for pod in cast(list[RawPod], pods):
         owned, strangers = groups.setdefault(controller.job_of(pod) or "", ([], []))
-        if await ownership.owns(pod["metadata"], known):  # type: ignore[arg-type]
+        if await ownership.owns(pod["metadata"], known):
             owned.append(pod)
         else:
             strangers.append(ownership.stranger(pod))

@@ -211,7 +211,7 @@ class Caller:
                                                f"{result.get('patchType')!r} is not JSONPatch")
         try:
             ops = json.loads(base64.b64decode(result["patch"]))
-            return jsonpatch.apply_patch(obj, ops)  # type: ignore[no-any-return]
+            return jsonpatch.apply_patch(obj, ops)
         except (ValueError, TypeError, jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
             raise Denied(500, "InternalError", f"Internal error occurred: webhook \"{name}\": its JSONPatch "
                                                f"does not apply: {err}") from None

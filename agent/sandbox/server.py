@@ -349,7 +349,7 @@ class Sandbox:
             self.stats.count(request.headers.get("User-Agent", "?"), request=True,
                              sent=head_size(request) + (request.content_length or 0))
             return status(401, "Unauthorized", "Unauthorized")
-        if request.match_info.handler == self._objects:  # type: ignore[comparison-overlap]
+        if request.match_info.handler == self._objects:
             return await handler(request)
         return await self._other(request, handler)
 

@@ -57,7 +57,7 @@ class Event:
 
 def clone(obj: Obj) -> Obj:
     """A deep copy of an object: through pickle, four times as fast as ``copy.deepcopy`` for a pod."""
-    return pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))  # type: ignore[no-any-return]
+    return pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
 
 
 class Store:

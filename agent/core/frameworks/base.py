@@ -213,7 +213,7 @@ def processes(ctx: Context, rule: ProcessRule) -> Processes | None:
     pod cannot know them (its pods differ in process counts)."""
     key = f"processes.{rule}"
     if key in ctx.memo:
-        return ctx.memo[key]  # type: ignore[no-any-return]
+        return ctx.memo[key]
     ctx.memo[key] = found = _processes(ctx, rule)
     return found
 

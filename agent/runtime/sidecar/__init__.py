@@ -239,7 +239,7 @@ class Sidecar:
     async def _own_pod(self) -> RawPod:
         s = self.settings
         try:
-            return await retried(lambda: self.api.get_pod(s.namespace, s.pod_name),  # type: ignore[no-any-return]
+            return await retried(lambda: self.api.get_pod(s.namespace, s.pod_name),
                                  what="get own pod")
         except ApiNotFound as err:
             raise InputError(f"own pod '{s.pod_name}' not found in namespace '{s.namespace}'; set POD_NAME and "
@@ -262,7 +262,7 @@ class Sidecar:
         probe = {"probe_every": s.probe_every} if s.probe_every is not None else {}
         return JournalFollower(self.changes, self.api, self.view, namespace=s.namespace, configmap=job.configmap,
                                check=check, settings=s.reflecting, clock=self.clock, ssh=s.ssh is not None,
-                               grace=2.0 * s.lease_seconds, **probe)  # type: ignore[arg-type]
+                               grace=2.0 * s.lease_seconds, **probe)
 
     async def _read_job(self, me: RawPod, read: Mapping[str, Mapping[str, Any]]) -> None:
         """What the job's objects say that the pods do not (MPI roles and slots), as init reads it (from the
@@ -273,7 +273,7 @@ class Sidecar:
         async def get(path: str) -> Mapping[str, Any]:
             if path in read:
                 return read[path]
-            return await retried(lambda: self.api.get_object(path), what=f"get {path}")  # type: ignore[no-any-return]
+            return await retried(lambda: self.api.get_object(path), what=f"get {path}")
 
         try:
             view = await read_job(get, me, s.options)

@@ -154,7 +154,7 @@ class JournalFollower:
         self.check, self.settings, self.clock, self.grace, self.probe_every = check, settings, clock, grace, probe_every
         self.published = PublicationView(configmap, strict=True)
         self.published.watchers.append(self._rows)
-        self.summary = SummaryView(configmap, pods.me or {}, pods.options, ssh=ssh)  # type: ignore[arg-type]
+        self.summary = SummaryView(configmap, pods.me or {}, pods.options, ssh=ssh)
         self.light = False  # its own view: the summary places this pod; the snapshot and journal are never read
         self.first_list: tuple[list[dict[str, Any]], str] | None = None  # the LIST that chose the mode: reused
 

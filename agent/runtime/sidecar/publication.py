@@ -184,7 +184,7 @@ class Publication:
             return False
         touched = view.drain()
         try:
-            if await writer.publish(view.pods, touched, nodes, standby, plan=plan,  # type: ignore[arg-type]
+            if await writer.publish(view.pods, touched, nodes, standby, plan=plan,
                                     pods_rv=pods_rv):
                 return True
             self.elector.leading = False
@@ -223,7 +223,7 @@ async def _listed(api: AsyncApi, collection: str, configmap: str, light: bool) -
     """The summary by name (its own view), or the snapshot, journal and summary by their label."""
     label, field = ("", f"metadata.name={summary_name(configmap)}") if light else \
         (f"{SELECT_LABEL}={select_value(configmap)}", "")
-    return await retried(lambda: api.list_objects(collection, label_selector=label, field_selector=field),  # type: ignore[no-any-return]
+    return await retried(lambda: api.list_objects(collection, label_selector=label, field_selector=field),
                          what="look for a published topology")
 
 
