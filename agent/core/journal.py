@@ -32,6 +32,7 @@ from agent.core.pods import object_name
 from agent.core.published import (
     SCHEMA,
     SELECT_LABEL,
+    Col,
     SharedStrings,
     _refuse,
     _row,
@@ -118,26 +119,27 @@ def rows_options(options: Options) -> str:
 
 
 def _same_content(row: list[Any], published: list[Any] | None) -> bool:
-    """Equal but for the resourceVersion (row[1]): followers need not hear about the pod again. Rows hold only
+    """Equal but for the resourceVersion: followers need not hear about the pod again. Rows hold only
     JSON types, so a row read back from the snapshot compares equal to the one built from the pod."""
-    if published is None or row[0] != published[0]:
+    if published is None or row[Col.NAME] != published[Col.NAME]:
         return False
     if len(published) == _COMPARED_LEN:
-        return published[2] == _content_key(row)
-    return row[2:] == published[2:]
+        return published[_KEY_AT] == _content_key(row)
+    return row[Col.LABELS:] == published[Col.LABELS:]
 
 
-_COMPARED_LEN = 3  # a full row has 13 values (published.check_row)
+_COMPARED_LEN = 3  # name, resourceVersion, content key; a full row has Col.WIDTH values
+_KEY_AT = 2
 
 
 def _compared(row: list[Any]) -> list[Any]:
     """A row as a new leader keeps it until it compares it with its own: name, resourceVersion, content key."""
-    return [row[0], row[1], _content_key(row)]
+    return [row[Col.NAME], row[Col.VERSION], _content_key(row)]
 
 
 def _content_key(row: list[Any]) -> bytes:
     """A row's content but its resourceVersion, as 16 bytes (keys sorted: any writer's key order compares)."""
-    text = json.dumps([row[0], *row[2:]], sort_keys=True, separators=(",", ":"))
+    text = json.dumps([row[Col.NAME], *row[Col.LABELS:]], sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
@@ -217,12 +219,12 @@ class PublishedState:
         # held as a CompactPod: the row's own values, ~0.7 KB less than the pod's dicts, checked from its slots
         pod = check_pod(compact_of(row, shape_lists(self.shapes, self._lists), self.namespace), seen=self._checked)
         if self.keep_pods:
-            self.pods[row[0]] = pod  # type: ignore[assignment]
-            if not self.compare_only and row[11] is None:  # the pod says all the row does: the row is not kept
-                self.rows.pop(row[0], None)  # (with the repeated values shared: 18.4 -> ~10 MB at 16384 pods)
-                return row[0]
-        self.rows[row[0]] = _compared(row) if self.compare_only else row
-        return row[0]
+            self.pods[row[Col.NAME]] = pod  # type: ignore[assignment]
+            if not self.compare_only and row[Col.NODE_LABELS] is None:  # the pod says all the row does: not kept
+                self.rows.pop(row[Col.NAME], None)  # (with the repeated values shared: 18.4 -> ~10 MB at 16384 pods)
+                return row[Col.NAME]
+        self.rows[row[Col.NAME]] = _compared(row) if self.compare_only else row
+        return row[Col.NAME]
 
     def apply(self, journal: Journal) -> set[str] | None:
         """Move forward by the journal: the names of the pods that changed (empty: nothing new), or None when the
@@ -377,7 +379,7 @@ class Publisher:
                 put.append(row)
             else:  # the same row, built from the pod held: a row read back from the snapshot is let go (a new
                 # leader held every row twice, ~7 MB at 16384 pods); its resourceVersion stays the published one
-                state.rows[name] = [row[0], published[1], *row[2:]]  # type: ignore[index]
+                state.rows[name] = [row[Col.NAME], published[Col.VERSION], *row[Col.LABELS:]]  # type: ignore[index]
         if not put and not gone:
             return None
         shapes = [(index, json.loads(encoded)) for encoded, index in list(self._shape_index.items())[known:]]
@@ -386,10 +388,10 @@ class Publisher:
             if index == len(state.shapes):
                 state.shapes.append(shape)
         for row in put:
-            state.rows[row[0]] = row
+            state.rows[row[Col.NAME]] = row
         for name in gone:
             state.rows.pop(name, None)
-        self._blocks.changed(row[0] for row in put)
+        self._blocks.changed(row[Col.NAME] for row in put)
         self._blocks.changed(gone)
         state.seq = entry.seq
         if not journal:

@@ -29,6 +29,19 @@ from agent.core.validation import json_values, not_json
 from agent.errors import InputError
 
 SCHEMA = 3  # 2: rows carry the pod's node and its level labels; 3: the conditions that say it is lost
+
+
+class Col:
+    """A row's columns by name. The wire form is a JSON array, so these positions are the format ``SCHEMA``
+    names: a new column is a new schema."""
+
+    NAME, VERSION, LABELS, ANNOTATIONS, HOSTNAME, SUBDOMAIN, CONTAINER, PHASE, IP, DELETED, NODE, NODE_LABELS, \
+        CONDITIONS = range(13)
+    WIDTH = 13
+
+
+_TEXTS = (Col.NAME, Col.VERSION, Col.HOSTNAME, Col.SUBDOMAIN, Col.PHASE, Col.IP, Col.DELETED, Col.NODE)
+_REPEATED = (Col.SUBDOMAIN, Col.PHASE, Col.NODE)  # values most pods of a job share: one string object each
 DATA_KEY = "topology.json.gz"
 _NPROC_ENV = frozenset({"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})
 
@@ -158,7 +171,7 @@ class SharedStrings:
         """A decoded row's repeated values, in place (the row is the reader's own). Its labels and annotations
         keep their keys, which one document's parse shares already; ``keys``: shared too (a row decoded on its own
         has its own copy of each)."""
-        for at in (2, 3):
+        for at in (Col.LABELS, Col.ANNOTATIONS):
             part = row[at]
             if type(part) is not dict:
                 continue
@@ -167,7 +180,8 @@ class SharedStrings:
                 continue
             for key, value in part.items():
                 part[key] = self(value)
-        row[5], row[7], row[10] = self(row[5]), self(row[7]), self(row[10])
+        for at in _REPEATED:
+            row[at] = self(row[at])
 
 
 class Compactor:
@@ -193,9 +207,10 @@ class Compactor:
             shape_lists([json.loads(text) for text in texts], self._shapes)
         shared = self._shared
         # keys and values both: each pod's own parse made its own copy of the same keys (~4 MB at 16384 pods)
-        row[2] = {shared(key): shared(value) for key, value in row[2].items()}
-        row[3] = {shared(key): shared(value) for key, value in row[3].items()}
-        row[5], row[7], row[10] = shared(row[5]), shared(row[7]), shared(row[10])
+        row[Col.LABELS] = {shared(key): shared(value) for key, value in row[Col.LABELS].items()}
+        row[Col.ANNOTATIONS] = {shared(key): shared(value) for key, value in row[Col.ANNOTATIONS].items()}
+        for at in _REPEATED:
+            row[at] = shared(row[at])
         return compact_of(row, self._shapes, shared(pod.get("metadata", {}).get("namespace", "default")))
 
 
@@ -422,18 +437,22 @@ def _count_values(raw: bytes | bytearray, max_values: int, what: str) -> None:
 
 def check_row(row: Any, shapes: int) -> None:
     """A row has the shape ``_row`` writes (its values are checked as a pod's by ``check_pod`` after)."""
-    if not isinstance(row, list) or len(row) != 13 or not isinstance(row[6], int) or isinstance(row[6], bool) \
-            or not 0 <= row[6] < shapes or not all(isinstance(row[i], str) for i in (0, 1, 4, 5, 7, 8, 9, 10)) \
-            or not (row[11] is None or (isinstance(row[11], dict)
-                    and all(isinstance(k, str) and isinstance(v, str) for k, v in row[11].items()))) \
-            or not isinstance(row[12], list) or not all(isinstance(c, list) and len(c) == 3
-                                                        and all(isinstance(v, str) for v in c) for c in row[12]):
+    if not isinstance(row, list) or len(row) != Col.WIDTH:
+        raise _refuse("a pod row has the wrong shape")
+    container, node_labels, conditions = row[Col.CONTAINER], row[Col.NODE_LABELS], row[Col.CONDITIONS]
+    if not isinstance(container, int) or isinstance(container, bool) or not 0 <= container < shapes \
+            or not all(isinstance(row[at], str) for at in _TEXTS) \
+            or not (node_labels is None or (isinstance(node_labels, dict)
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in node_labels.items()))) \
+            or not isinstance(conditions, list) or not all(isinstance(c, list) and len(c) == 3
+                                                           and all(isinstance(v, str) for v in c) for c in conditions):
         raise _refuse("a pod row has the wrong shape")
 
 
 def node_labels_of(rows: Iterable[list[Any]]) -> dict[str, dict[str, str]]:
     """The Node labels the publisher read, by node, from the rows that carry them."""
-    return {row[10]: row[11] for row in rows if row[10] and row[11] is not None}
+    return {row[Col.NODE]: row[Col.NODE_LABELS] for row in rows
+            if row[Col.NODE] and row[Col.NODE_LABELS] is not None}
 
 
 SELECT_LABEL = "topology-agent.io/topology"  # on the snapshot and the journal: one LIST reads both

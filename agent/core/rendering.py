@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology
+from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology, member_fields, member_span
 from agent.core.placement import Level
 from agent.core.published import decode_streamed
 from agent.core.topology import Plan
@@ -155,9 +155,9 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
 
 
 Entry = tuple[Member, bytes, tuple[object, ...]]  # a member, its text and its membership key
-_NAME_OF = _MEMBER = operator.itemgetter(0)  # a Member's name; an entry's member
-_BEFORE_RANKS, _AFTER_RANKS = operator.itemgetter(slice(0, 9)), operator.itemgetter(slice(11, None))  # Member
-_NODE_RANK_OF, _RANK_OF = operator.itemgetter(9), operator.itemgetter(10)
+_NAME_OF, _MEMBER = member_fields("name"), operator.itemgetter(0)  # a Member's name; an entry's member
+_BEFORE_RANKS, _AFTER_RANKS = member_span(None, "node_rank"), member_span("running", None)
+_NODE_RANK_OF, _RANK_OF = member_fields("node_rank"), member_fields("first_rank")
 _HEAD, _TAIL = operator.itemgetter(0), operator.itemgetter(2)
 _NODE_RANK, _RUNNING = b'"nodeRank": ', b', "running": '
 _RANKS = b'%s"nodeRank": %d, "rank": %d, "running": %s'  # a text's head, its two ranks and its tail
@@ -342,9 +342,8 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int, 
     return files
 
 
-# What a change must alter to be worth a rewrite and a signal: who is in, where, with what rank. Member: name,
-# role, address, training, slots, node_rank, running, node, domains (a test checks the positions against the names).
-_KEY_FIELDS = operator.itemgetter(0, 1, 4, 7, 8, 9, 11, 12, 13)
+# What a change must alter to be worth a rewrite and a signal: who is in, where, with what rank.
+_KEY_FIELDS = member_fields("name", "role", "address", "training", "slots", "node_rank", "running", "node", "domains")
 
 
 def member_key(m: dict[str, Any]) -> tuple[object, ...]:

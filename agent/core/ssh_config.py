@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from agent.core.model import Member, Topology
+from agent.core.model import Member, Topology, member_fields
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,7 @@ def _pattern(name: str, port: int) -> str:
 _TRAILING_INDEX = re.compile(r"(-[0-9]+)+$")
 
 
-# Member.name, .address, .dns_name, .ip (tests/core/test_ssh_config.py checks the positions)
-_NAME, _ADDRESS, _DNS, _IP = operator.itemgetter(0), operator.itemgetter(4), operator.itemgetter(5), \
-    operator.itemgetter(6)
+_NAME, _ADDRESS, _DNS, _IP = map(member_fields, ("name", "address", "dns_name", "ip"))
 
 
 def known_hosts_patterns(topology: Topology, port: int, texts: SshTexts | None = None) -> list[str]:
