@@ -23,6 +23,7 @@ from typing import Any
 from agent.core import controllers as c
 from agent.core.compact import CompactPod, conditions_section
 from agent.core.containers import pick_trainer_container
+from agent.core.jsonstream import DECODER, RowSink, skip, stream_array, walk_object
 from agent.core.lost import lost_conditions
 from agent.core.model import Options, RawPod
 from agent.core.validation import json_values, not_json
@@ -238,9 +239,7 @@ def _refuse(what: str) -> InputError:
                       "publishes it again, and check who else can write ConfigMaps (docs/security.md)")
 
 
-RowSink = Callable[[Any], object]
 _HEAD = ("schema", "job", "namespace", "generation", "containers")  # what checking a row needs; ours come first
-_DECODER = json.JSONDecoder(parse_constant=not_json)
 _ABSENT: Any = object()  # no "pods" key
 
 
@@ -288,42 +287,13 @@ def _check_head(document: Any) -> None:
         raise _refuse("generation is not a whole number")
 
 
-def _walk_object(text: str, value: Callable[[str, int], int]) -> None:
-    """The top-level object's members in order: ``value(key, at)`` reads the value that starts at ``at`` and says
-    where it ends; the grammar around them is JSON's, as ``json.loads`` reads it."""
-    decode_at = _DECODER.raw_decode
-    at = _skip(text, 0)
-    if text[at:at + 1] != "{":
-        raise ValueError("not an object")
-    at = _skip(text, at + 1)
-    if text[at:at + 1] == "}":
-        at += 1
-    else:
-        while True:
-            key, at = decode_at(text, at)
-            if not isinstance(key, str):
-                raise ValueError("a key is not a string")
-            at = _skip(text, at)
-            if text[at:at + 1] != ":":
-                raise ValueError("':' expected")
-            at = _skip(text, value(key, _skip(text, at + 1)))
-            if text[at:at + 1] == "}":
-                at += 1
-                break
-            if text[at:at + 1] != ",":
-                raise ValueError("',' or '}' expected")
-            at = _skip(text, at + 1)
-    if _skip(text, at) != len(text):
-        raise ValueError("extra data")
-
-
 def _members(text: str, rows: Callable[[dict[str, Any]], RowSink] | None,
              ) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
     """The top-level object's keys but "pods", the "pods" value (``_ABSENT``: none, or streamed), and the header
     as it was when streaming began (None: not streamed). Streams the rows when ``rows`` is given, "pods" is an array and
     every ``_HEAD`` key came before it; JSON's grammar otherwise, as ``json.loads`` reads it (a key given twice
     keeps its last value), but for "pods" twice (refused: a parser would have kept one of them)."""
-    decode_at = _DECODER.raw_decode
+    decode_at = DECODER.raw_decode
     header: dict[str, Any] = {}
     pods: Any = _ABSENT
     streamed: dict[str, Any] | None = None
@@ -340,60 +310,12 @@ def _members(text: str, rows: Callable[[dict[str, Any]], RowSink] | None,
         if rows is not None and text[at:at + 1] == "[" and all(k in header for k in _HEAD):
             _check_head(header)  # before any row is read as this schema's
             streamed = dict(header)
-            return _stream_array(text, _skip(text, at + 1), rows(streamed))
+            return stream_array(text, skip(text, at + 1), rows(streamed))
         pods, end = decode_at(text, at)
         return end
 
-    _walk_object(text, value)
+    walk_object(text, value)
     return header, pods, streamed
-
-
-def decode_streamed(text: str, key: str, sink: RowSink) -> dict[str, Any]:
-    """A JSON object's members but ``key``, whose array's values go to ``sink`` one at a time as the text is
-    read, never all decoded at once (a 16384-member topology.json: ~25 MB of dicts for a key of ~3 MB). JSON's
-    grammar as ``json.loads`` reads it, but for ``key`` given twice or not an array (refused)."""
-    decode_at = _DECODER.raw_decode
-    found: dict[str, Any] = {}
-    seen = False
-
-    def value(name: str, at: int) -> int:
-        nonlocal seen
-        if name != key:
-            found[name], end = decode_at(text, at)
-            return end
-        if seen or text[at:at + 1] != "[":
-            raise ValueError(f"{key} given twice or not an array")
-        seen = True
-        return _stream_array(text, _skip(text, at + 1), sink)
-
-    _walk_object(text, value)
-    return found
-
-
-def _skip(text: str, at: int) -> int:
-    """Past JSON's whitespace (the leader writes none)."""
-    while text[at:at + 1] in _SPACE:
-        at += 1
-    return at
-
-
-_SPACE = (" ", "\t", "\n", "\r")
-
-
-def _stream_array(text: str, at: int, sink: RowSink) -> int:
-    """Each value of the array whose first value is at ``at`` to ``sink``; where the array ends."""
-    decode_at = _DECODER.raw_decode
-    if text[at:at + 1] == "]":
-        return at + 1
-    while True:
-        value, at = decode_at(text, at)
-        sink(value)
-        at = _skip(text, at)
-        if text[at:at + 1] == "]":
-            return at + 1
-        if text[at:at + 1] != ",":
-            raise ValueError("',' or ']' expected")
-        at = _skip(text, at + 1)
 
 
 MAX_MEMBERS = 4096  # gzip members in one snapshot: the leader writes about one per 256 rows, and two more

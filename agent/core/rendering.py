@@ -16,9 +16,9 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
+from agent.core.jsonstream import decode_streamed
 from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology, member_fields, member_span
 from agent.core.placement import Level
-from agent.core.published import decode_streamed
 from agent.core.topology import Plan
 from agent.core.variables import Variable, host_file_name
 

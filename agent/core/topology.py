@@ -360,6 +360,7 @@ _NAME_OF = operator.attrgetter("name")
 _UNPLACED: tuple[str, str | None, str | None] = ("", None, None)
 _IDENT, _ORDINAL = operator.itemgetter(1), operator.attrgetter("ordinal")
 _FIELDS = tuple(map(operator.itemgetter, range(len(Member._fields))))
+_ORDINAL_AT, _NODE_RANK_AT, _RANK_AT = map(Member._fields.index, ("ordinal", "node_rank", "first_rank"))
 
 
 class _FromScratch(Exception):
@@ -672,7 +673,7 @@ def _shift(layout: _Layout, at: int, run: list[Member], counters: Counters) -> C
         # Column by column (zip(*run) would make an iterator per member for the collector to scan), then each
         # member built at C level: one new object per member.
         columns: list[Iterable[Any]] = [map(field_of, run) for field_of in _FIELDS]
-        for field_at, by in ((3, by_ordinal), (9, by_node), (10, by_rank)):
+        for field_at, by in ((_ORDINAL_AT, by_ordinal), (_NODE_RANK_AT, by_node), (_RANK_AT, by_rank)):
             if by:
                 columns[field_at] = map(operator.add, columns[field_at], itertools.repeat(by))
         layout.rows.placed[at:at + len(run)] = map(tuple.__new__, itertools.repeat(Member), zip(*columns, strict=True))

@@ -7,13 +7,12 @@ import json
 import pytest
 
 from agent import examples
-from agent.core.compact import CompactPod
+from agent.core.compact import CompactPod, same_but_version
 from agent.core.model import Options
 from agent.core.pods import object_name, pod_ip
 from agent.core.published import Compactor, _pod_of, _row, compact_of
 from agent.core.validation import check_pod
 from agent.errors import InputError
-from agent.core.compact import same_but_version
 
 OPTIONS = Options(address="ip")
 JOBS = {

@@ -13,8 +13,9 @@ from agent.core import Options, render_pod
 from agent.core.controllers import CONTROLLERS
 from agent.core.gang import Expectation
 from agent.core.journal import PublishedState, Publisher
+from agent.core.jsonstream import decode_streamed
 from agent.core.leading import is_rank_zero, rank_zero_identity
-from agent.core.published import SCHEMA, configmap_name, decode, decode_streamed, pack, pack_text
+from agent.core.published import SCHEMA, configmap_name, decode, pack, pack_text
 from agent.errors import InputError
 
 JOBS = [
