@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agent.core.lease import (
@@ -36,10 +37,24 @@ STAND_DOWN_MOST = 64  # durations (16 min at the default 15 s): the longest a st
 # the pods it listed before it lets go of them
 
 
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Standby:
+    """What a standby's elector asks of its sidecar (a leader's and a lone publisher's need none of it)."""
+
+    get_ready: Callable[[], None] = _nothing  # the holder looks gone: list the pods now
+    rank: Callable[[], int] = lambda: 0  # this standby's place among the named ones (``abandoned``)
+    ready: Callable[[], bool] = lambda: True  # it could publish now: only then does it take the Lease
+    stand_down: Callable[[], None] = _nothing  # the holder renews again: let go of the pods listed
+
+
 class Elector:
     def __init__(self, api: AsyncApi, namespace: str, name: str, me: str, *, owner: dict[str, Any] | None,
                  timing: Timing | None = None, named_leader: bool = False,
-                 clock: Callable[[], float] = time.monotonic, uid: str = "") -> None:
+                 clock: Callable[[], float] = time.monotonic, uid: str = "", standby: Standby = Standby()) -> None:
         self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock
         self.uid = uid  # this pod's: the Lease says which incarnation of its name holds it (core/leading.py)
         self.timing = timing or Timing()
@@ -49,10 +64,7 @@ class Elector:
         self.observed = Observation()
         self.leading = False
         self.renewed_at = 0.0
-        self.get_ready: Callable[[], None] = lambda: None  # the holder looks gone: list the pods now
-        self.rank: Callable[[], int] = lambda: 0  # this standby's place among the named ones (``abandoned``)
-        self.ready: Callable[[], bool] = lambda: True  # it could publish now: only then does it take the Lease
-        self.stand_down: Callable[[], None] = lambda: None  # the holder renews again: let go of the pods listed
+        self.standby = standby  # set once, when the sidecar starts to stand by
         self.readied: int | None = None  # the renewals seen when it was told to get ready (None: not since)
         self.stand_down_after = 1  # whole durations of renewals before it stands down (doubles each time)
 
@@ -62,7 +74,7 @@ class Elector:
         try:
             lease = await self.api.get_object(path)
         except ApiNotFound:
-            if not self.named_leader and not self.ready():
+            if not self.named_leader and not self.standby.ready():
                 return False
             body = lease_body(self.name, self.me, now_wall=now_wall(), previous=None, owner=self.owner,
                               duration=self.timing.duration, holder_uid=self.uid)
@@ -74,16 +86,16 @@ class Elector:
         now = self.clock()
         record = read_record(lease)
         self.observed.see(record, now)
-        if abandoned(self.observed, self.me, now, self.timing, self.rank()):
+        if abandoned(self.observed, self.me, now, self.timing, self.standby.rank()):
             if self.readied is None:
                 self.readied = self.observed.renewals
-            self.get_ready()
+            self.standby.get_ready()
         elif self.readied is not None and stands_down(self.observed, self.me, self.readied, self.timing,
                                                       self.stand_down_after):
             self.readied = None
             self.stand_down_after = min(2 * self.stand_down_after, STAND_DOWN_MOST)
-            self.stand_down()
-        if record.holder != self.me and not self.ready():  # it would hold the Lease without publishing
+            self.standby.stand_down()
+        if record.holder != self.me and not self.standby.ready():  # it would hold the Lease without publishing
             return False
         if not may_take(self.observed, self.me, now):
             return False

@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 from agent.core.lease import Timing
-from agent.runtime.election import Elector
+from agent.runtime.election import Elector, Standby
 
 
 class LeaseApi:
@@ -39,15 +39,14 @@ async def test_a_standby_gets_ready_before_the_lease_expires_and_takes_it_only_o
     the second standby gets ready only if the first has not taken over within a whole lease."""
     now = [0.0]
     api = LeaseApi("demo-master-0")
-    first = Elector(api, "default", "demo-topology", "demo-worker-0", owner=None, timing=Timing(15),  # type: ignore
-                    clock=lambda: now[0])
-    second = Elector(api, "default", "demo-topology", "demo-worker-1", owner=None, timing=Timing(15),  # type: ignore
-                     clock=lambda: now[0])
-    second.rank = lambda: 1
     readied: list[str] = []
-    first.get_ready, second.get_ready = (lambda: readied.append("first")), (lambda: readied.append("second"))
     listed = {"first": False, "second": False}
-    first.ready, second.ready = (lambda: listed["first"]), (lambda: listed["second"])
+    first = Elector(api, "default", "demo-topology", "demo-worker-0", owner=None, timing=Timing(15),  # type: ignore
+                    clock=lambda: now[0], standby=Standby(get_ready=lambda: readied.append("first"),
+                                                          ready=lambda: listed["first"]))
+    second = Elector(api, "default", "demo-topology", "demo-worker-1", owner=None, timing=Timing(15),  # type: ignore
+                     clock=lambda: now[0], standby=Standby(get_ready=lambda: readied.append("second"),
+                                                           ready=lambda: listed["second"], rank=lambda: 1))
     for elector in (first, second):
         assert not await elector.attempt()
     now[0], _ = 1.0, api.renew("T1")  # the leader seen renewing; then it crashes
@@ -67,12 +66,10 @@ async def test_a_standby_gets_ready_before_the_lease_expires_and_takes_it_only_o
 async def test_the_second_standby_takes_over_when_the_first_does_not() -> None:
     now = [0.0]
     api = LeaseApi("demo-master-0")
-    second = Elector(api, "default", "demo-topology", "demo-worker-1", owner=None, timing=Timing(15),  # type: ignore
-                     clock=lambda: now[0])
-    second.rank = lambda: 1
     readied: list[float] = []
-    second.get_ready = lambda: readied.append(now[0])
-    second.ready = lambda: bool(readied)
+    second = Elector(api, "default", "demo-topology", "demo-worker-1", owner=None, timing=Timing(15),  # type: ignore
+                     clock=lambda: now[0], standby=Standby(get_ready=lambda: readied.append(now[0]),
+                                                           ready=lambda: bool(readied), rank=lambda: 1))
     await second.attempt()
     now[0], _ = 1.0, api.renew("T1")
     await second.attempt()
@@ -89,12 +86,11 @@ async def test_a_standby_readied_by_a_slow_leader_stands_down_once_it_renews_aga
     the Lease is never told."""
     now = [0.0]
     api = LeaseApi("demo-master-0")
-    first = Elector(api, "default", "demo-topology", "demo-worker-0", owner=None, timing=Timing(15),  # type: ignore
-                    clock=lambda: now[0])
     told: list[tuple[str, float]] = []
-    first.get_ready = lambda: told.append(("ready", now[0]))
-    first.stand_down = lambda: told.append(("down", now[0]))
-    first.ready = lambda: False  # still listing: it would not take the Lease
+    first = Elector(api, "default", "demo-topology", "demo-worker-0", owner=None, timing=Timing(15),  # type: ignore
+                    clock=lambda: now[0], standby=Standby(get_ready=lambda: told.append(("ready", now[0])),
+                                                          stand_down=lambda: told.append(("down", now[0])),
+                                                          ready=lambda: False))  # still listing: it would not take it
     await first.attempt()
     now[0], _ = 1.0, api.renew("T1")
     await first.attempt()

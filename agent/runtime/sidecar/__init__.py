@@ -39,6 +39,7 @@ from agent.k8s.reflector import Reflector
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import retried
 from agent.runtime.claims import claimants, with_claims
+from agent.runtime.election import Standby
 from agent.runtime.events import AsyncSink, Refusals, TaskRecorder
 from agent.runtime.handoff import read_handoff
 from agent.runtime.jobs import read_job
@@ -319,10 +320,10 @@ class Sidecar:
         await self.changes.candidate.wait()
         elector, follower = self.publication.elector, self.publication.follower
         why = f"the publisher's lease {elector.name} is free or was not renewed for a third of its duration"
-        elector.get_ready = lambda: self.changes.switch(Mode.CANDIDATE, why)
-        elector.rank = follower.standby_rank
-        elector.ready = lambda: self.mode in (Mode.CANDIDATE, Mode.PODS) and self.view.listed
-        elector.stand_down = self._stand_down
+        elector.standby = Standby(get_ready=lambda: self.changes.switch(Mode.CANDIDATE, why),
+                                  rank=follower.standby_rank,
+                                  ready=lambda: self.mode in (Mode.CANDIDATE, Mode.PODS) and self.view.listed,
+                                  stand_down=self._stand_down)
         await self.publication.elect(self._on_leading)
 
     def _stand_down(self) -> None:
