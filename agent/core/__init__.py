@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.core.frameworks import render_frameworks
+from agent.core.grouping import parse_rule, regroup
 from agent.core.model import Options, RawPod
 from agent.core.rendering import MemberTexts, render_files, with_frameworks
 from agent.core.topology import Memo, NodeLabels, Plan, Planner, build_plan
@@ -37,6 +38,7 @@ def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, gene
 
 def render_plan(plan: Plan, options: Options, *, generation: int = 1, files_dir: str | None = None) -> Rendered:
     """The variables and files of a plan (the leader publishes the plan before it renders its own files)."""
+    plan = grouped(plan, options)
     variables = compute_variables(plan, options, generation=generation, files_dir=files_dir)
     frameworks = render_frameworks(plan, options, files_dir=files_dir)
     files = render_files(plan, variables, generation=generation, frameworks=frameworks)
@@ -60,6 +62,7 @@ class Renderer:
 
     def render_planned(self, plan: Plan, *, generation: int, files_dir: str | None = None) -> Rendered:
         """``render_plan`` for a plan of this renderer's planner (its members' texts are cached)."""
+        plan = grouped(plan, self.options)
         variables = compute_variables(plan, self.options, generation=generation, files_dir=files_dir)
         frameworks = render_frameworks(plan, self.options, files_dir=files_dir)
         files = render_files(plan, variables, generation=generation, texts=self.texts, frameworks=frameworks)
@@ -69,9 +72,18 @@ class Renderer:
         """Who is in, where, with what rank, in what ``render`` just made (from the cached member keys), and
         what the frameworks' files say."""
         key = self.texts.membership_key(rendered.plan.topology)
+        if rendered.plan.groups is not None:
+            key = (*key, rendered.plan.groups.key())
         if not rendered.frameworks:
             return key
         return with_frameworks(key, {r.key: {"digest": r.digest} for r in rendered.frameworks})
+
+
+def grouped(plan: Plan, options: Options) -> Plan:
+    """The plan of this pod's replica group, with ``--replica-groups`` (core/grouping.py); else ``plan``."""
+    if options.replica_groups is None or plan.groups is not None:
+        return plan
+    return regroup(plan, options, parse_rule(options.replica_groups, label=options.label("replica_groups")))
 
 
 __all__ = ["Memo", "NodeLabels", "Options", "Rendered", "Renderer", "build_plan", "render_plan", "render_pod"]

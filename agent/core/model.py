@@ -193,6 +193,8 @@ class Options:
     frameworks: FrameworkOptions = FrameworkOptions()
     # The DRA claims of the job's namespace, as the shell read them (core/claims.py); None: not read.
     claims: Claims | None = None
+    # --replica-groups: where each training pod's replica group is read (core/grouping.py); None: one world
+    replica_groups: str | None = None
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, f"--{name.replace('_', '-')}")

@@ -23,6 +23,7 @@ from typing import Any
 from agent.core import controllers as c
 from agent.core.compact import CompactPod, conditions_section
 from agent.core.containers import pick_trainer_container
+from agent.core.grouping import parse_rule
 from agent.core.jsonstream import DECODER, RowSink, skip, stream_array, walk_object
 from agent.core.lost import lost_conditions
 from agent.core.model import Options, RawPod
@@ -91,6 +92,9 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
     spec = pod.get("spec", {})
     status = pod.get("status", {})
     extra = {options.choice.index_label} if options.choice.index_label else set()
+    if options.replica_groups is not None:  # the labels a pod's replica group is read from (core/grouping.py)
+        rule = parse_rule(options.replica_groups)
+        extra |= {rule.key, *([rule.count] if rule.count else [])}
     held = meta.get("labels") or {}
     labels = {k: v for k, v in held.items()
               if c.is_read_label(k) or k in extra or (options.choice.selector and k in options.choice.selector)}

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
+from agent.core.grouping import key_of_document
 from agent.core.jsonstream import decode_streamed
 from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology, member_fields, member_span
 from agent.core.placement import Level
@@ -151,6 +152,8 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
         "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
         "env": {v.name: v.value for v in variables if v.written and not v.unset},
         **({"frameworks": {r.key: r.document() for r in frameworks}} if frameworks else {}),
+        # --replica-groups: the members above are this pod's group's world; every group of the job is listed here
+        **({"replicaGroups": plan.groups.document()} if plan.groups is not None else {}),
     }
 
 
@@ -355,7 +358,7 @@ def member_key(m: dict[str, Any]) -> tuple[object, ...]:
 def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:
     """The same key read back from a ``topology.json`` (the sidecar continues where init left off)."""
     key = tuple(map(member_key, document.get("members", [])))
-    return with_frameworks(key, document.get("frameworks"))
+    return with_frameworks(with_groups(key, document.get("replicaGroups")), document.get("frameworks"))
 
 
 def read_topology_json(text: str) -> tuple[dict[str, Any], tuple[tuple[object, ...], ...]]:
@@ -363,7 +366,15 @@ def read_topology_json(text: str) -> tuple[dict[str, Any], tuple[tuple[object, .
     time (``decode_streamed``): the sidecar's start held every member's dict at once, ~25 MB at 16384 pods."""
     keys: list[tuple[object, ...]] = []
     document = decode_streamed(text, "members", lambda m: keys.append(member_key(m)))
-    return document, with_frameworks(tuple(keys), document.get("frameworks"))
+    return document, with_frameworks(with_groups(tuple(keys), document.get("replicaGroups")),
+                                     document.get("frameworks"))
+
+
+def with_groups(key: tuple[tuple[object, ...], ...], groups: dict[str, Any] | None) -> tuple[tuple[object, ...], ...]:
+    """A membership key that also says this pod's group, the groups' count and the lighthouse
+    (``grouping.ReplicaGroups.key``), read back from topology.json's ``replicaGroups``."""
+    found = key_of_document(groups)
+    return key if found is None else (*key, found)
 
 
 def with_frameworks(key: tuple[tuple[object, ...], ...], frameworks: dict[str, Any] | None

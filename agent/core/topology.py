@@ -31,6 +31,7 @@ from typing import Any
 from agent.core.containers import pick_trainer_container, user_env
 from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, Objects, detect_controller, parse_selector
 from agent.core.facts import Memo, PodFacts, Sizes, facts_of
+from agent.core.grouping import LIGHTHOUSE_ROLE
 from agent.core.injected import controller_entries
 from agent.core.model import ROLE, Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains
@@ -58,6 +59,8 @@ class Plan:
     # Under the c10d order, the training member first in the controller's order: the rendezvous endpoint's host
     # (``rendezvous_host``). None: node rank 0 is.
     first_by_index: Member | None = None
+    # --replica-groups: the job's groups (core/grouping.py); the topology is then this pod's group's world
+    groups: Any = None
 
     @property
     def rendezvous_host(self) -> Member:
@@ -176,11 +179,20 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
         seen[key] = name
         live.append((pod, ident, facts))
     present = {ident.role for _, ident, _ in live}
-    training_roles = tuple(scope.roles) if scope.roles is not None else tuple(sorted(present))
+    training_roles = tuple(scope.roles) if scope.roles is not None else tuple(sorted(default_roles(present, options)))
     if controller.roles_by_pod and options.roles is None:
         training_roles = shown_roles(controller, training_roles, ((p, i.role) for p, i, _ in live))
     return Collected(me=me, scope=scope, live=tuple(live), excluded=tuple(excluded), training_roles=training_roles,
                      explicit_roles=scope.roles is not None)
+
+
+def default_roles(present: Iterable[str], options: Options) -> set[str]:
+    """The training roles where neither the user nor the job's objects name them: every role present, but for
+    torchft's lighthouse in a job of replica groups (core/grouping.py)."""
+    roles = set(present)
+    if options.replica_groups is not None:
+        roles.discard(LIGHTHOUSE_ROLE)
+    return roles
 
 
 def shown_roles(controller: Controller, roles: tuple[str, ...], pods: Iterable[tuple[RawPod, str]]) -> tuple[str, ...]:
@@ -919,7 +931,8 @@ class Planner:
                                                                          *map(before.get, gone))):
             return None  # a pod that says whether its role trains: its roles are decided again, from scratch
         _check_roles(found, role_count, self.options)
-        if not found.explicit_roles and {r for r, n in role_count.items() if n} != set(found.training_roles):
+        if not found.explicit_roles and default_roles((r for r, n in role_count.items() if n), self.options) \
+                != set(found.training_roles):
             return None
         for name in changed:  # the layout's own copy, one entry per change (a copy of 16384 pods: 0.6 ms)
             before[name] = pods[name]

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.core.containers import UserValue, pick_trainer_container, user_env
+from agent.core.grouping import group_variables
 from agent.core.injected import TRAINING_NAMES
 from agent.core.model import Options, Topology
 from agent.core.topology import Plan, elastic_range, injected_values
@@ -330,6 +331,8 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
     if me.training:
         variables += _training_variables(plan, options, elastic_of(plan, options, injected))
     variables += _host_variables(plan)
+    if plan.groups is not None:
+        variables += [Variable(name, value, why) for name, value, why in group_variables(plan, options)]
     variables.append(Variable("TOPOLOGY_GENERATION", str(generation), "generation of these files"))
     result = respect_user(variables, env, injected, plan.controller.title)
     if me.training and plan.topology.rank_order == "c10d" and "PET_NODE_RANK" in injected \

@@ -43,6 +43,8 @@ def why_full_view(options: Options) -> str | None:
         return "--view full"
     if options.levels is not None or options.rank_order != "index":
         return "ranks by Node labels (--topology-levels, --rank-order topology) need every member"
+    if options.replica_groups is not None:
+        return "replica groups (--replica-groups) are read from every member's labels"
     return None
 
 

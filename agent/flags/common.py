@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.frameworks import FRAMEWORKS, PORTED
+from agent.core.grouping import parse_rule
 from agent.core.model import (
     STATE_DIR,
     ControllerChoice,
@@ -196,6 +197,9 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--frameworks", help="files for these frameworks too, comma-separated: "
                        f"{', '.join(FRAMEWORKS)} (added to what the job implies; torch.env is always written; "
                        "docs/frameworks.md)")
+    group.add_argument("--replica-groups", help="one world per replica group (torchft, HSDP, multi-slice): "
+                       "jobset-job, volcano-partition or label:KEY; pods of role lighthouse are torchft's "
+                       "lighthouse (docs/topology.md)")
     for key in PORTED:
         group.add_argument(f"--{key}-port", action=FrameworkPort, framework=key)
     ssh = parser.add_argument_group("SSH for DeepSpeed/MPI (written when the job's Secret is mounted)")
@@ -226,8 +230,11 @@ def options_from_args(args: argparse.Namespace) -> Options:
     frameworks = FrameworkOptions(names=_frameworks(frameworks_k),
                                   ports=tuple((key, port) for key, k in port_ks.items()
                                               if (port := whole_knob(k)) is not None))
+    groups_k = knob(args, "replica-groups")
+    if groups_k.value is not None:
+        parse_rule(groups_k.value, label=groups_k.label)
     given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k, view_k,
-             frameworks_k, *port_ks.values())
+             frameworks_k, groups_k, *port_ks.values())
     return Options(
         labels=tuple((k.label.removeprefix("TOPOLOGY_").lower(), k.label) for k in given
                      if k.label.startswith("TOPOLOGY_")),
@@ -244,6 +251,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         rank_order=rank_order,  # type: ignore[arg-type]
         view=view,  # type: ignore[arg-type]
         frameworks=frameworks,
+        replica_groups=groups_k.value.strip() if groups_k.value is not None else None,
     )
 
 
