@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write requirements-consumers.lock: exact versions of torch, DeepSpeed and everything they need, as installed
-in this environment (scripts/test installs them). scripts/test installs the consumers with this file as pip
+"""Write requirements-consumers.lock: exact versions of torch, DeepSpeed, torchft and everything they need, as
+installed in this environment (scripts/test installs them). scripts/test installs the consumers with this file as pip
 constraints, so a new DeepSpeed (or numpy, or pydantic) cannot change what the end-to-end tests run against."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
-CONSUMERS = ("torch", "deepspeed")
+CONSUMERS = ("torch", "deepspeed", "torchft")
 
 
 def closure(roots: tuple[str, ...]) -> dict[str, str]:
