@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from agent.core import Rendered
 from agent.core.frameworks import Rendition
+from agent.core.grouping import ReplicaGroups
 from agent.core.variables import Variable, explain_exclusions, warnings_for
 
 
@@ -31,8 +32,11 @@ def format_explanation(rendered: Rendered) -> str:
     notes = explain_exclusions(plan)
     if notes:
         lines += ["", "notes:", *[f"  {n}" for n in notes]]
+    if plan.groups is not None:
+        lines += ["", *_group_lines(plan.groups, me.name)]
     order = f" ({topo.rank_order} order)" if topo.levels else ""
-    lines += ["", f"members in rank order{order}:"]
+    world = f", this pod's replica group {plan.groups.own}" if plan.groups is not None and me.training else ""
+    lines += ["", f"members in rank order{order}{world}:"]
     where = "  NODE: DOMAINS" if topo.levels else ""
     # NODE_RANK is also torch.env's RANK; a launcher numbers the pod's processes from its first rank
     lines.append(f"  {'NODE_RANK':>9}  {'PROCESS RANKS':>13}  {'SLOTS':>5}  {'ROLE':<12} {'POD':<32} "
@@ -49,6 +53,19 @@ def format_explanation(rendered: Rendered) -> str:
         lines.append(f"  {node_rank:>9}  {rank:>13}  {m.slots:>5}  {m.role:<12} {m.name:<32} {m.address:<16}{place}")
     lines += ["", f"files: {', '.join(rendered.files)}", "('- ' marks a variable that is not written)"]
     return "\n".join(lines)
+
+
+def _group_lines(groups: ReplicaGroups, me: str) -> list[str]:
+    """Every replica group of the job, this pod's marked: its id, its first pod's address and its pods."""
+    rule = groups.rule
+    lines = [f"replica groups (--replica-groups {rule.name}: label {rule.key}), {groups.count} in the job "
+             f"({groups.count_source}); each its own world:"]
+    for group in groups.groups:
+        mark = "*" if me in group.members else " "
+        lines.append(f"  {mark} group {group.id}: MASTER_ADDR {group.master}, pods {', '.join(group.members)}")
+    lines.append(f"  lighthouse: {groups.lighthouse[0]} ({groups.lighthouse[1]})" if groups.lighthouse else
+                 "  lighthouse: none (no pod of role lighthouse: TORCHFT_LIGHTHOUSE is not written)")
+    return lines
 
 
 def _variable_lines(variables: Sequence[Variable], width: int) -> list[str]:

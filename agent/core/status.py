@@ -20,6 +20,7 @@ from typing import Any
 from agent.core.escaping import pod_name_shown, printable
 from agent.core.events import CONTROLLER, GENERATION_LABEL, GENERATION_REASONS
 from agent.core.gang import Roster, missing_line
+from agent.core.grouping import member_groups, parse_rule
 from agent.core.model import Options, RawPod
 from agent.core.pods import pod_ip
 from agent.core.topology import NodeLabels, build_plan
@@ -157,6 +158,7 @@ class Row:
     address: str
     seen: Seen | None
     ready: str  # containers ready, of all, as kubectl shows it
+    group: int | None = None  # --replica-groups: its replica group (the ranks are then the group's)
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,7 @@ class JobStatus:
     publication: Publication | None = None
     problem: str | None = None  # why the pods make no plan now (the planner's line)
     missing: tuple[str, ...] = ()  # the members the job asks for that no pod of its own stands for ("worker 2")
+    groups: bool = False  # --replica-groups: each row says its group
 
     @property
     def training(self) -> int:
@@ -240,14 +243,22 @@ def job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, o
                          missing)
     topology = plan.topology
     left += [Left(gone.name, gone.reason) for gone in topology.excluded]
+    groups: dict[str, tuple[int, int, int]] = {}
+    if options.replica_groups is not None:
+        try:
+            groups = member_groups(plan, parse_rule(options.replica_groups, label=options.label("replica_groups")))
+        except InputError as err:
+            return JobStatus(job, kind, namespace, (), tuple(left), expected, 0, levels, publication, str(err),
+                             missing)
     rows = []
     for member in topology.members:
         pod = by_name[member.name]
         uid = pod.get("metadata", {}).get("uid") or ""
-        rows.append(Row(member.name, member.role, member.first_rank if member.training else None, member.slots,
-                        member.node_rank, member.node, member.domains, member.address, seen.get(uid), _ready(pod)))
+        group, node_rank, first_rank = groups.get(member.name, (None, member.node_rank, member.first_rank))
+        rows.append(Row(member.name, member.role, first_rank if member.training else None, member.slots,
+                        node_rank, member.node, member.domains, member.address, seen.get(uid), _ready(pod), group))
     return JobStatus(job, kind, namespace, tuple(rows), tuple(sorted(left, key=lambda item: item.name)), expected,
-                     topology.processes, levels, publication, missing=missing)
+                     topology.processes, levels, publication, missing=missing, groups=bool(groups))
 
 
 def _missing(pods: Sequence[RawPod], roster: Roster | None, options: Options) -> tuple[str, ...]:
@@ -280,6 +291,10 @@ def _rank(row: Row) -> str:
     return str(row.first_rank) if row.slots == 1 else f"{row.first_rank}-{row.first_rank + row.slots - 1}"
 
 
+def _group(row: Row) -> str:
+    return "-" if row.group is None else str(row.group)
+
+
 def _seen(row: Row, now: float) -> str:
     return f"{row.seen.generation} ({human_duration(now - row.seen.at)})" if row.seen is not None else "<unknown>"
 
@@ -295,15 +310,17 @@ def table(status: JobStatus, *, now: float) -> str:
     """The table ``topology-agent status`` prints by default: every value escaped (core/escaping.py), and a
     publisher, Lease holder or standby that is no pod name shown as invalid."""
     expected = f" of {status.expected}" if status.expected is not None else ""
+    world = (f"in {len({r.group for r in status.rows if r.group is not None})} replica groups, each its own world"
+             if status.groups else f"world size {status.world_size}")
     lines = [f"{status.kind} in namespace {status.namespace}: {status.training}{expected} training pods placed, "
-             f"world size {status.world_size}" + (f"; missing: {', '.join(status.missing)} (no pod)"
-                                                 if status.missing else "")]
+             f"{world}" + (f"; missing: {', '.join(status.missing)} (no pod)" if status.missing else "")]
     if status.problem:
         lines.append(f"no plan: {status.problem}")
-    header = ["NAME", "ROLE", "RANK", "NODE-RANK", "NODE", *(["DOMAIN"] if status.levels else []), "ADDRESS",
-              "GENERATION", "READY"]
+    header = ["NAME", "ROLE", *(["GROUP"] if status.groups else []), "RANK", "NODE-RANK", "NODE",
+              *(["DOMAIN"] if status.levels else []), "ADDRESS", "GENERATION", "READY"]
     cells = [header] + [
-        [row.name, row.role, _rank(row), "-" if row.node_rank is None else str(row.node_rank), row.node or "<none>",
+        [row.name, row.role, *([_group(row)] if status.groups else []), _rank(row),
+         "-" if row.node_rank is None else str(row.node_rank), row.node or "<none>",
          *(["/".join(row.domain) if row.domain else "<unknown>"] if status.levels else []), row.address,
          _seen(row, now), row.ready] for row in status.rows]
     if status.rows:
@@ -332,6 +349,7 @@ def document(status: JobStatus, *, now: float) -> dict[str, Any]:
         "problem": status.problem,
         "members": [{"name": row.name, "role": row.role, "rank": row.first_rank, "slots": row.slots,
                      "nodeRank": row.node_rank, "node": row.node or None,
+                     **({"replicaGroup": row.group} if status.groups else {}),
                      "domain": list(row.domain) if row.domain else None, "address": row.address,
                      "generation": row.seen.generation if row.seen else None,
                      "generationAge": round(now - row.seen.at, 3) if row.seen else None, "ready": row.ready}

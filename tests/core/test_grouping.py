@@ -226,3 +226,27 @@ def test_a_sidecar_continuing_from_inits_files_keeps_its_groups_generation(tmp_p
     again.load_previous()
     again.evaluate(0.0, pods=by_name, light=None, nodes={}, note="start")
     assert again.generation == 1 and again.settings.finder.asked == 0
+
+
+def test_status_shows_each_pods_group_and_its_rank_within_it():
+    from agent.core.status import document, job_status, table
+
+    pods = torchft_jobset()
+    status = job_status(pods, job="ft", kind="JobSet 'ft'", namespace="default",
+                        options=Options(replica_groups="jobset-job"), roster=None, expected=None, seen={})
+    rows = {row.name: (row.group, row.node_rank) for row in status.rows}
+    assert rows == {name(pods[0]): (None, None), name(pods[1]): (0, 0), name(pods[2]): (0, 1),
+                    name(pods[3]): (1, 0), name(pods[4]): (1, 1)}
+    text = table(status, now=0.0)
+    assert "in 2 replica groups, each its own world" in text and "GROUP" in text.splitlines()[1]
+    assert [m["replicaGroup"] for m in document(status, now=0.0)["members"]] == [0, 0, 1, 1, None]
+
+
+def test_explain_lists_every_group_and_marks_the_pods_own():
+    from agent.core.explaining import format_explanation
+
+    pods = torchft_jobset()
+    text = format_explanation(render_pod(pods, name(pods[3]), Options(replica_groups="jobset-job")))
+    assert f"  * group 1: MASTER_ADDR ft-trainer-1-0.ft, pods {name(pods[3])}, {name(pods[4])}" in text
+    assert f"    group 0: MASTER_ADDR ft-trainer-0-0.ft, pods {name(pods[1])}, {name(pods[2])}" in text
+    assert "lighthouse: http://ft-lighthouse-0-0.ft:29510" in text and "this pod's replica group 1:" in text
