@@ -172,7 +172,8 @@ def regroup(plan: Any, options: Options, rule: GroupRule) -> Any:
     job's groups (``Plan.groups``)."""
     topology = plan.topology
     if topology.whole is not None:
-        raise InputError("--replica-groups needs every member of the job: use --view full (or auto)")
+        raise InputError("--replica-groups reads every member's labels, so it cannot go with --view own; "
+                         "use --view auto or full")
     training = topology.training
     found, count, count_source = groups_of(training, plan.pods, rule)
     by_group: dict[int, list[Member]] = {}

@@ -233,6 +233,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
     groups_k = knob(args, "replica-groups")
     if groups_k.value is not None:
         parse_rule(groups_k.value, label=groups_k.label)
+        if view == "own":
+            raise InputError(f"{groups_k.label} reads every member's labels, so it cannot go with {view_k.label} own; "
+                             "use --view auto or full")
     given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k, view_k,
              frameworks_k, groups_k, *port_ks.values())
     return Options(
