@@ -179,14 +179,15 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
         seen[key] = name
         live.append((pod, ident, facts))
     present = {ident.role for _, ident, _ in live}
-    training_roles = tuple(scope.roles) if scope.roles is not None else tuple(sorted(default_roles(present, options)))
+    training_roles = tuple(scope.roles) if scope.roles is not None \
+        else tuple(sorted(training_by_default(present, options)))
     if controller.roles_by_pod and options.roles is None:
         training_roles = shown_roles(controller, training_roles, ((p, i.role) for p, i, _ in live))
     return Collected(me=me, scope=scope, live=tuple(live), excluded=tuple(excluded), training_roles=training_roles,
                      explicit_roles=scope.roles is not None)
 
 
-def default_roles(present: Iterable[str], options: Options) -> set[str]:
+def training_by_default(present: Iterable[str], options: Options) -> set[str]:
     """The training roles where neither the user nor the job's objects name them: every role present, but for
     torchft's lighthouse in a job of replica groups (core/grouping.py)."""
     roles = set(present)
@@ -931,7 +932,7 @@ class Planner:
                                                                          *map(before.get, gone))):
             return None  # a pod that says whether its role trains: its roles are decided again, from scratch
         _check_roles(found, role_count, self.options)
-        if not found.explicit_roles and default_roles((r for r, n in role_count.items() if n), self.options) \
+        if not found.explicit_roles and training_by_default((r for r, n in role_count.items() if n), self.options) \
                 != set(found.training_roles):
             return None
         for name in changed:  # the layout's own copy, one entry per change (a copy of 16384 pods: 0.6 ms)
