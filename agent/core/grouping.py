@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.containers import pick_trainer_container
 from agent.core.controllers.base import meta
 from agent.core.model import Member, Options, RawPod, is_whole_number
+from agent.core.validation import is_label_key
 from agent.errors import InputError
+
+if TYPE_CHECKING:  # the planner imports this module (the lighthouse's role name)
+    from agent.core.topology import Plan
 
 
 class GroupRule(NamedTuple):
@@ -58,8 +62,6 @@ def parse_rule(raw: str, *, label: str = "--replica-groups") -> GroupRule:
         return GROUP_RULES[value]
     if value.startswith(LABEL_RULE):
         key = value[len(LABEL_RULE):].strip()
-        from agent.core.validation import is_label_key
-
         if is_label_key(key):
             return GroupRule(value, key, None, f"{label} {value}")
     shown = value if len(value) <= 80 else value[:77] + "..."
@@ -166,7 +168,7 @@ def _renumbered(members: Sequence[Member]) -> list[Member]:
     return out
 
 
-def regroup(plan: Any, options: Options, rule: GroupRule) -> Any:
+def regroup(plan: Plan, options: Options, rule: GroupRule) -> Plan:
     """The plan of this pod's group: its training members ranked within the group, then every member that does
     not train (the lighthouse among them). A pod that does not train keeps the job's plan. Either carries the
     job's groups (``Plan.groups``)."""
@@ -198,9 +200,10 @@ def regroup(plan: Any, options: Options, rule: GroupRule) -> Any:
                    rank0_pod=plan.pods.get(mine[0].name, plan.rank0_pod), first_by_index=first)
 
 
-def group_variables(plan: Any, options: Options) -> list[tuple[str, str, str]]:
+def group_variables(plan: Plan, options: Options) -> list[tuple[str, str, str]]:
     """(name, value, why) of the group's variables, as torchft and JAX multi-slice read them."""
-    groups: ReplicaGroups = plan.groups
+    groups = plan.groups
+    assert groups is not None
     rule = groups.rule
     out: list[tuple[str, str, str]] = []
     if groups.own is not None:
@@ -220,7 +223,7 @@ def group_variables(plan: Any, options: Options) -> list[tuple[str, str, str]]:
     return out
 
 
-def member_groups(plan: Any, rule: GroupRule) -> dict[str, tuple[int, int, int]]:
+def member_groups(plan: Plan, rule: GroupRule) -> dict[str, tuple[int, int, int]]:
     """Each training member's (group, node rank in its group, first rank in its group): what ``status`` shows."""
     training = plan.topology.training
     found, _, _ = groups_of(training, plan.pods, rule)

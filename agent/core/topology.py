@@ -31,7 +31,7 @@ from typing import Any
 from agent.core.containers import pick_trainer_container, user_env
 from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, Objects, detect_controller, parse_selector
 from agent.core.facts import Memo, PodFacts, Sizes, facts_of
-from agent.core.grouping import LIGHTHOUSE_ROLE
+from agent.core.grouping import LIGHTHOUSE_ROLE, ReplicaGroups
 from agent.core.injected import controller_entries
 from agent.core.model import ROLE, Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains
@@ -60,7 +60,7 @@ class Plan:
     # (``rendezvous_host``). None: node rank 0 is.
     first_by_index: Member | None = None
     # --replica-groups: the job's groups (core/grouping.py); the topology is then this pod's group's world
-    groups: Any = None
+    groups: ReplicaGroups | None = None
 
     @property
     def rendezvous_host(self) -> Member:
