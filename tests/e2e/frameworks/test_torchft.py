@@ -3,13 +3,14 @@
 A JobSet of replicated job ``lighthouse`` (1 pod) and ``trainer`` (2 Jobs of 1 pod: replica groups 0 and 1), with
 ``--replica-groups jobset-job``; each pod its own network namespace and address. The lighthouse pod runs
 ``torchft_lighthouse``; each trainer pod runs ``worker_torchft.py`` under ``python -m agent.trainer run``, its
-sidecar signalling the launcher. Both groups step together; then group 1's pod is lost (its trainer ended, the pod
-deleted through kubectl) and group 0 keeps stepping without a restart: its torch.env is byte-identical, its
-generation stays, and its launcher's trainer is the same process.
+sidecar signalling the launcher. Both groups step together; then group 1's pod is lost (deleted, or marked
+DisruptionTarget, through kubectl, and its trainer ended) and group 0 keeps stepping without a restart: its
+torch.env is byte-identical, its generation stays, and its launcher's trainer is the same process.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -43,7 +44,17 @@ def steps(pod: Any) -> list[dict[str, str]]:
     return [dict(word.split("=", 1) for word in line.split()) for line in pod.lines()]
 
 
-def test_torchft_keeps_stepping_in_one_group_when_the_other_groups_pod_is_lost(make_job):
+# How group 1's pod is lost, as kubectl says it: deleted, or marked for eviction (the DisruptionTarget condition the
+# eviction API, preemption and the taint manager write) before its container is stopped.
+DISRUPTION = json.dumps({"status": {"conditions": [
+    {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}})
+LOSSES = {"deleted": ("delete", "pod", "{name}", "--wait=false"),
+          "DisruptionTarget": ("patch", "pod", "{name}", "--subresource", "status", "--type", "merge", "-p",
+                               DISRUPTION)}
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_torchft_keeps_stepping_in_one_group_when_the_other_groups_pod_is_lost(make_job, loss):
     pytest.importorskip("torchft", reason="torchft is installed by scripts/test (requirements-consumers.lock)")
     kubectl = shutil.which("kubectl")
     assert kubectl is not None, "kubectl is on PATH (.ci/run)"
@@ -72,10 +83,11 @@ def test_torchft_keeps_stepping_in_one_group_when_the_other_groups_pod_is_lost(m
     pids = {s["pid"] for s in steps(first)}
     stepped = len(steps(first))
 
-    second.terminate()  # the kubelet ends its container, and the pod is deleted
-    result = subprocess.run([kubectl, "--kubeconfig", str(job.sandbox.sandbox.kubeconfig), "delete", "pod",
-                             second.name, "--wait=false"], capture_output=True, text=True, timeout=60)
+    argv = [second.name if part == "{name}" else part for part in LOSSES[loss]]
+    result = subprocess.run([kubectl, "--kubeconfig", str(job.sandbox.sandbox.kubeconfig), *argv],
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+    second.terminate()  # the kubelet ends its container
     lost_at = steps(first)[-1]["step"]
     seconds = wait_for(lambda: any(s["participants"] == "1" and int(s["step"]) > int(lost_at) + 5
                                    for s in steps(first)), "group 0 stepping alone", 120, dump=job.logs)
