@@ -250,3 +250,12 @@ def test_explain_lists_every_group_and_marks_the_pods_own():
     assert f"  * group 1: MASTER_ADDR ft-trainer-1-0.ft, pods {name(pods[3])}, {name(pods[4])}" in text
     assert f"    group 0: MASTER_ADDR ft-trainer-0-0.ft, pods {name(pods[1])}, {name(pods[2])}" in text
     assert "lighthouse: http://ft-lighthouse-0-0.ft:29510" in text and "this pod's replica group 1:" in text
+
+
+def test_an_elastic_groups_rendezvous_is_its_own_first_pod():
+    pods = torchft_jobset()
+    options = Options(replica_groups="jobset-job", elastic=(1, 2))
+    for at, host in ((2, "ft-trainer-0-0.ft"), (4, "ft-trainer-1-0.ft")):
+        env = env_of(render_pod(pods, name(pods[at]), options))
+        assert env["PET_RDZV_ENDPOINT"] == f"{host}:29400" and env["PET_NNODES"] == "1:2"
+        assert env["RANK"] == "1" and env["MASTER_ADDR"] == host
