@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.core.frameworks import render_frameworks
-from agent.core.grouping import parse_rule, regroup
+from agent.core.grouping import GroupMemo, parse_rule, regroup
 from agent.core.model import Options, RawPod
 from agent.core.rendering import MemberTexts, render_files, with_frameworks
 from agent.core.topology import Memo, NodeLabels, Plan, Planner, build_plan
@@ -55,6 +55,7 @@ class Renderer:
         self.self_name = self_name
         self.planner = Planner(options, self_name, checked=checked)
         self.texts = MemberTexts()
+        self.groups = GroupMemo()  # --replica-groups: each pod's group, read once per pod version
 
     def render(self, pods: Mapping[str, RawPod], *, generation: int, files_dir: str | None = None,
                nodes: NodeLabels | None = None) -> Rendered:
@@ -62,7 +63,7 @@ class Renderer:
 
     def render_planned(self, plan: Plan, *, generation: int, files_dir: str | None = None) -> Rendered:
         """``render_plan`` for a plan of this renderer's planner (its members' texts are cached)."""
-        plan = grouped(plan, self.options)
+        plan = grouped(plan, self.options, self.groups)
         variables = compute_variables(plan, self.options, generation=generation, files_dir=files_dir)
         frameworks = render_frameworks(plan, self.options, files_dir=files_dir)
         files = render_files(plan, variables, generation=generation, texts=self.texts, frameworks=frameworks)
@@ -79,11 +80,11 @@ class Renderer:
         return with_frameworks(key, {r.key: {"digest": r.digest} for r in rendered.frameworks})
 
 
-def grouped(plan: Plan, options: Options) -> Plan:
+def grouped(plan: Plan, options: Options, memo: GroupMemo | None = None) -> Plan:
     """The plan of this pod's replica group, with ``--replica-groups`` (core/grouping.py); else ``plan``."""
     if options.replica_groups is None or plan.groups is not None:
         return plan
-    return regroup(plan, options, parse_rule(options.replica_groups, label=options.label("replica_groups")))
+    return regroup(plan, options, parse_rule(options.replica_groups, label=options.label("replica_groups")), memo)
 
 
 __all__ = ["Memo", "NodeLabels", "Options", "Rendered", "Renderer", "build_plan", "render_plan", "render_pod"]
