@@ -259,3 +259,16 @@ def test_an_elastic_groups_rendezvous_is_its_own_first_pod():
         env = env_of(render_pod(pods, name(pods[at]), options))
         assert env["PET_RDZV_ENDPOINT"] == f"{host}:29400" and env["PET_NNODES"] == "1:2"
         assert env["RANK"] == "1" and env["MASTER_ADDR"] == host
+
+
+def test_a_pod_whose_group_label_changes_is_read_again_by_the_sidecars_renderer():
+    import copy
+
+    pods = labelled_jobset()
+    by_name = {name(p): p for p in pods}
+    renderer = Renderer(Options(replica_groups="label:example.com/replica"), name(pods[0]))
+    assert env_of(renderer.render(by_name, generation=1))["WORLD_SIZE"] == "2"
+    moved = copy.deepcopy(pods[1])  # the API's next version of the pod: a new object
+    moved["metadata"]["labels"]["example.com/replica"] = "0"
+    env = env_of(renderer.render({**by_name, name(moved): moved}, generation=1))
+    assert (env["WORLD_SIZE"], env["NUM_REPLICA_GROUPS"]) == ("3", "2")
