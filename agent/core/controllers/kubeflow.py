@@ -287,6 +287,10 @@ class MpiJob(Controller):
     def job_of(self, pod: RawPod) -> str | None:
         return meta(pod).labels.get(PYTORCHJOB_JOB)
 
+    def pods_selector(self, job: str) -> str:
+        # The marker (operator-name) says whose pod it is; the job-name label says which job's.
+        return f"{PYTORCHJOB_JOB}={job},{MPI_OPERATOR_NAME}={MPI_OPERATOR}"
+
     def identify(self, pod: RawPod, options: Options) -> Identity:
         fix = "the pod must be created by an MPIJob of the MPI operator v2 (or pass --controller)"
         job = required(pod, PYTORCHJOB_JOB, fix=fix)
