@@ -154,7 +154,8 @@ def _keygen(given: KeygenSettings) -> int:
 def _sandbox(given: SandboxSettings) -> int:
     from agent.sandbox.server import run_sandbox
 
-    run_sandbox(given.state, port=given.port, bookmark_interval=given.bookmark_interval, services=given.services)
+    run_sandbox(given.state, port=given.port, bookmark_interval=given.bookmark_interval, services=given.services,
+                controllers=given.controllers, nodes=given.nodes)
     return 0
 
 

@@ -35,6 +35,7 @@ from agent.core.controllers import job_resources
 from agent.errors import InputError
 from agent.sandbox import admission
 from agent.sandbox.calls import Answer, Call, patterns
+from agent.sandbox.controllers import Controllers
 from agent.sandbox.credentials import KUBECONFIG, SERVICEACCOUNT, make_tls, write_client_files
 from agent.sandbox.discovery import Catalog, Kind, resource_key
 from agent.sandbox.faults import Faults, Knobs, Stats, fault_answer, trickle
@@ -170,7 +171,9 @@ class Sandbox:
 
     def __init__(self, state_dir: Path, *, port: int = 0, token: str = "sandbox-token",
                  bookmark_interval: float = 1.0, tls: bool = True, history: int = 100_000,
-                 services: Mapping[str, str] | None = None) -> None:
+                 services: Mapping[str, str] | None = None, controllers: bool = False, nodes: int = 4) -> None:
+        """``controllers``: play the controllers on ``nodes`` Nodes (controllers.py); without it the sandbox
+        serves the API only, and a job object makes no pods."""
         self.state_dir = state_dir
         self.token = token
         self.tls = tls
@@ -181,6 +184,8 @@ class Sandbox:
         self.admission = admission.Caller(services)  # mutating webhooks (admission.py)
         self.objects = Objects(self.store, self.catalog, self.admission)
         self._restart: asyncio.Task[None] | None = None
+        self.controllers = Controllers(self.store, self.objects, self.catalog, nodes=nodes) if controllers else None
+        self._controlling: asyncio.Task[None] | None = None
         for name in NAMESPACES:
             self.store.create(resource_key("", "v1", "namespaces"), "", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}})
@@ -241,10 +246,17 @@ class Sandbox:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await self.listener.start(make_tls(self.state_dir) if self.tls else None)
         write_client_files(self.state_dir, url=self.url, token=self.token, tls=self.tls)
+        if self.controllers and self._controlling is None:
+            self.controllers.start()
+            self._controlling = asyncio.create_task(self.controllers.run())
 
     async def stop(self) -> None:
         if self._restart:
             self._restart.cancel()
+        if self._controlling:
+            self._controlling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._controlling
         await self.admission.close()
         await self._drop_watches()
         if await self.listener.close():
