@@ -125,6 +125,8 @@ CASES += [
     ("sandbox", "--state-dir", ["--state-dir", BLOCKER], ["--state-dir", "writable directory"]),
     ("sandbox", "--bookmark-interval", ["--bookmark-interval", "abc"], ["--bookmark-interval 'abc'"]),
     ("sandbox", "--bookmark-interval", ["--bookmark-interval", "0"], ["--bookmark-interval '0'"]),
+    ("sandbox", "--nodes", ["--controllers", "--nodes", "1001"], ["--nodes '1001'", "from 0 to 1000"]),
+    ("sandbox", "--nodes", ["--nodes", "2"], ["--nodes 2 needs --controllers"]),
     ("keygen", "--job", ["--job", "Bad_Name"], ["--job 'Bad_Name'", "Kubernetes name"]),
     ("keygen", "--namespace", ["--job", "j", "--namespace", "team a"], ["--namespace 'team a'"]),
     ("keygen", "--kubeconfig", ["--job", "j", "--apply", "--kubeconfig", MISSING], ["--kubeconfig", "file not found"]),

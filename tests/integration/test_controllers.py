@@ -1,0 +1,254 @@
+"""The sandbox playing the controllers (``topology-agent sandbox --controllers``): a job applied with kubectl gets
+the emulation's objects and pods, placed on the sandbox's Nodes and running at loopback IPs; a patch of its
+replicas adds or removes pods and keeps the others; a delete removes everything it owned; ``topology-agent
+status`` names every pod. One row per controller, each from its shipped example manifest."""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.core.emulation import emulate
+from agent.sandbox.threaded import SandboxThread
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "manifests" / "examples"
+NAMESPACE = "team-a"
+PODS = "/v1/pods"
+MADE = ("batch/v1/jobs", "jobset.x-k8s.io/v1alpha2/jobsets", "apps/v1/statefulsets")
+TRAINJOB = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "llm"},
+            "spec": {"runtimeRef": {"name": "torch-distributed-topology"},
+                     "trainer": {"numNodes": 3, "image": "trainer:1", "command": ["torchrun", "train.py"]}}}
+
+
+@dataclass(frozen=True)
+class Row:
+    manifest: str  # a file of manifests/examples, or "trainjob" (TRAINJOB on the shipped runtime)
+    resource: str  # the job object's store key
+    kubectl_kind: str
+    name: str
+    pods: int  # as applied
+    scale: tuple[str, ...]  # JSON pointers of the replica fields a scale changes
+    up: tuple[int, int]  # (value, pods) after scaling up
+    down: tuple[int, int]  # (value, pods) after scaling down
+
+
+ROWS = {
+    "volcano": Row("volcano-job.yaml", "batch.volcano.sh/v1alpha1/jobs", "vcjob", "demo", 6,
+                   ("/spec/tasks/1/replicas",), (5, 8), (1, 4)),
+    "pytorchjob": Row("pytorchjob.yaml", "kubeflow.org/v1/pytorchjobs", "pytorchjob", "mnist", 4,
+                      ("/spec/pytorchReplicaSpecs/Worker/replicas",), (5, 6), (1, 2)),
+    "tfjob": Row("tfjob.yaml", "kubeflow.org/v1/tfjobs", "tfjob", "mnist-tf", 4,
+                 ("/spec/tfReplicaSpecs/Worker/replicas",), (4, 6), (1, 3)),
+    "xgboostjob": Row("xgboostjob.yaml", "kubeflow.org/v1/xgboostjobs", "xgboostjob", "xgb", 3,
+                      ("/spec/xgbReplicaSpecs/Worker/replicas",), (4, 5), (1, 2)),
+    "paddlejob": Row("paddlejob.yaml", "kubeflow.org/v1/paddlejobs", "paddlejob", "paddle", 3,
+                     ("/spec/paddleReplicaSpecs/Worker/replicas",), (5, 5), (2, 2)),
+    "jaxjob": Row("jaxjob.yaml", "kubeflow.org/v1/jaxjobs", "jaxjob", "jax", 3,
+                  ("/spec/jaxReplicaSpecs/Worker/replicas",), (4, 4), (2, 2)),
+    "mpijob": Row("mpijob.yaml", "kubeflow.org/v2beta1/mpijobs", "mpijob", "allreduce", 4,
+                  ("/spec/mpiReplicaSpecs/Worker/replicas",), (5, 6), (1, 2)),
+    "jobset": Row("jobset.yaml", "jobset.x-k8s.io/v1alpha2/jobsets", "jobset", "trainer", 5,
+                  ("/spec/replicatedJobs/1/replicas",), (3, 7), (1, 3)),
+    "lws": Row("leaderworkerset.yaml", "leaderworkerset.x-k8s.io/v1/leaderworkersets", "leaderworkerset", "vllm", 8,
+               ("/spec/replicas",), (3, 12), (1, 4)),
+    "indexed-job": Row("indexed-job.yaml", "batch/v1/jobs", "job.batch", "sweep", 3,
+                       ("/spec/parallelism", "/spec/completions"), (4, 4), (2, 2)),
+    "trainjob": Row("trainjob", "trainer.kubeflow.org/v1alpha1/trainjobs", "trainjob", "llm", 3,
+                    ("/spec/trainer/numNodes",), (4, 4), (2, 2)),
+}
+
+
+@pytest.fixture
+def played(tmp_path):
+    with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5, controllers=True, nodes=4) as running:
+        yield running
+
+
+def _kubectl(sandbox: SandboxThread, *args: str, input: str | None = None) -> str:
+    result = subprocess.run(["kubectl", "--kubeconfig", str(sandbox.sandbox.kubeconfig), *args],
+                            capture_output=True, text=True, input=input, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _apply(sandbox: SandboxThread, row: Row) -> None:
+    if row.manifest == "trainjob":
+        _kubectl(sandbox, "apply", "-f", str(ROOT / "manifests" / "trainer" / "torch-distributed-topology.yaml"))
+        _kubectl(sandbox, "apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(TRAINJOB))
+    else:
+        _kubectl(sandbox, "apply", "-n", NAMESPACE, "-f", str(EXAMPLES / row.manifest))
+
+
+def _snapshot(store: Any) -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
+    """Every object of the kinds the test reads, copied in the sandbox's thread."""
+    keep = (PODS, "/v1/nodes", *MADE, *(r.resource for r in ROWS.values()),
+            "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes")
+    found: dict[str, dict[tuple[str, str], dict[str, Any]]] = {resource: {} for resource in keep}
+    for (resource, namespace, name), obj in store.objects.items():
+        if resource in found:
+            found[resource][(namespace, name)] = copy.deepcopy(obj)
+    return found
+
+
+def _controller(obj: dict[str, Any]) -> str | None:
+    return next((r["uid"] for r in obj["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+
+
+def _members(objects: dict[str, Any], job_uid: str) -> list[dict[str, Any]]:
+    """The pods whose chain of controlling owners leads to the job."""
+    by_uid = {o["metadata"]["uid"]: o for kind in objects.values() for o in kind.values()}
+    members = []
+    for pod in objects[PODS].values():
+        uid = _controller(pod)
+        while uid is not None and uid != job_uid:
+            uid = _controller(by_uid[uid]) if uid in by_uid else None
+        if uid == job_uid:
+            members.append(pod)
+    return sorted(members, key=lambda p: p["metadata"]["name"])
+
+
+def _settled(sandbox: SandboxThread, row: Row, count: int) -> dict[str, Any]:
+    """The objects once the job has ``count`` pods, every one of them Running (awaited on the store's events)."""
+    def test(store: Any) -> dict[str, Any] | None:
+        objects = _snapshot(store)
+        job = objects[row.resource].get((NAMESPACE, row.name))
+        if job is None:
+            return None
+        pods = _members(objects, job["metadata"]["uid"])
+        if len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods):
+            return objects
+        return None
+
+    return sandbox.wait_for(PODS, test)  # type: ignore[no-any-return]
+
+
+def _unplaced(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod without what the API server, the scheduler and the kubelet add."""
+    pod = copy.deepcopy(pod)
+    for key in ("uid", "resourceVersion", "creationTimestamp", "namespace"):
+        pod["metadata"].pop(key, None)
+    pod["spec"].pop("nodeName", None)
+    pod.pop("status", None)
+    return pod
+
+
+def _check(objects: dict[str, Any], row: Row) -> list[dict[str, Any]]:
+    """The pods are the emulation's, each placed on a Node at a loopback IP of its podCIDR, Running and Ready."""
+    job = objects[row.resource][(NAMESPACE, row.name)]
+    runtimes = list(objects["trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"].values())
+    made = emulate(job, runtimes=runtimes)
+    pods = _members(objects, job["metadata"]["uid"])
+    assert {p["metadata"]["name"]: _unplaced(p) for p in pods} == \
+        {p["metadata"]["name"]: _unplaced(p) for p in made.pods}
+    for owner in made.owners:  # the intermediate objects, with the emulation's uids (the pods' owners name them)
+        stored = next(o for resource in MADE for o in objects[resource].values()
+                      if o["metadata"]["name"] == owner["metadata"]["name"] and o["kind"] == owner["kind"])
+        assert stored["metadata"]["uid"] == owner["metadata"]["uid"]
+        assert stored["metadata"]["ownerReferences"] == owner["metadata"]["ownerReferences"]
+    nodes = {name: node for (_, name), node in objects["/v1/nodes"].items()}
+    ips = set()
+    for pod in pods:
+        status = pod["status"]
+        node = nodes[pod["spec"]["nodeName"]]
+        host = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+        ip = ipaddress.ip_address(status["podIP"])
+        assert ip.is_loopback and ip in ipaddress.ip_network(node["spec"]["podCIDR"])
+        assert status["hostIP"] == host and ipaddress.ip_address(host).is_loopback
+        assert status["podIPs"] == [{"ip": status["podIP"]}]
+        assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+        assert [c["name"] for c in status["containerStatuses"]] == [c["name"] for c in pod["spec"]["containers"]]
+        assert all(c["ready"] and "running" in c["state"] for c in status["containerStatuses"])
+        ips.add(status["podIP"])
+    assert len(ips) == len(pods)
+    return pods
+
+
+def _status(sandbox: SandboxThread, name: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "TOPOLOGY_"))}
+    result = subprocess.run([sys.executable, "-m", "agent.cli", "status", name, "-n", NAMESPACE, "--kubeconfig",
+                             str(sandbox.sandbox.kubeconfig)], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _scale(sandbox: SandboxThread, row: Row, value: int) -> None:
+    patch = [{"op": "replace", "path": path, "value": value} for path in row.scale]
+    _kubectl(sandbox, "patch", row.kubectl_kind, row.name, "-n", NAMESPACE, "--type=json", "-p", json.dumps(patch))
+
+
+@pytest.mark.parametrize("key", list(ROWS))
+def test_a_job_applied_with_kubectl_gets_its_controllers_pods_placed_scaled_and_deleted(played, key):
+    row = ROWS[key]
+    _kubectl(played, "create", "namespace", NAMESPACE)
+    _apply(played, row)
+    pods = _check(_settled(played, row, row.pods), row)
+    shown = _status(played, row.name)
+    assert all(p["metadata"]["name"] in shown for p in pods), shown
+    described = _kubectl(played, "describe", "pod", pods[0]["metadata"]["name"], "-n", NAMESPACE)
+    assert f"Node:             {pods[0]['spec']['nodeName']}/" in described and "Scheduled" in described
+
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    _scale(played, row, row.up[0])
+    grown = _check(_settled(played, row, row.up[1]), row)
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in grown}.items() >= before.items()  # kept as they run
+    _scale(played, row, row.down[0])
+    shrunk = _check(_settled(played, row, row.down[1]), row)
+    assert {p["metadata"]["name"] for p in shrunk} < {p["metadata"]["name"] for p in grown}
+
+    _kubectl(played, "delete", row.kubectl_kind, row.name, "-n", NAMESPACE)
+
+    def gone(store: Any) -> bool:
+        return not any(res in (PODS, *MADE) and ns == NAMESPACE for res, ns, _ in store.objects)
+
+    assert played.wait_for(PODS, gone)
+
+
+def test_without_controllers_a_job_object_makes_no_pods_and_no_nodes(tmp_path):
+    with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5) as plain:
+        _kubectl(plain, "apply", "-f", str(EXAMPLES / "pytorchjob.yaml"))
+        assert _kubectl(plain, "get", "pods", "-o", "name") == ""
+        assert _kubectl(plain, "get", "nodes", "-o", "name") == ""
+
+
+def test_the_command_plays_the_controllers_on_the_nodes_asked_for(tmp_path):
+    """``topology-agent sandbox --controllers --nodes 3``: three Nodes with hostname, zone and rack labels, and a job
+    applied to it runs spread over them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "TOPOLOGY_"))}
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "sandbox", "--controllers", "--nodes", "3",
+                             "--state-dir", str(tmp_path / "state")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        kubeconfig = proc.stdout.readline().strip().removeprefix("export KUBECONFIG=")
+
+        def kubectl(*args: str) -> str:
+            result = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, *args], capture_output=True, text=True,
+                                    timeout=60)
+            assert result.returncode == 0, result.stderr
+            return result.stdout
+
+        nodes = kubectl("get", "nodes", "-L", "kubernetes.io/hostname,topology.kubernetes.io/zone,example.com/rack",
+                        "--no-headers").split("\n")
+        assert [line.split()[0::5][:1] + line.split()[-3:] for line in nodes if line] == [
+            ["node-0", "node-0", "zone-a", "rack-a"], ["node-1", "node-1", "zone-a", "rack-a"],
+            ["node-2", "node-2", "zone-a", "rack-b"]]
+        kubectl("apply", "-f", str(EXAMPLES / "pytorchjob.yaml"))
+        kubectl("wait", "--for=condition=Ready", "pod", "-l", "training.kubeflow.org/job-name=mnist",
+                "--timeout=30s")
+        placed = json.loads(kubectl("get", "pods", "-o", "json"))["items"]
+        assert sorted(p["spec"]["nodeName"] for p in placed) == ["node-0", "node-0", "node-1", "node-2"]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)
