@@ -9,6 +9,7 @@ import copy
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -252,3 +253,55 @@ def test_the_command_plays_the_controllers_on_the_nodes_asked_for(tmp_path):
     finally:
         proc.terminate()
         proc.communicate(timeout=15)
+
+
+def _walkthrough() -> list[str]:
+    """docs/sandbox.md's block that starts a sandbox playing the controllers, line by line, comments dropped."""
+    text = (ROOT / "docs" / "sandbox.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", text, re.S)
+                 if b.startswith("topology-agent sandbox --controllers"))
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_walkthrough_of_docs_sandbox_runs_as_written(tmp_path):
+    """Each line of the walkthrough as a user types it (the state directory moved into the test's): the job's pods
+    run on the Nodes, init writes one pod's files, status and describe show them, a patch adds two workers, and a
+    delete leaves no pod."""
+    lines = [line.replace("/tmp/played", str(tmp_path / "played")) for line in _walkthrough()]
+    start, export, *commands = lines
+    assert start.endswith("&") and export == f"export KUBECONFIG={tmp_path / 'played' / 'kubeconfig'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "TOPOLOGY_", "POD_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    proc = subprocess.Popen(["bash", "-c", "exec " + start.removesuffix("&")], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        printed = [proc.stdout.readline().strip(), proc.stdout.readline().strip()]
+        assert printed[1] == export, printed
+        env["KUBECONFIG"] = export.removeprefix("export KUBECONFIG=")
+        outputs = []
+        for command in commands:
+            run = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=ROOT, env=env, capture_output=True,
+                                 text=True, timeout=90)
+            assert run.returncode == 0, f"{command}\n{run.stdout}{run.stderr}"
+            outputs.append((command, run.stdout, run.stderr))
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=15)
+    shown = dict((c, out) for c, out, _ in outputs)
+    nodes = shown["kubectl get nodes -L topology.kubernetes.io/zone -L example.com/rack"]
+    assert re.search(r"^node-3 +Ready .* zone-a +rack-b$", nodes, re.M), nodes
+    pods = [c for c, _, _ in outputs if c == "kubectl get pods -n team-a"]
+    assert len(pods) == 2
+    wide = shown["kubectl get pods -n team-a -o wide"]
+    assert len(re.findall(r"^mnist-\S+ +1/1 +Running +0 +\S+ +127\.10\.\d+\.1 +node-\d ", wide, re.M)) == 4, wide
+    init = next(c for c, _, _ in outputs if " init " in c)
+    assert "export WORLD_SIZE='4'" in (tmp_path / "played" / "mnist-worker-0" / "torch.env").read_text(), init
+    status = shown["topology-agent status mnist -n team-a"]
+    assert "4 of 4 training pods placed, world size 4" in status
+    assert all(f"mnist-{p}" in status for p in ("master-0", "worker-0", "worker-1", "worker-2")), status
+    described = shown["kubectl describe pod mnist-worker-0 -n team-a"]
+    assert re.search(r"^Node: +node-\d/127\.0\.1\.\d$", described, re.M) and "GangComplete" in described, described
+    after_patch, after_delete = (out for c, out, _ in outputs if c == "kubectl get pods -n team-a")
+    assert len(re.findall(r"^mnist-worker-\d +1/1 +Running", after_patch, re.M)) == 5, after_patch
+    assert after_delete == "" and "No resources found" in outputs[-1][2]
