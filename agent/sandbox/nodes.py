@@ -6,12 +6,17 @@ clouds and the agent's examples label them (``kubernetes.io/hostname``, ``topolo
 ``example.com/rack``); its InternalIP is ``127.0.1.<K+1>`` and its podCIDR ``127.<10 + K // 256>.<K % 256>.0/24``,
 so every address is loopback. The scheduler spreads: a pod goes to the Node with the fewest pods (the lowest
 index among equals), as the default scheduler's balanced allocation does for equal pods; the kubelet gives it
-the first free address of the Node's podCIDR.
+the first free address of the Node's podCIDR. A Node created by hand, without a podCIDR in 127.0.0.0/8, takes
+its pods' addresses from one pool (127.1.0.1 and up, as a network plugin with cluster-wide address management
+does), and reports 127.0.0.1 as its own address when it has no InternalIP.
 """
 
 from __future__ import annotations
 
-from agent.examples import RACK, ZONE, container_statuses
+import ipaddress
+import itertools
+
+from agent.examples import RACK, ZONE, container_statuses, loopback_ip
 from agent.sandbox.store import Obj, Store, clone, now
 
 NODES = "/v1/nodes"
@@ -19,6 +24,7 @@ PODS = "/v1/pods"
 EVENTS = "/v1/events"
 MAX_NODES = 1000
 SCHEDULER = "default-scheduler"
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
 
 
 def _letters(n: int) -> str:
@@ -57,7 +63,9 @@ def create_nodes(store: Store, count: int) -> None:
 
 
 def _node_ip(node: Obj) -> str:
-    return next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    addresses = (node.get("status") or {}).get("addresses") or []
+    found = next((a.get("address") for a in addresses if a.get("type") == "InternalIP"), None)
+    return str(found) if found and _loopback_network(found) is not None else "127.0.0.1"
 
 
 def _pick(store: Store) -> Obj | None:
@@ -75,9 +83,20 @@ def _pick(store: Store) -> Obj | None:
 
 
 def _free_ip(store: Store, node: Obj) -> str | None:
-    prefix = node["spec"]["podCIDR"].rpartition(".")[0]
     used = {(p.get("status") or {}).get("podIP") for p in store.list(PODS, None)}
-    return next((f"{prefix}.{host}" for host in range(1, 255) if f"{prefix}.{host}" not in used), None)
+    network = _loopback_network((node.get("spec") or {}).get("podCIDR"))
+    if network is None:  # the pool: 127.1.0.1 and up, never a .0 or .255 host
+        return next(ip for ip in (loopback_ip(n) for n in range(len(used) + 1)) if ip not in used)
+    return next((str(ip) for ip in itertools.islice(network.hosts(), 65536) if str(ip) not in used), None)
+
+
+def _loopback_network(cidr: object) -> ipaddress.IPv4Network | None:
+    """An address or podCIDR the sandbox may use: inside 127.0.0.0/8 only (never another address)."""
+    try:
+        network = ipaddress.ip_network(str(cidr), strict=False) if cidr else None
+    except ValueError:
+        return None
+    return network if isinstance(network, ipaddress.IPv4Network) and network.subnet_of(LOOPBACK) else None
 
 
 def place(store: Store, namespace: str, name: str) -> Obj | None:

@@ -305,3 +305,24 @@ def test_the_walkthrough_of_docs_sandbox_runs_as_written(tmp_path):
     after_patch, after_delete = (out for c, out, _ in outputs if c == "kubectl get pods -n team-a")
     assert len(re.findall(r"^mnist-worker-\d +1/1 +Running", after_patch, re.M)) == 5, after_patch
     assert after_delete == "" and "No resources found" in outputs[-1][2]
+
+
+def test_nodes_made_by_hand_give_their_pods_loopback_addresses_from_one_pool(tmp_path):
+    """A Node without a podCIDR, or with one outside 127.0.0.0/8 (a real cluster's), never gives its pods another
+    address: they come from the pool, 127.1.0.1 and up, and the host's address is loopback too."""
+    from agent import examples
+
+    with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5, controllers=True, nodes=0) as sandbox:
+        sandbox.create_node(examples.node("rack-node", {examples.RACK: "rack-a"}))
+        sandbox.create_node({**examples.node("cloud-node", {examples.RACK: "rack-b"}),
+                             "spec": {"podCIDR": "10.244.1.0/24"}})
+        _kubectl(sandbox, "apply", "-f", str(EXAMPLES / "pytorchjob.yaml"))
+
+        def placed(store: Any) -> list[dict[str, Any]] | None:
+            pods = [copy.deepcopy(p) for p in store.list(PODS, "default")]
+            return pods if len(pods) == 4 and all(p["status"].get("podIP") for p in pods) else None
+
+        pods = sandbox.wait_for(PODS, placed)
+    assert sorted((p["spec"]["nodeName"], p["status"]["podIP"], p["status"]["hostIP"]) for p in pods) == [
+        ("cloud-node", "127.1.0.1", "127.0.0.1"), ("cloud-node", "127.1.0.3", "127.0.0.1"),
+        ("rack-node", "127.1.0.2", "127.0.0.1"), ("rack-node", "127.1.0.4", "127.0.0.1")]
