@@ -1,15 +1,16 @@
 """``topology-agent demo``: the agent at work on an example Volcano job, with no cluster.
 
-Starts the sandbox API server and the admission webhook (``topology-agent webhook``, a real process the
-sandbox calls over TLS, installed from manifests/webhook), labels the namespace (the one line of adoption, its
-settings as annotations), creates a Volcano PyTorch job (master, 3 workers, 1 non-training task) whose pods, made
-from templates with no agent in them, the webhook injects, and two racks of Nodes; starts one real ``topology-agent
-init`` process per pod with the arguments the webhook wrote (each sees the sandbox as its in-cluster API server,
-``--rank-order topology`` from the namespace), then "schedules" the pods one by one,
-alternating racks as a spreading scheduler does, by binding them to a Node and giving them loopback IPs. The
-inits wait for the gang, write ``./demo-out/<pod>/``, and the demo prints what each pod got: ranks in rack
-order, rank 0 still the master. Then the sidecars follow a scale-up. The pods and Nodes are saved as kubectl
-prints them (``pods.json``, ``nodes.json``), so ``explain`` on them shows what a pod's files say.
+Starts the sandbox API server playing the controllers (``sandbox --controllers``: Volcano, the scheduler and the
+kubelet) and the admission webhook (``topology-agent webhook``, a real process the sandbox calls over TLS,
+installed from manifests/webhook), labels the namespace (the one line of adoption, its settings as annotations),
+creates two racks of Nodes, and applies a Volcano PyTorch job (master, 3 workers, 1 non-training task) whose
+templates hold no agent: the sandbox creates its pods as Volcano does, the webhook injects the agent, and the
+sandbox's scheduler spreads them over the Nodes, racks in turn, and runs them at loopback IPs. One real
+``topology-agent init`` process per pod then runs with the arguments the webhook wrote (each sees the sandbox as
+its in-cluster API server, ``--rank-order topology`` from the namespace), writes ``./demo-out/<pod>/``, and the
+demo prints what each pod got: ranks in rack order, rank 0 still the master. Then the job is scaled up and the
+sidecars follow. The pods and Nodes are saved as kubectl prints them (``pods.json``, ``nodes.json``), so
+``explain`` on them shows what a pod's files say.
 
 The output folder is the demo's own: a marker file says so, and a second run removes only what the demo writes
 there (``OWN``); a non-empty folder without the marker, or with anything else in it, is refused, so the demo never
@@ -25,14 +26,18 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from agent import examples
 from agent.files.writing import write_files
 from agent.k8s.client import Client
+from agent.sandbox.store import clone
 from agent.sandbox.threaded import SandboxThread
 
 NAMESPACE = "default"
+JOBS = "batch.volcano.sh/v1alpha1"
+PODS = "/v1/pods"
+VOLCANO_JOB = "volcano.sh/job-name"
 JOB = "demo"
 TASKS = (("master", 1), ("worker", 3), ("extras", 1))
 TOPOLOGY = ("--rank-order", "topology", "--topology-levels", f"{examples.ZONE},{examples.RACK}")
@@ -73,16 +78,53 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _users_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """The pod as Volcano creates it from the user's template: no agent, no shared volume, not yet running."""
-    pod["spec"].pop("initContainers", None)
-    pod["spec"].pop("volumes", None)
-    for container in pod["spec"]["containers"]:
-        container.pop("volumeMounts", None)
-    for key in ("resourceVersion", "uid", "creationTimestamp"):
-        pod["metadata"].pop(key, None)
-    pod["status"] = {"phase": "Pending"}
-    return pod
+def job_manifest() -> dict[str, Any]:
+    """The demo's Volcano Job as a user writes it: the tasks' templates hold the trainer only (no agent), and
+    the namespace's webhook adds the agent to each pod Volcano creates."""
+    import copy
+
+    trainer = examples.trainer_container(port=23456, cpu="1")
+    trainer.pop("volumeMounts")
+    template = {"spec": {"containers": [trainer], "restartPolicy": "Never"}}
+    job = cast(dict[str, Any], volcano_owner())
+    job["metadata"].pop("uid")
+    for task in job["spec"]["tasks"]:
+        task["template"] = copy.deepcopy(template)
+    return job
+
+
+def nodes() -> list[dict[str, Any]]:
+    """Five Nodes, racks a and b in turn: the sandbox's scheduler puts one pod on each in the job's order, the
+    placement a spreading scheduler gives and the worst case for index order (every ring hop crosses racks)."""
+    return [examples.node(f"node-{k}", {examples.ZONE: "zone-a", examples.RACK: f"rack-{'ab'[k % 2]}"})
+            for k in range(sum(n for _, n in TASKS))]
+
+
+def _running(sandbox: SandboxThread, count: int, what: Any = None) -> dict[str, dict[str, Any]]:
+    """The job's pods once ``count`` of them run (``what``: a pod name that must be among them), as stored;
+    OutputError, with the job's Warning Events, if they do not within 30 s."""
+    import concurrent.futures
+
+    from agent.errors import OutputError
+
+    def test(store: Any) -> dict[str, dict[str, Any]] | None:
+        pods = {p["metadata"]["name"]: clone(p) for p in store.list(PODS, NAMESPACE)
+                if p["metadata"]["labels"].get(VOLCANO_JOB) == JOB and p["status"].get("podIP")}
+        return pods if len(pods) == count and (what is None or what in pods) else None
+
+    try:
+        return cast(dict[str, dict[str, Any]], sandbox.wait_for(PODS, test))
+    except (TimeoutError, concurrent.futures.TimeoutError):
+        events = sandbox.call(_warnings(sandbox))
+        raise OutputError(f"the sandbox did not run {count} pods of Volcano Job '{JOB}' within 30 s"
+                          + (f": {events}" if events else "")) from None
+
+
+async def _warnings(sandbox: SandboxThread) -> str:
+    """The Warning Events of the demo's namespace, one line (the controllers' FailedCreate says why)."""
+    return "; ".join(f"{e.get('reason')}: {e.get('message')}" for e in sandbox.sandbox.store.list("/v1/events",
+                                                                                                 NAMESPACE)
+                     if e.get("type") == "Warning")[:600]
 
 
 def start_webhook(sandbox: SandboxThread, port: int, write: Any) -> subprocess.Popen[str] | None:
@@ -130,44 +172,37 @@ def label_namespace(api: Client, write: Any) -> None:
           f"its annotations: {', '.join(f'{k}={v}' for k, v in SETTINGS.items())}\n")
 
 
-def create_job(sandbox: SandboxThread, api: Client, pods: list[dict[str, Any]],
-               write: Any) -> tuple[str, dict[str, dict[str, Any]]]:
-    """The Volcano Job and its pods as Volcano creates them, through the webhook: the job's uid and each pod as
-    stored (with what the webhook added)."""
-    owner = sandbox.create("batch.volcano.sh/v1alpha1/jobs", NAMESPACE, volcano_owner())
-    stored = {}
-    for pod in pods:
-        pod["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
-        stored[pod["metadata"]["name"]] = api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", _users_pod(pod))
-    first = stored[pods[0]["metadata"]["name"]]
+def apply_job(sandbox: SandboxThread, api: Client, write: Any) -> dict[str, dict[str, Any]]:
+    """Create the Volcano Job as ``kubectl apply`` does; the sandbox, playing Volcano, the scheduler and the
+    kubelet, creates its pods through the webhook and runs them on the Nodes: each pod as stored."""
+    api.create(f"/apis/{JOBS}/namespaces/{NAMESPACE}/jobs", job_manifest())
+    stored = _running(sandbox, sum(n for _, n in TASKS))
+    first = stored[f"{JOB}-master-0"]
     init = first["spec"]["initContainers"][0]
-    write(f"created Volcano Job '{JOB}' and its pods as Volcano does, from templates with no agent in them: "
-          f"{', '.join(f'{t} x{n}' for t, n in TASKS)}; Pending, no IPs\n")
+    write(f"applied Volcano Job '{JOB}' ({', '.join(f'{t} x{n}' for t, n in TASKS)}); the sandbox, playing Volcano, "
+          "the scheduler and the kubelet, created its pods from templates with no agent in them\n")
     write(f"  the webhook added to each pod: init container '{init['name']}' ({' '.join(init['args'])}), "
           f"volume topology-agent-shared mounted at /shared, ServiceAccount {first['spec']['serviceAccountName']}\n")
-    return owner["metadata"]["uid"], stored
+    return stored
 
 
-def run_inits(sandbox: SandboxThread, stored: dict[str, dict[str, Any]], ips: dict[str, str],
-              bound: dict[str, str], out: Path, write: Any) -> int:
-    """Schedule the pods one by one, start each one's init with the arguments the webhook wrote, and wait for
-    them all: the number that failed."""
+def run_inits(sandbox: SandboxThread, stored: dict[str, dict[str, Any]], racks: dict[str, str], out: Path,
+              write: Any) -> int:
+    """Start each pod's init with the arguments the webhook wrote, and wait for them all: the number that
+    failed."""
     procs = {}
-    write("scheduling the pods one by one; each pod's init container starts once its pod runs, with the "
-          "arguments the webhook wrote...\n")
-    # The pod that does not train first: init waits for the training pods only, and a pod placed after the gang
-    # formed would reach the files only through a sidecar (docs/variables.md, pods without an IP).
-    for name, ip in sorted(ips.items(), key=lambda item: "-extras-" not in item[0]):
-        time.sleep(0.3)
-        sandbox.schedule(NAMESPACE, name, ip, node=bound[name])
-        args = stored[name]["spec"]["initContainers"][0]["args"]
+    write("the pods run, one a Node; each pod's init container starts with the arguments the webhook wrote...\n")
+    for name, pod in stored.items():
+        args = pod["spec"]["initContainers"][0]["args"]
         args = [a for i, a in enumerate(args) if a != "--out" and (i == 0 or args[i - 1] != "--out")]
         env = {**os.environ, **sandbox.client_env(), "POD_NAME": name, "POD_NAMESPACE": NAMESPACE}
         env.pop("KUBECONFIG", None)
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", *args, "--out", str(out / name)], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        write(f"  {name} is Running at {ip} on {bound[name]}; its init waits for the gang\n")
+        node = pod["spec"]["nodeName"]
+        write(f"  {name} is Running at {pod['status']['podIP']} on {node} ({racks[node]}); its init reads the "
+              "gang\n")
     failed = 0
     for name, proc in procs.items():
         _, err = proc.communicate(timeout=180)
@@ -210,11 +245,9 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
     removed = clean_output(out)
     if removed:
         write(f"removed the files of an earlier demo from {out}: {', '.join(removed)}\n")
-    pods = examples.volcano_job(JOB, TASKS, namespace=NAMESPACE)
-    ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
-    nodes = examples.racks(pods)  # where the scheduler will bind each pod: racks a, b, a, b, a
-    bound = {p["metadata"]["name"]: p["spec"].pop("nodeName") for p in pods}
-    with SandboxThread(out / ".sandbox") as sandbox:
+    made = nodes()
+    racks = {n["metadata"]["name"]: n["metadata"]["labels"][examples.RACK] for n in made}
+    with SandboxThread(out / ".sandbox", controllers=True, nodes=0) as sandbox:
         write(f"sandbox API server at {sandbox.sandbox.url} (kubeconfig: {sandbox.sandbox.kubeconfig})\n")
         # The webhook's port is picked once the sandbox listens: picked before, the sandbox's own port could be
         # the one just let go, and the sandbox then answered the webhook's calls itself (a CI run's failure).
@@ -226,29 +259,28 @@ def run_demo(out: Path, *, stream: TextIO | None = None) -> int:
         try:
             api = Client(load_config(str(sandbox.sandbox.kubeconfig)), user_agent="topology-agent demo")
             label_namespace(api, write)
-            for node in nodes:
+            for node in made:
                 sandbox.create_node(node)
-            write(f"created {len(nodes)} Nodes in two racks (label {examples.RACK}): "
-                  + ", ".join(f"{n['metadata']['name']}={n['metadata']['labels'][examples.RACK]}" for n in nodes)
-                  + "\n")
-            owner_uid, stored = create_job(sandbox, api, pods, write)
+            write(f"created {len(made)} Nodes in two racks (label {examples.RACK}): "
+                  + ", ".join(f"{name}={rack}" for name, rack in racks.items()) + "\n")
+            stored = apply_job(sandbox, api, write)
             sandbox.reset_stats()
-            failed = run_inits(sandbox, stored, ips, bound, out, write)
+            failed = run_inits(sandbox, stored, racks, out, write)
+            stats = sandbox.stats()
+            if failed:
+                return 1
+            write("\n" + format_table(out, list(stored)) + "\n")
+            write(rack_summary(out / "demo-worker-0") + "\n")
+            if not show_sidecar(sandbox, api, out, write):  # the scale-up's pod meets the webhook too
+                return 1
         finally:
             webhook.terminate()
             webhook.wait(15)
-        stats = sandbox.stats()
-        if failed:
-            return 1
-        write("\n" + format_table(out, list(ips)) + "\n")
-        write(rack_summary(out / "demo-worker-0") + "\n")
-        if not show_sidecar(sandbox, out, write, owner_uid=owner_uid):
-            return 1
         # kubectl get pods -o json and get nodes -o json, for explain: the demo's own job, as it is at the end
         write_files(out, {
             "pods.json": json.dumps(api.get_object(f"/api/v1/namespaces/{NAMESPACE}/pods"), indent=1).encode(),
             "nodes.json": json.dumps(api.get_object("/api/v1/nodes"), indent=1).encode()})
-    write("\n" + api_load(stats, len(ips)) + "\n")
+    write("\n" + api_load(stats, len(stored)) + "\n")
     write(f"Try: cat {out / 'demo-worker-0' / 'torch.env'}  |  topology-agent explain --pods {out / 'pods.json'} "
           f"--nodes {out / 'nodes.json'} --self demo-worker-0   (the same values, each with its rule; explain "
           "takes the pod's options from its init container)\n")
@@ -288,27 +320,29 @@ def _start_sidecar(sandbox: SandboxThread, shared: Path) -> subprocess.Popen[str
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
 
 
-def show_sidecar(sandbox: SandboxThread, out: Path, write: Any, *, owner_uid: str) -> bool:
-    """Run the sidecars of the publisher (demo-master-0) and of demo-worker-0, add a worker on a new node in
-    rack-a, and show demo-worker-0's files following: the newcomer joins rack-a's block."""
+def show_sidecar(sandbox: SandboxThread, api: Client, out: Path, write: Any) -> bool:
+    """Run the sidecars of the publisher (demo-master-0) and of demo-worker-0, add a Node in rack-a and scale
+    the job to 4 workers, and show demo-worker-0's files following: the newcomer joins rack-a's block."""
     shared = out / "demo-worker-0"
     before = _generation(shared)
     write(f"\nstarting the sidecars of demo-master-0 (it publishes) and {shared.name} (generation "
-          f"{before}, written by its init); adding a worker on a new node in rack-a...\n")
+          f"{before}, written by its init); adding a Node in rack-a and a worker...\n")
     procs = [_start_sidecar(sandbox, out / "demo-master-0"), _start_sidecar(sandbox, shared)]
     try:
         time.sleep(1.5)
         settled = _generation(shared)  # a generation the sidecar wrote at its start, before the scale-up
         sandbox.create_node(examples.node("node-5", {examples.ZONE: "zone-a", examples.RACK: "rack-a"}))
-        pod = examples.volcano_job(JOB, (("master", 1), ("worker", 4)), namespace=NAMESPACE)[4]
-        pod["spec"]["nodeName"] = "node-5"
-        pod["metadata"]["ownerReferences"][0]["uid"] = owner_uid  # Volcano's own pod: the job owns it
-        pod["status"] = {"phase": "Running", "podIP": "127.1.0.9", "podIPs": [{"ip": "127.1.0.9"}]}
+        path = f"/apis/{JOBS}/namespaces/{NAMESPACE}/jobs/{JOB}"
+        job = api.get_object(path)
+        worker = next(t for t in job["spec"]["tasks"] if t["name"] == "worker")
+        worker["replicas"] += 1
         started = time.monotonic()
-        sandbox.create_pod(pod)
-        write(f"  created {pod['metadata']['name']} at 127.1.0.9 on node-5 (rack-a)\n")
+        api.replace(path, job)
+        pod = _running(sandbox, sum(n for _, n in TASKS) + 1, NEWCOMER)[NEWCOMER]
+        write(f"  scaled Volcano Job '{JOB}' to {worker['replicas']} workers: {NEWCOMER} runs at "
+              f"{pod['status']['podIP']} on {pod['spec']['nodeName']} (rack-a), the Node with no pod yet\n")
         deadline = started + 20
-        # the newcomer's generation, not the next one: the sidecar may first follow the extras pod's IP
+        # the newcomer's generation, not an earlier one: its Node arrived first
         while (document := _joined(shared, pod["metadata"]["name"])) is None and time.monotonic() < deadline:
             time.sleep(0.02)
         if document is None:

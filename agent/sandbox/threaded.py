@@ -157,7 +157,7 @@ class SandboxThread:
 
     # --- what tests wait for -----------------------------------------------------------------------------
 
-    def wait_for(self, resource: str, test: Callable[[Any], bool], *, timeout: float = 30.0) -> Any:
+    def wait_for(self, resource: str, test: Callable[[Any], Any], *, timeout: float = 30.0) -> Any:
         """Block until ``test(store)`` holds, looked at after each change of ``resource`` (a store key such as
         "/v1/configmaps"): a condition awaited on the store's own events, not polled."""
         future = asyncio.run_coroutine_threadsafe(self._until(resource, test), self.loop)

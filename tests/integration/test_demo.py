@@ -35,6 +35,12 @@ def test_demo_runs_init_for_every_pod_then_the_sidecar_follows_a_scale_up(tmp_pa
     # Issue 22: the one-line story, through the webhook the sandbox calls
     assert "labelled namespace 'default' topology-agent.io/inject=enabled: the one line" in text
     assert "from templates with no agent in them" in text
+    # the job is applied and scaled; the sandbox plays Volcano, the scheduler and the kubelet
+    assert "applied Volcano Job 'demo' (master x1, worker x3, extras x1); the sandbox, playing Volcano" in text
+    assert "scaled Volcano Job 'demo' to 4 workers: demo-worker-3 runs at 127.1.0.6 on node-5 (rack-a)" in text
+    saved = json.loads((out / "pods.json").read_text())["items"]
+    owners = {(ref["kind"], ref["name"], ref["uid"]) for p in saved for ref in p["metadata"]["ownerReferences"]}
+    assert len(saved) == 6 and len(owners) == 1 and next(iter(owners))[:2] == ("Job", "demo"), owners
     assert "the webhook added to each pod: init container 'topology-agent' (init --out /shared --timeout 120 " \
            "--address ip --rank-order topology" in text
     assert "POD              ROLE     RACK    NODE_RANK" in text
@@ -54,7 +60,7 @@ def test_demo_runs_init_for_every_pod_then_the_sidecar_follows_a_scale_up(tmp_pa
     assert worker["env"]["WORLD_SIZE"] == "5" and worker["generation"] >= 2  # after the sidecar's scale-up
     # the worker that joined on a new rack-a node sits in rack-a's block, before rack-b
     assert (out / "demo-worker-0" / "hostfile").read_text().split() == [
-        "127.1.0.1", "slots=1", "127.1.0.3", "slots=1", "127.1.0.9", "slots=1", "127.1.0.2", "slots=1",
+        "127.1.0.1", "slots=1", "127.1.0.3", "slots=1", "127.1.0.6", "slots=1", "127.1.0.2", "slots=1",
         "127.1.0.4", "slots=1"]
 
 
