@@ -24,6 +24,7 @@ from typing import Any
 
 from agent.core.controllers import job_resources
 from agent.core.emulation import emulate
+from agent.errors import InputError
 from agent.sandbox.calls import Answer, Call, route
 from agent.sandbox.discovery import Catalog, resource_key
 from agent.sandbox.nodes import PODS, create_nodes, place, record_event
@@ -35,7 +36,7 @@ AGENT = "sandbox controllers"
 RUNTIMES = ("TrainingRuntime", "ClusterTrainingRuntime")
 STATEFULSETS = resource_key("apps", "v1", "statefulsets")
 # What the emulation cannot make of a job it was given (a manifest missing a field, a value of the wrong type).
-UNREADABLE = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+UNREADABLE = (InputError, KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 
 def _controller_uid(obj: Obj) -> str | None:
@@ -43,6 +44,16 @@ def _controller_uid(obj: Obj) -> str | None:
         if isinstance(ref, dict) and ref.get("controller"):
             return ref.get("uid")  # type: ignore[no-any-return]
     return None
+
+
+def _rewired(obj: Obj, stored_uid: dict[str, str]) -> Obj:
+    """A copy of ``obj`` whose ownerReferences name the stored owners' uids (an owner made in an earlier
+    reconcile keeps the uid it was stored with)."""
+    copied = clone(obj)
+    for ref in copied["metadata"].get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("uid") in stored_uid:
+            ref["uid"] = stored_uid[ref["uid"]]
+    return copied
 
 
 def _identity(obj: Obj) -> str:
@@ -131,14 +142,16 @@ class Controllers:
                          f"{type(err).__name__}: {str(err)[:200]}", kind="Warning", source=AGENT)
             return
         uids = {job["metadata"]["uid"]}
+        stored_uid: dict[str, str] = {}  # an owner's uid in the emulation -> the stored object's
         kept: set[tuple[str, str]] = set()
-        for owner in made.owners:
+        for owner in made.owners:  # owners before what they own, as the controllers create them
             resource = self._resource(owner)
             if resource is None:
                 continue
-            uids.add(owner["metadata"]["uid"])
+            stored = self._ensure(resource, namespace, _rewired(owner, stored_uid))
+            stored_uid[owner["metadata"]["uid"]] = stored["metadata"]["uid"]
+            uids.add(stored["metadata"]["uid"])
             kept.add((resource, owner["metadata"]["name"]))
-            self._ensure(resource, namespace, owner)
         owner_resources = {r for r in (self._resource(o) for o in made.owners) if r} | self._made_resources()
         for resource, obj in self._owned(owner_resources, namespace, uids):
             if (resource, obj["metadata"]["name"]) not in kept:
@@ -150,30 +163,32 @@ class Controllers:
             else:
                 del wanted[_identity(pod)]
         for pod in wanted.values():
-            await self._create_pod(job, namespace, pod)
+            await self._create_pod(job, namespace, _rewired(pod, stored_uid))
 
     def _made_resources(self) -> set[str]:
         """Where made owners live: Jobs, JobSets and StatefulSets (a kind whose objects a controller makes)."""
         return {resource_key("batch", "v1", "jobs"), resource_key("jobset.x-k8s.io", "v1alpha2", "jobsets"),
                 STATEFULSETS}
 
-    def _ensure(self, resource: str, namespace: str, owner: Obj) -> None:
-        """The made owner as the emulation says: created if missing, its spec brought up to date if not."""
+    def _ensure(self, resource: str, namespace: str, owner: Obj) -> Obj:
+        """The made owner as the emulation says, as stored: created if missing, its spec brought up to date if
+        not (its uid stays the stored one)."""
         name = owner["metadata"]["name"]
         try:
             current = self.store.get(resource, namespace, name)
         except NotFound:
-            self.store.create(resource, namespace, clone(owner), keep_uid=True)
-            return
-        if current.get("spec") != owner.get("spec"):
-            updated = clone(current)
-            updated["spec"] = clone(owner.get("spec") or {})
-            updated["metadata"].pop("resourceVersion", None)
-            self.store.replace(resource, namespace, name, updated)
+            return self.store.create(resource, namespace, clone(owner), keep_uid=True)
+        if current.get("spec") == owner.get("spec"):
+            return current
+        updated = clone(current)
+        updated["spec"] = clone(owner.get("spec") or {})
+        updated["metadata"].pop("resourceVersion", None)
+        return self.store.replace(resource, namespace, name, updated)
 
     async def _create_pod(self, job: Obj, namespace: str, pod: Obj) -> None:
         """Create the pod as a controller does (through the mutating webhooks), then schedule and run it."""
         path = f"/api/v1/namespaces/{namespace}/pods"
+        pod["metadata"].pop("uid", None)
         call = Call("POST", path, route(path) or {}, body=json.dumps(pod).encode(), agent=AGENT)
         answered = await self.objects.answer(call)
         if not isinstance(answered, Answer) or answered.status != 201:

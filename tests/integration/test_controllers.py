@@ -134,14 +134,20 @@ def _settled(sandbox: SandboxThread, row: Row, count: int) -> dict[str, Any]:
     return sandbox.wait_for(PODS, test)  # type: ignore[no-any-return]
 
 
-def _unplaced(pod: dict[str, Any]) -> dict[str, Any]:
-    """A pod without what the API server, the scheduler and the kubelet add."""
+def _unplaced(pod: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A pod without what the API server, the scheduler and the kubelet add, keyed by its generateName (a Job's
+    pods get a random suffix) or its name; its owners by kind and name (``_members`` follows their uids)."""
     pod = copy.deepcopy(pod)
+    meta = pod["metadata"]
     for key in ("uid", "resourceVersion", "creationTimestamp", "namespace"):
-        pod["metadata"].pop(key, None)
+        meta.pop(key, None)
+    if meta.get("generateName"):
+        meta.pop("name", None)
+    for ref in meta.get("ownerReferences") or []:
+        ref.pop("uid", None)
     pod["spec"].pop("nodeName", None)
     pod.pop("status", None)
-    return pod
+    return meta.get("generateName") or meta["name"], pod
 
 
 def _check(objects: dict[str, Any], row: Row) -> list[dict[str, Any]]:
@@ -150,13 +156,15 @@ def _check(objects: dict[str, Any], row: Row) -> list[dict[str, Any]]:
     runtimes = list(objects["trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"].values())
     made = emulate(job, runtimes=runtimes)
     pods = _members(objects, job["metadata"]["uid"])
-    assert {p["metadata"]["name"]: _unplaced(p) for p in pods} == \
-        {p["metadata"]["name"]: _unplaced(p) for p in made.pods}
-    for owner in made.owners:  # the intermediate objects, with the emulation's uids (the pods' owners name them)
+    assert dict(map(_unplaced, pods)) == dict(map(_unplaced, made.pods))
+    by_uid = {o["metadata"]["uid"]: o for kind in objects.values() for o in kind.values()}
+    for owner in made.owners:  # the intermediate objects, each owned as the emulation says
         stored = next(o for resource in MADE for o in objects[resource].values()
                       if o["metadata"]["name"] == owner["metadata"]["name"] and o["kind"] == owner["kind"])
-        assert stored["metadata"]["uid"] == owner["metadata"]["uid"]
-        assert stored["metadata"]["ownerReferences"] == owner["metadata"]["ownerReferences"]
+        assert [(r["kind"], r["name"]) for r in stored["metadata"]["ownerReferences"]] == \
+            [(r["kind"], r["name"]) for r in owner["metadata"]["ownerReferences"]]
+        assert all((by_uid[r["uid"]]["kind"], by_uid[r["uid"]]["metadata"]["name"]) == (r["kind"], r["name"])
+                   for r in stored["metadata"]["ownerReferences"])
     nodes = {name: node for (_, name), node in objects["/v1/nodes"].items()}
     ips = set()
     for pod in pods:
@@ -326,3 +334,44 @@ def test_nodes_made_by_hand_give_their_pods_loopback_addresses_from_one_pool(tmp
     assert sorted((p["spec"]["nodeName"], p["status"]["podIP"], p["status"]["hostIP"]) for p in pods) == [
         ("cloud-node", "127.1.0.1", "127.0.0.1"), ("cloud-node", "127.1.0.3", "127.0.0.1"),
         ("rack-node", "127.1.0.2", "127.0.0.1"), ("rack-node", "127.1.0.4", "127.0.0.1")]
+
+
+def test_an_emulation_with_new_uids_and_pod_suffixes_each_time_is_reconciled_without_duplicates(played, monkeypatch):
+    """A controller's owners keep the uid they were stored with and a Job's pods carry a random suffix: a
+    reconcile whose emulation gives new owner uids and new pod names (with the same generateName) keeps what
+    runs, creates only what is missing, and the new pods name the stored owners."""
+    import uuid
+
+    from agent.sandbox import controllers
+
+    def fresh(job: dict[str, Any], **kwargs: Any) -> Any:
+        made = emulate(job, **kwargs)
+        renamed = {o["metadata"]["uid"]: str(uuid.uuid4()) for o in made.owners}
+
+        def redone(obj: dict[str, Any]) -> dict[str, Any]:
+            obj = copy.deepcopy(obj)
+            meta = obj["metadata"]
+            meta["uid"] = renamed.get(meta.get("uid"), meta.get("uid"))
+            for ref in meta.get("ownerReferences") or []:
+                ref["uid"] = renamed.get(ref["uid"], ref["uid"])
+            if obj["kind"] == "Pod":
+                meta["generateName"] = meta["name"].rsplit("-", 1)[0] + "-"
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            return obj
+
+        return type(made)(tuple(map(redone, made.owners)), tuple(map(redone, made.pods)))
+
+    monkeypatch.setattr(controllers, "emulate", fresh)
+    row = ROWS["jobset"]
+    _kubectl(played, "create", "namespace", NAMESPACE)
+    _apply(played, row)
+    first = _members(_settled(played, row, 5), _job_uid(played, row))
+    _scale(played, row, 3)
+    settled = _settled(played, row, 7)
+    grown = _members(settled, _job_uid(played, row))
+    assert {p["metadata"]["uid"] for p in first} < {p["metadata"]["uid"] for p in grown}
+    assert len(settled[PODS]) == 7  # no pod beside the job's, none owned by an owner that is not stored
+
+
+def _job_uid(sandbox: SandboxThread, row: Row) -> str:
+    return sandbox.wait_for(row.resource, lambda store: store.get(row.resource, NAMESPACE, row.name)["metadata"]["uid"])
