@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,9 +255,10 @@ def test_the_command_plays_the_controllers_on_the_nodes_asked_for(tmp_path):
             ["node-0", "node-0", "zone-a", "rack-a"], ["node-1", "node-1", "zone-a", "rack-a"],
             ["node-2", "node-2", "zone-a", "rack-b"]]
         kubectl("apply", "-f", str(EXAMPLES / "pytorchjob.yaml"))
-        kubectl("wait", "--for=condition=Ready", "pod", "-l", "training.kubeflow.org/job-name=mnist",
-                "--timeout=30s")
-        placed = json.loads(kubectl("get", "pods", "-o", "json"))["items"]
+        deadline = time.monotonic() + 30  # another process: its pods are read until all four run
+        while len(placed := [p for p in json.loads(kubectl("get", "pods", "-o", "json"))["items"]
+                             if p["status"].get("phase") == "Running"]) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert sorted(p["spec"]["nodeName"] for p in placed) == ["node-0", "node-0", "node-1", "node-2"]
     finally:
         proc.terminate()
@@ -375,3 +377,13 @@ def test_an_emulation_with_new_uids_and_pod_suffixes_each_time_is_reconciled_wit
 
 def _job_uid(sandbox: SandboxThread, row: Row) -> str:
     return sandbox.wait_for(row.resource, lambda store: store.get(row.resource, NAMESPACE, row.name)["metadata"]["uid"])
+
+
+def test_a_job_the_emulation_cannot_read_gets_a_warning_event_and_the_next_job_its_pods(played):
+    """A TrainJob whose runtime is not there makes no pods: a Warning Event says why, and the controllers go on."""
+    _kubectl(played, "apply", "-f", "-", input=yaml.safe_dump(TRAINJOB))
+    _kubectl(played, "apply", "-f", str(EXAMPLES / "pytorchjob.yaml"))
+    played.wait_for(PODS, lambda store: ("/v1/pods", "default", "mnist-worker-2") in store.objects)
+    events = _kubectl(played, "get", "events", "--field-selector", "involvedObject.name=llm,type=Warning")
+    assert re.search(r"FailedCreate +trainjob/llm +the sandbox cannot make this job's pods: \w+", events), events
+    assert "llm" not in _kubectl(played, "get", "pods", "-o", "name")
