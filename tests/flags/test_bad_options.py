@@ -162,7 +162,8 @@ CASES += [
     ("render", "(usage)", ["--pods"], ["expected one argument", "--help"]),
     ("init", "(usage)", ["--no-such-option"], ["unrecognized arguments", "--help"]),
 ]
-NO_VALUE = {"--help", "--version", "--wait-dns", "--apply", "--health-topology", "--watch"}  # flags: no bad value
+# flags: no bad value
+NO_VALUE = {"--help", "--version", "--wait-dns", "--apply", "--health-topology", "--watch", "--controllers"}
 
 
 def _case_id(case: tuple[str, str, list[str], list[str]]) -> str:
