@@ -134,6 +134,9 @@ class Controllers:
                 if _controller_uid(obj) in uids]
 
     async def reconcile(self, job: Obj) -> None:
+        """Make what the emulation wants and is missing, owners before what they own (a pod that owns a
+        StatefulSet, as an LWS leader does, before it); delete what the job's chain holds and it no longer
+        wants."""
         namespace = job["metadata"].get("namespace", "")
         try:
             made = emulate(clone(job), runtimes=self._runtimes(namespace))
@@ -141,29 +144,35 @@ class Controllers:
             record_event(self.store, job, "FailedCreate", f"the sandbox cannot make this job's pods: "
                          f"{type(err).__name__}: {str(err)[:200]}", kind="Warning", source=AGENT)
             return
-        uids = {job["metadata"]["uid"]}
-        stored_uid: dict[str, str] = {}  # an owner's uid in the emulation -> the stored object's
+        job_uid = job["metadata"]["uid"]
+        stored_uid = {job_uid: job_uid}  # an object's uid in the emulation -> the stored object's
+        running = {(_identity(p), _controller_uid(p)): p for p in self.store.list(PODS, namespace)}
         kept: set[tuple[str, str]] = set()
-        for owner in made.owners:  # owners before what they own, as the controllers create them
-            resource = self._resource(owner)
-            if resource is None:
-                continue
-            stored = self._ensure(resource, namespace, _rewired(owner, stored_uid))
-            stored_uid[owner["metadata"]["uid"]] = stored["metadata"]["uid"]
-            uids.add(stored["metadata"]["uid"])
-            kept.add((resource, owner["metadata"]["name"]))
-        owner_resources = {r for r in (self._resource(o) for o in made.owners) if r} | self._made_resources()
-        for resource, obj in self._owned(owner_resources, namespace, uids):
+        pending = [*made.owners, *made.pods]
+        while pending:
+            ready = [o for o in pending if _controller_uid(o) in stored_uid or _controller_uid(o) is None]
+            if not ready:
+                break  # owned by an object the emulation did not give: nothing to hang it on
+            for obj in ready:
+                resource = PODS if obj.get("kind") == "Pod" else self._resource(obj)
+                wired = _rewired(obj, stored_uid)
+                if resource is None:
+                    continue
+                if resource == PODS:
+                    stored = running.get((_identity(wired), _controller_uid(wired))) or \
+                        await self._create_pod(job, namespace, wired)
+                else:
+                    stored = self._ensure(resource, namespace, wired)
+                if stored is None:
+                    continue
+                kept.add((resource, stored["metadata"]["name"]))
+                if obj["metadata"].get("uid"):
+                    stored_uid[obj["metadata"]["uid"]] = stored["metadata"]["uid"]
+            pending = [o for o in pending if all(o is not r for r in ready)]
+        for resource, obj in self._owned([PODS, *sorted(self._made_resources())], namespace,
+                                         set(stored_uid.values())):
             if (resource, obj["metadata"]["name"]) not in kept:
-                self.store.delete(resource, namespace, obj["metadata"]["name"])  # its pods follow (collect)
-        wanted = {_identity(pod): pod for pod in made.pods}
-        for _, pod in self._owned([PODS], namespace, uids):
-            if _identity(pod) not in wanted:
-                self.store.delete(PODS, namespace, pod["metadata"]["name"])
-            else:
-                del wanted[_identity(pod)]
-        for pod in wanted.values():
-            await self._create_pod(job, namespace, _rewired(pod, stored_uid))
+                self._delete(resource, namespace, obj["metadata"]["name"])
 
     def _made_resources(self) -> set[str]:
         """Where made owners live: Jobs, JobSets and StatefulSets (a kind whose objects a controller makes)."""
@@ -185,8 +194,9 @@ class Controllers:
         updated["metadata"].pop("resourceVersion", None)
         return self.store.replace(resource, namespace, name, updated)
 
-    async def _create_pod(self, job: Obj, namespace: str, pod: Obj) -> None:
-        """Create the pod as a controller does (through the mutating webhooks), then schedule and run it."""
+    async def _create_pod(self, job: Obj, namespace: str, pod: Obj) -> Obj | None:
+        """Create the pod as a controller does (through the mutating webhooks), then schedule and run it: the pod
+        as stored, or None if the create was refused."""
         path = f"/api/v1/namespaces/{namespace}/pods"
         pod["metadata"].pop("uid", None)
         call = Call("POST", path, route(path) or {}, body=json.dumps(pod).encode(), agent=AGENT)
@@ -196,21 +206,28 @@ class Controllers:
                 isinstance(answered.body, dict) else ""
             record_event(self.store, job, "FailedCreate", f"Error creating pod {_identity(pod)}: {message}"[:1000],
                          kind="Warning", source=AGENT)
-            return
+            return None
         created: dict[str, Any] = answered.body
         name = created["metadata"]["name"]
-        if place(self.store, namespace, name) is None:
-            record_event(self.store, self.store.get(PODS, namespace, name), "FailedScheduling",
+        placed = place(self.store, namespace, name)
+        if placed is None:
+            placed = self.store.get(PODS, namespace, name)
+            record_event(self.store, placed, "FailedScheduling",
                          f"0/{self.nodes} nodes are available: no Ready node with a free pod address",
                          kind="Warning")
+        return placed
 
     # --- garbage collection ----------------------------------------------------------------------------------
 
     def collect(self, namespace: str, uid: str) -> None:
-        """Delete what the deleted object controlled: its pods now, made owners too (their DELETED events
-        collect their own pods in turn)."""
+        """Delete what the deleted object controlled, and what that controlled, down the chain (a pod can own
+        a StatefulSet, as an LWS leader does)."""
         for resource, obj in self._owned([PODS, *sorted(self._made_resources())], namespace, {uid}):
-            try:
-                self.store.delete(resource, namespace, obj["metadata"]["name"])
-            except NotFound:
-                continue
+            self._delete(resource, namespace, obj["metadata"]["name"])
+
+    def _delete(self, resource: str, namespace: str, name: str) -> None:
+        try:
+            gone = self.store.delete(resource, namespace, name)
+        except NotFound:
+            return
+        self.collect(namespace, gone["metadata"]["uid"])

@@ -6,6 +6,7 @@ status`` names every pod. One row per controller, each from its shipped example 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import json
 import os
@@ -13,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,34 +42,34 @@ class Row:
     kubectl_kind: str
     name: str
     pods: int  # as applied
-    scale: tuple[str, ...]  # JSON pointers of the replica fields a scale changes
+    scale: tuple[tuple[str, int], ...]  # the fields a scale sets: JSON pointer, what is added to the value there
     up: tuple[int, int]  # (value, pods) after scaling up
     down: tuple[int, int]  # (value, pods) after scaling down
 
 
 ROWS = {
     "volcano": Row("volcano-job.yaml", "batch.volcano.sh/v1alpha1/jobs", "vcjob", "demo", 6,
-                   ("/spec/tasks/1/replicas",), (5, 8), (1, 4)),
+                   (("/spec/tasks/1/replicas", 0), ("/spec/minAvailable", 3)), (5, 8), (1, 4)),
     "pytorchjob": Row("pytorchjob.yaml", "kubeflow.org/v1/pytorchjobs", "pytorchjob", "mnist", 4,
-                      ("/spec/pytorchReplicaSpecs/Worker/replicas",), (5, 6), (1, 2)),
+                      (("/spec/pytorchReplicaSpecs/Worker/replicas", 0),), (5, 6), (1, 2)),
     "tfjob": Row("tfjob.yaml", "kubeflow.org/v1/tfjobs", "tfjob", "mnist-tf", 4,
-                 ("/spec/tfReplicaSpecs/Worker/replicas",), (4, 6), (1, 3)),
+                 (("/spec/tfReplicaSpecs/Worker/replicas", 0),), (4, 6), (1, 3)),
     "xgboostjob": Row("xgboostjob.yaml", "kubeflow.org/v1/xgboostjobs", "xgboostjob", "xgb", 3,
-                      ("/spec/xgbReplicaSpecs/Worker/replicas",), (4, 5), (1, 2)),
+                      (("/spec/xgbReplicaSpecs/Worker/replicas", 0),), (4, 5), (1, 2)),
     "paddlejob": Row("paddlejob.yaml", "kubeflow.org/v1/paddlejobs", "paddlejob", "paddle", 3,
-                     ("/spec/paddleReplicaSpecs/Worker/replicas",), (5, 5), (2, 2)),
+                     (("/spec/paddleReplicaSpecs/Worker/replicas", 0),), (5, 5), (2, 2)),
     "jaxjob": Row("jaxjob.yaml", "kubeflow.org/v1/jaxjobs", "jaxjob", "jax", 3,
-                  ("/spec/jaxReplicaSpecs/Worker/replicas",), (4, 4), (2, 2)),
+                  (("/spec/jaxReplicaSpecs/Worker/replicas", 0),), (4, 4), (2, 2)),
     "mpijob": Row("mpijob.yaml", "kubeflow.org/v2beta1/mpijobs", "mpijob", "allreduce", 4,
-                  ("/spec/mpiReplicaSpecs/Worker/replicas",), (5, 6), (1, 2)),
+                  (("/spec/mpiReplicaSpecs/Worker/replicas", 0),), (5, 6), (1, 2)),
     "jobset": Row("jobset.yaml", "jobset.x-k8s.io/v1alpha2/jobsets", "jobset", "trainer", 5,
-                  ("/spec/replicatedJobs/1/replicas",), (3, 7), (1, 3)),
+                  (("/spec/replicatedJobs/1/replicas", 0),), (3, 7), (1, 3)),
     "lws": Row("leaderworkerset.yaml", "leaderworkerset.x-k8s.io/v1/leaderworkersets", "leaderworkerset", "vllm", 8,
-               ("/spec/replicas",), (3, 12), (1, 4)),
+               (("/spec/replicas", 0),), (3, 12), (1, 4)),
     "indexed-job": Row("indexed-job.yaml", "batch/v1/jobs", "job.batch", "sweep", 3,
-                       ("/spec/parallelism", "/spec/completions"), (4, 4), (2, 2)),
+                       (("/spec/parallelism", 0), ("/spec/completions", 0)), (4, 4), (2, 2)),
     "trainjob": Row("trainjob", "trainer.kubeflow.org/v1alpha1/trainjobs", "trainjob", "llm", 3,
-                    ("/spec/trainer/numNodes",), (4, 4), (2, 2)),
+                    (("/spec/trainer/numNodes", 0),), (4, 4), (2, 2)),
 }
 
 
@@ -151,13 +153,20 @@ def _unplaced(pod: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return meta.get("generateName") or meta["name"], pod
 
 
-def _check(objects: dict[str, Any], row: Row) -> list[dict[str, Any]]:
-    """The pods are the emulation's, each placed on a Node at a loopback IP of its podCIDR, Running and Ready."""
+def _check(objects: dict[str, Any], row: Row, running: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The pods are the emulation's, each placed on a Node at a loopback IP of its podCIDR, Running and Ready; a
+    pod of ``running`` (made before a scale) is kept as it was, as a controller leaves a running pod alone (its
+    env may name the old size)."""
     job = objects[row.resource][(NAMESPACE, row.name)]
     runtimes = list(objects["trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"].values())
     made = emulate(job, runtimes=runtimes)
     pods = _members(objects, job["metadata"]["uid"])
-    assert dict(map(_unplaced, pods)) == dict(map(_unplaced, made.pods))
+    earlier = {p["metadata"]["uid"]: _unplaced(p) for p in running}
+    wanted = dict(map(_unplaced, made.pods))
+    assert {key for key, _ in map(_unplaced, pods)} == set(wanted)
+    for pod in pods:
+        key, shown = _unplaced(pod)
+        assert shown == (earlier[pod["metadata"]["uid"]][1] if pod["metadata"]["uid"] in earlier else wanted[key])
     by_uid = {o["metadata"]["uid"]: o for kind in objects.values() for o in kind.values()}
     for owner in made.owners:  # the intermediate objects, each owned as the emulation says
         stored = next(o for resource in MADE for o in objects[resource].values()
@@ -193,7 +202,7 @@ def _status(sandbox: SandboxThread, name: str) -> str:
 
 
 def _scale(sandbox: SandboxThread, row: Row, value: int) -> None:
-    patch = [{"op": "replace", "path": path, "value": value} for path in row.scale]
+    patch = [{"op": "replace", "path": path, "value": value + offset} for path, offset in row.scale]
     _kubectl(sandbox, "patch", row.kubectl_kind, row.name, "-n", NAMESPACE, "--type=json", "-p", json.dumps(patch))
 
 
@@ -210,10 +219,10 @@ def test_a_job_applied_with_kubectl_gets_its_controllers_pods_placed_scaled_and_
 
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
     _scale(played, row, row.up[0])
-    grown = _check(_settled(played, row, row.up[1]), row)
+    grown = _check(_settled(played, row, row.up[1]), row, pods)
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in grown}.items() >= before.items()  # kept as they run
     _scale(played, row, row.down[0])
-    shrunk = _check(_settled(played, row, row.down[1]), row)
+    shrunk = _check(_settled(played, row, row.down[1]), row, grown)
     assert {p["metadata"]["name"] for p in shrunk} < {p["metadata"]["name"] for p in grown}
 
     _kubectl(played, "delete", row.kubectl_kind, row.name, "-n", NAMESPACE)
@@ -361,7 +370,7 @@ def test_an_emulation_with_new_uids_and_pod_suffixes_each_time_is_reconciled_wit
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             return obj
 
-        return type(made)(tuple(map(redone, made.owners)), tuple(map(redone, made.pods)))
+        return dataclasses.replace(made, owners=tuple(map(redone, made.owners)), pods=tuple(map(redone, made.pods)))
 
     monkeypatch.setattr(controllers, "emulate", fresh)
     row = ROWS["jobset"]
