@@ -5,7 +5,8 @@ changes, and removed with it.
 What a controller makes of a job is the emulation's answer (``agent.core.emulation``: a pure function of the job
 and, for a TrainJob, its runtimes); this module only applies it, as a controller reconciles: it creates what is
 missing (pods through the mutating webhooks, as a controller's create meets them), deletes what is no longer
-wanted, and leaves alone what is there, so a scale-up adds pods and keeps the running ones. Deletion is the garbage
+wanted, and leaves alone what is there, so a scale-up adds pods and keeps the running ones, and a pod deleted
+while its job lives is made again (with a new uid, as controllers replace a lost pod). Deletion is the garbage
 collector's: an object whose controlling owner is deleted is deleted in turn, down the chain (TrainJob, JobSet,
 Jobs, pods). Objects with a controlling owner (the Jobs a JobSet made) are never reconciled themselves: their
 pods come from the top job's emulation.
@@ -71,12 +72,12 @@ class Controllers:
         self.nodes = nodes
         self.queue: asyncio.Queue[tuple[str, Event] | None] = asyncio.Queue()
         self.watchers: list[Watcher] = []
+        self.jobs = {resource_key(r.group, r.version, r.plural) for r in job_resources() if r.kind not in RUNTIMES}
 
     def start(self) -> None:
         """Create the Nodes and follow the job objects' (and made owners') events from now on."""
         create_nodes(self.store, self.nodes)
-        watched = {resource_key(r.group, r.version, r.plural) for r in job_resources() if r.kind not in RUNTIMES}
-        for resource in sorted(watched | {STATEFULSETS}):
+        for resource in sorted(self.jobs | {STATEFULSETS, PODS}):
             watcher = Watcher(resource, None, self.queue)  # type: ignore[arg-type]
             self.store.watchers.add(watcher)
             self.watchers.append(watcher)
@@ -101,8 +102,12 @@ class Controllers:
         meta = obj["metadata"]
         if kind == "DELETED":
             self.collect(meta.get("namespace", ""), meta["uid"])
+            if event.resource == PODS:  # a controller makes a missing pod again
+                top = self._top(meta.get("namespace", ""), _controller_uid(obj))
+                if top is not None:
+                    await self.reconcile(top)
             return
-        if event.resource == STATEFULSETS or meta.get("deletionTimestamp") or _controller_uid(obj):
+        if event.resource in (STATEFULSETS, PODS) or meta.get("deletionTimestamp") or _controller_uid(obj):
             return
         if kind == "MODIFIED" and event.old is not None and event.old.get("spec") == obj.get("spec"):
             return  # metadata or status only: nothing for a controller to make
@@ -114,6 +119,20 @@ class Controllers:
             await self.reconcile(current)
 
     # --- reconcile -----------------------------------------------------------------------------------------
+
+    def _top(self, namespace: str, uid: str | None) -> Obj | None:
+        """The job at the top of the controlling owners from ``uid`` up, if it is stored and not being deleted."""
+        by_uid = {obj["metadata"]["uid"]: obj for (_, ns, _), obj in self.store.objects.items() if ns == namespace}
+        seen: set[str] = set()
+        while uid is not None and uid in by_uid and uid not in seen:
+            seen.add(uid)
+            obj = by_uid[uid]
+            parent = _controller_uid(obj)
+            if parent is None:  # a job the controllers play, alive
+                alive = self._resource(obj) in self.jobs and not obj["metadata"].get("deletionTimestamp")
+                return obj if alive else None
+            uid = parent
+        return None
 
     def _resource(self, obj: Obj) -> str | None:
         group, _, version = obj["apiVersion"].rpartition("/")

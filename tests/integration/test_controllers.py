@@ -122,15 +122,17 @@ def _members(objects: dict[str, Any], job_uid: str) -> list[dict[str, Any]]:
     return sorted(members, key=lambda p: p["metadata"]["name"])
 
 
-def _settled(sandbox: SandboxThread, row: Row, count: int) -> dict[str, Any]:
-    """The objects once the job has ``count`` pods, every one of them Running (awaited on the store's events)."""
+def _settled(sandbox: SandboxThread, row: Row, count: int, gone: str = "") -> dict[str, Any]:
+    """The objects once the job has ``count`` pods, every one of them Running, none with uid ``gone`` (awaited on
+    the store's events)."""
     def test(store: Any) -> dict[str, Any] | None:
         objects = _snapshot(store)
         job = objects[row.resource].get((NAMESPACE, row.name))
         if job is None:
             return None
         pods = _members(objects, job["metadata"]["uid"])
-        if len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods):
+        if len(pods) == count and all(p["status"].get("phase") == "Running" and p["metadata"]["uid"] != gone
+                                      for p in pods):
             return objects
         return None
 
@@ -207,7 +209,7 @@ def _scale(sandbox: SandboxThread, row: Row, value: int) -> None:
 
 
 @pytest.mark.parametrize("key", list(ROWS))
-def test_a_job_applied_with_kubectl_gets_its_controllers_pods_placed_scaled_and_deleted(played, key):
+def test_a_job_applied_with_kubectl_gets_its_controllers_pods_placed_replaced_scaled_and_deleted(played, key):
     row = ROWS[key]
     _kubectl(played, "create", "namespace", NAMESPACE)
     _apply(played, row)
@@ -216,6 +218,10 @@ def test_a_job_applied_with_kubectl_gets_its_controllers_pods_placed_scaled_and_
     assert all(p["metadata"]["name"] in shown for p in pods), shown
     described = _kubectl(played, "describe", "pod", pods[0]["metadata"]["name"], "-n", NAMESPACE)
     assert f"Node:             {pods[0]['spec']['nodeName']}/" in described and "Scheduled" in described
+
+    lost = pods[-1]  # deleted: the controller makes it again, a new pod with a new uid
+    _kubectl(played, "delete", "pod", lost["metadata"]["name"], "-n", NAMESPACE)
+    pods = _check(_settled(played, row, row.pods, gone=lost["metadata"]["uid"]), row, pods[:-1])
 
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
     _scale(played, row, row.up[0])
