@@ -43,7 +43,7 @@ UNREADABLE = (InputError, KeyError, TypeError, ValueError, AttributeError, Index
 def _controller_uid(obj: Obj) -> str | None:
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if isinstance(ref, dict) and ref.get("controller"):
-            return ref.get("uid")  # type: ignore[no-any-return]
+            return ref.get("uid")
     return None
 
 
@@ -61,7 +61,7 @@ def _identity(obj: Obj) -> str:
     """What names a made object across reconciles: its generateName when it has one (a Job's pods get a random
     suffix), else its name."""
     meta = obj["metadata"]
-    return meta.get("generateName") or meta["name"]  # type: ignore[no-any-return]
+    return meta.get("generateName") or meta["name"]
 
 
 class Controllers:
