@@ -2,10 +2,14 @@
 
 Measures, per run, from process start to exit (files written): wall time, API requests and bytes the sandbox
 served to that process, and the process's peak RSS (VmHWM, as the agent logs it). Prints medians over the runs as a
-Markdown table. The job's pods all have IPs, so the gang is complete at the first LIST; ``--late N`` leaves
+Markdown table. With ``--kubectl``, each run is followed by one ``kubectl get pods -o json`` of the same namespace
+from the same sandbox (the same pods, bytes and TLS), and the table adds its median and init's ratio to it: a
+figure that holds on a machine whose speed drifts, since both sides drift together. The job's pods all have IPs,
+so the gang is complete at the first LIST; ``--late N`` leaves
 N pods without IP until 0.5 s after init starts, which exercises the one WATCH.
 
     python bench/init_bench.py --pods 1024 --runs 7
+    python bench/init_bench.py --pods 1024 --runs 9 --kubectl
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import agent
 from agent import examples
 from agent.runtime.demo import volcano_owner
 from agent.sandbox.threaded import SandboxThread
@@ -30,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import installed
 
 AGENT_PATH: str | None = None
+IMPORTED = str(Path(agent.__file__).resolve().parent.parent)  # the checkout (or site-packages) of this agent
 
 
 def managed_fields(pod: dict) -> list[dict]:
@@ -68,14 +74,15 @@ def _one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: 
              extra: tuple[str, ...], spread: float, log_file: Any) -> dict:
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": pod, "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
-    if AGENT_PATH:  # another checkout's agent on this benchmark's pods (side-by-side comparisons)
-        env["PYTHONPATH"] = AGENT_PATH
+    # The agent this benchmark imported, or another checkout's (side-by-side comparisons), found through
+    # PYTHONPATH alone: run from outside any checkout, `python -m` would put the current directory's agent first.
+    env["PYTHONPATH"] = AGENT_PATH or IMPORTED
     agent = f"topology-agent/0.1.0 init (default/{pod})"
     sandbox.reset_stats()
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "init", "--out", str(out), "--address", "ip",
                              "--log-format", "json", *extra], env=env, stdout=subprocess.DEVNULL,
-                            stderr=log_file)
+                            stderr=log_file, cwd=out.parent)
     timer = None
     last_ip = [started]
     if late:
@@ -112,6 +119,14 @@ def _one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: 
             "event_lag": max(0.0, last_sent - last_ip[0]) if late else 0.0}
 
 
+def kubectl_run(sandbox: SandboxThread) -> float:
+    """Wall seconds of one ``kubectl get pods -o json`` of the job's namespace, output discarded."""
+    cmd = ["kubectl", "--kubeconfig", str(sandbox.sandbox.kubeconfig), "get", "pods", "-n", "default", "-o", "json"]
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=1024)
@@ -119,12 +134,16 @@ def main() -> None:
     parser.add_argument("--late", type=int, default=0)
     parser.add_argument("--source", default="pods", choices=["pods", "published"])
     parser.add_argument("--spread", type=float, default=0.0, help="late pods get their IPs evenly over this many s")
+    parser.add_argument("--kubectl", action="store_true",
+                        help="after each run, time kubectl get pods -o json of the same pods; print the ratio")
     parser.add_argument("--agent-path", help="run the agent from this checkout (PYTHONPATH of the agent process "
                                              "only): the same pods and sandbox, another commit's init")
     args = parser.parse_args()
     installed.compile_agent()  # as pip install does: no process below compiles the agent
     global AGENT_PATH
     AGENT_PATH = args.agent_path
+    if AGENT_PATH:
+        installed.compile_agent(Path(AGENT_PATH) / "agent")
     with tempfile.TemporaryDirectory() as tmp, SandboxThread(Path(tmp) / "sb") as sandbox:
         late = build_job(sandbox, args.pods, args.late)
         ips = {p["metadata"]["name"]: p["status"]["podIP"]
@@ -138,8 +157,11 @@ def main() -> None:
         extra = ("--source", args.source)
         if args.source == "published":  # the leader (node rank 0) publishes once; the runs measure a follower
             one_run(sandbox, "demo-master-0", Path(tmp) / "leader", [], ips, extra)
-        runs = [one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips, extra, args.spread)
-                for i in range(args.runs)]
+        runs, kubectl = [], []
+        for i in range(args.runs):
+            runs.append(one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips, extra, args.spread))
+            if args.kubectl:
+                kubectl.append(kubectl_run(sandbox))
         pod_bytes = len(json.dumps(sandbox.sandbox.store.get("/v1/pods", "default", pod)))
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print("| pods | late pods | runs | wall median (s) | wall min-max (s) | API requests (+watches) | bytes received |"
@@ -155,6 +177,11 @@ def main() -> None:
           f"took {med['event_lag']:.2f} s to send the last event; done after the last event was sent: median "
           f"{med['after_last_event']:.2f} s ({min(r['after_last_event'] for r in runs):.2f}-"
           f"{max(r['after_last_event'] for r in runs):.2f})")
+    if kubectl:
+        ratios = sorted(r["wall"] / k for r, k in zip(runs, kubectl, strict=True))
+        print(f"kubectl get pods -o json: median {statistics.median(kubectl):.2f} s ({min(kubectl):.2f}-"
+              f"{max(kubectl):.2f}); init / kubectl: {med['wall'] / statistics.median(kubectl):.2f}x (per run "
+              f"{ratios[0]:.2f}-{ratios[-1]:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -14,5 +14,6 @@ from pathlib import Path
 import agent
 
 
-def compile_agent() -> None:
-    compileall.compile_dir(str(Path(agent.__file__).parent), quiet=1)
+def compile_agent(package: Path | None = None) -> None:
+    """Compile ``package`` (an ``agent`` directory; the imported one by default)."""
+    compileall.compile_dir(str(package or Path(agent.__file__).parent), quiet=1)
