@@ -160,9 +160,8 @@ def report(args: argparse.Namespace, copies: list[Copy], runs: dict[str, dict[st
     for copy in copies:
         own = owns[copy.label]
         agent = sum(us for name, us in own.items() if name == "agent" or name.startswith("agent."))
-        urllib3 = sum(us for name, us in own.items() if name.split(".")[0] == "urllib3")
         print(f"\n{copy.label}: {len(own)} modules imported, {sum(own.values()) / 1e3:.1f} ms of import time "
-              f"by -X importtime (the agent's own modules {agent / 1e3:.1f} ms, urllib3's {urllib3 / 1e3:.1f} ms); "
+              f"by -X importtime (the agent's own modules {agent / 1e3:.1f} ms); "
               "the largest own times, ms:\n")
         top = sorted(own.items(), key=lambda kv: -kv[1])[:args.top]
         print(", ".join(f"{name} {us / 1e3:.1f}" for name, us in top))

@@ -146,7 +146,7 @@ class FakeApi:
         self.notice.changed()
 
     def client(self, agent: str, **kwargs: Any) -> Client:
-        """init's client (urllib3's place taken by the mock transport)."""
+        """init's client (http.client's place taken by the mock transport)."""
         return Client(CONFIG, user_agent=agent, transport=MockTransport(lambda request: self._sync(agent, request)),
                       **kwargs)
 

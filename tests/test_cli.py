@@ -210,10 +210,11 @@ def test_checking_options_imports_no_heavy_library():
 
 def test_init_starts_without_what_a_torch_only_pod_never_runs():
     # Every pod pays init's imports: the frameworks' renderers load when a job selects one, ctypes when a process
-    # gives memory back (init's leader), the SSH files' module with the SSH material (bench/import_bench.py).
+    # gives memory back (init's leader), the SSH files' module with the SSH material (bench/import_bench.py); the
+    # API client is http.client's (urllib3's imports cost 40 ms of CPU more).
     code = ("import sys, agent.cli, agent.flags.init, agent.flags.pod, agent.runtime.init, agent.k8s.client; "
             "print(sorted(m for m in sys.modules if m.startswith(('agent.core.frameworks.', 'ctypes', "
-            "'agent.core.ssh_config', 'agent.ssh'))))")
+            "'agent.core.ssh_config', 'agent.ssh', 'urllib3'))))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]"
 

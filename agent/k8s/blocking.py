@@ -3,7 +3,7 @@ makes the blocking call of client.py and returns its answer.
 
 The runtime's helpers (reading the job, the Nodes, the published topology, vouching for its writer) are written
 once, async, for the sidecar; init runs the same helpers in ``asyncio.run`` over this adapter, so it keeps its
-small synchronous client (urllib3: no aiohttp loaded, the start-up cost of every pod) and does one thing at a
+small synchronous client (http.client: no aiohttp loaded, the start-up cost of every pod) and does one thing at a
 time, as it always did. Nothing here waits concurrently: a call holds the loop until its answer.
 """
 

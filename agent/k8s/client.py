@@ -1,20 +1,23 @@
-"""init's API client: the client core (core.py) over urllib3, synchronous.
+"""init's API client: the client core (core.py) over the standard library's http.client, synchronous.
 
-The transport moves bytes and bounds time; everything else is the core's. Every urllib3 and socket exception
+The transport moves bytes and bounds time; everything else is the core's. Every http.client and socket exception
 becomes the agent's ``ApiError`` here (transport.unreachable), so nothing above this module knows which HTTP
 library is underneath. ``Client.deadline`` (init's ``--timeout``) bounds every request, connect included.
 """
 
 from __future__ import annotations
 
+import http.client
 import logging
+import select
+import socket
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
 from typing import Any, Protocol
-
-import urllib3
+from urllib.parse import urlsplit
 
 from agent import __version__
 from agent.core.model import RawPod
@@ -63,32 +66,72 @@ class Api(Protocol):
     def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
-class Urllib3Transport:
+class HttpTransport:
+    """The standard library's http.client, one keep-alive connection per request in flight (at most ``KEEP``
+    idle ones kept: a LIST page asked for ahead runs on the second). urllib3 would add 40 ms of imports to every
+    pod's start for what this class does: a connection timeout, a read timeout, and reuse of a connection whose
+    answer was read whole."""
+
+    KEEP = 2
+
     def __init__(self, config: ApiConfig, user_agent: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config, self.user_agent, self.clock = config, user_agent, clock
-        kwargs: dict[str, Any] = {"maxsize": 2, "retries": False}
-        context = ssl_context(config)
-        if context is not None:
-            kwargs["ssl_context"] = context
-            if not config.verify:
-                kwargs["cert_reqs"] = "CERT_NONE"
-        self.pool = urllib3.PoolManager(**kwargs)
+        self.context = ssl_context(config)
+        url = urlsplit(config.server)
+        self.host = url.hostname or ""
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.idle: list[http.client.HTTPConnection] = []
+        self.lock = threading.Lock()
 
-    def _open(self, request: Request, read: float) -> urllib3.BaseHTTPResponse:
+    def _connection(self, request: Request, timeout: float) -> http.client.HTTPConnection:
+        """An idle connection the server has not closed, or a new one, connected within ``timeout``."""
+        with self.lock:
+            while self.idle:
+                conn = self.idle.pop()
+                if conn.sock is not None and not _readable(conn.sock):  # readable at rest: closed (or garbage)
+                    return conn
+                conn.close()
+        if self.context is not None:
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self.context)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
-            return self.pool.request(request.method, request.url(self.config.server), body=request.body,
-                                     headers=headers(self.config, self.user_agent, request), preload_content=False,
-                                     timeout=urllib3.Timeout(connect=min(CONNECT, read), read=read))
-        except urllib3.exceptions.ReadTimeoutError as err:  # connected, but no answer: the aiohttp side's words
-            raise (silent(request, read) if request.verb == "watch" else too_slow(request, read)) from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
+            conn.connect()  # the TLS handshake included
+        except (http.client.HTTPException, OSError) as err:
+            conn.close()
             raise unreachable(err, self.config.server, request) from err
+        return conn
+
+    def _open(self, request: Request, read: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        conn = self._connection(request, min(CONNECT, read))
+        url = urlsplit(request.url(self.config.server))
+        try:
+            conn.sock.settimeout(read)  # each read of the answer: its head, each chunk of its body
+            conn.request(request.method, url.path + (f"?{url.query}" if url.query else ""), body=request.body,
+                         headers=headers(self.config, self.user_agent, request))
+            return conn, conn.getresponse()
+        except TimeoutError as err:  # connected, but no answer: the aiohttp side's words
+            conn.close()
+            raise (silent(request, read) if request.verb == "watch" else too_slow(request, read)) from err
+        except (http.client.HTTPException, OSError) as err:
+            conn.close()
+            raise unreachable(err, self.config.server, request) from err
+
+    def _release(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+        """Keep a connection whose answer was read whole for the next request; close any other."""
+        if response.isclosed() and not response.will_close and conn.sock is not None:
+            with self.lock:
+                if len(self.idle) < self.KEEP:
+                    self.idle.append(conn)
+                    return
+        response.close()
+        conn.close()
 
     def send(self, request: Request, *, timeout: float) -> Response:
         started = self.clock()
-        response = self._open(request, timeout)
+        conn, response = self._open(request, timeout)
         body = bytearray()
-        reading = self._chunks(request, response, too_slow(request, timeout))
+        reading = self._chunks(request, conn, response, too_slow(request, timeout))
         try:
             for chunk in reading:
                 body += chunk
@@ -96,48 +139,54 @@ class Urllib3Transport:
                     raise too_slow(request, timeout)
         finally:
             reading.close()  # a half-read answer closes the connection: it is not reused
-        return Response(response.status, bytes(body), response.headers.get("Retry-After"))
+        return Response(response.status, bytes(body), response.getheader("Retry-After"))
 
     def stream(self, request: Request, *, wait: float) -> tuple[Response, Iterator[bytes]]:
-        response = self._open(request, wait)
+        conn, response = self._open(request, wait)
         if response.status >= 400:
             try:
-                return Response(response.status, response.read(), response.headers.get("Retry-After")), iter(())
-            except (urllib3.exceptions.HTTPError, OSError) as err:
+                return Response(response.status, response.read(), response.getheader("Retry-After")), iter(())
+            except (http.client.HTTPException, OSError) as err:
                 raise unreachable(err, self.config.server, request) from err
             finally:
-                response.release_conn()
+                self._release(conn, response)
 
         quiet = silent(request, wait) if request.verb == "watch" else too_slow(request, wait)
-        return Response(response.status), _Body(self._chunks(request, response, quiet), response)
+        return Response(response.status), _Body(self._chunks(request, conn, response, quiet), conn, response)
 
-    def _chunks(self, request: Request, response: urllib3.BaseHTTPResponse,
+    def _chunks(self, request: Request, conn: http.client.HTTPConnection, response: http.client.HTTPResponse,
                 quiet: Exception) -> Generator[bytes, None, None]:
         """The body as it comes; `quiet` is raised when the server stops sending (the caller's words for it)."""
-        whole = False
         try:
             while chunk := response.read1(READ):
                 yield chunk
-            whole = True
-        except urllib3.exceptions.ReadTimeoutError as err:
+            response.read()  # nothing left: this marks the answer read whole (read1 leaves a sized one open)
+        except TimeoutError as err:
             raise quiet from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
+        except (http.client.HTTPException, OSError) as err:
             raise unreachable(err, self.config.server, request) from err
         finally:
-            if not whole:
-                response.close()  # a half-read answer: the connection is not reused
-            response.release_conn()
+            self._release(conn, response)  # a half-read answer: the connection is closed, not reused
 
     def close(self) -> None:
-        self.pool.clear()
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether a connection at rest has something to read: the server closed it (or sent what nobody asked)."""
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 class _Body:
     """A response's chunks; ``close`` ends the response even when none was read (a page asked for ahead and not
     wanted): a generator closed before it started runs no ``finally``."""
 
-    def __init__(self, chunks: Generator[bytes, None, None], response: urllib3.BaseHTTPResponse) -> None:
-        self._chunks, self._response = chunks, response
+    def __init__(self, chunks: Generator[bytes, None, None], conn: http.client.HTTPConnection,
+                 response: http.client.HTTPResponse) -> None:
+        self._chunks, self._conn, self._response = chunks, conn, response
 
     def __iter__(self) -> Iterator[bytes]:
         return self
@@ -147,9 +196,9 @@ class _Body:
 
     def close(self) -> None:
         self._chunks.close()
-        if not self._response.closed and self._response.connection is not None:
+        if not self._response.isclosed():
             self._response.close()
-            self._response.release_conn()
+            self._conn.close()
 
 
 Opened = tuple[Request, Response, Iterator[bytes], float, float]  # a page asked for: its head, body, start, limit
@@ -167,7 +216,7 @@ class Client:
         self.clock = clock
         self.budget = Budget(clock)  # .deadline: init's --timeout, which every request ends by
         self.drops = Drops()  # objects dropped for their size, each said once
-        self.transport = transport or Urllib3Transport(config, user_agent or f"topology-agent/{__version__}",
+        self.transport = transport or HttpTransport(config, user_agent or f"topology-agent/{__version__}",
                                                        clock=clock)
 
     def close(self) -> None:

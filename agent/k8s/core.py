@@ -1,9 +1,10 @@
 """The client core: every request the agent makes is built here, and every answer read here. No I/O.
 
-The two transports (client.py on urllib3 for init, async_client.py on aiohttp for the sidecar) and the mock
+The two transports (client.py on http.client for init, async_client.py on aiohttp for the sidecar) and the mock
 transport (mock.py, for tests) only move the bytes of a ``Request`` and return a ``Response``; what a status
 means, how a watch stream splits into events, which page comes next, all of it is decided once, here, so a fix
-reaches every caller. No HTTP library is imported: init does not load aiohttp, the sidecar does not load urllib3.
+reaches every caller. No HTTP library is imported: init does not load aiohttp, the sidecar does not load
+init's client.
 """
 
 from __future__ import annotations

@@ -48,8 +48,9 @@ def headers(config: ApiConfig, user_agent: str, request: Request) -> dict[str, s
 
 
 def tls_failure(err: BaseException, server: str) -> ApiUntrusted | None:
-    """The ``ApiUntrusted`` for a failed certificate verification anywhere in ``err``'s chain (urllib3 wraps it in
-    its SSLError, aiohttp in ClientConnectorCertificateError), or None: every other connection error is retried."""
+    """The ``ApiUntrusted`` for a failed certificate verification anywhere in ``err``'s chain (http.client raises
+    it as it is, aiohttp wraps it in ClientConnectorCertificateError), or None: every other connection error is
+    retried."""
     seen: set[int] = set()
     todo: list[object] = [err]
     while todo:

@@ -125,6 +125,32 @@ def test_no_library_exception_leaks_from_the_client_when_the_server_is_gone(sand
     client.close()
 
 
+def test_inits_client_asks_each_call_on_the_connection_the_last_one_read_whole(sandbox, client):
+    """A GET, an error's answer and a paged LIST each end with their connection kept for the next call: one TLS
+    handshake for a pod's init, however many calls it makes, and no more than two connections (a page asked for
+    ahead runs on the second)."""
+    for pod in examples.volcano_job("demo", (("master", 1), ("worker", 5))):
+        sandbox.create_pod(pod)
+    local: set[tuple] = set()
+
+    def kept() -> None:
+        assert client.transport.idle, "the connection was closed after an answer read whole"
+        local.update(conn.sock.getsockname() for conn in client.transport.idle)
+
+    client.get_pod("default", "demo-master-0")
+    kept()
+    with pytest.raises(ApiNotFound):
+        client.get_pod("default", "nope")
+    kept()
+    names, _ = client.list_objects("/api/v1/namespaces/default/pods", limit=2,
+                                   keep=lambda items: [i["metadata"]["name"] for i in items])
+    assert len(names) == 6
+    kept()
+    client.get_pod("default", "demo-master-0")
+    kept()
+    assert 1 <= len(local) <= 2
+
+
 def test_keygen_prints_a_secret_and_apply_creates_it(sandbox, capsys):
     import yaml
 
