@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -99,7 +98,7 @@ def write_files(out_dir: Path, files: Mapping[str, bytes], *, modes: Mapping[str
                     dirs[sub] = os.dup(probe)
                 _remove_stale(dirs[sub])
             dir_fd = dirs[sub]
-            tmp = f"{TEMP_PREFIX}{secrets.token_hex(8)}"
+            tmp = f"{TEMP_PREFIX}{os.urandom(8).hex()}"
             fd = os.open(tmp, _NEW_FILE, 0o600, dir_fd=dir_fd)
             staged.append((dir_fd, tmp, base))
             with os.fdopen(fd, "wb") as handle:

@@ -373,14 +373,13 @@ def out_dir(args: argparse.Namespace, *, check: bool = False) -> Path:
     k = knob(args, "out", DEFAULT_OUT)
     out = Path(k.value or DEFAULT_OUT)
     if check:
-        import tempfile
-
         from agent.errors import OutputError
 
         try:
             out.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=out, prefix=".topology-agent-probe-"):
-                pass
+            probe = out / f".topology-agent-probe-{os.urandom(8).hex()}"  # a writer's stale temp files' prefix
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            probe.unlink()
         except OSError as err:
             raise OutputError(f"{k.label} {out}: cannot write there ({err.strerror or err}); mount a writable "
                               "volume (an emptyDir) there") from None

@@ -4,7 +4,6 @@ parser (``build_parser``), and the check of a command line the agent writes into
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
 import sys
@@ -23,6 +22,8 @@ class UsageError(Exception):
 
 def _did_you_mean(given: str, known: Sequence[str]) -> str:
     """`` (did you mean --pods?)`` for a near miss among ``known``, else nothing."""
+    import difflib  # only on a mistake: not on every pod's start
+
     close = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
