@@ -1,4 +1,4 @@
-"""Benchmark: peak memory of decoding a hostile published topology (issue 23, M6).
+"""Benchmark: peak memory of decoding a hostile published topology (a gzip bomb, deep or wide JSON).
 
 Each case runs in a fresh process: import the agent, note the RSS (VmRSS), decode the document (refused or not),
 then read the peak (VmHWM). Reports the peak's rise over the baseline against ``DOCUMENT_CAP``; the target is

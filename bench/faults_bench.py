@@ -1,4 +1,4 @@
-"""Benchmark: what init and the sidecar do when the API server misbehaves (issue 21's faults).
+"""Benchmark: what init and the sidecar do when the API server misbehaves (stalls, trickles, errors).
 
 Each scenario starts a 2-pod Volcano job in the sandbox (one worker without an IP, so init has to wait), turns on
 one fault, and measures the agent process: requests per second while the fault lasts, and how long until it

@@ -1,4 +1,4 @@
-"""Fuzz the trust boundary (issues 12 and 23): mutated pod lists through the core, mutated watch streams through
+"""Fuzz the trust boundary: mutated pod lists through the core, mutated watch streams through
 the wire parser and the sidecar's intake, and mutated published topologies (the snapshot's document, the
 journal's entries, the ConfigMaps' fields, their compressed bytes) through a follower's reading, its check of
 the writer, and the core. A finding is a traceback (any exception but InputError/ApiError), a render slower

@@ -1,4 +1,4 @@
-"""Pods the size and churn of a real cluster's, for the benchmarks (issue 37).
+"""Pods the size and churn of a real cluster's, for the benchmarks.
 
 The examples' pods carry the fields the agent reads and little else (~4.6 KB). A pod that a controller created, the
 admission webhook injected, the scheduler bound and the kubelet runs carries much more: the service account's

@@ -1,5 +1,5 @@
 """Benchmark: init's plan during the wait, in process (no API server): ``Planner.follow`` per IP event, then
-``plan`` once the last IP is in, against ``build_plan`` from scratch over the same pods (issue 24).
+``plan`` once the last IP is in, against ``build_plan`` from scratch over the same pods.
 
 A Volcano job of --pods pods (master + workers), every worker created without its IP; the planner lays the job
 out from that LIST, then each worker's IP arrives as a new pod object (new resourceVersion) and is followed,

@@ -1,4 +1,4 @@
-"""Benchmark: a large job with a published topology, measured where users wait (issues 13, 37).
+"""Benchmark: a large job with a published topology, measured where users wait.
 
 One sandbox job of --pods pods (Volcano, master + workers), each pod as a cluster holds it (bench/kubelet.py:
 ~9.6 KB of JSON once running, with the token volume, tolerations, conditions, container statuses and

@@ -1,4 +1,4 @@
-"""Benchmark: what one membership change costs inside one process, at a given job size (issue 24).
+"""Benchmark: what one membership change costs inside one process, at a given job size.
 
 No API server: the pods are built in memory (``examples.volcano_job``, in the compact form a sidecar holds), so
 the figures are the agent's own work, without the sandbox sharing the cores.

@@ -2,7 +2,7 @@
 
 For each job size it runs init for one pod (median of --runs) and a sidecar through --changes membership
 changes, then reports per-pod API requests and bytes at start, init wall time, sidecar RSS and event-to-file
-latency, and the whole job's API traffic at start (N pods x bytes per pod: the N^2 of issue 7).
+latency, and the whole job's API traffic at start (N pods x bytes per pod: N^2 when every pod lists every pod).
 
     python bench/scale_bench.py --sizes 256 1024 4096 --runs 3 --changes 50
 """
@@ -57,7 +57,7 @@ def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int, sour
     emitted, versions = [], []
     for i in range(changes):
         emitted.append(time.monotonic())
-        new_ip = examples.loopback_ip(pods + i)  # past every pod's own address, at any size (issue 24)
+        new_ip = examples.loopback_ip(pods + i)  # past every pod's own address, at any size
         obj = sandbox.set_pod_ip("default", f"demo-worker-{2 + i}", new_ip)
         versions.append(int(obj["metadata"]["resourceVersion"]))
         time.sleep(gap)

@@ -1,6 +1,6 @@
-"""Benchmark: the publisher's memory at the moments that set its peak, in-process (issue 37).
+"""Benchmark: the publisher's memory at the moments that set its peak, in-process.
 
-The publisher's sidecar at 16384 pods peaked over its 100 MB target while the kubelet's writes came in (bench/
+The publisher's sidecar at 16384 pods sets its peak while the kubelet's writes come in (bench/
 published_bench.py, a VmHWM trace of it). Each moment is measured here alone, with tracemalloc (Python's
 allocations: the peak over what was held before, and what is held after), on pods the size of real ones
 (bench/kubelet.py), held as a sidecar holds them (``PodView.keep``):

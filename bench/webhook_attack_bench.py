@@ -1,4 +1,4 @@
-"""Benchmark: the admission webhook under hostile callers (issue 34), with its shipped defaults.
+"""Benchmark: the admission webhook under hostile callers, with its shipped defaults.
 
 Each scenario starts a fresh `topology-agent webhook` process pinned to one CPU (taskset; its reviewing process
 inherits the pin, as both share one container's CPU limit), with the sandbox as its API server and the benchmark's

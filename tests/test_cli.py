@@ -220,7 +220,7 @@ def test_init_starts_without_what_a_torch_only_pod_never_runs():
 
 
 def test_render_with_node_labels_gives_the_documented_variables(tmp_path):
-    """Issue 14, "Done when": each default level's variable, read back by bash, is named in docs/variables.md."""
+    """Each default level's variable, read back by bash, is named in docs/variables.md."""
     from agent.core.placement import DEFAULT_LEVELS
 
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 3)))

@@ -264,8 +264,8 @@ def test_the_patch_escapes_annotation_keys_and_applies_to_the_object_as_sent():
 
 
 def test_the_patch_comes_from_what_the_agent_adds_not_a_copy_of_the_object():
-    """Issue 34: a deep copy and a whole-object diff took a 2.85 MiB Pod's review to 220 MB. The patch is built
-    from the agent's pieces: answering allocates a small fraction of the object's size."""
+    """A 2.85 MiB Pod's review allocates a small fraction of the object's size: the patch is built from the
+    agent's pieces, never from a deep copy and a whole-object diff (which take a review to ~80 times the object)."""
     import tracemalloc
 
     pod = bare_pod()
@@ -284,9 +284,9 @@ def test_the_patch_comes_from_what_the_agent_adds_not_a_copy_of_the_object():
 
 
 def test_a_review_with_more_json_values_than_the_webhook_reads_is_refused_before_it_is_parsed(monkeypatch):
-    """Issue 34: parsing a 3 MiB object of the costliest shape (distinct map keys, ~70 bytes a value parsed)
-    took a webhook past its memory limit. Values are counted before anything is made: past MAX_VALUES the review
-    is refused in one line, under it (a 3 MiB object of real shape has ~350000) it is read."""
+    """A 3 MiB object of the costliest shape (distinct map keys, ~70 bytes a value parsed) would take a webhook
+    past its memory limit if parsed. Values are counted before anything is made: past MAX_VALUES the review is
+    refused in one line, under it (a 3 MiB object of real shape has ~350000) it is read."""
     pod = bare_pod()
     pod["spec"]["nodeSelector"] = {f"k{i:06d}": "" for i in range(admission.MAX_VALUES // 2 + 1)}  # ':' and ','
     body = json.dumps(review(pod)).encode()
@@ -304,8 +304,8 @@ def test_a_review_with_more_json_values_than_the_webhook_reads_is_refused_before
 
 
 def test_a_users_pvc_named_like_the_agent_is_kept_by_the_webhooks_patch():
-    """Issue 34: a PVC `topology-agent-data` mounted at /data was replaced by the empty shared volume and the pod
-    admitted. The patch removes only the agent's own pieces, in a template the agent injected."""
+    """A user's PVC named `topology-agent-data` mounted at /data stays: the patch removes only the agent's own
+    pieces, in a template the agent injected (a name match alone would put the job's data on an emptyDir)."""
     pod = bare_pod()
     pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "topology-agent-data", "mountPath": "/data"}]
     pod["spec"]["volumes"] = [{"name": "topology-agent-data", "persistentVolumeClaim": {"claimName": "data"}},

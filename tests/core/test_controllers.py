@@ -122,7 +122,7 @@ def _with_coordinator(pods, endpoint):
 
 
 def test_jobset_coordinator_names_rank_zero():
-    # Bug 5 (issue 11): JobSet >= v0.6.0 labels every pod with spec.coordinator's endpoint,
+    # JobSet >= v0.6.0 labels every pod with spec.coordinator's endpoint,
     # <jobset>-<rjob>-<jobIndex>-<podIndex>.<subdomain> (pkg/controllers/jobset_controller.go CoordinatorEndpoint).
     pods = _with_coordinator(examples.jobset(), "trainer-workers-1-0.trainer")
     check(pods, "trainer-driver-0-0-cht55", {"MASTER_ADDR": "trainer-workers-1-0.trainer", "NODE_RANK": "1"})
@@ -144,7 +144,7 @@ MPIJOB_CASES = [
 
 @pytest.mark.parametrize(("self_name", "expected"), [c[1:] for c in MPIJOB_CASES], ids=[c[0] for c in MPIJOB_CASES])
 def test_mpijob(self_name, expected):
-    # Bug 7 (issue 11): MPIJob pods carry training-operator's job-name label; they were taken for a PyTorchJob.
+    # MPIJob pods carry training-operator's job-name label too: they are an MPIJob's, not a PyTorchJob's.
     check(MPIJOB, self_name, expected)
     assert render(MPIJOB, self_name).plan.controller.key == "mpijob"
 
@@ -158,7 +158,7 @@ def test_mpijob_run_launcher_as_worker_puts_the_launcher_first_in_the_hostfile()
 
 
 def test_discover_hosts_lists_only_running_training_pods_and_itself():
-    # Bug 7: as the MPI operator's discover_hosts.sh (updateDiscoverHostsInConfigMap) lists Running pods only.
+    # As the MPI operator's discover_hosts.sh (updateDiscoverHostsInConfigMap) lists Running pods only.
     pods = examples.mpijob(workers=4, running=2)
     script = render(pods, "allreduce-worker-3").files["discover_hosts.sh"].decode()
     listed = [line for line in script.splitlines() if line.startswith("allreduce-")]

@@ -21,7 +21,7 @@ def _render(pods, name, **options):
 
 @pytest.mark.parametrize("release", ["v1.7.0", "v1.8.0", "v1.9.0"])
 def test_pytorchjob_pet_master_vars_follow_address_ip_and_master_port(release):
-    # Bug 1: PET_MASTER_ADDR/PET_MASTER_PORT injected since v1.7 were taken for the user's.
+    # PET_MASTER_ADDR/PET_MASTER_PORT, injected since v1.7, are the operator's, not the user's.
     pods = examples.pytorchjob(release=release)
     env = env_of(_render(pods, "mnist-worker-1", address="ip", master_port=12345))
     master_ip = examples.loopback_ip(0)
@@ -31,7 +31,7 @@ def test_pytorchjob_pet_master_vars_follow_address_ip_and_master_port(release):
 
 @pytest.mark.parametrize("release", ["v1.7.0", "v1.9.0"])
 def test_pytorchjob_node_rank_after_a_worker_left_is_below_nnodes(release):
-    # Bug 1: the injected PET_NODE_RANK (index + 1) was kept as user-set: NODE_RANK=3 with NNODES=3.
+    # The injected PET_NODE_RANK (index + 1) is the operator's: kept as user-set it would give NODE_RANK=3 of 3.
     pods = [p for p in examples.pytorchjob(release=release) if p["metadata"]["name"] != "mnist-worker-1"]
     env = env_of(_render(pods, "mnist-worker-2"))
     assert (env["NODE_RANK"], env["PET_NODE_RANK"], env["NNODES"], env["PET_NNODES"]) == ("2", "2", "3", "3")
@@ -56,7 +56,7 @@ def test_a_users_own_copy_of_an_injected_name_is_kept():
 
 
 def test_trainjob_master_port_is_trainers_29500_and_its_auto_is_not_called_the_users():
-    # Bug 2: Trainer's ContainerTrainerPort is 29500 in every v2 release; its injected 'auto' is Trainer's.
+    # Trainer's ContainerTrainerPort is 29500 in every v2 release; its injected 'auto' is Trainer's.
     pods = examples.trainjob(num_nodes=2)
     rendered = _render(pods, "llm-node-0-1-8mkv7")
     env = env_of(rendered)
@@ -66,7 +66,7 @@ def test_trainjob_master_port_is_trainers_29500_and_its_auto_is_not_called_the_u
 
 
 def test_an_elastic_pytorchjob_stays_elastic_without_the_elastic_option():
-    # Bug 6: PET_NNODES=MIN:MAX and PET_RDZV_* injected by the operator; without --elastic it became fixed-size.
+    # PET_NNODES=MIN:MAX and PET_RDZV_* are injected by the operator: the job stays elastic without --elastic.
     pods = examples.pytorchjob("elastic", workers=3, master=False, elastic=(2, 4))
     env = env_of(_render(pods, "elastic-worker-1"))
     assert env["PET_NNODES"] == "2:4" and env["PET_RDZV_BACKEND"] == "c10d"
@@ -75,7 +75,7 @@ def test_an_elastic_pytorchjob_stays_elastic_without_the_elastic_option():
 
 
 def test_a_user_world_size_that_contradicts_the_world_is_kept_and_warned_about():
-    # Bug 9: user wins, but explain and init say so.
+    # The user wins, and explain and init say so.
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)), cpu="2")
     # The user wrote the processes (3 pods x cpu 2); torch.env's WORLD_SIZE counts the pods.
     pods[1]["spec"]["containers"][0]["env"].insert(0, {"name": "WORLD_SIZE", "value": "6"})
@@ -107,7 +107,7 @@ PLUGIN_ORDERS = [("pytorch", "svc", "env"), ("env", "svc", "pytorch"), ("svc", "
 
 @pytest.mark.parametrize("order", PLUGIN_ORDERS, ids=["-".join(o) for o in PLUGIN_ORDERS])
 def test_volcano_svc_host_lists_are_volcanos_and_replaced_in_any_plugin_order(order):
-    # Bug 4: VC_<TASK>_HOSTS/_NUM come from the svc plugin's ConfigMap; they were taken for the user's.
+    # VC_<TASK>_HOSTS/_NUM come from the svc plugin's ConfigMap: they are Volcano's, not the user's.
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2), ("extras", 1)), plugins=order)
     rendered = _render(pods, "demo-worker-1")
     env = env_of(rendered)
@@ -119,7 +119,7 @@ def test_volcano_svc_host_lists_are_volcanos_and_replaced_in_any_plugin_order(or
 
 @pytest.mark.parametrize("plugins", [("svc", "env"), ("env",), ()])
 def test_a_users_single_rank_in_a_volcano_job_without_the_pytorch_plugin_is_kept(plugins):
-    # Bug 4: a single RANK was taken for the pytorch plugin's and overwritten ("users cannot override").
+    # Without the pytorch plugin, a single RANK is the user's: it is kept, not overwritten.
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)), plugins=plugins,
                                 user_env=[{"name": "RANK", "value": "5"}])
     rendered = _render(pods, "demo-worker-0")
@@ -148,8 +148,8 @@ def test_lws_variables_are_the_webhooks_in_every_release(release):
 
 
 def test_a_trainjob_on_an_mpi_runtime_is_one_world_from_every_pod():
-    # Bug 3: the launcher (container "node" in replicated job "launcher") was taken for a plain JobSet (its own
-    # 3-node world on port 29500) while the node pods were a TrainJob of 2 nodes.
+    # The launcher (container "node" in replicated job "launcher") is the TrainJob's, like its 2 node pods: taken
+    # for a plain JobSet it would make its own 3-node world on port 29500.
     pods = examples.trainjob_mpi(num_nodes=3)
     views = {}
     for pod in pods:
@@ -165,8 +165,8 @@ def test_a_trainjob_on_an_mpi_runtime_is_one_world_from_every_pod():
 
 @pytest.mark.slow
 def test_torch_env_of_a_4096_plus_4096_pod_job_stays_small_and_bash_sources_and_execs_it(tmp_path):
-    # Limit from issue 11: VC_WORKER_HOSTS alone was ~180 KB at 4096 pods with --cluster-domain, and
-    # ". torch.env && exec torchrun" failed with "Argument list too long".
+    # Volcano's VC_WORKER_HOSTS alone would be ~180 KB at 4096 pods with --cluster-domain, past what
+    # ". torch.env && exec torchrun" can pass ("Argument list too long").
     import subprocess
 
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 4095), ("extras", 4096)))
@@ -196,7 +196,7 @@ ACCELERATOR_CASES = [
 
 @pytest.mark.parametrize(("resource", "quantity", "nproc"), ACCELERATOR_CASES, ids=[c[0] for c in ACCELERATOR_CASES])
 def test_processes_follow_the_accelerator_not_the_cpu_limit(resource, quantity, nproc):
-    # Limit from issue 11: a Gaudi pod with cpu 32 got 32 processes; MIG, Intel, Neuron and TPU likewise.
+    # A Gaudi pod with cpu 32 runs a process per accelerator, not per CPU; MIG, Intel, Neuron and TPU likewise.
     pods = examples.indexed_job(completions=2)
     for pod in pods:
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
@@ -227,7 +227,7 @@ def test_docs_variables_md_holds_the_injection_table_made_from_the_rows():
 
 
 def test_with_address_ip_a_non_training_pod_without_ip_is_left_out_until_it_has_one():
-    # Bug 8, decided (docs/variables.md): listed once addressed; the same pods always give the same files.
+    # Decided (docs/variables.md): listed once addressed; the same pods always give the same files.
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 1), ("extras", 2)))
     extras = pods[3]
     ip = extras["status"].pop("podIP")

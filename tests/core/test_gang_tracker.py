@@ -1,5 +1,5 @@
 """The incremental gang tracker answers exactly what gang_status answers over the same pods, after every event
-(issue 13: init's wait used to recompute the whole job per event)."""
+(init's wait costs O(1) per event, never the whole job)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ JOBS = {
     "jobset": (lambda: examples.jobset(), Expectation(total=5, per_role=None, source="t"), "trainer-driver-0-0-cht55"),
     "lws": (lambda: examples.leaderworkerset(size=4, groups=1),
             Expectation(total=4, per_role={"leader": 1, "worker": 3}, source="t"), "vllm-0-2"),
-    # Trainer's MPI launcher running container 'launcher' is no node when no runtime was read (issue 36)
+    # Trainer's MPI launcher running container 'launcher' is no node when no runtime was read
     "trainjob-mpi": (lambda: examples.trainjob_mpi(num_nodes=3, launcher_as_node=False),
                      Expectation(total=3, per_role={"node": 3}, source="t"),
                      examples.trainjob_mpi(num_nodes=3, launcher_as_node=False)[1]["metadata"]["name"]),

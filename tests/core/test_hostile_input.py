@@ -75,7 +75,7 @@ def check_rank_rules(rendered):
         variable = next(v for v in rendered.variables if v.name == "WORLD_SIZE")
         if variable.written:
             assert env["WORLD_SIZE"] == world
-        else:  # the user's own WORLD_SIZE is kept (issue 11), and a contradiction is warned about
+        else:  # the user's own WORLD_SIZE is kept, and a contradiction is warned about
             assert "set by user" in variable.source
             warned = any("WORLD_SIZE=" in w for w in warnings_for(rendered.plan, rendered.variables))
             assert warned == (variable.value not in (world, "(valueFrom)"))
@@ -134,7 +134,7 @@ def test_a_pod_whose_role_changes_is_placed_by_its_current_role():
 @given(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True),
                        st.text(min_size=0, max_size=40).map(lambda v: v.replace("\x00", "")), max_size=5))
 def test_agent_trainer_reads_back_exactly_what_torch_env_holds(values):
-    # Issue 12: values with a line break or U+2028 (which bash reads fine) broke agent.trainer's parser.
+    # Values with a line break or U+2028 (which bash reads fine) read back whole in agent.trainer's parser.
     from agent.trainer import parse_env_file
 
     text = render_env([Variable(name, value, "test") for name, value in values.items()])

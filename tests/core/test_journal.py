@@ -1,4 +1,4 @@
-"""The journal (issue 13): followers that apply the leader's changes hold exactly the leader's members, whether
+"""The journal: followers that apply the leader's changes hold exactly the leader's members, whether
 they keep up, fall behind the journal's reach (then the snapshot), or meet a leader that took over; a change
 costs each of them a few KiB whatever the job size; forged journals are refused."""
 
@@ -105,7 +105,7 @@ def mutate(pods: dict[str, dict], what: str, k: int) -> set[str]:
                           st.integers(0, 10_000)), min_size=1, max_size=40),
        st.integers(1, 12), st.sampled_from([256, 2, 1]))
 def test_followers_hold_the_leaders_members_after_every_change(changes, away, block_rows):
-    """``block_rows``: the snapshot's rows per gzip member (issue 24), so small jobs cross the block counts,
+    """``block_rows``: the snapshot's rows per gzip member, made small so that small jobs cross the block counts,
     rows move between blocks and blocks empty, as a 16384-pod job's do."""
     with mock.patch.object(journal_module, "BLOCK_ROWS", block_rows):
         _follow(changes, away)
@@ -198,7 +198,7 @@ def test_a_single_pod_change_costs_each_follower_a_few_kib_at_any_size(n):
         sizes.append(len(json.dumps({"data": leader.journal_data()})))
         if leader.snapshot_due:
             leader.snapshot_written(leader.state.seq)
-    assert max(sizes) <= 4096  # issue 13's target per follower per single-pod change
+    assert max(sizes) <= 4096  # bytes per follower per single-pod change, whatever the job size
     before = len(base64.b64encode(pack(leader.snapshot_document())))  # what each follower received per change
     assert before > n // 100 * max(sizes)
 
@@ -350,8 +350,8 @@ def test_a_refused_container_shape_stays_refused_for_the_rows_after():
 
 
 def test_a_forged_snapshot_with_a_huge_sequence_does_not_silence_every_later_journal():
-    """Issue 23, M8: a snapshot forged at sequence 2**53-1 made each real journal look old; followers ignored them
-    all, for good. A journal that far behind is another history: the follower reads again (and, finding the
+    """A snapshot forged at sequence 2**53-1 would make each real journal look old and be ignored for good. A
+    journal that far behind is another history: the follower reads again (and, finding the
     same forged snapshot, follows the pods instead: docs/sidecar.md)."""
     from agent.core.journal import JOURNAL_LAG, state_from
 
@@ -382,8 +382,8 @@ def test_a_forged_snapshot_with_a_huge_sequence_does_not_silence_every_later_jou
 
 
 def test_a_new_leaders_packed_snapshot_is_the_documents_text():
-    """The publisher keeps each block of rows compressed while no row of it changes (issue 24: a 16384-pod
-    snapshot cost ~25 ms to encode, every few changes); a leader that starts from a state it read has none kept
+    """The publisher keeps each block of rows compressed while no row of it changes (encoding a 16384-pod
+    snapshot costs ~25 ms, every few changes); a leader that starts from a state it read has none kept
     yet."""
     pods = job(8)
     old = leader_for(pods)
@@ -402,8 +402,8 @@ def as_configmap(packed: bytes) -> dict:
 
 @pytest.mark.parametrize("what", ["new-ip", "new-shape", "leave", "join", "status-only"])
 def test_a_new_leader_reads_back_content_keys_and_publishes_only_what_changed(what):
-    """Issue 24: a new leader compares every published row with its own once, so it keeps each row read back as
-    its content key only (16384 decoded rows cost it 25 MB); after that first change it holds what a leader
+    """A new leader compares every published row with its own once, so it keeps each row read back as its
+    content key only (16384 decoded rows would cost it 25 MB); after that first change it holds what a leader
     that published these pods from the start holds."""
     pods = job(12)
     old = leader_for(pods)
@@ -442,7 +442,7 @@ def test_rows_written_in_another_key_order_compare_as_the_same_content():
 @given(st.randoms(use_true_random=False), st.sampled_from([2, 3, 256]),
        st.lists(st.sampled_from(["new-ip", "new-shape", "leave"]), max_size=6))
 def test_rows_staged_as_the_pods_arrive_publish_what_rows_built_at_the_end_publish(rnd, block_rows, later):
-    """The leader's init stages each pod's row as it arrives (issue 24: building 16384 rows after the last IP cost
+    """The leader's init stages each pod's row as it arrives (building 16384 rows after the last IP would cost
     ~0.1 s, encoding them for the snapshot ~50 ms more). Pods arrive in any order, some twice (a new version
     replaces the staged row), some staged and gone before the gang is complete, with two container shapes: the
     first publication holds what a publisher that built every row at the end holds, its snapshot is its document's

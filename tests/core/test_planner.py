@@ -350,7 +350,7 @@ def test_a_plan_after_following_the_gathering_pods_equals_planning_from_scratch(
 
 def test_following_a_job_whose_ips_arrive_one_by_one_re_places_one_member_per_ip(monkeypatch):
     """The point of ``follow``: the leader's init carries its layout through the wait, each new IP re-placing
-    its own member only, so that the plan once the last IP is in is one change away (issue 24)."""
+    its own member only, so that the plan once the last IP is in is one change away."""
     from agent.core import topology
 
     world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63), ("extras", 2))), random.Random(3))
@@ -458,7 +458,7 @@ def _files(make):
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=15))
 def test_the_sidecars_files_are_the_one_shot_files_byte_for_byte(job, opts, seed, ops):
     """The sidecar's ``Renderer`` (kept plans, each member's topology.json text cached as bytes) writes exactly
-    the bytes ``render_pod`` writes from scratch, which encodes members 1024 at a time (issue 24); and topology.json
+    the bytes ``render_pod`` writes from scratch, which encodes members 1024 at a time; and topology.json
     is ``json.dumps`` of its document."""
     world, options = World(JOBS[job](), random.Random(seed)), OPTIONS[opts]
     renderer = Renderer(options, world.me, checked=False)

@@ -1,4 +1,4 @@
-"""Issue 23, H3: who wrote a published topology, as a reader checks it (agent/core/provenance.py): one table of
+"""Who wrote a published topology, as a reader checks it (agent/core/provenance.py): one table of
 writer pods, and what a reader asks the API for."""
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def test_every_label_a_controller_reads_is_published():
 
 
 def test_a_forged_schema_is_shown_on_one_line():
-    """Found by bench/fuzz.py --published (issue 23): the schema value was echoed raw into the refusal."""
+    """The refusal of a bad schema value quotes it escaped, never raw (a case bench/fuzz.py --published found)."""
     with pytest.raises(InputError) as refused:
         decode(pack({"schema": "worker\nHost *\n ProxyCommand x"}))
     assert "\n" not in str(refused.value) and 'has schema "worker\\nHost *' in str(refused.value)

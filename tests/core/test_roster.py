@@ -1,4 +1,4 @@
-"""Issue 23, H2: membership is decided by the job's own object, not by labels alone. A pod with the job's labels
+"""Membership is decided by the job's own object, not by labels alone. A pod with the job's labels
 and no ownerReference to it, a role the job does not have (`WORKER` beside `worker`), or (while init forms the
 gang) an index beyond the role's replicas is left out with one line; the others go on."""
 

@@ -73,7 +73,7 @@ def dialled(config: str, name: str) -> str:
 @pytest.mark.parametrize(("pods", "options"), [j[1:] for j in JOBS], ids=[j[0] for j in JOBS])
 @pytest.mark.parametrize("port", [22, 2222])
 def test_known_hosts_matches_every_name_a_member_is_reached_by_and_no_member_list(pods, options, port):
-    """Issue 37: one line serves any size. Every DNS name and IP a member's certificate carries is matched by the
+    """One line serves any size. Every DNS name and IP a member's certificate carries is matched by the
     line's patterns (ssh then checks the certificate), so is every name ssh_config sends a pod's name or host name
     to, and the line does not name the members: a pod that knows only rank 0 and itself writes the same line."""
     names = [p["metadata"]["name"] for p in pods]
@@ -106,7 +106,7 @@ def test_ssh_config_maps_aliases_to_addresses_and_checks_host_keys():
 
 
 def test_ssh_config_reaches_dns_named_pods_by_pattern_not_one_block_each():
-    """Issue 37: a pod named as its host name, addressed by its DNS name, is reached by a pattern per role: the
+    """A pod named as its host name, addressed by its DNS name, is reached by a pattern per role: the
     file does not grow with the job, and a pod in its own view writes the same blocks for rank 0's role and its
     own."""
     topo = render(examples.volcano_job("demo", (("master", 1), ("worker", 40))), "demo-worker-3").plan.topology

@@ -1,7 +1,7 @@
-"""Issue 12: nothing a pod, an annotation or a published ConfigMap says can reach a file as a directive.
+"""Nothing a pod, an annotation or a published ConfigMap says can reach a file as a directive.
 
-Each case failed before the validation layer (agent/core/validation.py): either a traceback, a hang, or a line
-written into a file from data."""
+Each case is one that, without the validation layer (agent/core/validation.py), ends in a traceback, a hang, or a
+line written into a file from data."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def test_a_broken_or_forged_published_topology_is_refused_in_one_line(configmap)
 def test_the_troubleshooting_page_explains_the_new_refusals():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
     assert "not a Kubernetes label value" in doc and "published topology is not valid" in doc
-    assert "the published topology is not used (configmap <job>-topology: its writer" in doc  # issue 23, H3
+    assert "the published topology is not used (configmap <job>-topology: its writer" in doc
     assert "waiting for the published topology to be written again" in doc
 
 
@@ -186,8 +186,8 @@ def test_a_5000_digit_nproc_in_the_env_is_refused_in_one_line():
     assert "PET_NPROC_PER_NODE='99999999999999999...'" in str(err.value)
 
 
-# Issue 23, H1: an IPv6 zone id ("fe80::1%<anything>") is an address to Python's ipaddress module, and its text
-# reached hostfile, ssh_config and known_hosts from a published row. Kubernetes' own parser (ParseIPSloppy) has no
+# An IPv6 zone id ("fe80::1%<anything>") is an address to Python's ipaddress module, and its text would reach
+# hostfile, ssh_config and known_hosts from a published row. Kubernetes' own parser (ParseIPSloppy) has no
 # zone ids: neither does the agent's.
 
 from hypothesis import given, settings  # noqa: E402
@@ -239,9 +239,9 @@ def test_a_published_row_with_a_zone_id_is_refused_and_writes_nothing(hostile):
 
 
 def test_a_nul_in_the_pods_own_env_is_never_copied_into_torch_env(tmp_path):
-    """Issue 23, L3: MASTER_PORT="23456\\0..." was copied into PET_MASTER_PORT, and bash drops a NUL from a
-    sourced file without a word. No environment can hold it (the runtime cuts a C string there): the alias
-    now follows the variable the process really has."""
+    """MASTER_PORT="23456\\0..." is not copied into PET_MASTER_PORT: bash drops a NUL from a sourced file without
+    a word, and no environment can hold one (the runtime cuts a C string there), so the alias follows the
+    variable the process really has."""
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)),  # the user's own, before the plugins'
                                 user_env=[{"name": "MASTER_PORT", "value": "23456\x00; junk"}])
     me = pods[1]
@@ -269,8 +269,8 @@ def _wrapped(pods_json: bytes) -> bytes:
     (b"[" + b"[]," * 300_000 + b"[]]", "holds more than 466033 values"),
 ])
 def test_a_published_bomb_is_refused_before_it_is_parsed(bomb, says):
-    """Issue 23, M6: an 87 KB ConfigMap (64 MiB of `{}` unzipped) drove followers to 1.77 GB. The text is
-    inflated a MiB at a time up to its cap, and its values are counted before json makes them (peak RSS per
+    """An 87 KB ConfigMap (64 MiB of `{}` unzipped) costs a follower little: the text is inflated a MiB at a
+    time up to its cap, and its values are counted before json makes them (peak RSS per
     input: bench/bomb_bench.py)."""
     from agent.core.published import decode
 
@@ -289,7 +289,7 @@ def test_a_truncated_or_trailing_gzip_stream_is_refused_in_one_line():
 
 
 def test_the_snapshots_gzip_members_are_read_in_turn_and_capped_together():
-    """Issue 24: the leader writes the snapshot as one gzip member per block of rows. The cap on the inflated
+    """The leader writes the snapshot as one gzip member per block of rows. The cap on the inflated
     text counts every member (a bomb cut into members is still refused), as does the number of members, and
     bytes after the last member that are no gzip member are refused, not skipped."""
     from agent.core.published import MAX_MEMBERS, SCHEMA, decode

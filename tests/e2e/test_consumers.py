@@ -173,7 +173,7 @@ def test_deepspeed_parses_the_hostfile_with_hosts_in_rank_order_and_slots(tmp_pa
 
 
 def test_torch_gloo_and_device_mesh_from_ranks_in_rack_order(tmp_path):
-    """Issue 14: ranks from --rank-order topology form one gloo group, and the DeviceMesh built from topology.json
+    """Ranks from --rank-order topology form one gloo group, and the DeviceMesh built from topology.json
     (one row per rack) is the same in every process and reduces over the right ranks."""
     pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
     pods = examples.volcano_job(name="e2e", tasks=(("master", 1), ("worker", 3)))

@@ -1,4 +1,4 @@
-"""Generated hostile pods against the real parsers of every file (issue 12): whatever the pods say, bash exports
+"""Generated hostile pods against the real parsers of every file: whatever the pods say, bash exports
 exactly the agent's variables, ``ssh -G`` sees exactly one Host block per member and no directive of a pod's,
 ``ssh-keygen -F`` finds the one @cert-authority line, DeepSpeed's own hostfile parser reads exactly the training
 pods, and sh prints exactly their host:slots. A pod the agent refuses is fine; a file with an extra line is not."""

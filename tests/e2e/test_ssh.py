@@ -253,8 +253,8 @@ def test_ssh_owner_gives_the_trainers_user_the_files(workdir):
 
 
 def test_the_sidecar_keeps_known_hosts_current_when_a_member_joins_by_ip(workdir):
-    """Issue 13: with --address ip the sidecar never rewrote ssh/, so a new member's IP was not in known_hosts and
-    strict host key checking refused it."""
+    """With --address ip the sidecar rewrites ssh/ when a member joins: its IP must be in known_hosts, or strict
+    host key checking refuses it."""
     from agent.sandbox.threaded import SandboxThread
     from tests.integration.conftest import finish, start_init
     from tests.integration.test_sidecar import start_sidecar, wait_for
@@ -344,7 +344,7 @@ def views(job) -> dict[str, str]:
 
 
 def test_in_its_own_view_a_pod_reaches_every_peer_over_ssh_and_its_known_hosts_names_no_member(published_job):
-    """Issue 37: SSH works in either view. A worker that knows only rank 0 and itself writes one @cert-authority
+    """SSH works in either view. A worker that knows only rank 0 and itself writes one @cert-authority
     line that names no member, and reaches every peer, by the address the launcher's hostfile gives, with strict
     host key checking; by default rank 0 (the SSH launcher) holds every member and writes the hostfile."""
     job = published_job

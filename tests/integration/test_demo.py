@@ -32,7 +32,7 @@ def test_demo_runs_init_for_every_pod_then_the_sidecar_follows_a_scale_up(tmp_pa
                             text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stdout + result.stderr
     text = result.stdout
-    # Issue 22: the one-line story, through the webhook the sandbox calls
+    # the one-line story, through the webhook the sandbox calls
     assert "labelled namespace 'default' topology-agent.io/inject=enabled: the one line" in text
     assert "from templates with no agent in them" in text
     # the job is applied and scaled; the sandbox plays Volcano, the scheduler and the kubelet
@@ -44,7 +44,7 @@ def test_demo_runs_init_for_every_pod_then_the_sidecar_follows_a_scale_up(tmp_pa
     assert "the webhook added to each pod: init container 'topology-agent' (init --out /shared --timeout 120 " \
            "--address ip --rank-order topology" in text
     assert "POD              ROLE     RACK    NODE_RANK" in text
-    # Issue 14: a job placed across two racks, its ranks in rack order, rank 0 unchanged
+    # a job placed across two racks, its ranks in rack order, rank 0 unchanged
     assert "index order 4, topology order 2 of 4; rank 0 is still demo-master-0" in text
     ranks = {}
     for pod in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-2"):

@@ -1,4 +1,4 @@
-"""The API server misbehaving, as a fault proxy showed it can (issue 21), against real init and sidecar processes:
+"""The API server misbehaving, as a fault proxy shows it can, against real init and sidecar processes:
 the faults a socket makes (a watch that hangs silently, 1 byte a second, no answer at all) and the sidecar's
 request rate over seconds. The others run in process, over the sandbox's API in memory
 (tests/runtime/test_faults.py).

@@ -168,8 +168,8 @@ def test_keygen_prints_a_secret_and_apply_creates_it(sandbox, capsys):
 
 
 def test_pods_are_listed_in_pages_each_cut_down_as_its_bytes_come(sandbox, client):
-    """Issue 13: a 4096-pod LIST parsed at once peaked at ~200 MB in the leader; pages bound it, and each page's
-    items are cut down (``keep``) a read at a time, never a whole page parsed."""
+    """Pages bound a LIST's memory (a 4096-pod LIST parsed at once would take the leader to ~200 MB), and each
+    page's items are cut down (``keep``) a read at a time, never a whole page parsed."""
     import asyncio
 
     from agent.k8s.async_client import AsyncClient
@@ -296,7 +296,7 @@ def _exchange(sandbox, head: str, body: bytes = b"") -> bytes:
 
 @pytest.mark.parametrize("kind", ["get", "put", "watch", "unauthorized"])
 def test_the_stats_count_every_byte_of_a_request_and_its_answer_on_the_wire(sandbox, kind):
-    """Issue 37: the benchmarks' API traffic is request and answer, headers included (a watch's chunk framing
+    """The benchmarks' API traffic is request and answer, headers included (a watch's chunk framing
     too), so the sandbox's counts must equal what a client sends and receives."""
     import time
 

@@ -233,8 +233,8 @@ def published_job(sandbox, tmp_path, workers, *extra):
 
 
 def test_when_the_leader_crashes_a_standby_takes_over_and_followers_see_the_new_membership(sandbox, tmp_path):
-    """Issue 13: followers kept the last membership forever when the leader pod went away. Here its process is
-    killed (no Lease released: the standbys wait it out); tests/runtime/test_sidecar.py stops one cleanly."""
+    """Followers follow a new publisher when the leader pod goes away. Here its process is killed (no Lease
+    released: the standbys wait it out); tests/runtime/test_sidecar.py stops one cleanly."""
     published_job(sandbox, tmp_path, 5)
     procs = {n: start_sidecar(sandbox, tmp_path, n, "--lease-seconds", "3")
              for n in ("demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-4")}
@@ -243,7 +243,7 @@ def test_when_the_leader_crashes_a_standby_takes_over_and_followers_see_the_new_
             wait_for(lambda s=standby: "(standby)" in (tmp_path / f"{s}.log").read_text(), what="standby named")
         wait_for(lambda: "started publishing" in (tmp_path / "demo-master-0.log").read_text(), what="leader up")
         # The follower must follow the journal before the leader goes (a follower that starts after the leader's
-        # pod is deleted refuses the copy its writer no longer vouches for, issue 23, and reads the pods).
+        # pod is deleted refuses the copy its writer no longer vouches for, and reads the pods).
         wait_for(lambda: "(follower)" in (tmp_path / "demo-worker-4.log").read_text(), what="follower following")
         before = world(tmp_path / "demo-worker-4")
         published_before = {n: configmap(sandbox, n) for n in ("demo-topology", "demo-topology-journal")}
@@ -266,7 +266,7 @@ def test_when_the_leader_crashes_a_standby_takes_over_and_followers_see_the_new_
         assert ready < text.index("started publishing")
         lease = sandbox.sandbox.store.get("coordination.k8s.io/v1/leases", "default", "demo-topology")
         assert lease["spec"]["holderIdentity"] == took[0] and lease["spec"]["leaseTransitions"] >= 1
-        # Issue 23, H3: the new publisher's real writes pass the admission policy as an UPDATE by its own pod
+        # The new publisher's real writes pass the admission policy as an UPDATE by its own pod
         # (a standby the previous leader named), journal and snapshot alike.
         wait_for(lambda: configmap(sandbox, "demo-topology")["data"]["leader"] == took[0], what="snapshot rewritten")
         from tests.vap import Deny
@@ -310,7 +310,7 @@ def test_kubectl_delete_of_the_summary_neither_stops_an_init_nor_stays(sandbox, 
 
 
 def test_sigterm_while_the_api_is_down_at_start_exits_0_at_once(sandbox, tmp_path):
-    # Issue 12: the start-up retry loop ignored SIGTERM; the pod then waited for its grace period's SIGKILL.
+    # The start-up retry loop ends at SIGTERM: the pod need not wait for its grace period's SIGKILL.
     create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
     sandbox.faults(down_for=60)
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": "demo-worker-0", "POD_NAMESPACE": "default"}

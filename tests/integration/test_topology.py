@@ -66,5 +66,5 @@ def test_ranks_follow_the_racks_and_only_the_publisher_reads_nodes(sandbox, tmp_
     for name in names:
         if name != publisher:
             follower = stats[f"topology-agent/0.1.0 init (default/{name})"]
-            # 4: the writer pod (issue 23); the Lease apart (tests/runtime/test_init.py counts its reads)
+            # 4: the writer pod (its provenance); the Lease apart (tests/runtime/test_init.py counts its reads)
             assert follower["requests"] - follower["watches"] - follower["leases"] <= 4, name

@@ -290,11 +290,11 @@ def test_with_cert_managers_files_it_serves_them_reloads_a_renewal_and_writes_no
         stop(webhook)
 
 
-# Issue 34: broken TLS material is repaired, or refused at start in one line, within seconds; a watch on the
+# Broken TLS material is repaired, or refused at start in one line, within seconds; a watch on the
 # Secret and on the configuration, not the hourly check. Every wait is a deadline on a condition.
 
 SVC_NAME = "topology-agent-webhook.topology-agent-system.svc"  # the name the API server checks
-REPAIR = 10.0  # seconds: issue 34's target for each breakage
+REPAIR = 10.0  # seconds: the bound on each repair (a watch, not the hourly check)
 
 
 def handshake(port: int, trust: bytes, name: str = SVC_NAME) -> bytes | None:

@@ -1,4 +1,4 @@
-"""Issue 34: the real `topology-agent webhook` process, with its shipped defaults, against callers that do not
+"""The real `topology-agent webhook` process, with its shipped defaults, against callers that do not
 play by the rules: idle connections past its limit, and an API server whose namespace reads hang."""
 
 from __future__ import annotations

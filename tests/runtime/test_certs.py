@@ -87,7 +87,7 @@ def test_the_secret_round_trips_and_garbage_is_replaced_not_trusted():
     assert certs.from_secret({"metadata": {"name": "x"}, "data": {"tls.crt": "%%%"}}) is None
 
 
-# Issue 34: what the Secret holds is checked as cert-controller's validServerCert checks it, and what does not
+# What the Secret holds is checked as cert-controller's validServerCert checks it, and what does not
 # verify is made again; the rest is kept.
 
 SERVICE = "topology-agent-webhook.topology-agent-system.svc"
@@ -241,7 +241,7 @@ def test_a_secret_an_earlier_version_wrote_verifies_as_it_is(monkeypatch):
 
 
 class RefusedWatches:
-    """An API whose RBAC predates issue 34: the Secret and the configuration may be read and written, not
+    """An API whose RBAC is an older release's: the Secret and the configuration may be read and written, not
     listed or watched."""
 
     def __init__(self) -> None:

@@ -520,8 +520,8 @@ def _sized(kind: str, pods: int) -> dict:
     (16392, "256Mi", "512Mi"),
 ])
 def test_the_agents_memory_follows_the_jobs_size(kind, pods, request_, limit):
-    """Issue 24: at 16384 pods the leader's sidecar peaks near 150 MB (docs/benchmarks.md, "Memory"), and the
-    128Mi limit every job got would OOM-kill it. The job's own replica counts (an elastic job's maxReplicas)
+    """At 16384 pods the leader's sidecar peaks near 150 MB (docs/benchmarks.md, "Memory"): a 128Mi limit for
+    every job would OOM-kill it. The job's own replica counts (an elastic job's maxReplicas)
     size the agent's containers."""
     doc = injected(_sized(kind, pods))
     for template in templates(doc):

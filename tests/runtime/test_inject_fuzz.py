@@ -1,4 +1,4 @@
-"""Issue 34: `inject` on generated manifests raises nothing but InputError (one line, exit 2). The controllers' own
+"""`inject` on generated manifests raises nothing but InputError (one line, exit 2). The controllers' own
 examples and a few hand-made jobs, each mutated at a random place (a value of any type, an annotation setting
 any key to any value), written as YAML or JSON; a value refused anywhere must be refused with InputError, never
 with a traceback (exit 70)."""
@@ -190,7 +190,7 @@ def commented_texts(draw: st.DrawFn) -> tuple[str, list[str]]:
 @settings(FUZZ, max_examples=30)  # two runs of ruamel over a whole example each: ~60 ms an example
 @given(commented_texts())
 def test_comments_anywhere_stay_and_a_second_run_changes_nothing(case):
-    """Issue 34 (flow style), and what the agent adds to lists: a comment written on a line of its own is never
+    """Flow style, and what the agent adds to lists: a comment written on a line of its own is never
     lost, and inject of inject's output is that output, whatever the layout and wherever the comments are."""
     text, own_lines = case
 

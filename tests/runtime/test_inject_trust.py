@@ -1,4 +1,4 @@
-"""Issue 34 (trust, round 4), inject's side: hostile or odd manifests given to `topology-agent inject` and the
+"""Trust, inject's side: hostile or odd manifests given to `topology-agent inject` and the
 shared transform. A user's own pieces are never removed, bad input is one line and exit 2, YAML is bounded as
 kubectl bounds it, and what inject writes reads back the same."""
 
@@ -56,8 +56,8 @@ def pod(volumes: str, mounts: str = "", annotations: str = "") -> str:
 
 
 def test_a_users_pvc_named_like_the_agent_is_kept_with_its_mount():
-    """Issue 34: a PVC `topology-agent-data` at /data was removed (a name-prefix match) and the pod admitted
-    with the shared emptyDir instead: the job would write its data nowhere."""
+    """A user's PVC `topology-agent-data` at /data stays: a name-prefix match would remove it and admit the pod
+    with the shared emptyDir instead, and the job would write its data nowhere."""
     text = pod("  - name: topology-agent-data\n    persistentVolumeClaim:\n      claimName: data\n",
                "    volumeMounts:\n    - name: topology-agent-data\n      mountPath: /data\n")
     spec = load(inject(text))["spec"]
@@ -157,8 +157,8 @@ def alias_bomb(levels: int = 10, fan: int = 10) -> str:
 
 
 def test_an_alias_bomb_is_refused_in_one_line_before_any_template_is_walked(capsys, monkeypatch):
-    """Issue 34: 10^10 templates from 895 bytes; inject never finished. The count is kept as the YAML is composed,
-    so nothing is expanded: the agent's transform is never reached (a counter stands in for a clock)."""
+    """895 bytes of YAML aliases make 10^10 templates; inject refuses them at once. The count is kept as the YAML
+    is composed, so nothing is expanded: the agent's transform is never reached (a counter stands in for a clock)."""
     import agent.core.injection as injection
 
     text = alias_bomb()
@@ -296,7 +296,7 @@ def nested_configmap(depth: int) -> str:
 
 
 def test_a_configmap_nested_300_deep_is_one_line_exit_2(capsys, monkeypatch):
-    """Issue 34: exit 70 and a RecursionError from the YAML dump."""
+    """Deep nesting is refused in one line (exit 2), not a RecursionError from the YAML dump (exit 70)."""
     line = one_line_exit_2(nested_configmap(300), capsys, monkeypatch)
     assert "nests objects and lists more than 100 deep" in line and "(line 105)" in line, line
 
@@ -360,8 +360,8 @@ SSH_POD = ("apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n   
         "uid-inf", "uid-bool", "uid-negative", "uid-too-big", "gid-string", "mounts-string", "volumes-map",
         "init-container-string", "metadata-string", "mapping-key", "nul"])
 def test_a_bad_manifest_is_one_line_and_exit_2(text, says, capsys, monkeypatch):
-    """Issue 34: each of these was exit 70 ("internal error") with a traceback, or (volumes, mounts, init
-    containers of another type) was silently replaced by the agent's own list."""
+    """Each of these is one line and exit 2: never exit 70 ("internal error") with a traceback, nor (volumes,
+    mounts, init containers of another type) silently replaced by the agent's own list."""
     line = one_line_exit_2(text, capsys, monkeypatch)
     assert says in line, line
 
@@ -416,9 +416,9 @@ def job_with(annotations: dict[str, str]) -> str:
         "owner-uid", "match-long", "timeout-long"])
 def test_a_setting_that_would_make_pods_the_api_server_refuses_is_one_line_exit_2(key, value, says, capsys,
                                                                                   monkeypatch):
-    """Issue 34: these passed (exit 0): the job was applied, or admitted by the webhook, and every pod of it was
-    refused later (an invalid ServiceAccount or Secret name, an image no runtime pulls, a mount at a relative
-    path or at /)."""
+    """Each of these is refused at once: let through (exit 0), the job would be applied, or admitted by the
+    webhook, and every pod of it refused later (an invalid ServiceAccount or Secret name, an image no runtime
+    pulls, a mount at a relative path or at /)."""
     annotations = {f"topology-agent.io/{key}": value}
     if key == "ssh-owner":
         annotations["topology-agent.io/ssh-secret"] = "s"
@@ -447,8 +447,8 @@ def test_good_settings_that_shape_the_pod_pass(key, value):
 
 
 def test_a_long_trainer_match_is_refused_before_any_regex_is_compiled(monkeypatch):
-    """Issue 34: the webhook was fed 200 KB trainer-match values; each was compiled, and re's cache kept 512 of
-    them. The length bound comes first, in Settings.over, for inject, the webhook and --set alike."""
+    """A 200 KB trainer-match value is never compiled (re's cache would keep 512 of them): the length bound
+    comes first, in Settings.over, for inject, the webhook and --set alike."""
     compiled: list[int] = []
     real = re.compile
 
@@ -489,7 +489,7 @@ def test_the_webhook_refuses_the_same_settings_with_the_same_line():
 
 
 def test_json_with_a_duplicate_key_is_refused_as_the_same_yaml_is(capsys, monkeypatch):
-    """Issue 34: the first `spec` (with the user's volume) was dropped without a word and the second injected."""
+    """A duplicate key is refused: the first `spec` (with the user's volume) is never dropped without a word."""
     first = '{"containers": [{"name": "t", "image": "x"}], "volumes": [{"name": "data", "emptyDir": {}}]}'
     second = '{"containers": [{"name": "t", "image": "x"}]}'
     text = f'{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "p"}}, "spec": {first}, "spec": {second}}}'
@@ -517,8 +517,8 @@ WEBSITE = ROOT / "tests" / "upstream" / "website"
 
 @pytest.mark.parametrize("name", ["init-containers.yaml", "indexed-job.yaml"])
 def test_kubernetes_websites_flow_style_examples_keep_their_layout_and_read_back_the_same(name):
-    """Issue 34: kubernetes/website's examples are flow style over many lines (KYAML). inject wrote each on one
-    line, without its comment, and inject of that exited 2 ("starts like JSON but is not JSON")."""
+    """kubernetes/website's examples are flow style over many lines (KYAML). inject keeps their lines and
+    comments, and inject of its output reads it (it "starts like JSON" without being JSON)."""
     text = (WEBSITE / name).read_text()
     once = inject(text)
     assert inject(once) == once
@@ -574,7 +574,7 @@ def test_comments_by_a_list_the_agent_adds_to_stay_with_what_they_were_written_o
 
 
 def test_crlf_comes_back_as_crlf_from_a_file_and_from_stdin(tmp_path, capsys, monkeypatch):
-    """Issue 34: CRLF input came back LF (Python's text reading turned every CRLF into LF before inject saw it)."""
+    """CRLF input comes back CRLF (Python's text reading would turn every CRLF into LF before inject saw it)."""
     lf = (ROOT / "tests" / "upstream" / "jobset-depends-on.yaml").read_text()
     crlf = lf.replace("\n", "\r\n")
     path = tmp_path / "job.yaml"

@@ -1,4 +1,4 @@
-"""Issue 12, inside the pod: the shared volume and the process namespace are shared with the trainer, whose code
+"""Trust inside the pod: the shared volume and the process namespace are shared with the trainer, whose code
 may be hostile. Links are never followed, killed writers leave no keys behind, and the signal goes to the
 trainer, never to pid 1, the sidecar itself or a shell wrapper."""
 
@@ -129,7 +129,7 @@ def test_a_trainer_that_is_torchrun_is_never_signalled(tmp_path):
         proc.wait()
 
 
-# Issue 23, M5 and M7: files in the shared directory are the trainer's to write, and are read as such.
+# Files in the shared directory are the trainer's to write, and are read as such.
 
 def _in_thread(fn, seconds: float = 10.0):
     """fn's result, or AssertionError when it blocks (a FIFO read with no writer never returns)."""
@@ -265,7 +265,7 @@ def _signal_as(uid: int, pattern: str) -> tuple[str, str]:
 
 
 def test_the_shipped_users_signal_only_when_the_sidecar_runs_as_the_trainer_and_the_log_says_why():
-    """Issue 23, L1: agent 65532 and trainer 10001 with no capability cannot signal (EPERM), and the line says
+    """Agent 65532 and trainer 10001 with no capability cannot signal (EPERM), and the line says
     why; the sidecar run as the trainer's user (as inject writes it when a trainer is named) can."""
     if os.geteuid() != 0:
         pytest.skip("switching users needs root (CI runs as root)")

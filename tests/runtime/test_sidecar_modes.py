@@ -1,4 +1,4 @@
-"""How a sidecar gathers changes, by mode (issue 24): a follower of the published journal rewrites at each entry,
+"""How a sidecar gathers changes, by mode: a follower of the published journal rewrites at each entry,
 which the publisher gathered already; a sidecar watching pods waits for a burst to end (``--debounce``)."""
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ async def test_a_lease_won_before_the_first_list_evaluates_no_empty_view(tmp_pat
 
 
 async def test_a_new_leader_reads_back_the_publication_before_it_plans(tmp_path: Path) -> None:
-    """Issue 24: the read-back's transient (~10 MB at 16384 pods) came on top of the first plan's memory, the
-    leader sidecar's peak. It now comes first; the publication that follows still compares every row read."""
+    """The read-back's transient (~10 MB at 16384 pods) comes before the first plan's memory, not on top of it
+    (the leader sidecar's peak); the publication that follows still compares every row read."""
     sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path,  # type: ignore[arg-type]
                                             debounce=0))
     sidecar.changes.mode = Mode.CANDIDATE
@@ -130,9 +130,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def test_a_change_reuses_the_memory_the_last_one_freed() -> None:
-    """Issue 24: glibc handed each freed multi-megabyte block back to the OS, so each change of a 16384-pod job
-    faulted ~10 MB in again (2500 page faults, ~5 ms of CPU per change). The sidecar keeps freed blocks in the
-    heap; page faults are counted, not time."""
+    """glibc hands each freed multi-megabyte block back to the OS by default, so each change of a 16384-pod job
+    would fault ~10 MB in again (2500 page faults, ~5 ms of CPU per change). The sidecar keeps freed blocks in
+    the heap; page faults are counted, not time."""
     counts = {}
     for mode in ("default", "keep"):
         out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True)

@@ -129,7 +129,7 @@ async def test_what_is_not_an_admission_review_gets_400_and_a_missing_namespace_
 
 
 async def test_the_sidecars_health_port_serves_topology_json_only_when_asked():
-    """Issue 23, L4: the health port is open to the pod network (the kubelet probes it); the job's layout is
+    """The health port is open to the pod network (the kubelet probes it); the job's layout is
     served there only with --health-topology."""
     from agent.runtime.health import make_app
     from agent.runtime.metrics import SidecarMetrics
@@ -154,7 +154,7 @@ async def test_the_sidecars_health_port_serves_topology_json_only_when_asked():
             await client.close()
 
 
-# Issue 34: the webhook under hostile callers. The server runs in process on loopback with its real TLS listener
+# The webhook under hostile callers. The server runs in process on loopback with its real TLS listener
 # (serving.py) and small limits, so each bound shows in a second or two.
 
 def tls_pair() -> tuple[ssl.SSLContext, ssl.SSLContext]:

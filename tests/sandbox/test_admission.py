@@ -176,7 +176,7 @@ async def test_selectors_choose_the_webhooks_and_if_needed_ones_run_again_after_
         await caller.close()
 
 
-# Issue 34: kube-apiserver never sends admission configuration objects to a webhook (apiserver's
+# kube-apiserver never sends admission configuration objects to a webhook (apiserver's
 # IsExemptAdmissionConfigurationResource), and labels every namespace with its name.
 
 CONFIG_KINDS = [("mutatingwebhookconfigurations", "MutatingWebhookConfiguration"),

@@ -1,4 +1,4 @@
-"""Issue 23, H3: the published topology's ValidatingAdmissionPolicy (manifests/policy), run by a real CEL engine
+"""The published topology's ValidatingAdmissionPolicy (manifests/policy), run by a real CEL engine
 (tests/vap.py: cel-expr-python, the binding of the reference C++ implementation, in the API server's order).
 
 Each case ends in what followers do with the write: "denied" (the API server refuses it), or, once admitted,
@@ -151,7 +151,7 @@ def test_the_engine_is_real_an_expression_error_denies():
         POLICY.admit(req, published(LEADER), None)
 
 
-# Issue 34: the webhook's account may update its own MutatingWebhookConfiguration (it writes the caBundle), and
+# The webhook's account may update its own MutatingWebhookConfiguration (it writes the caBundle), and
 # RBAC cannot narrow that to one field. manifests/webhook's policy admits from that account only a change of
 # webhooks[*].clientConfig.caBundle; anyone else is not matched.
 

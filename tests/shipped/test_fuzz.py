@@ -38,9 +38,9 @@ def test_a_thousand_mutated_watch_streams_find_nothing():
 
 
 def test_a_thousand_mutated_published_topologies_find_nothing():
-    """Issue 23: the snapshot's document, the journal's entries, the ConfigMaps' fields and their compressed bytes,
-    mutated, through a follower's reading, its check of the writer, and the core. Before the fix, 90 of 2,000
-    ended in a traceback (a ConfigMap whose metadata is not an object)."""
+    """The snapshot's document, the journal's entries, the ConfigMaps' fields and their compressed bytes,
+    mutated, through a follower's reading, its check of the writer, and the core: none ends in a traceback (a
+    ConfigMap whose metadata is not an object among them)."""
     outcomes, findings, _ = fuzz.fuzz_published(1000, random.Random(3))
     assert findings == []
     assert outcomes["published rendered"] > 100 and outcomes["published refused"] > 100

@@ -230,7 +230,7 @@ def _templates():
 
 @pytest.mark.parametrize(("where", "template"), list(_templates()), ids=[w for w, _ in _templates()])
 def test_the_agent_runs_restricted_and_only_the_agent_holds_the_token(where, template):
-    # Issue 12: the Pod Security Standard "restricted" wherever the agent runs, CRD templates included (checkov
+    # The Pod Security Standard "restricted" wherever the agent runs, CRD templates included (checkov
     # reads only core kinds); the ServiceAccount token is mounted into the agent's containers only.
     spec = template["spec"]
     assert spec.get("automountServiceAccountToken") is False
@@ -325,8 +325,9 @@ def _rules(path):
 
 
 def test_the_flowschema_covers_every_request_the_agents_rbac_allows_and_its_account_mounts_no_token():
-    """Issue 23, L4: a request the FlowSchema leaves out escapes the agent's priority level (leases, mpijobs
-    and nodes did); the ServiceAccount's token reaches only the containers it is projected into."""
+    """Every request the agent makes is in the FlowSchema (a request it leaves out, such as leases, mpijobs or
+    nodes, escapes the agent's priority level); the ServiceAccount's token reaches only the containers it is
+    projected into."""
     docs = [d for d in yaml.safe_load_all((ROOT / "manifests" / "apf" / "priority-and-fairness.yaml").read_text())]
     rules = next(d for d in docs if d["kind"] == "FlowSchema")["spec"]["rules"][0]["resourceRules"]
 
@@ -356,7 +357,7 @@ def _built(path: Path) -> list[dict]:
 
 @pytest.mark.parametrize("install", ["webhook", "webhook-cert-manager", "webhook in namespace hooks"])
 def test_no_webhook_takes_kube_system_or_its_own_namespace_and_the_policy_names_its_account(install, tmp_path):
-    """Issue 34: labelled by mistake, kube-system or the webhook's namespace would have their pods refused while
+    """Labelled by mistake, kube-system or the webhook's namespace would have their pods refused while
     the webhook is down, its own replacements among them. The exclusion and the caBundle-only policy follow the
     namespace set in the kustomization (a copy of the base with another `namespace:`)."""
     namespace = "topology-agent-system"

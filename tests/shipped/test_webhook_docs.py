@@ -70,8 +70,8 @@ def test_the_memory_adopt_md_states_is_the_deployments_and_its_figures_come_from
 
 
 def test_security_md_has_the_row_for_whoever_can_reach_the_webhooks_port():
-    """Issue 34 (design): the threat model had no row for a pod that can reach 8443, the webhook's most exposed
-    side: a caller that is not the API server."""
+    """The threat model has a row for a pod that can reach 8443, the webhook's most exposed side: a caller that
+    is not the API server."""
     text = (ROOT / "docs" / "security.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| any pod that can reach the webhook's port "
                                                                         "8443"))
