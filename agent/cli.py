@@ -200,8 +200,8 @@ def run(argv: Sequence[str] | None = None, *, ending: bool = False) -> Ran:
     collecting = gc.isenabled()
     if args.command in ONE_SHOT:
         # One-shot processes that parse up to millions of small objects and create no garbage cycles worth
-        # collecting: the cyclic collector's passes over them made parsing super-linear (16384 pods: 3.0 s,
-        # 1.5 s without; init at 4096: 0.45 of 1.6 s). Memory is returned when the process ends.
+        # collecting: the cyclic collector's passes over them would make parsing super-linear (about half of a
+        # 16384-pod parse). Memory is returned when the process ends.
         gc.disable()
     try:
         result = COMMANDS[args.command](settings_from(args))
@@ -243,8 +243,8 @@ def _seal(argv: Sequence[str]) -> None:
 
 def console() -> NoReturn:
     """The ``topology-agent`` command. A one-shot command ends without tearing down its heap: freeing a
-    4096-pod job's objects one by one took 0.25 s after the files were in place, on every pod's start-up path
-    (the files are renamed into place and the logs flushed first; nothing is left to clean up)."""
+    large job's objects one by one would come after the files are in place, on every pod's start-up path (the
+    files are renamed into place and the logs flushed first; nothing is left to clean up)."""
     _seal(sys.argv[1:])
     ran = run(ending=True)  # held until os._exit: what the command held is never freed
     if ran.command in ONE_SHOT:

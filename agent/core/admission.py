@@ -12,9 +12,10 @@ that adopts every job holds jobs that are no training jobs, and refusing them wo
 serve.
 
 The patch is built from what the transform changed, never by diffing the whole object: a 3 MiB object costs
-a parse, not a deep copy and a tree diff (which took a webhook to 220-323 MB). The transform touches only the
-agent's pieces of a template (injection.py), and each is recorded one level deep before it runs: list entries
-the transform keeps are the same objects afterwards, so removals and insertions are found by identity.
+a parse, not a deep copy and a tree diff (which would take a webhook to 80-110 times the object's size). The
+transform touches only the agent's pieces of a template (injection.py), and each is recorded one level deep
+before it runs: list entries the transform keeps are the same objects afterwards, so removals and insertions are
+found by identity.
 """
 
 from __future__ import annotations

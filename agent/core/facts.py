@@ -28,7 +28,7 @@ class Memo:
     One version per pod is held: a pod's new version replaces its old one (init's wait sees every pod of a
     large job twice, without and with its IP). Entries of pods not seen in the last computation are dropped.
     Results are the same with or without it. Keyed by the name alone, with the version in the facts: a key and
-    a value tuple per pod cost ~2 MB at 16384 pods.
+    a value tuple per pod would cost ~2 MB at 16384 pods.
     """
 
     def __init__(self, options: Options) -> None:

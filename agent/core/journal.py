@@ -81,8 +81,8 @@ class Entry:
 
     def encoded(self) -> str:
         """The entry as JSON, keys sorted; its rows a block at a time. Python's encoder makes one string per
-        value before it joins them: an entry of 4096 rows (a burst of the kubelet's writes) peaked 3.6 MB over its
-        rows, 1.5 MB this way (bench/transients_bench.py)."""
+        value before it joins them: this way an entry of 4096 rows (a burst of the kubelet's writes) peaks 1.5 MB
+        over its rows (bench/transients_bench.py)."""
         put = ",".join(_dumps(list(self.put[at:at + BLOCK_ROWS]))[1:-1] for at in range(0, len(self.put), BLOCK_ROWS))
         return (f'{{"gone":{_dumps(list(self.gone))},"put":[{put}],"seq":{_dumps(self.seq)},'
                 f'"shapes":{_dumps({str(i): s for i, s in self.shapes})}}}')
@@ -187,7 +187,7 @@ class PublishedState:
         """From the snapshot ConfigMap (None while it holds none), each row checked like any pod from the API.
         ``compare_only``: the rows are decoded one at a time and each is kept as its content key alone
         (``_compared``), for a new leader that only compares the rows published with its own: 16384 decoded rows
-        held at once cost it 25 MB. With ``pods`` too, each row's pod is kept (a leader that starts from what it
+        held at once would cost it 25 MB. With ``pods`` too, each row's pod is kept (a leader that starts from what it
         published: the pods for its view, the keys for its publisher, from one streamed read)."""
         if not compare_only:  # a follower keeps every row anyway: json.loads of the whole is faster (~20 %)
             document = decode_configmap(configmap)
@@ -260,7 +260,7 @@ class PublishedState:
 class _Blocks:
     """The snapshot's rows as gzip members, one per block of names in the document's order: each block's names,
     its compressed bytes while no row of it changed, and the names changed since the last snapshot. Compressing
-    a 16384-pod snapshot (3 MB) whole cost the leader ~25 ms every few changes; one block of ~256 rows ~0.5 ms."""
+    one block of ~256 rows costs the leader ~0.5 ms; a 16384-pod snapshot (3 MB) whole would cost ~25 ms."""
 
     __slots__ = ("blocks", "bounds", "packed", "stale")
 
@@ -343,7 +343,7 @@ class Publisher:
 
     def stage(self, pod: RawPod) -> None:
         """Build ``pod``'s row now, for the next ``change`` given this very object. The leader's init stages each
-        pod as it arrives, while it waits for the gang: building 16384 rows after the last pod's IP cost it ~0.1 s.
+        pod as it arrives, while it waits for the gang: building 16384 rows after the last pod's IP would cost ~0.1 s.
         Rows that carry their Node's labels (``levels``) wait for the Nodes, read once the gang is complete."""
         if self.options.levels is None:
             row = _row(pod, self.options, self._shape_index, None, self._texts)
@@ -354,7 +354,7 @@ class Publisher:
         """Publish what became of ``names`` (present in ``pods``: put if the row's content changed; absent: gone
         if published). Returns the new journal entry, or None when followers have nothing to learn. ``journal``
         False: the first publication, which only the snapshot carries (encoding every row as an entry as well
-        cost the leader's init ~40 ms at 16384 pods, after the last pod's IP)."""
+        would cost the leader's init ~40 ms at 16384 pods, after the last pod's IP)."""
         assert journal or not self.entries, "only a publisher with an empty journal may leave a change out of it"
         state = self.state
         put: list[list[Any]] = []
@@ -377,8 +377,9 @@ class Publisher:
             published = state.rows.get(name)
             if not _same_content(row, published):
                 put.append(row)
-            else:  # the same row, built from the pod held: a row read back from the snapshot is let go (a new
-                # leader held every row twice, ~7 MB at 16384 pods); its resourceVersion stays the published one
+            else:  # the same row, built from the pod held: a row read back from the snapshot is let go (or a
+                # new leader would hold every row twice, ~7 MB at 16384 pods); its resourceVersion stays the
+                # published one
                 state.rows[name] = [row[Col.NAME], published[Col.VERSION], *row[Col.LABELS:]]  # type: ignore[index]
         if not put and not gone:
             return None

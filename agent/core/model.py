@@ -557,7 +557,7 @@ class Topology:
     def run_starts(self) -> tuple[int, ...] | None:
         """Where the training members (in rank order) start a new run: a change of role, of index prefix or of
         process count, or a last index that skips (core/summary.py). None when a training member has no index.
-        Each comparison is one C-level pass over the members (a Python loop cost ~8 ms at 16384 pods), and the
+        Each comparison is one C-level pass over the members (a Python loop would cost ~8 ms at 16384 pods), and the
         planner carries the result from one plan to the next while no member arrives or leaves."""
         training = self.training
         indices = list(map(_INDEX, training))

@@ -195,7 +195,7 @@ class MemberTexts:
     """Each member's topology.json text (as bytes: the file is joined from them without a 4.5 MB encode at 16384
     pods) and membership key between the sidecar's generations, found by the member object's identity (its id;
     the entry holds the member, so no other object can take that id while the entry lives): a C-level lookup per
-    member, where hashing 4096 members by value cost 5 ms per change and building their keys 1.5 ms. Members that
+    member, where hashing 4096 members by value would cost 5 ms per change and building their keys 1.5 ms. Members that
     are equal but new objects (a plan made from scratch) are found by value, so they are not encoded again
     either, and a member that only moved in rank (a pod before it left or came back: every later member) gets
     its last text with the two numbers replaced (``_reranked``), not encoded again. Entries of earlier generations
@@ -214,7 +214,7 @@ class MemberTexts:
         entries: list[Any]  # None where a member is yet to be found
         if last is not None and len(last.members) == len(members):
             # Most changes keep every member in its place: compare the two tuples' pointers (no member is
-            # touched) and look up only the places that changed; a lookup of all 16384 was ~4 ms of cache misses.
+            # touched) and look up only the places that changed; a lookup of all 16384 is ~4 ms of cache misses.
             moved = list(itertools.compress(range(len(members)), map(operator.is_not, members, last.members)))
             entries, texts, keys = list(last.entries), list(last.texts), list(last.keys)
             for at in moved:
@@ -284,9 +284,9 @@ _TEXT, _KEY = operator.itemgetter(1), operator.itemgetter(2)
 def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int,
                          texts: MemberTexts | None = None, frameworks: Sequence[Rendition] = ()) -> bytes:
     """One line of JSON (the C encoder is ~20x faster than indent=2). ``texts`` keeps each member's JSON between
-    the sidecar's evaluations: encoding 4096 member objects took 15 ms per change, joining their texts 0.3 ms.
-    Without it, members are encoded 1024 at a time: one dict per member of a 16384-pod job at once was ~20 MB of
-    init's peak. The bytes are exactly ``json.dumps`` of the whole document (ASCII: it escapes the rest)."""
+    the sidecar's evaluations: joining 4096 members' texts takes 0.3 ms a change, encoding the member objects 15.
+    Without it, members are encoded 1024 at a time: one dict per member of a 16384-pod job at once would be ~20 MB
+    of init's peak. The bytes are exactly ``json.dumps`` of the whole document (ASCII: it escapes the rest)."""
     document = topology_document(plan, variables, generation=generation, members=False, frameworks=frameworks)
     document["members"] = []
     head = json.dumps(document)
@@ -363,7 +363,7 @@ def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, 
 
 def read_topology_json(text: str) -> tuple[dict[str, Any], tuple[tuple[object, ...], ...]]:
     """A ``topology.json``'s document without its members, and its membership key, the members read one at a
-    time (``decode_streamed``): the sidecar's start held every member's dict at once, ~25 MB at 16384 pods."""
+    time (``decode_streamed``): every member's dict at once would be ~25 MB of the sidecar's start at 16384 pods."""
     keys: list[tuple[object, ...]] = []
     document = decode_streamed(text, "members", lambda m: keys.append(member_key(m)))
     return document, with_frameworks(with_groups(tuple(keys), document.get("replicaGroups")),

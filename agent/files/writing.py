@@ -4,7 +4,7 @@ Every file is written to a temp file in its directory and renamed into place, so
 half-written file. All temp files are written before the first rename: a failure (full disk, read-only
 directory) leaves the previous generation untouched and removes the temp files. There is no fsync: rename
 already gives readers the all-or-nothing view, and an emptyDir does not outlive the node crash that fsync guards
-against (fsync was 10 % of the sidecar's time per change).
+against (fsync would be 10 % of the sidecar's time per change).
 
 The volume is shared with the trainer container, whose code may be hostile: it can replace ``ssh/`` with a
 symbolic link to anywhere between two generations. So every directory below the output directory is opened

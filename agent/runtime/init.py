@@ -160,9 +160,9 @@ def decide(me: RawPod, settings: InitSettings, expected: Expectation, objects: t
 @dataclass(repr=False)
 class Held:
     """What init holds when its files are written: ``console`` ends the process without freeing it (a 16384-pod
-    job's objects took ~50 ms to free one by one, on the job's start-up path). No dataclass repr: on Python 3.11
+    job's objects take ~50 ms to free one by one, on the job's start-up path). No dataclass repr: on Python 3.11
     ``asyncio.run`` formats its main task's result twice as it restores the SIGINT handler, and spelling out the
-    whole job cost every init 0.12 s of CPU and ~42 MB of page faults after its files were written."""
+    whole job would cost every init 0.12 s of CPU and ~42 MB of page faults after its files are written."""
 
     rendered: Rendered | None = None
     memo: Memo | None = None

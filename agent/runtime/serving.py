@@ -2,8 +2,8 @@
 any byte of a request is read, and a flood of them does not keep the API server out.
 
 asyncio's own TLS server gives each accepted connection a 256 KiB read buffer and waits 60 s for a ClientHello,
-and aiohttp waits for a request head as long as a connection stays open: 300 idle connections took a webhook
-from 72 to 161 MB, and 20 half-sent heads were still open after 41 s. Here:
+and aiohttp waits for a request head as long as a connection stays open: 300 idle connections would more than
+double a webhook's memory, and half-sent heads would stay open for as long as their senders like. Here:
 
 - at most ``Limits.connections`` are open at once (about 70 KB each: TLS state and the HTTP parser);
 - TLS is read into 16 KiB (a TLS record is at most 16 KiB);

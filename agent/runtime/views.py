@@ -107,7 +107,7 @@ class PodView:
 
     def keep(self, pod: RawPod) -> RawPod:
         """A pod as this view holds it, from fresh strings: a kept string of the parsed page keeps the page's
-        memory arenas alive (a 4096-pod job's full objects held 290 MB)."""
+        memory arenas alive (a 4096-pod job's full objects would hold 290 MB)."""
         if pod_name(pod) == self.own:
             pod = pod if self.whole_own else json.loads(json.dumps(slim_pod(pod)))
         else:
@@ -172,8 +172,8 @@ class PodView:
     def put(self, name: str, pod: RawPod, *, own: bool = False) -> None:
         """A pod as changed; one that says nothing new (the kubelet's Ready writes: conditions and container
         statuses, which no held form keeps) is no change: no evaluation, and the planner keeps its layout (a new
-        object for the own pod made it plan the whole job from scratch, ~0.5 s and a second plan's memory at
-        16384 pods)."""
+        object for the own pod would make it plan the whole job from scratch, ~0.5 s and a second plan's memory
+        at 16384 pods)."""
         if own and name == self.own and self.me is not None:
             pod = slim_pod(self.me)
         held = self.pods.get(name)

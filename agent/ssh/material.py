@@ -4,7 +4,7 @@ The Secret holds a user key pair (for passwordless login between pods) and a hos
 Every pod's init container generates a fresh host key and signs it with the CA for the pod's own names, so a
 pod that lacks the Secret cannot pose as a member. Keys are ed25519. ``keygen`` makes the Secret with asyncssh;
 init, in every pod, reads the keys and signs its host certificate with ``cryptography`` alone (its
-SSHCertificateBuilder; asyncssh is built on it): importing asyncssh cost each SSH pod's init ~17 MB more.
+SSHCertificateBuilder; asyncssh is built on it): importing asyncssh would cost each SSH pod's init ~17 MB more.
 Private keys are never logged; only ``keygen`` prints one (into the Secret manifest it outputs).
 """
 

@@ -265,7 +265,7 @@ def test_the_patch_escapes_annotation_keys_and_applies_to_the_object_as_sent():
 
 def test_the_patch_comes_from_what_the_agent_adds_not_a_copy_of_the_object():
     """A 2.85 MiB Pod's review allocates a small fraction of the object's size: the patch is built from the
-    agent's pieces, never from a deep copy and a whole-object diff (which take a review to ~80 times the object)."""
+    agent's pieces, never from a deep copy and a whole-object diff (which take a review to 80-110 times the object)."""
     import tracemalloc
 
     pod = bare_pod()

@@ -111,8 +111,8 @@ _PRINTABLE = re.compile(rb"[ -~]*")  # printable ASCII: JSON writes it as it is,
 def hosts_json(addresses: Sequence[str], port: int) -> list[bytes]:
     """``json.dumps(host_ports(addresses, port))`` (compact) as bytes, in parts for the caller's one join: made
     by one join of the addresses where each is plain text without a ':' (a DNS name, an IPv4 address). Python's
-    encoder held a string per host and another per value until it joined them, and each step after it a copy:
-    a TF pod's render of 16384 workers peaked 3.3 MB over what it holds, 1.5 MB this way (bench/transients_bench.py)."""
+    encoder holds a string per host and another per value until it joins them, and each step after it a copy:
+    this way a TF pod's render of 16384 workers peaks 1.5 MB over what it holds (bench/transients_bench.py)."""
     tail = f":{port}"
     joined = f'{tail}","'.join(addresses).encode()
     between = len(addresses) - 1  # the separators' ':' and '"' are the only ones, and no '\\'

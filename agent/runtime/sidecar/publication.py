@@ -234,7 +234,7 @@ async def _own_rows(api: AsyncApi, job: Job, options: Any, collection: str,
     pods of ~9.6 KB, 155 MiB). None (and a LIST) when the publication does not say where it stands, was cut with
     other options, or was written by anyone else (another pod, or this pod's name under another uid). The same
     streamed read is its publisher's read-back (rows kept as content keys): the snapshot is decoded once, never
-    whole (at 16384 pods the whole document and both reads were ~40 MB of the publisher's peak). ``items``: the
+    whole (at 16384 pods the whole document and both reads would be ~40 MB of the publisher's peak). ``items``: the
     publication as listed already (None: list it)."""
     try:
         listed: list[Any] = items if items is not None else (await retried(lambda: api.list_objects(
