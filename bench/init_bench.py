@@ -119,12 +119,15 @@ def _one_run(sandbox: SandboxThread, pod: str, out: Path, late: list[str], ips: 
             "event_lag": max(0.0, last_sent - last_ip[0]) if late else 0.0}
 
 
-def kubectl_run(sandbox: SandboxThread) -> float:
-    """Wall seconds of one ``kubectl get pods -o json`` of the job's namespace, output discarded."""
+def kubectl_run(sandbox: SandboxThread) -> tuple[float, float]:
+    """Wall and CPU seconds of one ``kubectl get pods -o json`` of the job's namespace, output discarded."""
     cmd = ["kubectl", "--kubeconfig", str(sandbox.sandbox.kubeconfig), "get", "pods", "-n", "default", "-o", "json"]
     started = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"kubectl get pods failed: exit {os.waitstatus_to_exitcode(status)}")
+    return time.perf_counter() - started, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -157,7 +160,8 @@ def main() -> None:
         extra = ("--source", args.source)
         if args.source == "published":  # the leader (node rank 0) publishes once; the runs measure a follower
             one_run(sandbox, "demo-master-0", Path(tmp) / "leader", [], ips, extra)
-        runs, kubectl = [], []
+        runs: list[dict] = []
+        kubectl: list[tuple[float, float]] = []
         for i in range(args.runs):
             runs.append(one_run(sandbox, pod, Path(tmp) / f"out{i}", late, ips, extra, args.spread))
             if args.kubectl:
@@ -178,10 +182,12 @@ def main() -> None:
           f"{med['after_last_event']:.2f} s ({min(r['after_last_event'] for r in runs):.2f}-"
           f"{max(r['after_last_event'] for r in runs):.2f})")
     if kubectl:
-        ratios = sorted(r["wall"] / k for r, k in zip(runs, kubectl, strict=True))
-        print(f"kubectl get pods -o json: median {statistics.median(kubectl):.2f} s ({min(kubectl):.2f}-"
-              f"{max(kubectl):.2f}); init / kubectl: {med['wall'] / statistics.median(kubectl):.2f}x (per run "
-              f"{ratios[0]:.2f}-{ratios[-1]:.2f}x)")
+        walls, cpus = [k[0] for k in kubectl], [k[1] for k in kubectl]
+        ratios = sorted(r["wall"] / k for r, k in zip(runs, walls, strict=True))
+        print(f"kubectl get pods -o json: wall median {statistics.median(walls):.2f} s ({min(walls):.2f}-"
+              f"{max(walls):.2f}), CPU median {statistics.median(cpus):.2f} s; init / kubectl: wall "
+              f"{med['wall'] / statistics.median(walls):.2f}x (per run {ratios[0]:.2f}-{ratios[-1]:.2f}x), CPU "
+              f"{med['cpu'] / statistics.median(cpus):.2f}x")
 
 
 if __name__ == "__main__":
