@@ -53,6 +53,7 @@ class Reason:
 REASONS: dict[str, Reason] = {
     "WaitingForGang": Reason("WaitForGang", "Normal", "init"),
     "WaitingForPublication": Reason("ReadPublication", "Normal", "init"),
+    "WaitingForRestart": Reason("WaitForRestart", "Normal", "init"),
     "GangComplete": Reason("WaitForGang", "Normal", "init", final=True),
     "GangTimeout": Reason("WaitForGang", "Warning", "init", final=True),
     "InitFailed": Reason("Configure", "Warning", "init", final=True),
@@ -385,7 +386,7 @@ def waiting_note(status: GangStatus, *, source: str, unscheduled: Sequence[str],
     return "; ".join(parts)
 
 
-def outcome_note(plan: Plan, *, how: str) -> str:
+def outcome_note(plan: Plan, *, how: str, generation: int = 1) -> str:
     """What init writes, for its last Event: ``how`` it got there, then this pod's place."""
     topology = plan.topology
     me = topology.me
@@ -395,7 +396,7 @@ def outcome_note(plan: Plan, *, how: str) -> str:
         first = me.first_rank if me.first_rank is not None else 0
         ranks = f"rank {first}" if me.slots == 1 else f"ranks {first}-{first + me.slots - 1}"
         place = f"role {me.role}, node rank {me.node_rank} of {topology.nnodes}, {ranks} of {topology.processes}"
-    return f"{how}; generation 1: {place}"
+    return f"{how}; generation {generation}: {place}"
 
 
 def generation_note(generation: int, before: tuple[int, int] | None, after: tuple[int, int], *,

@@ -45,6 +45,7 @@ from agent.core.lease import Record, Timing
 from agent.core.model import Identity, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_name, select_value
+from agent.core.restarts import jobset_in_place, wanted_jobset_attempt
 from agent.core.summary import own_view
 from agent.core.topology import Planner
 from agent.core.validation import check_pod
@@ -66,6 +67,7 @@ from agent.runtime.leading import InitLease
 from agent.runtime.nodes import read_nodes, wanted_nodes
 from agent.runtime.output import write_generation
 from agent.runtime.publishing import existing_copy, first_publisher, publish_first, vouch
+from agent.runtime.restarts import JobSetAttempt, PodAttempts, Run, cut_page, read_run, write_run
 from agent.runtime.views import (
     HOLDING,
     READING,
@@ -278,6 +280,10 @@ class Init:
         self.held = Held(memo=self.memo)
         self.reads = Handoff()  # what the sidecar would read again at start (runtime/handoff.py)
         self.part = Part()  # its part in a large job's publication
+        self.uid = ""  # the own pod's, once read
+        self.previous: Run | None = None  # init's last completed run in this pod (an in-place restart), if any
+        self.generation = 1  # the generation this run writes: the one after the pod's last, on a rerun
+        self.attempt: int | None = None  # the JobSet in-place restart attempt this run belongs to (JobSet's protocol)
         # A watch that shows no progress for a third of --timeout is dead (60 s at most): init sees a hung watch
         # in time to list again before its deadline.
         self.reflecting = ReflectorSettings.with_idle(settings.watch_idle or min(IDLE, max(3.0, settings.timeout / 3)))
@@ -513,7 +519,7 @@ class Init:
         own, why = own_view(plan, s.options, ssh=self.ssh is not None, published=source.kind == "published")
         if why and not (self.part.followed and why == why_full_view(s.options)):  # a follower said that one already
             log.log(*full_view_line(s.options.view, why, HOLDING))
-        return render_plan(own or plan, s.options, files_dir=str(s.out_dir.absolute()))
+        return render_plan(own or plan, s.options, generation=self.generation, files_dir=str(s.out_dir.absolute()))
 
     async def read_claims(self, pods: Iterable[RawPod]) -> bool:
         """Read the DRA claims when a pod's trainer takes some (runtime/claims.py); True: the options changed."""
@@ -553,7 +559,7 @@ class Init:
         elif why_full is None:
             plan = await self.summary(me, source, check)
             if plan is not None:
-                return render_plan(plan, s.options, files_dir=files_dir)
+                return render_plan(plan, s.options, generation=self.generation, files_dir=files_dir)
         if self.part.leading:
             return None
         published = await self.publication(source, check)
@@ -564,7 +570,8 @@ class Init:
         pods = [mine if name == s.pod_name else pod for name, pod in published.pods.items()]
         if await self.read_claims(pods):
             s = self.settings
-        return render_pod(pods, s.pod_name, s.options, memo=self.memo, files_dir=files_dir,
+        return render_pod(pods, s.pod_name, s.options, generation=self.generation, memo=self.memo,
+                          files_dir=files_dir,
                           nodes=published.node_labels(), checked=True)  # the published rows were checked
 
     async def publication(self, source: Source, check: WriterCheck) -> PublishedState | None:
@@ -683,6 +690,66 @@ class Init:
 
     # --- the whole -------------------------------------------------------------------------------------------
 
+    # --- an in-place restart ----------------------------------------------------------------------------------
+
+    async def restart_barrier(self, me: RawPod, source: Source, rendered: Rendered) -> None:
+        """A rerun in this pod (an in-place restart): wait until every member has restarted too (core/restarts.py
+        says when), by JobSet's protocol where the job uses it (the JobSet watched by name), else by the pods'
+        init restartCounts (the job's pods listed and watched, each cut to its init containers). ``GangTimeout``
+        at the deadline, naming who has not."""
+        assert self.previous is not None
+        s = self.settings
+        jobset = jobset_in_place(self.objects)
+        store: JobSetAttempt | PodAttempts
+        if jobset is not None:
+            path = next((p for p, obj in self.reads.objects.items() if obj is jobset), "")
+            collection, _, name = path.rpartition("/")
+            self.attempt = wanted_jobset_attempt(me, self.previous.attempt)
+            store = JobSetAttempt(jobset, self.attempt)
+            field = f"metadata.name={name}"
+            ops = self.ops(lambda: self.api.list_objects(collection, field_selector=field),
+                           lambda rv, timeout, idle: self.api.watch_objects(collection, rv, timeout=timeout,
+                                                                            field_selector=field, idle=idle))
+            what, look = f"JobSet {name}", f"kubectl get jobset {name} -n {s.namespace} -o yaml"
+        else:
+            topology = rendered.plan.topology
+            store = PodAttempts(frozenset(m.name for m in topology.members) if topology.whole is None else None,
+                                self.previous.runs)
+            collection = pods_path(s.namespace)
+            ops = self.ops(lambda: self.api.list_objects(collection, label_selector=source.selector, limit=PAGE,
+                                                         keep=cut_page),
+                           lambda rv, timeout, idle: self.api.watch_objects(collection, rv, timeout=timeout,
+                                                                            label_selector=source.selector,
+                                                                            idle=idle))
+            what, look = f"pods of {source.selector}", f"kubectl get pods -n {s.namespace} -l {source.selector}"
+        if store.down():  # JobSet's agent held this init until the JobSet lifted its barrier
+            log.info("restart barrier: %s", store.barrier().describe())
+            return
+        log.info("waiting at the restart barrier: every member at restart attempt %d (%s)", store.barrier().attempt,
+                 "JobSet's in-place restart" if jobset is not None else "the pods' init restartCounts")
+        self.stand(lambda: Occurrence("WaitingForRestart", f"generation {self.generation}: "
+                                                           f"{store.barrier().describe()}"))
+        said: list[Any] = [None, 0.0]  # the last line said, and when
+
+        def down() -> bool:
+            """``store.down()``, and a line when where the barrier stands changed (at most one a second)."""
+            if store.down():
+                return True
+            line = store.barrier().describe() if self.clock() - said[1] >= 1.0 else said[0]
+            if line != said[0]:
+                log.info("restart barrier: %s", line)
+                said[:] = [line, self.clock()]
+            return False
+
+        reflector = await self.reflect(what, ops, store, down)
+        self.stand(None)
+        if not store.down():
+            why = f"; last API error: {reflector.last_error}" if reflector.last_error else ""
+            raise GangTimeout(f"timed out after {self.elapsed():.1f} s (--timeout {s.timeout:g}) at the restart "
+                              f"barrier: {store.barrier().describe()}{why}; every member restarts in place "
+                              f"(RestartAllContainers) before any trainer starts again; see {look}")
+        log.info("restart barrier down: %s", store.barrier().describe())
+
     # --- the pod's Events ------------------------------------------------------------------------------------
 
     def start_events(self, me: RawPod) -> None:
@@ -740,6 +807,13 @@ class Init:
     async def run(self) -> Held:
         self.part.pod = me = await self.own_pod()
         self.start_events(me)
+        self.uid = me.get("metadata", {}).get("uid") or ""
+        self.previous = read_run(self.settings.state_dir, self.uid)
+        if self.previous is not None:
+            self.generation = self.previous.generation + 1
+            log.info("init runs again in this pod (an in-place restart: %d run(s) completed before, generation %d "
+                     "last written): generation %d, once every member has restarted too", self.previous.runs,
+                     self.previous.generation, self.generation)
         expected = await self.expectation(me)
         s = self.settings  # the job's objects may have filled options the user left open (MPI roles, slots)
         self.part.source = source = decide(me, s, expected, self.objects)
@@ -760,7 +834,10 @@ class Init:
         # Told before the files are written: the Event is on its way while they are, so init's exit hardly waits.
         how = f"read the published topology {source.configmap}" if self.held.pods is None \
             else f"gang complete: {rendered.plan.topology.nnodes} training pods"
-        self.tell(Occurrence("GangComplete", outcome_note(rendered.plan, how=how), generation=1))
+        if self.previous is not None:
+            await self.restart_barrier(me, source, rendered)
+        self.tell(Occurrence("GangComplete", outcome_note(rendered.plan, how=how, generation=self.generation),
+                             generation=self.generation))
         if s.wait_dns:
             await check_dns(self.api, rendered, s, resolver=self.resolver, clock=self.clock, sleep=self.sleep,
                             deadline=self.deadline)
@@ -768,6 +845,8 @@ class Init:
             log.warning("%s", warning)
         names = write_generation(s.out_dir, rendered, s.options, self.ssh)
         write_handoff(s.state_dir, self.reads)
+        write_run(s.state_dir, Run(self.uid, (self.previous.runs if self.previous else 0) + 1, self.generation,
+                                   self.attempt))
         member = rendered.plan.topology.me
         log.info("wrote %s to %s: role %s, node rank %s of %d (peak RSS %s MB)", ", ".join(names), s.out_dir,
                  member.role, member.node_rank, rendered.plan.topology.nnodes, peak_rss_mb())

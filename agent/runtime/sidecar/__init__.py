@@ -46,6 +46,7 @@ from agent.runtime.jobs import read_job
 from agent.runtime.memory import collector_paused, keep_freed_memory, release_memory
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.nodes import NodeMap, read_nodes, wanted_nodes
+from agent.runtime.restarts import record_generation
 from agent.runtime.sidecar.evaluating import Evaluator
 from agent.runtime.sidecar.following import JournalFollower, Mode, PodsFollower
 from agent.runtime.sidecar.publication import Job, Publication
@@ -219,6 +220,7 @@ class Sidecar:
         check = WriterCheck(controller, s.options, job.name, s.namespace, self.view.roster,
                             me=Writer(s.pod_name, job.uid), accepted=set(reads.writers))
         self.evaluator.load_previous()
+        self.evaluator.recorded = lambda generation: record_generation(s.state_dir, job.uid, generation)
         self.publication, mode = await Publication.find(
             self.api, job, check, self.view, options=s.options, ssh=s.ssh is not None,
             lease_seconds=s.lease_seconds, make_follower=lambda: self._journal_follower(job, check),

@@ -93,6 +93,8 @@ class Evaluator:
         self.full_view_why = ""  # why the own view does not apply to the pods held (said once per reason)
         self.published = False  # the job publishes its topology: the default view is each pod's own there
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
+        # Each generation written, kept where a rerun of init reads it (runtime/restarts.py): its numbering goes on.
+        self.recorded: Callable[[int], None] = lambda _: None
         self.shape: tuple[int, int] | None = None  # training pods and processes of the files in place
         self.ssh_texts: SshTexts | None = None  # what each member adds to the SSH files (made at the first write)
         # The pods the files in place leave out, with why (None: not planned yet): a new generation's Event names
@@ -245,6 +247,7 @@ class Evaluator:
         self.document = rendered.files["topology.json"] if self.keep_document else None
         self.metrics.rewrites.inc()
         self.metrics.generation.set(self.generation)
+        self.recorded(self.generation)
         self.metrics.latency.observe(max(0.0, written - since))
         topo = rendered.plan.topology
         log.info("generation %d written: %d training pods, %d processes (%s files_at=%.6f)", self.generation,

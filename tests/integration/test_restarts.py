@@ -1,0 +1,184 @@
+"""In-place restarts against the sandbox over real HTTPS: init run twice in one pod's volumes (the same shared
+directory and state directory), as Kubernetes' RestartAllContainers runs every init container again in the same
+sandbox. The second run is a new generation and writes nothing until every member has restarted too: by the
+pods' init restartCounts, or by JobSet's in-place restart attempt where the job uses JobSet's protocol. The other
+members' restarts are simulated through the API (kubectl patch of their status, as the kubelet writes it)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from agent import examples
+from tests.integration.conftest import finish, start_init
+from tests.jobs import create_volcano_job, generation
+
+JOBSET_ATTEMPT = "jobset.sigs.k8s.io/in-place-restart-attempt"  # JobSet's agent writes it (jobset_types.go)
+
+
+
+def _init_status(restarts: int, *, running: bool) -> list[dict[str, Any]]:
+    """The agent init container's status as the kubelet reports it: running now, or completed."""
+    state = {"running": {"startedAt": "2026-12-02T00:00:10Z"}} if running else \
+        {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": "2026-12-02T00:00:00Z",
+                        "finishedAt": "2026-12-02T00:00:05Z"}}
+    return [{"name": "topology-agent", "ready": False, "restartCount": restarts, "image": "topology-agent",
+             "state": state}]
+
+
+def _restarted(kubectl, name: str, restarts: int, *, running: bool = True) -> None:
+    patch = json.dumps({"status": {"initContainerStatuses": _init_status(restarts, running=running)}})
+    kubectl("patch", "pod", name, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def _waits(proc, seconds: float = 2.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_rerun_of_init_waits_until_every_member_restarted_then_writes_the_next_generation(sandbox, kubectl,
+                                                                                          tmp_path):
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 2)))
+    names = [p["metadata"]["name"] for p in pods]
+    for name in names:
+        _restarted(kubectl, name, 0, running=False)  # every pod's init ran once and completed
+    shared, state = tmp_path / "shared", tmp_path / "state"
+    state.mkdir()
+    me = "demo-worker-0"
+    args = ("--state-dir", str(state), "--timeout", "60")
+    code, err = finish(start_init(sandbox, me, shared, *args))
+    assert code == 0, err
+    assert generation(shared) == 1
+    first = (shared / "torch.env").read_text()
+
+    _restarted(kubectl, me, 1)  # RestartAllContainers in this pod: its init runs again, same volumes
+    proc = start_init(sandbox, me, shared, *args)
+    assert _waits(proc), "the rerun must wait for the other members' restarts: " + finish(proc)[1]
+    assert generation(shared) == 1, "nothing is written while the barrier holds"
+    _restarted(kubectl, "demo-master-0", 1)
+    assert _waits(proc, 1.0), "one member restarted, one not yet: still waiting"
+    _restarted(kubectl, "demo-worker-1", 1)
+    code, err = finish(proc)
+    assert code == 0, err
+    assert generation(shared) == 2
+    assert "waiting at the restart barrier" in err and "demo-worker-1" in err
+    assert (shared / "torch.env").read_text() == first.replace("TOPOLOGY_GENERATION='1'", "TOPOLOGY_GENERATION='2'")
+
+    # A third run in the same pod: the others' reruns completed at attempt 1, this pod completed twice, so it
+    # waits for 2.
+    for name in ("demo-master-0", "demo-worker-1"):
+        _restarted(kubectl, name, 1, running=False)
+    _restarted(kubectl, me, 2)
+    proc = start_init(sandbox, me, shared, *args)
+    assert _waits(proc), "a second in-place restart waits again"
+    for name in ("demo-master-0", "demo-worker-1"):
+        _restarted(kubectl, name, 2)
+    code, err = finish(proc)
+    assert code == 0, err
+    assert generation(shared) == 3
+
+
+def test_a_rerun_continues_from_the_generation_the_sidecar_wrote(sandbox, kubectl, tmp_path):
+    from agent.runtime.restarts import record_generation
+
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    shared, state = tmp_path / "shared", tmp_path / "state"
+    state.mkdir()
+    me = "demo-worker-0"
+    args = ("--state-dir", str(state), "--timeout", "60")
+    for pod in pods:
+        _restarted(kubectl, pod["metadata"]["name"], 0, running=False)
+    code, err = finish(start_init(sandbox, me, shared, *args))
+    assert code == 0, err
+    uid = json.loads(kubectl("get", "pod", me, "-o", "json").stdout)["metadata"]["uid"]
+    record_generation(state, uid, 7)  # the sidecar wrote generations 2..7 since
+    for pod in pods:
+        _restarted(kubectl, pod["metadata"]["name"], 1)
+    code, err = finish(start_init(sandbox, me, shared, *args))
+    assert code == 0, err
+    assert generation(shared) == 8
+
+
+def test_the_shared_directory_decides_nothing_the_state_directory_does(sandbox, kubectl, tmp_path):
+    """The trainer can write the shared directory: a record copied there and a high generation make a first run
+    neither a rerun nor move its numbering; the rerun's record is the state directory's."""
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    for pod in pods:
+        _restarted(kubectl, pod["metadata"]["name"], 0, running=False)
+    me = "demo-worker-0"
+    uid = json.loads(kubectl("get", "pod", me, "-o", "json").stdout)["metadata"]["uid"]
+    shared, state = tmp_path / "shared", tmp_path / "state"
+    shared.mkdir()
+    state.mkdir()
+    forged = json.dumps({"uid": uid, "runs": 5, "generation": 40, "attempt": None})
+    (shared / ".topology-init-run.json").write_text(forged)
+    (shared / ".topology-generation").write_text(f"{uid} 40\n")
+    (shared / "generation").write_text("40\n")
+    args = ("--state-dir", str(state), "--timeout", "30")
+    code, err = finish(start_init(sandbox, me, shared, *args))
+    assert code == 0, err
+    assert generation(shared) == 1
+    assert "restart barrier" not in err
+    _restarted(kubectl, me, 1)
+    proc = start_init(sandbox, me, shared, *args)
+    assert _waits(proc), "the rerun waits for demo-master-0: " + finish(proc)[1]
+    _restarted(kubectl, "demo-master-0", 1)
+    code, err = finish(proc)
+    assert code == 0, err
+    assert generation(shared) == 2
+
+
+def _jobset(sandbox, *, current: int | None) -> list[dict[str, Any]]:
+    pods = examples.jobset("trainer", (("workers", 1, 2),))
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+              "metadata": {"name": "trainer", "namespace": "default", "uid": "jobset-uid"},
+              "spec": {"failurePolicy": {"maxRestarts": 5, "restartStrategy": "InPlaceRestart"},
+                       "replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": {
+                           "parallelism": 2, "completions": 2, "backoffLimit": 2147483647,
+                           "podReplacementPolicy": "Failed", "template": {}}}}]},
+              "status": {} if current is None else {"currentInPlaceRestartAttempt": current}}
+    sandbox.create("jobset.x-k8s.io/v1alpha2/jobsets", "default", jobset)
+    for pod in pods:
+        pod["metadata"].setdefault("annotations", {})[JOBSET_ATTEMPT] = "0"
+        sandbox.create_pod(pod)
+    return pods
+
+
+def _set_current(sandbox, attempt: int) -> None:
+    resource = "jobset.x-k8s.io/v1alpha2/jobsets"
+
+    def change() -> Any:
+        store = sandbox.sandbox.store
+        obj = json.loads(json.dumps(store.get(resource, "default", "trainer")))
+        obj["status"] = {"currentInPlaceRestartAttempt": attempt, "previousInPlaceRestartAttempt": attempt - 1}
+        obj["metadata"].pop("resourceVersion", None)
+        return store.replace(resource, "default", "trainer", obj)
+
+    sandbox._run(change)
+
+
+def test_with_jobsets_in_place_restart_the_rerun_follows_the_jobsets_attempt(sandbox, kubectl, tmp_path):
+    pods = _jobset(sandbox, current=0)
+    me = pods[1]["metadata"]["name"]
+    shared, state = tmp_path / "shared", tmp_path / "state"
+    state.mkdir()
+    args = ("--state-dir", str(state), "--timeout", "60")
+    code, err = finish(start_init(sandbox, me, shared, *args))
+    assert code == 0, err
+    assert generation(shared) == 1
+
+    # JobSet's agent marks this pod's new attempt; the pods' init restartCounts say nothing here (left at 0).
+    kubectl("annotate", "pod", me, "--overwrite", f"{JOBSET_ATTEMPT}=1")
+    proc = start_init(sandbox, me, shared, *args)
+    assert _waits(proc), "the rerun waits for the JobSet's current attempt: " + finish(proc)[1]
+    assert generation(shared) == 1
+    _set_current(sandbox, 1)  # the JobSet controller: every pod is at attempt 1
+    code, err = finish(proc)
+    assert code == 0, err
+    assert generation(shared) == 2
+    assert "JobSet 'trainer' status.currentInPlaceRestartAttempt is 0, waiting for 1" in err
