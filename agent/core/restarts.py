@@ -92,7 +92,8 @@ def jobset_attempt(pod: RawPod) -> int | None:
 
 
 def jobset_current(jobset: Mapping[str, Any]) -> int | None:
-    return _count((jobset.get("status") or {}).get(JOBSET_CURRENT))
+    value = (jobset.get("status") or {}).get(JOBSET_CURRENT)
+    return _count(value) if isinstance(value, int) else None  # an int32 field: a string is not what JobSet writes
 
 
 def _agent_status(pod: RawPod) -> Mapping[str, Any] | None:

@@ -1,0 +1,134 @@
+"""The in-place restart rule (core/restarts.py): each pod's restart attempt as the API shows it, and when a
+rerun's barrier is down, by the pods' init restartCounts or by JobSet's in-place restart protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.core.restarts import (
+    JOBSET_ATTEMPT,
+    attempt_of,
+    init_attempt,
+    init_running,
+    jobset_barrier,
+    jobset_in_place,
+    restarts_barrier,
+    wanted_jobset_attempt,
+)
+
+
+def pod(name: str, restarts: int | None = 0, *, state: str = "terminated", phase: str = "Running",
+        container: str = "topology-agent", others: list[dict[str, Any]] | None = None,
+        annotations: dict[str, str] | None = None, sidecars: tuple[str, ...] = ()) -> dict[str, Any]:
+    statuses = [] if restarts is None else [{"name": container, "restartCount": restarts, "state": {state: {}}}]
+    return {"metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {"initContainers": [{"name": n, "restartPolicy": "Always"} for n in sidecars]},
+            "status": {"phase": phase, "initContainerStatuses": statuses + (others or [])}}
+
+
+ATTEMPTS = [
+    pytest.param(pod("a", 3), 3, id="the-agent-init-restartCount"),
+    pytest.param(pod("a", None), 0, id="no-status-yet-is-attempt-0"),
+    pytest.param(pod("a", 2, container="configure", others=[{"name": "fetch", "restartCount": 1, "state": {}}]), 2,
+                 id="an-agent-init-named-otherwise:-the-highest-regular-init"),
+    pytest.param(pod("a", 1, container="configure", sidecars=("jobset-agent",),
+                     others=[{"name": "jobset-agent", "restartCount": 9, "state": {}}]), 1,
+                 id="a-sidecar's-own-restarts-do-not-count"),
+    pytest.param(pod("a", 1, others=[{"name": "fetch", "restartCount": 5, "state": {}}]), 1,
+                 id="topology-agent-wins-over-other-inits"),
+    pytest.param(pod("a", -1), 0, id="a-negative-count-is-no-count"),
+    pytest.param(pod("a", True), 0, id="a-bool-is-no-count"),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize(("raw", "attempt"), ATTEMPTS)
+def test_a_pods_attempt_is_its_agent_inits_restart_count(raw, attempt):
+    assert init_attempt(raw) == attempt
+    assert attempt_of(raw, "restarts") == attempt
+
+
+@pytest.mark.parametrize(("raw", "running"), [
+    pytest.param(pod("a", 1, state="running"), True, id="running"),
+    pytest.param(pod("a", 1, state="waiting"), True, id="waiting-to-start"),
+    pytest.param(pod("a", None), True, id="no-status-yet"),
+    pytest.param(pod("a", 1, state="terminated"), False, id="completed"),
+    pytest.param(pod("a", 1, state="running", phase="Failed"), False, id="a-failed-pod"),
+])
+def test_an_agent_init_that_has_not_terminated_is_running_now(raw, running):
+    assert init_running(raw) is running
+
+
+BARRIERS = [
+    pytest.param({"a": pod("a", 1, state="running"), "b": pod("b", 0)}, 1, ("b",),
+                 id="a-member-not-restarted-holds-it"),
+    pytest.param({"a": pod("a", 1, state="running"), "b": pod("b", 1)}, 1, (), id="every-member-restarted"),
+    pytest.param({"a": pod("a", 1, state="running"), "b": pod("b", 0, state="running")}, 1, (),
+                 id="a-member-starting-now-(a-new-pod)-is-there"),
+    pytest.param({"a": pod("a", 2, state="running"), "b": pod("b", 3)}, 1, (),
+                 id="a-member-ahead-(an-init-retried-after-a-failure)-is-there"),
+    pytest.param({"a": pod("a", 2, state="running"), "b": pod("b", 1)}, 2, ("b",),
+                 id="the-second-restart-waits-for-attempt-2"),
+    pytest.param({"a": pod("a", 1, state="running")}, 1, (), id="a-member-gone-is-not-waited-for"),
+]
+
+
+@pytest.mark.parametrize(("pods", "runs", "behind"), BARRIERS)
+def test_the_restarts_barrier_is_down_once_every_member_restarted_since(pods, runs, behind):
+    barrier = restarts_barrier(pods, ("a", "b"), runs)
+    assert barrier.behind == behind
+    assert barrier.down is (not behind)
+    if behind:
+        assert f"not restarted to attempt {runs} yet: {', '.join(behind)}" in barrier.describe()
+
+
+def jobset(strategy: str | None = "InPlaceRestart", *, current: Any = None, disabled: bool = False) -> dict[str, Any]:
+    return {"kind": "JobSet", "metadata": {"name": "js", "annotations": {
+        "jobset.sigs.k8s.io/disable-in-place-restart": "true"} if disabled else {}},
+            "spec": {"failurePolicy": {"restartStrategy": strategy}} if strategy else {},
+            "status": {} if current is None else {"currentInPlaceRestartAttempt": current}}
+
+
+@pytest.mark.parametrize(("objects", "used"), [
+    pytest.param([jobset()], True, id="InPlaceRestart"),
+    pytest.param([{"kind": "TrainJob"}, jobset()], True, id="a-TrainJob's-JobSet"),
+    pytest.param([jobset("Recreate")], False, id="Recreate"),
+    pytest.param([jobset(None)], False, id="no-failurePolicy"),
+    pytest.param([jobset(disabled=True)], False, id="turned-off-by-its-annotation"),
+    pytest.param([{"kind": "Job"}], False, id="not-a-JobSet"),
+])
+def test_a_job_uses_jobsets_protocol_when_its_jobset_restarts_in_place(objects, used):
+    assert (jobset_in_place(objects) is not None) is used
+
+
+@pytest.mark.parametrize(("annotation", "recorded", "wanted"), [
+    pytest.param("1", 0, 1, id="written-for-this-run"),
+    pytest.param("0", 0, 1, id="not-written-yet-for-this-run:-the-next"),
+    pytest.param(None, 0, 1, id="none-written:-the-next"),
+    pytest.param("3", None, 3, id="no-attempt-recorded-before"),
+    pytest.param("x", 2, 3, id="not-a-number:-the-next"),
+    pytest.param("-1", None, 0, id="negative:-the-first"),
+])
+def test_the_attempt_a_rerun_belongs_to_by_jobsets_protocol(annotation, recorded, wanted):
+    raw = pod("a", annotations={} if annotation is None else {JOBSET_ATTEMPT: annotation})
+    assert wanted_jobset_attempt(raw, recorded) == wanted
+
+
+@pytest.mark.parametrize(("current", "attempt", "down"), [
+    pytest.param(None, 1, False, id="not-set"),
+    pytest.param(0, 1, False, id="behind"),
+    pytest.param(1, 1, True, id="at-this-attempt"),
+    pytest.param(2, 1, True, id="past-it"),
+    pytest.param("1", 1, False, id="a-string-is-not-the-field"),
+])
+def test_the_jobset_barrier_is_down_once_its_current_attempt_reached_this_pods(current, attempt, down):
+    barrier = jobset_barrier(jobset(current=current), attempt)
+    assert barrier.down is down
+    if not down:
+        assert f"waiting for {attempt}" in barrier.describe()
+
+
+def test_jobsets_attempt_is_read_from_its_annotation():
+    assert attempt_of(pod("a", 5, annotations={JOBSET_ATTEMPT: "2"}), "jobset") == 2
+    assert attempt_of(pod("a", 5), "jobset") is None
