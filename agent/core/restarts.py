@@ -186,3 +186,43 @@ def jobset_barrier(jobset: Mapping[str, Any], attempt: int) -> Barrier:
     now = "not set" if current is None else str(current)
     return Barrier("jobset", attempt, why=f"JobSet '{name}' status.{JOBSET_CURRENT} is {now}, waiting for "
                                           f"{attempt} (every pod at attempt {attempt})")
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """A job's in-place restarts as ``status`` shows them: each pod's attempt by the job's rule, and whether the
+    job is at a barrier (pods whose init runs again wait, ``waiting``, for the members ``behind``)."""
+
+    rule: Rule
+    attempts: tuple[tuple[str, int | None], ...]  # (pod, attempt) by name; None: JobSet's agent wrote none yet
+    current: int | None = None  # the JobSet's current attempt (JobSet's protocol)
+    waiting: tuple[str, ...] = ()
+    behind: tuple[str, ...] = ()
+
+    @property
+    def at_barrier(self) -> bool:
+        return bool(self.waiting)
+
+
+def restart_state(pods: Iterable[RawPod], objects: Iterable[Mapping[str, Any]]) -> Restarts | None:
+    """The job's restarts as the API shows them now, or None when there is nothing to say (no pod restarted in
+    place, and the job does not use JobSet's protocol). By the pods' restartCounts a pod whose agent init runs
+    again (attempt above 0) is taken to wait for the members below the highest such attempt: the rerun's own
+    count of completed runs is in its state directory, which the API does not show."""
+    pods = sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", ""))
+    named = [((p.get("metadata") or {}).get("name", "?"), p) for p in pods]
+    jobset = jobset_in_place(objects)
+    if jobset is not None:
+        attempts = [(name, jobset_attempt(pod)) for name, pod in named]
+        current = jobset_current(jobset)
+        waiting = tuple(name for name, a in attempts if a is not None and (current is None or a > current))
+        top = max((a for _, a in attempts if a is not None), default=None)
+        behind = tuple(name for name, a in attempts if waiting and top is not None and (a is None or a < top))
+        return Restarts("jobset", tuple(attempts), current, waiting, behind)
+    counted = [(name, init_attempt(pod), init_running(pod)) for name, pod in named]
+    if not any(a for _, a, _ in counted):
+        return None
+    waiting = tuple(name for name, a, running in counted if running and a > 0)
+    top = max((a for name, a, _ in counted if name in waiting), default=0)
+    behind = tuple(name for name, a, running in counted if not running and a < top)
+    return Restarts("restarts", tuple((name, a) for name, a, _ in counted), None, waiting, behind)

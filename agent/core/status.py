@@ -12,6 +12,7 @@ change beyond the Events' own budget, at the price of an age (shown) and of bein
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +24,7 @@ from agent.core.gang import Roster, missing_line
 from agent.core.grouping import member_groups, parse_rule
 from agent.core.model import Options, RawPod
 from agent.core.pods import pod_ip
+from agent.core.restarts import Restarts, restart_state
 from agent.core.topology import NodeLabels, build_plan
 from agent.core.validation import DNS1123_LABEL, is_dns1123_subdomain
 from agent.errors import InputError
@@ -193,6 +195,7 @@ class JobStatus:
     problem: str | None = None  # why the pods make no plan now (the planner's line)
     missing: tuple[str, ...] = ()  # the members the job asks for that no pod of its own stands for ("worker 2")
     groups: bool = False  # --replica-groups: each row says its group
+    restarts: Restarts | None = None  # in-place restarts: each pod's attempt, and the barrier (core/restarts.py)
 
     @property
     def training(self) -> int:
@@ -217,8 +220,18 @@ def _unplaced(pod: RawPod, options: Options) -> str | None:
 
 def job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, options: Options,
                roster: Roster | None, expected: int | None, seen: Mapping[str, Seen],
-               nodes: NodeLabels | None = None, publication: Publication | None = None) -> JobStatus:
-    """The job's status from its pods (``seen``: by pod uid)."""
+               nodes: NodeLabels | None = None, publication: Publication | None = None,
+               objects: Sequence[Mapping[str, Any]] = ()) -> JobStatus:
+    """The job's status from its pods (``seen``: by pod uid; ``objects``: the job's, as read)."""
+    restarts = restart_state(pods, objects)
+    return dataclasses.replace(_job_status(pods, job=job, kind=kind, namespace=namespace, options=options,
+                                           roster=roster, expected=expected, seen=seen, nodes=nodes,
+                                           publication=publication), restarts=restarts)
+
+
+def _job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, options: Options,
+                roster: Roster | None, expected: int | None, seen: Mapping[str, Seen],
+                nodes: NodeLabels | None = None, publication: Publication | None = None) -> JobStatus:
     left: list[Left] = []
     placeable: list[RawPod] = []
     by_name: dict[str, RawPod] = {}
@@ -334,9 +347,24 @@ def table(status: JobStatus, *, now: float) -> str:
                   f"PUBLISHER   {pod_name_shown(publication.publisher) if publication.publisher else '<none>'} "
                   f"({holder})",
                   f"STANDBYS    {', '.join(pod_name_shown(name) for name in publication.standbys) or '<none>'}"]
+    if status.restarts is not None:
+        lines += ["", *_restart_lines(status.restarts)]
     if status.left:
         lines += ["", *_columns([["LEFT OUT", "REASON"]] + [[item.name, item.reason] for item in status.left])]
     return "\n".join(printable(line) for line in lines) + "\n"
+
+
+def _restart_lines(restarts: Restarts) -> list[str]:
+    """Each pod's in-place restart attempt and the barrier, after the members' table."""
+    rule = "JobSet's in-place restart" + (f", current attempt {restarts.current}" if restarts.current is not None
+                                          else ", no current attempt yet") if restarts.rule == "jobset" \
+        else "the pods' agent init restartCounts"
+    barrier = "BARRIER     " + (f"{', '.join(restarts.waiting)} wait(s) for "
+                                f"{', '.join(restarts.behind) or 'the JobSet to mark the attempt current'}"
+                                if restarts.at_barrier else "none (no pod waits)")
+    return [f"RESTARTS    in place, by {rule}",
+            *_columns([["POD", "ATTEMPT"]] + [[name, "-" if a is None else str(a)] for name, a in restarts.attempts]),
+            barrier]
 
 
 def document(status: JobStatus, *, now: float) -> dict[str, Any]:
@@ -359,4 +387,8 @@ def document(status: JobStatus, *, now: float) -> dict[str, Any]:
             "configmap": publication.configmap, "sequence": publication.sequence, "publisher": publication.publisher,
             "standbys": list(publication.standbys), "leaseHolder": publication.holder,
             "leaseRenewedAge": round(now - publication.renewed, 3) if publication.renewed else None},
+        "restarts": None if status.restarts is None else {
+            "rule": status.restarts.rule, "current": status.restarts.current,
+            "attempts": dict(status.restarts.attempts), "atBarrier": status.restarts.at_barrier,
+            "waiting": list(status.restarts.waiting), "behind": list(status.restarts.behind)},
     }

@@ -200,7 +200,7 @@ async def _group(api: AsyncApi, settings: StatusSettings, owned: list[RawPod], k
     return job_status(owned, job=job, kind=kind, namespace=settings.namespace, options=options,
                       roster=roster_of(view, check_index=False), expected=_expected(view),
                       seen=generations(events, members, settings.namespace), nodes=nodes,
-                      publication=await _publication(api, settings.namespace, job))
+                      publication=await _publication(api, settings.namespace, job), objects=view.objects)
 
 
 async def read_status(api: AsyncApi, settings: StatusSettings, controller: Controller,

@@ -132,3 +132,66 @@ def test_the_jobset_barrier_is_down_once_its_current_attempt_reached_this_pods(c
 def test_jobsets_attempt_is_read_from_its_annotation():
     assert attempt_of(pod("a", 5, annotations={JOBSET_ATTEMPT: "2"}), "jobset") == 2
     assert attempt_of(pod("a", 5), "jobset") is None
+
+
+# --- what `status` shows ------------------------------------------------------------------------------------------
+
+def _volcano(*attempts: tuple[int, str]) -> list[dict[str, Any]]:
+    from agent import examples
+
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", len(attempts) - 1)))
+    for raw, (count, state) in zip(pods, attempts, strict=True):
+        raw["status"]["initContainerStatuses"] = [{"name": "topology-agent", "restartCount": count,
+                                                   "state": {state: {}}}]
+    return pods
+
+
+def _status(pods: list[dict[str, Any]], objects: list[dict[str, Any]] | None = None) -> Any:
+    from agent.core.model import Options
+    from agent.core.status import job_status
+
+    return job_status(pods, job="demo", kind="Volcano Job 'demo'", namespace="default", options=Options(),
+                      roster=None, expected=len(pods), seen={}, objects=objects or [])
+
+
+def test_status_shows_each_pods_attempt_and_who_waits_at_the_barrier_for_whom():
+    from agent.core.status import document, table
+
+    status = _status(_volcano((0, "terminated"), (1, "running"), (1, "terminated")))
+    text = table(status, now=0)
+    assert text.endswith("""
+RESTARTS    in place, by the pods' agent init restartCounts
+POD             ATTEMPT
+demo-master-0   0
+demo-worker-0   1
+demo-worker-1   1
+BARRIER     demo-worker-0 wait(s) for demo-master-0
+""")
+    assert document(status, now=0)["restarts"] == {
+        "rule": "restarts", "current": None, "attempts": {"demo-master-0": 0, "demo-worker-0": 1, "demo-worker-1": 1},
+        "atBarrier": True, "waiting": ["demo-worker-0"], "behind": ["demo-master-0"]}
+    after = _status(_volcano((1, "terminated"), (1, "terminated"), (1, "terminated")))
+    assert "BARRIER     none (no pod waits)" in table(after, now=0)
+    assert document(after, now=0)["restarts"]["atBarrier"] is False
+
+
+def test_status_says_nothing_of_restarts_where_no_pod_restarted_in_place():
+    from agent.core.status import document, table
+
+    status = _status(_volcano((0, "terminated"), (0, "running")))
+    assert "RESTARTS" not in table(status, now=0)
+    assert document(status, now=0)["restarts"] is None
+
+
+def test_status_follows_the_jobsets_attempts_under_its_protocol():
+    from agent.core.status import document, table
+
+    pods = _volcano((5, "terminated"), (5, "terminated"), (5, "terminated"))
+    for raw, attempt in zip(pods, ("2", "2", "1"), strict=True):
+        raw["metadata"].setdefault("annotations", {})[JOBSET_ATTEMPT] = attempt
+    status = _status(pods, [jobset(current=1)])
+    text = table(status, now=0)
+    assert "RESTARTS    in place, by JobSet's in-place restart, current attempt 1" in text
+    assert "BARRIER     demo-master-0, demo-worker-0 wait(s) for demo-worker-1" in text
+    assert document(status, now=0)["restarts"]["attempts"] == {"demo-master-0": 2, "demo-worker-0": 2,
+                                                               "demo-worker-1": 1}

@@ -145,7 +145,7 @@ STANDBYS    demo-worker-0
 def test_the_json_document_is_stable():
     doc = document(shown_job(), now=NOW)
     assert list(doc) == ["apiVersion", "kind", "job", "owner", "namespace", "expectedTrainingPods", "trainingPods",
-                         "worldSize", "levels", "problem", "members", "leftOut", "publication"]
+                         "worldSize", "levels", "problem", "members", "leftOut", "publication", "restarts"]
     assert doc["apiVersion"] == SCHEMA and doc["kind"] == "JobStatus" and doc["levels"] == ["ZONE"]
     assert doc["members"][0] == {"name": "demo-master-0", "role": "master", "rank": 0, "slots": 1, "nodeRank": 0,
                                  "node": "node-a", "domain": ["z1"], "address": "demo-master-0.demo",

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent import examples
 from tests.integration.conftest import finish, start_init
+from tests.integration.test_status import status
 from tests.jobs import create_volcano_job, generation
 
 JOBSET_ATTEMPT = "jobset.sigs.k8s.io/in-place-restart-attempt"  # JobSet's agent writes it (jobset_types.go)
@@ -62,6 +63,12 @@ def test_a_rerun_of_init_waits_until_every_member_restarted_then_writes_the_next
     assert generation(shared) == 1, "nothing is written while the barrier holds"
     _restarted(kubectl, "demo-master-0", 1)
     assert _waits(proc, 1.0), "one member restarted, one not yet: still waiting"
+    shown = status(sandbox, "-o", "json")
+    out, err = shown.communicate(timeout=60)
+    assert shown.returncode == 0, err
+    assert json.loads(out)["restarts"] == {
+        "rule": "restarts", "current": None, "attempts": {"demo-master-0": 1, "demo-worker-0": 1, "demo-worker-1": 0},
+        "atBarrier": True, "waiting": ["demo-master-0", "demo-worker-0"], "behind": ["demo-worker-1"]}
     _restarted(kubectl, "demo-worker-1", 1)
     code, err = finish(proc)
     assert code == 0, err
