@@ -177,6 +177,19 @@ def wanted_jobset_attempt(pod: RawPod, recorded: int | None) -> int:
     return (recorded if recorded is not None else -1) + 1
 
 
+def gate_after_agent(pod: RawPod) -> str | None:
+    """A sidecar with a startup probe placed after the agent's init container (JobSet's agent is one): the kubelet
+    starts it only once the agent's init has ended, and it holds every init container after it until its probe
+    passes, so the agent's init cannot wait for what it gates. Its name, or None."""
+    inits: Any = (pod.get("spec") or {}).get("initContainers") or []
+    names = [c.get("name") for c in inits if isinstance(c, Mapping)]
+    if AGENT_INIT not in names:
+        return None
+    after = inits[names.index(AGENT_INIT) + 1:]
+    return next((str(c.get("name")) for c in after if isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
+                 and c.get("startupProbe")), None)
+
+
 def jobset_barrier(jobset: Mapping[str, Any], attempt: int) -> Barrier:
     """The barrier by JobSet's protocol: down once the JobSet's current attempt is ``attempt`` or later."""
     current = jobset_current(jobset)

@@ -45,7 +45,7 @@ from agent.core.lease import Record, Timing
 from agent.core.model import Identity, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_name, select_value
-from agent.core.restarts import jobset_in_place, wanted_jobset_attempt
+from agent.core.restarts import gate_after_agent, jobset_attempt, jobset_in_place, wanted_jobset_attempt
 from agent.core.summary import own_view
 from agent.core.topology import Planner
 from agent.core.validation import check_pod
@@ -701,6 +701,14 @@ class Init:
         s = self.settings
         jobset = jobset_in_place(self.objects)
         store: JobSetAttempt | PodAttempts
+        if jobset is not None and (gate := gate_after_agent(me)) is not None:
+            # Waiting here would hold JobSet's agent, which the JobSet needs to mark the attempt current; it holds
+            # the trainer itself until then, and this pod's attempt is the one after the last recorded.
+            self.attempt = (self.previous.attempt if self.previous.attempt is not None else -1) + 1
+            log.info("restart barrier: init container '%s' (JobSet's in-place restart agent) comes after this one "
+                     "and starts the trainer once JobSet's attempt %d is current; the files are written now",
+                     gate, self.attempt)
+            return
         if jobset is not None:
             path = next((p for p, obj in self.reads.objects.items() if obj is jobset), "")
             collection, _, name = path.rpartition("/")
@@ -741,7 +749,11 @@ class Init:
                 said[:] = [line, self.clock()]
             return False
 
-        reflector = await self.reflect(what, ops, store, down)
+        try:
+            reflector = await self.reflect(what, ops, store, down)
+        except ApiForbidden as err:
+            raise ApiForbidden(f"{err}; a rerun of init lists and watches the {what} at its restart barrier: grant "
+                               "list and watch on them (manifests/rbac)", status=err.status) from err
         self.stand(None)
         if not store.down():
             why = f"; last API error: {reflector.last_error}" if reflector.last_error else ""
@@ -816,6 +828,8 @@ class Init:
                      self.previous.generation, self.generation)
         expected = await self.expectation(me)
         s = self.settings  # the job's objects may have filled options the user left open (MPI roles, slots)
+        if self.previous is None and jobset_in_place(self.objects) is not None:
+            self.attempt = jobset_attempt(me)  # JobSet's agent, placed before this init, wrote it for this run
         self.part.source = source = decide(me, s, expected, self.objects)
         if self.recorder is not None:
             self.recorder.recording.correlator.job = source.me.job

@@ -195,3 +195,19 @@ def test_status_follows_the_jobsets_attempts_under_its_protocol():
     assert "BARRIER     demo-master-0, demo-worker-0 wait(s) for demo-worker-1" in text
     assert document(status, now=0)["restarts"]["attempts"] == {"demo-master-0": 2, "demo-worker-0": 2,
                                                                "demo-worker-1": 1}
+
+
+GATE = {"name": "in-place-restart-agent", "restartPolicy": "Always", "startupProbe": {"httpGet": {"port": 8081}}}
+
+
+@pytest.mark.parametrize(("inits", "gate"), [
+    pytest.param([{"name": "topology-agent"}, GATE], "in-place-restart-agent", id="JobSet's-agent-after-ours"),
+    pytest.param([GATE, {"name": "topology-agent"}], None, id="JobSet's-agent-first"),
+    pytest.param([{"name": "topology-agent"}, {**GATE, "startupProbe": None}], None, id="a-sidecar-without-probe"),
+    pytest.param([{"name": "topology-agent"}, {**GATE, "restartPolicy": None}], None, id="a-plain-init"),
+    pytest.param([GATE], None, id="no-agent-init-named-topology-agent"),
+])
+def test_a_gate_after_the_agents_init_is_found(inits, gate):
+    from agent.core.restarts import gate_after_agent
+
+    assert gate_after_agent({"metadata": {"name": "a"}, "spec": {"initContainers": inits}}) == gate

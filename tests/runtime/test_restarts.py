@@ -135,3 +135,30 @@ async def test_the_numbering_goes_on_from_the_sidecars_last_generation_after_an_
     assert ran.code == 0, ran.err
     assert generation(out) == 3
     assert "init runs again in this pod" in ran.err
+
+
+async def test_a_rerun_placed_before_jobsets_agent_leaves_the_wait_to_it_and_writes_the_next_generation(
+        memory, api, logs, tmp_path):
+    from tests.fakeapi import init_pod
+
+    pods = examples.jobset("trainer", (("workers", 1, 2),))
+    memory.create("jobset.x-k8s.io/v1alpha2/jobsets", "default", {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "trainer", "namespace": "default", "uid": "jobset-uid"},
+        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart"},
+                 "replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": {
+                     "parallelism": 2, "completions": 2, "template": {}}}}]},
+        "status": {"currentInPlaceRestartAttempt": 0}})
+    for pod in pods:
+        pod["metadata"].setdefault("annotations", {})["jobset.sigs.k8s.io/in-place-restart-attempt"] = "0"
+        pod["spec"]["initContainers"].append({"name": "in-place-restart-agent", "image": "jobset-agent",
+                                              "restartPolicy": "Always", "startupProbe": {"httpGet": {"port": 8081}}})
+        memory.create_pod(pod)
+    me, out = pods[0]["metadata"]["name"], tmp_path / "shared"
+    ran = await asyncio.to_thread(init_pod, api, logs, me, out, "--timeout", "20")
+    assert ran.code == 0, ran.err
+    ran = await asyncio.to_thread(init_pod, api, logs, me, out, "--timeout", "20")
+    assert ran.code == 0, ran.err  # JobSet's current attempt is 0, this run's 1: it would wait in vain
+    assert "init container 'in-place-restart-agent' (JobSet's in-place restart agent) comes after this one and " \
+           "starts the trainer once JobSet's attempt 1 is current" in ran.err
+    assert generation(out) == 2
