@@ -7,6 +7,8 @@ members' restarts are simulated through the API (kubectl patch of their status, 
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from typing import Any
 
@@ -33,13 +35,49 @@ def _restarted(kubectl, name: str, restarts: int, *, running: bool = True) -> No
     kubectl("patch", "pod", name, "--subresource=status", "--type=merge", "-p", patch)
 
 
-def _waits(proc, seconds: float = 2.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.1)
-    return True
+class Rerun:
+    """A rerun of init, its stderr read as it comes: the test acts once the process says it reached the barrier,
+    however slowly it starts on a loaded machine."""
+
+    def __init__(self, proc) -> None:
+        self.proc, self.lines = proc, queue.Queue()
+        self.said: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def at_barrier(self, timeout: float = 60.0) -> bool:
+        """True once init says it waits at the restart barrier (and has not ended); False if it ends first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if line is None:
+                self.lines.put(None)
+                return False
+            self.said.append(line)
+            if "waiting at the restart barrier" in line:
+                return self.still_waiting(0.5)
+        return False
+
+    def still_waiting(self, seconds: float) -> bool:
+        time.sleep(seconds)
+        return self.proc.poll() is None
+
+    def finish(self, timeout: float = 90.0) -> tuple[int, str]:
+        self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        self.proc.stdout.close()  # init writes nothing there
+        self.proc.stderr.close()
+        while (line := self.lines.get_nowait() if not self.lines.empty() else None) is not None:
+            self.said.append(line)
+        return self.proc.returncode, "".join(self.said)
 
 
 def test_a_rerun_of_init_waits_until_every_member_restarted_then_writes_the_next_generation(sandbox, kubectl,
@@ -58,11 +96,11 @@ def test_a_rerun_of_init_waits_until_every_member_restarted_then_writes_the_next
     first = (shared / "torch.env").read_text()
 
     _restarted(kubectl, me, 1)  # RestartAllContainers in this pod: its init runs again, same volumes
-    proc = start_init(sandbox, me, shared, *args)
-    assert _waits(proc), "the rerun must wait for the other members' restarts: " + finish(proc)[1]
+    proc = Rerun(start_init(sandbox, me, shared, *args))
+    assert proc.at_barrier(), "the rerun must wait for the other members' restarts: " + proc.finish()[1]
     assert generation(shared) == 1, "nothing is written while the barrier holds"
     _restarted(kubectl, "demo-master-0", 1)
-    assert _waits(proc, 1.0), "one member restarted, one not yet: still waiting"
+    assert proc.still_waiting(1.0), "one member restarted, one not yet: still waiting"
     shown = status(sandbox, "-o", "json")
     out, err = shown.communicate(timeout=60)
     assert shown.returncode == 0, err
@@ -70,7 +108,7 @@ def test_a_rerun_of_init_waits_until_every_member_restarted_then_writes_the_next
         "rule": "restarts", "current": None, "attempts": {"demo-master-0": 1, "demo-worker-0": 1, "demo-worker-1": 0},
         "atBarrier": True, "waiting": ["demo-master-0", "demo-worker-0"], "behind": ["demo-worker-1"]}
     _restarted(kubectl, "demo-worker-1", 1)
-    code, err = finish(proc)
+    code, err = proc.finish()
     assert code == 0, err
     assert generation(shared) == 2
     assert "waiting at the restart barrier" in err and "demo-worker-1" in err
@@ -81,11 +119,11 @@ def test_a_rerun_of_init_waits_until_every_member_restarted_then_writes_the_next
     for name in ("demo-master-0", "demo-worker-1"):
         _restarted(kubectl, name, 1, running=False)
     _restarted(kubectl, me, 2)
-    proc = start_init(sandbox, me, shared, *args)
-    assert _waits(proc), "a second in-place restart waits again"
+    proc = Rerun(start_init(sandbox, me, shared, *args))
+    assert proc.at_barrier(), "a second in-place restart waits again"
     for name in ("demo-master-0", "demo-worker-1"):
         _restarted(kubectl, name, 2)
-    code, err = finish(proc)
+    code, err = proc.finish()
     assert code == 0, err
     assert generation(shared) == 3
 
@@ -132,10 +170,10 @@ def test_the_shared_directory_decides_nothing_the_state_directory_does(sandbox, 
     assert generation(shared) == 1
     assert "restart barrier" not in err
     _restarted(kubectl, me, 1)
-    proc = start_init(sandbox, me, shared, *args)
-    assert _waits(proc), "the rerun waits for demo-master-0: " + finish(proc)[1]
+    proc = Rerun(start_init(sandbox, me, shared, *args))
+    assert proc.at_barrier(), "the rerun waits for demo-master-0: " + proc.finish()[1]
     _restarted(kubectl, "demo-master-0", 1)
-    code, err = finish(proc)
+    code, err = proc.finish()
     assert code == 0, err
     assert generation(shared) == 2
 
@@ -181,11 +219,11 @@ def test_with_jobsets_in_place_restart_the_rerun_follows_the_jobsets_attempt(san
 
     # JobSet's agent marks this pod's new attempt; the pods' init restartCounts say nothing here (left at 0).
     kubectl("annotate", "pod", me, "--overwrite", f"{JOBSET_ATTEMPT}=1")
-    proc = start_init(sandbox, me, shared, *args)
-    assert _waits(proc), "the rerun waits for the JobSet's current attempt: " + finish(proc)[1]
+    proc = Rerun(start_init(sandbox, me, shared, *args))
+    assert proc.at_barrier(), "the rerun waits for the JobSet's current attempt: " + proc.finish()[1]
     assert generation(shared) == 1
     _set_current(sandbox, 1)  # the JobSet controller: every pod is at attempt 1
-    code, err = finish(proc)
+    code, err = proc.finish()
     assert code == 0, err
     assert generation(shared) == 2
     assert "JobSet 'trainer' status.currentInPlaceRestartAttempt is 0, waiting for 1" in err
