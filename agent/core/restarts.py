@@ -15,13 +15,17 @@ What "the same restart" is, read from the API:
   ``status.currentInPlaceRestartAttempt`` to the attempt every pod has reached. The barrier is down once that
   field is at least this pod's attempt. JobSet's agent holds the init containers after it with its startup
   probe until then, so an init placed after it finds the barrier down at once.
-- **Any other job**: a pod's attempt is the ``restartCount`` of its agent init container (``topology-agent``;
+- **Any other job whose pod restarts in place** (a container's ``restartPolicyRules`` has the action
+  ``RestartAllContainers``): a pod's attempt is the ``restartCount`` of its agent init container (``topology-agent``;
   else the highest of its init containers that are not sidecars): every in-place restart runs it once more. A
   rerun that completed ``runs`` times before waits until every member's attempt is at least ``runs``, or the
   member's agent init is running now (a pod that starts, or reruns, writes its files from this moment's pods).
   The count of the rerun's own completed runs is used, not its own restartCount: an init that failed and was run
   again by the kubelet (restartPolicy OnFailure or Always) counts its restartCount up without a restart of the
   job, so a pod that had such a retry is at most taken for restarted early, never waited for in vain.
+- **A pod without such a rule** whose init runs again (its sandbox was recreated, a node restarted): a new
+  generation, with no barrier: nothing restarts its peers with it, so waiting for them would end only at the
+  timeout.
 
 Facts from the sources, one row each (``SOURCES``). Pure: no I/O.
 """
@@ -53,13 +57,25 @@ SOURCES: tuple[tuple[str, str], ...] = (
      "kubernetes-sigs/jobset pkg/controllers/in_place_restart.go, cmd/in-place-restart-agent/main.go, v0.12.0"),
     (f"JobSet status.{JOBSET_PREVIOUS}: a pod at or below it is restarted in place by JobSet's agent",
      "kubernetes-sigs/jobset cmd/in-place-restart-agent/main.go, v0.12.0"),
-    ("RestartAllContainers: init containers run again in order in the same sandbox; volumes (emptyDir) and the "
-     "pod's uid and IP are kept; each restarted container's restartCount goes up",
+    ("restartPolicyRules action RestartAllContainers: init containers run again in order in the same sandbox; "
+     "volumes (emptyDir) and the pod's uid and IP are kept; each restarted container's restartCount goes up",
      "kubernetes/enhancements keps/sig-node/5532-restart-pod-on-container-exits; Kubernetes v1.35 blog "
      "'New level of efficiency with in-place Pod restart'"),
 )
 
 Rule = Literal["jobset", "restarts"]
+
+
+RESTART_ALL = "RestartAllContainers"  # a container's restartPolicyRules action (KEP-5532)
+
+
+def restarts_in_place(pod: RawPod) -> bool:
+    """The pod's spec restarts it in place: a container (init, sidecar or regular) has a ``restartPolicyRules``
+    rule with the action ``RestartAllContainers``."""
+    spec: Any = pod.get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    return any(isinstance(rule, Mapping) and rule.get("action") == RESTART_ALL
+               for c in containers if isinstance(c, Mapping) for rule in c.get("restartPolicyRules") or [])
 
 
 def jobset_in_place(objects: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:

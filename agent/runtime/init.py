@@ -45,7 +45,13 @@ from agent.core.lease import Record, Timing
 from agent.core.model import Identity, RawPod
 from agent.core.provenance import Writer, WriterCheck, writer_of
 from agent.core.published import SELECT_LABEL, configmap_name, select_value
-from agent.core.restarts import gate_after_agent, jobset_attempt, jobset_in_place, wanted_jobset_attempt
+from agent.core.restarts import (
+    gate_after_agent,
+    jobset_attempt,
+    jobset_in_place,
+    restarts_in_place,
+    wanted_jobset_attempt,
+)
 from agent.core.summary import own_view
 from agent.core.topology import Planner
 from agent.core.validation import check_pod
@@ -719,6 +725,11 @@ class Init:
                            lambda rv, timeout, idle: self.api.watch_objects(collection, rv, timeout=timeout,
                                                                             field_selector=field, idle=idle))
             what, look = f"JobSet {name}", f"kubectl get jobset {name} -n {s.namespace} -o yaml"
+        elif not restarts_in_place(me):
+            log.info("restart barrier: none (no container of this pod has the restart rule RestartAllContainers: "
+                     "its containers started again on their own, a new sandbox or a node restart, which restarts "
+                     "no other member); generation %d now", self.generation)
+            return
         else:
             topology = rendered.plan.topology
             store = PodAttempts(frozenset(m.name for m in topology.members) if topology.whole is None else None,

@@ -211,3 +211,21 @@ def test_a_gate_after_the_agents_init_is_found(inits, gate):
     from agent.core.restarts import gate_after_agent
 
     assert gate_after_agent({"metadata": {"name": "a"}, "spec": {"initContainers": inits}}) == gate
+
+
+@pytest.mark.parametrize(("spec", "in_place"), [
+    pytest.param({"containers": [{"name": "t", "restartPolicyRules": [{"action": "RestartAllContainers"}]}]}, True,
+                 id="the-trainer's-rule"),
+    pytest.param({"initContainers": [{"name": "j", "restartPolicy": "Always",
+                                      "restartPolicyRules": [{"action": "RestartAllContainers"}]}]}, True,
+                 id="a-sidecar's-rule-(JobSet's-agent)"),
+    pytest.param({"containers": [{"name": "t", "restartPolicyRules": [{"action": "Restart"}]}]}, False,
+                 id="a-rule-that-restarts-one-container"),
+    pytest.param({"containers": [{"name": "t"}]}, False, id="no-rule"),
+    pytest.param({"containers": [{"name": "t", "restartPolicyRules": "RestartAllContainers"}]}, False,
+                 id="not-a-list-of-rules"),
+])
+def test_a_pod_restarts_in_place_when_a_container_has_the_restart_all_rule(spec, in_place):
+    from agent.core.restarts import restarts_in_place
+
+    assert restarts_in_place({"metadata": {"name": "a"}, "spec": spec}) is in_place

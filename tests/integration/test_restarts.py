@@ -80,9 +80,20 @@ class Rerun:
         return self.proc.returncode, "".join(self.said)
 
 
+RULE = [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]
+
+
+def _restart_in_place(sandbox, pods) -> None:
+    """The trainer's restart rule, as the job's template gives every pod: a failure restarts the whole pod."""
+    for pod in pods:
+        sandbox.update_pod("default", pod["metadata"]["name"],
+                           lambda p: p["spec"]["containers"][0].__setitem__("restartPolicyRules", RULE))
+
+
 def test_a_rerun_of_init_waits_until_every_member_restarted_then_writes_the_next_generation(sandbox, kubectl,
                                                                                           tmp_path):
     pods = create_volcano_job(sandbox, (("master", 1), ("worker", 2)))
+    _restart_in_place(sandbox, pods)
     names = [p["metadata"]["name"] for p in pods]
     for name in names:
         _restarted(kubectl, name, 0, running=False)  # every pod's init ran once and completed
@@ -153,6 +164,7 @@ def test_the_shared_directory_decides_nothing_the_state_directory_does(sandbox, 
     """The trainer can write the shared directory: a record copied there and a high generation make a first run
     neither a rerun nor move its numbering; the rerun's record is the state directory's."""
     pods = create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    _restart_in_place(sandbox, pods)
     for pod in pods:
         _restarted(kubectl, pod["metadata"]["name"], 0, running=False)
     me = "demo-worker-0"
@@ -176,6 +188,24 @@ def test_the_shared_directory_decides_nothing_the_state_directory_does(sandbox, 
     code, err = proc.finish()
     assert code == 0, err
     assert generation(shared) == 2
+
+
+def test_a_rerun_in_a_pod_without_the_restart_rule_is_a_new_generation_at_once(sandbox, kubectl, tmp_path):
+    """Init ran again without RestartAllContainers (the kubelet made the pod's sandbox again): nothing restarts
+    the other members with it, so it does not wait for them."""
+    pods = create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
+    for pod in pods:
+        _restarted(kubectl, pod["metadata"]["name"], 0, running=False)
+    shared, state = tmp_path / "shared", tmp_path / "state"
+    state.mkdir()
+    args = ("--state-dir", str(state), "--timeout", "30")
+    code, err = finish(start_init(sandbox, "demo-worker-0", shared, *args))
+    assert code == 0, err
+    _restarted(kubectl, "demo-worker-0", 1)
+    code, err = finish(start_init(sandbox, "demo-worker-0", shared, *args))
+    assert code == 0, err
+    assert generation(shared) == 2
+    assert "restart barrier: none (no container of this pod has the restart rule RestartAllContainers" in err
 
 
 def _jobset(sandbox, *, current: int | None) -> list[dict[str, Any]]:
