@@ -716,8 +716,10 @@ class Init:
                      gate, self.attempt)
             return
         if jobset is not None:
-            path = next((p for p, obj in self.reads.objects.items() if obj is jobset), "")
-            collection, _, name = path.rpartition("/")
+            meta = jobset.get("metadata") or {}
+            name = str(meta.get("name", ""))
+            collection = f"/apis/{jobset.get('apiVersion') or 'jobset.x-k8s.io/v1alpha2'}/namespaces/" \
+                         f"{meta.get('namespace') or s.namespace}/jobsets"
             self.attempt = wanted_jobset_attempt(me, self.previous.attempt)
             store = JobSetAttempt(jobset, self.attempt)
             field = f"metadata.name={name}"
@@ -765,7 +767,8 @@ class Init:
         except ApiForbidden as err:
             raise ApiForbidden(f"{err}; a rerun of init lists and watches the {what} at its restart barrier: grant "
                                "list and watch on them (manifests/rbac)", status=err.status) from err
-        self.stand(None)
+        finally:
+            self.stand(None)
         if not store.down():
             why = f"; last API error: {reflector.last_error}" if reflector.last_error else ""
             raise GangTimeout(f"timed out after {self.elapsed():.1f} s (--timeout {s.timeout:g}) at the restart "
