@@ -127,7 +127,7 @@ def cut_pod(pod: Any) -> RawPod:
                          "annotations": meta.get("annotations") or {},
                          **({"deletionTimestamp": meta["deletionTimestamp"]} if meta.get("deletionTimestamp") else {})},
             "spec": {"initContainers": inits},  # type: ignore[typeddict-item]
-            "status": {"phase": status.get("phase", ""), "initContainerStatuses": statuses}}  # type: ignore[typeddict-item]
+            "status": {"phase": status.get("phase", ""), "initContainerStatuses": statuses}}  # type: ignore[typeddict-unknown-key]
 
 
 def cut_page(page: list[Any]) -> list[Any]:
