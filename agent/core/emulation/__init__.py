@@ -1,176 +1,104 @@
-"""The objects a controller makes of a job manifest: the intermediate owners (a TrainJob's JobSet, a JobSet's Jobs,
-a LeaderWorkerSet's leader StatefulSet) and the pods, as the controller creates them, before any scheduler or
-kubelet has seen them (Pending, no node, no IP).
+"""A job manifest in, the objects and pods its controller would create out: the one place that knows what pods
+controller X makes from manifest Y. Pure (no I/O, no clock): ``plan`` renders these pods, the sandbox plays the
+controllers with them, and the tests build their pods from them.
 
-Pure: a manifest in, objects out. Names, labels and owners follow each controller's conventions; the uids of the
-objects it makes are derived from the job's uid, so the same job always gives the same objects.
+Each controller's module carries its facts with the upstream file they were read from: names (Volcano
+``<job>-<task>-<i>``, training-operator ``<job>-<type>-<i>``, MPIJob ``<job>-launcher-<5>`` and
+``<job>-worker-<i>``, Job ``<job>-<index>-<5>``, JobSet ``<js>-<rjob>-<index>-<completion>-<5>``, LWS
+``<lws>-<group>[-<worker>]``), labels, annotations, the controller chain of ownerReferences, hostname and
+subdomain, and the env each controller writes (core/injected.py's rows, the release each module names).
+
+What a real cluster draws at random is derived instead: uids (a job's own ``metadata.uid`` is kept), the
+5-character name suffixes. The pods are Pending on no node, with no IP: placing them is the caller's.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-Obj = dict[str, Any]
+from agent.core.controllers import templates_owner
+from agent.core.controllers.jobset import TRAINJOBS
+from agent.core.emulation.batch import job_pods
+from agent.core.emulation.jobset import emulate_jobset, emulate_trainjob, find_runtime
+from agent.core.emulation.kubeflow import KINDS, emulate_mpijob, emulate_operator
+from agent.core.emulation.lws import emulate_lws
+from agent.core.emulation.objects import Obj, name_of, with_uid
+from agent.core.emulation.volcano import emulate_volcano
+from agent.errors import InputError
 
-# training-operator's kinds: the replica specs' field and the operator-name label value.
-OPERATOR_KINDS = {"PyTorchJob": ("pytorchReplicaSpecs", "pytorchjob-controller"),
-                  "TFJob": ("tfReplicaSpecs", "tfjob-controller"),
-                  "XGBoostJob": ("xgbReplicaSpecs", "xgboostjob-controller"),
-                  "PaddleJob": ("paddleReplicaSpecs", "paddlejob-controller"),
-                  "JAXJob": ("jaxReplicaSpecs", "jaxjob-controller")}
+__all__ = ["KINDS_EMULATED", "Emulation", "emulate", "is_job", "pod_templates"]
+
+# (API group, kind) -> what its controller makes; a TrainJob's pods come from its runtime.
+KINDS_EMULATED: Mapping[tuple[str, str], str] = {
+    ("batch.volcano.sh", "Job"): "Volcano Job",
+    **{("kubeflow.org", kind): kind for kind in KINDS},
+    ("kubeflow.org", "MPIJob"): "MPIJob",
+    ("trainer.kubeflow.org", "TrainJob"): "TrainJob",
+    ("jobset.x-k8s.io", "JobSet"): "JobSet",
+    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): "LeaderWorkerSet",
+    ("batch", "Job"): "Indexed Job",
+}
 
 
 @dataclass(frozen=True)
 class Emulation:
-    """What a controller creates for one job: intermediate owners, then pods (each naming its owner's uid)."""
+    """What the controller creates for one job: the objects between the job and its pods (a TrainJob's JobSet, a
+    JobSet's Jobs, an MPIJob's launcher Job, an LWS's StatefulSets), each owned as the controller owns it, and the
+    pods, in the controller's order (each role's in index order)."""
 
-    owners: tuple[Obj, ...]
-    pods: tuple[Obj, ...]
-
-
-def _uid(*parts: object) -> str:
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
-    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+    job: dict[str, Any]  # the job as the API server holds it (its namespace and uid set)
+    owners: tuple[dict[str, Any], ...]
+    pods: tuple[dict[str, Any], ...]
 
 
-def _reference(obj: Mapping[str, Any]) -> Obj:
-    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
-            "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+def _group(obj: Mapping[str, Any]) -> str:
+    api = str(obj.get("apiVersion", ""))
+    return api.split("/")[0] if "/" in api else ""
 
 
-def _pod(name: str, template: Mapping[str, Any], owner: Mapping[str, Any], namespace: str, labels: Mapping[str, str],
-         *, annotations: Mapping[str, str] | None = None, hostname: str | None = None,
-         subdomain: str | None = None) -> Obj:
-    meta = template.get("metadata") or {}
-    spec = copy.deepcopy(dict(template.get("spec") or {}))
-    if hostname:
-        spec["hostname"] = hostname
-    if subdomain or spec.get("subdomain"):
-        spec["subdomain"] = subdomain or spec["subdomain"]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {**(meta.get("labels") or {}), **labels},
-                         "annotations": {**(meta.get("annotations") or {}), **(annotations or {})},
-                         "ownerReferences": [_reference(owner)]},
-            "spec": spec, "status": {"phase": "Pending"}}
-
-
-def _made(api_version: str, kind: str, name: str, namespace: str, owner: Mapping[str, Any], spec: Any,
-          labels: Mapping[str, str] | None = None) -> Obj:
-    return {"apiVersion": api_version, "kind": kind,
-            "metadata": {"name": name, "namespace": namespace, "uid": _uid(owner["metadata"]["uid"], kind, name),
-                         "labels": dict(labels or {}), "ownerReferences": [_reference(owner)]},
-            "spec": copy.deepcopy(spec)}
-
-
-def _jobset_objects(jobset: Mapping[str, Any], namespace: str) -> tuple[list[Obj], list[Obj]]:
-    name = jobset["metadata"]["name"]
-    owners: list[Obj] = []
-    pods: list[Obj] = []
-    global_index = 0
-    for rjob in jobset["spec"].get("replicatedJobs") or []:
-        job_spec = rjob["template"]["spec"]
-        for job_index in range(rjob.get("replicas", 1)):
-            job_name = f"{name}-{rjob['name']}-{job_index}"
-            labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
-                      "jobset.sigs.k8s.io/job-index": str(job_index),
-                      "jobset.sigs.k8s.io/job-global-index": str(global_index)}
-            job = _made("batch/v1", "Job", job_name, namespace, jobset, job_spec, labels)
-            owners.append(job)
-            for completion in range(job_spec.get("parallelism", 1)):
-                host = f"{job_name}-{completion}"
-                pods.append(_pod(f"{host}-{_uid(job['metadata']['uid'], completion)[:5]}", job_spec["template"],
-                                 job, namespace,
-                                 {**labels, "batch.kubernetes.io/job-completion-index": str(completion),
-                                  "batch.kubernetes.io/job-name": job_name},
-                                 annotations={"batch.kubernetes.io/job-completion-index": str(completion)},
-                                 hostname=host, subdomain=name))
-            global_index += 1
-    return owners, pods
-
-
-def _trainjob_jobset(job: Mapping[str, Any], namespace: str, runtimes: Sequence[Mapping[str, Any]]) -> Obj:
-    ref = job["spec"].get("runtimeRef") or {}
-    runtime = next((r for r in runtimes if r["metadata"]["name"] == ref.get("name")), None)
-    if runtime is None:
-        raise ValueError(f"TrainJob {job['metadata']['name']}: runtime {ref.get('name')!r} not given")
-    spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
-    trainer = job["spec"].get("trainer") or {}
-    for rjob in spec.get("replicatedJobs") or []:
-        if rjob["name"] == "node":
-            nodes = trainer.get("numNodes") or runtime["spec"].get("mlPolicy", {}).get("numNodes", 1)
-            rjob["template"].setdefault("spec", {}).update(parallelism=nodes, completions=nodes,
-                                                           completionMode="Indexed")
-            for container in rjob["template"]["spec"]["template"]["spec"].get("containers") or []:
-                if container.get("name") == "node":
-                    container.update({k: trainer[k] for k in ("image", "command", "args") if k in trainer})
-    return _made("jobset.x-k8s.io/v1alpha2", "JobSet", job["metadata"]["name"], namespace, job, spec,
-                 {"trainer.kubeflow.org/trainjob-name": job["metadata"]["name"]})
+def is_job(obj: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` is a job object whose pods ``emulate`` makes."""
+    return (_group(obj), str(obj.get("kind", ""))) in KINDS_EMULATED
 
 
 def emulate(job: Mapping[str, Any], *, runtimes: Sequence[Mapping[str, Any]] = ()) -> Emulation:
-    kind, name = job["kind"], job["metadata"]["name"]
-    namespace = job["metadata"].get("namespace") or "default"
-    spec = job.get("spec") or {}
-    pods: list[Obj] = []
-    owners: list[Obj] = []
-    if kind == "Job" and job["apiVersion"].startswith("batch.volcano.sh"):
-        for task in spec.get("tasks") or []:
-            for i in range(task.get("replicas", 1)):
-                pod_name = f"{name}-{task['name']}-{i}"
-                labels = {"volcano.sh/job-name": name, "volcano.sh/task-spec": task["name"],
-                          "volcano.sh/task-index": str(i)}
-                pods.append(_pod(pod_name, task["template"], job, namespace, labels, hostname=pod_name,
-                                 subdomain=name))
-    elif kind in OPERATOR_KINDS:
-        field, operator = OPERATOR_KINDS[kind]
-        for rtype, replica in (spec.get(field) or {}).items():
-            for i in range(replica.get("replicas", 1)):
-                labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/operator-name": operator,
-                          "training.kubeflow.org/replica-type": rtype.lower(),
-                          "training.kubeflow.org/replica-index": str(i)}
-                pods.append(_pod(f"{name}-{rtype.lower()}-{i}", replica["template"], job, namespace, labels))
-    elif kind == "MPIJob":
-        base = {"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": name}
-        for i in range((spec["mpiReplicaSpecs"].get("Worker") or {}).get("replicas", 0)):
-            pods.append(_pod(f"{name}-worker-{i}", spec["mpiReplicaSpecs"]["Worker"]["template"], job, namespace,
-                             {**base, "training.kubeflow.org/job-role": "worker",
-                              "training.kubeflow.org/replica-index": str(i)},
-                             hostname=f"{name}-worker-{i}", subdomain=name))
-        launcher = _made("batch/v1", "Job", f"{name}-launcher", namespace, job, {})
-        owners.append(launcher)
-        pods.insert(0, _pod(f"{name}-launcher-{_uid(launcher['metadata']['uid'])[:5]}",
-                            spec["mpiReplicaSpecs"]["Launcher"]["template"], launcher, namespace,
-                            {**base, "training.kubeflow.org/job-role": "launcher"},
-                            hostname=f"{name}-launcher", subdomain=name))
+    """The objects and pods the controller of ``job`` creates (``runtimes``: a TrainJob's (Cluster)TrainingRuntime
+    among them). A kind no controller here makes, or a manifest its controller would refuse: ``InputError``."""
+    if not isinstance(job, Mapping) or not isinstance(job.get("metadata"), Mapping) or not name_of(job):
+        raise InputError("the job manifest has no metadata.name; give the job a name")
+    key = (_group(job), str(job.get("kind", "")))
+    if key not in KINDS_EMULATED:
+        known = ", ".join(sorted(set(KINDS_EMULATED.values())))
+        raise InputError(f"{job.get('kind', '?')} '{name_of(job)}' ({job.get('apiVersion', '?')}) is not a job "
+                         f"whose pods the agent knows how to make; give one of: {known}")
+    held = with_uid(job)
+    kind = key[1]
+    if key == ("batch.volcano.sh", "Job"):
+        owners, pods = emulate_volcano(held)
+    elif key[0] == "kubeflow.org" and kind == "MPIJob":
+        owners, pods = emulate_mpijob(held)
+    elif key[0] == "kubeflow.org":
+        owners, pods = emulate_operator(held)
+    elif kind == TRAINJOBS.kind:
+        owners, pods = emulate_trainjob(held, runtimes)
     elif kind == "JobSet":
-        owners, pods = _jobset_objects(job, namespace)
-    elif kind == "TrainJob":
-        jobset = _trainjob_jobset(job, namespace, runtimes)
-        jobs, pods = _jobset_objects(jobset, namespace)
-        owners = [jobset, *jobs]
+        owners, pods = emulate_jobset(held)
     elif kind == "LeaderWorkerSet":
-        lwt = spec["leaderWorkerTemplate"]
-        sts = _made("apps/v1", "StatefulSet", name, namespace, job, {"replicas": spec.get("replicas", 1)})
-        owners.append(sts)
-        for group in range(spec.get("replicas", 1)):
-            for worker in range(lwt.get("size", 1)):
-                host = f"{name}-{group}" if worker == 0 else f"{name}-{group}-{worker}"
-                template = lwt.get("leaderTemplate", lwt["workerTemplate"]) if worker == 0 else lwt["workerTemplate"]
-                labels = {"leaderworkerset.sigs.k8s.io/name": name,
-                          "leaderworkerset.sigs.k8s.io/group-index": str(group),
-                          "leaderworkerset.sigs.k8s.io/worker-index": str(worker)}
-                pods.append(_pod(host, template, sts, namespace, labels, hostname=host, subdomain=name,
-                                 annotations={"leaderworkerset.sigs.k8s.io/size": str(lwt.get("size", 1))}))
-    elif kind == "Job":
-        subdomain = (spec.get("template") or {}).get("spec", {}).get("subdomain")
-        for i in range(spec.get("parallelism", 1)):
-            labels = {"batch.kubernetes.io/job-name": name, "batch.kubernetes.io/job-completion-index": str(i)}
-            pods.append(_pod(f"{name}-{i}-{_uid(job['metadata'].get('uid'), i)[:5]}", spec["template"], job,
-                             namespace, labels, annotations={"batch.kubernetes.io/job-completion-index": str(i)},
-                             hostname=f"{name}-{i}" if subdomain else None, subdomain=subdomain))
-    return Emulation(tuple(owners), tuple(pods))
+        owners, pods = emulate_lws(held)
+    else:
+        owners, pods = [], job_pods(held)
+    return Emulation(job=held, owners=tuple(owners), pods=tuple(pods))
+
+
+def pod_templates(job: Mapping[str, Any], *, runtimes: Sequence[Mapping[str, Any]] = ()) -> list[Obj]:
+    """Every pod template of a job object (a runtime's too; a TrainJob's are its runtime's), as its controller's
+    module in core/controllers finds them, in the object's order."""
+    if job.get("kind") == TRAINJOBS.kind:
+        job = find_runtime(job, runtimes)
+    controller = templates_owner(job)
+    if controller is None:
+        return []
+    return [copy.deepcopy(dict(t.template)) for t in controller.pod_templates(job) if isinstance(t.template, Mapping)]

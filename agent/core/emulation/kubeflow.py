@@ -1,0 +1,247 @@
+"""Kubeflow training-operator v1.9 (PyTorchJob, TFJob, XGBoostJob, PaddleJob, JAXJob) and the MPI operator v2
+(MPIJob, v0.5-v0.8), as their controllers create pods.
+
+training-operator makes ``<job>-<type>-<index>`` (the replica type lower-cased) for each replica, owned by the job,
+labelled with the job's name, the operator's name, the replica type and index, and ``job-role: master`` on the
+pod that leads (pkg/controller.v1/common/pod.go createNewPod; each kind's IsMasterRole); one Service of the same
+name per pod gives its address. Each kind's env is its setPodEnv's (core/injected.py's rows, v1.9.0), with the
+job's port read from the named container port as the operator reads it.
+
+The MPI operator makes workers ``<job>-worker-<index>`` owned by the MPIJob, and a batch/v1 Job
+``<job>-launcher`` whose pod is ``<job>-launcher-<5 chars>``; the launcher and the workers have hostname = the
+pod's own (the launcher's: the Job's name) and subdomain = the job's headless Service (its name)
+(pkg/controller/mpi_job_controller.go newWorker, newLauncherJob). K_MPI_JOB_ROLE goes to each pod's first
+container, and the launcher's MPI implementation's variables after it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agent.core.controllers.base import JOB_NAME
+from agent.core.controllers.kubeflow import (
+    MPI_JOB_ROLE,
+    MPI_OPERATOR,
+    OPERATOR_NAME,
+    OPERATORS,
+    PYTORCHJOB_INDEX,
+    PYTORCHJOB_JOB,
+    PYTORCHJOB_TYPE,
+)
+from agent.core.emulation.batch import CONTROLLER_UID
+from agent.core.emulation.objects import (
+    Obj,
+    add_env,
+    child,
+    container_port,
+    count,
+    make_pod,
+    name_of,
+    namespace_of,
+    refuse,
+    suffix_for,
+    template_at,
+    uid_of,
+)
+from agent.core.injected import injected_env
+
+OPERATOR_RELEASE = "v1.9.0"
+MPI_RELEASE = "v0.8.0"
+
+
+class Kind:
+    """One training-operator kind: its replica specs' field, the container and port name its env is about."""
+
+    def __init__(self, field: str, controller: str, container: str, port_name: str, port: int) -> None:
+        self.field, self.controller, self.container = field, controller, container
+        self.port_name, self.port = port_name, port
+
+
+# Each kind's replica-specs field, its key in core/injected.py, its default container and port (the job's port:
+# GetPortFrom<Kind>Job; the defaults from pkg/apis/kubeflow.org/v1/<kind>_types.go).
+KINDS: Mapping[str, Kind] = {
+    "PyTorchJob": Kind("pytorchReplicaSpecs", "pytorchjob", "pytorch", "pytorchjob-port", 23456),
+    "TFJob": Kind("tfReplicaSpecs", "tfjob", "tensorflow", "tfjob-port", 2222),
+    "XGBoostJob": Kind("xgbReplicaSpecs", "xgboostjob", "xgboost", "xgboostjob-port", 9999),
+    "PaddleJob": Kind("paddleReplicaSpecs", "paddlejob", "paddle", "master", 36543),
+    "JAXJob": Kind("jaxReplicaSpecs", "jaxjob", "jax", "jaxjob-port", 6666),
+}
+Env = Callable[[str, int], list[dict[str, Any]]]
+
+
+def _specs(job: Mapping[str, Any], field: str) -> list[tuple[str, int, Mapping[str, Any]]]:
+    specs = (job.get("spec") or {}).get(field)
+    if not isinstance(specs, Mapping) or not specs:
+        raise refuse(job, f"spec.{field} is missing or empty", f"give spec.{field} its replica types")
+    out = []
+    for rtype, spec in specs.items():
+        where = f"spec.{field}.{rtype}"
+        if not isinstance(spec, Mapping):
+            raise refuse(job, f"{where} is not a replica spec", f"give {where} replicas and a template")
+        out.append((str(rtype), count(job, spec.get("replicas"), f"{where}.replicas"),
+                    template_at(job, spec.get("template"), f"{where}.template")))
+    return out
+
+
+def _port(specs: list[tuple[str, int, Mapping[str, Any]]], kind: Kind, prefer: str | None = None) -> int:
+    chosen = next((t for r, _, t in specs if r.lower() == prefer), None) if prefer else None
+    template = chosen or specs[0][2]
+    return container_port(template, kind.container, kind.port_name, kind.port)
+
+
+def _counts(specs: list[tuple[str, int, Mapping[str, Any]]]) -> dict[str, int]:
+    return {rtype.lower(): n for rtype, n, _ in specs}
+
+
+def _pytorch_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str, Any]]]) -> Env:
+    name, spec = name_of(job), job.get("spec") or {}
+    counts = _counts(specs)
+    elastic = spec.get("elasticPolicy") if isinstance(spec.get("elasticPolicy"), Mapping) else None
+    nproc = spec.get("nprocPerNode", (elastic or {}).get("nProcPerNode"))
+    features = {f for f, on in (("master", "master" in counts), ("elastic", elastic is not None),
+                                ("nprocPerNode", spec.get("nprocPerNode") is not None)) if on}
+    for key in ("maxRestarts", "nProcPerNode", "rdzvId", "rdzvConf", "standalone"):
+        if elastic is not None and elastic.get(key) is not None:
+            features.add(f"elastic.{key}")
+    replicas = sum(counts.values())
+    port = _port(specs, KINDS["PyTorchJob"], "master")
+    facts = {"port": port, "master": f"{name}-master-0", "replicas": replicas,
+             "world": replicas * (int(str(nproc)) if str(nproc).isdigit() else 1),
+             "nproc": "" if nproc is None else str(nproc), "rdzv_host": f"{name}-worker-0", "rdzv_port": port,
+             "min": (elastic or {}).get("minReplicas", ""), "max": (elastic or {}).get("maxReplicas", ""),
+             "max_restarts": (elastic or {}).get("maxRestarts", ""), "rdzv_id": (elastic or {}).get("rdzvId", ""),
+             "rdzv_conf": ",".join(f"{c.get('key')}={c.get('value')}" for c in (elastic or {}).get("rdzvConf") or [])}
+    master = "master" in counts
+    return lambda rtype, i: injected_env("pytorchjob", OPERATOR_RELEASE, features,  # type: ignore[return-value]
+                                         {**facts, "rank": i + 1 if rtype == "worker" and master else i})
+
+
+def _tf_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str, Any]]]) -> Env:
+    """TF_CONFIG: the cluster (keys sorted, as Go marshals a map), ``<job>-<type>-<i>.<ns>.svc:<port>`` with each
+    type's port, this pod's task, ``environment: cloud``; none for a job of one pod (isDistributed)."""
+    name, namespace = name_of(job), namespace_of(job)
+    cluster = {rtype.lower(): [f"{name}-{rtype.lower()}-{i}.{namespace}.svc:"
+                               f"{container_port(t, 'tensorflow', 'tfjob-port', 2222)}" for i in range(n)]
+               for rtype, n, t in sorted(specs, key=lambda s: s[0].lower())}
+    distributed = {"distributed"} if sum(n for _, n, _ in specs) > 1 else set()
+
+    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+        config = json.dumps({"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"},
+                            separators=(",", ":"))
+        return injected_env("tfjob", OPERATOR_RELEASE, distributed, {"tf_config": config})  # type: ignore
+    return env
+
+
+def _xgboost_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str, Any]]]) -> Env:
+    name, counts = name_of(job), _counts(specs)
+    total = sum(counts.values())
+    port = _port(specs, KINDS["XGBoostJob"], "master")
+    facts = {"port": port, "job": name, "replicas": total, "worker_port": port,
+             "worker_addrs": ",".join(f"{name}-worker-{k}" for k in range(total - 1))}
+    features = {"several replicas"} if total > 1 else set()
+    masters = counts.get("master", 0)
+    return lambda rtype, i: injected_env("xgboostjob", OPERATOR_RELEASE, features,  # type: ignore[return-value]
+                                         {**facts, "rank": i + masters if rtype == "worker" else i})
+
+
+def _paddle_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str, Any]]]) -> Env:
+    name, counts = name_of(job), _counts(specs)
+    host = "master" if counts.get("master") else "worker"
+    port = _port(specs, KINDS["PaddleJob"], host)
+    ps = bool(counts.get("master"))
+
+    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+        own = i == 0 and rtype == host
+        features = {"the master's pod"} if own else set()
+        if ps:
+            features.add(f"ps mode, {rtype}")
+        facts = {"job": name, "replicas": sum(counts.values()),
+                 "master": f"$(POD_IP_DUMMY):{port}" if own else f"{name}-{host}-0:{port}"}
+        return injected_env("paddlejob", OPERATOR_RELEASE, features, facts)  # type: ignore[return-value]
+    return env
+
+
+def _jax_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str, Any]]]) -> Env:
+    facts = {"port": _port(specs, KINDS["JAXJob"], "worker"), "job": name_of(job),
+             "replicas": sum(_counts(specs).values())}
+    return lambda rtype, i: injected_env("jaxjob", OPERATOR_RELEASE, set(), {**facts, "index": i})  # type: ignore
+
+
+ENVS: Mapping[str, Callable[[Mapping[str, Any], list[tuple[str, int, Mapping[str, Any]]]], Env]] = {
+    "PyTorchJob": _pytorch_env, "TFJob": _tf_env, "XGBoostJob": _xgboost_env, "PaddleJob": _paddle_env,
+    "JAXJob": _jax_env,
+}
+
+
+def _leads(kind: str, counts: Mapping[str, int]) -> Callable[[str, int], bool]:
+    """The pod labelled ``job-role: master`` (each kind's IsMasterRole)."""
+    if kind == "TFJob":
+        chief = next((r for r in ("chief", "master") if counts.get(r)), None)
+        return (lambda r, i: r == chief) if chief else (lambda r, i: r == "worker" and i == 0)
+    if kind == "JAXJob":
+        return lambda r, i: r == "worker" and i == 0
+    return lambda r, i: r == "master"
+
+
+def emulate_operator(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
+    kind = KINDS[str(job["kind"])]
+    name = name_of(job)
+    specs = _specs(job, kind.field)
+    env = ENVS[str(job["kind"])](job, specs)
+    leads = _leads(str(job["kind"]), _counts(specs))
+    pods = []
+    for rtype, replicas, template in specs:
+        lower = rtype.lower()
+        for i in range(replicas):
+            labels = {PYTORCHJOB_JOB: name, OPERATOR_NAME: OPERATORS[str(job["kind"])], PYTORCHJOB_TYPE: lower,
+                      PYTORCHJOB_INDEX: str(i)}
+            if leads(lower, i):
+                labels[MPI_JOB_ROLE] = "master"
+            pod = make_pod(f"{name}-{lower}-{i}", template, owner=job, labels=labels)
+            containers = pod["spec"]["containers"]
+            if str(job["kind"]) == "TFJob":  # TF_CONFIG: the container named tensorflow only
+                containers = [c for c in containers if c.get("name") == kind.container]
+            add_env(containers, env(lower, i))
+            pods.append(pod)
+    return [], pods
+
+
+def emulate_mpijob(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
+    name, namespace = name_of(job), namespace_of(job)
+    spec = job.get("spec") or {}
+    specs = {rtype: (n, t) for rtype, n, t in _specs(job, "mpiReplicaSpecs")}
+    if "Launcher" not in specs or specs["Launcher"][0] != 1:
+        raise refuse(job, "spec.mpiReplicaSpecs.Launcher must have exactly 1 replica",
+                     "give Launcher replicas: 1 and a template")
+    implementation = spec.get("mpiImplementation", "OpenMPI")
+    if implementation not in ("OpenMPI", "Intel", "MPICH"):
+        raise refuse(job, f"spec.mpiImplementation {implementation!r} is not one the operator knows",
+                     "use OpenMPI, Intel or MPICH")
+    slots = count(job, spec.get("slotsPerWorker"), "spec.slotsPerWorker")
+    base = {OPERATOR_NAME: MPI_OPERATOR, PYTORCHJOB_JOB: name}
+    launcher_name = f"{name}-launcher"
+    launcher_job = child("batch/v1", "Job", launcher_name, owner=job, labels=base,
+                         spec={"template": specs["Launcher"][1]})
+    uid = uid_of(launcher_job)
+    job_labels = {CONTROLLER_UID: uid, JOB_NAME: launcher_name, "controller-uid": uid, "job-name": launcher_name}
+    launcher = make_pod(f"{launcher_name}-{suffix_for(namespace, launcher_name)}", specs["Launcher"][1],
+                        owner=launcher_job, labels={**base, MPI_JOB_ROLE: "launcher", **job_labels},
+                        hostname=launcher_name, subdomain=name)
+    features = {f"launcher, {implementation}"}
+    if spec.get("runLauncherAsWorker") is not True:
+        features.add("launcher, not runLauncherAsWorker")
+    add_env(launcher["spec"]["containers"][:1],
+            injected_env("mpijob", MPI_RELEASE, features, {"role": "launcher", "slots": slots}))  # type: ignore
+    pods = [launcher]
+    workers, worker_t = specs.get("Worker", (0, None))
+    for i in range(workers):
+        assert worker_t is not None
+        pod = make_pod(f"{name}-worker-{i}", worker_t, owner=job,
+                       labels={**base, MPI_JOB_ROLE: "worker", PYTORCHJOB_INDEX: str(i)},
+                       hostname=f"{name}-worker-{i}", subdomain=name)
+        add_env(pod["spec"]["containers"][:1],
+                injected_env("mpijob", MPI_RELEASE, set(), {"role": "worker", "slots": slots}))  # type: ignore
+        pods.append(pod)
+    return [launcher_job], pods
