@@ -221,10 +221,15 @@ def _templates_of(doc: Mapping[str, Any], defaults: Settings, at: str) -> Iterat
     if _is_pod(doc) and isinstance(doc, dict):
         # A Pod is its own template (metadata + spec); what the job said is read from what its controller put in
         # the Pod (an elastic range, naming by DNS), as each controller knows it.
+        # Naming by DNS is the rule of the controller that made the Pod: an MPIJob's launcher is a Job's pod
+        # too, and the Job's rule is not the MPI operator's.
         known = CONTROLLERS.values()
         elastic = next((said for c in known if (said := c.elastic_in_pod(doc)) is not None), None)
-        yield Template(where, doc, settings, elastic=elastic, wait_dns=any(c.names_by_dns(doc) for c in known),
-                       pointer=at)
+        makers = {c.key for c in known if c.claims(doc)}
+        for key in list(makers):
+            makers -= CONTROLLERS[key].supersedes
+        yield Template(where, doc, settings, elastic=elastic,
+                       wait_dns=any(CONTROLLERS[key].names_by_dns(doc) for key in makers), pointer=at)
         return
     controller = templates_owner(doc)
     found = list(controller.pod_templates(doc)) if controller is not None else []

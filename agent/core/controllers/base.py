@@ -153,6 +153,18 @@ def map_at(obj: Any, *keys: str) -> Mapping[Any, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+# The labels the Job controller puts on its pods (k8s.io/api/batch/v1/types.go JobNameLabel and the unprefixed one
+# it keeps for earlier releases): a pod with one was made by a Job (an Indexed Job's, or a JobSet's Job's).
+JOB_POD_LABELS = (JOB_NAME, "job-name")
+
+
+def is_job_pod_by_dns(pod: Mapping[str, Any]) -> bool:
+    """A Job's pod with a subdomain, as its Job's template has it: named by DNS (hostname <job>-<index>)."""
+    labels = at(pod, "metadata", "labels")
+    return bool(at(pod, "spec", "subdomain")) and isinstance(labels, Mapping) and any(
+        key in labels for key in JOB_POD_LABELS)
+
+
 def owner_ref(obj: Mapping[str, Any], group: str, kind: str) -> Mapping[str, Any] | None:
     """The ownerReference of ``obj`` to a ``kind`` of API group ``group`` (any version)."""
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:

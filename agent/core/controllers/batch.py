@@ -8,10 +8,12 @@ from typing import Any
 from agent.core.controllers.base import (
     COMPLETION_INDEX,
     JOB_NAME,
+    JOB_POD_LABELS,
     Controller,
     JobResource,
     PodTemplate,
     at,
+    is_job_pod_by_dns,
     number,
     owner_ref_path,
     replicas,
@@ -21,9 +23,7 @@ from agent.core.controllers.base import (
 from agent.core.model import Identity, Options, RawPod
 
 JOBS = JobResource("batch", "v1", "Job", "jobs")
-# The labels the Job controller puts on its pods (JobSet's pods are a Job's too): such a pod's template was a Job's.
-# JobNameLabel and the unprefixed one it keeps for earlier releases (k8s.io/api/batch/v1/types.go).
-POD_LABELS = (JOB_NAME, "job-name")
+POD_LABELS = JOB_POD_LABELS  # a pod with one of these was made by a Job: its template was a Job's
 
 
 class IndexedJob(Controller):
@@ -42,9 +42,7 @@ class IndexedJob(Controller):
 
     def names_by_dns(self, pod: Mapping[str, Any]) -> bool:
         """A Job's pod (or a JobSet's) with a subdomain, as its Job's template has it."""
-        labels = at(pod, "metadata", "labels")
-        return bool(at(pod, "spec", "subdomain")) and isinstance(labels, Mapping) and any(
-            key in labels for key in POD_LABELS)
+        return is_job_pod_by_dns(pod)
 
     def owner_path(self, pod: RawPod) -> str | None:
         return owner_ref_path(pod, JOBS)

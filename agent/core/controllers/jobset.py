@@ -16,6 +16,7 @@ from agent.core.controllers.base import (
     OwnerOptions,
     PodTemplate,
     at,
+    is_job_pod_by_dns,
     list_at,
     meta,
     named_path,
@@ -86,6 +87,10 @@ class JobSet(Controller):
                         COORDINATOR})
     resources: ClassVar[tuple[JobResource, ...]] = (JOBSETS,)
     supersedes = frozenset({"indexed-job"})  # its replicated jobs are Jobs
+
+    def names_by_dns(self, pod: Mapping[str, Any]) -> bool:
+        """Its pods are its Jobs' pods, named by DNS as theirs are."""
+        return is_job_pod_by_dns(pod)
 
     def identify(self, pod: RawPod, options: Options) -> Identity:
         fix = f"the pod must be created by a {self.title} (or pass --controller)"
