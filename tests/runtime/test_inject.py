@@ -234,7 +234,8 @@ def test_the_pods_of_an_injected_job_render_with_the_injected_options(name, doc)
     worlds: dict[str, set[str]] = {}
     ranks: dict[str, list[int]] = {}
     for pod in pods:
-        variables = {v.name: v.value for v in render_pod(pods, pod["metadata"]["name"], options).variables}
+        rendered = render_pod(pods, pod["metadata"]["name"], options).variables
+        variables = {v.name: v.value for v in rendered if not v.unset}  # a controller's WORLD_SIZE is unset
         if variables["TOPOLOGY_TRAINING"] == "1":  # a world per master (a LeaderWorkerSet has one per group)
             worlds.setdefault(variables["MASTER_ADDR"], set()).add(variables["WORLD_SIZE"])
             ranks.setdefault(variables["MASTER_ADDR"], []).append(int(variables["NODE_RANK"]))

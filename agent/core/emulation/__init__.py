@@ -14,7 +14,6 @@ What a real cluster draws at random is derived instead: uids (a job's own ``meta
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,10 +94,10 @@ def emulate(job: Mapping[str, Any], *, runtimes: Sequence[Mapping[str, Any]] = (
 
 def pod_templates(job: Mapping[str, Any], *, runtimes: Sequence[Mapping[str, Any]] = ()) -> list[Obj]:
     """Every pod template of a job object (a runtime's too; a TrainJob's are its runtime's), as its controller's
-    module in core/controllers finds them, in the object's order."""
+    module in core/controllers finds them, in the object's order: the object's own (a caller may change them)."""
     if job.get("kind") == TRAINJOBS.kind:
         job = find_runtime(job, runtimes)
     controller = templates_owner(job)
     if controller is None:
         return []
-    return [copy.deepcopy(dict(t.template)) for t in controller.pod_templates(job) if isinstance(t.template, Mapping)]
+    return [t.template for t in controller.pod_templates(job) if isinstance(t.template, dict)]
