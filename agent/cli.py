@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from agent.flags.init import InitFields
     from agent.flags.inject import InjectSettings
     from agent.flags.keygen import KeygenSettings
+    from agent.flags.plan import PlanSettings
     from agent.flags.pod import PodStart
     from agent.flags.render import RenderSettings
     from agent.flags.sandbox import SandboxSettings
@@ -145,6 +146,13 @@ def _inject(given: InjectSettings) -> int:
     return run_inject(given.filenames, given.defaults, version=__version__)
 
 
+def _plan(given: PlanSettings) -> int:
+    from agent.runtime.planning import run_plan
+
+    return run_plan(given.filename, given.runtimes, out=given.out, me=given.me, output=given.output,
+                    version=__version__)
+
+
 def _keygen(given: KeygenSettings) -> int:
     from agent.runtime.keygen import run_keygen
 
@@ -168,7 +176,7 @@ def _demo(out: Path) -> int:
 # Each command, run with the settings its module in agent/flags/ gives.
 COMMANDS: dict[str, Callable[[Any], int | Held]] = {
     "render": _render, "explain": _explain, "status": _status, "init": _init, "sidecar": _sidecar,
-    "sandbox": _sandbox, "demo": _demo, "keygen": _keygen, "inject": _inject, "webhook": _webhook}
+    "sandbox": _sandbox, "demo": _demo, "keygen": _keygen, "inject": _inject, "webhook": _webhook, "plan": _plan}
 BUG_EXIT = 70  # EX_SOFTWARE
 SIGPIPE_EXIT = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 ONE_SHOT = ("render", "explain", "init")

@@ -75,6 +75,7 @@ class _Parser(argparse.ArgumentParser):
 COMMANDS = {
     "render": "write the files for one pod from a pods JSON file (offline)",
     "explain": "print every variable, its value and the rule behind it",
+    "plan": "from a job's manifest, no cluster: its pods as the controller makes them, each one's ranks and files",
     "status": "every member of a running job: role, rank, node, address, generation seen; the pods left out",
     "init": "init container: wait for the job's pods, then write the files",
     "sidecar": "elastic jobs: follow membership, rewrite files, signal the trainer",
