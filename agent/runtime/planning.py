@@ -26,10 +26,11 @@ from agent.core.controllers import detect_controller
 from agent.core.controllers.jobset import RUNTIME_KINDS, TRAINJOBS
 from agent.core.emulation import KINDS_EMULATED, Emulation, emulate, is_job, pod_templates
 from agent.core.emulation.placing import loopback_address, placed
-from agent.core.gang import expectation_from_job, expectation_from_pod, job_reads
+from agent.core.gang import expectation_from_job, expectation_from_pod, job_reads, roster_of
 from agent.core.model import Options, RawPod
 from agent.core.summary import own_view
 from agent.errors import InputError
+from agent.runtime.views import PodView
 
 INIT = "topology-agent"  # the agent's init container, as inject names it
 PUBLISH_THRESHOLD = 256  # init's (runtime/init.py): a job of this many training pods publishes its topology
@@ -168,6 +169,7 @@ def plan_pod(pods: Sequence[RawPod], pod: RawPod, objects: Mapping[tuple[str, st
     controller = detect_controller(pod, options)
     expected = expectation_from_pod(controller, pod)
     objects_read: tuple[Mapping[str, Any], ...] = ()
+    roster = None
     if own["expect"] is None and expected is None and controller.owner_path(pod) is not None:
         reads = job_reads(pod, options)
         try:
@@ -176,7 +178,7 @@ def plan_pod(pods: Sequence[RawPod], pod: RawPod, objects: Mapping[tuple[str, st
                 path = reads.send(_answer(path, objects, namespace))
         except StopIteration as done:
             view = done.value
-        options, objects_read = view.options, view.objects
+        options, objects_read, roster = view.options, view.objects, roster_of(view)
         role = view.controller.identify(pod, options).role
         expected = expectation_from_job(view.controller, view.objects, view.controller.training_roles(options),
                                         options, role=role)
@@ -187,7 +189,12 @@ def plan_pod(pods: Sequence[RawPod], pod: RawPod, objects: Mapping[tuple[str, st
     if source == "published" and role in controller.waits_for(objects_read):
         source = "pods"
     out = files_dir or str(parsed.out)
-    rendered = render_pod(pods, name, options, files_dir=out)
+    # The pods as init holds them (runtime/views.py): this pod as read, the others compacted to what a peer's row
+    # keeps, each passed by the job's roster.
+    held = PodView(name, options, roster=roster, whole_own=True)
+    held.me = pod
+    held.replace(held.intake(list(pods)))
+    rendered = render_pod(list(held.pods.values()), name, options, files_dir=out)
     own_plan, _ = own_view(rendered.plan, options, ssh=ssh, published=source == "published")
     if own_plan is not None:
         rendered = render_plan(own_plan, options, files_dir=out)

@@ -76,5 +76,6 @@ def test_each_runtime_gives_the_documented_values(path):
         values = {v.name: v.value for r in rendered.frameworks for v in r.variables if v.written}
         shown = " ".join(f"{k}={values[k]}" for k in SHOWN if k in values) \
             or " ".join(f"{k}={env[k]}" for k in ("MASTER_ADDR", "MASTER_PORT"))  # torch.env alone
-        got[re.sub(r"-[a-z0-9]{5}$", "-abcde", pod["metadata"]["name"])] = (rendered.plan.topology.me.role, env.get("NODE_RANK", "-"), shown)
+        shown_name = re.sub(r"-[a-z0-9]{5}$", "-abcde", pod["metadata"]["name"])  # a Job pod's random suffix
+        got[shown_name] = (rendered.plan.topology.me.role, env.get("NODE_RANK", "-"), shown)
     assert got == documented()[path.name]
