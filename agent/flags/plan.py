@@ -13,13 +13,15 @@ OUTPUTS = ("table", "json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("From a job's manifest, with no cluster: the pods its controller would create, each one's "
+                          "role, ranks, world size, processes and the files its init would write (docs/plan.md).")
     parser.add_argument("-f", "--filename", required=True, help="the job's manifest (YAML, multi-document, or "
                                                                 "JSON; '-' is stdin); a TrainJob's runtime may be "
                                                                 "in it too")
     parser.add_argument("--runtime", action="append", help="a TrainJob's (Cluster)TrainingRuntime manifest "
                                                            "(default: one in -f, else manifests/trainer/<name>.yaml)")
-    parser.add_argument("--out", help="write DIR/<pod>/<each file init would write>")
-    parser.add_argument("--self", help="print this pod's explain instead of the table")
+    parser.add_argument("--out", metavar="DIR", help="write DIR/<pod>/<each file init would write>")
+    parser.add_argument("--self", metavar="POD", help="print this pod's explain instead of the table")
     parser.add_argument("-o", "--output", default="table", help="table (default) or json")
 
 

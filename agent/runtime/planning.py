@@ -102,8 +102,8 @@ def read_job(filename: str, runtime_files: Sequence[str], *, version: str) -> tu
     if not jobs:
         found = ", ".join(f"{d.get('kind', '?')} '{(d.get('metadata') or {}).get('name', '?')}'" for d in docs)
         known = ", ".join(sorted(set(KINDS_EMULATED.values())))
-        raise InputError(f"-f {where}: no job of a kind the agent knows ({f'found {found}' if found else 'empty'});"
-                         f" give the manifest of one of: {known}")
+        said = f"found {found}" if found else "it is empty"
+        raise InputError(f"-f {where}: no job of a kind the agent knows ({said}); give the manifest of one of: {known}")
     if len(jobs) > 1:
         names = ", ".join(f"{d['kind']} '{(d.get('metadata') or {}).get('name', '?')}'" for d in jobs)
         raise InputError(f"-f {where} holds {len(jobs)} jobs ({names}); plan one job at a time")
