@@ -37,6 +37,8 @@ from agent.core.controllers.kubeflow import (
 )
 from agent.core.controllers.lws import LWS_GROUP, LWS_NAME, LWS_SIZE, LWS_WORKER
 from agent.core.controllers.volcano import VCJOB, VOLCANO_INDEX, VOLCANO_JOB, VOLCANO_TASK
+from agent.core.emulation.objects import suffix_for, uid_for
+from agent.core.emulation.placing import loopback_address
 from agent.core.injected import injected_env
 
 Pod = dict[str, Any]
@@ -54,21 +56,10 @@ def _kind(resource: JobResource) -> dict[str, str]:
     return {"apiVersion": resource.api_version, "kind": resource.kind}
 
 
-def _uid(*parts: object) -> str:
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
-    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
-
-
-def _suffix(*parts: object) -> str:
-    alphabet = "bcdfghjklmnpqrstvwxz2456789"
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return "".join(alphabet[b % len(alphabet)] for b in digest[:5])
-
-
-def loopback_ip(n: int) -> str:
-    """The n-th pod address (n >= 0): unique, in 127.1.0.0 and up, never a .0 or .255 host."""
-    net, host = divmod(n, 254)
-    return f"127.{1 + net // 256}.{net % 256}.{host + 1}"
+# uids, generateName suffixes and pod addresses as core/emulation derives them (one rule for both)
+_uid = uid_for
+_suffix = suffix_for
+loopback_ip = loopback_address
 
 
 def agent_init_container() -> dict[str, Any]:
