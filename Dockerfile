@@ -6,8 +6,10 @@ COPY requirements.lock ./
 RUN python -m pip install --prefix=/install --no-deps --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY agent ./agent
-# The package data agent/runtime links to (one source: manifests/webhook); the wheel carries the file itself.
+# The package data agent/runtime links to (one source: manifests/webhook, manifests/trainer); the wheel carries
+# the files themselves.
 COPY manifests/webhook/mutatingwebhookconfiguration.yaml ./manifests/webhook/
+COPY manifests/trainer ./manifests/trainer
 RUN python -m pip install --prefix=/install --no-deps .
 
 FROM python:3.11-slim

@@ -225,7 +225,8 @@ def _templates_of(doc: Mapping[str, Any], defaults: Settings, at: str) -> Iterat
         # too, and the Job's rule is not the MPI operator's.
         known = CONTROLLERS.values()
         elastic = next((said for c in known if (said := c.elastic_in_pod(doc)) is not None), None)
-        makers = {c.key for c in known if c.claims(doc)}  # type: ignore[arg-type]  # a Pod: checked above
+        labelled = isinstance(doc.get("metadata"), Mapping) and isinstance(doc["metadata"].get("labels"), Mapping)
+        makers = {c.key for c in known if labelled and c.claims(doc)}  # type: ignore[arg-type]  # labels read
         for key in list(makers):
             makers -= CONTROLLERS[key].supersedes
         yield Template(where, doc, settings, elastic=elastic,

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,7 +35,7 @@ from agent.runtime.views import PodView
 
 INIT = "topology-agent"  # the agent's init container, as inject names it
 PUBLISH_THRESHOLD = 256  # init's (runtime/init.py): a job of this many training pods publishes its topology
-SHIPPED_RUNTIMES = Path(__file__).resolve().parents[2] / "manifests" / "trainer"
+SHIPPED_RUNTIME = "{}-distributed-topology.yaml"  # manifests/trainer's, as package data (links in agent/runtime)
 PLACEHOLDER = "127."  # the placeholder pod IPs: loopback, never a cluster's
 
 
@@ -96,7 +97,11 @@ def read_job(filename: str, runtime_files: Sequence[str], *, version: str) -> tu
     docs = _with_agent(read_manifest(filename), f"-f {where}", version=version)
     runtimes = [d for d in docs if d.get("kind") in RUNTIME_KINDS]
     for name in runtime_files:
-        runtimes += [d for d in _with_agent(read_manifest(name), f"--runtime {name}", version=version)
+        try:
+            text = read_manifest(name)
+        except InputError as err:  # inject's reader names -f
+            raise InputError(str(err).replace(f"-f {name}:", f"--runtime {name}:", 1)) from None
+        runtimes += [d for d in _with_agent(text, f"--runtime {name}", version=version)
                      if d.get("kind") in RUNTIME_KINDS]
     jobs = [d for d in docs if is_job(d)]
     if not jobs:
@@ -110,10 +115,10 @@ def read_job(filename: str, runtime_files: Sequence[str], *, version: str) -> tu
     job = jobs[0]
     if job.get("kind") == TRAINJOBS.kind and not runtimes:
         ref = ((job.get("spec") or {}).get("runtimeRef") or {}).get("name")
-        shipped = SHIPPED_RUNTIMES / f"{ref}.yaml" if isinstance(ref, str) and ref.replace("-", "").isalnum() \
-            else None
-        if shipped is not None and shipped.is_file():
-            runtimes = [d for d in _with_agent(shipped.read_text(), str(shipped), version=version)
+        framework = ref.removesuffix("-distributed-topology") if isinstance(ref, str) else ""
+        shipped = resources.files("agent.runtime").joinpath(SHIPPED_RUNTIME.format(framework))
+        if framework.isalpha() and shipped.is_file():
+            runtimes = [d for d in _with_agent(shipped.read_text(), f"manifests/trainer/{ref}.yaml", version=version)
                         if d.get("kind") in RUNTIME_KINDS]
     return job, runtimes
 
@@ -287,6 +292,9 @@ def run_plan(filename: str, runtime_files: Sequence[str], *, out: Path | None, m
     job, runtimes = read_job(filename, runtime_files, version=version)
     emulation = emulate(job, runtimes=runtimes)
     plans = plan_job(emulation, runtimes)
+    if out is not None:  # written first: a directory that cannot be written is said before anything is printed
+        written = write_plans(out, plans)
+        print(f"wrote the files of {len(written)} pods to {out}{os.sep}<pod>", file=sys.stderr)
     if me is not None:
         chosen = next((p for p in plans if p.pod["metadata"]["name"] == me), None)
         if chosen is None:
@@ -305,7 +313,4 @@ def run_plan(filename: str, runtime_files: Sequence[str], *, out: Path | None, m
                           "pods": [row_of(p) for p in plans]}, indent=2))
     else:
         print(format_table(emulation.job, [row_of(p) for p in plans]))
-    if out is not None:
-        written = write_plans(out, plans)
-        print(f"wrote the files of {len(written)} pods to {out}{os.sep}<pod>", file=sys.stderr)
     return 0

@@ -24,6 +24,7 @@ PODS = str(EXAMPLES / "volcano-pods.json")
 BLOCKER = "@blocker"  # replaced by a path below a regular file: no one, not even root, can create it
 MISSING = "/nonexistent/topology-agent-test"
 OFFLINE = ["--pods", PODS, "--self", "demo-worker-0"]
+PLANNED = str(EXAMPLES.parent / "manifests" / "examples" / "pytorchjob.yaml")
 
 # (subcommands, option, argv after the subcommand, words the one line must contain)
 COMMON = [
@@ -159,6 +160,14 @@ CASES += [
      ["--context 'nope' is not a context of kubeconfig", "(its contexts: sandbox)"]),
     ("status", "--controller", ["demo", "--controller", "slurm"], ["--controller 'slurm'", "volcano"]),
     ("status", "--output", ["demo", "-o", "yaml"], ["--output 'yaml' must be one of: table, json"]),
+    ("plan", "--filename", ["-f", MISSING], ["-f /nonexistent/topology-agent-test", "cannot read it"]),
+    ("plan", "--filename", ["-f", "@pod"], ["no job of a kind the agent knows (found Pod 'p')"]),
+    ("plan", "--runtime", ["-f", PLANNED, "--runtime", MISSING], ["--runtime /nonexistent/topology-agent-test",
+                                                                  "cannot read it"]),
+    ("plan", "--out", ["-f", PLANNED, "--out", BLOCKER], ["cannot"]),
+    ("plan", "--self", ["-f", PLANNED, "--self", "mnist-worker-9"], ["--self mnist-worker-9: no such pod",
+                                                                     "mnist-master-0"]),
+    ("plan", "--output", ["-f", PLANNED, "-o", "yaml"], ["--output 'yaml' must be one of: table, json"]),
     ("render", "(usage)", ["--pods"], ["expected one argument", "--help"]),
     ("init", "(usage)", ["--no-such-option"], ["unrecognized arguments", "--help"]),
 ]

@@ -202,3 +202,13 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(argv, said, tmp_path, capsys)
     code, out, err = cli("plan", *[files.get(a, a) for a in argv], capsys=capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_a_trainjob_alone_runs_on_the_shipped_runtime_it_names(tmp_path, capsys):
+    path = trainjob_file(tmp_path, ROOT / "manifests" / "trainer" / "jax-distributed-topology.yaml", nodes=2)
+    code, out, _ = cli("plan", "-f", str(path), capsys=capsys)
+    assert code == 0
+    assert "llm-node-0-1-" in out and "jax.env" in out
+    path.write_text(path.read_text().replace("jax-distributed-topology", "my-runtime"))
+    code, _, err = cli("plan", "-f", str(path), capsys=capsys)
+    assert code == 2 and "ClusterTrainingRuntime 'my-runtime' is not given" in err
