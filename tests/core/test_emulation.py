@@ -62,7 +62,7 @@ ROWS = [
      {"training.kubeflow.org/job-name": "mnist", "training.kubeflow.org/replica-type": "worker",
       "training.kubeflow.org/replica-index": "1", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
      [("PYTHONUNBUFFERED", "1"), ("MASTER_PORT", "23456"), ("MASTER_ADDR", "mnist-master-0"), ("WORLD_SIZE", "4"),
-      ("RANK", "2"), ("PET_NODE_RANK", "2"), ("PET_NNODES", "4")]),
+      ("RANK", "2"), ("PET_NODE_RANK", "2"), ("PET_NPROC_PER_NODE", "auto"), ("PET_NNODES", "4")]),
     ("elastic-pytorchjob.yaml", ["elastic-worker-0", "elastic-worker-1", "elastic-worker-2"], 0, ["PyTorchJob"],
      None, {"training.kubeflow.org/replica-type": "worker"},
      [("PYTHONUNBUFFERED", "1"), ("PET_RDZV_ENDPOINT", "elastic-worker-0:23456"), ("PET_RDZV_BACKEND", "c10d"),
@@ -190,3 +190,16 @@ def test_volcano_refuses_two_tasks_of_one_name_and_a_job_not_indexed_is_refused(
     tj, _ = trainjob("torch-distributed-topology")
     with pytest.raises(InputError, match="pass it with --runtime"):
         emulate(tj)
+
+
+def test_training_operators_defaults_and_init_container_are_in_the_pods():
+    """The defaulter's port on the kind's container, and PyTorchJob's init-pytorch after the template's init
+    containers on each worker (not on the master, nor without a master)."""
+    elastic = emulate(job_of("elastic-pytorchjob.yaml")).pods[0]
+    trainer = next(c for c in elastic["spec"]["containers"] if c["name"] == "pytorch")
+    assert {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"} in trainer["ports"]
+    assert [c["name"] for c in elastic["spec"]["initContainers"]] == ["topology-agent", "topology-sidecar"]
+    pods = emulate(job_of("pytorchjob.yaml")).pods
+    assert [[c["name"] for c in p["spec"]["initContainers"]] for p in pods] == \
+        [["topology-agent"]] + [["topology-agent", "init-pytorch"]] * 3
+    assert "nslookup mnist-master-0;" in pods[1]["spec"]["initContainers"][1]["command"][2]

@@ -16,6 +16,7 @@ container, and the launcher's MPI implementation's variables after it.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -96,20 +97,32 @@ def _counts(specs: list[tuple[str, int, Mapping[str, Any]]]) -> dict[str, int]:
 
 
 def _pytorch_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str, Any]]]) -> Env:
+    """setPodEnv (envvar.go) after the defaulter (pytorch_defaults.go): nprocPerNode "auto" unless the elastic
+    policy gives nProcPerNode, an elastic policy's missing bound taken from the other or the workers' replicas."""
     name, spec = name_of(job), job.get("spec") or {}
     counts = _counts(specs)
-    elastic = spec.get("elasticPolicy") if isinstance(spec.get("elasticPolicy"), Mapping) else None
-    nproc = spec.get("nprocPerNode", (elastic or {}).get("nProcPerNode"))
+    elastic = dict(spec["elasticPolicy"]) if isinstance(spec.get("elasticPolicy"), Mapping) else None
+    nproc = spec.get("nprocPerNode")
+    if nproc is None and (elastic is None or elastic.get("nProcPerNode") is None):
+        nproc = "auto"
+    if elastic is not None:
+        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
+        workers = counts.get("worker", 0)
+        elastic["minReplicas"] = low if low is not None else high if high is not None else workers
+        elastic["maxReplicas"] = high if high is not None else elastic["minReplicas"]
     features = {f for f, on in (("master", "master" in counts), ("elastic", elastic is not None),
-                                ("nprocPerNode", spec.get("nprocPerNode") is not None)) if on}
+                                ("nprocPerNode", nproc is not None)) if on}
     for key in ("maxRestarts", "nProcPerNode", "rdzvId", "rdzvConf", "standalone"):
-        if elastic is not None and elastic.get(key) is not None:
+        if elastic is not None and elastic.get(key) is not None and elastic.get(key) is not False:
             features.add(f"elastic.{key}")
     replicas = sum(counts.values())
     port = _port(specs, KINDS["PyTorchJob"], "master")
+    worker_port = _port(specs, KINDS["PyTorchJob"], "worker")
     facts = {"port": port, "master": f"{name}-master-0", "replicas": replicas,
              "world": replicas * (int(str(nproc)) if str(nproc).isdigit() else 1),
-             "nproc": "" if nproc is None else str(nproc), "rdzv_host": f"{name}-worker-0", "rdzv_port": port,
+             "nproc": str(nproc) if nproc is not None else str((elastic or {}).get("nProcPerNode", "")),
+             "rdzv_host": (elastic or {}).get("rdzvHost") or f"{name}-worker-0",
+             "rdzv_port": (elastic or {}).get("rdzvPort") or worker_port,
              "min": (elastic or {}).get("minReplicas", ""), "max": (elastic or {}).get("maxReplicas", ""),
              "max_restarts": (elastic or {}).get("maxRestarts", ""), "rdzv_id": (elastic or {}).get("rdzvId", ""),
              "rdzv_conf": ",".join(f"{c.get('key')}={c.get('value')}" for c in (elastic or {}).get("rdzvConf") or [])}
@@ -185,10 +198,37 @@ def _leads(kind: str, counts: Mapping[str, int]) -> Callable[[str, int], bool]:
     return lambda r, i: r == "master"
 
 
+def _with_default_port(template: Mapping[str, Any], kind: Kind) -> Mapping[str, Any]:
+    """The template as the kind's defaulter leaves it: its port (named as the kind names it) on the container of
+    the kind's name, else the first (defaulting_utils.go setDefaultPort; the API server adds protocol TCP)."""
+    spec = template.get("spec") or {}
+    containers = spec.get("containers") or []
+    at = next((i for i, c in enumerate(containers) if c.get("name") == kind.container), 0)
+    if any(p.get("name") == kind.port_name for p in containers[at].get("ports") or []):
+        return template
+    out = copy.deepcopy(dict(template))
+    target = out["spec"]["containers"][at]
+    target["ports"] = [*(target.get("ports") or []),
+                       {"name": kind.port_name, "containerPort": kind.port, "protocol": "TCP"}]
+    return out
+
+
+# PyTorchJob's workers wait for the master's DNS name in an init container of the operator's (initcontainer.go,
+# v1.9.0: its default image and tries, config.go), appended after the template's.
+PYTORCH_INIT_IMAGE, PYTORCH_INIT_TRIES = "alpine:3.10", 100
+
+
+def _pytorch_init_container(master: str) -> dict[str, Any]:
+    return {"name": "init-pytorch", "image": PYTORCH_INIT_IMAGE, "imagePullPolicy": "IfNotPresent",
+            "resources": {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}},
+            "command": ["sh", "-c", f"err=1;for i in $(seq {PYTORCH_INIT_TRIES}); do if nslookup {master}; then "
+                        "err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err"]}
+
+
 def emulate_operator(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
     kind = KINDS[str(job["kind"])]
     name = name_of(job)
-    specs = _specs(job, kind.field)
+    specs = [(rtype, n, _with_default_port(t, kind)) for rtype, n, t in _specs(job, kind.field)]
     env = ENVS[str(job["kind"])](job, specs)
     leads = _leads(str(job["kind"]), _counts(specs))
     pods = []
@@ -204,6 +244,9 @@ def emulate_operator(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
             if str(job["kind"]) == "TFJob":  # TF_CONFIG: the container named tensorflow only
                 containers = [c for c in containers if c.get("name") == kind.container]
             add_env(containers, env(lower, i))
+            if str(job["kind"]) == "PyTorchJob" and lower == "worker" and "master" in _counts(specs):
+                pod["spec"]["initContainers"] = [*(pod["spec"].get("initContainers") or []),
+                                                 _pytorch_init_container(f"{name}-master-0")]
             pods.append(pod)
     return [], pods
 
