@@ -203,3 +203,25 @@ def test_training_operators_defaults_and_init_container_are_in_the_pods():
     assert [[c["name"] for c in p["spec"]["initContainers"]] for p in pods] == \
         [["topology-agent"]] + [["topology-agent", "init-pytorch"]] * 3
     assert "nslookup mnist-master-0;" in pods[1]["spec"]["initContainers"][1]["command"][2]
+
+
+def test_an_mpijob_launcher_has_the_operators_volumes_and_its_workers_run_sshd():
+    emulation = emulate(job_of("mpijob.yaml"))
+    (launcher_job,) = emulation.owners
+    assert launcher_job["metadata"]["labels"] == {"app": "allreduce"}
+    launcher, worker = emulation.pods[0], emulation.pods[1]
+    volumes = {v["name"]: v for v in launcher["spec"]["volumes"]}
+    assert volumes["mpi-job-config"]["configMap"]["name"] == "allreduce-config"
+    assert volumes["ssh-auth"]["secret"]["secretName"] == "allreduce-ssh"
+    mounts = {m["name"]: m["mountPath"] for m in launcher["spec"]["containers"][0]["volumeMounts"]}
+    assert (mounts["mpi-job-config"], mounts["ssh-auth"]) == ("/etc/mpi", "/root/.ssh")
+    assert worker["spec"]["dnsConfig"]["searches"] == ["allreduce.default.svc.cluster.local"]
+
+
+def test_a_jobsets_pods_carry_its_uid_and_group():
+    emulation = emulate(job_of("jobset.yaml"))
+    labels = emulation.pods[4]["metadata"]["labels"]
+    assert labels["jobset.sigs.k8s.io/jobset-uid"] == emulation.job["metadata"]["uid"]
+    assert (labels["jobset.sigs.k8s.io/group-name"], labels["jobset.sigs.k8s.io/group-replicas"],
+            labels["jobset.sigs.k8s.io/job-group-index"]) == ("default", "3", "2")
+    assert emulation.pods[4]["metadata"]["annotations"]["jobset.sigs.k8s.io/job-group-index"] == "2"

@@ -1,11 +1,12 @@
-"""JobSet (kubernetes-sigs/jobset, v0.8+) and Kubeflow Trainer v2 (kubeflow/trainer, v2.3.0), as their
+"""JobSet (kubernetes-sigs/jobset, v0.12.0) and Kubeflow Trainer v2 (kubeflow/trainer, v2.3.0), as their
 controllers create objects.
 
 A JobSet makes one Indexed Job per replica of each replicated job, ``<jobset>-<rjob>-<index>``, owned by the
 JobSet; the Job controller makes the pods (batch.py). The JobSet puts its labels on the Job and on its pod
 template, as labels and annotations (pkg/controllers/jobset_controller.go constructJob, labelAndAnnotateObject):
-its name, the replicated job's name and replicas, the Job's index and global index, the global replicas, the
-restart attempt and the job key (sha1 of ``<namespace>/<job>``). Its webhook defaults ``completionMode: Indexed``,
+its name and uid, the replicated job's name and replicas, the Job's index and global index, the global replicas,
+the restart attempt, the job key (sha1 of ``<namespace>/<job>``), and the group (``groupName``, default
+"default"), its replicas and the Job's index in it. Its webhook defaults ``completionMode: Indexed``,
 ``network.enableDNSHostnames: true`` and the subdomain to the JobSet's name, which every pod gets.
 
 A TrainJob makes one JobSet of its name from its runtime's ``spec.template`` (pkg/runtime/framework/plugins/
@@ -42,12 +43,11 @@ from agent.core.emulation.objects import (
     name_of,
     namespace_of,
     refuse,
+    uid_of,
     with_uid,
 )
 from agent.core.injected import injected_env
 
-JOBSET_RELEASE_LABELS = ("jobset.sigs.k8s.io/replicatedjob-replicas", "jobset.sigs.k8s.io/global-replicas",
-                         "jobset.sigs.k8s.io/restart-attempt", "jobset.sigs.k8s.io/job-key")
 TRAINER_RELEASE = "v2.3.0"  # the rows of core/injected.py the TrainJob's env is made from
 NODE_CONTAINER = "node"  # pkg/constants/constants.go Node: the container the ML policy's plugin writes to
 
@@ -72,21 +72,27 @@ def emulate_jobset(jobset: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
     rjobs = _rjobs(jobset)
     sizes = [count(jobset, r.get("replicas"), f"replicatedJobs '{r['name']}' replicas") for r in rjobs]
     coordinator = spec.get("coordinator") if isinstance(spec.get("coordinator"), Mapping) else None
+    groups = [str(r.get("groupName") or "default") for r in rjobs]  # the CRD's default
     jobs: list[Obj] = []
     pods: list[Obj] = []
     global_index = 0
-    for rjob, replicas in zip(rjobs, sizes, strict=True):
+    in_group: dict[str, int] = {}
+    for rjob, replicas, group in zip(rjobs, sizes, groups, strict=True):
         template = rjob.get("template") or {}
         job_spec = copy.deepcopy(dict(template.get("spec") or {}))
         job_spec.setdefault("completionMode", "Indexed")
         for job_index in range(replicas):
             job_name = f"{name}-{rjob['name']}-{job_index}"
-            stamped = {JOBSET_NAME: name, JOBSET_RJOB: str(rjob["name"]),
+            stamped = {JOBSET_NAME: name, "jobset.sigs.k8s.io/jobset-uid": uid_of(jobset),
+                       JOBSET_RJOB: str(rjob["name"]), "jobset.sigs.k8s.io/restart-attempt": "0",
                        "jobset.sigs.k8s.io/replicatedjob-replicas": str(replicas),
                        "jobset.sigs.k8s.io/global-replicas": str(sum(sizes)),
-                       JOBSET_JOB_INDEX: str(job_index), JOBSET_GLOBAL_INDEX: str(global_index),
-                       "jobset.sigs.k8s.io/restart-attempt": "0",
-                       "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest()}
+                       JOBSET_JOB_INDEX: str(job_index),
+                       "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest(),
+                       JOBSET_GLOBAL_INDEX: str(global_index), "jobset.sigs.k8s.io/group-name": group,
+                       "jobset.sigs.k8s.io/group-replicas": str(sum(n for n, g in zip(sizes, groups, strict=True)
+                                                                    if g == group)),
+                       "jobset.sigs.k8s.io/job-group-index": str(in_group.get(group, 0) + job_index)}
             if coordinator is not None:
                 stamped[COORDINATOR] = (f"{name}-{coordinator.get('replicatedJob')}-{coordinator.get('jobIndex', 0)}"
                                         f"-{coordinator.get('podIndex', 0)}.{subdomain or name}")
@@ -97,6 +103,7 @@ def emulate_jobset(jobset: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
             jobs.append(job)
             pods += job_pods(job, labels=stamped, annotations=stamped, subdomain=subdomain)
             global_index += 1
+        in_group[group] = in_group.get(group, 0) + replicas
     return jobs, pods
 
 

@@ -251,7 +251,22 @@ def emulate_operator(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
     return [], pods
 
 
+SSH_VOLUME = "ssh-auth"  # mpi_job_controller.go setupSSHOnPod: the operator's key pair, in each pod's first container
+CONFIG_VOLUME, CONFIG_PATH = "mpi-job-config", "/etc/mpi"  # the launcher's hostfile and discover_hosts.sh
+
+
+def _with_ssh(spec: dict[str, Any], job: str, mount: str) -> None:
+    spec["volumes"] = [*(spec.get("volumes") or []), {"name": SSH_VOLUME, "secret": {
+        **({"defaultMode": 0o600} if mount == "/root/.ssh" else {}), "secretName": f"{job}-ssh",
+        "items": [{"key": "ssh-privatekey", "path": "id_rsa"}, {"key": "ssh-publickey", "path": "id_rsa.pub"},
+                  {"key": "ssh-publickey", "path": "authorized_keys"}]}}]
+    first = spec["containers"][0]
+    first["volumeMounts"] = [*(first.get("volumeMounts") or []), {"name": SSH_VOLUME, "mountPath": mount}]
+
+
 def emulate_mpijob(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
+    """newLauncherJob, newLauncherPodTemplate and newWorker (mpi_job_controller.go, v0.8.0) after the defaulter
+    (v2beta1/default.go: slotsPerWorker 1, sshAuthMountPath /root/.ssh, OpenMPI)."""
     name, namespace = name_of(job), namespace_of(job)
     spec = job.get("spec") or {}
     specs = {rtype: (n, t) for rtype, n, t in _specs(job, "mpiReplicaSpecs")}
@@ -265,7 +280,8 @@ def emulate_mpijob(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
     slots = count(job, spec.get("slotsPerWorker"), "spec.slotsPerWorker")
     base = {OPERATOR_NAME: MPI_OPERATOR, PYTORCHJOB_JOB: name}
     launcher_name = f"{name}-launcher"
-    launcher_job = child("batch/v1", "Job", launcher_name, owner=job, labels=base,
+    mount = str(spec.get("sshAuthMountPath") or "/root/.ssh")
+    launcher_job = child("batch/v1", "Job", launcher_name, owner=job, labels={"app": name},
                          spec={"template": specs["Launcher"][1]})
     uid = uid_of(launcher_job)
     job_labels = {CONTROLLER_UID: uid, JOB_NAME: launcher_name, "controller-uid": uid, "job-name": launcher_name}
@@ -275,8 +291,16 @@ def emulate_mpijob(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
     features = {f"launcher, {implementation}"}
     if spec.get("runLauncherAsWorker") is not True:
         features.add("launcher, not runLauncherAsWorker")
+    if spec.get("runLauncherAsWorker") is True:
+        launcher["metadata"]["labels"][PYTORCHJOB_INDEX] = "0"
     add_env(launcher["spec"]["containers"][:1],
             injected_env("mpijob", MPI_RELEASE, features, {"role": "launcher", "slots": slots}))  # type: ignore
+    _with_ssh(launcher["spec"], name, mount)
+    launcher["spec"]["volumes"].append({"name": CONFIG_VOLUME, "configMap": {"name": f"{name}-config", "items": [
+        {"key": "hostfile", "path": "hostfile", "mode": 0o444},
+        {"key": "discover_hosts.sh", "path": "discover_hosts.sh", "mode": 0o555}]}})
+    first = launcher["spec"]["containers"][0]
+    first["volumeMounts"] = [*(first.get("volumeMounts") or []), {"name": CONFIG_VOLUME, "mountPath": CONFIG_PATH}]
     pods = [launcher]
     workers, worker_t = specs.get("Worker", (0, None))
     for i in range(workers):
@@ -284,7 +308,13 @@ def emulate_mpijob(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
         pod = make_pod(f"{name}-worker-{i}", worker_t, owner=job,
                        labels={**base, MPI_JOB_ROLE: "worker", PYTORCHJOB_INDEX: str(i)},
                        hostname=f"{name}-worker-{i}", subdomain=name)
+        first = pod["spec"]["containers"][0]
+        if not first.get("command") and not first.get("args"):
+            first["command"] = ["/usr/sbin/sshd", "-De"]
+        dns = pod["spec"].setdefault("dnsConfig", {})
+        dns["searches"] = [*(dns.get("searches") or []), f"{name}.{namespace}.svc.cluster.local"]
         add_env(pod["spec"]["containers"][:1],
                 injected_env("mpijob", MPI_RELEASE, set(), {"role": "worker", "slots": slots}))  # type: ignore
+        _with_ssh(pod["spec"], name, mount)
         pods.append(pod)
     return [launcher_job], pods
