@@ -99,11 +99,17 @@ def with_elastic_env(doc: dict, pods: list[dict]) -> None:
                 container.setdefault("env", []).append({"name": "PET_NNODES", "value": value})
 
 
-def without_job_index(container: dict) -> dict:
-    """The container without the JOB_COMPLETION_INDEX the Job controller gives every container of an Indexed Job's
-    pod: the agent's too where inject put it in the Job's template, not where the webhook adds it to the Pod."""
-    env = [e for e in container.get("env") or [] if e.get("name") != "JOB_COMPLETION_INDEX"]
-    return {**container, "env": env}
+CONTROLLERS_ENV = re.compile(r"JOB_COMPLETION_INDEX|VK_TASK_INDEX|VC_TASK_INDEX|MPI_HOST|VC_[A-Z0-9_]+_(HOSTS|NUM)")
+
+
+def without_controllers_writes(container: dict) -> dict:
+    """The container without what a controller writes into every container of its pods, init containers too: the
+    agent's where inject put it in the job's template, not where the webhook adds it to the Pod (the Job
+    controller's JOB_COMPLETION_INDEX; Volcano's env, svc and mpi plugins' variables and the svc plugin's
+    /etc/volcano mount)."""
+    env = [e for e in container.get("env") or [] if not CONTROLLERS_ENV.fullmatch(e.get("name", ""))]
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") != "/etc/volcano"]
+    return {**container, "env": env, "volumeMounts": mounts}
 
 
 @pytest.mark.parametrize(("name", "doc"), RENDERABLE, ids=[n for n, _ in RENDERABLE])
@@ -134,7 +140,7 @@ def test_a_controllers_pods_injected_one_by_one_render_what_the_injected_job_ren
     for webhook_pod, job_pod in zip(webhook_pods, job_pods, strict=True):  # the same decisions, pod by pod
         assert agent_args(webhook_pod) == agent_args(job_pod), webhook_pod["metadata"]["name"]
         assert agent_args(webhook_pod, SIDECAR) == agent_args(job_pod, SIDECAR)
-        agents = [[without_job_index(c) for c in p["spec"]["initContainers"] if c["name"] in (INIT, SIDECAR)]
+        agents = [[without_controllers_writes(c) for c in p["spec"]["initContainers"] if c["name"] in (INIT, SIDECAR)]
                   for p in (webhook_pod, job_pod)]
         assert agents[0] == agents[1]  # the very containers inject writes (checkov checks those: test_inject)
     for pod in job_pods:

@@ -225,3 +225,23 @@ def test_a_jobsets_pods_carry_its_uid_and_group():
     assert (labels["jobset.sigs.k8s.io/group-name"], labels["jobset.sigs.k8s.io/group-replicas"],
             labels["jobset.sigs.k8s.io/job-group-index"]) == ("default", "3", "2")
     assert emulation.pods[4]["metadata"]["annotations"]["jobset.sigs.k8s.io/job-group-index"] == "2"
+
+
+def test_volcanos_plugins_write_init_containers_mount_the_hosts_and_open_the_port():
+    job = job_of("volcano-job.yaml")
+    pod = emulate(job).pods[4]  # demo-extras-0: not a training task
+    agent = pod["spec"]["initContainers"][0]
+    assert [e["name"] for e in agent["env"]][-8:] == [  # env and svc write init containers; pytorch does not
+        "VC_MASTER_HOSTS", "VC_MASTER_NUM", "VC_WORKER_HOSTS", "VC_WORKER_NUM", "VC_EXTRAS_HOSTS", "VC_EXTRAS_NUM",
+        "VK_TASK_INDEX", "VC_TASK_INDEX"]
+    assert {"name": "demo-svc", "mountPath": "/etc/volcano"} in pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "demo-svc", "configMap": {"name": "demo-svc"}} in pod["spec"]["volumes"]
+    assert {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"} in pod["spec"]["containers"][0][
+        "ports"]
+    assert "RANK" not in env(pod) and env(pod)["WORLD_SIZE"] == "4"  # the pytorch plugin's, on every pod
+    assert pod["spec"]["schedulerName"] == "volcano"
+    job["spec"]["plugins"] = {"mpi": ["--master=master", "--worker=worker"]}  # mpi turns svc on
+    master = emulate(job).pods[0]
+    assert env(master)["MPI_HOST"] == "demo-worker-0.demo,demo-worker-1.demo,demo-worker-2.demo"
+    assert (master["spec"]["hostname"], master["spec"]["subdomain"]) == ("demo-master-0", "demo")
+    assert "MPI_HOST" in {e["name"] for e in master["spec"]["initContainers"][0]["env"]}

@@ -7,8 +7,10 @@ manifest lists them (Volcano runs them in Go map order: any order) and each appe
 (core/injected.py's ``volcano`` rows): ``env`` the task index, ``svc`` the tasks' hosts and counts from the
 ``<job>-svc`` ConfigMap, ``pytorch`` MASTER_ADDR/PORT, WORLD_SIZE and RANK, ``tensorflow`` TF_CONFIG, ``mpi``
 MPI_HOST on the master task (the workers' DNS names, pkg/controllers/job/plugins/distributed-framework/mpi/
-mpi.go). ``svc`` gives each pod hostname = its name and subdomain = the job's, and the pytorch, tensorflow and
-mpi plugins turn ``svc`` on when the manifest does not (and mpi ``ssh``).
+mpi.go). ``env``, ``svc`` and ``mpi`` write to the init containers too. ``svc`` gives each pod hostname = its name
+and subdomain = the job's where the template has none, and mounts the ``<job>-svc`` ConfigMap at /etc/volcano;
+``pytorch`` opens its port (``pytorchjob-port``) in every container. The job webhook turns ``svc`` on for the
+pytorch, tensorflow, mpi and ray plugins (and ``ssh`` for mpi) when the manifest does not.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from agent.core.injected import injected_env
 VOLCANO_RELEASE = "v1.15.0"
 QUEUE = "volcano.sh/queue-name"
 # The plugins that need the svc plugin's headless Service and turn it on (and mpi the ssh plugin).
-NEEDS_SVC = ("pytorch", "tensorflow", "mpi")
+NEEDS_SVC = ("pytorch", "tensorflow", "mpi", "ray")  # webhooks/admission/jobs/mutate patchDefaultPlugins
 TF_ROLES = ("ps", "worker", "chief", "evaluator")  # tensorflow.go's cluster keys, in its struct's order
 
 
@@ -65,6 +67,22 @@ def _plugin_order(job: Mapping[str, Any]) -> list[str]:
     return order
 
 
+def _open_port(containers: list[dict[str, Any]], port: int) -> None:
+    """The pytorch plugin's openContainerPort: its port in each container that does not expose that number."""
+    for container in containers:
+        if not any(p.get("containerPort") == port for p in container.get("ports") or []):
+            container["ports"] = [*(container.get("ports") or []),
+                                  {"name": "pytorchjob-port", "containerPort": port, "protocol": "TCP"}]
+
+
+def _mount_hosts(spec: dict[str, Any], configmap: str) -> None:
+    """The svc plugin's mountConfigmap: the tasks' host files at /etc/volcano in every container."""
+    spec["volumes"] = [*(spec.get("volumes") or []), {"name": configmap, "configMap": {"name": configmap}}]
+    for container in [*spec["containers"], *(spec.get("initContainers") or [])]:
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []),
+                                     {"name": configmap, "mountPath": "/etc/volcano"}]
+
+
 def emulate_volcano(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
     name, namespace, uid = name_of(job), namespace_of(job), uid_of(job)
     spec = job.get("spec") or {}
@@ -93,11 +111,16 @@ def emulate_volcano(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
         for i in range(count_):
             pod_name = f"{name}-{task}-{i}"
             ids = {VOLCANO_JOB: name, VOLCANO_TASK: task, VOLCANO_INDEX: str(i), QUEUE: queue}
+            own = template.get("spec") or {}
+            svc = "svc" in order
             pod = make_pod(pod_name, template, owner=job, labels={**ids, "volcano.sh/job-namespace": namespace},
                            annotations={**ids, "scheduling.k8s.io/group-name": f"{name}-{uid}",
-                                        "volcano.sh/job-version": "0",
+                                        "volcano.sh/job-version": "0", "volcano.sh/job-retry-count": "0",
                                         "volcano.sh/template-uid": f"{name}-{task}"},
-                           hostname=pod_name if "svc" in order else None, subdomain=name if "svc" in order else None)
+                           hostname=(own.get("hostname") or pod_name) if svc else None,
+                           subdomain=(own.get("subdomain") or name) if svc else None)
+            if not pod["spec"].get("schedulerName") and spec.get("schedulerName"):
+                pod["spec"]["schedulerName"] = spec["schedulerName"]
             training = task in (master, worker)
             features = {f"plugin {p}" for p in order} | ({"training task"} if training else set())
             role = next((r for r in TF_ROLES if tf is not None and tf.tasks[r] == task), None)
@@ -107,19 +130,27 @@ def emulate_volcano(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
                      "replicas": replicas.get(master, 0) + replicas.get(worker, 0),
                      "rank": i + 1 if task == worker else 0, "master_task": master,
                      "tf_config": f'{{"cluster":{tf_cluster},"task":{{"type":"{role}","index":{i}}}}}'}
-            entries: list[dict[str, Any]] = []
+            containers = pod["spec"]["containers"]
+            inits = pod["spec"].get("initContainers") or []
             for plugin in order:
+                block: list[dict[str, Any]] = []
                 if plugin == "mpi" and mpi is not None and task == mpi.tasks["master"]:
                     hosts = ",".join(f"{name}-{mpi.tasks['worker']}-{k}.{name}"
                                      for k in range(replicas.get(mpi.tasks["worker"], 0)))
-                    entries.append({"name": "MPI_HOST", "value": hosts})
+                    block = [{"name": "MPI_HOST", "value": hosts}]
                 elif plugin in ("env", "svc", "pytorch", "tensorflow"):
-                    entries += injected_env("volcano", VOLCANO_RELEASE, features,  # type: ignore[arg-type]
-                                            {**facts, "plugin_order": (plugin,)})
-            for entry in entries:  # the pytorch plugin's master is its --master task's first pod
-                if entry["name"] == "MASTER_ADDR" and "value" in entry:
-                    entry["value"] = f"{name}-{master}-0.{name}"
-            add_env(pod["spec"]["containers"], entries)
+                    block = injected_env("volcano", VOLCANO_RELEASE, features,  # type: ignore[assignment]
+                                         {**facts, "plugin_order": (plugin,)})
+                for entry in block:  # the pytorch plugin's master is its --master task's first pod
+                    if entry["name"] == "MASTER_ADDR" and "value" in entry:
+                        entry["value"] = f"{name}-{master}-0.{name}"
+                add_env(containers, block)
+                if plugin in ("env", "svc", "mpi"):
+                    add_env(inits, block)
+                if plugin == "pytorch":
+                    _open_port(containers, pytorch.port)
+            if svc:
+                _mount_hosts(pod["spec"], f"{name}-svc")
             pods.append(pod)
     return [], pods
 
