@@ -134,7 +134,7 @@ def test_the_controllers_pods_follow_its_conventions(manifest, names, at, owners
 
 @pytest.mark.parametrize(("runtime", "names", "plugin_env"), [
     ("torch-distributed-topology", [f"t-node-0-0-{SUFFIX}", f"t-node-0-1-{SUFFIX}"],
-     [("PET_NNODES", "2"), ("PET_NPROC_PER_NODE", "auto"), ("PET_MASTER_ADDR", "t-node-0-0.t"),
+     [("PET_NNODES", "2"), ("PET_NPROC_PER_NODE", "1"), ("PET_MASTER_ADDR", "t-node-0-0.t"),
       ("PET_MASTER_PORT", "29500")]),
     ("jax-distributed-topology", [f"t-node-0-0-{SUFFIX}", f"t-node-0-1-{SUFFIX}"],
      [("JAX_NUM_PROCESSES", "2"), ("JAX_COORDINATOR_ADDRESS", "t-node-0-0.t:29500")]),
@@ -245,3 +245,17 @@ def test_volcanos_plugins_write_init_containers_mount_the_hosts_and_open_the_por
     assert env(master)["MPI_HOST"] == "demo-worker-0.demo,demo-worker-1.demo,demo-worker-2.demo"
     assert (master["spec"]["hostname"], master["spec"]["subdomain"]) == ("demo-master-0", "demo")
     assert "MPI_HOST" in {e["name"] for e in master["spec"]["initContainers"][0]["env"]}
+
+
+@pytest.mark.parametrize(("trainer", "nproc"), [
+    ({"resourcesPerNode": {"limits": {"nvidia.com/gpu": 2}}}, "auto"),  # GPUs: torchrun counts them
+    ({"resourcesPerNode": {"requests": {"cpu": "2500m"}, "limits": {"cpu": "8"}}}, "3"),  # requests, rounded up
+    ({"numProcPerNode": 4}, "4"),
+], ids=["gpus", "cpus", "given"])
+def test_a_trainjobs_processes_per_node_are_torch_plugins(trainer, nproc):
+    job, runtimes = trainjob("torch-distributed-topology")
+    job["spec"]["trainer"].update(trainer, image="me/train:1", env=[{"name": "LR", "value": "0.1"}])
+    node = emulate(job, runtimes=runtimes).pods[0]["spec"]["containers"]
+    container = next(c for c in node if c["name"] == "node")
+    assert env({"spec": {"containers": [container]}})["PET_NPROC_PER_NODE"] == nproc
+    assert container["image"] == "me/train:1" and env({"spec": {"containers": [container]}})["LR"] == "0.1"

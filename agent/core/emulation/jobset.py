@@ -120,55 +120,84 @@ def find_runtime(trainjob: Mapping[str, Any], runtimes: Sequence[Mapping[str, An
                  "pass it with --runtime, or put it in the same YAML stream")
 
 
-def _trainer_fields(trainjob: Mapping[str, Any], container: dict[str, Any]) -> None:
-    """The TrainJob's ``spec.trainer`` over container ``node`` (plugins/jobset/builder.go Trainer)."""
-    trainer = (trainjob.get("spec") or {}).get("trainer") or {}
-    for field in ("image", "command", "args"):
-        if trainer.get(field) is not None:
-            container[field] = copy.deepcopy(trainer[field])
-    if trainer.get("resourcesPerNode") is not None:
-        container["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
-    if trainer.get("env"):
-        add_env([container], trainer["env"], mode="upsert")
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"  # pkg/constants: the label that marks the trainer's job
+GPU = "gpu"  # runtime.go numGPU: any resource whose name holds "gpu"
 
 
-def _gpus(container: Mapping[str, Any]) -> int:
-    limits = (container.get("resources") or {}).get("limits") or {}
-    value = limits.get("nvidia.com/gpu")
-    return int(value) if isinstance(value, (int, str)) and str(value).isdigit() else 0
+def _quantity(value: Any) -> int:
+    """A CPU or GPU quantity as resource.Quantity.Value() gives it (rounded up to a whole number)."""
+    text = str(value)
+    try:
+        number = float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        return 0
+    return int(-(-number // 1))
+
+
+def _per_node(resources: Mapping[str, Any], *, gpu: bool) -> int:
+    """runtime.go GetNumGPUPerNode (requests, else limits) and torch.go getNumCPUPerNode (requests, else limits)."""
+    def find(section: str) -> int:
+        listed = resources.get(section) or {}
+        if gpu:
+            return next((_quantity(v) for k, v in listed.items() if GPU in str(k).lower()), 0)
+        return _quantity(listed["cpu"]) if "cpu" in listed else 0
+    return find("requests") or find("limits")
+
+
+def _is_trainer(rjob: Mapping[str, Any]) -> bool:
+    return ((rjob.get("template") or {}).get("metadata") or {}).get("labels", {}).get(ANCESTOR) == "trainer"
 
 
 def trainjob_jobset(trainjob: Mapping[str, Any], runtime: Mapping[str, Any]) -> Obj:
-    """The JobSet Trainer makes of ``trainjob`` on ``runtime``."""
+    """The JobSet Trainer makes of ``trainjob`` on ``runtime`` (v2.3.0): plugins/jobset/builder.go Trainer (the
+    TrainJob's image, command and args on container ``node`` of the replicated job labelled as the trainer, which
+    runs one Job; its env there, and on ``node`` beside a launcher that runs as a node), the ML policy's plugin
+    (plugins/torch/torch.go: PET_* upserted in that container; numProcPerNode the TrainJob's, else "auto", which
+    without a GPU is the node's CPU count), and the node count (``trainer.numNodes``, else the runtime's)."""
     if runtime.get("kind") not in RUNTIME_KINDS:
         raise refuse(trainjob, f"its runtime is a {runtime.get('kind')}", "give a (Cluster)TrainingRuntime")
     name = name_of(trainjob)
     policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
-    trainer = (trainjob.get("spec") or {}).get("trainer") or {}
-    nodes = count(trainjob, trainer.get("numNodes", policy.get("numNodes")), "spec.trainer.numNodes")
+    trainer = (trainjob.get("spec") or {}).get("trainer")
+    given = trainer if isinstance(trainer, Mapping) else {}
+    nodes = count(trainjob, given.get("numNodes", policy.get("numNodes")), "spec.trainer.numNodes")
     mpi = policy.get("mpi") if isinstance(policy.get("mpi"), Mapping) else None
     as_node = bool(mpi and mpi.get("runLauncherAsNode") is True)
     template = (runtime.get("spec") or {}).get("template") or {}
     spec = copy.deepcopy(dict(template.get("spec") or {}))
     rjobs = spec.get("replicatedJobs") or []
+    launcher = any(r.get("name") == TRAINER_LAUNCHER for r in rjobs)
+    plugin = next((p for p in ("jax", "xgboost") if isinstance(policy.get(p), Mapping)), None)
+    torch = isinstance(policy.get("torch"), Mapping)
     for rjob in rjobs:
-        if rjob.get("name") != TRAINER_NODE:
-            continue
-        size = max(nodes - 1, 1) if as_node and any(r.get("name") == TRAINER_LAUNCHER for r in rjobs) else nodes
         job_spec = rjob.setdefault("template", {}).setdefault("spec", {})
-        job_spec.update(parallelism=size, completions=size)
-        pod_spec = job_spec.get("template", {}).get("spec", {})
-        for container in pod_spec.get("containers") or []:
+        if rjob.get("name") == TRAINER_NODE:
+            size = max(nodes - 1, 1) if as_node and launcher else nodes
+            job_spec.update(parallelism=size, completions=size)
+        trains = _is_trainer(rjob)
+        if trains:
+            rjob["replicas"] = 1
+        containers = (job_spec.get("template") or {}).get("spec", {}).get("containers") or []
+        for container in containers:
             if container.get("name") != NODE_CONTAINER:
                 continue
-            _trainer_fields(trainjob, container)
-            plugin = next((p for p in ("jax", "xgboost") if isinstance(policy.get(p), Mapping)), None)
-            torch = policy.get("torch") if isinstance(policy.get("torch"), Mapping) else None
-            if plugin is None and torch is None:
+            if trains:
+                for field in ("image", "command", "args"):
+                    if given.get(field) is not None:
+                        container[field] = copy.deepcopy(given[field])
+                if given.get("resourcesPerNode") is not None:
+                    container["resources"] = copy.deepcopy(given["resourcesPerNode"])
+            if (trains or (as_node and rjob.get("name") == TRAINER_NODE)) and given.get("env"):
+                add_env([container], given["env"], mode="upsert")
+            if not trains or trainer is None or (plugin is None and not torch):
                 continue
-            nproc = trainer.get("numProcPerNode", (torch or {}).get("numProcPerNode", "auto"))
-            facts = {"nnodes": nodes, "nproc": str(nproc), "trainjob": name,
-                     "workers": nodes * (_gpus(container) or 1), "plugins": (plugin or "main",)}
+            resources = container.get("resources") or {}
+            gpus = _per_node(resources, gpu=True)
+            nproc = given.get("numProcPerNode", "auto")
+            if nproc == "auto" and not gpus:
+                nproc = max(1, _per_node(resources, gpu=False))
+            facts = {"nnodes": nodes, "nproc": str(nproc), "trainjob": name, "workers": nodes * (gpus or 1),
+                     "plugins": (plugin or "main",)}
             features = {f"mlPolicy {plugin}"} if plugin else set()
             add_env([container], injected_env("trainjob", TRAINER_RELEASE, features, facts),  # type: ignore[arg-type]
                     mode="upsert")
