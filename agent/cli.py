@@ -52,13 +52,9 @@ def _render(given: RenderSettings) -> int:
 
 def _explain(given: RenderSettings) -> int:
     from agent.core import render_pod
-    from agent.core.explaining import format_explanation
+    from agent.core.explaining import explain_with_options
 
-    explanation = format_explanation(render_pod(given.pods, given.me, given.options, nodes=given.nodes))
-    if given.from_pod:  # after the pod's line: what it was given, so the values below are read as its init's
-        first, _, rest = explanation.partition("\n")
-        explanation = f"{first}\noptions from its init container: {' '.join(given.from_pod)}\n{rest}"
-    print(explanation)
+    print(explain_with_options(render_pod(given.pods, given.me, given.options, nodes=given.nodes), given.from_pod))
     return 0
 
 

@@ -68,6 +68,16 @@ def _group_lines(groups: ReplicaGroups, me: str) -> list[str]:
     return lines
 
 
+def explain_with_options(rendered: Rendered, from_pod: Sequence[str]) -> str:
+    """``format_explanation``, with the options the pod's init container gave (as flags) after the pod's line:
+    the values below are read as its init's."""
+    explanation = format_explanation(rendered)
+    if not from_pod:
+        return explanation
+    first, _, rest = explanation.partition("\n")
+    return f"{first}\noptions from its init container: {' '.join(from_pod)}\n{rest}"
+
+
 def _variable_lines(variables: Sequence[Variable], width: int) -> list[str]:
     lines = []
     for var in variables:

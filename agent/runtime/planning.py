@@ -303,10 +303,9 @@ def run_plan(filename: str, runtime_files: Sequence[str], *, out: Path | None, m
                              f"{names})")
         if chosen.rendered is None:
             raise InputError(f"--self {me}: the pod runs no agent init container; nothing to explain")
-        from agent.core.explaining import format_explanation
+        from agent.core.explaining import explain_with_options
 
-        first, _, rest = format_explanation(chosen.rendered).partition("\n")
-        print(f"{first}\noptions from its init container: {' '.join(chosen.from_pod)}\n{rest}")
+        print(explain_with_options(chosen.rendered, chosen.from_pod))
     elif output == "json":
         print(json.dumps({"job": {"kind": job.get("kind"), "name": job["metadata"]["name"],
                                   "namespace": emulation.job["metadata"]["namespace"]},
