@@ -307,7 +307,8 @@ def run_plan(filename: str, runtime_files: Sequence[str], *, out: Path | None, m
 
         print(explain_with_options(chosen.rendered, chosen.from_pod))
     elif output == "json":
-        print(json.dumps({"job": {"kind": job.get("kind"), "name": job["metadata"]["name"],
+        print(json.dumps({"job": {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"),
+                                  "name": job["metadata"]["name"],
                                   "namespace": emulation.job["metadata"]["namespace"]},
                           "pods": [row_of(p) for p in plans]}, indent=2))
     else:

@@ -142,7 +142,8 @@ def test_plan_json_gives_the_same_rows(capsys):
                        capsys=capsys)
     assert code == 0
     document = json.loads(out)
-    assert document["job"] == {"kind": "Job", "name": "demo", "namespace": "default"}
+    assert document["job"] == {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "demo",
+                               "namespace": "default"}
     worker = next(r for r in document["pods"] if r["pod"] == "demo-worker-2")
     assert (worker["role"], worker["node_rank"], worker["rank"], worker["world_size"], worker["processes"],
             worker["process_ranks"], worker["address"], worker["placeholder"]) == \
