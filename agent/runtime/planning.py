@@ -154,10 +154,31 @@ def init_command(pod: RawPod) -> list[str] | None:
     return init_args(pod)
 
 
-def plan_pod(pods: Sequence[RawPod], pod: RawPod, objects: Mapping[tuple[str, str, str], Any], *,
+class Held:
+    """The pods as init's ``PodView`` holds them (runtime/views.py: each passed by the job's roster and compacted
+    for the options; the own pod kept as read), made once per set of options: every pod of a job holds the same
+    peers, so the job's pods are compacted once, not once per pod."""
+
+    def __init__(self, pods: Sequence[RawPod]) -> None:
+        self.pods = pods
+        self._views: list[tuple[Options, Any, dict[str, RawPod]]] = []
+
+    def for_pod(self, pod: RawPod, options: Options, roster: Any) -> list[RawPod]:
+        name = pod["metadata"]["name"]
+        peers = next((held for o, r, held in self._views if o == options and r == roster), None)
+        if peers is None:
+            view = PodView("", options, roster=roster, whole_own=True)
+            view.replace(view.intake(list(self.pods)))
+            peers = view.pods
+            self._views.append((options, roster, peers))
+        return [pod if held_name == name else held for held_name, held in peers.items()]
+
+
+def plan_pod(pods: Sequence[RawPod] | Held, pod: RawPod, objects: Mapping[tuple[str, str, str], Any], *,
              files_dir: str | None = None) -> PodPlan:
     """``pod``'s files as its init makes them from ``pods`` and the job's ``objects`` (``files_dir``: where they
     are written, by default its init's ``--out``)."""
+    held_pods = pods if isinstance(pods, Held) else Held(pods)
     from agent.flags.init import check
     from agent.flags.parser import parse_command_line
     from agent.flags.status import options_of
@@ -194,12 +215,9 @@ def plan_pod(pods: Sequence[RawPod], pod: RawPod, objects: Mapping[tuple[str, st
     if source == "published" and role in controller.waits_for(objects_read):
         source = "pods"
     out = files_dir or str(parsed.out)
-    # The pods as init holds them (runtime/views.py): this pod as read, the others compacted to what a peer's row
-    # keeps, each passed by the job's roster.
-    held = PodView(name, options, roster=roster, whole_own=True)
-    held.me = pod
-    held.replace(held.intake(list(pods)))
-    rendered = render_pod(list(held.pods.values()), name, options, files_dir=out)
+    # The pods as init holds them: this pod as read, the others compacted, each passed by the job's roster; checked
+    # on the way in, as init's planner takes them.
+    rendered = render_pod(held_pods.for_pod(pod, options, roster), name, options, files_dir=out, checked=True)
     own_plan, _ = own_view(rendered.plan, options, ssh=ssh, published=source == "published")
     if own_plan is not None:
         rendered = render_plan(own_plan, options, files_dir=out)
@@ -216,7 +234,8 @@ def plan_job(emulation: Emulation, runtimes: Sequence[Mapping[str, Any]] = (), *
     """Every pod's plan (``files_dir(pod)``: where its files are written; default: its init's ``--out``)."""
     pods = placed_pods(emulation)
     objects = objects_by_path(emulation, runtimes)
-    return [plan_pod(pods, pod, objects, files_dir=files_dir(pod["metadata"]["name"]) if files_dir else None)
+    held = Held(pods)
+    return [plan_pod(held, pod, objects, files_dir=files_dir(pod["metadata"]["name"]) if files_dir else None)
             for pod in pods]
 
 
