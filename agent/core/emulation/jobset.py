@@ -199,7 +199,7 @@ def trainjob_jobset(trainjob: Mapping[str, Any], runtime: Mapping[str, Any]) -> 
             facts = {"nnodes": nodes, "nproc": str(nproc), "trainjob": name, "workers": nodes * (gpus or 1),
                      "plugins": (plugin or "main",)}
             features = {f"mlPolicy {plugin}"} if plugin else set()
-            add_env([container], injected_env("trainjob", TRAINER_RELEASE, features, facts),  # type: ignore[arg-type]
+            add_env([container], injected_env("trainjob", TRAINER_RELEASE, features, facts),
                     mode="upsert")
     meta_t = template.get("metadata") or {}
     return child(JOBSETS.api_version, JOBSETS.kind, name, owner=trainjob, labels=meta_t.get("labels") or {},

@@ -294,7 +294,7 @@ def emulate_mpijob(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
     if spec.get("runLauncherAsWorker") is True:
         launcher["metadata"]["labels"][PYTORCHJOB_INDEX] = "0"
     add_env(launcher["spec"]["containers"][:1],
-            injected_env("mpijob", MPI_RELEASE, features, {"role": "launcher", "slots": slots}))  # type: ignore
+            injected_env("mpijob", MPI_RELEASE, features, {"role": "launcher", "slots": slots}))
     _with_ssh(launcher["spec"], name, mount)
     launcher["spec"]["volumes"].append({"name": CONFIG_VOLUME, "configMap": {"name": f"{name}-config", "items": [
         {"key": "hostfile", "path": "hostfile", "mode": 0o444},
@@ -314,7 +314,7 @@ def emulate_mpijob(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
         dns = pod["spec"].setdefault("dnsConfig", {})
         dns["searches"] = [*(dns.get("searches") or []), f"{name}.{namespace}.svc.cluster.local"]
         add_env(pod["spec"]["containers"][:1],
-                injected_env("mpijob", MPI_RELEASE, set(), {"role": "worker", "slots": slots}))  # type: ignore
+                injected_env("mpijob", MPI_RELEASE, set(), {"role": "worker", "slots": slots}))
         _with_ssh(pod["spec"], name, mount)
         pods.append(pod)
     return [launcher_job], pods

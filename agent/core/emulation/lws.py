@@ -80,7 +80,7 @@ def emulate_lws(lws: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
                            annotations=annotations, hostname=pod_name, subdomain=name)
             facts = {"lws": name, "group": group, "subdomain": name, "namespace": namespace, "size": size,
                      "worker": worker}
-            add_env(pod["spec"]["containers"], injected_env("lws", LWS_RELEASE, set(), facts),  # type: ignore
+            add_env(pod["spec"]["containers"], injected_env("lws", LWS_RELEASE, set(), facts),
                     mode="prepend")
             if worker == 0:
                 leader = pod
