@@ -1,5 +1,8 @@
 # The topology-agent image: init container and sidecar. Build: docker build -t <registry>/topology-agent:0.1.0 .
-FROM python:3.11-slim AS build
+# BASE: an image laid out as the official Python one (Python 3.11 at /usr/local/bin, pip, groupadd and useradd);
+# CI builds on one made from Debian's packages (scripts/image-test), as it reaches no container registry.
+ARG BASE=python:3.11-slim
+FROM ${BASE} AS build
 WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY requirements.lock ./
@@ -12,7 +15,7 @@ COPY manifests/webhook/mutatingwebhookconfiguration.yaml ./manifests/webhook/
 COPY manifests/trainer ./manifests/trainer
 RUN python -m pip install --prefix=/install --no-deps .
 
-FROM python:3.11-slim
+FROM ${BASE}
 LABEL org.opencontainers.image.title="topology-agent" \
       org.opencontainers.image.description="Configures multi-pod training jobs: torch.env, hostfile, SSH, elastic sidecar"
 COPY --from=build /install /usr/local
