@@ -163,9 +163,10 @@ def test_the_sidecar_in_the_image_serves_health_and_no_process_of_its_user_reads
         assert peek.returncode != 0 and "Permission denied" in peek.stderr, peek.stdout + peek.stderr
         stopped = image.podman("stop", "--time", "20", name)
         assert stopped.returncode == 0, stopped.stderr
-        state = image.podman("inspect", "--format", "{{.State.ExitCode}} {{.State.OOMKilled}}", name)
+        state = image.podman("inspect", "--format", "{{.State.ExitCode}} {{.State.OOMKilled}} {{.HostConfig.Memory}}",
+                             name)
         logs = image.podman("logs", name).stderr
-        assert state.stdout.split() == ["0", "false"], logs
+        assert state.stdout.split() == ["0", "false", str(128 * 2**20)], logs
         assert not re.search(r"^\S+ (WARNING|ERROR) ", logs, re.M), logs
     finally:
         image.podman("rm", "--force", name)
