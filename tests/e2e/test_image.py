@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,6 @@ import pytest
 from agent.core.injection import AGENT_UID, TOKEN_PATH, resources_for
 from agent.sandbox.threaded import SandboxThread
 from tests.jobs import create_volcano_job
-
-pytestmark = pytest.mark.xdist_group("image")  # one build, on one worker
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "image"
@@ -49,7 +48,7 @@ class Image:
                               timeout=timeout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
@@ -57,7 +56,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
                     "(apt-get install podman buildah runc mmdebstrap; .ci/run does)")
     if os.geteuid() != 0:
         pytest.skip("building and running the image needs root (podman and buildah as root, mmdebstrap)")
-    # CI keeps the base in its temp directory (TOPOLOGY_IMAGE_CACHE): made once per run, not per test session.
+    # CI keeps the base in its temp directory (TOPOLOGY_IMAGE_CACHE); elsewhere each session makes its own.
     cache = Path(os.environ.get("TOPOLOGY_IMAGE_CACHE") or tmp_path_factory.mktemp("image"))
     result = subprocess.run([str(SCRIPT), str(cache), "build"], capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, f"scripts/image build failed:\n{result.stderr[-6000:]}"
@@ -65,7 +64,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path) -> SandboxThread:
+def sandbox(tmp_path: Path) -> Iterator[SandboxThread]:
     with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5) as running:
         yield running
 
@@ -117,17 +116,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_init_in_the_image_writes_the_files_it_writes_from_source_as_the_kubelet_runs_it(image, sandbox, tmp_path):
+def test_init_then_the_sidecar_run_in_the_image_as_the_kubelet_runs_them(image, sandbox, tmp_path):
+    """One test, so one build: pytest-xdist 3.8 on pytest 9.2 does not keep an xdist_group on one worker, and
+    a second test would build the image again on another."""
     create_volcano_job(sandbox, JOB)
     shared, volumes = pod_volumes(sandbox, tmp_path)
-    result = image.podman("run", "--rm", *as_kubelet(sandbox, volumes), image.name, "init", "--out", "/shared")
+    options = as_kubelet(sandbox, volumes)
+    check_init(image, sandbox, options, shared, tmp_path / "source")
+    check_sidecar(image, options, name=f"topology-sidecar-{os.getpid()}-{tmp_path.name}")
+
+
+def check_init(image: Image, sandbox: SandboxThread, options: list[str], shared: Path, source: Path) -> None:
+    """init in the image writes, as the agent's user in the pod's group, what it writes from the source tree."""
+    result = image.podman("run", "--rm", *options, image.name, "init", "--out", "/shared")
     assert result.returncode == 0, result.stderr
     assert "node rank 2 of 3" in result.stderr, result.stderr
     assert not re.search(r"^\S+ (WARNING|ERROR) ", result.stderr, re.M), result.stderr
 
-    init_from_the_source_tree(sandbox, tmp_path / "source")
+    init_from_the_source_tree(sandbox, source)
     written = files(shared)
-    assert written == files(tmp_path / "source")
+    assert written == files(source)
     env = dict(re.findall(r"^export (\w+)='([^']*)'$", written["torch.env"].decode(), re.M))
     assert {k: env[k] for k in ("MASTER_ADDR", "WORLD_SIZE", "NODE_RANK", "TOPOLOGY_ROLE")} == {
         "MASTER_ADDR": "demo-master-0.demo", "WORLD_SIZE": "3", "NODE_RANK": "2", "TOPOLOGY_ROLE": "worker"}
@@ -141,19 +149,14 @@ def test_init_in_the_image_writes_the_files_it_writes_from_source_as_the_kubelet
         assert stat.st_mode & 0o044 == 0o044, f"{path.name}: {oct(stat.st_mode)}"
 
 
-def test_the_sidecar_in_the_image_serves_health_and_no_process_of_its_user_reads_its_environment(
-        image, sandbox, tmp_path):
-    create_volcano_job(sandbox, JOB)
-    shared, volumes = pod_volumes(sandbox, tmp_path)
-    options = as_kubelet(sandbox, volumes)
-    result = image.podman("run", "--rm", *options, image.name, "init", "--out", "/shared")
-    assert result.returncode == 0, result.stderr
-    port, name = free_port(), f"topology-sidecar-{os.getpid()}-{tmp_path.name}"
+def check_sidecar(image: Image, options: list[str], *, name: str) -> None:
+    """The sidecar in the image, after init: ready at init's generation, alive, its environment hidden from its
+    own user's other processes, within its memory limit, and gone with exit 0 on SIGTERM."""
+    port = free_port()
     started = image.podman("run", "--detach", "--name", name, *options, image.name, "sidecar", "--out", "/shared",
                            "--health-host", "127.0.0.1", "--health-port", str(port))
     assert started.returncode == 0, started.stderr
     try:
-        # Ready once it has planned the topology init wrote (the generation torch.env names), and alive.
         assert wait_for_ready(image, name, port) == "generation 1\n"
         with NO_PROXY.open(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
             assert answer.read() == b"ok\n"
@@ -170,7 +173,6 @@ def test_the_sidecar_in_the_image_serves_health_and_no_process_of_its_user_reads
         assert not re.search(r"^\S+ (WARNING|ERROR) ", logs, re.M), logs
     finally:
         image.podman("rm", "--force", name)
-    assert (shared / "torch.env").is_file()
 
 
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
