@@ -36,6 +36,9 @@ TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
 FS_GROUP = 2000  # the pod's securityContext.fsGroup: the kubelet gives it to the emptyDir and to every container
 POD = "demo-worker-1"
 JOB = (("master", 1), ("worker", 2))
+LIMIT = resources_for(sum(n for _, n in JOB))["limits"]["memory"]  # what inject gives the agent's containers
+assert LIMIT.endswith("Mi")
+LIMIT_MIB = int(LIMIT[:-2])
 
 
 @dataclass(frozen=True)
@@ -88,11 +91,9 @@ def pod_volumes(sandbox: SandboxThread, where: Path) -> tuple[Path, list[str]]:
 def as_kubelet(sandbox: SandboxThread, volumes: list[str]) -> list[str]:
     """`podman run` options for an agent container of pod POD, as inject writes its securityContext and
     resources and the kubelet applies them."""
-    limit = resources_for(len(JOB))["limits"]["memory"]
-    assert limit.endswith("Mi")
     return ["--network", "host", "--user", f"{AGENT_UID}:{AGENT_UID}", "--group-add", str(FS_GROUP),
             "--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--memory", f"{limit[:-2]}m", "--memory-swap", f"{limit[:-2]}m",
+            "--memory", f"{LIMIT_MIB}m", "--memory-swap", f"{LIMIT_MIB}m",
             "-e", f"POD_NAME={POD}", "-e", "POD_NAMESPACE=default",
             "-e", "KUBERNETES_SERVICE_HOST=127.0.0.1", "-e", f"KUBERNETES_SERVICE_PORT={sandbox.sandbox.port}",
             *volumes]
@@ -169,7 +170,7 @@ def check_sidecar(image: Image, options: list[str], *, name: str) -> None:
         state = image.podman("inspect", "--format", "{{.State.ExitCode}} {{.State.OOMKilled}} {{.HostConfig.Memory}}",
                              name)
         logs = image.podman("logs", name).stderr
-        assert state.stdout.split() == ["0", "false", str(128 * 2**20)], logs
+        assert state.stdout.split() == ["0", "false", str(LIMIT_MIB * 2**20)], logs
         assert not re.search(r"^\S+ (WARNING|ERROR) ", logs, re.M), logs
     finally:
         image.podman("rm", "--force", name)
