@@ -1,6 +1,6 @@
 # The topology-agent image: init container and sidecar. Build: docker build -t <registry>/topology-agent:0.1.0 .
 # BASE: an image laid out as the official Python one (Python 3.11 at /usr/local/bin, pip, groupadd and useradd);
-# CI builds on one made from Debian's packages (scripts/image-test), as it reaches no container registry.
+# CI builds on one made from Debian's packages (scripts/image), as it reaches no container registry.
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS build
 WORKDIR /src
