@@ -50,6 +50,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(lane)
 
 
+
+class XdistGroups:
+    """Under ``--dist loadgroup`` the tests of one ``xdist_group`` run on one worker, one at a time (those that
+    measure time or drive the consumers): xdist tells its scheduler by a ``@<group>`` suffix of the node id,
+    which it writes into ``item._nodeid``; pytest 9.2 makes the node id from ``item._id``, so it is set there."""
+
+    @pytest.hookimpl(trylast=True)  # after xdist's own hook
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if not getattr(config.option, "loadgroup", False):
+            return
+        from _pytest.nodeid import NodeId
+
+        for item in items:
+            groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                             for mark in item.iter_markers("xdist_group")})
+            if groups and "@" not in item.nodeid:
+                item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(XdistGroups(), "xdist-groups")
+
 # --- the fast lane's fixtures: the sandbox's API in memory, with init and sidecars in this process over it
 # (tests/fakeapi.py)
 

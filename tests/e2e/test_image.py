@@ -118,8 +118,8 @@ def free_port() -> int:
 
 
 def test_init_then_the_sidecar_run_in_the_image_as_the_kubelet_runs_them(image, sandbox, tmp_path):
-    """One test, so one build: pytest-xdist 3.8 on pytest 9.2 does not keep an xdist_group on one worker, and
-    a second test would build the image again on another."""
+    """Init, then the sidecar, in one image built once for the session (scripts/image, a lock on its
+    directory)."""
     create_volcano_job(sandbox, JOB)
     shared, volumes = pod_volumes(sandbox, tmp_path)
     options = as_kubelet(sandbox, volumes)
