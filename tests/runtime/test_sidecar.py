@@ -20,6 +20,7 @@ import pytest
 from agent import examples
 from agent.runtime.handoff import NAME as READS
 from agent.runtime.publishing import said
+from agent.runtime.restarts import RECORD as RUN_RECORD
 from tests.fakeapi import agent_name, init_pod, state_of
 from tests.jobs import (
     add_worker,
@@ -895,7 +896,7 @@ async def test_with_view_own_a_follower_reads_the_summary_alone_and_follows_chan
     light_files = ["generation", "topology.json", "torch.env"]  # init's reads for its sidecar: in its state dir
     for pod in ("demo-master-0", "demo-worker-0", "demo-worker-6"):  # the leader, a standby, a follower
         assert sorted(p.name for p in (tmp_path / pod).iterdir()) == light_files, pod
-        assert [p.name for p in state_of(tmp_path / pod).iterdir()] == [READS], pod
+        assert sorted(p.name for p in state_of(tmp_path / pod).iterdir()) == sorted([READS, RUN_RECORD]), pod
         assert json.loads((tmp_path / pod / "topology.json").read_text())["view"] == "own"
     light = tmp_path / "light"
     ran = await init(api, logs, "demo-worker-5", light, "--address", "ip", "--source", "published", "--view", "own")
