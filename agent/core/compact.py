@@ -102,6 +102,12 @@ class CompactPod(Mapping[str, Any]):
                 and self.hostname == other.hostname and self.subdomain == other.subdomain
                 and self.namespace == other.namespace and self.conditions == other.conditions)
 
+    def with_conditions(self, conditions: list[list[str]]) -> CompactPod:
+        """The same pod with these lost conditions (its Node lost or back: the pod object has not changed)."""
+        return CompactPod(self.name, self.namespace, self.version, self.labels, self.annotations or {},
+                          self.containers, hostname=self.hostname, subdomain=self.subdomain, node=self.node,
+                          phase=self.phase, ip=self.ip, deleted=self.deleted, conditions=conditions)
+
     def __repr__(self) -> str:
         return f"CompactPod({dict(self)!r})"
 

@@ -13,7 +13,7 @@ from agent.core.claims import has_claims
 from agent.core.compact import life_of, version_of
 from agent.core.containers import pick_trainer_container, resolve_nproc
 from agent.core.controllers import Controller, selector_matches
-from agent.core.lost import why_lost
+from agent.core.lost import node_lost_of, why_lost
 from agent.core.model import Identity, Options, RawPod
 from agent.core.pods import pod_ip, pod_name
 from agent.core.validation import check_pod, dns_value, ip_value
@@ -44,8 +44,14 @@ class Memo:
 
     @staticmethod
     def key(pod: RawPod) -> tuple[str, str] | None:
-        """(name, resourceVersion), or None: nothing to remember the pod by (and an odd pod: computing refuses it)."""
-        return version_of(pod)
+        """(name, resourceVersion), or None: nothing to remember the pod by (and an odd pod: computing refuses it).
+        A pod the agent marked for its lost Node (lost.py) has the same resourceVersion and other facts: the
+        version then says why too."""
+        key = version_of(pod)
+        if key is None:
+            return None
+        node = node_lost_of(life_of(pod).conditions)  # a condition the agent gives the pod: the same version
+        return key if node is None else (key[0], f"{key[1]} {node}")
 
     def lookup(self, key: tuple[str, str]) -> PodFacts | None:
         """The facts remembered for this version of the pod: the per-change hot path."""

@@ -15,6 +15,14 @@ watch the pods and, through the published rows, every follower):
 
 A condition cleared (DisruptionTarget False, the disruption controller's reset of a stale mark; Ready True again,
 the kubelet back) makes the pod a member again.
+
+A third signal is the pod's Node, where the agent may read Nodes: its Ready condition False or Unknown, or a
+``node.kubernetes.io/unreachable`` or ``not-ready`` taint. The node lifecycle controller's marks on the pods come
+after its grace period and the taint manager's eviction after the taints' toleration (300 s by default); the Node
+says it first. The sidecar that watches the pods also watches the Nodes, and gives each pod on a lost node one
+more condition of its own (``NODE_LOST``, never written to the API): from there it travels as the pod's conditions
+do, in the published rows to every follower, and the same ``why_lost`` reads it. The Node back (Ready True, the
+taints gone) takes the condition off, and the pod is a member again.
 """
 
 from __future__ import annotations
@@ -48,8 +56,78 @@ DISRUPTION_REASONS: tuple[DisruptionReason, ...] = (
 )
 _MEANINGS = {row.reason: row.meaning for row in DISRUPTION_REASONS}
 
-NODE_LOST = ("not Ready and no kubelet said why: the node lifecycle controller marked it (its node stopped "
+NODE_MARKED = ("not Ready and no kubelet said why: the node lifecycle controller marked it (its node stopped "
              "reporting)")  # kubernetes pkg/controller/util/node/controller_utils.go MarkPodsNotReady
+
+
+NODE_LOST = "topology-agent.io/NodeLost"  # the condition the agent gives a pod on a lost Node (reason: why)
+
+
+class NodeTaint(NamedTuple):
+    """A taint that says a Node cannot run its pods, as the node lifecycle controller sets it."""
+
+    key: str
+    meaning: str
+    source: str
+
+
+NODE_TAINTS: tuple[NodeTaint, ...] = (
+    NodeTaint("node.kubernetes.io/unreachable", "unreachable",
+              "k8s.io/api core/v1/well_known_taints.go TaintNodeUnreachable (v1.18+)"),
+    NodeTaint("node.kubernetes.io/not-ready", "not ready",
+              "k8s.io/api core/v1/well_known_taints.go TaintNodeNotReady (v1.18+)"),
+)
+LOST_TAINT_EFFECTS = ("NoExecute", "NoSchedule")  # PreferNoSchedule says nothing of the node's health
+_TAINTS = frozenset(taint.key for taint in NODE_TAINTS)
+
+
+class NodeState(NamedTuple):
+    """What the agent keeps of a Node: its name, its Ready condition's status ("" when it has none) and the
+    taints of ``NODE_TAINTS`` it carries (key, effect)."""
+
+    name: str
+    ready: str
+    taints: tuple[tuple[str, str], ...] = ()
+
+
+def node_state(raw: Any) -> NodeState | None:
+    """A Node object as ``NodeState`` (None: no Node's shape, no name to know it by)."""
+    if not isinstance(raw, dict):
+        return None
+    meta, spec, status = raw.get("metadata"), raw.get("spec"), raw.get("status")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    ready = next((entry[1] for entry in conditions_of((status or {}).get("conditions") if isinstance(status, dict)
+                                                       else None) if entry[0] == READY), "")
+    taints = (spec or {}).get("taints") if isinstance(spec, dict) else None
+    kept = tuple(sorted({(t["key"], t.get("effect") or "") for t in taints or () if isinstance(t, dict)
+                         and t.get("key") in _TAINTS and isinstance(t.get("effect", ""), str)}))
+    return NodeState(name, ready, kept)
+
+
+def why_node_lost(node: NodeState) -> str | None:
+    """Why no pod on ``node`` can train (None: nothing the Node says). The Ready condition first: a kubelet that
+    says NotReady, or a node controller that heard nothing for its grace period (Unknown); then the taints the
+    node controller puts on such a node (one set by hand counts the same). No Ready condition yet is no news."""
+    if node.ready == "False":
+        return f"node {node.name} NotReady"
+    if node.ready == "Unknown":
+        return f"node {node.name} Unknown (its kubelet stopped reporting)"
+    for key, effect in node.taints:
+        if effect in LOST_TAINT_EFFECTS:
+            return f"node {node.name} tainted {key}:{effect}"
+    return None
+
+
+def lost_nodes(nodes: Iterable[NodeState]) -> dict[str, str]:
+    """The lost Nodes among ``nodes``, each with why."""
+    found = {}
+    for node in nodes:
+        why = why_node_lost(node)
+        if why is not None:
+            found[node.name] = why
+    return found
 
 
 Condition = tuple[str, str, str]  # type, status, reason
@@ -74,7 +152,8 @@ def conditions_of(raw: Any) -> Iterable[Condition]:
 def is_lost_condition(condition: Sequence[str]) -> bool:
     """A condition that, on its own, says the pod cannot train."""
     kind, status, reason = condition
-    return (kind == DISRUPTION_TARGET and status == "True") or (kind == READY and status == "False" and not reason)
+    return (kind == DISRUPTION_TARGET and status == "True") or (kind == READY and status == "False" and not reason) \
+        or (kind == NODE_LOST and status == "True")
 
 
 def lost_conditions(raw: Any) -> list[Condition]:
@@ -86,13 +165,36 @@ def lost_conditions(raw: Any) -> list[Condition]:
 def why_lost(conditions: Iterable[Sequence[str]]) -> str | None:
     """Why the pod cannot train, from its conditions (None: they say nothing of the kind)."""
     node_lost = False
+    node = None
     for condition in conditions:
         if not is_lost_condition(condition):
             continue
         kind, _, reason = condition
+        if kind == NODE_LOST:
+            node = reason or "its node lost"
+            continue
         if kind == DISRUPTION_TARGET:
             meaning = _MEANINGS.get(reason)
             shown = f"{reason}: {meaning}" if meaning else (reason or "no reason given")
             return f"{LOST}DisruptionTarget ({shown})"
         node_lost = True
-    return f"{LOST}{NODE_LOST}" if node_lost else None
+    if node is not None:
+        return f"{LOST}{node}"
+    return f"{LOST}{NODE_MARKED}" if node_lost else None
+
+
+def with_node_lost(conditions: Iterable[Sequence[str]], why: str | None) -> list[list[str]]:
+    """A pod's lost conditions ([type, status, reason]) with its Node's: ``why`` the node is lost, or None (the
+    node is not, or not known: the agent's condition taken off)."""
+    kept = [list(condition) for condition in conditions if condition[0] != NODE_LOST]
+    if why is not None:
+        kept.append([NODE_LOST, "True", why])
+    return kept
+
+
+def node_lost_of(conditions: Iterable[Sequence[str]] | None) -> str | None:
+    """The reason of the agent's Node condition among ``conditions`` (None: it has none)."""
+    for condition in conditions or ():
+        if condition[0] == NODE_LOST:
+            return condition[2]
+    return None

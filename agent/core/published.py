@@ -25,7 +25,7 @@ from agent.core.compact import CompactPod, conditions_section
 from agent.core.containers import pick_trainer_container
 from agent.core.grouping import parse_rule
 from agent.core.jsonstream import DECODER, RowSink, skip, stream_array, walk_object
-from agent.core.lost import lost_conditions
+from agent.core.lost import lost_conditions, node_lost_of, with_node_lost
 from agent.core.model import Options, RawPod
 from agent.core.validation import json_values, not_json
 from agent.errors import InputError
@@ -202,6 +202,7 @@ class Compactor:
         self._index: dict[str, int] = {}
         self._shapes: list[list[dict[str, Any]]] = []  # the containers list of each shape, shared by its pods
         self._shared = SharedStrings()
+        self.lost_nodes: Mapping[str, str] = {}  # the lost Nodes the sidecar watches, each with why (lost.py)
 
     def pod(self, pod: RawPod) -> RawPod:
         """The compact pod, built from fresh strings: holding the parsed LIST page's own strings would keep the
@@ -216,6 +217,8 @@ class Compactor:
         row[Col.ANNOTATIONS] = {shared(key): shared(value) for key, value in row[Col.ANNOTATIONS].items()}
         for at in _REPEATED:
             row[at] = shared(row[at])
+        if self.lost_nodes or node_lost_of(row[Col.CONDITIONS]) is not None:
+            row[Col.CONDITIONS] = with_node_lost(row[Col.CONDITIONS], self.lost_nodes.get(row[Col.NODE]))
         return compact_of(row, self._shapes, shared(pod.get("metadata", {}).get("namespace", "default")))
 
 

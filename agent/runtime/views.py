@@ -27,6 +27,7 @@ from agent.core.journal import (
     state_from,
     summary_name,
 )
+from agent.core.lost import NodeState, lost_nodes, node_lost_of, node_state, with_node_lost
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
 from agent.core.published import Compactor
@@ -198,6 +199,22 @@ class PodView:
         self.unaddressed.discard(name)
         for watcher in self.watchers:
             watcher.changed(name, None)
+
+    def mark_nodes(self, lost: Mapping[str, str]) -> list[str]:
+        """The lost Nodes (each with why, core/lost.py) as the sidecar's Node watch sees them now: each peer on one
+        gets the agent's condition, each on a Node that is back loses it, from now on and on every pod kept later.
+        Returns the pods that changed. The own pod is never marked (its conditions are not held: its own sidecar
+        never leaves it out)."""
+        self.compactor.lost_nodes = dict(lost)
+        changed = []
+        for name, pod in list(self.pods.items()):
+            if type(pod) is not CompactPod or name == self.own:
+                continue
+            why = lost.get(pod.node) if pod.node else None
+            if node_lost_of(pod.conditions) != why:
+                self.put(name, pod.with_conditions(with_node_lost(pod.conditions or (), why)))  # type: ignore[arg-type]
+                changed.append(name)
+        return changed
 
     def take_unplanned(self) -> set[str] | None:
         """The pods changed since the last call (the planner's ``touched``); None: any (a LIST came between)."""
@@ -375,3 +392,49 @@ def full_view_line(view: str, why: str, then: str) -> tuple[int, str]:
         return logging.WARNING, f"--view own not used: {why}; {then}"
     level = logging.DEBUG if why in ("--view full", SMALL_JOB) else logging.INFO
     return level, f"{then}: {why}"
+
+
+class NodeView:
+    """The cluster's Nodes as the sidecar that watches the pods needs them: each kept as ``NodeState`` (its name,
+    its Ready status and the taints that say it is lost; the rest of a Node, tens of KB of images and addresses,
+    is dropped as each LIST page arrives), and the lost ones with why (core/lost.py). ``lost_changed`` is told the
+    lost Nodes whenever that set changes: a Node's status written every few minutes changes nothing."""
+
+    def __init__(self, lost_changed: Callable[[dict[str, str]], None]) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.lost: dict[str, str] = {}
+        self.listed = False
+        self.lost_changed = lost_changed
+
+    @staticmethod
+    def intake(page: list[Any]) -> list[Any]:
+        return [state for state in map(node_state, page) if state is not None]
+
+    def replace(self, items: list[Any]) -> None:
+        self.nodes = {state.name: state for state in items if isinstance(state, NodeState)}
+        first, self.listed = not self.listed, True
+        self._tell(lost_nodes(self.nodes.values()), always=first)  # the first LIST: the pods held are marked
+
+    def apply(self, event: WatchEvent) -> None:
+        if event.type == "BOOKMARK":
+            return
+        state = node_state(event.object)
+        if state is None:
+            return
+        lost = self.lost
+        if event.type == "DELETED":  # its pods go with it (the pod garbage collector's DisruptionTarget)
+            self.nodes.pop(state.name, None)
+            why = None
+        else:
+            self.nodes[state.name] = state
+            why = lost_nodes((state,)).get(state.name)
+        if lost.get(state.name) != why:
+            lost = {name: reason for name, reason in lost.items() if name != state.name}
+            if why is not None:
+                lost[state.name] = why
+            self._tell(lost)
+
+    def _tell(self, lost: dict[str, str], *, always: bool = False) -> None:
+        if always or lost != self.lost:
+            self.lost = lost
+            self.lost_changed(lost)

@@ -66,11 +66,16 @@ class SandboxThread:
 
     def update_pod(self, namespace: str, name: str, change: Any) -> dict[str, Any]:
         """Apply ``change(pod)`` (mutating a copy) as one MODIFIED event."""
+        return self.update(PODS, namespace, name, change)
+
+    def update(self, resource: str, namespace: str, name: str, change: Any) -> dict[str, Any]:
+        """Apply ``change(obj)`` to any object (mutating a copy) as one MODIFIED event, e.g. a Node ("/v1/nodes",
+        namespace "")."""
         def apply() -> dict[str, Any]:
-            pod = clone(self.sandbox.store.get(PODS, namespace, name))
-            change(pod)
-            pod["metadata"].pop("resourceVersion", None)
-            return self.sandbox.store.replace(PODS, namespace, name, pod)
+            obj = clone(self.sandbox.store.get(resource, namespace, name))
+            change(obj)
+            obj["metadata"].pop("resourceVersion", None)
+            return self.sandbox.store.replace(resource, namespace, name, obj)
 
         return self._run(apply)
 

@@ -199,6 +199,98 @@ async def test_a_member_the_api_shows_lost_leaves_at_once_with_an_event_and_rejo
     await told(job, memory, "back: demo-worker-1")
 
 
+NODES = "/v1/nodes"
+
+
+def node_ready(status: str):
+    """The Node's Ready condition as its kubelet (True, False) or the node lifecycle controller (Unknown) writes it."""
+    def update(node: dict) -> None:
+        conditions = [c for c in node["status"].get("conditions", []) if c.get("type") != "Ready"]
+        node["status"]["conditions"] = [*conditions, {"type": "Ready", "status": status,
+                                                      "lastHeartbeatTime": "2026-11-22T01:00:00Z"}]
+    return update
+
+
+def node_tainted(key: str, effect: str):
+    def update(node: dict) -> None:
+        node.setdefault("spec", {}).setdefault("taints", []).append({"key": key, "effect": effect})
+    return update
+
+
+def node_back(node: dict) -> None:
+    node_ready("True")(node)
+    node.setdefault("spec", {})["taints"] = []
+
+
+@pytest.fixture
+async def job_on_nodes(memory, api, logs, sidecars, tmp_path):
+    """The job of ``job``, each pod on its own Node (demo-worker-1 on node-2)."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    for k, pod in enumerate(pods):
+        memory.create_node(examples.node(f"node-{k}", {}))
+        memory.update_pod("default", pod["metadata"]["name"],
+                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    started = await start_job(api, logs, sidecars, tmp_path)
+    yield started
+    await started.trainer.stop()
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    pytest.param(node_ready("False"), "node node-2 NotReady", id="not-ready"),
+    pytest.param(node_ready("Unknown"), "node node-2 Unknown (its kubelet stopped reporting)", id="unknown"),
+    pytest.param(node_tainted("node.kubernetes.io/unreachable", "NoExecute"),
+                 "node node-2 tainted node.kubernetes.io/unreachable:NoExecute", id="unreachable-taint"),
+    pytest.param(node_tainted("node.kubernetes.io/not-ready", "NoSchedule"),
+                 "node node-2 tainted node.kubernetes.io/not-ready:NoSchedule", id="not-ready-taint"),
+])
+async def test_a_member_on_a_lost_node_leaves_at_once_with_an_event_and_rejoins_when_the_node_is_back(
+        job_on_nodes, memory, change, why):
+    """The Node says it first: the pod itself is marked only after the node controller's grace period, or
+    evicted after the taints' toleration (300 s)."""
+    job = job_on_nodes
+    await job.until(lambda: job.sidecar.node_view is not None and job.sidecar.node_view.listed, "Nodes listed")
+    memory.update(NODES, "", "node-2", change)
+    await job.until(lambda: generation(job.out) == 2, "the member on the lost node left")
+    assert job.env()["WORLD_SIZE"] == "2" and "demo-worker-1" not in member_names(job.out)
+    assert await job.trainer.next() == "SIGUSR1 2"
+    await told(job, memory, f"left out: demo-worker-1: lost: {why}")
+    memory.update(NODES, "", "node-2", node_back)
+    await job.until(lambda: generation(job.out) == 3, "the member back")
+    assert job.env()["WORLD_SIZE"] == "3" and "demo-worker-1" in member_names(job.out)
+    assert await job.trainer.next() == "SIGUSR1 3"
+    await told(job, memory, "back: demo-worker-1")
+
+
+async def test_a_node_change_that_says_nothing_of_its_health_is_no_generation(job_on_nodes, memory):
+    """A Node's status is written every few minutes, its labels and PreferNoSchedule taints change: none of it
+    reshapes the world. The lost master's change after them shows they were seen and kept."""
+    job = job_on_nodes
+    await job.until(lambda: job.sidecar.node_view is not None and job.sidecar.node_view.listed, "Nodes listed")
+    memory.update(NODES, "", "node-2", node_ready("True"))
+    memory.update(NODES, "", "node-2", node_tainted("node.kubernetes.io/unreachable", "PreferNoSchedule"))
+    memory.update(NODES, "", "node-2", node_tainted("example.com/maintenance", "NoSchedule"))
+    memory.update(NODES, "", "node-0", node_ready("False"))
+    await job.until(lambda: generation(job.out) == 2, "the master on the lost node left")
+    assert member_names(job.out) == ["demo-worker-0", "demo-worker-1"]
+
+
+async def test_a_pod_that_may_not_read_nodes_says_so_once_and_follows_the_pods(memory, api, logs, sidecars,
+                                                                               tmp_path):
+    create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    memory.faults(status=403, count=-1, path="/nodes")
+    job = await start_job(api, logs, sidecars, tmp_path)
+    try:
+        await logs.until("demo-worker-0", "cannot watch Nodes")
+        assert "manifests/rbac/nodes" in logs.text("demo-worker-0")
+        memory.delete_pod("default", "demo-worker-1")
+        await job.until(lambda: generation(job.out) == 2, "the pods still followed")
+        agent = agent_name("sidecar", "demo-worker-0")
+        assert sum(1 for who, r in list(api.requests) if who == agent and "/nodes" in r.path) == 1
+        assert logs.text("demo-worker-0").count("cannot watch Nodes") == 1
+    finally:
+        await job.trainer.stop()
+
+
 async def test_a_failing_readiness_probe_keeps_the_member_while_a_lost_one_leaves(job, memory):
     """The kubelet writes Ready False with a reason (ContainersNotReady) when a probe fails: the trainer runs and
     its node reports, so the world is not reshaped (and every trainer restarted) for a probe that flaps. The lost
@@ -425,6 +517,40 @@ async def test_with_a_published_topology_only_the_leader_watches_pods_and_follow
     stats = memory.stats()["byAgent"]
     agent = agent_name("sidecar", "demo-worker-2")
     assert agent not in stats or stats[agent]["requests"] == 0  # the watch was open
+
+
+@pytest.mark.parametrize("view", ["full", "auto"])
+async def test_in_a_large_job_the_publisher_watches_the_nodes_and_its_rows_take_the_lost_member_out_everywhere(
+        memory, api, logs, sidecars, tmp_path, view):
+    """Only the publisher watches Nodes: the follower reads the lost member (and its return) in the published rows,
+    in either view, and makes no request of its own for it."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 3)))
+    for k, pod in enumerate(pods):
+        memory.create_node(examples.node(f"node-{k}", {}))
+        memory.update_pod("default", pod["metadata"]["name"],
+                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    for pod in pods:
+        await init(api, logs, pod["metadata"]["name"], tmp_path / pod["metadata"]["name"], "--address", "ip",
+                   "--source", "published", "--view", view)
+    leader = await start_sidecar(sidecars, tmp_path, "demo-master-0", "--view", view)
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-2", "--view", view)
+    await logs.until("demo-worker-2", "(follower)")
+    await logs.until("demo-master-0", "started publishing")
+    await follower_watching(api, "demo-worker-2")
+    await leader.until(lambda: leader.sidecar.node_view is not None and leader.sidecar.node_view.listed,
+                       what="the publisher listed the Nodes")
+    out = tmp_path / "demo-worker-2"
+    memory.update(NODES, "", "node-2", node_ready("False"))  # demo-worker-1's
+    await follower.until(lambda: generation(out) == 2, what="the follower left the lost member out")
+    assert world(out)[0] == "3"
+    if view == "full":
+        assert "demo-worker-1" not in member_names(out)
+    memory.update(NODES, "", "node-2", node_back)
+    await follower.until(lambda: generation(out) == 3, what="the member back at the follower")
+    assert world(out)[0] == "4"
+    follower_calls = [r.path for who, r in list(api.requests) if who == agent_name("sidecar", "demo-worker-2")]
+    assert not any("/nodes" in path for path in follower_calls)
+    assert any("/nodes" in r.path for who, r in list(api.requests) if who == agent_name("sidecar", "demo-master-0"))
 
 
 async def test_a_follower_receives_only_the_journal_and_the_leader_names_its_standbys(memory, api, logs, sidecars,

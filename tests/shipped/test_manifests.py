@@ -168,7 +168,7 @@ def test_kubectl_kustomize_builds_the_rbac_base():
 
 
 COMPONENTS = [  # optional cluster-scoped reads, each a component of its own
-    ("nodes", {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}),
+    ("nodes", {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}),
     ("trainer", {"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"], "verbs": ["get"]}),
 ]
 

@@ -7,7 +7,9 @@ The sidecar supervises its roles, one module each, run as root tasks (tasks.py):
 * after ``--debounce`` the evaluator (evaluating.py) renders the pods held with the same core as ``init``, and
   only when who-is-where changed are the files rewritten under a new generation and the trainer signalled;
 * in a large job, the publication (publication.py): the Lease its leader and standbys contend for, and in the
-  pod holding it the writes that keep the publication equal to the pods.
+  pod holding it the writes that keep the publication equal to the pods;
+* beside the pods' follower, where RBAC lets it, the Nodes' (following.NodesFollower): a peer on a lost Node
+  leaves the world (core/lost.py); the publisher's rows carry that to the followers, who watch no Node.
 
 ``Mode`` says which follower runs; a follower asks to switch (a standby named, a stalled publication, a sound
 one again). The last complete files always stay in place: while the API server is away, on SIGTERM, when the
@@ -33,7 +35,7 @@ from agent.core.model import RawPod
 from agent.core.pods import pod_ip
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import configmap_name
-from agent.errors import ApiForbidden, ApiNotFound, InputError
+from agent.errors import ApiError, ApiForbidden, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
 from agent.k8s.reflector import Settings as ReflectorSettings
@@ -48,15 +50,16 @@ from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.nodes import NodeMap, read_nodes, wanted_nodes
 from agent.runtime.restarts import record_generation
 from agent.runtime.sidecar.evaluating import Evaluator
-from agent.runtime.sidecar.following import JournalFollower, Mode, PodsFollower
+from agent.runtime.sidecar.following import JournalFollower, Mode, NodesFollower, PodsFollower
 from agent.runtime.sidecar.publication import Job, Publication
 from agent.runtime.signalling import TrainerFinder
 from agent.runtime.tasks import race, run_tasks
-from agent.runtime.views import PodView
+from agent.runtime.views import NodeView, PodView
 
 __all__ = ["Mode", "Sidecar", "SidecarSettings", "run_sidecar"]
 log = logging.getLogger("topology_agent.sidecar")
 SETTLE = 0.05  # seconds without a change before the files are rewritten (at most --debounce in all)
+NODES_FIRST = 10.0  # seconds the pods' first evaluation waits for the Nodes' first LIST (a member lost meanwhile)
 
 
 @dataclass
@@ -96,6 +99,7 @@ class Changes:
         self.may_stand_by = False  # a publication exists: this pod may become a candidate
         self.switching = asyncio.Event()  # the mode changed: the running follower ends, the next one starts
         self.candidate = asyncio.Event()  # this pod contends for the Lease from now on
+        self.moved = asyncio.Event()  # set when the mode changes (then replaced): whoever waits for a mode
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
 
     def changed(self) -> None:
@@ -125,6 +129,8 @@ class Changes:
             self.tell(Occurrence("PublicationRefused", f"{why}: following the pods from now on"))
         same_follower = mode.reads_publication and self.mode.reads_publication
         self.mode = mode
+        self.moved.set()
+        self.moved = asyncio.Event()
         if contends:
             self.candidate.set()
         if not same_follower:  # a follower named a standby keeps its watch: it only contends from now on
@@ -145,6 +151,30 @@ class Changes:
             self.metrics.events.labels(what).inc()
 
 
+class _NodesSink:
+    """The Nodes' follower reports its requests (liveness) and nothing else: readiness and the metrics are the
+    pods' or the publication's; what a Node changes reaches the pods through ``NodeView``."""
+
+    def __init__(self, changes: Changes) -> None:
+        self.changes = changes
+        self.reflector: Reflector | None = None
+
+    def changed(self) -> None:
+        self.changes.changed()
+
+    def switch(self, mode: Mode, why: str) -> None:
+        self.changes.switch(mode, why)
+
+    def attempted(self) -> None:
+        self.changes.attempted()
+
+    def following(self, reflector: Reflector) -> None:
+        self.reflector = reflector
+
+    def count(self, what: str) -> None:
+        return
+
+
 class Sidecar:
     def __init__(self, api: AsyncApi, settings: SidecarSettings, *,
                  clock: Callable[[], float] = time.monotonic, events: AsyncSink | None = None) -> None:
@@ -159,6 +189,9 @@ class Sidecar:
         self.selector = ""
         self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
         self._claims_tried: set[tuple[str, str, str]] = set()  # (pod, node, IP) the DRA claims were read for
+        self.node_view: NodeView | None = None  # the Nodes, while this pod watches them (``nodes_loop``)
+        self.nodes_refused: str | None = None  # why this pod may not watch Nodes (said once; none watched from then)
+        self._nodes_due = 0.0  # the pods' evaluation waits until then for the Nodes' first LIST
         self._trim: asyncio.TimerHandle | None = None
         self._forget = False  # a standby stood down: let go of the pods once their follower has ended
         # Notified after each evaluation (files written or not): whoever waits for a generation, a readiness or
@@ -313,6 +346,58 @@ class Sidecar:
                             journal=publication.follower if publication is not None and self.mode == Mode.PODS
                             else None, first_list=publication.take_seed() if publication is not None else None)
 
+    async def nodes_loop(self) -> None:
+        """Watch the Nodes while this pod watches the pods; a follower of the publication reads the lost members
+        in the publisher's rows. A 403 (RBAC: the optional component is not applied) says this pod may not: said
+        once, and no Node is read again."""
+        while self.nodes_refused is None:
+            if self.mode.reads_publication:
+                await self.changes.moved.wait()
+                continue
+            view = self.node_view = NodeView(self._nodes_lost)
+            self._nodes_due = self.clock() + NODES_FIRST
+            follower = NodesFollower(_NodesSink(self.changes), self.api, view, settings=self.settings.reflecting,
+                                     clock=self.clock)
+            try:
+                first = await race(follower.run(), self._reading_publication())
+                first.result()
+            except ApiError as err:  # transient errors are the reflector's: this one will not pass
+                self.nodes_refused = str(err)
+                hint = "; apply the optional RBAC component manifests/rbac/nodes (get/list/watch on nodes)" \
+                    if isinstance(err, ApiForbidden) else ""
+                log.warning("cannot watch Nodes (%s): a member on a lost Node leaves the world only once the control "
+                            "plane marks its pod%s", err, hint)
+            finally:
+                self.node_view = None
+                self.view.compactor.lost_nodes = {}  # the publication's rows carry the marks from now on
+                self.changes.changed()  # an evaluation that waited for the Nodes goes on
+        await asyncio.Event().wait()
+
+    async def _reading_publication(self) -> None:
+        while not self.mode.reads_publication:
+            await self.changes.moved.wait()
+
+    def _nodes_lost(self, lost: dict[str, str]) -> None:
+        """The lost Nodes changed (or were listed): the peers on them leave, those on Nodes back return."""
+        if self.mode.reads_publication:
+            return
+        for name in self.view.mark_nodes(lost):
+            node = self.view.pods[name].get("spec", {}).get("nodeName") or ""
+            log.info("pod %s: %s", name, lost.get(node, f"node {node} back"))
+        self.changes.changed()
+
+    def _waits_for_nodes(self) -> bool:
+        """The pods are not evaluated before the Nodes' first LIST (for at most NODES_FIRST): a new publisher
+        would publish a member on a lost Node as back, and take it out again a moment later."""
+        view = self.node_view
+        if view is None or view.listed or self.mode.reads_publication:
+            return False
+        left = self._nodes_due - self.clock()
+        if left <= 0:
+            return False
+        asyncio.get_running_loop().call_later(left, self.changes.changed)
+        return True
+
     async def elect_loop(self) -> None:
         """The leader and its standbys contend for the Lease; followers never touch it. A standby lists the pods
         once the Lease looks abandoned, or once it holds it."""
@@ -369,6 +454,8 @@ class Sidecar:
             light = self._light()
             if not self.view.listed and light is None:
                 continue  # the Lease came before the first LIST: an empty view is no topology; the LIST marks again
+            if light is None and self._waits_for_nodes():
+                continue  # the Nodes' LIST (or NODES_FIRST) marks again
             await self._written(since, light)
             async with self.evaluations:
                 self.evaluations.notify_all()
@@ -503,7 +590,7 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
             await runner.cleanup()
         raise
     tasks: dict[str, Awaitable[None]] = {"watch": sidecar.watch_loop(), "evaluate": sidecar.evaluate_loop(),
-                                         "elect": sidecar.elect_loop()}
+                                         "elect": sidecar.elect_loop(), "nodes": sidecar.nodes_loop()}
     if runner is not None:
         tasks["health"] = serve_health(runner)
     if sidecar.recorder is not None:

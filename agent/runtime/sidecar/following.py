@@ -37,7 +37,7 @@ from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.runtime.memory import freeze, release_memory
 from agent.runtime.publishing import lease_path, vouch
 from agent.runtime.tasks import race
-from agent.runtime.views import READING, PodView, PublicationView, SummaryView, full_view_line
+from agent.runtime.views import READING, NodeView, PodView, PublicationView, SummaryView, full_view_line
 
 log = logging.getLogger("topology_agent.sidecar")
 Seed = tuple[dict[str, Any], str]  # the publisher's own published pods (compact) and their pods resourceVersion
@@ -141,6 +141,26 @@ class PodsFollower:
             first.result()
         finally:
             self.view.watchers.remove(told)
+
+
+NODES = "/api/v1/nodes"
+
+
+class NodesFollower:
+    """The cluster's Nodes into a ``NodeView``, beside the pods (the pods' follower of a small job, a large job's
+    publisher, a standby taking over): one paged LIST, each page cut to what says a Node is lost as it arrives, then
+    one watch. Every Node, not the job's: a field selector takes one name, and a watch per Node would be one per
+    member. The sink hears of its requests only; what the Nodes change reaches the sidecar through the view."""
+
+    def __init__(self, sink: Sink, api: AsyncApi, view: NodeView, *, settings: ReflectorSettings,
+                 clock: Callable[[], float]) -> None:
+        self.sink, self.api, self.view, self.settings, self.clock = sink, api, view, settings, clock
+
+    async def run(self) -> None:
+        await follow(self.sink, "nodes", self.settings, self.clock,
+                     lambda: self.api.list_objects(NODES, limit=PAGE, keep=self.view.intake),
+                     lambda rv, timeout, idle: self.api.watch_objects(NODES, rv, timeout=timeout, idle=idle),
+                     self.view)
 
 
 class JournalFollower:
