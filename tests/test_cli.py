@@ -54,6 +54,29 @@ def test_explain_orders_the_shipped_volcano_example_by_rack_with_its_nodes_file(
     assert ranks == ["demo-master-0", "demo-worker-1", "demo-worker-0", "demo-worker-2"]  # rack a, then rack b
 
 
+@pytest.mark.parametrize(("ready", "taint", "why"), [
+    pytest.param("False", None, "node node-2 NotReady", id="not-ready"),
+    pytest.param("True", ("node.kubernetes.io/unreachable", "NoExecute"),
+                 "node node-2 tainted node.kubernetes.io/unreachable:NoExecute", id="tainted"),
+])
+def test_explain_and_render_leave_out_a_member_on_a_lost_node_of_the_nodes_file(capsys, tmp_path, ready, taint, why):
+    """The plan a sidecar that watches the Nodes makes: the pod on the lost Node is no member, and says why."""
+    nodes = json.loads((EXAMPLES / "volcano-nodes.json").read_text())
+    lost = next(item for item in nodes["items"] if item["metadata"]["name"] == "node-2")
+    lost["status"]["conditions"] = [{"type": "Ready", "status": ready, "reason": "KubeletNotReady"}]
+    if taint is not None:
+        lost.setdefault("spec", {})["taints"] = [{"key": taint[0], "effect": taint[1]}]
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    given = ["--pods", str(EXAMPLES / "volcano-pods.json"), "--nodes", str(tmp_path / "nodes.json"),
+             "--self", "demo-master-0"]
+    assert main(["explain", *given]) == 0
+    out = capsys.readouterr().out
+    assert f"pod 'demo-worker-1' is not a member: lost: {why}" in out and "WORLD_SIZE=3 " in out
+    assert main(["render", *given, "--out", str(tmp_path / "shared")]) == 0
+    members = json.loads((tmp_path / "shared" / "topology.json").read_text())["members"]
+    assert "demo-worker-1" not in [m["name"] for m in members] and len(members) == 5  # the extras too
+
+
 @pytest.mark.parametrize("key", list(EXPECTED))
 def test_render_writes_every_file_for_each_shipped_example(key, tmp_path):
     master, later, node_rank = EXPECTED[key]

@@ -27,7 +27,7 @@ taints gone) takes the condition off, and the pod is a member again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 DISRUPTION_TARGET = "DisruptionTarget"
@@ -190,6 +190,27 @@ def with_node_lost(conditions: Iterable[Sequence[str]], why: str | None) -> list
     if why is not None:
         kept.append([NODE_LOST, "True", why])
     return kept
+
+
+def on_lost_nodes(pods: Iterable[Any], lost: Mapping[str, str], *, own: str = "") -> list[Any]:
+    """``pods`` as the API gives them, each on a lost Node (``lost``: each with why) given the agent's condition,
+    as the sidecar that watches the Nodes holds them: what ``status``, ``render`` and ``explain`` plan from. The
+    own pod is not marked: its own sidecar never leaves it out. The pods are copied where marked, never changed."""
+    if not lost:
+        return list(pods)
+    marked = []
+    for pod in pods:
+        node = ((pod.get("spec") or {}).get("nodeName") or "") if isinstance(pod, dict) else ""
+        name = ((pod.get("metadata") or {}).get("name") or "") if isinstance(pod, dict) else ""
+        why = lost.get(node) if node and name != own else None
+        if why is not None:
+            status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+            conditions = [c for c in status.get("conditions") or () if not (isinstance(c, dict)
+                                                                          and c.get("type") == NODE_LOST)]
+            pod = {**pod, "status": {**status, "conditions": [
+                *conditions, {"type": NODE_LOST, "status": "True", "reason": why}]}}
+        marked.append(pod)
+    return marked
 
 
 def node_lost_of(conditions: Iterable[Sequence[str]] | None) -> str | None:

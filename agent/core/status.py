@@ -22,6 +22,7 @@ from agent.core.escaping import pod_name_shown, printable
 from agent.core.events import CONTROLLER, GENERATION_LABEL, GENERATION_REASONS
 from agent.core.gang import Roster, missing_line
 from agent.core.grouping import member_groups, parse_rule
+from agent.core.lost import on_lost_nodes
 from agent.core.model import Options, RawPod
 from agent.core.pods import pod_ip
 from agent.core.restarts import Restarts, restart_state
@@ -221,8 +222,10 @@ def _unplaced(pod: RawPod, options: Options) -> str | None:
 def job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, options: Options,
                roster: Roster | None, expected: int | None, seen: Mapping[str, Seen],
                nodes: NodeLabels | None = None, publication: Publication | None = None,
-               objects: Sequence[Mapping[str, Any]] = ()) -> JobStatus:
-    """The job's status from its pods (``seen``: by pod uid; ``objects``: the job's, as read)."""
+               objects: Sequence[Mapping[str, Any]] = (), lost_nodes: Mapping[str, str] | None = None) -> JobStatus:
+    """The job's status from its pods (``seen``: by pod uid; ``objects``: the job's, as read); a pod on one of
+    ``lost_nodes`` (each with why) is lost, as the sidecars that watch the Nodes see it (core/lost.py)."""
+    pods = on_lost_nodes(pods, lost_nodes or {})
     restarts = restart_state(pods, objects)
     return dataclasses.replace(_job_status(pods, job=job, kind=kind, namespace=namespace, options=options,
                                            roster=roster, expected=expected, seen=seen, nodes=nodes,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.claims import CLAIM, TEMPLATE, Claims, read_claims
+from agent.core.lost import lost_nodes, node_state, on_lost_nodes
 from agent.core.model import Options, RawPod
 from agent.errors import InputError
 from agent.flags.common import add_topology_arguments, env, knob, options_from_args, out_dir, ssh_settings
@@ -25,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
     """render's (with ``out``) or explain's arguments."""
     parser.add_argument("--pods", required=True, help="kubectl get pods -o json output, or '-' for stdin")
     parser.add_argument("--nodes", help="kubectl get nodes -o json output: the Nodes' labels give each pod's "
-                                        "domains (--topology-levels, --rank-order topology)")
+                                        "domains (--topology-levels, --rank-order topology); a pod on a lost Node "
+                                        "(NotReady, Unknown, tainted unreachable or not-ready) is left out")
     parser.add_argument("--claims", help="kubectl get resourceclaims,resourceclaimtemplates -o json output: the "
                                          "devices the pods' DRA claims give (NPROC_PER_NODE)")
     parser.add_argument("--self", help="this pod's name (default: $POD_NAME)")
@@ -69,7 +71,8 @@ def settings_from(args: argparse.Namespace) -> RenderSettings:
     options = options_from_args(args)
     if args.claims is not None:
         options = dataclasses.replace(options, claims=read_claims_file(args.claims))
-    return RenderSettings(pods=pods, me=me, nodes=read_nodes_file(args.nodes), options=options,
+    nodes, lost = read_nodes_file(args.nodes)
+    return RenderSettings(pods=on_lost_nodes(pods, lost, own=me), me=me, nodes=nodes, options=options,
                           ssh=ssh_settings(args), out=out, from_pod=from_pod)
 
 
@@ -161,10 +164,11 @@ def _list_command(pod: dict[str, Any]) -> str:
     return f"kubectl get pods{where} -l {selector} -o json"
 
 
-def read_nodes_file(source: str | None) -> dict[str, dict[str, str] | None] | None:
-    """``kubectl get nodes -o json`` output (a List, an array, or one Node) -> labels by node name."""
+def read_nodes_file(source: str | None) -> tuple[dict[str, dict[str, str] | None] | None, dict[str, str]]:
+    """``kubectl get nodes -o json`` output (a List, an array, or one Node) -> labels by node name, and the lost
+    Nodes with why (core/lost.py: their Ready condition and taints, as the sidecar that watches Nodes reads them)."""
     if source is None:
-        return None
+        return None, {}
     try:
         data = json.loads(Path(source).read_text())
     except OSError as err:
@@ -176,6 +180,7 @@ def read_nodes_file(source: str | None) -> dict[str, dict[str, str] | None] | No
     items = data.get("items") if isinstance(data, dict) and "items" in data else \
         [data] if isinstance(data, dict) else data
     nodes: dict[str, dict[str, str] | None] = {}
+    states = []
     for position, item in enumerate(items if isinstance(items, list) else [None]):
         meta = item.get("metadata") if isinstance(item, dict) else None
         name = meta.get("name") if isinstance(meta, dict) else None
@@ -185,7 +190,8 @@ def read_nodes_file(source: str | None) -> dict[str, dict[str, str] | None] | No
             raise InputError(f"--nodes {source}: item {position} is not a Node (metadata.name and a map of string "
                              "labels); produce it with kubectl get nodes -o json")
         nodes[name] = labels
-    return nodes
+        states.append(node_state(item))
+    return nodes, lost_nodes(state for state in states if state is not None)
 
 
 def read_claims_file(source: str) -> Claims:

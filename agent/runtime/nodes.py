@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from agent.core.lost import NodeState, lost_nodes, node_state
 from agent.core.model import Options, RawPod
 from agent.core.placement import Level
 from agent.errors import ApiError, ApiNotFound, ApiUnavailable
@@ -85,3 +86,32 @@ async def read_nodes(api: AsyncApi, names: list[str], options: Options, *, trans
     except ApiError as err:
         log.warning("%s", forbidden_line(err))
     return dict.fromkeys(names)
+
+
+async def read_lost_nodes(api: AsyncApi, names: list[str]) -> dict[str, str] | None:
+    """The lost Nodes among ``names`` (core/lost.py), each with why, as ``status`` shows them: one GET each for a
+    handful, else one paged LIST, each page cut to what says a Node is lost. None: the Nodes cannot be read (said
+    in one line)."""
+    if not names:
+        return {}
+    states: list[NodeState] = []
+    try:
+        if len(names) <= NODE_GETS:
+            for name in names:
+                try:
+                    state = node_state(await api.get_object(f"/api/v1/nodes/{quote(name)}"))
+                except ApiNotFound:
+                    continue
+                if state is not None:
+                    states.append(state)
+        else:
+            wanted = set(names)
+            items, _ = await api.list_objects(
+                "/api/v1/nodes", limit=PAGE,
+                keep=lambda page: [s for s in map(node_state, page) if s is not None and s.name in wanted])
+            states = items  # type: ignore[assignment]
+    except ApiError as err:
+        log.warning("cannot read Nodes (%s): a member on a lost Node is shown lost only once the control plane marks "
+                    "its pod", err)
+        return None
+    return lost_nodes(states)

@@ -49,7 +49,7 @@ from agent.k8s.core import PAGE, pods_path
 from agent.k8s.reflector import aclose
 from agent.runtime.events import events_path
 from agent.runtime.jobs import read_job
-from agent.runtime.nodes import read_nodes, wanted_nodes
+from agent.runtime.nodes import read_lost_nodes, read_nodes, wanted_nodes
 from agent.runtime.publishing import lease_path
 
 SETTLE = 1.0  # -w: seconds between two readings of the job (a burst of changes is one reprint)
@@ -195,11 +195,12 @@ async def _group(api: AsyncApi, settings: StatusSettings, owned: list[RawPod], k
     job = view.controller.identify(me, options).job
     names = wanted_nodes(owned, options, {})
     nodes = await read_nodes(api, names, options) if names else None
+    lost = await read_lost_nodes(api, sorted({(p.get("spec") or {}).get("nodeName") or "" for p in owned} - {""}))
     events, versions["events"] = await _events(api, settings.namespace, job)
     members = {str(p["metadata"].get("uid")): p["metadata"]["name"] for p in owned if p["metadata"].get("uid")}
     return job_status(owned, job=job, kind=kind, namespace=settings.namespace, options=options,
                       roster=roster_of(view, check_index=False), expected=_expected(view),
-                      seen=generations(events, members, settings.namespace), nodes=nodes,
+                      seen=generations(events, members, settings.namespace), nodes=nodes, lost_nodes=lost,
                       publication=await _publication(api, settings.namespace, job), objects=view.objects)
 
 

@@ -63,6 +63,24 @@ async def test_a_running_job_is_found_by_its_name_and_each_pod_shows_its_rank_an
     assert doc["leftOut"][0]["name"] == "rogue-1" and doc["publication"] is None
 
 
+async def test_a_member_on_a_lost_node_is_shown_left_out_with_its_node_and_why(memory, api, logs, tmp_path):
+    """status reads the pods' Nodes (a GET each for a handful) as the sidecars that watch them see them."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    for k, pod in enumerate(pods):
+        memory.create_node(examples.node(f"node-{k}", {}))
+        memory.update_pod("default", pod["metadata"]["name"],
+                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    await started(api, logs, tmp_path, [p["metadata"]["name"] for p in pods])
+    memory.update("/v1/nodes", "", "node-2", lambda node: node["status"].__setitem__(
+        "conditions", [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]))
+    text = await status(api)
+    assert text.splitlines()[0].endswith("2 of 3 training pods placed, world size 2")
+    assert "demo-worker-1   lost: node node-2 Unknown (its kubelet stopped reporting)" in text
+    doc = json.loads(await status(api, output="json"))
+    assert doc["leftOut"] == [{"name": "demo-worker-1",
+                               "reason": "lost: node node-2 Unknown (its kubelet stopped reporting)"}]
+
+
 async def test_a_job_that_is_not_there_or_is_two_jobs_is_one_line_naming_what_to_do(memory, api):
     with pytest.raises(InputError, match=r"no job 'demo' in namespace 'default' \(looked for Volcano Job, "):
         await status(api)
