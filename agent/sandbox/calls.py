@@ -18,7 +18,8 @@ from urllib.parse import unquote
 # each API prefix. The HTTPS server registers them in this order; ``route`` matches them in the same order.
 PREFIXES = ("/api/{version}", "/apis/{group}/{version}")
 COLLECTIONS = ("/{plural}", "/namespaces/{namespace}/{plural}")
-ITEMS = ("/{plural}/{name}", "/namespaces/{namespace}/{plural}/{name}", "/namespaces/{namespace}/{plural}/{name}/{sub}")
+ITEMS = ("/{plural}/{name}", "/namespaces/{namespace}/{plural}/{name}", "/namespaces/{namespace}/{plural}/{name}/{sub}",
+         "/{plural}/{name}/{sub}")  # last: a namespace's collection is matched before as one
 
 
 def patterns() -> list[str]:

@@ -86,7 +86,7 @@ RESOURCES = {**BUILT_IN, **{(r.group, r.version, r.plural): Kind(r.kind, r.names
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")  # every cluster has them
 SUBRESOURCES = {("", "v1", "pods"): ("status",), ("batch", "v1", "jobs"): ("status",),
-                ("resource.k8s.io", "v1", "resourceclaims"): ("status",)}
+                ("resource.k8s.io", "v1", "resourceclaims"): ("status",), ("", "v1", "nodes"): ("status",)}
 VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-sandbox", "platform": "linux/amd64",
            "goVersion": "go1.23", "compiler": "gc", "buildDate": "2026-01-01T00:00:00Z", "gitCommit": "sandbox",
            "gitTreeState": "clean"}
