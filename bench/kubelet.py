@@ -151,3 +151,48 @@ def kubelet_initialized(pod: Pod) -> None:
 def kubelet_ready(pod: Pod) -> None:
     """The readiness probes passed: ContainersReady and Ready."""
     _status(pod, pod["status"]["podIP"], phase="Running", initialized=True, ready=True)
+
+
+NODE_IMAGES = 50  # the kubelet reports at most this many images (--node-status-max-images, default 50)
+
+
+def real_node(name: str) -> dict[str, Any]:
+    """A Node as the kubelet and the node controller keep it: labels, addresses, capacity, its conditions with
+    heartbeats, its images (the bulk of it) and managedFields; about 12 KB of JSON."""
+    resources = {"cpu": "96", "ephemeral-storage": "1919813472Ki", "hugepages-1Gi": "0", "hugepages-2Mi": "0",
+                 "memory": "1056306116Ki", "nvidia.com/gpu": "8", "pods": "110"}
+    conditions = [{"type": kind, "status": "False", "reason": reason, "message": message,
+                   "lastHeartbeatTime": T0, "lastTransitionTime": T0} for kind, reason, message in (
+        ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+        ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"))]
+    conditions.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
+                       "message": "kubelet is posting ready status", "lastHeartbeatTime": T0,
+                       "lastTransitionTime": T0})
+    images = [{"names": [f"registry.example.com/team/image-{k}@sha256:{k:064x}",
+                         f"registry.example.com/team/image-{k}:v1.{k}.0"], "sizeBytes": 1_000_000 * (k + 1)}
+              for k in range(NODE_IMAGES)]
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": f"00000000-0000-4000-8000-{abs(hash(name)) % 10**12:012d}",
+                     "creationTimestamp": T0, "annotations": {
+                         "node.alpha.kubernetes.io/ttl": "0", "volumes.kubernetes.io/controller-managed-attach-detach":
+                         "true"},
+                     "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                "kubernetes.io/arch": "amd64", "node.kubernetes.io/instance-type": "a3-highgpu-8g",
+                                "topology.kubernetes.io/region": "region-1", "topology.kubernetes.io/zone": "zone-a",
+                                "nvidia.com/gpu.present": "true"},
+                     "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1", "time": T0,
+                                        "fieldsType": "FieldsV1", "subresource": "status",
+                                        "fieldsV1": {"f:status": {"f:conditions": {}, "f:images": {}}}}]},
+        "spec": {"podCIDR": "10.0.0.0/24", "podCIDRs": ["10.0.0.0/24"], "providerID": f"gce://project/zone-a/{name}"},
+        "status": {"capacity": resources, "allocatable": resources, "conditions": conditions,
+                   "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                 {"type": "Hostname", "address": name}],
+                   "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                   "nodeInfo": {"machineID": "0" * 32, "systemUUID": "0" * 32, "bootID": "0" * 32,
+                                "kernelVersion": "6.1.0", "osImage": "Container-Optimized OS",
+                                "containerRuntimeVersion": "containerd://1.7.24", "kubeletVersion": "v1.32.0",
+                                "kubeProxyVersion": "v1.32.0",
+                                "operatingSystem": "linux", "architecture": "amd64"},
+                   "images": images}}
