@@ -27,7 +27,7 @@ from agent.core.journal import (
     state_from,
     summary_name,
 )
-from agent.core.lost import NodeState, lost_nodes, node_lost_of, node_state, with_node_lost
+from agent.core.lost import node_lost_of, node_state, why_node_lost, with_node_lost
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
 from agent.core.published import Compactor
@@ -395,25 +395,24 @@ def full_view_line(view: str, why: str, then: str) -> tuple[int, str]:
 
 
 class NodeView:
-    """The cluster's Nodes as the sidecar that watches the pods needs them: each kept as ``NodeState`` (its name,
-    its Ready status and the taints that say it is lost; the rest of a Node, tens of KB of images and addresses,
-    is dropped as each LIST page arrives), and the lost ones with why (core/lost.py). ``lost_changed`` is told the
-    lost Nodes whenever that set changes: a Node's status written every few minutes changes nothing."""
+    """Which of the cluster's Nodes are lost, with why (core/lost.py), as the sidecar that watches the pods needs
+    it: nothing else of a Node is held (one is ~12 KB as the kubelet keeps it, most of it its images), and a LIST
+    page keeps only its lost Nodes as it arrives. ``lost_changed`` is told the lost Nodes whenever that set
+    changes (and at the first LIST): a Node's status written every few minutes changes nothing."""
 
     def __init__(self, lost_changed: Callable[[dict[str, str]], None]) -> None:
-        self.nodes: dict[str, NodeState] = {}
         self.lost: dict[str, str] = {}
         self.listed = False
         self.lost_changed = lost_changed
 
     @staticmethod
     def intake(page: list[Any]) -> list[Any]:
-        return [state for state in map(node_state, page) if state is not None]
+        return [(state.name, why) for state in map(node_state, page)
+                if state is not None and (why := why_node_lost(state)) is not None]
 
     def replace(self, items: list[Any]) -> None:
-        self.nodes = {state.name: state for state in items if isinstance(state, NodeState)}
         first, self.listed = not self.listed, True
-        self._tell(lost_nodes(self.nodes.values()), always=first)  # the first LIST: the pods held are marked
+        self._tell(dict(items), always=first)  # the first LIST: the pods held are marked, the evaluation goes on
 
     def apply(self, event: WatchEvent) -> None:
         if event.type == "BOOKMARK":
@@ -421,15 +420,10 @@ class NodeView:
         state = node_state(event.object)
         if state is None:
             return
-        lost = self.lost
-        if event.type == "DELETED":  # its pods go with it (the pod garbage collector's DisruptionTarget)
-            self.nodes.pop(state.name, None)
-            why = None
-        else:
-            self.nodes[state.name] = state
-            why = lost_nodes((state,)).get(state.name)
-        if lost.get(state.name) != why:
-            lost = {name: reason for name, reason in lost.items() if name != state.name}
+        # A Node deleted takes its pods with it (the pod garbage collector's DisruptionTarget): not lost here.
+        why = None if event.type == "DELETED" else why_node_lost(state)
+        if self.lost.get(state.name) != why:
+            lost = {name: reason for name, reason in self.lost.items() if name != state.name}
             if why is not None:
                 lost[state.name] = why
             self._tell(lost)

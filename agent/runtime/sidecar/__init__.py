@@ -35,7 +35,7 @@ from agent.core.model import RawPod
 from agent.core.pods import pod_ip
 from agent.core.provenance import Writer, WriterCheck
 from agent.core.published import configmap_name
-from agent.errors import ApiError, ApiForbidden, ApiNotFound, InputError
+from agent.errors import AgentError, ApiForbidden, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
 from agent.k8s.reflector import Settings as ReflectorSettings
@@ -151,6 +151,16 @@ class Changes:
             self.metrics.events.labels(what).inc()
 
 
+class _Listed(asyncio.Event):
+    """A watcher of the pods' view (views.Watcher): set at each LIST of the pods."""
+
+    def reset(self, pods: object) -> None:
+        self.set()
+
+    def changed(self, name: str, pod: object) -> None:
+        return
+
+
 class _NodesSink:
     """The Nodes' follower reports its requests (liveness) and nothing else: readiness and the metrics are the
     pods' or the publication's; what a Node changes reaches the pods through ``NodeView``."""
@@ -191,7 +201,9 @@ class Sidecar:
         self._claims_tried: set[tuple[str, str, str]] = set()  # (pod, node, IP) the DRA claims were read for
         self.node_view: NodeView | None = None  # the Nodes, while this pod watches them (``nodes_loop``)
         self.nodes_refused: str | None = None  # why this pod may not watch Nodes (said once; none watched from then)
-        self._nodes_due = 0.0  # the pods' evaluation waits until then for the Nodes' first LIST
+        self._nodes_due: float | None = None  # the pods' evaluation waits until then for the Nodes' first LIST
+        self._pods_listed = _Listed()  # set at each LIST of the pods: the Nodes are listed after it
+        self.view.watchers.append(self._pods_listed)
         self._trim: asyncio.TimerHandle | None = None
         self._forget = False  # a standby stood down: let go of the pods once their follower has ended
         # Notified after each evaluation (files written or not): whoever waits for a generation, a readiness or
@@ -352,16 +364,22 @@ class Sidecar:
         once, and no Node is read again."""
         while self.nodes_refused is None:
             if self.mode.reads_publication:
+                self.node_view = None
                 await self.changes.moved.wait()
                 continue
-            view = self.node_view = NodeView(self._nodes_lost)
-            self._nodes_due = self.clock() + NODES_FIRST
+            if self.node_view is None:  # from now on the pods' evaluation waits for the Nodes' first LIST
+                self.node_view, self._nodes_due = NodeView(self._nodes_lost), None
+            if not self.view.listed:  # the pods' LIST first: two LISTs' pages held at once raised the peak
+                self._pods_listed.clear()
+                await race(self._pods_listed.wait(), self.changes.moved.wait())
+                continue
+            view = self.node_view
             follower = NodesFollower(_NodesSink(self.changes), self.api, view, settings=self.settings.reflecting,
                                      clock=self.clock)
             try:
                 first = await race(follower.run(), self._reading_publication())
                 first.result()
-            except ApiError as err:  # transient errors are the reflector's: this one will not pass
+            except AgentError as err:  # transient errors are the reflector's: this one will not pass
                 self.nodes_refused = str(err)
                 hint = "; apply the optional RBAC component manifests/rbac/nodes (get/list/watch on nodes)" \
                     if isinstance(err, ApiForbidden) else ""
@@ -392,6 +410,8 @@ class Sidecar:
         view = self.node_view
         if view is None or view.listed or self.mode.reads_publication:
             return False
+        if self._nodes_due is None:  # counted from the first evaluation the pods' LIST allows
+            self._nodes_due = self.clock() + NODES_FIRST
         left = self._nodes_due - self.clock()
         if left <= 0:
             return False

@@ -61,6 +61,8 @@ NOT_EVALUATED = "the first evaluation has not run yet"
 
 
 def _left_out(plan: Plan) -> dict[str, str]:
+    """The pods ``plan`` leaves out, with why: the whole job's plan where this pod holds every pod (the publisher,
+    a small job's pod in its own view, whose files are rendered from a plan of rank 0 and itself)."""
     return {gone.name: gone.reason for gone in plan.topology.excluded}
 
 
@@ -169,7 +171,7 @@ class Evaluator:
             return None
         if key == self.last_key:
             self.problem = None
-            self.left_out = _left_out(rendered.plan)
+            self.left_out = _left_out(self.plan or rendered.plan)
             if self.document is None and self.keep_document:  # the first plan since the start: served from now on
                 self.document = self._document_at(rendered, self.generation)
             return None
@@ -253,8 +255,8 @@ class Evaluator:
         log.info("generation %d written: %d training pods, %d processes (%s files_at=%.6f)", self.generation,
                  topo.nnodes, topo.processes, note, written)
         shape = (topo.nnodes, topo.processes)
-        left_out = _left_out(rendered.plan)
-        left, back = _changes(self.left_out, left_out, rendered.plan)
+        left_out = _left_out(self.plan or rendered.plan)
+        left, back = _changes(self.left_out, left_out, self.plan or rendered.plan)
         self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.shape, shape, left=left,
                                                               back=back), generation=self.generation))
         for name, why in left:
