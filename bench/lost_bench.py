@@ -19,6 +19,7 @@ Stats by agent, headers included), the publisher's start-up with its Node LIST, 
 
     python bench/lost_bench.py --pods 4096 --changes 20
     python bench/lost_bench.py --pods 16384 --changes 20
+    python bench/lost_bench.py --pods 4096 --changes 20 --forbid-nodes   # the same job, no Node read
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
         job = pb.Job(args.pods, list(args.agent_arg), ["--view", "full"])
         pb.build_job(sandbox, job)
         nodes_bytes = build_nodes(sandbox, args.pods)
+        if args.forbid_nodes:  # as without the RBAC component: the sidecars say so once and read no Node
+            sandbox.faults(status=403, count=-1, path="/nodes")
         gc.collect()
         gc.freeze()
         gc.disable()
@@ -144,7 +147,8 @@ def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
             running = {role: start_sidecar(sandbox, tmp, job, pod, args.lease_seconds) for role, pod in roles.items()}
             pb.wait_until(lambda: "started publishing" in running["publisher"][1].read_text(), 300,
                           "the publisher to publish")
-            pb.wait_until(lambda: all(pb.traffic(sandbox, agents[r])["watches"] >= (2 if r == "publisher" else 1)
+            watches = 1 if args.forbid_nodes else 2
+            pb.wait_until(lambda: all(pb.traffic(sandbox, agents[r])["watches"] >= (watches if r == "publisher" else 1)
                                       for r in roles), 300, "every sidecar to watch (the publisher: pods and Nodes)")
             pb.kubelet_churn(sandbox, job, args.kubelet_spread)
             pb.settle(sandbox, [proc.pid for proc, _, _ in running.values()])
@@ -154,7 +158,7 @@ def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
             node = f"node-{job.names.index(lost)}"
             changes = []
             for i in range(args.changes):
-                kind = ("node", "pod")[(i // 2) % 2]
+                kind = "pod" if args.forbid_nodes else ("node", "pod")[(i // 2) % 2]
                 before = {role: len(signalled(log)) for role, (_, log, _) in running.items()}
                 at = time.monotonic()
                 if kind == "node":
@@ -211,6 +215,8 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     for kind in ("node", "pod"):
         worst = [max(s for _, s in c["seen"].values()) for r in runs for c in r["changes"]
                  if c["kind"] == kind and c["seen"]]
+        if not worst:
+            continue
         print(f"\n- {kind} changes, the last survivor signalled: p50 {statistics.median(worst):.0f} ms, "
               f"p99 {pb.percentile(worst, 0.99):.0f} ms, max {max(worst):.0f} ms ({len(worst)} changes)")
 
@@ -228,6 +234,8 @@ def main() -> None:
     parser.add_argument("--agent-arg", action="append", default=[], help="one more argument for every process")
     parser.add_argument("--history", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--forbid-nodes", action="store_true", help="every request for Nodes gets 403, as without "
+                        "manifests/rbac/nodes: only the pod changes are written (--changes counts them)")
     args = parser.parse_args()
     installed.compile_agent()
     runs = []
