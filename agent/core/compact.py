@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from agent.core.lost import conditions_of
+from agent.core.lost import conditions_of, node_lost_of, with_node_lost
 
 _KEYS = ("metadata", "spec", "status")
 _NONE: dict[str, Any] = {}
@@ -221,3 +221,16 @@ def quick_check(pod: object, seen: set[int] | None, *, label: Callable[[str], bo
 
 def _strings(value: object) -> bool:
     return type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items())
+
+
+def marked_lost(pod: Mapping[str, Any], lost: Mapping[str, str]) -> Mapping[str, Any] | None:
+    """A held peer with the agent's Node condition as ``lost`` (each lost Node with why) says now, or None when it
+    has it already. A pod as the API gives it is never held as a peer (the view compacts each, with the Nodes
+    lost then: ``Compactor.lost_nodes``), so it is left as it is (None)."""
+    if type(pod) is not CompactPod:
+        return None
+    why = lost.get(pod.node) if pod.node else None
+    if node_lost_of(pod.conditions) == why:
+        return None
+    return pod.with_conditions(with_node_lost(pod.conditions or (), why))
+

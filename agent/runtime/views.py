@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from agent.core.compact import same_but_version
+from agent.core.compact import marked_lost, same_but_version
 from agent.core.gang import Roster
 from agent.core.journal import (
     JOURNAL_KEY,
@@ -27,7 +27,7 @@ from agent.core.journal import (
     state_from,
     summary_name,
 )
-from agent.core.lost import node_lost_of, node_state, why_node_lost, with_node_lost
+from agent.core.lost import node_state, why_node_lost
 from agent.core.model import Options, RawPod
 from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
 from agent.core.published import Compactor
@@ -208,11 +208,9 @@ class PodView:
         self.compactor.lost_nodes = dict(lost)
         changed = []
         for name, pod in list(self.pods.items()):
-            if type(pod) is not CompactPod or name == self.own:
-                continue
-            why = lost.get(pod.node) if pod.node else None
-            if node_lost_of(pod.conditions) != why:
-                self.put(name, pod.with_conditions(with_node_lost(pod.conditions or (), why)))  # type: ignore[arg-type]
+            marked = marked_lost(pod, lost) if name != self.own else None
+            if marked is not None:
+                self.put(name, marked)  # type: ignore[arg-type]
                 changed.append(name)
         return changed
 
