@@ -18,7 +18,8 @@ def format_explanation(rendered: Rendered) -> str:
     me = topo.me
     lines = [
         f"pod '{me.name}' of {plan.controller.title} '{topo.job}' in namespace '{topo.namespace}': role "
-        f"'{me.role}' ({'training' if me.training else 'not training'}), address {me.address}",
+        f"'{me.role}' ({'hot spare' if topo.is_spare else 'training' if me.training else 'not training'}), "
+        f"address {me.address}",
         "",
         "variables (torch.env):",
     ]

@@ -44,8 +44,8 @@ HEALTH_PORT = 8090
 # The flags a setting may pass, by the commands that take them (agent/cli.py's parsers check the values).
 COMMON_FLAGS = ("roles", "master-port", "nproc-per-node", "container", "address", "cluster-domain", "elastic",
                 "rdzv-port", "controller", "selector", "index-label", "rank-order", "topology-levels", "ssh-port",
-                "view", "frameworks", "replica-groups", "jax-port", "tf-port", "xgboost-port", "paddle-port",
-                "mlx-port", "ray-port")
+                "view", "frameworks", "replica-groups", "world-size", "jax-port", "tf-port", "xgboost-port",
+                "paddle-port", "mlx-port", "ray-port")
 INIT_FLAGS = ("timeout", "expect", "wait-dns", "source", "lease-seconds")
 SIDECAR_FLAGS = ("debounce", "signal", "trainer-match", "lease-seconds", "probe-every", "stuck-after")
 # Settings that shape the pod rather than pass a flag.

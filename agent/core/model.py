@@ -195,6 +195,8 @@ class Options:
     claims: Claims | None = None
     # --replica-groups: where each training pod's replica group is read (core/grouping.py); None: one world
     replica_groups: str | None = None
+    # --world-size: the training pods a static world keeps; those past it are hot spares (core/spares.py)
+    world_size: int | None = None
 
     def label(self, name: str) -> str:
         return dict(self.labels).get(name, f"--{name.replace('_', '-')}")
@@ -254,6 +256,15 @@ NAME, ROLE, ADDRESS, TRAINING, SLOTS, RUNNING = map(member_fields, ("name", "rol
                                                                     "running"))
 _INDEX, _LAST, _PREFIX = member_fields("index"), operator.itemgetter(-1), operator.itemgetter(slice(0, -1))
 _BY_ORDINAL = member_fields("ordinal", "index")  # a role's index order
+
+
+class Takeover(NamedTuple):
+    """A spare that holds a seat it was not born to (core/spares.py): its pod, the seat's NODE_RANK, and the pod
+    born to that seat (None: no pod of that index is left to name)."""
+
+    name: str
+    node_rank: int
+    replaced: str | None
 
 
 @dataclass(frozen=True)
@@ -390,6 +401,11 @@ class Topology:
     rank_order: str = "index"  # what was applied: "topology" only when every training pod's domains are known
     order_note: str | None = None  # why the asked topology order was not applied
     whole: Whole | None = None  # set when ``members`` is only part of the job (--view own)
+    # --world-size (core/spares.py): the training pods held back as hot spares, in the order they are promoted,
+    # and each member that holds a seat it was not born to: (its name, the seat's node rank, the pod it replaced)
+    world_size: int | None = None
+    spares: tuple[Member, ...] = ()
+    takeovers: tuple[Takeover, ...] = ()
 
     @functools.cached_property
     def training(self) -> tuple[Member, ...]:
@@ -398,10 +414,23 @@ class Topology:
 
     @functools.cached_property
     def me(self) -> Member:
+        """This pod's member: a member of the world, else one of its hot spares (``is_spare``)."""
         try:
             return self.members[list(map(NAME, self.members)).index(self.self_name)]
         except ValueError:
-            raise LookupError(self.self_name) from None  # build_plan guarantees self is a member
+            spare = next((m for m in self.spares if m.name == self.self_name), None)
+            if spare is None:
+                raise LookupError(self.self_name) from None  # build_plan guarantees self is a member or a spare
+            return spare
+
+    @property
+    def is_spare(self) -> bool:
+        """This pod is a hot spare: it waits, with no training variables, until a member leaves."""
+        return any(m.name == self.self_name for m in self.spares)
+
+    def takeover_of(self, name: str) -> Takeover | None:
+        """The seat member ``name`` took over from another pod, if it did."""
+        return next((t for t in self.takeovers if t.name == name), None)
 
     @functools.cached_property
     def nnodes(self) -> int:

@@ -150,11 +150,21 @@ def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: 
         **({"view": "own"} if topo.whole is not None else {}),
         **({"hosts": hosts_digest(topo)} if topo.whole is not None and topo.whole.hosts else {}),
         "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
+        **(spares_document(topo) if topo.world_size is not None else {}),
         "env": {v.name: v.value for v in variables if v.written and not v.unset},
         **({"frameworks": {r.key: r.document() for r in frameworks}} if frameworks else {}),
         # --replica-groups: the members above are this pod's group's world; every group of the job is listed here
         **({"replicaGroups": plan.groups.document()} if plan.groups is not None else {}),
     }
+
+
+def spares_document(topology: Topology) -> dict[str, Any]:
+    """``--world-size``: the world's size asked for, whether this pod is a spare, the spares (in the order they
+    would be promoted) and the promoted spares with the node rank each holds and the pod it replaced."""
+    return {"worldSize": topology.world_size, "spare": topology.is_spare,
+            "spares": [{"name": m.name, "address": m.address, "node": m.node} for m in topology.spares],
+            "takeovers": [{"name": t.name, "nodeRank": t.node_rank, "replaced": t.replaced}
+                          for t in topology.takeovers]}
 
 
 Entry = tuple[Member, bytes, tuple[object, ...]]  # a member, its text and its membership key

@@ -36,6 +36,7 @@ from agent.core.injected import controller_entries
 from agent.core.model import ROLE, Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.placement import node_domains
 from agent.core.pods import find_pod, host_name, pod_name
+from agent.core.spares import Seating, seat
 from agent.errors import InputError
 
 
@@ -721,6 +722,11 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
                           if o.get("controller")), None)
     excluded = [*layout.dropped.values(), *(Excluded(name=n, reason=LEFT_OUT) for n in layout.left_out)]
     rule = layout.rule
+    seating = seat_spares(layout, options, members) if options.world_size is not None else None
+    if seating is not None:
+        members = (*seating.members, *members[layout.census.training:])
+        rank0 = layout.pods.get(seating.members[0].name) if seating.members else None
+        master_port, port_source = _master_port(rank0, controller, options)
     first_by_index = None
     if rule.by_address and layout.census.training:
         by_index = replace(rule, by_address=False).key
@@ -738,11 +744,50 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
         levels=options.levels or (),
         rank_order="c10d" if rule.by_address else "index" if layout.order_note is not None else options.rank_order,
         order_note=layout.order_note,
+        world_size=options.world_size,
+        spares=seating.spares if seating is not None else (),
+        takeovers=seating.takeovers if seating is not None else (),
     )
-    _remember_views(layout, topology)
+    if seating is None:  # seated members are not the rows' order: their views are computed from them
+        _remember_views(layout, topology)
     return Plan(topology=topology, controller=controller, self_pod=me, master_port=master_port,
                 master_port_source=port_source, slots_source=dict(layout.slots_source), rank0_pod=rank0,
                 pods=layout.pods, first_by_index=first_by_index)
+
+
+def seat_spares(layout: _Layout, options: Options, members: Sequence[Member]) -> Seating:
+    """``--world-size``: the training members laid on the world's seats, the rest hot spares (spares.py has the
+    rule). The seats follow the index order, with the indices missing among the live training pods put back as
+    empty places (each role's last index from ``Controller.index_base`` to its highest present), named after
+    the pod of that index where one is still listed (marked lost, terminating, failed)."""
+    rule, count, controller = layout.rule, layout.census.training, layout.found.controller
+    if rule.by_address or layout.rows.at is not None:
+        raise InputError(f"{options.label('world_size')} keeps a static world in index order; it cannot be "
+                         "combined with torchrun's c10d rendezvous (--elastic, PET_NNODES=MIN:MAX) or "
+                         "--rank-order topology; drop one of them")
+    live, keys = layout.rows.live[:count], layout.rows.keys[:count]
+    present: dict[tuple[str, tuple[int, ...]], set[int]] = {}
+    for _, ident, _ in live:
+        present.setdefault((ident.role, ident.index[:-1]), set()).add(ident.index[-1])
+    holes: dict[Any, str | None] = {}
+    for (role, prefix), lasts in present.items():
+        for last in range(controller.index_base(role), max(lasts)):
+            if last not in lasts:
+                holes[rule.key_of(role, (*prefix, last))] = None
+    for name in sorted(layout.dropped):  # the pods still listed that were born to an empty seat
+        pod = layout.pods.get(name)
+        if pod is None:
+            continue
+        try:
+            ident = controller.identify(pod, options)
+        except InputError:
+            continue
+        if ident.role in rule.position:
+            key = rule.key_of(ident.role, ident.index)
+            if key in holes and holes[key] is None:
+                holes[key] = name
+    created = [str((pod.get("metadata") or {}).get("creationTimestamp") or "") for pod, _, _ in live]
+    return seat(members[:count], keys, created, holes, options.world_size or 0)
 
 
 def _remember_views(layout: _Layout, topology: Topology) -> None:
@@ -893,7 +938,7 @@ class Planner:
         if step == "same" and last is not None:
             return last
         plan = _plan_of(layout, self.options)
-        if step != "in place" or last is None:
+        if step != "in place" or last is None or self.options.world_size is not None:
             return plan
         # The members kept their roles, indices and process counts (in place: same key, identity and slots), so
         # the runs are the last plan's, and so are the addresses' templates while no member's address changed

@@ -333,6 +333,7 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
     variables += _host_variables(plan)
     if plan.groups is not None:
         variables += [Variable(name, value, why) for name, value, why in group_variables(plan, options)]
+    variables += spare_variables(plan.topology)
     variables.append(Variable("TOPOLOGY_GENERATION", str(generation), "generation of these files"))
     result = respect_user(variables, env, injected, plan.controller.title)
     if me.training and plan.topology.rank_order == "c10d" and "PET_NODE_RANK" in injected \
@@ -351,6 +352,23 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
     for role in plan.topology.roles:  # the first role of a spelling names the variable (_host_variables)
         hosts_of.setdefault(f"VC_{env_key(role)}_HOSTS", role)
     return _fit_environment(result, files_dir, hosts_of)
+
+
+def spare_variables(topology: Topology) -> list[Variable]:
+    """``--world-size``: whether this pod is a hot spare (core/spares.py). A spare gets no training variables, so
+    a launcher or torchrun started on it has no world to join (``python -m agent.trainer run`` waits)."""
+    if topology.world_size is None:
+        return []
+    if topology.is_spare:
+        return [Variable("TOPOLOGY_SPARE", "1", f"a hot spare: the world keeps {topology.world_size} training pods "
+                         "(--world-size) and this one waits, without training variables, to take the place of "
+                         "the first member that leaves")]
+    taken = topology.takeover_of(topology.self_name)
+    why = f"a member of the world of {topology.world_size} training pods (--world-size)"
+    if taken is not None:
+        why += f", promoted from the spares to node rank {taken.node_rank}" + \
+            (f" in place of pod '{taken.replaced}'" if taken.replaced else "")
+    return [Variable("TOPOLOGY_SPARE", "0", why)]
 
 
 def repeated_hosts_warning(topology: Topology) -> str | None:
@@ -417,7 +435,10 @@ def explain_exclusions(plan: Plan) -> list[str]:
     """Lines for ``explain`` about what is not written and why."""
     topo = plan.topology
     lines = []
-    if not topo.me.training:
+    if topo.is_spare:
+        lines.append(f"pod is a hot spare (--world-size {topo.world_size}): no training variables (MASTER_*, "
+                     "WORLD_SIZE, RANK, NODE_RANK, PET_*) until it takes the place of a member that leaves")
+    elif not topo.me.training:
         roles = ", ".join(topo.training_roles) or "none"
         lines.append(
             f"pod is role '{topo.me.role}', not a training role ({roles}): no training variables "
@@ -428,4 +449,19 @@ def explain_exclusions(plan: Plan) -> list[str]:
     if topo.levels and topo.me.domains is None:
         lines.append(f"node '{topo.me.node or '(none)'}' labels unknown: no TOPOLOGY_<LEVEL> variables")
     lines += [f"pod '{e.name}' is not a member: {e.reason}" for e in topo.excluded]
+    lines += spare_lines(topo)
+    return lines
+
+
+def spare_lines(topology: Topology) -> list[str]:
+    """Who is a hot spare, and whose place each promoted spare took (``explain``, ``status``)."""
+    if topology.world_size is None:
+        return []
+    lines = [f"pod '{m.name}' is a hot spare (--world-size {topology.world_size}): it waits to take the place "
+             "of a member that leaves" for m in topology.spares]
+    lines += [f"pod '{t.name}' holds node rank {t.node_rank} as a promoted spare"
+              + (f", in place of pod '{t.replaced}'" if t.replaced else "") for t in topology.takeovers]
+    if topology.nnodes < topology.world_size:
+        lines.append(f"the world has {topology.nnodes} of the {topology.world_size} training pods --world-size asks "
+                     "for and no spare is left: it runs with the members there are")
     return lines

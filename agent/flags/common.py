@@ -188,6 +188,8 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--index-label", help="generic: the label that holds each pod's index")
     group.add_argument("--rank-order", help="index (default: the controller's order) or topology (pods of each "
                                             "network domain contiguous, rank 0 kept; reads Node labels)")
+    group.add_argument("--world-size", help="training pods in the world of a static job: the training pods past it "
+                       "in rank order are hot spares, each taking a member's place when it leaves (docs/topology.md)")
     group.add_argument("--view", help="what a pod of a large job reads: auto (default: every member for a pod whose "
                        "files name every member, a launcher's hostfile, TF_CONFIG; the published summary for the "
                        "others), full (every member, every pod) or own (the summary: rank 0, the job's size and its "
@@ -222,6 +224,12 @@ def options_from_args(args: argparse.Namespace) -> Options:
     levels = parse_levels(levels_k.value, option=levels_k.label) if levels_k.value is not None else None
     if levels is None and (rank_order == "topology" or getattr(args, "nodes", None)):
         levels = DEFAULT_LEVELS
+    world_k = knob(args, "world-size")
+    world_size = whole_knob(world_k, high=1_000_000)
+    if world_size is not None and (elastic is not None or rank_order == "topology"):
+        other = elastic_k.label if elastic is not None else order_k.label
+        raise InputError(f"{world_k.label} keeps a static world whose seats follow the index order; {other} "
+                         "contradicts it; drop one of them")
     view_k = knob(args, "view")
     view = choice_knob(Knob(view_k.value or "auto", view_k.label), ("auto", "full", "own"))
 
@@ -237,7 +245,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
             raise InputError(f"{groups_k.label} reads every member's labels, so it cannot go with {view_k.label} own; "
                              "use --view auto or full")
     given = (roles_k, nproc_k, elastic_k, controller_k, selector_k, index_k, address_k, domain_k, view_k,
-             frameworks_k, groups_k, *port_ks.values())
+             frameworks_k, groups_k, world_k, *port_ks.values())
     return Options(
         labels=tuple((k.label.removeprefix("TOPOLOGY_").lower(), k.label) for k in given
                      if k.label.startswith("TOPOLOGY_")),
@@ -255,6 +263,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         view=view,  # type: ignore[arg-type]
         frameworks=frameworks,
         replica_groups=groups_k.value.strip() if groups_k.value is not None else None,
+        world_size=world_size,
     )
 
 

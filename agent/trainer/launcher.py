@@ -13,6 +13,8 @@ read every ``--poll`` seconds in case no signal comes (no trainer named, a signa
 again only when what it is given changed: its environment, or the bytes of an agent file a variable names (the
 MPI hostfile, MLX's JSON hostfile). Then the process group gets SIGTERM, SIGKILL after ``--grace`` seconds, and
 the command starts again from the new files; checkpoints are the command's business. The pod is not recreated.
+A hot spare's files (``TOPOLOGY_SPARE=1``: no world of its own) start no command: the launcher waits until a
+generation makes the pod a member, and a member made a spare again has its command stopped until then.
 
 The files are read when the command starts: a restart reads them after the old command has ended, so a generation
 that came during the grace period is the one the new command gets. Every file is read with a size limit
@@ -65,6 +67,10 @@ log = logging.getLogger("topology_agent.launcher")
 FILE_LIMIT = 64 << 20
 GENERATION_LIMIT = 64  # a number and a line break
 CHUNK = 1 << 20  # a file named by a variable is hashed this much at a time
+
+
+# torch.env of a hot spare (--world-size): no world to join until the spare takes a member's place
+SPARE = "this pod is a hot spare (TOPOLOGY_SPARE=1): it starts the command once it takes a member's place"
 
 
 class LaunchError(Exception):
@@ -297,12 +303,13 @@ class Launcher:
             if self.forwarded is not None:
                 return None
             files = read_files(self.out, self.base, self.frameworks)
-            if not files.withheld:
+            spare = files.env.get("TOPOLOGY_SPARE") == "1"
+            if not files.withheld and not spare:
                 return files
-            if "; ".join(files.withheld) != said:
-                said = "; ".join(files.withheld)
-                log.warning("generation %d: not started, the files have no values yet (%s); waiting for the next "
-                            "generation", files.generation, said)
+            why = f"the files have no values yet ({'; '.join(files.withheld)})" if files.withheld else SPARE
+            if why != said:
+                said = why
+                log.warning("generation %d: not started, %s; waiting for the next generation", files.generation, why)
             self.wake.wait(self.poll)
 
     def _start(self) -> bool:

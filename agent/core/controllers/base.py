@@ -331,6 +331,11 @@ class Controller(abc.ABC):
         """role -> the roles whose pods must be Ready before the controller creates this role's pods."""
         return {}
 
+    def index_base(self, role: str) -> int:
+        """The last index part of a role's first pod: where the indices of its pods start counting (hot spares'
+        seats count the missing ones from here, core/spares.py)."""
+        return 0
+
     def first_index(self, role: str, objects: Objects) -> tuple[int, ...] | None:
         """The index (as ``identify`` gives it) of the role's first pod in rank order."""
         return (0,)

@@ -51,6 +51,10 @@ class LeaderWorkerSet(Controller):
         labels = meta(pod).labels
         return f"{labels[LWS_NAME]}/{labels.get(LWS_GROUP)}" if LWS_NAME in labels else None
 
+    def index_base(self, role: str) -> int:
+        """Worker index 0 is the leader: the workers count from 1."""
+        return 1 if role == "worker" else 0
+
     def dns_name(self, pod: RawPod, ident: Identity, namespace: str, cluster_domain: str | None) -> str:
         # The LWS webhook sets hostname <lws>-<group>[-<worker>] and subdomain <lws> (the shared headless Service).
         if spec := spec_dns(pod):
