@@ -33,19 +33,20 @@ def conditions_section(conditions: list[list[str]]) -> list[dict[str, str]]:
 class CompactPod(Mapping[str, Any]):
     """One peer: read-only (no reader writes into a pod; the view replaces a pod with its next version)."""
 
-    __slots__ = ("annotations", "conditions", "containers", "deleted", "hostname", "ip", "labels", "name",
+    __slots__ = ("annotations", "conditions", "containers", "created", "deleted", "hostname", "ip", "labels", "name",
                  "namespace", "node", "phase", "subdomain", "version")
 
     def __init__(self, name: str, namespace: str, version: str, labels: dict[str, str],
                  annotations: dict[str, str], containers: list[dict[str, Any]], *, hostname: str = "",
                  subdomain: str = "", node: str = "", phase: str = "", ip: str = "", deleted: str = "",
-                 conditions: list[list[str]] | None = None) -> None:
+                 conditions: list[list[str]] | None = None, created: str = "") -> None:
         self.name, self.namespace, self.version, self.labels = name, namespace, version, labels
         self.annotations = annotations or None  # the empty ones not held: ~64 bytes a pod
         self.containers = containers  # one list per container shape, shared by the pods of that shape
         self.hostname, self.subdomain, self.node = hostname, subdomain, node
         self.phase, self.ip, self.deleted = phase, ip, deleted
         self.conditions = conditions or None  # [type, status, reason] of those that say the pod is lost (lost.py)
+        self.created = created  # creationTimestamp: hot spares tell a pod made again from the one it replaced
 
     def metadata(self) -> dict[str, Any]:
         meta = {"name": self.name, "namespace": self.namespace, "labels": self.labels,
@@ -54,6 +55,8 @@ class CompactPod(Mapping[str, Any]):
             meta["resourceVersion"] = self.version
         if self.deleted:
             meta["deletionTimestamp"] = self.deleted
+        if self.created:
+            meta["creationTimestamp"] = self.created
         return meta
 
     def spec(self) -> dict[str, Any]:

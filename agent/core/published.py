@@ -30,7 +30,8 @@ from agent.core.model import Options, RawPod
 from agent.core.validation import json_values, not_json
 from agent.errors import InputError
 
-SCHEMA = 3  # 2: rows carry the pod's node and its level labels; 3: the conditions that say it is lost
+SCHEMA = 4  # 2: rows carry the pod's node and its level labels; 3: the conditions that say it is lost; 4: its
+# creationTimestamp (hot spares tell a pod made again from the one it replaced: spares.py)
 
 
 class Col:
@@ -38,12 +39,12 @@ class Col:
     names: a new column is a new schema."""
 
     NAME, VERSION, LABELS, ANNOTATIONS, HOSTNAME, SUBDOMAIN, CONTAINER, PHASE, IP, DELETED, NODE, NODE_LABELS, \
-        CONDITIONS = range(13)
-    WIDTH = 13
+        CONDITIONS, CREATED = range(14)
+    WIDTH = 14
 
 
-_TEXTS = (Col.NAME, Col.VERSION, Col.HOSTNAME, Col.SUBDOMAIN, Col.PHASE, Col.IP, Col.DELETED, Col.NODE)
-_REPEATED = (Col.SUBDOMAIN, Col.PHASE, Col.NODE)  # values most pods of a job share: one string object each
+_TEXTS = (Col.NAME, Col.VERSION, Col.HOSTNAME, Col.SUBDOMAIN, Col.PHASE, Col.IP, Col.DELETED, Col.NODE, Col.CREATED)
+_REPEATED = (Col.SUBDOMAIN, Col.PHASE, Col.NODE, Col.CREATED)  # values many pods of a job share: one object each
 DATA_KEY = "topology.json.gz"
 _NPROC_ENV = frozenset({"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})
 
@@ -85,7 +86,7 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
          shapes: dict[int, tuple[object, str]] | None = None) -> list[Any]:
     """One pod as a row: [name, resourceVersion, labels, annotations, hostname, subdomain, container, phase, ip,
     deletionTimestamp, nodeName, the node's level labels (None: not read), the conditions that say the pod is lost
-    ([type, status, reason] each, lost.py: usually none)]. Containers are stored once per
+    ([type, status, reason] each, lost.py: usually none), creationTimestamp]. Containers are stored once per
     distinct shape (a job's pods share templates). The Node labels ride with the pod, so only the publisher
     reads Nodes and a follower learns a new node from the journal entry that brings its pod."""
     meta = pod.get("metadata", {})
@@ -115,11 +116,12 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
         node_labels = {k: v for k, v in nodes[node].items() if k in wanted}  # type: ignore[union-attr]
     return [meta.get("name", ""), meta.get("resourceVersion", ""), labels, annotations, spec.get("hostname", ""),
             spec.get("subdomain", ""), index, status.get("phase", ""), ip, meta.get("deletionTimestamp", ""), node,
-            node_labels, [list(condition) for condition in lost_conditions(status.get("conditions"))]]
+            node_labels, [list(condition) for condition in lost_conditions(status.get("conditions"))],
+            str(meta.get("creationTimestamp") or "")]
 
 
 def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) -> RawPod:
-    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _, conditions = row
+    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _, conditions, created = row
     if type(hostname) is str and type(name) is str and hostname == name:
         hostname = name  # one string for both (a JobSet's and Volcano's pods are named as their hostnames)
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
@@ -127,6 +129,8 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
         meta["resourceVersion"] = rv
     if deleted:
         meta["deletionTimestamp"] = deleted
+    if created:
+        meta["creationTimestamp"] = created
     spec: dict[str, Any] = {"containers": [containers[index]] if containers[index] else []}
     if hostname:
         spec["hostname"] = hostname
@@ -144,10 +148,10 @@ def _pod_of(row: list[Any], containers: list[dict[str, Any]], namespace: str) ->
 
 def compact_of(row: list[Any], containers: list[list[dict[str, Any]]], namespace: str) -> RawPod:
     """``_pod_of``'s pod, held as a ``CompactPod`` (``containers``: each shape's list, shared by its pods)."""
-    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _, conditions = row
+    name, rv, labels, annotations, hostname, subdomain, index, phase, ip, deleted, node, _, conditions, created = row
     return CompactPod(name, namespace, rv, labels, annotations, containers[index],  # type: ignore[return-value]
                       hostname=name if hostname == name else hostname, subdomain=subdomain, node=node, phase=phase,
-                      ip=ip, deleted=deleted, conditions=conditions)
+                      ip=ip, deleted=deleted, conditions=conditions, created=created)
 
 
 def shape_lists(shapes: list[dict[str, Any]], lists: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:

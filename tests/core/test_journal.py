@@ -261,7 +261,7 @@ def test_a_follower_keeps_a_row_beside_its_pod_only_for_its_nodes_labels():
     follower = snapshot_of(leader_for(pods))
     assert set(follower.pods) == set(pods) and follower.rows == {}  # each pod says all its row says
     row = next(iter(leader_for(pods).state.rows.values()))
-    labelled = [*row[:10], "node-1", {"topology.kubernetes.io/zone": "z1"}, row[12]]  # read with --topology-levels
+    labelled = [*row[:10], "node-1", {"topology.kubernetes.io/zone": "z1"}, *row[12:]]  # read with --topology-levels
     follower._put(labelled)
     assert follower.rows == {row[0]: labelled} and follower.node_labels() == {"node-1": labelled[11]}
     follower._put(row)  # the same pod on a node without the labels read
@@ -417,7 +417,7 @@ def test_a_new_leader_reads_back_content_keys_and_publishes_only_what_changed(wh
         assert entry is None
     else:
         assert entry is not None and {row[0] for row in entry.put} | set(entry.gone) == touched
-    assert all(len(row) == 13 for row in state.rows.values())
+    assert all(len(row) == 14 for row in state.rows.values())
     # the same rows but for the resourceVersion of a pod whose content did not change: the published one stays
     assert [[r[0], *r[2:]] for r in new.snapshot_document()["pods"]] == \
         [[r[0], *r[2:]] for r in leader_for(pods).snapshot_document()["pods"]]
