@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from agent.core.model import Member, Takeover
+from agent.core.model import Member, Takeover, Topology
 
 Key = tuple[Any, ...]
 
@@ -121,3 +121,17 @@ def _nearest_home(seats: Sequence[int | None], home: Sequence[bool], place: int)
             if 0 <= at < len(seats) and home[at]:
                 return seats[at]
     return None
+
+
+def spare_lines(topology: Topology) -> list[str]:
+    """Who is a hot spare, and whose place each promoted spare took (``explain``, ``status``)."""
+    if topology.world_size is None:
+        return []
+    lines = [f"pod '{m.name}' is a hot spare (--world-size {topology.world_size}): it waits to take the place "
+             "of a member that leaves" for m in topology.spares]
+    lines += [f"pod '{t.name}' holds node rank {t.node_rank} as a promoted spare"
+              + (f", in place of pod '{t.replaced}'" if t.replaced else "") for t in topology.takeovers]
+    if topology.nnodes < topology.world_size:
+        lines.append(f"the world has {topology.nnodes} of the {topology.world_size} training pods --world-size asks "
+                     "for and no spare is left: it runs with the members there are")
+    return lines

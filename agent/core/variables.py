@@ -25,6 +25,7 @@ from agent.core.containers import UserValue, pick_trainer_container, user_env
 from agent.core.grouping import group_variables
 from agent.core.injected import TRAINING_NAMES
 from agent.core.model import Options, Topology
+from agent.core.spares import spare_lines
 from agent.core.topology import Plan, elastic_range, injected_values
 
 # Each group names one fact under several variable names; a user value for any of them is the fact.
@@ -452,16 +453,3 @@ def explain_exclusions(plan: Plan) -> list[str]:
     lines += spare_lines(topo)
     return lines
 
-
-def spare_lines(topology: Topology) -> list[str]:
-    """Who is a hot spare, and whose place each promoted spare took (``explain``, ``status``)."""
-    if topology.world_size is None:
-        return []
-    lines = [f"pod '{m.name}' is a hot spare (--world-size {topology.world_size}): it waits to take the place "
-             "of a member that leaves" for m in topology.spares]
-    lines += [f"pod '{t.name}' holds node rank {t.node_rank} as a promoted spare"
-              + (f", in place of pod '{t.replaced}'" if t.replaced else "") for t in topology.takeovers]
-    if topology.nnodes < topology.world_size:
-        lines.append(f"the world has {topology.nnodes} of the {topology.world_size} training pods --world-size asks "
-                     "for and no spare is left: it runs with the members there are")
-    return lines

@@ -217,3 +217,16 @@ def test_the_seating_rule_on_its_own(names, created, holes, size, seated, spares
                size)
     assert [m.name for m in got.members] == seated and [m.name for m in got.spares] == spares
     assert [m.node_rank for m in got.members] == list(range(len(seated)))
+
+
+def test_status_says_who_is_a_spare_and_whose_place_a_spare_took():
+    from agent.core.status import document, job_status, table
+
+    status = job_status(lose(job(), 2), job="sweep", kind="Indexed Job 'sweep'", namespace="default",
+                        options=OPTIONS, roster=None, expected=None, seen={})
+    text = table(status, now=0.0)
+    assert "SPARES" in text and f"pod '{name(job(), 5)}' is a hot spare (--world-size 4)" in text
+    assert f"pod '{name(job(), 4)}' holds node rank 2 as a promoted spare, in place of pod '{name(job(), 2)}'" in text
+    doc = document(status, now=0.0)
+    assert doc["spares"] == [name(job(), 5)]
+    assert doc["takeovers"] == [{"name": name(job(), 4), "nodeRank": 2, "replaced": name(job(), 2)}]
