@@ -8,6 +8,7 @@ hashed into a generation decision, and handed to renderers without fear of mutat
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import operator
 import re
@@ -383,6 +384,7 @@ class Whole:
     addresses: tuple[tuple[str, RoleAddresses], ...] = ()
     runs: tuple[tuple[str, int, int, int], ...] = ()  # the node ranks in order: (role, seen before, pods, slots)
     hosts: bool = False  # this pod writes the host lists from the summary (the SSH launcher: core/view_choice.py)
+    seats: str = ""  # --world-size: ``Topology.seats`` as the publisher's plan gives it
 
 
 @dataclass(frozen=True)
@@ -427,6 +429,15 @@ class Topology:
     def is_spare(self) -> bool:
         """This pod is a hot spare: it waits, with no training variables, until a member leaves."""
         return any(m.name == self.self_name for m in self.spares)
+
+    @functools.cached_property
+    def seats(self) -> str:
+        """--world-size: a digest of who holds each seat (the training members' names in NODE_RANK order). It
+        changes whenever a seat changes hands, also where no number of this pod's does: a pod in its own view
+        then gets new files too, and its trainer the signal to join the world again."""
+        if self.whole is not None:
+            return self.whole.seats
+        return hashlib.sha256("\n".join(map(NAME, self.training)).encode()).hexdigest()[:16]
 
     def takeover_of(self, name: str) -> Takeover | None:
         """The seat member ``name`` took over from another pod, if it did."""

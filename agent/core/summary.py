@@ -36,6 +36,7 @@ from agent.core.model import (
     Options,
     RawPod,
     RoleAddresses,
+    Takeover,
     Topology,
     Whole,
     fill,
@@ -72,6 +73,62 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Spares:
+    """--world-size in the summary: the size asked for, the digest of who holds the seats (``Topology.seats``),
+    the hot spares as runs of indices (role, prefix, first, last), and each promoted spare (its name, the seat's
+    node rank, the pod it replaced)."""
+
+    world_size: int
+    seats: str
+    runs: tuple[tuple[str, tuple[int, ...], int, int], ...]
+    takeovers: tuple[Takeover, ...]
+
+    def holds(self, role: str, index: tuple[int, ...]) -> bool:
+        return bool(index) and any(r == role and p == index[:-1] and first <= index[-1] <= last
+                                   for r, p, first, last in self.runs)
+
+
+def _spare_runs(spares: tuple[Member, ...]) -> list[list[Any]]:
+    """The spares' indices as runs: consecutive last indices of one role and prefix."""
+    runs: list[list[Any]] = []
+    for member in sorted(spares, key=lambda m: (m.role, m.index)):
+        last = runs[-1] if runs else None
+        if last is not None and last[0] == member.role and tuple(last[1]) == member.index[:-1] \
+                and last[3] + 1 == member.index[-1]:
+            last[3] = member.index[-1]
+        else:
+            runs.append([member.role, list(member.index[:-1]), member.index[-1], member.index[-1]])
+    return runs
+
+
+def _read_spares(raw: Any, training_roles: tuple[str, ...]) -> Spares | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("spares"), list) or len(raw["spares"]) > MAX_RUNS \
+            or not isinstance(raw.get("takeovers"), list) or len(raw["takeovers"]) > MAX_RUNS \
+            or not isinstance(raw.get("seats"), str) or not re.fullmatch(r"[0-9a-f]{16}", raw["seats"]):
+        raise _refuse("hotSpares is not {worldSize, seats, spares, takeovers}")
+    runs = []
+    for entry in raw["spares"]:
+        if not isinstance(entry, list) or len(entry) != 4:
+            raise _refuse("a spares run is not [role, prefix, first, last]")
+        role = _text(entry[0], "a spare's role")
+        if role not in training_roles:
+            raise _refuse(f"spares of role '{role}', which does not train")
+        runs.append((role, _index(entry[1], "a spares run's prefix"), _whole_number(entry[2], "a spare's index"),
+                     _whole_number(entry[3], "a spare's index")))
+    takeovers = []
+    for entry in raw["takeovers"]:
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise _refuse("a takeover is not [name, nodeRank, replaced]")
+        takeovers.append(Takeover(_text(entry[0], "a promoted spare's name"),
+                                  _whole_number(entry[1], "a promoted spare's node rank"),
+                                  None if entry[2] is None else _text(entry[2], "a replaced pod's name")))
+    return Spares(_whole_number(raw.get("worldSize"), "worldSize", low=1), raw["seats"], tuple(runs),
+                  tuple(takeovers))
+
+
+@dataclass(frozen=True)
 class Summary:
     seq: int
     training_roles: tuple[str, ...]
@@ -85,6 +142,7 @@ class Summary:
     runs: tuple[Run, ...]
     ports: dict[str, tuple[int, str]] = field(default_factory=dict)  # the frameworks' (core/frameworks)
     addresses: tuple[tuple[str, RoleAddresses], ...] = ()  # large roles' address templates (``_templates``)
+    spares: Spares | None = None  # --world-size: the hot spares and who holds a seat not born to it
 
     def run_of(self, role: str, index: tuple[int, ...]) -> Run | None:
         if not index:
@@ -119,6 +177,13 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Opti
         count = len(topo.role_members(role))
         roles.append([role, count, list(map(ADDRESS, topo.role_members(role))) if count <= listed else None])
     rank0 = topo.training[0]
+    spares = None
+    if topo.world_size is not None:
+        spare_runs = _spare_runs(topo.spares)
+        if len(spare_runs) > MAX_RUNS or len(topo.takeovers) > MAX_RUNS:
+            return None
+        spares = {"worldSize": topo.world_size, "seats": topo.seats, "spares": spare_runs,
+                  "takeovers": [list(t) for t in topo.takeovers]}
     ports = published_ports(plan, options) if options is not None else {}
     addresses = _templates(plan, options, listed, ssh=ssh) if options is not None else {}
     return {"schema": SUMMARY_SCHEMA, "seq": seq, "trainingRoles": list(topo.training_roles), "nnodes": topo.nnodes,
@@ -131,7 +196,8 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Opti
             "roles": roles, "runs": runs,
             **({"ports": {key: list(value) for key, value in ports.items()}} if ports else {}),
             **({"addresses": {role: [p if isinstance(p, str) else list(p) for p in t]
-                              for role, t in addresses.items()}} if addresses else {})}
+                              for role, t in addresses.items()}} if addresses else {}),
+            **({"hotSpares": spares} if spares is not None else {})}
 
 
 def _templates(plan: Plan, options: Options, listed: int, *, ssh: bool = False) -> dict[str, AddressTemplate]:
@@ -217,7 +283,8 @@ def read_summary(text: str | None) -> Summary | None:
     return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, processes=world, slot_sizes=slots,
                    master_port=port, master_port_source=source, rank0=rank0, roles=roles, runs=runs,
                    ports=_read_ports(raw.get("ports", {})),
-                   addresses=_read_addresses(raw.get("addresses", {}), roles, runs))
+                   addresses=_read_addresses(raw.get("addresses", {}), roles, runs),
+                   spares=_read_spares(raw.get("hotSpares"), training_roles))
 
 
 def _is_line(value: Any) -> bool:
@@ -344,32 +411,42 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
         raise InputError(f"pod '{name}' is role '{ident.role}', which does not train: its files list the job's pods "
                          "by role")
     run = summary.run_of(ident.role, ident.index)
-    if run is None:
+    hot = summary.spares
+    spare = run is None and hot is not None and hot.holds(ident.role, ident.index)
+    if run is None and not spare:
         return None
     if facts.place is None:
         raise facts.place_error or InputError(f"pod '{name}': no address")
     if facts.slots is None:
         raise facts.slots_error or InputError(f"pod '{name}': no process count")
     slots, slots_source = facts.slots
-    if slots != run.slots:
-        return None  # the leader saw another container (a pod re-created with another size): not published yet
-    node_rank, first_rank, ordinal = ranks_in_run(node_rank=run.node_rank, first_rank=run.first_rank, slots=slots,
-                                                  seen=run.seen, offset=ident.index[-1] - run.first,
-                                                  ordinal=ident.ordinal)
     address, dns, ip = facts.place
-    me = Member(name, ident.role, ident.index, ordinal, address, dns, ip, True, slots, node_rank, first_rank, True,
-                facts.node)
     rank0 = summary.rank0
-    members = (me,) if rank0.name == name else (rank0, me)
+    if run is None:  # a hot spare: rank 0 is the one member it knows
+        me = Member(name, ident.role, ident.index, ident.ordinal if ident.ordinal >= 0 else 0, address, dns, ip,
+                    False, slots, None, None, True, facts.node)
+        members: tuple[Member, ...] = (rank0,)
+    else:
+        if slots != run.slots:
+            return None  # the leader saw another container (a pod re-created with another size): not published yet
+        node_rank, first_rank, ordinal = ranks_in_run(node_rank=run.node_rank, first_rank=run.first_rank,
+                                                      slots=slots, seen=run.seen, offset=ident.index[-1] - run.first,
+                                                      ordinal=ident.ordinal)
+        me = Member(name, ident.role, ident.index, ordinal, address, dns, ip, True, slots, node_rank, first_rank,
+                    True, facts.node)
+        members = (me,) if rank0.name == name else (rank0, me)
     owner_uid = None
     if controller.owner_is_job:
         owner_uid = next((o.get("uid") for o in own.get("metadata", {}).get("ownerReferences", [])
                           if o.get("controller")), None)
     whole = Whole(summary.nnodes, summary.processes, summary.slot_sizes, summary.roles, summary.addresses,
-                  tuple((r.role, r.seen, r.last - r.first + 1, r.slots) for r in summary.runs))
+                  tuple((r.role, r.seen, r.last - r.first + 1, r.slots) for r in summary.runs),
+                  seats=hot.seats if hot is not None else "")
     topology = Topology(controller=controller.key, namespace=facts.namespace, job=ident.job, job_uid=owner_uid,
-                        self_name=name, training_roles=summary.training_roles, members=members, whole=whole)
-    if ssh and node_rank == 0 and hosts_listed(topology):  # rank 0 launches on the hostfile: it writes it
+                        self_name=name, training_roles=summary.training_roles, members=members, whole=whole,
+                        world_size=hot.world_size if hot is not None else None, spares=(me,) if spare else (),
+                        takeovers=hot.takeovers if hot is not None else ())
+    if ssh and me.node_rank == 0 and hosts_listed(topology):  # rank 0 launches on the hostfile: it writes it
         topology = replace(topology, whole=replace(whole, hosts=True))
     source = summary.master_port_source
     if options.master_port is not None:

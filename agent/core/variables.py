@@ -356,20 +356,24 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
 
 
 def spare_variables(topology: Topology) -> list[Variable]:
-    """``--world-size``: whether this pod is a hot spare (core/spares.py). A spare gets no training variables, so
-    a launcher or torchrun started on it has no world to join (``python -m agent.trainer run`` waits)."""
+    """``--world-size``: whether this pod is a hot spare, and who holds the seats. A spare gets no training
+    variables (variables.py), so a launcher or torchrun started on it has no world to join (``python -m
+    agent.trainer run`` waits). ``TOPOLOGY_SEATS`` changes whenever a seat changes hands: every pod's files
+    change, so every trainer of the world is signalled and restarts with a world of the same size."""
     if topology.world_size is None:
         return []
+    seats = Variable("TOPOLOGY_SEATS", topology.seats, "digest of the pods on the world's seats in NODE_RANK "
+                     "order: it changes when a spare takes a member's place (every trainer restarts)")
     if topology.is_spare:
         return [Variable("TOPOLOGY_SPARE", "1", f"a hot spare: the world keeps {topology.world_size} training pods "
                          "(--world-size) and this one waits, without training variables, to take the place of "
-                         "the first member that leaves")]
+                         "the first member that leaves"), seats]
     taken = topology.takeover_of(topology.self_name)
     why = f"a member of the world of {topology.world_size} training pods (--world-size)"
     if taken is not None:
         why += f", promoted from the spares to node rank {taken.node_rank}" + \
             (f" in place of pod '{taken.replaced}'" if taken.replaced else "")
-    return [Variable("TOPOLOGY_SPARE", "0", why)]
+    return [Variable("TOPOLOGY_SPARE", "0", why), seats]
 
 
 def repeated_hosts_warning(topology: Topology) -> str | None:

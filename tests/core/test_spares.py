@@ -230,3 +230,36 @@ def test_status_says_who_is_a_spare_and_whose_place_a_spare_took():
     doc = document(status, now=0.0)
     assert doc["spares"] == [name(job(), 5)]
     assert doc["takeovers"] == [{"name": name(job(), 4), "nodeRank": 2, "replaced": name(job(), 2)}]
+
+
+@pytest.mark.parametrize(("pods", "expected"), CASES)
+def test_a_pod_in_its_own_view_gets_from_the_summary_what_the_full_view_gives_it(pods, expected):
+    """A follower of a large job reads the publisher's summary, not every pod: the spares and the takeovers travel
+    in it, so each pod's torch.env is the one the whole plan gives it (a spare's too)."""
+    from agent.core.summary import light_plan, read_summary, summarize, summary_text
+    from agent.core.variables import compute_variables
+
+    publisher = build_plan(pods, healthy(pods), OPTIONS)
+    summary = read_summary(summary_text(summarize(publisher, seq=1, options=OPTIONS)))
+    assert summary is not None
+    for pod in pods:
+        if pod["status"].get("conditions") or pod["metadata"].get("deletionTimestamp"):
+            continue
+        light = light_plan(summary, pod, OPTIONS)
+        assert light is not None, pod["metadata"]["name"]
+        full = build_plan(pods, pod["metadata"]["name"], OPTIONS)
+        assert light.topology.is_spare == full.topology.is_spare
+        written = [{v.name: v.value for v in compute_variables(plan, OPTIONS, generation=1) if v.written}
+                   for plan in (light, full)]
+        assert written[0] == written[1]
+
+
+def test_every_trainer_gets_new_files_when_a_seat_changes_hands():
+    """Rank 0's own numbers stay when a spare takes seat 2; its torch.env changes all the same (TOPOLOGY_SEATS), so
+    its sidecar signals it and its static torchrun joins the new world."""
+    def env(pods: list[dict[str, Any]]) -> dict[str, str]:
+        return {v.name: v.value for v in render_pod(pods, name(job(), 0), OPTIONS).variables if v.written}
+
+    before, after = env(job()), env(lose(job(), 2))
+    changed = {k for k, v in before.items() if v != after.get(k)}
+    assert "TOPOLOGY_SEATS" in changed and changed <= {"TOPOLOGY_SEATS", "VC_WORKER_HOSTS"}  # a large role lists none
