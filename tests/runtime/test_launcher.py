@@ -201,6 +201,30 @@ def test_withheld_values_hold_the_start_until_a_generation_has_them(files):
     assert "generation 1: not started, the files have no values yet (jax: pod fw-1 has no IP yet)" in said + err
 
 
+def test_a_hot_spare_starts_nothing_until_a_generation_makes_it_a_member_and_stops_when_made_a_spare(files):
+    out, record, procs = files
+    write_files(out, 1, world=2, jax=False, extra="export TOPOLOGY_SPARE='1'\n")
+    procs.append(launch(out, record))
+    said = read_until(procs[0], "generation 1: ")  # "not started", or "started" by a launcher that knows no spare
+    assert "generation 1: not started" in said and "hot spare (TOPOLOGY_SPARE=1)" in said and starts(record) == []
+    write_files(out, 2, world=2, jax=False, extra="export TOPOLOGY_SPARE='0'\n")  # it took a member's place
+    wait_for(lambda: len(starts(record)) == 1, "the start once the pod is a member")
+    first = starts(record)[0]["pid"]
+    write_files(out, 3, world=2, jax=False, extra="export TOPOLOGY_SPARE='1'\n")  # the seat went back
+    wait_for(lambda: _gone(first), "the command stopped once the pod is a spare again")
+    assert len(starts(record)) == 1
+    procs[0].send_signal(signal.SIGTERM)
+    procs[0].communicate(timeout=10)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def test_a_file_read_across_two_generations_is_read_again_from_the_new_one(tmp_path, monkeypatch):
     out = tmp_path / "shared"
     write_files(out, 1, world=2)
