@@ -1,0 +1,139 @@
+"""Benchmark: a hot spare's takeover (--world-size), from a member marked lost to the spare's files and signal.
+
+A Volcano job of ``--pods`` pods in the sandbox API server, the world kept at ``--pods - --spares`` training pods:
+the last ``--spares`` workers are hot spares. The first spare's sidecar follows the pods (debounce 0) and signals a
+stub trainer. Each step marks a random member lost as the control plane does (a ``DisruptionTarget`` condition
+written to its status) and, once the spare's files hold the member's NODE_RANK, clears the mark (the member has its
+seat back: the spare waits again). Per takeover: the time from the mark's write to the spare's files renamed into
+place (the sidecar's own log, CLOCK_MONOTONIC) and to the signal its trainer received; each is checked to carry the
+lost member's NODE_RANK and the same WORLD_SIZE. Reports p50/p99/max of both.
+
+    python bench/spares_bench.py --pods 4096 --steps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.sandbox.threaded import SandboxThread
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from init_bench import build_job
+from sidecar_bench import TRAINER, percentile
+
+LOST = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+        "lastTransitionTime": "2026-11-22T01:00:00Z"}
+
+
+def env_of(out: Path) -> dict[str, str]:
+    values = {}
+    try:
+        text = (out / "torch.env").read_text()
+    except OSError:
+        return {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            values[key] = value.strip("'")
+    return values
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.005)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def mark(sandbox: SandboxThread, name: str, status: str) -> int:
+    def change(pod: dict) -> None:
+        pod["status"]["conditions"] = [{**LOST, "status": status}]
+    return int(sandbox.update_pod("default", name, change)["metadata"]["resourceVersion"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=4096)
+    parser.add_argument("--spares", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    world = args.pods - args.spares
+    spare = f"demo-worker-{world - 1}"  # master-0 is node rank 0; workers 0..world-2 the other members
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp_name, SandboxThread(Path(tmp_name) / "sb",
+                                                                  bookmark_interval=1.0) as sandbox:
+        tmp = Path(tmp_name)
+        build_job(sandbox, args.pods, 0)
+        shared, state = tmp / "shared", tmp / "agent-state"
+        state.mkdir()
+        env = {**os.environ, **sandbox.client_env(), "POD_NAME": spare, "POD_NAMESPACE": "default"}
+        env.pop("KUBECONFIG", None)
+        common = ["--out", str(shared), "--state-dir", str(state), "--address", "ip", "--world-size", str(world)]
+        subprocess.run([sys.executable, "-m", "agent.cli", "init", *common, "--source", "pods"], env=env, check=True,
+                       stderr=subprocess.DEVNULL)
+        assert env_of(shared)["TOPOLOGY_SPARE"] == "1", "the first spare's init did not make it a spare"
+        record = tmp / "signals.txt"
+        trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(record)])
+        while not Path(str(record) + ".ready").exists():
+            time.sleep(0.01)
+        pid_file, log_path = tmp / "trainer.pid", tmp / "sidecar.log"
+        pid_file.write_text(str(trainer.pid))
+        with log_path.open("w") as log:
+            sidecar = subprocess.Popen([sys.executable, "-m", "agent.cli", "sidecar", *common, "--debounce", "0",
+                                        "--trainer-pid-file", str(pid_file), "--health-port", "0", "--log-format",
+                                        "json"], env=env, stderr=log)
+        time.sleep(3.0)  # list, watch, settle
+        emitted, versions = [], []
+        for _ in range(args.steps):
+            worker = rng.randrange(world - 1)
+            name = f"demo-worker-{worker}"
+            emitted.append(time.monotonic())
+            versions.append(mark(sandbox, name, "True"))
+            wait_for(lambda: env_of(shared).get("TOPOLOGY_SPARE") == "0", f"the spare in {name}'s place")
+            got = env_of(shared)
+            if (got["NODE_RANK"], got["WORLD_SIZE"]) != (str(worker + 1), str(world)):
+                raise SystemExit(f"the spare took NODE_RANK {got['NODE_RANK']} WORLD_SIZE {got['WORLD_SIZE']}, "
+                                 f"not {worker + 1} and {world}")
+            mark(sandbox, name, "False")
+            wait_for(lambda: env_of(shared).get("TOPOLOGY_SPARE") == "1", f"{name} back in its seat")
+        time.sleep(1.0)
+        sidecar.terminate()
+        sidecar.wait(30)
+        trainer.kill()
+        trainer.wait()
+        generations = []  # (resourceVersion the generation includes, files renamed at)
+        for line in log_path.read_text().splitlines():
+            msg = json.loads(line)["msg"]
+            if "files_at=" in msg:
+                generations.append((int(msg.split("rv=")[1].split()[0]),
+                                    float(msg.split("files_at=")[1].rstrip(")"))))
+        signal_at = [float(x) for x in record.read_text().split()]
+    if len(signal_at) != len(generations):
+        raise SystemExit(f"{len(generations)} generations but {len(signal_at)} signals")
+    files, signals = [], []
+    for emitted_at, version in zip(emitted, versions, strict=True):
+        index = next(i for i, (rv, _) in enumerate(generations) if rv >= version)
+        files.append(generations[index][1] - emitted_at)
+        signals.append(signal_at[index] - emitted_at)
+    print("| pods (spares) | takeovers | spare's files p50 / p99 / max (s) | trainer signalled p50 / p99 / max (s) |")
+    print("|---|---|---|---|")
+    print(f"| {args.pods} ({args.spares}) | {args.steps} | {statistics.median(files):.3f} / "
+          f"{percentile(files, 0.99):.3f} / {max(files):.3f} | {statistics.median(signals):.3f} / "
+          f"{percentile(signals, 0.99):.3f} / {max(signals):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
