@@ -54,7 +54,7 @@ def every_member_needed(plan: Plan, options: Options, *, ssh: bool) -> str | Non
     me, topology = plan.topology.me, plan.topology
     if me.role == LAUNCHER_ROLE:
         return f"role '{LAUNCHER_ROLE}': mpirun runs here, on the hostfile of every training pod"
-    if not me.training:
+    if not me.training and not topology.is_spare:  # a hot spare's files say it waits: no host list is needed
         return f"role '{me.role}' does not train: its files list the job's pods by role"
     if ssh and me.node_rank == 0 and LAUNCHER_ROLE not in topology.roles and not hosts_listed(topology):
         return "it launches over SSH (DeepSpeed's pdsh runner, mpirun, horovodrun) and its hostfile names every " \

@@ -263,3 +263,14 @@ def test_every_trainer_gets_new_files_when_a_seat_changes_hands():
     before, after = env(job()), env(lose(job(), 2))
     changed = {k for k, v in before.items() if v != after.get(k)}
     assert "TOPOLOGY_SEATS" in changed and changed <= {"TOPOLOGY_SEATS", "VC_WORKER_HOSTS"}  # a large role lists none
+
+
+def test_a_spare_of_a_large_job_reads_the_summary_not_every_pod():
+    """A spare's files name no host: in the default view it is placed from the summary, as a member is."""
+    from agent.core.summary import own_view
+
+    options = Options(address="ip", world_size=4, view="auto")
+    pods = lose(job(), 2)
+    for index in (0, 4, 5):  # a member, the promoted spare, a spare
+        light, why = own_view(build_plan(pods, name(pods, index), options), options, ssh=False, published=True)
+        assert light is not None and why == "", (index, why)
