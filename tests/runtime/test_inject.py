@@ -545,3 +545,16 @@ def test_a_size_not_known_at_injection_gets_the_small_jobs_memory():
         for template in templates(injected(doc)):
             for container in template.template["spec"]["initContainers"]:
                 assert container["resources"]["limits"]["memory"] == "128Mi"
+
+
+def test_the_world_size_annotation_reaches_init_and_the_sidecar():
+    """Hot spares are set like any other setting: the job's annotation passes --world-size to both containers."""
+    doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "annotations": {
+        PREFIX + "world-size": "4", PREFIX + "sidecar": "enabled"}},
+        "spec": {"template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}}}
+    spec = injected(doc)["spec"]["template"]["spec"]
+    agents = [c for c in [*spec["initContainers"], *spec.get("containers", [])] if c["name"].startswith("topology-")]
+    assert len(agents) == 2
+    for container in agents:
+        args = container["args"]
+        assert args[args.index("--world-size") + 1] == "4", container["name"]
