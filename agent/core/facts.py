@@ -102,6 +102,7 @@ class PodFacts(NamedTuple):
     slots_error: InputError | None = None
     node: str = ""  # spec.nodeName
     version: str = ""  # the resourceVersion they were read from (Memo)
+    created: str = ""  # metadata.creationTimestamp: a pod made again after a hot spare took its seat (spares.py)
 
 
 Sizes = dict[tuple[int, ...], tuple[object, tuple[int, str]]]  # ids of a pod's containers -> (them, the count)
@@ -139,7 +140,8 @@ def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[st
     except InputError as err:
         slots_error = err.with_traceback(None)
     return PodFacts(name, namespace, job, reason, ident, None, bool(pod_ip(pod)), place, place_error, slots,
-                    slots_error, pod.get("spec", {}).get("nodeName") or "", version)
+                    slots_error, pod.get("spec", {}).get("nodeName") or "", version,
+                    str(meta.get("creationTimestamp") or ""))
 
 
 def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str]:

@@ -786,7 +786,7 @@ def seat_spares(layout: _Layout, options: Options, members: Sequence[Member]) ->
             key = rule.key_of(ident.role, ident.index)
             if key in holes and holes[key] is None:
                 holes[key] = name
-    created = [str((pod.get("metadata") or {}).get("creationTimestamp") or "") for pod, _, _ in live]
+    created = [facts.created for _, _, facts in live]
     return seat(members[:count], keys, created, holes, options.world_size or 0)
 
 
