@@ -30,6 +30,7 @@ from typing import Any
 
 from agent.core.escaping import printable
 from agent.core.gang import GangStatus
+from agent.core.model import Takeover
 from agent.core.topology import Plan
 from agent.core.validation import is_label_value
 
@@ -400,10 +401,11 @@ def outcome_note(plan: Plan, *, how: str, generation: int = 1) -> str:
 
 
 def generation_note(generation: int, before: tuple[int, int] | None, after: tuple[int, int], *,
-                    left: Sequence[tuple[str, str]] = (), back: Sequence[str] = ()) -> str:
+                    left: Sequence[tuple[str, str]] = (), back: Sequence[str] = (),
+                    took: Sequence[Takeover] = ()) -> str:
     """A sidecar's new generation: what changed, world size and training pods from -> to; then the pods that
-    left the job's members since the files before, each with why (a lost member: its condition), and the pods
-    that were lost and are members again."""
+    left the job's members since the files before, each with why (a lost member: its condition), the pods
+    that were lost and are members again, and the hot spares that took a seat (--world-size)."""
     pods, world = after
     if before is None:
         note = f"generation {generation}: world size {world}, {pods} training pods"
@@ -415,4 +417,8 @@ def generation_note(generation: int, before: tuple[int, int] | None, after: tupl
         note += f"; left out: {shown}{more}"
     if back:
         note += f"; back: {_names(back)}"
+    if took:
+        shown = "; ".join(f"{t.name} node rank {t.node_rank}" + (f" (was {t.replaced})" if t.replaced else "")
+                          for t in took[:SHOW])
+        note += f"; spares took seats: {shown}" + (f" (and {len(took) - SHOW} more)" if len(took) > SHOW else "")
     return note

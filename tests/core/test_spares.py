@@ -274,3 +274,12 @@ def test_a_spare_of_a_large_job_reads_the_summary_not_every_pod():
     for index in (0, 4, 5):  # a member, the promoted spare, a spare
         light, why = own_view(build_plan(pods, name(pods, index), options), options, ssh=False, published=True)
         assert light is not None and why == "", (index, why)
+
+
+def test_the_generation_event_names_the_spare_and_the_seat_it_took():
+    from agent.core.events import generation_note
+    from agent.core.model import Takeover
+
+    note = generation_note(3, (4, 4), (4, 4), left=[("sweep-2", "lost: DisruptionTarget (EvictionByEvictionAPI)")],
+                           took=[Takeover("sweep-4", 2, "sweep-2")])
+    assert note.endswith("; spares took seats: sweep-4 node rank 2 (was sweep-2)")

@@ -157,6 +157,8 @@ def test_a_spare_continues_in_the_lost_members_rank_from_the_last_step(tmp_path)
             document = json.loads((outs[names[0]] / "topology.json").read_text())
             assert document["takeovers"] == [{"name": names[2], "nodeRank": 1, "replaced": names[1]}]
             assert took < 60, dump()
+            assert f"hot spare {names[2]} took node rank 1 in place of {names[1]}" in \
+                (tmp_path / f"{names[0]}-sidecar.log").read_text()
         finally:
             for process in processes:
                 if process.poll() is None:

@@ -16,7 +16,7 @@ from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.events import Occurrence, generation_note
 from agent.core.leading import standbys
 from agent.core.lost import LOST
-from agent.core.model import RawPod
+from agent.core.model import RawPod, Takeover
 from agent.core.rendering import hosts_digest, read_topology_json
 from agent.core.summary import own_view, view_key
 from agent.core.topology import Plan
@@ -102,6 +102,7 @@ class Evaluator:
         # The pods the files in place leave out, with why (None: not planned yet): a new generation's Event names
         # those that left since, and the lost ones that are members again.
         self.left_out: dict[str, str] | None = None
+        self.takeovers: frozenset[Takeover] | None = None  # --world-size: the seats spares held in the files in place
 
     @property
     def valid(self) -> bool:
@@ -172,6 +173,7 @@ class Evaluator:
         if key == self.last_key:
             self.problem = None
             self.left_out = _left_out(self.plan or rendered.plan)
+            self.takeovers = frozenset(rendered.plan.topology.takeovers)
             if self.document is None and self.keep_document:  # the first plan since the start: served from now on
                 self.document = self._document_at(rendered, self.generation)
             return None
@@ -257,11 +259,15 @@ class Evaluator:
         shape = (topo.nnodes, topo.processes)
         left_out = _left_out(self.plan or rendered.plan)
         left, back = _changes(self.left_out, left_out, self.plan or rendered.plan)
+        took = [t for t in topo.takeovers if self.takeovers is not None and t not in self.takeovers]
         self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.shape, shape, left=left,
-                                                              back=back), generation=self.generation))
+                                                              back=back, took=took), generation=self.generation))
         for name, why in left:
             log.info("pod %s left the world: %s", name, why)
-        self.shape, self.left_out = shape, left_out
+        for takeover in took:
+            log.info("hot spare %s took node rank %d%s", takeover.name, takeover.node_rank,
+                     f" in place of {takeover.replaced}" if takeover.replaced else "")
+        self.shape, self.left_out, self.takeovers = shape, left_out, frozenset(topo.takeovers)
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
         result = signal_trainer(s.finder, s.signal)
