@@ -283,3 +283,20 @@ def test_the_generation_event_names_the_spare_and_the_seat_it_took():
     note = generation_note(3, (4, 4), (4, 4), left=[("sweep-2", "lost: DisruptionTarget (EvictionByEvictionAPI)")],
                            took=[Takeover("sweep-4", 2, "sweep-2")])
     assert note.endswith("; spares took seats: sweep-4 node rank 2 (was sweep-2)")
+
+
+@pytest.mark.parametrize(("pods", "expected"), CASES)
+def test_a_follower_of_the_published_rows_seats_the_job_as_the_publisher(pods, expected):
+    """The rows carry each pod's creation time: a follower that holds every member (the compact pods a published row
+    makes) tells a pod made again from the one it replaced, as the publisher does from the pods."""
+    import json
+
+    from agent.core.published import Compactor, _row, check_row, compact_of, shape_lists
+
+    compactor, index = Compactor(OPTIONS), {}
+    rows = [json.loads(json.dumps(_row(p, OPTIONS, index))) for p in pods]
+    shapes = shape_lists([json.loads(t) for t in sorted(index, key=index.__getitem__)], [])
+    for row in rows:
+        check_row(row, len(index))
+    for form in ([compactor.pod(p) for p in pods], [compact_of(row, shapes, "default") for row in rows]):
+        assert world(form) == expected
