@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
@@ -102,7 +102,8 @@ class Evaluator:
         # The pods the files in place leave out, with why (None: not planned yet): a new generation's Event names
         # those that left since, and the lost ones that are members again.
         self.left_out: dict[str, str] | None = None
-        self.takeovers: frozenset[Takeover] | None = None  # --world-size: the seats spares held in the files in place
+        # --world-size: (spare, node rank) of each seat a spare held in the files in place (None: not planned yet)
+        self.takeovers: frozenset[tuple[str, int]] | None = None
 
     @property
     def valid(self) -> bool:
@@ -173,7 +174,7 @@ class Evaluator:
         if key == self.last_key:
             self.problem = None
             self.left_out = _left_out(self.plan or rendered.plan)
-            self.takeovers = frozenset(rendered.plan.topology.takeovers)
+            self.takeovers = _seats_taken(rendered.plan.topology.takeovers)
             if self.document is None and self.keep_document:  # the first plan since the start: served from now on
                 self.document = self._document_at(rendered, self.generation)
             return None
@@ -259,7 +260,7 @@ class Evaluator:
         shape = (topo.nnodes, topo.processes)
         left_out = _left_out(self.plan or rendered.plan)
         left, back = _changes(self.left_out, left_out, self.plan or rendered.plan)
-        took = [t for t in topo.takeovers if self.takeovers is not None and t not in self.takeovers]
+        took = [t for t in topo.takeovers if self.takeovers is not None and t[:2] not in self.takeovers]
         self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.shape, shape, left=left,
                                                               back=back, took=took), generation=self.generation))
         for name, why in left:
@@ -267,7 +268,7 @@ class Evaluator:
         for takeover in took:
             log.info("hot spare %s took node rank %d%s", takeover.name, takeover.node_rank,
                      f" in place of {takeover.replaced}" if takeover.replaced else "")
-        self.shape, self.left_out, self.takeovers = shape, left_out, frozenset(topo.takeovers)
+        self.shape, self.left_out, self.takeovers = shape, left_out, _seats_taken(topo.takeovers)
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
         result = signal_trainer(s.finder, s.signal)
@@ -275,3 +276,8 @@ class Evaluator:
         if result == "sent":
             log.info("trainer signalled for generation %d (signal_at=%.6f)", self.generation, self.clock())
         return None
+
+
+def _seats_taken(takeovers: Iterable[Takeover]) -> frozenset[tuple[str, int]]:
+    """Each promoted spare and its seat (the pod it replaced may be named, then gone: the same takeover)."""
+    return frozenset((t.name, t.node_rank) for t in takeovers)
