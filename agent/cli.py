@@ -52,7 +52,7 @@ def _render(given: RenderSettings) -> int:
 
 def _explain(given: RenderSettings) -> int:
     from agent.core import render_pod
-    from agent.core.explaining import explain_with_options
+    from agent.core.files.explaining import explain_with_options
 
     print(explain_with_options(render_pod(given.pods, given.me, given.options, nodes=given.nodes), given.from_pod))
     return 0

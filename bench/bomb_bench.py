@@ -33,7 +33,7 @@ CASES: dict[str, Callable[[int], bytes] | None] = {  # name: the uncompressed by
 
 CHILD = """
 import gzip, json, resource, sys
-from agent.core.published import DOCUMENT_CAP as CAP, decode
+from agent.core.publication.published import DOCUMENT_CAP as CAP, decode
 from agent.errors import InputError
 
 def status(key):
@@ -54,7 +54,7 @@ print(json.dumps({'rise': status('VmHWM:') - base, 'outcome': outcome, 'cap': CA
 def real_snapshot() -> bytes:
     from agent import examples
     from agent.core import Options
-    from agent.core.journal import PublishedState, Publisher
+    from agent.core.publication.journal import PublishedState, Publisher
 
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 16383)))
     publisher = Publisher(PublishedState(job="demo", namespace="default"), Options(address="ip"),
@@ -67,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from agent.core.published import DOCUMENT_CAP, SCHEMA
+    from agent.core.publication.published import DOCUMENT_CAP, SCHEMA
 
     print(f"| input | compressed | outcome | peak RSS rise, median of {args.runs} (MB) | rise / cap |")
     print("|---|---|---|---|---|")

@@ -1,4 +1,4 @@
-"""Benchmark: what a job's Events cost the API server while it starts (runtime/events.py, core/events.py).
+"""Benchmark: what a job's Events cost the API server while it starts (runtime/events.py, core/report/events.py).
 
 A Volcano job of N pods is created with every pod unscheduled; the pods are then scheduled (node and IP) one by
 one in a random order over ``--spread`` seconds, and each pod's init starts when its pod is scheduled, as an init

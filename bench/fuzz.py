@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import detect_controller
-from agent.core.journal import JOURNAL_KEY, PublishedState, Publisher, journal_body, state_from
-from agent.core.provenance import WriterCheck, writer_of
-from agent.core.published import configmap_body, configmap_name, pack
-from agent.core.ssh_config import SshPaths, render_known_hosts, render_ssh_config
+from agent.core.files.ssh_config import SshPaths, render_known_hosts, render_ssh_config
+from agent.core.publication.journal import JOURNAL_KEY, PublishedState, Publisher, journal_body, state_from
+from agent.core.publication.provenance import WriterCheck, writer_of
+from agent.core.publication.published import configmap_body, configmap_name, pack
 from agent.errors import ApiError, InputError
 from agent.k8s.core import parse_event
 from agent.runtime.views import usable_pods

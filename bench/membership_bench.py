@@ -20,10 +20,10 @@ import statistics
 import time
 
 from agent import examples
-from agent.core.journal import PublishedState, Publisher
 from agent.core.model import Options
-from agent.core.summary import own_view
-from agent.core.topology import Planner
+from agent.core.plan.topology import Planner
+from agent.core.publication.journal import PublishedState, Publisher
+from agent.core.publication.summary import own_view
 
 
 def main() -> None:

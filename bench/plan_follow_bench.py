@@ -22,7 +22,7 @@ import time
 
 from agent import examples
 from agent.core.model import Options
-from agent.core.topology import Memo, Planner, build_plan, facts_of
+from agent.core.plan.topology import Memo, Planner, build_plan, facts_of
 
 
 def one_run(n: int, burst: int = 1) -> tuple[float, float, float]:

@@ -24,7 +24,8 @@ managedFields), bound to its own node and Pending without an IP. Then:
    process: every request and answer until then, headers included (the sandbox's Stats: the leases and the
    snapshot and journal writes are requests), and each measured pod's Events (init's and the sidecar's, sent on a
    client of their own). Job-wide: the leader + 2 standbys + every other pod as the costliest follower measured
-   (the few guards of core/leading.py, which look at the Lease while they wait, as the costliest guard measured).
+   (the few guards of core/publication/leading.py, which look at the Lease while they wait, as the costliest guard
+   measured).
 3. Steady state: --changes changes, one every --gap seconds: a worker gets a new IP, and every --leave-every-th
    change a worker leaves or comes back (the world size changes: every pod's torch.env). Event-to-file per change
    for each sidecar whose files the change alters (all changes for a pod that holds every member, the membership
@@ -63,7 +64,7 @@ from typing import Any
 import psutil
 
 from agent import examples
-from agent.core.leading import GUARDS
+from agent.core.publication.leading import GUARDS
 from agent.runtime.demo import volcano_owner
 from agent.sandbox.threaded import SandboxThread
 
@@ -490,8 +491,8 @@ def job_wide(run: dict[str, Any], n: int, *, events: bool = True) -> float:
     standbys = sum(total(inits[roles[r]]) + total(start[r]) + told(r) for r in ("standby", "standby2"))
     followers = [name for name, i in inits.items() if name not in (roles["leader"], roles["standby"],
                                                                    roles["standby2"], roles["full"])]
-    # The guards (core/leading.is_guard: the first indices of each training role) look at the Lease while their
-    # inits wait: a handful of pods, each counted at the costliest guard measured; every other pod at the
+    # The guards (core/publication/leading.is_guard: the first indices of each training role) look at the Lease while
+    # their inits wait: a handful of pods, each counted at the costliest guard measured; every other pod at the
     # costliest other follower measured.
     guards = {"demo-master-0", *(f"demo-worker-{i}" for i in range(GUARDS))} - {roles["leader"], roles["standby"],
                                                                                  roles["standby2"]}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.placement import Level, domains_used, ring_crossings
+from agent.core.pods.placement import Level, domains_used, ring_crossings
 
 LEVELS = (Level("topology.kubernetes.io/zone", "ZONE"), Level("example.com/block", "BLOCK"),
           Level("example.com/rack", "RACK"))

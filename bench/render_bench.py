@@ -37,9 +37,9 @@ from typing import Any
 
 from agent import examples
 from agent.core import Renderer
-from agent.core.journal import PublishedState, Publisher
 from agent.core.model import FrameworkOptions, Options
-from agent.core.published import Compactor, pack
+from agent.core.publication.journal import PublishedState, Publisher
+from agent.core.publication.published import Compactor, pack
 from agent.runtime.memory import collector_paused, keep_freed_memory, release_memory
 from agent.runtime.output import write_generation
 

@@ -34,11 +34,11 @@ from typing import Any
 
 from agent import examples
 from agent.core import render_plan
-from agent.core.journal import PublishedState, Publisher, state_from
 from agent.core.model import FrameworkOptions, Options
-from agent.core.published import configmap_body
-from agent.core.summary import own_view
-from agent.core.topology import Planner
+from agent.core.plan.topology import Planner
+from agent.core.publication.journal import PublishedState, Publisher, state_from
+from agent.core.publication.published import configmap_body
+from agent.core.publication.summary import own_view
 from agent.k8s.core import WatchLines, parse_event
 from agent.runtime.views import PodView
 

@@ -49,8 +49,8 @@ import aiohttp
 import psutil
 
 from agent import __version__, examples
-from agent.core.admission import MAX_VALUES
-from agent.core.injection import INJECT_LABEL, PREFIX
+from agent.core.adoption.admission import MAX_VALUES
+from agent.core.adoption.injection import INJECT_LABEL, PREFIX
 from agent.sandbox.threaded import SandboxThread
 
 SERVICE = "topology-agent-system/topology-agent-webhook"

@@ -33,7 +33,7 @@ import aiohttp
 import yaml
 
 from agent import examples
-from agent.core.injection import INJECT_LABEL
+from agent.core.adoption.injection import INJECT_LABEL
 from agent.sandbox.threaded import SandboxThread
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -236,15 +236,15 @@ def test_init_starts_without_what_a_torch_only_pod_never_runs():
     # gives memory back (init's leader), the SSH files' module with the SSH material (bench/import_bench.py); the
     # API client is http.client's (urllib3's imports cost 40 ms of CPU more).
     code = ("import sys, agent.cli, agent.flags.init, agent.flags.pod, agent.runtime.init, agent.k8s.client; "
-            "print(sorted(m for m in sys.modules if m.startswith(('agent.core.frameworks.', 'ctypes', "
-            "'agent.core.ssh_config', 'agent.ssh', 'urllib3'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('agent.core.files.frameworks.', 'ctypes', "
+            "'agent.core.files.ssh_config', 'agent.ssh', 'urllib3'))))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]"
 
 
 def test_render_with_node_labels_gives_the_documented_variables(tmp_path):
     """Each default level's variable, read back by bash, is named in docs/variables.md."""
-    from agent.core.placement import DEFAULT_LEVELS
+    from agent.core.pods.placement import DEFAULT_LEVELS
 
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 3)))
     nodes = examples.racks(pods)

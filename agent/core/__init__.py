@@ -6,15 +6,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent.core.frameworks import render_frameworks
-from agent.core.grouping import GroupMemo, parse_rule, regroup
+from agent.core.files.frameworks import render_frameworks
+from agent.core.files.rendering import MemberTexts, render_files, with_frameworks
+from agent.core.files.variables import Variable, compute_variables
 from agent.core.model import Options, RawPod
-from agent.core.rendering import MemberTexts, render_files, with_frameworks
-from agent.core.topology import Memo, NodeLabels, Plan, Planner, build_plan
-from agent.core.variables import Variable, compute_variables
+from agent.core.plan.grouping import GroupMemo, parse_rule, regroup
+from agent.core.plan.topology import Memo, NodeLabels, Plan, Planner, build_plan
 
 if TYPE_CHECKING:  # the frameworks' shared module is loaded with the first framework a job selects
-    from agent.core.frameworks.base import Rendition
+    from agent.core.files.frameworks.base import Rendition
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Renderer:
 
 
 def grouped(plan: Plan, options: Options, memo: GroupMemo | None = None) -> Plan:
-    """The plan of this pod's replica group, with ``--replica-groups`` (core/grouping.py); else ``plan``."""
+    """The plan of this pod's replica group, with ``--replica-groups`` (core/plan/grouping.py); else ``plan``."""
     if options.replica_groups is None or plan.groups is not None:
         return plan
     return regroup(plan, options, parse_rule(options.replica_groups, label=options.label("replica_groups")), memo)

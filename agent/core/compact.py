@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from agent.core.lost import conditions_of, node_lost_of, with_node_lost
+from agent.core.pods.lost import conditions_of, node_lost_of, with_node_lost
 
 _KEYS = ("metadata", "spec", "status")
 _NONE: dict[str, Any] = {}

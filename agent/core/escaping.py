@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from agent.core.validation import is_dns1123_subdomain
+from agent.core.pods.validation import is_dns1123_subdomain
 
 # Unicode categories a terminal or a reader acts on: controls (C0, DEL, C1), format characters (bidi overrides,
 # zero-width), lone surrogates (which no UTF-8 stream can carry) and the line and paragraph separators.

@@ -18,7 +18,7 @@ How a controller writes decides how "user or controller?" is answered:
   the longest run of whole blocks at the end; a lone ``RANK`` a user wrote last is not a pytorch block.
 
 JobSet writes no variable, so it has no rows here. The MPI operator's rows matter for mpi.env
-(core/frameworks/mpi.py): the hostfile names it writes on the launcher are the operator's, not the user's.
+(core/files/frameworks/mpi.py): the hostfile names it writes on the launcher are the operator's, not the user's.
 """
 
 from __future__ import annotations

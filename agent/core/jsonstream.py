@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from agent.core.validation import not_json
+from agent.core.pods.validation import not_json
 
 RowSink = Callable[[Any], object]
 DECODER = json.JSONDecoder(parse_constant=not_json)

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, TypedDict
 
-from agent.core.claims import Claims
-from agent.core.placement import Level
+from agent.core.pods.claims import Claims
+from agent.core.pods.placement import Level
 from agent.errors import InputError
 
 AddressMode = Literal["dns", "ip"]
@@ -116,6 +116,11 @@ class RawPod(TypedDict, total=False):
     status: RawPodStatus
 
 
+def bracketed(address: str) -> str:
+    """An address as the host part of ``host:port``: IPv6 in brackets."""
+    return f"[{address}]" if ":" in address else address
+
+
 @dataclass(frozen=True)
 class ControllerChoice:
     """Whose rules find the job's pods and place each: the controller ``--controller`` names, or the pods a label
@@ -181,7 +186,7 @@ class Options:
     # Node labels to read, outermost first (None: Nodes are not read); ranks by index or by those domains.
     levels: tuple[Level, ...] | None = None
     rank_order: Literal["index", "topology"] = "index"
-    # "auto": each pod of a large job reads what its files need (core/view_choice.py): every member for a
+    # "auto": each pod of a large job reads what its files need (core/publication/view_choice.py): every member for a
     # launcher, a framework whose files name every member, ranks by Node labels; the published summary for the
     # rest. "own": a training pod that follows a large job's publication reads its summary, whatever it writes;
     # "full": every pod reads every member.
@@ -192,11 +197,11 @@ class Options:
     # How the user spelled each option given ("roles" -> "TOPOLOGY_ROLES"), so the core's messages name it.
     labels: tuple[tuple[str, str], ...] = ()
     frameworks: FrameworkOptions = FrameworkOptions()
-    # The DRA claims of the job's namespace, as the shell read them (core/claims.py); None: not read.
+    # The DRA claims of the job's namespace, as the shell read them (core/pods/claims.py); None: not read.
     claims: Claims | None = None
-    # --replica-groups: where each training pod's replica group is read (core/grouping.py); None: one world
+    # --replica-groups: where each training pod's replica group is read (core/plan/grouping.py); None: one world
     replica_groups: str | None = None
-    # --world-size: the training pods a static world keeps; those past it are hot spares (core/spares.py)
+    # --world-size: the training pods a static world keeps; those past it are hot spares (core/plan/spares.py)
     world_size: int | None = None
 
     def label(self, name: str) -> str:
@@ -260,7 +265,7 @@ _BY_ORDINAL = member_fields("ordinal", "index")  # a role's index order
 
 
 class Takeover(NamedTuple):
-    """A spare that holds a seat it was not born to (core/spares.py): its pod, the seat's NODE_RANK, and the pod
+    """A spare that holds a seat it was not born to (core/plan/spares.py): its pod, the seat's NODE_RANK, and the pod
     born to that seat (None: no pod of that index is left to name)."""
 
     name: str
@@ -277,7 +282,7 @@ class Excluded:
 
 
 AddressTemplate = tuple[str | tuple[int, int], ...]  # literal text, and (index part, what is added to it)
-LISTED_HOSTS = 16  # a role of at most this many pods keeps its address list in the summary (core/summary.py)
+LISTED_HOSTS = 16  # a role of at most this many pods keeps its address list in the summary (summary.py)
 # Where the agent's containers alone mount a volume of their own (never the trainer's): what init leaves for its
 # sidecar goes there, out of the trainer's reach (runtime/handoff.py).
 STATE_DIR = "/var/run/topology-agent"
@@ -316,7 +321,7 @@ def run_addresses(template: AddressTemplate, prefix: tuple[int, ...], first: int
 @dataclass(frozen=True)
 class RoleAddresses:
     """A large role's addresses in rank order as a pod in its own view learns them from the summary
-    (core/summary.py): one template over the indices of the role's runs, each run (prefix, first, last).
+    (core/publication/summary.py): one template over the indices of the role's runs, each run (prefix, first, last).
     Expanded only by a pod whose files name every member (TF_CONFIG)."""
 
     template: AddressTemplate
@@ -383,7 +388,7 @@ class Whole:
     roles: tuple[tuple[str, int, tuple[str, ...] | None], ...]
     addresses: tuple[tuple[str, RoleAddresses], ...] = ()
     runs: tuple[tuple[str, int, int, int], ...] = ()  # the node ranks in order: (role, seen before, pods, slots)
-    hosts: bool = False  # this pod writes the host lists from the summary (the SSH launcher: core/view_choice.py)
+    hosts: bool = False  # this pod writes the host lists from the summary (the SSH launcher: view_choice.py)
     seats: str = ""  # --world-size: ``Topology.seats`` as the publisher's plan gives it
 
 
@@ -403,7 +408,7 @@ class Topology:
     rank_order: str = "index"  # what was applied: "topology" only when every training pod's domains are known
     order_note: str | None = None  # why the asked topology order was not applied
     whole: Whole | None = None  # set when ``members`` is only part of the job (--view own)
-    # --world-size (core/spares.py): the training pods held back as hot spares, in the order they are promoted,
+    # --world-size (core/plan/spares.py): the training pods held back as hot spares, in the order they are promoted,
     # and each member that holds a seat it was not born to: (its name, the seat's node rank, the pod it replaced)
     world_size: int | None = None
     spares: tuple[Member, ...] = ()
@@ -596,9 +601,9 @@ class Topology:
     @functools.cached_property
     def run_starts(self) -> tuple[int, ...] | None:
         """Where the training members (in rank order) start a new run: a change of role, of index prefix or of
-        process count, or a last index that skips (core/summary.py). None when a training member has no index.
-        Each comparison is one C-level pass over the members (a Python loop would cost ~8 ms at 16384 pods), and the
-        planner carries the result from one plan to the next while no member arrives or leaves."""
+        process count, or a last index that skips (core/publication/summary.py). None when a training member has no
+        index. Each comparison is one C-level pass over the members (a Python loop would cost ~8 ms at 16384 pods), and
+        the planner carries the result from one plan to the next while no member arrives or leaves."""
         training = self.training
         indices = list(map(_INDEX, training))
         if not all(indices):

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.controllers import CONTROLLERS, parse_selector
-from agent.core.frameworks import FRAMEWORKS, PORTED
-from agent.core.grouping import parse_rule
+from agent.core.files.frameworks import FRAMEWORKS, PORTED
 from agent.core.model import (
     STATE_DIR,
     ControllerChoice,
@@ -24,12 +23,13 @@ from agent.core.model import (
     is_whole_number,
     parse_owner,
 )
-from agent.core.placement import DEFAULT_LEVELS, RANK_ORDERS, parse_levels
-from agent.core.validation import DNS_NAME, is_dns1123_label
+from agent.core.plan.grouping import parse_rule
+from agent.core.pods.placement import DEFAULT_LEVELS, RANK_ORDERS, parse_levels
+from agent.core.pods.validation import DNS_NAME, is_dns1123_label
 from agent.errors import InputError
 
 if TYPE_CHECKING:
-    from agent.core.injection import Settings
+    from agent.core.adoption.injection import Settings
     from agent.ssh.files import SshSettings
 
 DEFAULT_OUT = "/shared"
@@ -405,7 +405,7 @@ def add_set_argument(parser: argparse.ArgumentParser) -> None:
 
 def defaults_from(args: argparse.Namespace) -> Settings:
     """The settings ``--set`` gives, each checked as its annotation would be."""
-    from agent.core.injection import PREFIX, Settings
+    from agent.core.adoption.injection import PREFIX, Settings
 
     defaults = {}
     for item in args.set or []:

@@ -11,7 +11,7 @@ from agent.errors import InputError
 from agent.flags.common import add_set_argument, defaults_from
 
 if TYPE_CHECKING:
-    from agent.core.injection import Settings
+    from agent.core.adoption.injection import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, NamedTuple
 
-from agent.core.validation import is_dns1123_label, is_dns1123_subdomain, is_label_value
+from agent.core.pods.validation import is_dns1123_label, is_dns1123_subdomain, is_label_value
 from agent.errors import InputError
 from agent.flags.common import kubeconfig
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agent.core.claims import CLAIM, TEMPLATE, Claims, read_claims
-from agent.core.lost import lost_nodes, node_state, on_lost_nodes
 from agent.core.model import Options, RawPod
+from agent.core.pods.claims import CLAIM, TEMPLATE, Claims, read_claims
+from agent.core.pods.lost import lost_nodes, node_state, on_lost_nodes
 from agent.errors import InputError
 from agent.flags.common import add_topology_arguments, env, knob, options_from_args, out_dir, ssh_settings
 
@@ -155,7 +155,7 @@ def _list_command(pod: dict[str, Any]) -> str:
     namespace = meta.get("namespace") if isinstance(meta, dict) and isinstance(meta.get("namespace"), str) else None
     try:
         from agent.core.controllers import detect_controller
-        from agent.core.validation import check_pod
+        from agent.core.pods.validation import check_pod
 
         selector = detect_controller(check_pod(pod), Options()).selector(pod, Options())  # type: ignore[arg-type]
     except (InputError, KeyError):
@@ -166,7 +166,8 @@ def _list_command(pod: dict[str, Any]) -> str:
 
 def read_nodes_file(source: str | None) -> tuple[dict[str, dict[str, str] | None] | None, dict[str, str]]:
     """``kubectl get nodes -o json`` output (a List, an array, or one Node) -> labels by node name, and the lost
-    Nodes with why (core/lost.py: their Ready condition and taints, as the sidecar that watches Nodes reads them)."""
+    Nodes with why (core/pods/lost.py: their Ready condition and taints, as the sidecar that watches Nodes reads
+    them)."""
     if source is None:
         return None, {}
     try:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import NamedTuple
 
-from agent.core.validation import is_dns1123_label
+from agent.core.pods.validation import is_dns1123_label
 from agent.errors import InputError, OutputError
 from agent.flags.common import is_ip, seconds, whole
 

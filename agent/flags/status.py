@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.controllers import CONTROLLERS
 from agent.core.model import Options, RawPod
-from agent.core.validation import is_dns1123_label, is_dns1123_subdomain
+from agent.core.pods.validation import is_dns1123_label, is_dns1123_subdomain
 from agent.errors import InputError
 from agent.flags.common import choice, kubeconfig
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 OUTPUTS = ("table", "json")
 JOB_KINDS = tuple(key for key, c in CONTROLLERS.items() if c.job_kind is not None)  # --controller's choices
-INIT = "topology-agent"  # the init container inject and the webhook add (core/injection.INIT)
+INIT = "topology-agent"  # the init container inject and the webhook add (core/adoption/injection.INIT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
-from agent.core.validation import is_dns1123_label, is_dns1123_subdomain
+from agent.core.pods.validation import is_dns1123_label, is_dns1123_subdomain
 from agent.errors import InputError
 from agent.flags.common import (
     Knob,
@@ -22,7 +22,7 @@ from agent.flags.common import (
 )
 
 if TYPE_CHECKING:
-    from agent.core.injection import Settings
+    from agent.core.adoption.injection import Settings
     from agent.k8s.config import ApiConfig
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from agent.core.validation import not_json
+from agent.core.pods.validation import not_json
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiGone, ApiNotFound, ApiUnavailable
 
 Keep = Callable[[list[dict[str, Any]]], list[Any]]  # what a LIST caller keeps of each page (slimmed pods)

@@ -1,4 +1,4 @@
-"""`topology-agent inject`: manifests in, the same manifests with the agent added out (core/injection.py is the
+"""`topology-agent inject`: manifests in, the same manifests with the agent added out (core/adoption/injection.py is the
 transform; the admission webhook applies it to Pods).
 
 YAML goes through ruamel.yaml's round-trip mode, so the user's comments, key order, quoting and anchors stay;
@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent.core.injection import (
+from agent.core.adoption.injection import (
     AGENT_CONTAINERS,
     AGENT_VOLUMES,
     INIT,
@@ -219,7 +219,7 @@ TOO_DEEP = (f"the input nests objects and lists more than {MAX_DEPTH} deep, deep
 
 def check_injected(doc: Mapping[str, Any]) -> None:
     """Every command line the injection wrote must be one the agent accepts, before a pod ever runs it."""
-    from agent.core.injection import templates
+    from agent.core.adoption.injection import templates
 
     for template in templates(doc):
         spec = template.template.get("spec") or {}

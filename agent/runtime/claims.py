@@ -1,4 +1,4 @@
-"""The DRA claims of the job's namespace, read for the process count (core/claims.py counts their devices).
+"""The DRA claims of the job's namespace, read for the process count (core/pods/claims.py counts their devices).
 
 Read only when a pod of the job has a trainer container that takes DRA claims (``resources.claims``): a job
 without them costs nothing. Then one LIST of the namespace's ResourceClaims (resource.k8s.io/v1), paged like the
@@ -17,9 +17,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from agent.core.claims import Claims, has_claims, read_claims
-from agent.core.containers import pick_trainer_container
 from agent.core.model import Options, RawPod
+from agent.core.pods.claims import Claims, has_claims, read_claims
+from agent.core.pods.containers import pick_trainer_container
 from agent.errors import ApiError, InputError
 from agent.k8s.core import PAGE
 

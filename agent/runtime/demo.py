@@ -162,7 +162,7 @@ def _answers(port: int) -> bool:
 
 def label_namespace(api: Client, write: Any) -> None:
     """The one line of adoption: the namespace's label, and its jobs' settings as its annotations."""
-    from agent.core.injection import INJECT_LABEL, PREFIX
+    from agent.core.adoption.injection import INJECT_LABEL, PREFIX
 
     namespace = api.get_object(f"/api/v1/namespaces/{NAMESPACE}")
     namespace["metadata"].setdefault("labels", {})[INJECT_LABEL] = "enabled"
@@ -376,7 +376,7 @@ def _why_generation(init: int, settled: int, now: int) -> str:
 
 def rack_summary(shared: Path) -> str:
     """Ring hops that cross racks: the controller's index order against the order the pods were given."""
-    from agent.core.placement import ring_crossings
+    from agent.core.pods.placement import ring_crossings
 
     members = [m for m in json.loads((shared / "topology.json").read_text())["members"] if m["training"]]
     by_index = sorted(members, key=lambda m: (m["role"] != "master", m["index"]))

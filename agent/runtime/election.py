@@ -1,4 +1,5 @@
-"""The sidecar's side of the publisher election: one coordination.k8s.io/v1 Lease per job (rules in core/lease.py).
+"""The sidecar's side of the publisher election: one coordination.k8s.io/v1 Lease per job (rules in
+core/publication/lease.py).
 
 Only the leader and the standbys it names run this (2 GETs/s for the whole job while the leader is healthy);
 followers never touch the Lease. The leader renews every ``Timing.renew_every`` and counts as leader until it
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.lease import (
+from agent.core.publication.lease import (
     Observation,
     Timing,
     abandoned,
@@ -56,7 +57,7 @@ class Elector:
                  timing: Timing | None = None, named_leader: bool = False,
                  clock: Callable[[], float] = time.monotonic, uid: str = "", standby: Standby = Standby()) -> None:
         self.api, self.namespace, self.name, self.me, self.owner, self.clock = api, namespace, name, me, owner, clock
-        self.uid = uid  # this pod's: the Lease says which incarnation of its name holds it (core/leading.py)
+        self.uid = uid  # this pod's: the Lease says which incarnation of its name holds it (leading.py)
         self.timing = timing or Timing()
         # Without RBAC for Leases the pod the journal names as leader publishes anyway (no failover); the
         # standbys then never take over.

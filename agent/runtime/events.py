@@ -1,4 +1,4 @@
-"""A pod's Events, sent without ever holding the job up: what to write is core/events.py's (the correlator and
+"""A pod's Events, sent without ever holding the job up: what to write is core/report/events.py's (the correlator and
 its budget); this module sends it, off the path that configures the pod.
 
 An occurrence is handed over on a bounded queue and the caller moves on (a full queue drops it, said once).
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.core.events import BUDGET, Budget, Correlator, Occurrence, Ref, Write
+from agent.core.report.events import BUDGET, Budget, Correlator, Occurrence, Ref, Write
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, ApiUnavailable
 from agent.k8s.retrying import Backoff
 

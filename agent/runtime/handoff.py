@@ -1,5 +1,5 @@
 """What init read that its pod's sidecar would read again at start: the own pod, the job's objects, the
-publishers init vouched for (core/provenance.py) and, in its own view, the summary that placed it. Reading
+publishers init vouched for (core/publication/provenance.py) and, in its own view, the summary that placed it. Reading
 its own pod, the job and the writer pod again would cost each follower's sidecar ~20 KiB at start (~0.3 GiB
 job-wide at 16384 pods), and listing the summary init has just read more; so it starts from init's reads and
 watches what changed since (the summary from the resourceVersion init read it at).
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.model import RawPod
-from agent.core.provenance import Writer
-from agent.core.validation import check_pod
+from agent.core.pods.validation import check_pod
+from agent.core.publication.provenance import Writer
 from agent.errors import InputError, OutputError
 from agent.files.reading import Unreadable, read_untrusted
 from agent.files.writing import write_files

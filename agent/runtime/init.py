@@ -5,9 +5,9 @@ for LeaderWorkerSets), one LIST of the job's pods, then one WATCH from the list'
 gang is complete (and one LIST of the namespace's ResourceClaims when a pod's trainer takes DRA claims). A
 watch that the server ends or that breaks resumes from the last resourceVersion seen; a 410 Gone relists. No
 polling. From 256 training pods one pod (the leader: the first training pod whose init runs, as the publisher
-Lease says, core/leading.py) lists the pods and publishes them; every other pod reads the
-publication (runtime/publishing.py), or in its own view (the default's for most pods, core/view_choice.py) its
-summary.
+Lease says, core/publication/leading.py) lists the pods and publishes them; every other pod reads the
+publication (runtime/publishing.py), or in its own view (the default's for most pods, core/publication/view_choice.py)
+its summary.
 
 init is written against the async client face (``AsyncApi``) as the sidecar is, over its own blocking client
 (k8s/blocking.py): one ``asyncio.run`` for the whole command. Where its pods come from is decided first, from
@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.core import Memo, Options, Rendered, render_plan, render_pod
 from agent.core.controllers import Controller, detect_controller
-from agent.core.events import Occurrence, Ref, outcome_note, waiting_note
-from agent.core.gang import (
+from agent.core.files.variables import warnings_for
+from agent.core.model import Identity, RawPod
+from agent.core.plan.gang import (
     Expectation,
     GangStatus,
     GangTracker,
@@ -39,24 +40,23 @@ from agent.core.gang import (
     expectation_from_pod,
     roster_of,
 )
-from agent.core.journal import PublishedState, Publisher
-from agent.core.leading import is_guard, is_rank_zero, must_publish_again, rank_zero_identity, standbys
-from agent.core.lease import Record, Timing
-from agent.core.model import Identity, RawPod
-from agent.core.provenance import Writer, WriterCheck, writer_of
-from agent.core.published import SELECT_LABEL, configmap_name, select_value
-from agent.core.restarts import (
+from agent.core.plan.restarts import (
     gate_after_agent,
     jobset_attempt,
     jobset_in_place,
     restarts_in_place,
     wanted_jobset_attempt,
 )
-from agent.core.summary import own_view
-from agent.core.topology import Planner
-from agent.core.validation import check_pod
-from agent.core.variables import warnings_for
-from agent.core.view_choice import why_full_view
+from agent.core.plan.topology import Planner
+from agent.core.pods.validation import check_pod
+from agent.core.publication.journal import PublishedState, Publisher
+from agent.core.publication.leading import is_guard, is_rank_zero, must_publish_again, rank_zero_identity, standbys
+from agent.core.publication.lease import Record, Timing
+from agent.core.publication.provenance import Writer, WriterCheck, writer_of
+from agent.core.publication.published import SELECT_LABEL, configmap_name, select_value
+from agent.core.publication.summary import own_view
+from agent.core.publication.view_choice import why_full_view
+from agent.core.report.events import Occurrence, Ref, outcome_note, waiting_note
 from agent.errors import AgentError, ApiError, ApiForbidden, ApiNotFound, GangTimeout, InputError
 from agent.k8s.blocking import Blocking
 from agent.k8s.client import Client
@@ -128,9 +128,9 @@ class Source:
     selector: str
     kind: str  # "pods" | "published"
     configmap: str
-    training: bool = False  # a training pod of a job that publishes: it may lead (core/leading.py)
+    training: bool = False  # a training pod of a job that publishes: it may lead (core/publication/leading.py)
     rank_zero: bool = False  # the pod of rank 0 by the job's objects: it leads where Leases cannot be read
-    guard: bool = False  # it guards the leading init while it waits (core/leading.is_guard)
+    guard: bool = False  # it guards the leading init while it waits (core/publication/leading.is_guard)
 
 
 def choose_source(settings: InitSettings, expected: Expectation) -> str:
@@ -143,7 +143,7 @@ def choose_source(settings: InitSettings, expected: Expectation) -> str:
 
 def decide(me: RawPod, settings: InitSettings, expected: Expectation, objects: tuple[Mapping[str, Any], ...]) -> Source:
     """The plan of init's work (pure): the pods themselves, or a publication; and, where the job publishes, this
-    pod's part in who leads (core/leading.py: the Lease decides between the training pods)."""
+    pod's part in who leads (core/publication/leading.py: the Lease decides between the training pods)."""
     options = settings.options
     controller = detect_controller(me, options)
     identity = controller.identify(me, options)
@@ -183,7 +183,7 @@ class Held:
 @dataclass
 class Part:
     """An init's part in a large job's publication, as it is decided: its own pod, where its pods come from, who
-    may have written what it reads, the Lease as it sees it, whether it leads (core/leading.py says who)."""
+    may have written what it reads, the Lease as it sees it, whether it leads (core/publication/leading.py says who)."""
 
     pod: RawPod | None = None  # as read at start
     source: Source | None = None  # once decided
@@ -363,8 +363,8 @@ class Init:
     # --- who leads -----------------------------------------------------------------------------------------------
 
     async def elect(self, me: RawPod, source: Source) -> bool:
-        """Whether this init leads a large job's publication (core/leading.py): a training pod's init looks at
-        the Lease once (a guard again while it waits); a pod that does not train follows, and looks at nothing."""
+        """Whether this init leads a large job's publication (core/publication/leading.py): a training pod's init looks
+        at the Lease once (a guard again while it waits); a pod that does not train follows, and looks at nothing."""
         if not source.training:
             return False
         s = self.settings
@@ -540,8 +540,8 @@ class Init:
     # --- the leader's publication -------------------------------------------------------------------------------
 
     def writer_check(self, me: RawPod, source: Source) -> WriterCheck:
-        """Who may have written what this pod reads (core/provenance.py): one check for init's life, so a writer
-        read once (the Lease's holder, say) is not read again."""
+        """Who may have written what this pod reads (core/publication/provenance.py): one check for init's life, so a
+        writer read once (the Lease's holder, say) is not read again."""
         s = self.settings
         if self.part.check is None:
             self.part.check = WriterCheck(source.controller, s.options, source.me.job, s.namespace, self.roster,
@@ -649,7 +649,8 @@ class Init:
         return gate
 
     def _publish_again(self, why: str) -> None:
-        """The copy found is this pod's earlier incarnation's: no other pod may write over it (core/leading.py)."""
+        """The copy found is this pod's earlier incarnation's: no other pod may write over it
+        (core/publication/leading.py)."""
         log.warning("this pod publishes the topology again: %s", why)
         self.part.leading = True
 
@@ -690,7 +691,7 @@ class Init:
         return self.ops(listed, watched)
 
     def guarding(self) -> InitLease | None:
-        """The Lease this init guards while it waits (core/leading.is_guard), if it does."""
+        """The Lease this init guards while it waits (core/publication/leading.is_guard), if it does."""
         part = self.part
         return part.lease if part.lease is not None and part.source is not None and part.source.guard else None
 
@@ -699,7 +700,7 @@ class Init:
     # --- an in-place restart ----------------------------------------------------------------------------------
 
     async def restart_barrier(self, me: RawPod, source: Source, rendered: Rendered) -> None:
-        """A rerun in this pod (an in-place restart): wait until every member has restarted too (core/restarts.py
+        """A rerun in this pod (an in-place restart): wait until every member has restarted too (core/plan/restarts.py
         says when), by JobSet's protocol where the job uses it (the JobSet watched by name), else by the pods'
         init restartCounts (the job's pods listed and watched, each cut to its init containers). ``GangTimeout``
         at the deadline, naming who has not."""
@@ -882,8 +883,8 @@ class Init:
 
 
 class _Vouched:
-    """Who wrote the published objects, before they are used (core/provenance.py). A copy written by an earlier
-    incarnation of a member (its controller re-created the pod) is not used, but that pod publishes again, so
+    """Who wrote the published objects, before they are used (core/publication/provenance.py). A copy written by an
+    earlier incarnation of a member (its controller re-created the pod) is not used, but that pod publishes again, so
     init waits for it as for a first publication, or publishes itself when that pod is this one
     (``publish_again``); any other refusal ends the wait (``refused``)."""
 

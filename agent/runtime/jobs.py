@@ -9,8 +9,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from agent.core.gang import JobView, job_reads
 from agent.core.model import Options, RawPod
+from agent.core.plan.gang import JobView, job_reads
 from agent.errors import ApiForbidden, ApiNotFound
 
 log = logging.getLogger("topology_agent.job")

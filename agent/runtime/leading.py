@@ -1,5 +1,5 @@
-"""init's side of the publisher Lease of a large job: who leads is core/leading.py's to say; this module reads and
-writes the Lease for it.
+"""init's side of the publisher Lease of a large job: who leads is core/publication/leading.py's to say; this module
+reads and writes the Lease for it.
 
 - ``claim``: a training pod's first look (a GET, and a GET of the holder pod's metadata once: ``judge``, whose
   answer spares the read of the publication's writer later), then a create where there is none, or a write over it
@@ -22,9 +22,9 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.core import leading
 from agent.core.escaping import pod_name_shown, shown
-from agent.core.lease import Observation, Record, Timing, lease_body, read_record
+from agent.core.publication import leading
+from agent.core.publication.lease import Observation, Record, Timing, lease_body, read_record
 from agent.errors import ApiConflict, ApiError, ApiNotFound
 from agent.runtime.publishing import lease_path, now_wall
 
@@ -116,8 +116,8 @@ class InitLease:
         return self._judged[key]
 
     async def guard(self) -> bool:
-        """A guard's look (core/leading.py): True when it took the Lease over, and this init leads from now on.
-        A failed look is no verdict: the next one comes within seconds."""
+        """A guard's look (core/publication/leading.py): True when it took the Lease over, and this init leads from now
+        on. A failed look is no verdict: the next one comes within seconds."""
         try:
             lease: dict[str, Any] | None = await self.api.get_object(self.path)
         except ApiNotFound:

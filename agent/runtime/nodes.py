@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from agent.core.lost import NodeState, lost_nodes, node_state
 from agent.core.model import Options, RawPod
-from agent.core.placement import Level
+from agent.core.pods.lost import NodeState, lost_nodes, node_state
+from agent.core.pods.placement import Level
 from agent.errors import ApiError, ApiNotFound, ApiUnavailable
 from agent.k8s.core import PAGE
 
@@ -89,7 +89,7 @@ async def read_nodes(api: AsyncApi, names: list[str], options: Options, *, trans
 
 
 async def read_lost_nodes(api: AsyncApi, names: list[str]) -> dict[str, str] | None:
-    """The lost Nodes among ``names`` (core/lost.py), each with why, as ``status`` shows them: one GET each for a
+    """The lost Nodes among ``names`` (core/pods/lost.py), each with why, as ``status`` shows them: one GET each for a
     handful, else one paged LIST, each page cut to what says a Node is lost. None: the Nodes cannot be read (said
     in one line)."""
     if not names:

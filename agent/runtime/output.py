@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.core import Rendered
+from agent.core.files.rendering import EXECUTABLE, MARKERS
 from agent.core.model import Options
-from agent.core.rendering import EXECUTABLE, MARKERS
 from agent.files.writing import write_files
 
 if TYPE_CHECKING:
-    from agent.core.ssh_config import SshTexts
+    from agent.core.files.ssh_config import SshTexts
 
 
 def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: object | None = None, *,
@@ -24,7 +24,7 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
     owner = None
     private: tuple[str, ...] = ()
     if ssh is not None:
-        from agent.core.ssh_config import SshPaths  # with the SSH material only: most pods have none
+        from agent.core.files.ssh_config import SshPaths  # with the SSH material only: most pods have none
         from agent.ssh.files import PUBLIC, SshSettings, membership_files
 
         assert isinstance(ssh, SshSettings)

@@ -27,9 +27,9 @@ from agent.core.controllers import detect_controller
 from agent.core.controllers.jobset import RUNTIME_KINDS, TRAINJOBS
 from agent.core.emulation import KINDS_EMULATED, Emulation, emulate, is_job, pod_templates
 from agent.core.emulation.placing import loopback_address, placed
-from agent.core.gang import expectation_from_job, expectation_from_pod, job_reads, roster_of
 from agent.core.model import Options, RawPod
-from agent.core.summary import own_view
+from agent.core.plan.gang import expectation_from_job, expectation_from_pod, job_reads, roster_of
+from agent.core.publication.summary import own_view
 from agent.errors import InputError
 from agent.runtime.views import PodView
 
@@ -76,7 +76,7 @@ def _has_agent(template: Mapping[str, Any]) -> bool:
 def _with_agent(text: str, where: str, *, version: str) -> list[dict[str, Any]]:
     """The manifest's objects with the agent in their pod templates: inject's output when a template lacks it,
     else the manifest as it is (a manifest that has it, by inject or by hand)."""
-    from agent.core.injection import Settings
+    from agent.core.adoption.injection import Settings
     from agent.runtime.adoption import inject_report
 
     docs = _documents(text, where)
@@ -322,7 +322,7 @@ def run_plan(filename: str, runtime_files: Sequence[str], *, out: Path | None, m
                              f"{names})")
         if chosen.rendered is None:
             raise InputError(f"--self {me}: the pod runs no agent init container; nothing to explain")
-        from agent.core.explaining import explain_with_options
+        from agent.core.files.explaining import explain_with_options
 
         print(explain_with_options(chosen.rendered, chosen.from_pod))
     elif output == "json":

@@ -1,12 +1,13 @@
-"""Reading and writing a large job's published topology (see core/published.py and core/journal.py).
+"""Reading and writing a large job's published topology (see core/publication/published.py and
+core/publication/journal.py).
 
-The leader's init (the holder of the Lease ``<job>-topology``: core/leading.py) creates the snapshot
+The leader's init (the holder of the Lease ``<job>-topology``: core/publication/leading.py) creates the snapshot
 ``<job>-topology`` (sequence 1), the journal ``<job>-topology-journal`` and the summary ``<job>-topology-summary``;
 from then on its sidecar keeps them current. A pod that holds every member makes one LIST in init (by label: the
 snapshot, the journal and the summary together, from the watch cache), then watches the journal: ~27 B per pod of
 the job once, ~2 KB per change. A pod in its own view lists and watches the summary alone, by name: a few KiB at
 start, and one event per change of what the summary says (rank 0, the sizes, the runs), none while other pods' rows
-move. Each reader GETs the pod that wrote them once (core/provenance.py).
+move. Each reader GETs the pod that wrote them once (core/publication/provenance.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from agent.core.journal import (
+from agent.core.model import Options, RawPod
+from agent.core.plan.topology import NodeLabels, Plan
+from agent.core.pods.pod import object_name
+from agent.core.publication.journal import (
     JOURNAL_KEY,
     PODS_RV_KEY,
     ROWS_KEY,
@@ -31,12 +35,9 @@ from agent.core.journal import (
     state_from,
     summary_name,
 )
-from agent.core.model import Options, RawPod
-from agent.core.pods import object_name
-from agent.core.provenance import Writer, WriterCheck, writer_of
-from agent.core.published import SELECT_LABEL, configmap_body, select_value
-from agent.core.summary import SUMMARY_KEY, summarize, summary_text
-from agent.core.topology import NodeLabels, Plan
+from agent.core.publication.provenance import Writer, WriterCheck, writer_of
+from agent.core.publication.published import SELECT_LABEL, configmap_body, select_value
+from agent.core.publication.summary import SUMMARY_KEY, summarize, summary_text
 from agent.errors import ApiConflict, ApiForbidden, ApiNotFound
 from agent.k8s.retrying import retried
 from agent.runtime.memory import release_memory
@@ -61,8 +62,8 @@ async def vouch(get: Callable[..., Awaitable[dict[str, Any]]], check: WriterChec
                 name: str) -> tuple[str | None, bool]:
     """Why the published objects among ``items`` must not be used (the first writer refused), or None; and
     whether that writer was only superseded (re-created: it publishes again). Each new writer pod is read once
-    (core/provenance.py), as metadata: its uid and labels are all the check reads (~1 KiB of a pod's ~9 KiB, in
-    every pod of a large job)."""
+    (core/publication/provenance.py), as metadata: its uid and labels are all the check reads (~1 KiB of a pod's ~9 KiB,
+    in every pod of a large job)."""
     for writer, what in check.pending(items, name):
         if writer in check.superseded_by:  # still waiting for it to publish again: its pod was read already
             return check.superseded_by[writer], True
@@ -85,8 +86,8 @@ async def vouch(get: Callable[..., Awaitable[dict[str, Any]]], check: WriterChec
 def summary_data(publisher: Publisher, plan: Plan | None, options: Options, *, ssh: bool = False
                  ) -> tuple[dict[str, str], str]:
     """The summary ConfigMap's data: the journal's header with no changes and, unless the job asks every pod to
-    read every member (``--view full``), the summary of a plan that can be summarized (core/summary.py); and what
-    it says (``said``), which decides whether it is written again."""
+    read every member (``--view full``), the summary of a plan that can be summarized (core/publication/summary.py); and
+    what it says (``said``), which decides whether it is written again."""
     seq = str(publisher.state.seq)
     data = {**publisher.journal_data(), "base": seq, JOURNAL_KEY: "[]"}
     for key in (PODS_RV_KEY, ROWS_KEY):  # where the rows stand in the pods' history: the publisher's own
@@ -127,14 +128,14 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
                   nodes: NodeLabels | None = None, plan: Plan | None = None,
                   publisher: Publisher | None = None, pods_rv: str = "", retry: Retry = _retried,
                   ssh: bool = False) -> bool:
-    """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/summary.py); the Lease is
-    held already (runtime/leading.py). False when the snapshot exists already (this init runs again after a
+    """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/publication/summary.py); the
+    Lease is held already (runtime/leading.py). False when the snapshot exists already (this init runs again after a
     restart, an earlier incarnation of a member or another leader wrote it, or someone else did): the leader's
     files still come from the pods it listed, never from that ConfigMap. ``publisher``: one made by
     ``first_publisher``, with the rows staged while the pods arrived. ``pods_rv``: the pods' resourceVersion
     ``pods`` are current to (the leader's sidecar watches from there), "" when a LIST from there would bring
     pods that ``pods`` left out. ``retry``: how a write is tried again (init's gives up at its deadline).
-    ``ssh``: the job's pods have its SSH material (the summary lists rank 0's hosts: core/summary.py)."""
+    ``ssh``: the job's pods have its SSH material (the summary lists rank 0's hosts: core/publication/summary.py)."""
     publisher = publisher or first_publisher(namespace, options, job=job, leader=leader, leader_uid=leader_uid)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.pods_rv = pods_rv
@@ -193,8 +194,8 @@ ReadBack = tuple[list[dict[str, Any]], PublishedState | None, Journal | None]
 
 class JournalWriter:
     """The leader's side of the publication, in its sidecar: the journal after every change, the snapshot when it
-    is due (core/journal.py), the summary when what it says changes. Each write carries the resourceVersion this
-    leader last wrote, so a deposed leader's late write fails (409) instead of overwriting its successor's.
+    is due (core/publication/journal.py), the summary when what it says changes. Each write carries the resourceVersion
+    this leader last wrote, so a deposed leader's late write fails (409) instead of overwriting its successor's.
     ``tend`` writes again any of the three that was deleted (a summary is otherwise written only when it says
     something new, and pods in their own view would read the whole topology until then)."""
 
@@ -238,7 +239,7 @@ class JournalWriter:
         snapshot = next((i for i in items if object_name(i) == self.name), None)
         # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation) is
         # rewritten right after the first journal (what followers wait for), so that a reader that starts later
-        # finds this pod as the writer of both, whatever became of the pod before (core/provenance.py).
+        # finds this pod as the writer of both, whatever became of the pod before (core/publication/provenance.py).
         self.rewrite_snapshot = snapshot is not None and writer_of(snapshot) != Writer(self.leader, self.leader_uid)
         return set(state.rows)  # every row is compared again: what changed while nobody published goes out
 

@@ -7,7 +7,7 @@ shared directory: the trainer can write that one, and a record there could hold 
 through. A record of another pod (a volume that outlived its pod) or one that is not what init wrote is no
 record: the run is a first run, said in one line.
 
-The barrier (core/restarts.py says when it is down) watches, by the job's rule, the job's pods (each cut to its
+The barrier (core/plan/restarts.py says when it is down) watches, by the job's rule, the job's pods (each cut to its
 name and its init containers' statuses as it is read) or the JobSet, by name.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.model import RawPod
-from agent.core.restarts import Barrier, is_behind, jobset_barrier
+from agent.core.plan.restarts import Barrier, is_behind, jobset_barrier
 from agent.errors import OutputError
 from agent.files.reading import Unreadable, read_untrusted
 from agent.files.writing import write_files

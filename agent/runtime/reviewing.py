@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from agent.core import admission
-from agent.core.injection import Settings
+from agent.core.adoption import admission
+from agent.core.adoption.injection import Settings
 from agent.errors import InputError
 from agent.flags.parser import check_command_line
 from agent.runtime.memory import release_memory

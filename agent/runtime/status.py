@@ -1,15 +1,15 @@
 """``topology-agent status JOB``, what it reads: the job's object (its kind looked for among the controllers' job
 kinds, or the one ``--controller`` names), its pods (one LIST by the controller's label), the Events its pods'
 agents labelled with a generation (one LIST), and for a large job its published journal and Lease (two GETs);
-then core/status.py makes the rows. ``-w`` watches the pods, those Events and the journal, and reads the job again
-after a change (at most once a second), printing only what differs.
+then core/report/status.py makes the rows. ``-w`` watches the pods, those Events and the journal, and reads the job
+again after a change (at most once a second), printing only what differs.
 
 The job is read as its agents read it (runtime/jobs.read_job, from one of its pods, with the options that pod's
 init container was given): the roster a sidecar holds refuses the same pods (a new index is a scale-up, as there),
 the planner init and the sidecar use gives the same ranks. Only pods the job object owns count (``Ownership``):
 labels are anyone's to write, so a pod with the job's labels that sorts first cannot choose the options, the
 owner or the ranks; the pod read from is the first owned one by name. A generation is read only from an Event its
-pod's own agent could have written (core/status.py ``generations``).
+pod's own agent could have written (core/report/status.py ``generations``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, TextIO, cast
 
 from agent.core.controllers import CONTROLLERS, Controller
-from agent.core.events import GENERATION_LABEL, JOB_LABEL, job_label
-from agent.core.gang import JobView, roster_of
-from agent.core.journal import journal_name, read_journal
-from agent.core.lease import read_record
 from agent.core.model import Options, RawPod
-from agent.core.published import configmap_name
-from agent.core.status import (
+from agent.core.plan.gang import JobView, roster_of
+from agent.core.publication.journal import journal_name, read_journal
+from agent.core.publication.lease import read_record
+from agent.core.publication.published import configmap_name
+from agent.core.report.events import GENERATION_LABEL, JOB_LABEL, job_label
+from agent.core.report.status import (
     CHAIN,
     JobStatus,
     Left,
@@ -105,7 +105,7 @@ async def _events(api: AsyncApi, namespace: str, job: str) -> tuple[list[dict[st
 
 class Ownership:
     """Which pods with the job's labels the job object owns: an ownerReference with its uid, or a chain of
-    controlling references through the objects its controller creates (core/status.py ``OWNED_THROUGH``), each
+    controlling references through the objects its controller creates (core/report/status.py ``OWNED_THROUGH``), each
     read once (metadata only) and found with the uid referred to. Labels are anyone's to write; the job
     object's uid is not. Verdicts are kept by uid for the command's life (``-w`` reads no object twice)."""
 

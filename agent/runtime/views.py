@@ -4,7 +4,7 @@ its transform: a LIST replaces what a view holds, each watch event applies one c
 ``PodView`` is the job's pods (init until the gang is complete, the sidecar for the pod's life);
 ``PublicationView`` and ``SummaryView`` are a large job's published ConfigMaps, whole or summarized. A view
 keeps each object in the form its readers need and no more: a peer as the published rows carry it
-(core/published.Compactor: a fraction of the pod's memory), the own pod as the user wrote its containers.
+(core/publication/published.Compactor: a fraction of the pod's memory), the own pod as the user wrote its containers.
 Whoever must hear of each change as it is applied (init's gang tracker and planner, the sidecar's debounce) is a
 watcher; what changed since the publisher last looked is a log it drains.
 """
@@ -17,8 +17,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from agent.core.compact import marked_lost, same_but_version
-from agent.core.gang import Roster
-from agent.core.journal import (
+from agent.core.model import Options, RawPod
+from agent.core.plan.gang import Roster
+from agent.core.plan.topology import Plan
+from agent.core.pods.lost import node_state, why_node_lost
+from agent.core.pods.pod import object_name, pod_ip, pod_name, slim_pod
+from agent.core.pods.validation import split_pods
+from agent.core.publication.journal import (
     JOURNAL_KEY,
     Journal,
     PublishedState,
@@ -27,14 +32,9 @@ from agent.core.journal import (
     state_from,
     summary_name,
 )
-from agent.core.lost import node_state, why_node_lost
-from agent.core.model import Options, RawPod
-from agent.core.pods import object_name, pod_ip, pod_name, slim_pod
-from agent.core.published import Compactor
-from agent.core.summary import SUMMARY_KEY, light_plan, read_summary
-from agent.core.topology import Plan
-from agent.core.validation import split_pods
-from agent.core.view_choice import SMALL_JOB, choose_view
+from agent.core.publication.published import Compactor
+from agent.core.publication.summary import SUMMARY_KEY, light_plan, read_summary
+from agent.core.publication.view_choice import SMALL_JOB, choose_view
 from agent.errors import ApiGone, InputError
 from agent.k8s.core import WatchEvent
 
@@ -47,7 +47,7 @@ Refused = Callable[[Any, str], None]  # told of each pod left out: the object, a
 def usable_pods(items: list[Any], roster: Roster | None = None, *, own: str | None = None,
                 refused: Refused | None = None) -> list[RawPod]:
     """The pods among ``items`` that have a pod's shape and, once the job's object is read, are the job's own
-    (core/gang.Roster); each refused one is logged in one line and left out, so one broken or hostile object never
+    (core/plan/gang.Roster); each refused one is logged in one line and left out, so one broken or hostile object never
     stops the agent, nor stalls the other members. ``own``: this pod's name, never left out here (it is the one
     asking; init and the sidecar read it themselves). ``refused`` hears of each pod the roster leaves out (the
     pod's Events name it)."""
@@ -78,7 +78,7 @@ class Watcher(Protocol):
 
 class PodView:
     """The job's pods: each passed the intake (a pod's shape; once the job's object is read, one of its members:
-    core/gang.Roster) and is compacted; the own pod is kept as read (``whole_own``) or slimmed to the fields the
+    core/plan/gang.Roster) and is compacted; the own pod is kept as read (``whole_own``) or slimmed to the fields the
     core reads. ``stage`` is given each pod as it is kept (the leader's init stages its published rows while the
     pages arrive)."""
 
@@ -201,7 +201,7 @@ class PodView:
             watcher.changed(name, None)
 
     def mark_nodes(self, lost: Mapping[str, str]) -> list[str]:
-        """The lost Nodes (each with why, core/lost.py) as the sidecar's Node watch sees them now: each peer on one
+        """The lost Nodes (each with why, core/pods/lost.py) as the sidecar's Node watch sees them now: each peer on one
         gets the agent's condition, each on a Node that is back loses it, from now on and on every pod kept later.
         Returns the pods that changed. The own pod is never marked (its conditions are not held: its own sidecar
         never leaves it out)."""
@@ -232,8 +232,8 @@ class PodView:
 
 
 class PublicationView:
-    """A large job's publication (core/journal.py): the snapshot brought forward by the journal. init holds it
-    until its own pod is in it; a sidecar that follows the journal, for the pod's life. ``strict`` (the
+    """A large job's publication (core/publication/journal.py): the snapshot brought forward by the journal. init holds
+    it until its own pod is in it; a sidecar that follows the journal, for the pod's life. ``strict`` (the
     sidecar): a journal that moves past the snapshot held asks for the LIST again (``ApiGone``), and a LIST whose
     journal starts after its snapshot cannot be followed (``InputError``); init waits for the leader's newer
     snapshot instead. Each watcher is told the pods an entry changed (None: every pod, a new snapshot)."""
@@ -323,10 +323,10 @@ def summary_gone(items: list[Any], configmap: str) -> str | None:
 
 
 class SummaryView:
-    """A large job's pod in its own view (core/summary.py): its plan from the summary ConfigMap, the one object
-    it reads (a few KiB, not the snapshot, and not the journal's every change). ``unsummarized`` says why this pod
-    must read the whole topology instead: the summary cannot serve it, or its files name every member
-    (core/view_choice.py, asked again at each summary: a pod that becomes node rank 0 may become the SSH
+    """A large job's pod in its own view (core/publication/summary.py): its plan from the summary ConfigMap, the one
+    object it reads (a few KiB, not the snapshot, and not the journal's every change). ``unsummarized`` says why this
+    pod must read the whole topology instead: the summary cannot serve it, or its files name every member
+    (core/publication/view_choice.py, asked again at each summary: a pod that becomes node rank 0 may become the SSH
     launcher). A summary that does not place this pod (not a member in the leader's view yet) leaves the plan as
     it was."""
 
@@ -393,7 +393,7 @@ def full_view_line(view: str, why: str, then: str) -> tuple[int, str]:
 
 
 class NodeView:
-    """Which of the cluster's Nodes are lost, with why (core/lost.py), as the sidecar that watches the pods needs
+    """Which of the cluster's Nodes are lost, with why (core/pods/lost.py), as the sidecar that watches the pods needs
     it: nothing else of a Node is held (one is ~12 KB as the kubelet keeps it, most of it its images), and a LIST
     page keeps only its lost Nodes as it arrives. ``lost_changed`` is told the lost Nodes whenever that set
     changes (and at the first LIST): a Node's status written every few minutes changes nothing."""

@@ -1,5 +1,5 @@
 """`topology-agent webhook`: the mutating admission webhook. It answers AdmissionReviews over HTTPS with
-core/admission.py's decision (the transform `inject` applies) and keeps its own TLS current (tls.py, certs.py),
+core/adoption/admission.py's decision (the transform `inject` applies) and keeps its own TLS current (tls.py, certs.py),
 or serves files another issuer writes (cert-manager).
 
 Any pod that can reach its port can send it anything, and any user who may create a pod can make the API server
@@ -33,9 +33,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from agent.core import admission
-from agent.core.injection import Settings
-from agent.core.validation import is_dns1123_label
+from agent.core.adoption import admission
+from agent.core.adoption.injection import Settings
+from agent.core.pods.validation import is_dns1123_label
 from agent.errors import ApiError, ApiNotFound, InputError
 from agent.flags.parser import check_command_line
 from agent.k8s.async_client import AsyncApi

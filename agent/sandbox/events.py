@@ -12,7 +12,7 @@ AddFieldLabelConversionsForEvent): ``involvedObject.*``, ``reason``, ``reporting
 component, else the reporting controller), ``type``, ``metadata.name`` and ``metadata.namespace``; through
 events.k8s.io ``regarding.*`` and ``reportingController`` name the same fields.
 
-An events.k8s.io/v1 write is validated as the API server validates it (pkg/apis/core/validation/events.go): a
+An events.k8s.io/v1 write is validated as the API server validates it (pkg/apis/core/pods/validation/events.go): a
 create needs ``eventTime``, ``reportingController``, ``reportingInstance``, ``action``, ``reason`` and a type of
 Normal or Warning, with the deprecated fields unset; an update may change ``series`` only (the note is
 immutable). v1 writes are checked for nothing more, as there.

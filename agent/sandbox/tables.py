@@ -11,7 +11,7 @@ import datetime
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.core.status import human_duration
+from agent.core.report.status import human_duration
 
 Obj = dict[str, Any]
 Column = tuple[str, str, int, Callable[[Obj], Any]]  # name, type, priority, cell

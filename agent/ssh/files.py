@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core import Rendered
-from agent.core.ssh_config import SshPaths, SshTexts, render_known_hosts, render_ssh_config
+from agent.core.files.ssh_config import SshPaths, SshTexts, render_known_hosts, render_ssh_config
 
 PRIVATE = 0o600
 PUBLIC = 0o644

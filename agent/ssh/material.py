@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import SSHCertificateBuilder, SSHCertificateType
 
 from agent.core import Rendered
-from agent.core.events import JOB_LABEL
-from agent.core.ssh_config import SshPaths, host_principals, render_sshd_config
+from agent.core.files.ssh_config import SshPaths, host_principals, render_sshd_config
+from agent.core.report.events import JOB_LABEL
 from agent.errors import InputError
 from agent.ssh.files import PRIVATE, PUBLIC, SshSettings, membership_files
 

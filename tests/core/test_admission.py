@@ -1,4 +1,4 @@
-"""The admission webhook's decision (core/admission.py): the same transform as `inject`, as a JSONPatch.
+"""The admission webhook's decision (core/adoption/admission.py): the same transform as `inject`, as a JSONPatch.
 
 A job object gets exactly what `inject` gives it. A controller's Pods, injected one by one from what they carry
 (the job's settings as namespace defaults), validate, keep the user's containers, run the agent restricted and
@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent import __version__
-from agent.core import admission, render_pod
-from agent.core.injection import INIT, INJECT_LABEL, PREFIX, SIDECAR, Settings
+from agent.core import render_pod
+from agent.core.adoption import admission
+from agent.core.adoption.injection import INIT, INJECT_LABEL, PREFIX, SIDECAR, Settings
 from agent.errors import InputError
 from agent.flags.parser import check_command_line
 from agent.runtime.adoption import inject_text
@@ -348,7 +349,7 @@ def test_the_patch_applied_to_the_object_as_sent_is_the_transform_whatever_the_t
     """Lists the transform extends (the user's init containers, volumes and mounts, present or not), fields absent
     or present, and a template injected before whose containers another webhook added to (only the shared mount
     is added): patch(object) == transform(copy of object)."""
-    from agent.core.injection import INJECTED, complete, inject, is_injected, templates
+    from agent.core.adoption.injection import INJECTED, complete, inject, is_injected, templates
 
     injected = data.draw(st.booleans())
     spec: dict = {"containers": []}

@@ -11,9 +11,9 @@ import json
 import pytest
 
 from agent import examples
+from agent.core.files.variables import warnings_for
 from agent.core.model import Options
-from agent.core.variables import warnings_for
-from agent.core.view_choice import C10D_VIEW, choose_view
+from agent.core.publication.view_choice import C10D_VIEW, choose_view
 from agent.trainer import domain_groups
 from tests.conftest import env_of, render
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.core.accelerators import DRA_DRIVERS
-from agent.core.claims import Claims, read_claims
-from agent.core.containers import nproc_kind, resolve_nproc
 from agent.core.model import Options
+from agent.core.pods.accelerators import DRA_DRIVERS
+from agent.core.pods.claims import Claims, read_claims
+from agent.core.pods.containers import nproc_kind, resolve_nproc
 from tests.conftest import env_of, render
 from tests.core.test_rules import one_pod_job
 

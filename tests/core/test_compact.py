@@ -9,9 +9,9 @@ import pytest
 from agent import examples
 from agent.core.compact import CompactPod, same_but_version
 from agent.core.model import Options
-from agent.core.pods import object_name, pod_ip
-from agent.core.published import Compactor, _pod_of, _row, compact_of
-from agent.core.validation import check_pod
+from agent.core.pods.pod import object_name, pod_ip
+from agent.core.pods.validation import check_pod
+from agent.core.publication.published import Compactor, _pod_of, _row, compact_of
 from agent.errors import InputError
 
 OPTIONS = Options(address="ip")

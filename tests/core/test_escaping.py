@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agent.core.escaping import pod_name_shown, printable
-from agent.core.events import CONTROLLER, Correlator, Occurrence, Ref
-from agent.core.status import JobStatus, Publication, table
+from agent.core.report.events import CONTROLLER, Correlator, Occurrence, Ref
+from agent.core.report.status import JobStatus, Publication, table
 
 OSC8 = "\x1b]8;;https://evil.example/\x07demo-worker-0\x1b]8;;\x07"  # a link that shows a pod's name
 CLEAR = "\x1b[2J\x1b[H"  # clear the screen, cursor home

@@ -1,4 +1,4 @@
-"""The correlator (core/events.py): isomorphic occurrences become a series, new Events come from a token bucket,
+"""The correlator (core/report/events.py): isomorphic occurrences become a series, new Events come from a token bucket,
 the latest held-back occurrence is the one written, what waits is bounded (the newest of each reason, the rest
 counted in a note) and let go once its pod is gone, a process's outcome is always written; the bodies are what
 the API server takes; the notes come from the gang tracker's own answers."""
@@ -10,7 +10,9 @@ import tracemalloc
 import pytest
 
 from agent import examples
-from agent.core.events import (
+from agent.core.model import Options
+from agent.core.plan.gang import Expectation, GangTracker
+from agent.core.report.events import (
     CONTROLLER,
     GENERATION_LABEL,
     JOB_LABEL,
@@ -24,8 +26,6 @@ from agent.core.events import (
     micro_time,
     waiting_note,
 )
-from agent.core.gang import Expectation, GangTracker
-from agent.core.model import Options
 from agent.sandbox.events import invalid_create, invalid_update, to_core
 
 T0 = 1_800_000_000.0

@@ -10,8 +10,8 @@ import pytest
 
 from agent import examples
 from agent.core import Options, render_pod
+from agent.core.files.variables import warnings_for
 from agent.core.injected import RELEASES, ROWS, controller_entries, injected_env
-from agent.core.variables import warnings_for
 from tests.conftest import env_of
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from agent import examples
 from agent.core import Options, Rendered, render_pod
-from agent.core.frameworks import Rendition
-from agent.core.gang import JobView, job_reads
+from agent.core.files.frameworks import Rendition
 from agent.core.model import FrameworkOptions
+from agent.core.plan.gang import JobView, job_reads
 from tests.core.test_controller_tests import NAME, TF_CASES, TRAINER_JAX_CASES, TRAINER_XGB_CASES, VOLCANO_TF_CLUSTER
 
 

@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, Renderer, render_plan, render_pod
+from agent.core.adoption.injection import COMMON_FLAGS, Settings, inject_document
 from agent.core.controllers import CONTROLLERS, VOLCANO
-from agent.core.explaining import format_explanation
-from agent.core.frameworks import FRAMEWORKS, PORTED, selected
-from agent.core.injection import COMMON_FLAGS, Settings, inject_document
+from agent.core.files.explaining import format_explanation
+from agent.core.files.frameworks import FRAMEWORKS, PORTED, selected
+from agent.core.files.rendering import MARKERS, membership_key_of_document, read_topology_json
+from agent.core.files.variables import bracketed
 from agent.core.model import FrameworkOptions
-from agent.core.rendering import MARKERS, membership_key_of_document, read_topology_json
-from agent.core.summary import light_plan, own_view, read_summary, summarize, summary_text, view_key
-from agent.core.variables import bracketed
+from agent.core.publication.summary import light_plan, own_view, read_summary, summarize, summary_text, view_key
 from tests.core.test_frameworks import ALL, ipv6, part, rendered_with, volcano, written
 
 GOLDEN = Path(__file__).parent / "golden" / "frameworks"
@@ -58,7 +58,7 @@ def test_every_framework_a_controller_implies_is_known_and_mpijob_implies_mpi():
 
 
 def test_init_records_what_the_job_objects_imply():
-    from agent.core.gang import job_reads
+    from agent.core.plan.gang import job_reads
 
     pods = examples.mpijob()
     reads = job_reads(pods[1], Options())
@@ -80,7 +80,7 @@ def test_each_registry_row_names_its_frameworks_module_and_says_whether_it_has_a
     # the instances they name.
     for key, row in FRAMEWORKS.rows.items():
         framework = FRAMEWORKS[key]
-        assert type(framework).__module__ == f"agent.core.frameworks.{key}"
+        assert type(framework).__module__ == f"agent.core.files.frameworks.{key}"
         assert (framework.key, framework.has_port) == (key, row.ported)
     assert list(FRAMEWORKS) == ["jax", "tf", "xgboost", "paddle", "mlx", "mpi", "ray"]
     assert "torch" not in FRAMEWORKS and len(FRAMEWORKS) == 7

@@ -17,10 +17,10 @@ import pytest
 
 from agent import examples
 from agent.core import Options, Rendered, build_plan, render_pod
-from agent.core.frameworks import FRAMEWORKS, Rendition, published_ports
-from agent.core.frameworks.xgboost import TRACKER_PORTS
+from agent.core.files.frameworks import FRAMEWORKS, Rendition, published_ports
+from agent.core.files.frameworks.xgboost import TRACKER_PORTS
 from agent.core.model import ControllerChoice, FrameworkOptions
-from agent.core.view_choice import every_member_needed
+from agent.core.publication.view_choice import every_member_needed
 
 ALL = tuple(FRAMEWORKS)
 
@@ -492,7 +492,7 @@ def test_a_pod_that_does_not_train_gets_no_ray_file_and_explain_says_why():
 def test_a_tf_clusters_hosts_are_the_encoders_json_byte_for_byte(addresses, joined):
     """Made by one join where each address is plain (a TF cluster of 16384 workers: 3.3 -> 1 MB at every change),
     by the encoder otherwise."""
-    from agent.core.frameworks.base import host_ports, hosts_json
+    from agent.core.files.frameworks.base import host_ports, hosts_json
 
     parts = hosts_json(addresses, 2222)
     assert b"".join(parts) == json.dumps(host_ports(addresses, 2222), separators=(",", ":")).encode()

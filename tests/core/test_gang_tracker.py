@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Memo, Options
-from agent.core.gang import Expectation, GangTracker, gang_status
+from agent.core.plan.gang import Expectation, GangTracker, gang_status
 from agent.errors import InputError
 
 JOBS = {
@@ -117,7 +117,7 @@ def test_two_pods_claiming_one_index_are_refused(n):
 def test_the_status_line_stays_short_with_thousands_of_pods_without_ip():
     """A 4096-pod job waiting for IPs logged one 70 KB line per watch: a reader gets a count and a few names,
     and init_bench hung on the full pipe."""
-    from agent.core.gang import GangStatus
+    from agent.core.plan.gang import GangStatus
 
     names = tuple(f"demo-worker-{i}" for i in range(4095))
     line = GangStatus(ready=False, present=4096, expected=4096, missing=(), without_ip=names).describe()

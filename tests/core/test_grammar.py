@@ -19,7 +19,7 @@ import pytest
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.validation import (
+from agent.core.pods.validation import (
     canonical_ip,
     check_pod,
     ip_value,

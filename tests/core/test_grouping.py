@@ -11,9 +11,9 @@ import pytest
 
 from agent import examples
 from agent.core import Renderer, render_pod
-from agent.core.frameworks import FRAMEWORKS
+from agent.core.files.frameworks import FRAMEWORKS
 from agent.core.model import FrameworkOptions, Options
-from agent.core.published import _row as pod_row
+from agent.core.publication.published import _row as pod_row
 from agent.errors import InputError
 
 
@@ -229,7 +229,7 @@ def test_a_sidecar_continuing_from_inits_files_keeps_its_groups_generation(tmp_p
 
 
 def test_status_shows_each_pods_group_and_its_rank_within_it():
-    from agent.core.status import document, job_status, table
+    from agent.core.report.status import document, job_status, table
 
     pods = torchft_jobset()
     status = job_status(pods, job="ft", kind="JobSet 'ft'", namespace="default",
@@ -243,7 +243,7 @@ def test_status_shows_each_pods_group_and_its_rank_within_it():
 
 
 def test_explain_lists_every_group_and_marks_the_pods_own():
-    from agent.core.explaining import format_explanation
+    from agent.core.files.explaining import format_explanation
 
     pods = torchft_jobset()
     text = format_explanation(render_pod(pods, name(pods[3]), Options(replica_groups="jobset-job")))

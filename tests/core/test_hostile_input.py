@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.rendering import render_env
-from agent.core.variables import Variable, warnings_for
+from agent.core.files.rendering import render_env
+from agent.core.files.variables import Variable, warnings_for
 from agent.errors import InputError
 
 odd_text = st.one_of(
@@ -152,7 +152,7 @@ def test_pods_that_share_an_address_train_and_the_host_lists_name_it_once():
     """hostNetwork pods on one node share the node's IP (kubeflow/pytorch-operator#352 runs training so). torch's
     env:// and c10d work there, so torch.env counts every pod; a hostfile cannot name one host twice (DeepSpeed
     refuses it), so it lists the address once, for the first pod, and one warning names the others."""
-    from agent.core.variables import warnings_for
+    from agent.core.files.variables import warnings_for
 
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 2)))
     shared = pods[0]["status"]["podIP"]
@@ -176,7 +176,7 @@ def test_the_ipv4_fast_path_agrees_with_the_kubernetes_parser(parts):
     Kubernetes' own parser (validation.parse_ip), and the same address as Python's wherever Python reads one."""
     import ipaddress
 
-    from agent.core.validation import canonical_ip, ip_value, parse_ip
+    from agent.core.pods.validation import canonical_ip, ip_value, parse_ip
     from agent.errors import InputError
 
     raw = ".".join(p if isinstance(p, str) else (f"0{p}" if p % 7 == 0 else str(p)) for p in parts)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from agent.core.controllers import CONTROLLERS
-from agent.core.gang import deferred_roles, expectation_from_job
-from agent.core.leading import rank_zero_identity
 from agent.core.model import Options
+from agent.core.plan.gang import deferred_roles, expectation_from_job
+from agent.core.publication.leading import rank_zero_identity
 from agent.errors import InputError
 
 
@@ -76,7 +76,7 @@ def test_dependency_cycles_never_defer_the_pods_own_role():
 def test_a_role_that_waits_for_others_never_leads_the_publication():
     """The leader publishes for the others, who wait for it: a launcher created after the nodes are Ready would
     make the nodes wait for a publication that cannot come."""
-    from agent.core.gang import Expectation
+    from agent.core.plan.gang import Expectation
 
     launcher_first = jobset(("launcher", 1, ["node"]), ("node", 3, []))
     expected = Expectation(4, {"launcher": 1, "node": 3}, "t")

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core import journal as journal_module
-from agent.core.journal import JOURNAL_BYTES, PublishedState, Publisher, read_journal
-from agent.core.published import _pod_of, decode, pack
+from agent.core.publication import journal as journal_module
+from agent.core.publication.journal import JOURNAL_BYTES, PublishedState, Publisher, read_journal
+from agent.core.publication.published import _pod_of, decode, pack
 from agent.errors import InputError
 
 OPTIONS = Options(address="ip")
@@ -353,7 +353,7 @@ def test_a_forged_snapshot_with_a_huge_sequence_does_not_silence_every_later_jou
     """A snapshot forged at sequence 2**53-1 would make each real journal look old and be ignored for good. A
     journal that far behind is another history: the follower reads again (and, finding the
     same forged snapshot, follows the pods instead: docs/sidecar.md)."""
-    from agent.core.journal import JOURNAL_LAG, state_from
+    from agent.core.publication.journal import JOURNAL_LAG, state_from
 
     leader = leader_for(job(4))
     forged = leader.snapshot_document()
@@ -366,7 +366,7 @@ def test_a_forged_snapshot_with_a_huge_sequence_does_not_silence_every_later_jou
     assert journal.seq < 10
     assert state.apply(journal) is None  # read again, not "nothing new" forever
     # the API's view: the forged snapshot with the real journal: no state to follow
-    from agent.core.published import configmap_body
+    from agent.core.publication.published import configmap_body
 
     snapshot_cm = configmap_body("demo-topology", pack(forged), generation=2**53 - 1, leader="demo-master-0",
                                  owner=None)
@@ -487,7 +487,7 @@ def test_rows_staged_as_the_pods_arrive_publish_what_rows_built_at_the_end_publi
 def test_rows_that_carry_node_labels_are_not_staged():
     """With --levels each row carries its Node's labels, read once the gang is complete: a row staged before
     would publish none."""
-    from agent.core.placement import DEFAULT_LEVELS
+    from agent.core.pods.placement import DEFAULT_LEVELS
 
     pods = job(3)
     for pod in pods.values():

@@ -1,11 +1,12 @@
-"""Who leads a large job's publication (core/leading.py): an init's first look at the Lease, a guard's later looks,
-which pods guard, the publisher's standbys. The runtime's races over the API: tests/runtime/test_leading.py."""
+"""Who leads a large job's publication (core/publication/leading.py): an init's first look at the Lease, a guard's later
+looks, which pods guard, the publisher's standbys. The runtime's races over the API: tests/runtime/test_leading.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.core.leading import (
+from agent.core.model import Identity
+from agent.core.publication.leading import (
     Claim,
     claim,
     is_guard,
@@ -14,8 +15,7 @@ from agent.core.leading import (
     standbys,
     takes_over,
 )
-from agent.core.lease import Observation, read_record
-from agent.core.model import Identity
+from agent.core.publication.lease import Observation, read_record
 
 JOB_UID = "uid-of-this-job"
 

@@ -3,7 +3,7 @@ the candidate itself last saw the record change, never by comparing the holder's
 
 from __future__ import annotations
 
-from agent.core.lease import (
+from agent.core.publication.lease import (
     Observation,
     Timing,
     abandoned,

@@ -1,4 +1,4 @@
-"""Which pod conditions make a member lost (core/lost.py), read the same from the pod, its published row and the
+"""Which pod conditions make a member lost (core/pods/lost.py), read the same from the pod, its published row and the
 compact pod the sidecars hold: the publisher and a small job's sidecar apply one rule, and a follower applies it
 to the rows."""
 
@@ -10,8 +10,9 @@ import json
 import pytest
 
 from agent import examples
-from agent.core.facts import Memo, why_not_member
-from agent.core.lost import (
+from agent.core.model import Options
+from agent.core.plan.facts import Memo, why_not_member
+from agent.core.pods.lost import (
     DISRUPTION_REASONS,
     NODE_TAINTS,
     lost_nodes,
@@ -20,9 +21,8 @@ from agent.core.lost import (
     why_node_lost,
     with_node_lost,
 )
-from agent.core.model import Options
-from agent.core.published import Compactor, _pod_of, _row, check_row
-from agent.core.validation import check_pod
+from agent.core.pods.validation import check_pod
+from agent.core.publication.published import Compactor, _pod_of, _row, check_row
 
 OPTIONS = Options(address="ip")
 POD = examples.volcano_job("demo", (("master", 1), ("worker", 1)))[1]

@@ -23,15 +23,15 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.journal import PublishedState, Publisher
-from agent.core.placement import (
+from agent.core.plan.topology import topology_order
+from agent.core.pods.placement import (
     DEFAULT_LEVELS,
     domains_used,
     parse_levels,
     ring_crossings,
 )
-from agent.core.published import decode, pack
-from agent.core.topology import topology_order
+from agent.core.publication.journal import PublishedState, Publisher
+from agent.core.publication.published import decode, pack
 from agent.errors import InputError
 from tests.conftest import env_of
 

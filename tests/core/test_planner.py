@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, Renderer, render_pod
-from agent.core.placement import DEFAULT_LEVELS
-from agent.core.rendering import MemberTexts, render_topology_json, topology_document
-from agent.core.topology import Planner, build_plan
-from agent.core.variables import compute_variables
+from agent.core.files.rendering import MemberTexts, render_topology_json, topology_document
+from agent.core.files.variables import compute_variables
+from agent.core.plan.topology import Planner, build_plan
+from agent.core.pods.placement import DEFAULT_LEVELS
 from agent.errors import InputError
 
 BLOCK, SUBBLOCK = "cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock"
@@ -273,7 +273,7 @@ def test_members_between_changes_are_carried_over_with_their_ranks_moved(job, op
     """A leave and a join re-place the members after the first of them; those whose pods did not change are
     carried over (their node ranks, ranks and ordinals moved by what changed before them), and only the pods
     that changed, and the member after each one that left, are placed one by one from their facts."""
-    from agent.core import topology
+    from agent.core.plan import topology
 
     world, options = World(JOBS[job](), random.Random(0)), OPTIONS[opts]
     world.pods = dict(world.all)
@@ -351,7 +351,7 @@ def test_a_plan_after_following_the_gathering_pods_equals_planning_from_scratch(
 def test_following_a_job_whose_ips_arrive_one_by_one_re_places_one_member_per_ip(monkeypatch):
     """The point of ``follow``: the leader's init carries its layout through the wait, each new IP re-placing
     its own member only, so that the plan once the last IP is in is one change away."""
-    from agent.core import topology
+    from agent.core.plan import topology
 
     world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63), ("extras", 2))), random.Random(3))
     world.pods, world.me = dict(world.all), "demo-master-0"
@@ -392,7 +392,7 @@ def test_a_layout_from_scratch_is_made_once_the_old_one_is_let_go(monkeypatch):
     publisher's peak of a 16384-pod job, whose kubelet writes come in bursts of a quarter of the job."""
     import weakref
 
-    from agent.core import topology
+    from agent.core.plan import topology
 
     for follow in (False, True):
         world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 7))), random.Random(3))
@@ -418,7 +418,7 @@ def test_a_layout_from_scratch_is_made_once_the_old_one_is_let_go(monkeypatch):
 def test_following_pods_that_make_no_plan_lays_out_from_scratch_at_most_once_per_sixteenth_of_the_job():
     """Two pods that claim one index refuse every layout: ``follow`` retries from scratch only now and then (its
     cost stays linear in the events), and ``plan`` still refuses with the line ``build_plan`` gives."""
-    from agent.core import topology
+    from agent.core.plan import topology
 
     world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(5))
     world.pods, world.me = dict(world.all), "demo-master-0"
@@ -506,7 +506,7 @@ def test_a_kept_layout_lets_go_of_a_pods_earlier_version():
 def test_the_memo_lets_go_of_a_pods_earlier_facts_once_it_holds_the_new_ones():
     """One version per pod: between two computations (init's wait, where the planner lays out once and then
     follows), a pod's new facts replace those of its earlier version at once, not at the next computation."""
-    from agent.core.facts import Memo, PodFacts
+    from agent.core.plan.facts import Memo, PodFacts
 
     freed: list[str] = []
 
@@ -560,8 +560,8 @@ def test_a_role_whose_pods_mix_both_kinds_of_ordinal_is_placed_member_by_member(
     """No controller mixes them, but the carry-over does not assume it: where some of a role's pods take their
     ordinal from their identity and others from their place in the role, that run is placed from the facts,
     and the plans still equal ``build_plan``'s (the odd workers here count their place)."""
-    from agent.core import topology
     from agent.core.controllers.volcano import Volcano
+    from agent.core.plan import topology
 
     real_identify = Volcano.identify
 

@@ -1,4 +1,4 @@
-"""Who wrote a published topology, as a reader checks it (agent/core/provenance.py): one table of
+"""Who wrote a published topology, as a reader checks it (agent/core/publication/provenance.py): one table of
 writer pods, and what a reader asks the API for."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from agent import examples
 from agent.core import Options
 from agent.core.controllers import VOLCANO
-from agent.core.gang import JobView, roster_of
-from agent.core.journal import PublishedState, Publisher, journal_body
-from agent.core.provenance import Writer, WriterCheck, writer_of
-from agent.core.published import configmap_body, pack
+from agent.core.plan.gang import JobView, roster_of
+from agent.core.publication.journal import PublishedState, Publisher, journal_body
+from agent.core.publication.provenance import Writer, WriterCheck, writer_of
+from agent.core.publication.published import configmap_body, pack
 from agent.runtime.demo import volcano_owner
 
 OWNER = volcano_owner()

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import CONTROLLERS
-from agent.core.gang import Expectation
-from agent.core.journal import PublishedState, Publisher
 from agent.core.jsonstream import decode_streamed
-from agent.core.leading import is_rank_zero, rank_zero_identity
-from agent.core.published import SCHEMA, configmap_name, decode, pack, pack_text
+from agent.core.plan.gang import Expectation
+from agent.core.publication.journal import PublishedState, Publisher
+from agent.core.publication.leading import is_rank_zero, rank_zero_identity
+from agent.core.publication.published import SCHEMA, configmap_name, decode, pack, pack_text
 from agent.errors import InputError
 
 JOBS = [
@@ -108,7 +108,7 @@ def test_every_label_a_controller_reads_is_published():
     import pkgutil
 
     from agent.core import controllers as c
-    from agent.core.published import _row
+    from agent.core.publication.published import _row
 
     modules = [c, *(importlib.import_module(f"{c.__name__}.{m.name}") for m in pkgutil.iter_modules(c.__path__))]
     keys = {v for module in modules for k, v in vars(module).items()

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core import Options, build_plan
 from agent.core.controllers import COORDINATOR, detect_controller
-from agent.core.gang import expectation_from_job, expectation_from_pod
-from agent.core.leading import rank_zero_identity
+from agent.core.plan.gang import expectation_from_job, expectation_from_pod
+from agent.core.publication.leading import rank_zero_identity
 from agent.errors import InputError
 from tests.manifest_pods import pods_for
 

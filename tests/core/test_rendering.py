@@ -1,4 +1,4 @@
-"""core/rendering.MemberTexts: the texts and membership keys it keeps between generations are those of the
+"""core/files/rendering.MemberTexts: the texts and membership keys it keeps between generations are those of the
 members given, whichever way they changed (in place, equal but new, more or fewer, moved in rank), byte for byte
 what encoding each member afresh gives, whether the moved members' ranks are replaced in their texts or encoded."""
 
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from agent.core import rendering
+from agent.core.files import rendering
+from agent.core.files.rendering import _KEY_FIELDS, MemberTexts, _member_json
 from agent.core.model import Member
-from agent.core.rendering import _KEY_FIELDS, MemberTexts, _member_json
 
 
 def member(i: int, address: str | None = None, rank: int | None = None) -> Member:

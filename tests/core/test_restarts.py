@@ -1,4 +1,4 @@
-"""The in-place restart rule (core/restarts.py): each pod's restart attempt as the API shows it, and when a
+"""The in-place restart rule (core/plan/restarts.py): each pod's restart attempt as the API shows it, and when a
 rerun's barrier is down, by the pods' init restartCounts or by JobSet's in-place restart protocol."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.core.restarts import (
+from agent.core.plan.restarts import (
     JOBSET_ATTEMPT,
     attempt_of,
     init_attempt,
@@ -148,14 +148,14 @@ def _volcano(*attempts: tuple[int, str]) -> list[dict[str, Any]]:
 
 def _status(pods: list[dict[str, Any]], objects: list[dict[str, Any]] | None = None) -> Any:
     from agent.core.model import Options
-    from agent.core.status import job_status
+    from agent.core.report.status import job_status
 
     return job_status(pods, job="demo", kind="Volcano Job 'demo'", namespace="default", options=Options(),
                       roster=None, expected=len(pods), seen={}, objects=objects or [])
 
 
 def test_status_shows_each_pods_attempt_and_who_waits_at_the_barrier_for_whom():
-    from agent.core.status import document, table
+    from agent.core.report.status import document, table
 
     status = _status(_volcano((0, "terminated"), (1, "running"), (1, "terminated")))
     text = table(status, now=0)
@@ -176,7 +176,7 @@ BARRIER     demo-worker-0 wait(s) for demo-master-0
 
 
 def test_status_says_nothing_of_restarts_where_no_pod_restarted_in_place():
-    from agent.core.status import document, table
+    from agent.core.report.status import document, table
 
     status = _status(_volcano((0, "terminated"), (0, "running")))
     assert "RESTARTS" not in table(status, now=0)
@@ -184,7 +184,7 @@ def test_status_says_nothing_of_restarts_where_no_pod_restarted_in_place():
 
 
 def test_status_follows_the_jobsets_attempts_under_its_protocol():
-    from agent.core.status import document, table
+    from agent.core.report.status import document, table
 
     pods = _volcano((5, "terminated"), (5, "terminated"), (5, "terminated"))
     for raw, attempt in zip(pods, ("2", "2", "1"), strict=True):
@@ -208,7 +208,7 @@ GATE = {"name": "in-place-restart-agent", "restartPolicy": "Always", "startupPro
     pytest.param([GATE], None, id="no-agent-init-named-topology-agent"),
 ])
 def test_a_gate_after_the_agents_init_is_found(inits, gate):
-    from agent.core.restarts import gate_after_agent
+    from agent.core.plan.restarts import gate_after_agent
 
     assert gate_after_agent({"metadata": {"name": "a"}, "spec": {"initContainers": inits}}) == gate
 
@@ -226,6 +226,6 @@ def test_a_gate_after_the_agents_init_is_found(inits, gate):
                  id="not-a-list-of-rules"),
 ])
 def test_a_pod_restarts_in_place_when_a_container_has_the_restart_all_rule(spec, in_place):
-    from agent.core.restarts import restarts_in_place
+    from agent.core.plan.restarts import restarts_in_place
 
     assert restarts_in_place({"metadata": {"name": "a"}, "spec": spec}) is in_place

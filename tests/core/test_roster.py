@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import MPIJOB, PYTORCHJOB, VOLCANO
-from agent.core.gang import JobView, roster_of
 from agent.core.model import ControllerChoice
+from agent.core.plan.gang import JobView, roster_of
 from agent.errors import InputError
 from agent.runtime.demo import volcano_owner
 
@@ -117,7 +117,7 @@ def test_the_generic_selector_promises_its_labels_and_no_more():
     claims a member's index is refused with both names for every pod until one is deleted, since nothing tells
     which one is the job's (with a job object, the roster leaves the one the job does not own out)."""
     from agent.core.controllers import GENERIC
-    from agent.core.gang import job_reads
+    from agent.core.plan.gang import job_reads
 
     options = Options(choice=ControllerChoice(selector="app=train,run=r1", index_label="idx"), address="ip")
     pods = [examples.make_pod(f"w-{i}", labels={"app": "train", "run": "r1", "idx": str(i)},

@@ -10,9 +10,9 @@ import pytest
 
 from agent import examples
 from agent.core import render_pod
-from agent.core.containers import resolve_nproc
+from agent.core.files.rendering import shell_quote
 from agent.core.model import Options
-from agent.core.rendering import shell_quote
+from agent.core.pods.containers import resolve_nproc
 from tests.conftest import env_of, render
 
 
@@ -255,8 +255,8 @@ def test_shell_quoting_keeps_hostile_values_inert(value):
 
 
 def test_the_membership_key_projects_the_named_member_fields():
+    from agent.core.files.rendering import _KEY_FIELDS
     from agent.core.model import Member
-    from agent.core.rendering import _KEY_FIELDS
 
     member = Member("p", "worker", (3,), 3, "10.0.0.1", "p.svc", "10.0.0.1", True, 8, 2, 16, False, "node-a",
                     ("zone-a", "rack-1"))

@@ -1,4 +1,4 @@
-"""Hot spares (``--world-size``, core/spares.py): who waits, who takes an empty seat, and that every pod of the job
+"""Hot spares (``--world-size``, core/plan/spares.py): who waits, who takes an empty seat, and that every pod of the job
 decides the same from the same pods, whether it plans them at once or follows them change by change."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from agent import examples
 from agent.core import render_pod
 from agent.core.model import Member, Options
-from agent.core.placement import parse_levels
-from agent.core.spares import seat
-from agent.core.topology import Planner, build_plan
+from agent.core.plan.spares import seat
+from agent.core.plan.topology import Planner, build_plan
+from agent.core.pods.placement import parse_levels
 from agent.errors import InputError
 
 OPTIONS = Options(address="ip", world_size=4)
@@ -180,7 +180,7 @@ def test_a_promoted_spare_gets_the_lost_members_ranks_and_the_same_world_size():
 
 
 def test_explain_lines_name_the_spares_and_whose_place_a_spare_took():
-    from agent.core.explaining import format_explanation
+    from agent.core.files.explaining import format_explanation
 
     text = format_explanation(render_pod(lose(job(), 2), name(job(), 5), OPTIONS))
     assert "role 'worker' (hot spare)" in text
@@ -220,7 +220,7 @@ def test_the_seating_rule_on_its_own(names, created, holes, size, seated, spares
 
 
 def test_status_says_who_is_a_spare_and_whose_place_a_spare_took():
-    from agent.core.status import document, job_status, table
+    from agent.core.report.status import document, job_status, table
 
     status = job_status(lose(job(), 2), job="sweep", kind="Indexed Job 'sweep'", namespace="default",
                         options=OPTIONS, roster=None, expected=None, seen={})
@@ -236,8 +236,8 @@ def test_status_says_who_is_a_spare_and_whose_place_a_spare_took():
 def test_a_pod_in_its_own_view_gets_from_the_summary_what_the_full_view_gives_it(pods, expected):
     """A follower of a large job reads the publisher's summary, not every pod: the spares and the takeovers travel
     in it, so each pod's torch.env is the one the whole plan gives it (a spare's too)."""
-    from agent.core.summary import light_plan, read_summary, summarize, summary_text
-    from agent.core.variables import compute_variables
+    from agent.core.files.variables import compute_variables
+    from agent.core.publication.summary import light_plan, read_summary, summarize, summary_text
 
     publisher = build_plan(pods, healthy(pods), OPTIONS)
     summary = read_summary(summary_text(summarize(publisher, seq=1, options=OPTIONS)))
@@ -267,7 +267,7 @@ def test_every_trainer_gets_new_files_when_a_seat_changes_hands():
 
 def test_a_spare_of_a_large_job_reads_the_summary_not_every_pod():
     """A spare's files name no host: in the default view it is placed from the summary, as a member is."""
-    from agent.core.summary import own_view
+    from agent.core.publication.summary import own_view
 
     options = Options(address="ip", world_size=4, view="auto")
     pods = lose(job(), 2)
@@ -277,8 +277,8 @@ def test_a_spare_of_a_large_job_reads_the_summary_not_every_pod():
 
 
 def test_the_generation_event_names_the_spare_and_the_seat_it_took():
-    from agent.core.events import generation_note
     from agent.core.model import Takeover
+    from agent.core.report.events import generation_note
 
     note = generation_note(3, (4, 4), (4, 4), left=[("sweep-2", "lost: DisruptionTarget (EvictionByEvictionAPI)")],
                            took=[Takeover("sweep-4", 2, "sweep-2")])
@@ -291,7 +291,7 @@ def test_a_follower_of_the_published_rows_seats_the_job_as_the_publisher(pods, e
     makes) tells a pod made again from the one it replaced, as the publisher does from the pods."""
     import json
 
-    from agent.core.published import Compactor, _row, check_row, compact_of, shape_lists
+    from agent.core.publication.published import Compactor, _row, check_row, compact_of, shape_lists
 
     compactor, index = Compactor(OPTIONS), {}
     rows = [json.loads(json.dumps(_row(p, OPTIONS, index))) for p in pods]

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from agent import examples
-from agent.core.ssh_config import SshPaths, host_principals, known_hosts_patterns, render_ssh_config
+from agent.core.files.ssh_config import SshPaths, host_principals, known_hosts_patterns, render_ssh_config
 from tests.conftest import render
 
 PRINCIPAL_CASES = [
@@ -227,8 +227,8 @@ MEMBER_SETS = {
 @pytest.mark.parametrize("port", [22, 2222])
 @pytest.mark.parametrize("case", sorted(MEMBER_SETS))
 def test_known_hosts_patterns_and_host_blocks_are_the_member_by_member_rules(case, port):
+    from agent.core.files.ssh_config import _host_blocks_each
     from agent.core.model import Topology
-    from agent.core.ssh_config import _host_blocks_each
 
     members = tuple(MEMBER_SETS[case])
     topo = Topology(controller="volcano", namespace="ns", job="demo", job_uid=None, self_name=members[0].name,
@@ -238,7 +238,7 @@ def test_known_hosts_patterns_and_host_blocks_are_the_member_by_member_rules(cas
 
 
 def test_the_member_fields_read_by_position_are_the_named_ones():
-    from agent.core import ssh_config
+    from agent.core.files import ssh_config
 
     member = _member("n", "n.d", "10.0.0.9", address="addr")
     assert (ssh_config._NAME(member), ssh_config._ADDRESS(member), ssh_config._DNS(member), ssh_config._IP(member)) \
@@ -269,8 +269,8 @@ STEPS = {
 def test_the_sidecars_kept_ssh_texts_make_the_files_made_from_scratch(step, address, family):
     """A launcher keeps what each member adds to known_hosts and ssh_config (SshTexts) and recomputes only the
     places that changed: the files are those rendered from scratch, whatever changed."""
+    from agent.core.files.ssh_config import SshTexts, render_known_hosts
     from agent.core.model import Topology
-    from agent.core.ssh_config import SshTexts, render_known_hosts
 
     def member(i: int):
         return _member(f"w-{i}", f"w-{i}.demo", family.format(i), address=f"w-{i}.demo" if address == "dns" else None)

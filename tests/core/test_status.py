@@ -1,4 +1,4 @@
-"""``topology-agent status``'s pure part (core/status.py): pods, the job's roster, generation Events and the
+"""``topology-agent status``'s pure part (core/report/status.py): pods, the job's roster, generation Events and the
 publication -> rows and the pods left out, as a table and a stable JSON document. The ranks are the planner's:
 each row says what that pod's own files say."""
 
@@ -10,11 +10,19 @@ import pytest
 
 from agent import examples
 from agent.core import render_pod
-from agent.core.events import GENERATION_LABEL, GENERATION_REASONS, REASONS, Correlator, Occurrence, Ref, micro_time
-from agent.core.gang import Roster
 from agent.core.model import Options
-from agent.core.placement import parse_levels
-from agent.core.status import (
+from agent.core.plan.gang import Roster
+from agent.core.pods.placement import parse_levels
+from agent.core.report.events import (
+    GENERATION_LABEL,
+    GENERATION_REASONS,
+    REASONS,
+    Correlator,
+    Occurrence,
+    Ref,
+    micro_time,
+)
+from agent.core.report.status import (
     SCHEMA,
     Publication,
     Seen,
@@ -183,7 +191,8 @@ MEMBERS = {"uid-0": "demo-worker-0"}
 
 
 def generation_event(**given) -> dict:
-    """An Event as the agent of pod demo-worker-0 writes it (core/events.py Correlator.body), saying generation 3."""
+    """An Event as the agent of pod demo-worker-0 writes it (core/report/events.py Correlator.body), saying generation
+    3."""
     correlator = Correlator(Ref("demo-worker-0", "default", "uid-0"), "demo-worker-0", NOW, job="demo")
     write = correlator.observe(Occurrence("NewGeneration", "generation 3", generation=3), NOW)
     assert write is not None

@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_plan, render_pod
-from agent.core import summary as summary_module
+from agent.core.files.ssh_config import known_hosts_patterns
+from agent.core.files.variables import env_key
 from agent.core.model import FrameworkOptions
-from agent.core.placement import DEFAULT_LEVELS
-from agent.core.ssh_config import known_hosts_patterns
-from agent.core.summary import light_plan, own_view, read_summary, summarize, summary_text
-from agent.core.topology import build_plan
-from agent.core.variables import env_key
-from agent.core.view_choice import choose_view
+from agent.core.plan.topology import build_plan
+from agent.core.pods.placement import DEFAULT_LEVELS
+from agent.core.publication import summary as summary_module
+from agent.core.publication.summary import light_plan, own_view, read_summary, summarize, summary_text
+from agent.core.publication.view_choice import choose_view
 from agent.errors import InputError
 from tests.core.test_planner import JOBS, World
 
@@ -341,7 +341,7 @@ def test_rank_0_launching_over_ssh_lists_its_hosts_from_the_summary_where_their_
 def test_a_host_list_change_the_variables_do_not_show_is_a_new_generation():
     """One worker left and another came between two summaries: the counts are the same, and so is every
     variable, but the hostfile is not; topology.json's ``hosts`` (the key's) says so, as the sidecar reads it back."""
-    from agent.core.rendering import hosts_digest
+    from agent.core.files.rendering import hosts_digest
 
     options = Options(address="dns")
     pods = examples.volcano_job("demo", (("master", 1), ("worker", 40)))

@@ -16,7 +16,7 @@ import pytest
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import JOBSET_GLOBAL_INDEX, JOBSET_JOB_INDEX, JOBSET_NAME, JOBSET_RJOB
-from agent.core.gang import JobView, job_reads
+from agent.core.plan.gang import JobView, job_reads
 
 NAME = "trainjob"
 
@@ -167,7 +167,7 @@ def test_offline_a_launcher_running_container_node_stays_a_node():
 def test_the_sidecars_planner_decides_again_when_the_launcher_arrives_after_the_nodes(as_node):
     """JobSet creates the launcher once the nodes are Ready (the runtimes' dependsOn): a node's planner that laid
     the job out without it plans from scratch, and says what build_plan says over the same pods."""
-    from agent.core.topology import Planner, build_plan
+    from agent.core.plan.topology import Planner, build_plan
 
     pods = examples.trainjob_mpi(num_nodes=3 if as_node else 2, launcher_as_node=as_node)
     node = pods[0]["metadata"]["name"]

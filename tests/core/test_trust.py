@@ -1,6 +1,6 @@
 """Nothing a pod, an annotation or a published ConfigMap says can reach a file as a directive.
 
-Each case is one that, without the validation layer (agent/core/validation.py), ends in a traceback, a hang, or a
+Each case is one that, without the validation layer (agent/core/pods/validation.py), ends in a traceback, a hang, or a
 line written into a file from data."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.journal import state_from
+from agent.core.publication.journal import state_from
 from agent.errors import InputError
 
 PROXY = "worker\nHost *\n    ProxyCommand sh -c 'touch /tmp/pwned'"
@@ -203,7 +203,7 @@ ZONE_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), mi
 def test_whatever_ipaddress_accepts_the_validators_give_a_canonical_ip_or_refuse(address, zone, spelling):
     import ipaddress
 
-    from agent.core.validation import canonical_ip, parse_ip
+    from agent.core.pods.validation import canonical_ip, parse_ip
 
     text = getattr(address, spelling) + ("" if zone is None else f"%{zone}")
     try:
@@ -223,8 +223,8 @@ def test_whatever_ipaddress_accepts_the_validators_give_a_canonical_ip_or_refuse
 @pytest.mark.parametrize("hostile", ["fe80::1%h\n    ProxyCommand touch /tmp/pwned", "fe80::1%eth0",
                                      "127.1.0.2%x", "::ffff:127.1.0.2%0"])
 def test_a_published_row_with_a_zone_id_is_refused_and_writes_nothing(hostile):
-    from agent.core.journal import PublishedState, Publisher
-    from agent.core.published import decode, pack
+    from agent.core.publication.journal import PublishedState, Publisher
+    from agent.core.publication.published import decode, pack
 
     pods = _job()
     options = Options(address="ip")
@@ -257,7 +257,7 @@ def test_a_nul_in_the_pods_own_env_is_never_copied_into_torch_env(tmp_path):
 
 
 def _wrapped(pods_json: bytes) -> bytes:
-    from agent.core.published import SCHEMA
+    from agent.core.publication.published import SCHEMA
 
     head = b'{"schema":%d,"generation":1,"containers":[],"pods":' % SCHEMA
     return gzip.compress(head + pods_json + b"}", 9)
@@ -272,14 +272,14 @@ def test_a_published_bomb_is_refused_before_it_is_parsed(bomb, says):
     """An 87 KB ConfigMap (64 MiB of `{}` unzipped) costs a follower little: the text is inflated a MiB at a
     time up to its cap, and its values are counted before json makes them (peak RSS per
     input: bench/bomb_bench.py)."""
-    from agent.core.published import decode
+    from agent.core.publication.published import decode
 
     with pytest.raises(InputError, match=re.escape(says)):
         decode(_wrapped(bomb))
 
 
 def test_a_truncated_or_trailing_gzip_stream_is_refused_in_one_line():
-    from agent.core.published import decode
+    from agent.core.publication.published import decode
 
     whole = _wrapped(b"[]")
     with pytest.raises(InputError, match="does not decode: EOFError"):
@@ -292,7 +292,7 @@ def test_the_snapshots_gzip_members_are_read_in_turn_and_capped_together():
     """The leader writes the snapshot as one gzip member per block of rows. The cap on the inflated
     text counts every member (a bomb cut into members is still refused), as does the number of members, and
     bytes after the last member that are no gzip member are refused, not skipped."""
-    from agent.core.published import MAX_MEMBERS, SCHEMA, decode
+    from agent.core.publication.published import MAX_MEMBERS, SCHEMA, decode
 
     text = b'{"schema":%d,"generation":1,"containers":[],"pods":[]}' % SCHEMA
     assert decode(b"".join(gzip.compress(text[i:i + 7]) for i in range(0, len(text), 7)))["generation"] == 1
@@ -306,7 +306,7 @@ def test_the_snapshots_gzip_members_are_read_in_turn_and_capped_together():
 
 
 def test_a_journal_of_a_million_values_is_refused_before_it_is_parsed():
-    from agent.core.journal import read_journal
+    from agent.core.publication.journal import read_journal
 
     data = {"changes.json": "[" + "{}," * 200_000 + "{}]", "base": "0", "seq": "0"}
     with pytest.raises(InputError, match="the journal holds more than 150000 values"):

@@ -1,6 +1,6 @@
-"""Which view each pod writes (agent/core/view_choice.py): one row per kind of pod, from its role, its controller,
-the frameworks selected, its SSH material and whether its job publishes; the plan it is asked with is its whole
-plan (a pod that holds every member) or the one its own view makes from the leader's summary (a follower)."""
+"""Which view each pod writes (agent/core/publication/view_choice.py): one row per kind of pod, from its role, its
+controller, the frameworks selected, its SSH material and whether its job publishes; the plan it is asked with is its
+whole plan (a pod that holds every member) or the one its own view makes from the leader's summary (a follower)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import VOLCANO
 from agent.core.model import FrameworkOptions
-from agent.core.placement import DEFAULT_LEVELS
-from agent.core.summary import light_plan, own_view, read_summary, summarize, summary_text
-from agent.core.topology import Plan
-from agent.core.view_choice import SMALL_JOB, choose_view
+from agent.core.plan.topology import Plan
+from agent.core.pods.placement import DEFAULT_LEVELS
+from agent.core.publication.summary import light_plan, own_view, read_summary, summarize, summary_text
+from agent.core.publication.view_choice import SMALL_JOB, choose_view
 
 OWN = None  # the pod writes its own view
 

@@ -16,7 +16,7 @@ import yaml
 from agent import examples
 from agent.cli import main
 from agent.core import Options, render_pod
-from agent.core.explaining import format_explanation
+from agent.core.files.explaining import format_explanation
 from tests.core.test_framework_fidelity import _vcjob, read
 
 PYTORCH = "volcano-sh/volcano pkg/controllers/job/plugins/distributed-framework/pytorch/pytorch.go addFlags"

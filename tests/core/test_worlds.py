@@ -9,7 +9,7 @@ import json
 import pytest
 
 from agent import examples
-from agent.core.variables import warnings_for
+from agent.core.files.variables import warnings_for
 from tests.conftest import env_of, render
 
 
@@ -100,7 +100,7 @@ def test_a_user_world_size_of_processes_is_kept_and_named_as_the_pods_world_it_c
 
 
 def test_explains_member_table_gives_each_pod_its_node_rank_and_the_process_ranks_a_launcher_gives_it():
-    from agent.core.explaining import format_explanation
+    from agent.core.files.explaining import format_explanation
 
     text = format_explanation(render(examples.volcano_job(tasks=(("master", 1), ("worker", 2)), cpu="2"),
                                      "demo-worker-0"))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.ssh_config import SshPaths, host_pattern, render_known_hosts, render_ssh_config
+from agent.core.files.ssh_config import SshPaths, host_pattern, render_known_hosts, render_ssh_config
 from agent.errors import InputError
 
 # One at a time, on one worker (xdist): the consumers' processes and ports.

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.injection import AGENT_UID, TOKEN_PATH, resources_for
+from agent.core.adoption.injection import AGENT_UID, TOKEN_PATH, resources_for
 from agent.sandbox.threaded import SandboxThread
 from tests.jobs import create_volcano_job
 

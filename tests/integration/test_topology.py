@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from agent import examples
-from agent.core.placement import domains_used, ring_crossings
+from agent.core.pods.placement import domains_used, ring_crossings
 from tests.integration.conftest import finish, start_init
 from tests.jobs import create_volcano_job
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from agent import examples
-from agent.core.injection import INIT, INJECT_LABEL, INJECTED, PREFIX, SIDECAR
+from agent.core.adoption.injection import INIT, INJECT_LABEL, INJECTED, PREFIX, SIDECAR
 from agent.runtime import certs
 from agent.runtime.demo import volcano_owner
 from agent.sandbox.threaded import SandboxThread

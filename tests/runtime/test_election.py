@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent.core.lease import Timing
+from agent.core.publication.lease import Timing
 from agent.runtime.election import Elector, Standby
 
 

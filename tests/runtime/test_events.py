@@ -12,7 +12,7 @@ import time
 import pytest
 
 from agent import examples
-from agent.core.events import GENERATION_LABEL, JOB_LABEL, Bucket, Budget, Occurrence, Ref
+from agent.core.report.events import GENERATION_LABEL, JOB_LABEL, Bucket, Budget, Occurrence, Ref
 from agent.runtime import events as recording
 from agent.runtime.events import TaskRecorder, ThreadRecorder
 from tests.fakeapi import agent_name, init_pod

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from agent import examples
-from agent.core.provenance import Writer
+from agent.core.publication.provenance import Writer
 from agent.runtime.handoff import NAME, Handoff, read_handoff, write_handoff
 
 POD = examples.volcano_job("demo", (("master", 1), ("worker", 2)))[1]

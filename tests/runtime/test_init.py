@@ -200,8 +200,8 @@ def test_published_source_gives_every_pod_the_same_files_for_a_fraction_of_the_b
         # that does not train lists the whole topology after the summary told it its files name every member.
         assert follower["requests"] - follower["watches"] - len(looked) <= (6 if "extras" in name else 5), name
         # and the Lease: a training pod reads it once, and only an init that raced the publisher for it writes (a
-        # create that got 409, then a second look); a guard (rank 0 and the first three workers, core/leading.py)
-        # looks again before each of its watches; a pod that does not train never looks
+        # create that got 409, then a second look); a guard (rank 0 and the first three workers,
+        # core/publication/leading.py) looks again before each of its watches; a pod that does not train never looks
         first, later = (looked[:3], looked[3:]) if looked[1:2] == ["create"] else (looked[:1], looked[1:])
         if "extras" in name:
             assert looked == [], name
@@ -273,7 +273,7 @@ def test_dense_arrivals_are_read_in_batches_and_the_last_pods_at_once(tmp_path, 
     they come densely, init lets them pile up for LINGER between reads; the last ones (1 %) are read as they come,
     and sparse arrivals are never delayed."""
     from agent.core import Options
-    from agent.core.gang import Expectation
+    from agent.core.plan.gang import Expectation
     from agent.runtime.init import LINGER, Init, InitSettings, decide
 
     n = 400
@@ -337,8 +337,8 @@ def test_the_leader_never_follows_a_topology_someone_made_before_it(memory, api,
     """Whoever created `<job>-topology` before the job's leader published captured the leader (its create got
     409 and it followed the copy): the pod that runs the SSH launcher got the forger's hosts."""
     from agent.core import Options
-    from agent.core.journal import PublishedState, Publisher
-    from agent.core.published import configmap_body, configmap_name, pack
+    from agent.core.publication.journal import PublishedState, Publisher
+    from agent.core.publication.published import configmap_body, configmap_name, pack
 
     pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
     forged_pods = copy.deepcopy(pods)
@@ -413,9 +413,9 @@ def test_the_leader_builds_its_rows_while_it_waits_and_none_after_the_gang_is_co
                                                                                         tmp_path, monkeypatch):
     """The leader's init stages each pod's row as the pod arrives (building 16384 rows after the last IP cost
     ~0.1 s on every pod's start-up path); its publication then matches what the pods say."""
-    from agent.core import journal as journal_module
-    from agent.core.journal import Publisher
-    from agent.core.published import decode_configmap
+    from agent.core.publication import journal as journal_module
+    from agent.core.publication.journal import Publisher
+    from agent.core.publication.published import decode_configmap
 
     pods = create_volcano_job(memory, (("master", 1), ("worker", 5), ("extras", 1)), with_ips=False)
     built_in_change: list[str] = []
@@ -459,9 +459,9 @@ def test_the_leaders_plan_is_carried_through_the_wait_not_made_again_once_the_ga
     """init lays the job out once, from its LIST, and follows each pod's IP into that layout; the plan once the
     last IP is in is one change away (16384 pods: ~90 ms of planning from scratch saved on every pod's start-up
     path), and it is the plan the pods make from scratch."""
-    from agent.core import topology
     from agent.core.model import Options
-    from agent.core.topology import build_plan
+    from agent.core.plan import topology
+    from agent.core.plan.topology import build_plan
 
     tasks = (("master", 1), ("worker", 7), ("extras", 1))
     pods = create_volcano_job(memory, tasks, with_ips=False)

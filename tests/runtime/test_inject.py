@@ -17,7 +17,16 @@ import yaml
 from agent import __version__
 from agent.cli import main
 from agent.core import render_pod
-from agent.core.injection import INIT, PREFIX, SIDECAR, STATE, Settings, inject_document, names_registry, templates
+from agent.core.adoption.injection import (
+    INIT,
+    PREFIX,
+    SIDECAR,
+    STATE,
+    Settings,
+    inject_document,
+    names_registry,
+    templates,
+)
 from agent.core.model import STATE_DIR
 from agent.errors import InputError
 from agent.flags.common import options_from_args
@@ -161,7 +170,7 @@ RUNTIMES = sorted((ROOT / "manifests" / "trainer").glob("*.yaml"))
 
 def uninjected(doc: dict) -> dict:
     """A runtime shipped with the agent in it, as it was before inject added the agent."""
-    from agent.core.injection import INJECTED, remove
+    from agent.core.adoption.injection import INJECTED, remove
 
     doc = copy.deepcopy(doc)
     for template in templates(doc):

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent import __version__
-from agent.core.injection import INJECTED, KEYS, PREFIX, Settings
+from agent.core.adoption.injection import INJECTED, KEYS, PREFIX, Settings
 from agent.errors import InputError
 from agent.runtime.adoption import inject_text
 

@@ -15,7 +15,7 @@ from ruamel.yaml import YAML
 
 from agent import __version__
 from agent.cli import main
-from agent.core.injection import INJECTED, SHARED, Settings, inject_document
+from agent.core.adoption.injection import INJECTED, SHARED, Settings, inject_document
 from agent.errors import InputError
 from agent.flags.parser import check_command_line
 from agent.runtime.adoption import inject_text
@@ -159,7 +159,7 @@ def alias_bomb(levels: int = 10, fan: int = 10) -> str:
 def test_an_alias_bomb_is_refused_in_one_line_before_any_template_is_walked(capsys, monkeypatch):
     """895 bytes of YAML aliases make 10^10 templates; inject refuses them at once. The count is kept as the YAML
     is composed, so nothing is expanded: the agent's transform is never reached (a counter stands in for a clock)."""
-    import agent.core.injection as injection
+    import agent.core.adoption.injection as injection
 
     text = alias_bomb()
     assert len(text) < 1024
@@ -260,7 +260,7 @@ def test_an_anchor_that_contains_itself_is_refused():
 
 def test_templates_visits_an_object_aliased_many_times_once():
     """The same object reached through Lists in Lists (10^5 paths here) is one object: one template, once."""
-    from agent.core.injection import templates
+    from agent.core.adoption.injection import templates
 
     pod_ = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
             "spec": {"containers": [{"name": "t", "image": "x"}]}}
@@ -468,7 +468,7 @@ def test_a_long_trainer_match_is_refused_before_any_regex_is_compiled(monkeypatc
 def test_the_webhook_refuses_the_same_settings_with_the_same_line():
     """The webhook runs the same transform: a Volcano Job whose image setting has spaces is denied at CREATE
     (it was admitted, and every pod of it refused later), and so is a Pod over the namespace's own bad setting."""
-    from agent.core import admission
+    from agent.core.adoption import admission
 
     job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {
         "name": "v", "annotations": {"topology-agent.io/image": " spaced "}}, "spec": {"tasks": [

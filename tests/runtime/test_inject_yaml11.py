@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from agent import __version__
-from agent.core import injection
-from agent.core.injection import INIT, PREFIX, SIDECAR, SSH, Settings
+from agent.core.adoption import injection
+from agent.core.adoption.injection import INIT, PREFIX, SIDECAR, SSH, Settings
 from agent.errors import InputError
 from agent.runtime.adoption import inject_text
 from agent.runtime.quoting import is_misread_plain

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent import examples
-from agent.core.lease import Timing, lease_body, read_record
+from agent.core.publication.lease import Timing, lease_body, read_record
 from agent.runtime.leading import InitLease
 from agent.runtime.publishing import now_wall
 from tests.fakeapi import agent_name, init_pod

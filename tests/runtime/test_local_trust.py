@@ -288,7 +288,7 @@ def test_the_shipped_users_signal_only_when_the_sidecar_runs_as_the_trainer_and_
 
 def test_inject_runs_a_signalling_sidecar_as_the_trainer_in_a_shared_process_namespace():
     from agent import __version__
-    from agent.core.injection import PREFIX, SIDECAR, Settings, inject_document
+    from agent.core.adoption.injection import PREFIX, SIDECAR, Settings, inject_document
     from agent.errors import InputError
 
     def job(**spec):

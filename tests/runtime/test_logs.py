@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent import cli, examples
-from agent.core.lease import lease_body
+from agent.core.publication.lease import lease_body
 from agent.errors import InputError
 from agent.runtime.logs import setup_logging
 from agent.runtime.publishing import now_wall

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from agent import examples
-from agent.core.restarts import restarts_barrier
+from agent.core.plan.restarts import restarts_barrier
 from agent.k8s.core import WatchEvent
 from agent.runtime.restarts import (
     GENERATION,

@@ -655,7 +655,7 @@ def settled(running) -> bool:
 def forged_reads(memory, pod: str, rogue_pod: dict) -> bytes:
     """Init's reads as a trainer can write them: the own pod as the API has it, the job's object with its uid
     removed and the worker task's replicas one more, and the rogue pod among the publishers init accepted."""
-    from agent.core.provenance import Writer
+    from agent.core.publication.provenance import Writer
     from agent.runtime.handoff import Handoff
 
     job = copy.deepcopy(next(o for o in list(memory.sandbox.store.objects.values())

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from agent import examples
-from agent.core.events import CONTROLLER, GENERATION_LABEL, JOB_LABEL, micro_time
+from agent.core.report.events import CONTROLLER, GENERATION_LABEL, JOB_LABEL, micro_time
 from agent.errors import InputError
 from agent.flags.status import StatusSettings, options_of
 from agent.runtime.demo import volcano_owner

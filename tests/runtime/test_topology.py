@@ -26,7 +26,8 @@ def job_on_two_racks(memory):
 
 
 def run_inits(inits, tmp_path, names, *args):
-    """Every init at once, rank 0's last: the first training pod's init to run publishes (core/leading.py)."""
+    """Every init at once, rank 0's last: the first training pod's init to run publishes
+    (core/publication/leading.py)."""
     started = {n: inits.start(n, tmp_path / n, *args) for n in reversed(names)}
     errors = {}
     for name, who in started.items():

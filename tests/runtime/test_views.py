@@ -48,9 +48,9 @@ def test_a_new_snapshot_leaves_one_object_per_unchanged_pod():
     from types import SimpleNamespace
 
     from agent import examples
-    from agent.core.journal import PublishedState, Publisher
     from agent.core.model import Options
-    from agent.core.published import Compactor
+    from agent.core.publication.journal import PublishedState, Publisher
+    from agent.core.publication.published import Compactor
     from agent.runtime.sidecar.following import JournalFollower
     from agent.runtime.views import PodView
 

@@ -22,7 +22,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agent import __version__
-from agent.core.injection import PREFIX, Settings
+from agent.core.adoption.injection import PREFIX, Settings
 from agent.errors import ApiForbidden, ApiNotFound
 from agent.runtime import certs
 from agent.runtime.serving import BoundedServer, Limits

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from agent.core.events import Correlator, Occurrence, Ref
+from agent.core.report.events import Correlator, Occurrence, Ref
 from agent.errors import ApiError, ApiNotFound
 from agent.k8s import core
 

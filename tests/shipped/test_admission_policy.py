@@ -2,8 +2,8 @@
 (tests/vap.py: cel-expr-python, the binding of the reference C++ implementation, in the API server's order).
 
 Each case ends in what followers do with the write: "denied" (the API server refuses it), or, once admitted,
-"used" or "refused" by the readers' own check of the writer pod (agent/core/provenance.py). The policy cannot
-look up pods, so on CREATE it admits any agent pod that names itself; the readers refuse the ones that are not
+"used" or "refused" by the readers' own check of the writer pod (agent/core/publication/provenance.py). The policy
+cannot look up pods, so on CREATE it admits any agent pod that names itself; the readers refuse the ones that are not
 the job's. Every case that the review found open ends in "denied" or "refused"."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import yaml
 from agent import examples
 from agent.core import Options
 from agent.core.controllers import VOLCANO
-from agent.core.gang import JobView, roster_of
-from agent.core.provenance import Writer, WriterCheck
+from agent.core.plan.gang import JobView, roster_of
+from agent.core.publication.provenance import Writer, WriterCheck
 from agent.runtime.demo import volcano_owner
 from tests.vap import WEBHOOK_POLICY_FILE, Deny, Policy, agent_request, policy_spec
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.core.admission import JOB_RESOURCES
+from agent.core.adoption.admission import JOB_RESOURCES
 from agent.core.controllers import CONTROLLERS, job_resources
 
 ROOT = Path(__file__).resolve().parents[2]

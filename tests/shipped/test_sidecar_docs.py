@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from agent import __version__
-from agent.core.injection import Settings
+from agent.core.adoption.injection import Settings
 from agent.runtime.adoption import inject_text
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from agent.core import render_pod
-from agent.core.gang import job_reads
+from agent.core.plan.gang import job_reads
 from agent.flags.common import options_from_args
 from agent.flags.parser import build_parser
 from tests.manifest_pods import pods_for

@@ -28,7 +28,7 @@ def test_every_error_message_is_in_the_troubleshooting_page():
 
 
 def test_every_event_reason_the_agent_records_is_explained():
-    from agent.core.events import REASONS
+    from agent.core.report.events import REASONS
 
     doc = (ROOT / "docs" / "troubleshooting.md").read_text()
     section = doc[doc.index("## The pod's Events"):doc.index("## `topology-agent status JOB`")]

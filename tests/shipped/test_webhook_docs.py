@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from agent.core.admission import MAX_VALUES
-from agent.core.injection import MAX_VALUE
+from agent.core.adoption.admission import MAX_VALUES
+from agent.core.adoption.injection import MAX_VALUE
 from agent.runtime import serving, webhook
 from agent.runtime.reviewing import SMALL
 

@@ -13,7 +13,7 @@ import yaml
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.ssh_config import SshPaths
+from agent.core.files.ssh_config import SshPaths
 from agent.errors import InputError
 from agent.ssh.material import generate_secret_manifest, load_job_keys, ssh_files
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from agent.core.compact import PodMeta, meta_of
 from agent.core.model import Identity, Options, RawPod
-from agent.core.validation import index_value, role_value
+from agent.core.pods.validation import index_value, role_value
 from agent.errors import InputError
 
 # The Job controller's pod labels (k8s.io/api/batch/v1/types.go JobNameLabel, JobCompletionIndexAnnotation):
@@ -333,7 +333,7 @@ class Controller(abc.ABC):
 
     def index_base(self, role: str) -> int:
         """The last index part of a role's first pod: where the indices of its pods start counting (hot spares'
-        seats count the missing ones from here, core/spares.py)."""
+        seats count the missing ones from here, core/plan/spares.py)."""
         return 0
 
     def first_index(self, role: str, objects: Objects) -> tuple[int, ...] | None:

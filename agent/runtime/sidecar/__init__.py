@@ -9,7 +9,7 @@ The sidecar supervises its roles, one module each, run as root tasks (tasks.py):
 * in a large job, the publication (publication.py): the Lease its leader and standbys contend for, and in the
   pod holding it the writes that keep the publication equal to the pods;
 * beside the pods' follower, where RBAC lets it, the Nodes' (following.NodesFollower): a peer on a lost Node
-  leaves the world (core/lost.py); the publisher's rows carry that to the followers, who watch no Node.
+  leaves the world (core/pods/lost.py); the publisher's rows carry that to the followers, who watch no Node.
 
 ``Mode`` says which follower runs; a follower asks to switch (a standby named, a stalled publication, a sound
 one again). The last complete files always stay in place: while the API server is away, on SIGTERM, when the
@@ -29,12 +29,12 @@ from typing import Any
 
 from agent.core import Options
 from agent.core.controllers import detect_controller
-from agent.core.events import Occurrence, Ref
-from agent.core.gang import roster_of
 from agent.core.model import RawPod
-from agent.core.pods import pod_ip
-from agent.core.provenance import Writer, WriterCheck
-from agent.core.published import configmap_name
+from agent.core.plan.gang import roster_of
+from agent.core.pods.pod import pod_ip
+from agent.core.publication.provenance import Writer, WriterCheck
+from agent.core.publication.published import configmap_name
+from agent.core.report.events import Occurrence, Ref
 from agent.errors import AgentError, ApiForbidden, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector

@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
-from agent.core.events import Occurrence, generation_note
-from agent.core.leading import standbys
-from agent.core.lost import LOST
+from agent.core.files.rendering import hosts_digest, read_topology_json
+from agent.core.files.variables import warnings_for
 from agent.core.model import RawPod, Takeover
-from agent.core.rendering import hosts_digest, read_topology_json
-from agent.core.summary import own_view, view_key
-from agent.core.topology import Plan
-from agent.core.variables import warnings_for
+from agent.core.plan.topology import Plan
+from agent.core.pods.lost import LOST
+from agent.core.publication.leading import standbys
+from agent.core.publication.summary import own_view, view_key
+from agent.core.report.events import Occurrence, generation_note
 from agent.errors import InputError, OutputError
 from agent.files.reading import Unreadable, read_untrusted
 from agent.files.writing import write_files
@@ -31,7 +31,7 @@ from agent.runtime.signalling import signal_trainer
 from agent.runtime.views import HOLDING, full_view_line
 
 if TYPE_CHECKING:
-    from agent.core.ssh_config import SshTexts
+    from agent.core.files.ssh_config import SshTexts
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -116,7 +116,7 @@ class Evaluator:
     @property
     def standby_now(self) -> tuple[str, ...]:
         """The first training members of the last valid plan other than this pod: the publisher names them its
-        standbys (core/leading.py)."""
+        standbys (core/publication/leading.py)."""
         plan = self.plan
         return () if plan is None else standbys((m.name for m in plan.topology.training), self.settings.pod_name)
 
@@ -234,7 +234,7 @@ class Evaluator:
     def _write(self, rendered: Rendered, key: Any, since: float, note: str) -> float | None:
         s = self.settings
         if s.ssh is not None and self.ssh_texts is None:
-            from agent.core.ssh_config import SshTexts  # with the SSH material only: most pods have none
+            from agent.core.files.ssh_config import SshTexts  # with the SSH material only: most pods have none
 
             self.ssh_texts = SshTexts()
         try:

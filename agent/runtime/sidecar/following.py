@@ -24,11 +24,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from agent.core.escaping import pod_name_shown
-from agent.core.journal import Journal, journal_name, state_from, summary_name
-from agent.core.lease import read_record
-from agent.core.provenance import WriterCheck
-from agent.core.published import SELECT_LABEL, select_value
-from agent.core.topology import Plan
+from agent.core.plan.topology import Plan
+from agent.core.publication.journal import Journal, journal_name, state_from, summary_name
+from agent.core.publication.lease import read_record
+from agent.core.publication.provenance import WriterCheck
+from agent.core.publication.published import SELECT_LABEL, select_value
 from agent.errors import ApiError, ApiGone, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.core import PAGE, WatchEvent, pods_path

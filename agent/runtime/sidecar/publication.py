@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.journal import journal_name, rows_options, state_from, summary_name
-from agent.core.lease import Timing
-from agent.core.pods import object_name
-from agent.core.provenance import Writer, WriterCheck, writer_of
-from agent.core.published import SELECT_LABEL, select_value
-from agent.core.topology import Plan
-from agent.core.view_choice import why_full_view
+from agent.core.plan.topology import Plan
+from agent.core.pods.pod import object_name
+from agent.core.publication.journal import journal_name, rows_options, state_from, summary_name
+from agent.core.publication.lease import Timing
+from agent.core.publication.provenance import Writer, WriterCheck, writer_of
+from agent.core.publication.published import SELECT_LABEL, select_value
+from agent.core.publication.view_choice import why_full_view
 from agent.errors import ApiError, ApiForbidden, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.retrying import retried

@@ -1,0 +1,397 @@
+"""Topology and variables -> the bytes of every file the agent writes. Pure: the writer does the I/O.
+
+File formats are the consumers' own: ``torch.env`` is POSIX sh (``export KEY='value'``, so a value from pod
+data such as ``$(rm -rf /)`` stays inert text); ``hostfile`` is DeepSpeed's and OpenMPI's
+``<host> slots=<n>`` (``slots``, plural: DeepSpeed's parser rejects ``slot=``); ``<task>.host`` files are
+Volcano's one-host-per-line lists; ``topology.json`` is the machine-readable whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import operator
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+from agent.core.files.variables import Variable, host_file_name
+from agent.core.jsonstream import decode_streamed
+from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology, member_fields, member_span
+from agent.core.plan.grouping import key_of_document
+from agent.core.plan.topology import Plan
+from agent.core.pods.placement import Level
+
+if TYPE_CHECKING:
+    from agent.core.files.frameworks.base import Rendition
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TOPOLOGY_SCHEMA = 1
+
+
+def shell_quote(value: str) -> str:
+    """Single-quote for sh: nothing inside single quotes is expanded, and ' is closed, escaped, reopened."""
+    return "'" + value.replace("'", "'\"'\"'") + "'"
+
+
+def render_env(variables: Sequence[Variable], *, name: str = "torch.env", notes: Sequence[str] = ()) -> str:
+    """``name``: the file's own name, for the line that says how to source it; ``notes``: comment lines."""
+    lines = [f"# Written by topology-agent. Source it: . /shared/{name}", *(f"# {n}" for n in notes)]
+    for var in variables:
+        if not var.written:
+            continue
+        if not _NAME.match(var.name):  # pragma: no cover - names are built from env_key()
+            raise ValueError(var.name)
+        if var.unset:
+            lines.append(f"unset {var.name}")
+            continue
+        value = f'"{var.value}"' if var.reference else shell_quote(var.value)
+        lines.append(f"export {var.name}={value}")
+    return "\n".join(lines) + "\n"
+
+
+def _lines(members: Sequence[Member], tail: str, slots: frozenset[int] | None = None,
+           addresses: Sequence[str] | None = None) -> str:
+    """``<address><tail>\n`` per member, with ``:<slots>``/`` slots=<slots>`` in ``tail`` ("{}" stands for the
+    slots; ``slots``: the members' process counts when known; ``addresses``: theirs, when known). When every
+    member has the same slots (the common case) one C-level join makes it."""
+    if not members:
+        return ""
+    if slots is None:
+        slots = frozenset(map(SLOTS, members))
+    if len(slots) == 1:
+        end = tail.format(next(iter(slots))) + "\n"
+        return end.join(addresses if addresses is not None else map(ADDRESS, members)) + end
+    return "".join(f"{m.address}{tail.format(m.slots)}\n" for m in members)
+
+
+def hosts_lines(topology: Topology, tail: str) -> str:
+    """``<address><tail>\n`` per training member, each address once (``{}`` in ``tail``: its slots); in an own
+    view that lists the hosts, from the summary (``Topology.summary_hosts``)."""
+    listed = topology.summary_hosts if topology.whole is not None else None
+    if listed is not None:
+        addresses, slots = listed
+        sizes = set(slots)
+        if len(sizes) == 1:
+            end = tail.format(next(iter(sizes))) + "\n"
+            return end.join(addresses) + end
+        return "".join(f"{address}{tail.format(size)}\n" for address, size in zip(addresses, slots, strict=True))
+    hosts = topology.hosts
+    return _lines(hosts, tail, topology.slot_sizes if hosts is topology.training else None, topology.host_addresses)
+
+
+def render_hostfile(topology: Topology) -> str:
+    return hosts_lines(topology, " slots={}")
+
+
+def hosts_digest(topology: Topology) -> str:
+    """What an own view's host lists say, in topology.json (``"hosts"``): a change of them is a new generation
+    even where no variable changes (a pod left and another came, between two summaries). Of the hosts and their
+    process counts (``Topology.summary_hosts``, computed once per plan), not of the rendered file."""
+    listed = topology.summary_hosts
+    addresses, slots = listed if listed is not None else ((), ())
+    text = "\n".join(addresses) + "\n" + ",".join(map(str, slots))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def render_role_hosts(topology: Topology) -> dict[str, str]:
+    """Volcano's ``<role>.host``: one address per line, in index order (as Volcano's svc plugin writes them, and
+    as VC_<ROLE>_HOSTS lists them), whatever the rank order."""
+    files = {}
+    for role in topology.roles:
+        hosts = topology.index_addresses(role) or ()
+        files[host_file_name(role)] = "\n".join(hosts) + "\n" if hosts else ""
+    return files
+
+
+def _member_json(member: Member, levels: Sequence[Level] = ()) -> dict[str, Any]:
+    return {
+        "name": member.name,
+        "role": member.role,
+        "index": list(member.index),
+        "ordinal": member.ordinal,
+        "address": member.address,
+        "dnsName": member.dns_name,
+        "ip": member.ip,
+        "training": member.training,
+        "slots": member.slots,
+        "nodeRank": member.node_rank,
+        "rank": member.first_rank,
+        "running": member.running,
+        "node": member.node,
+        "domains": None if member.domains is None or not levels else
+        {level.name.lower(): value for level, value in zip(levels, member.domains, strict=True)},
+    }
+
+
+def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: int, members: bool = True,
+                      frameworks: Sequence[Rendition] = ()) -> dict[str, Any]:
+    topo = plan.topology
+    training = topo.training
+    return {
+        "schema": TOPOLOGY_SCHEMA,
+        "generation": generation,
+        "controller": topo.controller,
+        "namespace": topo.namespace,
+        "job": topo.job,
+        "jobUid": topo.job_uid,
+        "self": topo.self_name,
+        "trainingRoles": list(topo.training_roles),
+        "masterAddr": training[0].address if training else None,
+        "masterPort": plan.master_port if training else None,
+        # Two worlds, named apart: the training pods (torch.env's WORLD_SIZE, the world of a trainer started
+        # without a launcher) and their processes (the world torchrun, deepspeed or mpirun forms from the slots).
+        "nnodes": topo.nnodes,
+        "processes": topo.processes,
+        "topology": {"levels": [{"name": level.name.lower(), "label": level.label} for level in topo.levels],
+                     "rankOrder": topo.rank_order, "note": topo.order_note},
+        "members": [_member_json(m, topo.levels) for m in topo.members] if members else [],
+        **({"view": "own"} if topo.whole is not None else {}),
+        **({"hosts": hosts_digest(topo)} if topo.whole is not None and topo.whole.hosts else {}),
+        "excluded": [{"name": e.name, "reason": e.reason} for e in topo.excluded],
+        **(spares_document(topo) if topo.world_size is not None else {}),
+        "env": {v.name: v.value for v in variables if v.written and not v.unset},
+        **({"frameworks": {r.key: r.document() for r in frameworks}} if frameworks else {}),
+        # --replica-groups: the members above are this pod's group's world; every group of the job is listed here
+        **({"replicaGroups": plan.groups.document()} if plan.groups is not None else {}),
+    }
+
+
+def spares_document(topology: Topology) -> dict[str, Any]:
+    """``--world-size``: the world's size asked for, whether this pod is a spare, the spares (in the order they
+    would be promoted) and the promoted spares with the node rank each holds and the pod it replaced."""
+    return {"worldSize": topology.world_size, "spare": topology.is_spare,
+            "spares": [{"name": m.name, "address": m.address, "node": m.node} for m in topology.spares],
+            "takeovers": [{"name": t.name, "nodeRank": t.node_rank, "replaced": t.replaced}
+                          for t in topology.takeovers]}
+
+
+Entry = tuple[Member, bytes, tuple[object, ...]]  # a member, its text and its membership key
+_NAME_OF, _MEMBER = member_fields("name"), operator.itemgetter(0)  # a Member's name; an entry's member
+_BEFORE_RANKS, _AFTER_RANKS = member_span(None, "node_rank"), member_span("running", None)
+_NODE_RANK_OF, _RANK_OF = member_fields("node_rank"), member_fields("first_rank")
+_HEAD, _TAIL = operator.itemgetter(0), operator.itemgetter(2)
+_NODE_RANK, _RUNNING = b'"nodeRank": ', b', "running": '
+_RANKS = b'%s"nodeRank": %d, "rank": %d, "running": %s'  # a text's head, its two ranks and its tail
+RERANK_FROM = 256  # moved members from which the bulk pass pays (a dict of the last generation by name)
+
+
+def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> list[tuple[int, Entry]]:
+    """Where ``members[i]`` is the member of ``entries[i]`` but for ``node_rank`` and ``first_rank`` (both numbers),
+    its entry, the old text with the two numbers replaced: (i, entry). In C-level passes: a pod that leaves a
+    16384-pod job moves every member after it, and encoding them one by one was most of such a change. Every value
+    before ``"nodeRank": `` is a number, a literal or an escaped string, so its first occurrence is the key, and
+    only the two numbers stand between it and ``, "running": ``."""
+    olds = list(map(_MEMBER, entries))
+    same = map(operator.and_, map(operator.eq, map(_BEFORE_RANKS, olds), map(_BEFORE_RANKS, members)),
+               map(operator.eq, map(_AFTER_RANKS, olds), map(_AFTER_RANKS, members)))
+    numbered = map(operator.and_, map(operator.is_not, map(_NODE_RANK_OF, members), itertools.repeat(None)),
+                   map(operator.is_not, map(_RANK_OF, members), itertools.repeat(None)))
+    places = list(itertools.compress(range(len(members)), map(operator.and_, same, numbered)))
+    if not places:
+        return []
+    new = list(map(members.__getitem__, places))
+    heads = list(map(bytes.partition, map(_TEXT, map(entries.__getitem__, places)), itertools.repeat(_NODE_RANK)))
+    tails = list(map(bytes.partition, map(_TAIL, heads), itertools.repeat(_RUNNING)))
+    if not (all(map(operator.itemgetter(1), heads)) and all(map(operator.itemgetter(1), tails))):
+        return []  # not a text of ours: encoded member by member
+    texts = list(map(_RANKS.__mod__, zip(map(_HEAD, heads), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
+                                         map(_TAIL, tails), strict=True)))
+    return list(zip(places, zip(new, texts, map(_KEY_FIELDS, new), strict=True), strict=True))
+
+
+class MemberTexts:
+    """Each member's topology.json text (as bytes: the file is joined from them without a 4.5 MB encode at 16384
+    pods) and membership key between the sidecar's generations, found by the member object's identity (its id;
+    the entry holds the member, so no other object can take that id while the entry lives): a C-level lookup per
+    member, where hashing 4096 members by value would cost 5 ms per change and building their keys 1.5 ms. Members that
+    are equal but new objects (a plan made from scratch) are found by value, so they are not encoded again
+    either, and a member that only moved in rank (a pod before it left or came back: every later member) gets
+    its last text with the two numbers replaced (``_reranked``), not encoded again. Entries of earlier generations
+    are let go at each change that moves members: one generation of texts held, not two. The last lookup is kept
+    for the membership key of the same members (one pass per change, not two)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Entry] = {}
+        self._by_value: dict[Member, bytes] = {}
+        self._last: _Looked | None = None
+
+    def _entries(self, members: Sequence[Member], levels: Sequence[Level]) -> _Looked:
+        last = self._last
+        if last is not None and last.members is members:
+            return last
+        entries: list[Any]  # None where a member is yet to be found
+        if last is not None and len(last.members) == len(members):
+            # Most changes keep every member in its place: compare the two tuples' pointers (no member is
+            # touched) and look up only the places that changed; a lookup of all 16384 is ~4 ms of cache misses.
+            moved = list(itertools.compress(range(len(members)), map(operator.is_not, members, last.members)))
+            entries, texts, keys = list(last.entries), list(last.texts), list(last.keys)
+            for at in moved:
+                entries[at] = self._entry(members[at], levels)
+                texts[at], keys[at] = entries[at][1], entries[at][2]
+        else:
+            by_id = self._by_id
+            entries = list(map(by_id.get, map(id, members)))  # C-level; None for the members new since
+            moved = list(itertools.compress(range(len(entries)), map(operator.is_, entries, itertools.repeat(None))))
+            if last is not None and len(moved) >= RERANK_FROM:  # a pod joined or left: the members after it moved
+                self._rerank(entries, moved, members, last)
+            for at in moved:
+                if entries[at] is None:
+                    entries[at] = self._entry(members[at], levels)
+            texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
+        if moved and len(self._by_id) > len(members) + 64:  # let go of the members of earlier generations
+            self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}
+            self._by_value = {m: e[1] for m, e in zip(members, entries, strict=True)}
+        self._last = _Looked(members, entries, texts, keys)
+        return self._last
+
+    def _rerank(self, entries: list[Any], moved: list[int], members: Sequence[Member], last: _Looked) -> None:
+        """Fill ``entries`` at the ``moved`` places whose pod's last entry differs only in its ranks
+        (``_reranked``), and remember them both ways."""
+        before = dict(zip(map(_NAME_OF, last.members), last.entries, strict=True))
+        new = list(map(members.__getitem__, moved))
+        olds = list(map(before.get, map(_NAME_OF, new)))
+        known = list(itertools.compress(range(len(new)), olds))  # pods that were members: not None
+        found = _reranked(cast("list[Entry]", list(itertools.compress(olds, olds))),
+                          list(itertools.compress(new, olds)))
+        for at, entry in found:
+            entries[moved[known[at]]] = entry
+        entries_found = list(map(operator.itemgetter(1), found))
+        self._by_id.update(zip(map(id, map(_MEMBER, entries_found)), entries_found, strict=True))
+        self._by_value.update(zip(map(_MEMBER, entries_found), map(_TEXT, entries_found), strict=True))
+
+    def _entry(self, member: Member, levels: Sequence[Level]) -> Entry:
+        """The member's entry, found by identity, else by value, else encoded (and remembered both ways)."""
+        entry = self._by_id.get(id(member))
+        if entry is None:
+            text = self._by_value.get(member)
+            if text is None:
+                text = self._by_value[member] = json.dumps(_member_json(member, levels)).encode()
+            entry = self._by_id[id(member)] = (member, text, _KEY_FIELDS(member))
+        return entry
+
+    def texts(self, members: Sequence[Member], levels: Sequence[Level]) -> list[bytes]:
+        return self._entries(members, levels).texts
+
+    def membership_key(self, topology: Topology) -> tuple[tuple[object, ...], ...]:
+        """Each member's ``_KEY_FIELDS``, from the cached keys."""
+        return tuple(self._entries(topology.members, topology.levels).keys)
+
+
+class _Looked(NamedTuple):
+    """One generation's members and, place by place, their entries, texts and keys (the next is patched)."""
+
+    members: Sequence[Member]
+    entries: list[tuple[Member, bytes, tuple[object, ...]]]
+    texts: list[bytes]
+    keys: list[tuple[object, ...]]
+
+
+_TEXT, _KEY = operator.itemgetter(1), operator.itemgetter(2)
+
+
+def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int,
+                         texts: MemberTexts | None = None, frameworks: Sequence[Rendition] = ()) -> bytes:
+    """One line of JSON (the C encoder is ~20x faster than indent=2). ``texts`` keeps each member's JSON between
+    the sidecar's evaluations: joining 4096 members' texts takes 0.3 ms a change, encoding the member objects 15.
+    Without it, members are encoded 1024 at a time: one dict per member of a 16384-pod job at once would be ~20 MB
+    of init's peak. The bytes are exactly ``json.dumps`` of the whole document (ASCII: it escapes the rest)."""
+    document = topology_document(plan, variables, generation=generation, members=False, frameworks=frameworks)
+    document["members"] = []
+    head = json.dumps(document)
+    # Keys and strings before "members" are JSON-escaped, so the first '"members": []' is the key itself.
+    before, _, after = head.partition('"members": []')
+    if texts is None:  # one-shot (render, init): an encoder call per 1024 members, not one member dict per pod
+        topo = plan.topology
+        listed = [json.dumps([_member_json(m, topo.levels) for m in topo.members[at:at + 1024]])[1:-1].encode()
+                  for at in range(0, len(topo.members), 1024)]
+    else:
+        listed = texts.texts(plan.topology.members, plan.topology.levels)
+    # One join of the pieces and their separators: joining the members first, then the file, held the members'
+    # 4.6 MB twice at 16384 pods.
+    parts = [b", "] * (2 * len(listed) + 1) if listed else [b"", b""]
+    parts[1:-1:2] = listed
+    parts[0], parts[-1] = before.encode() + b'"members": [', b"]" + after.encode() + b"\n"
+    return b"".join(parts)
+
+
+def render_discover_hosts(topology: Topology) -> str:
+    """Horovod elastic's ``--host-discovery-script``: prints ``host:slots`` for each training pod that can run a
+    process now (phase Running, and this pod itself), as the MPI operator's discover_hosts.sh lists only
+    Running pods (updateDiscoverHostsInConfigMap, pkg/controller/mpi_job_controller.go, v0.5.0+); each address
+    once, as in the hostfile."""
+    hosts, addresses = topology.hosts, topology.host_addresses
+    running = list(map(RUNNING, hosts))
+    if not all(running):
+        hosts, addresses = tuple(itertools.compress(hosts, running)), tuple(itertools.compress(addresses, running))
+    sizes = topology.slot_sizes
+    lines = _lines(hosts, ":{}", sizes if len(sizes) == 1 else None,  # the running pods' sizes: one if all have one
+                   addresses)
+    return f"#!/bin/sh\n# Written by topology-agent: live training pods as host:slots.\ncat <<'EOF'\n{lines}EOF\n"
+
+
+MARKERS = ("topology.json", "generation")  # written last, in this order: a reader that sees them sees the rest
+EXECUTABLE = frozenset({"discover_hosts.sh"})
+
+
+def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int, texts: MemberTexts | None = None,
+                 frameworks: Sequence[Rendition] = ()) -> dict[str, bytes]:
+    """Every file of one generation, by name relative to the output directory, in write order: the frameworks'
+    files (agent/core/frameworks) before the markers. A view of part of the job (--view own) writes no host
+    list (its pod knows only rank 0 and itself) but the SSH launcher's, from the summary (``Whole.hosts``)."""
+    files = {"torch.env": render_env(variables).encode()}
+    whole = plan.topology.whole
+    if whole is None or whole.hosts:  # an own view lists hosts only for the SSH launcher (view_choice.py)
+        files["hostfile"] = render_hostfile(plan.topology).encode()
+        files.update((name, text.encode()) for name, text in render_role_hosts(plan.topology).items())
+    if whole is None:  # it lists the Running pods, which only the full view knows
+        files["discover_hosts.sh"] = render_discover_hosts(plan.topology).encode()
+    for rendition in frameworks:
+        files.update(rendition.files)
+    files["topology.json"] = render_topology_json(plan, variables, generation=generation, texts=texts,
+                                                  frameworks=frameworks)
+    files["generation"] = f"{generation}\n".encode()
+    return files
+
+
+# What a change must alter to be worth a rewrite and a signal: who is in, where, with what rank.
+_KEY_FIELDS = member_fields("name", "role", "address", "training", "slots", "node_rank", "running", "node", "domains")
+
+
+def member_key(m: dict[str, Any]) -> tuple[object, ...]:
+    """One member's part of the membership key, read back from its ``topology.json`` entry."""
+    return (m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"], m.get("running", True),
+            m.get("node", ""), tuple(m["domains"].values()) if isinstance(m.get("domains"), dict) else None)
+
+
+def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, ...], ...]:
+    """The same key read back from a ``topology.json`` (the sidecar continues where init left off)."""
+    key = tuple(map(member_key, document.get("members", [])))
+    return with_frameworks(with_groups(key, document.get("replicaGroups")), document.get("frameworks"))
+
+
+def read_topology_json(text: str) -> tuple[dict[str, Any], tuple[tuple[object, ...], ...]]:
+    """A ``topology.json``'s document without its members, and its membership key, the members read one at a
+    time (``decode_streamed``): every member's dict at once would be ~25 MB of the sidecar's start at 16384 pods."""
+    keys: list[tuple[object, ...]] = []
+    document = decode_streamed(text, "members", lambda m: keys.append(member_key(m)))
+    return document, with_frameworks(with_groups(tuple(keys), document.get("replicaGroups")),
+                                     document.get("frameworks"))
+
+
+def with_groups(key: tuple[tuple[object, ...], ...], groups: dict[str, Any] | None) -> tuple[tuple[object, ...], ...]:
+    """A membership key that also says this pod's group, the groups' count and the lighthouse
+    (``grouping.ReplicaGroups.key``), read back from topology.json's ``replicaGroups``."""
+    found = key_of_document(groups)
+    return key if found is None else (*key, found)
+
+
+def with_frameworks(key: tuple[tuple[object, ...], ...], frameworks: dict[str, Any] | None
+                    ) -> tuple[tuple[object, ...], ...]:
+    """A membership key that also changes when a framework's files do (their ports, a member's IP in
+    mlx_hostfile.json: not in the members' key), by their digests in topology.json's ``frameworks``; a
+    torch-only job's key is the members' alone."""
+    if not frameworks:
+        return key
+    return (*key, ("frameworks", *sorted((name, str(entry["digest"])) for name, entry in frameworks.items())))

@@ -1,0 +1,1 @@
+"""Reports: Events and the rows of `topology-agent status`."""
