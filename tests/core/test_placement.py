@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_pod
-from agent.core.plan.topology import topology_order
+from agent.core.plan.rank import topology_order
 from agent.core.pods.placement import (
     DEFAULT_LEVELS,
     domains_used,

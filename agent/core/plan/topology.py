@@ -1,20 +1,13 @@
-"""Pods -> Topology. This module decides the job's members, NODE_RANK and RANK; with the controllers' rules
-(controllers/: identities, training roles, the coordinator), nothing else does.
-
-Rank order is an explicit sort key (``RankRule``): JobSet's coordinator first, then the position of the pod's role
-in the training roles, then the controller's index (JobSet: job-global-index, then completion index). Never
-creation time or list order: those differ between the pods' views of the same job, and two pods that disagree
-on ranks hang forever. Under torchrun's c10d rendezvous the training pods are ordered by the address the agent
-gives torchrun (``PET_LOCAL_ADDR``), as c10d numbers its nodes (``c10d_rendezvous``): the ranks the agent writes
-are then torch's. ``_place`` is the one loop that gives NODE_RANK and RANK along that order; what other
-modules need to know about ranks without a plan comes from here too: the pod that will be rank 0, from the job's
-objects alone (``rank_zero``, for the publication's leader), and the ranks inside a run of the order
-(``ranks_in_run``, for the summary that ``--view own`` pods read). ``--rank-order topology`` reorders the training
-pods by their Nodes' domains (``topology_order``).
+"""Pods -> Topology. This module decides the job's members and gives each its NODE_RANK and RANK along the rank
+order, which rank.py states (``RankRule``: JobSet's coordinator first, then the position of the pod's role in the
+training roles, then the controller's index; under torchrun's c10d rendezvous the address torch numbers its nodes
+by). Never creation time or list order: those differ between the pods' views of the same job, and two pods that
+disagree on ranks hang forever. ``_place_each`` is the one loop that gives NODE_RANK and RANK along the order;
+``--rank-order topology`` reorders the training pods by their Nodes' domains (rank.py's ``topology_order``).
 
 ``Planner`` keeps a layout between changes for the long-lived callers (the sidecar, init's wait); a property test
 holds it to ``build_plan``. What one pod says of itself (identity, address, slots, gone or not) is facts.py's,
-reading a pod object pods.py's, Node labels placement.py's: none of them relates one pod to another.
+reading a pod object pods/pod.py's, Node labels pods/placement.py's: none of them relates one pod to another.
 """
 
 from __future__ import annotations
@@ -28,15 +21,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, Objects, detect_controller, parse_selector
+from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, detect_controller, parse_selector
 from agent.core.injected import controller_entries
 from agent.core.model import ROLE, Excluded, Identity, Member, Options, RawPod, Topology
 from agent.core.plan.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.plan.grouping import LIGHTHOUSE_ROLE, ReplicaGroups
+from agent.core.plan.rank import RankRule, SortKey, topology_order
 from agent.core.plan.spares import Seating, seat
 from agent.core.pods.containers import pick_trainer_container, user_env
 from agent.core.pods.placement import node_domains
-from agent.core.pods.pod import find_pod, host_name, pod_name
+from agent.core.pods.pod import find_pod, pod_name
 from agent.errors import InputError
 
 
@@ -219,7 +213,6 @@ def build_plan(pods: Sequence[RawPod], self_name: str, options: Options, *, memo
 
 # --- the rank order ----------------------------------------------------------------------------------------
 
-SortKey = tuple[int, int, str, tuple[int, ...], str]
 _ELASTIC_RANGE = re.compile(r"([0-9]{1,7}):([0-9]{1,7})")
 
 
@@ -251,118 +244,6 @@ def c10d_rendezvous(pod: RawPod, controller: Controller, options: Options) -> bo
         return backend.value == "c10d"
     return options.elastic is not None or \
         elastic_range(injected_values(pod, controller, options).get("PET_NNODES", "")) is not None
-
-
-# An address no pod has, after every one: where a training pod without its IP yet waits under the c10d order
-# (Planner.follow's provisional layouts; a plan places no such pod)
-_NO_ADDRESS = "\U0010ffff"
-
-
-@dataclass(frozen=True)
-class RankRule:
-    """The rank order as one sort key: JobSet's coordinator first, then the training roles in their order, then
-    the controller's index (without explicit roles, JobSet's global index alone orders every replicated job); the
-    pods that do not train after them by role and index. The name only breaks ties no controller makes.
-
-    ``by_address`` (torchrun's c10d rendezvous, ``c10d_rendezvous``): the training pods in the order of their
-    addresses as strings, whatever their roles and indices, for c10d numbers its nodes so
-    (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, torch 2.13: ``_mark_rendezvous_complete`` ranks
-    ``sorted(state.participants)``, each a ``_NodeDesc(addr, pid, local_id)`` whose ``addr`` is torchrun's
-    ``--local-addr``, which is the agent's ``PET_LOCAL_ADDR``, the member's address). Pods that share an address
-    are told apart by torchrun's process id, which no pod can know: among them index order stands in
-    (``variables.c10d_warnings`` says so)."""
-
-    position: dict[str, int]  # training role -> its place in the rank order
-    explicit: bool  # the training roles are the user's or the controller's (else every role present trains)
-    coordinator: str | None  # the host name of the pod JobSet names rank 0
-    by_address: bool = False  # c10d's order: training pods by address
-
-    def key(self, pod: RawPod, ident: Identity, facts: PodFacts) -> SortKey:
-        at = self.position.get(ident.role)
-        if at is None:
-            return (2, len(self.position), ident.role, ident.index, facts.name)
-        if self.by_address:
-            place = facts.place
-            return (1, 0, place[0] if place is not None else _NO_ADDRESS, ident.index, facts.name)
-        coordinator = self.coordinator
-        first = coordinator is not None and host_name(pod) == coordinator
-        return (0 if first else 1, at if self.explicit else 0, "", ident.index, facts.name)
-
-    def key_of(self, role: str, index: tuple[int, ...], *, first: bool = False) -> SortKey:
-        """``key`` of a pod known by its role and index alone (``first``: the coordinator), for ``rank_zero``.
-        Written out again rather than called from ``key``: ``key`` runs once per pod per layout. No address: an
-        elastic job's rank 0 (the c10d order) is never asked of the job's objects (its expectation counts no
-        replicas per role: gang.py)."""
-        at = self.position.get(role)
-        if at is None:
-            return (2, len(self.position), role, index, "")
-        return (0 if first else 1, at if self.explicit else 0, "", index, "")
-
-    def role_block(self, role: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """The keys between which ``role``'s pods lie, when roles are explicit, no coordinator moves a pod ahead and
-        no address orders them: each role is then one block of the rank order."""
-        block = self.position.get(role)
-        if block is not None:
-            return (1, block), (1, block + 1)
-        return (2, len(self.position), role), (2, len(self.position), role + "\0")
-
-
-def rank_zero(controller: Controller, counts: Mapping[str, int], objects: Objects,
-              training_roles: Sequence[str] | None) -> tuple[str, tuple[int, ...]] | None:
-    """(role, index) of the pod the rank order will put first, from the job's objects alone (``counts``: pods
-    per training role, as the job asks for them), before any pod is seen; None when they cannot say.
-
-    The same key as the plan's, over each training role's first pod (``Controller.first_index``) and the pod
-    the job names first (``Controller.named_first``: JobSet's coordinator). A role the controller creates only
-    once others are Ready (``waits_for``: JobSet dependsOn) has no pod yet when the others' gang is complete: it
-    is passed over, as the plan of those pods passes it."""
-    waits = controller.waits_for(objects)
-    roles = tuple(training_roles) if training_roles is not None else tuple(counts)
-    rule = RankRule({role: at for at, role in enumerate(roles)}, training_roles is not None, None)
-    there = [role for role in roles if counts.get(role, 0) > 0 and role not in waits]
-    candidates: list[tuple[SortKey, str, tuple[int, ...]]] = []
-    for role in there:
-        index = controller.first_index(role, objects)
-        if index is None:
-            return None
-        candidates.append((rule.key_of(role, index), role, index))
-    named = controller.named_first(objects)
-    if named is not None and named[0] in there:
-        candidates.append((rule.key_of(*named, first=True), *named))
-    if not candidates:
-        return None
-    _, role, index = min(candidates)
-    return role, index
-
-
-def ranks_in_run(*, node_rank: int, first_rank: int, slots: int, seen: int, offset: int,
-                 ordinal: int = -1) -> tuple[int, int, int]:
-    """(NODE_RANK, RANK, ordinal) of the training member ``offset`` places after the first of a run, from the
-    first's node rank and rank, the run's process count and the role's members before the run (``seen``).
-
-    A run is consecutive training members of one role, index prefix and process count, with consecutive last
-    indices (``Topology.run_starts``). ``_place`` gives each the next node rank, the rank after the previous
-    member's processes, and the controller's ordinal, else its place in the role: so a pod that reads only a run
-    (``--view own``, summary.py) gets the numbers the whole plan gives it."""
-    return node_rank + offset, first_rank + offset * slots, ordinal if ordinal >= 0 else seen + offset
-
-
-def topology_order(paths: Sequence[tuple[str, ...]]) -> list[int]:
-    """A permutation of ``paths`` (each training member's domains outermost first, then its node), given in index
-    order: the rank order under ``--rank-order topology``.
-
-    Members sharing a domain become contiguous at every level, and domains keep the order of their first member
-    in index order, so the first member (rank 0) stays first and a new member of an existing domain moves only
-    the members after that domain's block. Ties keep index order. O(members x levels)."""
-    first: dict[tuple[str, ...], int] = {}
-    keys: list[tuple[int, ...]] = []
-    for position, path in enumerate(paths):
-        key = []
-        for depth in range(1, len(path) + 1):
-            key.append(first.setdefault(path[:depth], position))
-        key.append(position)
-        keys.append(tuple(key))
-    return sorted(range(len(paths)), key=keys.__getitem__)
 
 
 # --- the layout: the live pods in rank order, placed ----------------------------------------------------------
@@ -809,12 +690,12 @@ def _remember_views(layout: _Layout, topology: Topology) -> None:
         known["me"] = members[at]
     left: dict[str, int] = {}
     for name in layout.left_out:
-        role = rows.key_of[name][2]  # a pod left out does not train: its key holds its role
+        role = rule.untrained_role(rows.key_of[name])  # a pod left out does not train
         left[role] = left.get(role, 0) + 1
     present = {r for r, n in layout.census.role_count.items() if n > left.get(r, 0)}
     ordered = [r for r in topology.training_roles if r in present]
     known["roles"] = roles = (*ordered, *sorted(present - set(ordered)))
-    if not layout.left_out and rows.at is None and rule.explicit and rule.coordinator is None and not rule.by_address:
+    if not layout.left_out and rows.at is None and rule.roles_are_blocks:
         by_role = {}
         for role in roles:  # explicit roles in index order: each role is one block of the rank order
             low, high = rule.role_block(role)

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from agent.core.controllers import Controller, Objects
 from agent.core.model import Identity
 from agent.core.plan.gang import Expectation
-from agent.core.plan.topology import rank_zero
+from agent.core.plan.rank import rank_zero
 from agent.core.publication.journal import STANDBYS
 from agent.core.publication.lease import Observation, Record, may_take
 

@@ -41,7 +41,8 @@ from agent.core.model import (
     fill,
 )
 from agent.core.plan.facts import facts_of
-from agent.core.plan.topology import Plan, ranks_in_run
+from agent.core.plan.rank import ranks_in_run
+from agent.core.plan.topology import Plan
 from agent.core.pods.pod import pod_name
 from agent.core.pods.validation import DNS_NAME, check_pod, parse_ip
 from agent.core.publication.published import bounded_loads
