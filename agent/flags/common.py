@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.controllers import CONTROLLERS, parse_selector
+from agent.core.escaping import shown
 from agent.core.files.frameworks import FRAMEWORKS, PORTED
 from agent.core.model import (
     STATE_DIR,
@@ -96,8 +97,7 @@ def whole(option: str, raw: str | None, *, low: int = 1, high: int = 65535) -> i
         return None
     # Length first: int() of thousands of digits is refused by Python (and slow before that).
     if not is_whole_number(raw) or len(raw.strip()) > len(str(high)) or not low <= int(raw) <= high:
-        shown = raw if len(raw) <= 40 else raw[:37] + "..."
-        raise InputError(f"{option} '{shown}' must be a whole number from {low} to {high}")
+        raise InputError(f"{option} '{shown(raw, 37)}' must be a whole number from {low} to {high}")
     return int(raw)
 
 
@@ -107,7 +107,7 @@ def whole_knob(k: Knob, *, low: int = 1, high: int = 65535) -> int | None:
 
 def choice(option: str, raw: str, allowed: Sequence[str]) -> str:
     if raw not in allowed:
-        raise InputError(f"{option} '{raw}' must be one of: {', '.join(allowed)}")
+        raise InputError(f"{option} '{shown(raw)}' must be one of: {', '.join(allowed)}")
     return raw
 
 

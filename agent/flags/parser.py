@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from agent import __version__
+from agent.core.escaping import printable
 from agent.errors import InputError
 from agent.flags.common import options_from_args, ssh_values
 
@@ -135,6 +136,7 @@ def check_command_line(argv: list[str], where: str) -> None:
             command(args.command).check(args)
         ssh_values(args)
     except InputError as err:
-        raise InputError(f"{where}: {err} (from a topology-agent.io/ annotation or --set)") from None
+        # the values come from annotations: whatever a check quoted of them is shown on one line
+        raise InputError(f"{where}: {printable(str(err))} (from a topology-agent.io/ annotation or --set)") from None
     finally:
         os.environ.update(saved)

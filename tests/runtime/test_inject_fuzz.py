@@ -203,3 +203,14 @@ def test_comments_anywhere_stay_and_a_second_run_changes_nothing(case):
         return
     assert run(once) == once
     assert [mark for mark in own_lines if mark not in once] == []
+
+
+@pytest.mark.parametrize("key", ["address", "rank-order", "view", "master-port"])
+def test_an_annotation_value_with_a_line_break_is_refused_on_one_line(key):
+    """A value an option check quotes (a choice, a port) is shown escaped, so the refusal stays one line."""
+    doc = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "annotations": {PREFIX + key: "bad\nvalue"}},
+           "spec": {"containers": [{"name": "t", "image": "x"}]}}
+    with pytest.raises(InputError) as caught:
+        inject_text(json.dumps(doc), Settings(), version=__version__)
+    assert "\n" not in str(caught.value) and "bad\\nvalue" in str(caught.value)
