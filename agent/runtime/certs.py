@@ -38,7 +38,7 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 from agent.errors import ApiConflict, ApiNotFound, InputError
 from agent.k8s.async_client import AsyncApi
 
-log = logging.getLogger("topology-agent.webhook")
+log = logging.getLogger("topology_agent.webhook")
 
 CA_LIFE = datetime.timedelta(days=5 * 365)
 CA_RENEW = datetime.timedelta(days=365)

@@ -31,7 +31,7 @@ from agent.errors import InputError
 from agent.flags.parser import check_command_line
 from agent.runtime.memory import release_memory
 
-log = logging.getLogger("topology-agent.webhook")
+log = logging.getLogger("topology_agent.webhook")
 
 SMALL = 64 * 1024  # bytes: a body up to here is reviewed in the server's process (a pod is 5-20 KB)
 TRIM_AFTER = 1 << 20  # bytes: after a body this large the reviewing process gives its heap back

@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-log = logging.getLogger("topology-agent.webhook")
+log = logging.getLogger("topology_agent.webhook")
 
 
 @dataclass(frozen=True)

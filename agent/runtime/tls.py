@@ -41,7 +41,7 @@ from agent.runtime.certs import ManagedCerts, pair_problem
 if TYPE_CHECKING:
     from agent.runtime.webhook import Webhook
 
-log = logging.getLogger("topology-agent.webhook")
+log = logging.getLogger("topology_agent.webhook")
 
 RETRY = 60.0  # at most this many seconds between tries after a failed check, or a watch refused
 GAP = 0.2  # seconds between two checks: the events of one repair (Secret, configuration) make one check

@@ -43,7 +43,7 @@ from agent.runtime.reviewing import SMALL, Outcome, Reviewer, Unavailable
 from agent.runtime.serving import BoundedServer, Limits
 from agent.runtime.tls import keep_tls
 
-log = logging.getLogger("topology-agent.webhook")
+log = logging.getLogger("topology_agent.webhook")
 
 MAX_BODY = 8 << 20  # bytes: an AdmissionReview of the largest object the API server takes (3 MiB) re-encoded
 BODIES = 16 << 20  # bytes of bodies held at once (read, or waiting for the reviewing process)

@@ -27,7 +27,7 @@ import aiohttp
 import jsonpatch
 
 Obj = dict[str, Any]
-log = logging.getLogger("topology-agent.sandbox")
+log = logging.getLogger("topology_agent.sandbox")
 
 
 @dataclass(frozen=True)

@@ -100,3 +100,25 @@ def test_the_commands_error_line_is_one_escaped_line(monkeypatch, capsys, tmp_pa
     monkeypatch.setitem(cli.COMMANDS, "explain", fail)
     assert cli.run(["explain", "--pods", str(pods), "--self", "demo-master-0"]).code != 0
     assert capsys.readouterr().err == said
+
+
+def test_every_module_logs_under_the_handler_setup_logging_installs():
+    """setup_logging gives the ``topology_agent`` logger its handler and formatter (with the escaping of
+    core/escaping.py); a module logging under any other name would print unescaped through Python's last-resort
+    handler, and its INFO lines not at all."""
+    import importlib
+    import logging
+    import pkgutil
+
+    import agent
+
+    names = {}
+    for module in pkgutil.walk_packages(agent.__path__, "agent."):
+        if module.name.startswith(("agent.trainer", "agent.__main__")):
+            continue  # runs in the trainer's Python, with its own logging
+        loaded = importlib.import_module(module.name)
+        for value in vars(loaded).values():
+            if isinstance(value, logging.Logger):
+                names[module.name] = value.name
+    assert names, "no module logger found"
+    assert {m: n for m, n in names.items() if n != "topology_agent" and not n.startswith("topology_agent.")} == {}
