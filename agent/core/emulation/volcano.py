@@ -16,10 +16,10 @@ pytorch, tensorflow, mpi and ray plugins (and ``ssh`` for mpi) when the manifest
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.core.controllers.volcano import VOLCANO_INDEX, VOLCANO_JOB, VOLCANO_TASK, plugin_args
+from agent.core.controllers.volcano import VOLCANO_INDEX, VOLCANO_JOB, VOLCANO_TASK, PluginArgs, plugin_args
 from agent.core.emulation.objects import (
     Obj,
     add_env,
@@ -130,27 +130,36 @@ def emulate_volcano(job: Mapping[str, Any]) -> tuple[list[Obj], list[Obj]]:
                      "replicas": replicas.get(master, 0) + replicas.get(worker, 0),
                      "rank": i + 1 if task == worker else 0, "master_task": master,
                      "tf_config": f'{{"cluster":{tf_cluster},"task":{{"type":"{role}","index":{i}}}}}'}
-            containers = pod["spec"]["containers"]
-            inits = pod["spec"].get("initContainers") or []
-            for plugin in order:
-                block: list[dict[str, Any]] = []
-                if plugin == "mpi" and mpi is not None and task == mpi.tasks["master"]:
-                    hosts = ",".join(f"{name}-{mpi.tasks['worker']}-{k}.{name}"
-                                     for k in range(replicas.get(mpi.tasks["worker"], 0)))
-                    block = [{"name": "MPI_HOST", "value": hosts}]
-                elif plugin in ("env", "svc", "pytorch", "tensorflow"):
-                    block = injected_env("volcano", VOLCANO_RELEASE, features,  # type: ignore[assignment]
-                                         {**facts, "plugin_order": (plugin,)})
-                for entry in block:  # the pytorch plugin's master is its --master task's first pod
-                    if entry["name"] == "MASTER_ADDR" and "value" in entry:
-                        entry["value"] = f"{name}-{master}-0.{name}"
-                add_env(containers, block)
-                if plugin in ("env", "svc", "mpi"):
-                    add_env(inits, block)
-                if plugin == "pytorch":
-                    _open_port(containers, pytorch.port)
+            _inject_plugins(pod, order, task=task, job=name, master=master, mpi=mpi, replicas=replicas,
+                            pytorch=pytorch, features=features, facts=facts)
             if svc:
                 _mount_hosts(pod["spec"], f"{name}-svc")
             pods.append(pod)
     return [], pods
+
+
+def _inject_plugins(pod: Obj, order: Sequence[str], *, task: str, job: str, master: str, mpi: PluginArgs | None,
+                    replicas: Mapping[str, int], pytorch: PluginArgs, features: set[str],
+                    facts: dict[str, Any]) -> None:
+    """Each plugin's variables, in the job's plugin order, on the pod's containers (and, for env, svc and mpi, on
+    its init containers); the pytorch plugin opens its port."""
+    containers = pod["spec"]["containers"]
+    inits = pod["spec"].get("initContainers") or []
+    for plugin in order:
+        block: list[dict[str, Any]] = []
+        if plugin == "mpi" and mpi is not None and task == mpi.tasks["master"]:
+            hosts = ",".join(f"{job}-{mpi.tasks['worker']}-{k}.{job}"
+                             for k in range(replicas.get(mpi.tasks["worker"], 0)))
+            block = [{"name": "MPI_HOST", "value": hosts}]
+        elif plugin in ("env", "svc", "pytorch", "tensorflow"):
+            block = injected_env("volcano", VOLCANO_RELEASE, features,  # type: ignore[assignment]
+                                 {**facts, "plugin_order": (plugin,)})
+        for entry in block:  # the pytorch plugin's master is its --master task's first pod
+            if entry["name"] == "MASTER_ADDR" and "value" in entry:
+                entry["value"] = f"{job}-{master}-0.{job}"
+        add_env(containers, block)
+        if plugin in ("env", "svc", "mpi"):
+            add_env(inits, block)
+        if plugin == "pytorch":
+            _open_port(containers, pytorch.port)
 
