@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.core.controllers import detect_controller, parse_selector
+from agent.core.controllers import Controller, detect_controller, parse_selector
 from agent.core.files.frameworks import FRAMEWORKS, published_ports, selected
 from agent.core.model import (
     ADDRESS,
     LISTED_HOSTS,
     AddressTemplate,
+    Identity,
     Member,
     Options,
     RawPod,
@@ -40,7 +42,7 @@ from agent.core.model import (
     Whole,
     fill,
 )
-from agent.core.plan.facts import facts_of
+from agent.core.plan.facts import PodFacts, facts_of
 from agent.core.plan.rank import ranks_in_run
 from agent.core.plan.topology import Plan
 from agent.core.pods.pod import pod_name
@@ -392,14 +394,9 @@ def _read_runs(runs_raw: list[Any], training_roles: tuple[str, ...], slots: froz
     return tuple(runs)
 
 
-def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = False) -> Plan | None:
-    """This pod's plan from the summary and its own pod: rank 0 and itself as members, the job-wide numbers from
-    the summary. None when the summary does not place this pod (not published yet, or not a training pod);
-    ``InputError`` when the pod itself cannot be placed (as ``build_plan`` would say). ``ssh``: the pod has the
-    job's SSH material; as rank 0 it launches, and writes the host lists when the summary gives them
-    (``view_choice.hosts_listed``)."""
-    own = check_pod(own)  # type: ignore[assignment]
-    controller = detect_controller(own, options)
+def _own_facts(own: RawPod, controller: Controller, options: Options,
+               training_roles: Iterable[str]) -> tuple[PodFacts, Identity]:
+    """The own pod's facts and identity; ``InputError`` when it is no training member of its own job."""
     pairs = parse_selector(options.choice.selector) if options.choice.selector else None
     facts = facts_of(own, controller, options, pairs, None, checked=True)
     name = pod_name(own)
@@ -408,9 +405,22 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     ident = facts.ident
     if ident is None:
         raise facts.error or InputError(f"pod '{name}': cannot be identified")
-    if ident.role not in summary.training_roles:
+    if ident.role not in training_roles:
         raise InputError(f"pod '{name}' is role '{ident.role}', which does not train: its files list the job's pods "
                          "by role")
+    return facts, ident
+
+
+def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = False) -> Plan | None:
+    """This pod's plan from the summary and its own pod: rank 0 and itself as members, the job-wide numbers from
+    the summary. None when the summary does not place this pod (not published yet, or not a training pod);
+    ``InputError`` when the pod itself cannot be placed (as ``build_plan`` would say). ``ssh``: the pod has the
+    job's SSH material; as rank 0 it launches, and writes the host lists when the summary gives them
+    (``view_choice.hosts_listed``)."""
+    own = check_pod(own)  # type: ignore[assignment]
+    controller = detect_controller(own, options)
+    facts, ident = _own_facts(own, controller, options, summary.training_roles)
+    name = pod_name(own)
     run = summary.run_of(ident.role, ident.index)
     hot = summary.spares
     spare = run is None and hot is not None and hot.holds(ident.role, ident.index)
