@@ -82,16 +82,7 @@ class Publication:
             publication.follower.first_list = handed
             return publication, Mode.FOLLOWER
         try:
-            items, rv = await _listed(api, collection, job.configmap, light)
-            looked = await retried(lambda: journal_if_summary_gone(api, collection, job.configmap, items),
-                                   what="look for a published topology") if light else []
-            gone = summary_gone(looked, job.configmap) if light else None
-            if looked and gone is None:  # published between the two LISTs: the summary is there now
-                items, rv = await _listed(api, collection, job.configmap, light)
-            if gone is not None:  # the whole topology, as when the summary cannot serve this pod
-                log.warning("%s", gone)
-                light = False
-                items, rv = await _listed(api, collection, job.configmap, light)
+            items, rv, light = await _looked(api, collection, job.configmap, light)
         except ApiForbidden as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return None, Mode.PODS
@@ -217,6 +208,23 @@ def _handed(summary: dict[str, Any] | None, job: Job) -> tuple[list[Any], str] |
     if journal is None or journal.leader == job.pod or job.pod in journal.standby:
         return None
     return [summary], summary["metadata"]["resourceVersion"]
+
+
+async def _looked(api: AsyncApi, collection: str, configmap: str,
+                  light: bool) -> tuple[list[Any], str, bool]:
+    """The publication's objects as listed, and whether they are its summary alone (``light``): a summary that is
+    gone while its journal is published is followed by the whole topology, as when it cannot serve this pod."""
+    items, rv = await _listed(api, collection, configmap, light)
+    looked = await retried(lambda: journal_if_summary_gone(api, collection, configmap, items),
+                           what="look for a published topology") if light else []
+    gone = summary_gone(looked, configmap) if light else None
+    if looked and gone is None:  # published between the two LISTs: the summary is there now
+        items, rv = await _listed(api, collection, configmap, light)
+    if gone is not None:
+        log.warning("%s", gone)
+        light = False
+        items, rv = await _listed(api, collection, configmap, light)
+    return items, rv, light
 
 
 async def _listed(api: AsyncApi, collection: str, configmap: str, light: bool) -> tuple[list[Any], str]:
