@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
@@ -80,13 +81,27 @@ def _changes(before: dict[str, str] | None, now: dict[str, str],
     return left, sorted(name for name in lost if name in members)
 
 
+@dataclass
+class InPlace:
+    """The generation of files in place, as the sidecar knows it: what a new evaluation is compared with, and what
+    its Event says changed since."""
+
+    generation: int = 0
+    key: tuple[tuple[object, ...], ...] | None = None  # the membership it was written for
+    shape: tuple[int, int] | None = None  # its training pods and processes
+    # The pods it leaves out, with why (None: not planned yet): a new generation's Event names those that left
+    # since, and the lost ones that are members again.
+    left_out: dict[str, str] | None = None
+    # --world-size: (spare, node rank) of each seat a spare held in it (None: not planned yet)
+    takeovers: frozenset[tuple[str, int]] | None = None
+
+
 class Evaluator:
     def __init__(self, settings: Any, metrics: SidecarMetrics, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.metrics, self.clock = settings, metrics, clock
         self.renderer = Renderer(settings.options, settings.pod_name, checked=True)  # pods passed the intake
-        self.generation = 0
-        self.last_key: tuple[tuple[object, ...], ...] | None = None
+        self.in_place = InPlace()  # the files in place, as this sidecar knows them
         self.document: bytes | None = None  # topology.json as this sidecar planned it, served by /topology
         self.keep_document = True  # False when /topology is not served: 4.5 MB less held at 16384 pods
         self.problem: str | None = NOT_EVALUATED  # why the files in place may not be the membership's (None: they are)
@@ -97,13 +112,11 @@ class Evaluator:
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
         # Each generation written, kept where a rerun of init reads it (runtime/restarts.py): its numbering goes on.
         self.recorded: Callable[[int], None] = lambda _: None
-        self.shape: tuple[int, int] | None = None  # training pods and processes of the files in place
         self.ssh_texts: SshTexts | None = None  # what each member adds to the SSH files (made at the first write)
-        # The pods the files in place leave out, with why (None: not planned yet): a new generation's Event names
-        # those that left since, and the lost ones that are members again.
-        self.left_out: dict[str, str] | None = None
-        # --world-size: (spare, node rank) of each seat a spare held in the files in place (None: not planned yet)
-        self.takeovers: frozenset[tuple[str, int]] | None = None
+
+    @property
+    def generation(self) -> int:
+        return self.in_place.generation
 
     @property
     def valid(self) -> bool:
@@ -142,8 +155,8 @@ class Evaluator:
             log.warning("the previous topology.json cannot be continued from (%s); starting from generation 0",
                         str(err)[:200])
             return
-        self.generation, self.last_key = generation, key
-        self.shape = _shape(document)
+        self.in_place.generation, self.in_place.key = generation, key
+        self.in_place.shape = _shape(document)
         self.metrics.generation.set(self.generation)
         try:
             marker = read_untrusted(out / "generation", 32).decode("ascii", "replace").strip()
@@ -171,10 +184,10 @@ class Evaluator:
             self.problem = f"the current pods make no valid topology ({err})"
             log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
             return None
-        if key == self.last_key:
+        if key == self.in_place.key:
             self.problem = None
-            self.left_out = _left_out(self.plan or rendered.plan)
-            self.takeovers = _seats_taken(rendered.plan.topology.takeovers)
+            self.in_place.left_out = _left_out(self.plan or rendered.plan)
+            self.in_place.takeovers = _seats_taken(rendered.plan.topology.takeovers)
             if self.document is None and self.keep_document:  # the first plan since the start: served from now on
                 self.document = self._document_at(rendered, self.generation)
             return None
@@ -247,8 +260,8 @@ class Evaluator:
         self.write_failed.reset()
         self.problem = None
         written = self.clock()
-        self.generation += 1
-        self.last_key = key
+        self.in_place.generation += 1
+        self.in_place.key = key
         self.document = rendered.files["topology.json"] if self.keep_document else None
         self.metrics.rewrites.inc()
         self.metrics.generation.set(self.generation)
@@ -259,16 +272,18 @@ class Evaluator:
                  topo.nnodes, topo.processes, note, written)
         shape = (topo.nnodes, topo.processes)
         left_out = _left_out(self.plan or rendered.plan)
-        left, back = _changes(self.left_out, left_out, self.plan or rendered.plan)
-        took = [t for t in topo.takeovers if self.takeovers is not None and t[:2] not in self.takeovers]
-        self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.shape, shape, left=left,
+        left, back = _changes(self.in_place.left_out, left_out, self.plan or rendered.plan)
+        seats = self.in_place.takeovers
+        took = [t for t in topo.takeovers if seats is not None and t[:2] not in seats]
+        self.tell(Occurrence("NewGeneration", generation_note(self.generation, self.in_place.shape, shape, left=left,
                                                               back=back, took=took), generation=self.generation))
         for name, why in left:
             log.info("pod %s left the world: %s", name, why)
         for takeover in took:
             log.info("hot spare %s took node rank %d%s", takeover.name, takeover.node_rank,
                      f" in place of {takeover.replaced}" if takeover.replaced else "")
-        self.shape, self.left_out, self.takeovers = shape, left_out, _seats_taken(topo.takeovers)
+        self.in_place.shape, self.in_place.left_out = shape, left_out
+        self.in_place.takeovers = _seats_taken(topo.takeovers)
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
         result = signal_trainer(s.finder, s.signal)
