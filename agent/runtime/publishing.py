@@ -202,7 +202,8 @@ class JournalWriter:
     def __init__(self, api: AsyncApi, namespace: str, name: str, *, job: str, options: Options, leader: str,
                  leader_uid: str, owner: dict[str, Any] | None, ssh: bool = False) -> None:
         self.api, self.namespace, self.name, self.job = api, namespace, name, job
-        self.options, self.leader, self.leader_uid, self.owner = options, leader, leader_uid, owner
+        self.options, self.owner = options, owner
+        self.me = Writer(leader, leader_uid)  # this leader, as the objects it writes name it
         self.ssh = ssh  # the job's pods have its SSH material: the summary lists rank 0's hosts
         self.publisher: Publisher | None = None  # what this leader has published, and the journal
         self.written_rv: dict[str, str] = {}
@@ -230,9 +231,9 @@ class JournalWriter:
             state = PublishedState(job=self.job, namespace=self.namespace, seq=journal.seq if journal else 0,
                                    snapshot_seq=-1)
             journal = None
-        self.publisher = Publisher(state, self.options, leader=self.leader, leader_uid=self.leader_uid,
+        self.publisher = Publisher(state, self.options, leader=self.me.name, leader_uid=self.me.uid,
                                    journal=journal.entries if journal else ())
-        self.publisher.standby = journal.standby if journal is not None and journal.leader == self.leader else ()
+        self.publisher.standby = journal.standby if journal is not None and journal.leader == self.me.name else ()
         summary = next((i for i in items if object_name(i) == summary_name(self.name)), None)
         self.said = said(summary.get("data")) if summary is not None else ""
         self.summary = None
@@ -240,7 +241,7 @@ class JournalWriter:
         # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation) is
         # rewritten right after the first journal (what followers wait for), so that a reader that starts later
         # finds this pod as the writer of both, whatever became of the pod before (core/publication/provenance.py).
-        self.rewrite_snapshot = snapshot is not None and writer_of(snapshot) != Writer(self.leader, self.leader_uid)
+        self.rewrite_snapshot = snapshot is not None and writer_of(snapshot) != self.me
         return set(state.rows)  # every row is compared again: what changed while nobody published goes out
 
     async def prepare(self, read: ReadBack | None = None) -> None:
@@ -298,7 +299,7 @@ class JournalWriter:
         """The snapshot at the sequence published now, written by this pod."""
         seq = publisher.state.seq
         await write(self.name, configmap_body(self.name, publisher.snapshot_packed(), generation=seq,
-                                              leader=self.leader, leader_uid=self.leader_uid, owner=self.owner,
+                                              leader=self.me.name, leader_uid=self.me.uid, owner=self.owner,
                                               standby=publisher.standby))
         publisher.snapshot_written(seq)
         self.rewrite_snapshot = False
