@@ -404,6 +404,63 @@ _UNOPENED = "a '}' never opened"  # what a dropped item's scan calls a brace tha
 STEP = 64 * 1024  # characters a reader takes in at once; a failed attempt at an item waits for this many more
 
 
+class _Lexer:
+    """Where a JSON text's structural characters are, outside its strings, across reads: a string or an escape
+    left open at a read's end is carried to the next."""
+
+    def __init__(self) -> None:
+        self.in_string = self.escaped = False
+
+    def next_token(self, text: str, at: int) -> int:
+        """Where the next of ``{}[],`` outside strings is, from ``at``; -1 at the text's end (a string or an escape
+        left open is remembered)."""
+        while True:
+            if self.escaped:
+                if at >= len(text):
+                    return -1
+                at, self.escaped = at + 1, False
+            if self.in_string:  # str.find: a regex's class crawls through a string of a megabyte
+                quote = text.find('"', at)
+                escape = text.find("\\", at, len(text) if quote < 0 else quote)
+                if escape >= 0:
+                    at, self.escaped = escape + 1, True
+                elif quote < 0:
+                    return -1
+                else:
+                    at, self.in_string = quote + 1, False
+                continue
+            found = _TOKEN.search(text, at)
+            if found is None:
+                return -1
+            if found.group() == '"':
+                self.in_string, at = True, found.end()
+                continue
+            return found.start()
+
+
+class _Envelope:
+    """A LIST answer's fields besides its items, kept as text within ``budget`` characters; its last characters
+    (``tail``) are where the items' key is looked for."""
+
+    def __init__(self, budget: int, what: str) -> None:
+        self.budget, self.what = budget, what
+        self.parts: list[str] = []
+        self.size = 0
+        self.tail = ""
+
+    def keep(self, text: str) -> None:
+        self.size += len(text)
+        if self.size > self.budget:
+            raise ApiUnavailable(f"list {self.what}: the answer's fields besides its items exceed {self.budget} "
+                                 "characters")
+        self.parts.append(text)
+        self.tail = (self.tail + text)[-64:]
+
+    def take(self) -> str:
+        text, self.parts = "".join(self.parts), []
+        return text
+
+
 class ListReader:
     """A LIST answer's bytes, as they come, into its items, each parsed alone as soon as it is whole, so a page
     is never held whole, as text or parsed: what the reader holds is at most one object's budget and a read.
@@ -420,11 +477,9 @@ class ListReader:
         self._decoder = json.JSONDecoder(parse_constant=not_json, parse_float=_finite)
         self._text = ""  # what is not consumed yet
         self._mode = "envelope"  # "envelope", "items" (between items), "skip" (in an item being dropped), "after"
-        self._envelope: list[str] = []
-        self._envelope_size = 0
-        self._tail = ""  # the envelope's last characters, to find the items' key
+        self._envelope = _Envelope(budget, what)
         self._depth = 0  # of the envelope, or of the item being dropped
-        self._in_string = self._escaped = False
+        self._lexer = _Lexer()
         self._comma = False  # between items: a ',' (True) or the first item or ']' (False) comes next
         self._after_comma = False
         self._wait = 0  # the text's length when an item last failed to parse: it waits for STEP more
@@ -455,11 +510,9 @@ class ListReader:
         self._run(items, final=True)
         if self._mode in ("items", "skip"):
             raise ApiUnavailable(f"list {self.what}: the answer ended within its items (connection cut)")
-        self._keep_envelope(self._text)
+        self._envelope.keep(self._text)
         self._text = ""
-        envelope = "".join(self._envelope)
-        self._envelope = []
-        return items, parse_json(envelope.encode(), what=f"list {self.what}")
+        return items, parse_json(self._envelope.take().encode(), what=f"list {self.what}")
 
     def take_dropped(self) -> list[Oversized]:
         dropped, self.dropped = self.dropped, []
@@ -478,61 +531,27 @@ class ListReader:
 
     # --- the envelope -------------------------------------------------------------------------------------------
 
-    def _keep_envelope(self, text: str) -> None:
-        self._envelope_size += len(text)
-        if self._envelope_size > self.budget:
-            raise ApiUnavailable(f"list {self.what}: the answer's fields besides its items exceed {self.budget} "
-                                 "characters")
-        self._envelope.append(text)
-        self._tail = (self._tail + text)[-64:]
-
     def _scan_envelope(self) -> bool:
         """Through the envelope's text to the items' '[' (then "items" mode: True) or to its end (False)."""
         text, at = self._text, 0
         while True:
-            token = self._next_token(text, at)
+            token = self._lexer.next_token(text, at)
             if token < 0:
-                self._keep_envelope(text)
+                self._envelope.keep(text)
                 self._text = ""
                 return False
             char = text[token]
             at = token + 1
             if char in "{[":
                 if (char == "[" and self._depth == 1 and self._mode == "envelope"
-                            and _ITEMS_KEY.search(self._tail + text[max(0, token - 64):token])):
-                    self._keep_envelope(text[:at] + "]")
+                            and _ITEMS_KEY.search(self._envelope.tail + text[max(0, token - 64):token])):
+                    self._envelope.keep(text[:at] + "]")
                     self._text = text[at:]
                     self._mode, self._comma, self._after_comma = "items", False, False
                     return True
                 self._depth += 1
             elif char in "}]":
                 self._depth -= 1
-
-    def _next_token(self, text: str, at: int) -> int:
-        """Where the next of ``{}[],`` outside strings is, from ``at``; -1 at the text's end (a string or an escape
-        left open is remembered)."""
-        while True:
-            if self._escaped:
-                if at >= len(text):
-                    return -1
-                at, self._escaped = at + 1, False
-            if self._in_string:  # str.find: a regex's class crawls through a string of a megabyte
-                quote = text.find('"', at)
-                escape = text.find("\\", at, len(text) if quote < 0 else quote)
-                if escape >= 0:
-                    at, self._escaped = escape + 1, True
-                elif quote < 0:
-                    return -1
-                else:
-                    at, self._in_string = quote + 1, False
-                continue
-            found = _TOKEN.search(text, at)
-            if found is None:
-                return -1
-            if found.group() == '"':
-                self._in_string, at = True, found.end()
-                continue
-            return found.start()
 
     # --- the items ----------------------------------------------------------------------------------------------
 
@@ -588,7 +607,7 @@ class ListReader:
         """Through an item being dropped, to the ',' or ']' after it (then "items" mode: True)."""
         text, at = self._text, 0
         while True:
-            token = self._next_token(text, at)
+            token = self._lexer.next_token(text, at)
             if token < 0:
                 self._skipped += len(text)
                 self._text = ""
