@@ -34,7 +34,7 @@ from agent.errors import InputError
 from agent.runtime.views import PodView
 
 INIT = "topology-agent"  # the agent's init container, as inject names it
-PUBLISH_THRESHOLD = 256  # init's (runtime/init.py): a job of this many training pods publishes its topology
+PUBLISH_THRESHOLD = 256  # init's (runtime/init/): a job of this many training pods publishes its topology
 SHIPPED_RUNTIME = "{}-distributed-topology.yaml"  # manifests/trainer's, as package data (links in agent/runtime)
 PLACEHOLDER = "127."  # the placeholder pod IPs: loopback, never a cluster's
 

@@ -275,6 +275,7 @@ def test_dense_arrivals_are_read_in_batches_and_the_last_pods_at_once(tmp_path, 
     from agent.core import Options
     from agent.core.plan.gang import Expectation
     from agent.runtime.init import LINGER, Init, InitSettings, decide
+    from agent.runtime.init.gang import wait_for_gang
 
     n = 400
     pods = examples.volcano_job("demo", (("master", 1), ("worker", n - 1)))
@@ -292,7 +293,7 @@ def test_dense_arrivals_are_read_in_batches_and_the_last_pods_at_once(tmp_path, 
     init = Init(arrivals, settings, clock=arrivals.clock, sleep=arrivals.sleep, resolver=lambda name: True, ssh=None)
     arrivals.listed = [pods[0], *pending[1:]]
     expected = Expectation(total=n, per_role={"master": 1, "worker": n - 1}, source="test")
-    _, gang = asyncio.run(init.gang(pods[0], decide(pods[0], settings, expected, ()), expected, None))
+    _, gang = asyncio.run(wait_for_gang(init, pods[0], decide(pods[0], settings, expected, ()), expected, None))
     assert gang.tracker.status().ready
     last = 1.0 + gap * (n - 2)
     if lingers:
