@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agent.core.compact import marked_lost, same_but_version
@@ -82,18 +82,50 @@ class PodView:
     core reads. ``stage`` is given each pod as it is kept (the leader's init stages its published rows while the
     pages arrive)."""
 
-    def __init__(self, own: str, options: Options, *, roster: Roster | None = None, whole_own: bool = False) -> None:
+    def __init__(self, own: str, options: Options, *, roster: Roster | None = None, whole_own: bool = False,
+                 me: RawPod | None = None, stage: Callable[[RawPod], None] | None = None,
+                 refused: Refused | None = None, watchers: Sequence[Watcher] = ()) -> None:
         self.own, self.roster, self.whole_own = own, roster, whole_own
-        self.me: RawPod | None = None  # the own pod as read at start: its containers' env is the user's
+        self.me = me  # the own pod as read at start: its containers' env is the user's
         self.pods: dict[str, RawPod] = {}
         self.unaddressed: set[str] = set()  # pods without an IP yet (kept per change, not rescanned)
         self.listed = False  # every pod was held at once (a LIST, a snapshot): before that, nothing to place
         self.touched: set[str] = set()  # changed since the publisher last drained them
         self.unplanned: set[str] | None = set()  # changed since the last plan (None: every pod, after a LIST)
-        self.watchers: list[Watcher] = []
-        self.stage: Callable[[RawPod], None] | None = None
-        self.refused: Refused | None = None  # told of each pod the intake leaves out (the pod's Events)
+        self.watchers: list[Watcher] = list(watchers)
+        self.stage = stage
+        self.refused = refused  # told of each pod the intake leaves out (the pod's Events)
         self.compactor = Compactor(options)
+
+    # --- collaborators known only after the view is made ------------------------------------------------------
+
+    def know_me(self, me: RawPod) -> None:
+        """The own pod, once read (the sidecar reads it after its view is made)."""
+        self.me = me
+
+    def know_roster(self, roster: Roster | None) -> None:
+        """The job's members, once its object is read (None: it names none): from now on the intake keeps only them."""
+        self.roster = roster
+
+    def watch(self, watcher: Watcher, *, refused: Refused | None = None) -> None:
+        """Tell ``watcher`` of every change from now on; ``refused``, if given, hears of each pod the intake
+        leaves out from now on (a watcher made with the view it watches: init's gang, the pod's Events)."""
+        self.watchers.append(watcher)
+        if refused is not None:
+            self.refused = refused
+
+    def unwatch(self, watcher: Watcher) -> None:
+        self.watchers.remove(watcher)
+
+    def renew_all(self) -> None:
+        """Every pod is the publisher's to write again at the next drain (a publication that failed)."""
+        self.touched |= set(self.pods)
+
+    def renew_placement(self, names: set[str]) -> None:
+        """The pods ``names`` run on Nodes whose labels were just learned: the publisher writes them again, and
+        the planner compares every pod (labels place pods anew)."""
+        self.touched |= names
+        self.unplanned = None
 
     @property
     def options(self) -> Options:

@@ -57,8 +57,7 @@ def test_a_new_snapshot_leaves_one_object_per_unchanged_pod():
     options = Options(address="ip")
     compactor = Compactor(options)
     raw = examples.volcano_job("demo", (("master", 1), ("worker", 7)))
-    view = PodView("demo-worker-3", options)
-    view.me = raw[4]
+    view = PodView("demo-worker-3", options, me=raw[4])
     sink = SimpleNamespace(changed=lambda: None)
     follower = JournalFollower(sink, None, view, namespace="default", configmap="demo-topology",  # type: ignore[arg-type]
                                check=None, settings=None, clock=lambda: 0.0)  # type: ignore[arg-type]

@@ -114,12 +114,10 @@ async def wait_for_gang(init: Init, me: RawPod, source: Source, expected: Expect
     """List the job's pods, then watch until the gang is complete; ``GangTimeout`` naming what is missing at
     the deadline. Each event costs O(1) (``GangTracker``)."""
     s = init.settings
-    view = PodView(s.pod_name, s.options, roster=init.roster, whole_own=True)
-    view.me = me
-    view.stage = publisher.stage if publisher is not None else None  # the leader's rows, as the pods arrive
+    view = PodView(s.pod_name, s.options, roster=init.roster, whole_own=True, me=me,
+                   stage=publisher.stage if publisher is not None else None)  # the leader's rows, as they come
     gang = Gang(view, s, expected, init.memo, init.events.lock())
-    view.watchers.append(gang)
-    view.refused = gang.refuse
+    view.watch(gang, refused=gang.refuse)
     init.events.stand(gang.waiting)
     collection = pods_path(s.namespace)
     ops = init.calls.ops(lambda: init.api.list_objects(collection, label_selector=source.selector, limit=PAGE,

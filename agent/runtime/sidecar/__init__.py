@@ -193,7 +193,8 @@ class Sidecar:
         self.recorder: TaskRecorder | None = None
         self.metrics = SidecarMetrics()
         self.changes = Changes(self.metrics, clock)
-        self.view = PodView(settings.pod_name, settings.options)
+        self._pods_listed = _Listed()  # set at each LIST of the pods: the Nodes are listed after it
+        self.view = PodView(settings.pod_name, settings.options, watchers=[self._pods_listed])
         self.evaluator = Evaluator(settings, self.metrics, clock=clock)
         self.publication: Publication | None = None
         self.selector = ""
@@ -202,8 +203,6 @@ class Sidecar:
         self.node_view: NodeView | None = None  # the Nodes, while this pod watches them (``nodes_loop``)
         self.nodes_refused: str | None = None  # why this pod may not watch Nodes (said once; none watched from then)
         self._nodes_due: float | None = None  # the pods' evaluation waits until then for the Nodes' first LIST
-        self._pods_listed = _Listed()  # set at each LIST of the pods: the Nodes are listed after it
-        self.view.watchers.append(self._pods_listed)
         self._trim: asyncio.TimerHandle | None = None
         self._forget = False  # a standby stood down: let go of the pods once their follower has ended
         # Notified after each evaluation (files written or not): whoever waits for a generation, a readiness or
@@ -256,7 +255,7 @@ class Sidecar:
         s = self.settings
         controller = detect_controller(me, s.options)
         self.selector = controller.selector(me, s.options)
-        self.view.me = me
+        self.view.know_me(me)
         self._start_events(me, controller.identify(me, s.options).job)
         owners = [o for o in me.get("metadata", {}).get("ownerReferences", []) if o.get("controller")]
         name = controller.identify(me, s.options).job
@@ -302,8 +301,7 @@ class Sidecar:
                                                                me.get("metadata", {}).get("uid") or ""), job=job)
         self.evaluator.tell = self.changes.tell = recorder.record
         refusals = Refusals(recorder, s.namespace)
-        self.view.refused = refusals.refused
-        self.view.watchers.append(refusals)
+        self.view.watch(refusals, refused=refusals.refused)
 
     def _journal_follower(self, job: Job, check: WriterCheck) -> JournalFollower:
         s = self.settings
@@ -330,7 +328,7 @@ class Sidecar:
             return
         for note in view.notes:
             log.info("%s", note)
-        self.view.roster = roster_of(view, check_index=False)  # a new index later is a scale-up
+        self.view.know_roster(roster_of(view, check_index=False))  # a new index later is a scale-up
         if view.options != s.options:
             self.settings = dataclasses.replace(s, options=view.options)
             self.evaluator = Evaluator(self.settings, self.metrics, clock=self.clock)
@@ -534,9 +532,8 @@ class Sidecar:
             asyncio.get_running_loop().call_later(2.0, self.changes.changed)
             return
         self.nodes.update(learned)
-        self.view.touched |= {name for name, pod in self.view.pods.items()
-                              if pod.get("spec", {}).get("nodeName") in learned}
-        self.view.unplanned = None  # the Nodes' labels place pods anew: the planner compares them all
+        self.view.renew_placement({name for name, pod in self.view.pods.items()
+                                   if pod.get("spec", {}).get("nodeName") in learned})
 
     async def _learn_claims(self, pods: Mapping[str, RawPod], touched: set[str] | None) -> bool:
         """Read the DRA claims again when a pod changed since the last plan takes claims and comes with a node and

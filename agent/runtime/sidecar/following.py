@@ -129,7 +129,7 @@ class PodsFollower:
     async def run(self) -> None:
         collection = pods_path(self.namespace)
         told = _Told(self.sink)
-        self.view.watchers.append(told)
+        self.view.watch(told)
         try:
             following = follow(
                 self.sink, "pods", self.settings, self.clock, lambda: self._listed(collection),
@@ -140,7 +140,7 @@ class PodsFollower:
                 else await race(following)
             first.result()
         finally:
-            self.view.watchers.remove(told)
+            self.view.unwatch(told)
 
 
 NODES = "/api/v1/nodes"

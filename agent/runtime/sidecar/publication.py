@@ -182,7 +182,7 @@ class Publication:
         except (ApiError, InputError) as err:
             log.warning("publishing failed (%s); trying again at the next change", err)
             writer.publisher = None
-            view.touched |= set(view.pods)
+            view.renew_all()
         return False
 
     async def release(self) -> None:
