@@ -185,6 +185,39 @@ class _NodesSink:
         return
 
 
+@dataclass
+class _NodeWatch:
+    """This pod's watch of the Nodes (``Sidecar.nodes_loop``): its view while it runs, why none may run, and how
+    long the pods' first evaluation waits for it."""
+
+    pods_listed: _Listed = field(default_factory=_Listed)  # set at each LIST of the pods: the Nodes are listed after
+    view: NodeView | None = None  # the Nodes, while this pod watches them
+    refused: str | None = None  # why this pod may not watch Nodes (said once; none watched from then)
+    due: float | None = None  # the pods' evaluation waits until then for the Nodes' first LIST
+
+
+@dataclass
+class _Learned:
+    """What the sidecar read of the cluster beside the pods, each thing once."""
+
+    nodes: NodeMap = field(default_factory=dict)  # labels of the Nodes the pods run on (when --topology-levels asks)
+    claims_tried: set[tuple[str, str, str]] = field(default_factory=set)  # (pod, node, IP) the DRA claims were read for
+
+
+class _Memory:
+    """Memory the sidecar hands back: what a burst freed, once it is over (a full gc costs a few ms: not per
+    change), and the pods a standby that stood down lets go of once their follower has ended."""
+
+    def __init__(self) -> None:
+        self.trim: asyncio.TimerHandle | None = None
+        self.forget = False  # a standby stood down: let go of the pods once their follower has ended
+
+    def release_soon(self) -> None:
+        if self.trim is not None:
+            self.trim.cancel()
+        self.trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+
+
 class Sidecar:
     def __init__(self, api: AsyncApi, settings: SidecarSettings, *,
                  clock: Callable[[], float] = time.monotonic, events: AsyncSink | None = None) -> None:
@@ -193,18 +226,13 @@ class Sidecar:
         self.recorder: TaskRecorder | None = None
         self.metrics = SidecarMetrics()
         self.changes = Changes(self.metrics, clock)
-        self._pods_listed = _Listed()  # set at each LIST of the pods: the Nodes are listed after it
-        self.view = PodView(settings.pod_name, settings.options, watchers=[self._pods_listed])
+        self.node_watch = _NodeWatch()
+        self.view = PodView(settings.pod_name, settings.options, watchers=[self.node_watch.pods_listed])
         self.evaluator = Evaluator(settings, self.metrics, clock=clock)
         self.publication: Publication | None = None
         self.selector = ""
-        self.nodes: NodeMap = {}  # labels of the Nodes the pods run on (read when --topology-levels asks)
-        self._claims_tried: set[tuple[str, str, str]] = set()  # (pod, node, IP) the DRA claims were read for
-        self.node_view: NodeView | None = None  # the Nodes, while this pod watches them (``nodes_loop``)
-        self.nodes_refused: str | None = None  # why this pod may not watch Nodes (said once; none watched from then)
-        self._nodes_due: float | None = None  # the pods' evaluation waits until then for the Nodes' first LIST
-        self._trim: asyncio.TimerHandle | None = None
-        self._forget = False  # a standby stood down: let go of the pods once their follower has ended
+        self.learned = _Learned()
+        self.memory = _Memory()
         # Notified after each evaluation (files written or not): whoever waits for a generation, a readiness or
         # the files a change makes awaits it (``wait_for``) instead of polling the files.
         self.evaluations = asyncio.Condition()
@@ -212,6 +240,14 @@ class Sidecar:
     @property
     def mode(self) -> Mode:
         return self.changes.mode
+
+    @property
+    def nodes(self) -> NodeMap:
+        return self.learned.nodes
+
+    @property
+    def node_view(self) -> NodeView | None:
+        return self.node_watch.view
 
     # --- what /healthz and /readyz say --------------------------------------------------------------------
 
@@ -344,7 +380,7 @@ class Sidecar:
             if not self.changes.switching.is_set():
                 first.result()
                 return
-            if self._forget:
+            if self.memory.forget:
                 self._forget_pods()
 
     def _follower(self) -> PodsFollower | JournalFollower:
@@ -360,31 +396,32 @@ class Sidecar:
         """Watch the Nodes while this pod watches the pods; a follower of the publication reads the lost members
         in the publisher's rows. A 403 (RBAC: the optional component is not applied) says this pod may not: said
         once, and no Node is read again."""
-        while self.nodes_refused is None:
+        watch = self.node_watch
+        while watch.refused is None:
             if self.mode.reads_publication:
-                self.node_view = None
+                watch.view = None
                 await self.changes.moved.wait()
                 continue
-            if self.node_view is None:  # from now on the pods' evaluation waits for the Nodes' first LIST
-                self.node_view, self._nodes_due = NodeView(self._nodes_lost), None
+            if watch.view is None:  # from now on the pods' evaluation waits for the Nodes' first LIST
+                watch.view, watch.due = NodeView(self._nodes_lost), None
             if not self.view.listed:  # the pods' LIST first: two LISTs' pages held at once raised the peak
-                self._pods_listed.clear()
-                await race(self._pods_listed.wait(), self.changes.moved.wait())
+                watch.pods_listed.clear()
+                await race(watch.pods_listed.wait(), self.changes.moved.wait())
                 continue
-            view = self.node_view
+            view = watch.view
             follower = NodesFollower(_NodesSink(self.changes), self.api, view, settings=self.settings.reflecting,
                                      clock=self.clock)
             try:
                 first = await race(follower.run(), self._reading_publication())
                 first.result()
             except AgentError as err:  # transient errors are the reflector's: this one will not pass
-                self.nodes_refused = str(err)
+                watch.refused = str(err)
                 hint = "; apply the optional RBAC component manifests/rbac/nodes (get/list/watch on nodes)" \
                     if isinstance(err, ApiForbidden) else ""
                 log.warning("cannot watch Nodes (%s): a member on a lost Node leaves the world only once the control "
                             "plane marks its pod%s", err, hint)
             finally:
-                self.node_view = None
+                watch.view = None
                 self.view.compactor.lost_nodes = {}  # the publication's rows carry the marks from now on
                 self.changes.changed()  # an evaluation that waited for the Nodes goes on
         await asyncio.Event().wait()
@@ -405,12 +442,12 @@ class Sidecar:
     def _waits_for_nodes(self) -> bool:
         """The pods are not evaluated before the Nodes' first LIST (for at most NODES_FIRST): a new publisher
         would publish a member on a lost Node as back, and take it out again a moment later."""
-        view = self.node_view
-        if view is None or view.listed or self.mode.reads_publication:
+        watch = self.node_watch
+        if watch.view is None or watch.view.listed or self.mode.reads_publication:
             return False
-        if self._nodes_due is None:  # counted from the first evaluation the pods' LIST allows
-            self._nodes_due = self.clock() + NODES_FIRST
-        left = self._nodes_due - self.clock()
+        if watch.due is None:  # counted from the first evaluation the pods' LIST allows
+            watch.due = self.clock() + NODES_FIRST
+        left = watch.due - self.clock()
         if left <= 0:
             return False
         asyncio.get_running_loop().call_later(left, self.changes.changed)
@@ -439,15 +476,13 @@ class Sidecar:
             return
         self.changes.switch(Mode.STANDBY, f"the publisher renews lease {self.publication.elector.name} again",
                             standing_down=True)
-        self._forget = True  # once the pods' follower has ended (watch_loop): no event of it comes after
+        self.memory.forget = True  # once the pods' follower has ended (watch_loop): no event of it comes after
 
     def _forget_pods(self) -> None:
-        self._forget = False
+        self.memory.forget = False
         self.view.forget()
         self.evaluator.forget_pods()
-        if self._trim is not None:
-            self._trim.cancel()
-        self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+        self.memory.release_soon()
 
     async def _on_leading(self, leading: bool) -> None:
         self.metrics.leading.set(1 if leading else 0)
@@ -499,10 +534,7 @@ class Sidecar:
                 pods_rv=self.changes.reflector.rv if self.changes.reflector is not None else ""):
             self.metrics.published.inc()
         if read_back or (self.generation, publication.seq() if publication is not None else None) != before:
-            # Once the burst is over, hand the freed memory back (a full gc costs a few ms: not per change).
-            if self._trim is not None:
-                self._trim.cancel()
-            self._trim = asyncio.get_running_loop().call_later(2.0, release_memory)
+            self.memory.release_soon()  # once the burst is over, hand the freed memory back
 
     def _light(self) -> Any:
         """--view own: this pod's plan from the published summary, while the summary is followed."""
@@ -545,8 +577,8 @@ class Sidecar:
         for pod in claimants(changed, s.options):
             key = (pod.get("metadata", {}).get("name", ""), pod.get("spec", {}).get("nodeName") or "",
                    pod_ip(pod) or "")
-            if key not in self._claims_tried:
-                self._claims_tried.add(key)
+            if key not in self.learned.claims_tried:
+                self.learned.claims_tried.add(key)
                 fresh.append(pod)
         if not fresh:
             return False
