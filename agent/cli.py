@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import asyncio
     from pathlib import Path
 
-    from agent.flags.init import InitFields
+    from agent.flags.init import InitOwn
     from agent.flags.inject import InjectSettings
     from agent.flags.keygen import KeygenSettings
     from agent.flags.plan import PlanSettings
@@ -65,12 +65,13 @@ def _status(given: StatusSettings) -> int:
     return 0
 
 
-def _init(start: PodStart[InitFields]) -> Held:
+def _init(start: PodStart[InitOwn]) -> Held:
+    from agent.flags.init import InitSettings
     from agent.k8s.client import Client
-    from agent.runtime.init import InitSettings, run_init
+    from agent.runtime.init import run_init
 
     setup_logging(start.log_format)
-    settings = InitSettings(**start.pod, **start.own)
+    settings = InitSettings.of(start.pod, start.own)
     where = f"{settings.namespace}/{settings.pod_name}"
     api = Client(start.config, user_agent=f"topology-agent/{__version__} init ({where})")
     # The pod's Events go on a client of their own (runtime/events.py): a slow one never holds init's calls up.

@@ -255,14 +255,14 @@ def init_settings(pod: str, out: Path, *args: str, namespace: str = "default") -
     """init's settings and SSH settings from its command line, as ``flags/pod.pod_start`` makes them (the
     output directory made and proven writable), with the pod's identity given."""
     from agent.flags.common import options_from_args, out_dir, ssh_settings, state_dir
-    from agent.flags.init import check
+    from agent.flags.init import InitSettings, check
     from agent.flags.parser import parse_command_line
-    from agent.runtime.init import InitSettings
+    from agent.flags.pod import PodFields
 
     parsed = parse_command_line(["init", "--out", str(out), *with_state(out, args)])
     options, own, ssh = options_from_args(parsed), check(parsed), ssh_settings(parsed)
-    settings = InitSettings(namespace=namespace, pod_name=pod, options=options, out_dir=out_dir(parsed, check=True),
-                            state_dir=state_dir(parsed, out), **own)
+    settings = InitSettings.of(PodFields(namespace=namespace, pod_name=pod, options=options,
+                                         out_dir=out_dir(parsed, check=True), state_dir=state_dir(parsed, out)), own)
     return settings, ssh
 
 

@@ -196,7 +196,7 @@ def plan_pod(pods: Sequence[RawPod] | Held, pod: RawPod, objects: Mapping[tuple[
     expected = expectation_from_pod(controller, pod)
     objects_read: tuple[Mapping[str, Any], ...] = ()
     roster = None
-    if own["expect"] is None and expected is None and controller.owner_path(pod) is not None:
+    if own.expect is None and expected is None and controller.owner_path(pod) is not None:
         reads = job_reads(pod, options)
         try:
             path = next(reads)
@@ -208,8 +208,8 @@ def plan_pod(pods: Sequence[RawPod] | Held, pod: RawPod, objects: Mapping[tuple[
         role = view.controller.identify(pod, options).role
         expected = expectation_from_job(view.controller, view.objects, view.controller.training_roles(options),
                                         options, role=role)
-    total = own["expect"] if own["expect"] is not None else expected.total if expected is not None else 0
-    source = own["source"] if own["source"] != "auto" else \
+    total = own.expect if own.expect is not None else expected.total if expected is not None else 0
+    source = own.source if own.source != "auto" else \
         "published" if options.levels is not None or total >= PUBLISH_THRESHOLD else "pods"
     role = controller.identify(pod, options).role
     if source == "published" and role in controller.waits_for(objects_read):

@@ -40,6 +40,7 @@ from agent.core.publication.provenance import WriterCheck
 from agent.core.publication.published import configmap_name
 from agent.core.report.events import Occurrence, outcome_note
 from agent.errors import AgentError, ApiError, ApiNotFound, GangTimeout, InputError
+from agent.flags.init import InitSettings
 from agent.k8s.blocking import Blocking
 from agent.k8s.client import Client
 from agent.runtime.claims import with_claims
@@ -73,21 +74,6 @@ def resolves(name: str) -> bool:
     except OSError:
         return False
     return True
-
-
-@dataclass
-class InitSettings:
-    namespace: str
-    pod_name: str
-    options: Options
-    out_dir: Path
-    expect: int | None = None
-    timeout: float = 600.0
-    wait_dns: bool = False
-    source: str = "auto"  # pods | published | auto (published from PUBLISH_THRESHOLD training pods up)
-    watch_idle: float | None = None  # seconds without progress before a watch counts as dead (None: derived)
-    lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
-    state_dir: Path | None = None  # mounted by the agent's containers alone: init's reads for the sidecar go there
 
 
 @dataclass(frozen=True)
