@@ -84,13 +84,14 @@ def _init(start: PodStart[InitOwn]) -> Held:
 
 
 def _sidecar(start: PodStart[SidecarFlags]) -> int:
+    from agent.flags.sidecar import SidecarSettings
     from agent.k8s.async_client import AsyncClient
-    from agent.runtime.sidecar import SidecarSettings, run_sidecar
+    from agent.runtime.sidecar import run_sidecar
     from agent.runtime.signalling import TrainerFinder
 
     setup_logging(start.log_format)
     own = start.own
-    settings = SidecarSettings(**start.pod, **own.settings, ssh=start.ssh, finder=TrainerFinder(**own.trainer))
+    settings = SidecarSettings.of(start.pod, own.settings, ssh=start.ssh, finder=TrainerFinder(**own.trainer))
     where = f"{settings.namespace}/{settings.pod_name}"
 
     async def serve(stop: asyncio.Event) -> None:

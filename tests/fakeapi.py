@@ -362,17 +362,19 @@ class Sidecars:
         its health server on a loopback port (``Running.port``), serving /topology."""
         from agent.flags.common import options_from_args, out_dir, ssh_settings, state_dir
         from agent.flags.parser import parse_command_line
-        from agent.flags.sidecar import check
-        from agent.runtime.sidecar import SidecarSettings, run_sidecar
+        from agent.flags.pod import PodFields
+        from agent.flags.sidecar import SidecarSettings, check
+        from agent.runtime.sidecar import run_sidecar
         from agent.runtime.signalling import TrainerFinder
 
         who = who or pod
         self.logs.lines.pop(who, None)  # a restarted sidecar's log starts empty, as its file did
         parsed = parse_command_line(["sidecar", "--out", str(out), "--health-port", "0", *with_state(out, args)])
         own = check(parsed)
-        settings = SidecarSettings(namespace=namespace, pod_name=pod, options=options_from_args(parsed),
-                                   out_dir=out_dir(parsed, check=True), state_dir=state_dir(parsed, out),
-                                   **own.settings, ssh=ssh_settings(parsed), finder=TrainerFinder(**own.trainer))
+        pod_fields = PodFields(namespace=namespace, pod_name=pod, options=options_from_args(parsed),
+                               out_dir=out_dir(parsed, check=True), state_dir=state_dir(parsed, out))
+        settings = SidecarSettings.of(pod_fields, own.settings, ssh=ssh_settings(parsed),
+                                      finder=TrainerFinder(**own.trainer))
         health = {"health_port": 0, "health_host": "127.0.0.1", "health_topology": True} if topology else {}
         bound: list[int | None] = []
         agent = agent_name("sidecar", pod, namespace)

@@ -9,8 +9,9 @@ help lines, reads a command's module only when that command runs (a pod's init r
 checks a whole command line (``check_command_line``: inject and the webhook check every command line they write
 with it).
 
-The layer sits below the runtime, which imports the checker from here, and imports no runtime module: where a
-runtime type holds a command's settings (``InitSettings``, ``SidecarSettings``, ``WebhookSettings``), the command's
-module gives that type's fields by their names there, checked (a TypedDict that mypy holds to the type), and
-``cli.py`` passes them on whole. A new flag is its argument and its value here, plus the field it feeds.
+The layer sits below the runtime, which imports the checker and the settings types from here, and imports no
+runtime module. A command's settings type lives in its module (``init.InitSettings``, ``sidecar.SidecarSettings``):
+the fields its own flags give, each with its one default, form a base (``InitOwn``, ``SidecarOwn``) that the check
+fills, and the settings add the pod's fields to it. A new flag is its argument, its field and its check in its
+command's module, plus its use.
 """

@@ -1,14 +1,16 @@
-"""`topology-agent sidecar`: its flags, and the fields of ``runtime.sidecar.SidecarSettings`` and the keywords of
-``run_sidecar`` they give."""
+"""`topology-agent sidecar`: its flags, ``SidecarSettings`` and the keywords of ``run_sidecar`` they give: a flag
+is its argument, its field (with its one default) and its check, here."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
-from agent.core.model import is_whole_number
+from agent.core.model import Options, is_whole_number
 from agent.errors import InputError
 from agent.flags.common import (
     add_topology_arguments,
@@ -19,12 +21,19 @@ from agent.flags.common import (
     seconds,
     whole_knob,
 )
-from agent.flags.pod import PodStart, add_in_cluster_arguments, add_lease_argument, lease_seconds, pod_start, watch_idle
+from agent.flags.pod import (
+    PodFields,
+    PodStart,
+    add_in_cluster_arguments,
+    add_lease_argument,
+    lease_seconds,
+    pod_start,
+    watch_idle,
+)
+from agent.k8s.reflector import Settings as ReflectorSettings
 
 if TYPE_CHECKING:
     import signal
-
-    from agent.k8s.reflector import Settings as ReflectorSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,15 +56,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_topology_arguments(parser)
 
 
-class SidecarFields(TypedDict):
-    """``SidecarSettings``' fields that the sidecar's own flags give, by their names there."""
+@dataclass(kw_only=True)
+class SidecarOwn:
+    """The settings the sidecar's own flags give."""
 
-    debounce: float
-    signal: signal.Signals | None
-    stuck_after: float
-    lease_seconds: int
-    reflecting: ReflectorSettings
-    probe_every: float | None
+    debounce: float = 1.0
+    signal: signal.Signals | None = None
+    stuck_after: float = 600.0
+    reflecting: ReflectorSettings = field(default_factory=ReflectorSettings)
+    lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
+    probe_every: float | None = None  # a follower's looks at the publisher (None: following.PROBE_EVERY)
+
+
+@dataclass
+class SidecarSettings(SidecarOwn):
+    """Everything the sidecar runs with: the pod's own fields, then its flags' and the trainer to signal
+    (keywords only)."""
+
+    namespace: str
+    pod_name: str
+    options: Options
+    out_dir: Path
+    finder: Any = None  # signalling.TrainerFinder: the trainer to signal (None: nobody named)
+    ssh: Any = None  # SshSettings: known_hosts and ssh_config follow the members
+    state_dir: Path | None = None  # mounted by the agent's containers alone: init's reads (runtime/handoff.py)
+
+    @property
+    def stale_after(self) -> float:
+        """No progress from the API server for this long: not ready (twice the inactivity deadline)."""
+        return 2 * self.reflecting.idle
+
+    @classmethod
+    def of(cls, pod: PodFields, own: SidecarOwn, *, ssh: Any, finder: Any) -> SidecarSettings:
+        return cls(**pod, **{f.name: getattr(own, f.name) for f in dataclasses.fields(SidecarOwn)}, ssh=ssh,
+                   finder=finder)
 
 
 class Trainer(TypedDict):
@@ -77,7 +111,7 @@ class Health(TypedDict):
 class SidecarFlags(NamedTuple):
     """The sidecar's own flags, checked."""
 
-    settings: SidecarFields
+    settings: SidecarOwn
     trainer: Trainer
     health: Health
 
@@ -86,20 +120,20 @@ def check(args: argparse.Namespace) -> SidecarFlags:
     """The sidecar's own flags, checked (inject and the webhook check every command line they write with it)."""
     trainer = _trainer(args)
     debounce_k, stuck_k = knob(args, "debounce"), knob(args, "stuck-after")
-    debounce = seconds(debounce_k.label, debounce_k.value, 1.0, high=3600)
-    stuck_after = seconds(stuck_k.label, stuck_k.value, 600.0)
+    debounce = seconds(debounce_k.label, debounce_k.value, SidecarOwn.debounce, high=3600)
+    stuck_after = seconds(stuck_k.label, stuck_k.value, SidecarOwn.stuck_after)
     trainer_signal = _signal(args, trainer)
     health = _health(args)
     idle = watch_idle(args)
     probe_every = at_least_one_second(knob(args, "probe-every"), 300.0, high=86_400)
-    fields = SidecarFields(debounce=debounce, signal=trainer_signal, stuck_after=stuck_after,
-                           lease_seconds=lease_seconds(args), reflecting=_reflecting(idle), probe_every=probe_every)
+    fields = SidecarOwn(debounce=debounce, signal=trainer_signal, stuck_after=stuck_after,
+                        lease_seconds=lease_seconds(args), reflecting=_reflecting(idle), probe_every=probe_every)
     return SidecarFlags(settings=fields, trainer=trainer, health=health)
 
 
 def settings_from(args: argparse.Namespace) -> PodStart[SidecarFlags]:
-    """Everything the sidecar needs before its first request: ``SidecarSettings(**start.pod,
-    **start.own.settings, ssh=start.ssh, finder=TrainerFinder(**start.own.trainer))``."""
+    """Everything the sidecar needs before its first request: ``SidecarSettings.of(start.pod,
+    start.own.settings, ssh=start.ssh, finder=TrainerFinder(**start.own.trainer))``."""
     return pod_start(args, check)
 
 
@@ -152,6 +186,4 @@ def _health(args: argparse.Namespace) -> Health:
 
 
 def _reflecting(idle: float | None) -> ReflectorSettings:
-    from agent.k8s.reflector import Settings as ReflectorSettings
-
     return ReflectorSettings.with_idle(idle) if idle is not None else ReflectorSettings()

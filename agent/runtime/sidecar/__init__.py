@@ -24,10 +24,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from agent.core import Options
 from agent.core.controllers import detect_controller
 from agent.core.model import RawPod
 from agent.core.plan.gang import roster_of
@@ -36,9 +34,9 @@ from agent.core.publication.provenance import Writer, WriterCheck
 from agent.core.publication.published import configmap_name
 from agent.core.report.events import Occurrence, Ref
 from agent.errors import AgentError, ApiForbidden, ApiNotFound, InputError
+from agent.flags.sidecar import SidecarSettings
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
-from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.k8s.retrying import retried
 from agent.runtime.claims import claimants, with_claims
 from agent.runtime.election import Standby
@@ -52,7 +50,6 @@ from agent.runtime.restarts import record_generation
 from agent.runtime.sidecar.evaluating import Evaluator
 from agent.runtime.sidecar.following import JournalFollower, Mode, NodesFollower, PodsFollower
 from agent.runtime.sidecar.publication import Job, Publication
-from agent.runtime.signalling import TrainerFinder
 from agent.runtime.tasks import race, run_tasks
 from agent.runtime.views import NodeView, PodView
 
@@ -60,28 +57,6 @@ __all__ = ["Mode", "Sidecar", "SidecarSettings", "run_sidecar"]
 log = logging.getLogger("topology_agent.sidecar")
 SETTLE = 0.05  # seconds without a change before the files are rewritten (at most --debounce in all)
 NODES_FIRST = 10.0  # seconds the pods' first evaluation waits for the Nodes' first LIST (a member lost meanwhile)
-
-
-@dataclass
-class SidecarSettings:
-    namespace: str
-    pod_name: str
-    options: Options
-    out_dir: Path
-    debounce: float = 1.0
-    signal: Any = None  # signal.Signals | None
-    finder: TrainerFinder = field(default_factory=TrainerFinder)
-    stuck_after: float = 600.0
-    reflecting: ReflectorSettings = field(default_factory=ReflectorSettings)
-    lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
-    ssh: Any = None  # SshSettings: known_hosts and ssh_config follow the members
-    probe_every: float | None = None  # a follower's looks at the publisher (None: following.PROBE_EVERY)
-    state_dir: Path | None = None  # mounted by the agent's containers alone: init's reads (runtime/handoff.py)
-
-    @property
-    def stale_after(self) -> float:
-        """No progress from the API server for this long: not ready (twice the inactivity deadline)."""
-        return 2 * self.reflecting.idle
 
 
 class Changes:
@@ -316,7 +291,8 @@ class Sidecar:
         log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation,
                  self.mode.value)
         if s.signal is None:
-            log.info("rewrites signal nobody (%s)", "--signal none" if s.finder.pid_file or s.finder.match else
+            named = s.finder is not None and (s.finder.pid_file or s.finder.match)
+            log.info("rewrites signal nobody (%s)", "--signal none" if named else
                      "no trainer named: --trainer-pid-file or --trainer-match names the process to signal")
 
     async def _own_pod(self) -> RawPod:

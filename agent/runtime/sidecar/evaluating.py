@@ -28,7 +28,7 @@ from agent.files.writing import write_files
 from agent.k8s.retrying import Backoff
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.output import write_generation
-from agent.runtime.signalling import signal_trainer
+from agent.runtime.signalling import TrainerFinder, signal_trainer
 from agent.runtime.views import HOLDING, full_view_line
 
 if TYPE_CHECKING:
@@ -286,7 +286,7 @@ class Evaluator:
         self.in_place.takeovers = _seats_taken(topo.takeovers)
         for warning in warnings_for(rendered.plan, rendered.variables):
             log.warning("%s", warning)
-        result = signal_trainer(s.finder, s.signal)
+        result = signal_trainer(s.finder or TrainerFinder(), s.signal)
         self.metrics.signals.labels(result).inc()
         if result == "sent":
             log.info("trainer signalled for generation %d (signal_at=%.6f)", self.generation, self.clock())
