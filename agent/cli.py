@@ -111,7 +111,7 @@ def _webhook(start: WebhookStart) -> int:
 
     setup_logging(start.log_format)
     own = start.settings
-    settings = WebhookSettings(**own, hosts=(*service_hosts(own["service"], own["namespace"]), *start.cert_hosts))
+    settings = WebhookSettings.of(own, hosts=(*service_hosts(own.service, own.namespace), *start.cert_hosts))
 
     async def serve(stop: asyncio.Event) -> None:
         # Namespace GETs: as many connections as reviews can be open, each answered or given up in 5 s, so a hung

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -27,7 +28,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -38,6 +38,7 @@ from agent.core.adoption.injection import Settings
 from agent.core.pods.validation import is_dns1123_label
 from agent.errors import ApiError, ApiNotFound, InputError
 from agent.flags.parser import check_command_line
+from agent.flags.webhook import WebhookOwn
 from agent.k8s.async_client import AsyncApi
 from agent.runtime.reviewing import SMALL, Outcome, Reviewer, Unavailable
 from agent.runtime.serving import BoundedServer, Limits
@@ -53,23 +54,20 @@ NAMESPACE_MARGIN = 0.2  # seconds before that by which a namespace read is given
 REVIEWER = (sys.executable, "-m", "agent.runtime.reviewing")  # the reviewing process (reviewing.py)
 
 
-@dataclass(frozen=True)
-class WebhookSettings:
-    host: str = "0.0.0.0"
-    port: int = 8443
-    namespace: str = "topology-agent-system"  # where the webhook runs: its Secret
-    service: str = "topology-agent-webhook"
-    secret: str = "topology-agent-webhook-tls"
-    config: str = "topology-agent"  # the MutatingWebhookConfiguration whose caBundle it keeps
+@dataclass(frozen=True, kw_only=True)
+class WebhookSettings(WebhookOwn):
+    """Everything the webhook runs with: its flags' settings (flags/webhook.py), and what no flag sets."""
+
     hosts: tuple[str, ...] = ()  # every name and address the serving certificate covers
-    tls_dir: Path | None = None  # tls.crt + tls.key written by someone else (cert-manager): no Secret, no caBundle
     namespace_ttl: float = 30.0
     namespaces: int = 1024  # namespaces whose settings are kept (least recently used go first)
-    check_every: float = 3600.0  # how often the certificates are checked for renewal
     limits: Limits = field(default_factory=Limits)
     reviewer: Sequence[str] = REVIEWER  # the command of the reviewing process (reviewing.py)
-    defaults: Settings = field(default_factory=Settings)  # --set: every job's settings, under its namespace's
     metrics: CollectorRegistry = field(default_factory=CollectorRegistry, compare=False)
+
+    @classmethod
+    def of(cls, own: WebhookOwn, *, hosts: tuple[str, ...]) -> WebhookSettings:
+        return cls(**{f.name: getattr(own, f.name) for f in dataclasses.fields(WebhookOwn)}, hosts=hosts)
 
 
 class Metrics:
