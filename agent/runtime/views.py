@@ -246,6 +246,10 @@ class PodView:
                 changed.append(name)
         return changed
 
+    def stop_marking_nodes(self) -> None:
+        """No Node is watched from now on: the pods kept later are not marked (those held keep their marks)."""
+        self.compactor.lost_nodes = {}
+
     def take_unplanned(self) -> set[str] | None:
         """The pods changed since the last call (the planner's ``touched``); None: any (a LIST came between)."""
         unplanned, self.unplanned = self.unplanned, set()

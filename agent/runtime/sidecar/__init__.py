@@ -398,7 +398,7 @@ class Sidecar:
                             "plane marks its pod%s", err, hint)
             finally:
                 watch.view = None
-                self.view.compactor.lost_nodes = {}  # the publication's rows carry the marks from now on
+                self.view.stop_marking_nodes()  # the publication's rows carry the marks from now on
                 self.changes.changed()  # an evaluation that waited for the Nodes goes on
         await asyncio.Event().wait()
 
