@@ -73,3 +73,41 @@ def test_a_new_snapshot_leaves_one_object_per_unchanged_pod():
         follower._rows(None)
     state = follower.published.state
     assert all(state.pods[name] is view.pods[name] for name in state.pods if name != "demo-worker-3")
+
+
+def test_a_pod_view_renews_its_pods_for_the_publisher_and_the_planner_through_its_own_methods() -> None:
+    """The publisher's log (``drain``) and the planner's (``take_unplanned``) are the view's: a failed publication
+    renews every pod for the publisher alone, learned Node labels renew their pods for both, and a watcher
+    added later hears of each change until it is taken off."""
+    from agent.core.model import Options
+    from agent.runtime.views import PodView
+
+    pods = [{"metadata": {"name": f"w-{i}", "namespace": "default"}, "spec": {"nodeName": f"n-{i}"},
+             "status": {"podIP": f"10.0.0.{i + 1}"}} for i in range(3)]
+    heard: list[str] = []
+    listed: list[int] = []
+
+    class Told:
+        def reset(self, held: object) -> None:
+            listed.append(len(held))  # type: ignore[arg-type]
+
+        def changed(self, name: str, pod: object) -> None:
+            heard.append(name)
+
+    view = PodView("w-0", Options(), me=pods[0], watchers=[Told()])
+    view.replace(view.intake(pods[1:]))  # the own pod, not listed yet, is held from ``me``
+    assert set(view.pods) == {"w-0", "w-1", "w-2"} and listed == [3]
+    assert view.drain() == {"w-0", "w-1", "w-2"} and view.take_unplanned() is None
+
+    view.renew_all()
+    assert view.drain() == {"w-0", "w-1", "w-2"} and view.take_unplanned() == set()
+
+    view.renew_placement({"w-1"})
+    assert view.drain() == {"w-1"} and view.take_unplanned() is None
+
+    late = Told()
+    view.watch(late)
+    view.remove("w-2")
+    view.unwatch(late)
+    view.remove("w-1")
+    assert heard == ["w-2", "w-2", "w-1"]  # the first watcher hears both, the late one only while watching
