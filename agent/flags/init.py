@@ -11,6 +11,7 @@ from pathlib import Path
 from agent.core.model import Options
 from agent.flags.common import Knob, add_topology_arguments, choice_knob, env_flag, knob, whole_knob
 from agent.flags.pod import (
+    LEASE_SECONDS,
     PodFields,
     PodStart,
     add_in_cluster_arguments,
@@ -43,7 +44,7 @@ class InitOwn:
     wait_dns: bool = False
     source: str = "auto"  # pods | published | auto (published from PUBLISH_THRESHOLD training pods up)
     watch_idle: float | None = None  # seconds without progress before a watch counts as dead (None: derived)
-    lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
+    lease_seconds: int = LEASE_SECONDS  # the publisher Lease's duration (large jobs only)
 
 
 @dataclass

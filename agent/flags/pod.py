@@ -56,10 +56,13 @@ def add_lease_argument(parser: argparse.ArgumentParser) -> None:
                                                 "topology; a publisher that stopped is replaced after it (default 15)")
 
 
+LEASE_SECONDS = 15  # the publisher Lease's duration when --lease-seconds is not given (init and the sidecar)
+
+
 def lease_seconds(args: argparse.Namespace) -> int:
     """The publisher Lease's duration: init's leader holds it while it waits for the gang, the sidecar's after."""
     lease_k = knob(args, "lease-seconds")
-    value = seconds(lease_k.label, lease_k.value, 15.0, high=3600)
+    value = seconds(lease_k.label, lease_k.value, LEASE_SECONDS, high=3600)
     if value < 2 or value != int(value):
         raise InputError(f"{lease_k.label} '{lease_k.value}' must be a whole number of seconds from 2 to 3600 "
                          "(a Lease counts whole seconds)")

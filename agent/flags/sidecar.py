@@ -22,6 +22,7 @@ from agent.flags.common import (
     whole_knob,
 )
 from agent.flags.pod import (
+    LEASE_SECONDS,
     PodFields,
     PodStart,
     add_in_cluster_arguments,
@@ -64,7 +65,7 @@ class SidecarOwn:
     signal: signal.Signals | None = None
     stuck_after: float = 600.0
     reflecting: ReflectorSettings = field(default_factory=ReflectorSettings)
-    lease_seconds: int = 15  # the publisher Lease's duration (large jobs only)
+    lease_seconds: int = LEASE_SECONDS  # the publisher Lease's duration (large jobs only)
     probe_every: float | None = None  # a follower's looks at the publisher (None: following.PROBE_EVERY)
 
 
