@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.core import Memo, Options, Rendered
+from agent.core import Memo, Rendered
 from agent.core.controllers import Controller, detect_controller
 from agent.core.files.variables import warnings_for
 from agent.core.model import Identity, RawPod
