@@ -276,6 +276,13 @@ class Sandbox:
 
         self._restart = asyncio.create_task(come_back())
 
+    async def come_up(self) -> None:
+        """End a ``go_down`` now: listen again at once."""
+        if self._restart is not None and not self._restart.done():
+            self._restart.cancel()
+            self.faults.down_until = 0.0
+            await self.listener.listen()
+
     async def _drop_watches(self) -> None:
         await self.watches.drop()
 

@@ -112,6 +112,8 @@ class SandboxThread:
             s = self.sandbox
             if knobs.get("down_for"):
                 await s.go_down(float(knobs["down_for"]))
+            if knobs.get("up"):
+                await s.come_up()
             if knobs.get("drop_watches"):
                 await s._drop_watches()
             if knobs.get("compact"):
