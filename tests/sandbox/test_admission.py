@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 
 import pytest
@@ -131,8 +132,11 @@ async def test_a_failed_call_refuses_under_fail_and_is_skipped_under_ignore(hook
     async def wrong_uid(request):
         return patch("someone-else", [])
 
-    async def slow(request):
-        await asyncio.sleep(3)
+    answer = asyncio.Event()  # set once the caller has given up; the teardown then waits for no answer
+
+    async def slow(request):  # answers after 3 s unless the caller has given up by then
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(answer.wait(), 3)
         return patch(request["uid"], [])
 
     caller = Caller()
@@ -147,6 +151,7 @@ async def test_a_failed_call_refuses_under_fail_and_is_skipped_under_ignore(hook
         with pytest.raises(Denied, match="context deadline exceeded"):
             await caller.admit([config("a", hook("s.x", late, timeoutSeconds=1))], POD, pod(), None)
     finally:
+        answer.set()
         await caller.close()
 
 
