@@ -261,6 +261,30 @@ async def test_a_member_on_a_lost_node_leaves_at_once_with_an_event_and_rejoins_
     await told(job, memory, "back: demo-worker-1")
 
 
+async def test_the_member_on_the_lost_node_writes_a_generation_when_its_node_is_back(memory, api, logs, sidecars,
+                                                                                     tmp_path):
+    """The lost member's own sidecar keeps it in its world (its own files never leave it out), but the others
+    formed a world without it meanwhile: when its Node is back it writes a new generation and signals its
+    trainer, which would otherwise wait in the old world's collective until torch's timeout."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    for k, pod in enumerate(pods):
+        memory.create_node(examples.node(f"node-{k}", {}))
+        memory.update_pod("default", pod["metadata"]["name"],
+                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    job = await start_job(api, logs, sidecars, tmp_path, pod="demo-worker-1")  # on node-2
+    try:
+        await job.until(lambda: job.sidecar.node_view is not None and job.sidecar.node_view.listed, "Nodes listed")
+        memory.update(NODES, "", "node-2", node_ready("False"))
+        await job.until(lambda: job.sidecar.node_watch.own_lost, "its own node seen lost")
+        assert generation(job.out) == 1  # its own files keep it: nothing to tell its trainer yet
+        memory.update(NODES, "", "node-2", node_back)
+        await job.until(lambda: generation(job.out) == 2, "a new generation once its node is back")
+        assert job.env()["WORLD_SIZE"] == "3" and await job.trainer.next() == "SIGUSR1 2"
+        await logs.until("demo-worker-1", "this pod's node node-2 is back")
+    finally:
+        await job.trainer.stop()
+
+
 async def test_a_node_change_that_says_nothing_of_its_health_is_no_generation(job_on_nodes, memory):
     """A Node's status is written every few minutes, its labels and PreferNoSchedule taints change: none of it
     reshapes the world. The lost master's change after them shows they were seen and kept."""

@@ -169,6 +169,7 @@ class _NodeWatch:
     view: NodeView | None = None  # the Nodes, while this pod watches them
     refused: str | None = None  # why this pod may not watch Nodes (said once; none watched from then)
     due: float | None = None  # the pods' evaluation waits until then for the Nodes' first LIST
+    own_lost: bool = False  # this pod's own Node is lost, as the watch last saw it
 
 
 @dataclass
@@ -413,7 +414,20 @@ class Sidecar:
         for name in self.view.mark_nodes(lost):
             node = self.view.pods[name].get("spec", {}).get("nodeName") or ""
             log.info("pod %s: %s", name, lost.get(node, f"node {node} back"))
+        self._own_node_back(lost)
         self.changes.changed()
+
+    def _own_node_back(self, lost: dict[str, str]) -> None:
+        """This pod's own Node was lost and is back: the other members formed a world without it meanwhile, which
+        its trainer (held in the old world's collective) cannot know from its files, the same membership as before.
+        The next evaluation writes a new generation and signals it, so it joins the world they form now."""
+        me = self.view.pods.get(self.settings.pod_name) or self.view.me
+        node = ((me or {}).get("spec") or {}).get("nodeName") or ""
+        was, self.node_watch.own_lost = self.node_watch.own_lost, bool(node) and node in lost
+        if was and not self.node_watch.own_lost:
+            log.info("this pod's node %s is back: a new generation, so that its trainer joins the world the other "
+                     "members formed meanwhile", node)
+            self.evaluator.in_place.key = None
 
     def _waits_for_nodes(self) -> bool:
         """The pods are not evaluated before the Nodes' first LIST (for at most NODES_FIRST): a new publisher
