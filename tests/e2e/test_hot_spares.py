@@ -24,6 +24,7 @@ import pytest
 
 from agent import examples
 from agent.sandbox.threaded import SandboxThread
+from tests.e2e.frameworks.cluster import wait_for
 
 pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e-spares")]
 HERE = Path(__file__).resolve().parent
@@ -38,15 +39,6 @@ def agent_env(sandbox: SandboxThread, pod: str) -> dict[str, str]:
     env = {**os.environ, **sandbox.client_env(), "POD_NAME": pod, "POD_NAMESPACE": "default"}
     env.pop("KUBECONFIG", None)
     return env
-
-
-def wait_for(predicate, what: str, timeout: float, dump=lambda: "") -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{dump()}")
 
 
 def env_of(out: Path) -> dict[str, str]:
@@ -125,7 +117,7 @@ def test_a_spare_continues_in_the_lost_members_rank_from_the_last_step(tmp_path)
                     processes.append(launchers[name])
 
             wait_for(lambda: sum(1 for r in records(record) if r.get("step", 0) >= 5) >= 2,
-                     "the world of 2 at step 5", 120, dump)
+                     "the world of 2 at step 5", 120, dump=dump)
             assert {r["pod"] for r in records(record)} == {names[0], names[1]}
             assert all(r["world"] == 2 for r in records(record))
             assert "hot spare" in (tmp_path / f"{names[2]}-trainer.log").read_text()
@@ -140,7 +132,7 @@ def test_a_spare_continues_in_the_lost_members_rank_from_the_last_step(tmp_path)
             def spare_stepping() -> bool:
                 return any(r["pod"] == names[2] and r.get("step", 0) >= 2 for r in records(record))
 
-            wait_for(spare_stepping, "the spare stepping in rank 1", 120, dump)
+            wait_for(spare_stepping, "the spare stepping in rank 1", 120, dump=dump)
             seen = records(record)
             start = next(r for r in seen if r["pod"] == names[2] and "start" in r)
             took = start["at"] - marked

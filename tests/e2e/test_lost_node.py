@@ -27,20 +27,12 @@ import pytest
 
 from agent import examples
 from agent.sandbox.threaded import SandboxThread
+from tests.e2e.frameworks.cluster import wait_for
 
 pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e-lost-node")]
 HERE = Path(__file__).resolve().parent
 JOB = "lostnode"
 ADDRESSES = ("127.78.0.1", "127.78.0.2", "127.78.0.3")  # the job's own: the other torch tests use others
-
-
-def wait_for(predicate, what: str, timeout: float, dump=lambda: "") -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{dump()}")
 
 
 class Pod:
@@ -68,7 +60,7 @@ class Pod:
         """The sidecar, then the trainer container: the launcher, with a container's environment."""
         self.agent("sidecar", "--health-port", "0", "--trainer-pid-file", str(self.out / "trainer.pid"))
         wait_for(lambda: "following" in (self.dir / "sidecar.log").read_text(), f"{self.name}'s sidecar", 30,
-                 self.logs)
+                 dump=self.logs)
         with (self.dir / "trainer.log").open("w") as log:
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "agent.trainer", "run", "--out", str(self.out), "--grace", "5", "--poll",
@@ -158,23 +150,23 @@ def test_a_real_torch_job_continues_without_the_member_on_a_lost_node_and_takes_
                 pod.procs.remove(init)
             for pod in pods:
                 pod.start()
-            wait_for(lambda: all(pod.world() == 3 for pod in pods), "a world of 3", 120, dump)
+            wait_for(lambda: all(pod.world() == 3 for pod in pods), "a world of 3", 120, dump=dump)
             wait_for(lambda: checkpoint.exists() and int(checkpoint.read_text()) >= 20, "20 steps in the world of 3",
-                     60, dump)
+                     60, dump=dump)
 
             lost.signal_all(signal.SIGSTOP)  # the Node goes silent: its trainer holds the collective
             before = int(checkpoint.read_text())
             marked = time.time()
             kubectl(sandbox, "patch", "node", "node-2", "--subresource=status", "--type=merge",
                     "-p", ready_patch("False", "KubeletNotReady"))
-            wait_for(lambda: all(pod.world() == 2 for pod in survivors), "the survivors in a world of 2", 60, dump)
+            wait_for(lambda: all(pod.world() == 2 for pod in survivors), "the survivors in a world of 2", 60, dump=dump)
             restarted = [pod.starts()[-1] for pod in survivors]
             seconds = max(float(start["at"]) for start in restarted) - marked
             print(json.dumps({"what": "node NotReady -> survivors' new world", "seconds": round(seconds, 2)}))
             assert sorted(start["rank"] for start in restarted) == ["0", "1"]
             assert restarted[0]["start"] == restarted[1]["start"] and int(restarted[0]["start"]) >= before
             wait_for(lambda: int(checkpoint.read_text()) >= int(restarted[0]["start"]) + 20,
-                     "20 steps in the world of 2", 60, dump)
+                     "20 steps in the world of 2", 60, dump=dump)
             events = json.loads(kubectl(sandbox, "get", "events", "-o", "json"))["items"]
             notes = [event.get("message") or event.get("note") or "" for event in events]
             assert any(f"left out: {lost.name}: lost: node node-2 NotReady" in note for note in notes), notes
@@ -184,7 +176,7 @@ def test_a_real_torch_job_continues_without_the_member_on_a_lost_node_and_takes_
             kubectl(sandbox, "patch", "node", "node-2", "--subresource=status", "--type=merge",
                     "-p", ready_patch("True", "KubeletReady"))
             lost.signal_all(signal.SIGCONT)
-            wait_for(lambda: all(pod.world() == 3 for pod in pods), "the member back: a world of 3", 120, dump)
+            wait_for(lambda: all(pod.world() == 3 for pod in pods), "the member back: a world of 3", 120, dump=dump)
             back = [pod.starts()[-1] for pod in pods]
             assert sorted(start["rank"] for start in back) == ["0", "1", "2"]
             assert len({start["start"] for start in back}) == 1 and int(back[0]["start"]) >= int(
