@@ -184,6 +184,16 @@ class Publication:
 
 
 @dataclass(frozen=True)
+class HotSpares:
+    """--world-size (core/plan/spares.py): the hot spares in the order they would be promoted, (promoted spare, node
+    rank, the pod it replaced) for each seat held by a pod not born to it, and the lines that say both."""
+
+    names: tuple[str, ...] = ()
+    takeovers: tuple[tuple[str, int, str | None], ...] = ()
+    lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class JobStatus:
     job: str
     kind: str  # "Volcano Job 'demo'"
@@ -198,11 +208,7 @@ class JobStatus:
     missing: tuple[str, ...] = ()  # the members the job asks for that no pod of its own stands for ("worker 2")
     groups: bool = False  # --replica-groups: each row says its group
     restarts: Restarts | None = None  # in-place restarts: each pod's attempt, and the barrier (core/plan/restarts.py)
-    # --world-size (core/plan/spares.py): the hot spares in the order they would be promoted, (promoted spare, node
-    # rank, the pod it replaced) for each seat held by a pod not born to it, and the lines that say both
-    spares: tuple[str, ...] = ()
-    takeovers: tuple[tuple[str, int, str | None], ...] = ()
-    spare_notes: tuple[str, ...] = ()
+    spares: HotSpares = HotSpares()
 
     @property
     def training(self) -> int:
@@ -281,8 +287,8 @@ def _job_status(pods: Sequence[RawPod], *, job: str, kind: str, namespace: str, 
                         node_rank, member.node, member.domains, member.address, seen.get(uid), _ready(pod), group))
     return JobStatus(job, kind, namespace, tuple(rows), tuple(sorted(left, key=lambda item: item.name)), expected,
                      topology.processes, levels, publication, missing=missing, groups=bool(groups),
-                     spares=tuple(m.name for m in topology.spares), takeovers=tuple(topology.takeovers),
-                     spare_notes=tuple(spare_lines(topology)))
+                     spares=HotSpares(tuple(m.name for m in topology.spares), tuple(topology.takeovers),
+                                      tuple(spare_lines(topology))))
 
 
 def _missing(pods: Sequence[RawPod], roster: Roster | None, options: Options) -> tuple[str, ...]:
@@ -360,8 +366,8 @@ def table(status: JobStatus, *, now: float) -> str:
                   f"STANDBYS    {', '.join(pod_name_shown(name) for name in publication.standbys) or '<none>'}"]
     if status.restarts is not None:
         lines += ["", *_restart_lines(status.restarts)]
-    if status.spare_notes:
-        lines += ["", "SPARES", *status.spare_notes]
+    if status.spares.lines:
+        lines += ["", "SPARES", *status.spares.lines]
     if status.left:
         lines += ["", *_columns([["LEFT OUT", "REASON"]] + [[item.name, item.reason] for item in status.left])]
     return "\n".join(printable(line) for line in lines) + "\n"
@@ -396,9 +402,10 @@ def document(status: JobStatus, *, now: float) -> dict[str, Any]:
                      "generationAge": round(now - row.seen.at, 3) if row.seen else None, "ready": row.ready}
                     for row in status.rows],
         "leftOut": [{"name": item.name, "reason": item.reason} for item in status.left],
-        **({"spares": list(status.spares), "takeovers": [{"name": name, "nodeRank": rank, "replaced": replaced}
-                                                         for name, rank, replaced in status.takeovers]}
-           if status.spare_notes else {}),
+        **({"spares": list(status.spares.names),
+            "takeovers": [{"name": name, "nodeRank": rank, "replaced": replaced}
+                          for name, rank, replaced in status.spares.takeovers]}
+           if status.spares.lines else {}),
         "publication": None if publication is None else {
             "configmap": publication.configmap, "sequence": publication.sequence, "publisher": publication.publisher,
             "standbys": list(publication.standbys), "leaseHolder": publication.holder,
