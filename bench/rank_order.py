@@ -31,6 +31,7 @@ from pathlib import Path
 
 from agent import examples
 from agent.core import Options, render_pod
+from agent.core.model import Processes
 from agent.core.pods.placement import Level, domains_used, ring_crossings
 
 LEVELS = (Level("topology.kubernetes.io/zone", "ZONE"), Level("example.com/block", "BLOCK"),
@@ -95,7 +96,7 @@ def job(count: int, how: str, seed: int) -> tuple[list[dict], dict[str, dict[str
 
 
 def ring(pods: list[dict], nodes: dict[str, dict[str, str]], order: str) -> tuple[list[tuple[str, ...]], float]:
-    options = Options(levels=LEVELS, rank_order=order, nproc_per_node=8)  # type: ignore[arg-type]
+    options = Options(levels=LEVELS, rank_order=order, processes=Processes(per_node=8))  # type: ignore[arg-type]
     gc.collect()
     gc.disable()  # as the CLI's one-shot commands run (cli.main): the collector's passes are not the core's cost
     started = time.perf_counter()

@@ -167,21 +167,39 @@ class FrameworkOptions:
 
 
 @dataclass(frozen=True)
+class Ports:
+    """The ports of the job's rendezvous; None: the controller's convention decides."""
+
+    master: int | None = None  # --master-port
+    # MASTER_PORT as the job's objects state it, and where (a Volcano pytorch plugin's --port): below --master-port
+    # and the port rank 0's container declares by the controller's name, above the controller's convention.
+    job_master: tuple[int, str] | None = None
+    rdzv: int | None = None  # --rdzv-port (None: the controller's, else 29400)
+
+
+@dataclass(frozen=True)
+class Processes:
+    """Which container of a pod trains, and how many processes it runs."""
+
+    # --nproc-per-node; "accelerators": the container's accelerators, else 1 (Trainer's MPI runtimes:
+    # numProcPerNode 1); None: the controller's convention
+    per_node: int | Literal["auto", "accelerators"] | None = None
+    container: str | None = None  # --container (None: the first that is not the agent)
+    # The DRA claims of the job's namespace, as the shell read them (core/pods/claims.py), which give a container
+    # its accelerators; None: not read.
+    claims: Claims | None = None
+
+
+@dataclass(frozen=True)
 class Options:
     """What the user chose; ``None`` means "let the controller's convention decide"."""
 
     roles: tuple[str, ...] | None = None
-    master_port: int | None = None
-    # MASTER_PORT as the job's objects state it, and where (a Volcano pytorch plugin's --port): below --master-port
-    # and the port rank 0's container declares by the controller's name, above the controller's convention.
-    job_master_port: tuple[int, str] | None = None
-    # "accelerators": the container's accelerators, else 1 (Trainer's MPI runtimes: numProcPerNode 1)
-    nproc_per_node: int | Literal["auto", "accelerators"] | None = None
-    container: str | None = None
+    ports: Ports = Ports()
+    processes: Processes = Processes()
     address: AddressMode = "dns"
     cluster_domain: str | None = None
     elastic: tuple[int, int] | None = None
-    rdzv_port: int | None = None  # None: the controller's, else 29400
     choice: ControllerChoice = ControllerChoice()
     # Node labels to read, outermost first (None: Nodes are not read); ranks by index or by those domains.
     levels: tuple[Level, ...] | None = None
@@ -197,8 +215,6 @@ class Options:
     # How the user spelled each option given ("roles" -> "TOPOLOGY_ROLES"), so the core's messages name it.
     labels: tuple[tuple[str, str], ...] = ()
     frameworks: FrameworkOptions = FrameworkOptions()
-    # The DRA claims of the job's namespace, as the shell read them (core/pods/claims.py); None: not read.
-    claims: Claims | None = None
     # --replica-groups: where each training pod's replica group is read (core/plan/grouping.py); None: one world
     replica_groups: str | None = None
     # --world-size: the training pods a static world keeps; those past it are hot spares (core/plan/spares.py)

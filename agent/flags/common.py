@@ -21,6 +21,8 @@ from agent.core.model import (
     ControllerChoice,
     FrameworkOptions,
     Options,
+    Ports,
+    Processes,
     is_whole_number,
     parse_owner,
 )
@@ -250,13 +252,11 @@ def options_from_args(args: argparse.Namespace) -> Options:
         labels=tuple((k.label.removeprefix("TOPOLOGY_").lower(), k.label) for k in given
                      if k.label.startswith("TOPOLOGY_")),
         roles=roles,
-        master_port=whole_knob(knob(args, "master-port")),
-        nproc_per_node=nproc,  # type: ignore[arg-type]
-        container=_container(knob(args, "container")),
+        ports=Ports(master=whole_knob(knob(args, "master-port")), rdzv=whole_knob(knob(args, "rdzv-port"))),
+        processes=Processes(per_node=nproc, container=_container(knob(args, "container"))),  # type: ignore[arg-type]
         address=address,  # type: ignore[arg-type]
         cluster_domain=domain_k.value,
         elastic=elastic,
-        rdzv_port=whole_knob(knob(args, "rdzv-port")),
         choice=ControllerChoice(controller_k.value, selector_k.value, index_k.value),
         levels=levels,
         rank_order=rank_order,  # type: ignore[arg-type]

@@ -70,7 +70,8 @@ def settings_from(args: argparse.Namespace) -> RenderSettings:
     args, from_pod = _take_from_pod(args, pods, me)
     options = options_from_args(args)
     if args.claims is not None:
-        options = dataclasses.replace(options, claims=read_claims_file(args.claims))
+        options = dataclasses.replace(options, processes=dataclasses.replace(options.processes,
+                                                                       claims=read_claims_file(args.claims)))
     nodes, lost = read_nodes_file(args.nodes)
     return RenderSettings(pods=on_lost_nodes(pods, lost, own=me), me=me, nodes=nodes, options=options,
                           ssh=ssh_settings(args), out=out, from_pod=from_pod)

@@ -39,7 +39,7 @@ def claimants(pods: Iterable[RawPod], options: Options) -> list[RawPod]:
     found = []
     for pod in pods:
         try:
-            container = pick_trainer_container(pod, options.container)
+            container = pick_trainer_container(pod, options.processes.container)
         except InputError:  # no such --container: the count says so, not this read
             continue
         if has_claims(container):
@@ -56,7 +56,7 @@ async def with_claims(api: AsyncApi, namespace: str, pods: Iterable[RawPod], opt
                       retry: Retry) -> Options:
     """``options`` with the namespace's claims when a pod's trainer takes DRA claims, else ``options`` itself
     (also with ``--nproc-per-node N``, which no device count changes)."""
-    if isinstance(options.nproc_per_node, int) or not takes_claims(pods, options):
+    if isinstance(options.processes.per_node, int) or not takes_claims(pods, options):
         return options
     path = claims_path(namespace)
     try:
@@ -65,7 +65,7 @@ async def with_claims(api: AsyncApi, namespace: str, pods: Iterable[RawPod], opt
         note = (f"cannot list resourceclaims in namespace {namespace} ({err}); grant get and list on "
                 "resourceclaims (resource.k8s.io): manifests/rbac/role.yaml")
         log.warning("DRA claims not read: %s; processes per pod fall back to the container's resources", note)
-        return dataclasses.replace(options, claims=Claims(note=note))
+        return dataclasses.replace(options, processes=dataclasses.replace(options.processes, claims=Claims(note=note)))
     claims = read_claims(items)
     log.info("read %d DRA claim(s) in namespace %s for the processes per pod", len(claims.claims), namespace)
-    return dataclasses.replace(options, claims=claims)
+    return dataclasses.replace(options, processes=dataclasses.replace(options.processes, claims=claims))

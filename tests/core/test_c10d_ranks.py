@@ -12,7 +12,7 @@ import pytest
 
 from agent import examples
 from agent.core.files.variables import warnings_for
-from agent.core.model import Options
+from agent.core.model import Options, Processes
 from agent.core.publication.view_choice import C10D_VIEW, choose_view
 from agent.trainer import domain_groups
 from tests.conftest import env_of, render
@@ -48,7 +48,7 @@ def user_env(pods: list[dict], name: str, value: str) -> list[dict]:
     return pods
 
 
-IP = {"address": "ip", "nproc_per_node": 1}
+IP = {"address": "ip", "processes": Processes(per_node=1)}
 C10D_CASES = [
     ("an elastic PyTorchJob's PET_NNODES=MIN:MAX", elastic_pytorchjob, IP),
     ("--elastic on a Volcano job", volcano_workers, {**IP, "elastic": (1, 4)}),
@@ -149,7 +149,8 @@ def test_groups_by_node_hold_torchs_global_ranks():
     pods = elastic_pytorchjob()
     for pod, node in zip(pods, ("node-a", "node-a", "node-b"), strict=True):
         pod["spec"]["nodeName"] = node
-    document = json.loads(render(pods, names(pods)[0], address="ip", nproc_per_node=2).files["topology.json"])
+    rendered = render(pods, names(pods)[0], address="ip", processes=Processes(per_node=2))
+    document = json.loads(rendered.files["topology.json"])
     assert domain_groups(document, "node") == [[0, 1], [2, 3, 4, 5]]
 
 

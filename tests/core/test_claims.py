@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.core.model import Options
+from agent.core.model import Options, Processes
 from agent.core.pods.accelerators import DRA_DRIVERS
 from agent.core.pods.claims import Claims, read_claims
 from agent.core.pods.containers import nproc_kind, resolve_nproc
@@ -149,10 +149,10 @@ CASES = [
 
 @pytest.mark.parametrize(("pod", "claims", "expected", "said"), [x[1:] for x in CASES], ids=[x[0] for x in CASES])
 def test_nproc_from_dra_claims(pod, claims, expected, said):
-    options = Options(claims=claims)
+    options = Options(processes=Processes(claims=claims))
     count, rule = resolve_nproc(pod, pod["spec"]["containers"][0], options)
     assert (count, [s for s in said if s not in rule]) == (expected, [])
-    rendered = render([pod], "solo-0", claims=claims)
+    rendered = render([pod], "solo-0", processes=Processes(claims=claims))
     values = {v.name: v.value for v in rendered.variables}
     assert values["NPROC_PER_NODE"] == values["LOCAL_WORLD_SIZE"] == str(expected)
     assert env_of(rendered)["PET_NPROC_PER_NODE"] == str(expected)
@@ -160,7 +160,8 @@ def test_nproc_from_dra_claims(pod, claims, expected, said):
 
 def test_a_dra_count_is_an_accelerator_count_for_the_frameworks():
     pod = CASES[0][1]
-    _, rule = resolve_nproc(pod, pod["spec"]["containers"][0], Options(claims=read_claims(ALLOCATED)))
+    options = Options(processes=Processes(claims=read_claims(ALLOCATED)))
+    _, rule = resolve_nproc(pod, pod["spec"]["containers"][0], options)
     assert nproc_kind(rule) == "devices"
 
 
@@ -168,11 +169,11 @@ def test_a_dra_count_is_an_accelerator_count_for_the_frameworks():
 def test_each_dra_driver_row_counts_as_its_table_says(row):
     pod = dra_pod(trainer([{"name": "gpus"}], cpu="7"), pod_claims=[GPUS], statuses=MADE[:1])
     claims = read_claims([claim("solo-0-gpus-x1", allocated=results(("gpu", row.driver, 3)))])
-    count, rule = resolve_nproc(pod, pod["spec"]["containers"][0], Options(claims=claims))
+    count, rule = resolve_nproc(pod, pod["spec"]["containers"][0], Options(processes=Processes(claims=claims)))
     assert count == (3 if row.accelerator else 7) and row.driver in rule and row.source
     before = read_claims([template("eight-gpus", exactly("gpu", row.classes[0], 2))])
     count, _ = resolve_nproc(dra_pod(trainer([{"name": "gpus"}], cpu="7"), pod_claims=[GPUS]),
-                             pod["spec"]["containers"][0], Options(claims=before))
+                             pod["spec"]["containers"][0], Options(processes=Processes(claims=before)))
     assert count == (2 if row.accelerator else 7)
 
 
@@ -181,5 +182,5 @@ def test_odd_claim_shapes_are_read_as_absent():
                           {"kind": "ResourceClaimTemplate", "spec": {"spec": {"devices": {"requests": [3]}}}},
                           claim("solo-0-gpus-x1", allocated=[{"request": "gpu", "driver": 7}])])
     pod = dra_pod(trainer([{"name": "gpus"}], cpu="5"), pod_claims=[GPUS], statuses=MADE[:1])
-    count, rule = resolve_nproc(pod, pod["spec"]["containers"][0], Options(claims=claims))
+    count, rule = resolve_nproc(pod, pod["spec"]["containers"][0], Options(processes=Processes(claims=claims)))
     assert count == 5 and "not counted 1 x ?" in rule

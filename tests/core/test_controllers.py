@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agent import examples
-from agent.core.model import ControllerChoice
+from agent.core.model import ControllerChoice, Processes
 from tests.conftest import env_of, render
 
 TRAINING_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "NNODES", "PET_NNODES",
@@ -64,7 +64,7 @@ PYTORCHJOB_CASES = [
     ("worker RANK is its node rank, its processes in NPROC_PER_NODE", "mnist-worker-1",
      {"NODE_RANK": "2", "RANK": "2", "WORLD_SIZE": "4", "PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "4"}, {}),
     ("one process per pod with --nproc-per-node 1", "mnist-worker-2",
-     {"NODE_RANK": "3", "RANK": "3", "WORLD_SIZE": "4", "processes": 4}, {"nproc_per_node": 1}),
+     {"NODE_RANK": "3", "RANK": "3", "WORLD_SIZE": "4", "processes": 4}, {"processes": Processes(per_node=1)}),
 ]
 
 

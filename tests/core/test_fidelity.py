@@ -12,6 +12,7 @@ from agent import examples
 from agent.core import Options, render_pod
 from agent.core.files.variables import warnings_for
 from agent.core.injected import RELEASES, ROWS, controller_entries, injected_env
+from agent.core.model import Ports
 from tests.conftest import env_of
 
 
@@ -23,7 +24,7 @@ def _render(pods, name, **options):
 def test_pytorchjob_pet_master_vars_follow_address_ip_and_master_port(release):
     # PET_MASTER_ADDR/PET_MASTER_PORT, injected since v1.7, are the operator's, not the user's.
     pods = examples.pytorchjob(release=release)
-    env = env_of(_render(pods, "mnist-worker-1", address="ip", master_port=12345))
+    env = env_of(_render(pods, "mnist-worker-1", address="ip", ports=Ports(master=12345)))
     master_ip = examples.loopback_ip(0)
     assert (env["MASTER_ADDR"], env["PET_MASTER_ADDR"]) == (master_ip, master_ip)
     assert (env["MASTER_PORT"], env["PET_MASTER_PORT"]) == ("12345", "12345")

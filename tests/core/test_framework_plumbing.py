@@ -20,7 +20,7 @@ from agent.core.files.explaining import format_explanation
 from agent.core.files.frameworks import FRAMEWORKS, PORTED, selected
 from agent.core.files.rendering import MARKERS, membership_key_of_document, read_topology_json
 from agent.core.files.variables import bracketed
-from agent.core.model import FrameworkOptions
+from agent.core.model import FrameworkOptions, Processes
 from agent.core.publication.summary import light_plan, own_view, read_summary, summarize, summary_text, view_key
 from tests.core.test_frameworks import ALL, ipv6, part, rendered_with, volcano, written
 
@@ -321,7 +321,7 @@ def test_every_pod_of_a_job_computes_the_same_world(shape, n, nproc, address, v6
     pods = JOB_SHAPES[shape](n)
     if v6:
         ipv6(pods)
-    options = _options(*ALL, address=address, nproc_per_node=nproc)
+    options = _options(*ALL, address=address, processes=Processes(per_node=nproc))
     renders = [render_pod(pods, p["metadata"]["name"], options) for p in pods]
     training = [r for r in renders if r.plan.topology.me.training]
     world = renders[0].plan.topology.processes

@@ -19,7 +19,7 @@ from agent import examples
 from agent.core import Options, Rendered, build_plan, render_pod
 from agent.core.files.frameworks import FRAMEWORKS, Rendition, published_ports
 from agent.core.files.frameworks.xgboost import TRACKER_PORTS
-from agent.core.model import ControllerChoice, FrameworkOptions
+from agent.core.model import ControllerChoice, FrameworkOptions, Processes
 from agent.core.publication.view_choice import every_member_needed
 
 ALL = tuple(FRAMEWORKS)
@@ -83,7 +83,7 @@ JAX_CASES = [
       "COORDINATOR_ADDRESS": "demo-master-0.demo", "COORDINATOR_PORT": "55527", "NUM_PROCESSES": "4",
       "PROCESS_ID": "2"}),
     ("NPROC_PER_NODE 2 set explicitly: processes counted, the id is the pod's first", lambda: volcano("2"),
-     "demo-worker-1", {"nproc_per_node": 2},
+     "demo-worker-1", {"processes": Processes(per_node=2)},
      {"JAX_NUM_PROCESSES": "8", "JAX_PROCESS_ID": "4", "NUM_PROCESSES": "8", "PROCESS_ID": "4"}),
     ("a CPU limit of 2 is no JAX process count: one process per pod (Trainer v2's and JAXJob's count)",
      lambda: volcano("2"), "demo-worker-1", {},
@@ -101,7 +101,7 @@ JAX_CASES = [
      lambda: _with_env(examples.indexed_job(completions=3), "NPROC_PER_NODE", "3"), "sweep-2-dl25p", {},
      {"JAX_COORDINATOR_ADDRESS": "sweep-0.sweep:55527", "JAX_NUM_PROCESSES": "9", "JAX_PROCESS_ID": "6"}),
     ("Trainer v2's ids with one process per pod: completion index, numNodes",
-     lambda: examples.trainjob(num_nodes=3), "llm-node-0-2-f59jk", {"nproc_per_node": 1},
+     lambda: examples.trainjob(num_nodes=3), "llm-node-0-2-f59jk", {"processes": Processes(per_node=1)},
      {"JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": "2"}),
     ("selector with --address ip: rank 0's IP", selector_pods, "w-2", SELECTOR,
      {"JAX_COORDINATOR_ADDRESS": "127.1.0.1:55527", "COORDINATOR_ADDRESS": "127.1.0.1", "JAX_PROCESS_ID": "2"}),
@@ -256,7 +256,8 @@ XGBOOST_CASES = [
     ("CPU pods: one worker per pod, whatever the CPU limit (Trainer v2's rule)", lambda: volcano("2"),
      "demo-worker-1", {}, {"DMLC_NUM_WORKER": "4", "DMLC_TASK_ID": "2", "WORLD_SIZE": "4", "RANK": "2"}),
     ("NPROC_PER_NODE set explicitly: its processes are workers", lambda: volcano("2"), "demo-worker-1",
-     {"nproc_per_node": 2}, {"DMLC_NUM_WORKER": "8", "DMLC_TASK_ID": "4", "WORLD_SIZE": "4", "RANK": "2"}),
+     {"processes": Processes(per_node=2)},
+     {"DMLC_NUM_WORKER": "8", "DMLC_TASK_ID": "4", "WORLD_SIZE": "4", "RANK": "2"}),
     ("every worker is listed (XGBoostJob lists replicas - 1 names, assuming one master)",
      lambda: examples.pytorchjob(workers=3), "mnist-master-0", {},
      {"WORKER_ADDRS": "mnist-worker-0,mnist-worker-1,mnist-worker-2", "RANK": "0", "DMLC_TASK_ID": "0"}),
@@ -351,17 +352,17 @@ MLX_CASES = [
      [["127.1.0.1:32323"], ["127.1.0.2:32323"], ["127.1.0.3:32323"], ["127.1.0.4:32323"]],
      {"MLX_RANK": "2", "MLX_WORLD_SIZE": "4", "MLX_HOSTFILE": "/shared/mlx_hostfile.json"}),
     ("two processes per pod (set explicitly): one entry each, port = base + local rank",
-     lambda: volcano("2", (("master", 1), ("worker", 1))), "demo-worker-0", {"nproc_per_node": 2},
+     lambda: volcano("2", (("master", 1), ("worker", 1))), "demo-worker-0", {"processes": Processes(per_node=2)},
      [["127.1.0.1:32323"], ["127.1.0.1:32324"], ["127.1.0.2:32323"], ["127.1.0.2:32324"]],
      {"MLX_RANK": "2", "MLX_WORLD_SIZE": "4"}),
     ("CPU pods: one ring rank per pod, whatever the CPU limit", lambda: volcano("2", (("master", 1), ("worker", 1))),
      "demo-worker-0", {}, [["127.1.0.1:32323"], ["127.1.0.2:32323"]],
      {"MLX_RANK": "1", "MLX_WORLD_SIZE": "2", "NCCL_HOST_IP": "127.1.0.1", "NCCL_PORT": "12345"}),
     ("IPs even with --address dns (the ring backend requires IPs)", examples.jobset, "trainer-driver-0-0-cht55",
-     {"nproc_per_node": 1}, [[f"127.1.0.{i}:32323"] for i in range(1, 6)], {"MLX_RANK": "0"}),
+     {"processes": Processes(per_node=1)}, [[f"127.1.0.{i}:32323"] for i in range(1, 6)], {"MLX_RANK": "0"}),
     ("IPv6 in brackets, --mlx-port", lambda: ipv6(examples.indexed_job(completions=2)), "sweep-0-4vtwl",
-     {"address": "ip", "nproc_per_node": 1, "ports": (("mlx", 5000),)}, [["[fd00::1]:5000"], ["[fd00::2]:5000"]],
-     {"MLX_RANK": "0"}),
+     {"address": "ip", "processes": Processes(per_node=1), "ports": (("mlx", 5000),)},
+     [["[fd00::1]:5000"], ["[fd00::2]:5000"]], {"MLX_RANK": "0"}),
 ]
 
 
@@ -395,7 +396,7 @@ MPI_CASES = [
      {"OMPI_MCA_orte_default_hostfile": "/shared/hostfile", "OMPI_MCA_orte_set_default_slots": "1"},
      "demo-master-0.demo:1\ndemo-worker-0.demo:1\ndemo-worker-1.demo:1\ndemo-worker-2.demo:1\n"),
     ("Trainer's MPI runtime: the launcher, a node too", lambda: examples.trainjob_mpi(num_nodes=3),
-     "ds-launcher-0-0-" + examples._suffix("ds-launcher-0", 0), ("mpi",), {"nproc_per_node": 1},
+     "ds-launcher-0-0-" + examples._suffix("ds-launcher-0", 0), ("mpi",), {"processes": Processes(per_node=1)},
      {"OMPI_MCA_orte_default_hostfile": "/shared/hostfile"},
      "ds-node-0-0.ds:1\nds-node-0-1.ds:1\nds-launcher-0-0.ds:1\n"),
     ("pods of different sizes: no default slots, the hostfiles say each",
@@ -437,12 +438,13 @@ def test_mlx_on_trainers_launcher_runs_over_mpirun_so_the_launcher_gets_mpi_env_
     """Trainer v2's mlx-distributed runtime runs mpirun from the launcher (mlPolicy.mpi, OpenMPI): MLX there needs
     the MPI launcher's variables, whatever selected MLX; the nodes, which mpirun reaches over SSH, get none."""
     pods = examples.trainjob_mpi(num_nodes=3)
-    rendered = rendered_with(pods, TRAINER_LAUNCHER, ("mlx",), files_dir="/shared", nproc_per_node=1)
+    rendered = rendered_with(pods, TRAINER_LAUNCHER, ("mlx",), files_dir="/shared", processes=Processes(per_node=1))
     mpi = part(rendered, "mpi")
     check(mpi, {"OMPI_MCA_orte_default_hostfile": "/shared/hostfile", "OMPI_MCA_orte_set_default_slots": "1",
                 "PRTE_MCA_prte_default_hostfile": "/shared/hostfile"})
     assert set(mpi.files) == {"mpi.env", "hydra_hostfile"} and "mpirun" in mpi.selected_by
-    node = rendered_with(pods, "ds-node-0-1-" + examples._suffix("ds-node-0", 1), ("mlx",), nproc_per_node=1)
+    node = rendered_with(pods, "ds-node-0-1-" + examples._suffix("ds-node-0", 1), ("mlx",),
+                         processes=Processes(per_node=1))
     assert [r.key for r in node.frameworks] == ["mlx"]
 
 

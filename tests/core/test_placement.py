@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from agent import examples
 from agent.core import Options, render_pod
+from agent.core.model import Processes
 from agent.core.plan.rank import topology_order
 from agent.core.pods.placement import (
     DEFAULT_LEVELS,
@@ -296,11 +297,12 @@ def test_trainer_groups_follow_the_domains_and_two_processes_per_pod():
     from agent.trainer import domain_groups
 
     pods, nodes, _ = interleaved(examples.volcano_job(tasks=(("master", 1), ("worker", 3))))
-    document = _document(pods, nodes, rank_order="topology", levels=DEFAULT_LEVELS, nproc_per_node=2)
+    document = _document(pods, nodes, rank_order="topology", levels=DEFAULT_LEVELS, processes=Processes(per_node=2))
     assert domain_groups(document, "subblock") == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert domain_groups(document, "block") == [list(range(8))]
     assert domain_groups(document, "node") == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    index = _document(pods, nodes, levels=DEFAULT_LEVELS, nproc_per_node=2)  # index order: racks interleave
+    # index order: racks interleave
+    index = _document(pods, nodes, levels=DEFAULT_LEVELS, processes=Processes(per_node=2))
     assert domain_groups(index, "subblock") == [[0, 1, 4, 5], [2, 3, 6, 7]]
 
 

@@ -11,7 +11,7 @@ import pytest
 from agent import examples
 from agent.core import render_pod
 from agent.core.files.rendering import shell_quote
-from agent.core.model import Options
+from agent.core.model import Options, Ports, Processes
 from agent.core.pods.containers import resolve_nproc
 from tests.conftest import env_of, render
 
@@ -54,9 +54,9 @@ NPROC_CASES = [
 @pytest.mark.parametrize(("c", "flag", "expected"), [x[1:] for x in NPROC_CASES], ids=[x[0] for x in NPROC_CASES])
 def test_nproc_per_node(c, flag, expected):
     pod = one_pod_job(c)[0]
-    count, _ = resolve_nproc(pod, c, Options(nproc_per_node=flag))
+    count, _ = resolve_nproc(pod, c, Options(processes=Processes(per_node=flag)))
     assert count == expected
-    rendered = render([pod], "solo-0", nproc_per_node=flag)
+    rendered = render([pod], "solo-0", processes=Processes(per_node=flag))
     values = {v.name: v.value for v in rendered.variables}  # written or left to the user
     assert values["NPROC_PER_NODE"] == values["PET_NPROC_PER_NODE"] == values["LOCAL_WORLD_SIZE"] == str(expected)
     # one pod: the launcher-less world is that pod; the launchers' world its processes
@@ -103,7 +103,7 @@ def test_controller_injected_variables_are_replaced_but_a_duplicated_name_is_the
     env = pods[1]["spec"]["containers"][0]["env"]
     # The template had MASTER_PORT=7777; training-operator appended its own after it.
     env.insert(0, {"name": "MASTER_PORT", "value": "7777"})
-    rendered = render(pods, "mnist-worker-0", nproc_per_node=1)
+    rendered = render(pods, "mnist-worker-0", processes=Processes(per_node=1))
     written = env_of(rendered)
     assert written["WORLD_SIZE"] == "2"  # injected WORLD_SIZE=2 replaced by ours (same number here)
     assert "MASTER_PORT" not in written and written["PET_MASTER_PORT"] == "7777"
@@ -119,13 +119,13 @@ MASTER_PORT_CASES = [
 @pytest.mark.parametrize(("ports", "flag", "expected"), [x[1:] for x in MASTER_PORT_CASES],
                          ids=[x[0] for x in MASTER_PORT_CASES])
 def test_master_port(ports, flag, expected):
-    env = env_of(render(one_pod_job(container(ports=ports)), "solo-0", master_port=flag))
+    env = env_of(render(one_pod_job(container(ports=ports)), "solo-0", ports=Ports(master=flag)))
     assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == expected
 
 
 def test_elastic_writes_c10d_rendezvous_at_rank0_with_own_local_addr():
     pods = examples.pytorchjob(workers=2)
-    env = env_of(render(pods, "mnist-worker-1", elastic=(1, 4), rdzv_port=29401, address="ip"))
+    env = env_of(render(pods, "mnist-worker-1", elastic=(1, 4), ports=Ports(rdzv=29401), address="ip"))
     assert env["PET_NNODES"] == "1:4"
     assert env["PET_RDZV_BACKEND"] == "c10d"
     assert env["PET_RDZV_ENDPOINT"] == f"{pods[0]['status']['podIP']}:29401"

@@ -10,7 +10,7 @@ import pytest
 
 from agent import examples
 from agent.core import render_pod
-from agent.core.model import Options
+from agent.core.model import Options, Processes
 from agent.core.plan.gang import Roster
 from agent.core.pods.placement import parse_levels
 from agent.core.report.events import (
@@ -167,7 +167,7 @@ def test_the_json_document_is_stable():
 def test_a_pod_with_several_processes_shows_its_rank_range():
     pods = examples.volcano_job("demo", (("master", 1), ("worker", 1)))
     status = job_status(pods, job="demo", kind="Volcano Job 'demo'", namespace="default",
-                        options=Options(nproc_per_node=4), roster=None, expected=2, seen={})
+                        options=Options(processes=Processes(per_node=4)), roster=None, expected=2, seen={})
     assert "demo-worker-0   worker   4-7    1" in table(status, now=NOW) and status.world_size == 8
 
 

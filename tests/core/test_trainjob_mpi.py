@@ -16,6 +16,7 @@ import pytest
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import JOBSET_GLOBAL_INDEX, JOBSET_JOB_INDEX, JOBSET_NAME, JOBSET_RJOB
+from agent.core.model import Processes
 from agent.core.plan.gang import JobView, job_reads
 
 NAME = "trainjob"
@@ -125,7 +126,7 @@ def test_a_runtime_that_cannot_be_read_leaves_the_trainjob_defaults():
 def test_the_users_roles_and_slots_win_over_the_runtime():
     pods = [_pod(*p) for p in CASES[0][4]]
     _, view = read(pods[0], _objects(CASES[0][3], CASES[0][1], CASES[0][2]),
-                   Options(roles=("launcher", "node"), nproc_per_node=3))
+                   Options(roles=("launcher", "node"), processes=Processes(per_node=3)))
     hostfile = render_pod(pods, pods[0]["metadata"]["name"], view.options).files["hostfile"].decode()
     assert hostfile.splitlines()[0] == "trainjob-launcher-0-0.trainjob slots=3"
 

@@ -10,6 +10,7 @@ import pytest
 
 from agent import examples
 from agent.core.files.variables import warnings_for
+from agent.core.model import Processes
 from tests.conftest import env_of, render
 
 
@@ -34,7 +35,7 @@ CASES = [
     ("Indexed Job with cpu 2500m: three processes a pod", lambda: examples.indexed_job(completions=3),
      "sweep-1-h9q5m", {}, {"WORLD_SIZE": "3", "RANK": "1", "NPROC_PER_NODE": "3"}, 9, [3, 3, 3]),
     ("--nproc-per-node 4 moves no WORLD_SIZE", lambda: examples.volcano_job(tasks=(("master", 1), ("worker", 2))),
-     "demo-worker-1", {"nproc_per_node": 4}, {"WORLD_SIZE": "3", "RANK": "2", "NPROC_PER_NODE": "4"}, 12,
+     "demo-worker-1", {"processes": Processes(per_node=4)}, {"WORLD_SIZE": "3", "RANK": "2", "NPROC_PER_NODE": "4"}, 12,
      [4, 4, 4]),
     ("elastic: the pods there are now", lambda: _cpu(examples.volcano_job(tasks=(("master", 1), ("worker", 2))), "2"),
      "demo-worker-0", {"elastic": (2, 4)},

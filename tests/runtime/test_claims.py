@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.core.model import Options
+from agent.core.model import Options, Processes
 from agent.errors import ApiForbidden
 from agent.runtime.claims import claims_path, with_claims
 from tests.core.test_claims import ALLOCATED, GPUS, MADE, dra_pod, trainer
@@ -38,7 +38,7 @@ async def test_a_job_without_claims_lists_none():
 async def test_an_explicit_process_count_lists_none():
     api = Api(ALLOCATED)
     pod = dra_pod(trainer([{"name": "gpus"}]), pod_claims=[GPUS], statuses=MADE[:1])
-    options = Options(nproc_per_node=2)
+    options = Options(processes=Processes(per_node=2))
     assert await with_claims(api, "team-a", [pod], options, retry=retry) is options and api.lists == []
 
 
@@ -48,11 +48,12 @@ async def test_pods_taking_claims_list_the_namespaces_claims_once():
     options = await with_claims(api, "team-a", [pod, pod], Options(), retry=retry)
     assert [path for path, _ in api.lists] == [claims_path("team-a")]
     assert claims_path("team-a") == "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims"
-    assert options.claims is not None and options.claims.named("solo-0-gpus-x1") is not None
+    assert options.processes.claims is not None and options.processes.claims.named("solo-0-gpus-x1") is not None
 
 
 @pytest.mark.parametrize("error", [ApiForbidden("resourceclaims is forbidden")], ids=["forbidden"])
 async def test_a_refused_list_leaves_a_note_not_an_error(error):
     pod = dra_pod(trainer([{"name": "gpus"}]), pod_claims=[GPUS], statuses=MADE[:1])
     options = await with_claims(Api(error=error), "team-a", [pod], Options(), retry=retry)
-    assert options.claims is not None and "grant get and list on resourceclaims" in options.claims.note
+    claims = options.processes.claims
+    assert claims is not None and "grant get and list on resourceclaims" in claims.note

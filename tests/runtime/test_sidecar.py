@@ -1238,6 +1238,7 @@ async def test_rank_0_launching_over_ssh_writes_its_hostfile_from_the_summary_an
     and writes the hostfile and <role>.host files the full view writes, byte for byte; its sidecar continues
     from init's generation (no rewrite at start) and rewrites them when a worker in the middle leaves."""
     from agent.core import Options, render_pod
+    from agent.core.model import Processes
 
     secret = _job_secret(tmp_path / "secret")
     ssh = ("--address", "dns", "--ssh-secret-dir", str(secret), "--nproc-per-node", "1")
@@ -1250,7 +1251,7 @@ async def test_rank_0_launching_over_ssh_writes_its_hostfile_from_the_summary_an
     document = json.loads((master / "topology.json").read_text())
     assert document["view"] == "own" and document["hosts"] and len(document["members"]) == 1  # rank 0: itself
     assert "reading the whole topology" not in logs.text("demo-master-0")
-    options = Options(address="dns", nproc_per_node=1)
+    options = Options(address="dns", processes=Processes(per_node=1))
     full = render_pod(memory.sandbox.store.list("/v1/pods", "default"), "demo-master-0", options)
     for name in ("hostfile", "master.host", "worker.host"):
         assert (master / name).read_bytes() == full.files[name], name

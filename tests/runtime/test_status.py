@@ -112,7 +112,7 @@ def test_the_options_are_those_of_the_pods_init_container():
                                                                              "--nproc-per-node", "4"],
                                         "env": [{"name": "TOPOLOGY_ADDRESS", "value": "ip"}]}]}}
     options = options_of(pod)
-    assert options is not None and options.nproc_per_node == 4 and options.address == "ip"
+    assert options is not None and options.processes.per_node == 4 and options.address == "ip"
     assert options_of({"spec": {"initContainers": [{"name": "topology-agent", "args": ["init", "--bogus"]}]}}) is None
     assert options_of({"spec": {}}) is None
 

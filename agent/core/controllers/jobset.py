@@ -314,8 +314,8 @@ class TrainJob(JobSet):
             slots, why = runtime_slots, f"runtime '{name}' mlPolicy.mpi.numProcPerNode"
         elif runtime_slots == 1:
             slots, why = "accelerators", f"runtime '{name}' mlPolicy.mpi.numProcPerNode 1: the node's GPUs, else 1"
-        if options.nproc_per_node is None and slots is not None:
-            options = dataclasses.replace(options, nproc_per_node=slots)
+        if options.processes.per_node is None and slots is not None:
+            options = dataclasses.replace(options, processes=dataclasses.replace(options.processes, per_node=slots))
             notes.append(f"slots per host from {why}")
         return OwnerOptions(options, tuple(notes))
 

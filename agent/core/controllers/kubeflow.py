@@ -328,9 +328,9 @@ class MpiJob(Controller):
             options = dataclasses.replace(options, roles=("launcher", "worker"))
             notes.append("MPIJob runLauncherAsWorker: the launcher is node rank 0")
         slots = spec.get("slotsPerWorker")
-        if options.nproc_per_node is None and isinstance(slots, int) and not isinstance(slots, bool) \
+        if options.processes.per_node is None and isinstance(slots, int) and not isinstance(slots, bool) \
                 and 1 <= slots <= 1_000_000:
-            options = dataclasses.replace(options, nproc_per_node=slots)
+            options = dataclasses.replace(options, processes=dataclasses.replace(options.processes, per_node=slots))
             notes.append(f"MPIJob slotsPerWorker: {slots} slots per host")
         return OwnerOptions(options, tuple(notes))
 

@@ -293,7 +293,8 @@ class Volcano(Controller):
         plugins = _plugins(objects)
         if "pytorch" in plugins:
             args = plugin_args("pytorch", plugins["pytorch"], job)
-            options = dataclasses.replace(options, job_master_port=(args.port, args.source))
+            options = dataclasses.replace(options, ports=dataclasses.replace(options.ports,
+                                                                         job_master=(args.port, args.source)))
         return OwnerOptions(options, tuple(notes))
 
     def untrained(self, job: Mapping[str, Any], roles: tuple[str, ...] | None) -> str | None:

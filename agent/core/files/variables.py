@@ -92,12 +92,12 @@ def elastic_of(plan: Plan, options: Options, injected: dict[str, str]) -> Elasti
     kept = (restarts, f"elasticPolicy.maxRestarts, as {plan.controller.title} wrote it") \
         if _WHOLE.fullmatch(restarts) else Elastic.max_restarts
     if options.elastic is not None:
-        return Elastic(*options.elastic, port=options.rdzv_port or DEFAULT_RDZV_PORT,
+        return Elastic(*options.elastic, port=options.ports.rdzv or DEFAULT_RDZV_PORT,
                        rule=f"{options.label('elastic')} MIN:MAX", max_restarts=kept)
     found = elastic_range(injected.get("PET_NNODES", ""))
     if found is None:
         return None
-    port = options.rdzv_port
+    port = options.ports.rdzv
     endpoint_port = injected.get("PET_RDZV_ENDPOINT", "").rpartition(":")[2]
     if port is None:
         port = int(endpoint_port) if endpoint_port.isdigit() and 0 < int(endpoint_port) < 65536 \
@@ -270,7 +270,7 @@ def respect_user(variables: list[Variable], env: dict[str, UserValue], injected:
 
 def trainer_env(plan: Plan, options: Options) -> tuple[dict[str, UserValue], dict[str, str]]:
     """The user's variables in this pod's trainer container, and those its controller injected."""
-    container = pick_trainer_container(plan.self_pod, options.container)
+    container = pick_trainer_container(plan.self_pod, options.processes.container)
     return user_env(container, controller=plan.controller.key), _injected_values(plan, options)
 
 
@@ -320,7 +320,7 @@ def compute_variables(plan: Plan, options: Options, *, generation: int, files_di
     """Every variable for the plan's own pod, written or not, in the order ``torch.env`` lists them.
     ``files_dir`` is where the files will be (for the paths torch.env names)."""
     me = plan.topology.me
-    container = pick_trainer_container(plan.self_pod, options.container)
+    container = pick_trainer_container(plan.self_pod, options.processes.container)
     env = user_env(container, controller=plan.controller.key)
     injected = _injected_values(plan, options)
     variables: list[Variable] = []

@@ -152,12 +152,13 @@ def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str
     the containers, so their ids are not reused while it lives. A container that takes DRA claims is counted per
     pod once the claims are read: its devices are the pod's own claims'."""
     containers = pod.get("spec", {}).get("containers") or ()
-    if sizes is None or (options.claims is not None and any(map(has_claims, containers))):
-        return resolve_nproc(pod, pick_trainer_container(pod, options.container), options)
+    processes = options.processes
+    if sizes is None or (processes.claims is not None and any(map(has_claims, containers))):
+        return resolve_nproc(pod, pick_trainer_container(pod, processes.container), options)
     key = tuple(map(id, containers))
     known = sizes.get(key)
     if known is None:
-        known = sizes[key] = (tuple(containers), resolve_nproc(pod, pick_trainer_container(pod, options.container),
+        known = sizes[key] = (tuple(containers), resolve_nproc(pod, pick_trainer_container(pod, processes.container),
                                                                  options))
     return known[1]
 

@@ -175,7 +175,7 @@ def _lighthouse(members: Sequence[Member], pods: Mapping[str, RawPod], options: 
             continue
         port, where = LIGHTHOUSE_PORT, f"torchft's default port {LIGHTHOUSE_PORT}"
         pod = pods.get(member.name)
-        container = pick_trainer_container(pod, options.container) if pod is not None else None
+        container = pick_trainer_container(pod, options.processes.container) if pod is not None else None
         for declared in (container or {}).get("ports", []):
             if declared.get("name") == LIGHTHOUSE_PORT_NAME and isinstance(declared.get("containerPort"), int):
                 port, where = declared["containerPort"], f"its port named '{LIGHTHOUSE_PORT_NAME}'"

@@ -68,15 +68,15 @@ class Plan:
 
 
 def _master_port(rank0: RawPod | None, controller: Controller, options: Options) -> tuple[int, str]:
-    if options.master_port is not None:
-        return options.master_port, "--master-port"
+    if options.ports.master is not None:
+        return options.ports.master, "--master-port"
     if rank0 is not None:
-        container = pick_trainer_container(rank0, options.container)
+        container = pick_trainer_container(rank0, options.processes.container)
         found = controller.master_port((container or {}).get("ports", [])) if container else None
         if found is not None and container is not None:
             return found[0], f"{found[1]} of container '{container.get('name')}' in pod '{pod_name(rank0)}'"
-    if options.job_master_port is not None:
-        return options.job_master_port
+    if options.ports.job_master is not None:
+        return options.ports.job_master
     port = controller.default_master_port
     if port == TORCHRUN_MASTER_PORT and "default_master_port" not in vars(type(controller)):
         return port, f"torchrun's default {port}"
@@ -227,7 +227,7 @@ def elastic_range(nnodes: str) -> tuple[int, int] | None:
 def injected_values(pod: RawPod, controller: Controller, options: Options) -> dict[str, str]:
     """Variables the controller wrote into the pod's trainer container (the last entry of a name wins, as in a
     container's environment; a ``valueFrom`` is "(valueFrom)")."""
-    container = pick_trainer_container(pod, options.container)
+    container = pick_trainer_container(pod, options.processes.container)
     env = (container or {}).get("env", [])
     return {env[i].get("name", ""): ("(valueFrom)" if "valueFrom" in env[i] else str(env[i].get("value", "")))
             for i in sorted(controller_entries(controller.key, env))}
@@ -238,7 +238,7 @@ def c10d_rendezvous(pod: RawPod, controller: Controller, options: Options) -> bo
     ``by_address``): the rendezvous torch.env gives torchrun, c10d for an elastic job (``--elastic``, or
     ``PET_NNODES=MIN:MAX`` as the controller wrote it), unless the user set ``PET_RDZV_BACKEND`` in the trainer
     container, whose value is then torchrun's. Every pod of a job reads the same template: all agree."""
-    user = user_env(pick_trainer_container(pod, options.container), controller=controller.key)
+    user = user_env(pick_trainer_container(pod, options.processes.container), controller=controller.key)
     backend = user.get("PET_RDZV_BACKEND")
     if backend is not None:
         return backend.value == "c10d"

@@ -142,8 +142,8 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     and the rule says so.
     """
     pod_name = pod.get("metadata", {}).get("name", "?")
-    if isinstance(options.nproc_per_node, int):
-        return options.nproc_per_node, "--nproc-per-node"
+    if isinstance(options.processes.per_node, int):
+        return options.processes.per_node, "--nproc-per-node"
     explicit = {e.get("name"): e for e in (container or {}).get("env", ()) if e.get("name") in _NPROC_VARS}
     for var in _NPROC_VARS:
         entry = explicit.get(var)
@@ -164,7 +164,7 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     unknown = sorted(k for k in named if is_unknown_extended(k))
     unknown_note = (f"; extended resource(s) {', '.join(unknown)} not counted: not a known accelerator (set "
                     "--nproc-per-node if they are)") if unknown else ""
-    dra = dra_devices(pod, container, options.claims)
+    dra = dra_devices(pod, container, options.processes.claims)
     plugin, plugin_text = _plugin_devices(resources, pod_name, cname)
     if dra is not None and dra.accelerators:
         total = dra.accelerators + plugin
@@ -173,7 +173,7 @@ def resolve_nproc(pod: RawPod, container: RawContainer | None, options: Options)
     dra_note = f"; DRA: {dra.text}" if dra is not None else ""
     if plugin:
         return plugin, f"{plugin}{DEVICES_RULE}'{cname}' {plugin_text}{dra_note}{unknown_note}"
-    if options.nproc_per_node == "accelerators":
+    if options.processes.per_node == "accelerators":
         return 1, f"no accelerators in container '{cname}': 1 (Trainer's MPI rule: numProcPerNode 1 is the GPUs of " \
                   f"a node, else 1){dra_note}{unknown_note}"
     cpu = (resources.get("limits", {}) or {}).get("cpu")

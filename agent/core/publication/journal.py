@@ -115,8 +115,8 @@ def rows_options(options: Options) -> str:
     """What a row keeps of a pod depends on (published._row): a reader that cuts pods otherwise cannot take the
     rows for its own."""
     levels = [level.label for level in options.levels] if options.levels is not None else None
-    return json.dumps([SCHEMA, options.choice.selector, options.choice.index_label, options.container, levels],
-                      separators=(",", ":"))
+    return json.dumps([SCHEMA, options.choice.selector, options.choice.index_label, options.processes.container,
+                       levels], separators=(",", ":"))
 
 
 def _same_content(row: list[Any], published: list[Any] | None) -> bool:

@@ -56,7 +56,7 @@ def configmap_name(job: str) -> str:
 
 
 def _trainer(pod: RawPod, options: Options) -> dict[str, Any]:
-    trainer = pick_trainer_container(pod, options.container)
+    trainer = pick_trainer_container(pod, options.processes.container)
     if trainer is None:
         return {}
     ports = [p for p in trainer.get("ports", []) if p.get("name") == "pytorchjob-port"]

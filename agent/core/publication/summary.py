@@ -460,8 +460,8 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     if ssh and me.node_rank == 0 and hosts_listed(topology):  # rank 0 launches on the hostfile: it writes it
         topology = replace(topology, whole=replace(whole, hosts=True))
     source = summary.master_port_source
-    if options.master_port is not None:
-        port, source = options.master_port, "--master-port"
+    if options.ports.master is not None:
+        port, source = options.ports.master, "--master-port"
     else:
         port = summary.master_port
     return Plan(topology=topology, controller=controller, self_pod=own, master_port=port, master_port_source=source,

@@ -574,7 +574,7 @@ class Sidecar:
             return False
         options = await with_claims(self.api, s.namespace, fresh, s.options,
                                     retry=lambda call, what: retried(call, what=what))
-        if options.claims == s.options.claims:
+        if options.processes.claims == s.options.processes.claims:
             return False
         self.settings = dataclasses.replace(s, options=options)
         self.evaluator.use_options(self.settings)

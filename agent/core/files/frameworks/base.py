@@ -132,7 +132,7 @@ def named_port(pod: RawPod, name: str, options: Options, *, container: str | Non
     controller that names one reads it), or None when it declares none."""
     holder: Mapping[str, Any] = {}
     if container is None:
-        holder = pick_trainer_container(pod, options.container) or {}
+        holder = pick_trainer_container(pod, options.processes.container) or {}
     else:
         holder = next((c for c in pod.get("spec", {}).get("containers", []) if c.get("name") == container), {})
     for entry in holder.get("ports", []):
