@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from agent.core.controllers.volcano import VCJOB, VOLCANO_INDEX, VOLCANO_JOB, VO
 from agent.core.emulation.objects import suffix_for, uid_for
 from agent.core.emulation.placing import loopback_address
 from agent.core.injected import injected_env
+from agent.core.model import RawEnvVar
 
 Pod = dict[str, Any]
 AGENT_IMAGE = "ghcr.io/example/topology-agent:0.1.0"
@@ -75,7 +76,7 @@ def agent_init_container() -> dict[str, Any]:
     }
 
 
-def trainer_container(name: str = "trainer", *, env: list[dict[str, Any]] | None = None,
+def trainer_container(name: str = "trainer", *, env: Sequence[Mapping[str, Any]] | None = None,
                       cpu: str | None = "2", gpus: int = 0, port: int | None = None,
                       port_name: str = "pytorchjob-port") -> dict[str, Any]:
     limits: dict[str, Any] = {}
@@ -159,8 +160,7 @@ def volcano_job(name: str = "demo", tasks: tuple[tuple[str, int], ...] = (("mast
             facts = {"plugin_order": plugins, "tasks": [t for t, _ in tasks], "job": name, "index": i,
                      "port": master_port, "replicas": world, "rank": i + 1 if task == "worker" else 0,
                      "tf_config": tf_config(task, i) if "tensorflow" in plugins else None}
-            injected: list[dict[str, Any]] = [*(user_env or []),
-                                              *injected_env("volcano", release, features, facts)]  # type: ignore
+            injected = [*(user_env or []), *injected_env("volcano", release, features, facts)]
             labels = {VOLCANO_JOB: name, "volcano.sh/job-namespace": namespace,
                       "volcano.sh/queue-name": "default", VOLCANO_TASK: task,
                       VOLCANO_INDEX: str(i)}
@@ -192,7 +192,7 @@ def pytorchjob(name: str = "mnist", workers: int = 3, *, namespace: str = "defau
                      "world": replicas * nproc_int, "rank": i + 1 if rtype == "worker" else 0,
                      "nproc": nproc_per_node, "rdzv_host": f"{name}-worker-0", "rdzv_port": 23456,
                      "min": elastic[0] if elastic else 0, "max": elastic[1] if elastic else 0}
-            injected: list[dict[str, Any]] = injected_env("pytorchjob", release, features, facts)  # type: ignore
+            injected = injected_env("pytorchjob", release, features, facts)
             labels = {PYTORCHJOB_JOB: name, MPI_OPERATOR_NAME:
                       "pytorchjob-controller", PYTORCHJOB_TYPE: rtype,
                       PYTORCHJOB_INDEX: str(i)}
@@ -223,7 +223,7 @@ def _volcano_tf_config(job: str, tasks: tuple[tuple[str, int], ...], port: int) 
 
 def _operator_pods(name: str, resource: JobResource, container: str, specs: tuple[tuple[str, int], ...], *,
                    namespace: str, ip_base: int, cpu: str, gpus: int, port: tuple[str, int],
-                   env: Callable[[str, int], list[dict[str, Any]]], master: Callable[[str, int], bool]) -> list[Pod]:
+                   env: Callable[[str, int], list[RawEnvVar]], master: Callable[[str, int], bool]) -> list[Pod]:
     """The pods training-operator v1.9 creates for a job of ``resource``'s kind: one per replica, named and
     labelled by createNewPod (pkg/controller.v1/common/pod.go), owned by the job, ``env(rtype, index)`` appended to
     the container the kind writes to."""
@@ -255,10 +255,10 @@ def tfjob(name: str = "mnist-tf", specs: tuple[tuple[str, int], ...] = (("chief"
     cluster = {rtype: [f"{name}-{rtype}-{i}.{namespace}.svc{suffix}:{port}" for i in range(n)]
                for rtype, n in sorted(specs)}
 
-    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+    def env(rtype: str, i: int) -> list[RawEnvVar]:
         config = json.dumps({"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"},
                             separators=(",", ":"))
-        return injected_env("tfjob", "v1.9.0", {"distributed"} if total > 1 else set(),  # type: ignore[return-value]
+        return injected_env("tfjob", "v1.9.0", {"distributed"} if total > 1 else set(),
                             {"tf_config": config})
 
     chief = any(rtype in ("chief", "master") for rtype, _ in specs)
@@ -273,10 +273,10 @@ def xgboostjob(name: str = "xgb", workers: int = 2, *, namespace: str = "default
     variables (RANK master 0, worker index + 1; WORKER_ADDRS of replicas - 1 workers)."""
     total = 1 + workers
 
-    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+    def env(rtype: str, i: int) -> list[RawEnvVar]:
         facts = {"port": port, "job": name, "replicas": total, "rank": i + 1 if rtype == "worker" else 0,
                  "worker_port": port, "worker_addrs": ",".join(f"{name}-worker-{k}" for k in range(total - 1))}
-        return injected_env("xgboostjob", "v1.9.0", {"several replicas"} if total > 1 else set(),  # type: ignore
+        return injected_env("xgboostjob", "v1.9.0", {"several replicas"} if total > 1 else set(),
                             facts)
 
     return _operator_pods(name, XGBOOSTJOBS, "xgboost", (("master", 1), ("worker", workers)), namespace=namespace,
@@ -292,14 +292,14 @@ def paddlejob(name: str = "paddle", workers: int = 3, *, masters: int = 0, names
     total = masters + workers
     host = "master" if masters else "worker"
 
-    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+    def env(rtype: str, i: int) -> list[RawEnvVar]:
         own = i == 0 and rtype == host
         features = {"the master's pod"} if own else set()
         if masters:
             features.add(f"ps mode, {rtype}")
         facts = {"job": name, "replicas": total,
                  "master": f"$(POD_IP_DUMMY):{port}" if own else f"{name}-{host}-0:{port}"}
-        return injected_env("paddlejob", "v1.9.0", features, facts)  # type: ignore[return-value]
+        return injected_env("paddlejob", "v1.9.0", features, facts)
 
     return _operator_pods(name, PADDLEJOBS, "paddle", specs, namespace=namespace, ip_base=ip_base, cpu=cpu,
                           gpus=gpus, port=("master", port), env=env, master=lambda r, i: r == "master")
@@ -309,8 +309,8 @@ def jaxjob(name: str = "jax", workers: int = 3, *, namespace: str = "default", i
            port: int = 6666, cpu: str = "2", gpus: int = 0) -> list[Pod]:
     """A JAXJob (training-operator v1.9): ``workers`` workers, setPodEnv's variables in every container (worker 0
     the coordinator, without a port)."""
-    def env(rtype: str, i: int) -> list[dict[str, Any]]:
-        return injected_env("jaxjob", "v1.9.0", set(),  # type: ignore[return-value]
+    def env(rtype: str, i: int) -> list[RawEnvVar]:
+        return injected_env("jaxjob", "v1.9.0", set(),
                             {"port": port, "job": name, "replicas": workers, "index": i})
 
     return _operator_pods(name, JAXJOBS, "jax", (("worker", workers),), namespace=namespace, ip_base=ip_base,
@@ -352,7 +352,7 @@ def mpijob(name: str = "allreduce", workers: int = 3, *, namespace: str = "defau
 
 def _jobset_pods(name: str, rjobs: tuple[tuple[str, int, int], ...], *, namespace: str, ip_base: int,
                  extra_labels: dict[str, dict[str, str]], container: str, phases: dict[str, str] | None = None,
-                 env: list[dict[str, Any]] | None = None) -> list[Pod]:
+                 env: Sequence[Mapping[str, Any]] | None = None) -> list[Pod]:
     pods, n, global_index = [], ip_base, 0
     global_replicas = sum(r for _, r, _ in rjobs)
     for rjob, replicas, parallelism in rjobs:
@@ -399,7 +399,7 @@ def trainjob(name: str = "llm", num_nodes: int = 3, *, namespace: str = "default
     ``num_nodes`` pods of replicated job ``node`` (container ``node``), with the env the torch plugin of
     ``release`` writes (from ``agent.core.injected``); with ``plugin`` "jax" or "xgboost", the env that plugin
     writes instead (jax-distributed, xgboost-distributed; ``workers``: its DMLC_NUM_WORKER)."""
-    env: list[dict[str, Any]] = injected_env(  # type: ignore[assignment]
+    env = injected_env(
         "trainjob", release, set() if plugin == "torch" else {f"mlPolicy {plugin}"},
         {"nnodes": num_nodes, "nproc": nproc, "trainjob": name, "workers": workers or num_nodes,
          "plugins": ("main",) if plugin == "torch" else (plugin,)})
@@ -470,7 +470,7 @@ def leaderworkerset(name: str = "vllm", size: int = 4, groups: int = 2, *, names
                 annotations["leaderworkerset.sigs.k8s.io/leader-name"] = leader
             facts = {"lws": name, "group": group, "subdomain": name, "namespace": namespace, "size": size,
                      "worker": worker}
-            env: list[dict[str, Any]] = injected_env("lws", release, set(), facts)  # type: ignore[assignment]
+            env = injected_env("lws", release, set(), facts)
             pods.append(make_pod(
                 pod_name, namespace=namespace, labels=labels, annotations=annotations, hostname=pod_name,
                 subdomain=name, ip=loopback_ip(n), owner=owner, containers=[trainer_container(env=env, gpus=2)],

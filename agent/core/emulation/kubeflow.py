@@ -47,6 +47,7 @@ from agent.core.emulation.objects import (
     uid_of,
 )
 from agent.core.injected import injected_env
+from agent.core.model import RawEnvVar
 
 OPERATOR_RELEASE = "v1.9.0"
 MPI_RELEASE = "v0.8.0"
@@ -69,7 +70,7 @@ KINDS: Mapping[str, Kind] = {
     "PaddleJob": Kind("paddleReplicaSpecs", "paddlejob", "paddle", "master", 36543),
     "JAXJob": Kind("jaxReplicaSpecs", "jaxjob", "jax", "jaxjob-port", 6666),
 }
-Env = Callable[[str, int], list[dict[str, Any]]]
+Env = Callable[[str, int], list[RawEnvVar]]
 
 
 def _specs(job: Mapping[str, Any], field: str) -> list[tuple[str, int, Mapping[str, Any]]]:
@@ -127,7 +128,7 @@ def _pytorch_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str
              "max_restarts": (elastic or {}).get("maxRestarts", ""), "rdzv_id": (elastic or {}).get("rdzvId", ""),
              "rdzv_conf": ",".join(f"{c.get('key')}={c.get('value')}" for c in (elastic or {}).get("rdzvConf") or [])}
     master = "master" in counts
-    return lambda rtype, i: injected_env("pytorchjob", OPERATOR_RELEASE, features,  # type: ignore[return-value]
+    return lambda rtype, i: injected_env("pytorchjob", OPERATOR_RELEASE, features,
                                          {**facts, "rank": i + 1 if rtype == "worker" and master else i})
 
 
@@ -140,10 +141,10 @@ def _tf_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str, Any
                for rtype, n, t in sorted(specs, key=lambda s: s[0].lower())}
     distributed = {"distributed"} if sum(n for _, n, _ in specs) > 1 else set()
 
-    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+    def env(rtype: str, i: int) -> list[RawEnvVar]:
         config = json.dumps({"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"},
                             separators=(",", ":"))
-        return injected_env("tfjob", OPERATOR_RELEASE, distributed, {"tf_config": config})  # type: ignore
+        return injected_env("tfjob", OPERATOR_RELEASE, distributed, {"tf_config": config})
     return env
 
 
@@ -155,7 +156,7 @@ def _xgboost_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str
              "worker_addrs": ",".join(f"{name}-worker-{k}" for k in range(total - 1))}
     features = {"several replicas"} if total > 1 else set()
     masters = counts.get("master", 0)
-    return lambda rtype, i: injected_env("xgboostjob", OPERATOR_RELEASE, features,  # type: ignore[return-value]
+    return lambda rtype, i: injected_env("xgboostjob", OPERATOR_RELEASE, features,
                                          {**facts, "rank": i + masters if rtype == "worker" else i})
 
 
@@ -165,21 +166,21 @@ def _paddle_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str,
     port = _port(specs, KINDS["PaddleJob"], host)
     ps = bool(counts.get("master"))
 
-    def env(rtype: str, i: int) -> list[dict[str, Any]]:
+    def env(rtype: str, i: int) -> list[RawEnvVar]:
         own = i == 0 and rtype == host
         features = {"the master's pod"} if own else set()
         if ps:
             features.add(f"ps mode, {rtype}")
         facts = {"job": name, "replicas": sum(counts.values()),
                  "master": f"$(POD_IP_DUMMY):{port}" if own else f"{name}-{host}-0:{port}"}
-        return injected_env("paddlejob", OPERATOR_RELEASE, features, facts)  # type: ignore[return-value]
+        return injected_env("paddlejob", OPERATOR_RELEASE, features, facts)
     return env
 
 
 def _jax_env(job: Mapping[str, Any], specs: list[tuple[str, int, Mapping[str, Any]]]) -> Env:
     facts = {"port": _port(specs, KINDS["JAXJob"], "worker"), "job": name_of(job),
              "replicas": sum(_counts(specs).values())}
-    return lambda rtype, i: injected_env("jaxjob", OPERATOR_RELEASE, set(), {**facts, "index": i})  # type: ignore
+    return lambda rtype, i: injected_env("jaxjob", OPERATOR_RELEASE, set(), {**facts, "index": i})
 
 
 ENVS: Mapping[str, Callable[[Mapping[str, Any], list[tuple[str, int, Mapping[str, Any]]]], Env]] = {

@@ -32,6 +32,7 @@ from agent.core.emulation.objects import (
     uid_of,
 )
 from agent.core.injected import injected_env
+from agent.core.model import RawEnvVar
 
 VOLCANO_RELEASE = "v1.15.0"
 QUEUE = "volcano.sh/queue-name"
@@ -146,14 +147,13 @@ def _inject_plugins(pod: Obj, order: Sequence[str], *, task: str, job: str, mast
     containers = pod["spec"]["containers"]
     inits = pod["spec"].get("initContainers") or []
     for plugin in order:
-        block: list[dict[str, Any]] = []
+        block: list[RawEnvVar] = []
         if plugin == "mpi" and mpi is not None and task == mpi.tasks["master"]:
             hosts = ",".join(f"{job}-{mpi.tasks['worker']}-{k}.{job}"
                              for k in range(replicas.get(mpi.tasks["worker"], 0)))
             block = [{"name": "MPI_HOST", "value": hosts}]
         elif plugin in ("env", "svc", "pytorch", "tensorflow"):
-            block = injected_env("volcano", VOLCANO_RELEASE, features,  # type: ignore[assignment]
-                                 {**facts, "plugin_order": (plugin,)})
+            block = injected_env("volcano", VOLCANO_RELEASE, features, {**facts, "plugin_order": (plugin,)})
         for entry in block:  # the pytorch plugin's master is its --master task's first pod
             if entry["name"] == "MASTER_ADDR" and "value" in entry:
                 entry["value"] = f"{job}-{master}-0.{job}"
