@@ -20,6 +20,7 @@ from agent.core.pods.placement import Level
 from agent.errors import InputError
 
 AddressMode = Literal["dns", "ip"]
+ADDRESS_MODES: tuple[AddressMode, ...] = ("dns", "ip")
 _WHOLE = re.compile(r"[0-9]+")
 
 

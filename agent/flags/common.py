@@ -11,13 +11,15 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 from agent.core.controllers import CONTROLLERS, parse_selector
 from agent.core.escaping import shown
 from agent.core.files.frameworks import FRAMEWORKS, PORTED
 from agent.core.model import (
+    ADDRESS_MODES,
     STATE_DIR,
+    AddressMode,
     ControllerChoice,
     FrameworkOptions,
     Options,
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from agent.ssh.files import SshSettings
 
 DEFAULT_OUT = "/shared"
+VIEWS: tuple[Literal["auto", "full", "own"], ...] = ("auto", "full", "own")  # --view
+Allowed = TypeVar("Allowed", bound=str)
 
 
 class FrameworkPort(argparse.Action):
@@ -107,13 +111,15 @@ def whole_knob(k: Knob, *, low: int = 1, high: int = 65535) -> int | None:
     return whole(k.label, k.value, low=low, high=high)
 
 
-def choice(option: str, raw: str, allowed: Sequence[str]) -> str:
-    if raw not in allowed:
-        raise InputError(f"{option} '{shown(raw)}' must be one of: {', '.join(allowed)}")
-    return raw
+def choice(option: str, raw: str, allowed: Sequence[Allowed]) -> Allowed:
+    """``raw`` as the one of ``allowed`` it spells (typed as they are: a Literal's values give that Literal)."""
+    for value in allowed:
+        if value == raw:
+            return value
+    raise InputError(f"{option} '{shown(raw)}' must be one of: {', '.join(allowed)}")
 
 
-def choice_knob(k: Knob, allowed: Sequence[str]) -> str:
+def choice_knob(k: Knob, allowed: Sequence[Allowed]) -> Allowed:
     """The knob's value among ``allowed``; the first when it is not given."""
     return choice(k.label, k.value or allowed[0], allowed)
 
@@ -233,7 +239,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise InputError(f"{world_k.label} keeps a static world whose seats follow the index order; {other} "
                          "contradicts it; drop one of them")
     view_k = knob(args, "view")
-    view = choice_knob(Knob(view_k.value or "auto", view_k.label), ("auto", "full", "own"))
+    view = choice_knob(Knob(view_k.value or "auto", view_k.label), VIEWS)
 
     frameworks_k = knob(args, "frameworks")
     port_ks = {key: knob(args, f"{key}-port") for key in PORTED}
@@ -253,14 +259,14 @@ def options_from_args(args: argparse.Namespace) -> Options:
                      if k.label.startswith("TOPOLOGY_")),
         roles=roles,
         ports=Ports(master=whole_knob(knob(args, "master-port")), rdzv=whole_knob(knob(args, "rdzv-port"))),
-        processes=Processes(per_node=nproc, container=_container(knob(args, "container"))),  # type: ignore[arg-type]
-        address=address,  # type: ignore[arg-type]
+        processes=Processes(per_node=nproc, container=_container(knob(args, "container"))),
+        address=address,
         cluster_domain=domain_k.value,
         elastic=elastic,
         choice=ControllerChoice(controller_k.value, selector_k.value, index_k.value),
         levels=levels,
-        rank_order=rank_order,  # type: ignore[arg-type]
-        view=view,  # type: ignore[arg-type]
+        rank_order=rank_order,
+        view=view,
         frameworks=frameworks,
         replica_groups=groups_k.value.strip() if groups_k.value is not None else None,
         world_size=world_size,
@@ -286,7 +292,7 @@ def _roles(k: Knob) -> tuple[str, ...] | None:
     return roles
 
 
-def _nproc(k: Knob) -> int | str | None:
+def _nproc(k: Knob) -> int | Literal["auto"] | None:
     if k.value is None:
         return None
     return "auto" if k.value == "auto" else whole(k.label, k.value, high=1_000_000)
@@ -319,8 +325,8 @@ def _check_selection(controller_k: Knob, selector_k: Knob, index_k: Knob) -> Non
             raise InputError(f"{selector_k.label} needs --index-label KEY (the label holding each pod's index)")
 
 
-def _address(address_k: Knob, domain_k: Knob) -> str:
-    address = choice_knob(Knob(address_k.value or "dns", address_k.label), ("dns", "ip"))
+def _address(address_k: Knob, domain_k: Knob) -> AddressMode:
+    address = choice_knob(Knob(address_k.value or "dns", address_k.label), ADDRESS_MODES)
     if domain_k.value is not None:
         if not DNS_NAME.fullmatch(domain_k.value.strip(".")):
             raise InputError(f"{domain_k.label} '{domain_k.value}' is not a DNS domain; use e.g. cluster.local")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from agent.core.pods.validation import is_label_key, is_label_value
 from agent.errors import InputError
@@ -47,7 +48,7 @@ DEFAULT_LEVELS: tuple[Level, ...] = (
 )
 _KNOWN = {level.label: level.name for level in DEFAULT_LEVELS} | {"kubernetes.io/hostname": "HOSTNAME"}
 RESERVED = frozenset({"NODE", "LEVELS", "RANK_ORDER"})  # TOPOLOGY_NODE etc. are not levels
-RANK_ORDERS = ("index", "topology")
+RANK_ORDERS: tuple[Literal["index", "topology"], ...] = ("index", "topology")
 
 def level_name(label: str) -> str:
     """The name of a level in the files: a known label's documented name, else the key's name part upper-cased
