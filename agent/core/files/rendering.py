@@ -167,21 +167,26 @@ def spares_document(topology: Topology) -> dict[str, Any]:
                           for t in topology.takeovers]}
 
 
-Entry = tuple[Member, bytes, tuple[object, ...]]  # a member, its text and its membership key
-_NAME_OF, _MEMBER = member_fields("name"), operator.itemgetter(0)  # a Member's name; an entry's member
+# A member's entry: the member, its topology.json text and its membership key (``_KEY_FIELDS``), read through
+# these names. A plain tuple: when members move, zip makes thousands in one C-level pass, where a NamedTuple is
+# made in about four times the time.
+Entry = tuple[Member, bytes, tuple[object, ...]]
+_MEMBER, _TEXT, _KEY = (operator.itemgetter(field) for field in range(3))
+_NAME_OF = member_fields("name")
 _BEFORE_RANKS, _AFTER_RANKS = member_span(None, "node_rank"), member_span("running", None)
 _NODE_RANK_OF, _RANK_OF = member_fields("node_rank"), member_fields("first_rank")
-_HEAD, _TAIL = operator.itemgetter(0), operator.itemgetter(2)
+# The three parts of a ``bytes.partition``: the text before the separator, the separator if found, the text after.
+_BEFORE, _FOUND, _AFTER = (operator.itemgetter(part) for part in range(3))
 _NODE_RANK, _RUNNING = b'"nodeRank": ', b', "running": '
 _RANKS = b'%s"nodeRank": %d, "rank": %d, "running": %s'  # a text's head, its two ranks and its tail
 RERANK_FROM = 256  # moved members from which the bulk pass pays (a dict of the last generation by name)
 
 
-def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> list[tuple[int, Entry]]:
-    """Where ``members[i]`` is the member of ``entries[i]`` but for ``node_rank`` and ``first_rank`` (both numbers),
-    its entry, the old text with the two numbers replaced: (i, entry). In C-level passes: a pod that leaves a
-    16384-pod job moves every member after it, and encoding them one by one was most of such a change. Every value
-    before ``"nodeRank": `` is a number, a literal or an escaped string, so its first occurrence is the key, and
+def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> tuple[list[int], list[Entry]]:
+    """Where ``members[i]`` is the member of ``entries[i]`` but for ``node_rank`` and ``first_rank`` (both numbers), its
+    entry, the old text with the two numbers replaced: the places i and their entries. In C-level passes: a pod that
+    leaves a 16384-pod job moves every member after it, and encoding them one by one was most of such a change. Every
+    value before ``"nodeRank": `` is a number, a literal or an escaped string, so its first occurrence is the key, and
     only the two numbers stand between it and ``, "running": ``."""
     olds = list(map(_MEMBER, entries))
     same = map(operator.and_, map(operator.eq, map(_BEFORE_RANKS, olds), map(_BEFORE_RANKS, members)),
@@ -190,15 +195,15 @@ def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> list[tuple
                    map(operator.is_not, map(_RANK_OF, members), itertools.repeat(None)))
     places = list(itertools.compress(range(len(members)), map(operator.and_, same, numbered)))
     if not places:
-        return []
+        return [], []
     new = list(map(members.__getitem__, places))
     heads = list(map(bytes.partition, map(_TEXT, map(entries.__getitem__, places)), itertools.repeat(_NODE_RANK)))
-    tails = list(map(bytes.partition, map(_TAIL, heads), itertools.repeat(_RUNNING)))
-    if not (all(map(operator.itemgetter(1), heads)) and all(map(operator.itemgetter(1), tails))):
-        return []  # not a text of ours: encoded member by member
-    texts = list(map(_RANKS.__mod__, zip(map(_HEAD, heads), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
-                                         map(_TAIL, tails), strict=True)))
-    return list(zip(places, zip(new, texts, map(_KEY_FIELDS, new), strict=True), strict=True))
+    tails = list(map(bytes.partition, map(_AFTER, heads), itertools.repeat(_RUNNING)))
+    if not (all(map(_FOUND, heads)) and all(map(_FOUND, tails))):
+        return [], []  # not a text of ours: encoded member by member
+    texts = list(map(_RANKS.__mod__, zip(map(_BEFORE, heads), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
+                                         map(_AFTER, tails), strict=True)))
+    return places, list(zip(new, texts, map(_KEY_FIELDS, new), strict=True))
 
 
 class MemberTexts:
@@ -229,7 +234,7 @@ class MemberTexts:
             entries, texts, keys = list(last.entries), list(last.texts), list(last.keys)
             for at in moved:
                 entries[at] = self._entry(members[at], levels)
-                texts[at], keys[at] = entries[at][1], entries[at][2]
+                texts[at], keys[at] = _TEXT(entries[at]), _KEY(entries[at])
         else:
             by_id = self._by_id
             entries = list(map(by_id.get, map(id, members)))  # C-level; None for the members new since
@@ -242,7 +247,7 @@ class MemberTexts:
             texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
         if moved and len(self._by_id) > len(members) + 64:  # let go of the members of earlier generations
             self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}
-            self._by_value = {m: e[1] for m, e in zip(members, entries, strict=True)}
+            self._by_value = dict(zip(members, map(_TEXT, entries), strict=True))
         self._last = _Looked(members, entries, texts, keys)
         return self._last
 
@@ -253,13 +258,12 @@ class MemberTexts:
         new = list(map(members.__getitem__, moved))
         olds = list(map(before.get, map(_NAME_OF, new)))
         known = list(itertools.compress(range(len(new)), olds))  # pods that were members: not None
-        found = _reranked(cast("list[Entry]", list(itertools.compress(olds, olds))),
-                          list(itertools.compress(new, olds)))
-        for at, entry in found:
+        places, found = _reranked(cast("list[Entry]", list(itertools.compress(olds, olds))),
+                                  list(itertools.compress(new, olds)))
+        for at, entry in zip(places, found, strict=True):
             entries[moved[known[at]]] = entry
-        entries_found = list(map(operator.itemgetter(1), found))
-        self._by_id.update(zip(map(id, map(_MEMBER, entries_found)), entries_found, strict=True))
-        self._by_value.update(zip(map(_MEMBER, entries_found), map(_TEXT, entries_found), strict=True))
+        self._by_id.update(zip(map(id, map(_MEMBER, found)), found, strict=True))
+        self._by_value.update(zip(map(_MEMBER, found), map(_TEXT, found), strict=True))
 
     def _entry(self, member: Member, levels: Sequence[Level]) -> Entry:
         """The member's entry, found by identity, else by value, else encoded (and remembered both ways)."""
@@ -283,12 +287,9 @@ class _Looked(NamedTuple):
     """One generation's members and, place by place, their entries, texts and keys (the next is patched)."""
 
     members: Sequence[Member]
-    entries: list[tuple[Member, bytes, tuple[object, ...]]]
+    entries: list[Entry]
     texts: list[bytes]
     keys: list[tuple[object, ...]]
-
-
-_TEXT, _KEY = operator.itemgetter(1), operator.itemgetter(2)
 
 
 def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int,

@@ -19,7 +19,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, detect_controller, parse_selector
 from agent.core.injected import controller_entries
@@ -116,13 +116,21 @@ def claim_clash(role: str, index: tuple[int, ...], first: str, second: str) -> I
                       "delete the stale pod or fix its index label")
 
 
+class Live(NamedTuple):
+    """A live pod of the job, identified: its pod, where its controller places it, and what the plan reads of it."""
+
+    pod: RawPod
+    ident: Identity
+    facts: PodFacts
+
+
 @dataclass(frozen=True)
 class Collected:
     """The live pods of one job with their identities, before addresses and ranks are given."""
 
     me: RawPod
     scope: Scope
-    live: tuple[tuple[RawPod, Identity, PodFacts], ...]
+    live: tuple[Live, ...]
     excluded: tuple[Excluded, ...]
     training_roles: tuple[str, ...]
     explicit_roles: bool  # the training roles are the user's or the controller's, in rank order (else every role)
@@ -147,7 +155,7 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
     me = find_pod(pods, self_name)
     scope = Scope.of(me, options)
     controller, pairs = scope.controller, scope.pairs
-    live: list[tuple[RawPod, Identity, PodFacts]] = []
+    live: list[Live] = []
     excluded: list[Excluded] = []
     seen: dict[tuple[str, tuple[int, ...]], str] = {}
     names: set[str] = set()
@@ -173,7 +181,7 @@ def collect(pods: Sequence[RawPod], self_name: str, options: Options, *, memo: M
         if key in seen:
             raise claim_clash(ident.role, ident.index, seen[key], name)
         seen[key] = name
-        live.append((pod, ident, facts))
+        live.append(Live(pod, ident, facts))
     present = {ident.role for _, ident, _ in live}
     training_roles = tuple(scope.roles) if scope.roles is not None \
         else tuple(sorted(training_by_default(present, options)))
@@ -251,10 +259,9 @@ def c10d_rendezvous(pod: RawPod, controller: Controller, options: Options) -> bo
 LEFT_OUT = "no IP yet (--address ip), not a training pod"
 C10D_ORDER_NOTE = ("torchrun's c10d rendezvous numbers the pods by their addresses (PET_LOCAL_ADDR) and ignores "
                    "NODE_RANK: ranks follow the addresses, as torch gives them")
-Live = tuple[RawPod, Identity, PodFacts]
 _NAME_OF = operator.attrgetter("name")
 _UNPLACED: tuple[str, str | None, str | None] = ("", None, None)
-_IDENT, _ORDINAL = operator.itemgetter(1), operator.attrgetter("ordinal")
+_IDENT, _ORDINAL = operator.attrgetter("ident"), operator.attrgetter("ordinal")
 _FIELDS = tuple(map(operator.itemgetter, range(len(Member._fields))))
 _ORDINAL_AT, _NODE_RANK_AT, _RANK_AT = map(Member._fields.index, ("ordinal", "node_rank", "first_rank"))
 
@@ -285,7 +292,7 @@ class _Rows:
         self.live.insert(at, live)
         self.keys.insert(at, key)
         self.placed.insert(at, None)
-        self.key_of[live[2].name] = key
+        self.key_of[live.facts.name] = key
 
     def pop(self, at: int, name: str) -> tuple[Live, Member | None]:
         live = self.live.pop(at)
@@ -595,7 +602,7 @@ def _plan_of(layout: _Layout, options: Options) -> Plan:
     placed = layout.rows.placed
     members: tuple[Member, ...] = tuple(m for m in placed if m is not None) if layout.left_out \
         else tuple(placed)  # type: ignore[arg-type]
-    rank0 = layout.rows.live[0][0] if layout.census.training else None
+    rank0 = layout.rows.live[0].pod if layout.census.training else None
     master_port, port_source = _master_port(rank0, controller, options)
     me = found.me
     owner_uid = None
@@ -910,7 +917,7 @@ class Planner:
                     elif facts.ident is None:
                         raise _FromScratch  # planning from scratch says why
                     else:
-                        new = (pod, facts.ident, facts)
+                        new = Live(pod, facts.ident, facts)
             old_key = rows.key_of.get(name)
             if old_key is None:
                 if new is not None:
@@ -919,8 +926,8 @@ class Planner:
             at = positions[name] if positions is not None else bisect.bisect_left(rows.keys, old_key)  # rows.find
             if new is not None:
                 _, old_ident, old_facts = rows.live[at]
-                if sort_key(*new) == old_key and new[1] == old_ident \
-                        and self._same_place(layout, old_facts, new[2]):
+                if sort_key(*new) == old_key and new.ident == old_ident \
+                        and self._same_place(layout, old_facts, new.facts):
                     rows.live[at] = new
                     taken.in_place.append(at)
                     taken.renewed.append(name)
@@ -936,7 +943,7 @@ class Planner:
             if positions is not None:
                 raise _FromScratch
             taken.lowest = min(taken.lowest, layout.arrive(new, key))
-            taken.renewed.append(new[2].name)
+            taken.renewed.append(new.facts.name)
         return taken
 
     def _same_place(self, layout: _Layout, old: PodFacts, new: PodFacts) -> bool:
