@@ -10,7 +10,6 @@ latency, and the whole job's API traffic at start (N pods x bytes per pod: N^2 w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ from agent.sandbox.threaded import SandboxThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from init_bench import build_job, one_run
+from published_bench import generations as written
 from sidecar_bench import rss_mb
 
 
@@ -68,11 +68,7 @@ def sidecar_run(sandbox: SandboxThread, tmp: Path, pods: int, changes: int, sour
     if leader is not None:
         leader.terminate()
         leader.wait(15)
-    generations = []
-    for line in log_path.read_text().splitlines():
-        msg = json.loads(line)["msg"]
-        if "files_at=" in msg:
-            generations.append((int(msg.split("rv=")[1].split()[0]), float(msg.split("files_at=")[1].rstrip(")"))))
+    generations = [(rv, at) for rv, _, at in written(log_path)]  # (resourceVersion included, files renamed at)
     latencies = []
     for at, version in zip(emitted, versions, strict=True):
         found = next((t for rv, t in generations if rv >= version), None)

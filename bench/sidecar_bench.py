@@ -11,7 +11,6 @@ signal. Reports p50/p99 of both latencies, the sidecar's steady RSS, CPU per cha
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from agent.sandbox.threaded import SandboxThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from init_bench import build_job
+from published_bench import generations as written
 
 TRAINER = r"""
 import signal, sys, time
@@ -50,6 +50,23 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def delays(emitted: list[float], versions: list[int], log: Path, record: Path) -> tuple[list[float], list[float], int]:
+    """Seconds from each change (when it was written, its resourceVersion) to the first generation that carries it:
+    to its files renamed (the sidecar's ``log``) and to its trainer signalled (the stub trainer's ``record``); and
+    how many generations the sidecar wrote."""
+    generations = [(rv, at) for rv, _, at in written(log)]  # (resourceVersion included, files renamed at)
+    signal_at = [float(x) for x in record.read_text().split()]
+    if len(signal_at) != len(generations):
+        raise SystemExit(f"{len(generations)} generations but {len(signal_at)} signals")
+    files, signals = [], []
+    for emitted_at, version in zip(emitted, versions, strict=True):
+        # The first generation computed with this change's resourceVersion (or a later one) carries it.
+        index = next(i for i, (rv, _) in enumerate(generations) if rv >= version)
+        files.append(generations[index][1] - emitted_at)
+        signals.append(signal_at[index] - emitted_at)
+    return files, signals, len(generations)
 
 
 def main() -> None:
@@ -106,22 +123,9 @@ def main() -> None:
         sidecar.wait(15)
         trainer.kill()
         trainer.wait()
-        generations = []  # (resourceVersion the generation includes, files renamed at)
-        for line in log_path.read_text().splitlines():
-            msg = json.loads(line)["msg"]
-            if "files_at=" in msg:
-                rv = int(msg.split("rv=")[1].split()[0])
-                generations.append((rv, float(msg.split("files_at=")[1].rstrip(")"))))
-        signal_at = [float(x) for x in record.read_text().split()]
-    if len(signal_at) != len(generations):
-        raise SystemExit(f"{len(generations)} generations but {len(signal_at)} signals")
-    files, signals = [], []
-    for emitted_at, version in zip(emitted, versions, strict=True):
-        # The first generation computed with this change's resourceVersion (or a later one) carries it.
-        index = next(i for i, (rv, _) in enumerate(generations) if rv >= version)
-        files.append((generations[index][1] - emitted_at) * 1000)
-        signals.append((signal_at[index] - emitted_at) * 1000)
-    coalesced = args.changes - len(generations)
+        files, signals, count = delays(emitted, versions, log_path, record)
+    files, signals = [s * 1000 for s in files], [s * 1000 for s in signals]
+    coalesced = args.changes - count
     print("| pods | changes (generations) | files renamed p50 / p99 (ms) | signal delivered p50 / p99 (ms) |"
           " steady RSS (MB) | CPU per change (ms) | CPU while idle (ms/s) |")
     print("|---|---|---|---|---|---|---|")

@@ -15,7 +15,6 @@ are not measured (the sidecar's start at 16384 pods outlasts the settling wait).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -23,14 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from agent.sandbox.threaded import SandboxThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from init_bench import build_job
-from sidecar_bench import TRAINER, percentile
+from published_bench import wait_until
+from sidecar_bench import TRAINER, delays, percentile
 
 LOST = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
         "lastTransitionTime": "2026-11-22T01:00:00Z"}
@@ -47,15 +46,6 @@ def env_of(out: Path) -> dict[str, str]:
             key, _, value = line[len("export "):].partition("=")
             values[key] = value.strip("'")
     return values
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.005)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def mark(sandbox: SandboxThread, name: str, status: str) -> int:
@@ -108,32 +98,19 @@ def main() -> None:
             if step < args.warmup:  # the sidecar may still be listing the pods: not a takeover's cost
                 emitted.pop()
                 versions.pop()
-            wait_for(lambda: env_of(shared).get("TOPOLOGY_SPARE") == "0", f"the spare in {name}'s place")
+            wait_until(lambda: env_of(shared).get("TOPOLOGY_SPARE") == "0", 60.0, f"the spare in {name}'s place")
             got = env_of(shared)
             if (got["NODE_RANK"], got["WORLD_SIZE"]) != (str(worker + 1), str(world)):
                 raise SystemExit(f"the spare took NODE_RANK {got['NODE_RANK']} WORLD_SIZE {got['WORLD_SIZE']}, "
                                  f"not {worker + 1} and {world}")
             mark(sandbox, name, "False")
-            wait_for(lambda: env_of(shared).get("TOPOLOGY_SPARE") == "1", f"{name} back in its seat")
+            wait_until(lambda: env_of(shared).get("TOPOLOGY_SPARE") == "1", 60.0, f"{name} back in its seat")
         time.sleep(1.0)
         sidecar.terminate()
         sidecar.wait(30)
         trainer.kill()
         trainer.wait()
-        generations = []  # (resourceVersion the generation includes, files renamed at)
-        for line in log_path.read_text().splitlines():
-            msg = json.loads(line)["msg"]
-            if "files_at=" in msg:
-                generations.append((int(msg.split("rv=")[1].split()[0]),
-                                    float(msg.split("files_at=")[1].rstrip(")"))))
-        signal_at = [float(x) for x in record.read_text().split()]
-    if len(signal_at) != len(generations):
-        raise SystemExit(f"{len(generations)} generations but {len(signal_at)} signals")
-    files, signals = [], []
-    for emitted_at, version in zip(emitted, versions, strict=True):
-        index = next(i for i, (rv, _) in enumerate(generations) if rv >= version)
-        files.append(generations[index][1] - emitted_at)
-        signals.append(signal_at[index] - emitted_at)
+        files, signals, _ = delays(emitted, versions, log_path, record)
     print("| pods (spares) | takeovers | spare's files p50 / p99 / max (s) | trainer signalled p50 / p99 / max (s) |")
     print("|---|---|---|---|")
     print(f"| {args.pods} ({args.spares}) | {args.steps} | {statistics.median(files):.3f} / "
