@@ -497,11 +497,14 @@ def _tokens(holder: Any) -> Iterator[Any]:
             yield from _tokens(part)
 
 
-def _collections(roots: list[Any]) -> Iterator[Any]:
-    """Every round-trip mapping and sequence of the documents, each once."""
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+def _collections(roots: list[Any], kinds: tuple[type, ...] | None = None) -> Iterator[Any]:
+    """Every collection of the documents of ``kinds`` (a mapping and a sequence type; None: the round-trip ones,
+    what ruamel read), each once, reached through collections of those kinds."""
+    if kinds is None:
+        from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-    pending = [r for r in roots if isinstance(r, (CommentedMap, CommentedSeq))]
+        kinds = (CommentedMap, CommentedSeq)
+    pending: list[Any] = [r for r in roots if isinstance(r, kinds)]
     seen: set[int] = set()
     while pending:
         obj = pending.pop()
@@ -509,8 +512,7 @@ def _collections(roots: list[Any]) -> Iterator[Any]:
             continue
         seen.add(id(obj))
         yield obj
-        pending.extend(v for v in (obj.values() if isinstance(obj, CommentedMap) else obj)
-                       if isinstance(v, (CommentedMap, CommentedSeq)))
+        pending.extend(v for v in (obj.values() if isinstance(obj, Mapping) else obj) if isinstance(v, kinds))
 
 
 def _dropped(docs: list[Any], comments: list[tuple[int, int, str, bool]], spans: list[tuple[int, int, int]],
@@ -775,17 +777,9 @@ def _plain_strings(docs: list[Any]) -> Iterator[tuple[Any, Any, str]]:
     index, in the user's collections and those the agent added alike; each collection once."""
     from ruamel.yaml.scalarstring import PlainScalarString
 
-    pending = [d for d in docs if isinstance(d, (Mapping, list))]
-    seen: set[int] = set()
-    while pending:
-        obj = pending.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
+    for obj in _collections(docs, (Mapping, list)):
         for key, value in list(obj.items() if isinstance(obj, Mapping) else enumerate(obj)):
-            if isinstance(value, (Mapping, list)):
-                pending.append(value)
-            elif type(value) is str or type(value) is PlainScalarString:  # the others are quoted or a block
+            if type(value) is str or type(value) is PlainScalarString:  # the others are quoted or a block
                 yield obj, key, value
 
 
