@@ -26,6 +26,28 @@ def create_volcano_job(sandbox: Any, tasks=(("master", 1), ("worker", 3), ("extr
     return pods
 
 
+def create_elastic_pytorchjob(sandbox: Any, name: str, *, low: int, high: int, replicas: int,
+                              workers: int = 3) -> list[dict[str, Any]]:
+    """An elastic PyTorchJob (c10d rendezvous, ``low`` to ``high`` workers, ``replicas`` asked for) in the sandbox,
+    and the pods its operator makes for ``workers`` workers, owned by it: returned, not created."""
+    owner = sandbox.create("kubeflow.org/v1/pytorchjobs", "default", {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+        "spec": {"elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": low, "maxReplicas": high},
+                 "pytorchReplicaSpecs": {"Worker": {"replicas": replicas}}}})
+    pods = examples.pytorchjob(name, workers=workers, master=False, elastic=(low, high))
+    for pod in pods:
+        pod["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
+    return pods
+
+
+def on_nodes_of_their_own(sandbox: Any, pods: list[dict[str, Any]]) -> None:
+    """Pod k of ``pods`` scheduled on Node ``node-k``, each Node created without labels."""
+    for k, pod in enumerate(pods):
+        sandbox.create_node(examples.node(f"node-{k}", {}))
+        sandbox.update_pod("default", pod["metadata"]["name"],
+                           lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+
+
 def add_worker(sandbox: Any, index: int, ip_index: int) -> None:
     pod = examples.volcano_job("demo", (("master", 1), ("worker", index + 1)))[-1]
     pod["status"].update(podIP=examples.loopback_ip(ip_index), podIPs=[{"ip": examples.loopback_ip(ip_index)}])

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import examples
 from agent.sandbox.threaded import SandboxThread
+from tests.jobs import create_elastic_pytorchjob
 
 # A worker of its own (xdist): two minutes of torchrun restarts, and --trainer-match names any torchrun.
 pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e-elastic")]
@@ -101,13 +101,7 @@ def generation(pod: Pod) -> int:
 def test_real_torchrun_scales_from_two_to_three_and_back_to_two_pods(tmp_path):
     pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
     with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5) as sandbox:
-        owner = sandbox.create("kubeflow.org/v1/pytorchjobs", "default", {
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": JOB},
-            "spec": {"elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 3},
-                     "pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}})
-        specs = examples.pytorchjob(JOB, workers=3, master=False, elastic=(2, 3))
-        for spec in specs:
-            spec["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
+        specs = create_elastic_pytorchjob(sandbox, JOB, low=2, high=3, replicas=2)
         pods = [Pod(sandbox, spec, tmp_path) for spec in specs[:2]]
         sidecars = []
         try:
@@ -163,13 +157,8 @@ def test_real_torchruns_c10d_ranks_are_the_agents(tmp_path):
     pytest.importorskip("torch", reason="torch is installed by scripts/test (pip install torch==2.13.0)")
     job = "sorted"
     with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5) as sandbox:
-        owner = sandbox.create("kubeflow.org/v1/pytorchjobs", "default", {
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": job},
-            "spec": {"elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": 3, "maxReplicas": 3},
-                     "pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}})
-        specs = examples.pytorchjob(job, workers=3, master=False, elastic=(3, 3))
+        specs = create_elastic_pytorchjob(sandbox, job, low=3, high=3, replicas=3)
         for spec, address in zip(specs, SORTED_UNLIKE_INDEX, strict=True):
-            spec["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
             spec["status"].update(podIP=address, podIPs=[{"ip": address}])
         # a rendezvous port of its own: the other test's store may still be closing
         pods = [Pod(sandbox, spec, tmp_path, nproc=2, extra=("--rdzv-port", "29471")) for spec in specs]

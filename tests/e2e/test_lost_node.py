@@ -28,6 +28,7 @@ import pytest
 from agent import examples
 from agent.sandbox.threaded import SandboxThread
 from tests.e2e.frameworks.cluster import wait_for
+from tests.jobs import create_elastic_pytorchjob
 
 pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e-lost-node")]
 HERE = Path(__file__).resolve().parent
@@ -127,14 +128,9 @@ def test_a_real_torch_job_continues_without_the_member_on_a_lost_node_and_takes_
         pytest.fail("kubectl is not on PATH (.ci/run provides it)")
     checkpoint = tmp_path / "checkpoint"
     with SandboxThread(tmp_path / "sandbox", bookmark_interval=0.5) as sandbox:
-        owner = sandbox.create("kubeflow.org/v1/pytorchjobs", "default", {
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": JOB},
-            "spec": {"elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 3},
-                     "pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}})
-        specs = examples.pytorchjob(JOB, workers=3, master=False, elastic=(2, 3))
+        specs = create_elastic_pytorchjob(sandbox, JOB, low=2, high=3, replicas=3)
         for k, (spec, address) in enumerate(zip(specs, ADDRESSES, strict=True)):
             sandbox.create_node(examples.node(f"node-{k}", {}))
-            spec["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
             spec["spec"]["nodeName"] = f"node-{k}"
             spec["status"].update(podIP=address, podIPs=[{"ip": address}])
         pods = [Pod(sandbox, spec, tmp_path, checkpoint) for spec in specs]

@@ -211,13 +211,14 @@ def test_a_hot_spare_starts_nothing_until_a_generation_makes_it_a_member_and_sto
     wait_for(lambda: len(starts(record)) == 1, "the start once the pod is a member")
     first = starts(record)[0]["pid"]
     write_files(out, 3, world=2, jax=False, extra="export TOPOLOGY_SPARE='1'\n")  # the seat went back
-    wait_for(lambda: _gone(first), "the command stopped once the pod is a spare again")
+    wait_for(lambda: is_gone(first), "the command stopped once the pod is a spare again")
     assert len(starts(record)) == 1
     procs[0].send_signal(signal.SIGTERM)
     procs[0].communicate(timeout=10)
 
 
-def _gone(pid: int) -> bool:
+def is_gone(pid: int) -> bool:
+    """Not even a zombie: ``kill(pid, 0)`` succeeds on a process that ended and was not waited for."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

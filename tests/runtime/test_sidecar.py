@@ -28,6 +28,7 @@ from tests.jobs import (
     create_volcano_job,
     forge_publication,
     generation,
+    on_nodes_of_their_own,
     policy_admits,
     rogue,
     world,
@@ -226,10 +227,7 @@ def node_back(node: dict) -> None:
 async def job_on_nodes(memory, api, logs, sidecars, tmp_path):
     """The job of ``job``, each pod on its own Node (demo-worker-1 on node-2)."""
     pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
-    for k, pod in enumerate(pods):
-        memory.create_node(examples.node(f"node-{k}", {}))
-        memory.update_pod("default", pod["metadata"]["name"],
-                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    on_nodes_of_their_own(memory, pods)
     started = await start_job(api, logs, sidecars, tmp_path)
     yield started
     await started.trainer.stop()
@@ -267,10 +265,7 @@ async def test_the_member_on_the_lost_node_writes_a_generation_when_its_node_is_
     formed a world without it meanwhile: when its Node is back it writes a new generation and signals its
     trainer, which would otherwise wait in the old world's collective until torch's timeout."""
     pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
-    for k, pod in enumerate(pods):
-        memory.create_node(examples.node(f"node-{k}", {}))
-        memory.update_pod("default", pod["metadata"]["name"],
-                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    on_nodes_of_their_own(memory, pods)
     job = await start_job(api, logs, sidecars, tmp_path, pod="demo-worker-1")  # on node-2
     try:
         await job.until(lambda: job.sidecar.node_view is not None and job.sidecar.node_view.listed, "Nodes listed")
@@ -553,10 +548,7 @@ async def test_in_a_large_job_the_publisher_watches_the_nodes_and_its_rows_take_
     """Only the publisher watches Nodes: the follower reads the lost member (and its return) in the published rows,
     in either view, and makes no request of its own for it."""
     pods = create_volcano_job(memory, (("master", 1), ("worker", 3)))
-    for k, pod in enumerate(pods):
-        memory.create_node(examples.node(f"node-{k}", {}))
-        memory.update_pod("default", pod["metadata"]["name"],
-                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    on_nodes_of_their_own(memory, pods)
     for pod in pods:
         await init(api, logs, pod["metadata"]["name"], tmp_path / pod["metadata"]["name"], "--address", "ip",
                    "--source", "published", "--view", view)
@@ -943,10 +935,7 @@ async def test_a_standby_that_takes_over_while_a_node_is_lost_never_publishes_it
     LIST before it evaluates and publishes: otherwise the member on the lost Node came back for a moment, every
     trainer restarted twice."""
     pods = create_volcano_job(memory, (("master", 1), ("worker", 5)))
-    for k, pod in enumerate(pods):
-        memory.create_node(examples.node(f"node-{k}", {}))
-        memory.update_pod("default", pod["metadata"]["name"],
-                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    on_nodes_of_their_own(memory, pods)
     for pod in pods:
         await init(api, logs, pod["metadata"]["name"], tmp_path / pod["metadata"]["name"], "--address", "ip",
                    "--source", "published")

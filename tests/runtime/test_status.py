@@ -21,7 +21,7 @@ from agent.runtime.demo import volcano_owner
 from agent.runtime.events import events_path
 from agent.runtime.status import show
 from tests.fakeapi import CONFIG, init_pod
-from tests.jobs import add_worker, create_trainjob, create_volcano_job, name_of, rogue
+from tests.jobs import add_worker, create_trainjob, create_volcano_job, name_of, on_nodes_of_their_own, rogue
 
 
 def settings(**given) -> StatusSettings:
@@ -66,10 +66,7 @@ async def test_a_running_job_is_found_by_its_name_and_each_pod_shows_its_rank_an
 async def test_a_member_on_a_lost_node_is_shown_left_out_with_its_node_and_why(memory, api, logs, tmp_path):
     """status reads the pods' Nodes (a GET each for a handful) as the sidecars that watch them see them."""
     pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
-    for k, pod in enumerate(pods):
-        memory.create_node(examples.node(f"node-{k}", {}))
-        memory.update_pod("default", pod["metadata"]["name"],
-                          lambda p, k=k: p["spec"].__setitem__("nodeName", f"node-{k}"))
+    on_nodes_of_their_own(memory, pods)
     await started(api, logs, tmp_path, [p["metadata"]["name"] for p in pods])
     memory.update("/v1/nodes", "", "node-2", lambda node: node["status"].__setitem__(
         "conditions", [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.trainer import launcher
-from tests.runtime.test_launcher import wait_for, write_files
+from tests.runtime.test_launcher import is_gone, wait_for, write_files
 
 # The command: records its start (pid, WORLD_SIZE, the processes it started), then waits to be signalled.
 #   children: three processes in its group and one in a session of its own, none of them ever waited for
@@ -80,15 +80,6 @@ def starts(record: Path) -> list[dict]:
         return [json.loads(line) for line in record.read_text().splitlines()]
     except OSError:
         return []
-
-
-def is_gone(pid: int) -> bool:
-    """Not even a zombie: ``kill(pid, 0)`` succeeds on a process that ended and was not waited for."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def zombies_of(parent: int) -> list[int]:
