@@ -3,10 +3,13 @@ lane): both are a ``SandboxThread`` with the same helpers. And what the tests re
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from agent import examples
 from agent.runtime.demo import volcano_owner
@@ -38,6 +41,17 @@ def create_elastic_pytorchjob(sandbox: Any, name: str, *, low: int, high: int, r
     for pod in pods:
         pod["metadata"]["ownerReferences"][0]["uid"] = owner["metadata"]["uid"]
     return pods
+
+
+def ssh_secret(directory: Path, job: str) -> Path:
+    """``job``'s SSH Secret as its pods mount it (``topology-agent keygen``), in ``directory``."""
+    from agent.ssh.material import generate_secret_manifest
+
+    directory.mkdir(mode=0o700, parents=True)
+    for key, value in yaml.safe_load(generate_secret_manifest(job, "default"))["data"].items():
+        (directory / key).write_bytes(base64.b64decode(value))
+        (directory / key).chmod(0o400)
+    return directory
 
 
 def on_nodes_of_their_own(sandbox: Any, pods: list[dict[str, Any]]) -> None:

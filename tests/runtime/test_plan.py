@@ -17,6 +17,7 @@ from agent.core.controllers import job_resources
 from agent.core.emulation import emulate
 from agent.runtime.planning import placed_pods, plan_job, read_job
 from tests.fakeapi import init_pod
+from tests.jobs import ssh_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -38,19 +39,6 @@ def resource(obj: dict[str, Any]) -> str:
     plural = {"Job": "jobs", "StatefulSet": "statefulsets", "Service": "services"}.get(obj["kind"]) or \
         PLURALS[obj["kind"]].split("/")[1]
     return f"{group_version}/{plural}" if "/" in group_version else f"/{group_version}/{plural}"
-
-
-def secret_dir(directory: Path) -> Path:
-    """The job's SSH Secret as its pods mount it (``topology-agent keygen``)."""
-    import base64
-
-    from agent.ssh.material import generate_secret_manifest
-
-    directory.mkdir(mode=0o700, parents=True)
-    for key, value in yaml.safe_load(generate_secret_manifest("ds", "default"))["data"].items():
-        (directory / key).write_bytes(base64.b64decode(value))
-        (directory / key).chmod(0o400)
-    return directory
 
 
 def init_argv(pod: dict[str, Any], secret: Path) -> list[str]:
@@ -98,7 +86,7 @@ def test_plan_writes_what_init_writes_on_the_same_pods(manifest, runtime, memory
                                                   "spec": {"clusterIP": "None", "publishNotReadyAddresses": True}})
     for pod in placed_pods(emulation):
         memory.create_pod(pod)
-    secret = secret_dir(tmp_path / "secret")
+    secret = ssh_secret(tmp_path / "secret", "ds")
     compared = 0
     for plan in planned:
         name = plan.pod["metadata"]["name"]

@@ -31,6 +31,7 @@ from tests.jobs import (
     on_nodes_of_their_own,
     policy_admits,
     rogue,
+    ssh_secret,
     world,
 )
 
@@ -1205,21 +1206,6 @@ async def test_a_leader_writes_again_the_snapshot_and_journal_deleted_while_noth
     assert "configmap demo-topology was gone" in text and "configmap demo-topology-journal was gone" in text
 
 
-def _job_secret(directory: Path) -> Path:
-    """The job's SSH Secret as its pods mount it (``topology-agent keygen``)."""
-    import base64
-
-    import yaml
-
-    from agent.ssh.material import generate_secret_manifest
-
-    directory.mkdir(mode=0o700, parents=True)
-    for key, value in yaml.safe_load(generate_secret_manifest("demo", "default"))["data"].items():
-        (directory / key).write_bytes(base64.b64decode(value))
-        (directory / key).chmod(0o400)
-    return directory
-
-
 async def test_rank_0_launching_over_ssh_writes_its_hostfile_from_the_summary_and_follows_it(memory, api, logs,
                                                                                              sidecars, tmp_path):
     """A large DeepSpeed job's rank 0 (no launcher role: pdsh runs there) whose hosts have DNS names that follow
@@ -1229,7 +1215,7 @@ async def test_rank_0_launching_over_ssh_writes_its_hostfile_from_the_summary_an
     from agent.core import Options, render_pod
     from agent.core.model import Processes
 
-    secret = _job_secret(tmp_path / "secret")
+    secret = ssh_secret(tmp_path / "secret", "demo")
     ssh = ("--address", "dns", "--ssh-secret-dir", str(secret), "--nproc-per-node", "1")
     pods = create_volcano_job(memory, (("master", 1), ("worker", 20)))
     names = [p["metadata"]["name"] for p in pods]
