@@ -43,7 +43,7 @@ def create_elastic_pytorchjob(sandbox: Any, name: str, *, low: int, high: int, r
     return pods
 
 
-def ssh_secret(directory: Path, job: str) -> Path:
+def ssh_secret(directory: Path, job: str = "demo") -> Path:
     """``job``'s SSH Secret as its pods mount it (``topology-agent keygen``), in ``directory``."""
     from agent.ssh.material import generate_secret_manifest
 

@@ -7,23 +7,20 @@ PATH that adds ``-F``, as a trainer image would by linking ~/.ssh/config: ssh re
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent import examples
 from agent.cli import main
-from agent.ssh.material import generate_secret_manifest
+from tests.jobs import ssh_secret
 
 # One at a time, on one worker (xdist): the consumers' processes and ports.
 pytestmark = [pytest.mark.consumer, pytest.mark.xdist_group("e2e")]
@@ -81,51 +78,32 @@ def wait_listening(address: str, port: int, proc: subprocess.Popen, log: Path, t
     raise AssertionError(f"sshd on {address}:{port} did not listen")
 
 
-def write_secret(directory: Path, job: str = "demo") -> Path:
-    manifest = yaml.safe_load(generate_secret_manifest(job, "default"))
-    directory.mkdir(mode=0o700, parents=True)
-    for key, value in manifest["data"].items():
-        path = directory / key
-        path.write_bytes(base64.b64decode(value))
-        path.chmod(0o400)
-    return directory
-
-
 @pytest.fixture
-def workdir():
-    # sshd's StrictModes refuses keys below a world-writable directory, and /tmp is one: work under $HOME.
-    base = Path(tempfile.mkdtemp(prefix="topology-ssh-", dir=Path.home()))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def job(workdir):
+def job(home_tmp):
     """Three pods, each rendered with the job's Secret, each with its own running sshd."""
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
     port = free_port()
     pods = examples.volcano_job("demo", (("master", 1), ("worker", 2)))
-    pods_file = workdir / "pods.json"
+    pods_file = home_tmp / "pods.json"
     pods_file.write_text(json.dumps(pods))
-    secret = write_secret(workdir / "secret")
+    secret = ssh_secret(home_tmp / "secret")
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
     procs = []
     for name in NAMES:
-        assert main(["render", "--pods", str(pods_file), "--self", name, "--out", str(workdir / name),
+        assert main(["render", "--pods", str(pods_file), "--self", name, "--out", str(home_tmp / name),
                      "--address", "ip", "--ssh-secret-dir", str(secret), "--ssh-port", str(port),
                      "--nproc-per-node", "1"]) == 0
-        log = workdir / f"sshd-{name}.log"
-        proc = start_sshd(workdir / name / "ssh" / "sshd_config", ips[name], log)
+        log = home_tmp / f"sshd-{name}.log"
+        proc = start_sshd(home_tmp / name / "ssh" / "sshd_config", ips[name], log)
         procs.append(proc)
         wait_listening(ips[name], port, proc, log)
-    bindir = workdir / "bin"
+    bindir = home_tmp / "bin"
     bindir.mkdir()
     wrapper = bindir / "ssh"
-    wrapper.write_text(f'#!/bin/sh\nexec {SSH} -F {workdir / NAMES[0] / "ssh" / "ssh_config"} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {SSH} -F {home_tmp / NAMES[0] / "ssh" / "ssh_config"} "$@"\n')
     wrapper.chmod(0o755)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
-    yield {"dir": workdir, "port": port, "ips": ips, "secret": secret, "env": env, "procs": procs}
+    yield {"dir": home_tmp, "port": port, "ips": ips, "secret": secret, "env": env, "procs": procs}
     for proc in procs:
         proc.terminate()
         proc.wait(10)
@@ -163,20 +141,20 @@ def test_ssh_by_address_as_the_hostfile_names_it(job):
         assert result.stdout.strip() == name
 
 
-def test_a_server_whose_host_key_the_job_ca_did_not_sign_is_refused(job, workdir):
+def test_a_server_whose_host_key_the_job_ca_did_not_sign_is_refused(job, home_tmp):
     # An impostor takes demo-worker-1's address and port with a certificate from another CA for the same names.
     victim = NAMES[2]
     job["procs"][2].terminate()
     job["procs"][2].wait(10)
-    other_secret = write_secret(workdir / "other-secret", job="impostor")
-    pods_file = workdir / "pods.json"
-    assert main(["render", "--pods", str(pods_file), "--self", victim, "--out", str(workdir / "impostor"),
+    other_secret = ssh_secret(home_tmp / "other-secret", job="impostor")
+    pods_file = home_tmp / "pods.json"
+    assert main(["render", "--pods", str(pods_file), "--self", victim, "--out", str(home_tmp / "impostor"),
                  "--address", "ip", "--ssh-secret-dir", str(other_secret), "--ssh-port", str(job["port"])]) == 0
     # It even accepts the job's user key, so only the host check stands in the way.
-    (workdir / "impostor" / "ssh" / "authorized_keys").write_text(
+    (home_tmp / "impostor" / "ssh" / "authorized_keys").write_text(
         (job["secret"] / "id_ed25519.pub").read_text() + "\n")
-    log = workdir / "sshd-impostor.log"
-    impostor = start_sshd(workdir / "impostor" / "ssh" / "sshd_config", job["ips"][victim], log)
+    log = home_tmp / "sshd-impostor.log"
+    impostor = start_sshd(home_tmp / "impostor" / "ssh" / "sshd_config", job["ips"][victim], log)
     try:
         wait_listening(job["ips"][victim], job["port"], impostor, log)
         result = ssh(job, victim, "echo reached")
@@ -236,13 +214,13 @@ def test_deepspeed_pdsh_launcher_starts_the_script_on_every_peer(job):
     assert sorted(p.name for p in marks.iterdir()) == ["0", "1", "2"]
 
 
-def test_ssh_owner_gives_the_trainers_user_the_files(workdir):
+def test_ssh_owner_gives_the_trainers_user_the_files(home_tmp):
     if os.geteuid() != 0:
         pytest.skip("chown to another user needs root (CI runs as root)")
-    pods_file = workdir / "pods.json"
+    pods_file = home_tmp / "pods.json"
     pods_file.write_text(json.dumps(examples.volcano_job("demo", (("master", 1),))))
-    secret = write_secret(workdir / "secret")
-    out = workdir / "shared"
+    secret = ssh_secret(home_tmp / "secret")
+    out = home_tmp / "shared"
     out.mkdir(mode=0o777)
     out.chmod(0o777)  # as an emptyDir is created
     assert main(["render", "--pods", str(pods_file), "--self", "demo-master-0", "--out", str(out),
@@ -252,7 +230,7 @@ def test_ssh_owner_gives_the_trainers_user_the_files(workdir):
     assert out.stat().st_mode & 0o777 == 0o755  # sshd's StrictModes: no group/other write above the keys
 
 
-def test_the_sidecar_keeps_known_hosts_current_when_a_member_joins_by_ip(workdir):
+def test_the_sidecar_keeps_known_hosts_current_when_a_member_joins_by_ip(home_tmp):
     """With --address ip the sidecar rewrites ssh/ when a member joins: its IP must be in known_hosts, or strict
     host key checking refuses it."""
     from agent.sandbox.threaded import SandboxThread
@@ -262,30 +240,30 @@ def test_the_sidecar_keeps_known_hosts_current_when_a_member_joins_by_ip(workdir
 
     Path("/run/sshd").mkdir(exist_ok=True)
     port = free_port()
-    secret = write_secret(workdir / "secret")
+    secret = ssh_secret(home_tmp / "secret")
     ssh_args = ("--address", "ip", "--ssh-secret-dir", str(secret), "--ssh-port", str(port), "--nproc-per-node", "1")
     procs = []
-    with SandboxThread(workdir / "sandbox", bookmark_interval=0.5) as sandbox:
+    with SandboxThread(home_tmp / "sandbox", bookmark_interval=0.5) as sandbox:
         pods = create_volcano_job(sandbox, (("master", 1), ("worker", 1)))
 
         def start_pod(name: str, ip: str) -> None:
-            code, err = finish(start_init(sandbox, name, workdir / name, *ssh_args))
+            code, err = finish(start_init(sandbox, name, home_tmp / name, *ssh_args))
             assert code == 0, err
-            log = workdir / f"sshd-{name}.log"
-            procs.append(start_sshd(workdir / name / "ssh" / "sshd_config", ip, log))
+            log = home_tmp / f"sshd-{name}.log"
+            procs.append(start_sshd(home_tmp / name / "ssh" / "sshd_config", ip, log))
             wait_listening(ip, port, procs[-1], log)
 
         try:
             for pod in pods:
                 start_pod(pod["metadata"]["name"], pod["status"]["podIP"])
-            sidecar, sidecar_log = start_sidecar(sandbox, workdir, "demo-master-0", *ssh_args[2:])
+            sidecar, sidecar_log = start_sidecar(sandbox, home_tmp, "demo-master-0", *ssh_args[2:])
             procs.append(sidecar)
-            wait_for(lambda: "following" in (workdir / "demo-master-0.log").read_text(), what="sidecar started")
+            wait_for(lambda: "following" in (home_tmp / "demo-master-0.log").read_text(), what="sidecar started")
             add_worker(sandbox, 1, 40)
             new_ip = examples.loopback_ip(40)
             start_pod("demo-worker-1", new_ip)
-            wait_for(lambda: generation(workdir / "demo-master-0") == 2, what="the sidecar's generation 2")
-            config = workdir / "demo-master-0" / "ssh" / "ssh_config"
+            wait_for(lambda: generation(home_tmp / "demo-master-0") == 2, what="the sidecar's generation 2")
+            config = home_tmp / "demo-master-0" / "ssh" / "ssh_config"
             result = subprocess.run([SSH, "-F", str(config), "-o", "BatchMode=yes", new_ip, "true"],
                                     capture_output=True, text=True, timeout=30)
             assert result.returncode == 0, result.stderr
@@ -300,7 +278,7 @@ OWN_NAMES = ["demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
 
 
 @pytest.fixture(params=["auto", "own"])
-def published_job(request, workdir):
+def published_job(request, home_tmp):
     """Four pods of a job that publishes its topology, each init a real process with the job's Secret, each pod
     with its own sshd: by default (auto) rank 0 launches over SSH and holds every member, the workers hold their
     own view; with --view own every pod does."""
@@ -310,25 +288,25 @@ def published_job(request, workdir):
 
     Path("/run/sshd").mkdir(exist_ok=True)
     port, held = held_port()
-    secret = write_secret(workdir / "secret")
+    secret = ssh_secret(home_tmp / "secret")
     args = ("--address", "ip", "--source", "published", "--ssh-secret-dir", str(secret), "--ssh-port", str(port),
             "--nproc-per-node", "1", "--view", request.param)
     procs = []
-    with SandboxThread(workdir / "sandbox", bookmark_interval=0.5) as sandbox:
+    with SandboxThread(home_tmp / "sandbox", bookmark_interval=0.5) as sandbox:
         pods = create_volcano_job(sandbox, (("master", 1), ("worker", 3)))
         ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
-        started = {name: start_init(sandbox, name, workdir / name, *args) for name in OWN_NAMES}
+        started = {name: start_init(sandbox, name, home_tmp / name, *args) for name in OWN_NAMES}
         for proc in started.values():
             code, err = finish(proc)
             assert code == 0, err
         try:
             for name in OWN_NAMES:
-                log = workdir / f"sshd-{name}.log"
-                procs.append(start_sshd(workdir / name / "ssh" / "sshd_config", ips[name], log, held))
+                log = home_tmp / f"sshd-{name}.log"
+                procs.append(start_sshd(home_tmp / name / "ssh" / "sshd_config", ips[name], log, held))
                 wait_listening(ips[name], port, procs[-1], log)
             for name, proc in zip(OWN_NAMES, procs, strict=True):  # each still serving, its port its own
-                assert proc.poll() is None, (name, (workdir / f"sshd-{name}.log").read_text())
-            yield {"dir": workdir, "port": port, "ips": ips, "secret": secret, "view": request.param,
+                assert proc.poll() is None, (name, (home_tmp / f"sshd-{name}.log").read_text())
+            yield {"dir": home_tmp, "port": port, "ips": ips, "secret": secret, "view": request.param,
                    "sshd": dict(zip(OWN_NAMES, procs, strict=True))}
         finally:
             for holder in held.values():  # the addresses no pod took
@@ -360,23 +338,23 @@ def test_in_its_own_view_a_pod_reaches_every_peer_over_ssh_and_its_known_hosts_n
             assert result.stdout.strip() == peer
 
 
-def test_in_its_own_view_a_server_the_job_ca_did_not_sign_is_still_refused(published_job, workdir):
+def test_in_its_own_view_a_server_the_job_ca_did_not_sign_is_still_refused(published_job, home_tmp):
     """The line trusts any address of the job's family only for a certificate of the job's CA naming that address:
     an impostor on a peer's address with another CA's certificate for the same names is refused."""
     job = published_job
     victim, me = "demo-worker-2", "demo-worker-1"
-    other_pods = workdir / "pods.json"
+    other_pods = home_tmp / "pods.json"
     other_pods.write_text(json.dumps(examples.volcano_job("demo", (("master", 1), ("worker", 3)))))
-    other_secret = write_secret(workdir / "other-secret", job="impostor")
-    assert main(["render", "--pods", str(other_pods), "--self", victim, "--out", str(workdir / "impostor"),
+    other_secret = ssh_secret(home_tmp / "other-secret", job="impostor")
+    assert main(["render", "--pods", str(other_pods), "--self", victim, "--out", str(home_tmp / "impostor"),
                  "--address", "ip", "--ssh-secret-dir", str(other_secret), "--ssh-port", str(job["port"])]) == 0
-    (workdir / "impostor" / "ssh" / "authorized_keys").write_text((job["secret"] / "id_ed25519.pub").read_text())
+    (home_tmp / "impostor" / "ssh" / "authorized_keys").write_text((job["secret"] / "id_ed25519.pub").read_text())
     ip = job["ips"][victim]
     victim_sshd = job["sshd"][victim]  # this fixture's own sshd on that address, by its process (not a pattern)
     victim_sshd.terminate()
     victim_sshd.wait(10)
-    log = workdir / "sshd-impostor.log"
-    impostor = start_sshd(workdir / "impostor" / "ssh" / "sshd_config", ip, log)
+    log = home_tmp / "sshd-impostor.log"
+    impostor = start_sshd(home_tmp / "impostor" / "ssh" / "sshd_config", ip, log)
     try:
         wait_listening(ip, job["port"], impostor, log)
         result = ssh(job, ip, "echo reached", config_pod=me)

@@ -5,8 +5,6 @@ SSH between the pods' namespaces) with MLX's MPI backend."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,24 +28,16 @@ def test_mlx_ring_sums_across_every_pod_and_starts_again_at_size_three(make_job,
         "world=2 rank=0 sum=3", "world=2 rank=1 sum=3"}
 
 
-@pytest.fixture
-def home_tmp():
-    # sshd's StrictModes refuses keys below a world-writable directory, and /tmp is one: work under $HOME.
-    base = Path(tempfile.mkdtemp(prefix="topology-mpi-", dir=Path.home()))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
 def test_mpirun_from_mpi_env_puts_the_ranks_on_the_pods_and_starts_again_at_size_three(make_job, venv, home_tmp):
     """OpenMPI 5 reads PRTE_MCA_prte_default_hostfile (and ignores the ORTE name): mpirun on the first pod, with
     nothing but mpi.env, starts one rank on every pod over SSH (the agent's host certificates), and when the third
     pod joins the launcher starts mpirun again with the rewritten hostfile."""
-    from tests.e2e.test_ssh import SSH, SSHD, write_secret
+    from tests.e2e.test_ssh import SSH, SSHD
+    from tests.jobs import ssh_secret
 
     started = time.monotonic()
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-    secret = write_secret(home_tmp / "secret", job=JOB)
+    secret = ssh_secret(home_tmp / "secret", job=JOB)
     job = make_job("mpi", tmp=home_tmp, agent_args=("--ssh-secret-dir", str(secret), "--ssh-port", "2222"))
     pods = job.first_pods()
     launcher = pods[0]

@@ -6,9 +6,7 @@ launcher and mpiworker the ranks."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,21 +38,13 @@ def create_volcano_mpi_job(sandbox: Any, size: int) -> list[dict[str, Any]]:
     return specs
 
 
-@pytest.fixture
-def home_tmp():
-    # sshd's StrictModes refuses keys below a world-writable directory, and /tmp is one: work under $HOME.
-    base = Path(tempfile.mkdtemp(prefix="topology-vcmpi-", dir=Path.home()))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
 def test_the_launcher_task_runs_mpirun_from_mpi_env_over_the_worker_tasks_pods(make_job, venv, home_tmp):
-    from tests.e2e.test_ssh import SSH, SSHD, write_secret
+    from tests.e2e.test_ssh import SSH, SSHD
+    from tests.jobs import ssh_secret
 
     started = time.monotonic()
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-    secret = write_secret(home_tmp / "secret", job=JOB)
+    secret = ssh_secret(home_tmp / "secret", job=JOB)
     job = make_job("", tmp=home_tmp, create=create_volcano_mpi_job,
                    agent_args=("--ssh-secret-dir", str(secret), "--ssh-port", "2222"))
     launcher, *workers = job.first_pods(3)
