@@ -21,7 +21,7 @@ import time
 
 from agent import examples
 from agent.core.model import Options
-from agent.core.plan.topology import Planner
+from agent.core.plan.planner import Planner
 from agent.core.publication.journal import PublishedState, Publisher
 from agent.core.publication.summary import own_view
 

@@ -22,7 +22,9 @@ import time
 
 from agent import examples
 from agent.core.model import Options
-from agent.core.plan.topology import Memo, Planner, build_plan, facts_of
+from agent.core.plan.facts import Memo, facts_of
+from agent.core.plan.layout import build_plan
+from agent.core.plan.planner import Planner
 
 
 def one_run(n: int, burst: int = 1) -> tuple[float, float, float]:

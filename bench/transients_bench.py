@@ -35,7 +35,7 @@ from typing import Any
 from agent import examples
 from agent.core import render_plan
 from agent.core.model import FrameworkOptions, Options
-from agent.core.plan.topology import Planner
+from agent.core.plan.planner import Planner
 from agent.core.publication.journal import PublishedState, Publisher, state_from
 from agent.core.publication.published import configmap_body
 from agent.core.publication.summary import own_view

@@ -84,7 +84,7 @@ def forge_publication(sandbox: Any, pods: list[dict[str, Any]], *, writer: str, 
     """`demo-topology`, its journal and its summary, made before the job's leader publishes, by ``writer`` (the
     admission policy binds data.leader and data.leaderUid to the writer's token, not to the job)."""
     from agent.core import Options
-    from agent.core.plan.topology import build_plan
+    from agent.core.plan.layout import build_plan
     from agent.core.publication.journal import JOURNAL_KEY, PublishedState, Publisher, journal_body, summary_name
     from agent.core.publication.published import configmap_body, configmap_name, pack
     from agent.core.publication.summary import SUMMARY_KEY, summarize, summary_text

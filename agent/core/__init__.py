@@ -10,8 +10,10 @@ from agent.core.files.frameworks import render_frameworks
 from agent.core.files.rendering import MemberTexts, render_files, with_frameworks
 from agent.core.files.variables import Variable, compute_variables
 from agent.core.model import Options, RawPod
+from agent.core.plan.facts import Memo
 from agent.core.plan.grouping import GroupMemo, parse_rule, regroup
-from agent.core.plan.topology import Memo, NodeLabels, Plan, Planner, build_plan
+from agent.core.plan.layout import NodeLabels, Plan, build_plan
+from agent.core.plan.planner import Planner
 
 if TYPE_CHECKING:  # the frameworks' shared module is loaded with the first framework a job selects
     from agent.core.files.frameworks.base import Rendition

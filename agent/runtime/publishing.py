@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.core.model import Options, RawPod
-from agent.core.plan.topology import NodeLabels, Plan
+from agent.core.plan.layout import NodeLabels, Plan
 from agent.core.pods.pod import object_name
 from agent.core.publication.journal import (
     JOURNAL_KEY,

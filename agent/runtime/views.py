@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from agent.core.compact import marked_lost, same_but_version
 from agent.core.model import Options, RawPod
 from agent.core.plan.gang import Roster
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.pods.lost import node_state, why_node_lost
 from agent.core.pods.pod import object_name, pod_ip, pod_name, slim_pod
 from agent.core.pods.validation import split_pods

@@ -22,7 +22,8 @@ from agent import examples
 from agent.core import Options, Renderer, render_pod
 from agent.core.files.rendering import MemberTexts, render_topology_json, topology_document
 from agent.core.files.variables import compute_variables
-from agent.core.plan.topology import Planner, build_plan
+from agent.core.plan.layout import build_plan
+from agent.core.plan.planner import Planner
 from agent.core.pods.placement import DEFAULT_LEVELS
 from agent.errors import InputError
 
@@ -273,7 +274,7 @@ def test_members_between_changes_are_carried_over_with_their_ranks_moved(job, op
     """A leave and a join re-place the members after the first of them; those whose pods did not change are
     carried over (their node ranks, ranks and ordinals moved by what changed before them), and only the pods
     that changed, and the member after each one that left, are placed one by one from their facts."""
-    from agent.core.plan import topology
+    from agent.core.plan.layout import _Census, _place_each
 
     world, options = World(JOBS[job](), random.Random(0)), OPTIONS[opts]
     world.pods = dict(world.all)
@@ -281,7 +282,7 @@ def test_members_between_changes_are_carried_over_with_their_ranks_moved(job, op
     world.me = order[0]
     early, late = order[len(order) // 3], order[2 * len(order) // 3]
     one_by_one: list[int] = []
-    real = topology._place_each
+    real = _place_each
 
     def counting(layout, start, stop, *args):
         one_by_one.append(stop - start)
@@ -289,7 +290,7 @@ def test_members_between_changes_are_carried_over_with_their_ranks_moved(job, op
 
     planner = Planner(options, world.me)
     planner.plan(dict(world.pods))
-    monkeypatch.setattr(topology, "_place_each", counting)
+    monkeypatch.setattr("agent.core.plan.layout._place_each", counting)
     steps = [("leave", early, None), ("join", early, late), ("join", late, early), ("ip", early, None),
              ("join", early, order[-1])]
     for op, name, away in steps:
@@ -303,7 +304,7 @@ def test_members_between_changes_are_carried_over_with_their_ranks_moved(job, op
         assert got == build_plan(list(held.values()), world.me, options), f"after {op} {name}"
         _same_views(got)
         layout = planner._layout
-        kept, counted = layout.census, topology._Census(layout.rows.live, layout.rule.position)  # kept == counted
+        kept, counted = layout.census, _Census(layout.rows.live, layout.rule.position)  # kept == counted
         assert (kept.claims, kept.derived, kept.training) == (counted.claims, counted.derived, counted.training)
         assert {r: n for r, n in kept.role_count.items() if n} == counted.role_count
     assert planner.incremental == len(steps)
@@ -351,7 +352,7 @@ def test_a_plan_after_following_the_gathering_pods_equals_planning_from_scratch(
 def test_following_a_job_whose_ips_arrive_one_by_one_re_places_one_member_per_ip(monkeypatch):
     """The point of ``follow``: the leader's init carries its layout through the wait, each new IP re-placing
     its own member only, so that the plan once the last IP is in is one change away."""
-    from agent.core.plan import topology
+    from agent.core.plan.layout import _place
 
     world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63), ("extras", 2))), random.Random(3))
     world.pods, world.me = dict(world.all), "demo-master-0"
@@ -359,13 +360,14 @@ def test_following_a_job_whose_ips_arrive_one_by_one_re_places_one_member_per_ip
     options = OPTIONS["ip"]
     planner = Planner(options, world.me)
     placed: list[int] = []
-    real_place = topology._place
+    real_place = _place
 
     def counting(layout, start, stop, *args, **kwargs):
         placed.append(stop - start)
         return real_place(layout, start, stop, *args, **kwargs)
 
-    monkeypatch.setattr(topology, "_place", counting)
+    for module in ("layout", "planner"):  # the layouts from scratch, and the planner's changes
+        monkeypatch.setattr(f"agent.core.plan.{module}._place", counting)
     held = dict(world.pods)
     planner.follow(held)  # the LIST: every pod but this one without an IP
     assert placed == [66]
@@ -392,7 +394,7 @@ def test_a_layout_from_scratch_is_made_once_the_old_one_is_let_go(monkeypatch):
     publisher's peak of a 16384-pod job, whose kubelet writes come in bursts of a quarter of the job."""
     import weakref
 
-    from agent.core.plan import topology
+    from agent.core.plan.layout import _lay_out
 
     for follow in (False, True):
         world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 7))), random.Random(3))
@@ -402,8 +404,8 @@ def test_a_layout_from_scratch_is_made_once_the_old_one_is_let_go(monkeypatch):
         assert planner._layout is not None
         old = weakref.ref(planner._layout)
         held_when_made: list[bool] = []
-        real = topology._lay_out
-        monkeypatch.setattr(topology, "_lay_out", lambda *a, **k: held_when_made.append(old() is not None)  # noqa: B023
+        real = _lay_out
+        monkeypatch.setattr("agent.core.plan.planner._lay_out", lambda *a, **k: held_when_made.append(old() is not None)  # noqa: B023
                             or real(*a, **k))  # noqa: B023
         world.step("clone", "demo-worker-4")  # two pods claim one index: only a layout from scratch says so
         held = dict(world.pods)
@@ -418,7 +420,7 @@ def test_a_layout_from_scratch_is_made_once_the_old_one_is_let_go(monkeypatch):
 def test_following_pods_that_make_no_plan_lays_out_from_scratch_at_most_once_per_sixteenth_of_the_job():
     """Two pods that claim one index refuse every layout: ``follow`` retries from scratch only now and then (its
     cost stays linear in the events), and ``plan`` still refuses with the line ``build_plan`` gives."""
-    from agent.core.plan import topology
+    from agent.core.plan import planner as planning
 
     world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(5))
     world.pods, world.me = dict(world.all), "demo-master-0"
@@ -426,8 +428,8 @@ def test_following_pods_that_make_no_plan_lays_out_from_scratch_at_most_once_per
     options = OPTIONS["ip"]
     planner = Planner(options, world.me)
     made = []
-    real = topology._lay_out
-    topology._lay_out = lambda *a, **k: made.append(1) or real(*a, **k)
+    real = planning._lay_out
+    planning._lay_out = lambda *a, **k: made.append(1) or real(*a, **k)
     try:
         held = dict(world.pods)
         planner.follow(held)
@@ -437,12 +439,12 @@ def test_following_pods_that_make_no_plan_lays_out_from_scratch_at_most_once_per
             held = dict(world.pods)
             planner.follow(held, _touched(before, held))
         assert planner.followed == 0
-        every = -(-len(held) // topology.FOLLOW_SCRATCH)  # 65 pods: one layout per 5 calls
+        every = -(-len(held) // planning.FOLLOW_SCRATCH)  # 65 pods: one layout per 5 calls
         assert len(made) == 1 + 64 // every  # the first call's, then one per 5 calls
         want = _outcome(lambda: build_plan(list(held.values()), world.me, options))
         assert want.startswith("refused: ") and _outcome(lambda: planner.plan(held)) == want
     finally:
-        topology._lay_out = real
+        planning._lay_out = real
 
 
 def _files(make):
@@ -561,7 +563,7 @@ def test_a_role_whose_pods_mix_both_kinds_of_ordinal_is_placed_member_by_member(
     ordinal from their identity and others from their place in the role, that run is placed from the facts,
     and the plans still equal ``build_plan``'s (the odd workers here count their place)."""
     from agent.core.controllers.volcano import Volcano
-    from agent.core.plan import topology
+    from agent.core.plan.layout import _place_each
 
     real_identify = Volcano.identify
 
@@ -575,9 +577,9 @@ def test_a_role_whose_pods_mix_both_kinds_of_ordinal_is_placed_member_by_member(
     planner = Planner(OPTIONS["default"], world.me)
     planner.plan(dict(world.pods))
     one_by_one: list[int] = []
-    real = topology._place_each
-    monkeypatch.setattr(topology, "_place_each", lambda layout, start, stop, *a: one_by_one.append(stop - start)
-                        or real(layout, start, stop, *a))
+    real = _place_each
+    monkeypatch.setattr("agent.core.plan.layout._place_each",
+                        lambda lay, start, stop, *a: one_by_one.append(stop - start) or real(lay, start, stop, *a))
     for op, name in (("leave", "demo-worker-3"), ("leave", "demo-worker-6"), ("join", "demo-worker-3")):
         one_by_one.clear()
         world.step(op, name)

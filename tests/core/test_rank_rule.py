@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core.model import Options
 from agent.core.plan import rank
+from agent.core.plan.layout import build_plan
 from agent.core.plan.rank import SortKey
-from agent.core.plan.topology import build_plan
 from tests.core.test_planner import JOBS, OPS, OPTIONS, World, _check
 from tests.core.test_summary import OPS as SUMMARY_OPS
 from tests.core.test_summary import _check_every_pod, _stepped

@@ -11,8 +11,9 @@ import pytest
 from agent import examples
 from agent.core import render_pod
 from agent.core.model import Member, Options
+from agent.core.plan.layout import build_plan
+from agent.core.plan.planner import Planner
 from agent.core.plan.spares import seat
-from agent.core.plan.topology import Planner, build_plan
 from agent.core.pods.placement import parse_levels
 from agent.errors import InputError
 

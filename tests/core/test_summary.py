@@ -21,7 +21,7 @@ from agent.core import Options, render_plan, render_pod
 from agent.core.files.ssh_config import known_hosts_patterns
 from agent.core.files.variables import env_key
 from agent.core.model import FrameworkOptions
-from agent.core.plan.topology import build_plan
+from agent.core.plan.layout import build_plan
 from agent.core.pods.placement import DEFAULT_LEVELS
 from agent.core.publication import summary as summary_module
 from agent.core.publication.summary import light_plan, own_view, read_summary, summarize, summary_text

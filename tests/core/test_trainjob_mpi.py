@@ -168,7 +168,8 @@ def test_offline_a_launcher_running_container_node_stays_a_node():
 def test_the_sidecars_planner_decides_again_when_the_launcher_arrives_after_the_nodes(as_node):
     """JobSet creates the launcher once the nodes are Ready (the runtimes' dependsOn): a node's planner that laid
     the job out without it plans from scratch, and says what build_plan says over the same pods."""
-    from agent.core.plan.topology import Planner, build_plan
+    from agent.core.plan.layout import build_plan
+    from agent.core.plan.planner import Planner
 
     pods = examples.trainjob_mpi(num_nodes=3 if as_node else 2, launcher_as_node=as_node)
     node = pods[0]["metadata"]["name"]

@@ -12,7 +12,7 @@ from agent import examples
 from agent.core import Options, render_pod
 from agent.core.controllers import VOLCANO
 from agent.core.model import FrameworkOptions
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.pods.placement import DEFAULT_LEVELS
 from agent.core.publication.summary import light_plan, own_view, read_summary, summarize, summary_text
 from agent.core.publication.view_choice import SMALL_JOB, choose_view

@@ -461,16 +461,16 @@ def test_the_leaders_plan_is_carried_through_the_wait_not_made_again_once_the_ga
     last IP is in is one change away (16384 pods: ~90 ms of planning from scratch saved on every pod's start-up
     path), and it is the plan the pods make from scratch."""
     from agent.core.model import Options
-    from agent.core.plan import topology
-    from agent.core.plan.topology import build_plan
+    from agent.core.plan.layout import _lay_out, build_plan
 
     tasks = (("master", 1), ("worker", 7), ("extras", 1))
     pods = create_volcano_job(memory, tasks, with_ips=False)
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in examples.volcano_job("demo", tasks)}
     memory.set_pod_ip("default", "demo-master-0", ips["demo-master-0"])  # init runs in a pod that has its IP
     laid_out = []
-    real = topology._lay_out
-    monkeypatch.setattr(topology, "_lay_out", lambda *a, **k: laid_out.append(k.get("provisional")) or real(*a, **k))
+    real = _lay_out
+    monkeypatch.setattr("agent.core.plan.planner._lay_out",
+                        lambda *a, **k: laid_out.append(k.get("provisional")) or real(*a, **k))
     who = inits.start("demo-master-0", tmp_path / "out", "--address", "ip", "--timeout", "30", "--source", "pods")
     api.notice.wait_until(lambda: _watching_pods(api, "demo-master-0"), what="the leader waiting for the gang")
     for pod in [pods[-1], *pods[1:-1]]:  # the pod that does not train first: the gang is complete at the last

@@ -15,7 +15,7 @@ import pytest
 
 from agent import examples
 from agent.core import Options
-from agent.core.plan.topology import build_plan
+from agent.core.plan.layout import build_plan
 from agent.runtime.sidecar import Sidecar, SidecarSettings
 from agent.runtime.sidecar.following import Mode
 from agent.runtime.sidecar.publication import Job, Publication

@@ -20,7 +20,7 @@ from agent.core.files.variables import Variable, host_file_name
 from agent.core.jsonstream import decode_streamed
 from agent.core.model import ADDRESS, RUNNING, SLOTS, Member, Topology, member_fields, member_span
 from agent.core.plan.grouping import key_of_document
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.pods.placement import Level
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from agent.core.injected import TRAINING_NAMES
 from agent.core.model import Options, Topology, bracketed
 from agent.core.plan.grouping import group_variables
+from agent.core.plan.layout import Plan, elastic_range, injected_values
 from agent.core.plan.spares import spare_lines
-from agent.core.plan.topology import Plan, elastic_range, injected_values
 from agent.core.pods.containers import UserValue, pick_trainer_container, user_env
 
 # Each group names one fact under several variable names; a user value for any of them is the fact.
@@ -407,7 +407,7 @@ def warnings_for(plan: Plan, variables: Sequence[Variable]) -> list[str]:
 
 
 def c10d_warnings(topology: Topology, kept: dict[str, str]) -> list[str]:
-    """Where torchrun's c10d rendezvous may number the pods otherwise than the agent (core/plan/topology.py
+    """Where torchrun's c10d rendezvous may number the pods otherwise than the agent (core/plan/rank.py
     ``RankRule``): the topology order asked for, a ``PET_LOCAL_ADDR`` of the user's, addresses shared by pods."""
     if topology.rank_order != "c10d":
         return []

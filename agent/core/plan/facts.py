@@ -2,7 +2,7 @@
 (by its controller's rules), the address its peers reach it by and its process count; or the error to raise if
 it is used. Computed once per pod version (``Memo``): the sidecar and init's wait see each pod many times.
 
-Nothing here relates one pod to another: the rank order and the members are topology.py's.
+Nothing here relates one pod to another: the rank order and the members are layout.py's.
 """
 
 from __future__ import annotations

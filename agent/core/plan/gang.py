@@ -17,7 +17,7 @@ from typing import Any
 from agent.core.controllers import Controller, Objects, detect_controller
 from agent.core.model import Options, RawPod
 from agent.core.plan.facts import Memo, PodFacts, Sizes, facts_of
-from agent.core.plan.topology import Scope, claim_clash, collect
+from agent.core.plan.layout import Scope, claim_clash, collect
 from agent.core.pods.pod import pod_ip
 from agent.errors import InputError
 

@@ -26,7 +26,7 @@ from agent.core.pods.validation import is_label_key
 from agent.errors import InputError
 
 if TYPE_CHECKING:  # the planner imports this module (the lighthouse's role name)
-    from agent.core.plan.topology import Plan
+    from agent.core.plan.layout import Plan
 
 
 class GroupRule(NamedTuple):

@@ -1,6 +1,6 @@
 """The rank order, in one place: the sort key every pod gets (``RankRule``), the pod that will be rank 0 from the
 job's objects alone (``rank_zero``), the numbers inside a run of the order (``ranks_in_run``) and the order by
-topology domains (``topology_order``). The planner (topology.py) sorts by the key and gives NODE_RANK and RANK
+topology domains (``topology_order``). The planner (layout.py, planner.py) sorts by the key and gives NODE_RANK and RANK
 along it; the publication's summary and leader read ``ranks_in_run`` and ``rank_zero``. Another rule is a change
 here: tests/core/test_rank_rule.py swaps one in and holds the planner and the summary to it.
 """

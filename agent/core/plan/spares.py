@@ -31,7 +31,7 @@ the same from the same pods (none remembers what it saw before):
    NODE_RANK and RANK numbered again from 0: a static job with too few pods restarts smaller, as it would
    without spares, rather than waiting for a pod that may never be scheduled.
 
-Pure: members in, members out; the planner (topology.py ``seat_spares``) gives it the keys and holes.
+Pure: members in, members out; the planner (layout.py ``seat_spares``) gives it the keys and holes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 NCCL builds its rings and trees in rank order. Ranks that follow the controller's pod index put neighbours in
 different racks at almost every hop; ranks ordered so that the pods of each domain are contiguous cross each
 domain boundary once per ring. This module knows levels, the domains a Node's labels give, and how often a ring
-of members crosses them; the order itself, like every rank decision, is topology.py's (``topology_order``). Pure.
+of members crosses them; the order itself, like every rank decision, is the plan's (rank.py's ``topology_order``). Pure.
 
 Levels are listed outermost first, as Kueue's Topology object lists them (``spec.levels``). The defaults are the
 labels clusters carry today: Kubernetes' well-known zone and region labels, GKE's compact placement labels

@@ -1,5 +1,5 @@
 """Reading one pod object: its name, IP and host name, the slim copy a long-lived watcher keeps, and finding a
-pod by name. Accessors only: who is a member and which rank it gets is topology.py's to decide.
+pod by name. Accessors only: who is a member and which rank it gets is the plan's to decide.
 
 Whatever shape a forged object has, an accessor answers (a name of "" rather than an exception), because the
 shell calls them on objects before ``check_pod`` has seen them.

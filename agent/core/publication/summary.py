@@ -14,7 +14,7 @@ domains), without Node labels. A job whose training members make more than ``MAX
 everywhere) gets no summary; its pods read the snapshot. Roles of at most ``LISTED_HOSTS`` pods keep
 their address lists (a master, a launcher, parameter servers): larger lists are not read by such a pod.
 
-Who decides RANK stays the planner (topology.py): the summary carries the results of ``_place``, and a pod finds its
+Who decides RANK stays the planner (layout.py): the summary carries the results of ``_place``, and a pod finds its
 own numbers in its run by ``ranks_in_run``, the planner's statement of what ``_place`` gives inside a run.
 """
 
@@ -43,8 +43,8 @@ from agent.core.model import (
     fill,
 )
 from agent.core.plan.facts import PodFacts, facts_of
+from agent.core.plan.layout import Plan
 from agent.core.plan.rank import ranks_in_run
-from agent.core.plan.topology import Plan
 from agent.core.pods.pod import pod_name
 from agent.core.pods.validation import DNS_NAME, check_pod, parse_ip
 from agent.core.publication.published import bounded_loads

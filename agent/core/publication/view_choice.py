@@ -30,7 +30,7 @@ import operator
 
 from agent.core.files.frameworks import LAUNCHER_ROLE, new_context, selected
 from agent.core.model import Options, Topology
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 
 SMALL_JOB = "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
 C10D_VIEW = "ranks by address (torchrun's c10d rendezvous) make no summary: every member is written"

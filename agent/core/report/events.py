@@ -31,7 +31,7 @@ from typing import Any
 from agent.core.escaping import printable
 from agent.core.model import Takeover
 from agent.core.plan.gang import GangStatus
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.pods.validation import is_label_value
 
 CONTROLLER = "topology-agent.io/agent"  # reportingController: a qualified name, as the API server requires

@@ -22,9 +22,9 @@ from agent.core.escaping import pod_name_shown, printable
 from agent.core.model import Options, RawPod
 from agent.core.plan.gang import Roster, missing_line
 from agent.core.plan.grouping import member_groups, parse_rule
+from agent.core.plan.layout import NodeLabels, build_plan
 from agent.core.plan.restarts import Restarts, restart_state
 from agent.core.plan.spares import spare_lines
-from agent.core.plan.topology import NodeLabels, build_plan
 from agent.core.pods.lost import on_lost_nodes
 from agent.core.pods.pod import pod_ip
 from agent.core.pods.validation import DNS1123_LABEL, is_dns1123_subdomain

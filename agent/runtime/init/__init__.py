@@ -31,8 +31,8 @@ from agent.core.controllers import Controller, detect_controller
 from agent.core.files.variables import warnings_for
 from agent.core.model import Identity, RawPod
 from agent.core.plan.gang import Expectation, Roster, expectation_from_job, expectation_from_pod, roster_of
+from agent.core.plan.planner import Planner
 from agent.core.plan.restarts import jobset_attempt, jobset_in_place
-from agent.core.plan.topology import Planner
 from agent.core.pods.validation import check_pod
 from agent.core.publication.journal import PublishedState, Publisher
 from agent.core.publication.leading import is_guard, is_rank_zero, rank_zero_identity

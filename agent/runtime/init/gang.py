@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from agent.core import Memo, Rendered, render_plan
 from agent.core.model import RawPod
 from agent.core.plan.gang import Expectation, GangStatus, GangTracker
-from agent.core.plan.topology import Planner
+from agent.core.plan.planner import Planner
 from agent.core.publication.journal import Publisher
 from agent.core.publication.leading import standbys
 from agent.core.publication.summary import own_view

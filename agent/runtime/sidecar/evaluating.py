@@ -17,7 +17,7 @@ from agent.core import NodeLabels, Rendered, Renderer, render_plan
 from agent.core.files.rendering import hosts_digest, read_topology_json
 from agent.core.files.variables import warnings_for
 from agent.core.model import RawPod, Takeover
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.pods.lost import LOST
 from agent.core.publication.leading import standbys
 from agent.core.publication.summary import own_view, view_key

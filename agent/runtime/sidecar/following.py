@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from agent.core.escaping import pod_name_shown
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.publication.journal import Journal, journal_name, state_from, summary_name
 from agent.core.publication.lease import read_record
 from agent.core.publication.provenance import WriterCheck

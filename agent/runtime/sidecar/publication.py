@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.pods.pod import object_name
 from agent.core.publication.journal import journal_name, rows_options, state_from, summary_name
 from agent.core.publication.lease import Timing

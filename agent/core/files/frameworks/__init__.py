@@ -23,7 +23,7 @@ from agent.core.files.variables import trainer_env
 if TYPE_CHECKING:
     from agent.core.files.frameworks.base import Context, Framework, Port, Rendition
     from agent.core.model import Options
-    from agent.core.plan.topology import Plan
+    from agent.core.plan.layout import Plan
 
 
 class Row(NamedTuple):

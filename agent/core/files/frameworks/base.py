@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 from agent.core.files.rendering import render_env
 from agent.core.files.variables import ENV_BUDGET, Variable, respect_user
 from agent.core.model import NAME, SLOTS, Member, Options, RawPod, Topology
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.pods.containers import UserValue, nproc_kind, pick_trainer_container
 from agent.core.pods.pod import pod_name
 

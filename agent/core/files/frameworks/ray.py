@@ -17,7 +17,7 @@ from __future__ import annotations
 from agent.core.files.frameworks.base import Context, Framework, Port, named_port, resolve_port
 from agent.core.files.variables import Variable
 from agent.core.model import Member, Options, RawPod, bracketed
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 from agent.core.pods.pod import pod_name
 
 HEAD_ROLE = "head"

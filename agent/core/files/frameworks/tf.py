@@ -34,7 +34,7 @@ from agent.core.files.frameworks.base import (
 )
 from agent.core.files.variables import Variable
 from agent.core.model import LISTED_HOSTS, Options
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")  # TF's cluster keys, in the order they are written
 ROLE_TYPES = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", "evaluator": "evaluator"}

@@ -39,7 +39,7 @@ from agent.core.files.frameworks.base import (
 )
 from agent.core.files.variables import Variable, trainer_env
 from agent.core.model import ADDRESS, Member, Options
-from agent.core.plan.topology import Plan
+from agent.core.plan.layout import Plan
 
 TRACKER_PORTS = 1024
 
