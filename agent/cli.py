@@ -59,7 +59,7 @@ def _explain(given: RenderSettings) -> int:
 
 
 def _status(given: StatusSettings) -> int:
-    from agent.runtime.status import run_status
+    from agent.runtime.commands.status import run_status
 
     run_status(given, user_agent=f"topology-agent/{__version__} status")
     return 0
@@ -106,8 +106,8 @@ def _sidecar(start: PodStart[SidecarFlags]) -> int:
 
 def _webhook(start: WebhookStart) -> int:
     from agent.k8s.async_client import AsyncClient
-    from agent.runtime.certs import service_hosts
-    from agent.runtime.webhook import WebhookSettings, run_webhook
+    from agent.runtime.webhook.certs import service_hosts
+    from agent.runtime.webhook.webhook import WebhookSettings, run_webhook
 
     setup_logging(start.log_format)
     own = start.settings
@@ -139,7 +139,7 @@ def _until_stopped(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
 
 def _inject(given: InjectSettings) -> int:
-    from agent.runtime.adoption import run_inject
+    from agent.runtime.commands.inject import run_inject
 
     return run_inject(given.filenames, given.defaults, version=__version__)
 
@@ -152,7 +152,7 @@ def _plan(given: PlanSettings) -> int:
 
 
 def _keygen(given: KeygenSettings) -> int:
-    from agent.runtime.keygen import run_keygen
+    from agent.runtime.commands.keygen import run_keygen
 
     return run_keygen(given.job, given.namespace, given.config)
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.runtime import certs
+from agent.runtime.webhook import certs
 from agent.sandbox.store import NotFound
 from agent.sandbox.threaded import SandboxThread
 

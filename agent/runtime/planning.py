@@ -77,7 +77,7 @@ def _with_agent(text: str, where: str, *, version: str) -> list[dict[str, Any]]:
     """The manifest's objects with the agent in their pod templates: inject's output when a template lacks it,
     else the manifest as it is (a manifest that has it, by inject or by hand)."""
     from agent.core.adoption.injection import Settings
-    from agent.runtime.adoption import inject_report
+    from agent.runtime.commands.inject import inject_report
 
     docs = _documents(text, where)
     templates = [t for d in docs if (is_job(d) and d.get("kind") != TRAINJOBS.kind) or d.get("kind") in RUNTIME_KINDS

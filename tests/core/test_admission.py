@@ -23,7 +23,7 @@ from agent.core.adoption import admission
 from agent.core.adoption.injection import INIT, INJECT_LABEL, PREFIX, SIDECAR, Settings
 from agent.errors import InputError
 from agent.flags.parser import check_command_line
-from agent.runtime.adoption import inject_text
+from agent.runtime.commands.inject import inject_text
 from tests.manifest_pods import pods_for
 from tests.runtime.test_inject import (
     ALL_JOBS,

@@ -9,7 +9,7 @@ import json
 
 from agent import __version__
 from agent.core.adoption.injection import Settings
-from agent.runtime.adoption import inject_text
+from agent.runtime.commands.inject import inject_text
 from agent.runtime.quoting import is_misread_by_go_yaml_v2
 from tests.runtime.test_inject_yaml11 import CASES, ELASTIC, annotated, template_of, written
 

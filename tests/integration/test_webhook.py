@@ -20,8 +20,8 @@ import yaml
 
 from agent import examples
 from agent.core.adoption.injection import INIT, INJECT_LABEL, INJECTED, PREFIX, SIDECAR
-from agent.runtime import certs
 from agent.runtime.demo import volcano_owner
+from agent.runtime.webhook import certs
 from agent.sandbox.threaded import SandboxThread
 from tests.integration.conftest import finish, start_init
 

@@ -1,4 +1,5 @@
-"""The webhook's certificates (runtime/certs.py): made, kept, renewed on time, and trusted across a CA change."""
+"""The webhook's certificates (runtime/webhook/certs.py): made, kept, renewed on time, and trusted across a CA
+change."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from agent.runtime import certs
+from agent.runtime.webhook import certs
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
 HOSTS = certs.service_hosts("topology-agent-webhook", "topology-agent-system")
@@ -206,7 +207,7 @@ def test_a_pair_that_does_not_match_leaves_the_served_context_serving():
     import ssl
     import threading
 
-    from agent.runtime import tls
+    from agent.runtime.webhook import tls
 
     now = datetime.datetime.now(datetime.UTC)
     first, _ = certs.renew(None, ["127.0.0.1"], now - 70 * DAY)
@@ -280,8 +281,8 @@ async def test_a_refused_watch_is_said_and_the_webhook_still_serves_and_checks(c
     import asyncio
     import types
 
-    from agent.runtime import tls
-    from agent.runtime.webhook import WebhookSettings
+    from agent.runtime.webhook import tls
+    from agent.runtime.webhook.webhook import WebhookSettings
 
     api = RefusedWatches()
     webhook = types.SimpleNamespace(settings=WebhookSettings(hosts=tuple(HOSTS)), tls=None)

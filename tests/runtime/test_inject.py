@@ -31,7 +31,7 @@ from agent.core.model import STATE_DIR
 from agent.errors import InputError
 from agent.flags.common import options_from_args
 from agent.flags.parser import build_parser, check_command_line
-from agent.runtime.adoption import inject_text
+from agent.runtime.commands.inject import inject_text
 from tests.manifest_pods import pod_templates, pods_for
 
 ROOT = Path(__file__).resolve().parents[2]

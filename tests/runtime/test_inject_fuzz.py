@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from agent import __version__
 from agent.core.adoption.injection import INJECTED, KEYS, PREFIX, Settings
 from agent.errors import InputError
-from agent.runtime.adoption import inject_text
+from agent.runtime.commands.inject import inject_text
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDMADE = [

@@ -18,7 +18,7 @@ from agent.cli import main
 from agent.core.adoption.injection import INJECTED, SHARED, Settings, inject_document
 from agent.errors import InputError
 from agent.flags.parser import check_command_line
-from agent.runtime.adoption import inject_text
+from agent.runtime.commands.inject import inject_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -195,7 +195,7 @@ def test_aliasing_is_refused_exactly_where_kubectl_refuses_it():
 
 
 def test_the_allowed_share_of_aliases_falls_from_99_to_10_percent():
-    from agent.runtime.adoption import allowed_alias_ratio, excessive_aliasing
+    from agent.runtime.commands.inject import allowed_alias_ratio, excessive_aliasing
 
     assert allowed_alias_ratio(1000) == allowed_alias_ratio(400_000) == 0.99
     assert allowed_alias_ratio(2_200_000) == pytest.approx(0.545)

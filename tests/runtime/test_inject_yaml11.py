@@ -17,7 +17,7 @@ from agent import __version__
 from agent.core.adoption import injection
 from agent.core.adoption.injection import INIT, PREFIX, SIDECAR, SSH, Settings
 from agent.errors import InputError
-from agent.runtime.adoption import inject_text
+from agent.runtime.commands.inject import inject_text
 from agent.runtime.quoting import is_misread_plain
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -224,7 +224,7 @@ def _free_port() -> int:
 def _tls_pair(tls: Path) -> None:
     import datetime
 
-    from agent.runtime import certs
+    from agent.runtime.webhook import certs
 
     pair, _ = certs.renew(None, ["127.0.0.1"], datetime.datetime.now(datetime.UTC))
     tls.mkdir()
@@ -253,7 +253,7 @@ def test_every_agent_process_that_holds_a_token_is_sealed_once_it_runs(command, 
             "sidecar": ["-m", "agent.cli", "sidecar", "--out", str(tmp_path / "out"), "--health-port", "0"],
             "webhook": ["-m", "agent.cli", "webhook", "--host", "127.0.0.1", "--port", str(port),
                         "--tls-dir", str(tmp_path / "tls")],
-            "webhook's reviewer": ["-m", "agent.runtime.reviewing"]}[command]
+            "webhook's reviewer": ["-m", "agent.runtime.webhook.reviewing"]}[command]
     if command == "webhook":
         _tls_pair(tmp_path / "tls")
     proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -1,6 +1,7 @@
-"""``topology-agent status`` over the sandbox's API in memory (runtime/status.py): the job found by its name among
-the controllers' kinds, its pods read as their init reads them (the options of their init container), the
-generation each pod's agent recorded, a large job's publisher and standbys, and ``-w`` printing again at a change.
+"""``topology-agent status`` over the sandbox's API in memory (runtime/commands/status.py): the job found by its
+name among the controllers' kinds, its pods read as their init reads them (the options of their init container),
+the generation each pod's agent recorded, a large job's publisher and standbys, and ``-w`` printing again at a
+change.
 tests/integration/test_status.py runs the command itself against running agents."""
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from agent import examples
 from agent.core.report.events import CONTROLLER, GENERATION_LABEL, JOB_LABEL, micro_time
 from agent.errors import InputError
 from agent.flags.status import StatusSettings, options_of
+from agent.runtime.commands.status import show
 from agent.runtime.demo import volcano_owner
 from agent.runtime.events import events_path
-from agent.runtime.status import show
 from tests.fakeapi import CONFIG, init_pod
 from tests.jobs import add_worker, create_trainjob, create_volcano_job, name_of, on_nodes_of_their_own, rogue
 

@@ -1,4 +1,4 @@
-"""The webhook's server (runtime/webhook.py): one GET per namespace for a burst of pods, a namespace it cannot
+"""The webhook's server (runtime/webhook/webhook.py): one GET per namespace for a burst of pods, a namespace it cannot
 read refuses the pod with the reason, a body that is not an AdmissionReview gets 400, metrics count results."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from agent import __version__
 from agent.core.adoption.injection import PREFIX, Settings
 from agent.errors import ApiForbidden, ApiNotFound
-from agent.runtime import certs
-from agent.runtime.serving import BoundedServer, Limits
-from agent.runtime.tls import load_tls
-from agent.runtime.webhook import MAX_BODY, REVIEWER, Budget, Webhook, WebhookSettings, review_timeout
+from agent.runtime.webhook import certs
+from agent.runtime.webhook.serving import BoundedServer, Limits
+from agent.runtime.webhook.tls import load_tls
+from agent.runtime.webhook.webhook import MAX_BODY, REVIEWER, Budget, Webhook, WebhookSettings, review_timeout
 
 
 class Namespaces:
@@ -494,7 +494,7 @@ def test_the_api_servers_timeout_parameter_sets_the_deadline():
 def test_the_command_lines_checked_are_remembered_by_digest_and_bounded():
     import tracemalloc
 
-    from agent.runtime.webhook import _remembering
+    from agent.runtime.webhook.webhook import _remembering
 
     calls = [0]
     checked = _remembering(lambda argv, where: calls.__setitem__(0, calls[0] + 1), size=1000)

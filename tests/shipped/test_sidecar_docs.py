@@ -10,7 +10,7 @@ import yaml
 
 from agent import __version__
 from agent.core.adoption.injection import Settings
-from agent.runtime.adoption import inject_text
+from agent.runtime.commands.inject import inject_text
 
 ROOT = Path(__file__).resolve().parents[2]
 ELASTIC = """apiVersion: kubeflow.org/v1

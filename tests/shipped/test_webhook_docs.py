@@ -12,8 +12,8 @@ import yaml
 
 from agent.core.adoption.admission import MAX_VALUES
 from agent.core.adoption.injection import MAX_VALUE
-from agent.runtime import serving, webhook
-from agent.runtime.reviewing import SMALL
+from agent.runtime.webhook import serving, webhook
+from agent.runtime.webhook.reviewing import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -40,9 +40,9 @@ from agent.errors import ApiError, ApiNotFound, InputError
 from agent.flags.parser import check_command_line
 from agent.flags.webhook import WebhookOwn
 from agent.k8s.async_client import AsyncApi
-from agent.runtime.reviewing import SMALL, Outcome, Reviewer, Unavailable
-from agent.runtime.serving import BoundedServer, Limits
-from agent.runtime.tls import keep_tls
+from agent.runtime.webhook.reviewing import SMALL, Outcome, Reviewer, Unavailable
+from agent.runtime.webhook.serving import BoundedServer, Limits
+from agent.runtime.webhook.tls import keep_tls
 
 log = logging.getLogger("topology_agent.webhook")
 
@@ -51,7 +51,7 @@ BODIES = 16 << 20  # bytes of bodies held at once (read, or waiting for the revi
 DEFAULT_TIMEOUT = 10.0  # seconds: the API server's own default timeoutSeconds, when ?timeout= is not given
 MARGIN = 0.5  # seconds before the API server's deadline by which an answer is on its way
 NAMESPACE_MARGIN = 0.2  # seconds before that by which a namespace read is given up, to answer with the reason
-REVIEWER = (sys.executable, "-m", "agent.runtime.reviewing")  # the reviewing process (reviewing.py)
+REVIEWER = (sys.executable, "-m", "agent.runtime.webhook.reviewing")  # the reviewing process (reviewing.py)
 
 
 @dataclass(frozen=True, kw_only=True)

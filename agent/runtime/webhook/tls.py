@@ -27,19 +27,16 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent import __version__
 from agent.errors import AgentError, ApiError, InputError
 from agent.k8s.async_client import AsyncApi, AsyncClient
 from agent.k8s.core import WatchEvent
 from agent.k8s.reflector import AsyncOps, Reflector, reflect
-from agent.runtime.certs import ManagedCerts, pair_problem
-
-if TYPE_CHECKING:
-    from agent.runtime.webhook import Webhook
+from agent.runtime.webhook.certs import ManagedCerts, pair_problem
 
 log = logging.getLogger("topology_agent.webhook")
 
@@ -48,6 +45,34 @@ GAP = 0.2  # seconds between two checks: the events of one repair (Secret, confi
 FIGHT = 20  # writes in FIGHT_WINDOW seconds: another writer undoes each of ours; checks slow to FIGHT_GAP apart
 FIGHT_WINDOW = 60.0
 FIGHT_GAP = 30.0
+
+
+class KeptSettings(Protocol):
+    """The webhook's settings that say where its pair comes from (webhook.py's ``WebhookSettings``)."""
+
+    @property
+    def tls_dir(self) -> Path | None: ...
+    @property
+    def check_every(self) -> float: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def secret(self) -> str: ...
+    @property
+    def config(self) -> str: ...
+    @property
+    def hosts(self) -> Sequence[str]: ...
+
+
+class Served(Protocol):
+    """What ``keep_tls`` keeps: the context the webhook's listener serves (None until a pair is loaded), and the
+    settings it is kept by. webhook.py's ``Webhook`` is one; this module needs no more of it, so it imports
+    nothing of webhook.py, which starts ``keep_tls``."""
+
+    tls: ssl.SSLContext | None
+
+    @property
+    def settings(self) -> KeptSettings: ...
 
 
 class BadPair(ValueError):
@@ -94,7 +119,7 @@ def read_tls_dir(directory: Path) -> tuple[bytes, bytes]:
                          "the certificate's Secret there (cert-manager writes both)") from None
 
 
-async def keep_tls(api: AsyncApi, webhook: Webhook, *, stop: asyncio.Event) -> None:
+async def keep_tls(api: AsyncApi, webhook: Served, *, stop: asyncio.Event) -> None:
     """Load the first certificate (its failure ends the webhook with one line), then keep it: the files of
     ``--tls-dir`` read every check, or the Secret and the configuration watched and checked on every change
     and every ``check_every`` seconds."""
@@ -122,7 +147,7 @@ async def _own_client(api: AsyncApi) -> AsyncIterator[AsyncApi]:
         await own.close()
 
 
-async def _keep_files(webhook: Webhook, directory: Path, every: float, stop: asyncio.Event) -> None:
+async def _keep_files(webhook: Served, directory: Path, every: float, stop: asyncio.Event) -> None:
     served: tuple[bytes, bytes] | None = None
     refused: tuple[bytes, bytes] | None = None  # a bad pair is warned about once, not at every check
     while True:
@@ -151,7 +176,7 @@ def _why(err: BaseException) -> str:
     return str(err)
 
 
-async def _keep_managed(webhook: Webhook, certs: ManagedCerts, stop: asyncio.Event) -> None:
+async def _keep_managed(webhook: Served, certs: ManagedCerts, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     settings = webhook.settings
     served: bytes | None = None
