@@ -116,7 +116,9 @@ def test_a_job_with_pods_missing_everywhere_is_not_summarized():
     plan = build_plan(kept, "demo-master-0", Options())
     assert summarize(plan, seq=1) is None
     assert summarize(build_plan(pods, "demo-master-0", Options()), seq=1) is not None
-    assert summarize(build_plan(pods, "demo-master-0", Options(levels=DEFAULT_LEVELS)), seq=1) is None
+    levels = summarize(build_plan(pods, "demo-master-0", Options(levels=DEFAULT_LEVELS)), seq=1)
+    assert levels is not None and levels["topology"]["order"] == "index"  # its pods read their Node's labels
+    assert summarize(build_plan(kept, "demo-master-0", Options(levels=DEFAULT_LEVELS)), seq=1) is None
 
 
 def test_runs_state_a_large_job_in_a_few_hundred_bytes():

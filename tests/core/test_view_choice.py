@@ -38,10 +38,11 @@ ROWS: list[tuple[str, Any, str, dict[str, Any], bool, bool, str | None]] = [
      "role 'extras' does not train"),
     ("--view full", examples.volcano_job, "demo-worker-1", {"view": "full"}, False, True, "--view full"),
     ("--view own, rank 0 with SSH", examples.volcano_job, "demo-master-0", {"view": "own"}, True, True, OWN),
+    # its own domains from its own Node, its place from its block of the rank order (core/publication/blocks.py)
     ("--view own with --topology-levels", examples.volcano_job, "demo-worker-1",
-     {"view": "own", "levels": DEFAULT_LEVELS}, False, True, "ranks by Node labels"),
+     {"view": "own", "levels": DEFAULT_LEVELS}, False, True, OWN),
     ("--rank-order topology", examples.volcano_job, "demo-worker-1",
-     {"rank_order": "topology", "levels": DEFAULT_LEVELS}, False, True, "ranks by Node labels"),
+     {"rank_order": "topology", "levels": DEFAULT_LEVELS}, False, True, OWN),
     ("PyTorchJob: the master", examples.pytorchjob, "mnist-master-0", {}, False, True, OWN),
     ("PyTorchJob: the master with SSH", examples.pytorchjob, "mnist-master-0", {}, True, True, LAUNCHES),
     ("MPIJob: the launcher", examples.mpijob, "allreduce-launcher", {}, True, True, "role 'launcher'"),
@@ -102,7 +103,12 @@ def _own_plan(pods: list[dict[str, Any]], me: str, options: Options, *, ssh: boo
 def test_each_pod_writes_the_view_its_files_need(make, start, settings, ssh, published, why):
     pods = make()
     me, options = _find(pods, start), _options(settings)
-    whole = render_pod(pods, me, options).plan
+    nodes = None
+    if "levels" in settings:  # every pod on a Node of its own, in one zone
+        for k, pod in enumerate(pods):
+            pod["spec"]["nodeName"] = f"node-{k}"
+        nodes = {f"node-{k}": {"topology.kubernetes.io/zone": "z"} for k in range(len(pods))}
+    whole = render_pod(pods, me, options, nodes=nodes).plan
     chosen = choose_view(whole, options, ssh=ssh, published=published)
     if why is None:
         assert chosen is None, chosen

@@ -9,10 +9,13 @@ its NODE_RANK, RANK and ordinal; every job-wide number is in the summary. A foll
 start and per change instead of the whole snapshot (every follower reading the snapshot would make the
 job-wide start-up quadratic: 13 GiB through the API server for a 16384-pod job).
 
-Only what a run can state exactly is summarized: the index rank order (``--rank-order topology`` interleaves
-domains), without Node labels. A job whose training members make more than ``MAX_RUNS`` runs (pods missing
-everywhere) gets no summary; its pods read the snapshot. Roles of at most ``LISTED_HOSTS`` pods keep
-their address lists (a master, a launcher, parameter servers): larger lists are not read by such a pod.
+Only what a run can state exactly is summarized. With Node labels (``--topology-levels``) the summary also carries
+the levels, and a pod reads its own Node for its own domains; under ``--rank-order topology``, where a pod's place
+follows its Node, not its index, the runs are cut into blocks of one domain each, every block its own ConfigMap
+(blocks.py). A job whose training members make more than ``MAX_RUNS`` runs (pods missing everywhere), or more
+domains than ``blocks.MAX_BLOCKS`` at every level, gets no summary; its pods read the snapshot. Roles of at most
+``LISTED_HOSTS`` pods keep their address lists (a master, a launcher, parameter servers): larger lists are not
+read by such a pod.
 
 Who decides RANK stays the planner (layout.py): the summary carries the results of ``_place``, and a pod finds its
 own numbers in its run by ``ranks_in_run``, the planner's statement of what ``_place`` gives inside a run.
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -47,6 +50,7 @@ from agent.core.plan.layout import Plan
 from agent.core.plan.rank import ranks_in_run
 from agent.core.pods.pod import pod_name
 from agent.core.pods.validation import DNS_NAME, check_pod, parse_ip
+from agent.core.publication.blocks import Layout, Made, make_blocks, place_in_block, read_layout, topology_section
 from agent.core.publication.published import bounded_loads
 from agent.core.publication.view_choice import choose_view, hosts_listed
 from agent.errors import InputError
@@ -146,6 +150,7 @@ class Summary:
     ports: dict[str, tuple[int, str]] = field(default_factory=dict)  # the frameworks' (core/frameworks)
     addresses: tuple[tuple[str, RoleAddresses], ...] = ()  # large roles' address templates (``_templates``)
     spares: Spares | None = None  # --world-size: the hot spares and who holds a seat not born to it
+    layout: Layout | None = None  # Node labels asked for: the levels, the order applied and its blocks (blocks.py)
 
     def run_of(self, role: str, index: tuple[int, ...]) -> Run | None:
         if not index:
@@ -157,38 +162,52 @@ class Summary:
 
 def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Options | None = None,
               ssh: bool = False) -> dict[str, Any] | None:
-    """The summary of the leader's plan, or None when runs cannot state it (see the module's docstring).
-    ``listed``: the largest role whose addresses are kept; ``options``: the job's, whose selected frameworks'
-    ports (which rank 0's container or the whole membership decide) the summary carries; ``ssh``: the job's pods
-    have its SSH material (rank 0 launches over SSH, on the hostfile: ``_templates``)."""
+    """The summary of the leader's plan, or None when runs (or blocks, blocks.py) cannot state it (see the
+    module's docstring). ``listed``: the largest role whose addresses are kept; ``options``: the job's, whose
+    selected frameworks' ports (which rank 0's container or the whole membership decide) the summary carries;
+    ``ssh``: the job's pods have its SSH material (rank 0 launches over SSH, on the hostfile: ``_templates``)."""
+    return summarize_with_blocks(plan, seq=seq, listed=listed, options=options, ssh=ssh)[0]
+
+
+def summarize_with_blocks(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Options | None = None,
+                          ssh: bool = False) -> tuple[dict[str, Any] | None, list[Made]]:
+    """``summarize``, and under the topology order the blocks it lists (blocks.py), each its own ConfigMap."""
     topo = plan.topology
-    if topo.levels or topo.rank_order != "index" or not topo.training or topo.whole is not None:
-        return None
+    if topo.rank_order not in ("index", "topology") or not topo.training or topo.whole is not None:
+        return None, []
     training = topo.training
-    starts = topo.run_starts
-    if not starts or len(starts) > MAX_RUNS:
-        return None
     runs: list[list[Any]] = []
-    seen: dict[str, int] = {}
-    for start, stop in zip(starts, [*starts[1:], len(training)], strict=True):
-        first = training[start]
-        runs.append([first.role, list(first.index[:-1]), first.index[-1], training[stop - 1].index[-1],
-                     first.node_rank, first.first_rank, first.slots, seen.get(first.role, 0)])
-        seen[first.role] = seen.get(first.role, 0) + stop - start
+    blocks = make_blocks(topo) if topo.rank_order == "topology" else None
+    if topo.rank_order == "topology":
+        if blocks is None or topo.world_size is not None:
+            return None, []
+    else:
+        starts = topo.run_starts
+        if not starts or len(starts) > MAX_RUNS:
+            return None, []
+        seen: dict[str, int] = {}
+        for start, stop in zip(starts, [*starts[1:], len(training)], strict=True):
+            first = training[start]
+            runs.append([first.role, list(first.index[:-1]), first.index[-1], training[stop - 1].index[-1],
+                         first.node_rank, first.first_rank, first.slots, seen.get(first.role, 0)])
+            seen[first.role] = seen.get(first.role, 0) + stop - start
     roles = []
     for role in topo.roles:
         count = len(topo.role_members(role))
-        roles.append([role, count, list(map(ADDRESS, topo.role_members(role))) if count <= listed else None])
+        hosts = list(map(ADDRESS, topo.role_members(role))) if count <= listed else None
+        if hosts is not None and blocks is not None and hosts != list(topo.index_addresses(role) or ()):
+            hosts = None  # listed in index order (VC_<ROLE>_HOSTS) and rank order (the frameworks): only if one
+        roles.append([role, count, hosts])
     rank0 = topo.training[0]
     spares = None
     if topo.world_size is not None:
         spare_runs = _spare_runs(topo.spares)
         if len(spare_runs) > MAX_RUNS or len(topo.takeovers) > MAX_RUNS:
-            return None
+            return None, []
         spares = {"worldSize": topo.world_size, "seats": topo.seats, "spares": spare_runs,
                   "takeovers": [list(t) for t in topo.takeovers]}
     ports = published_ports(plan, options) if options is not None else {}
-    addresses = _templates(plan, options, listed, ssh=ssh) if options is not None else {}
+    addresses = _templates(plan, options, listed, ssh=ssh) if options is not None and blocks is None else {}
     return {"schema": SUMMARY_SCHEMA, "seq": seq, "trainingRoles": list(topo.training_roles), "nnodes": topo.nnodes,
             # the job's processes, under the name every published summary has used (a follower of another
             # release reads it); a follower derives its WORLD_SIZE from nnodes
@@ -200,7 +219,8 @@ def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Opti
             **({"ports": {key: list(value) for key, value in ports.items()}} if ports else {}),
             **({"addresses": {role: [p if isinstance(p, str) else list(p) for p in t]
                               for role, t in addresses.items()}} if addresses else {}),
-            **({"hotSpares": spares} if spares is not None else {})}
+            **({"hotSpares": spares} if spares is not None else {}),
+            **({"topology": topology_section(topo, blocks)} if topo.levels else {})}, blocks or []
 
 
 def _templates(plan: Plan, options: Options, listed: int, *, ssh: bool = False) -> dict[str, AddressTemplate]:
@@ -273,21 +293,24 @@ def read_summary(text: str | None) -> Summary | None:
         raise _refuse(f"field {err} missing or of the wrong type") from None
     if not _is_line(source):
         raise _refuse("masterPortSource is not a line of text")
-    if not isinstance(roles_raw, list) or not isinstance(runs_raw, list) or not 0 < len(runs_raw) <= MAX_RUNS \
-            or not isinstance(rank0_raw, list) or len(rank0_raw) != 8 or len(roles_raw) > 64:
+    layout = read_layout(raw["topology"], nnodes=nnodes, processes=world) if "topology" in raw else None
+    blocks = layout is not None and layout.order == "topology"  # the runs are the blocks' (blocks.py)
+    if not isinstance(roles_raw, list) or not isinstance(runs_raw, list) or len(runs_raw) > MAX_RUNS \
+            or bool(runs_raw) == blocks or not isinstance(rank0_raw, list) or len(rank0_raw) != 8 \
+            or len(roles_raw) > 64:
         raise _refuse("roles, runs or rank0 is not a list of the expected length")
     roles = _read_roles(roles_raw)
     rank0 = _read_rank0(rank0_raw)
-    runs = _read_runs(runs_raw, training_roles, slots, nnodes=nnodes, world=world)
-    first_run = runs[0]
-    if first_run.role != rank0.role or (*first_run.prefix, first_run.first) != rank0.index \
-            or first_run.slots != rank0.slots:
+    runs = _read_runs(runs_raw, training_roles, slots, nnodes=nnodes, world=world) if not blocks else ()
+    first_run = runs[0] if runs else None
+    if first_run is not None and (first_run.role != rank0.role or (*first_run.prefix, first_run.first) != rank0.index
+                                  or first_run.slots != rank0.slots):
         raise _refuse("rank 0 is not the first pod of the first run")
     return Summary(seq=seq, training_roles=training_roles, nnodes=nnodes, processes=world, slot_sizes=slots,
                    master_port=port, master_port_source=source, rank0=rank0, roles=roles, runs=runs,
                    ports=_read_ports(raw.get("ports", {})),
                    addresses=_read_addresses(raw.get("addresses", {}), roles, runs),
-                   spares=_read_spares(raw.get("hotSpares"), training_roles))
+                   spares=_read_spares(raw.get("hotSpares"), training_roles), layout=layout)
 
 
 def _is_line(value: Any) -> bool:
@@ -411,20 +434,48 @@ def _own_facts(own: RawPod, controller: Controller, options: Options,
     return facts, ident
 
 
-def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = False) -> Plan | None:
+def _layout_of(summary: Summary, options: Options, domains: tuple[str, ...] | None) -> Layout | None:
+    """The summary's topology section, when it is the one this pod's options ask for (``InputError`` if not)."""
+    layout = summary.layout
+    if (layout.levels if layout is not None else None) != options.levels:
+        raise InputError("the summary is of other Node label levels than this pod's --topology-levels; this pod "
+                         "reads the whole topology instead")
+    if layout is not None and domains is None:
+        raise InputError("its own Node's labels are not known; this pod reads the whole topology instead")
+    return layout
+
+
+def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = False,
+               domains: tuple[str, ...] | None = None, blocks: Mapping[str, str] | None = None) -> Plan | None:
     """This pod's plan from the summary and its own pod: rank 0 and itself as members, the job-wide numbers from
     the summary. None when the summary does not place this pod (not published yet, or not a training pod);
     ``InputError`` when the pod itself cannot be placed (as ``build_plan`` would say). ``ssh``: the pod has the
     job's SSH material; as rank 0 it launches, and writes the host lists when the summary gives them
-    (``view_choice.hosts_listed``)."""
+    (``view_choice.hosts_listed``). With Node labels (``--topology-levels``): ``domains``, this pod's Node's value
+    per level, and under the topology order ``blocks``, the texts of the blocks held by their digests
+    (blocks.py): the one the summary lists for this pod's domains places it (None while it is not held)."""
     own = check_pod(own)  # type: ignore[assignment]
     controller = detect_controller(own, options)
     facts, ident = _own_facts(own, controller, options, summary.training_roles)
     name = pod_name(own)
+    layout = _layout_of(summary, options, domains)
+    placed = None
+    if layout is not None and layout.order == "topology":
+        assert domains is not None
+        entry = layout.block_of(domains)
+        text = (blocks or {}).get(entry.digest) if entry is not None else None
+        if entry is None or text is None:
+            return None  # not in the leader's view yet, or its block is on its way
+        at = layout.blocks.index(entry)
+        after = layout.blocks[at + 1].first_rank if at + 1 < len(layout.blocks) else summary.processes
+        placed = place_in_block(text, entry, after, summary.training_roles, ident.role, ident.index,
+                                ordinal=ident.ordinal)
+        if placed is None:
+            return None
     run = summary.run_of(ident.role, ident.index)
     hot = summary.spares
-    spare = run is None and hot is not None and hot.holds(ident.role, ident.index)
-    if run is None and not spare:
+    spare = run is None and placed is None and hot is not None and hot.holds(ident.role, ident.index)
+    if run is None and placed is None and not spare:
         return None
     if facts.place is None:
         raise facts.place_error or InputError(f"pod '{name}': no address")
@@ -433,10 +484,16 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     slots, slots_source = facts.slots
     address, dns, ip = facts.place
     rank0 = summary.rank0
-    if run is None:  # a hot spare: rank 0 is the one member it knows
+    if placed is not None:
+        if slots != placed.slots:
+            return None  # the leader saw another container (a pod re-created with another size): not published yet
+        me = Member(name, ident.role, ident.index, placed.ordinal, address, dns, ip, True, slots, placed.node_rank,
+                    placed.first_rank, True, facts.node, domains)
+        members: tuple[Member, ...] = (me,) if rank0.name == name else (rank0, me)
+    elif run is None:  # a hot spare: rank 0 is the one member it knows
         me = Member(name, ident.role, ident.index, ident.ordinal if ident.ordinal >= 0 else 0, address, dns, ip,
-                    False, slots, None, None, True, facts.node)
-        members: tuple[Member, ...] = (rank0,)
+                    False, slots, None, None, True, facts.node, domains)
+        members = (rank0,)
     else:
         if slots != run.slots:
             return None  # the leader saw another container (a pod re-created with another size): not published yet
@@ -444,7 +501,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
                                                       slots=slots, seen=run.seen, offset=ident.index[-1] - run.first,
                                                       ordinal=ident.ordinal)
         me = Member(name, ident.role, ident.index, ordinal, address, dns, ip, True, slots, node_rank, first_rank,
-                    True, facts.node)
+                    True, facts.node, domains)
         members = (me,) if rank0.name == name else (rank0, me)
     owner_uid = None
     if controller.owner_is_job:
@@ -456,7 +513,10 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     topology = Topology(controller=controller.key, namespace=facts.namespace, job=ident.job, job_uid=owner_uid,
                         self_name=name, training_roles=summary.training_roles, members=members, whole=whole,
                         world_size=hot.world_size if hot is not None else None, spares=(me,) if spare else (),
-                        takeovers=hot.takeovers if hot is not None else ())
+                        takeovers=hot.takeovers if hot is not None else (),
+                        levels=layout.levels if layout is not None else (),
+                        rank_order=layout.order if layout is not None else "index",
+                        order_note=layout.note if layout is not None else None)
     if ssh and me.node_rank == 0 and hosts_listed(topology):  # rank 0 launches on the hostfile: it writes it
         topology = replace(topology, whole=replace(whole, hosts=True))
     source = summary.master_port_source
@@ -478,13 +538,14 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed
     why = choose_view(plan, options, ssh=ssh, published=published)
     if why is not None:
         return None, why
-    raw = summarize(plan, seq=0, listed=listed, options=options, ssh=ssh)
+    raw, blocks = summarize_with_blocks(plan, seq=0, listed=listed, options=options, ssh=ssh)
     if raw is None:
-        return None, "the job's ranks make no summary (more runs of ranks than a summary holds)"
+        return None, "the job's ranks make no summary (more runs of ranks, or domains, than a summary holds)"
     try:
         summary = read_summary(summary_text(raw))
         assert summary is not None
-        light = light_plan(summary, plan.self_pod, options, ssh=ssh)
+        light = light_plan(summary, plan.self_pod, options, ssh=ssh, domains=plan.topology.me.domains,
+                           blocks={block.digest: block.text for block in blocks})
     except InputError as err:
         return None, str(err)
     if light is None:

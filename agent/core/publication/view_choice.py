@@ -3,7 +3,8 @@
 The one place the choice is made (``choose_view``); init, the sidecar and the follower of a published summary all
 ask it. ``--view full`` and ``--view own`` decide it outright. ``--view auto`` (the default) gives a large job's pods
 (those that follow a published topology) their own view, which costs a few KiB whatever the job's size, unless
-their files must name every member:
+their files must name every member (Node labels need not: a pod reads its own Node, and under ``--rank-order
+topology`` its place from its block of the order, core/publication/blocks.py):
 
 - a pod of role ``launcher`` (an MPIJob's, a TrainJob's on an MPI runtime): mpirun runs there, on the hostfile;
 - a pod whose role does not train (a parameter server, a driver): its files list the job's pods by role;
@@ -41,8 +42,6 @@ def why_full_view(options: Options) -> str | None:
     the summary; ``choose_view`` decides once its own place is known)."""
     if options.view == "full":
         return "--view full"
-    if options.levels is not None or options.rank_order != "index":
-        return "ranks by Node labels (--topology-levels, --rank-order topology) need every member"
     if options.replica_groups is not None:
         return "replica groups (--replica-groups) are read from every member's labels"
     return None

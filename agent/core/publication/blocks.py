@@ -1,0 +1,289 @@
+"""The summary's topology form: a job whose pods write where they landed (``--topology-levels``), or whose ranks follow
+its Nodes' domains (``--rank-order topology``), told to a pod in its own view in a few KiB.
+
+A pod learns its own domains from its own Node (one metadata-only GET): the summary carries the levels and, when
+the asked order was not applied, why (``order_note``). Under the topology order a pod's place is not a function of
+its index, so the leader, which holds every member, cuts the rank order into *blocks*: the domains of one level
+(the deepest with at most ``MAX_BLOCKS`` domains), each contiguous in the order (``rank.topology_order`` keeps
+every domain's members together at every level). The summary lists the blocks in rank order (their domain values,
+first node rank, first rank, member count and the digest of their text); each block's members, in rank order,
+are one small ConfigMap (``<job>-topology-block-<key>``, ``block_name``). A pod reads its own Node, the summary
+and its own block: ~1/64 of the job, whatever its size, never every pod. The digest ties a block to the summary
+that names it: a block written before or after that summary is not read as its (the pod waits for the pair).
+
+Inside a block the members are runs, as the index form's (summary.py): consecutive node ranks of one role, index
+prefix and process count with consecutive last indices, each written ``[role, first, last, slots, prefix]`` with
+the defaults left off (``last`` = ``first``, the block's usual ``slots``, no prefix); the role is its position in
+the training roles. Ranks inside a run are ``ranks_in_run``'s, as in the index form. Pure.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core.model import Member, Topology
+from agent.core.plan.rank import ranks_in_run
+from agent.core.pods.placement import Level
+from agent.core.pods.validation import is_label_key, is_label_value
+from agent.core.publication.published import bounded_loads
+from agent.errors import InputError
+
+BLOCK_KEY = "block.json"
+BLOCK_SCHEMA = 1
+MAX_BLOCKS = 64  # blocks in a summary: ~60 B each, read by every pod; a block is then ~1/64 of the job's members
+MAX_BLOCK = 900 * 1024  # bytes of one block's text (a ConfigMap holds at most 1 MiB)
+MAX_LEVELS = 16
+PART_LABEL = "topology-agent.io/part"  # the summary's and each block's key: a pod lists its two by this label
+_NAME = re.compile(r"[A-Z0-9_]{1,63}")  # a level's name in the files (placement.level_name)
+
+
+def block_digest(text: str) -> str:
+    """What the summary names a block's text by: a pod holds the blocks it reads by this, so that only the text
+    its summary names is read as its block."""
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def block_key(snapshot_name: str, values: Sequence[str]) -> str:
+    """The label value (and name suffix) of the block of the domains ``values`` (outermost first)."""
+    return _digest(snapshot_name, list(values))
+
+
+def summary_key(snapshot_name: str) -> str:
+    """The label value of the summary: a pod in its own view lists it with its block by ``PART_LABEL``."""
+    return _digest(snapshot_name)
+
+
+def block_name(snapshot_name: str, values: Sequence[str]) -> str:
+    """``<job>-topology-block-<key>``."""
+    return f"{snapshot_name}-block-{block_key(snapshot_name, values)}"
+
+
+def part_selector(snapshot_name: str, domains: Sequence[str]) -> str:
+    """The label selector of the summary and of every block a pod of these domains could be in (one per depth:
+    which depth the leader cuts at, only the summary says)."""
+    keys = [summary_key(snapshot_name), *(block_key(snapshot_name, domains[:depth])
+                                          for depth in range(1, len(domains) + 1))]
+    return f"{PART_LABEL} in ({','.join(keys)})"
+
+
+@dataclass(frozen=True)
+class Made:
+    """A block as the leader makes it: its domain values, where it starts, its size and its text."""
+
+    values: tuple[str, ...]
+    node_rank: int
+    first_rank: int
+    count: int
+    text: str
+
+    @property
+    def digest(self) -> str:
+        return block_digest(self.text)
+
+
+def _runs(members: Sequence[Member]) -> list[list[Member]]:
+    """Consecutive members of one role, prefix and process count with consecutive last indices."""
+    runs: list[list[Member]] = []
+    for member in members:
+        last = runs[-1][-1] if runs else None
+        if last is not None and last.role == member.role and last.slots == member.slots \
+                and last.index[:-1] == member.index[:-1] and last.index[-1] + 1 == member.index[-1]:
+            runs[-1].append(member)
+        else:
+            runs.append([member])
+    return runs
+
+
+def make_blocks(topology: Topology) -> list[Made] | None:
+    """The blocks of a topology-ordered plan, in rank order; None when they cannot state it: a training member
+    without an index or its domains, more than ``MAX_BLOCKS`` domains at every level, or a block too large for a
+    ConfigMap."""
+    training, levels = topology.training, topology.levels
+    if topology.rank_order != "topology" or not training or not levels \
+            or any(m.domains is None or not m.index for m in training):
+        return None
+    depth = next((d for d in range(len(levels), 0, -1)
+                  if len({m.domains[:d] for m in training}) <= MAX_BLOCKS), 0)  # type: ignore[index]
+    if not depth:
+        return None
+    position = {role: at for at, role in enumerate(topology.training_roles)}
+    made: list[Made] = []
+    seen: collections.Counter[str] = collections.Counter()
+    start = 0
+    while start < len(training):
+        values = training[start].domains[:depth]  # type: ignore[index]
+        stop = start + 1
+        while stop < len(training) and training[stop].domains[:depth] == values:  # type: ignore[index]
+            stop += 1
+        members = training[start:stop]
+        slots = collections.Counter(m.slots for m in members).most_common(1)[0][0]
+        entries = []
+        for run in _runs(members):
+            first = run[0]
+            entry: list[Any] = [position[first.role], first.index[-1], run[-1].index[-1], first.slots,
+                                list(first.index[:-1])]
+            while len(entry) > 2 and entry[-1] == [entry[1], entry[1], slots, []][len(entry) - 2]:
+                entry.pop()  # the defaults left off, from the end
+            entries.append(entry)
+        text = json.dumps({"schema": BLOCK_SCHEMA, "values": list(values), "nodeRank": members[0].node_rank,
+                           "rank": members[0].first_rank, "seen": {r: n for r, n in sorted(seen.items())},
+                           "slots": slots, "members": entries}, separators=(",", ":"))
+        if len(text) > MAX_BLOCK:
+            return None
+        made.append(Made(tuple(values), members[0].node_rank or 0, members[0].first_rank or 0, len(members), text))
+        seen.update(m.role for m in members)
+        start = stop
+    if len({m.values for m in made}) != len(made):  # a domain in two places: not the topology order
+        return None
+    return made
+
+
+def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str, Any]:
+    """The summary's ``topology``: the levels (label, name), the order applied and why not the one asked, and
+    the blocks (topology order)."""
+    return {"levels": [[level.label, level.name] for level in topology.levels], "order": topology.rank_order,
+            "note": topology.order_note,
+            **({"blocks": [[list(b.values), b.node_rank, b.first_rank, b.count, b.digest] for b in blocks]}
+               if blocks is not None else {})}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One block as the summary lists it."""
+
+    values: tuple[str, ...]
+    node_rank: int
+    first_rank: int
+    count: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The summary's topology section, read."""
+
+    levels: tuple[Level, ...]
+    order: str
+    note: str | None
+    blocks: tuple[Entry, ...] = ()
+
+    def block_of(self, domains: Sequence[str]) -> Entry | None:
+        return next((b for b in self.blocks if tuple(domains[:len(b.values)]) == b.values), None)
+
+
+def _refuse(what: str) -> InputError:
+    return InputError(f"the published summary is not valid ({what}); this pod reads the whole topology instead")
+
+
+def _number(value: Any, what: str, *, low: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 2**31 - 1:
+        raise _refuse(f"{what} is {str(value)[:40]}")
+    return value
+
+
+def _values(value: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_LEVELS \
+            or not all(isinstance(v, str) and is_label_value(v) for v in value):
+        raise _refuse(f"{what} is not a list of label values")
+    return tuple(value)
+
+
+def read_layout(raw: Any, *, nnodes: int, processes: int) -> Layout:
+    """The summary's topology section, checked: label keys and values, and the blocks one after another from
+    node rank 0 to ``nnodes`` (their first ranks rising to ``processes``), of one depth, each domain once."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("levels"), list) or not 0 < len(raw["levels"]) <= \
+            MAX_LEVELS or raw.get("order") not in ("index", "topology"):
+        raise _refuse("topology is not {levels, order, note, blocks}")
+    levels = []
+    for level in raw["levels"]:
+        if not isinstance(level, list) or len(level) != 2 or not isinstance(level[0], str) \
+                or not is_label_key(level[0]) or not isinstance(level[1], str) or not _NAME.fullmatch(level[1]):
+            raise _refuse(f"a level is {str(level)[:60]}")
+        levels.append(Level(level[0], level[1]))
+    note = raw.get("note")
+    if note is not None and not (isinstance(note, str) and len(note) <= 1024 and note.isprintable()):
+        raise _refuse("the order's note is not a line of text")
+    if raw["order"] == "index":
+        if "blocks" in raw:
+            raise _refuse("blocks for the index order")
+        return Layout(tuple(levels), "index", note)
+    blocks_raw = raw.get("blocks")
+    if note is not None or not isinstance(blocks_raw, list) or not 0 < len(blocks_raw) <= MAX_BLOCKS:
+        raise _refuse("the topology order without its blocks")
+    blocks: list[Entry] = []
+    node_rank = first_rank = 0
+    for item in blocks_raw:
+        if not isinstance(item, list) or len(item) != 5 or not isinstance(item[4], str) or len(item[4]) != 20:
+            raise _refuse("a block is not [values, nodeRank, rank, count, digest]")
+        entry = Entry(_values(item[0], "a block's values"), _number(item[1], "a block's node rank"),
+                      _number(item[2], "a block's rank"), _number(item[3], "a block's count", low=1), item[4])
+        if entry.node_rank != node_rank or entry.first_rank < first_rank or (blocks and entry.first_rank ==
+                                                                              first_rank) \
+                or len(entry.values) != len((blocks[0] if blocks else entry).values) or len(entry.values) > len(levels):
+            raise _refuse(f"block {str(item)[:80]} does not follow the block before it")
+        blocks.append(entry)
+        node_rank, first_rank = node_rank + entry.count, entry.first_rank
+    if node_rank != nnodes or first_rank >= processes or len({b.values for b in blocks}) != len(blocks):
+        raise _refuse(f"the blocks make {node_rank} pods, not {nnodes}, or name a domain twice")
+    return Layout(tuple(levels), "topology", None, tuple(blocks))
+
+
+@dataclass(frozen=True)
+class Place:
+    """A member's numbers from its block: NODE_RANK, RANK, ordinal and process count."""
+
+    node_rank: int
+    first_rank: int
+    ordinal: int
+    slots: int
+
+
+def place_in_block(text: str, entry: Entry, next_rank: int, training_roles: Sequence[str], role: str,
+                   index: tuple[int, ...], *, ordinal: int = -1) -> Place | None:
+    """Where the member of ``role`` and ``index`` is in the block listed as ``entry`` (whose text is ``text``;
+    the next block starts at rank ``next_rank``), or None when the block does not hold it. ``InputError`` when
+    the text is not the block the summary names, or does not add up to it."""
+    if len(text) > MAX_BLOCK or block_digest(text) != entry.digest:
+        raise _refuse("its block is not the one the summary names")
+    try:
+        raw = bounded_loads(text, 6 * entry.count + 64 + len(training_roles), "a block")
+    except ValueError as err:
+        raise _refuse(f"a block is not JSON: {err}") from None
+    if not isinstance(raw, dict) or raw.get("schema") != BLOCK_SCHEMA or not isinstance(raw.get("members"), list) \
+            or not isinstance(raw.get("seen"), dict) or raw.get("values") != list(entry.values) \
+            or raw.get("nodeRank") != entry.node_rank or raw.get("rank") != entry.first_rank:
+        raise _refuse("a block is not the one its summary lists")
+    usual = _number(raw.get("slots"), "a block's slots", low=1)
+    seen = {r: _number(n, "a block's seen") for r, n in raw["seen"].items() if r in training_roles}
+    node_rank, first_rank, found = entry.node_rank, entry.first_rank, None
+    for item in raw["members"]:
+        if not isinstance(item, list) or not 2 <= len(item) <= 5:
+            raise _refuse("a block's member is not [role, first, last, slots, prefix]")
+        at, first = _number(item[0], "a block's role"), _number(item[1], "a block's index")
+        last = _number(item[2], "a block's index") if len(item) > 2 else first
+        slots = _number(item[3], "a block's slots", low=1) if len(item) > 3 else usual
+        prefix = item[4] if len(item) > 4 else []
+        if at >= len(training_roles) or last < first or not isinstance(prefix, list) or len(prefix) > 4:
+            raise _refuse(f"a block's member is {str(item)[:60]}")
+        prefix = tuple(_number(p, "a block's index") for p in prefix)
+        run_role, count = training_roles[at], last - first + 1
+        if found is None and run_role == role and index[:-1] == prefix and first <= index[-1] <= last:
+            found = Place(*ranks_in_run(node_rank=node_rank, first_rank=first_rank, slots=slots,
+                                        seen=seen.get(run_role, 0), offset=index[-1] - first, ordinal=ordinal),
+                          slots)
+        node_rank, first_rank = ranks_in_run(node_rank=node_rank, first_rank=first_rank, slots=slots, seen=0,
+                                             offset=count)[:2]
+        seen[run_role] = seen.get(run_role, 0) + count
+    if node_rank != entry.node_rank + entry.count or first_rank != next_rank:
+        raise _refuse(f"a block makes {node_rank - entry.node_rank} pods, not {entry.count}")
+    return found
