@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.model import RawPod
-from agent.core.pods.validation import check_pod
+from agent.core.pods.validation import check_pod, is_label_value
 from agent.core.publication.provenance import Writer
 from agent.errors import InputError, OutputError
 from agent.files.reading import Unreadable, read_untrusted
@@ -41,6 +41,8 @@ class Handoff:
     objects: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the job's objects by API path
     writers: set[Writer] = field(default_factory=set)  # publishers init accepted (name and uid)
     summary: dict[str, Any] | None = None  # the summary ConfigMap that placed this pod (its own view)
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # and its blocks (core/publication/blocks.py)
+    domains: list[str] | None = None  # its own Node's value per level (--topology-levels), as init read it
 
     def own_pod(self) -> RawPod | None:
         """The own pod if init read it with its IP (an init that starts before the kubelet has posted the pod's
@@ -50,6 +52,7 @@ class Handoff:
 
     def to_bytes(self) -> bytes:
         return json.dumps({"pod": self.pod, "objects": self.objects, "summary": self.summary,
+                           "blocks": self.blocks, "domains": self.domains,
                            "writers": sorted([w.name, w.uid] for w in self.writers)}, separators=(",", ":")).encode()
 
 
@@ -97,7 +100,7 @@ def _parsed(document: Any, pod_name: str) -> Handoff:
     if not isinstance(document, dict):
         raise ValueError("not a JSON object")
     pod, objects, writers = document.get("pod"), document.get("objects"), document.get("writers")
-    summary = document.get("summary")
+    summary, blocks, domains = document.get("summary"), document.get("blocks", []), document.get("domains")
     if pod is not None:
         check_pod(pod)
         if pod.get("metadata", {}).get("name") != pod_name:
@@ -113,4 +116,11 @@ def _parsed(document: Any, pod_name: str) -> Handoff:
                                     and isinstance(summary["metadata"].get("resourceVersion"), str)
                                     and summary["metadata"]["resourceVersion"]):
         raise ValueError("summary is not a ConfigMap with a name and a resourceVersion")
-    return Handoff(pod, objects, {Writer(name, uid) for name, uid in writers}, summary)
+    if not isinstance(blocks, list) or len(blocks) > 16 or not all(
+            isinstance(b, dict) and isinstance(b.get("metadata"), dict) and isinstance(b["metadata"].get("name"), str)
+            for b in blocks):
+        raise ValueError("blocks is not a list of ConfigMaps")
+    if domains is not None and not (isinstance(domains, list) and len(domains) <= 16
+                                    and all(isinstance(d, str) and is_label_value(d) for d in domains)):
+        raise ValueError("domains is not a list of label values")
+    return Handoff(pod, objects, {Writer(name, uid) for name, uid in writers}, summary, blocks, domains)

@@ -2,10 +2,10 @@
 
 Only the agent that reads the pods for the job reads Nodes: the leader's init, and in an elastic job the
 sidecars that watch the pods (the publisher, a standby taking over), each new node once. The others receive the labels
-inside the published rows. A handful of nodes costs one GET each; more cost one paged LIST of every Node's
-metadata (a 4096-pod job on 512 nodes: one or two requests, not 512). Nodes are cluster-scoped, so reading them
-needs a ClusterRole, an optional component (manifests/rbac/nodes): without it the agent says so once and
-keeps index order.
+inside the published rows, or, in their own view, read their own Node alone (``own_domains``). A handful of nodes
+costs one GET each; more cost one paged LIST of every Node's metadata (a 4096-pod job on 512 nodes: one or two
+requests, not 512). Nodes are cluster-scoped, so reading them needs a ClusterRole, an optional component
+(manifests/rbac/nodes): without it the agent says so once and keeps index order.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from urllib.parse import quote
 
 from agent.core.model import Options, RawPod
 from agent.core.pods.lost import NodeState, lost_nodes, node_state
-from agent.core.pods.placement import Level
-from agent.errors import ApiError, ApiNotFound, ApiUnavailable
+from agent.core.pods.placement import Level, node_domains
+from agent.errors import ApiError, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.core import PAGE
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load (k8s/blocking.py)
@@ -86,6 +86,24 @@ async def read_nodes(api: AsyncApi, names: list[str], options: Options, *, trans
     except ApiError as err:
         log.warning("%s", forbidden_line(err))
     return dict.fromkeys(names)
+
+
+async def own_domains(api: AsyncApi, own: RawPod, options: Options) -> tuple[str, ...] | None:
+    """This pod's Node's value per level (``--topology-levels``), for its own view: one metadata-only GET. None
+    when no levels are asked for, or the Node cannot be read or its labels are not label values (said in one
+    line: the pod then reads the whole topology)."""
+    levels = options.levels
+    node = (own.get("spec") or {}).get("nodeName") or ""
+    if levels is None or not node:
+        return None
+    labels = (await read_nodes(api, [node], options)).get(node)
+    if labels is None:
+        return None
+    try:
+        return node_domains(node, labels, levels)
+    except InputError as err:
+        log.warning("%s", err)
+        return None
 
 
 async def read_lost_nodes(api: AsyncApi, names: list[str]) -> dict[str, str] | None:

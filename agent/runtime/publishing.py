@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agent.core.model import Options, RawPod
 from agent.core.plan.layout import NodeLabels, Plan
 from agent.core.pods.pod import object_name
+from agent.core.publication.blocks import Made
 from agent.core.publication.journal import (
     JOURNAL_KEY,
     PODS_RV_KEY,
@@ -37,9 +38,10 @@ from agent.core.publication.journal import (
 )
 from agent.core.publication.provenance import Writer, WriterCheck, writer_of
 from agent.core.publication.published import SELECT_LABEL, configmap_body, select_value
-from agent.core.publication.summary import SUMMARY_KEY, summarize, summary_text
+from agent.core.publication.summary import SUMMARY_KEY, summarize_with_blocks, summary_text
 from agent.errors import ApiConflict, ApiForbidden, ApiNotFound
 from agent.k8s.retrying import retried
+from agent.runtime.block_writing import BlockWriter
 from agent.runtime.memory import release_memory
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load (k8s/blocking.py)
@@ -84,19 +86,20 @@ async def vouch(get: Callable[..., Awaitable[dict[str, Any]]], check: WriterChec
 
 
 def summary_data(publisher: Publisher, plan: Plan | None, options: Options, *, ssh: bool = False
-                 ) -> tuple[dict[str, str], str]:
+                 ) -> tuple[dict[str, str], str, list[Made]]:
     """The summary ConfigMap's data: the journal's header with no changes and, unless the job asks every pod to
-    read every member (``--view full``), the summary of a plan that can be summarized (core/publication/summary.py); and
-    what it says (``said``), which decides whether it is written again."""
+    read every member (``--view full``), the summary of a plan that can be summarized (core/publication/summary.py);
+    what it says (``said``), which decides whether it is written again; and the blocks it names (under the
+    topology order: core/publication/blocks.py), written before it."""
     seq = str(publisher.state.seq)
     data = {**publisher.journal_data(), "base": seq, JOURNAL_KEY: "[]"}
     for key in (PODS_RV_KEY, ROWS_KEY):  # where the rows stand in the pods' history: the publisher's own
         data.pop(key, None)
-    summary = summarize(plan, seq=publisher.state.seq, options=options, ssh=ssh) \
-        if plan is not None and options.view != "full" else None
+    summary, blocks = summarize_with_blocks(plan, seq=publisher.state.seq, options=options, ssh=ssh) \
+        if plan is not None and options.view != "full" else (None, [])
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)
-    return data, said(data)
+    return data, said(data), blocks
 
 
 def said(data: Any) -> str:
@@ -157,8 +160,10 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
         return False
     # The summary before the journal: a LIST that shows the journal and not the summary then means the summary
     # was deleted (views.summary_gone), never that a reader came between the two writes.
-    await _create_or_replace(api, collection, journal_body(name, summary_data(publisher, plan, options, ssh=ssh)[0],
-                                                           owner=owner, name=summary_name(name)), retry)
+    summary, _, blocks = summary_data(publisher, plan, options, ssh=ssh)
+    await BlockWriter(api, namespace, name, owner=owner).write(blocks)  # each before the summary that names it
+    await _create_or_replace(api, collection, journal_body(name, summary, owner=owner, name=summary_name(name)),
+                             retry)
     await _create_or_replace(api, collection, journal_body(name, publisher.journal_data(), owner=owner), retry)
     log.info("published the topology as configmap %s (%d bytes compressed, sequence %d) and its journal", name,
              len(data), seq)
@@ -212,6 +217,7 @@ class JournalWriter:
         self.said = ""  # what the published summary says (``said``): read back, then what this leader wrote
         self.summary: dict[str, str] | None = None  # the summary's data as last made in this leadership
         self.writing = asyncio.Lock()  # ``publish`` and ``tend`` write one at a time
+        self.blocks = BlockWriter(api, namespace, name, owner=owner)  # the topology order's, and the last made
 
     @property
     def collection(self) -> str:
@@ -269,7 +275,7 @@ class JournalWriter:
         if entry is None and publisher.standby == standby and not self.rewrite_snapshot and self.summary is not None:
             return True  # no row changed, so neither did the plan the summary is made of
         publisher.standby = standby
-        self.summary, saying = summary_data(publisher, plan, self.options, ssh=self.ssh)
+        self.summary, saying, self.blocks.made = summary_data(publisher, plan, self.options, ssh=self.ssh)
         if entry is None and saying == self.said and not self.rewrite_snapshot:
             return True
         async with self.writing:
@@ -283,6 +289,7 @@ class JournalWriter:
             await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
                                                                     owner=self.owner))
             if saying != self.said:  # only when it says something new: every pod in its own view receives it
+                await self.blocks.write(self.blocks.made)
                 await self._write(summary_name(self.name), journal_body(self.name, summary, owner=self.owner,
                                                                         name=summary_name(self.name)))
                 self.said = saying
@@ -322,6 +329,7 @@ class JournalWriter:
         async with self.writing:
             if self.publisher is not publisher or self.summary is None:  # read back again meanwhile
                 return
+            await self.blocks.tend()
             for name in gone:
                 if name == self.name:
                     await self._write_snapshot(publisher, self._create)

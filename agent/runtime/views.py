@@ -23,6 +23,7 @@ from agent.core.plan.layout import Plan
 from agent.core.pods.lost import node_state, why_node_lost
 from agent.core.pods.pod import object_name, pod_ip, pod_name, slim_pod
 from agent.core.pods.validation import split_pods
+from agent.core.publication.blocks import BLOCK_KEY, block_digest, part_selector
 from agent.core.publication.journal import (
     JOURNAL_KEY,
     Journal,
@@ -358,16 +359,30 @@ def summary_gone(items: list[Any], configmap: str) -> str | None:
             f"(--lease-seconds, 15 s by default): if it does not, see the log of the leader pod's sidecar")
 
 
+def light_selectors(configmap: str, domains: Sequence[str] | None) -> tuple[str, str]:
+    """(label selector, field selector) of what a pod in its own view lists and watches: the summary by name, or
+    with Node labels (``domains``: its own Node's values) the summary and its blocks by their keys
+    (core/publication/blocks.py)."""
+    if domains is None:
+        return "", f"metadata.name={summary_name(configmap)}"
+    return part_selector(configmap, domains), ""
+
+
 class SummaryView:
     """A large job's pod in its own view (core/publication/summary.py): its plan from the summary ConfigMap, the one
-    object it reads (a few KiB, not the snapshot, and not the journal's every change). ``unsummarized`` says why this
-    pod must read the whole topology instead: the summary cannot serve it, or its files name every member
-    (core/publication/view_choice.py, asked again at each summary: a pod that becomes node rank 0 may become the SSH
-    launcher). A summary that does not place this pod (not a member in the leader's view yet) leaves the plan as
-    it was."""
+    object it reads (a few KiB, not the snapshot, and not the journal's every change), and with Node labels its own
+    Node's ``domains`` and, under the topology order, its block (core/publication/blocks.py), listed with the summary
+    by label. ``unsummarized`` says why this pod must read the whole topology instead: the summary cannot serve it,
+    or its files name every member (core/publication/view_choice.py, asked again at each summary: a pod that becomes
+    node rank 0 may become the SSH launcher). A summary that does not place this pod (not a member in the leader's
+    view yet, or its block not here yet) leaves the plan as it was."""
 
-    def __init__(self, name: str, own: RawPod, options: Options, *, ssh: bool = False) -> None:
+    def __init__(self, name: str, own: RawPod, options: Options, *, ssh: bool = False,
+                 domains: tuple[str, ...] | None = None) -> None:
         self.configmap, self.name, self.own, self.options, self.ssh = name, summary_name(name), own, options, ssh
+        self.domains = domains
+        self.blocks: dict[str, tuple[str, dict[str, Any]]] = {}  # block name -> (digest, ConfigMap) as listed
+        self.last: dict[str, Any] | None = None  # the summary ConfigMap as last read
         self.plan: Plan | None = None
         self.journal: Journal | None = None
         self.unsummarized: str | None = None
@@ -377,16 +392,39 @@ class SummaryView:
 
     def replace(self, items: list[Any]) -> None:
         self.gone = summary_gone(items, self.configmap)
+        self.blocks = {}
+        for item in items:
+            self._hold(item)
         for item in items:
             if object_name(item) == self.name:
                 self._take(item)
 
     def apply(self, event: WatchEvent) -> None:
-        if event.type in ("ADDED", "MODIFIED"):
+        if event.type not in ("ADDED", "MODIFIED"):
+            return
+        if object_name(event.object) == self.name:
             self._take(event.object)
+        elif self._hold(event.object) and self.last is not None:
+            self._take(self.last)
+
+    def _hold(self, configmap: dict[str, Any]) -> bool:
+        """A block of this pod's domains kept by the digest of its text; whether it was one."""
+        name = object_name(configmap)
+        if not name.startswith(f"{self.configmap}-block-"):
+            return False
+        text = (configmap.get("data") or {}).get(BLOCK_KEY)
+        if isinstance(text, str):
+            self.blocks[name] = (block_digest(text), configmap)
+        return True
+
+    @property
+    def held_blocks(self) -> list[dict[str, Any]]:
+        """The blocks held, as listed (the sidecar starts from init's)."""
+        return [configmap for _, configmap in self.blocks.values()]
 
     def _take(self, configmap: dict[str, Any]) -> None:
         self.changed = False
+        self.last = configmap
         data = configmap.get("data")
         if not isinstance(data, dict) or JOURNAL_KEY not in data:
             return  # nothing published yet
@@ -398,7 +436,8 @@ class SummaryView:
         try:
             summary = read_summary(text if isinstance(text, str) else "(not a string)")
             assert summary is not None
-            plan = light_plan(summary, self.own, self.options, ssh=self.ssh)
+            plan = light_plan(summary, self.own, self.options, ssh=self.ssh, domains=self.domains,
+                              blocks={digest: held["data"][BLOCK_KEY] for digest, held in self.blocks.values()})
         except InputError as err:
             self.unsummarized = str(err)
             return

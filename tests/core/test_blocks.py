@@ -197,8 +197,8 @@ def test_too_many_domains_at_every_level_make_no_summary(monkeypatch):
     monkeypatch.setattr(blocks_module, "MAX_BLOCKS", 1)
     pods, nodes = _job()
     assert summarize(build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1) is None
-    own, why = own_view(build_plan(pods, "demo-worker-3", TOPOLOGY, nodes=nodes), TOPOLOGY, ssh=False,
-                        published=True)
+    own, why = own_view(build_plan(pods, "demo-worker-3", TOPOLOGY, nodes=nodes),
+                        dataclasses.replace(TOPOLOGY, view="own"), ssh=False, published=True)
     assert own is None and "domains" in why
 
 

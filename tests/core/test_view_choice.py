@@ -41,8 +41,12 @@ ROWS: list[tuple[str, Any, str, dict[str, Any], bool, bool, str | None]] = [
     # its own domains from its own Node, its place from its block of the rank order (core/publication/blocks.py)
     ("--view own with --topology-levels", examples.volcano_job, "demo-worker-1",
      {"view": "own", "levels": DEFAULT_LEVELS}, False, True, OWN),
-    ("--rank-order topology", examples.volcano_job, "demo-worker-1",
+    ("--rank-order topology, a small job: every member, as always", examples.volcano_job, "demo-worker-1",
+     {"rank_order": "topology", "levels": DEFAULT_LEVELS}, False, True, "ranks by Node labels"),
+    ("large job: --rank-order topology", lambda: _ds_job(299), "demo-worker-1",
      {"rank_order": "topology", "levels": DEFAULT_LEVELS}, False, True, OWN),
+    ("large job: --topology-levels", lambda: _ds_job(299), "demo-worker-1", {"levels": DEFAULT_LEVELS}, False,
+     True, OWN),
     ("PyTorchJob: the master", examples.pytorchjob, "mnist-master-0", {}, False, True, OWN),
     ("PyTorchJob: the master with SSH", examples.pytorchjob, "mnist-master-0", {}, True, True, LAUNCHES),
     ("MPIJob: the launcher", examples.mpijob, "allreduce-launcher", {}, True, True, "role 'launcher'"),

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 from agent import examples
+from agent.core import Options, render_pod
+from agent.core.pods.placement import Level
 from tests.fakeapi import agent_name
 from tests.jobs import configmap, create_volcano_job
 from tests.runtime.test_sidecar import follower_watching, init, start_sidecar
@@ -111,3 +113,66 @@ async def test_a_join_lands_in_its_racks_block_for_the_follower_and_only_the_pub
     assert follower_stats["requests"] == 0  # the node's labels came in the journal entry
     leader = stats[agent_name("sidecar", "demo-master-0")]
     assert leader["requests"] >= 2  # GET node-new and the journal write (Lease renewals come on top)
+
+
+async def test_with_view_own_a_topology_ordered_follower_reads_its_node_the_summary_and_its_block(
+        memory, api, logs, sidecars, tmp_path):
+    """The leader publishes the order as a summary and one block per rack (core/publication/blocks.py); a follower
+    reads its own Node (metadata only), then the summary and its rack's block by label, never the pods or the
+    snapshot, and writes the variables its full view writes. Its sidecar follows the pair from init's reads: a
+    worker joining its rack moves it, and its files follow."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 11)))
+    for node in examples.racks(pods, 3):
+        memory.create_node(node)
+    for pod in pods:
+        memory.update_pod("default", pod["metadata"]["name"],
+                          lambda p, n=pod["spec"]["nodeName"]: p["spec"].update(nodeName=n))
+    names = [p["metadata"]["name"] for p in pods]
+    own = (*ARGS, "--view", "own", "--address", "ip")
+    errors = {}
+    for name in names:  # the leader first, so each follower finds its publication
+        errors[name] = (await init(api, logs, name, tmp_path / name, *own)).err
+    blocks = [c for c in memory.sandbox.store.list("/v1/configmaps", "default")
+              if c["metadata"]["name"].startswith("demo-topology-block-")]
+    assert len(blocks) == 3  # one per rack
+    listed = memory.sandbox.store.list("/v1/pods", "default")
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in memory.sandbox.store.list("/v1/nodes", "")}
+    def labels_of(name: str) -> str:
+        return next(p["spec"]["nodeName"] for p in listed if p["metadata"]["name"] == name)
+
+    full = Options(address="ip", levels=(Level(examples.ZONE, "ZONE"), Level(examples.RACK, "RACK")),
+                   rank_order="topology")
+    for name in names[1:]:
+        doc = json.loads((tmp_path / name / "topology.json").read_text())
+        assert doc["view"] == "own" and "reading the whole topology" not in errors[name], errors[name]
+        want = render_pod(listed, name, full, nodes=labels)
+        env = {v.name: v.value for v in want.variables if v.written and not v.name.startswith("VC_WORKER_HOSTS")}
+        assert {k: doc["env"].get(k) for k in env} == env, name
+        calls = [r for who, r in list(api.requests) if who == agent_name("init", name)]
+        assert not any(r.path.endswith("/pods") or "/configmaps/" in r.path for r in calls), name  # no LIST, no GET
+        assert [r.path for r in calls if "/nodes" in r.path] == [f"/api/v1/nodes/{labels_of(name)}"], name
+        lists = [dict(r.query).get("labelSelector", "") for r in calls if r.verb == "list"]
+        assert lists and all(s.startswith("topology-agent.io/part in (") for s in lists), name
+    watching = (*ARGS[:4], "--view", "own")
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", *watching)
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-10", *watching)
+    await logs.until("demo-worker-10", "(follower)")
+    await follower_watching(api, "demo-worker-10")
+    out = tmp_path / "demo-worker-10"
+    before = json.loads((out / "topology.json").read_text())["env"]
+    memory.create_node(examples.node("node-new", {examples.ZONE: "zone-a", examples.RACK: "rack-b"}))
+    pod = examples.volcano_job("demo", (("master", 1), ("worker", 12)))[-1]  # demo-worker-11, in rack-b
+    pod["spec"]["nodeName"] = "node-new"
+    pod["status"].update(podIP="127.1.0.99", podIPs=[{"ip": "127.1.0.99"}])
+    memory.create_pod(pod)
+    def placed() -> bool:  # the leader orders once it has read the new Node (index order meanwhile, as every pod)
+        env = json.loads((out / "topology.json").read_text())["env"]
+        return env["NNODES"] == "13" and env["TOPOLOGY_RANK_ORDER"] == "topology"
+    await follower.until(placed, what="the follower sees the new worker in its place")
+    after = json.loads((out / "topology.json").read_text())["env"]
+    listed = memory.sandbox.store.list("/v1/pods", "default")
+    labels["node-new"] = {examples.ZONE: "zone-a", examples.RACK: "rack-b"}
+    want = render_pod(listed, "demo-worker-10", full, nodes=labels)
+    assert after["NODE_RANK"] == next(v.value for v in want.variables if v.name == "NODE_RANK") \
+        and after["NODE_RANK"] != before["NODE_RANK"]  # rack-b's new member comes before rack-c's
+    assert "reading the whole topology" not in logs.text("demo-worker-10")

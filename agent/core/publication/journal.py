@@ -30,6 +30,7 @@ from typing import Any
 from agent.core.model import Options, RawPod
 from agent.core.pods.pod import object_name
 from agent.core.pods.validation import check_pod
+from agent.core.publication.blocks import PART_LABEL, summary_key
 from agent.core.publication.published import (
     SCHEMA,
     SELECT_LABEL,
@@ -463,7 +464,7 @@ class Publisher:
 def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, Any] | None,
                  resource_version: str = "", name: str = "") -> dict[str, Any]:
     """The journal ConfigMap, or with ``name`` the summary's (labelled like the snapshot, so one LIST by label
-    reads them all)."""
+    reads them all; the summary also by its key, which a pod lists with its block: core/publication/blocks.py)."""
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": name or journal_name(snapshot_name),
@@ -471,6 +472,8 @@ def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, A
                                 SELECT_LABEL: select_value(snapshot_name)}},
         "data": data,
     }
+    if name and name == summary_name(snapshot_name):
+        body["metadata"]["labels"][PART_LABEL] = summary_key(snapshot_name)
     if owner:
         body["metadata"]["ownerReferences"] = [{**owner, "controller": False}]
     if resource_version:

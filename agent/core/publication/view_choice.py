@@ -33,15 +33,21 @@ from agent.core.files.frameworks import LAUNCHER_ROLE, new_context, selected
 from agent.core.model import Options, Topology
 from agent.core.plan.layout import Plan
 
+LARGE_JOB = 256  # training pods from which a job publishes by its size (runtime/init's PUBLISH_THRESHOLD)
 SMALL_JOB = "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
 C10D_VIEW = "ranks by address (torchrun's c10d rendezvous) make no summary: every member is written"
 
 
-def why_full_view(options: Options) -> str | None:
-    """Why this pod writes every member, known from its options alone, before anything is read (None: it may read
-    the summary; ``choose_view`` decides once its own place is known)."""
+def why_full_view(options: Options, *, large: bool = False) -> str | None:
+    """Why this pod writes every member, known from its options and the job's size alone, before anything is read
+    (None: it may read the summary; ``choose_view`` decides once its own place is known). ``large``: the job
+    publishes by its size (``LARGE_JOB`` training pods); a smaller one publishes only to read the Nodes once, and
+    its pods write every member, as they always did."""
     if options.view == "full":
         return "--view full"
+    if options.levels is not None and not large and options.view != "own":
+        return "ranks by Node labels (--topology-levels, --rank-order topology) in a job under " \
+               f"{LARGE_JOB} training pods: every member is written"
     if options.replica_groups is not None:
         return "replica groups (--replica-groups) are read from every member's labels"
     return None
@@ -109,7 +115,7 @@ def choose_view(plan: Plan, options: Options, *, ssh: bool, published: bool) -> 
     """Why this pod writes every member (None: it writes its own view). ``published``: the job publishes its
     topology (from 256 training pods); ``ssh``: the pod has the job's SSH material. ``--view own`` gives the own view
     wherever a summary can say the ranks (a framework that needs every member is then written without values)."""
-    why = why_full_view(options)
+    why = why_full_view(options, large=published and plan.topology.nnodes >= LARGE_JOB)
     if why is None and plan.topology.rank_order == "c10d":
         return C10D_VIEW  # runs of consecutive indices, which a summary states, are not runs of ranks
     if why is not None or options.view == "own":

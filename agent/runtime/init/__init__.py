@@ -88,6 +88,7 @@ class Source:
     training: bool = False  # a training pod of a job that publishes: it may lead (core/publication/leading.py)
     rank_zero: bool = False  # the pod of rank 0 by the job's objects: it leads where Leases cannot be read
     guard: bool = False  # it guards the leading init while it waits (core/publication/leading.is_guard)
+    large: bool = False  # the job publishes by its size (view_choice.why_full_view)
 
 
 def choose_source(settings: InitSettings, expected: Expectation) -> str:
@@ -119,7 +120,7 @@ def decide(me: RawPod, settings: InitSettings, expected: Expectation, objects: t
     training = kind == "published" and identity.role in (expected.per_role or {})
     return Source(controller, identity, controller.selector(me, options), kind, configmap_name(identity.job),
                   training=training, rank_zero=training and is_rank_zero(identity, zero),
-                  guard=training and is_guard(identity, zero))
+                  guard=training and is_guard(identity, zero), large=expected.total >= PUBLISH_THRESHOLD)
 
 
 @dataclass(repr=False)

@@ -197,6 +197,7 @@ async def from_pods(init: Init, me: RawPod, source: Source, expected: Expectatio
             pods_rv="" if gang.refused else gang.rv, ssh=init.ssh is not None):
         await give_way(init, me, source)
     own, why = own_view(plan, s.options, ssh=init.ssh is not None, published=source.kind == "published")
-    if why and not (init.part.followed and why == why_full_view(s.options)):  # a follower said that one already
+    said = init.part.followed and why == why_full_view(s.options, large=source.large)  # a follower said it already
+    if why and not said:
         log.log(*full_view_line(s.options.view, why, HOLDING))
     return render_plan(own or plan, s.options, generation=init.rerun.generation, files_dir=str(s.out_dir.absolute()))

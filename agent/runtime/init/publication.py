@@ -22,8 +22,16 @@ from agent.k8s.blocking import Blocking
 from agent.k8s.core import WatchEvent
 from agent.k8s.reflector import AsyncOps, Reflector, aclose
 from agent.runtime.leading import InitLease
+from agent.runtime.nodes import own_domains
 from agent.runtime.publishing import existing_copy, vouch
-from agent.runtime.views import READING, PublicationView, SummaryView, full_view_line, journal_if_summary_gone
+from agent.runtime.views import (
+    READING,
+    PublicationView,
+    SummaryView,
+    full_view_line,
+    journal_if_summary_gone,
+    light_selectors,
+)
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load
     from agent.k8s.async_client import AsyncApi
@@ -127,7 +135,7 @@ async def follow(init: Init, me: RawPod, source: Source) -> Rendered | None:
         import agent.ssh.material  # noqa: F401  (~30 ms on the start-up path of every pod of an SSH job)
     check = writer_check(init, me, source)
     init.reads.writers = check.accepted  # the writers vouched for: the sidecar need not read them again
-    why_full = why_full_view(s.options)
+    why_full = why_full_view(s.options, large=source.large)
     files_dir = str(s.out_dir.absolute())
     if why_full is not None and s.options.view != "full":
         log.log(*full_view_line(s.options.view, why_full, READING))
@@ -186,15 +194,17 @@ async def _summary(init: Init, me: RawPod, source: Source, check: WriterCheck) -
     listed and watched, by name (a few KiB, not the snapshot); when it is not there, the journal's metadata
     says whether it was deleted."""
     s = init.settings
-    view = SummaryView(source.configmap, me, s.options, ssh=init.ssh is not None)
+    domains = await own_domains(init.api, me, s.options)  # its Node's labels: its block of the order (blocks.py)
+    view = SummaryView(source.configmap, me, s.options, ssh=init.ssh is not None, domains=domains)
+    label, field = light_selectors(source.configmap, domains)
     gate = _gate(init, check, source.configmap)
     journal = view.name
     log.info("waiting for %s to publish its summary in configmap %s (--view %s)", _publisher(init), journal,
              s.options.view)
     init.events.stand(_publication_wait(init, journal))
     reflector = await init.calls.reflect(
-        f"configmap {journal}", _vouched_ops(init, gate, field=f"metadata.name={journal}",
-                                             summary_of=source.configmap), view,
+        f"configmap {journal}", _vouched_ops(init, gate, label=label, field=field, summary_of=source.configmap),
+        view,
         lambda: init.part.leading or gate.refused is not None or view.unsummarized is not None or
         view.plan is not None or view.gone is not None)
     init.events.stand(None)
@@ -212,6 +222,7 @@ async def _summary(init: Init, me: RawPod, source: Source, check: WriterCheck) -
         log.log(*full_view_line(s.options.view, view.unsummarized or "", READING))
     else:
         init.reads.summary = view.placing  # its sidecar watches it from here, without a LIST of its own
+        init.reads.blocks, init.reads.domains = view.held_blocks, list(domains) if domains is not None else None
     return view.plan
 
 

@@ -37,7 +37,15 @@ from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.runtime.memory import freeze, release_memory
 from agent.runtime.publishing import lease_path, vouch
 from agent.runtime.tasks import race
-from agent.runtime.views import READING, NodeView, PodView, PublicationView, SummaryView, full_view_line
+from agent.runtime.views import (
+    READING,
+    NodeView,
+    PodView,
+    PublicationView,
+    SummaryView,
+    full_view_line,
+    light_selectors,
+)
 
 log = logging.getLogger("topology_agent.sidecar")
 Seed = tuple[dict[str, Any], str]  # the publisher's own published pods (compact) and their pods resourceVersion
@@ -225,8 +233,8 @@ class JournalFollower:
             if self.first_list is not None:
                 (items, rv), self.first_list = self.first_list, None
             elif self.light:
-                items, rv = await self.api.list_objects(self.collection,
-                                                        field_selector=f"metadata.name={self.watched_name()}")
+                label, field = light_selectors(self.configmap, self.summary.domains)
+                items, rv = await self.api.list_objects(self.collection, label_selector=label, field_selector=field)
             else:
                 items, rv = await self.api.list_objects(self.collection, label_selector=selector)
             if not await self._vouched(items):
@@ -236,8 +244,10 @@ class JournalFollower:
         async def watched(rv: str, timeout: float, idle: float) -> AsyncIterator[WatchEvent]:
             """The journal's (or the summary's) events, each new writer (a standby that took over) read once before
             its first event is used: a GET, where a relist would read the whole snapshot again in every follower."""
-            events = self.api.watch_objects(self.collection, rv, timeout=timeout,
-                                            field_selector=f"metadata.name={self.watched_name()}", idle=idle)
+            label, field = light_selectors(self.configmap, self.summary.domains) if self.light else \
+                ("", f"metadata.name={self.watched_name()}")
+            events = self.api.watch_objects(self.collection, rv, timeout=timeout, label_selector=label,
+                                            field_selector=field, idle=idle)
             try:
                 async for event in events:
                     if event.type in ("ADDED", "MODIFIED") and not await self._vouched([event.object]):

@@ -28,11 +28,18 @@ from agent.errors import ApiError, ApiForbidden, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.retrying import retried
 from agent.runtime.election import Elector
-from agent.runtime.nodes import NodeMap
+from agent.runtime.nodes import NodeMap, own_domains
 from agent.runtime.publishing import JournalWriter, ReadBack, vouch
 from agent.runtime.sidecar.following import JournalFollower, Mode, Seed
 from agent.runtime.tasks import race
-from agent.runtime.views import READING, PodView, full_view_line, journal_if_summary_gone, summary_gone
+from agent.runtime.views import (
+    READING,
+    PodView,
+    full_view_line,
+    journal_if_summary_gone,
+    light_selectors,
+    summary_gone,
+)
 
 log = logging.getLogger("topology_agent.sidecar")
 
@@ -64,25 +71,33 @@ class Publication:
     @classmethod
     async def find(cls, api: AsyncApi, job: Job, check: WriterCheck, view: PodView, *, options: Any, ssh: bool,
                    lease_seconds: int, make_follower: Callable[[], JournalFollower],
-                   summary: dict[str, Any] | None = None) -> tuple[Publication | None, Mode]:
+                   summary: dict[str, Any] | None = None, blocks: list[dict[str, Any]] | None = None,
+                   domains: list[str] | None = None) -> tuple[Publication | None, Mode]:
         """Look for a publication (the API being away at start is waited out: it decides the mode for the pod's
         life; no RBAC for ConfigMaps means the pods). None and PODS when there is none to follow. ``summary``:
-        the summary that placed this pod in its init (runtime/handoff.py), followed from there without a LIST."""
-        why_full = why_full_view(options)
+        the summary that placed this pod in its init (runtime/handoff.py), followed from there without a LIST, with
+        its ``blocks`` and its own Node's ``domains`` (--topology-levels: core/publication/blocks.py)."""
+        # a large job's pod in its own view was handed its summary by its init (a small one's is not)
+        why_full = why_full_view(options, large=summary is not None)
         light = why_full is None
         if why_full is not None and options.view != "full":
             log.log(*full_view_line(options.view, why_full, READING))
         # its own view reads the summary alone, never the snapshot or the journal (unless the summary was deleted)
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
-        handed = _handed(summary, job) if light else None
+        handed = _handed(summary, job, blocks or []) if light else None
+        own: tuple[str, ...] | None = None
+        if light and options.levels is not None:  # its own Node's labels: init's, else one GET of its own
+            own = tuple(domains) if domains is not None and handed is not None else \
+                await own_domains(api, view.me or {}, options)
         if handed is not None:
             publication = cls(api, job, make_follower(), _elector(api, job, lease_seconds, named_leader=False))
             publication.ssh = ssh
             publication.follower.light = True
+            publication.follower.summary.domains = own
             publication.follower.first_list = handed
             return publication, Mode.FOLLOWER
         try:
-            items, rv, light = await _looked(api, collection, job.configmap, light)
+            items, rv, light = await _looked(api, collection, job.configmap, light, own)
         except ApiForbidden as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return None, Mode.PODS
@@ -114,6 +129,7 @@ class Publication:
         if leader or (standby and why is not None):
             return publication, Mode.CANDIDATE
         publication.follower.light = light
+        publication.follower.summary.domains = own
         publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
         return publication, Mode.STANDBY if standby else Mode.FOLLOWER
 
@@ -195,7 +211,7 @@ def _elector(api: AsyncApi, job: Job, lease_seconds: int, *, named_leader: bool)
                    named_leader=named_leader, uid=job.uid)
 
 
-def _handed(summary: dict[str, Any] | None, job: Job) -> tuple[list[Any], str] | None:
+def _handed(summary: dict[str, Any] | None, job: Job, blocks: list[dict[str, Any]]) -> tuple[list[Any], str] | None:
     """Init's summary as a first LIST, when it is this job's and names this pod neither the publisher nor a
     standby: those list the publication themselves (the file is the trainer's to write too, and must never make a
     pod contend for the Lease). A summary that changed since comes with the watch from its resourceVersion."""
@@ -207,29 +223,32 @@ def _handed(summary: dict[str, Any] | None, job: Job) -> tuple[list[Any], str] |
         return None
     if journal is None or journal.leader == job.pod or job.pod in journal.standby:
         return None
-    return [summary], summary["metadata"]["resourceVersion"]
+    return [summary, *blocks], summary["metadata"]["resourceVersion"]
 
 
-async def _looked(api: AsyncApi, collection: str, configmap: str,
-                  light: bool) -> tuple[list[Any], str, bool]:
-    """The publication's objects as listed, and whether they are its summary alone (``light``): a summary that is
-    gone while its journal is published is followed by the whole topology, as when it cannot serve this pod."""
-    items, rv = await _listed(api, collection, configmap, light)
+async def _looked(api: AsyncApi, collection: str, configmap: str, light: bool,
+                  domains: tuple[str, ...] | None) -> tuple[list[Any], str, bool]:
+    """The publication's objects as listed, and whether they are its summary alone (``light``, with its blocks for
+    a pod of ``domains``): a summary that is gone while its journal is published is followed by the whole
+    topology, as when it cannot serve this pod."""
+    items, rv = await _listed(api, collection, configmap, light, domains)
     looked = await retried(lambda: journal_if_summary_gone(api, collection, configmap, items),
                            what="look for a published topology") if light else []
     gone = summary_gone(looked, configmap) if light else None
     if looked and gone is None:  # published between the two LISTs: the summary is there now
-        items, rv = await _listed(api, collection, configmap, light)
+        items, rv = await _listed(api, collection, configmap, light, domains)
     if gone is not None:
         log.warning("%s", gone)
         light = False
-        items, rv = await _listed(api, collection, configmap, light)
+        items, rv = await _listed(api, collection, configmap, light, domains)
     return items, rv, light
 
 
-async def _listed(api: AsyncApi, collection: str, configmap: str, light: bool) -> tuple[list[Any], str]:
-    """The summary by name (its own view), or the snapshot, journal and summary by their label."""
-    label, field = ("", f"metadata.name={summary_name(configmap)}") if light else \
+async def _listed(api: AsyncApi, collection: str, configmap: str, light: bool,
+                  domains: tuple[str, ...] | None) -> tuple[list[Any], str]:
+    """The summary (with its blocks: ``light_selectors``) in its own view, or the snapshot, journal and summary
+    by their label."""
+    label, field = light_selectors(configmap, domains) if light else \
         (f"{SELECT_LABEL}={select_value(configmap)}", "")
     return await retried(lambda: api.list_objects(collection, label_selector=label, field_selector=field),
                          what="look for a published topology")
