@@ -39,6 +39,11 @@ managedFields), bound to its own node and Pending without an IP. Then:
 
     python bench/published_bench.py --pods 16384 --runs 3 --changes 100 --gap 0.1 --spread 20 --takeover crash
 
+``--topology-nodes Z,B,R`` gives every pod's node a Node as the kubelet keeps it (bench/kubelet.real_node, ~12 KB),
+in one of Z zones x B blocks x R sub-blocks (the default levels' zone, GCE block and sub-block labels), each node
+placed at random (a spreading scheduler): with ``--agent-arg=--rank-order --agent-arg=topology`` the job is ranked
+by those domains.
+
 Every process runs with the agent's defaults, peers named by DNS (``--address dns``) among them; until baa581d
 this benchmark gave every process ``--address ip``: ``--agent-arg=--address --agent-arg=ip`` runs it so again.
 """
@@ -111,10 +116,8 @@ class Job:
     owner_uid: str = ""
     leader: str = ""  # the publisher, as the journal names it once the job has started (data.leader)
     standbys: tuple[str, ...] = ()  # the journal's data.standby
-
-    @property
-    def first_ranks(self) -> tuple[str, str, str]:
-        return "demo-master-0", "demo-worker-0", "demo-worker-1"  # node ranks 0-2: the standbys are among them
+    # node ranks 0-2: the standbys are among them (under the topology order, rank 0's domain's first pods)
+    first_ranks: tuple[str, ...] = ("demo-master-0", "demo-worker-0", "demo-worker-1")
 
     @property
     def full_pod(self) -> str:
@@ -127,6 +130,30 @@ class Job:
 
     def flags(self, pod: str) -> list[str]:
         return [*self.args, *(self.full_args if pod == self.full_pod else [])]
+
+
+def node_domains(n: int, shape: str, seed: int) -> list[tuple[str, str, str]]:
+    """Each pod's node's (zone, block, sub-block), at random among ``shape`` (``Z,B,R``)."""
+    zones, blocks, racks = (int(k) for k in shape.split(","))
+    rnd = random.Random(seed)
+    return [(f"zone-{z}", f"block-{z}-{b}", f"sub-{z}-{b}-{r}") for z, b, r in
+            ((rnd.randrange(zones), rnd.randrange(blocks), rnd.randrange(racks)) for _ in range(n + 1))]
+
+
+def build_nodes(sandbox: SandboxThread, job: Job, shape: str, seed: int) -> None:
+    """A Node per pod (``node-<i>``, and ``node-back`` for the worker that comes back), labelled with its domains;
+    the first node ranks follow (the topology order, rank.topology_order)."""
+    from agent.core.plan.rank import topology_order
+
+    domains = node_domains(job.n, shape, seed)
+    for i, (zone, block, sub) in enumerate(domains):
+        node = kubelet.real_node(f"node-{i}" if i < job.n else "node-back")
+        node["metadata"]["labels"].update({"topology.kubernetes.io/zone": zone,
+                                           "cloud.google.com/gce-topology-block": block,
+                                           "cloud.google.com/gce-topology-subblock": sub})
+        sandbox.create_node(node)
+    order = topology_order([(*d, f"node-{i}") for i, d in enumerate(domains[:job.n])])
+    job.first_ranks = tuple(job.names[k] for k in order[:3])
 
 
 def build_job(sandbox: SandboxThread, job: Job) -> None:
@@ -456,6 +483,8 @@ def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
         job = Job(args.pods, [*(["--view", args.view] if args.view else []), *args.agent_arg,
                               *(ssh_secret(tmp / "ssh-secret") if args.ssh else [])], ["--view", "full"])
         build_job(sandbox, job)
+        if args.topology_nodes:
+            build_nodes(sandbox, job, args.topology_nodes, args.seed + run)
         # The harness holds the whole job (~60 KB of objects per pod, and a copy per event in the sandbox's log):
         # its collector walking that at every full pass made the sandbox fall seconds behind the IPs it was told.
         gc.collect()
@@ -569,6 +598,8 @@ def main() -> None:
     parser.add_argument("--view", choices=["full", "own", "auto"], help="given to every process (default: none, "
                         "the agent's default)")
     parser.add_argument("--agent-arg", action="append", default=[], help="one more argument for every process")
+    parser.add_argument("--topology-nodes", metavar="Z,B,R", help="a Node per pod in Z zones x B blocks x R "
+                        "sub-blocks, placed at random (see the module's docstring)")
     parser.add_argument("--ssh", action="store_true", help="a DeepSpeed/MPI job: every process gets the job's SSH "
                         "Secret (--ssh-secret-dir), as a pod that mounts it")
     parser.add_argument("--history", type=int, default=20_000, help="the sandbox's event log (each event holds "

@@ -224,14 +224,17 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
 
 
 @pytest.mark.parametrize("mutate, complaint", [
-    (lambda t: t["blocks"][1].__setitem__(1, 99), "does not follow"),
-    (lambda t: t["blocks"].append(t["blocks"][0]), "does not follow"),
-    (lambda t: t["blocks"][0].__setitem__(0, ["$(reboot)"]), "label values"),
-    (lambda t: t["levels"][0].__setitem__(0, "not a key!"), "a level is"),
+    (lambda t: t["blocks"][1].__setitem__(slice(1, 3), [1, 1]), "the blocks make"),  # too few pods
+    (lambda t: t["blocks"].append(t["blocks"][0]), "the blocks make"),
+    (lambda t: t["blocks"][0].__setitem__(0, [0, "$(reboot)"]), "label values"),
+    (lambda t: t["blocks"][1].__setitem__(0, [4, "r1"]), "label values"),  # shares more than there is
+    (lambda t: t["blocks"][1].__setitem__(0, [1, "r1"]), "depth"),
+    (lambda t: t["levels"].__setitem__(0, "not a key!"), "a level is"),
     (lambda t: t.update(order="random"), "not {levels"),
     (lambda t: t.pop("blocks"), "without its blocks"),
-    (lambda t: t["blocks"][0].__setitem__(3, 0), "count is 0"),
-], ids=["gap", "twice", "value", "level", "order", "no-blocks", "empty"])
+    (lambda t: t["blocks"][0].__setitem__(1, 0), "count is 0"),
+    (lambda t: t["blocks"][0].__setitem__(2, 1), "processes is 1"),
+], ids=["gap", "twice", "value", "shared", "depth", "level", "order", "no-blocks", "empty", "processes"])
 def test_a_topology_section_that_does_not_add_up_is_refused_in_one_line(mutate, complaint):
     raw, _, _, _ = _pair()
     mutate(raw["topology"])
@@ -250,8 +253,8 @@ def test_a_block_that_does_not_add_up_is_refused_in_one_line(monkeypatch):
     text = json.dumps(block, separators=(",", ":"))
     digest = block_digest(text)
     for item in raw["topology"]["blocks"]:
-        if tuple(item[0]) == entry.values:
-            item[4] = digest
+        if item[3] == entry.digest:
+            item[3] = digest
     summary = read_summary(summary_text(raw))
     with pytest.raises(InputError, match="a block makes") as err:
         light_plan(summary, me, TOPOLOGY, domains=domains, blocks={digest: text})

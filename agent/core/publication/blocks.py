@@ -5,31 +5,36 @@ A pod learns its own domains from its own Node (one metadata-only GET): the summ
 the asked order was not applied, why (``order_note``). Under the topology order a pod's place is not a function of
 its index, so the leader, which holds every member, cuts the rank order into *blocks*: the domains of one level
 (the deepest with at most ``MAX_BLOCKS`` domains), each contiguous in the order (``rank.topology_order`` keeps
-every domain's members together at every level). The summary lists the blocks in rank order (their domain values,
-first node rank, first rank, member count and the digest of their text); each block's members, in rank order,
-are one small ConfigMap (``<job>-topology-block-<key>``, ``block_name``). A pod reads its own Node, the summary
+every domain's members together at every level). The summary lists the blocks in rank order: their domain values
+(each entry names how many it shares with the entry before, then the rest), member count, process count and the
+digest of their text; node ranks and ranks add up from the first. Each block's members, in rank order, are one
+small ConfigMap (``<job>-topology-block-<key>``, ``block_name``). A pod reads its own Node, the summary
 and its own block: ~1/64 of the job, whatever its size, never every pod. The digest ties a block to the summary
 that names it: a block written before or after that summary is not read as its (the pod waits for the pair).
 
 Inside a block the members are runs, as the index form's (summary.py): consecutive node ranks of one role, index
 prefix and process count with consecutive last indices, each written ``[role, first, last, slots, prefix]`` with
 the defaults left off (``last`` = ``first``, the block's usual ``slots``, no prefix); the role is its position in
-the training roles. Ranks inside a run are ``ranks_in_run``'s, as in the index form. Pure.
+the training roles. Ranks inside a run are ``ranks_in_run``'s, as in the index form. A block holds no rank of its
+own: a member joining one block leaves the others' texts as they were, but for the members of each role before
+them (``seen``, the ordinals a controller does not give). The levels are their label keys (their names follow:
+``placement.level_name``). Pure.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import json
-import re
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.model import Member, Topology
+from agent.core.model import ROLE, SLOTS, Topology, member_fields
 from agent.core.plan.rank import ranks_in_run
-from agent.core.pods.placement import Level
+from agent.core.pods.placement import Level, level_name
 from agent.core.pods.validation import is_label_key, is_label_value
 from agent.core.publication.published import bounded_loads
 from agent.errors import InputError
@@ -39,14 +44,14 @@ BLOCK_SCHEMA = 1
 MAX_BLOCKS = 64  # blocks in a summary: ~60 B each, read by every pod; a block is then ~1/64 of the job's members
 MAX_BLOCK = 900 * 1024  # bytes of one block's text (a ConfigMap holds at most 1 MiB)
 MAX_LEVELS = 16
+_DOMAINS = member_fields("domains")
 PART_LABEL = "topology-agent.io/part"  # the summary's and each block's key: a pod lists its two by this label
-_NAME = re.compile(r"[A-Z0-9_]{1,63}")  # a level's name in the files (placement.level_name)
 
 
 def block_digest(text: str) -> str:
     """What the summary names a block's text by: a pod holds the blocks it reads by this, so that only the text
-    its summary names is read as its block."""
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    its summary names is read as its block (64 bits: no writer of another text finds one with the same digest)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _digest(*parts: Any) -> str:
@@ -81,9 +86,8 @@ class Made:
     """A block as the leader makes it: its domain values, where it starts, its size and its text."""
 
     values: tuple[str, ...]
-    node_rank: int
-    first_rank: int
     count: int
+    processes: int
     text: str
 
     @property
@@ -91,70 +95,66 @@ class Made:
         return block_digest(self.text)
 
 
-def _runs(members: Sequence[Member]) -> list[list[Member]]:
-    """Consecutive members of one role, prefix and process count with consecutive last indices."""
-    runs: list[list[Member]] = []
-    for member in members:
-        last = runs[-1][-1] if runs else None
-        if last is not None and last.role == member.role and last.slots == member.slots \
-                and last.index[:-1] == member.index[:-1] and last.index[-1] + 1 == member.index[-1]:
-            runs[-1].append(member)
-        else:
-            runs.append([member])
-    return runs
-
-
 def make_blocks(topology: Topology) -> list[Made] | None:
     """The blocks of a topology-ordered plan, in rank order; None when they cannot state it: a training member
     without an index or its domains, more than ``MAX_BLOCKS`` domains at every level, or a block too large for a
-    ConfigMap."""
+    ConfigMap. The passes over every member are C-level (the publisher makes them at each change that alters the
+    summary: a Python loop per member would cost ~0.4 s at 16384 pods)."""
     training, levels = topology.training, topology.levels
-    if topology.rank_order != "topology" or not training or not levels \
-            or any(m.domains is None or not m.index for m in training):
+    paths = list(map(_DOMAINS, training))
+    starts = topology.run_starts
+    if topology.rank_order != "topology" or not training or not levels or None in paths or starts is None:
         return None
-    depth = next((d for d in range(len(levels), 0, -1)
-                  if len({m.domains[:d] for m in training}) <= MAX_BLOCKS), 0)  # type: ignore[index]
+    distinct = set(paths)  # a few hundred at most where MAX_BLOCKS is met: the depth is sought among these
+    depth = next((d for d in range(len(levels), 0, -1) if len({p[:d] for p in distinct}) <= MAX_BLOCKS), 0)
     if not depth:
         return None
+    prefix = {p: p[:depth] for p in distinct}
+    keys = list(map(prefix.__getitem__, paths))
+    positions = range(1, len(training))
+    cuts = [0, *itertools.compress(positions, map(operator.ne, keys[1:], keys[:-1])), len(training)]
+    if len(cuts) - 1 != len(set(keys)):  # a domain in two places: not the topology order
+        return None
+    run_starts = sorted({*starts, *cuts[:-1]})  # the runs, cut where a block starts too
     position = {role: at for at, role in enumerate(topology.training_roles)}
     made: list[Made] = []
     seen: collections.Counter[str] = collections.Counter()
-    start = 0
-    while start < len(training):
-        values = training[start].domains[:depth]  # type: ignore[index]
-        stop = start + 1
-        while stop < len(training) and training[stop].domains[:depth] == values:  # type: ignore[index]
-            stop += 1
+    at = 0
+    for start, stop in itertools.pairwise(cuts):
         members = training[start:stop]
-        slots = collections.Counter(m.slots for m in members).most_common(1)[0][0]
+        sizes = collections.Counter(map(SLOTS, members))
+        slots = sizes.most_common(1)[0][0]
         entries = []
-        for run in _runs(members):
-            first = run[0]
-            entry: list[Any] = [position[first.role], first.index[-1], run[-1].index[-1], first.slots,
+        while at < len(run_starts) and run_starts[at] < stop:
+            first = training[run_starts[at]]
+            last = training[(run_starts[at + 1] if at + 1 < len(run_starts) else len(training)) - 1]
+            entry: list[Any] = [position[first.role], first.index[-1], last.index[-1], first.slots,
                                 list(first.index[:-1])]
             while len(entry) > 2 and entry[-1] == [entry[1], entry[1], slots, []][len(entry) - 2]:
                 entry.pop()  # the defaults left off, from the end
             entries.append(entry)
-        text = json.dumps({"schema": BLOCK_SCHEMA, "values": list(values), "nodeRank": members[0].node_rank,
-                           "rank": members[0].first_rank, "seen": {r: n for r, n in sorted(seen.items())},
-                           "slots": slots, "members": entries}, separators=(",", ":"))
+            at += 1
+        text = json.dumps({"schema": BLOCK_SCHEMA, "values": list(keys[start]),
+                           "seen": {r: n for r, n in sorted(seen.items())}, "slots": slots, "members": entries},
+                          separators=(",", ":"))
         if len(text) > MAX_BLOCK:
             return None
-        made.append(Made(tuple(values), members[0].node_rank or 0, members[0].first_rank or 0, len(members), text))
-        seen.update(m.role for m in members)
-        start = stop
-    if len({m.values for m in made}) != len(made):  # a domain in two places: not the topology order
-        return None
+        made.append(Made(keys[start], stop - start, sum(size * count for size, count in sizes.items()), text))
+        seen.update(map(ROLE, members))
     return made
 
 
 def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str, Any]:
     """The summary's ``topology``: the levels (label, name), the order applied and why not the one asked, and
     the blocks (topology order)."""
-    return {"levels": [[level.label, level.name] for level in topology.levels], "order": topology.rank_order,
-            "note": topology.order_note,
-            **({"blocks": [[list(b.values), b.node_rank, b.first_rank, b.count, b.digest] for b in blocks]}
-               if blocks is not None else {})}
+    entries: list[list[Any]] = []
+    before: tuple[str, ...] = ()
+    for block in blocks or ():
+        shared = next((k for k in range(len(block.values), -1, -1) if block.values[:k] == before[:k]), 0)
+        entries.append([[shared, *block.values[shared:]], block.count, block.processes, block.digest])
+        before = block.values
+    return {"levels": [level.label for level in topology.levels], "order": topology.rank_order,
+            "note": topology.order_note, **({"blocks": entries} if blocks is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,7 @@ class Entry:
     node_rank: int
     first_rank: int
     count: int
+    processes: int
     digest: str
 
 
@@ -191,11 +192,14 @@ def _number(value: Any, what: str, *, low: int = 0) -> int:
     return value
 
 
-def _values(value: Any, what: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not 0 < len(value) <= MAX_LEVELS \
-            or not all(isinstance(v, str) and is_label_value(v) for v in value):
-        raise _refuse(f"{what} is not a list of label values")
-    return tuple(value)
+def _values(value: Any, before: tuple[str, ...]) -> tuple[str, ...]:
+    """A block's domain values: ``[shared, *rest]``, the first ``shared`` of the block before's, then the rest."""
+    if not isinstance(value, list) or not value or not isinstance(value[0], int) or isinstance(value[0], bool) \
+            or not 0 <= value[0] <= len(before) or not all(isinstance(v, str) and is_label_value(v)
+                                                          for v in value[1:]) \
+            or not 0 < value[0] + len(value) - 1 <= MAX_LEVELS:
+        raise _refuse(f"a block's values are {str(value)[:60]}, not [shared, label values...]")
+    return (*before[:value[0]], *value[1:])
 
 
 def read_layout(raw: Any, *, nnodes: int, processes: int) -> Layout:
@@ -205,11 +209,10 @@ def read_layout(raw: Any, *, nnodes: int, processes: int) -> Layout:
             MAX_LEVELS or raw.get("order") not in ("index", "topology"):
         raise _refuse("topology is not {levels, order, note, blocks}")
     levels = []
-    for level in raw["levels"]:
-        if not isinstance(level, list) or len(level) != 2 or not isinstance(level[0], str) \
-                or not is_label_key(level[0]) or not isinstance(level[1], str) or not _NAME.fullmatch(level[1]):
-            raise _refuse(f"a level is {str(level)[:60]}")
-        levels.append(Level(level[0], level[1]))
+    for label in raw["levels"]:
+        if not isinstance(label, str) or not is_label_key(label):
+            raise _refuse(f"a level is {str(label)[:60]}")
+        levels.append(Level(label, level_name(label)))
     note = raw.get("note")
     if note is not None and not (isinstance(note, str) and len(note) <= 1024 and note.isprintable()):
         raise _refuse("the order's note is not a line of text")
@@ -223,18 +226,18 @@ def read_layout(raw: Any, *, nnodes: int, processes: int) -> Layout:
     blocks: list[Entry] = []
     node_rank = first_rank = 0
     for item in blocks_raw:
-        if not isinstance(item, list) or len(item) != 5 or not isinstance(item[4], str) or len(item[4]) != 20:
-            raise _refuse("a block is not [values, nodeRank, rank, count, digest]")
-        entry = Entry(_values(item[0], "a block's values"), _number(item[1], "a block's node rank"),
-                      _number(item[2], "a block's rank"), _number(item[3], "a block's count", low=1), item[4])
-        if entry.node_rank != node_rank or entry.first_rank < first_rank or (blocks and entry.first_rank ==
-                                                                              first_rank) \
-                or len(entry.values) != len((blocks[0] if blocks else entry).values) or len(entry.values) > len(levels):
-            raise _refuse(f"block {str(item)[:80]} does not follow the block before it")
+        if not isinstance(item, list) or len(item) != 4 or not isinstance(item[3], str) or len(item[3]) != 16:
+            raise _refuse("a block is not [values, count, processes, digest]")
+        count = _number(item[1], "a block's count", low=1)
+        entry = Entry(_values(item[0], blocks[-1].values if blocks else ()), node_rank, first_rank, count,
+                      _number(item[2], "a block's processes", low=count), item[3])
+        if len(entry.values) != len((blocks[0] if blocks else entry).values) or len(entry.values) > len(levels):
+            raise _refuse(f"block {str(item)[:80]} is not of the depth of the blocks before it")
         blocks.append(entry)
-        node_rank, first_rank = node_rank + entry.count, entry.first_rank
-    if node_rank != nnodes or first_rank >= processes or len({b.values for b in blocks}) != len(blocks):
-        raise _refuse(f"the blocks make {node_rank} pods, not {nnodes}, or name a domain twice")
+        node_rank, first_rank = node_rank + entry.count, first_rank + entry.processes
+    if node_rank != nnodes or first_rank != processes or len({b.values for b in blocks}) != len(blocks):
+        raise _refuse(f"the blocks make {node_rank} pods and {first_rank} processes, not {nnodes} and {processes}, "
+                      "or name a domain twice")
     return Layout(tuple(levels), "topology", None, tuple(blocks))
 
 
@@ -248,11 +251,11 @@ class Place:
     slots: int
 
 
-def place_in_block(text: str, entry: Entry, next_rank: int, training_roles: Sequence[str], role: str,
-                   index: tuple[int, ...], *, ordinal: int = -1) -> Place | None:
-    """Where the member of ``role`` and ``index`` is in the block listed as ``entry`` (whose text is ``text``;
-    the next block starts at rank ``next_rank``), or None when the block does not hold it. ``InputError`` when
-    the text is not the block the summary names, or does not add up to it."""
+def place_in_block(text: str, entry: Entry, training_roles: Sequence[str], role: str, index: tuple[int, ...], *,
+                   ordinal: int = -1) -> Place | None:
+    """Where the member of ``role`` and ``index`` is in the block listed as ``entry`` (whose text is ``text``),
+    or None when the block does not hold it. ``InputError`` when the text is not the block the summary names, or
+    does not add up to it."""
     if len(text) > MAX_BLOCK or block_digest(text) != entry.digest:
         raise _refuse("its block is not the one the summary names")
     try:
@@ -260,8 +263,7 @@ def place_in_block(text: str, entry: Entry, next_rank: int, training_roles: Sequ
     except ValueError as err:
         raise _refuse(f"a block is not JSON: {err}") from None
     if not isinstance(raw, dict) or raw.get("schema") != BLOCK_SCHEMA or not isinstance(raw.get("members"), list) \
-            or not isinstance(raw.get("seen"), dict) or raw.get("values") != list(entry.values) \
-            or raw.get("nodeRank") != entry.node_rank or raw.get("rank") != entry.first_rank:
+            or not isinstance(raw.get("seen"), dict) or raw.get("values") != list(entry.values):
         raise _refuse("a block is not the one its summary lists")
     usual = _number(raw.get("slots"), "a block's slots", low=1)
     seen = {r: _number(n, "a block's seen") for r, n in raw["seen"].items() if r in training_roles}
@@ -284,6 +286,6 @@ def place_in_block(text: str, entry: Entry, next_rank: int, training_roles: Sequ
         node_rank, first_rank = ranks_in_run(node_rank=node_rank, first_rank=first_rank, slots=slots, seen=0,
                                              offset=count)[:2]
         seen[run_role] = seen.get(run_role, 0) + count
-    if node_rank != entry.node_rank + entry.count or first_rank != next_rank:
+    if node_rank != entry.node_rank + entry.count or first_rank != entry.first_rank + entry.processes:
         raise _refuse(f"a block makes {node_rank - entry.node_rank} pods, not {entry.count}")
     return found

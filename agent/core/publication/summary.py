@@ -44,6 +44,7 @@ from agent.core.model import (
     Topology,
     Whole,
     fill,
+    member_fields,
 )
 from agent.core.plan.facts import PodFacts, facts_of
 from agent.core.plan.layout import Plan
@@ -60,6 +61,7 @@ SUMMARY_SCHEMA = 1
 MAX_RUNS = 128  # ~5 KiB: every pod in its own view receives it at each change of what it says
 MAX_SUMMARY = 64 * 1024  # bytes; what the leader writes is far below
 MAX_VALUES = 8192
+BY_ORDINAL = member_fields("ordinal", "index")  # a role's index order (Topology.index_addresses)
 _TEXT = re.compile(r"[A-Za-z0-9._:/%-]{1,253}")  # roles, pod names, port sources' names
 
 
@@ -195,7 +197,8 @@ def summarize_with_blocks(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, o
     for role in topo.roles:
         count = len(topo.role_members(role))
         hosts = list(map(ADDRESS, topo.role_members(role))) if count <= listed else None
-        if hosts is not None and blocks is not None and hosts != list(topo.index_addresses(role) or ()):
+        if hosts is not None and blocks is not None \
+                and hosts != list(map(ADDRESS, sorted(topo.role_members(role), key=BY_ORDINAL))):
             hosts = None  # listed in index order (VC_<ROLE>_HOSTS) and rank order (the frameworks): only if one
         roles.append([role, count, hosts])
     rank0 = topo.training[0]
@@ -466,10 +469,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
         text = (blocks or {}).get(entry.digest) if entry is not None else None
         if entry is None or text is None:
             return None  # not in the leader's view yet, or its block is on its way
-        at = layout.blocks.index(entry)
-        after = layout.blocks[at + 1].first_rank if at + 1 < len(layout.blocks) else summary.processes
-        placed = place_in_block(text, entry, after, summary.training_roles, ident.role, ident.index,
-                                ordinal=ident.ordinal)
+        placed = place_in_block(text, entry, summary.training_roles, ident.role, ident.index, ordinal=ident.ordinal)
         if placed is None:
             return None
     run = summary.run_of(ident.role, ident.index)
