@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import random
@@ -142,7 +143,7 @@ def node_domains(n: int, shape: str, seed: int) -> list[tuple[str, str, str]]:
 
 def build_nodes(sandbox: SandboxThread, job: Job, shape: str, seed: int) -> None:
     """A Node per pod (``node-<i>``, and ``node-back`` for the worker that comes back), labelled with its domains;
-    the first node ranks follow (the topology order, rank.topology_order)."""
+    under ``--rank-order topology`` the first node ranks follow (rank.topology_order)."""
     from agent.core.plan.rank import topology_order
 
     domains = node_domains(job.n, shape, seed)
@@ -152,8 +153,9 @@ def build_nodes(sandbox: SandboxThread, job: Job, shape: str, seed: int) -> None
                                            "cloud.google.com/gce-topology-block": block,
                                            "cloud.google.com/gce-topology-subblock": sub})
         sandbox.create_node(node)
-    order = topology_order([(*d, f"node-{i}") for i, d in enumerate(domains[:job.n])])
-    job.first_ranks = tuple(job.names[k] for k in order[:3])
+    if any(a == "--rank-order" and b == "topology" for a, b in itertools.pairwise(job.args)):
+        order = topology_order([(*d, f"node-{i}") for i, d in enumerate(domains[:job.n])])
+        job.first_ranks = tuple(job.names[k] for k in order[:3])
 
 
 def build_job(sandbox: SandboxThread, job: Job) -> None:
