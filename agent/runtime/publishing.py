@@ -39,6 +39,7 @@ from agent.core.publication.journal import (
 from agent.core.publication.provenance import Writer, WriterCheck, writer_of
 from agent.core.publication.published import SELECT_LABEL, configmap_body, select_value
 from agent.core.publication.summary import SUMMARY_KEY, summarize_with_blocks, summary_text
+from agent.core.publication.view_choice import LARGE_JOB
 from agent.errors import ApiConflict, ApiForbidden, ApiNotFound
 from agent.k8s.retrying import retried
 from agent.runtime.block_writing import BlockWriter
@@ -95,8 +96,12 @@ def summary_data(publisher: Publisher, plan: Plan | None, options: Options, *, s
     data = {**publisher.journal_data(), "base": seq, JOURNAL_KEY: "[]"}
     for key in (PODS_RV_KEY, ROWS_KEY):  # where the rows stand in the pods' history: the publisher's own
         data.pop(key, None)
+    # with Node labels a job under LARGE_JOB training pods publishes only so that one pod reads the Nodes: its pods
+    # write every member (view_choice.why_full_view), and no summary is made for them
+    wanted = plan is not None and options.view != "full" and (
+        options.levels is None or options.view == "own" or plan.topology.nnodes >= LARGE_JOB)
     summary, blocks = summarize_with_blocks(plan, seq=publisher.state.seq, options=options, ssh=ssh) \
-        if plan is not None and options.view != "full" else (None, [])
+        if plan is not None and wanted else (None, [])
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)
     return data, said(data), blocks

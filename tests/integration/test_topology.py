@@ -68,3 +68,36 @@ def test_ranks_follow_the_racks_and_only_the_publisher_reads_nodes(sandbox, tmp_
             follower = stats[f"topology-agent/0.1.0 init (default/{name})"]
             # 4: the writer pod (its provenance); the Lease apart (tests/runtime/test_init.py counts its reads)
             assert follower["requests"] - follower["watches"] - follower["leases"] <= 4, name
+
+
+def test_with_view_own_each_pod_reads_its_node_and_its_block_and_writes_its_full_views_variables(sandbox, tmp_path):
+    """Real processes over HTTPS: the publisher writes the order as a summary and one block per rack; every other
+    training pod reads its own Node, then the summary and its block (core/publication/blocks.py), and writes the
+    variables the full view gives it from every pod and Node."""
+    from agent.core import Options, render_pod
+    from agent.core.pods.placement import Level
+
+    pods, node_of = job_on_two_racks(sandbox)
+    names = [p["metadata"]["name"] for p in pods]
+    sandbox.reset_stats()
+    errors = run_inits(sandbox, tmp_path, names, *ARGS, "--view", "own")
+    store = sandbox.sandbox.store
+    blocks = [c for c in store.list("/v1/configmaps", "default") if "-topology-block-" in c["metadata"]["name"]]
+    assert len(blocks) == 2  # rack-a's and rack-b's
+    listed = store.list("/v1/pods", "default")
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in store.list("/v1/nodes", "")}
+    full = Options(levels=(Level(examples.ZONE, "ZONE"), Level(examples.RACK, "RACK")), rank_order="topology")
+    publisher = store.get("/v1/configmaps", "default", "demo-topology")["data"]["leader"]
+    stats = sandbox.stats()["byAgent"]
+    for name in names:
+        if name == publisher or name.startswith("demo-extras"):  # the extras pod does not train: every member
+            continue
+        doc = json.loads((tmp_path / name / "topology.json").read_text())
+        assert doc["view"] == "own" and "reading the whole topology" not in errors[name], errors[name]
+        want = render_pod(listed, name, full, nodes=labels)
+        env = {v.name: v.value for v in want.variables if v.written and not v.name.startswith("VC_WORKER_HOSTS")}
+        assert {k: doc["env"].get(k) for k in env} == env, name
+        assert doc["env"]["TOPOLOGY_NODE"] == node_of[name]
+        follower = stats[f"topology-agent/0.1.0 init (default/{name})"]
+        # the writer pod, its own Node, and the summary with its block in one LIST (the Lease apart)
+        assert follower["requests"] - follower["watches"] - follower["leases"] <= 6, name

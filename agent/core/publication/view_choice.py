@@ -20,8 +20,10 @@ topology`` its place from its block of the order, core/publication/blocks.py):
   different numbers of processes, a port only rank 0's container names and the leader did not publish).
 
 A small job's pods read the pods and write every member, as the full view always did: their own view would save
-nothing. Where a pod reads from (the pods, the published snapshot, the summary) follows from this choice; the
-leader and the standbys hold every member whatever they write, to publish and to take over.
+nothing. A small job with Node labels publishes only so that one pod reads the Nodes; its pods write every member
+too (``why_full_view``), unless ``--view own`` is asked. Where a pod reads from (the pods, the published snapshot,
+the summary) follows from this choice; the leader and the standbys hold every member whatever they write, to
+publish and to take over.
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ class Publication:
         # a large job's pod in its own view was handed its summary by its init (a small one's is not)
         why_full = why_full_view(options, large=summary is not None)
         light = why_full is None
-        if why_full is not None and options.view != "full":
+        # with Node labels and no summary from init: its init said why already, or it leads (it holds every member)
+        if why_full is not None and options.view != "full" and (options.levels is None or summary is not None):
             log.log(*full_view_line(options.view, why_full, READING))
         # its own view reads the summary alone, never the snapshot or the journal (unless the summary was deleted)
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
