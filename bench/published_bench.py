@@ -483,7 +483,7 @@ def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
         tmp = Path(args.keep) / f"run{run}" if args.keep else Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)
         job = Job(args.pods, [*(["--view", args.view] if args.view else []), *args.agent_arg,
-                              *(ssh_secret(tmp / "ssh-secret") if args.ssh else [])], ["--view", "full"])
+                              *(ssh_secret(tmp / "ssh-secret") if args.ssh else [])], ["--view", args.full_pod_view])
         build_job(sandbox, job)
         if args.topology_nodes:
             build_nodes(sandbox, job, args.topology_nodes, args.seed + run)
@@ -600,6 +600,8 @@ def main() -> None:
     parser.add_argument("--view", choices=["full", "own", "auto"], help="given to every process (default: none, "
                         "the agent's default)")
     parser.add_argument("--agent-arg", action="append", default=[], help="one more argument for every process")
+    parser.add_argument("--full-pod-view", choices=["full", "auto", "own"], default="full",
+                        help="the --view of the full-view pod (auto: it is one more follower)")
     parser.add_argument("--topology-nodes", metavar="Z,B,R", help="a Node per pod in Z zones x B blocks x R "
                         "sub-blocks, placed at random (see the module's docstring)")
     parser.add_argument("--ssh", action="store_true", help="a DeepSpeed/MPI job: every process gets the job's SSH "

@@ -41,7 +41,7 @@ from agent.errors import InputError
 
 BLOCK_KEY = "block.json"
 BLOCK_SCHEMA = 1
-MAX_BLOCKS = 64  # blocks in a summary: ~60 B each, read by every pod; a block is then ~1/64 of the job's members
+MAX_BLOCKS = 64  # blocks in a summary: ~40 B each, read by every pod; a block is then ~1/64 of the members
 MAX_BLOCK = 900 * 1024  # bytes of one block's text (a ConfigMap holds at most 1 MiB)
 MAX_LEVELS = 16
 _DOMAINS = member_fields("domains")
