@@ -141,7 +141,8 @@ def _check_every_pod(pods: list, nodes: dict, options: Options) -> int:
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
-@pytest.mark.parametrize("cap", [1, 3, 64])  # the leader cuts at the outermost level, one in between, the deepest
+# the leader cuts at the outermost level, one in between, the deepest; the fast lane: in between
+@pytest.mark.parametrize("cap", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(64, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("packed", [False, True], ids=["spread", "packed"])
 @settings(max_examples=6, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # one cap per test
@@ -152,6 +153,7 @@ def test_a_pods_own_view_from_its_block_is_its_full_view(job, cap, packed, seed,
     _check_every_pod(pods, nodes, TOPOLOGY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job", sorted(JOBS))
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=8))
