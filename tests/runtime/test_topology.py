@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.pods.placement import Level
@@ -176,3 +178,39 @@ async def test_with_view_own_a_topology_ordered_follower_reads_its_node_the_summ
     assert after["NODE_RANK"] == next(v.value for v in want.variables if v.name == "NODE_RANK") \
         and after["NODE_RANK"] != before["NODE_RANK"]  # rack-b's new member comes before rack-c's
     assert "reading the whole topology" not in logs.text("demo-worker-10")
+
+
+@pytest.mark.slow  # seconds of real waiting (a stolen Lease, probes): the whole suite runs it
+async def test_a_follower_back_from_the_pods_lists_its_block_again(memory, api, logs, sidecars, tmp_path):
+    """A follower that followed the pods while the publisher was away returns to the summary from the LIST that
+    found the publication sound (the snapshot, the journal and the summary, by their label): its block is not
+    among them, so it lists the summary and its block again, and a change of rank 0's address, which rewrites the
+    summary and no block, still reaches its files."""
+    from tests.runtime.test_faults import _renew
+
+    job_on_two_racks(memory)
+    names = ["demo-master-0", *(f"demo-worker-{k}" for k in range(5)), "demo-extras-0"]
+    own = (*ARGS[:4], "--view", "own", "--address", "ip")
+    for name in names:
+        await init(api, logs, name, tmp_path / name, *own, "--timeout", "60")
+    lease = ("--lease-seconds", "2")
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", *own, *lease)
+    follower = await start_sidecar(sidecars, tmp_path, "demo-worker-4", *own, *lease, "--probe-every", "1")
+    await logs.until("demo-worker-4", "(follower)")
+    await logs.until("demo-master-0", "started publishing")
+    await sidecars.stop("demo-master-0")
+
+    def steal(lease):
+        lease["spec"]["holderIdentity"] = "not-a-member"
+    for _ in range(2):
+        _renew(memory, steal)
+    await logs.until("demo-worker-4", "the publisher stopped", timeout=20)
+    await start_sidecar(sidecars, tmp_path, "demo-master-0", *own, *lease)
+    _renew(memory, lambda lease: lease["spec"].update(holderIdentity="", leaseDurationSeconds=1))
+    await logs.until("demo-worker-4", "the published topology is sound again", timeout=30)
+    await follower_watching(api, "demo-worker-4")
+    memory.update_pod("default", "demo-master-0", lambda p: p["status"].update(
+        podIP="127.1.0.77", podIPs=[{"ip": "127.1.0.77"}]))
+    out = tmp_path / "demo-worker-4"
+    await follower.until(lambda: json.loads((out / "topology.json").read_text())["env"]["MASTER_ADDR"]
+                         == "127.1.0.77", timeout=30, what="the follower sees rank 0's new address")

@@ -334,7 +334,8 @@ class JournalFollower:
                 log.info("the published topology is still not usable (%s)", why)
                 continue
             if self._stalled(await self._lease_holder(), journal) is None:
-                self.first_list = (items, rv)
+                if not self.light or self.summary.domains is None:  # its blocks are not among these: it lists
+                    self.first_list = (items, rv)
                 self.sink.switch(Mode.FOLLOWER, "the published topology is sound again")
                 return
 
