@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from agent.core.model import Options, RawPod
@@ -43,14 +43,12 @@ def _labels(obj: dict[str, Any], levels: tuple[Level, ...]) -> dict[str, str]:
     return {k: v for k, v in labels.items() if k in wanted} if isinstance(labels, dict) else {}
 
 
-def _from_list(items: list[dict[str, Any]], names: list[str], levels: tuple[Level, ...]) -> NodeMap:
-    found = {(item.get("metadata") or {}).get("name"): item for item in items}
-    return {name: _labels(found[name], levels) if name in found else None for name in names}
-
-
-def _keep_only(names: list[str]) -> Any:
+def _keep_labels(names: list[str], levels: tuple[Level, ...]) -> Any:
+    """What a LIST page keeps of the Nodes asked for: the name and the levels' labels, not the metadata (at 16384
+    Nodes their metadata held until the last page would be ~60 MB of the reader's peak)."""
     wanted = set(names)
-    return lambda page: [item for item in page if (item.get("metadata") or {}).get("name") in wanted]
+    return lambda page: [(name, _labels(item, levels)) for item in page
+                         if (name := (item.get("metadata") or {}).get("name")) in wanted]
 
 
 def forbidden_line(err: ApiError) -> str:
@@ -76,8 +74,10 @@ async def read_nodes(api: AsyncApi, names: list[str], options: Options, *, trans
                 except ApiNotFound:
                     out[name] = None
             return out
-        items, _ = await api.list_objects("/api/v1/nodes", limit=PAGE, metadata_only=True, keep=_keep_only(names))
-        return _from_list(items, names, levels)
+        items, _ = await api.list_objects("/api/v1/nodes", limit=PAGE, metadata_only=True,
+                                          keep=_keep_labels(names, levels))
+        found = dict(cast("list[tuple[str, dict[str, str]]]", items))  # the pairs ``keep`` made
+        return {name: found.get(name) for name in names}
     except ApiUnavailable as err:
         if transient:
             raise

@@ -214,3 +214,22 @@ async def test_a_follower_back_from_the_pods_lists_its_block_again(memory, api, 
     out = tmp_path / "demo-worker-4"
     await follower.until(lambda: json.loads((out / "topology.json").read_text())["env"]["MASTER_ADDR"]
                          == "127.1.0.77", timeout=30, what="the follower sees rank 0's new address")
+
+
+async def test_more_nodes_than_a_few_gets_are_read_by_one_list_of_their_labels(memory, api):
+    """Past NODE_GETS nodes, one paged LIST of the Nodes' metadata: each asked node's labels of the levels asked
+    for, None for a node that is not there; the others' are not kept."""
+    from agent.runtime.nodes import NODE_GETS, read_nodes
+
+    count = NODE_GETS + 4
+    for k in range(count + 3):
+        memory.create_node(examples.node(f"node-{k}", {examples.ZONE: f"zone-{k % 2}", examples.RACK: f"rack-{k}",
+                                                       "example.com/other": "x"}))
+    names = [f"node-{k}" for k in range(count)] + ["node-gone"]
+    options = Options(levels=(Level(examples.ZONE, "ZONE"), Level(examples.RACK, "RACK")))
+    async with api.async_client("reader") as client:
+        found = await read_nodes(client, names, options)
+    assert found == {**{f"node-{k}": {examples.ZONE: f"zone-{k % 2}", examples.RACK: f"rack-{k}"}
+                        for k in range(count)}, "node-gone": None}
+    calls = [r for who, r in list(api.requests) if who == "reader"]
+    assert [r.verb for r in calls] == ["list"]
