@@ -83,7 +83,7 @@ def part_selector(snapshot_name: str, domains: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Made:
-    """A block as the leader makes it: its domain values, where it starts, its size and its text."""
+    """A block as the leader makes it: its domain values, its member and process counts, and its text."""
 
     values: tuple[str, ...]
     count: int
