@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.core.model import Options, RawPod
@@ -202,6 +203,15 @@ async def _create_or_replace(api: AsyncApi, collection: str, body: dict[str, Any
 ReadBack = tuple[list[dict[str, Any]], PublishedState | None, Journal | None]
 
 
+@dataclass
+class SummaryState:
+    """The leader's summary: its data as last made in this leadership (``made``), and what the published one says
+    (``said``: read back, then what this leader wrote)."""
+
+    made: dict[str, str] | None = None
+    said: str = ""
+
+
 class JournalWriter:
     """The leader's side of the publication, in its sidecar: the journal after every change, the snapshot when it
     is due (core/publication/journal.py), the summary when what it says changes. Each write carries the resourceVersion
@@ -219,8 +229,7 @@ class JournalWriter:
         self.written_rv: dict[str, str] = {}
         self.rewrite_snapshot = False  # the snapshot names another writer: rewrite it after the next journal
         self.again: set[str] | None = None  # read back, not published yet: every pod, and every row read
-        self.said = ""  # what the published summary says (``said``): read back, then what this leader wrote
-        self.summary: dict[str, str] | None = None  # the summary's data as last made in this leadership
+        self.summary = SummaryState()
         self.writing = asyncio.Lock()  # ``publish`` and ``tend`` write one at a time
         self.blocks = BlockWriter(api, namespace, name, owner=owner)  # the topology order's, and the last made
 
@@ -246,8 +255,8 @@ class JournalWriter:
                                    journal=journal.entries if journal else ())
         self.publisher.standby = journal.standby if journal is not None and journal.leader == self.me.name else ()
         summary = next((i for i in items if object_name(i) == summary_name(self.name)), None)
-        self.said = said(summary.get("data")) if summary is not None else ""
-        self.summary = None
+        self.summary.said = said(summary.get("data")) if summary is not None else ""
+        self.summary.made = None
         snapshot = next((i for i in items if object_name(i) == self.name), None)
         # A snapshot another pod wrote (the leader before a takeover, or this pod's earlier incarnation) is
         # rewritten right after the first journal (what followers wait for), so that a reader that starts later
@@ -277,14 +286,15 @@ class JournalWriter:
         assert publisher is not None
         publisher.pods_rv = pods_rv  # said with the next journal written (a change of it alone writes none)
         entry = publisher.change(pods, touched, nodes)
-        if entry is None and publisher.standby == standby and not self.rewrite_snapshot and self.summary is not None:
+        if entry is None and publisher.standby == standby and not self.rewrite_snapshot \
+                and self.summary.made is not None:
             return True  # no row changed, so neither did the plan the summary is made of
         publisher.standby = standby
-        self.summary, saying, self.blocks.made = summary_data(publisher, plan, self.options, ssh=self.ssh)
-        if entry is None and saying == self.said and not self.rewrite_snapshot:
+        self.summary.made, saying, self.blocks.made = summary_data(publisher, plan, self.options, ssh=self.ssh)
+        if entry is None and saying == self.summary.said and not self.rewrite_snapshot:
             return True
         async with self.writing:
-            return await self._written(publisher, self.summary, saying)
+            return await self._written(publisher, self.summary.made, saying)
 
     async def _written(self, publisher: Publisher, summary: dict[str, str], saying: str) -> bool:
         """``publish``'s writes: the snapshot when due, the journal, the summary when it says something new."""
@@ -293,11 +303,11 @@ class JournalWriter:
                 await self._write_snapshot(publisher, self._write)
             await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
                                                                     owner=self.owner))
-            if saying != self.said:  # only when it says something new: every pod in its own view receives it
+            if saying != self.summary.said:  # only when it says something new: every pod in its own view gets it
                 await self.blocks.write(self.blocks.made)
                 await self._write(summary_name(self.name), journal_body(self.name, summary, owner=self.owner,
                                                                         name=summary_name(self.name)))
-                self.said = saying
+                self.summary.said = saying
             if self.rewrite_snapshot:
                 await self._write_snapshot(publisher, self._write)
         except ApiConflict:
@@ -324,7 +334,7 @@ class JournalWriter:
         duration. Only creates: an object found meanwhile (a LIST from the API server's cache may lag a write) is
         left as it is."""
         publisher = self.publisher
-        if publisher is None or self.summary is None:  # not published in this leadership yet: nothing to compare
+        if publisher is None or self.summary.made is None:  # not published in this leadership: nothing to compare
             return
         items, _ = await self.api.list_objects(self.collection, metadata_only=True,
                                                label_selector=f"{SELECT_LABEL}={select_value(self.name)}")
@@ -332,7 +342,7 @@ class JournalWriter:
         # the snapshot before the journal that needs it, the summary before the journal (views.summary_gone)
         gone = [name for name in (self.name, summary_name(self.name), journal_name(self.name)) if name not in there]
         async with self.writing:
-            if self.publisher is not publisher or self.summary is None:  # read back again meanwhile
+            if self.publisher is not publisher or self.summary.made is None:  # read back again meanwhile
                 return
             await self.blocks.tend()
             for name in gone:
@@ -340,8 +350,8 @@ class JournalWriter:
                     await self._write_snapshot(publisher, self._create)
                 elif name == journal_name(self.name):
                     await self._create(name, journal_body(self.name, publisher.journal_data(), owner=self.owner))
-                elif await self._create(name, journal_body(self.name, self.summary, owner=self.owner, name=name)):
-                    self.said = said(self.summary)
+                elif await self._create(name, journal_body(self.name, self.summary.made, owner=self.owner, name=name)):
+                    self.summary.said = said(self.summary.made)
 
     async def _create(self, name: str, body: dict[str, Any]) -> bool:
         """``tend``'s write of an object that was gone; False when it is there after all."""

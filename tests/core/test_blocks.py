@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core import Options, render_plan, render_pod
 from agent.core.files.variables import env_key
-from agent.core.plan.topology import build_plan
+from agent.core.plan.layout import build_plan
 from agent.core.pods.placement import DEFAULT_LEVELS, Level, node_domains
 from agent.core.publication import blocks as blocks_module
 from agent.core.publication.blocks import Made, block_digest, block_key, part_selector

@@ -51,7 +51,15 @@ from agent.core.plan.layout import Plan
 from agent.core.plan.rank import ranks_in_run
 from agent.core.pods.pod import pod_name
 from agent.core.pods.validation import DNS_NAME, check_pod, parse_ip
-from agent.core.publication.blocks import Layout, Made, make_blocks, place_in_block, read_layout, topology_section
+from agent.core.publication.blocks import (
+    Layout,
+    Made,
+    Place,
+    make_blocks,
+    place_in_block,
+    read_layout,
+    topology_section,
+)
 from agent.core.publication.published import bounded_loads
 from agent.core.publication.view_choice import choose_view, hosts_listed
 from agent.errors import InputError
@@ -482,31 +490,11 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     if facts.slots is None:
         raise facts.slots_error or InputError(f"pod '{name}': no process count")
     slots, slots_source = facts.slots
-    address, dns, ip = facts.place
-    rank0 = summary.rank0
-    if placed is not None:
-        if slots != placed.slots:
-            return None  # the leader saw another container (a pod re-created with another size): not published yet
-        me = Member(name, ident.role, ident.index, placed.ordinal, address, dns, ip, True, slots, placed.node_rank,
-                    placed.first_rank, True, facts.node, domains)
-        members: tuple[Member, ...] = (me,) if rank0.name == name else (rank0, me)
-    elif run is None:  # a hot spare: rank 0 is the one member it knows
-        me = Member(name, ident.role, ident.index, ident.ordinal if ident.ordinal >= 0 else 0, address, dns, ip,
-                    False, slots, None, None, True, facts.node, domains)
-        members = (rank0,)
-    else:
-        if slots != run.slots:
-            return None  # the leader saw another container (a pod re-created with another size): not published yet
-        node_rank, first_rank, ordinal = ranks_in_run(node_rank=run.node_rank, first_rank=run.first_rank,
-                                                      slots=slots, seen=run.seen, offset=ident.index[-1] - run.first,
-                                                      ordinal=ident.ordinal)
-        me = Member(name, ident.role, ident.index, ordinal, address, dns, ip, True, slots, node_rank, first_rank,
-                    True, facts.node, domains)
-        members = (me,) if rank0.name == name else (rank0, me)
-    owner_uid = None
-    if controller.owner_is_job:
-        owner_uid = next((o.get("uid") for o in own.get("metadata", {}).get("ownerReferences", [])
-                          if o.get("controller")), None)
+    seated = _seat(summary, placed, run, name, ident, facts, slots, domains)
+    if seated is None:
+        return None
+    me, members = seated
+    owner_uid = _owner_uid(own) if controller.owner_is_job else None
     whole = Whole(summary.nnodes, summary.processes, summary.slot_sizes, summary.roles, summary.addresses,
                   tuple((r.role, r.seen, r.last - r.first + 1, r.slots) for r in summary.runs),
                   seats=hot.seats if hot is not None else "")
@@ -526,6 +514,41 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
         port = summary.master_port
     return Plan(topology=topology, controller=controller, self_pod=own, master_port=port, master_port_source=source,
                 slots_source={name: slots_source}, published_ports=dict(summary.ports))
+
+
+def _owner_uid(own: RawPod) -> str | None:
+    """The uid of the object that controls the pod (its job, where the controller's pods are owned by it)."""
+    return next((o.get("uid") for o in own.get("metadata", {}).get("ownerReferences", []) if o.get("controller")),
+                None)
+
+
+def _seat(summary: Summary, placed: Place | None, run: Run | None, name: str, ident: Identity, facts: PodFacts,
+          slots: int, domains: tuple[str, ...] | None) -> tuple[Member, tuple[Member, ...]] | None:
+    """This pod as a member, and the members its own view holds (rank 0 and itself), from its place in its block
+    (``placed``), its run, or else as a hot spare; None when the leader saw another process count."""
+    rank0 = summary.rank0
+    assert facts.place is not None  # light_plan has said why not
+    address, dns, ip = facts.place
+    if placed is not None:
+        if slots != placed.slots:
+            return None  # the leader saw another container (a pod re-created with another size): not published yet
+        me = Member(name, ident.role, ident.index, placed.ordinal, address, dns, ip, True, slots, placed.node_rank,
+                    placed.first_rank, True, facts.node, domains)
+        members: tuple[Member, ...] = (me,) if rank0.name == name else (rank0, me)
+    elif run is None:  # a hot spare: rank 0 is the one member it knows
+        me = Member(name, ident.role, ident.index, ident.ordinal if ident.ordinal >= 0 else 0, address, dns, ip,
+                    False, slots, None, None, True, facts.node, domains)
+        members = (rank0,)
+    else:
+        if slots != run.slots:
+            return None  # the leader saw another container (a pod re-created with another size): not published yet
+        node_rank, first_rank, ordinal = ranks_in_run(node_rank=run.node_rank, first_rank=run.first_rank,
+                                                      slots=slots, seen=run.seen, offset=ident.index[-1] - run.first,
+                                                      ordinal=ident.ordinal)
+        me = Member(name, ident.role, ident.index, ordinal, address, dns, ip, True, slots, node_rank, first_rank,
+                    True, facts.node, domains)
+        members = (me,) if rank0.name == name else (rank0, me)
+    return me, members
 
 
 def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed: int = LISTED_HOSTS

@@ -56,6 +56,12 @@ class Job:
     owner: dict[str, Any] | None  # the pod's controller: owns the Lease and the ConfigMaps (garbage collection)
 
 
+async def _own_domains(api: AsyncApi, view: PodView, options: Any, handed: list[str] | None
+                       ) -> tuple[str, ...] | None:
+    """This pod's Node's value per level (--topology-levels): as init handed them, else one GET of its own Node."""
+    return tuple(handed) if handed is not None else await own_domains(api, view.me or {}, options)
+
+
 class Publication:
     """The publication's roles in this sidecar: the journal follower, and the elector and writer of the leader
     and its standbys."""
@@ -86,16 +92,12 @@ class Publication:
         # its own view reads the summary alone, never the snapshot or the journal (unless the summary was deleted)
         collection = f"/api/v1/namespaces/{job.namespace}/configmaps"
         handed = _handed(summary, job, blocks or []) if light else None
-        own: tuple[str, ...] | None = None
-        if light and options.levels is not None:  # its own Node's labels: init's, else one GET of its own
-            own = tuple(domains) if domains is not None and handed is not None else \
-                await own_domains(api, view.me or {}, options)
+        own = await _own_domains(api, view, options, domains if handed is not None else None) \
+            if light and options.levels is not None else None
         if handed is not None:
             publication = cls(api, job, make_follower(), _elector(api, job, lease_seconds, named_leader=False))
             publication.ssh = ssh
-            publication.follower.light = True
-            publication.follower.summary.domains = own
-            publication.follower.first_list = handed
+            publication.follow_light(handed, own)
             return publication, Mode.FOLLOWER
         try:
             items, rv, light = await _looked(api, collection, job.configmap, light, own)
@@ -133,6 +135,12 @@ class Publication:
         publication.follower.summary.domains = own
         publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
         return publication, Mode.STANDBY if standby else Mode.FOLLOWER
+
+    def follow_light(self, first_list: tuple[list[dict[str, Any]], str], domains: tuple[str, ...] | None) -> None:
+        """Follow the summary (and its block) from ``first_list``, what init handed over: no LIST of its own."""
+        self.follower.light = True
+        self.follower.summary.domains = domains
+        self.follower.first_list = first_list
 
     def take_seed(self) -> Seed | None:
         seed, self.seed = self.seed, None
