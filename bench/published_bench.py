@@ -28,8 +28,9 @@ managedFields), bound to its own node and Pending without an IP. Then:
    measured).
 3. Steady state: --changes changes, one every --gap seconds: a worker gets a new IP, and every --leave-every-th
    change a worker leaves or comes back (the world size changes: every pod's torch.env). Event-to-file per change
-   for each sidecar whose files the change alters (all changes for a pod that holds every member, the membership
-   changes for a pod that holds its own view), credited to the first generation whose published sequence
+   for each sidecar whose files the change alters (all changes for a pod that holds every member addressed by IP;
+   the membership changes for any other: a pod in its own view, or one that holds every member by DNS name, whose
+   files a peer's new IP does not alter), credited to the first generation whose published sequence
    contains it (followers) or whose resourceVersion is past it (pods-watchers). CPU and bytes per change.
 4. Takeover: the leader's sidecar is killed (--takeover crash: SIGKILL, nothing released; sigterm: it releases
    the Lease) and its pod deleted; the time until the follower's torch.env says a world one pod smaller (a
@@ -376,13 +377,22 @@ def make_changes(sandbox: SandboxThread, job: Job, measured: set[str], changes: 
     return emitted, seen
 
 
+def says_ips(document: dict[str, Any]) -> bool:
+    """Whether a topology.json's members are addressed by IP (``--address ip``): then a peer's new IP is a new
+    generation of a pod that holds every member. Addressed by DNS name, it is none: the membership key (the files'
+    who-is-where) holds each member's address, not its IP, so the next generation is the next membership change's."""
+    members = document.get("members") or []
+    return bool(members) and members[0].get("address") == members[0].get("ip")
+
+
 def credit(emitted: list[Change], seen: dict[int, set[tuple[str, str]]], gens: list[tuple[int, int, float]], *,
-           holds_all: bool, by_rv: bool) -> tuple[list[tuple[int, bool, float]], int]:
+           ip_changes: bool, by_rv: bool) -> tuple[list[tuple[int, bool, float]], int]:
     """Event-to-file of each change that alters the pod's files (its number, whether it changed the membership,
-    ms), and how many of those got no generation."""
+    ms), and how many of those got no generation. Every change alters the files of a pod that holds every member
+    addressed by IP (``ip_changes``); any other pod's, only the membership changes."""
     latencies, missed = [], 0
     for i, change in enumerate(emitted):
-        if not (holds_all or change.membership):
+        if not (ip_changes or change.membership):
             continue
         if by_rv:
             written = next((t for r, _, t in gens if r >= change.rv), None)
@@ -419,11 +429,13 @@ def steady(sandbox: SandboxThread, tmp: Path, job: Job, args: argparse.Namespace
         "missing_seqs": len(set(range(min(seen, default=0), max(seen, default=0) + 1)) - set(seen)),
     }
     for role, pod in roles.items():
-        holds_all = json.loads((tmp / pod / "topology.json").read_text()).get("view") != "own"
+        document = json.loads((tmp / pod / "topology.json").read_text())
+        holds_all = document.get("view") != "own"
         by_rv = role == "leader"  # it watches the pods itself; the standbys follow the publication until takeover
         result["latency"][role], result["missed"][role] = credit(
-            emitted, seen, generations(running[role][1]), holds_all=holds_all, by_rv=by_rv)
+            emitted, seen, generations(running[role][1]), ip_changes=holds_all and says_ips(document), by_rv=by_rv)
         result.setdefault("holds_all", {})[role] = holds_all
+        result.setdefault("ip_changes", {})[role] = holds_all and says_ips(document)
     result.update(takeover(sandbox, tmp, job, roles, running, args))
     return result
 
@@ -572,7 +584,10 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
                             for i, m, ms in sorted(runs[0]["latency"][role], key=lambda x: -x[2])[:3])
         p50 = [statistics.median(x) for x in lat if x]
         p99 = [percentile(x, 0.99) for x in lat if x]
-        print(f"- {role} sidecar ({'every member' if runs[0]['holds_all'][role] else 'own view'}): start "
+        held = "own view" if not runs[0]["holds_all"][role] else \
+            "every member by IP: every change" if runs[0]["ip_changes"][role] else "every member by DNS name: " \
+            "the membership changes"
+        print(f"- {role} sidecar ({held}): start "
               f"{med([s['requests'] for s in start], '.0f')} requests, {med([total(s) / 1024 for s in start], '.0f')}"
               f" KiB; per change {med([r['per_change_bytes'][role] for r in runs], '.0f')} B, CPU "
               f"{med([r['cpu_ms'][role] for r in runs], '.1f')} ms; event-to-file p50 {med(p50, '.0f')} ms, "
