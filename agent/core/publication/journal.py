@@ -191,14 +191,11 @@ class PublishedState:
         (``_compared``), for a new leader that only compares the rows published with its own: 16384 decoded rows
         held at once would cost it 25 MB. With ``pods`` too, each row's pod is kept (a leader that starts from what it
         published: the pods for its view, the keys for its publisher, from one streamed read)."""
-        if not compare_only:  # a follower keeps every row anyway: json.loads of the whole is faster (~20 %)
-            document = decode_configmap(configmap)
-            return cls.from_document(document, pods=pods) if document is not None else None
         made: list[PublishedState] = []
 
         def begin(header: dict[str, Any]) -> Callable[[Any], object]:
-            made.append(cls._from_header(header, pods=pods, compare_only=True))
-            return made[0]._put
+            made.append(cls._from_header(header, pods=pods, compare_only=compare_only))
+            return made[0]._put_decoded_alone
 
         return made[0] if decode_configmap(configmap, begin) is not None else None
 
@@ -214,10 +211,14 @@ class PublishedState:
         return cls(job=job if isinstance(job, str) else "", namespace=namespace, seq=seq, snapshot_seq=seq,
                    shapes=list(shapes), keep_pods=pods, compare_only=compare_only)
 
-    def _put(self, row: Any) -> str:
+    def _put_decoded_alone(self, row: Any) -> str:
+        """A snapshot's row, decoded on its own (``from_configmap``): no parse shared its labels' keys."""
+        return self._put(row, own_keys=True)
+
+    def _put(self, row: Any, *, own_keys: bool = False) -> str:
         check_row(row, len(self.shapes))
         if self.keep_pods:  # held for the pod's life: the values every pod repeats, once (and the labels' keys
-            self._strings.row(row, keys=self.compare_only)  # of rows decoded one at a time: no parse shared them)
+            self._strings.row(row, keys=own_keys)  # of rows decoded one at a time: no parse shared them)
         # held as a CompactPod: the row's own values, ~0.7 KB less than the pod's dicts, checked from its slots
         pod = check_pod(compact_of(row, shape_lists(self.shapes, self._lists), self.namespace), seen=self._checked)
         if self.keep_pods:
