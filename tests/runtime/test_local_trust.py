@@ -310,3 +310,27 @@ def test_inject_runs_a_signalling_sidecar_as_the_trainer_in_a_shared_process_nam
     inject_document(quiet, Settings(), version=__version__)
     sidecar = next(c for c in quiet["spec"]["template"]["spec"]["initContainers"] if c["name"] == SIDECAR)
     assert sidecar["securityContext"]["runAsUser"] == 65532  # signals nobody: stays the agent's user
+
+
+def test_a_sidecar_that_continues_from_the_files_in_place_lets_go_of_the_key_it_read_back(tmp_path):
+    """The membership key read back from topology.json is a copy of every member's strings (~5 MB at 16384
+    pods): once a plan says the same membership, the plan's own key is held instead, and nothing is rewritten."""
+    from agent import examples
+
+    def sidecars_evaluator():  # type: ignore[no-untyped-def]
+        made = _evaluator(tmp_path)
+        made.settings.ssh, made.settings.finder, made.settings.signal = None, None, None
+        return made
+
+    pods = {p["metadata"]["name"]: p for p in examples.volcano_job("demo", (("master", 1), ("worker", 3)))}
+    sidecars_evaluator().evaluate(0.0, pods=pods, light=None, nodes={}, note="")
+    written = (tmp_path / "topology.json").read_bytes()
+    evaluator = sidecars_evaluator()
+    evaluator.load_previous()
+    read_back = evaluator.in_place.key
+    assert evaluator.generation == 1 and read_back is not None
+    evaluator.evaluate(0.0, pods=pods, light=None, nodes={}, note="")
+    assert evaluator.generation == 1 and (tmp_path / "topology.json").read_bytes() == written
+    assert evaluator.in_place.key == read_back
+    assert not any(held is read for held, read in zip(evaluator.in_place.key, read_back, strict=True))
+    assert not any(held[0] is read[0] for held, read in zip(evaluator.in_place.key, read_back, strict=True))
