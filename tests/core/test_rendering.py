@@ -87,3 +87,25 @@ def test_the_rank_fields_are_where_the_rank_replacement_reads_them():
     m = member(3)._replace(node="n1", domains=("z",))
     assert rendering._NODE_RANK_OF(m) == m.node_rank and rendering._RANK_OF(m) == m.first_rank
     assert (*rendering._BEFORE_RANKS(m), m.node_rank, m.first_rank, *rendering._AFTER_RANKS(m)) == tuple(m)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, rendering.RERANK_CHUNK])
+def test_a_rerank_cut_in_chunks_replaces_every_moved_members_ranks_as_a_fresh_encoding_would(chunk, monkeypatch):
+    """The moved members' texts are cut apart a chunk at a time (their pieces all at once were ~11 MB over what
+    a 16384-pod change holds): every chunk, the last one partial, gives the bytes of a fresh encoding."""
+    encoded: list[Member] = []
+    real = rendering._member_json
+
+    def counting(m: Member, levels=()):  # type: ignore[no-untyped-def]
+        encoded.append(m)
+        return real(m, levels)
+
+    monkeypatch.setattr(rendering, "_member_json", counting)
+    monkeypatch.setattr(rendering, "RERANK_CHUNK", chunk)
+    n = 2 * rendering.RERANK_FROM + 3
+    texts = MemberTexts()
+    texts.texts(tuple(member(i) for i in range(n)), ())
+    encoded.clear()
+    left = tuple(member(i, rank=i - (i > 4)) for i in range(n) if i != 4)
+    assert texts.texts(left, ()) == [json.dumps(real(m)).encode() for m in left]
+    assert encoded == []
