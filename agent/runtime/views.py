@@ -287,8 +287,14 @@ class PublicationView:
     def has(self, pod: str) -> bool:
         return self.state is not None and pod in self.state.pods
 
+    @property
+    def held(self) -> dict[str, RawPod] | None:
+        """The pods of the state held (the objects its readers hold too), kept for the rows a new snapshot
+        leaves as they were: a relist does not hold the job's pods twice."""
+        return self.state.pods if self.state is not None else None
+
     def replace(self, items: list[Any]) -> None:
-        self.state, self.journal = state_from(items, self.name)
+        self.state, self.journal = state_from(items, self.name, held=self.held)
         if self.state is None:
             if self.strict and self.journal is not None and any(object_name(i) == self.name for i in items):
                 # Read in one LIST, the journal must reach back to the snapshot (the leader writes the snapshot
@@ -302,7 +308,7 @@ class PublicationView:
         if event.type not in ("ADDED", "MODIFIED"):
             return
         if object_name(event.object) == self.name:  # a new snapshot (init watches both by label)
-            self.state = PublishedState.from_configmap(event.object)
+            self.state = PublishedState.from_configmap(event.object, held=self.held)
             if self.state is not None and self.journal is not None and self.state.apply(self.journal) is None:
                 self.journal = None  # older than this snapshot
             self._tell(None)

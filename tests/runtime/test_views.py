@@ -111,3 +111,42 @@ def test_a_pod_view_renews_its_pods_for_the_publisher_and_the_planner_through_it
     view.unwatch(late)
     view.remove("w-1")
     assert heard == ["w-2", "w-2", "w-1"]  # the first watcher hears both, the late one only while watching
+
+
+def test_a_snapshot_read_again_keeps_the_pods_held_for_the_rows_that_say_nothing_new():
+    """A follower that lists the publication again (its journal moved past the snapshot held: a burst the
+    leader put in a new snapshot) held every pod of the job twice while the new snapshot was read. The rows
+    that say nothing new now keep the held objects, and a row that changed is the new pod."""
+    import base64
+
+    from agent import examples
+    from agent.core.model import Options
+    from agent.core.publication.journal import PublishedState, Publisher
+    from agent.core.publication.published import Compactor
+    from agent.runtime.views import PublicationView
+
+    options = Options(address="ip")
+    compactor = Compactor(options)
+    raw = examples.volcano_job("demo", (("master", 1), ("worker", 7)))
+    publisher = Publisher(PublishedState(job="demo", namespace="default"), options, leader="demo-master-0")
+    pods = {p["metadata"]["name"]: compactor.pod(p) for p in raw}
+
+    def listed() -> list[dict]:
+        packed = base64.b64encode(publisher.snapshot_packed()).decode()
+        return [{"metadata": {"name": "demo-topology"}, "binaryData": {"topology.json.gz": packed}}]
+
+    publisher.change(pods, list(pods), journal=False)
+    view = PublicationView("demo-topology")
+    view.replace(listed())
+    before = view.held
+    assert before is not None and len(before) == 8
+    moved = raw[5]
+    moved["status"]["podIP"] = moved["status"]["podIPs"][0]["ip"] = "10.9.9.9"
+    pods[moved["metadata"]["name"]] = compactor.pod(moved)
+    publisher.change(pods, [moved["metadata"]["name"]], journal=False)
+    view.replace(listed())
+    after = view.held
+    assert after is not None and after is not before and set(after) == set(before)
+    for name, pod in after.items():
+        assert (pod is before[name]) == (name != moved["metadata"]["name"])
+    assert after[moved["metadata"]["name"]]["status"]["podIP"] == "10.9.9.9"

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from agent.core.compact import same_but_version
 from agent.core.model import Options, RawPod
 from agent.core.pods.pod import object_name
 from agent.core.pods.validation import check_pod
@@ -184,18 +185,21 @@ class PublishedState:
         return state
 
     @classmethod
-    def from_configmap(cls, configmap: dict[str, Any], *, pods: bool = True,
-                       compare_only: bool = False) -> PublishedState | None:
-        """From the snapshot ConfigMap (None while it holds none), each row checked like any pod from the API.
-        ``compare_only``: the rows are decoded one at a time and each is kept as its content key alone
-        (``_compared``), for a new leader that only compares the rows published with its own: 16384 decoded rows
-        held at once would cost it 25 MB. With ``pods`` too, each row's pod is kept (a leader that starts from what it
-        published: the pods for its view, the keys for its publisher, from one streamed read)."""
+    def from_configmap(cls, configmap: dict[str, Any], *, pods: bool = True, compare_only: bool = False,
+                       held: Mapping[str, RawPod] | None = None) -> PublishedState | None:
+        """From the snapshot ConfigMap (None while it holds none), each row checked like any pod from the API,
+        decoded one at a time (16384 decoded rows held at once would cost 25 MB). ``compare_only``: each row is
+        kept as its content key alone (``_compared``), for a new leader that only compares the rows published
+        with its own. With ``pods`` too, each row's pod is kept (a leader that starts from what it published: the
+        pods for its view, the keys for its publisher, from one streamed read). ``held``: the pods a follower
+        holds already (a snapshot read again): a row that says nothing new keeps the held object, so that the
+        job's pods are not held twice while the snapshot is read."""
         made: list[PublishedState] = []
 
         def begin(header: dict[str, Any]) -> Callable[[Any], object]:
-            made.append(cls._from_header(header, pods=pods, compare_only=compare_only))
-            return made[0]._put_decoded_alone
+            state = cls._from_header(header, pods=pods, compare_only=compare_only)
+            made.append(state)
+            return lambda row: state._put(row, own_keys=True, held=held)
 
         return made[0] if decode_configmap(configmap, begin) is not None else None
 
@@ -211,16 +215,16 @@ class PublishedState:
         return cls(job=job if isinstance(job, str) else "", namespace=namespace, seq=seq, snapshot_seq=seq,
                    shapes=list(shapes), keep_pods=pods, compare_only=compare_only)
 
-    def _put_decoded_alone(self, row: Any) -> str:
-        """A snapshot's row, decoded on its own (``from_configmap``): no parse shared its labels' keys."""
-        return self._put(row, own_keys=True)
-
-    def _put(self, row: Any, *, own_keys: bool = False) -> str:
+    def _put(self, row: Any, *, own_keys: bool = False, held: Mapping[str, RawPod] | None = None) -> str:
+        """One row in. ``own_keys``: it was decoded on its own (no parse shared its labels' keys); ``held``: see
+        ``from_configmap``."""
         check_row(row, len(self.shapes))
         if self.keep_pods:  # held for the pod's life: the values every pod repeats, once (and the labels' keys
             self._strings.row(row, keys=own_keys)  # of rows decoded one at a time: no parse shared them)
         # held as a CompactPod: the row's own values, ~0.7 KB less than the pod's dicts, checked from its slots
-        pod = check_pod(compact_of(row, shape_lists(self.shapes, self._lists), self.namespace), seen=self._checked)
+        made = check_pod(compact_of(row, shape_lists(self.shapes, self._lists), self.namespace), seen=self._checked)
+        before = held.get(row[Col.NAME]) if held is not None else None
+        pod = before if before is not None and same_but_version(before, made) else made
         if self.keep_pods:
             self.pods[row[Col.NAME]] = pod  # type: ignore[assignment]
             if not self.compare_only and row[Col.NODE_LABELS] is None:  # the pod says all the row does: not kept
@@ -483,16 +487,17 @@ def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, A
 
 
 def state_from(items: list[dict[str, Any]], snapshot_name: str, *, pods: bool = True,
-               compare_only: bool = False) -> tuple[PublishedState | None, Journal | None]:
+               compare_only: bool = False, held: Mapping[str, RawPod] | None = None,
+               ) -> tuple[PublishedState | None, Journal | None]:
     """The snapshot's state brought forward by the journal, from one LIST of both objects; the state is None
     when there is no snapshot yet or the journal has moved past it (read again). ``pods``: keep the pods too;
-    ``compare_only``: see ``PublishedState.from_configmap``. Without the journal, the summary's header (who
-    publishes, who stands by) is the journal: a pod in its own view lists the summary alone."""
+    ``compare_only`` and ``held``: see ``PublishedState.from_configmap``. Without the journal, the summary's
+    header (who publishes, who stands by) is the journal: a pod in its own view lists the summary alone."""
     by_name = {object_name(item): item for item in items if isinstance(item, dict)}  # any object's name, or ""
     header = by_name.get(journal_name(snapshot_name)) or by_name.get(summary_name(snapshot_name))
     journal = read_journal(header) if header is not None else None
     snapshot = by_name.get(snapshot_name)
-    state = PublishedState.from_configmap(snapshot, pods=pods, compare_only=compare_only) \
+    state = PublishedState.from_configmap(snapshot, pods=pods, compare_only=compare_only, held=held) \
         if snapshot is not None else None
     if state is None:
         return None, journal
