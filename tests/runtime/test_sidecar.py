@@ -352,7 +352,9 @@ async def test_a_change_is_evaluated_with_the_cyclic_collector_off_and_it_is_on_
 async def test_an_unchanged_relist_after_410_triggers_nothing(job, memory, api):
     await job.until(job.settled, "nothing pending")
     plan = job.sidecar.evaluator.plan
-    memory.faults(down_for=1.0)  # while the sidecar is away, a change that moves no one, then compaction
+    # While the sidecar is away (an outage shorter than its first retry's pause, 0.8 s or more, so that it comes
+    # back once, to a compacted history): a change that moves no one, then compaction.
+    memory.faults(down_for=0.5)
     memory.update_pod("default", "demo-worker-1", lambda p: p["metadata"]["annotations"].__setitem__("note", "x"))
     memory.faults(compact=True)
     agent = agent_name("sidecar", "demo-worker-0")
@@ -399,7 +401,9 @@ async def test_a_relist_that_brings_changes_plans_only_them_and_keeps_the_layout
     assert layout is not None
     agent = agent_name("sidecar", "demo-worker-0")
     lists = sum(1 for who, r in list(api.requests) if who == agent and r.verb == "list")
-    memory.faults(down_for=1.0)  # while the sidecar is away: a new IP and a write of nothing held, then compaction
+    # While the sidecar is away (an outage shorter than its first retry's pause, 0.8 s or more): a new IP and a
+    # write of nothing held, then compaction.
+    memory.faults(down_for=0.5)
     memory.update_pod("default", "demo-worker-1", lambda p: p["status"].update(
         podIP=examples.loopback_ip(78), podIPs=[{"ip": examples.loopback_ip(78)}]))
     memory.update_pod("default", "demo-master-0", kubelet_ready)
@@ -862,11 +866,15 @@ async def test_a_standby_readied_by_a_slow_leader_lets_go_of_the_pods_once_it_re
     held them for the rest of its life (~90 MB at 16384 pods, against 44 for a standby that follows the summary).
     Once the leader has renewed for a whole lease, the standby follows the publication again, holding no pod."""
     await published_job(memory, api, logs, tmp_path, 5)
-    # a 6 s lease: ready after 2 s without a renewal, the Lease free after 6 (slack for a loaded machine)
-    running = {n: await start_sidecar(sidecars, tmp_path, n, "--lease-seconds", "6")
+    # A 3 s lease: a standby that has seen the leader renew is ready after 1 s without a renewal and may take the
+    # Lease after 3; the 2 s between (less the leader's 0.6 s between renewals) are slack for the test's next
+    # steps (the standby's LIST of 6 pods, the renewals back) on a loaded machine.
+    running = {n: await start_sidecar(sidecars, tmp_path, n, "--lease-seconds", "3")
                for n in ("demo-master-0", "demo-worker-0")}
     await logs.until("demo-worker-0", "(standby)")
     await logs.until("demo-master-0", "started publishing")
+    watching = running["demo-worker-0"].sidecar.publication.elector.observed
+    await api.notice.until(lambda: watching.renewals >= 1, what="the standby sees the leader renew")
     elector = running["demo-master-0"].sidecar.publication.elector
     renew = elector.attempt
 
