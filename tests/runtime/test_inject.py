@@ -45,7 +45,9 @@ VALUE_FLAGS = {"--timeout", "--elastic", "--address", "--ssh-port", "--debounce"
 
 
 def docs_of(path: Path) -> list[dict]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+    """The documents of a manifest, read with libyaml's parser where PyYAML has it (they are read at
+    collection, in every worker) under the same safe constructor."""
+    return [d for d in yaml.load_all(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
 
 
 def reduce_to_users_job(doc: dict) -> dict:
