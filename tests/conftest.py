@@ -70,8 +70,32 @@ class XdistGroups:
                 item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
+class SpreadModules:
+    """``--spread-modules`` (scripts/test --fast): each module's tests in turn with every other module's, spread
+    evenly over the run, instead of one module after the other. The fast lane's waits (leases, deadlines,
+    backoffs) are in a few modules of tests/runtime, so in collection order every worker reached them at once
+    and the cores sat idle, then queued behind tests/core's property tests; spread, a worker's wait overlaps
+    the others' work. The order is the same in every worker (xdist requires it): a module's i-th of n tests
+    comes at (i + 1/2) / n of the run."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        modules: dict[object, list[pytest.Item]] = {}
+        for item in items:
+            modules.setdefault(item.path, []).append(item)
+        at = {id(item): (k + 0.5) / len(tests) for tests in modules.values() for k, item in enumerate(tests)}
+        items.sort(key=lambda item: at[id(item)])  # stable: ties keep the collection order
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--spread-modules", action="store_true",
+                     help="run each module's tests spread evenly over the run (scripts/test --fast)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(XdistGroups(), "xdist-groups")
+    if config.getoption("spread_modules"):
+        config.pluginmanager.register(SpreadModules(), "spread-modules")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
