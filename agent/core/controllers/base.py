@@ -26,8 +26,8 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agent.core.compact import PodMeta, meta_of
 from agent.core.model import Identity, Options, RawPod
+from agent.core.pods.pod import PodMeta, meta_of
 from agent.core.pods.validation import index_value, role_value
 from agent.errors import InputError
 

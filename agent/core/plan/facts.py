@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from agent.core.compact import life_of, version_of
 from agent.core.controllers import Controller, selector_matches
 from agent.core.model import Identity, Options, RawPod
 from agent.core.pods.claims import has_claims
 from agent.core.pods.containers import pick_trainer_container, resolve_nproc
 from agent.core.pods.lost import node_lost_of, why_lost
-from agent.core.pods.pod import pod_ip, pod_name
+from agent.core.pods.pod import life_of, pod_ip, pod_name, version_of
 from agent.core.pods.validation import check_pod, dns_value, ip_value
 from agent.errors import InputError
 

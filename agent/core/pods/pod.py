@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+# The readers of either form of a pod (core/compact.py), for the modules that read pods through this one
+from agent.core.compact import PodMeta as PodMeta
 from agent.core.compact import ip_of, name_of
+from agent.core.compact import life_of as life_of
+from agent.core.compact import meta_of as meta_of
+from agent.core.compact import version_of as version_of
 from agent.core.model import RawPod
 from agent.core.pods.validation import check_pod
 from agent.errors import InputError
