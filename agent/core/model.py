@@ -301,7 +301,7 @@ class Excluded:
 AddressTemplate = tuple[str | tuple[int, int], ...]  # literal text, and (index part, what is added to it)
 LISTED_HOSTS = 16  # a role of at most this many pods keeps its address list in the summary (summary.py)
 # Where the agent's containers alone mount a volume of their own (never the trainer's): what init leaves for its
-# sidecar goes there, out of the trainer's reach (runtime/handoff.py).
+# sidecar goes there, out of the trainer's reach (runtime/publication/handoff.py).
 STATE_DIR = "/var/run/topology-agent"
 _DIGITS = re.compile(r"[0-9]+")
 

@@ -80,7 +80,8 @@ class SidecarSettings(SidecarOwn):
     out_dir: Path
     finder: Any = None  # signalling.TrainerFinder: the trainer to signal (None: nobody named)
     ssh: Any = None  # SshSettings: known_hosts and ssh_config follow the members
-    state_dir: Path | None = None  # mounted by the agent's containers alone: init's reads (runtime/handoff.py)
+    # mounted by the agent's containers alone: init's reads (runtime/publication/handoff.py)
+    state_dir: Path | None = None
 
     @property
     def stale_after(self) -> float:

@@ -97,7 +97,7 @@ def test_the_leader_writes_its_name_and_uid_on_both_objects_and_a_reader_reads_i
 
 
 def test_a_reader_fetches_the_writer_pod_as_metadata_once():
-    from agent.runtime.publishing import vouch
+    from agent.runtime.publication.publishing import vouch
 
     asked: list[tuple[str, dict]] = []
 

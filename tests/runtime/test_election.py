@@ -1,5 +1,5 @@
-"""The publisher election from a standby's side (runtime/election.py), against a Lease held in memory: when it
-gets ready (lists the pods) and when it takes the Lease."""
+"""The publisher election from a standby's side (runtime/publication/election.py), against a Lease held in memory: when
+it gets ready (lists the pods) and when it takes the Lease."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 from agent.core.publication.lease import Timing
-from agent.runtime.election import Elector, Standby
+from agent.runtime.publication.election import Elector, Standby
 
 
 class LeaseApi:

@@ -1,4 +1,4 @@
-"""Init's reads left for its sidecar (runtime/handoff.py): in the state directory, which only the agent's
+"""Init's reads left for its sidecar (runtime/publication/handoff.py): in the state directory, which only the agent's
 containers mount; never in the shared directory the trainer writes. A file there that is not what init wrote is
 still refused in one line, and the sidecar reads the API instead."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from agent import examples
 from agent.core.publication.provenance import Writer
-from agent.runtime.handoff import NAME, Handoff, read_handoff, write_handoff
+from agent.runtime.publication.handoff import NAME, Handoff, read_handoff, write_handoff
 
 POD = examples.volcano_job("demo", (("master", 1), ("worker", 2)))[1]
 JOB = "/apis/batch.volcano.sh/v1alpha1/namespaces/default/jobs/demo"

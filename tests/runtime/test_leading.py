@@ -16,8 +16,8 @@ import pytest
 
 from agent import examples
 from agent.core.publication.lease import Timing, lease_body, read_record
-from agent.runtime.leading import InitLease
-from agent.runtime.publishing import now_wall
+from agent.runtime.publication.leading import InitLease
+from agent.runtime.publication.publishing import now_wall
 from tests.fakeapi import agent_name, init_pod
 from tests.jobs import add_worker, configmap, create_volcano_job, policy_admits, world
 from tests.runtime.test_sidecar import CONFIGMAPS, PODS, init, start_sidecar

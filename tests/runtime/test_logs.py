@@ -16,7 +16,7 @@ from agent import cli, examples
 from agent.core.publication.lease import lease_body
 from agent.errors import InputError
 from agent.runtime.logs import setup_logging
-from agent.runtime.publishing import now_wall
+from agent.runtime.publication.publishing import now_wall
 from tests.fakeapi import init_pod
 from tests.jobs import create_volcano_job
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from agent import examples
-from agent.runtime.handoff import NAME as READS
-from agent.runtime.publishing import said
+from agent.runtime.publication.handoff import NAME as READS
+from agent.runtime.publication.publishing import said
 from agent.runtime.restarts import RECORD as RUN_RECORD
 from tests.fakeapi import agent_name, init_pod, state_of
 from tests.jobs import (
@@ -613,7 +613,7 @@ async def test_a_sidecar_starts_from_what_its_init_read_and_reads_it_again_only_
                                                                                              sidecars, tmp_path):
     """Each follower's sidecar read its own pod, the job and the leader's pod again, which init had read a moment
     before (~20 KiB of its ~34 KiB at start in a 16384-pod job): it starts from init's reads
-    (runtime/handoff.py). Without them (a sidecar run alone, a file the trainer broke) it reads the API."""
+    (runtime/publication/handoff.py). Without them (a sidecar run alone, a file the trainer broke) it reads the API."""
     await published_job(memory, api, logs, tmp_path, 20)
     (state_of(tmp_path / "demo-worker-8") / READS).write_text("{not json")  # broken: read again, in one line
     await start_sidecar(sidecars, tmp_path, "demo-master-0")
@@ -677,7 +677,7 @@ def forged_reads(memory, pod: str, rogue_pod: dict) -> bytes:
     """Init's reads as a trainer can write them: the own pod as the API has it, the job's object with its uid
     removed and the worker task's replicas one more, and the rogue pod among the publishers init accepted."""
     from agent.core.publication.provenance import Writer
-    from agent.runtime.handoff import Handoff
+    from agent.runtime.publication.handoff import Handoff
 
     job = copy.deepcopy(next(o for o in list(memory.sandbox.store.objects.values())
                              if o.get("kind") == "Job" and o["metadata"]["name"] == "demo"))

@@ -262,7 +262,8 @@ SIDECAR_TEMPLATES = [(w, t) for w, t in _templates()
 
 @pytest.mark.parametrize(("where", "template"), SIDECAR_TEMPLATES, ids=[w for w, _ in SIDECAR_TEMPLATES])
 def test_where_a_sidecar_runs_init_leaves_its_reads_in_a_volume_the_trainer_does_not_mount(where, template):
-    # What init read decides who the members are; the trainer writes the shared directory (runtime/handoff.py).
+    # What init read decides who the members are; the trainer writes the shared directory
+    # (runtime/publication/handoff.py).
     from agent.core.model import STATE_DIR
 
     spec = template["spec"]

@@ -647,7 +647,7 @@ def inject(template: Template, *, version: str) -> dict[str, Any]:
     if sidecar:
         added.append(_sidecar_container(template, user_containers, image=image, out=out, common=common))
     _add_to_spec(spec, added, settings)
-    if sidecar:  # what init read, for its sidecar, where the trainer cannot write it (runtime/handoff.py)
+    if sidecar:  # what init read, for its sidecar, where the trainer cannot write it (runtime/publication/handoff.py)
         for container in added:
             container["volumeMounts"].append({"name": STATE, "mountPath": STATE_DIR})
         spec["volumes"].append({"name": STATE, "emptyDir": {}})

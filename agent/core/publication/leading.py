@@ -1,5 +1,5 @@
-"""Who leads a large job's publication: the one place that says it. Pure: the callers (init's runtime/leading.py,
-the sidecar's election.py) pass what they read and their own clock.
+"""Who leads a large job's publication: the one place that says it. Pure: the callers (init's
+runtime/publication/leading.py, the sidecar's election.py) pass what they read and their own clock.
 
 - The first training pod whose init runs leads. It creates the publisher Lease (``<job>-topology``, lease.py): the
   API server's create is atomic, so of inits that race one gets 201 and leads and the others get 409 and follow.

@@ -50,7 +50,7 @@ from agent.k8s.reflector import aclose
 from agent.runtime.events import events_path
 from agent.runtime.jobs import read_job
 from agent.runtime.nodes import read_lost_nodes, read_nodes, wanted_nodes
-from agent.runtime.publishing import lease_path
+from agent.runtime.publication.publishing import lease_path
 
 SETTLE = 1.0  # -w: seconds between two readings of the job (a burst of changes is one reprint)
 

@@ -6,8 +6,8 @@ gang is complete (and one LIST of the namespace's ResourceClaims when a pod's tr
 watch that the server ends or that breaks resumes from the last resourceVersion seen; a 410 Gone relists. No
 polling. From 256 training pods one pod (the leader: the first training pod whose init runs, as the publisher
 Lease says, core/publication/leading.py) lists the pods and publishes them; every other pod reads the
-publication (runtime/publishing.py), or in its own view (the default's for most pods, core/publication/view_choice.py)
-its summary.
+publication (runtime/publication/publishing.py), or in its own view (the default's for most pods,
+core/publication/view_choice.py) its summary.
 
 init is written against the async client face (``AsyncApi``) as the sidecar is, over its own blocking client
 (k8s/blocking.py): one ``asyncio.run`` for the whole command. Where its pods come from is decided first, from
@@ -45,14 +45,14 @@ from agent.k8s.blocking import Blocking
 from agent.k8s.client import Client
 from agent.runtime.claims import with_claims
 from agent.runtime.events import Sink
-from agent.runtime.handoff import Handoff, write_handoff
 from agent.runtime.init.barrier import Rerun, restart_barrier
 from agent.runtime.init.calls import Calls, PodEvents
 from agent.runtime.init.gang import BLOCKED, LINGER, from_pods
 from agent.runtime.init.publication import elect, follow, owner_of, with_placement
 from agent.runtime.jobs import read_job
-from agent.runtime.leading import InitLease
 from agent.runtime.output import write_generation
+from agent.runtime.publication.handoff import Handoff, write_handoff
+from agent.runtime.publication.leading import InitLease
 from agent.runtime.restarts import Run, read_run, write_run
 from agent.runtime.views import PodView
 
@@ -166,7 +166,7 @@ class Init:
         self.objects: tuple[Mapping[str, Any], ...] = ()  # the job's objects as read (the owner first)
         self.roster: Roster | None = None  # who may be a member, once the owner is read
         self.held = Held(memo=self.memo)
-        self.reads = Handoff()  # what the sidecar would read again at start (runtime/handoff.py)
+        self.reads = Handoff()  # what the sidecar would read again at start (runtime/publication/handoff.py)
         self.part = Part()  # its part in a large job's publication
         self.rerun = Rerun()  # this run in the pod: the one before it, on an in-place restart
 

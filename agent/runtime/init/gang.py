@@ -22,7 +22,7 @@ from agent.k8s.core import PAGE, WatchEvent, pods_path
 from agent.k8s.reflector import aclose
 from agent.runtime.init.publication import give_way, owner_of
 from agent.runtime.nodes import read_nodes, wanted_nodes
-from agent.runtime.publishing import first_publisher, publish_first
+from agent.runtime.publication.publishing import first_publisher, publish_first
 from agent.runtime.views import HOLDING, PodView, full_view_line
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from agent.errors import ApiError, ApiForbidden, ApiNotFound, GangTimeout
 from agent.k8s.blocking import Blocking
 from agent.k8s.core import WatchEvent
 from agent.k8s.reflector import AsyncOps, Reflector, aclose
-from agent.runtime.leading import InitLease
 from agent.runtime.nodes import own_domains
-from agent.runtime.publishing import existing_copy, vouch
+from agent.runtime.publication.leading import InitLease
+from agent.runtime.publication.publishing import existing_copy, vouch
 from agent.runtime.views import (
     READING,
     PublicationView,

@@ -39,13 +39,13 @@ from agent.k8s.async_client import AsyncApi
 from agent.k8s.reflector import Reflector
 from agent.k8s.retrying import retried
 from agent.runtime.claims import claimants, with_claims
-from agent.runtime.election import Standby
 from agent.runtime.events import AsyncSink, Refusals, TaskRecorder
-from agent.runtime.handoff import read_handoff
 from agent.runtime.jobs import read_job
 from agent.runtime.memory import collector_paused, keep_freed_memory, release_memory
 from agent.runtime.metrics import SidecarMetrics
 from agent.runtime.nodes import NodeMap, read_nodes, wanted_nodes
+from agent.runtime.publication.election import Standby
+from agent.runtime.publication.handoff import read_handoff
 from agent.runtime.restarts import record_generation
 from agent.runtime.sidecar.evaluating import Evaluator
 from agent.runtime.sidecar.following import JournalFollower, Mode, NodesFollower, PodsFollower
@@ -261,7 +261,7 @@ class Sidecar:
 
     async def start(self) -> None:
         s = self.settings
-        reads = read_handoff(s.state_dir, s.pod_name)  # what init read: not read again (runtime/handoff.py)
+        reads = read_handoff(s.state_dir, s.pod_name)  # what init read: not read again (runtime/publication/handoff.py)
         me = reads.own_pod() or await self._own_pod()
         await self._read_job(me, reads.objects)
         s = self.settings

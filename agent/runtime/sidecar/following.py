@@ -35,7 +35,7 @@ from agent.k8s.core import PAGE, WatchEvent, pods_path
 from agent.k8s.reflector import AsyncOps, Reflector, Store, aclose, reflect
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.runtime.memory import freeze, release_memory
-from agent.runtime.publishing import lease_path, vouch
+from agent.runtime.publication.publishing import lease_path, vouch
 from agent.runtime.tasks import race
 from agent.runtime.views import (
     READING,

@@ -27,9 +27,9 @@ from agent.core.publication.view_choice import why_full_view
 from agent.errors import ApiError, ApiForbidden, InputError
 from agent.k8s.async_client import AsyncApi
 from agent.k8s.retrying import retried
-from agent.runtime.election import Elector
 from agent.runtime.nodes import NodeMap, own_domains
-from agent.runtime.publishing import JournalWriter, ReadBack, vouch
+from agent.runtime.publication.election import Elector
+from agent.runtime.publication.publishing import JournalWriter, ReadBack, vouch
 from agent.runtime.sidecar.following import JournalFollower, Mode, Seed
 from agent.runtime.tasks import race
 from agent.runtime.views import (
@@ -81,8 +81,8 @@ class Publication:
                    domains: list[str] | None = None) -> tuple[Publication | None, Mode]:
         """Look for a publication (the API being away at start is waited out: it decides the mode for the pod's
         life; no RBAC for ConfigMaps means the pods). None and PODS when there is none to follow. ``summary``:
-        the summary that placed this pod in its init (runtime/handoff.py), followed from there without a LIST, with
-        its ``blocks`` and its own Node's ``domains`` (--topology-levels: core/publication/blocks.py)."""
+        the summary that placed this pod in its init (runtime/publication/handoff.py), followed from there without a
+        LIST, with its ``blocks`` and its own Node's ``domains`` (--topology-levels: core/publication/blocks.py)."""
         # a large job's pod in its own view was handed its summary by its init (a small one's is not)
         why_full = why_full_view(options, large=summary is not None)
         light = why_full is None

@@ -43,8 +43,8 @@ from agent.core.publication.summary import SUMMARY_KEY, summarize_with_blocks, s
 from agent.core.publication.view_choice import LARGE_JOB
 from agent.errors import ApiConflict, ApiForbidden, ApiNotFound
 from agent.k8s.retrying import retried
-from agent.runtime.block_writing import BlockWriter
 from agent.runtime.memory import release_memory
+from agent.runtime.publication.block_writing import BlockWriter
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load (k8s/blocking.py)
     from agent.k8s.async_client import AsyncApi
@@ -138,8 +138,8 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
                   publisher: Publisher | None = None, pods_rv: str = "", retry: Retry = _retried,
                   ssh: bool = False) -> bool:
     """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/publication/summary.py); the
-    Lease is held already (runtime/leading.py). False when the snapshot exists already (this init runs again after a
-    restart, an earlier incarnation of a member or another leader wrote it, or someone else did): the leader's
+    Lease is held already (runtime/publication/leading.py). False when the snapshot exists already (this init runs again
+    after a restart, an earlier incarnation of a member or another leader wrote it, or someone else did): the leader's
     files still come from the pods it listed, never from that ConfigMap. ``publisher``: one made by
     ``first_publisher``, with the rows staged while the pods arrived. ``pods_rv``: the pods' resourceVersion
     ``pods`` are current to (the leader's sidecar watches from there), "" when a LIST from there would bring

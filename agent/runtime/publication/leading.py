@@ -26,7 +26,7 @@ from agent.core.escaping import pod_name_shown, shown
 from agent.core.publication import leading
 from agent.core.publication.lease import Observation, Record, Timing, lease_body, read_record
 from agent.errors import ApiConflict, ApiError, ApiNotFound
-from agent.runtime.publishing import lease_path, now_wall
+from agent.runtime.publication.publishing import lease_path, now_wall
 
 if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not load (k8s/blocking.py)
     from agent.k8s.async_client import AsyncApi

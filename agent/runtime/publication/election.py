@@ -31,7 +31,7 @@ from agent.core.publication.lease import (
 )
 from agent.errors import ApiConflict, ApiError, ApiForbidden, ApiNotFound, ApiUnavailable
 from agent.k8s.async_client import AsyncApi
-from agent.runtime.publishing import lease_path, now_wall
+from agent.runtime.publication.publishing import lease_path, now_wall
 
 log = logging.getLogger("topology_agent.election")
 STAND_DOWN_MOST = 64  # durations (16 min at the default 15 s): the longest a standby readied again and again keeps
