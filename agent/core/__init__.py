@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.core.files.frameworks import render_frameworks
-from agent.core.files.rendering import MemberTexts, render_files, with_frameworks
+from agent.core.files.rendering import Files, MemberTexts, render_files, with_frameworks
 from agent.core.files.variables import Variable, compute_variables
 from agent.core.model import Options, RawPod
 from agent.core.plan.facts import Memo
@@ -26,7 +26,7 @@ class Rendered:
 
     plan: Plan
     variables: tuple[Variable, ...]
-    files: dict[str, bytes]
+    files: Files  # read as bytes by name; written from their parts
     frameworks: tuple[Rendition, ...] = ()
 
 

@@ -19,7 +19,7 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
     """Write everything for this pod; return the names written. ``ssh`` is an ``SshSettings`` or None; the
     sidecar passes ``ssh_membership_only`` (known_hosts and ssh_config follow the members; the pod's host key,
     which sshd has loaded, stays) and ``ssh_texts`` (an ``SshTexts`` it keeps between generations)."""
-    files = dict(rendered.files)
+    files = rendered.files.parts()
     modes: dict[str, int] = {}
     owner = None
     private: tuple[str, ...] = ()
@@ -40,7 +40,7 @@ def write_generation(out_dir: Path, rendered: Rendered, options: Options, ssh: o
             ssh_out, modes = ssh_files(rendered, keys, paths=paths, port=ssh.port,
                                        cluster_domain=options.cluster_domain)
         markers = {name: files.pop(name) for name in MARKERS}
-        files.update(ssh_out)
+        files.update((name, (data,)) for name, data in ssh_out.items())
         files.update(markers)  # the markers stay last
         owner = ssh.owner
         private = ("ssh",)

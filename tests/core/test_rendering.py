@@ -11,6 +11,8 @@ import pytest
 from agent.core.files import rendering
 from agent.core.files.rendering import _KEY_FIELDS, MemberTexts, _member_json
 from agent.core.model import Member
+from agent.files import writing
+from agent.files.writing import write_files
 
 
 def member(i: int, address: str | None = None, rank: int | None = None) -> Member:
@@ -109,3 +111,16 @@ def test_a_rerank_cut_in_chunks_replaces_every_moved_members_ranks_as_a_fresh_en
     left = tuple(member(i, rank=i - (i > 4)) for i in range(n) if i != 4)
     assert texts.texts(left, ()) == [json.dumps(real(m)).encode() for m in left]
     assert encoded == []
+
+
+@pytest.mark.parametrize("slice_", [1, 2, writing.WRITE_PARTS])
+def test_files_held_in_parts_read_joined_and_are_written_one_part_after_another(slice_, tmp_path, monkeypatch):
+    """topology.json is held as its members' texts and what stands between them: read, the parts joined; the
+    writer writes the parts a slice at a time (no joined copy of the file), the bytes the same, in write order."""
+    monkeypatch.setattr(writing, "WRITE_PARTS", slice_)
+    files = rendering.Files({"torch.env": (b"WORLD_SIZE=2\n",), "topology.json": [b'{"members": [', b"{}",
+                                                                                  b", ", b"{}", b"]}\n"]})
+    assert files["topology.json"] == b'{"members": [{}, {}]}\n' and list(files) == ["torch.env", "topology.json"]
+    write_files(tmp_path, files.parts())
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == dict(files.items())
+
