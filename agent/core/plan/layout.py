@@ -309,28 +309,40 @@ class _Census:
     __slots__ = ("claims", "derived", "role_count", "training")
 
     def __init__(self, live: Iterable[Live], position: Mapping[str, int]) -> None:
-        self.claims: dict[tuple[str, tuple[int, ...]], str] = {}
+        # role -> index -> the pod that holds it: keyed by the identity's own index, not a (role, index) pair made
+        # per pod (~1 MB of pairs held at 16384 pods)
+        self.claims: dict[str, dict[tuple[int, ...], str]] = {}
         self.role_count: dict[str, int] = {}
         self.training = self.derived = 0
         for _, ident, facts in live:
-            self.claims[(ident.role, ident.index)] = facts.name
+            self._held(ident.role)[ident.index] = facts.name
             self.role_count[ident.role] = self.role_count.get(ident.role, 0) + 1
             self.training += ident.role in position
             self.derived += ident.ordinal < 0
 
+    def _held(self, role: str) -> dict[tuple[int, ...], str]:
+        held = self.claims.get(role)
+        if held is None:
+            held = self.claims[role] = {}
+        return held
+
     def enter(self, ident: Identity, name: str, *, trains: bool) -> bool:
         """Count a pod in; False (and nothing counted) when another pod holds its role and index."""
-        claim = (ident.role, ident.index)
-        if claim in self.claims:
+        held = self._held(ident.role)
+        if ident.index in held:
             return False
-        self.claims[claim] = name
+        held[ident.index] = name
         self.role_count[ident.role] = self.role_count.get(ident.role, 0) + 1
         self.training += trains
         self.derived += ident.ordinal < 0
         return True
 
     def leave(self, ident: Identity, *, trains: bool) -> None:
-        self.claims.pop((ident.role, ident.index), None)
+        held = self.claims.get(ident.role)
+        if held is not None:
+            held.pop(ident.index, None)
+            if not held:  # as a census counted afresh holds it: no role without a pod
+                del self.claims[ident.role]
         self.role_count[ident.role] -= 1
         self.training -= trains
         self.derived -= ident.ordinal < 0
