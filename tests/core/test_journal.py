@@ -498,8 +498,10 @@ def test_rows_that_carry_node_labels_are_not_staged():
         publisher.stage(pod)
     nodes = {"node-a": {DEFAULT_LEVELS[0].label: "block-a"}}
     publisher.change(pods, pods, nodes, journal=False)
-    rows = decode(publisher.snapshot_packed())["pods"]
-    assert [row[11] for row in rows] == [{DEFAULT_LEVELS[0].label: "block-a"}] * 3
+    document = decode(publisher.snapshot_packed())
+    assert document["nodeLabels"] == [{DEFAULT_LEVELS[0].label: "block-a"}]  # said once, for the three rows
+    assert [row[11] for row in document["pods"]] == [0] * 3
+    assert PublishedState.from_document(document).node_labels() == {"node-a": {DEFAULT_LEVELS[0].label: "block-a"}}
 
 
 def test_a_row_changed_after_staging_is_packed_as_it_is_now():

@@ -130,7 +130,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     | st.text(max_size=5),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
                                                                                  max_size=4), max_leaves=12)
-HEAD = {"schema": SCHEMA, "job": "j", "namespace": "default", "generation": 3, "containers": []}
+HEAD = {"schema": SCHEMA, "job": "j", "namespace": "default", "generation": 3, "containers": [], "nodeLabels": []}
 
 
 @pytest.mark.slow
@@ -161,7 +161,8 @@ def test_the_document_decodes_as_json_loads_reads_it_streamed_or_not(extra, rows
 
 @pytest.mark.parametrize(("text", "says"), [
     ('{"schema":%s,"pods":[],"pods":[]}', "does not decode"),
-    ('{"schema":%s,"job":"j","namespace":"n","generation":1,"containers":[],"pods":[],"generation":2}',
+    ('{"schema":%s,"job":"j","namespace":"n","generation":1,"containers":[],"nodeLabels":[],"pods":[],'
+     '"generation":2}',
      "repeated after the rows"),
     ('{"schema":%s,"job":"j","namespace":"n","generation":1,"containers":[],"pods":[1 2]}', "does not decode"),
     ('{"schema":%s,"job":"j","namespace":"n","generation":1,"containers":[],"pods":[]} x', "does not decode"),

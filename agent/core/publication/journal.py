@@ -33,9 +33,11 @@ from agent.core.pods.pod import object_name
 from agent.core.pods.validation import check_pod
 from agent.core.publication.blocks import PART_LABEL, summary_key
 from agent.core.publication.published import (
+    LABELS_KEY,
     SCHEMA,
     SELECT_LABEL,
     Col,
+    LabelSets,
     SharedStrings,
     _refuse,
     _row,
@@ -43,8 +45,10 @@ from agent.core.publication.published import (
     check_row,
     compact_of,
     decode_configmap,
+    label_sets_of,
     node_labels_of,
     pack_text,
+    resolve_labels,
     select_value,
     shape_lists,
 )
@@ -78,16 +82,20 @@ def summary_name(snapshot_name: str) -> str:
 @dataclass(frozen=True)
 class Entry:
     seq: int
-    put: tuple[list[Any], ...]  # rows (published.py's row shape)
+    put: tuple[list[Any], ...]  # rows (published.py's row shape; their Node labels as a table when encoded)
     gone: tuple[str, ...]  # pod names
     shapes: tuple[tuple[int, dict[str, Any]], ...]  # container shapes first used by these rows: (index, shape)
 
     def encoded(self) -> str:
         """The entry as JSON, keys sorted; its rows a block at a time. Python's encoder makes one string per
         value before it joins them: this way an entry of 4096 rows (a burst of the kubelet's writes) peaks 1.5 MB
-        over its rows (bench/transients_bench.py)."""
-        put = ",".join(_dumps(list(self.put[at:at + BLOCK_ROWS]))[1:-1] for at in range(0, len(self.put), BLOCK_ROWS))
-        return (f'{{"gone":{_dumps(list(self.gone))},"put":[{put}],"seq":{_dumps(self.seq)},'
+        over its rows (bench/transients_bench.py). The rows' Node labels are said once per distinct set, as in
+        the snapshot (``LabelSets``), in the entry's own table (absent: none)."""
+        sets = LabelSets()
+        put = ",".join(_dumps([sets.wire(row) for row in self.put[at:at + BLOCK_ROWS]])[1:-1]
+                       for at in range(0, len(self.put), BLOCK_ROWS))
+        labels = f'"{LABELS_KEY}":{_dumps(sets.sets)},' if sets.sets else ""
+        return (f'{{"gone":{_dumps(list(self.gone))},{labels}"put":[{put}],"seq":{_dumps(self.seq)},'
                 f'"shapes":{_dumps({str(i): s for i, s in self.shapes})}}}')
 
 
@@ -167,6 +175,7 @@ class PublishedState:
     #                                                                              ``shapes`` for the state's life)
     _lists: list[list[dict[str, Any]]] = field(default_factory=list, repr=False, compare=False)  # shape_lists
     _strings: SharedStrings = field(default_factory=SharedStrings, repr=False, compare=False)
+    _label_sets: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)  # the snapshot's
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         """The labels of the Nodes the members run on, as the publisher read them (rows carry them)."""
@@ -181,7 +190,7 @@ class PublishedState:
             raise _refuse("namespace or pods has the wrong type")
         state = cls._from_header(document, pods=pods)
         for row in rows:
-            state._put(row)
+            state._put(resolve_labels(row, state._label_sets))
         return state
 
     @classmethod
@@ -199,7 +208,8 @@ class PublishedState:
         def begin(header: dict[str, Any]) -> Callable[[Any], object]:
             state = cls._from_header(header, pods=pods, compare_only=compare_only)
             made.append(state)
-            return lambda row: state._put(row, own_keys=True, held=held)
+            sets = state._label_sets
+            return lambda row: state._put(resolve_labels(row, sets), own_keys=True, held=held)
 
         return made[0] if decode_configmap(configmap, begin) is not None else None
 
@@ -213,7 +223,8 @@ class PublishedState:
         job = header.get("job", "")
         seq = header.get("generation", 0)
         return cls(job=job if isinstance(job, str) else "", namespace=namespace, seq=seq, snapshot_seq=seq,
-                   shapes=list(shapes), keep_pods=pods, compare_only=compare_only)
+                   shapes=list(shapes), keep_pods=pods, compare_only=compare_only,
+                   _label_sets=label_sets_of(header.get(LABELS_KEY)))
 
     def _put(self, row: Any, *, own_keys: bool = False, held: Mapping[str, RawPod] | None = None) -> str:
         """One row in. ``own_keys``: it was decoded on its own (no parse shared its labels' keys); ``held``: see
@@ -343,6 +354,7 @@ class Publisher:
         self._staged: dict[str, tuple[RawPod, list[Any], str]] = {}
         self._encoded_rows: dict[str, tuple[list[Any], str]] = {}
         self._texts: dict[int, tuple[object, str]] = {}  # container shapes as text, while rows are staged
+        self._labels = LabelSets()  # the snapshot's Node label sets: packed blocks hold indices into it
 
     @property
     def base(self) -> int:
@@ -421,11 +433,15 @@ class Publisher:
         """``pack(self.snapshot_document())`` as gzip members (gzip's own framing: a reader inflates them one after
         another), one per block of rows (``_Blocks``). The inflated text is the whole document's, byte for byte."""
         state = self.state
+        if len(self._labels.sets) > 2 * len(state.rows) + BLOCK_ROWS:  # mostly sets no row names any more
+            self._labels = LabelSets()
+            self._blocks.packed.clear()  # their indices were into the table let go
+        members = self._blocks.members(state.rows, self._encode)  # the table is complete once they are encoded
         head = json.dumps({"schema": SCHEMA, "job": state.job, "namespace": state.namespace,
-                           "generation": state.seq, "containers": state.shapes}, separators=(",", ":"))
-        parts = [pack_text(head[:-1] + ',"pods":['), *self._blocks.members(state.rows, self._encode), _TAIL]
+                           "generation": state.seq, "containers": state.shapes, LABELS_KEY: self._labels.sets},
+                          separators=(",", ":"))
         self._encoded_rows = {}
-        return b"".join(parts)
+        return b"".join([pack_text(head[:-1] + ',"pods":['), *members, _TAIL])
 
     def _encode(self, names: list[str]) -> str:
         """The rows of ``names`` as the document has them, comma-separated: the text staged with each row when
@@ -435,16 +451,18 @@ class Publisher:
         texts = []
         for name in names:
             held = encoded.get(name)
-            if held is None or held[0] is not rows[name]:
-                return json.dumps([rows[name] for name in names], separators=(",", ":"))[1:-1]
+            if held is None or held[0] is not rows[name] or rows[name][Col.NODE_LABELS] is not None:
+                wire = self._labels.wire
+                return json.dumps([wire(rows[name]) for name in names], separators=(",", ":"))[1:-1]
             texts.append(held[1])
         return ",".join(texts)
 
     def snapshot_document(self) -> dict[str, Any]:
         """The snapshot at the current sequence; the caller writes it, then calls ``snapshot_written``."""
         state = self.state
+        pods = [self._labels.wire(state.rows[name]) for name in sorted(state.rows)]
         return {"schema": SCHEMA, "job": state.job, "namespace": state.namespace, "generation": state.seq,
-                "containers": state.shapes, "pods": [state.rows[name] for name in sorted(state.rows)]}
+                "containers": state.shapes, LABELS_KEY: self._labels.sets, "pods": pods}
 
     def start_from_snapshot(self) -> None:
         """After the first snapshot: an empty journal (the first change held every pod: no follower needs it)."""
@@ -550,7 +568,9 @@ def read_journal(configmap: dict[str, Any]) -> Journal | None:
             if not key.isdigit() or not isinstance(shape, dict):
                 raise _refuse("a journal entry's container shapes have the wrong shape")
             shapes.append((int(key), shape))
-        entries.append(Entry(seq=_whole(item.get("seq"), "a journal entry's seq"), put=tuple(item["put"]),
+        sets = label_sets_of(item.get(LABELS_KEY))
+        put = tuple(resolve_labels(row, sets) for row in item["put"])
+        entries.append(Entry(seq=_whole(item.get("seq"), "a journal entry's seq"), put=put,
                              gone=tuple(item["gone"]), shapes=tuple(sorted(shapes, key=lambda x: x[0]))))
     if entries and (entries[0].seq != base + 1 or entries[-1].seq != seq or
                     any(b.seq != a.seq + 1 for a, b in pairwise(entries))):

@@ -30,8 +30,9 @@ from agent.core.pods.lost import lost_conditions, node_lost_of, with_node_lost
 from agent.core.pods.validation import json_values, not_json
 from agent.errors import InputError
 
-SCHEMA = 4  # 2: rows carry the pod's node and its level labels; 3: the conditions that say it is lost; 4: its
-# creationTimestamp (hot spares tell a pod made again from the one it replaced: spares.py)
+SCHEMA = 5  # 2: rows carry the pod's node and its level labels; 3: the conditions that say it is lost; 4: its
+# creationTimestamp (hot spares tell a pod made again from the one it replaced: spares.py); 5: the Node labels
+# said once per distinct set (``LabelSets``)
 
 
 class Col:
@@ -46,6 +47,8 @@ class Col:
 _TEXTS = (Col.NAME, Col.VERSION, Col.HOSTNAME, Col.SUBDOMAIN, Col.PHASE, Col.IP, Col.DELETED, Col.NODE, Col.CREATED)
 _REPEATED = (Col.SUBDOMAIN, Col.PHASE, Col.NODE, Col.CREATED)  # values many pods of a job share: one object each
 DATA_KEY = "topology.json.gz"
+LABELS_KEY = "nodeLabels"  # the document's (and a journal entry's) table of Node label sets
+MAX_LABEL_SETS = 65536  # distinct label sets in one table: at most one per Node, and a job has fewer Nodes
 _NPROC_ENV = frozenset({"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})
 
 
@@ -250,7 +253,7 @@ def _refuse(what: str) -> InputError:
                       "publishes it again, and check who else can write ConfigMaps (docs/security.md)")
 
 
-_HEAD = ("schema", "job", "namespace", "generation", "containers")  # what checking a row needs; ours come first
+_HEAD = ("schema", "job", "namespace", "generation", "containers", LABELS_KEY)  # what a row's check needs; first
 _ABSENT: Any = object()  # no "pods" key
 
 
@@ -380,6 +383,58 @@ def check_row(row: Any, shapes: int) -> None:
             or not isinstance(conditions, list) or not all(isinstance(c, list) and len(c) == 3
                                                            and all(isinstance(v, str) for v in c) for c in conditions):
         raise _refuse("a pod row has the wrong shape")
+
+
+class LabelSets:
+    """The wire form of the rows' Node labels: each distinct label set once, in a table, and a row's
+    ``NODE_LABELS`` its index there (None: not read). Every pod of a Node, and every Node of a rack, carries the
+    same set; said per row, two levels at 16384 pods were 65536 more values than the decoder's bound allows."""
+
+    __slots__ = ("_index", "sets")
+
+    def __init__(self) -> None:
+        self.sets: list[Mapping[str, str]] = []
+        self._index: dict[tuple[tuple[str, str], ...], int] = {}
+
+    def wire(self, row: list[Any]) -> list[Any]:
+        """``row`` as written: its Node labels as their index (a copy when it has any)."""
+        labels = row[Col.NODE_LABELS] if len(row) == Col.WIDTH else None
+        if labels is None:
+            return row
+        key = tuple(sorted(labels.items()))
+        at = self._index.get(key)
+        if at is None:
+            at = self._index[key] = len(self.sets)
+            self.sets.append(labels)
+        wired = list(row)
+        wired[Col.NODE_LABELS] = at
+        return wired
+
+
+def label_sets_of(value: Any) -> list[dict[str, str]]:
+    """A table of Node label sets as read (absent: empty), checked: a list of at most ``MAX_LABEL_SETS``
+    objects of strings."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_LABEL_SETS:
+        raise _refuse(f"{LABELS_KEY} is not a list of at most {MAX_LABEL_SETS} label sets")
+    if not all(isinstance(labels, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+               for labels in value):
+        raise _refuse(f"{LABELS_KEY} holds a label set that is not an object of strings")
+    return value
+
+
+def resolve_labels(row: Any, sets: Sequence[dict[str, str]]) -> Any:
+    """A row as read, its Node labels index replaced by the set it names (in place; the set is shared by the rows
+    that name it). A row of the wrong shape is left to ``check_row``."""
+    if not isinstance(row, list) or len(row) != Col.WIDTH or row[Col.NODE_LABELS] is None:
+        return row
+    at = row[Col.NODE_LABELS]
+    if type(at) is not int or not 0 <= at < len(sets):
+        shown = json.dumps(at)[:20] if type(at) is int else "not a whole number"
+        raise _refuse(f"a pod row's Node labels index ({shown}) is not one of the {len(sets)} in {LABELS_KEY}")
+    row[Col.NODE_LABELS] = sets[at]
+    return row
 
 
 def node_labels_of(rows: Iterable[list[Any]]) -> dict[str, dict[str, str]]:
