@@ -436,14 +436,17 @@ def steady(sandbox: SandboxThread, tmp: Path, job: Job, args: argparse.Namespace
             emitted, seen, generations(running[role][1]), ip_changes=holds_all and says_ips(document), by_rv=by_rv)
         result.setdefault("holds_all", {})[role] = holds_all
         result.setdefault("ip_changes", {})[role] = holds_all and says_ips(document)
-    result.update(takeover(sandbox, tmp, job, roles, running, args))
+    left = sum(1 if not c.ip else -1 for c in emitted if c.membership)  # the mover, gone at the end or back
+    result.update(takeover(sandbox, tmp, job, roles, running, args, world_after=job.n - left - 1))
     return result
 
 
 def takeover(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, str],
-             running: dict[str, tuple[subprocess.Popen[bytes], Path]], args: argparse.Namespace) -> dict[str, Any]:
-    """The leader goes; the follower's files must say it is gone (the world one pod smaller: the leader need not be
-    rank 0). Every sidecar's peak after it."""
+             running: dict[str, tuple[subprocess.Popen[bytes], Path]], args: argparse.Namespace, *,
+             world_after: int) -> dict[str, Any]:
+    """The leader goes; the follower's files must say it is gone: the world of the pods left (``world_after``; the
+    leader need not be rank 0). Not "other than before": a last change the leader had not published yet (the mover
+    back) and the leader gone leave the world as the follower had it. Every sidecar's peak after it."""
     env_file = tmp / roles["follower"] / "torch.env"
 
     def world() -> str:
@@ -452,7 +455,6 @@ def takeover(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, str],
                 return line.split("=", 1)[1]
         return ""
 
-    before = world()
     rss = {"leader": hwm_mb(running["leader"][0].pid)}
     leader = running.pop("leader")[0]
     killed = time.monotonic()
@@ -462,7 +464,7 @@ def takeover(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, str],
         leader.terminate()
     leader.wait(30)
     sandbox.delete_pod("default", roles["leader"])
-    wait_until(lambda: world() not in ("", before), args.lease_seconds + 60, "the follower to see the leader gone")
+    wait_until(lambda: world() == str(world_after), args.lease_seconds + 60, "the follower to see the leader gone")
     took = time.monotonic() - killed
     wait_until(lambda: any("started publishing" in running[s][1].read_text() for s in ("standby", "standby2")), 60,
                "a standby to publish")
