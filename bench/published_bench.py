@@ -452,7 +452,7 @@ def takeover(sandbox: SandboxThread, tmp: Path, job: Job, roles: dict[str, str],
     def world() -> str:
         for line in env_file.read_text().splitlines():
             if line.startswith(("export WORLD_SIZE=", "WORLD_SIZE=")):
-                return line.split("=", 1)[1]
+                return line.split("=", 1)[1].strip("'\"")  # torch.env quotes its values
         return ""
 
     rss = {"leader": hwm_mb(running["leader"][0].pid)}
