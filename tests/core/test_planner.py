@@ -85,7 +85,8 @@ class World:
             pod["metadata"]["resourceVersion"] = str(next(self.rv))
             pod["spec"]["nodeName"] = f"node-{k}"
             pod.setdefault("status", {})["phase"] = "Running"
-        self.nodes = {f"node-{k}": {BLOCK: "b", SUBBLOCK: f"sub-{k % 3}"} for k in range(len(self.all) + 4)}
+        # two blocks of three sub-blocks, interleaved in index order: a domain's first member is often not rank 0's
+        self.nodes = {f"node-{k}": {BLOCK: f"b-{k % 2}", SUBBLOCK: f"sub-{k % 3}"} for k in range(len(self.all) + 4)}
         names = list(self.all)
         held = set(rnd.sample(names, len(names) // 4))
         self.pods = {n: p for n, p in self.all.items() if n not in held}
@@ -155,7 +156,8 @@ class World:
             spec["nodeName"] = rnd.choice([*self.nodes, "unknown-node", ""])
         elif op == "labels":
             self.nodes = dict(self.nodes)
-            self.nodes[rnd.choice(sorted(self.nodes))] = {BLOCK: "b", SUBBLOCK: f"sub-{rnd.randint(0, 5)}"}
+            self.nodes[rnd.choice(sorted(self.nodes))] = {BLOCK: f"b-{rnd.randint(0, 1)}",
+                                                          SUBBLOCK: f"sub-{rnd.randint(0, 5)}"}
             return
         elif op == "other-job":
             meta["namespace"] = "elsewhere"
@@ -232,6 +234,27 @@ def test_single_pod_changes_are_incremental(opts):
     ops = ["ip"] * 10 if opts == "topology" else ["ip", "leave", "join", "ip", "leave", "join", "ip", "ip"]
     planner = _check(world, OPTIONS[opts], ops)
     assert planner.incremental == len(ops)
+
+
+def test_a_leave_in_topology_order_is_carried_over_unless_it_reorders_the_domains():
+    """Topology order puts domains in the order of their first member (index order): a member that leaves
+    without being the first of a domain that holds others leaves the rest in their order, and the layout is
+    carried over; the first of a sub-block with others is planned from scratch. Both plans are build_plan's."""
+    def world_and_targets() -> tuple[World, str, str]:
+        world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7))
+        sub = {name: (k % 2, k % 3) for k, name in enumerate(world.all)}  # node-k's block and sub-block (World)
+        present = [name for name in world.all if name in world.pods and name != world.me]
+        last = present[-1]
+        firsts = [next(n for n in world.all if n in world.pods and sub[n] == s) for s in set(sub.values())]
+        first = next(n for n in firsts if n != world.me and sum(sub[m] == sub[n] for m in world.pods) > 1)
+        return world, last, first
+
+    world, last, first = world_and_targets()
+    planner = _check(world, OPTIONS["topology"], ["ip", "leave"], target=last)
+    assert planner.incremental == 2
+    world, last, first = world_and_targets()
+    planner = _check(world, OPTIONS["topology"], ["ip", "leave"], target=first)
+    assert planner.incremental == 1  # the leave from scratch
 
 
 @pytest.mark.parametrize("opts", ["default", "ip"])

@@ -262,6 +262,7 @@ C10D_ORDER_NOTE = ("torchrun's c10d rendezvous numbers the pods by their address
 _NAME_OF = operator.attrgetter("name")
 _UNPLACED: tuple[str, str | None, str | None] = ("", None, None)
 _IDENT, _ORDINAL = operator.attrgetter("ident"), operator.attrgetter("ordinal")
+_LIVE_NAME = operator.attrgetter("facts.name")
 _FIELDS = tuple(map(operator.itemgetter, range(len(Member._fields))))
 _ORDINAL_AT, _NODE_RANK_AT, _RANK_AT = map(Member._fields.index, ("ordinal", "node_rank", "first_rank"))
 
@@ -273,7 +274,7 @@ class _FromScratch(Exception):
 class _Rows:
     """The live pods in rank order side by side with their sort keys and their members (None for a pod left out of
     the members: one that does not train, without an IP under --address ip), and where each pod stands. Pods are
-    inserted and removed only in index order, where the keys are sorted."""
+    inserted only in index order, where the keys are sorted; removed in either order."""
 
     __slots__ = ("at", "key_of", "keys", "live", "placed")
 
@@ -298,6 +299,9 @@ class _Rows:
         live = self.live.pop(at)
         del self.keys[at]
         del self.key_of[name]
+        if self.at is not None:  # the topology order's positions: those after it move up one
+            del self.at[name]
+            self.at.update(zip(map(_LIVE_NAME, self.live[at:]), itertools.count(at)))
         return live, self.placed.pop(at)
 
 

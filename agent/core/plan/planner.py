@@ -44,6 +44,7 @@ class _Taken:
     in_place: list[int] = field(default_factory=list)
     renewed: list[str] = field(default_factory=list)
     removed: list[SortKey] = field(default_factory=list)
+    left_at: int | None = None  # topology order: where the one member that left stood (its follower stands there)
 
     @property
     def moved(self) -> bool:
@@ -53,7 +54,11 @@ class _Taken:
         """The positions from ``lowest`` on that ``_place`` places from their facts: each renewed pod's, and the
         one after each member that left, where the ranks before start to move by another amount. Between them,
         members are carried over (``_carry``)."""
-        marks = {*map(rows.find, self.renewed), *(bisect.bisect_left(rows.keys, key) for key in self.removed)}
+        marks = set(map(rows.find, self.renewed))
+        if rows.at is None:  # index order: each left member's place is where its key would stand
+            marks.update(bisect.bisect_left(rows.keys, key) for key in self.removed)
+        elif self.left_at is not None:
+            marks.add(self.left_at)
         return sorted(m for m in marks if self.lowest <= m < len(rows.live))
 
 
@@ -256,7 +261,9 @@ class Planner:
                     taken.renewed.append(name)
                     continue
             if positions is not None:
-                raise _FromScratch
+                if new is not None or taken.left_at is not None or not _order_stands_without(layout, at):
+                    raise _FromScratch  # a move, a second leave, or a leave that reorders the domains
+                taken.left_at = at
             layout.leave(at, name)
             taken.removed.append(old_key)
             taken.lowest = min(taken.lowest, at)
@@ -292,6 +299,38 @@ class Planner:
         new = layout.rows.placed[at]
         if new is None or new.address != old.address:
             self._addresses_kept = False
+
+
+def _order_stands_without(layout: _Layout, at: int) -> bool:
+    """``--rank-order topology``: whether the others keep their order when the member at ``at`` leaves. Domains
+    are ordered by their first member in index order (rank.topology_order), so they do unless the member was the
+    first of a domain that holds others: then the domain's next member decides its place among its siblings.
+    One pass over the training members; False also where the order is index order for want of Node labels."""
+    rows, count = layout.rows, layout.census.training
+    if layout.order_note is not None:
+        return False
+    if at >= count:
+        return True  # no training member: after the training ones, in index order
+    me = rows.placed[at]
+    if me is None or me.domains is None:
+        return False
+    path, key = (*me.domains, me.node), rows.keys[at]
+    deepest, earlier = 0, False  # the deepest domain of it another member shares; whether one of those comes first
+    for other, other_key in zip(rows.placed[:count], rows.keys[:count], strict=True):
+        if other is None or other.domains is None:
+            return False
+        shared = 0
+        for mine, theirs in zip(path, (*other.domains, other.node), strict=False):
+            if mine != theirs:
+                break
+            shared += 1
+        if other_key == key or shared < deepest or not shared:
+            continue
+        if shared > deepest:
+            deepest, earlier = shared, other_key < key
+        elif not earlier:
+            earlier = other_key < key
+    return not deepest or earlier
 
 
 def _changes(before: Mapping[str, RawPod], pods: Mapping[str, RawPod],
