@@ -132,3 +132,23 @@ def test_a_forged_label_table_or_index_is_refused_in_one_line(table, index, says
 def test_a_valid_table_and_index_are_read():
     state = PublishedState.from_configmap(_snapshot([{"zone": "a"}], 0), pods=False)
     assert state is not None and state.node_labels() == {"node-0": {"zone": "a"}}
+
+
+def test_the_leaders_table_is_cut_again_once_mostly_sets_no_row_names():
+    """The leader's table only grows while its packed blocks hold indices into it; Nodes relabelled again and
+    again would grow it without end. Past twice the rows it starts again (every block packed again), and what is
+    read back is still what was published."""
+    from unittest import mock
+
+    from agent.core.publication import journal as journal_module
+
+    pods = _job(7, 4)
+    leader = Publisher(PublishedState(job="demo", namespace="default"), Options(address="ip", levels=LEVELS),
+                       leader="demo-master-0")
+    with mock.patch.object(journal_module, "BLOCK_ROWS", 2):
+        for round_ in range(30):
+            nodes = {f"node-{i}": {LEVELS[0].label: f"r{round_}-{i}"} for i in range(4)}
+            leader.change(pods, pods, nodes)
+            document = decode(leader.snapshot_packed())
+            assert len(document["nodeLabels"]) <= 2 * len(pods) + 2 + 4
+            assert PublishedState.from_document(document, pods=False).rows == leader.state.rows
