@@ -9,6 +9,7 @@ by its digest.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ class BlockWriter:
         self.api, self.name, self.owner = api, name, owner
         self.collection = f"/api/v1/namespaces/{namespace}/configmaps"
         self.held: dict[str, str] | None = None  # block name -> the digest of its text as published
+        self.versions: dict[str, str] = {}  # block name -> the resourceVersion this leader wrote or read back
         self.made: list[Made] = []  # the blocks of the summary last made
 
     async def _read_back(self) -> dict[str, str]:
@@ -56,6 +58,7 @@ class BlockWriter:
         for item in items:
             text = (item.get("data") or {}).get(BLOCK_KEY)
             held[object_name(item)] = block_digest(text) if isinstance(text, str) else ""
+            self.versions[object_name(item)] = _version(item)
         return held
 
     async def write(self, blocks: list[Made]) -> None:
@@ -73,28 +76,36 @@ class BlockWriter:
             self.held[name] = made.digest
 
     async def _put(self, name: str, body: dict[str, Any]) -> None:
+        written = None
         if self.held is not None and name in self.held:
+            with contextlib.suppress(ApiNotFound):
+                written = await self.api.replace(f"{self.collection}/{name}", body)
+        if written is None:
             try:
-                await self.api.replace(f"{self.collection}/{name}", body)
-                return
-            except ApiNotFound:
-                pass
-        try:
-            await self.api.create(self.collection, body)
-        except ApiConflict:
-            await self.api.replace(f"{self.collection}/{name}", body)
+                written = await self.api.create(self.collection, body)
+            except ApiConflict:
+                written = await self.api.replace(f"{self.collection}/{name}", body)
+        self.versions[name] = _version(written)
 
     async def tend(self) -> None:
-        """Write again the blocks that are gone (deleted): the summary names them, and their pods wait for them."""
+        """Write again the blocks that are gone (deleted) or that another writer changed (a resourceVersion this
+        leader did not write): the summary names each by its text's digest, and its pods wait for that text."""
         blocks = self.made
         if not blocks or self.held is None:
             return
         items, _ = await self.api.list_objects(self.collection, metadata_only=True,
                                                label_selector=f"{BLOCKS_LABEL}={select_value(self.name)}")
-        there = {object_name(item) for item in items}
+        there = {object_name(item): _version(item) for item in items}
         for made in blocks:
             name = block_name(self.name, made.values)
             if name not in there:
                 self.held.pop(name, None)
                 log.warning("configmap %s was gone (deleted?); writing it again", name)
+            elif there[name] != (self.versions.get(name) or there[name]):
+                self.held.pop(name, None)
+                log.warning("configmap %s was changed by another writer; writing it again", name)
         await self.write(blocks)
+
+
+def _version(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
