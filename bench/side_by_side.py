@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-LINE = re.compile(r"^(?:- |(?=Takeover))(?P<figure>[^:]+): (?P<value>.*)$")
+LINE = re.compile(r"^(?:- |(?=Takeover))(?P<figure>(?:[^:(]|\([^)]*\))+): (?P<value>.*)$")  # ":" in () stays
 SAME = re.compile(r" \((?P<v>[\d.]+)-(?P=v)\)")  # "(x-x)": the range of one run
 DETAIL = re.compile(r" \([^()]*(?:credited|the pod that got|the leader's pod)[^()]*(?:\([^()]*\)[^()]*)*\)")
 
