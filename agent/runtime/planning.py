@@ -30,11 +30,11 @@ from agent.core.emulation.placing import loopback_address, placed
 from agent.core.model import Options, RawPod
 from agent.core.plan.gang import expectation_from_job, expectation_from_pod, job_reads, roster_of
 from agent.core.publication.summary import own_view
+from agent.core.publication.view_choice import LARGE_JOB
 from agent.errors import InputError
 from agent.runtime.views import PodView
 
 INIT = "topology-agent"  # the agent's init container, as inject names it
-PUBLISH_THRESHOLD = 256  # init's (runtime/init/): a job of this many training pods publishes its topology
 SHIPPED_RUNTIME = "{}-distributed-topology.yaml"  # manifests/trainer's, as package data (links in agent/runtime)
 PLACEHOLDER = "127."  # the placeholder pod IPs: loopback, never a cluster's
 
@@ -210,7 +210,7 @@ def plan_pod(pods: Sequence[RawPod] | Held, pod: RawPod, objects: Mapping[tuple[
                                         options, role=role)
     total = own.expect if own.expect is not None else expected.total if expected is not None else 0
     source = own.source if own.source != "auto" else \
-        "published" if options.levels is not None or total >= PUBLISH_THRESHOLD else "pods"
+        "published" if options.levels is not None or total >= LARGE_JOB else "pods"
     role = controller.identify(pod, options).role
     if source == "published" and role in controller.waits_for(objects_read):
         source = "pods"

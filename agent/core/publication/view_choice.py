@@ -35,7 +35,7 @@ from agent.core.files.frameworks import LAUNCHER_ROLE, new_context, selected
 from agent.core.model import Options, Topology
 from agent.core.plan.layout import Plan
 
-LARGE_JOB = 256  # training pods from which a job publishes by its size (runtime/init's PUBLISH_THRESHOLD)
+LARGE_JOB = 256  # training pods from which a job publishes its topology by its size (init and plan read it)
 SMALL_JOB = "a job whose pods read the pods (under 256 training pods, or --source pods) writes every member"
 C10D_VIEW = "ranks by address (torchrun's c10d rendezvous) make no summary: every member is written"
 

@@ -38,6 +38,7 @@ from agent.core.publication.journal import PublishedState, Publisher
 from agent.core.publication.leading import is_guard, is_rank_zero, rank_zero_identity
 from agent.core.publication.provenance import WriterCheck
 from agent.core.publication.published import configmap_name
+from agent.core.publication.view_choice import LARGE_JOB
 from agent.core.report.events import Occurrence, outcome_note
 from agent.errors import AgentError, ApiError, ApiNotFound, GangTimeout, InputError
 from agent.flags.init import InitSettings
@@ -65,7 +66,7 @@ __all__ = ["BLOCKED", "LINGER", "PUBLISH_THRESHOLD", "Held", "Init", "InitSettin
 log = logging.getLogger("topology_agent.init")
 Resolver = Callable[[str], bool]
 
-PUBLISH_THRESHOLD = 256
+PUBLISH_THRESHOLD = LARGE_JOB  # training pods from which a job publishes (core/publication/view_choice.py)
 
 
 def resolves(name: str) -> bool:
