@@ -41,8 +41,8 @@ class AsyncApi(Protocol):
     async def get_object(self, path: str, *, metadata_only: bool = False) -> dict[str, Any]: ...
 
     async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                           keep: Keep | None = None,
-                           metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]: ...
+                           keep: Keep | None = None, metadata_only: bool = False,
+                           table: bool = False) -> tuple[list[dict[str, Any]], str]: ...
 
     def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
                       field_selector: str = "", idle: float = IDLE) -> AsyncIterator[WatchEvent]: ...
@@ -159,11 +159,13 @@ class AsyncClient:
         return items, rv  # type: ignore[return-value]
 
     async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                           keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
+                           keep: Keep | None = None, metadata_only: bool = False,
+                           table: bool = False) -> tuple[list[dict[str, Any]], str]:
         """Every page read as its bytes come (core.ListReader): no page is held whole, an object over its budget
-        is dropped unread and said once (``drops``)."""
+        is dropped unread and said once (``drops``). ``table``: the API server's printed columns, each row its
+        cells by column name (core.table_rows)."""
         pager = Pager(path, label_selector=label_selector, field_selector=field_selector, limit=limit, keep=keep,
-                      metadata_only=metadata_only)
+                      metadata_only=metadata_only, table=table)
         while await self._read_page(pager, pager.request()):
             pass
         return pager.kept, pager.version

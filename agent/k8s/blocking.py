@@ -35,10 +35,10 @@ class Blocking:
         return self.client.get_object(path, metadata_only=metadata_only)
 
     async def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                           keep: Keep | None = None,
-                           metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
+                           keep: Keep | None = None, metadata_only: bool = False,
+                           table: bool = False) -> tuple[list[dict[str, Any]], str]:
         return self.client.list_objects(path, label_selector=label_selector, field_selector=field_selector,
-                                        limit=limit, keep=keep, metadata_only=metadata_only)
+                                        limit=limit, keep=keep, metadata_only=metadata_only, table=table)
 
     async def watch_objects(self, path: str, resource_version: str, *, timeout: float, label_selector: str = "",
                             field_selector: str = "", idle: float = IDLE) -> AsyncIterator[WatchEvent]:

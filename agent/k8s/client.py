@@ -53,7 +53,8 @@ class Api(Protocol):
     def list_pods(self, namespace: str, selector: str, *, keep: Keep | None = None) -> tuple[list[RawPod], str]: ...
 
     def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                     keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]: ...
+                     keep: Keep | None = None, metadata_only: bool = False,
+                     table: bool = False) -> tuple[list[dict[str, Any]], str]: ...
 
     def watch_pods(self, namespace: str, selector: str, resource_version: str, *, timeout: float,
                    idle: float = IDLE) -> Iterator[WatchEvent]: ...
@@ -254,11 +255,13 @@ class Client:
                                  keep=keep)
 
     def list_objects(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                     keep: Keep | None = None, metadata_only: bool = False) -> tuple[list[dict[str, Any]], str]:
+                     keep: Keep | None = None, metadata_only: bool = False,
+                     table: bool = False) -> tuple[list[dict[str, Any]], str]:
         """Every page read as its bytes come (core.ListReader): no page is held whole, an object over its budget
-        is dropped unread and said once (``drops``)."""
+        is dropped unread and said once (``drops``). ``table``: the API server's printed columns, each row its
+        cells by column name (core.table_rows)."""
         pager = Pager(path, label_selector=label_selector, field_selector=field_selector, limit=limit, keep=keep,
-                      metadata_only=metadata_only)
+                      metadata_only=metadata_only, table=table)
         if not limit:
             self._read_page(pager, self._open(pager.request()))
             return pager.kept, pager.version

@@ -45,6 +45,8 @@ BUDGETS = {"pods": POD_BUDGET}  # a collection's last path segment -> its object
 # Metadata only (what client-go's metadata client asks for), JSON as the fallback a server without it sends.
 METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+# The API server's printed columns (what ``kubectl get`` shows), each row without its object (includeObject=None).
+TABLE_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1,application/json"
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,10 @@ def page_query(query: dict[str, str], limit: int, token: str) -> dict[str, str]:
     return paged
 
 
-def list_page(path: str, query: dict[str, str], *, metadata_only: bool = False) -> Request:
+def list_page(path: str, query: dict[str, str], *, metadata_only: bool = False, table: bool = False) -> Request:
+    if table:
+        return Request("GET", path, (*query.items(), ("includeObject", "None")), accept=TABLE_ACCEPT, verb="list",
+                       what=path.strip("/").split("/")[-1])
     return Request("GET", path, tuple(query.items()),
                    accept=METADATA_LIST_ACCEPT if metadata_only else "application/json", verb="list",
                    what=path.strip("/").split("/")[-1])
@@ -629,12 +634,25 @@ class ListReader:
 
 
 def list_items(data: dict[str, Any], *, what: str) -> tuple[list[dict[str, Any]], str]:
-    """The items and resourceVersion of a LIST answer (items of the wrong shape are the caller's to refuse)."""
-    items, meta = data.get("items"), data.get("metadata")
+    """The items and resourceVersion of a LIST answer (items of the wrong shape are the caller's to refuse); a
+    Table's rows as items, each its cells by column name (``table_rows``)."""
+    items, meta = table_rows(data, what=what) if data.get("kind") == "Table" else data.get("items"), \
+        data.get("metadata")
     items, meta = ([] if items is None else items), ({} if meta is None else meta)
     if not isinstance(items, list) or not isinstance(meta, dict):
         raise ApiUnavailable(f"list {what}: the answer has no list of items")
     return items, str(meta.get("resourceVersion", ""))[:100]
+
+
+def table_rows(data: dict[str, Any], *, what: str) -> list[dict[str, Any]]:
+    """A Table's rows, each its cells by the name of their column (``{"Name": ..., "Status": ...}``)."""
+    columns, rows = data.get("columnDefinitions"), data.get("rows")
+    if not isinstance(columns, list) or not isinstance(rows, list) \
+            or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in columns) \
+            or not all(isinstance(r, dict) and isinstance(r.get("cells"), list) for r in rows):
+        raise ApiUnavailable(f"list {what}: the answer is not a Table of rows")
+    names = [column["name"] for column in columns]
+    return [dict(zip(names, row["cells"], strict=False)) for row in rows]
 
 
 _CONTINUE = re.compile(rb'"continue"\s*:\s*"([A-Za-z0-9+/=_:.~-]*)"')
@@ -659,8 +677,9 @@ class Pager:
     unread (``dropped``)."""
 
     def __init__(self, path: str, *, label_selector: str = "", field_selector: str = "", limit: int = 0,
-                 keep: Keep | None = None, metadata_only: bool = False, budget: int | None = None) -> None:
-        self.path, self.limit, self.keep, self.metadata_only = path, limit, keep, metadata_only
+                 keep: Keep | None = None, metadata_only: bool = False, table: bool = False,
+                 budget: int | None = None) -> None:
+        self.path, self.limit, self.keep, self.metadata_only, self.table = path, limit, keep, metadata_only, table
         self.base = list_query(label_selector, field_selector)
         self.what = path.strip("/").split("/")[-1]
         self.budget = budget_for(path) if budget is None else budget
@@ -672,7 +691,7 @@ class Pager:
     def request(self, token: str | None = None) -> Request:
         """The next page's request (or the page of ``token``, to ask for it before this one is read)."""
         query = page_query(self.base, self.limit, self.token if token is None else token)
-        return list_page(self.path, query, metadata_only=self.metadata_only)
+        return list_page(self.path, query, metadata_only=self.metadata_only, table=self.table)
 
     def reading(self, request: Request, response: Response) -> Page:
         """A page whose answer has this head (``ApiError`` for an error status); its body is fed to it."""

@@ -10,13 +10,14 @@ requests, not 512). Nodes are cluster-scoped, so reading them needs a ClusterRol
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from agent.core.model import Options, RawPod
-from agent.core.pods.lost import NodeState, lost_nodes, node_state
+from agent.core.pods.lost import NodeState, lost_nodes, node_state, why_node_lost
 from agent.core.pods.placement import Level, node_domains
 from agent.errors import ApiError, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.core import PAGE
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # the protocol's module imports aiohttp, which init does not 
 
 log = logging.getLogger("topology_agent.nodes")
 NODE_GETS = 16  # distinct nodes read with one GET each; more are read with one LIST
+NODES_PATH = "/api/v1/nodes"
 NodeMap = dict[str, "dict[str, str] | None"]
 
 
@@ -104,6 +106,48 @@ async def own_domains(api: AsyncApi, own: RawPod, options: Options) -> tuple[str
     except InputError as err:
         log.warning("%s", err)
         return None
+
+
+def _lost(page: list[Any]) -> list[tuple[str, str]]:
+    """What a LIST page of Nodes keeps: each lost Node's name, with why."""
+    return [(state.name, why) for state in map(node_state, page)
+            if state is not None and (why := why_node_lost(state)) is not None]
+
+
+def _doubtful(page: list[Any]) -> list[tuple[str, str | None]]:
+    """What a Table page of Nodes keeps: the name of each Node whose Status cell is not Ready (``printNode``:
+    Ready, NotReady, or Unknown without a Ready condition, each maybe followed by ``,SchedulingDisabled``), to be
+    read whole; from a server that sent the Nodes themselves, each lost Node with why."""
+    kept: list[tuple[str, str | None]] = []
+    for row in page:
+        if "metadata" in row:
+            kept.extend(_lost([row]))
+            continue
+        name, status = row.get("Name"), row.get("Status")
+        if isinstance(name, str) and name and not (isinstance(status, str) and status.split(",")[0] == "Ready"):
+            kept.append((name, None))
+    return kept
+
+
+async def list_lost_nodes(api: AsyncApi) -> tuple[list[tuple[str, str]], str]:
+    """Every lost Node with why, and the resourceVersion to watch the Nodes from, without every Node's status
+    (one is ~12 KB as the kubelet keeps it, most of it its images): one paged LIST of the API server's Table of
+    Nodes without the objects (a Status cell per Node, ~100 B), then one GET of each
+    Node that is not Ready, for why (False, or Unknown: the kubelet stopped reporting) and its taints; more than
+    ``NODE_GETS`` such Nodes are read in one LIST of the Nodes whole. The node lifecycle controller taints a Node
+    only while it is not Ready; a lost taint put by hand on a Ready Node is seen at the Node's next write (its
+    kubelet writes its status every few minutes), which the watch brings."""
+    doubtful, version = await api.list_objects(NODES_PATH, limit=PAGE, table=True, keep=_doubtful)
+    pairs = cast("list[tuple[str, str | None]]", doubtful)
+    unread = [name for name, why in pairs if why is None]
+    if len(unread) > NODE_GETS:
+        items, version = await api.list_objects(NODES_PATH, limit=PAGE, keep=_lost)
+        return cast("list[tuple[str, str]]", items), version
+    lost = [(name, why) for name, why in pairs if why is not None]
+    for name in unread:
+        with contextlib.suppress(ApiNotFound):  # gone since: its pods go with it
+            lost.extend(_lost([await api.get_object(f"{NODES_PATH}/{quote(name)}")]))
+    return lost, version
 
 
 async def read_lost_nodes(api: AsyncApi, names: list[str]) -> dict[str, str] | None:

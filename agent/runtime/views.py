@@ -475,19 +475,14 @@ def full_view_line(view: str, why: str, then: str) -> tuple[int, str]:
 
 class NodeView:
     """Which of the cluster's Nodes are lost, with why (core/pods/lost.py), as the sidecar that watches the pods needs
-    it: nothing else of a Node is held (one is ~12 KB as the kubelet keeps it, most of it its images), and a LIST
-    page keeps only its lost Nodes as it arrives. ``lost_changed`` is told the lost Nodes whenever that set
+    it: nothing else of a Node is held (one is ~12 KB as the kubelet keeps it, most of it its images); a LIST gives
+    the lost Nodes alone (runtime/nodes.list_lost_nodes). ``lost_changed`` is told the lost Nodes whenever that set
     changes (and at the first LIST): a Node's status written every few minutes changes nothing."""
 
     def __init__(self, lost_changed: Callable[[dict[str, str]], None]) -> None:
         self.lost: dict[str, str] = {}
         self.listed = False
         self.lost_changed = lost_changed
-
-    @staticmethod
-    def intake(page: list[Any]) -> list[Any]:
-        return [(state.name, why) for state in map(node_state, page)
-                if state is not None and (why := why_node_lost(state)) is not None]
 
     def replace(self, items: list[Any]) -> None:
         first, self.listed = not self.listed, True

@@ -54,10 +54,12 @@ class Pager:
         return (items[start:start + limit] if limit else items), meta
 
 
-def list_answer(accept: str, kind: str, api_version: str, page: list[Obj], meta: dict[str, Any]) -> Answer:
-    """The page in the form asked for: a Table, PartialObjectMetadataList, or the kind's List."""
+def list_answer(accept: str, kind: str, api_version: str, page: list[Obj], meta: dict[str, Any], *,
+                include: str = "") -> Answer:
+    """The page in the form asked for: a Table (each row with what ``include``, the request's ``includeObject``,
+    asks), PartialObjectMetadataList, or the kind's List."""
     if tables.wants_table(accept):
-        return Answer(200, tables.table(kind, page, meta["resourceVersion"], partial=partial))
+        return Answer(200, tables.table(kind, page, meta, partial=partial, include=include or "Metadata"))
     if metadata_only(accept):
         return Answer(200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
                             "items": [partial(o) for o in page]})

@@ -76,7 +76,7 @@ class Objects:
             return paged
         items, meta = paged
         return list_answer(call.accept, resolved.kind, resolved.api_version, [shown(o) for o in items] if shown
-                           else items, meta)
+                           else items, meta, include=call.query.get("includeObject", ""))
 
     async def _create(self, call: Call, resolved: Resolved, namespace: str) -> Answer:
         kind = resolved.kind
@@ -141,7 +141,8 @@ class Objects:
                            details={"name": name, "kind": kind.lower() + "s"})
         if call.method == "GET":
             if tables.wants_table(call.accept):
-                return Answer(200, tables.table(kind, [current], str(self.store.rv), partial=partial))
+                return Answer(200, tables.table(kind, [current], {"resourceVersion": str(self.store.rv)},
+                                                partial=partial))
             return Answer(200, partial(current) if metadata_only(call.accept) else _show(resolved, current))
         if call.method == "DELETE":
             graceful = resource == "/v1/pods" and call.query.get("gracePeriodSeconds") not in (None, "0") \

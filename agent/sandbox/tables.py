@@ -120,15 +120,23 @@ COLUMNS: dict[str, list[Column]] = {
 }
 
 
-def table(kind: str, objects: Sequence[Obj], resource_version: str, *, partial: Callable[[Obj], Obj]) -> Obj:
-    """A ``meta.k8s.io/v1`` Table of ``objects`` (each row carries the object's metadata, as the API server's
-    default ``includeObject=Metadata`` does)."""
+def table(kind: str, objects: Sequence[Obj], meta: dict[str, Any], *, partial: Callable[[Obj], Obj],
+          include: str = "Metadata") -> Obj:
+    """A ``meta.k8s.io/v1`` Table of ``objects``, with the list's metadata (``meta``: its resourceVersion, and a
+    page's continue token). Each row carries what ``include`` (the request's ``includeObject``) asks: the
+    object's metadata by default, the whole object, or nothing (``None``: the cells alone)."""
     columns = COLUMNS.get(kind, [NAME, AGE])
+    rows = []
+    for obj in objects:
+        row: Obj = {"cells": [cell(obj) for _, _, _, cell in columns]}
+        if include != "None":
+            row["object"] = obj if include == "Object" else partial(obj)
+        rows.append(row)
     return {
-        "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
+        "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
         "columnDefinitions": [{"name": name, "type": type_, "format": "name" if name == "Name" else "",
                                "description": "", "priority": priority} for name, type_, priority, _ in columns],
-        "rows": [{"cells": [cell(obj) for _, _, _, cell in columns], "object": partial(obj)} for obj in objects],
+        "rows": rows,
     }
 
 

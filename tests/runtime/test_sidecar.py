@@ -260,6 +260,53 @@ async def test_a_member_on_a_lost_node_leaves_at_once_with_an_event_and_rejoins_
     await told(job, memory, "back: demo-worker-1")
 
 
+@pytest.mark.parametrize(("status", "why"), [
+    pytest.param("False", "node node-2 NotReady", id="not-ready"),
+    pytest.param("Unknown", "node node-2 Unknown (its kubelet stopped reporting)", id="unknown"),
+])
+async def test_nodes_are_listed_as_status_cells_and_only_a_node_not_ready_is_read_whole(memory, api, logs, sidecars,
+                                                                                        tmp_path, status, why):
+    """A Node is ~12 KB as the kubelet keeps it, most of it its images: the first LIST is the API server's Table of
+    Nodes without the objects (a Status cell each), and only the Node that is not Ready is read whole, for why.
+    A Node lost before the sidecar starts takes its member out at the first evaluation, as a whole LIST did."""
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    on_nodes_of_their_own(memory, pods)
+    memory.update(NODES, "", "node-2", node_ready(status))  # demo-worker-1's
+    job = await start_job(api, logs, sidecars, tmp_path)
+    try:
+        await job.until(lambda: generation(job.out) == 2, "the member on the lost node left")
+        assert "demo-worker-1" not in member_names(job.out)
+        await logs.until("demo-worker-0", f"pod demo-worker-1: {why}")
+        asked = [request for who, request in api.requests if who == agent_name("sidecar", "demo-worker-0")
+                 and request.path.startswith("/api/v1/nodes")]
+        assert [(r.verb, r.path) for r in asked if r.verb != "watch"] == [("list", "/api/v1/nodes"),
+                                                                         ("get", "/api/v1/nodes/node-2")]
+        assert "as=Table" in asked[0].accept and ("includeObject", "None") in asked[0].query
+    finally:
+        await job.trainer.stop()
+
+
+async def test_many_nodes_not_ready_are_read_in_one_list_not_one_get_each(memory, api, logs, sidecars, tmp_path,
+                                                                         monkeypatch):
+    """More Nodes not Ready than a handful of GETs (here: more than none) are read in one LIST of the Nodes
+    whole, after the Table said which."""
+    from agent.runtime import nodes
+    monkeypatch.setattr(nodes, "NODE_GETS", 0)
+    pods = create_volcano_job(memory, (("master", 1), ("worker", 2)))
+    on_nodes_of_their_own(memory, pods)
+    memory.update(NODES, "", "node-2", node_ready("Unknown"))
+    job = await start_job(api, logs, sidecars, tmp_path)
+    try:
+        await job.until(lambda: generation(job.out) == 2, "the member on the lost node left")
+        await logs.until("demo-worker-0", "pod demo-worker-1: node node-2 Unknown (its kubelet stopped reporting)")
+        asked = [request for who, request in api.requests if who == agent_name("sidecar", "demo-worker-0")
+                 and request.path.startswith("/api/v1/nodes") and request.verb != "watch"]
+        assert [(r.verb, r.path, "as=Table" in r.accept) for r in asked] == [("list", "/api/v1/nodes", True),
+                                                                             ("list", "/api/v1/nodes", False)]
+    finally:
+        await job.trainer.stop()
+
+
 async def test_the_member_on_the_lost_node_writes_a_generation_when_its_node_is_back(memory, api, logs, sidecars,
                                                                                      tmp_path):
     """The lost member's own sidecar keeps it in its world (its own files never leave it out), but the others

@@ -109,3 +109,20 @@ async def test_a_dropped_watch_is_cut_for_the_async_client_too(memory, api):
         memory.faults(drop_watches=True)
         with pytest.raises(ApiUnavailable, match=r"unreachable during watch pods.*ConnectionResetError"):
             await first
+
+
+def test_a_paged_table_of_nodes_without_their_objects_reads_as_rows_of_cells(memory, api):
+    """``Accept: ...;as=Table`` with ``includeObject=None``, as ``kubectl get`` pages it: each page carries the
+    continue token, and each row its cells alone; the client reads the rows by column name."""
+    for k in range(5):
+        node = examples.node(f"node-{k}", {})
+        node["status"]["conditions"] = [{"type": "Ready", "status": "False" if k == 3 else "True"}]
+        memory.create_node(node)
+    client = api.client("test")
+    rows, rv = client.list_objects("/api/v1/nodes", limit=2, table=True)
+    assert rv and [(row["Name"], row["Status"]) for row in rows] == [
+        ("node-0", "Ready"), ("node-1", "Ready"), ("node-2", "Ready"), ("node-3", "NotReady"), ("node-4", "Ready")]
+    asked = [request for who, request in api.requests if who == "test"]
+    assert len(asked) == 3 and all(("includeObject", "None") in r.query for r in asked)
+    page = json.loads(memory.send(asked[0], agent="check", timeout=5).encoded)  # the first page as written
+    assert page["kind"] == "Table" and page["metadata"]["continue"] and "object" not in page["rows"][0]

@@ -35,6 +35,7 @@ from agent.k8s.core import PAGE, WatchEvent, pods_path
 from agent.k8s.reflector import AsyncOps, Reflector, Store, aclose, reflect
 from agent.k8s.reflector import Settings as ReflectorSettings
 from agent.runtime.memory import freeze, release_memory
+from agent.runtime.nodes import list_lost_nodes
 from agent.runtime.publication.publishing import lease_path, vouch
 from agent.runtime.tasks import race
 from agent.runtime.views import (
@@ -156,9 +157,10 @@ NODES = "/api/v1/nodes"
 
 class NodesFollower:
     """The cluster's Nodes into a ``NodeView``, beside the pods (the pods' follower of a small job, a large job's
-    publisher, a standby taking over): one paged LIST, each page cut to what says a Node is lost as it arrives, then
-    one watch. Every Node, not the job's: a field selector takes one name, and a watch per Node would be one per
-    member. The sink hears of its requests only; what the Nodes change reaches the sidecar through the view."""
+    publisher, a standby taking over): the lost Nodes listed (``nodes.list_lost_nodes``: a Status cell per Node,
+    and the Nodes not Ready read whole), then one watch. Every Node, not the job's: a field selector takes one
+    name, and a watch per Node would be one per member. The sink hears of its requests only; what the Nodes
+    change reaches the sidecar through the view."""
 
     def __init__(self, sink: Sink, api: AsyncApi, view: NodeView, *, settings: ReflectorSettings,
                  clock: Callable[[], float]) -> None:
@@ -166,7 +168,7 @@ class NodesFollower:
 
     async def run(self) -> None:
         await follow(self.sink, "nodes", self.settings, self.clock,
-                     lambda: self.api.list_objects(NODES, limit=PAGE, keep=self.view.intake),
+                     lambda: list_lost_nodes(self.api),
                      lambda rv, timeout, idle: self.api.watch_objects(NODES, rv, timeout=timeout, idle=idle),
                      self.view)
 
