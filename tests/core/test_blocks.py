@@ -24,7 +24,7 @@ from agent.core.files.variables import env_key
 from agent.core.plan.layout import build_plan
 from agent.core.pods.placement import DEFAULT_LEVELS, Level, node_domains
 from agent.core.publication import blocks as blocks_module
-from agent.core.publication.blocks import Made, block_digest, block_key, part_selector
+from agent.core.publication.blocks import BLOCK_SCHEMA, Made, block_digest, block_key, part_selector
 from agent.core.publication.summary import (
     light_plan,
     own_view,
@@ -195,6 +195,36 @@ def test_the_leader_cuts_at_the_deepest_level_of_few_domains():
     assert sum(len(b.text) for b in made) < len(made) * 120 + 61 * 7  # a few bytes per member
 
 
+def test_members_a_spreading_scheduler_placed_each_take_a_number_in_their_block():
+    """Spread at random, most members are runs of one, each of the role, process count and prefix of the run
+    before: written as the step from its index to the index before, a few bytes each, not a list."""
+    pods, nodes = _job(workers=600, zones=1, racks=2)
+    _, made = summarize_with_blocks(build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1)
+    members = [m for block in made for m in json.loads(block.text)["members"]]
+    ones = [m for m in members if isinstance(m, int) or len(m) == 2]  # runs of one member
+    assert len(ones) > 100 and sum(isinstance(m, int) for m in ones) > 0.9 * len(ones)
+    assert sum(len(b.text) for b in made) < len(made) * 120 + 601 * 5
+
+
+@pytest.mark.parametrize("members, complaint", [
+    ([3], "first member is a number"),
+    ([[1, 5], -9], "index is -4"),
+], ids=["first", "negative"])
+def test_a_member_number_that_names_no_index_is_refused_in_one_line(members, complaint):
+    raw, made, me, domains = _pair()
+    entry = next(b for b in made if domains[:len(b.values)] == b.values)
+    block = json.loads(entry.text)
+    block["members"] = members
+    text = json.dumps(block, separators=(",", ":"))
+    for item in raw["topology"]["blocks"]:
+        if item[3] == entry.digest:
+            item[3] = block_digest(text)
+    summary = read_summary(summary_text(raw))
+    with pytest.raises(InputError) as err:
+        light_plan(summary, me, TOPOLOGY, domains=domains, blocks={block_digest(text): text})
+    assert complaint in str(err.value) and "\n" not in str(err.value)
+
+
 def test_too_many_domains_at_every_level_make_no_summary(monkeypatch):
     monkeypatch.setattr(blocks_module, "MAX_BLOCKS", 1)
     pods, nodes = _job()
@@ -218,7 +248,8 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
     summary = read_summary(summary_text(raw))
     mine = _own_blocks(made, "job-topology", domains)
     assert light_plan(summary, me, TOPOLOGY, domains=domains, blocks=mine) is not None
-    stale = [text.replace('"schema":1', '"schema":1 ') for text in mine.values()]
+    stale = [text.replace(f'"schema":{BLOCK_SCHEMA}', f'"schema":{BLOCK_SCHEMA} ') for text in mine.values()]
+    assert all(old != new for old, new in zip(mine.values(), stale, strict=True))
     assert light_plan(summary, me, TOPOLOGY, domains=domains, blocks={block_digest(t): t for t in stale}) is None
     assert light_plan(summary, me, TOPOLOGY, domains=domains, blocks={}) is None
     with pytest.raises(InputError, match="not the one the summary names"):  # held under a digest not its own

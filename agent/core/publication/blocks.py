@@ -15,10 +15,12 @@ that names it: a block written before or after that summary is not read as its (
 Inside a block the members are runs, as the index form's (summary.py): consecutive node ranks of one role, index
 prefix and process count with consecutive last indices, each written ``[role, first, last, slots, prefix]`` with
 the defaults left off (``last`` = ``first``, the block's usual ``slots``, no prefix); the role is its position in
-the training roles. Ranks inside a run are ``ranks_in_run``'s, as in the index form. A block holds no rank of its
-own: a member joining one block leaves the others' texts as they were, but for the members of each role before
-them (``seen``, the ordinals a controller does not give). The levels are their label keys (their names follow:
-``placement.level_name``). Pure.
+the training roles. A run of one member with the role, process count and prefix of the run before it is written
+as a number alone: its index less the last index of the run before (a spreading scheduler places most members
+so, each its own run: a few bytes each, not a list). Ranks inside a run are ``ranks_in_run``'s, as in the index
+form. A block holds no rank of its own: a member joining one block leaves the others' texts as they were, but for
+the members of each role before them (``seen``, the ordinals a controller does not give). The levels are their
+label keys (their names follow: ``placement.level_name``). Pure.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from agent.core.publication.published import bounded_loads
 from agent.errors import InputError
 
 BLOCK_KEY = "block.json"
-BLOCK_SCHEMA = 1
+BLOCK_SCHEMA = 2
 MAX_BLOCKS = 64  # blocks in a summary: ~40 B each, read by every pod; a block is then ~1/64 of the members
 MAX_BLOCK = 900 * 1024  # bytes of one block's text (a ConfigMap holds at most 1 MiB)
 MAX_LEVELS = 16
@@ -124,15 +126,20 @@ def make_blocks(topology: Topology) -> list[Made] | None:
         members = training[start:stop]
         sizes = collections.Counter(map(SLOTS, members))
         slots = sizes.most_common(1)[0][0]
-        entries = []
+        entries: list[Any] = []
+        before: tuple[Any, ...] | None = None  # the run before: role, slots, prefix, last index
         while at < len(run_starts) and run_starts[at] < stop:
             first = training[run_starts[at]]
             last = training[(run_starts[at + 1] if at + 1 < len(run_starts) else len(training)) - 1]
             entry: list[Any] = [position[first.role], first.index[-1], last.index[-1], first.slots,
                                 list(first.index[:-1])]
-            while len(entry) > 2 and entry[-1] == [entry[1], entry[1], slots, []][len(entry) - 2]:
-                entry.pop()  # the defaults left off, from the end
-            entries.append(entry)
+            if before is not None and entry[1] == entry[2] and before[:3] == (entry[0], entry[3], entry[4]):
+                entries.append(entry[1] - before[3])  # one member, as the run before: its index's step
+            else:
+                while len(entry) > 2 and entry[-1] == [entry[1], entry[1], slots, []][len(entry) - 2]:
+                    entry.pop()  # the defaults left off, from the end
+                entries.append(entry)
+            before = (position[first.role], first.slots, list(first.index[:-1]), last.index[-1])
             at += 1
         text = json.dumps({"schema": BLOCK_SCHEMA, "values": list(keys[start]),
                            "seen": {r: n for r, n in sorted(seen.items())}, "slots": slots, "members": entries},
@@ -241,6 +248,27 @@ def read_layout(raw: Any, *, nnodes: int, processes: int) -> Layout:
     return Layout(tuple(levels), "topology", None, tuple(blocks))
 
 
+def _run(item: Any, before: tuple[int, int, tuple[int, ...], int] | None, usual: int,
+         roles: int) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """A block's member entry as (role, first, last, slots, prefix): a list, or a number (one member as the run
+    ``before``, its index that many past that run's last)."""
+    if isinstance(item, int) and not isinstance(item, bool):
+        if before is None:
+            raise _refuse("a block's first member is a number, not [role, first, last, slots, prefix]")
+        at, slots, prefix, last = before
+        index = _number(last + item, "a block's index")
+        return at, index, index, slots, prefix
+    if not isinstance(item, list) or not 2 <= len(item) <= 5:
+        raise _refuse("a block's member is not [role, first, last, slots, prefix]")
+    at, first = _number(item[0], "a block's role"), _number(item[1], "a block's index")
+    last = _number(item[2], "a block's index") if len(item) > 2 else first
+    slots = _number(item[3], "a block's slots", low=1) if len(item) > 3 else usual
+    raw_prefix = item[4] if len(item) > 4 else []
+    if at >= roles or last < first or not isinstance(raw_prefix, list) or len(raw_prefix) > 4:
+        raise _refuse(f"a block's member is {str(item)[:60]}")
+    return at, first, last, slots, tuple(_number(p, "a block's index") for p in raw_prefix)
+
+
 @dataclass(frozen=True)
 class Place:
     """A member's numbers from its block: NODE_RANK, RANK, ordinal and process count."""
@@ -268,16 +296,10 @@ def place_in_block(text: str, entry: Entry, training_roles: Sequence[str], role:
     usual = _number(raw.get("slots"), "a block's slots", low=1)
     seen = {r: _number(n, "a block's seen") for r, n in raw["seen"].items() if r in training_roles}
     node_rank, first_rank, found = entry.node_rank, entry.first_rank, None
+    before: tuple[int, int, tuple[int, ...], int] | None = None  # the run before: role, slots, prefix, last index
     for item in raw["members"]:
-        if not isinstance(item, list) or not 2 <= len(item) <= 5:
-            raise _refuse("a block's member is not [role, first, last, slots, prefix]")
-        at, first = _number(item[0], "a block's role"), _number(item[1], "a block's index")
-        last = _number(item[2], "a block's index") if len(item) > 2 else first
-        slots = _number(item[3], "a block's slots", low=1) if len(item) > 3 else usual
-        prefix = item[4] if len(item) > 4 else []
-        if at >= len(training_roles) or last < first or not isinstance(prefix, list) or len(prefix) > 4:
-            raise _refuse(f"a block's member is {str(item)[:60]}")
-        prefix = tuple(_number(p, "a block's index") for p in prefix)
+        at, first, last, slots, prefix = _run(item, before, usual, len(training_roles))
+        before = (at, slots, prefix, last)
         run_role, count = training_roles[at], last - first + 1
         if found is None and run_role == role and index[:-1] == prefix and first <= index[-1] <= last:
             found = Place(*ranks_in_run(node_rank=node_rank, first_rank=first_rank, slots=slots,
