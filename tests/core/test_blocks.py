@@ -217,12 +217,29 @@ def test_a_member_number_that_names_no_index_is_refused_in_one_line(members, com
     block["members"] = members
     text = json.dumps(block, separators=(",", ":"))
     for item in raw["topology"]["blocks"]:
-        if item[3] == entry.digest:
-            item[3] = block_digest(text)
+        if item[-1] == entry.digest:
+            item[-1] = block_digest(text)
     summary = read_summary(summary_text(raw))
     with pytest.raises(InputError) as err:
         light_plan(summary, me, TOPOLOGY, domains=domains, blocks={block_digest(text): text})
     assert complaint in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_summary_entry_leaves_off_one_process_per_member_and_names_its_block_in_eleven_characters():
+    """Every pod reads the summary's blocks: a block of one process per member (a spreading scheduler's, one GPU
+    process or one launcher per pod) says its member count alone, and its digest's 64 bits take 11 characters."""
+    pods, nodes = _job()
+    for pod in pods[:4]:  # two processes in each of the first pods: their blocks say so
+        pod["spec"]["containers"][0]["env"].append({"name": "PET_NPROC_PER_NODE", "value": "2"})
+    raw, made = summarize_with_blocks(build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1)
+    assert raw is not None
+    entries = raw["topology"]["blocks"]
+    assert {len(e) for e in entries} == {3, 4}  # both kinds here
+    assert [len(e) for e in entries] == [3 if b.processes == b.count else 4 for b in made]
+    assert all(len(e[-1]) == 11 and e[-1] == b.digest for e, b in zip(entries, made, strict=True))
+    summary = read_summary(summary_text(raw))
+    assert summary is not None and summary.layout is not None
+    assert [(b.count, b.processes) for b in summary.layout.blocks] == [(b.count, b.processes) for b in made]
 
 
 def test_too_many_domains_at_every_level_make_no_summary(monkeypatch):
@@ -257,7 +274,7 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
 
 
 @pytest.mark.parametrize("mutate, complaint", [
-    (lambda t: t["blocks"][1].__setitem__(slice(1, 3), [1, 1]), "the blocks make"),  # too few pods
+    (lambda t: t["blocks"][1].__setitem__(1, 1), "the blocks make"),  # too few pods
     (lambda t: t["blocks"].append(t["blocks"][0]), "the blocks make"),
     (lambda t: t["blocks"][0].__setitem__(0, [0, "$(reboot)"]), "label values"),
     (lambda t: t["blocks"][1].__setitem__(0, [4, "r1"]), "label values"),  # shares more than there is
@@ -266,7 +283,7 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
     (lambda t: t.update(order="random"), "not {levels"),
     (lambda t: t.pop("blocks"), "without its blocks"),
     (lambda t: t["blocks"][0].__setitem__(1, 0), "count is 0"),
-    (lambda t: t["blocks"][0].__setitem__(2, 1), "processes is 1"),
+    (lambda t: t["blocks"][0].insert(2, 1), "processes is 1"),  # fewer processes than members
 ], ids=["gap", "twice", "value", "shared", "depth", "level", "order", "no-blocks", "empty", "processes"])
 def test_a_topology_section_that_does_not_add_up_is_refused_in_one_line(mutate, complaint):
     raw, _, _, _ = _pair()
@@ -286,8 +303,8 @@ def test_a_block_that_does_not_add_up_is_refused_in_one_line(monkeypatch):
     text = json.dumps(block, separators=(",", ":"))
     digest = block_digest(text)
     for item in raw["topology"]["blocks"]:
-        if item[3] == entry.digest:
-            item[3] = digest
+        if item[-1] == entry.digest:
+            item[-1] = digest
     summary = read_summary(summary_text(raw))
     with pytest.raises(InputError, match="a block makes") as err:
         light_plan(summary, me, TOPOLOGY, domains=domains, blocks={digest: text})

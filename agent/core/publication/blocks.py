@@ -6,11 +6,12 @@ the asked order was not applied, why (``order_note``). Under the topology order 
 its index, so the leader, which holds every member, cuts the rank order into *blocks*: the domains of one level
 (the deepest with at most ``MAX_BLOCKS`` domains), each contiguous in the order (``rank.topology_order`` keeps
 every domain's members together at every level). The summary lists the blocks in rank order: their domain values
-(each entry names how many it shares with the entry before, then the rest), member count, process count and the
-digest of their text; node ranks and ranks add up from the first. Each block's members, in rank order, are one
-small ConfigMap (``<job>-topology-block-<key>``, ``block_name``). A pod reads its own Node, the summary
-and its own block: ~1/64 of the job, whatever its size, never every pod. The digest ties a block to the summary
-that names it: a block written before or after that summary is not read as its (the pod waits for the pair).
+(each entry names how many it shares with the entry before, then the rest), member count, process count (left off
+where it is the member count: one process per member) and the digest of their text; node ranks and ranks add up
+from the first. Each block's members, in rank order, are one small ConfigMap (``<job>-topology-block-<key>``,
+``block_name``). A pod reads its own Node, the summary and its own block: ~1/64 of the job, whatever its size,
+never every pod. The digest ties a block to the summary that names it: a block written before or after that
+summary is not read as its (the pod waits for the pair).
 
 Inside a block the members are runs, as the index form's (summary.py): consecutive node ranks of one role, index
 prefix and process count with consecutive last indices, each written ``[role, first, last, slots, prefix]`` with
@@ -25,6 +26,7 @@ label keys (their names follow: ``placement.level_name``). Pure.
 
 from __future__ import annotations
 
+import base64
 import collections
 import hashlib
 import itertools
@@ -46,14 +48,16 @@ BLOCK_SCHEMA = 2
 MAX_BLOCKS = 64  # blocks in a summary: ~40 B each, read by every pod; a block is then ~1/64 of the members
 MAX_BLOCK = 900 * 1024  # bytes of one block's text (a ConfigMap holds at most 1 MiB)
 MAX_LEVELS = 16
+DIGEST_CHARS = 11  # block_digest's 64 bits in base64url
 _DOMAINS = member_fields("domains")
 PART_LABEL = "topology-agent.io/part"  # the summary's and each block's key: a pod lists its two by this label
 
 
 def block_digest(text: str) -> str:
     """What the summary names a block's text by: a pod holds the blocks it reads by this, so that only the text
-    its summary names is read as its block (64 bits: no writer of another text finds one with the same digest)."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    its summary names is read as its block (64 bits: no writer of another text finds one with the same digest),
+    in base64url: 11 characters, not 16 in hex, in a summary every pod reads."""
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:8]).decode().rstrip("=")
 
 
 def _digest(*parts: Any) -> str:
@@ -158,7 +162,8 @@ def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str,
     before: tuple[str, ...] = ()
     for block in blocks or ():
         shared = next((k for k in range(len(block.values), -1, -1) if block.values[:k] == before[:k]), 0)
-        entries.append([[shared, *block.values[shared:]], block.count, block.processes, block.digest])
+        processes = [block.processes] if block.processes != block.count else []  # else one per member
+        entries.append([[shared, *block.values[shared:]], block.count, *processes, block.digest])
         before = block.values
     return {"levels": [level.label for level in topology.levels], "order": topology.rank_order,
             "note": topology.order_note, **({"blocks": entries} if blocks is not None else {})}
@@ -233,11 +238,13 @@ def read_layout(raw: Any, *, nnodes: int, processes: int) -> Layout:
     blocks: list[Entry] = []
     node_rank = first_rank = 0
     for item in blocks_raw:
-        if not isinstance(item, list) or len(item) != 4 or not isinstance(item[3], str) or len(item[3]) != 16:
+        if not isinstance(item, list) or len(item) not in (3, 4) or not isinstance(item[-1], str) \
+                or len(item[-1]) != DIGEST_CHARS:
             raise _refuse("a block is not [values, count, processes, digest]")
         count = _number(item[1], "a block's count", low=1)
-        entry = Entry(_values(item[0], blocks[-1].values if blocks else ()), node_rank, first_rank, count,
-                      _number(item[2], "a block's processes", low=count), item[3])
+        run = _number(item[2], "a block's processes", low=count) if len(item) == 4 else count
+        entry = Entry(_values(item[0], blocks[-1].values if blocks else ()), node_rank, first_rank, count, run,
+                      item[-1])
         if len(entry.values) != len((blocks[0] if blocks else entry).values) or len(entry.values) > len(levels):
             raise _refuse(f"block {str(item)[:80]} is not of the depth of the blocks before it")
         blocks.append(entry)
