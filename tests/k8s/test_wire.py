@@ -57,6 +57,24 @@ def test_a_broken_list_answer_is_an_api_error(body):
         list_items(parse_json(body, what="list pods"), what="pods")
 
 
+@pytest.mark.parametrize("body", [
+    b'{"kind": "Table", "columnDefinitions": [{"name": "Name"}], "rows": "x"}',
+    b'{"kind": "Table", "columnDefinitions": [{"name": "Name"}], "rows": [{"object": {}}]}',
+    b'{"kind": "Table", "rows": [{"cells": ["node-1"]}]}',
+], ids=["rows", "no-cells", "no-columns"])
+def test_a_table_that_is_not_rows_of_cells_is_an_api_error(body):
+    with pytest.raises(ApiUnavailable, match="not a Table of rows"):
+        list_items(parse_json(body, what="list nodes"), what="nodes")
+
+
+def test_a_tables_rows_read_as_their_cells_by_column_name():
+    body = {"kind": "Table", "metadata": {"resourceVersion": "7"},
+            "columnDefinitions": [{"name": "Name"}, {"name": "Status"}],
+            "rows": [{"cells": ["node-1", "Ready"]}, {"cells": ["node-2", "NotReady,SchedulingDisabled"]}]}
+    assert list_items(body, what="nodes") == ([{"Name": "node-1", "Status": "Ready"},
+                                               {"Name": "node-2", "Status": "NotReady,SchedulingDisabled"}], "7")
+
+
 def _two_events_and_a_broken_line() -> bytes:
     good = [json.dumps({"type": "MODIFIED", "object": {"metadata": {"name": f"p{i}", "resourceVersion": str(i)}}})
             for i in (1, 2)]
