@@ -493,7 +493,8 @@ def ssh_secret(directory: Path) -> list[str]:
 
 def one_run(args: argparse.Namespace, run: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp_name, \
-            SandboxThread(Path(tmp_name) / "sb", history=args.history) as sandbox:
+            SandboxThread(Path(tmp_name) / "sb", history=args.history,
+                          bookmark_interval=args.bookmark_interval) as sandbox:
         tmp = Path(args.keep) / f"run{run}" if args.keep else Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)
         job = Job(args.pods, [*(["--view", args.view] if args.view else []), *args.agent_arg,
@@ -625,6 +626,9 @@ def main() -> None:
                         "Secret (--ssh-secret-dir), as a pod that mounts it")
     parser.add_argument("--history", type=int, default=20_000, help="the sandbox's event log (each event holds "
                         "two copies of a pod)")
+    parser.add_argument("--bookmark-interval", type=float, default=1.0, help="seconds between a quiet watch's "
+                        "BOOKMARKs (the sandbox's default; a real API server's watch cache sends one about once a "
+                        "minute and one at the watch's end: 60)")
     parser.add_argument("--max-load", type=float, help="before each run, wait (up to 30 min) until the 1-minute "
                         "load average is below this")
     parser.add_argument("--keep", help="write the agents' files and logs here (run<k>/), not to a temporary directory")
