@@ -251,6 +251,60 @@ def test_too_many_domains_at_every_level_make_no_summary(monkeypatch):
     assert own is None and "domains" in why
 
 
+@pytest.mark.parametrize("change", ["leave", "join"])
+def test_a_member_joining_or_leaving_changes_only_its_own_blocks_text(change):
+    """A block's text does not depend on the blocks before it: the leader rewrites one block and the summary
+    for a member that joins or leaves, not every block after it."""
+    pods, nodes = _job(workers=120, zones=2, racks=4)
+    before = {b.values: b.text for b in summarize_with_blocks(
+        build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1)[1]}
+    if change == "leave":
+        pods = [p for p in pods if p["metadata"]["name"] != "demo-worker-5"]
+    else:
+        extra = examples.volcano_job(tasks=(("master", 1), ("worker", 122)))[-1]
+        extra["spec"]["nodeName"] = "node-3"  # a node of a domain the job holds
+        pods = [*pods, extra]
+    after = {b.values: b.text for b in summarize_with_blocks(
+        build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=2)[1]}
+    assert len(before) == len(after) == 8 and before.keys() == after.keys()
+    assert sum(before[values] != after[values] for values in before) == 1
+
+
+def test_a_block_of_another_format_is_refused_not_misread():
+    """A block of a format before (its own ``seen``, schema 1 and 2) under a summary that names its digest: refused
+    (the pod reads the whole topology), never read as this format's."""
+    raw, made, me, domains = _pair()
+    entry = next(b for b in made if domains[:len(b.values)] == b.values)
+    block = json.loads(entry.text)
+    for schema in (1, 2):
+        old = json.dumps({**block, "schema": schema, "seen": {"master": 1}}, separators=(",", ":"))
+        named = json.loads(json.dumps(raw))
+        for item in named["topology"]["blocks"]:
+            if item[-1] == entry.digest:
+                item[-1] = block_digest(old)
+        summary = read_summary(summary_text(named))
+        with pytest.raises(InputError, match="not the one its summary lists"):
+            light_plan(summary, me, TOPOLOGY, domains=domains, blocks={block_digest(old): old})
+
+
+def test_a_block_whose_members_per_role_are_not_its_entrys_is_refused():
+    """The summary says how many members of each role a block holds (the ordinals of the blocks after it add up
+    from them): a block that holds others is refused, not read with the wrong ordinals."""
+    raw, made, _, _ = _pair()
+    pods, nodes = _job()
+    master = pods[0]
+    domains = node_domains(master["spec"]["nodeName"], nodes[master["spec"]["nodeName"]], LEVELS)
+    items = raw["topology"]["roleCounts"]
+    mine = next(k for k, b in enumerate(made) if domains[:len(b.values)] == b.values)
+    later = mine + 1 if mine + 1 < len(items) else mine - 1
+    assert items[mine][0] == 1 and items[later][0] == 0
+    items[mine] = [0, items[mine][1] + 1]
+    items[later] = [1, items[later][1] - 1]
+    summary = read_summary(summary_text(raw))
+    with pytest.raises(InputError, match="members per role are not the ones"):
+        light_plan(summary, master, TOPOLOGY, domains=domains, blocks={b.digest: b.text for b in made})
+
+
 def _pair() -> tuple[dict, list[Made], dict, tuple[str, ...]]:
     pods, nodes = _job()
     raw, made = summarize_with_blocks(build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1)
@@ -274,8 +328,10 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
 
 
 @pytest.mark.parametrize("mutate, complaint", [
-    (lambda t: t["blocks"][1].__setitem__(1, 1), "the blocks make"),  # too few pods
-    (lambda t: t["blocks"].append(t["blocks"][0]), "the blocks make"),
+    (lambda t: (t["blocks"][1].__setitem__(1, 1), t["roleCounts"].__setitem__(1, [0, 1])),
+     "the blocks make"),  # too few pods
+    (lambda t: (t["blocks"].append(t["blocks"][0]), t["roleCounts"].append(t["roleCounts"][0])),
+     "the blocks make"),
     (lambda t: t["blocks"][0].__setitem__(0, [0, "$(reboot)"]), "label values"),
     (lambda t: t["blocks"][1].__setitem__(0, [4, "r1"]), "label values"),  # shares more than there is
     (lambda t: t["blocks"][1].__setitem__(0, [1, "r1"]), "depth"),
@@ -284,7 +340,10 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
     (lambda t: t.pop("blocks"), "without its blocks"),
     (lambda t: t["blocks"][0].__setitem__(1, 0), "count is 0"),
     (lambda t: t["blocks"][0].insert(2, 1), "processes is 1"),  # fewer processes than members
-], ids=["gap", "twice", "value", "shared", "depth", "level", "order", "no-blocks", "empty", "processes"])
+    (lambda t: t["roleCounts"][1].__setitem__(1, 0), "members per role make"),
+    (lambda t: t.pop("roleCounts"), "each of the 2 training roles"),  # several roles, none counted
+], ids=["gap", "twice", "value", "shared", "depth", "level", "order", "no-blocks", "empty", "processes", "per-role",
+        "no-roles"])
 def test_a_topology_section_that_does_not_add_up_is_refused_in_one_line(mutate, complaint):
     raw, _, _, _ = _pair()
     mutate(raw["topology"])

@@ -8,10 +8,11 @@ its index, so the leader, which holds every member, cuts the rank order into *bl
 every domain's members together at every level). The summary lists the blocks in rank order: their domain values
 (each entry names how many it shares with the entry before, then the rest), member count, process count (left off
 where it is the member count: one process per member) and the digest of their text; node ranks and ranks add up
-from the first. Each block's members, in rank order, are one small ConfigMap (``<job>-topology-block-<key>``,
-``block_name``). A pod reads its own Node, the summary and its own block: ~1/64 of the job, whatever its size,
-never every pod. The digest ties a block to the summary that names it: a block written before or after that
-summary is not read as its (the pod waits for the pair).
+from the first. In a job of several training roles the section also lists each block's members per role
+(``roleCounts``, in the blocks' order). Each block's members, in rank order, are one small ConfigMap
+(``<job>-topology-block-<key>``, ``block_name``). A pod reads its own Node, the summary and its own block: ~1/64 of
+the job, whatever its size, never every pod. The digest ties a block to the summary that names it: a block written
+before or after that summary is not read as its (the pod waits for the pair).
 
 Inside a block the members are runs, as the index form's (summary.py): consecutive node ranks of one role, index
 prefix and process count with consecutive last indices, each written ``[role, first, last, slots, prefix]`` with
@@ -19,9 +20,11 @@ the defaults left off (``last`` = ``first``, the block's usual ``slots``, no pre
 the training roles. A run of one member with the role, process count and prefix of the run before it is written
 as a number alone: its index less the last index of the run before (a spreading scheduler places most members
 so, each its own run: a few bytes each, not a list). Ranks inside a run are ``ranks_in_run``'s, as in the index
-form. A block holds no rank of its own: a member joining one block leaves the others' texts as they were, but for
-the members of each role before them (``seen``, the ordinals a controller does not give). The levels are their
-label keys (their names follow: ``placement.level_name``). Pure.
+form. A block's text holds nothing that depends on the blocks before it: its first node rank and rank, and the
+members of each role before it (the ordinals a controller does not give), add up from the summary's entries, which
+name each block's members per training role when the job has more than one. So a member that joins or leaves one
+block changes that block's text and the summary, and leaves every other block's text (and ConfigMap) as it was.
+The levels are their label keys (their names follow: ``placement.level_name``). Pure.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from agent.core.publication.published import bounded_loads
 from agent.errors import InputError
 
 BLOCK_KEY = "block.json"
-BLOCK_SCHEMA = 2
+BLOCK_SCHEMA = 3  # 3: no ``seen`` in the text (the summary's entries give each block's members per role)
 MAX_BLOCKS = 64  # blocks in a summary: ~40 B each, read by every pod; a block is then ~1/64 of the members
 MAX_BLOCK = 900 * 1024  # bytes of one block's text (a ConfigMap holds at most 1 MiB)
 MAX_LEVELS = 16
@@ -89,12 +92,14 @@ def part_selector(snapshot_name: str, domains: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Made:
-    """A block as the leader makes it: its domain values, its member and process counts, and its text."""
+    """A block as the leader makes it: its domain values, its member and process counts, its text, and its
+    members per training role (in the training roles' order)."""
 
     values: tuple[str, ...]
     count: int
     processes: int
     text: str
+    roles: tuple[int, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -124,7 +129,6 @@ def make_blocks(topology: Topology) -> list[Made] | None:
     run_starts = sorted({*starts, *cuts[:-1]})  # the runs, cut where a block starts too
     position = {role: at for at, role in enumerate(topology.training_roles)}
     made: list[Made] = []
-    seen: collections.Counter[str] = collections.Counter()
     at = 0
     for start, stop in itertools.pairwise(cuts):
         members = training[start:stop]
@@ -145,19 +149,20 @@ def make_blocks(topology: Topology) -> list[Made] | None:
                 entries.append(entry)
             before = (position[first.role], first.slots, list(first.index[:-1]), last.index[-1])
             at += 1
-        text = json.dumps({"schema": BLOCK_SCHEMA, "values": list(keys[start]),
-                           "seen": {r: n for r, n in sorted(seen.items())}, "slots": slots, "members": entries},
+        text = json.dumps({"schema": BLOCK_SCHEMA, "values": list(keys[start]), "slots": slots, "members": entries},
                           separators=(",", ":"))
         if len(text) > MAX_BLOCK:
             return None
-        made.append(Made(keys[start], stop - start, sum(size * count for size, count in sizes.items()), text))
-        seen.update(map(ROLE, members))
+        roles = collections.Counter(map(ROLE, members))
+        made.append(Made(keys[start], stop - start, sum(size * count for size, count in sizes.items()), text,
+                         tuple(roles[role] for role in topology.training_roles)))
     return made
 
 
 def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str, Any]:
     """The summary's ``topology``: the levels (label, name), the order applied and why not the one asked, and
-    the blocks (topology order)."""
+    the blocks (topology order), with each block's members per training role (``roleCounts``) when the job has
+    more than one (with one, a block's count says it)."""
     entries: list[list[Any]] = []
     before: tuple[str, ...] = ()
     for block in blocks or ():
@@ -165,13 +170,16 @@ def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str,
         processes = [block.processes] if block.processes != block.count else []  # else one per member
         entries.append([[shared, *block.values[shared:]], block.count, *processes, block.digest])
         before = block.values
+    several = blocks is not None and len(topology.training_roles) > 1
     return {"levels": [level.label for level in topology.levels], "order": topology.rank_order,
-            "note": topology.order_note, **({"blocks": entries} if blocks is not None else {})}
+            "note": topology.order_note, **({"blocks": entries} if blocks is not None else {}),
+            **({"roleCounts": [list(block.roles) for block in blocks or ()]} if several else {})}
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One block as the summary lists it."""
+    """One block as the summary lists it: its members per training role (``roles``) and those of the blocks
+    before it (``seen``), in the training roles' order."""
 
     values: tuple[str, ...]
     node_rank: int
@@ -179,6 +187,8 @@ class Entry:
     count: int
     processes: int
     digest: str
+    roles: tuple[int, ...]
+    seen: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -214,9 +224,27 @@ def _values(value: Any, before: tuple[str, ...]) -> tuple[str, ...]:
     return (*before[:value[0]], *value[1:])
 
 
-def read_layout(raw: Any, *, nnodes: int, processes: int) -> Layout:
+def _role_counts(raw: dict[str, Any], counts: list[int], roles: int) -> list[tuple[int, ...]]:
+    """Each block's members per training role: ``roleCounts`` with several roles, each block's count with one."""
+    if roles == 1:
+        if "roleCounts" in raw:
+            raise _refuse("roleCounts for one training role")
+        return [(count,) for count in counts]
+    listed = raw.get("roleCounts")
+    if not isinstance(listed, list) or len(listed) != len(counts) or not all(
+            isinstance(item, list) and len(item) == roles for item in listed):
+        raise _refuse(f"roleCounts is not the members of each of the {roles} training roles per block")
+    out = [tuple(_number(n, "a block's members of a role") for n in item) for item in listed]
+    for count, each in zip(counts, out, strict=True):
+        if sum(each) != count:
+            raise _refuse(f"a block's members per role make {sum(each)}, not its count {count}")
+    return out
+
+
+def read_layout(raw: Any, *, nnodes: int, processes: int, roles: int) -> Layout:
     """The summary's topology section, checked: label keys and values, and the blocks one after another from
-    node rank 0 to ``nnodes`` (their first ranks rising to ``processes``), of one depth, each domain once."""
+    node rank 0 to ``nnodes`` (their first ranks rising to ``processes``), of one depth, each domain once, their
+    members per role (``roles`` training roles) adding up to their counts."""
     if not isinstance(raw, dict) or not isinstance(raw.get("levels"), list) or not 0 < len(raw["levels"]) <= \
             MAX_LEVELS or raw.get("order") not in ("index", "topology"):
         raise _refuse("topology is not {levels, order, note, blocks}")
@@ -235,20 +263,23 @@ def read_layout(raw: Any, *, nnodes: int, processes: int) -> Layout:
     blocks_raw = raw.get("blocks")
     if note is not None or not isinstance(blocks_raw, list) or not 0 < len(blocks_raw) <= MAX_BLOCKS:
         raise _refuse("the topology order without its blocks")
+    if not all(isinstance(item, list) and len(item) in (3, 4) and isinstance(item[-1], str)
+               and len(item[-1]) == DIGEST_CHARS for item in blocks_raw):
+        raise _refuse("a block is not [values, count, processes, digest]")
+    per_role = _role_counts(raw, [_number(item[1], "a block's count", low=1) for item in blocks_raw], roles)
     blocks: list[Entry] = []
     node_rank = first_rank = 0
-    for item in blocks_raw:
-        if not isinstance(item, list) or len(item) not in (3, 4) or not isinstance(item[-1], str) \
-                or len(item[-1]) != DIGEST_CHARS:
-            raise _refuse("a block is not [values, count, processes, digest]")
-        count = _number(item[1], "a block's count", low=1)
+    seen = (0,) * roles
+    for item, counts in zip(blocks_raw, per_role, strict=True):
+        count = item[1]
         run = _number(item[2], "a block's processes", low=count) if len(item) == 4 else count
         entry = Entry(_values(item[0], blocks[-1].values if blocks else ()), node_rank, first_rank, count, run,
-                      item[-1])
+                      item[-1], counts, seen)
         if len(entry.values) != len((blocks[0] if blocks else entry).values) or len(entry.values) > len(levels):
             raise _refuse(f"block {str(item)[:80]} is not of the depth of the blocks before it")
         blocks.append(entry)
         node_rank, first_rank = node_rank + entry.count, first_rank + entry.processes
+        seen = tuple(map(operator.add, seen, counts))
     if node_rank != nnodes or first_rank != processes or len({b.values for b in blocks}) != len(blocks):
         raise _refuse(f"the blocks make {node_rank} pods and {first_rank} processes, not {nnodes} and {processes}, "
                       "or name a domain twice")
@@ -298,10 +329,10 @@ def place_in_block(text: str, entry: Entry, training_roles: Sequence[str], role:
     except ValueError as err:
         raise _refuse(f"a block is not JSON: {err}") from None
     if not isinstance(raw, dict) or raw.get("schema") != BLOCK_SCHEMA or not isinstance(raw.get("members"), list) \
-            or not isinstance(raw.get("seen"), dict) or raw.get("values") != list(entry.values):
+            or raw.get("values") != list(entry.values) or len(entry.seen) != len(training_roles):
         raise _refuse("a block is not the one its summary lists")
     usual = _number(raw.get("slots"), "a block's slots", low=1)
-    seen = {r: _number(n, "a block's seen") for r, n in raw["seen"].items() if r in training_roles}
+    seen = dict(zip(training_roles, entry.seen, strict=True))
     node_rank, first_rank, found = entry.node_rank, entry.first_rank, None
     before: tuple[int, int, tuple[int, ...], int] | None = None  # the run before: role, slots, prefix, last index
     for item in raw["members"]:
@@ -317,4 +348,6 @@ def place_in_block(text: str, entry: Entry, training_roles: Sequence[str], role:
         seen[run_role] = seen.get(run_role, 0) + count
     if node_rank != entry.node_rank + entry.count or first_rank != entry.first_rank + entry.processes:
         raise _refuse(f"a block makes {node_rank - entry.node_rank} pods, not {entry.count}")
+    if tuple(seen[role] - before for role, before in zip(training_roles, entry.seen, strict=True)) != entry.roles:
+        raise _refuse("a block's members per role are not the ones its summary lists")
     return found

@@ -304,7 +304,8 @@ def read_summary(text: str | None) -> Summary | None:
         raise _refuse(f"field {err} missing or of the wrong type") from None
     if not _is_line(source):
         raise _refuse("masterPortSource is not a line of text")
-    layout = read_layout(raw["topology"], nnodes=nnodes, processes=world) if "topology" in raw else None
+    layout = read_layout(raw["topology"], nnodes=nnodes, processes=world,
+                         roles=len(training_roles)) if "topology" in raw else None
     blocks = layout is not None and layout.order == "topology"  # the runs are the blocks' (blocks.py)
     if not isinstance(roles_raw, list) or not isinstance(runs_raw, list) or len(runs_raw) > MAX_RUNS \
             or bool(runs_raw) == blocks or not isinstance(rank0_raw, list) or len(rank0_raw) != 8 \
