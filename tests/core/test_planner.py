@@ -257,6 +257,39 @@ def test_a_leave_in_topology_order_is_carried_over_unless_it_reorders_the_domain
     assert planner.incremental == 1  # the leave from scratch
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["own-node", "shared-node"])
+def test_a_join_in_topology_order_is_carried_over_unless_it_reorders_the_domains(packed):
+    """A member that joins after the first member (index order) of the deepest domain it shares with others takes
+    its place in that domain (among the members of its node, or as a new node among its siblings), and the layout
+    is carried over; one that would be the first of a domain that holds others is planned from scratch. Both
+    plans are build_plan's. ``packed``: each pod that joins runs on the node of a pod already there."""
+    names = list(World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7)).all)
+    present = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7)).pods
+    hosts = sorted(present, key=names.index)[1::3]  # the pods whose nodes the joining ones share when packed
+
+    def world(name: str) -> World:
+        made = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7))
+        if packed:
+            made.all[name]["spec"]["nodeName"] = made.all[host_of[name]]["spec"]["nodeName"]
+        return made
+
+    joining = [n for n in names if n not in present]
+    host_of = {name: hosts[k % len(hosts)] for k, name in enumerate(joining)}
+    node = {name: host_of[name] if packed and name in host_of else name for name in names}
+    path = {name: (names.index(node[name]) % 2, names.index(node[name]) % 3, node[name]) for name in names}
+    carried = {}
+    for name in joining:
+        for depth in (3, 2, 1):
+            shared = [names.index(m) for m in present if path[m][:depth] == path[name][:depth]]
+            if shared:
+                carried[name] = min(shared) < names.index(name)
+                break
+    assert set(carried.values()) == {True, False}
+    for name, kept in carried.items():
+        planner = _check(world(name), OPTIONS["topology"], ["ip", "join"], target=name)
+        assert planner.incremental == (2 if kept else 1), name
+
+
 @pytest.mark.parametrize("opts", ["default", "ip"])
 def test_a_burst_under_a_quarter_of_a_large_job_is_carried_over(opts):
     """A journal entry gathers the kubelet's writes of ~80 pods at once while a 16384-pod job starts: each made a

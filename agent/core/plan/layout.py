@@ -273,8 +273,7 @@ class _FromScratch(Exception):
 
 class _Rows:
     """The live pods in rank order side by side with their sort keys and their members (None for a pod left out of
-    the members: one that does not train, without an IP under --address ip), and where each pod stands. Pods are
-    inserted only in index order, where the keys are sorted; removed in either order."""
+    the members: one that does not train, without an IP under --address ip), and where each pod stands."""
 
     __slots__ = ("at", "key_of", "keys", "live", "placed")
 
@@ -294,6 +293,8 @@ class _Rows:
         self.keys.insert(at, key)
         self.placed.insert(at, None)
         self.key_of[live.facts.name] = key
+        if self.at is not None:  # the topology order's positions: those from ``at`` on move down one
+            self.at.update(zip(map(_LIVE_NAME, self.live[at:]), itertools.count(at)))
 
     def pop(self, at: int, name: str) -> tuple[Live, Member | None]:
         live = self.live.pop(at)
@@ -404,12 +405,14 @@ class _Layout:
         self.unplaced.discard(name)
         self.slots_source.pop(name, None)
 
-    def arrive(self, live: Live, key: SortKey) -> int:
-        """``live`` enters the rows at its key's place, not placed yet; returns where."""
+    def arrive(self, live: Live, key: SortKey, at: int | None = None) -> int:
+        """``live`` enters the rows at ``at`` (by default its key's place, in index order), not placed yet;
+        returns where."""
         _, ident, facts = live
         if not self.census.enter(ident, facts.name, trains=ident.role in self.rule.position):
             raise _FromScratch  # two pods claim one index: planning from scratch names them
-        at = bisect.bisect_left(self.rows.keys, key)
+        if at is None:
+            at = bisect.bisect_left(self.rows.keys, key)
         self.rows.insert(at, live, key)
         return at
 

@@ -12,8 +12,9 @@ import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from agent.core.model import Excluded, Options, RawPod
+from agent.core.model import Excluded, Options, RawPod, member_fields
 from agent.core.plan.facts import Memo, PodFacts, facts_of
 from agent.core.plan.layout import (
     Live,
@@ -182,8 +183,9 @@ class Planner:
             return None
         if self.self_name in changed and not self._renew_me(layout, pods[self.self_name]):
             return None
+        domains_of = _domain_reader(self.options, nodes)
         try:
-            taken = self._take(layout, pods, [*changed, *gone])
+            taken = self._take(layout, pods, [*changed, *gone], domains_of)
         except _FromScratch:
             return None
         lowest, in_place = taken.lowest, taken.in_place
@@ -201,7 +203,6 @@ class Planner:
             before[name] = pods[name]
         for name in gone:
             del before[name]
-        domains_of = _domain_reader(self.options, nodes)
         self._addresses_kept = True
         for at in in_place:
             if at < lowest:
@@ -223,11 +224,12 @@ class Planner:
         layout.found = replace(found, me=me)
         return True
 
-    def _take(self, layout: _Layout, pods: Mapping[str, RawPod], names: list[str]) -> _Taken:
+    def _take(self, layout: _Layout, pods: Mapping[str, RawPod], names: list[str],
+              domains_of: Callable[[str], tuple[str, ...] | None]) -> _Taken:
         """Take the changes of ``names`` into the rows: a member whose key, identity and place stand is updated in
         place; any other leaves, and arrives again at its new key while it is live. ``_FromScratch`` when only a
-        layout from scratch can say (a refused identity, two pods claiming one index, a move in the topology
-        order)."""
+        layout from scratch can say (a refused identity, two pods claiming one index; in the topology order a
+        move, more than one leave or join, or one that reorders the domains)."""
         rows = layout.rows
         positions = rows.at  # None: index order, where the keys are sorted
         arriving: list[tuple[Live, SortKey]] = []
@@ -270,9 +272,14 @@ class Planner:
             if new is not None:
                 arriving.append((new, sort_key(*new)))
         for new, key in arriving:
+            where = None
             if positions is not None:
-                raise _FromScratch
-            taken.lowest = min(taken.lowest, layout.arrive(new, key))
+                if len(arriving) > 1 or taken.removed:
+                    raise _FromScratch
+                where = _topology_arrival(layout, new, key, domains_of)
+                if where is None:
+                    raise _FromScratch  # a join that reorders the domains
+            taken.lowest = min(taken.lowest, layout.arrive(new, key, where))
             taken.renewed.append(new.facts.name)
         return taken
 
@@ -331,6 +338,57 @@ def _order_stands_without(layout: _Layout, at: int) -> bool:
         elif not earlier:
             earlier = other_key < key
     return not deepest or earlier
+
+
+_DOMAINS, _NODE = member_fields("domains"), member_fields("node")
+
+
+def _topology_arrival(layout: _Layout, new: Live, key: SortKey,
+                      domains_of: Callable[[str], tuple[str, ...] | None]) -> int | None:
+    """``--rank-order topology``: where the pod ``new`` (sort key ``key``) arrives so that the rows are
+    ``rank.topology_order``'s; None when its arrival reorders the domains: it comes before, in index order, the
+    first member of the deepest domain it shares with others (that member decides the domain's place among its
+    siblings), or its Node's labels are not known. A pod that does not train goes after the training members,
+    in index order. Else it joins the block of that deepest domain, D: among D's members by index order when
+    it shares their node too, or else as a new child domain of D, before the first child whose first member
+    comes after it (domains are ordered by their first members). C-level passes, level by level, over the
+    members of the domain found so far."""
+    rows, count = layout.rows, layout.census.training
+    if new.ident.role not in layout.rule.position:
+        return bisect.bisect_left(rows.keys, key, count)
+    domains = domains_of(new.facts.node)
+    placed: list[Any] = rows.placed[:count]  # Members, once None is known not to be among them
+    if layout.order_note is not None or domains is None or None in placed:
+        return None
+    held: list[Any] = list(map(_DOMAINS, placed))
+    if None in held:
+        return None
+    nodes: list[str] = list(map(_NODE, placed))
+
+    def column(depth: int, low: int, high: int) -> Iterable[str]:  # each member's value at depth (its node last)
+        return nodes[low:high] if depth == len(domains) else map(operator.itemgetter(depth), held[low:high])
+
+    path = (*domains, new.facts.node)
+    lo, hi, deepest = 0, count, 0
+    for depth, value in enumerate(path):  # the members of path[:depth + 1], among those of path[:depth]
+        same = list(map(operator.eq, column(depth, lo, hi), itertools.repeat(value)))
+        if True not in same:
+            break
+        first, stop = lo + same.index(True), hi - same[::-1].index(True)
+        if same.count(True) != stop - first:
+            return None  # not contiguous: not the topology order (never so: from scratch all the same)
+        lo, hi, deepest = first, stop, depth + 1
+    if deepest and min(rows.keys[lo:hi]) > key:
+        return None
+    if deepest == len(path):
+        return bisect.bisect_left(rows.keys, key, lo, hi)
+    at = lo
+    for _, child in itertools.groupby(column(deepest, lo, hi)):
+        size = sum(1 for _ in child)
+        if min(rows.keys[at:at + size]) > key:
+            return at
+        at += size
+    return hi
 
 
 def _changes(before: Mapping[str, RawPod], pods: Mapping[str, RawPod],
