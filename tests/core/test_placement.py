@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.model import Processes
+from agent.core.plan.layout import build_plan
 from agent.core.plan.rank import topology_order
 from agent.core.pods.placement import (
     DEFAULT_LEVELS,
@@ -337,3 +338,14 @@ def test_the_rank_order_bench_meets_the_lower_bound_and_draws_the_ring(tmp_path)
 
     svg = xml.dom.minidom.parse(str(picture))
     assert len(svg.getElementsByTagName("circle")) >= 2 * 48
+
+
+def test_the_members_of_one_domain_share_one_domains_tuple():
+    """A plan holds one domains tuple per distinct set of domains, not one per node."""
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 15)))
+    nodes = {f"node-{k}": {BLOCK: f"b-{k % 2}", SUBBLOCK: f"sub-{k % 2}"} for k in range(16)}
+    for k, pod in enumerate(pods):
+        pod["spec"]["nodeName"] = f"node-{k}"
+    members = build_plan(pods, "demo-worker-0", TOPO, nodes=nodes).topology.members
+    assert len({m.node for m in members}) == 16
+    assert len({id(m.domains) for m in members}) == len({m.domains for m in members}) == 2

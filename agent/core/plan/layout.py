@@ -731,15 +731,18 @@ def _remember_views(layout: _Layout, topology: Topology) -> None:
 
 
 def _domain_reader(options: Options, nodes: NodeLabels | None) -> Callable[[str], tuple[str, ...] | None]:
-    """node name -> its domains, computed once per node (a node holds several pods)."""
+    """node name -> its domains, computed once per node (a node holds several pods), one tuple per distinct
+    domains: the members of one rack hold the same tuple, not one per node each."""
     levels = options.levels
     if levels is None:
         return lambda _node: None
     known: dict[str, tuple[str, ...] | None] = {}
+    distinct: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def domains_of(node: str) -> tuple[str, ...] | None:
         if node not in known:
-            known[node] = node_domains(node, nodes.get(node), levels) if node and nodes else None
+            domains = node_domains(node, nodes.get(node), levels) if node and nodes else None
+            known[node] = domains if domains is None else distinct.setdefault(domains, domains)
         return known[node]
     return domains_of
 
