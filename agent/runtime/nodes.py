@@ -47,9 +47,15 @@ def _labels(obj: dict[str, Any], levels: tuple[Level, ...]) -> dict[str, str]:
 
 def _keep_labels(names: list[str], levels: tuple[Level, ...]) -> Any:
     """What a LIST page keeps of the Nodes asked for: the name and the levels' labels, not the metadata (at 16384
-    Nodes their metadata held until the last page would be ~60 MB of the reader's peak)."""
+    Nodes their metadata held until the last page would be ~60 MB of the reader's peak). The Nodes of one rack
+    share one dict of labels across the pages: a job on thousands of Nodes holds a few hundred label sets."""
     wanted = set(names)
-    return lambda page: [(name, _labels(item, levels)) for item in page
+    distinct: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+
+    def shared(labels: dict[str, str]) -> dict[str, str]:
+        return distinct.setdefault(tuple(sorted(labels.items())), labels)
+
+    return lambda page: [(name, shared(_labels(item, levels))) for item in page
                          if (name := (item.get("metadata") or {}).get("name")) in wanted]
 
 

@@ -233,3 +233,22 @@ async def test_more_nodes_than_a_few_gets_are_read_by_one_list_of_their_labels(m
                         for k in range(count)}, "node-gone": None}
     calls = [r for who, r in list(api.requests) if who == "reader"]
     assert [r.verb for r in calls] == ["list"]
+
+
+async def test_nodes_of_one_rack_read_by_a_list_share_one_dict_of_labels(memory, api, monkeypatch):
+    """The labels of the levels asked for are one dict per distinct set, shared by the Nodes that have it (a job
+    on thousands of Nodes holds a few hundred sets), across the LIST's pages."""
+    from agent.runtime import nodes as nodes_module
+
+    monkeypatch.setattr(nodes_module, "PAGE", 5)  # several pages
+    count = nodes_module.NODE_GETS + 4
+    for k in range(count):
+        memory.create_node(examples.node(f"node-{k}", {examples.ZONE: f"zone-{k % 2}", examples.RACK: f"rack-{k % 3}",
+                                                       "example.com/other": f"x-{k}"}))
+    options = Options(levels=(Level(examples.ZONE, "ZONE"), Level(examples.RACK, "RACK")))
+    async with api.async_client("reader") as client:
+        found = await nodes_module.read_nodes(client, [f"node-{k}" for k in range(count)], options)
+    assert len(found) == count and all(found[f"node-{k}"] == {examples.ZONE: f"zone-{k % 2}",
+                                                              examples.RACK: f"rack-{k % 3}"} for k in range(count))
+    assert len({id(labels) for labels in found.values()}) == 6  # 2 zones x 3 racks
+    assert [r.verb for who, r in list(api.requests) if who == "reader"] == ["list"] * 4
