@@ -378,3 +378,16 @@ def test_a_pod_whose_levels_are_not_the_leaders_reads_the_whole_topology():
         light_plan(summary, me, other, domains=domains, blocks={b.digest: b.text for b in made})
     with pytest.raises(InputError, match="other Node label levels"):
         light_plan(summary, me, Options(), domains=domains)
+
+
+def test_a_plans_blocks_are_made_once_for_the_leaders_files_and_its_summary():
+    """The leader makes one plan's blocks for its own files (own_view) and for the summary it publishes: the same
+    blocks, made once; another plan's are made anew."""
+    pods, nodes = _job()
+    plan = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes)
+    _, made = summarize_with_blocks(plan, seq=1)
+    _, again = summarize_with_blocks(plan, seq=2)
+    assert made and all(a is b for a, b in zip(made, again, strict=True))
+    other = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes)
+    _, anew = summarize_with_blocks(other, seq=1)
+    assert [b.text for b in anew] == [b.text for b in made] and anew[0] is not made[0]

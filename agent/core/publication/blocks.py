@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import hashlib
 import itertools
 import json
 import operator
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,16 +103,30 @@ class Made:
     text: str
     roles: tuple[int, ...] = ()
 
-    @property
-    def digest(self) -> str:
+    @functools.cached_property
+    def digest(self) -> str:  # read by the summary, the leader's own view and the block writer
         return block_digest(self.text)
+
+
+# The blocks of the plan last made into blocks, by a reference that does not keep that plan: the leader makes them
+# from one plan for its own files (summary.own_view) and for the summary it publishes.
+_last: tuple[weakref.ref[Topology], list[Made] | None] | None = None
 
 
 def make_blocks(topology: Topology) -> list[Made] | None:
     """The blocks of a topology-ordered plan, in rank order; None when they cannot state it: a training member
     without an index or its domains, more than ``MAX_BLOCKS`` domains at every level, or a block too large for a
     ConfigMap. The passes over every member are C-level (the publisher makes them at each change that alters the
-    summary: a Python loop per member would cost ~0.4 s at 16384 pods)."""
+    summary: a Python loop per member would cost ~0.4 s at 16384 pods); a plan's blocks are made once."""
+    global _last
+    if _last is not None and _last[0]() is topology:
+        return _last[1]
+    made = _make_blocks(topology)
+    _last = (weakref.ref(topology), made)
+    return made
+
+
+def _make_blocks(topology: Topology) -> list[Made] | None:
     training, levels = topology.training, topology.levels
     paths = list(map(_DOMAINS, training))
     starts = topology.run_starts
