@@ -312,35 +312,55 @@ def _order_stands_without(layout: _Layout, at: int) -> bool:
     """``--rank-order topology``: whether the others keep their order when the member at ``at`` leaves. Domains
     are ordered by their first member in index order (rank.topology_order), so they do unless the member was the
     first of a domain that holds others: then the domain's next member decides its place among its siblings.
-    One pass over the training members; False also where the order is index order for want of Node labels."""
+    False also where the order is index order for want of Node labels."""
     rows, count = layout.rows, layout.census.training
     if layout.order_note is not None:
         return False
     if at >= count:
         return True  # no training member: after the training ones, in index order
-    me = rows.placed[at]
+    placed: list[Any] = rows.placed[:count]
+    me = placed[at]
     if me is None or me.domains is None:
         return False
-    path, key = (*me.domains, me.node), rows.keys[at]
-    deepest, earlier = 0, False  # the deepest domain of it another member shares; whether one of those comes first
-    for other, other_key in zip(rows.placed[:count], rows.keys[:count], strict=True):
-        if other is None or other.domains is None:
-            return False
-        shared = 0
-        for mine, theirs in zip(path, (*other.domains, other.node), strict=False):
-            if mine != theirs:
-                break
-            shared += 1
-        if other_key == key or shared < deepest or not shared:
-            continue
-        if shared > deepest:
-            deepest, earlier = shared, other_key < key
-        elif not earlier:
-            earlier = other_key < key
-    return not deepest or earlier
+    found = _shared_block(placed, (*me.domains, me.node), least=2)
+    if found is None:
+        return False
+    deepest, lo, hi, _ = found
+    return not deepest or min(rows.keys[lo:hi]) < rows.keys[at]
 
 
 _DOMAINS, _NODE = member_fields("domains"), member_fields("node")
+
+
+def _shared_block(placed: list[Any], path: tuple[str, ...], *, least: int
+                  ) -> tuple[int, int, int, Callable[[int, int, int], Iterable[str]]] | None:
+    """The deepest domain of ``path`` (a member's domains, then its node) that at least ``least`` of the training
+    members ``placed`` (in topology order, each with its domains) share: (its depth, where its members start and
+    stop, each member's value at a depth), depth 0 for none. Its members are contiguous (rank.topology_order);
+    None where they are not, or a member is not placed or has no domains. C-level passes, level by level, over
+    the members of the domain found so far."""
+    if None in placed:
+        return None
+    held: list[Any] = list(map(_DOMAINS, placed))
+    if None in held:
+        return None
+    nodes: list[str] = list(map(_NODE, placed))
+    levels = len(path) - 1
+
+    def column(depth: int, low: int, high: int) -> Iterable[str]:  # each member's value at depth (its node last)
+        return nodes[low:high] if depth == levels else map(operator.itemgetter(depth), held[low:high])
+
+    lo, hi, deepest = 0, len(placed), 0
+    for depth, value in enumerate(path):  # the members of path[:depth + 1], among those of path[:depth]
+        same = list(map(operator.eq, column(depth, lo, hi), itertools.repeat(value)))
+        found = same.count(True)
+        if found < least:
+            break
+        first, stop = lo + same.index(True), hi - same[::-1].index(True)
+        if found != stop - first:
+            return None  # not contiguous: not the topology order (never so: from scratch all the same)
+        lo, hi, deepest = first, stop, depth + 1
+    return deepest, lo, hi, column
 
 
 def _topology_arrival(layout: _Layout, new: Live, key: SortKey,
@@ -351,33 +371,18 @@ def _topology_arrival(layout: _Layout, new: Live, key: SortKey,
     siblings), or its Node's labels are not known. A pod that does not train goes after the training members,
     in index order. Else it joins the block of that deepest domain, D: among D's members by index order when
     it shares their node too, or else as a new child domain of D, before the first child whose first member
-    comes after it (domains are ordered by their first members). C-level passes, level by level, over the
-    members of the domain found so far."""
+    comes after it (domains are ordered by their first members)."""
     rows, count = layout.rows, layout.census.training
     if new.ident.role not in layout.rule.position:
         return bisect.bisect_left(rows.keys, key, count)
     domains = domains_of(new.facts.node)
-    placed: list[Any] = rows.placed[:count]  # Members, once None is known not to be among them
-    if layout.order_note is not None or domains is None or None in placed:
+    if layout.order_note is not None or domains is None:
         return None
-    held: list[Any] = list(map(_DOMAINS, placed))
-    if None in held:
-        return None
-    nodes: list[str] = list(map(_NODE, placed))
-
-    def column(depth: int, low: int, high: int) -> Iterable[str]:  # each member's value at depth (its node last)
-        return nodes[low:high] if depth == len(domains) else map(operator.itemgetter(depth), held[low:high])
-
     path = (*domains, new.facts.node)
-    lo, hi, deepest = 0, count, 0
-    for depth, value in enumerate(path):  # the members of path[:depth + 1], among those of path[:depth]
-        same = list(map(operator.eq, column(depth, lo, hi), itertools.repeat(value)))
-        if True not in same:
-            break
-        first, stop = lo + same.index(True), hi - same[::-1].index(True)
-        if same.count(True) != stop - first:
-            return None  # not contiguous: not the topology order (never so: from scratch all the same)
-        lo, hi, deepest = first, stop, depth + 1
+    found = _shared_block(rows.placed[:count], path, least=1)
+    if found is None:
+        return None
+    deepest, lo, hi, column = found
     if deepest and min(rows.keys[lo:hi]) > key:
         return None
     if deepest == len(path):
