@@ -256,6 +256,21 @@ def test_a_leader_reading_back_its_own_rows_holds_once_what_every_pod_repeats():
     assert again.change(pods, set(pods)) is None
 
 
+def test_a_leader_that_hands_its_read_back_pods_to_its_view_keeps_none_of_their_values():
+    """The view shares the values of the pods it takes in later: the state's own table would keep the values of
+    the pods read alive after the kubelet's writes replace them."""
+    pods = job(6)
+    read = PublishedState.from_configmap(as_configmap(leader_for(pods).snapshot_packed()), compare_only=True)
+    assert read is not None
+    held = read.pods["demo-worker-1"]["spec"]["subdomain"]
+    assert read._strings("".join(held)) is held  # shared while the state holds the pods
+    given = read.hand_over_pods()
+    assert given["demo-worker-1"]["spec"]["subdomain"] is held and read.pods == {} and not read.keep_pods
+    again = "".join(held)
+    assert read._strings(again) is again  # the table is gone with the pods
+    assert Publisher(read, OPTIONS, leader="demo-master-0").change(pods, set(pods)) is None  # the keys stay
+
+
 def test_a_follower_keeps_a_row_beside_its_pod_only_for_its_nodes_labels():
     pods = job(6)
     follower = snapshot_of(leader_for(pods))

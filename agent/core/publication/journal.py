@@ -177,6 +177,14 @@ class PublishedState:
     _strings: SharedStrings = field(default_factory=SharedStrings, repr=False, compare=False)
     _label_sets: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)  # the snapshot's
 
+    def hand_over_pods(self) -> dict[str, RawPod]:
+        """The pods read, for the view that holds them from now on; this state keeps rows alone. The table of
+        the values the pods repeat goes too: the view shares its own among the pods it takes in later, so this one
+        would only keep each value of the pods read alive after the pods are replaced (at 16384 pods a 0.9 MB
+        table and 2.8 MB of strings once the kubelet has written every pod)."""
+        pods, self.pods, self.keep_pods, self._strings = self.pods, {}, False, SharedStrings()
+        return pods
+
     def node_labels(self) -> dict[str, dict[str, str]]:
         """The labels of the Nodes the members run on, as the publisher read them (rows carry them)."""
         return node_labels_of(self.rows.values())

@@ -284,5 +284,5 @@ async def _own_rows(api: AsyncApi, job: Job, options: Any, collection: str,
     if state is None or journal is None or header is None or writer_of(header) != Writer(job.pod, job.uid) or \
             not journal.pods_rv or journal.rows_options != rows_options(options):
         return None, None
-    pods, state.pods, state.keep_pods = state.pods, {}, False  # the view holds the pods; the writer, the keys
+    pods = state.hand_over_pods()  # the view holds the pods; the writer, the keys
     return (pods, journal.pods_rv), (listed, state, journal)
