@@ -649,3 +649,34 @@ def test_a_role_whose_pods_mix_both_kinds_of_ordinal_is_placed_member_by_member(
         workers = got.topology.role_members("worker")
         assert any(m.ordinal != m.index[0] for m in workers) and any(m.ordinal == m.index[0] for m in workers)
     assert planner.incremental == 3
+
+
+@pytest.mark.parametrize("address", ["dns", "ip"])
+def test_a_pods_next_version_shares_the_facts_it_repeats_with_the_earlier_ones(address):
+    """A pod that holds every member holds every pod's facts for its life, and its plan keeps the objects of the
+    versions it was laid out from: the kubelet's writes (the phase, the readiness) change neither who a pod is,
+    nor where its peers reach it, nor how many processes it runs, and those are the earlier version's objects,
+    not a copy per version. What changed is the new version's."""
+    from agent.core.controllers import detect_controller
+    from agent.core.plan.facts import Memo, facts_of
+    from agent.core.publication.published import Compactor
+
+    options = Options(address=address)
+    pod = examples.volcano_job(tasks=(("master", 1), ("worker", 3)))[2]
+    pod["metadata"]["resourceVersion"] = "10"
+    pod["status"] = {"phase": "Pending", "podIP": "10.0.0.7"}
+    compactor, memo = Compactor(options), Memo(options)
+    controller = detect_controller(pod, options)
+    first = facts_of(compactor.pod(pod), controller, options, None, memo, checked=True)
+    running = copy.deepcopy(pod)
+    running["metadata"]["resourceVersion"] = "11"
+    running["status"]["phase"] = "Running"
+    later = facts_of(compactor.pod(running), controller, options, None, memo, checked=True)
+    assert later.version == "11" and later == first._replace(version="11")
+    assert later.ident is first.ident and later.place is first.place and later.slots is first.slots
+    moved = copy.deepcopy(running)
+    moved["metadata"]["resourceVersion"] = "12"
+    moved["status"]["podIP"] = "10.0.0.8"
+    again = facts_of(compactor.pod(moved), controller, options, None, memo, checked=True)
+    assert again.ident is first.ident and again.slots is first.slots
+    assert again.place != first.place and again.place[1:] == (first.place[1], "10.0.0.8")  # the new IP's

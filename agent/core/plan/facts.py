@@ -7,7 +7,7 @@ Nothing here relates one pod to another: the rank order and the members are layo
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from agent.core.controllers import Controller, selector_matches
 from agent.core.model import Identity, Options, RawPod
@@ -65,8 +65,11 @@ class Memo:
         return None
 
     def store(self, facts: PodFacts) -> PodFacts:
+        """``facts`` of a pod's new version, sharing what they say as its earlier version's did (``shared``)."""
+        earlier = self._old.pop(facts.name, None) or self._new.get(facts.name)  # not asked for again: let go
+        if earlier is not None:
+            facts = shared(facts, earlier)
         self._new[facts.name] = facts
-        self._old.pop(facts.name, None)  # the pod's earlier version is not asked for again: let it go now
         return facts
 
 
@@ -102,6 +105,27 @@ class PodFacts(NamedTuple):
     node: str = ""  # spec.nodeName
     version: str = ""  # the resourceVersion they were read from (Memo)
     created: str = ""  # metadata.creationTimestamp: a pod made again after a hot spare took its seat (spares.py)
+
+
+# The parts of a pod's facts its next version usually repeats: the kubelet's writes change its phase, its
+# readiness, its IP, and rarely who it is or where its peers reach it.
+_REPEATED = tuple(PodFacts._fields.index(part) for part in ("namespace", "job", "ident", "place", "slots", "node",
+                                                            "created"))
+
+
+def shared(facts: PodFacts, earlier: PodFacts) -> PodFacts:
+    """``facts`` with each part equal to ``earlier``'s taken from ``earlier``. The facts of a pod that holds every
+    member live for the pod's life, and the plan keeps the objects of the version it was laid out from (its sort
+    keys, its members): without this each version the kubelet writes would hold its own copy of the identity,
+    the address and the process count's rule beside them."""
+    parts: list[Any] | None = None
+    for at in _REPEATED:
+        new, old = facts[at], earlier[at]
+        if new is not old and new == old:
+            if parts is None:
+                parts = list(facts)
+            parts[at] = old
+    return facts if parts is None else type(facts)._make(parts)
 
 
 Sizes = dict[tuple[int, ...], tuple[object, tuple[int, str]]]  # ids of a pod's containers -> (them, the count)
