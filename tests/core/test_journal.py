@@ -271,6 +271,28 @@ def test_a_leader_that_hands_its_read_back_pods_to_its_view_keeps_none_of_their_
     assert Publisher(read, OPTIONS, leader="demo-master-0").change(pods, set(pods)) is None  # the keys stay
 
 
+def test_the_publishers_rows_without_annotations_or_lost_conditions_share_one_empty_container_each():
+    """The publisher holds a row per pod for the job's life; most pods have neither: two empty containers per pod
+    held for nothing. A pod that has them keeps its own, and every row says what it said."""
+    from agent.core.publication.published import Col, Compactor
+
+    pods = job(4)
+    lost = copy.deepcopy(pods["demo-worker-2"])
+    lost["metadata"]["annotations"]["jobset.sigs.k8s.io/coordinator"] = "demo-master-0"  # a row keeps it
+    lost["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]
+    pods["demo-worker-2"] = lost
+    compactor = Compactor(OPTIONS)
+    for held in (pods, {name: compactor.pod(pod) for name, pod in pods.items()}):
+        rows = leader_for(held).state.rows
+        plain = [rows[name] for name in rows if name != "demo-worker-2"]
+        assert all(row[Col.ANNOTATIONS] == {} and row[Col.CONDITIONS] == [] for row in plain)
+        assert all(row[Col.ANNOTATIONS] is plain[0][Col.ANNOTATIONS] for row in plain)
+        assert all(row[Col.CONDITIONS] is plain[0][Col.CONDITIONS] for row in plain)
+        odd = rows["demo-worker-2"]
+        assert odd[Col.ANNOTATIONS] == {"jobset.sigs.k8s.io/coordinator": "demo-master-0"}
+        assert odd[Col.CONDITIONS] == [["DisruptionTarget", "True", "TerminationByKubelet"]]
+
+
 def test_a_follower_keeps_a_row_beside_its_pod_only_for_its_nodes_labels():
     pods = job(6)
     follower = snapshot_of(leader_for(pods))

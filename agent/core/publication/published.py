@@ -84,6 +84,12 @@ def _shape(pod: RawPod, options: Options, shapes: dict[int, tuple[object, str]] 
     return text
 
 
+# A row's annotations and lost conditions when it has none, one object for every such row (most rows: a row is
+# never written into, only replaced), instead of two empty containers per pod the publisher holds a row of.
+_NO_ANNOTATIONS: dict[str, str] = {}
+_NO_CONDITIONS: list[list[str]] = []
+
+
 def _row(pod: RawPod, options: Options, containers: dict[str, int],
          nodes: Mapping[str, Mapping[str, str] | None] | None = None,
          shapes: dict[int, tuple[object, str]] | None = None) -> list[Any]:
@@ -107,7 +113,9 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
     noted = meta.get("annotations")
     noted = noted if isinstance(noted, dict) else {}
     annotations = {k: v for k, v in noted.items() if (k in c.ALL_LABELS or k in extra) and k not in labels}
-    if len(annotations) == len(noted):
+    if not annotations:
+        annotations = _NO_ANNOTATIONS
+    elif len(annotations) == len(noted):
         annotations = noted  # a compact pod's (as its labels above)
     shape = _shape(pod, options, shapes)
     index = containers.setdefault(shape, len(containers))
@@ -119,7 +127,7 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
         node_labels = {k: v for k, v in nodes[node].items() if k in wanted}  # type: ignore[union-attr]
     return [meta.get("name", ""), meta.get("resourceVersion", ""), labels, annotations, spec.get("hostname", ""),
             spec.get("subdomain", ""), index, status.get("phase", ""), ip, meta.get("deletionTimestamp", ""), node,
-            node_labels, [list(condition) for condition in lost_conditions(status.get("conditions"))],
+            node_labels, [list(condition) for condition in lost_conditions(status.get("conditions"))] or _NO_CONDITIONS,
             str(meta.get("creationTimestamp") or "")]
 
 
