@@ -16,11 +16,12 @@ sections are built once per pod version in practice, since the facts are memoise
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from agent.core.pods.lost import conditions_of, node_lost_of, with_node_lost
 
 _KEYS = ("metadata", "spec", "status")
+_Pod = TypeVar("_Pod", bound=Mapping[str, Any])
 _NONE: dict[str, Any] = {}
 
 
@@ -224,6 +225,21 @@ def quick_check(pod: object, seen: set[int] | None, *, label: Callable[[str], bo
 
 def _strings(value: object) -> bool:
     return type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items())
+
+
+def sharing(pod: _Pod, earlier: Mapping[str, Any] | None) -> _Pod:
+    """``pod``, just made, holding ``earlier``'s objects (its version before) wherever it says the same: its
+    name, its IP, its labels. A pod that holds every member keeps a plan whose keys and members hold the objects
+    of the version each member was laid out from, so each version the kubelet writes (the phase, then the
+    readiness) would otherwise hold a copy of each beside them for the pod's life. Only a compact pod is shared
+    into (a dict pod is the own pod, as read)."""
+    if type(pod) is not CompactPod or type(earlier) is not CompactPod or pod is earlier:
+        return pod
+    for slot in CompactPod.__slots__:
+        new, old = getattr(pod, slot), getattr(earlier, slot)
+        if new is not old and new == old:
+            setattr(pod, slot, old)
+    return pod
 
 
 def marked_lost(pod: Mapping[str, Any], lost: Mapping[str, str]) -> Mapping[str, Any] | None:

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from agent.core.compact import marked_lost, same_but_version
+from agent.core.compact import marked_lost, same_but_version, sharing
 from agent.core.model import Options, RawPod
 from agent.core.plan.gang import Roster
 from agent.core.plan.layout import Plan
@@ -142,10 +142,11 @@ class PodView:
     def keep(self, pod: RawPod) -> RawPod:
         """A pod as this view holds it, from fresh strings: a kept string of the parsed page keeps the page's
         memory arenas alive (a 4096-pod job's full objects would hold 290 MB)."""
-        if pod_name(pod) == self.own:
+        name = pod_name(pod)
+        if name == self.own:
             pod = pod if self.whole_own else json.loads(json.dumps(slim_pod(pod)))
-        else:
-            pod = self.compactor.pod(pod)
+        else:  # what it says as its version held did is held once (compact.sharing)
+            pod = sharing(self.compactor.pod(pod), self.pods.get(name))
         if self.stage is not None:
             self.stage(pod)
         return pod

@@ -150,3 +150,34 @@ def test_a_snapshot_read_again_keeps_the_pods_held_for_the_rows_that_say_nothing
     for name, pod in after.items():
         assert (pod is before[name]) == (name != moved["metadata"]["name"])
     assert after[moved["metadata"]["name"]]["status"]["podIP"] == "10.9.9.9"
+
+
+def test_a_pods_next_version_holds_what_it_says_as_before_in_the_objects_of_the_version_held() -> None:
+    """A pod that holds every member keeps, in its plan, the objects of the version each member was laid out
+    from: a new version (the kubelet's writes) holds the same name, IP and labels in those objects, not in copies
+    of its own; what changed is the new version's, and it reads as the pod the API sent."""
+    import copy
+    import json
+
+    from agent import examples
+    from agent.core.model import Options
+    from agent.k8s.core import WatchEvent
+    from agent.runtime.views import PodView
+
+    pod = examples.volcano_job(tasks=(("master", 1), ("worker", 3)))[2]
+    pod["metadata"]["resourceVersion"] = "10"
+    pod["status"] = {"phase": "Pending", "podIP": "10.0.0.7"}
+    view = PodView("demo-master-0", Options())
+    view.replace(view.intake([pod]))
+    name = pod["metadata"]["name"]
+    first = view.pods[name]
+    running = json.loads(json.dumps(pod))  # from fresh strings, as a watch event is parsed
+    running["metadata"]["resourceVersion"] = "11"
+    running["status"]["phase"] = "Running"
+    view.apply(WatchEvent("MODIFIED", copy.deepcopy(running)))
+    later = view.pods[name]
+    assert later is not first and later["status"]["phase"] == "Running" and later["metadata"]["resourceVersion"] == "11"
+    assert later == view.compactor.pod(running)  # the same pod to every reader
+    for part in ("name", "ip", "labels", "hostname", "node", "created"):
+        assert getattr(later, part) is getattr(first, part), part
+    assert later.phase is not first.phase and later.version is not first.version
