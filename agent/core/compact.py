@@ -104,13 +104,15 @@ class CompactPod(Mapping[str, Any]):
                 and self.annotations == other.annotations
                 and (self.containers is other.containers or self.containers == other.containers)
                 and self.hostname == other.hostname and self.subdomain == other.subdomain
-                and self.namespace == other.namespace and self.conditions == other.conditions)
+                and self.namespace == other.namespace and self.conditions == other.conditions
+                and self.created == other.created)
 
     def with_conditions(self, conditions: list[list[str]]) -> CompactPod:
         """The same pod with these lost conditions (its Node lost or back: the pod object has not changed)."""
         return CompactPod(self.name, self.namespace, self.version, self.labels, self.annotations or {},
                           self.containers, hostname=self.hostname, subdomain=self.subdomain, node=self.node,
-                          phase=self.phase, ip=self.ip, deleted=self.deleted, conditions=conditions)
+                          phase=self.phase, ip=self.ip, deleted=self.deleted, conditions=conditions,
+                          created=self.created)
 
     def __repr__(self) -> str:
         return f"CompactPod({dict(self)!r})"

@@ -70,7 +70,8 @@ def test_the_compactor_gives_compact_pods_that_share_their_containers():
 @pytest.mark.parametrize("field,value", [
     ("name", "other"), ("namespace", "other"), ("labels", {"a": "b"}), ("annotations", {"a": "b"}),
     ("containers", []), ("hostname", "other"), ("subdomain", "other"), ("node", "node-9"), ("phase", "Failed"),
-    ("ip", "127.9.9.9"), ("deleted", "2026-11-27T00:00:00Z"),
+    ("ip", "127.9.9.9"), ("deleted", "2026-11-27T00:00:00Z"), ("created", "2026-11-28T00:00:00Z"),
+    ("conditions", [["DisruptionTarget", "True", "DeletionByTaintManager"]]),
 ])
 def test_a_compact_pod_is_the_same_but_for_its_version_only_when_nothing_else_differs(field, value):
     rows, shapes = _rows(JOBS["volcano"])
@@ -81,6 +82,17 @@ def test_a_compact_pod_is_the_same_but_for_its_version_only_when_nothing_else_di
     setattr(again, field, value)
     assert not same_but_version(held, again)
     assert not same_but_version(held, dict(again))  # the generic comparison agrees
+
+
+def test_a_compact_pod_marked_lost_keeps_its_creation_time():
+    """A pod whose Node is lost (or back) is the same pod with other conditions: hot spares still tell it, by its
+    creationTimestamp, from a pod made again in its place."""
+    rows, shapes = _rows(JOBS["volcano"])
+    held = compact_of(rows[1], [[s] if s else [] for s in shapes], "default")
+    held.created = "2026-11-27T00:00:00Z"
+    lost = held.with_conditions([["Ready", "Unknown", "NodeLost"]])
+    assert lost.created == held.created and lost["metadata"]["creationTimestamp"] == "2026-11-27T00:00:00Z"
+    assert lost.with_conditions([]).created == held.created and same_but_version(held, lost.with_conditions([]))
 
 
 BAD_ROWS = [  # (place in the row, value): what check_pod refuses in a pod, in the row's fields
