@@ -18,7 +18,7 @@ from agent.core.adoption.injection import COMMON_FLAGS, Settings, inject_documen
 from agent.core.controllers import CONTROLLERS, VOLCANO
 from agent.core.files.explaining import format_explanation
 from agent.core.files.frameworks import FRAMEWORKS, PORTED, selected
-from agent.core.files.rendering import MARKERS, membership_key_of_document, read_topology_json
+from agent.core.files.rendering import MARKERS, key_digest, membership_key_of_document, read_topology_json
 from agent.core.files.variables import bracketed
 from agent.core.model import FrameworkOptions, Processes
 from agent.core.publication.summary import light_plan, own_view, read_summary, summarize, summary_text, view_key
@@ -214,7 +214,7 @@ def test_the_sidecar_continues_from_init_s_topology_json_without_a_new_generatio
     document = json.loads(rendered.files["topology.json"])
     assert membership_key_of_document(document) == renderer.membership_key(rendered)
     header, key = read_topology_json(rendered.files["topology.json"].decode())  # the sidecar's streamed read
-    assert key == renderer.membership_key(rendered)
+    assert key == key_digest(renderer.membership_key(rendered))
     assert header == {k: v for k, v in document.items() if k != "members"}
 
 

@@ -223,6 +223,33 @@ def test_a_generation_marker_left_behind_by_a_kill_is_repaired_at_start(tmp_path
     assert (tmp_path / "generation").read_text() == "2\n" and "repaired to 2" in caplog.text
 
 
+def test_a_sidecar_continuing_from_inits_files_tells_a_changed_membership_by_the_digest_it_read_back(tmp_path):
+    import json
+
+    from agent import examples
+    from agent.core import render_pod
+    from agent.core.files.rendering import KeyDigest
+    from agent.flags.common import options_from_args
+    from agent.flags.parser import build_parser
+
+    pods = examples.volcano_job("demo", (("master", 1), ("worker", 3)))
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    options = options_from_args(build_parser().parse_args(["render", "--pods", "-"]))
+    init_files = render_pod(pods, "demo-worker-0", options, generation=3).files
+    (tmp_path / "topology.json").write_bytes(init_files["topology.json"])
+    same, moved = _evaluator(tmp_path), _evaluator(tmp_path)
+    for evaluator in (same, moved):
+        evaluator.settings.ssh, evaluator.settings.finder, evaluator.settings.signal = None, None, None
+        evaluator.load_previous()
+        assert isinstance(evaluator.in_place.key, KeyDigest)  # not a copy of every member's strings
+    same.evaluate(0.0, pods=by_name, light=None, nodes={}, note="start")
+    assert same.generation == 3 and not isinstance(same.in_place.key, KeyDigest)  # the plan's own key from now on
+    worker = json.loads(json.dumps(by_name["demo-worker-2"]))
+    worker["spec"]["hostname"] = "elsewhere"
+    moved.evaluate(0.0, pods={**by_name, "demo-worker-2": worker}, light=None, nodes={}, note="start")
+    assert moved.generation == 4
+
+
 def _as_user(uid: int):
     def drop() -> None:
         os.setgid(uid)
@@ -313,9 +340,11 @@ def test_inject_runs_a_signalling_sidecar_as_the_trainer_in_a_shared_process_nam
 
 
 def test_a_sidecar_that_continues_from_the_files_in_place_lets_go_of_the_key_it_read_back(tmp_path):
-    """The membership key read back from topology.json is a copy of every member's strings (~5 MB at 16384
-    pods): once a plan says the same membership, the plan's own key is held instead, and nothing is rewritten."""
+    """The membership key read back from topology.json is held as its digest (every member's strings would be
+    ~5 MB at 16384 pods): once a plan says the same membership, the plan's own key is held instead, and nothing
+    is rewritten."""
     from agent import examples
+    from agent.core.files.rendering import KeyDigest, key_digest
 
     def sidecars_evaluator():  # type: ignore[no-untyped-def]
         made = _evaluator(tmp_path)
@@ -331,6 +360,5 @@ def test_a_sidecar_that_continues_from_the_files_in_place_lets_go_of_the_key_it_
     assert evaluator.generation == 1 and read_back is not None
     evaluator.evaluate(0.0, pods=pods, light=None, nodes={}, note="")
     assert evaluator.generation == 1 and (tmp_path / "topology.json").read_bytes() == written
-    assert evaluator.in_place.key == read_back
-    assert not any(held is read for held, read in zip(evaluator.in_place.key, read_back, strict=True))
-    assert not any(held[0] is read[0] for held, read in zip(evaluator.in_place.key, read_back, strict=True))
+    assert isinstance(read_back, KeyDigest) and key_digest(evaluator.in_place.key) == read_back  # none of its
+    assert not isinstance(evaluator.in_place.key, KeyDigest)  # strings held: from now on the plan's own key

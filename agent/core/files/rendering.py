@@ -13,7 +13,7 @@ import itertools
 import json
 import operator
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from agent.core.files.variables import Variable, host_file_name
@@ -421,13 +421,35 @@ def membership_key_of_document(document: dict[str, Any]) -> tuple[tuple[object, 
     return with_frameworks(with_groups(key, document.get("replicaGroups")), document.get("frameworks"))
 
 
-def read_topology_json(text: str) -> tuple[dict[str, Any], tuple[tuple[object, ...], ...]]:
-    """A ``topology.json``'s document without its members, and its membership key, the members read one at a
-    time (``decode_streamed``): every member's dict at once would be ~25 MB of the sidecar's start at 16384 pods."""
-    keys: list[tuple[object, ...]] = []
-    document = decode_streamed(text, "members", lambda m: keys.append(member_key(m)))
-    return document, with_frameworks(with_groups(tuple(keys), document.get("replicaGroups")),
-                                     document.get("frameworks"))
+class KeyDigest(NamedTuple):
+    """A membership key as its digest (``key_digest``): what the sidecar keeps of the key it reads back from
+    ``topology.json`` until its first plan, instead of a copy of every member's strings."""
+
+    value: bytes
+
+
+def key_digest(parts: Iterable[object]) -> KeyDigest:
+    """The digest of a membership key. Its parts hold JSON's types only (strings, whole numbers, booleans, None,
+    tuples of them), whose ``repr`` is one text per value: equal keys, equal digests."""
+    hasher = hashlib.blake2b(digest_size=16)
+    _hashed(hasher, parts)
+    return KeyDigest(hasher.digest())
+
+
+def _hashed(hasher: Any, parts: Iterable[object]) -> None:
+    for part in parts:
+        hasher.update(repr(part).encode())
+        hasher.update(b"\n")
+
+
+def read_topology_json(text: str) -> tuple[dict[str, Any], KeyDigest]:
+    """A ``topology.json``'s document without its members, and its membership key's digest (``key_digest``), the
+    members read one at a time (``decode_streamed``) and let go once hashed: every member's dict at once would
+    be ~25 MB of the sidecar's start at 16384 pods, and every member's key ~5 MB held until its first plan."""
+    hasher = hashlib.blake2b(digest_size=16)
+    document = decode_streamed(text, "members", lambda m: _hashed(hasher, (member_key(m),)))
+    _hashed(hasher, with_frameworks(with_groups((), document.get("replicaGroups")), document.get("frameworks")))
+    return document, KeyDigest(hasher.digest())
 
 
 def with_groups(key: tuple[tuple[object, ...], ...], groups: dict[str, Any] | None) -> tuple[tuple[object, ...], ...]:

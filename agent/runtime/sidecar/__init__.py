@@ -281,6 +281,7 @@ class Sidecar:
             self.api, job, check, self.view, options=s.options, ssh=s.ssh is not None,
             lease_seconds=s.lease_seconds, make_follower=lambda: self._journal_follower(job, check),
             summary=reads.summary, blocks=reads.blocks, domains=reads.domains)
+        release_memory()  # init's topology.json read back and the publication's LIST: freed before any pod is held
         self.changes.mode, self.changes.may_stand_by = mode, self.publication is not None
         self.evaluator.published = self.publication is not None
         if mode in (Mode.CANDIDATE, Mode.STANDBY):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
-from agent.core.files.rendering import hosts_digest, read_topology_json
+from agent.core.files.rendering import KeyDigest, hosts_digest, key_digest, read_topology_json
 from agent.core.files.variables import warnings_for
 from agent.core.model import RawPod, Takeover
 from agent.core.plan.layout import Plan
@@ -81,13 +81,23 @@ def _changes(before: dict[str, str] | None, now: dict[str, str],
     return left, sorted(name for name in lost if name in members)
 
 
+def _decoded(data: bytes | str) -> str:
+    return data.decode() if isinstance(data, bytes) else data
+
+
+def _same_key(key: tuple[tuple[object, ...], ...], held: tuple[tuple[object, ...], ...] | KeyDigest | None) -> bool:
+    return key_digest(key) == held if isinstance(held, KeyDigest) else key == held
+
+
 @dataclass
 class InPlace:
     """The generation of files in place, as the sidecar knows it: what a new evaluation is compared with, and what
     its Event says changed since."""
 
     generation: int = 0
-    key: tuple[tuple[object, ...], ...] | None = None  # the membership it was written for
+    # The membership it was written for; as read back from topology.json (``load_previous``), its digest until
+    # the first plan.
+    key: tuple[tuple[object, ...], ...] | KeyDigest | None = None
     shape: tuple[int, int] | None = None  # its training pods and processes
     # The pods it leaves out, with why (None: not planned yet): a new generation's Event names those that left
     # since, and the lost ones that are members again.
@@ -142,8 +152,8 @@ class Evaluator:
         two renames) is written again."""
         out = self.settings.out_dir
         try:
-            text = read_untrusted(out / "topology.json", PREVIOUS_LIMIT)
-            document, members = read_topology_json(text.decode() if isinstance(text, bytes) else text)
+            # the file's bytes let go once decoded: not held beside its text while the members are read
+            document, members = read_topology_json(_decoded(read_untrusted(out / "topology.json", PREVIOUS_LIMIT)))
             generation = document.get("generation")
             if not isinstance(generation, int) or isinstance(generation, bool) or not 0 <= generation < 2**53:
                 raise ValueError(f"its generation is {str(generation)[:20]}, not a whole number")
@@ -184,10 +194,8 @@ class Evaluator:
             self.problem = f"the current pods make no valid topology ({err})"
             log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
             return None
-        if key == self.in_place.key:
-            # Equal, but made of the plan's own objects: a key read back from topology.json (``load_previous``)
-            # holds a copy of every member's strings, ~5 MB at 16384 pods, for as long as the membership stands.
-            self.in_place.key = key
+        if _same_key(key, self.in_place.key):
+            self.in_place.key = key  # the plan's own, not the digest read back (``load_previous``)
             self.problem = None
             self.in_place.left_out = _left_out(self.plan or rendered.plan)
             self.in_place.takeovers = _seats_taken(rendered.plan.topology.takeovers)
