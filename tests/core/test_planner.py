@@ -680,3 +680,32 @@ def test_a_pods_next_version_shares_the_facts_it_repeats_with_the_earlier_ones(a
     again = facts_of(compactor.pod(moved), controller, options, None, memo, checked=True)
     assert again.ident is first.ident and again.slots is first.slots
     assert again.place != first.place and again.place[1:] == (first.place[1], "10.0.0.8")  # the new IP's
+
+
+def _compact_job(workers: int):  # type: ignore[no-untyped-def]
+    """A Volcano job's pods as a follower holds them (one container list per shape), each with a version."""
+    from agent.core.publication.published import Compactor
+
+    compactor = Compactor(Options())
+    raw = examples.volcano_job(tasks=(("master", 1), ("worker", workers)))
+    for k, pod in enumerate(raw):
+        pod["metadata"]["resourceVersion"] = str(k + 1)
+    return raw, compactor, {p["metadata"]["name"]: compactor.pod(p) for p in raw}
+
+
+def _facts(planner, pod):  # type: ignore[no-untyped-def]
+    return planner.memo.lookup(planner.memo.key(pod))
+
+
+def test_pods_that_arrive_in_one_change_share_their_shapes_process_count():
+    """The pods one change brings (a journal entry of the kubelet's writes: ~1500 pods at 16384) are counted
+    once per container shape, as a layout's pass counts them: not one count and rule text per pod."""
+    _, _, pods = _compact_job(9)
+    arriving = ["demo-worker-7", "demo-worker-8"]
+    held = {name: pod for name, pod in pods.items() if name not in arriving}
+    planner = Planner(Options(), "demo-master-0", checked=True)
+    planner.plan(held)
+    planner.plan(pods, touched=arriving)
+    assert planner.incremental == 1
+    first, second = (_facts(planner, pods[name]) for name in arriving)
+    assert first.slots == second.slots and first.slots is second.slots

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.core.model import Excluded, Options, RawPod, member_fields
-from agent.core.plan.facts import Memo, PodFacts, facts_of
+from agent.core.plan.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.plan.layout import (
     Live,
     NodeLabels,
@@ -235,12 +235,14 @@ class Planner:
         arriving: list[tuple[Live, SortKey]] = []
         taken = _Taken(lowest=len(rows.live))
         scope, dropped, sort_key = layout.found.scope, layout.dropped, layout.rule.key
+        sizes: Sizes = {}  # the changed pods' process counts, one per container shape (as a layout's pass has)
         for name in names:
             pod = pods.get(name)
             new: Live | None = None
             dropped.pop(name, None)
             if pod is not None:
-                facts = facts_of(pod, scope.controller, self.options, scope.pairs, self.memo, checked=self.checked)
+                facts = facts_of(pod, scope.controller, self.options, scope.pairs, self.memo, checked=self.checked,
+                                 sizes=sizes)
                 if scope.holds(facts):
                     if facts.reason:
                         dropped[name] = Excluded(name=name, reason=facts.reason)  # no member: noted, with why
