@@ -294,12 +294,11 @@ def test_a_block_whose_members_per_role_are_not_its_entrys_is_refused():
     pods, nodes = _job()
     master = pods[0]
     domains = node_domains(master["spec"]["nodeName"], nodes[master["spec"]["nodeName"]], LEVELS)
-    items = raw["topology"]["roleCounts"]
+    items = raw["topology"]["roleBlocks"]
     mine = next(k for k, b in enumerate(made) if domains[:len(b.values)] == b.values)
-    later = mine + 1 if mine + 1 < len(items) else mine - 1
-    assert items[mine][0] == 1 and items[later][0] == 0
-    items[mine] = [0, items[mine][1] + 1]
-    items[later] = [1, items[later][1] - 1]
+    later = mine + 1 if mine + 1 < len(made) else mine - 1
+    assert items == [[[mine, 1]]]  # the master's one block; the workers are the rest of every block
+    items[0] = [[later, 1]]
     summary = read_summary(summary_text(raw))
     with pytest.raises(InputError, match="members per role are not the ones"):
         light_plan(summary, master, TOPOLOGY, domains=domains, blocks={b.digest: b.text for b in made})
@@ -328,10 +327,8 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
 
 
 @pytest.mark.parametrize("mutate, complaint", [
-    (lambda t: (t["blocks"][1].__setitem__(1, 1), t["roleCounts"].__setitem__(1, [0, 1])),
-     "the blocks make"),  # too few pods
-    (lambda t: (t["blocks"].append(t["blocks"][0]), t["roleCounts"].append(t["roleCounts"][0])),
-     "the blocks make"),
+    (lambda t: t["blocks"][1].__setitem__(1, 1), "the blocks make"),  # too few pods
+    (lambda t: t["blocks"].append(t["blocks"][-1]), "the blocks make"),
     (lambda t: t["blocks"][0].__setitem__(0, [0, "$(reboot)"]), "label values"),
     (lambda t: t["blocks"][1].__setitem__(0, [4, "r1"]), "label values"),  # shares more than there is
     (lambda t: t["blocks"][1].__setitem__(0, [1, "r1"]), "depth"),
@@ -340,10 +337,14 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
     (lambda t: t.pop("blocks"), "without its blocks"),
     (lambda t: t["blocks"][0].__setitem__(1, 0), "count is 0"),
     (lambda t: t["blocks"][0].insert(2, 1), "processes is 1"),  # fewer processes than members
-    (lambda t: t["roleCounts"][1].__setitem__(1, 0), "members per role make"),
-    (lambda t: t.pop("roleCounts"), "each of the 2 training roles"),  # several roles, none counted
+    (lambda t: t["roleBlocks"][0][0].__setitem__(1, 10**6), "members per role make"),
+    (lambda t: t.pop("roleBlocks"), "each of the 2 training roles"),  # several roles, none counted
+    (lambda t: t["roleBlocks"][0].append(list(t["roleBlocks"][0][0])), "out of order"),
+    (lambda t: t["roleBlocks"][0][0].__setitem__(0, len(t["blocks"])), "past the last"),
+    (lambda t: t["roleBlocks"][0][0].__setitem__(1, 0), "members of a role is 0"),
+    (lambda t: t.update(roleCounts=[[1, 0]] * len(t["blocks"])), "another release"),
 ], ids=["gap", "twice", "value", "shared", "depth", "level", "order", "no-blocks", "empty", "processes", "per-role",
-        "no-roles"])
+        "no-roles", "role-twice", "role-past", "role-none", "old-form"])
 def test_a_topology_section_that_does_not_add_up_is_refused_in_one_line(mutate, complaint):
     raw, _, _, _ = _pair()
     mutate(raw["topology"])

@@ -8,11 +8,13 @@ its index, so the leader, which holds every member, cuts the rank order into *bl
 every domain's members together at every level). The summary lists the blocks in rank order: their domain values
 (each entry names how many it shares with the entry before, then the rest), member count, process count (left off
 where it is the member count: one process per member) and the digest of their text; node ranks and ranks add up
-from the first. In a job of several training roles the section also lists each block's members per role
-(``roleCounts``, in the blocks' order). Each block's members, in rank order, are one small ConfigMap
-(``<job>-topology-block-<key>``, ``block_name``). A pod reads its own Node, the summary and its own block: ~1/64 of
-the job, whatever its size, never every pod. The digest ties a block to the summary that names it: a block written
-before or after that summary is not read as its (the pod waits for the pair).
+from the first. In a job of several training roles the section also lists, for each training role but the last,
+the blocks that hold its members and how many (``roleBlocks``); the last role's are the rest of each block's count
+(a master and its workers: one pair, not a pair per block, in a summary every pod reads at each change). Each
+block's members, in rank order, are one small ConfigMap (``<job>-topology-block-<key>``, ``block_name``). A pod
+reads its own Node, the summary and its own block: ~1/64 of the job, whatever its size, never every pod. The
+digest ties a block to the summary that names it: a block written before or after that summary is not read as its
+(the pod waits for the pair).
 
 Inside a block the members are runs, as the index form's (summary.py): consecutive node ranks of one role, index
 prefix and process count with consecutive last indices, each written ``[role, first, last, slots, prefix]`` with
@@ -177,8 +179,8 @@ def _make_blocks(topology: Topology) -> list[Made] | None:
 
 def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str, Any]:
     """The summary's ``topology``: the levels (label, name), the order applied and why not the one asked, and
-    the blocks (topology order), with each block's members per training role (``roleCounts``) when the job has
-    more than one (with one, a block's count says it)."""
+    the blocks (topology order), with the members per block of each training role but the last (``roleBlocks``)
+    when the job has more than one (with one, a block's count says it)."""
     entries: list[list[Any]] = []
     before: tuple[str, ...] = ()
     for block in blocks or ():
@@ -189,7 +191,13 @@ def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str,
     several = blocks is not None and len(topology.training_roles) > 1
     return {"levels": [level.label for level in topology.levels], "order": topology.rank_order,
             "note": topology.order_note, **({"blocks": entries} if blocks is not None else {}),
-            **({"roleCounts": [list(block.roles) for block in blocks or ()]} if several else {})}
+            **({"roleBlocks": _role_blocks(blocks or [])} if several else {})}
+
+
+def _role_blocks(blocks: list[Made]) -> list[list[list[int]]]:
+    """For each training role but the last, the blocks that hold its members: [position, members]."""
+    roles = len(blocks[0].roles) if blocks else 0
+    return [[[at, block.roles[k]] for at, block in enumerate(blocks) if block.roles[k]] for k in range(roles - 1)]
 
 
 @dataclass(frozen=True)
@@ -241,20 +249,35 @@ def _values(value: Any, before: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _role_counts(raw: dict[str, Any], counts: list[int], roles: int) -> list[tuple[int, ...]]:
-    """Each block's members per training role: ``roleCounts`` with several roles, each block's count with one."""
+    """Each block's members per training role: from ``roleBlocks`` with several roles (the last role's are the
+    rest of the block's count), each block's count with one. A section with ``roleCounts`` (every role's members
+    of every block: another release's form) is refused, never read as this one."""
+    if "roleCounts" in raw:
+        raise _refuse("roleCounts, of a leader of another release: not this summary's roleBlocks")
     if roles == 1:
-        if "roleCounts" in raw:
-            raise _refuse("roleCounts for one training role")
+        if "roleBlocks" in raw:
+            raise _refuse("roleBlocks for one training role")
         return [(count,) for count in counts]
-    listed = raw.get("roleCounts")
-    if not isinstance(listed, list) or len(listed) != len(counts) or not all(
-            isinstance(item, list) and len(item) == roles for item in listed):
-        raise _refuse(f"roleCounts is not the members of each of the {roles} training roles per block")
-    out = [tuple(_number(n, "a block's members of a role") for n in item) for item in listed]
+    listed = raw.get("roleBlocks")
+    if not isinstance(listed, list) or len(listed) != roles - 1 or not all(
+            isinstance(pairs, list) and len(pairs) <= len(counts) for pairs in listed):
+        raise _refuse(f"roleBlocks is not the blocks of each of the {roles} training roles but the last")
+    out = [[0] * roles for _ in counts]
+    for k, pairs in enumerate(listed):
+        last = -1
+        for pair in pairs:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise _refuse("a role's block is not [position, members]")
+            at, members = _number(pair[0], "a block's position"), _number(pair[1], "a block's members of a role",
+                                                                          low=1)
+            if not last < at < len(counts):
+                raise _refuse(f"roleBlocks names block {at} out of order or past the last")
+            out[at][k], last = members, at
     for count, each in zip(counts, out, strict=True):
-        if sum(each) != count:
-            raise _refuse(f"a block's members per role make {sum(each)}, not its count {count}")
-    return out
+        if sum(each) > count:
+            raise _refuse(f"a block's members per role make {sum(each)}, more than its count {count}")
+        each[-1] = count - sum(each)
+    return [tuple(each) for each in out]
 
 
 def read_layout(raw: Any, *, nnodes: int, processes: int, roles: int) -> Layout:
