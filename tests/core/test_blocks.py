@@ -332,7 +332,8 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
     (lambda t: t["blocks"][0].__setitem__(0, [0, "$(reboot)"]), "label values"),
     (lambda t: t["blocks"][1].__setitem__(0, [4, "r1"]), "label values"),  # shares more than there is
     (lambda t: t["blocks"][1].__setitem__(0, [1, "r1"]), "depth"),
-    (lambda t: t["levels"].__setitem__(0, "not a key!"), "a level is"),
+    (lambda t: t.update(levelsDigest=["topology.kubernetes.io/zone"]), "the levels' digest is"),
+    (lambda t: t.update(levels=["topology.kubernetes.io/zone"]), "not {levelsDigest"),  # another release's form
     (lambda t: t.update(order="random"), "not {levels"),
     (lambda t: t.pop("blocks"), "without its blocks"),
     (lambda t: t["blocks"][0].__setitem__(1, 0), "count is 0"),
@@ -343,8 +344,8 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
     (lambda t: t["roleBlocks"][0][0].__setitem__(0, len(t["blocks"])), "past the last"),
     (lambda t: t["roleBlocks"][0][0].__setitem__(1, 0), "members of a role is 0"),
     (lambda t: t.update(roleCounts=[[1, 0]] * len(t["blocks"])), "another release"),
-], ids=["gap", "twice", "value", "shared", "depth", "level", "order", "no-blocks", "empty", "processes", "per-role",
-        "no-roles", "role-twice", "role-past", "role-none", "old-form"])
+], ids=["gap", "twice", "value", "shared", "depth", "level", "old-levels", "order", "no-blocks", "empty", "processes",
+        "per-role", "no-roles", "role-twice", "role-past", "role-none", "old-form"])
 def test_a_topology_section_that_does_not_add_up_is_refused_in_one_line(mutate, complaint):
     raw, _, _, _ = _pair()
     mutate(raw["topology"])
@@ -379,6 +380,32 @@ def test_a_pod_whose_levels_are_not_the_leaders_reads_the_whole_topology():
         light_plan(summary, me, other, domains=domains, blocks={b.digest: b.text for b in made})
     with pytest.raises(InputError, match="other Node label levels"):
         light_plan(summary, me, Options(), domains=domains)
+
+
+def test_the_summary_names_its_levels_by_a_digest_not_their_labels():
+    """Every pod reads the summary at start and at each rewrite: the levels' labels (~370 B for the default ten)
+    are in every pod's own options, so the summary names them by the digest of labels and names in order."""
+    pods, nodes = _job()
+    for levels in (LEVELS, DEFAULT_LEVELS):
+        raw, _ = summarize_with_blocks(build_plan(pods, "demo-master-0", Options(levels=levels, rank_order="topology"),
+                                                  nodes=nodes), seq=1)
+        assert "levels" not in raw["topology"] and not any(level.label in summary_text(raw) for level in levels)
+    raw, made, me, domains = _pair()
+    assert read_summary(summary_text(raw)).layout.levels == raw["topology"]["levelsDigest"]
+    plan = light_plan(read_summary(summary_text(raw)), me, TOPOLOGY, domains=domains,
+                      blocks={b.digest: b.text for b in made})
+    assert plan is not None and plan.topology.levels == LEVELS
+    reordered = Options(levels=(LEVELS[1], LEVELS[0], *LEVELS[2:]), rank_order="topology")
+    with pytest.raises(InputError, match="other Node label levels"):
+        light_plan(read_summary(summary_text(raw)), me, reordered, domains=domains)
+
+
+def test_blocks_deeper_than_the_levels_are_refused():
+    raw, made, me, domains = _pair()
+    for item, block in zip(raw["topology"]["blocks"], made, strict=True):
+        item[0] = [0, *block.values, *(f"x{k}" for k in range(len(LEVELS)))]
+    with pytest.raises(InputError, match="deeper than its levels"):
+        light_plan(read_summary(summary_text(raw)), me, TOPOLOGY, domains=domains)
 
 
 def test_a_plans_blocks_are_made_once_for_the_leaders_files_and_its_summary():

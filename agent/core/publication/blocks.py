@@ -1,8 +1,10 @@
 """The summary's topology form: a job whose pods write where they landed (``--topology-levels``), or whose ranks follow
 its Nodes' domains (``--rank-order topology``), told to a pod in its own view in a few KiB.
 
-A pod learns its own domains from its own Node (one metadata-only GET): the summary carries the levels and, when
-the asked order was not applied, why (``order_note``). Under the topology order a pod's place is not a function of
+A pod learns its own domains from its own Node (one metadata-only GET): the summary names the levels by a digest of
+their labels and names (``levels_digest``: a pod holds its own --topology-levels, which must be the leader's; the
+default ten labels would be ~370 B of every read of the summary) and, when the asked order was not applied, says
+why (``order_note``). Under the topology order a pod's place is not a function of
 its index, so the leader, which holds every member, cuts the rank order into *blocks*: the domains of one level
 (the deepest with at most ``MAX_BLOCKS`` domains), each contiguous in the order (``rank.topology_order`` keeps
 every domain's members together at every level). The summary lists the blocks in rank order: their domain values
@@ -26,7 +28,7 @@ form. A block's text holds nothing that depends on the blocks before it: its fir
 members of each role before it (the ordinals a controller does not give), add up from the summary's entries, which
 name each block's members per training role when the job has more than one. So a member that joins or leaves one
 block changes that block's text and the summary, and leaves every other block's text (and ConfigMap) as it was.
-The levels are their label keys (their names follow: ``placement.level_name``). Pure.
+Pure.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from typing import Any
 
 from agent.core.model import ROLE, SLOTS, Topology, member_fields
 from agent.core.plan.rank import ranks_in_run
-from agent.core.pods.placement import Level, level_name
-from agent.core.pods.validation import is_label_key, is_label_value
+from agent.core.pods.placement import Level
+from agent.core.pods.validation import is_label_value
 from agent.core.publication.published import bounded_loads
 from agent.errors import InputError
 
@@ -65,6 +67,11 @@ def block_digest(text: str) -> str:
     its summary names is read as its block (64 bits: no writer of another text finds one with the same digest),
     in base64url: 11 characters, not 16 in hex, in a summary every pod reads."""
     return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:8]).decode().rstrip("=")
+
+
+def levels_digest(levels: Sequence[Level]) -> str:
+    """What the summary names its levels by: the digest of their labels and names, in order."""
+    return block_digest(json.dumps([[level.label, level.name] for level in levels], separators=(",", ":")))
 
 
 def _digest(*parts: Any) -> str:
@@ -178,7 +185,7 @@ def _make_blocks(topology: Topology) -> list[Made] | None:
 
 
 def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str, Any]:
-    """The summary's ``topology``: the levels (label, name), the order applied and why not the one asked, and
+    """The summary's ``topology``: the levels' digest, the order applied and why not the one asked, and
     the blocks (topology order), with the members per block of each training role but the last (``roleBlocks``)
     when the job has more than one (with one, a block's count says it)."""
     entries: list[list[Any]] = []
@@ -189,7 +196,7 @@ def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str,
         entries.append([[shared, *block.values[shared:]], block.count, *processes, block.digest])
         before = block.values
     several = blocks is not None and len(topology.training_roles) > 1
-    return {"levels": [level.label for level in topology.levels], "order": topology.rank_order,
+    return {"levelsDigest": levels_digest(topology.levels), "order": topology.rank_order,
             "note": topology.order_note, **({"blocks": entries} if blocks is not None else {}),
             **({"roleBlocks": _role_blocks(blocks or [])} if several else {})}
 
@@ -217,9 +224,9 @@ class Entry:
 
 @dataclass(frozen=True)
 class Layout:
-    """The summary's topology section, read."""
+    """The summary's topology section, read: ``levels`` is the levels' digest (``levels_digest``)."""
 
-    levels: tuple[Level, ...]
+    levels: str
     order: str
     note: str | None
     blocks: tuple[Entry, ...] = ()
@@ -281,24 +288,22 @@ def _role_counts(raw: dict[str, Any], counts: list[int], roles: int) -> list[tup
 
 
 def read_layout(raw: Any, *, nnodes: int, processes: int, roles: int) -> Layout:
-    """The summary's topology section, checked: label keys and values, and the blocks one after another from
-    node rank 0 to ``nnodes`` (their first ranks rising to ``processes``), of one depth, each domain once, their
-    members per role (``roles`` training roles) adding up to their counts."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("levels"), list) or not 0 < len(raw["levels"]) <= \
-            MAX_LEVELS or raw.get("order") not in ("index", "topology"):
-        raise _refuse("topology is not {levels, order, note, blocks}")
-    levels = []
-    for label in raw["levels"]:
-        if not isinstance(label, str) or not is_label_key(label):
-            raise _refuse(f"a level is {str(label)[:60]}")
-        levels.append(Level(label, level_name(label)))
+    """The summary's topology section, checked: the levels' digest, label values, and the blocks one after another
+    from node rank 0 to ``nnodes`` (their first ranks rising to ``processes``), of one depth, each domain once,
+    their members per role (``roles`` training roles) adding up to their counts. A section that lists the levels
+    (``levels``: another release's form) is refused, never read as this one."""
+    if not isinstance(raw, dict) or "levels" in raw or raw.get("order") not in ("index", "topology"):
+        raise _refuse("topology is not {levelsDigest, order, note, blocks}")
+    levels = raw.get("levelsDigest")
+    if not isinstance(levels, str) or len(levels) != DIGEST_CHARS:
+        raise _refuse(f"the levels' digest is {str(levels)[:40]}")
     note = raw.get("note")
     if note is not None and not (isinstance(note, str) and len(note) <= 1024 and note.isprintable()):
         raise _refuse("the order's note is not a line of text")
     if raw["order"] == "index":
         if "blocks" in raw:
             raise _refuse("blocks for the index order")
-        return Layout(tuple(levels), "index", note)
+        return Layout(levels, "index", note)
     blocks_raw = raw.get("blocks")
     if note is not None or not isinstance(blocks_raw, list) or not 0 < len(blocks_raw) <= MAX_BLOCKS:
         raise _refuse("the topology order without its blocks")
@@ -314,7 +319,7 @@ def read_layout(raw: Any, *, nnodes: int, processes: int, roles: int) -> Layout:
         run = _number(item[2], "a block's processes", low=count) if len(item) == 4 else count
         entry = Entry(_values(item[0], blocks[-1].values if blocks else ()), node_rank, first_rank, count, run,
                       item[-1], counts, seen)
-        if len(entry.values) != len((blocks[0] if blocks else entry).values) or len(entry.values) > len(levels):
+        if len(entry.values) != len((blocks[0] if blocks else entry).values):
             raise _refuse(f"block {str(item)[:80]} is not of the depth of the blocks before it")
         blocks.append(entry)
         node_rank, first_rank = node_rank + entry.count, first_rank + entry.processes
@@ -322,7 +327,7 @@ def read_layout(raw: Any, *, nnodes: int, processes: int, roles: int) -> Layout:
     if node_rank != nnodes or first_rank != processes or len({b.values for b in blocks}) != len(blocks):
         raise _refuse(f"the blocks make {node_rank} pods and {first_rank} processes, not {nnodes} and {processes}, "
                       "or name a domain twice")
-    return Layout(tuple(levels), "topology", None, tuple(blocks))
+    return Layout(levels, "topology", None, tuple(blocks))
 
 
 def _run(item: Any, before: tuple[int, int, tuple[int, ...], int] | None, usual: int,

@@ -55,6 +55,7 @@ from agent.core.publication.blocks import (
     Layout,
     Made,
     Place,
+    levels_digest,
     make_blocks,
     place_in_block,
     read_layout,
@@ -447,11 +448,15 @@ def _own_facts(own: RawPod, controller: Controller, options: Options,
 
 
 def _layout_of(summary: Summary, options: Options, domains: tuple[str, ...] | None) -> Layout | None:
-    """The summary's topology section, when it is the one this pod's options ask for (``InputError`` if not)."""
+    """The summary's topology section, when it is the one this pod's options ask for (``InputError`` if not): its
+    levels' digest this pod's levels', its blocks no deeper than they."""
     layout = summary.layout
-    if (layout.levels if layout is not None else None) != options.levels:
+    mine = levels_digest(options.levels) if options.levels is not None else None
+    if (layout.levels if layout is not None else None) != mine:
         raise InputError("the summary is of other Node label levels than this pod's --topology-levels; this pod "
                          "reads the whole topology instead")
+    if layout is not None and layout.blocks and len(layout.blocks[0].values) > len(options.levels or ()):
+        raise _refuse("its blocks are deeper than its levels")
     if layout is not None and domains is None:
         raise InputError("its own Node's labels are not known; this pod reads the whole topology instead")
     return layout
@@ -503,7 +508,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
                         self_name=name, training_roles=summary.training_roles, members=members, whole=whole,
                         world_size=hot.world_size if hot is not None else None, spares=(me,) if spare else (),
                         takeovers=hot.takeovers if hot is not None else (),
-                        levels=layout.levels if layout is not None else (),
+                        levels=(options.levels or ()) if layout is not None else (),
                         rank_order=layout.order if layout is not None else "index",
                         order_note=layout.note if layout is not None else None)
     if ssh and me.node_rank == 0 and hosts_listed(topology):  # rank 0 launches on the hostfile: it writes it
