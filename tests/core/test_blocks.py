@@ -24,7 +24,15 @@ from agent.core.files.variables import env_key
 from agent.core.plan.layout import build_plan
 from agent.core.pods.placement import DEFAULT_LEVELS, Level, node_domains
 from agent.core.publication import blocks as blocks_module
-from agent.core.publication.blocks import BLOCK_SCHEMA, Made, block_digest, block_key, part_selector
+from agent.core.publication.blocks import (
+    BLOCK_SCHEMA,
+    Made,
+    block_digest,
+    block_key,
+    entries_text,
+    part_selector,
+    text_entries,
+)
 from agent.core.publication.summary import (
     light_plan,
     own_view,
@@ -216,9 +224,7 @@ def test_a_member_number_that_names_no_index_is_refused_in_one_line(members, com
     block = json.loads(entry.text)
     block["members"] = members
     text = json.dumps(block, separators=(",", ":"))
-    for item in raw["topology"]["blocks"]:
-        if item[-1] == entry.digest:
-            item[-1] = block_digest(text)
+    _rename(raw, entry.digest, block_digest(text))
     summary = read_summary(summary_text(raw))
     with pytest.raises(InputError) as err:
         light_plan(summary, me, TOPOLOGY, domains=domains, blocks={block_digest(text): text})
@@ -233,7 +239,7 @@ def test_a_summary_entry_leaves_off_one_process_per_member_and_names_its_block_i
         pod["spec"]["containers"][0]["env"].append({"name": "PET_NPROC_PER_NODE", "value": "2"})
     raw, made = summarize_with_blocks(build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1)
     assert raw is not None
-    entries = raw["topology"]["blocks"]
+    entries = text_entries(raw["topology"]["blocks"])
     assert {len(e) for e in entries} == {3, 4}  # both kinds here
     assert [len(e) for e in entries] == [3 if b.processes == b.count else 4 for b in made]
     assert all(len(e[-1]) == 11 and e[-1] == b.digest for e, b in zip(entries, made, strict=True))
@@ -279,9 +285,7 @@ def test_a_block_of_another_format_is_refused_not_misread():
     for schema in (1, 2):
         old = json.dumps({**block, "schema": schema, "seen": {"master": 1}}, separators=(",", ":"))
         named = json.loads(json.dumps(raw))
-        for item in named["topology"]["blocks"]:
-            if item[-1] == entry.digest:
-                item[-1] = block_digest(old)
+        _rename(named, entry.digest, block_digest(old))
         summary = read_summary(summary_text(named))
         with pytest.raises(InputError, match="not the one its summary lists"):
             light_plan(summary, me, TOPOLOGY, domains=domains, blocks={block_digest(old): old})
@@ -302,6 +306,12 @@ def test_a_block_whose_members_per_role_are_not_its_entrys_is_refused():
     summary = read_summary(summary_text(raw))
     with pytest.raises(InputError, match="members per role are not the ones"):
         light_plan(summary, master, TOPOLOGY, domains=domains, blocks={b.digest: b.text for b in made})
+
+
+def _rename(raw: dict, digest: str, new: str) -> None:
+    """The summary names the block of ``digest`` by ``new``."""
+    assert raw["topology"]["blocks"].count(digest) == 1
+    raw["topology"]["blocks"] = raw["topology"]["blocks"].replace(digest, new)
 
 
 def _pair() -> tuple[dict, list[Made], dict, tuple[str, ...]]:
@@ -348,7 +358,11 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
         "per-role", "no-roles", "role-twice", "role-past", "role-none", "old-form"])
 def test_a_topology_section_that_does_not_add_up_is_refused_in_one_line(mutate, complaint):
     raw, _, _, _ = _pair()
-    mutate(raw["topology"])
+    section = raw["topology"]
+    section["blocks"] = text_entries(section["blocks"])  # mutated as lists, published as text
+    mutate(section)
+    if isinstance(section.get("blocks"), list):
+        section["blocks"] = entries_text(section["blocks"])
     with pytest.raises(InputError) as err:
         read_summary(summary_text(raw))
     assert complaint in str(err.value) and "\n" not in str(err.value)
@@ -363,9 +377,7 @@ def test_a_block_that_does_not_add_up_is_refused_in_one_line(monkeypatch):
     block["members"] = block["members"][:-1]
     text = json.dumps(block, separators=(",", ":"))
     digest = block_digest(text)
-    for item in raw["topology"]["blocks"]:
-        if item[-1] == entry.digest:
-            item[-1] = digest
+    _rename(raw, entry.digest, digest)
     summary = read_summary(summary_text(raw))
     with pytest.raises(InputError, match="a block makes") as err:
         light_plan(summary, me, TOPOLOGY, domains=domains, blocks={digest: text})
@@ -400,10 +412,38 @@ def test_the_summary_names_its_levels_by_a_digest_not_their_labels():
         light_plan(read_summary(summary_text(raw)), me, reordered, domains=domains)
 
 
+def test_the_summary_lists_its_blocks_as_one_line_without_quotes():
+    """The block entries are text in the summary, itself text in the ConfigMap's data: as JSON lists each
+    entry's four quotes would be escaped on the wire. Written as values/count/digest they read back the same."""
+    raw, made, _, _ = _pair()
+    text = raw["topology"]["blocks"]
+    assert isinstance(text, str) and '"' not in text and len(text.split(";")) == len(made)
+    layout = read_summary(summary_text(raw)).layout
+    assert [(e.values, e.count, e.processes, e.digest) for e in layout.blocks] == \
+        [(b.values, b.count, b.processes, b.digest) for b in made]
+    assert entries_text(text_entries(text)) == text
+    listed = json.loads(summary_text(raw))
+    listed["topology"]["blocks"] = text_entries(text)  # another release's form: a list
+    with pytest.raises(InputError, match="without its blocks"):
+        read_summary(summary_text(listed))
+
+
+@pytest.mark.parametrize("text", ["", "0/a,1", "0/a,x,AAAAAAAAAAA", "0/a,1,2,3,AAAAAAAAAAA", "a/b,1,AAAAAAAAAAA",
+                                  "0/a,1,AAAAAAAAAAA;", "0/a,\u0661,AAAAAAAAAAA"])
+def test_a_block_entry_that_is_not_values_count_digest_is_refused(text):
+    raw, _, _, _ = _pair()
+    raw["topology"]["blocks"] = json.loads(f'"{text}"')
+    with pytest.raises(InputError) as err:
+        read_summary(summary_text(raw))
+    assert "\n" not in str(err.value)
+
+
 def test_blocks_deeper_than_the_levels_are_refused():
     raw, made, me, domains = _pair()
-    for item, block in zip(raw["topology"]["blocks"], made, strict=True):
+    entries = text_entries(raw["topology"]["blocks"])
+    for item, block in zip(entries, made, strict=True):
         item[0] = [0, *block.values, *(f"x{k}" for k in range(len(LEVELS)))]
+    raw["topology"]["blocks"] = entries_text(entries)
     with pytest.raises(InputError, match="deeper than its levels"):
         light_plan(read_summary(summary_text(raw)), me, TOPOLOGY, domains=domains)
 

@@ -40,6 +40,7 @@ import hashlib
 import itertools
 import json
 import operator
+import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ MAX_BLOCK = 900 * 1024  # bytes of one block's text (a ConfigMap holds at most 1
 MAX_LEVELS = 16
 DIGEST_CHARS = 11  # block_digest's 64 bits in base64url
 _DOMAINS = member_fields("domains")
+_NUMBER = re.compile(r"[0-9]{1,10}")
 PART_LABEL = "topology-agent.io/part"  # the summary's and each block's key: a pod lists its two by this label
 
 
@@ -197,8 +199,29 @@ def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str,
         before = block.values
     several = blocks is not None and len(topology.training_roles) > 1
     return {"levelsDigest": levels_digest(topology.levels), "order": topology.rank_order,
-            "note": topology.order_note, **({"blocks": entries} if blocks is not None else {}),
+            "note": topology.order_note, **({"blocks": entries_text(entries)} if blocks is not None else {}),
             **({"roleBlocks": _role_blocks(blocks or [])} if several else {})}
+
+
+def entries_text(entries: list[list[Any]]) -> str:
+    """The summary's block entries as one line of text: ``shared/value/...,count[,processes],digest``, the entries
+    apart by ``;``. No label value, count or base64url digest holds ``/``, ``,`` or ``;``; as JSON lists each entry's
+    four quotes would be escaped in the ConfigMap's data, ~40 B an entry, not ~27."""
+    return ";".join(",".join(["/".join(map(str, values)), *map(str, rest)]) for values, *rest in entries)
+
+
+def text_entries(text: Any) -> list[list[Any]]:
+    """``entries_text``'s entries as lists, their numbers as int (the values are checked by ``_values``)."""
+    if not isinstance(text, str) or not text or len(text) > 64 * 1024:
+        raise _refuse("the topology order without its blocks")
+    entries: list[list[Any]] = []
+    for item in text.split(";"):
+        fields = item.split(",")
+        values = fields[0].split("/")
+        if not 3 <= len(fields) <= 4 or not all(map(_NUMBER.fullmatch, [values[0], *fields[1:-1]])):
+            raise _refuse(f"a block is {item[:60]!r}, not values,count,processes,digest")
+        entries.append([[int(values[0]), *values[1:]], *map(int, fields[1:-1]), fields[-1]])
+    return entries
 
 
 def _role_blocks(blocks: list[Made]) -> list[list[list[int]]]:
@@ -304,8 +327,8 @@ def read_layout(raw: Any, *, nnodes: int, processes: int, roles: int) -> Layout:
         if "blocks" in raw:
             raise _refuse("blocks for the index order")
         return Layout(levels, "index", note)
-    blocks_raw = raw.get("blocks")
-    if note is not None or not isinstance(blocks_raw, list) or not 0 < len(blocks_raw) <= MAX_BLOCKS:
+    blocks_raw = text_entries(raw.get("blocks"))
+    if note is not None or not 0 < len(blocks_raw) <= MAX_BLOCKS:
         raise _refuse("the topology order without its blocks")
     if not all(isinstance(item, list) and len(item) in (3, 4) and isinstance(item[-1], str)
                and len(item[-1]) == DIGEST_CHARS for item in blocks_raw):
