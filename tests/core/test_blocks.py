@@ -448,14 +448,31 @@ def test_blocks_deeper_than_the_levels_are_refused():
         light_plan(read_summary(summary_text(raw)), me, TOPOLOGY, domains=domains)
 
 
-def test_a_plans_blocks_are_made_once_for_the_leaders_files_and_its_summary():
+def test_a_plans_blocks_are_made_once_for_the_leaders_files_and_its_summary(monkeypatch):
     """The leader makes one plan's blocks for its own files (own_view) and for the summary it publishes: the same
-    blocks, made once; another plan's are made anew."""
+    blocks, made once; another plan's are its own (a member's new process count is in its block's text)."""
     pods, nodes = _job()
     plan = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes)
     _, made = summarize_with_blocks(plan, seq=1)
     _, again = summarize_with_blocks(plan, seq=2)
     assert made and all(a is b for a, b in zip(made, again, strict=True))
+    pods[3]["spec"]["containers"][0].setdefault("resources", {}).setdefault("limits", {})["nvidia.com/gpu"] = "4"
     other = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes)
     _, anew = summarize_with_blocks(other, seq=1)
-    assert [b.text for b in anew] == [b.text for b in made] and anew[0] is not made[0]
+    monkeypatch.setattr(blocks_module, "_kept", {})  # nothing carried: every block made from its members
+    fresh = [b.text for b in blocks_module._make_blocks(other.topology) or ()]
+    assert [b.text for b in anew] == fresh != [b.text for b in made]
+
+
+def test_a_change_makes_anew_only_the_blocks_whose_members_it_altered():
+    """The leader carries a block from its last plan while its members' roles, indices and process counts are
+    the same: a change makes one block's text, not all of them; what it carries is what it would make."""
+    pods, nodes = _job(workers=120, zones=2, racks=4)
+    before = {b.values: b for b in summarize_with_blocks(
+        build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1)[1]}
+    pods = [p for p in pods if p["metadata"]["name"] != "demo-worker-5"]
+    plan = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes)
+    after = {b.values: b for b in summarize_with_blocks(plan, seq=2)[1]}
+    assert len(after) == 8 and sum(after[values] is not before[values] for values in after) == 1
+    blocks_module._kept.clear()
+    assert [b.text for b in after.values()] == [b.text for b in blocks_module._make_blocks(plan.topology) or ()]
