@@ -185,3 +185,58 @@ def test_the_collector_paused_for_a_change_is_left_as_it_was_found_even_when_the
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+async def test_the_publisher_looks_for_new_nodes_among_the_pods_changed_not_every_pod(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    """At each change the publisher reads the Nodes pods landed on that it has no labels of: it looks at the pods
+    changed since its last plan (every pod after a LIST), not at every pod of the job; a Node it could not read
+    (the API away) is read at its next look, though no pod on it changed since; a pod that came between a look and
+    the plan after it is looked at by the next evaluation."""
+    import agent.runtime.sidecar as sidecar_module
+    from agent.core.pods.placement import DEFAULT_LEVELS
+
+    options = Options(levels=DEFAULT_LEVELS, rank_order="topology")
+    sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", options, tmp_path))  # type: ignore[arg-type]
+    pods = examples.volcano_job(tasks=(("master", 1), ("worker", 40)))
+    for k, pod in enumerate(pods):
+        pod["spec"]["nodeName"] = f"node-{k}"
+    looked: list[int] = []
+    asked: list[list[str]] = []
+    away = [False]
+    wanted = sidecar_module.wanted_nodes
+
+    def counted(pods, options, known):  # type: ignore[no-untyped-def]
+        pods = list(pods)
+        looked.append(len(pods))
+        return wanted(pods, options, known)
+
+    async def read(api, names, options):  # type: ignore[no-untyped-def]
+        asked.append(list(names))
+        return {} if away[0] else {name: {"topology.kubernetes.io/zone": "z"} for name in names}
+
+    monkeypatch.setattr(sidecar_module, "wanted_nodes", counted)
+    monkeypatch.setattr(sidecar_module, "read_nodes", read)
+    sidecar.view.replace(pods)
+    await sidecar._learn_nodes()
+    sidecar.view.take_unplanned()  # the evaluation's plan
+    assert looked == [41] and len(asked[0]) == 41
+    moved = copy.deepcopy(pods[5])
+    moved["spec"]["nodeName"] = "node-new"
+    away[0] = True
+    sidecar.view.put("demo-worker-4", moved)
+    await sidecar._learn_nodes()
+    sidecar.view.take_unplanned()
+    assert looked[1] == 1 and asked[1] == ["node-new"]
+    away[0] = False
+    other = copy.deepcopy(pods[7])
+    other["status"]["podIP"] = "127.0.0.77"
+    sidecar.view.put("demo-worker-6", other)
+    await sidecar._learn_nodes()
+    assert looked[2] == 1 and asked[2] == ["node-new"] and "node-new" in sidecar.nodes
+    late = copy.deepcopy(pods[9])
+    late["spec"]["nodeName"] = "node-late"
+    sidecar.view.put("demo-worker-8", late)  # came while the evaluation read back the publication: planned
+    sidecar.view.take_unplanned()  # without its Node's labels, and looked at by the next evaluation
+    await sidecar._learn_nodes()
+    assert looked[3] == 1 and asked[3] == ["node-late"]

@@ -172,12 +172,33 @@ class _NodeWatch:
     own_lost: bool = False  # this pod's own Node is lost, as the watch last saw it
 
 
+class _Landed:
+    """The pods changed since the sidecar last looked for Nodes it holds no labels of (None: every pod, after a
+    LIST): told by the view as it applies each change (views.Watcher)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] | None = None
+
+    def reset(self, pods: Mapping[str, RawPod]) -> None:
+        self.names = None
+
+    def changed(self, name: str, pod: RawPod | None) -> None:
+        if self.names is not None:
+            self.names.add(name)
+
+    def take(self) -> set[str] | None:
+        names, self.names = self.names, set()
+        return names
+
+
 @dataclass
 class _Learned:
     """What the sidecar read of the cluster beside the pods, each thing once."""
 
     nodes: NodeMap = field(default_factory=dict)  # labels of the Nodes the pods run on (when --topology-levels asks)
     claims_tried: set[tuple[str, str, str]] = field(default_factory=set)  # (pod, node, IP) the DRA claims were read for
+    landed: _Landed = field(default_factory=_Landed)  # the pods changed since the Nodes were last looked for
+    nodes_unread: set[str] = field(default_factory=set)  # Nodes wanted when the API was away: read at the next look
 
 
 class _Memory:
@@ -203,11 +224,12 @@ class Sidecar:
         self.metrics = SidecarMetrics()
         self.changes = Changes(self.metrics, clock)
         self.node_watch = _NodeWatch()
-        self.view = PodView(settings.pod_name, settings.options, watchers=[self.node_watch.pods_listed])
+        self.learned = _Learned()
+        self.view = PodView(settings.pod_name, settings.options,
+                            watchers=[self.node_watch.pods_listed, self.learned.landed])
         self.evaluator = Evaluator(settings, self.metrics, clock=clock)
         self.publication: Publication | None = None
         self.selector = ""
-        self.learned = _Learned()
         self.memory = _Memory()
         # Notified after each evaluation (files written or not): whoever waits for a generation, a readiness or
         # the files a change makes awaits it (``wait_for``) instead of polling the files.
@@ -546,12 +568,18 @@ class Sidecar:
         return f"rv={reflector.rv if reflector else ''} seq={seq}"
 
     async def _learn_nodes(self) -> None:
-        """Read the labels of Nodes that pods landed on since the last change (each node once)."""
-        names = wanted_nodes(self.view.pods.values(), self.settings.options, self.nodes)
+        """Read the labels of Nodes that pods landed on since the last change (each node once): the pods changed
+        since the last look are looked at (every pod after a LIST), not every pod at each change."""
+        pods, landed = self.view.pods, self.learned.landed.take()
+        changed = pods.values() if landed is None else [pods[n] for n in landed if n in pods]
+        names = sorted({*wanted_nodes(changed, self.settings.options, self.nodes),
+                        *(n for n in self.learned.nodes_unread if n not in self.nodes)})
+        self.learned.nodes_unread = set()
         if not names:
             return
         learned = await read_nodes(self.api, names, self.settings.options)
         if not learned:  # the API is away: try again shortly, the files keep index order meanwhile
+            self.learned.nodes_unread = set(names)
             asyncio.get_running_loop().call_later(2.0, self.changes.changed)
             return
         self.nodes.update(learned)
