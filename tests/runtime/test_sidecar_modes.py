@@ -240,3 +240,30 @@ async def test_the_publisher_looks_for_new_nodes_among_the_pods_changed_not_ever
     sidecar.view.take_unplanned()  # without its Node's labels, and looked at by the next evaluation
     await sidecar._learn_nodes()
     assert looked[3] == 1 and asked[3] == ["node-late"]
+
+
+async def test_the_debounce_counts_the_quiet_from_the_last_change_not_from_when_it_looks(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """A change that came while the evaluation before it ran (or wrote the publication) has been quiet for part
+    of SETTLE already: the debounce waits only the rest, and not at all once SETTLE has passed."""
+    import agent.runtime.sidecar as sidecar_module
+
+    now = [100.0]
+    sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path,  # type: ignore[arg-type]
+                                            debounce=1.0), clock=lambda: now[0])
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(round(seconds, 6))
+        now[0] += seconds
+
+    monkeypatch.setattr(sidecar_module.asyncio, "sleep", sleep)
+    sidecar.changes.changed()
+    now[0] += sidecar_module.SETTLE + 0.01  # the evaluation before ran meanwhile
+    await sidecar._settle()
+    assert slept == []
+    sidecar.changes.take()
+    sidecar.changes.changed()
+    now[0] += 0.02
+    await sidecar._settle()
+    assert slept == [round(sidecar_module.SETTLE - 0.02, 6)]

@@ -68,6 +68,7 @@ class Changes:
         self.dirty = asyncio.Event()
         self.count_seen = 0  # changes seen: the debounce waits until they stop coming
         self.since: float | None = None  # the first change not written yet
+        self.last = clock()  # when the last change came: the debounce waits until none came for SETTLE
         self.last_attempt = clock()
         self.reflector: Reflector | None = None
         self.mode = Mode.PODS  # which follower runs
@@ -78,8 +79,9 @@ class Changes:
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
 
     def changed(self) -> None:
+        self.last = self.clock()
         if self.since is None:
-            self.since = self.clock()
+            self.since = self.last
         self.count_seen += 1
         self.dirty.set()
 
@@ -619,12 +621,17 @@ class Sidecar:
 
     async def _settle(self) -> None:
         """Wait until the changes stop for SETTLE seconds, and never longer than --debounce: a lone change is
-        written after SETTLE, a burst (a job scaling, a node draining) is still one generation and one signal."""
+        written after SETTLE, a burst (a job scaling, a node draining) is still one generation and one signal.
+        The quiet counts from the last change, not from this call: a change that came while the evaluation
+        before ran (or wrote the publication) has waited already, and waits only the rest of SETTLE."""
         started = self.clock()
         settle = min(SETTLE, self.settings.debounce)
         while True:
+            left = settle - (self.clock() - self.changes.last)
+            if left <= 0:
+                return
             seen = self.changes.count_seen
-            await asyncio.sleep(settle)
+            await asyncio.sleep(left)
             if self.changes.count_seen == seen or self.clock() - started + settle > self.settings.debounce:
                 return
 
