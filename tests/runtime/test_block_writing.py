@@ -44,3 +44,36 @@ async def test_tend_leaves_the_blocks_this_leader_wrote_alone(memory, api):
     await writer.tend()
     assert [configmap(memory, block_name("demo-topology", m.values))["metadata"]["resourceVersion"]
             for m in BLOCKS] == versions
+
+
+async def test_the_journal_and_the_summary_with_its_block_are_written_at_once():
+    """A change the summary says goes out as the journal and, at the same time, the block then the summary:
+    a pod in its own view (the summary's reader) does not wait for the journal's round trip first."""
+    import asyncio
+
+    from agent.core.model import Options
+    from agent.core.publication.journal import summary_name
+    from agent.runtime.publication.publishing import JournalWriter, first_publisher
+
+    order: list[str] = []
+    summary_sent = asyncio.Event()
+
+    class Api:
+        async def create(self, collection, body):  # type: ignore[no-untyped-def]
+            name = body["metadata"]["name"]
+            order.append(name)
+            if name == summary_name("demo-topology"):
+                summary_sent.set()
+            elif name == "demo-topology-journal":  # its answer comes after the summary went out
+                await asyncio.wait_for(summary_sent.wait(), 2)
+            return {"metadata": {"name": name, "resourceVersion": str(len(order))}}
+
+    writer = JournalWriter(Api(), "default", "demo-topology", job="demo",  # type: ignore[arg-type]
+                           options=Options(), leader="demo-worker-0", leader_uid="u", owner=None)
+    publisher = first_publisher("default", Options(), job="demo", leader="demo-worker-0", leader_uid="u")
+    publisher.snapshot_written(publisher.state.seq)
+    writer.blocks.held, writer.blocks.made = {}, BLOCKS
+    assert await writer._written(publisher, {"summary": "{}"}, "new")
+    assert writer.summary.said == "new"
+    block = order.index(block_name("demo-topology", BLOCKS[0].values))
+    assert order.index("demo-topology-journal") < block < order.index(summary_name("demo-topology"))

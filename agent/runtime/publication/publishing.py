@@ -297,17 +297,19 @@ class JournalWriter:
             return await self._written(publisher, self.summary.made, saying)
 
     async def _written(self, publisher: Publisher, summary: dict[str, str], saying: str) -> bool:
-        """``publish``'s writes: the snapshot when due, the journal, the summary when it says something new."""
+        """``publish``'s writes: the snapshot when due, the journal, the summary when it says something new.
+        The journal and the summary (after its blocks) are written at once: their readers are not the same pods
+        (a pod in its own view reads the summary alone), and neither waits for the other's round trip."""
         try:
             if publisher.snapshot_due:
                 await self._write_snapshot(publisher, self._write)
-            await self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
-                                                                    owner=self.owner))
+            writes = [self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
+                                                                        owner=self.owner))]
             if saying != self.summary.said:  # only when it says something new: every pod in its own view gets it
-                await self.blocks.write(self.blocks.made)
-                await self._write(summary_name(self.name), journal_body(self.name, summary, owner=self.owner,
-                                                                        name=summary_name(self.name)))
-                self.summary.said = saying
+                writes.append(self._summary_written(summary, saying))
+            failed = [out for out in await asyncio.gather(*writes, return_exceptions=True) if out is not None]
+            if failed:
+                raise failed[0]
             if self.rewrite_snapshot:
                 await self._write_snapshot(publisher, self._write)
         except ApiConflict:
@@ -315,6 +317,13 @@ class JournalWriter:
             self.publisher = None
             return False
         return True
+
+    async def _summary_written(self, summary: dict[str, str], saying: str) -> None:
+        """The blocks the summary names, then the summary."""
+        await self.blocks.write(self.blocks.made)
+        await self._write(summary_name(self.name), journal_body(self.name, summary, owner=self.owner,
+                                                                name=summary_name(self.name)))
+        self.summary.said = saying
 
     async def _write_snapshot(self, publisher: Publisher,
                               write: Callable[[str, dict[str, Any]], Awaitable[object]]) -> None:
