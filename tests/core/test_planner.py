@@ -51,7 +51,7 @@ OPTIONS = {
 FAST = ("default", "ip", "c10d")
 OPTION_PARAMS = [o if o in FAST else pytest.param(o, marks=pytest.mark.slow) for o in sorted(OPTIONS)]
 OPS = ("ip", "no-ip", "dup-ip", "leave", "join", "terminating", "failed", "pending", "running", "slots", "clone",
-       "node", "labels", "self", "other-job", "burst")
+       "node", "labels", "new-node", "self", "other-job", "burst")
 
 
 def _outcome(make):
@@ -159,6 +159,12 @@ class World:
             self.nodes[rnd.choice(sorted(self.nodes))] = {BLOCK: f"b-{rnd.randint(0, 1)}",
                                                           SUBBLOCK: f"sub-{rnd.randint(0, 5)}"}
             return
+        elif op == "new-node":  # a Node's labels read for the first time: a new one, or one a pod runs on already
+            node = rnd.choice([f"node-new-{len(self.nodes)}", "unknown-node"])
+            self.nodes = {**self.nodes, node: {BLOCK: f"b-{rnd.randint(0, 2)}", SUBBLOCK: f"sub-{rnd.randint(0, 5)}"}}
+            if rnd.random() < 0.5:
+                return
+            spec["nodeName"] = node
         elif op == "other-job":
             meta["namespace"] = "elsewhere"
         self.pods[name] = pod
@@ -191,7 +197,7 @@ def test_planner_equals_planning_from_scratch(job, opts, seed, ops, told):
     _check(World(JOBS[job](), random.Random(seed)), OPTIONS[opts], ops, told=told)
 
 
-PAIRS = [(a, b) for a in OPS if a not in ("burst", "labels", "self", "clone")
+PAIRS = [(a, b) for a in OPS if a not in ("burst", "labels", "new-node", "self", "clone")
          for b in ("ip", "no-ip", "running", "leave", "join")]
 
 
@@ -709,3 +715,28 @@ def test_pods_that_arrive_in_one_change_share_their_shapes_process_count():
     assert planner.incremental == 1
     first, second = (_facts(planner, pods[name]) for name in arriving)
     assert first.slots == second.slots and first.slots is second.slots
+
+
+def test_a_worker_that_comes_back_on_a_new_node_is_placed_without_planning_from_scratch():
+    """Under the topology order the sidecar reads a new Node's labels just before it plans the pod that came
+    on it: the Nodes only gained one no pod held runs on, so the layout stands and the pod joins its domain
+    (from scratch: ~0.75 s at 16384 pods). Labels learned for a Node a held pod runs on place every pod anew."""
+    world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 20))), random.Random(4))
+    options = OPTIONS["topology"]
+    planner = Planner(options, world.me)
+    planner.plan(dict(world.pods), nodes=world.nodes)
+    joining = sorted(set(world.all) - set(world.pods), key=lambda n: int(n.rsplit("-", 1)[1]))[-1]
+    world.all[joining]["spec"]["nodeName"] = "node-back"
+    world.pods[joining] = world.all[joining]
+    nodes = {**world.nodes, "node-back": {BLOCK: "b-1", SUBBLOCK: "sub-1"}}
+    got = planner.plan(dict(world.pods), nodes=nodes)
+    assert planner.incremental == 1
+    assert got == build_plan(list(world.pods.values()), world.me, options, nodes=nodes)
+    moved = world._new(world.others()[0])
+    moved["spec"]["nodeName"] = "unknown-node"  # no labels: the job keeps index order
+    world.pods[moved["metadata"]["name"]] = moved
+    planner.plan(dict(world.pods), nodes=nodes)
+    nodes = {**nodes, "unknown-node": {BLOCK: "b-0", SUBBLOCK: "sub-2"}}
+    got = planner.plan(dict(world.pods), nodes=nodes)
+    assert got == build_plan(list(world.pods.values()), world.me, options, nodes=nodes)
+    assert got.topology.rank_order == "topology"

@@ -171,9 +171,11 @@ class Planner:
                  touched: Iterable[str] | None) -> str | None:
         """Carry the layout over to ``pods``: "same" (nothing changed), "in place" (no member arrived, left
         or moved) or "moved"; None when only planning from scratch can say (the layout is then unusable)."""
-        if layout.nodes is not None and (nodes is None or layout.nodes != nodes):
-            return None
         before = layout.pods
+        if layout.nodes is not None and (nodes is None or layout.nodes != nodes):
+            if nodes is None or not _nodes_gained(before, layout.nodes, nodes):
+                return None
+            layout.nodes = dict(nodes)
         changed, gone = _changes(before, pods, touched)
         if not changed and not gone:
             return "same"
@@ -396,6 +398,21 @@ def _topology_arrival(layout: _Layout, new: Live, key: SortKey,
             return at
         at += size
     return hi
+
+
+def _node_name(pod: RawPod) -> str:
+    return (pod.get("spec") or {}).get("nodeName") or ""
+
+
+def _nodes_gained(held: Mapping[str, RawPod], known: Mapping[str, Any], nodes: NodeLabels) -> bool:
+    """Whether ``nodes`` only adds Nodes to the labels the layout was made with (``known``), none of them one a
+    pod it holds runs on: the layout stands, and a pod that arrives on one is placed by its labels (a worker that
+    comes back on a new Node, whose labels the sidecar reads just before it plans). Any other change of the
+    labels places every pod anew."""
+    if not known.items() <= nodes.items():
+        return False
+    added = nodes.keys() - known.keys()
+    return added.isdisjoint(map(_node_name, held.values()))
 
 
 def _changes(before: Mapping[str, RawPod], pods: Mapping[str, RawPod],
