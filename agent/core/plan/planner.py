@@ -173,7 +173,7 @@ class Planner:
         or moved) or "moved"; None when only planning from scratch can say (the layout is then unusable)."""
         before = layout.pods
         if layout.nodes is not None and (nodes is None or layout.nodes != nodes):
-            if nodes is None or not _nodes_gained(before, layout.nodes, nodes):
+            if nodes is None or not _nodes_gained(layout, nodes):
                 return None
             layout.nodes = dict(nodes)
         changed, gone = _changes(before, pods, touched)
@@ -400,19 +400,19 @@ def _topology_arrival(layout: _Layout, new: Live, key: SortKey,
     return hi
 
 
-def _node_name(pod: RawPod) -> str:
-    return (pod.get("spec") or {}).get("nodeName") or ""
+_NODE_OF_LIVE = operator.attrgetter("facts.node")
 
 
-def _nodes_gained(held: Mapping[str, RawPod], known: Mapping[str, Any], nodes: NodeLabels) -> bool:
-    """Whether ``nodes`` only adds Nodes to the labels the layout was made with (``known``), none of them one a
-    pod it holds runs on: the layout stands, and a pod that arrives on one is placed by its labels (a worker that
-    comes back on a new Node, whose labels the sidecar reads just before it plans). Any other change of the
-    labels places every pod anew."""
-    if not known.items() <= nodes.items():
+def _nodes_gained(layout: _Layout, nodes: NodeLabels) -> bool:
+    """Whether ``nodes`` only adds Nodes to the labels the layout was made with, none of them one a live pod it
+    holds runs on: the layout stands, and a pod that arrives on one is placed by its labels (a worker that comes
+    back on a new Node, whose labels the sidecar reads just before it plans). Any other change of the labels
+    places every pod anew. C-level passes (a Python one over 16384 pods: ~25 ms)."""
+    known = layout.nodes
+    if known is None or not known.items() <= nodes.items():
         return False
     added = nodes.keys() - known.keys()
-    return added.isdisjoint(map(_node_name, held.values()))
+    return added.isdisjoint(map(_NODE_OF_LIVE, layout.rows.live))
 
 
 def _changes(before: Mapping[str, RawPod], pods: Mapping[str, RawPod],
