@@ -240,8 +240,8 @@ def test_a_summary_entry_leaves_off_one_process_per_member_and_names_its_block_i
     raw, made = summarize_with_blocks(build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1)
     assert raw is not None
     entries = text_entries(raw["topology"]["blocks"])
-    assert {len(e) for e in entries} == {3, 4}  # both kinds here
-    assert [len(e) for e in entries] == [3 if b.processes == b.count else 4 for b in made]
+    assert {len(e) for e in entries} == {2, 3}  # both kinds here
+    assert [len(e) for e in entries] == [2 if b.processes == b.count else 3 for b in made]
     assert all(len(e[-1]) == 11 and e[-1] == b.digest for e, b in zip(entries, made, strict=True))
     summary = read_summary(summary_text(raw))
     assert summary is not None and summary.layout is not None
@@ -337,25 +337,25 @@ def test_a_block_the_summary_does_not_name_is_waited_for():
 
 
 @pytest.mark.parametrize("mutate, complaint", [
-    (lambda t: t["blocks"][1].__setitem__(1, 1), "the blocks make"),  # too few pods
+    (lambda t: t["blocks"][1].__setitem__(0, 1), "the blocks make"),  # too few pods
     (lambda t: t["blocks"].append(t["blocks"][-1]), "the blocks make"),
-    (lambda t: t["blocks"][0].__setitem__(0, [0, "$(reboot)"]), "label values"),
-    (lambda t: t["blocks"][1].__setitem__(0, [4, "r1"]), "label values"),  # shares more than there is
-    (lambda t: t["blocks"][1].__setitem__(0, [1, "r1"]), "depth"),
+    (lambda t: t["blocks"][0].__setitem__(-1, "$(reboot)AA"), "digest is '$(reboot)AA'"),
+    (lambda t: t["blocks"][0].__setitem__(-1, t["blocks"][0][-1][:-1]), "not 11 base64url"),
+    (lambda t: t["blocks"][1].__setitem__(-1, t["blocks"][0][-1]), "name a block twice"),  # counts add up
     (lambda t: t.update(levelsDigest=["topology.kubernetes.io/zone"]), "the levels' digest is"),
     (lambda t: t.update(levels=["topology.kubernetes.io/zone"]), "not {levelsDigest"),  # another release's form
     (lambda t: t.update(order="random"), "not {levels"),
     (lambda t: t.pop("blocks"), "without its blocks"),
-    (lambda t: t["blocks"][0].__setitem__(1, 0), "count is 0"),
-    (lambda t: t["blocks"][0].insert(2, 1), "processes is 1"),  # fewer processes than members
+    (lambda t: t["blocks"][0].__setitem__(0, 0), "count is 0"),
+    (lambda t: t["blocks"][0].insert(1, 1), "processes is 1"),  # fewer processes than members
     (lambda t: t["roleBlocks"][0][0].__setitem__(1, 10**6), "members per role make"),
     (lambda t: t.pop("roleBlocks"), "each of the 2 training roles"),  # several roles, none counted
     (lambda t: t["roleBlocks"][0].append(list(t["roleBlocks"][0][0])), "out of order"),
     (lambda t: t["roleBlocks"][0][0].__setitem__(0, len(t["blocks"])), "past the last"),
     (lambda t: t["roleBlocks"][0][0].__setitem__(1, 0), "members of a role is 0"),
     (lambda t: t.update(roleCounts=[[1, 0]] * len(t["blocks"])), "another release"),
-], ids=["gap", "twice", "value", "shared", "depth", "level", "old-levels", "order", "no-blocks", "empty", "processes",
-        "per-role", "no-roles", "role-twice", "role-past", "role-none", "old-form"])
+], ids=["gap", "twice", "digest", "short", "digest-twice", "level", "old-levels", "order", "no-blocks", "empty",
+        "processes", "per-role", "no-roles", "role-twice", "role-past", "role-none", "old-form"])
 def test_a_topology_section_that_does_not_add_up_is_refused_in_one_line(mutate, complaint):
     raw, _, _, _ = _pair()
     section = raw["topology"]
@@ -412,15 +412,18 @@ def test_the_summary_names_its_levels_by_a_digest_not_their_labels():
         light_plan(read_summary(summary_text(raw)), me, reordered, domains=domains)
 
 
-def test_the_summary_lists_its_blocks_as_one_line_without_quotes():
+def test_the_summary_lists_its_blocks_as_one_line_without_quotes_or_values():
     """The block entries are text in the summary, itself text in the ConfigMap's data: as JSON lists each
-    entry's four quotes would be escaped on the wire. Written as values/count/digest they read back the same."""
+    entry's quotes would be escaped on the wire. Written as count/digest they read back the same; their domain
+    values, in each block's text and each pod's own Node, are not in the summary every pod reads."""
     raw, made, _, _ = _pair()
     text = raw["topology"]["blocks"]
     assert isinstance(text, str) and '"' not in text and len(text.split(";")) == len(made)
+    assert text == ";".join(f"{b.count},{b.processes},{b.digest}" if b.processes != b.count else f"{b.count},{b.digest}"
+                            for b in made)  # no domain values
     layout = read_summary(summary_text(raw)).layout
-    assert [(e.values, e.count, e.processes, e.digest) for e in layout.blocks] == \
-        [(b.values, b.count, b.processes, b.digest) for b in made]
+    assert [(e.count, e.processes, e.digest) for e in layout.blocks] == \
+        [(b.count, b.processes, b.digest) for b in made]
     assert entries_text(text_entries(text)) == text
     listed = json.loads(summary_text(raw))
     listed["topology"]["blocks"] = text_entries(text)  # another release's form: a list
@@ -428,9 +431,10 @@ def test_the_summary_lists_its_blocks_as_one_line_without_quotes():
         read_summary(summary_text(listed))
 
 
-@pytest.mark.parametrize("text", ["", "0/a,1", "0/a,x,AAAAAAAAAAA", "0/a,1,2,3,AAAAAAAAAAA", "a/b,1,AAAAAAAAAAA",
-                                  "0/a,1,AAAAAAAAAAA;", "0/a,\u0661,AAAAAAAAAAA"])
-def test_a_block_entry_that_is_not_values_count_digest_is_refused(text):
+@pytest.mark.parametrize("text", ["", "61", "x,AAAAAAAAAAA", "61,2,3,AAAAAAAAAAA", "61,AAAAAAAAAAA;",
+                                  "\u0661,AAAAAAAAAAA", "61,AAAAAAAAAA", "61,AAAAAAAAAA/", "61,AAAAAAAAAAA,",
+                                  "0/a,61,AAAAAAAAAAA", "1/a/b,61,AAAAAAAAAAA"])
+def test_a_block_entry_that_is_not_count_digest_is_refused(text):
     raw, _, _, _ = _pair()
     raw["topology"]["blocks"] = json.loads(f'"{text}"')
     with pytest.raises(InputError) as err:
@@ -438,14 +442,57 @@ def test_a_block_entry_that_is_not_values_count_digest_is_refused(text):
     assert "\n" not in str(err.value)
 
 
+def test_a_summary_whose_entries_name_domain_values_is_refused_not_misread():
+    """A summary of another release, its entries ``shared/value/...,count[,processes],digest``: refused in one
+    line (the pod reads the whole topology), never read as counts and digests."""
+    raw, made, _, _ = _pair()
+    entries, before = [], ()
+    for block in made:
+        shared = next(k for k in range(len(block.values), -1, -1) if block.values[:k] == before[:k])
+        processes = [block.processes] if block.processes != block.count else []
+        entries.append(",".join(["/".join([str(shared), *block.values[shared:]]), str(block.count),
+                                 *map(str, processes), block.digest]))
+        before = block.values
+    raw["topology"]["blocks"] = ";".join(entries)
+    with pytest.raises(InputError, match="not count,processes,digest") as err:
+        read_summary(summary_text(raw))
+    assert "\n" not in str(err.value) and "reads the whole topology" in str(err.value)
+
+
 def test_blocks_deeper_than_the_levels_are_refused():
+    """The summary does not say how deep its blocks are: a pod's block whose values are more than the pod's
+    levels is refused where its text is read."""
     raw, made, me, domains = _pair()
-    entries = text_entries(raw["topology"]["blocks"])
-    for item, block in zip(entries, made, strict=True):
-        item[0] = [0, *block.values, *(f"x{k}" for k in range(len(LEVELS)))]
-    raw["topology"]["blocks"] = entries_text(entries)
-    with pytest.raises(InputError, match="deeper than its levels"):
-        light_plan(read_summary(summary_text(raw)), me, TOPOLOGY, domains=domains)
+    entry = next(b for b in made if domains[:len(b.values)] == b.values)
+    block = json.loads(entry.text)
+    block["values"] = [*entry.values, *(f"x{k}" for k in range(len(LEVELS)))]
+    text = json.dumps(block, separators=(",", ":"))
+    _rename(raw, entry.digest, block_digest(text))
+    with pytest.raises(InputError, match="deeper than its levels") as err:
+        light_plan(read_summary(summary_text(raw)), me, TOPOLOGY, domains=domains, blocks={block_digest(text): text})
+    assert "\n" not in str(err.value)
+
+
+def test_a_pod_finds_its_block_among_the_blocks_it_holds_by_its_values():
+    """The summary names blocks by digest alone: of the blocks a pod holds (one per depth of its domains), its own
+    is the one the summary lists whose values begin its domains; blocks the summary does not list, or of other
+    domains, are not it, and two listed blocks of its domains are refused."""
+    raw, made, me, domains = _pair()
+    summary = read_summary(summary_text(raw))
+    entry = next(b for b in made if domains[:len(b.values)] == b.values)
+    other = next(b for b in made if b is not entry)
+    shallow = json.dumps({**json.loads(entry.text), "values": list(domains[:1])}, separators=(",", ":"))
+    held = {entry.digest: entry.text, block_digest(shallow): shallow}  # a cut of another depth, not listed
+    plan = light_plan(summary, me, TOPOLOGY, domains=domains, blocks=held)
+    pods, nodes = _job()
+    full = build_plan(pods, me["metadata"]["name"], TOPOLOGY, nodes=nodes).topology.me
+    assert plan is not None and (plan.topology.me.node_rank, plan.topology.me.first_rank) == \
+        (full.node_rank, full.first_rank)
+    assert light_plan(summary, me, TOPOLOGY, domains=domains, blocks={other.digest: other.text}) is None
+    _rename(raw, other.digest, block_digest(shallow))  # the summary lists both: not one block of its domains
+    with pytest.raises(InputError, match="lists 2 blocks of this pod's domains") as err:
+        light_plan(read_summary(summary_text(raw)), me, TOPOLOGY, domains=domains, blocks=held)
+    assert "\n" not in str(err.value)
 
 
 def test_a_plans_blocks_are_made_once_for_the_leaders_files_and_its_summary(monkeypatch):

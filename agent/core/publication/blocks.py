@@ -7,16 +7,19 @@ default ten labels would be ~370 B of every read of the summary) and, when the a
 why (``order_note``). Under the topology order a pod's place is not a function of
 its index, so the leader, which holds every member, cuts the rank order into *blocks*: the domains of one level
 (the deepest with at most ``MAX_BLOCKS`` domains), each contiguous in the order (``rank.topology_order`` keeps
-every domain's members together at every level). The summary lists the blocks in rank order: their domain values
-(each entry names how many it shares with the entry before, then the rest), member count, process count (left off
-where it is the member count: one process per member) and the digest of their text; node ranks and ranks add up
-from the first. In a job of several training roles the section also lists, for each training role but the last,
-the blocks that hold its members and how many (``roleBlocks``); the last role's are the rest of each block's count
-(a master and its workers: one pair, not a pair per block, in a summary every pod reads at each change). Each
-block's members, in rank order, are one small ConfigMap (``<job>-topology-block-<key>``, ``block_name``). A pod
-reads its own Node, the summary and its own block: ~1/64 of the job, whatever its size, never every pod. The
-digest ties a block to the summary that names it: a block written before or after that summary is not read as its
-(the pod waits for the pair).
+every domain's members together at every level). The summary lists the blocks in rank order: member count,
+process count (left off where it is the member count: one process per member) and the digest of their text; node
+ranks and ranks add up from the first. It does not list their domain values, which every pod would read for
+nothing: a pod lists the blocks its own domains could be in (``part_selector``: one label key per depth), each
+block's text holds its values, and the summary names each block by its digest, so a pod's block is the one it
+holds whose digest the summary lists and whose values begin the pod's own domains (``Layout.block_of``). In a job
+of several training roles the section also lists, for each training role but the last, the blocks that hold its
+members and how many (``roleBlocks``); the last role's are the rest of each block's count (a master and its
+workers: one pair, not a pair per block, in a summary every pod reads at each change). Each block's members, in
+rank order, are one small ConfigMap (``<job>-topology-block-<key>``, ``block_name``). A pod reads its own Node, the
+summary and its own block: ~1/64 of the job, whatever its size, never every pod. The digest ties a block to the
+summary that names it: a block written before or after that summary is not read as its (the pod waits for the
+pair).
 
 Inside a block the members are runs, as the index form's (summary.py): consecutive node ranks of one role, index
 prefix and process count with consecutive last indices, each written ``[role, first, last, slots, prefix]`` with
@@ -43,7 +46,7 @@ import json
 import operator
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,10 +59,11 @@ from agent.errors import InputError
 
 BLOCK_KEY = "block.json"
 BLOCK_SCHEMA = 3  # 3: no ``seen`` in the text (the summary's entries give each block's members per role)
-MAX_BLOCKS = 64  # blocks in a summary: ~40 B each, read by every pod; a block is then ~1/64 of the members
+MAX_BLOCKS = 64  # blocks in a summary: ~16 B each, read by every pod; a block is then ~1/64 of the members
 MAX_BLOCK = 900 * 1024  # bytes of one block's text (a ConfigMap holds at most 1 MiB)
 MAX_LEVELS = 16
 DIGEST_CHARS = 11  # block_digest's 64 bits in base64url
+_DIGEST = re.compile(f"[A-Za-z0-9_-]{{{DIGEST_CHARS}}}")
 _DOMAINS = member_fields("domains")
 _NUMBER = re.compile(r"[0-9]{1,10}")
 PART_LABEL = "topology-agent.io/part"  # the summary's and each block's key: a pod lists its two by this label
@@ -216,13 +220,8 @@ def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str,
     """The summary's ``topology``: the levels' digest, the order applied and why not the one asked, and
     the blocks (topology order), with the members per block of each training role but the last (``roleBlocks``)
     when the job has more than one (with one, a block's count says it)."""
-    entries: list[list[Any]] = []
-    before: tuple[str, ...] = ()
-    for block in blocks or ():
-        shared = next((k for k in range(len(block.values), -1, -1) if block.values[:k] == before[:k]), 0)
-        processes = [block.processes] if block.processes != block.count else []  # else one per member
-        entries.append([[shared, *block.values[shared:]], block.count, *processes, block.digest])
-        before = block.values
+    entries = [[block.count, *([block.processes] if block.processes != block.count else []), block.digest]
+               for block in blocks or ()]  # processes left off where there is one per member
     several = blocks is not None and len(topology.training_roles) > 1
     return {"levelsDigest": levels_digest(topology.levels), "order": topology.rank_order,
             "note": topology.order_note, **({"blocks": entries_text(entries)} if blocks is not None else {}),
@@ -230,23 +229,24 @@ def topology_section(topology: Topology, blocks: list[Made] | None) -> dict[str,
 
 
 def entries_text(entries: list[list[Any]]) -> str:
-    """The summary's block entries as one line of text: ``shared/value/...,count[,processes],digest``, the entries
-    apart by ``;``. No label value, count or base64url digest holds ``/``, ``,`` or ``;``; as JSON lists each entry's
-    four quotes would be escaped in the ConfigMap's data, ~40 B an entry, not ~27."""
-    return ";".join(",".join(["/".join(map(str, values)), *map(str, rest)]) for values, *rest in entries)
+    """The summary's block entries as one line of text: ``count[,processes],digest``, the entries apart by ``;``.
+    No count or base64url digest holds ``,`` or ``;``; as JSON lists each entry's two quotes would be escaped in
+    the ConfigMap's data."""
+    return ";".join(",".join(map(str, entry)) for entry in entries)
 
 
 def text_entries(text: Any) -> list[list[Any]]:
-    """``entries_text``'s entries as lists, their numbers as int (the values are checked by ``_values``)."""
+    """``entries_text``'s entries as lists, their numbers as int (the digests are checked by ``read_layout``). An
+    entry that is not numbers then one more field (one with domain values, ``shared/value/...`` first: another
+    release's form) is refused, never read as this one."""
     if not isinstance(text, str) or not text or len(text) > 64 * 1024:
         raise _refuse("the topology order without its blocks")
     entries: list[list[Any]] = []
     for item in text.split(";"):
         fields = item.split(",")
-        values = fields[0].split("/")
-        if not 3 <= len(fields) <= 4 or not all(map(_NUMBER.fullmatch, [values[0], *fields[1:-1]])):
-            raise _refuse(f"a block is {item[:60]!r}, not values,count,processes,digest")
-        entries.append([[int(values[0]), *values[1:]], *map(int, fields[1:-1]), fields[-1]])
+        if not 2 <= len(fields) <= 3 or not all(map(_NUMBER.fullmatch, fields[:-1])):
+            raise _refuse(f"a block is {item[:60]!r}, not count,processes,digest")
+        entries.append([*map(int, fields[:-1]), fields[-1]])
     return entries
 
 
@@ -259,9 +259,8 @@ def _role_blocks(blocks: list[Made]) -> list[list[list[int]]]:
 @dataclass(frozen=True)
 class Entry:
     """One block as the summary lists it: its members per training role (``roles``) and those of the blocks
-    before it (``seen``), in the training roles' order."""
+    before it (``seen``), in the training roles' order. Its domain values are in its text (``Layout.block_of``)."""
 
-    values: tuple[str, ...]
     node_rank: int
     first_rank: int
     count: int
@@ -280,8 +279,20 @@ class Layout:
     note: str | None
     blocks: tuple[Entry, ...] = ()
 
-    def block_of(self, domains: Sequence[str]) -> Entry | None:
-        return next((b for b in self.blocks if tuple(domains[:len(b.values)]) == b.values), None)
+    def block_of(self, domains: Sequence[str], held: Mapping[str, str]) -> tuple[Entry, dict[str, Any]] | None:
+        """The block of a pod of ``domains`` (its Node's value at each of its levels): among the blocks it holds
+        (``held``: their texts by digest; at most one per depth), the one whose digest this summary lists and
+        whose values begin ``domains``, with its text read (``read_block``); None while the pod holds none."""
+        found = []
+        for entry in self.blocks:
+            text = held.get(entry.digest)
+            if text is not None:
+                raw = read_block(text, entry, levels=len(domains))
+                if tuple(domains[:len(raw["values"])]) == tuple(raw["values"]):
+                    found.append((entry, raw))
+        if len(found) > 1:
+            raise _refuse(f"it lists {len(found)} blocks of this pod's domains, not one")
+        return found[0] if found else None
 
 
 def _refuse(what: str) -> InputError:
@@ -292,16 +303,6 @@ def _number(value: Any, what: str, *, low: int = 0) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 2**31 - 1:
         raise _refuse(f"{what} is {str(value)[:40]}")
     return value
-
-
-def _values(value: Any, before: tuple[str, ...]) -> tuple[str, ...]:
-    """A block's domain values: ``[shared, *rest]``, the first ``shared`` of the block before's, then the rest."""
-    if not isinstance(value, list) or not value or not isinstance(value[0], int) or isinstance(value[0], bool) \
-            or not 0 <= value[0] <= len(before) or not all(isinstance(v, str) and is_label_value(v)
-                                                          for v in value[1:]) \
-            or not 0 < value[0] + len(value) - 1 <= MAX_LEVELS:
-        raise _refuse(f"a block's values are {str(value)[:60]}, not [shared, label values...]")
-    return (*before[:value[0]], *value[1:])
 
 
 def _role_counts(raw: dict[str, Any], counts: list[int], roles: int) -> list[tuple[int, ...]]:
@@ -337,10 +338,10 @@ def _role_counts(raw: dict[str, Any], counts: list[int], roles: int) -> list[tup
 
 
 def read_layout(raw: Any, *, nnodes: int, processes: int, roles: int) -> Layout:
-    """The summary's topology section, checked: the levels' digest, label values, and the blocks one after another
-    from node rank 0 to ``nnodes`` (their first ranks rising to ``processes``), of one depth, each domain once,
-    their members per role (``roles`` training roles) adding up to their counts. A section that lists the levels
-    (``levels``: another release's form) is refused, never read as this one."""
+    """The summary's topology section, checked: the levels' digest, and the blocks one after another from node
+    rank 0 to ``nnodes`` (their first ranks rising to ``processes``), each digest once, their members per role
+    (``roles`` training roles) adding up to their counts. A section that lists the levels (``levels``: another
+    release's form) is refused, never read as this one."""
     if not isinstance(raw, dict) or "levels" in raw or raw.get("order") not in ("index", "topology"):
         raise _refuse("topology is not {levelsDigest, order, note, blocks}")
     levels = raw.get("levelsDigest")
@@ -356,26 +357,23 @@ def read_layout(raw: Any, *, nnodes: int, processes: int, roles: int) -> Layout:
     blocks_raw = text_entries(raw.get("blocks"))
     if note is not None or not 0 < len(blocks_raw) <= MAX_BLOCKS:
         raise _refuse("the topology order without its blocks")
-    if not all(isinstance(item, list) and len(item) in (3, 4) and isinstance(item[-1], str)
-               and len(item[-1]) == DIGEST_CHARS for item in blocks_raw):
-        raise _refuse("a block is not [values, count, processes, digest]")
-    per_role = _role_counts(raw, [_number(item[1], "a block's count", low=1) for item in blocks_raw], roles)
+    for item in blocks_raw:
+        if not _DIGEST.fullmatch(item[-1]):
+            raise _refuse(f"a block's digest is {item[-1][:40]!r}, not {DIGEST_CHARS} base64url characters")
+    per_role = _role_counts(raw, [_number(item[0], "a block's count", low=1) for item in blocks_raw], roles)
     blocks: list[Entry] = []
     node_rank = first_rank = 0
     seen = (0,) * roles
     for item, counts in zip(blocks_raw, per_role, strict=True):
-        count = item[1]
-        run = _number(item[2], "a block's processes", low=count) if len(item) == 4 else count
-        entry = Entry(_values(item[0], blocks[-1].values if blocks else ()), node_rank, first_rank, count, run,
-                      item[-1], counts, seen)
-        if len(entry.values) != len((blocks[0] if blocks else entry).values):
-            raise _refuse(f"block {str(item)[:80]} is not of the depth of the blocks before it")
+        count = item[0]
+        run = _number(item[1], "a block's processes", low=count) if len(item) == 3 else count
+        entry = Entry(node_rank, first_rank, count, run, item[-1], counts, seen)
         blocks.append(entry)
         node_rank, first_rank = node_rank + entry.count, first_rank + entry.processes
         seen = tuple(map(operator.add, seen, counts))
-    if node_rank != nnodes or first_rank != processes or len({b.values for b in blocks}) != len(blocks):
+    if node_rank != nnodes or first_rank != processes or len({b.digest for b in blocks}) != len(blocks):
         raise _refuse(f"the blocks make {node_rank} pods and {first_rank} processes, not {nnodes} and {processes}, "
-                      "or name a domain twice")
+                      "or name a block twice")
     return Layout(levels, "topology", None, tuple(blocks))
 
 
@@ -410,19 +408,32 @@ class Place:
     slots: int
 
 
-def place_in_block(text: str, entry: Entry, training_roles: Sequence[str], role: str, index: tuple[int, ...], *,
-                   ordinal: int = -1) -> Place | None:
-    """Where the member of ``role`` and ``index`` is in the block listed as ``entry`` (whose text is ``text``),
-    or None when the block does not hold it. ``InputError`` when the text is not the block the summary names, or
-    does not add up to it."""
+def read_block(text: str, entry: Entry, *, levels: int) -> dict[str, Any]:
+    """The text of the block the summary lists as ``entry``, read: of its digest, this format, its domain values
+    label values no more than ``levels`` (the pod's). ``InputError`` for anything else."""
     if len(text) > MAX_BLOCK or block_digest(text) != entry.digest:
         raise _refuse("its block is not the one the summary names")
     try:
-        raw = bounded_loads(text, 6 * entry.count + 64 + len(training_roles), "a block")
+        raw = bounded_loads(text, 6 * entry.count + 64 + len(entry.seen), "a block")
     except ValueError as err:
         raise _refuse(f"a block is not JSON: {err}") from None
-    if not isinstance(raw, dict) or raw.get("schema") != BLOCK_SCHEMA or not isinstance(raw.get("members"), list) \
-            or raw.get("values") != list(entry.values) or len(entry.seen) != len(training_roles):
+    if not isinstance(raw, dict) or raw.get("schema") != BLOCK_SCHEMA or not isinstance(raw.get("members"), list):
+        raise _refuse("a block is not the one its summary lists")
+    values = raw.get("values")
+    if not isinstance(values, list) or not 0 < len(values) <= MAX_LEVELS \
+            or not all(isinstance(v, str) and is_label_value(v) for v in values):
+        raise _refuse(f"a block's values are {str(values)[:60]}, not label values")
+    if len(values) > levels:
+        raise _refuse("its blocks are deeper than its levels")
+    return raw
+
+
+def place_in_block(raw: dict[str, Any], entry: Entry, training_roles: Sequence[str], role: str,
+                   index: tuple[int, ...], *, domains: Sequence[str], ordinal: int = -1) -> Place | None:
+    """Where the member of ``role`` and ``index`` (on a Node of ``domains``) is in the block listed as ``entry``
+    (``raw``: its text read by ``read_block``), or None when the block does not hold it. ``InputError`` when the
+    block is not of these domains, or does not add up to its entry."""
+    if tuple(domains[:len(raw["values"])]) != tuple(raw["values"]) or len(entry.seen) != len(training_roles):
         raise _refuse("a block is not the one its summary lists")
     usual = _number(raw.get("slots"), "a block's slots", low=1)
     seen = dict(zip(training_roles, entry.seen, strict=True))

@@ -449,14 +449,12 @@ def _own_facts(own: RawPod, controller: Controller, options: Options,
 
 def _layout_of(summary: Summary, options: Options, domains: tuple[str, ...] | None) -> Layout | None:
     """The summary's topology section, when it is the one this pod's options ask for (``InputError`` if not): its
-    levels' digest this pod's levels', its blocks no deeper than they."""
+    levels' digest this pod's levels' (its blocks no deeper than they: ``blocks.read_block``)."""
     layout = summary.layout
     mine = levels_digest(options.levels) if options.levels is not None else None
     if (layout.levels if layout is not None else None) != mine:
         raise InputError("the summary is of other Node label levels than this pod's --topology-levels; this pod "
                          "reads the whole topology instead")
-    if layout is not None and layout.blocks and len(layout.blocks[0].values) > len(options.levels or ()):
-        raise _refuse("its blocks are deeper than its levels")
     if layout is not None and domains is None:
         raise InputError("its own Node's labels are not known; this pod reads the whole topology instead")
     return layout
@@ -470,7 +468,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     job's SSH material; as rank 0 it launches, and writes the host lists when the summary gives them
     (``view_choice.hosts_listed``). With Node labels (``--topology-levels``): ``domains``, this pod's Node's value
     per level, and under the topology order ``blocks``, the texts of the blocks held by their digests
-    (blocks.py): the one the summary lists for this pod's domains places it (None while it is not held)."""
+    (blocks.py): the one of this pod's domains that the summary lists places it (None while none is held)."""
     own = check_pod(own)  # type: ignore[assignment]
     controller = detect_controller(own, options)
     facts, ident = _own_facts(own, controller, options, summary.training_roles)
@@ -479,11 +477,12 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     placed = None
     if layout is not None and layout.order == "topology":
         assert domains is not None
-        entry = layout.block_of(domains)
-        text = (blocks or {}).get(entry.digest) if entry is not None else None
-        if entry is None or text is None:
+        mine = layout.block_of(domains, blocks or {})
+        if mine is None:
             return None  # not in the leader's view yet, or its block is on its way
-        placed = place_in_block(text, entry, summary.training_roles, ident.role, ident.index, ordinal=ident.ordinal)
+        entry, block = mine
+        placed = place_in_block(block, entry, summary.training_roles, ident.role, ident.index, domains=domains,
+                                ordinal=ident.ordinal)
         if placed is None:
             return None
     run = summary.run_of(ident.role, ident.index)
@@ -570,11 +569,12 @@ def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed
     raw, blocks = summarize_with_blocks(plan, seq=0, listed=listed, options=options, ssh=ssh)
     if raw is None:
         return None, "the job's ranks make no summary (more runs of ranks, or domains, than a summary holds)"
-    try:
+    domains = plan.topology.me.domains
+    held = {block.digest: block.text for block in blocks if (domains or ())[:len(block.values)] == block.values}
+    try:  # as a pod holds them: the blocks its own domains could be in (``blocks.part_selector``)
         summary = read_summary(summary_text(raw))
         assert summary is not None
-        light = light_plan(summary, plan.self_pod, options, ssh=ssh, domains=plan.topology.me.domains,
-                           blocks={block.digest: block.text for block in blocks})
+        light = light_plan(summary, plan.self_pod, options, ssh=ssh, domains=domains, blocks=held)
     except InputError as err:
         return None, str(err)
     if light is None:
