@@ -168,21 +168,56 @@ def test_a_status_update_that_moves_nothing_is_not_published():
     assert leader.state.seq == seq
 
 
-def test_a_change_too_large_for_a_configmap_goes_in_the_snapshot_and_the_journal_stays_readable():
+def test_a_change_too_large_for_a_configmap_goes_in_the_snapshot_and_the_journal_stays_readable(monkeypatch):
     """The newest entry was kept whatever its size: after the publisher's relist at 16384 pods one entry held
-    every row, the journal passed 1 MiB, and every follower that reads it refused it and listed the pods."""
+    every row, the journal passed 1 MiB, and every follower that reads it refused it and listed the pods. A
+    change past ``MAX_PARTS`` entries' worth (here one: every IP of 4096 pods is ~0.87 MB) is the snapshot's."""
+    monkeypatch.setattr(journal_module, "MAX_PARTS", 1)
     pods = job(4096)
     leader = leader_for(pods)
     for k, name in enumerate(sorted(pods)):
         pods[name]["status"]["podIP"] = f"127.8.{k // 250}.{k % 250 + 1}"
     entry = leader.change(pods, set(pods))
     assert entry is not None and len(entry.encoded()) > journal_module.MAX_ENTRY
+    assert leader.take_lead_in() == []
     data = leader.journal_data()
     assert data[journal_module.JOURNAL_KEY] == "[]" and data["base"] == data["seq"] == str(entry.seq)
     assert leader.snapshot_due
     assert read_journal({"data": data}) is not None  # readable: a follower behind it reads the snapshot again
     leader.snapshot_written(leader.state.seq)
     assert not leader.snapshot_due
+
+
+def test_a_large_change_goes_out_in_parts_that_a_follower_applies_one_after_another():
+    """Every IP of a 4096-pod job at once (~0.87 MB, as a burst of the kubelet's writes at 16384 pods) is two
+    journal versions of one part each, in sequence, each under ``MAX_ENTRY``: a follower that applies them
+    in turn holds the leader's rows, and never has to read the snapshot again. Only the last says where the rows
+    stand in the pods' history."""
+    pods = job(4096)
+    leader = leader_for(pods)
+    leader.take_lead_in()  # its first change's parts, written before the snapshot the follower reads
+    follower = snapshot_of(leader)
+    leader.pods_rv = "90001"
+    for k, name in enumerate(sorted(pods)):
+        pods[name]["status"]["podIP"] = f"127.8.{k // 250}.{k % 250 + 1}"
+    before = leader.state.seq
+    entry = leader.change(pods, set(pods))
+    assert entry is not None and len(entry.encoded()) > journal_module.MAX_ENTRY
+    versions = [*leader.take_lead_in(), leader.journal_data()]
+    assert len(versions) == 2 and leader.take_lead_in() == []
+    assert [int(v["seq"]) for v in versions] == [before + 1, before + 2] == [int(v["base"]) + 1 for v in versions]
+    assert entry.seq == leader.state.seq == before + 2
+    assert all(len(v[journal_module.JOURNAL_KEY]) <= journal_module.MAX_ENTRY for v in versions)
+    assert [journal_module.PODS_RV_KEY in v for v in versions] == [False, True]
+    changed: set[str] = set()
+    for version in versions:
+        applied = follower.apply(read_journal({"data": json.loads(json.dumps(version))}))
+        assert applied is not None  # each reaches back to the state the one before left
+        changed |= applied
+    assert changed == set(pods) and follower.seq == leader.state.seq
+    assert {name: pod["status"]["podIP"] for name, pod in follower.pods.items()} == \
+        {name: pod["status"]["podIP"] for name, pod in pods.items()}
+    assert leader.snapshot_due  # a follower that falls behind the last part reads the snapshot, at its sequence
 
 
 @pytest.mark.parametrize("n", [1024, 4096])

@@ -77,3 +77,41 @@ async def test_the_journal_and_the_summary_with_its_block_are_written_at_once():
     assert writer.summary.said == "new"
     block = order.index(block_name("demo-topology", BLOCKS[0].values))
     assert order.index("demo-topology-journal") < block < order.index(summary_name("demo-topology"))
+
+
+async def test_a_large_change_is_written_a_part_at_a_time_after_the_snapshot_before_the_last_journal():
+    """A change over one entry's size goes out as one journal version per part, in sequence, each written before
+    the next: a follower's watch sees every part (a version that is overwritten before it is read would send it
+    back to the snapshot). The snapshot, which a follower that falls behind reads, comes first."""
+    from agent import examples
+    from agent.core.model import Options
+    from agent.core.publication import journal as journal_module
+    from agent.core.publication.journal import read_journal
+    from agent.runtime.publication.publishing import JournalWriter, first_publisher
+
+    written: list[tuple[str, dict]] = []
+
+    class Api:
+        async def create(self, collection, body):  # type: ignore[no-untyped-def]
+            written.append((body["metadata"]["name"], body))
+            return {"metadata": {"name": body["metadata"]["name"], "resourceVersion": str(len(written))}}
+
+        replace = create
+
+    pods = {p["metadata"]["name"]: p for p in examples.volcano_job("demo", (("master", 1), ("worker", 4095)))}
+    writer = JournalWriter(Api(), "default", "demo-topology", job="demo",  # type: ignore[arg-type]
+                           options=Options(), leader="demo-master-0", leader_uid="u", owner=None)
+    publisher = first_publisher("default", Options(), job="demo", leader="demo-master-0", leader_uid="u")
+    publisher.change(pods, set(pods), journal=False)
+    publisher.snapshot_written(publisher.state.seq)
+    first = publisher.state.seq
+    for k, pod in enumerate(pods.values()):
+        pod["status"]["podIP"] = f"127.8.{k // 250}.{k % 250 + 1}"
+    assert publisher.change(pods, set(pods)) is not None
+    writer.blocks.held, writer.blocks.made = {}, []
+    assert await writer._written(publisher, {}, writer.summary.said)
+    names = [name for name, _ in written]
+    assert names == ["demo-topology", "demo-topology-journal", "demo-topology-journal"]
+    journals = [read_journal(body) for name, body in written if name == "demo-topology-journal"]
+    assert [(j.base, j.seq) for j in journals if j is not None] == [(first, first + 1), (first + 1, first + 2)]
+    assert all(len(body["data"][journal_module.JOURNAL_KEY]) <= journal_module.MAX_ENTRY for _, body in written[1:])

@@ -23,7 +23,7 @@ import bisect
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
@@ -56,8 +56,12 @@ from agent.core.publication.published import (
 JOURNAL_KEY = "changes.json"
 JOURNAL_BYTES = 1024  # changes kept in the journal (the newest one is kept whatever its size)
 MAX_JOURNAL = 1024 * 1024  # a ConfigMap cannot hold more; anything near it is not our journal
-MAX_ENTRY = MAX_JOURNAL // 2  # a larger change (a relist after a 410, thousands of pods joining) goes in the
-#                               snapshot alone: the journal is left empty after it
+MAX_ENTRY = MAX_JOURNAL // 2  # bytes of one entry: a larger change goes out in parts (``MAX_PARTS``)
+# A change of up to this many entries' worth (a burst of the kubelet's Running writes: ~2600 rows, ~0.9 MB at
+# 16384 pods) goes out as that many journal versions, one part each, written in turn: a follower applies each
+# instead of reading the whole snapshot again (a relist held ~10 MB more at a full-view pod's peak). A larger one
+# (a relist after a 410, thousands of pods joining) goes in the snapshot alone: the journal is left empty after it.
+MAX_PARTS = 4
 MAX_JOURNAL_VALUES = 150_000  # ~7500 changes of ~20 values (published.bounded_loads): <= ~11 MB parsed
 
 
@@ -97,6 +101,27 @@ class Entry:
         labels = f'"{LABELS_KEY}":{_dumps(sets.sets)},' if sets.sets else ""
         return (f'{{"gone":{_dumps(list(self.gone))},{labels}"put":[{put}],"seq":{_dumps(self.seq)},'
                 f'"shapes":{_dumps({str(i): s for i, s in self.shapes})}}}')
+
+
+def _parts(entry: Entry) -> list[tuple[Entry, str]]:
+    """``entry`` as consecutive entries, each with its JSON under ``MAX_ENTRY``: itself when it is, else its rows
+    cut into the fewest parts of equal row counts that are (its names gone and new shapes in the first: a row
+    reads its shape from a part at or before its own), at most ``MAX_PARTS``; past that, itself (the snapshot
+    carries it)."""
+    encoded = entry.encoded()
+    if len(encoded) <= MAX_ENTRY or not entry.put:
+        return [(entry, encoded)]
+    size = len(encoded)
+    del encoded  # not held beside its parts' texts (~1 MB at the leader's peak)
+    for count in range(-(-size // MAX_ENTRY), min(MAX_PARTS, len(entry.put)) + 1):
+        step = -(-len(entry.put) // count)
+        parts = [Entry(seq=entry.seq + k, put=entry.put[at:at + step], gone=entry.gone if k == 0 else (),
+                       shapes=entry.shapes if k == 0 else ())
+                 for k, at in enumerate(range(0, len(entry.put), step))]
+        texts = [part.encoded() for part in parts]
+        if all(len(text) <= MAX_ENTRY for text in texts):
+            return list(zip(parts, texts, strict=True))
+    return [(entry, entry.encoded())]
 
 
 def _dumps(value: Any) -> str:
@@ -341,6 +366,15 @@ class _Blocks:
         self.stale = set()
 
 
+@dataclass
+class _Staged:
+    """Rows built ahead of the first change (``Publisher.stage``): name -> (the pod object it was built from, its
+    row, the row's JSON), and the container shapes as text meanwhile."""
+
+    rows: dict[str, tuple[RawPod, list[Any], str]] = field(default_factory=dict)
+    texts: dict[int, tuple[object, str]] = field(default_factory=dict)
+
+
 class Publisher:
     """The leader's side: which rows changed, the journal to write, and when the snapshot must be rewritten."""
 
@@ -357,12 +391,11 @@ class Publisher:
                              for i, s in enumerate(state.shapes)}
         self.snapshot_due = state.snapshot_seq < self.base
         self._blocks = _Blocks(state.rows)
-        # Rows built ahead of the first change (``stage``): name -> (the pod object it was built from, its row, the
-        # row's JSON); then, once published, name -> (the row, its JSON) until the next snapshot is packed.
-        self._staged: dict[str, tuple[RawPod, list[Any], str]] = {}
+        self._staged = _Staged()  # rows built ahead of the first change (``stage``)
+        # Once published, the staged rows by name: (the row, its JSON) until the next snapshot is packed.
         self._encoded_rows: dict[str, tuple[list[Any], str]] = {}
-        self._texts: dict[int, tuple[object, str]] = {}  # container shapes as text, while rows are staged
         self._labels = LabelSets()  # the snapshot's Node label sets: packed blocks hold indices into it
+        self._lead_in: list[tuple[Entry, str]] = []  # the parts of a large change the journal shows before its last
 
     @property
     def base(self) -> int:
@@ -373,8 +406,8 @@ class Publisher:
         pod as it arrives, while it waits for the gang: building 16384 rows after the last pod's IP would cost ~0.1 s.
         Rows that carry their Node's labels (``levels``) wait for the Nodes, read once the gang is complete."""
         if self.options.levels is None:
-            row = _row(pod, self.options, self._shape_index, None, self._texts)
-            self._staged[object_name(pod)] = (pod, row, json.dumps(row, separators=(",", ":")))
+            row = _row(pod, self.options, self._shape_index, None, self._staged.texts)
+            self._staged.rows[object_name(pod)] = (pod, row, json.dumps(row, separators=(",", ":")))
 
     def change(self, pods: Mapping[str, RawPod], names: Iterable[str],
                nodes: Mapping[str, Mapping[str, str] | None] | None = None, *, journal: bool = True) -> Entry | None:
@@ -388,7 +421,7 @@ class Publisher:
         gone: list[str] = []
         known = len(state.shapes)  # shapes past these are new (staged rows may have added some already)
         texts: dict[int, tuple[object, str]] = {}
-        staged, self._staged, self._texts = self._staged, {}, {}
+        staged, self._staged = self._staged.rows, _Staged()
         for name in sorted(set(names)):
             pod = pods.get(name)
             if pod is None:
@@ -412,6 +445,8 @@ class Publisher:
             return None
         shapes = [(index, json.loads(encoded)) for encoded, index in list(self._shape_index.items())[known:]]
         entry = Entry(seq=state.seq + 1, put=tuple(put), gone=tuple(gone), shapes=tuple(shapes))
+        parts = _parts(entry) if journal else [(entry, "")]
+        entry = replace(entry, seq=parts[-1][0].seq)  # the whole change, at the sequence it brings the state to
         for index, shape in shapes:
             if index == len(state.shapes):
                 state.shapes.append(shape)
@@ -422,20 +457,27 @@ class Publisher:
         self._blocks.changed(row[Col.NAME] for row in put)
         self._blocks.changed(gone)
         state.seq = entry.seq
-        if not journal:
+        if journal:
+            self._append(parts)
+        else:
             self.snapshot_due = True
-            return entry
-        self.entries.append(entry)
-        self._encoded.append(entry.encoded())
+        return entry
+
+    def _append(self, parts: list[tuple[Entry, str]]) -> None:
+        """A change's parts into the journal: each but the last for the writer to put first (``take_lead_in``),
+        the last kept with the entries before it that fit in ``JOURNAL_BYTES``."""
+        self._lead_in.extend(parts[:-1])
+        last, encoded = parts[-1]
+        self.entries.append(last)
+        self._encoded.append(encoded)
         while len(self.entries) > 1 and sum(map(len, self._encoded)) > JOURNAL_BYTES:
             self.entries.pop(0)
             self._encoded.pop(0)
         if len(self._encoded[-1]) > MAX_ENTRY:  # readers would refuse the journal: the snapshot carries it
             self.entries.clear()
             self._encoded.clear()
-        if self.base > state.snapshot_seq:
+        if self.base > self.state.snapshot_seq:
             self.snapshot_due = True  # a follower that falls behind must find a snapshot the journal reaches
-        return entry
 
     def snapshot_packed(self) -> bytes:
         """``pack(self.snapshot_document())`` as gzip members (gzip's own framing: a reader inflates them one after
@@ -484,12 +526,22 @@ class Publisher:
 
     def journal_data(self) -> dict[str, str]:
         """The journal ConfigMap's ``data``."""
-        data = {"leader": self.leader, "leaderUid": self.leader_uid, "standby": ",".join(self.standby),
-                "base": str(self.base), "seq": str(self.state.seq),
-                JOURNAL_KEY: "[" + ",".join(self._encoded) + "]"}
+        data = self._header(self.base, self.state.seq, self._encoded)
         if self.pods_rv:
             data[PODS_RV_KEY], data[ROWS_KEY] = self.pods_rv, rows_options(self.options)
         return data
+
+    def take_lead_in(self) -> list[dict[str, str]]:
+        """The journal's ``data`` for each part of the last change but its last, in order: the writer puts each
+        before ``journal_data``'s, so that a follower reads the change a part at a time. They do not say where
+        the rows stand in the pods' history (``PODS_RV_KEY``): a standby that takes over between two parts
+        lists the pods."""
+        lead_in, self._lead_in = self._lead_in, []
+        return [self._header(entry.seq - 1, entry.seq, [encoded]) for entry, encoded in lead_in]
+
+    def _header(self, base: int, seq: int, encoded: list[str]) -> dict[str, str]:
+        return {"leader": self.leader, "leaderUid": self.leader_uid, "standby": ",".join(self.standby),
+                "base": str(base), "seq": str(seq), JOURNAL_KEY: "[" + ",".join(encoded) + "]"}
 
 
 def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, Any] | None,

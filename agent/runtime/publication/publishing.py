@@ -297,12 +297,15 @@ class JournalWriter:
             return await self._written(publisher, self.summary.made, saying)
 
     async def _written(self, publisher: Publisher, summary: dict[str, str], saying: str) -> bool:
-        """``publish``'s writes: the snapshot when due, the journal, the summary when it says something new.
+        """``publish``'s writes: the snapshot when due, the journal (a large change's parts one after another
+        first), the summary when it says something new.
         The journal and the summary (after its blocks) are written at once: their readers are not the same pods
         (a pod in its own view reads the summary alone), and neither waits for the other's round trip."""
         try:
             if publisher.snapshot_due:
                 await self._write_snapshot(publisher, self._write)
+            for part in publisher.take_lead_in():  # a large change a part at a time, each applied by the followers
+                await self._write(journal_name(self.name), journal_body(self.name, part, owner=self.owner))
             writes = [self._write(journal_name(self.name), journal_body(self.name, publisher.journal_data(),
                                                                         owner=self.owner))]
             if saying != self.summary.said:  # only when it says something new: every pod in its own view gets it
