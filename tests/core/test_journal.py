@@ -271,6 +271,8 @@ def test_an_entry_encoded_a_block_of_rows_at_a_time_is_the_whole_entrys_json(n):
         whole = json.dumps({"seq": entry.seq, "put": list(entry.put), "gone": list(entry.gone),
                             "shapes": {str(i): s for i, s in entry.shapes}}, separators=(",", ":"), sort_keys=True)
         assert entry.encoded() == whole
+        assert entry.encoded_within(len(whole)) == whole
+        assert entry.encoded_within(0) == (None if entry.put else whole)
     assert first.shapes and len(first.put) == n + 2 and leader.entries[-1].gone == tuple(gone)
 
 
@@ -574,6 +576,72 @@ def test_rows_that_carry_node_labels_are_not_staged():
     assert document["nodeLabels"] == [{DEFAULT_LEVELS[0].label: "block-a"}]  # said once, for the three rows
     assert [row[11] for row in document["pods"]] == [0] * 3
     assert PublishedState.from_document(document).node_labels() == {"node-a": {DEFAULT_LEVELS[0].label: "block-a"}}
+
+
+def node_job(n: int) -> tuple[dict[str, dict], dict[str, dict[str, str]], Options]:
+    """``n`` pods on two Nodes of one rack, as runtime/nodes.py reads them (the levels' labels alone); a third
+    Node read with a label of no level; and the options that rank by them."""
+    from agent.core.pods.placement import DEFAULT_LEVELS
+
+    pods = job(n)
+    for k, pod in enumerate(pods.values()):
+        pod["spec"]["nodeName"] = f"node-{k % 3}"
+    rack = {level.label: "r1" for level in DEFAULT_LEVELS}
+    nodes = {"node-0": rack, "node-1": rack, "node-2": {**rack, "kubernetes.io/hostname": "node-2"}}
+    return pods, nodes, Options(address="ip", levels=DEFAULT_LEVELS)
+
+
+def test_rows_hold_the_label_set_their_node_was_read_into():
+    """Every pod of a Node, and every Node of a rack, carries the same labels: a row holds the dict its Node's
+    labels were read into (one per distinct set), not a copy of its own; a Node read with labels of no level is
+    cut to the levels' own."""
+    pods, nodes, options = node_job(6)
+    publisher = Publisher(PublishedState(job="demo", namespace="default"), options, leader="demo-master-0")
+    publisher.change(pods, pods, nodes, journal=False)
+    labels = {name: row[11] for name, row in publisher.state.rows.items()}
+    on = {name: pod["spec"]["nodeName"] for name, pod in pods.items()}
+    assert all(labels[name] is nodes["node-0"] for name in pods if on[name] in ("node-0", "node-1"))
+    assert all(labels[name] == nodes["node-0"] and labels[name] is not nodes["node-2"]
+               for name in pods if on[name] == "node-2")
+    assert decode(publisher.snapshot_packed())["nodeLabels"] == [nodes["node-0"]]
+
+
+def test_a_new_leader_with_node_labels_holds_what_a_leader_from_the_start_holds():
+    """A new leader's first change builds every row again and keeps those whose content was published already,
+    with the published resourceVersion; its snapshot says what its predecessor's said."""
+    pods, nodes, options = node_job(8)
+    old = Publisher(PublishedState(job="demo", namespace="default"), options, leader="demo-master-0")
+    old.change(pods, pods, nodes, journal=False)
+    packed = old.snapshot_packed()
+    state = PublishedState.from_configmap(as_configmap(packed), pods=False, compare_only=True)
+    assert state is not None
+    for pod in pods.values():
+        pod["metadata"]["resourceVersion"] += "0"  # a status write since, nothing a row says
+    new = Publisher(state, options, leader="demo-worker-1")
+    assert new.change(pods, set(pods), nodes) is None
+    assert new.state.rows == old.state.rows
+    assert all(new.state.rows[name][11] is nodes["node-0"] for name, pod in pods.items()
+               if pod["spec"]["nodeName"] != "node-2")
+    assert gzip.decompress(new.snapshot_packed()) == gzip.decompress(packed)
+
+
+def test_a_change_too_large_for_the_journal_is_never_encoded_whole(monkeypatch):
+    """Every row of a large job changed (its pods' phase Running, past the snapshot its init published): the
+    entry is encoded only until its rows pass what the journal carries, ``MAX_PARTS`` entries' worth (here one;
+    the whole text, ~3.5 MB at 16384 pods, was held in three copies while joined, then let go)."""
+    monkeypatch.setattr(journal_module, "MAX_PARTS", 1)
+    pods = job(4096)
+    leader = leader_for(pods)
+    for k, name in enumerate(sorted(pods)):
+        pods[name]["status"]["podIP"] = f"127.8.{k // 250}.{k % 250 + 1}"
+    made: list[int] = []
+    dumps = journal_module._dumps
+    monkeypatch.setattr(journal_module, "_dumps", lambda value: made.append(len(text := dumps(value))) or text)
+    entry = leader.change(pods, set(pods))
+    assert entry is not None and leader.journal_data()[journal_module.JOURNAL_KEY] == "[]"
+    assert journal_module.MAX_ENTRY < sum(made) <= journal_module.MAX_ENTRY + max(made)
+    monkeypatch.setattr(journal_module, "_dumps", dumps)
+    assert len(entry.encoded()) > journal_module.MAX_ENTRY + max(made)
 
 
 def test_a_row_changed_after_staging_is_packed_as_it_is_now():

@@ -95,21 +95,35 @@ class Entry:
         value before it joins them: this way an entry of 4096 rows (a burst of the kubelet's writes) peaks 1.5 MB
         over its rows (bench/transients_bench.py). The rows' Node labels are said once per distinct set, as in
         the snapshot (``LabelSets``), in the entry's own table (absent: none)."""
+        text = self.encoded_within(None)
+        assert text is not None
+        return text
+
+    def encoded_within(self, limit: int | None) -> str | None:
+        """``encoded``, or None once its rows alone pass ``limit`` characters: an entry the journal cannot carry
+        is not made whole (every row of a 16384-pod job is ~3.5 MB of text, held in three copies while joined)."""
         sets = LabelSets()
-        put = ",".join(_dumps([sets.wire(row) for row in self.put[at:at + BLOCK_ROWS]])[1:-1]
-                       for at in range(0, len(self.put), BLOCK_ROWS))
+        blocks: list[str] = []
+        size = 0
+        for at in range(0, len(self.put), BLOCK_ROWS):
+            blocks.append(_dumps([sets.wire(row) for row in self.put[at:at + BLOCK_ROWS]])[1:-1])
+            size += len(blocks[-1]) + 1
+            if limit is not None and size > limit:
+                return None
+        put = ",".join(blocks)
+        del blocks
         labels = f'"{LABELS_KEY}":{_dumps(sets.sets)},' if sets.sets else ""
         return (f'{{"gone":{_dumps(list(self.gone))},{labels}"put":[{put}],"seq":{_dumps(self.seq)},'
                 f'"shapes":{_dumps({str(i): s for i, s in self.shapes})}}}')
 
 
-def _parts(entry: Entry) -> list[tuple[Entry, str]]:
+def _parts(entry: Entry) -> list[tuple[Entry, str | None]]:
     """``entry`` as consecutive entries, each with its JSON under ``MAX_ENTRY``: itself when it is, else its rows
     cut into the fewest parts of equal row counts that are (its names gone and new shapes in the first: a row
     reads its shape from a part at or before its own), at most ``MAX_PARTS``; past that, itself (the snapshot
-    carries it)."""
-    encoded = entry.encoded()
-    if len(encoded) <= MAX_ENTRY or not entry.put:
+    carries it), its text None once its rows pass ``MAX_PARTS`` entries' worth (not made whole)."""
+    encoded = entry.encoded_within(MAX_PARTS * MAX_ENTRY)
+    if encoded is None or len(encoded) <= MAX_ENTRY or not entry.put:
         return [(entry, encoded)]
     size = len(encoded)
     del encoded  # not held beside its parts' texts (~1 MB at the leader's peak)
@@ -121,7 +135,7 @@ def _parts(entry: Entry) -> list[tuple[Entry, str]]:
         texts = [part.encoded() for part in parts]
         if all(len(text) <= MAX_ENTRY for text in texts):
             return list(zip(parts, texts, strict=True))
-    return [(entry, entry.encoded())]
+    return [(entry, None)]
 
 
 def _dumps(value: Any) -> str:
@@ -439,13 +453,17 @@ class Publisher:
                 put.append(row)
             else:  # the same row, built from the pod held: a row read back from the snapshot is let go (or a
                 # new leader would hold every row twice, ~7 MB at 16384 pods); its resourceVersion stays the
-                # published one
-                state.rows[name] = [row[Col.NAME], published[Col.VERSION], *row[Col.LABELS:]]  # type: ignore[index]
+                # published one, written into the row just built (no other holds it but its staged text, which
+                # says the pod's version: dropped)
+                if row[Col.VERSION] != published[Col.VERSION]:  # type: ignore[index]
+                    row[Col.VERSION] = published[Col.VERSION]  # type: ignore[index]
+                    self._encoded_rows.pop(name, None)
+                state.rows[name] = row
         if not put and not gone:
             return None
         shapes = [(index, json.loads(encoded)) for encoded, index in list(self._shape_index.items())[known:]]
         entry = Entry(seq=state.seq + 1, put=tuple(put), gone=tuple(gone), shapes=tuple(shapes))
-        parts = _parts(entry) if journal else [(entry, "")]
+        parts: list[tuple[Entry, str | None]] = _parts(entry) if journal else [(entry, None)]
         entry = replace(entry, seq=parts[-1][0].seq)  # the whole change, at the sequence it brings the state to
         for index, shape in shapes:
             if index == len(state.shapes):
@@ -463,19 +481,22 @@ class Publisher:
             self.snapshot_due = True
         return entry
 
-    def _append(self, parts: list[tuple[Entry, str]]) -> None:
+    def _append(self, parts: list[tuple[Entry, str | None]]) -> None:
         """A change's parts into the journal: each but the last for the writer to put first (``take_lead_in``),
-        the last kept with the entries before it that fit in ``JOURNAL_BYTES``."""
-        self._lead_in.extend(parts[:-1])
+        the last kept with the entries before it that fit in ``JOURNAL_BYTES``; a change past ``MAX_PARTS``
+        (its text None: not made whole) leaves the journal empty (readers would refuse it: the snapshot carries
+        the change)."""
+        self._lead_in.extend((entry, text) for entry, text in parts[:-1] if text is not None)
         last, encoded = parts[-1]
-        self.entries.append(last)
-        self._encoded.append(encoded)
-        while len(self.entries) > 1 and sum(map(len, self._encoded)) > JOURNAL_BYTES:
-            self.entries.pop(0)
-            self._encoded.pop(0)
-        if len(self._encoded[-1]) > MAX_ENTRY:  # readers would refuse the journal: the snapshot carries it
+        if encoded is None or len(encoded) > MAX_ENTRY:
             self.entries.clear()
             self._encoded.clear()
+        else:
+            self.entries.append(last)
+            self._encoded.append(encoded)
+            while len(self.entries) > 1 and sum(map(len, self._encoded)) > JOURNAL_BYTES:
+                self.entries.pop(0)
+                self._encoded.pop(0)
         if self.base > self.state.snapshot_seq:
             self.snapshot_due = True  # a follower that falls behind must find a snapshot the journal reaches
 

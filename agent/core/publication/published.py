@@ -121,10 +121,14 @@ def _row(pod: RawPod, options: Options, containers: dict[str, int],
     index = containers.setdefault(shape, len(containers))
     ip = status.get("podIP") or next((e.get("ip") for e in status.get("podIPs", []) if e.get("ip")), "")
     node = spec.get("nodeName") or ""
-    node_labels = None
-    if options.levels is not None and nodes is not None and nodes.get(node) is not None:
-        wanted = {level.label for level in options.levels}
-        node_labels = {k: v for k, v in nodes[node].items() if k in wanted}  # type: ignore[union-attr]
+    node_labels: Mapping[str, str] | None = None
+    read = nodes.get(node) if options.levels is not None and nodes is not None else None
+    if read is not None:
+        wanted = {level.label for level in options.levels}  # type: ignore[union-attr]
+        # The Node's labels as read when they are the levels' alone (runtime/nodes.py reads no others, one dict per
+        # distinct set): the rows share it as the Nodes do (never changed in place; 16384 rows, 3 MB of copies).
+        shared = type(read) is dict and read.keys() <= wanted
+        node_labels = read if shared else {k: v for k, v in read.items() if k in wanted}
     return [meta.get("name", ""), meta.get("resourceVersion", ""), labels, annotations, spec.get("hostname", ""),
             spec.get("subdomain", ""), index, status.get("phase", ""), ip, meta.get("deletionTimestamp", ""), node,
             node_labels, [list(condition) for condition in lost_conditions(status.get("conditions"))] or _NO_CONDITIONS,
