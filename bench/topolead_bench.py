@@ -1,18 +1,20 @@
 """Benchmark: a new leader's first publication under ``--rank-order topology``, in-process.
 
-The leader's sidecar of a 16384-pod job sets its peak at its first publication (bench/published_bench.py, a
-VmRSS trace): it starts from the rows it published (read back as content keys, with their pods: the sidecar's
+The leader's sidecar starts from the rows it published (read back as content keys, with their pods: the sidecar's
 ``_own_rows``), plans, then publishes every pod once (``JournalWriter.publish``: ``Publisher.change`` of every
-name with the Nodes' labels, then ``summary_data``). Each pod runs on a Node of its own, placed at random in
-4 zones x 16 blocks x 4 racks (the Nodes' labels shared per distinct set, as runtime/nodes.py reads them); pods
-the size of real ones (bench/kubelet.py), held as a sidecar holds them.
+name with the Nodes' labels, ``summary_data``, then the writes). The pods the size of real ones (bench/kubelet.py),
+published Pending by init; ``--running`` of them Running since (the kubelet's writes after their init: each such
+row's content changed), held as a sidecar holds them. Each pod runs on a Node of its own, placed at random in 4 zones
+x 16 blocks x 4 racks (the Nodes' labels one dict per distinct set, as runtime/nodes.py reads them). The
+publication and the pods are made in a process of their own, so the measured one never held the whole pods.
 
-Measured with tracemalloc (Python's allocations: the peak over what was held before, and what is held after),
-for ``change`` and ``summary_data`` apart; ``--top N`` lists the N tracebacks that hold the most after
-``change`` (a snapshot compare).
+Measured after each step (``change``, ``summary_data``, the writes' bodies as the client sends them): with
+tracemalloc, the peak over what was held before the first step and what is held after (``--top N``: the N
+tracebacks that hold the most after ``change``), or with ``--rss`` VmRSS and its peak over VmRSS before.
 
-    python bench/topolead_bench.py --pods 16384
-    python bench/topolead_bench.py --pods 16384 --top 10
+    python bench/topolead_bench.py --pods 16384 --running 1
+    python bench/topolead_bench.py --pods 16384 --running 1 --rss
+    python bench/topolead_bench.py --pods 16384 --running 0 --top 10
 """
 
 from __future__ import annotations
