@@ -121,7 +121,7 @@ def _check_every_pod(pods: list, nodes: dict, options: Options) -> int:
         topo = full.plan.topology
         if not topo.me.training:
             continue
-        raw, made = summarize_with_blocks(full.plan, seq=3)
+        raw, made = summarize_with_blocks(full.plan, seq=3, options=options)  # as the leader publishes it
         if raw is None:
             return 0
         assert (topo.rank_order == "topology") == bool(made)

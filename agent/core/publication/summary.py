@@ -226,13 +226,26 @@ def summarize_with_blocks(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, o
             "worldSize": topo.processes, "slots": sorted(topo.slot_sizes), "masterPort": plan.master_port,
             "masterPortSource": plan.master_port_source,
             "rank0": [rank0.name, rank0.role, list(rank0.index), rank0.ordinal, rank0.address, rank0.dns_name,
-                      rank0.ip, rank0.slots],
+                      _rank0_ip(plan, options, ssh=ssh), rank0.slots],
             "roles": roles, "runs": runs,
             **({"ports": {key: list(value) for key, value in ports.items()}} if ports else {}),
             **({"addresses": {role: [p if isinstance(p, str) else list(p) for p in t]
                               for role, t in addresses.items()}} if addresses else {}),
             **({"hotSpares": spares} if spares is not None else {}),
             **({"topology": topology_section(topo, blocks)} if topo.levels else {})}, blocks or []
+
+
+def _rank0_ip(plan: Plan, options: Options | None, *, ssh: bool) -> str | None:
+    """Node rank 0's IP as the summary says it: where a pod's own view reads it (its known_hosts, with the SSH
+    material; a framework's variable, ``Framework.reads_rank0_ip``) or where it is rank 0's address. Elsewhere
+    rank 0 is reached by its name, and its IP, which often comes after the leader's first summary, would send the
+    summary to every pod of the job again for nothing their files say (an own view's topology.json then lists
+    rank 0 without its IP, as it did when the summary came before the IP)."""
+    rank0 = plan.topology.training[0]
+    if options is None or ssh or rank0.address == rank0.ip or any(
+            framework.reads_rank0_ip for framework, _ in selected(plan, options)):
+        return rank0.ip
+    return None
 
 
 def _templates(plan: Plan, options: Options, listed: int, *, ssh: bool = False) -> dict[str, AddressTemplate]:

@@ -285,6 +285,8 @@ class Framework(abc.ABC):
     port_meaning: ClassVar[str] = ""  # what the port is, for --help and docs
     # Its files name every member: a --view own plan (rank 0 and this pod) cannot make them.
     needs_every_member: ClassVar[bool] = False
+    # One of its variables says node rank 0's IP: a pod in its own view takes it from the published summary.
+    reads_rank0_ip: ClassVar[bool] = False
     aliases: ClassVar[tuple[tuple[str, ...], ...]] = ()  # names of one fact: a user value for one is the fact
     process_rule: ClassVar[ProcessRule] = "plan"  # how many of its processes a pod runs (``processes``)
 

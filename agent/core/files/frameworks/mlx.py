@@ -35,6 +35,7 @@ class Mlx(Framework):
     port_meaning = "the ring's first port (+ each process's local rank)"
     default_port_source = "mlx.launch's --starting-port default 32323"
     needs_every_member = True
+    reads_rank0_ip = True  # NCCL_HOST_IP
     process_rule = "devices"
 
     def blocked(self, ctx: Context, port: Port | None) -> str | None:
