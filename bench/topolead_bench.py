@@ -52,7 +52,7 @@ from agent.runtime.views import PodView
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kubelet
-from transients_bench import raw_pods
+from transients_bench import raw_pods, traced
 
 MB = 2**20
 ME = "demo-worker-1"
@@ -129,17 +129,6 @@ def rss() -> tuple[float, float]:
 def clear_peak() -> None:
     """VmHWM from VmRSS now (Linux: ``clear_refs`` 5)."""
     Path("/proc/self/clear_refs").write_text("5")
-
-
-def traced(step: Any) -> tuple[float, float, Any]:
-    """(peak over the memory held before, held after minus before, the result), in MB."""
-    gc.collect()
-    before = tracemalloc.get_traced_memory()[0]
-    tracemalloc.reset_peak()
-    result = step()
-    gc.collect()
-    now, peak = tracemalloc.get_traced_memory()
-    return (peak - before) / MB, (now - before) / MB, result
 
 
 def main() -> None:
