@@ -59,7 +59,7 @@ MAX_JOURNAL = 1024 * 1024  # a ConfigMap cannot hold more; anything near it is n
 MAX_ENTRY = MAX_JOURNAL // 2  # bytes of one entry: a larger change goes out in parts (``MAX_PARTS``)
 # A change of up to this many entries' worth (a burst of the kubelet's Running writes: ~2600 rows, ~0.9 MB at
 # 16384 pods) goes out as that many journal versions, one part each, written in turn: a follower applies each
-# instead of reading the whole snapshot again (a relist held ~10 MB more at a full-view pod's peak). A larger one
+# instead of listing the whole snapshot again and decoding it beside what it holds. A larger one
 # (a relist after a 410, thousands of pods joining) goes in the snapshot alone: the journal is left empty after it.
 MAX_PARTS = 4
 MAX_JOURNAL_VALUES = 150_000  # ~7500 changes of ~20 values (published.bounded_loads): <= ~11 MB parsed
