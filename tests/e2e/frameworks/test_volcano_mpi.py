@@ -63,6 +63,10 @@ def test_the_launcher_task_runs_mpirun_from_mpi_env_over_the_worker_tasks_pods(m
     for worker in workers:
         worker.procs.append(worker.exec([SSHD, "-D", "-e", "-f", str(worker.out / "ssh" / "sshd_config")], venv,
                                         log="sshd.log"))
+    for worker in workers:  # mpirun's first ssh to a worker finds its sshd listening, as a pod's readiness says
+        log = worker.dir / "sshd.log"
+        wait_for(lambda log=log: "Server listening on 0.0.0.0 port 2222." in log.read_text(errors="replace"),
+                 f"{worker.name}'s sshd listening", 10, dump=job.logs)
     (launcher.dir / "bin").mkdir()
     wrapper = launcher.dir / "bin" / "ssh"  # as an image links ~/.ssh/config to the agent's ssh_config
     wrapper.write_text(f'#!/bin/sh\nexec {SSH} -F {launcher.out / "ssh" / "ssh_config"} "$@"\n')
