@@ -50,6 +50,9 @@ def test_mpirun_from_mpi_env_puts_the_ranks_on_the_pods_and_starts_again_at_size
         wrapper.chmod(0o755)
         pod.procs.append(pod.exec([SSHD, "-D", "-e", "-f", str(pod.out / "ssh" / "sshd_config")], venv,
                                   log="sshd.log"))
+        log = pod.dir / "sshd.log"  # mpirun's ssh to this pod finds its sshd listening, as a pod's readiness says
+        wait_for(lambda: "Server listening on 0.0.0.0" in log.read_text(errors="replace"), f"{pod.name}'s sshd", 10,
+                 dump=job.logs)
         pod.sidecar("--trainer-pid-file", str(pod.out / "trainer.pid"))
 
     def ranks(world):
