@@ -5,6 +5,7 @@ what encoding each member afresh gives, whether the moved members' ranks are rep
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -83,6 +84,30 @@ def test_a_leave_and_a_come_back_in_a_large_job_replace_ranks_and_match_a_fresh_
     back = tuple(member(i) for i in range(n))
     assert texts.texts(back, ()) == [json.dumps(real(m)).encode() for m in back]
     assert [m.name for m in encoded] == ["demo-worker-10"]  # the one that came back is new
+
+
+def test_a_burst_that_changes_every_member_frees_each_last_text_before_the_next_is_encoded(monkeypatch):
+    """Every pod Running at once (the same places, every member a new object): the last generation's text of a
+    place is let go as its new one is made, not held beside the new generation until the end; a member equal to
+    the last one at its place keeps its text, not encoded again."""
+    n = 2 * rendering.RERANK_FROM
+    texts = MemberTexts()
+    before = list(texts.texts(tuple(member(i) for i in range(n)), ()))
+    alone = sys.getrefcount(before[1]) - 2  # the cache's own references to one text (the list's, the call's: 2)
+    assert alone > 0
+    real = rendering._member_json
+    held_when_next: list[int] = []
+
+    def encoding(m: Member, levels=()):  # type: ignore[no-untyped-def]
+        if m.ordinal >= 3:  # the last changed place was replaced: its old text held by ``before`` alone
+            held_when_next.append(sys.getrefcount(before[m.ordinal - 2]) - 2)
+        return real(m, levels)
+
+    monkeypatch.setattr(rendering, "_member_json", encoding)
+    burst = tuple(member(i, f"10.1.0.{i}") if i % 2 else member(i) for i in range(n))  # odd places change
+    assert texts.texts(burst, ()) == [json.dumps(real(m)).encode() for m in burst]
+    assert len(held_when_next) == n // 2 - 1 and set(held_when_next) == {0}
+    assert texts.texts(burst, ())[0] is before[0]  # equal: kept
 
 
 def test_the_rank_fields_are_where_the_rank_replacement_reads_them():

@@ -239,10 +239,18 @@ class MemberTexts:
             # Most changes keep every member in its place: compare the two tuples' pointers (no member is
             # touched) and look up only the places that changed; a lookup of all 16384 is ~4 ms of cache misses.
             moved = list(itertools.compress(range(len(members)), map(operator.is_not, members, last.members)))
-            entries, texts, keys = list(last.entries), list(last.texts), list(last.keys)
-            for at in moved:
-                entries[at] = self._entry(members[at], levels)
-                texts[at], keys[at] = _TEXT(entries[at]), _KEY(entries[at])
+            if len(moved) >= RERANK_FROM:  # a burst (every pod Running): each last entry let go as it is replaced
+                reranked = True
+                entries = last.entries
+                self._last, self._by_id, self._by_value = None, {}, {}
+                del last  # its members, texts and keys with it: each place's last entry is held by ``entries`` alone
+                self._replace(entries, moved, members, levels)
+                texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
+            else:
+                entries, texts, keys = list(last.entries), list(last.texts), list(last.keys)
+                for at in moved:
+                    entries[at] = self._entry(members[at], levels)
+                    texts[at], keys[at] = _TEXT(entries[at]), _KEY(entries[at])
         else:
             entries = list(map(self._by_id.get, map(id, members)))  # C-level; None for the members new since
             moved = list(itertools.compress(range(len(entries)), map(operator.is_, entries, itertools.repeat(None))))
@@ -260,6 +268,19 @@ class MemberTexts:
             self._by_value = dict(zip(members, map(_TEXT, entries), strict=True))
         self._last = _Looked(members, entries, texts, keys)
         return self._last
+
+    def _replace(self, entries: list[Entry], moved: list[int], members: Sequence[Member],
+                 levels: Sequence[Level]) -> None:
+        """Each ``moved`` place's entry made anew over the last one, which is freed as it goes (the caches were
+        emptied): a burst that changes every member would otherwise hold two generations of texts at once, ~12 MB
+        over what a change of a 16384-pod job holds. A member equal to the last one at its place keeps that text
+        and key."""
+        for at in moved:
+            member, last = members[at], entries[at]
+            if _MEMBER(last) == member:
+                entries[at] = self._by_id[id(member)] = (member, _TEXT(last), _KEY(last))
+            else:
+                entries[at] = self._entry(member, levels)
 
     def _let_go(self, last: _Looked) -> dict[str, Entry]:
         """The last generation's entries by member name, now held there alone: the cache is emptied (and made
