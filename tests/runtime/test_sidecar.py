@@ -823,6 +823,23 @@ async def test_after_a_restart_topology_serves_what_the_sidecar_planned_not_what
     assert generation(out) == 1 and again.sidecar.metrics.rewrites._value.get() == 0
 
 
+@pytest.mark.parametrize("served", [False, True])
+async def test_topology_json_is_held_only_where_topology_is_served(memory, api, logs, sidecars, tmp_path, served):
+    """The sidecar holds its planned topology.json (4.5 MB at 16384 pods) only to serve it on /topology. A Volcano
+    job's pytorch plugin names its training roles: the sidecar made its evaluator again with those options, and
+    the new one held the document though nothing served it."""
+    pod = "demo-worker-2"
+    out = tmp_path / pod
+    create_volcano_job(memory, (("master", 1), ("worker", 3)))
+    await init(api, logs, pod, out, "--address", "ip")
+    running = await start_sidecar(sidecars, tmp_path, pod, topology=served)
+    await running.until(lambda: settled(running), what="the first evaluation")
+    assert "Volcano pytorch plugin" in logs.text(pod)  # the options changed after the sidecar was made
+    assert (running.sidecar.document is not None) == served
+    if served:
+        assert await served_topology(running) == json.loads((out / "topology.json").read_text())
+
+
 @pytest.mark.parametrize("compacted", [False, True])
 async def test_the_leaders_sidecar_starts_from_its_published_rows_and_watches_what_changed_since(
         memory, api, logs, sidecars, tmp_path, compacted):

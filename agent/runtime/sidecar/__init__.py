@@ -218,8 +218,8 @@ class _Memory:
 
 
 class Sidecar:
-    def __init__(self, api: AsyncApi, settings: SidecarSettings, *,
-                 clock: Callable[[], float] = time.monotonic, events: AsyncSink | None = None) -> None:
+    def __init__(self, api: AsyncApi, settings: SidecarSettings, *, clock: Callable[[], float] = time.monotonic,
+                 events: AsyncSink | None = None, keep_document: bool = True) -> None:
         self.api, self.settings, self.clock = api, settings, clock
         self.sink = events  # where the pod's Events go (their own client: runtime/events.py)
         self.recorder: TaskRecorder | None = None
@@ -229,7 +229,7 @@ class Sidecar:
         self.learned = _Learned()
         self.view = PodView(settings.pod_name, settings.options,
                             watchers=[self.node_watch.pods_listed, self.learned.landed])
-        self.evaluator = Evaluator(settings, self.metrics, clock=clock)
+        self.evaluator = Evaluator(settings, self.metrics, clock=clock, keep_document=keep_document)
         self.publication: Publication | None = None
         self.selector = ""
         self.memory = _Memory()
@@ -369,7 +369,8 @@ class Sidecar:
         self.view.know_roster(roster_of(view, check_index=False))  # a new index later is a scale-up
         if view.options != s.options:
             self.settings = dataclasses.replace(s, options=view.options)
-            self.evaluator = Evaluator(self.settings, self.metrics, clock=self.clock)
+            self.evaluator = Evaluator(self.settings, self.metrics, clock=self.clock,
+                                       keep_document=self.evaluator.keep_document)
             self.view.reset_options(view.options)
 
     # --- the root tasks ------------------------------------------------------------------------------------
@@ -643,8 +644,8 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
     from agent.runtime.health import serve_health, start_health
 
     keep_freed_memory()
-    sidecar = Sidecar(api, settings, events=events)
-    sidecar.evaluator.keep_document = health_port is not None and health_topology
+    # topology.json as planned is held only to be served (/topology): 4.5 MB at 16384 pods
+    sidecar = Sidecar(api, settings, events=events, keep_document=health_port is not None and health_topology)
     runner = None
     bound: int | None = None
     if health_port is not None:

@@ -108,12 +108,12 @@ class InPlace:
 
 class Evaluator:
     def __init__(self, settings: Any, metrics: SidecarMetrics, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, keep_document: bool = True) -> None:
         self.settings, self.metrics, self.clock = settings, metrics, clock
         self.renderer = Renderer(settings.options, settings.pod_name, checked=True)  # pods passed the intake
         self.in_place = InPlace()  # the files in place, as this sidecar knows them
         self.document: bytes | None = None  # topology.json as this sidecar planned it, served by /topology
-        self.keep_document = True  # False when /topology is not served: 4.5 MB less held at 16384 pods
+        self.keep_document = keep_document  # False when /topology is not served: 4.5 MB less held at 16384 pods
         self.problem: str | None = NOT_EVALUATED  # why the files in place may not be the membership's (None: they are)
         self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
         self.plan: Plan | None = None  # the last evaluation's plan (None: it made none): the leader summarizes it
