@@ -217,16 +217,15 @@ class MemberTexts:
     """Each member's topology.json text (as bytes: the file is joined from them without a 4.5 MB encode at 16384
     pods) and membership key between the sidecar's generations, found by the member object's identity (its id;
     the entry holds the member, so no other object can take that id while the entry lives): a C-level lookup per
-    member, where hashing 4096 members by value would cost 5 ms per change and building their keys 1.5 ms. Members that
-    are equal but new objects (a plan made from scratch) are found by value, so they are not encoded again
-    either, and a member that only moved in rank (a pod before it left or came back: every later member) gets
+    member, where hashing 4096 members by value would cost 5 ms per change and building their keys 1.5 ms. A member
+    equal to the last one at its place but a new object (a plan made from scratch) keeps that text, and a member
+    that only moved in rank (a pod before it left or came back: every later member) gets
     its last text with the two numbers replaced (``_reranked``), not encoded again. Entries of earlier generations
     are let go at each change that moves members: one generation of texts held, not two. The last lookup is kept
     for the membership key of the same members (one pass per change, not two)."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, Entry] = {}
-        self._by_value: dict[Member, bytes] = {}
         self._last: _Looked | None = None
 
     def _entries(self, members: Sequence[Member], levels: Sequence[Level]) -> _Looked:
@@ -242,14 +241,14 @@ class MemberTexts:
             if len(moved) >= RERANK_FROM:  # a burst (every pod Running): each last entry let go as it is replaced
                 reranked = True
                 entries = last.entries
-                self._last, self._by_id, self._by_value = None, {}, {}
+                self._last, self._by_id = None, {}
                 del last  # its members, texts and keys with it: each place's last entry is held by ``entries`` alone
                 self._replace(entries, moved, members, levels)
                 texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
             else:
                 entries, texts, keys = list(last.entries), list(last.texts), list(last.keys)
+                self._replace(entries, moved, members, levels)
                 for at in moved:
-                    entries[at] = self._entry(members[at], levels)
                     texts[at], keys[at] = _TEXT(entries[at]), _KEY(entries[at])
         else:
             entries = list(map(self._by_id.get, map(id, members)))  # C-level; None for the members new since
@@ -265,16 +264,15 @@ class MemberTexts:
             texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
         if moved and (reranked or len(self._by_id) > len(members) + 64):  # let go of earlier generations' members
             self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}
-            self._by_value = dict(zip(members, map(_TEXT, entries), strict=True))
         self._last = _Looked(members, entries, texts, keys)
         return self._last
 
     def _replace(self, entries: list[Entry], moved: list[int], members: Sequence[Member],
                  levels: Sequence[Level]) -> None:
-        """Each ``moved`` place's entry made anew over the last one, which is freed as it goes (the caches were
-        emptied): a burst that changes every member would otherwise hold two generations of texts at once, ~12 MB
-        over what a change of a 16384-pod job holds. A member equal to the last one at its place keeps that text
-        and key."""
+        """Each ``moved`` place's entry made over the last one; a member equal to the last one at its place keeps
+        that text and key. In a burst the cache was emptied first, so each last entry is freed as its place is
+        made: a burst that changes every member would otherwise hold two generations of texts at once, ~12 MB over
+        what a change of a 16384-pod job holds."""
         for at in moved:
             member, last = members[at], entries[at]
             if _MEMBER(last) == member:
@@ -288,7 +286,7 @@ class MemberTexts:
         new one is made (``_rerank``). Every moved member's last and new text at once were ~9 MB over what a change
         holds at 16384 pods, when a pod near the start of the job leaves."""
         before = dict(zip(map(_NAME_OF, last.members), last.entries, strict=True))
-        self._last, self._by_id, self._by_value = None, {}, {}
+        self._last, self._by_id = None, {}
         return before
 
     def _rerank(self, entries: list[Any], moved: list[int], members: Sequence[Member],
@@ -306,12 +304,10 @@ class MemberTexts:
                 entries[chunk[known[place]]] = entry
 
     def _entry(self, member: Member, levels: Sequence[Level]) -> Entry:
-        """The member's entry, found by identity, else by value, else encoded (and remembered both ways)."""
+        """The member's entry, found by identity, else encoded (and remembered)."""
         entry = self._by_id.get(id(member))
         if entry is None:
-            text = self._by_value.get(member)
-            if text is None:
-                text = self._by_value[member] = json.dumps(_member_json(member, levels)).encode()
+            text = json.dumps(_member_json(member, levels)).encode()
             entry = self._by_id[id(member)] = (member, text, _KEY_FIELDS(member))
         return entry
 
