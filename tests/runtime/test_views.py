@@ -73,6 +73,9 @@ def test_a_new_snapshot_leaves_one_object_per_unchanged_pod():
         follower._rows(None)
     state = follower.published.state
     assert all(state.pods[name] is view.pods[name] for name in state.pods if name != "demo-worker-3")
+    # A follower publishes nothing: the names changed are not kept for a publisher (every pod's, for the pod's
+    # life: a standby that takes over lists the pods, and its publisher compares every row)
+    assert view.drain() == set()
 
 
 def test_a_pod_view_renews_its_pods_for_the_publisher_and_the_planner_through_its_own_methods() -> None:

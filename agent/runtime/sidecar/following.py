@@ -221,6 +221,7 @@ class JournalFollower:
                     self.pods.remove(name)
                 else:
                     self.pods.put(name, pod, own=True)
+        self.pods.drain()  # nothing is published from here: no set of every pod's name kept for a publisher
         if changed is None or changed:
             self.sink.changed()
 
