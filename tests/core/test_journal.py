@@ -330,15 +330,21 @@ def test_the_publishers_rows_without_annotations_or_lost_conditions_share_one_em
         assert odd[Col.CONDITIONS] == [["DisruptionTarget", "True", "TerminationByKubelet"]]
 
 
-def test_a_follower_keeps_a_row_beside_its_pod_only_for_its_nodes_labels():
+def test_a_follower_keeps_no_rows_beside_its_pods_and_the_node_labels_by_node():
+    """A follower's pods say all their rows say but the labels of their Nodes: those are kept by Node, from the
+    latest row that names it (a relabelled Node's new labels; a Node read without labels has none), never the
+    rows themselves (a row per pod beside it, in a topology-ordered job)."""
     pods = job(6)
     follower = snapshot_of(leader_for(pods))
     assert set(follower.pods) == set(pods) and follower.rows == {}  # each pod says all its row says
     row = next(iter(leader_for(pods).state.rows.values()))
     labelled = [*row[:10], "node-1", {"topology.kubernetes.io/zone": "z1"}, *row[12:]]  # read with --topology-levels
     follower._put(labelled)
-    assert follower.rows == {row[0]: labelled} and follower.node_labels() == {"node-1": labelled[11]}
-    follower._put(row)  # the same pod on a node without the labels read
+    assert follower.rows == {} and follower.node_labels() == {"node-1": labelled[11]}
+    relabelled = [*labelled[:11], {"topology.kubernetes.io/zone": "z2"}, *labelled[12:]]
+    follower._put(relabelled)
+    assert follower.rows == {} and follower.node_labels() == {"node-1": {"topology.kubernetes.io/zone": "z2"}}
+    follower._put([*labelled[:11], None, *labelled[12:]])  # the same Node, its labels not read
     assert follower.rows == {} and follower.node_labels() == {}
 
 

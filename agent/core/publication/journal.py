@@ -197,15 +197,15 @@ def _content_key(row: list[Any]) -> bytes:
 class PublishedState:
     """What the published objects say: the members as rows and as pods, the container shapes, the sequence.
 
-    Followers hold one (built from the snapshot, moved forward by the journal), with its pods: a row is kept
-    beside its pod only when it carries its Node's labels (``node_labels``). A leader holds one for what it has
-    published, rows only; a new leader continues from what it reads back (rows as content keys)."""
+    Followers hold one (built from the snapshot, moved forward by the journal), with its pods and, by Node, the
+    labels the rows carry (``node_labels``), not the rows. A leader holds one for what it has published, rows
+    only; a new leader continues from what it reads back (rows as content keys)."""
 
     job: str
     namespace: str
     seq: int = 0
     snapshot_seq: int = 0
-    rows: dict[str, list[Any]] = field(default_factory=dict)  # with pods: only the rows with Node labels
+    rows: dict[str, list[Any]] = field(default_factory=dict)  # none while it keeps pods (a follower's)
     shapes: list[dict[str, Any]] = field(default_factory=list)
     pods: dict[str, RawPod] = field(default_factory=dict)
     keep_pods: bool = True  # the rows as pods too (followers render from them; a publisher needs only rows)
@@ -215,6 +215,7 @@ class PublishedState:
     _lists: list[list[dict[str, Any]]] = field(default_factory=list, repr=False, compare=False)  # shape_lists
     _strings: SharedStrings = field(default_factory=SharedStrings, repr=False, compare=False)
     _label_sets: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)  # the snapshot's
+    _node_labels: dict[str, dict[str, str]] = field(default_factory=dict, repr=False, compare=False)  # a follower's
 
     def hand_over_pods(self) -> dict[str, RawPod]:
         """The pods read, for the view that holds them from now on; this state keeps rows alone. The table of
@@ -225,8 +226,9 @@ class PublishedState:
         return pods
 
     def node_labels(self) -> dict[str, dict[str, str]]:
-        """The labels of the Nodes the members run on, as the publisher read them (rows carry them)."""
-        return node_labels_of(self.rows.values())
+        """The labels of the Nodes the members run on, as the publisher read them (rows carry them): by the
+        latest row of each Node (a follower's, kept as read), else from the rows held."""
+        return {**node_labels_of(self.rows.values()), **self._node_labels}
 
     @classmethod
     def from_document(cls, document: dict[str, Any], *, pods: bool = True) -> PublishedState:
@@ -285,8 +287,12 @@ class PublishedState:
         pod = before if before is not None and same_but_version(before, made) else made
         if self.keep_pods:
             self.pods[row[Col.NAME]] = pod  # type: ignore[assignment]
-            if not self.compare_only and row[Col.NODE_LABELS] is None:  # the pod says all the row does: not kept
-                self.rows.pop(row[Col.NAME], None)  # (with the repeated values shared: 18.4 -> ~10 MB at 16384 pods)
+            if not self.compare_only:  # the pod says all the row does but its Node's labels: kept by Node
+                node = row[Col.NODE]
+                if node and row[Col.NODE_LABELS] is not None:
+                    self._node_labels[node] = row[Col.NODE_LABELS]
+                elif node:
+                    self._node_labels.pop(node, None)
                 return row[Col.NAME]
         self.rows[row[Col.NAME]] = _compared(row) if self.compare_only else row
         return row[Col.NAME]
