@@ -287,3 +287,18 @@ def test_the_sidecars_kept_ssh_texts_make_the_files_made_from_scratch(step, addr
                                                                                              2222)
         assert render_ssh_config(topo, paths, 2222, texts) == render_ssh_config(topo, paths, 2222)
         members = now
+
+
+def test_the_kept_domains_and_patterns_of_one_role_are_held_once():
+    """Every member of a role repeats its DNS domain and its Host pattern: SshTexts holds each pair once, not a
+    pair of new strings per member (~5 MB at 16384 members), whichever way the members came (all at once, in
+    place, or new ones beside the kept)."""
+    from agent.core.files.ssh_config import SshTexts
+
+    members = tuple(_member(f"w-{i}", f"w-{i}.demo", f"10.0.0.{i}", address=f"w-{i}.demo") for i in range(6))
+    texts = SshTexts()
+    for now in (members, (*members[:5], _member("w-5", "w-5.demo", "10.0.0.50", address="w-5.demo")),
+                (_member("w-9", "w-9.demo", "10.0.0.9", address="w-9.demo"), *members[:5])):
+        kept = texts.look(now)
+        assert kept.found[0] == ("w-* !*.*", "%h.demo") and all(pair is kept.found[0] for pair in kept.found)
+        assert kept.domains[0] == (".", "demo") and all(pair is kept.domains[0] for pair in kept.domains)

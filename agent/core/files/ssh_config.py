@@ -204,6 +204,9 @@ class _Kept(NamedTuple):
     blocks: list[str]
 
 
+_SAME = 4096  # distinct (domain, pattern) pairs SshTexts holds once; a job has a few per role
+
+
 class SshTexts:
     """What each member adds to known_hosts and ssh_config, kept between a launcher's generations place by place
     (as ``rendering.MemberTexts``): a change that keeps the members in their places computes only the places that
@@ -211,6 +214,14 @@ class SshTexts:
 
     def __init__(self) -> None:
         self._kept: _Kept | None = None
+        self._same: dict[tuple[str, str], tuple[str, str]] = {}  # each distinct domain and pattern pair, held once
+
+    def _once(self, pair: tuple[str, str] | None) -> tuple[str, str] | None:
+        """``pair`` as held already: every member of a role repeats its domain and its pattern, and each was a
+        pair of new strings per member (~5 MB at 16384 members); past ``_SAME`` distinct pairs, kept as made."""
+        if pair is None or len(self._same) >= _SAME:
+            return pair
+        return self._same.setdefault(pair, pair)
 
     def look(self, members: tuple[Member, ...]) -> _Kept:
         kept = self._kept
@@ -221,8 +232,8 @@ class SshTexts:
             found, blocks = list(kept.found), list(kept.blocks)
             for at in itertools.compress(range(len(members)), map(operator.is_not, members, kept.members)):
                 member = members[at]
-                domains[at], families[at] = _domain(member.dns_name), _family(member.ip)
-                found[at], blocks[at] = host_pattern(member), _host_block(member)
+                domains[at], families[at] = self._once(_domain(member.dns_name)), _family(member.ip)
+                found[at], blocks[at] = self._once(host_pattern(member)), _host_block(member)
         else:
             # A pod joined or left: the members that stayed are the same objects in other places, gathered at
             # C level; only the new ones are made (all 16384 made again would be ~11 of a launcher's ~19 ms for
@@ -236,11 +247,12 @@ class SshTexts:
                 found, blocks = list(pick(kept.found)), list(pick(kept.blocks))
                 for at in new:
                     member = members[at]
-                    domains[at], families[at] = _domain(member.dns_name), _family(member.ip)
-                    found[at], blocks[at] = host_pattern(member), _host_block(member)
+                    domains[at], families[at] = self._once(_domain(member.dns_name)), _family(member.ip)
+                    found[at], blocks[at] = self._once(host_pattern(member)), _host_block(member)
             else:
-                domains, families = list(map(_domain, map(_DNS, members))), list(map(_family, map(_IP, members)))
-                found = list(map(host_pattern, members))
+                domains = list(map(self._once, map(_domain, map(_DNS, members))))
+                families = list(map(_family, map(_IP, members)))
+                found = list(map(self._once, map(host_pattern, members)))
                 blocks = _host_blocks_each(members)
         self._kept = _Kept(members, domains, families, found, blocks)
         return self._kept
