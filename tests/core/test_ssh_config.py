@@ -302,3 +302,20 @@ def test_the_kept_domains_and_patterns_of_one_role_are_held_once():
         kept = texts.look(now)
         assert kept.found[0] == ("w-* !*.*", "%h.demo") and all(pair is kept.found[0] for pair in kept.found)
         assert kept.domains[0] == (".", "demo") and all(pair is kept.domains[0] for pair in kept.domains)
+        assert kept.blocks == [None] * len(now)  # the pattern reaches them all: no block of their own is held
+
+
+def test_a_member_whose_pattern_cannot_be_used_gets_its_block_when_the_file_is_made():
+    """A Host block of its own is held only for a member no pattern can reach; one whose role's pattern cannot
+    be used (two domains behind one glob) has its block made with the file, as from scratch."""
+    from agent.core.files.ssh_config import SshTexts
+    from agent.core.model import Topology
+
+    members = tuple(_member(f"w-{i}", f"w-{i}.{'other' if i == 2 else 'demo'}", f"10.0.0.{i}",
+                            address=f"w-{i}.{'other' if i == 2 else 'demo'}") for i in range(4))
+    topo = Topology(controller="volcano", namespace="ns", job="demo", job_uid=None, self_name="w-0",
+                    training_roles=("worker",), members=members)
+    texts = SshTexts()
+    text = render_ssh_config(topo, SshPaths("/shared/ssh"), 2222, texts)
+    assert texts.look(members).blocks == [None] * 4
+    assert all(f"Host w-{i} w-{i}." in text for i in range(4)) and "w-* !*.*" not in text
