@@ -219,10 +219,10 @@ class MemberTexts:
     the entry holds the member, so no other object can take that id while the entry lives): a C-level lookup per
     member, where hashing 4096 members by value would cost 5 ms per change and building their keys 1.5 ms. A member
     equal to the last one at its place but a new object (a plan made from scratch) keeps that text, and a member
-    that only moved in rank (a pod before it left or came back: every later member) gets
-    its last text with the two numbers replaced (``_reranked``), not encoded again. Entries of earlier generations
-    are let go at each change that moves members: one generation of texts held, not two. The last lookup is kept
-    for the membership key of the same members (one pass per change, not two)."""
+    that only moved in rank (a pod before it left or came back: every later member) gets its last text with the
+    two numbers replaced (``_reranked``), not encoded again. Entries of earlier generations are let go at each
+    change that moves members: one generation of texts held, not two. The last lookup is kept for the membership
+    key of the same members (one pass per change, not two)."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, Entry] = {}
