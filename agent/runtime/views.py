@@ -33,7 +33,7 @@ from agent.core.publication.journal import (
     state_from,
     summary_name,
 )
-from agent.core.publication.published import Compactor
+from agent.core.publication.published import SELECT_LABEL, Compactor, select_value
 from agent.core.publication.summary import SUMMARY_KEY, light_plan, read_summary
 from agent.core.publication.view_choice import SMALL_JOB, choose_view
 from agent.errors import ApiGone, InputError
@@ -336,20 +336,21 @@ NO_SUMMARY = "the leader published no summary (more runs of ranks than a summary
 
 
 async def journal_if_summary_gone(api: Any, collection: str, configmap: str, items: list[Any]) -> list[Any]:
-    """When a pod in its own view listed no summary: whether the journal is published, read as metadata only (a
-    few hundred bytes, whatever changes the journal holds: a burst can hold hundreds of KiB), as a stand-in that
-    carries only its name, so that ``summary_gone`` tells a deleted summary from one not published yet. Never
-    used for its data, so never vouched for."""
+    """When a pod in its own view listed no summary: whether the journal is published, read with the objects a full
+    view lists (by their label, as metadata only: a few hundred bytes each, whatever changes the journal holds) in
+    one LIST, as stand-ins that carry only their names, so that ``summary_gone`` tells a deleted summary from one
+    not published yet. The leader writes the summary before the journal: a summary listed here with the journal was
+    only not written yet at the first LIST, not deleted; its data comes by the watch. Never used for their data, so
+    never vouched for."""
     summary, journal = summary_name(configmap), journal_name(configmap)
     if any(object_name(item) == summary for item in items):
         return []
-    found, _ = await api.list_objects(collection, field_selector=f"metadata.name={journal}", metadata_only=True)
-    if not found:
+    found, _ = await api.list_objects(collection, label_selector=f"{SELECT_LABEL}={select_value(configmap)}",
+                                      metadata_only=True)
+    names = {object_name(item) for item in found}
+    if journal not in names:
         return []
-    # The leader writes the summary before the journal: one listed now was only not written yet at the first
-    # LIST (the leader published between the two), not deleted. Its stand-in says so; its data comes by the watch.
-    again, _ = await api.list_objects(collection, field_selector=f"metadata.name={summary}", metadata_only=True)
-    return [{"metadata": {"name": journal}}, *([{"metadata": {"name": summary}}] if again else [])]
+    return [{"metadata": {"name": name}} for name in (journal, summary) if name in names]
 
 
 def summary_gone(items: list[Any], configmap: str) -> str | None:
