@@ -297,6 +297,7 @@ def test_the_patch_comes_from_what_the_agent_adds_not_a_copy_of_the_object():
     assert len(patch) < 8192 and b"xxxx" not in patch and b"V19999" not in patch
 
 
+@pytest.mark.slow
 def test_a_review_with_more_json_values_than_the_webhook_reads_is_refused_before_it_is_parsed(monkeypatch):
     """A 3 MiB object of the costliest shape (distinct map keys, ~70 bytes a value parsed) would take a webhook
     past its memory limit if parsed. Values are counted before anything is made: past MAX_VALUES the review is

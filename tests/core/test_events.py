@@ -103,6 +103,7 @@ def refused(n: int) -> Occurrence:
                       related=Ref(name, "default", f"uid-rogue-{n}"))
 
 
+@pytest.mark.slow
 def test_fifty_thousand_refused_pods_leave_the_newest_few_waiting_and_count_the_rest():
     events = correlator(burst=1, refill=300)  # the default bound: 10 per reason
     assert events.observe(waiting(), T0) is not None  # the bucket emptied

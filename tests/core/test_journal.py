@@ -168,6 +168,7 @@ def test_a_status_update_that_moves_nothing_is_not_published():
     assert leader.state.seq == seq
 
 
+@pytest.mark.slow
 def test_a_change_too_large_for_a_configmap_goes_in_the_snapshot_and_the_journal_stays_readable(monkeypatch):
     """The newest entry was kept whatever its size: after the publisher's relist at 16384 pods one entry held
     every row, the journal passed 1 MiB, and every follower that reads it refused it and listed the pods. A
@@ -188,6 +189,7 @@ def test_a_change_too_large_for_a_configmap_goes_in_the_snapshot_and_the_journal
     assert not leader.snapshot_due
 
 
+@pytest.mark.slow
 def test_a_large_change_goes_out_in_parts_that_a_follower_applies_one_after_another():
     """Every IP of a 4096-pod job at once (~0.87 MB, as a burst of the kubelet's writes at 16384 pods) is two
     journal versions of one part each, in sequence, each under ``MAX_ENTRY``: a follower that applies them
@@ -220,7 +222,7 @@ def test_a_large_change_goes_out_in_parts_that_a_follower_applies_one_after_anot
     assert leader.snapshot_due  # a follower that falls behind the last part reads the snapshot, at its sequence
 
 
-@pytest.mark.parametrize("n", [1024, 4096])
+@pytest.mark.parametrize("n", [1024, pytest.param(4096, marks=pytest.mark.slow)])
 def test_a_single_pod_change_costs_each_follower_a_few_kib_at_any_size(n):
     pods = job(n)
     leader = leader_for(pods)
@@ -631,6 +633,7 @@ def test_a_new_leader_with_node_labels_holds_what_a_leader_from_the_start_holds(
     assert gzip.decompress(new.snapshot_packed()) == gzip.decompress(packed)
 
 
+@pytest.mark.slow
 def test_a_change_too_large_for_the_journal_is_never_encoded_whole(monkeypatch):
     """Every row of a large job changed (its pods' phase Running, past the snapshot its init published): the
     entry is encoded only until its rows pass what the journal carries, ``MAX_PARTS`` entries' worth (here one;

@@ -84,6 +84,7 @@ def test_what_is_read_back_is_what_was_published(levels, labels, changes):
         assert whole.rows == leader.state.rows
 
 
+@pytest.mark.slow
 def test_a_16384_pod_snapshot_with_two_levels_is_read_back():
     """Every pod's row names its Node's labels: said per row, two levels took the snapshot past the decoder's
     bound on values, and no pod could read a topology-ordered job's publication at this size."""

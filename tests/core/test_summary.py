@@ -122,6 +122,7 @@ def test_a_job_with_pods_missing_everywhere_is_not_summarized():
     assert summarize(build_plan(kept, "demo-master-0", Options(levels=DEFAULT_LEVELS)), seq=1) is None
 
 
+@pytest.mark.slow
 def test_runs_state_a_large_job_in_a_few_hundred_bytes():
     pods = examples.volcano_job(tasks=(("master", 1), ("worker", 4095)))
     raw = summarize(build_plan(pods, "demo-master-0", Options(address="ip")), seq=3)
@@ -230,7 +231,7 @@ def _check_tf(pods: list, options: Options) -> int:
 
 
 @pytest.mark.parametrize("job", sorted(TF_JOBS))
-@pytest.mark.parametrize("address", ["dns", "ip"])
+@pytest.mark.parametrize("address", ["dns", pytest.param("ip", marks=pytest.mark.slow)])  # the fast lane: dns
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), min_size=0, max_size=10))
 def test_tf_config_from_the_summary_is_the_full_views(job, address, seed, ops):

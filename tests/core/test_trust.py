@@ -11,7 +11,6 @@ import gzip
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -117,17 +116,21 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize("mutate", [m for _, m in MALFORMED], ids=[n for n, _ in MALFORMED])
-def test_a_malformed_pod_file_is_one_line_and_exit_2(tmp_path, mutate):
+def test_a_malformed_pod_file_is_one_line_and_exit_2(tmp_path, mutate, capsys, monkeypatch):
+    """The command in process (the CLI's exit code and stream are tests/test_cli.py's): a bug would be exit 70."""
+    from agent.cli import main
+
+    monkeypatch.delenv("TOPOLOGY_DEBUG", raising=False)
     pods = _job()
     target = copy.deepcopy(pods[1])
     mutate(target)
     pods[1] = target
     path = tmp_path / "pods.json"
     path.write_text(json.dumps({"kind": "List", "items": pods}))
-    run = subprocess.run([sys.executable, "-m", "agent.cli", "render", "--pods", str(path), "--self", "demo-master-0",
-                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2, run.stderr
-    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
+    code = main(["render", "--pods", str(path), "--self", "demo-master-0", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

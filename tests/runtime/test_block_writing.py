@@ -4,6 +4,8 @@ pods whose summary names its text by digest do not wait for it for good."""
 
 from __future__ import annotations
 
+import pytest
+
 from agent.core.publication.blocks import BLOCK_KEY, Made, block_digest, block_name
 from agent.runtime.publication.block_writing import BlockWriter
 from tests.jobs import configmap
@@ -79,6 +81,7 @@ async def test_the_journal_and_the_summary_with_its_block_are_written_at_once():
     assert order.index("demo-topology-journal") < block < order.index(summary_name("demo-topology"))
 
 
+@pytest.mark.slow
 async def test_a_large_change_is_written_a_part_at_a_time_after_the_snapshot_before_the_last_journal():
     """A change over one entry's size goes out as one journal version per part, in sequence, each written before
     the next: a follower's watch sees every part (a version that is overwritten before it is read would send it

@@ -149,6 +149,7 @@ def rogue_pod(n: int) -> dict:
     return {"metadata": {"name": f"rogue-{n}", "namespace": "default", "uid": f"uid-rogue-{n}"}}
 
 
+@pytest.mark.slow
 async def test_fifty_thousand_refused_pods_leave_at_most_the_bound_pending():
     sink = Writes()
     recorder = TaskRecorder(sink, POD, budget=Budget(burst=1, refill=3600))  # the default bound: 10 per reason

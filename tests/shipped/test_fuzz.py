@@ -24,6 +24,7 @@ def alarm():
     signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.mark.slow
 def test_a_thousand_mutated_pod_lists_find_nothing():
     outcomes, findings, _ = fuzz.fuzz_pod_lists(1000, random.Random(1))
     assert findings == []
@@ -37,6 +38,7 @@ def test_a_thousand_mutated_watch_streams_find_nothing():
     assert outcomes["broken line"] > 100 and outcomes["stream rendered"] > 100
 
 
+@pytest.mark.slow
 def test_a_thousand_mutated_published_topologies_find_nothing():
     """The snapshot's document, the journal's entries, the ConfigMaps' fields and their compressed bytes,
     mutated, through a follower's reading, its check of the writer, and the core: none ends in a traceback (a

@@ -14,6 +14,8 @@ import zipfile
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "agent"
 WEBHOOK_CONFIG = "manifests/webhook/mutatingwebhookconfiguration.yaml"
@@ -70,6 +72,7 @@ def _image_build_context(into: Path) -> Path:
     return into
 
 
+@pytest.mark.slow
 def test_the_wheel_built_from_the_images_context_carries_the_package_data(tmp_path):
     context = _image_build_context(tmp_path / "context")
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
