@@ -26,6 +26,7 @@ from agent.core.pods.placement import DEFAULT_LEVELS, Level, node_domains
 from agent.core.publication import blocks as blocks_module
 from agent.core.publication.blocks import (
     BLOCK_SCHEMA,
+    BlockMaker,
     Made,
     block_digest,
     block_key,
@@ -495,19 +496,23 @@ def test_a_pod_finds_its_block_among_the_blocks_it_holds_by_its_values():
     assert "\n" not in str(err.value)
 
 
-def test_a_plans_blocks_are_made_once_for_the_leaders_files_and_its_summary(monkeypatch):
+def test_a_plans_blocks_are_made_once_for_the_leaders_files_and_its_summary():
     """The leader makes one plan's blocks for its own files (own_view) and for the summary it publishes: the same
-    blocks, made once; another plan's are its own (a member's new process count is in its block's text)."""
+    blocks, made once by the one maker both are given; another plan's are its own (a member's new process count is
+    in its block's text)."""
     pods, nodes = _job()
     plan = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes)
-    _, made = summarize_with_blocks(plan, seq=1)
-    _, again = summarize_with_blocks(plan, seq=2)
+    maker = BlockMaker()
+    _, made = summarize_with_blocks(plan, seq=1, blocks=maker)
+    _, again = summarize_with_blocks(plan, seq=2, blocks=maker)
     assert made and all(a is b for a, b in zip(made, again, strict=True))
+    _, apart = summarize_with_blocks(plan, seq=2, blocks=BlockMaker())  # another maker's: its own, the same text
+    assert [b.text for b in apart] == [b.text for b in made]
+    assert not any(a is b for a, b in zip(apart, made, strict=True))
     pods[3]["spec"]["containers"][0].setdefault("resources", {}).setdefault("limits", {})["nvidia.com/gpu"] = "4"
     other = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes)
-    _, anew = summarize_with_blocks(other, seq=1)
-    monkeypatch.setattr(blocks_module, "_kept", {})  # nothing carried: every block made from its members
-    fresh = [b.text for b in blocks_module._make_blocks(other.topology) or ()]
+    _, anew = summarize_with_blocks(other, seq=1, blocks=maker)
+    fresh = [b.text for b in BlockMaker().make(other.topology) or ()]  # nothing carried: made from its members
     assert [b.text for b in anew] == fresh != [b.text for b in made]
 
 
@@ -515,11 +520,11 @@ def test_a_change_makes_anew_only_the_blocks_whose_members_it_altered():
     """The leader carries a block from its last plan while its members' roles, indices and process counts are
     the same: a change makes one block's text, not all of them; what it carries is what it would make."""
     pods, nodes = _job(workers=120, zones=2, racks=4)
+    maker = BlockMaker()
     before = {b.values: b for b in summarize_with_blocks(
-        build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1)[1]}
+        build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes), seq=1, blocks=maker)[1]}
     pods = [p for p in pods if p["metadata"]["name"] != "demo-worker-5"]
     plan = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes)
-    after = {b.values: b for b in summarize_with_blocks(plan, seq=2)[1]}
+    after = {b.values: b for b in summarize_with_blocks(plan, seq=2, blocks=maker)[1]}
     assert len(after) == 8 and sum(after[values] is not before[values] for values in after) == 1
-    blocks_module._kept.clear()
-    assert [b.text for b in after.values()] == [b.text for b in blocks_module._make_blocks(plan.topology) or ()]
+    assert [b.text for b in after.values()] == [b.text for b in BlockMaker().make(plan.topology) or ()]

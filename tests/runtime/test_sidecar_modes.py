@@ -88,7 +88,7 @@ async def test_a_new_leader_reads_back_the_publication_before_it_plans(tmp_path:
             calls.append("read back" if read is None else "given")
             self.publisher = SimpleNamespace(state=SimpleNamespace(seq=1))  # type: ignore[assignment]
 
-        async def publish(self, pods, touched, nodes, standby, plan=None, pods_rv="") -> bool:  # type: ignore[no-untyped-def]
+        async def publish(self, pods, touched, nodes, standby, plan=None, pods_rv="", blocks=None) -> bool:  # type: ignore[no-untyped-def]
             calls.append("publish")
             return True
 

@@ -11,6 +11,7 @@ import pytest
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.pods.placement import Level
+from agent.core.publication.blocks import BlockMaker
 from tests.fakeapi import agent_name
 from tests.jobs import configmap, create_volcano_job
 from tests.runtime.test_sidecar import follower_watching, init, start_sidecar
@@ -118,11 +119,15 @@ async def test_a_join_lands_in_its_racks_block_for_the_follower_and_only_the_pub
 
 
 async def test_with_view_own_a_topology_ordered_follower_reads_its_node_the_summary_and_its_block(
-        memory, api, logs, sidecars, tmp_path):
+        memory, api, logs, sidecars, tmp_path, monkeypatch):
     """The leader publishes the order as a summary and one block per rack (core/publication/blocks.py); a follower
     reads its own Node (metadata only), then the summary and its rack's block by label, never the pods or the
     snapshot, and writes the variables its full view writes. Its sidecar follows the pair from init's reads: a
-    worker joining its rack moves it, and its files follow."""
+    worker joining its rack moves it, and its files follow. The leader makes each plan's blocks once, for its own
+    files and for the summary (init and its sidecar each give both one BlockMaker)."""
+    made: list[object] = []  # every topology made into blocks (held: no id is reused)
+    making = BlockMaker._make
+    monkeypatch.setattr(BlockMaker, "_make", lambda self, topology: (made.append(topology), making(self, topology))[1])
     pods = create_volcano_job(memory, (("master", 1), ("worker", 11)))
     for node in examples.racks(pods, 3):
         memory.create_node(node)
@@ -178,6 +183,7 @@ async def test_with_view_own_a_topology_ordered_follower_reads_its_node_the_summ
     assert after["NODE_RANK"] == next(v.value for v in want.variables if v.name == "NODE_RANK") \
         and after["NODE_RANK"] != before["NODE_RANK"]  # rack-b's new member comes before rack-c's
     assert "reading the whole topology" not in logs.text("demo-worker-10")
+    assert len(made) >= 2 and len({id(t) for t in made}) == len(made)  # init's plan and the sidecar's, once each
 
 
 @pytest.mark.slow  # seconds of real waiting (a stolen Lease, probes): the whole suite runs it

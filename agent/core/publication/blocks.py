@@ -124,63 +124,64 @@ class Made:
         return block_digest(self.text)
 
 
-# The blocks of the plan last made into blocks, by a reference that does not keep that plan: the leader makes them
-# from one plan for its own files (summary.own_view) and for the summary it publishes.
-_last: tuple[weakref.ref[Topology], list[Made] | None] | None = None
-
-
-def make_blocks(topology: Topology) -> list[Made] | None:
-    """The blocks of a topology-ordered plan, in rank order; None when they cannot state it: a training member
-    without an index or its domains, more than ``MAX_BLOCKS`` domains at every level, or a block too large for a
-    ConfigMap. The passes over every member are C-level (the publisher makes them at each change that alters the
-    summary: a Python loop per member would cost ~0.4 s at 16384 pods); a plan's blocks are made once."""
-    global _last
-    if _last is not None and _last[0]() is topology:
-        return _last[1]
-    made = _make_blocks(topology)
-    _last = (weakref.ref(topology), made)
-    return made
-
-
-def _make_blocks(topology: Topology) -> list[Made] | None:
-    training, levels = topology.training, topology.levels
-    paths = list(map(_DOMAINS, training))
-    starts = topology.run_starts
-    if topology.rank_order != "topology" or not training or not levels or None in paths or starts is None:
-        return None
-    distinct = set(paths)  # a few hundred at most where MAX_BLOCKS is met: the depth is sought among these
-    depth = next((d for d in range(len(levels), 0, -1) if len({p[:d] for p in distinct}) <= MAX_BLOCKS), 0)
-    if not depth:
-        return None
-    prefix = {p: p[:depth] for p in distinct}
-    keys = list(map(prefix.__getitem__, paths))
-    positions = range(1, len(training))
-    cuts = [0, *itertools.compress(positions, map(operator.ne, keys[1:], keys[:-1])), len(training)]
-    if len(cuts) - 1 != len(set(keys)):  # a domain in two places: not the topology order
-        return None
-    run_starts = sorted({*starts, *cuts[:-1]})  # the runs, cut where a block starts too
-    said = (list(map(ROLE, training)), list(map(_INDEX, training)), list(map(SLOTS, training)))
-    roles = topology.training_roles
-    global _kept
-    kept, _kept = _kept, {}
-    made: list[Made] = []
-    for start, stop in itertools.pairwise(cuts):
-        members = [each[start:stop] for each in said]  # what its text says of its members
-        carried = kept.get(keys[start])
-        block = carried[1] if carried is not None and carried[0] == (roles, members) else \
-            _block(training, run_starts, start, stop, keys[start], roles)
-        if block is None:
-            return None
-        _kept[keys[start]] = ((roles, members), block)
-        made.append(block)
-    return made
-
-
-# Each block last made, by its domain values, with what its text was made of (the training roles, and each
-# member's role, index and process count): a change makes anew only the blocks whose members it altered (a
-# member's text is ~1 us of Python: every block's, at each change of a 16384-pod job, would be ~27 ms).
 _INDEX = member_fields("index")
-_kept: dict[tuple[str, ...], tuple[tuple[tuple[str, ...], list[list[Any]]], Made]] = {}
+
+
+class BlockMaker:
+    """The blocks of one job's successive plans, held by the one that makes them (a leader's sidecar, or init): a
+    plan's blocks are made once, for the leader's own files (summary.own_view) and for the summary it publishes;
+    a change makes anew only the blocks whose members it altered (a member's text is ~1 us of Python: every
+    block's, at each change of a 16384-pod job, would be ~27 ms)."""
+
+    def __init__(self) -> None:
+        # the blocks of the plan last made into blocks, by a reference that does not keep that plan
+        self._last: tuple[weakref.ref[Topology], list[Made] | None] | None = None
+        # each block last made, by its domain values, with what its text was made of (the training roles, and
+        # each member's role, index and process count)
+        self._kept: dict[tuple[str, ...], tuple[tuple[tuple[str, ...], list[list[Any]]], Made]] = {}
+
+    def make(self, topology: Topology) -> list[Made] | None:
+        """The blocks of a topology-ordered plan, in rank order; None when they cannot state it: a training
+        member without an index or its domains, more than ``MAX_BLOCKS`` domains at every level, or a block too
+        large for a ConfigMap. The passes over every member are C-level (the publisher makes them at each change
+        that alters the summary: a Python loop per member would cost ~0.4 s at 16384 pods)."""
+        if self._last is not None and self._last[0]() is topology:
+            return self._last[1]
+        made = self._make(topology)
+        self._last = (weakref.ref(topology), made)
+        return made
+
+    def _make(self, topology: Topology) -> list[Made] | None:
+        training, levels = topology.training, topology.levels
+        paths = list(map(_DOMAINS, training))
+        starts = topology.run_starts
+        if topology.rank_order != "topology" or not training or not levels or None in paths or starts is None:
+            return None
+        distinct = set(paths)  # a few hundred at most where MAX_BLOCKS is met: the depth is sought among these
+        depth = next((d for d in range(len(levels), 0, -1) if len({p[:d] for p in distinct}) <= MAX_BLOCKS), 0)
+        if not depth:
+            return None
+        prefix = {p: p[:depth] for p in distinct}
+        keys = list(map(prefix.__getitem__, paths))
+        positions = range(1, len(training))
+        cuts = [0, *itertools.compress(positions, map(operator.ne, keys[1:], keys[:-1])), len(training)]
+        if len(cuts) - 1 != len(set(keys)):  # a domain in two places: not the topology order
+            return None
+        run_starts = sorted({*starts, *cuts[:-1]})  # the runs, cut where a block starts too
+        said = (list(map(ROLE, training)), list(map(_INDEX, training)), list(map(SLOTS, training)))
+        roles = topology.training_roles
+        kept, self._kept = self._kept, {}
+        made: list[Made] = []
+        for start, stop in itertools.pairwise(cuts):
+            members = [each[start:stop] for each in said]  # what its text says of its members
+            carried = kept.get(keys[start])
+            block = carried[1] if carried is not None and carried[0] == (roles, members) else \
+                _block(training, run_starts, start, stop, keys[start], roles)
+            if block is None:
+                return None
+            self._kept[keys[start]] = ((roles, members), block)
+            made.append(block)
+        return made
 
 
 def _block(training: Sequence[Any], run_starts: list[int], start: int, stop: int, values: tuple[str, ...],

@@ -52,11 +52,11 @@ from agent.core.plan.rank import ranks_in_run
 from agent.core.pods.pod import pod_name
 from agent.core.pods.validation import DNS_NAME, check_pod, parse_ip
 from agent.core.publication.blocks import (
+    BlockMaker,
     Layout,
     Made,
     Place,
     levels_digest,
-    make_blocks,
     place_in_block,
     read_layout,
     topology_section,
@@ -172,25 +172,27 @@ class Summary:
 
 
 def summarize(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Options | None = None,
-              ssh: bool = False) -> dict[str, Any] | None:
+              ssh: bool = False, blocks: BlockMaker | None = None) -> dict[str, Any] | None:
     """The summary of the leader's plan, or None when runs (or blocks, blocks.py) cannot state it (see the
     module's docstring). ``listed``: the largest role whose addresses are kept; ``options``: the job's, whose
     selected frameworks' ports (which rank 0's container or the whole membership decide) the summary carries;
     ``ssh``: the job's pods have its SSH material (rank 0 launches over SSH, on the hostfile: ``_templates``)."""
-    return summarize_with_blocks(plan, seq=seq, listed=listed, options=options, ssh=ssh)[0]
+    return summarize_with_blocks(plan, seq=seq, listed=listed, options=options, ssh=ssh, blocks=blocks)[0]
 
 
 def summarize_with_blocks(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, options: Options | None = None,
-                          ssh: bool = False) -> tuple[dict[str, Any] | None, list[Made]]:
-    """``summarize``, and under the topology order the blocks it lists (blocks.py), each its own ConfigMap."""
+                          ssh: bool = False, blocks: BlockMaker | None = None,
+                          ) -> tuple[dict[str, Any] | None, list[Made]]:
+    """``summarize``, and under the topology order the blocks it lists (blocks.py), each its own ConfigMap, made
+    by ``blocks`` (the maker of the job's earlier plans' blocks; else a new one)."""
     topo = plan.topology
     if topo.rank_order not in ("index", "topology") or not topo.training or topo.whole is not None:
         return None, []
     training = topo.training
     runs: list[list[Any]] = []
-    blocks = make_blocks(topo) if topo.rank_order == "topology" else None
+    made = (blocks or BlockMaker()).make(topo) if topo.rank_order == "topology" else None
     if topo.rank_order == "topology":
-        if blocks is None or topo.world_size is not None:
+        if made is None or topo.world_size is not None:
             return None, []
     else:
         starts = topo.run_starts
@@ -206,7 +208,7 @@ def summarize_with_blocks(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, o
     for role in topo.roles:
         count = len(topo.role_members(role))
         hosts = list(map(ADDRESS, topo.role_members(role))) if count <= listed else None
-        if hosts is not None and blocks is not None \
+        if hosts is not None and made is not None \
                 and hosts != list(map(ADDRESS, sorted(topo.role_members(role), key=BY_ORDINAL))):
             hosts = None  # listed in index order (VC_<ROLE>_HOSTS) and rank order (the frameworks): only if one
         roles.append([role, count, hosts])
@@ -219,7 +221,7 @@ def summarize_with_blocks(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, o
         spares = {"worldSize": topo.world_size, "seats": topo.seats, "spares": spare_runs,
                   "takeovers": [list(t) for t in topo.takeovers]}
     ports = published_ports(plan, options) if options is not None else {}
-    addresses = _templates(plan, options, listed, ssh=ssh) if options is not None and blocks is None else {}
+    addresses = _templates(plan, options, listed, ssh=ssh) if options is not None and made is None else {}
     return {"schema": SUMMARY_SCHEMA, "seq": seq, "trainingRoles": list(topo.training_roles), "nnodes": topo.nnodes,
             # the job's processes, under the name every published summary has used (a follower of another
             # release reads it); a follower derives its WORLD_SIZE from nnodes
@@ -232,7 +234,7 @@ def summarize_with_blocks(plan: Plan, *, seq: int, listed: int = LISTED_HOSTS, o
             **({"addresses": {role: [p if isinstance(p, str) else list(p) for p in t]
                               for role, t in addresses.items()}} if addresses else {}),
             **({"hotSpares": spares} if spares is not None else {}),
-            **({"topology": topology_section(topo, blocks)} if topo.levels else {})}, blocks or []
+            **({"topology": topology_section(topo, made)} if topo.levels else {})}, made or []
 
 
 def _rank0_ip(plan: Plan, options: Options | None, *, ssh: bool) -> str | None:
@@ -569,21 +571,22 @@ def _seat(summary: Summary, placed: Place | None, run: Run | None, name: str, id
     return me, members
 
 
-def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed: int = LISTED_HOSTS
-             ) -> tuple[Plan | None, str]:
+def own_view(plan: Plan, options: Options, *, ssh: bool, published: bool, listed: int = LISTED_HOSTS,
+             blocks: BlockMaker | None = None) -> tuple[Plan | None, str]:
     """The plan a pod renders when it holds the whole job (the leader, a standby, every pod of a job that reads the
     pods) and its view is its own (``choose_view``): made from its plan's summary exactly as a follower makes it
     from the published one, so that every such pod of the job writes files of one shape. (None, why) when it is
     to write every member. ``choose_view`` is asked of the whole plan, then of the own view's (what only that one
-    lacks: a port, one process count)."""
+    lacks: a port, one process count). ``blocks``: the maker of the blocks the leader publishes (the same plan's
+    are made once)."""
     why = choose_view(plan, options, ssh=ssh, published=published)
     if why is not None:
         return None, why
-    raw, blocks = summarize_with_blocks(plan, seq=0, listed=listed, options=options, ssh=ssh)
+    raw, made = summarize_with_blocks(plan, seq=0, listed=listed, options=options, ssh=ssh, blocks=blocks)
     if raw is None:
         return None, "the job's ranks make no summary (more runs of ranks, or domains, than a summary holds)"
     domains = plan.topology.me.domains
-    held = {block.digest: block.text for block in blocks if (domains or ())[:len(block.values)] == block.values}
+    held = {block.digest: block.text for block in made if (domains or ())[:len(block.values)] == block.values}
     try:  # as a pod holds them: the blocks its own domains could be in (``blocks.part_selector``)
         summary = read_summary(summary_text(raw))
         assert summary is not None

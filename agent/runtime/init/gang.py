@@ -12,6 +12,7 @@ from agent.core import Memo, Rendered, render_plan
 from agent.core.model import RawPod
 from agent.core.plan.gang import Expectation, GangStatus, GangTracker
 from agent.core.plan.planner import Planner
+from agent.core.publication.blocks import BlockMaker
 from agent.core.publication.journal import Publisher
 from agent.core.publication.leading import standbys
 from agent.core.publication.summary import own_view
@@ -187,6 +188,7 @@ async def from_pods(init: Init, me: RawPod, source: Source, expected: Expectatio
     # The leader publishes first (a valid plan): every other pod of the job is waiting for it. Its own files
     # come from the pods it has just listed, whether or not its snapshot was created: a `<job>-topology` that
     # exists already is never followed by the pod that leads: whoever wrote it first is not trusted for that.
+    blocks = BlockMaker()  # the plan's blocks, made once for the summary and for this pod's own view
     if publisher is not None and not await publish_first(
             init.api, s.namespace, source.configmap, list(view.pods.values()), s.options, job=source.me.job,
             leader=s.pod_name, leader_uid=uid, owner=owner_of(me),
@@ -194,9 +196,10 @@ async def from_pods(init: Init, me: RawPod, source: Source, expected: Expectatio
             publisher=publisher, retry=init.calls.retried,
             # a pod left out here (an index past the replicas) may be a member to the sidecar, whose roster
             # lets the job grow: it lists the pods then
-            pods_rv="" if gang.refused else gang.rv, ssh=init.ssh is not None):
+            pods_rv="" if gang.refused else gang.rv, ssh=init.ssh is not None, blocks=blocks):
         await give_way(init, me, source)
-    own, why = own_view(plan, s.options, ssh=init.ssh is not None, published=source.kind == "published")
+    own, why = own_view(plan, s.options, ssh=init.ssh is not None, published=source.kind == "published",
+                        blocks=blocks)
     said = init.part.followed and why == why_full_view(s.options, large=source.large)  # a follower said it already
     if why and not said:
         log.log(*full_view_line(s.options.view, why, HOLDING))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agent.core.model import Options, RawPod
 from agent.core.plan.layout import NodeLabels, Plan
 from agent.core.pods.pod import object_name
-from agent.core.publication.blocks import Made
+from agent.core.publication.blocks import BlockMaker, Made
 from agent.core.publication.journal import (
     JOURNAL_KEY,
     PODS_RV_KEY,
@@ -87,12 +87,12 @@ async def vouch(get: Callable[..., Awaitable[dict[str, Any]]], check: WriterChec
     return None, False
 
 
-def summary_data(publisher: Publisher, plan: Plan | None, options: Options, *, ssh: bool = False
-                 ) -> tuple[dict[str, str], str, list[Made]]:
+def summary_data(publisher: Publisher, plan: Plan | None, options: Options, *, ssh: bool = False,
+                 blocks: BlockMaker | None = None) -> tuple[dict[str, str], str, list[Made]]:
     """The summary ConfigMap's data: the journal's header with no changes and, unless the job asks every pod to
     read every member (``--view full``), the summary of a plan that can be summarized (core/publication/summary.py);
     what it says (``said``), which decides whether it is written again; and the blocks it names (under the
-    topology order: core/publication/blocks.py), written before it."""
+    topology order: core/publication/blocks.py, made by ``blocks``), written before it."""
     seq = str(publisher.state.seq)
     data = {**publisher.journal_data(), "base": seq, JOURNAL_KEY: "[]"}
     for key in (PODS_RV_KEY, ROWS_KEY):  # where the rows stand in the pods' history: the publisher's own
@@ -101,11 +101,11 @@ def summary_data(publisher: Publisher, plan: Plan | None, options: Options, *, s
     # write every member (view_choice.why_full_view), and no summary is made for them
     wanted = plan is not None and options.view != "full" and (
         options.levels is None or options.view == "own" or plan.topology.nnodes >= LARGE_JOB)
-    summary, blocks = summarize_with_blocks(plan, seq=publisher.state.seq, options=options, ssh=ssh) \
+    summary, made = summarize_with_blocks(plan, seq=publisher.state.seq, options=options, ssh=ssh, blocks=blocks) \
         if plan is not None and wanted else (None, [])
     if summary is not None:
         data[SUMMARY_KEY] = summary_text(summary)
-    return data, said(data), blocks
+    return data, said(data), made
 
 
 def said(data: Any) -> str:
@@ -136,7 +136,7 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
                   leader: str, leader_uid: str, owner: dict[str, Any] | None, standby: tuple[str, ...] = (),
                   nodes: NodeLabels | None = None, plan: Plan | None = None,
                   publisher: Publisher | None = None, pods_rv: str = "", retry: Retry = _retried,
-                  ssh: bool = False) -> bool:
+                  ssh: bool = False, blocks: BlockMaker | None = None) -> bool:
     """The leader's init: the snapshot, the journal (with the summary of ``plan``: core/publication/summary.py); the
     Lease is held already (runtime/publication/leading.py). False when the snapshot exists already (this init runs again
     after a restart, an earlier incarnation of a member or another leader wrote it, or someone else did): the leader's
@@ -144,7 +144,8 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
     ``first_publisher``, with the rows staged while the pods arrived. ``pods_rv``: the pods' resourceVersion
     ``pods`` are current to (the leader's sidecar watches from there), "" when a LIST from there would bring
     pods that ``pods`` left out. ``retry``: how a write is tried again (init's gives up at its deadline).
-    ``ssh``: the job's pods have its SSH material (the summary lists rank 0's hosts: core/publication/summary.py)."""
+    ``ssh``: the job's pods have its SSH material (the summary lists rank 0's hosts: core/publication/summary.py).
+    ``blocks``: the maker of ``plan``'s blocks (init's own view makes them with it too)."""
     publisher = publisher or first_publisher(namespace, options, job=job, leader=leader, leader_uid=leader_uid)
     publisher.standby = standby  # named from the start: the admission policy lets only them take over
     publisher.pods_rv = pods_rv
@@ -166,8 +167,8 @@ async def publish_first(api: AsyncApi, namespace: str, name: str, pods: list[Raw
         return False
     # The summary before the journal: a LIST that shows the journal and not the summary then means the summary
     # was deleted (views.summary_gone), never that a reader came between the two writes.
-    summary, _, blocks = summary_data(publisher, plan, options, ssh=ssh)
-    await BlockWriter(api, namespace, name, owner=owner).write(blocks)  # each before the summary that names it
+    summary, _, made = summary_data(publisher, plan, options, ssh=ssh, blocks=blocks)
+    await BlockWriter(api, namespace, name, owner=owner).write(made)  # each before the summary that names it
     await _create_or_replace(api, collection, journal_body(name, summary, owner=owner, name=summary_name(name)),
                              retry)
     await _create_or_replace(api, collection, journal_body(name, publisher.journal_data(), owner=owner), retry)
@@ -275,10 +276,12 @@ class JournalWriter:
             release_memory()
 
     async def publish(self, pods: dict[str, RawPod], touched: set[str], nodes: NodeLabels,
-                      standby: tuple[str, ...], plan: Plan | None = None, pods_rv: str = "") -> bool:
+                      standby: tuple[str, ...], plan: Plan | None = None, pods_rv: str = "",
+                      blocks: BlockMaker | None = None) -> bool:
         """Put what changed where the followers read it (``plan``: the same pods' plan, summarized for
         ``--view own``); False when another pod changed the publication (this pod stops publishing).
-        ``pods_rv``: the pods' resourceVersion ``pods`` are current to, taken with ``touched``."""
+        ``pods_rv``: the pods' resourceVersion ``pods`` are current to, taken with ``touched``; ``blocks``: the
+        maker of the plans' blocks (the sidecar's own view makes the same plan's with it)."""
         await self.prepare()
         if self.again is not None:
             touched, self.again = touched | set(pods) | self.again, None
@@ -290,7 +293,8 @@ class JournalWriter:
                 and self.summary.made is not None:
             return True  # no row changed, so neither did the plan the summary is made of
         publisher.standby = standby
-        self.summary.made, saying, self.blocks.made = summary_data(publisher, plan, self.options, ssh=self.ssh)
+        self.summary.made, saying, self.blocks.made = summary_data(publisher, plan, self.options, ssh=self.ssh,
+                                                                   blocks=blocks)
         if entry is None and saying == self.summary.said and not self.rewrite_snapshot:
             return True
         async with self.writing:

@@ -307,7 +307,7 @@ class Sidecar:
             summary=reads.summary, blocks=reads.blocks, domains=reads.domains)
         release_memory()  # init's topology.json read back and the publication's LIST: freed before any pod is held
         self.changes.mode, self.changes.may_stand_by = mode, self.publication is not None
-        self.evaluator.published = self.publication is not None
+        self.evaluator.own.published = self.publication is not None
         if mode in (Mode.CANDIDATE, Mode.STANDBY):
             self.changes.candidate.set()
         if self.publication is not None and self.publication.nodes:
@@ -547,7 +547,8 @@ class Sidecar:
             asyncio.get_running_loop().call_later(retry, self.changes.changed)
         if publication is not None and self.evaluator.valid and await publication.publish(
                 self.mode, self.view, self.nodes, self.evaluator.standby_now, self.evaluator.plan,
-                pods_rv=self.changes.reflector.rv if self.changes.reflector is not None else ""):
+                pods_rv=self.changes.reflector.rv if self.changes.reflector is not None else "",
+                blocks=self.evaluator.own.blocks):
             self.metrics.published.inc()
         if read_back or (self.generation, publication.seq() if publication is not None else None) != before:
             self.memory.release_soon()  # once the burst is over, hand the freed memory back

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
@@ -19,6 +19,7 @@ from agent.core.files.variables import warnings_for
 from agent.core.model import RawPod, Takeover
 from agent.core.plan.layout import Plan
 from agent.core.pods.lost import LOST
+from agent.core.publication.blocks import BlockMaker
 from agent.core.publication.leading import standbys
 from agent.core.publication.summary import own_view, view_key
 from agent.core.report.events import Occurrence, generation_note
@@ -106,6 +107,25 @@ class InPlace:
     takeovers: frozenset[tuple[str, int]] | None = None
 
 
+@dataclass
+class OwnView:
+    """The own view of this pod while it holds every member (core/publication/summary.own_view): whether the job
+    publishes (the default view is each pod's own there), why the last plan's own view did not apply (said once per
+    reason), and the maker of the plans' blocks, which the leader's summary of the same plan shares (its blocks are
+    made once)."""
+
+    published: bool = False
+    why: str = ""
+    blocks: BlockMaker = field(default_factory=BlockMaker)
+
+    def of(self, plan: Plan, options: Any, *, ssh: bool) -> Plan | None:
+        own, why = own_view(plan, options, ssh=ssh, published=self.published, blocks=self.blocks)
+        if why != self.why and why:
+            log.log(*full_view_line(options.view, why, HOLDING))
+        self.why = why
+        return own
+
+
 class Evaluator:
     def __init__(self, settings: Any, metrics: SidecarMetrics, *,
                  clock: Callable[[], float] = time.monotonic, keep_document: bool = True) -> None:
@@ -117,8 +137,7 @@ class Evaluator:
         self.problem: str | None = NOT_EVALUATED  # why the files in place may not be the membership's (None: they are)
         self.write_failed = Backoff(base=1.0)  # a write that failed is tried again after this
         self.plan: Plan | None = None  # the last evaluation's plan (None: it made none): the leader summarizes it
-        self.full_view_why = ""  # why the own view does not apply to the pods held (said once per reason)
-        self.published = False  # the job publishes its topology: the default view is each pod's own there
+        self.own = OwnView()
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
         # Each generation written, kept where a rerun of init reads it (runtime/restarts.py): its numbering goes on.
         self.recorded: Callable[[int], None] = lambda _: None
@@ -230,10 +249,7 @@ class Evaluator:
         # none: the files stay, nothing is published while the pods make no plan.
         self.plan = None
         plan = self.renderer.planner.plan(pods, nodes=nodes, touched=touched)
-        own, why = own_view(plan, s.options, ssh=s.ssh is not None, published=self.published)
-        if why != self.full_view_why and why:
-            log.log(*full_view_line(s.options.view, why, HOLDING))
-        self.full_view_why = why
+        own = self.own.of(plan, s.options, ssh=s.ssh is not None)
         self._planned(plan)
         if own is not None:  # --view own, holding every pod: the files a follower makes from the summary
             rendered = render_plan(own, s.options, generation=self.generation + 1, files_dir=files_dir)

@@ -19,6 +19,7 @@ from typing import Any
 
 from agent.core.plan.layout import Plan
 from agent.core.pods.pod import object_name
+from agent.core.publication.blocks import BlockMaker
 from agent.core.publication.journal import journal_name, rows_options, state_from, summary_name
 from agent.core.publication.lease import Timing
 from agent.core.publication.provenance import Writer, WriterCheck, writer_of
@@ -191,17 +192,16 @@ class Publication:
         return writer.publisher.state.seq if writer is not None and writer.publisher is not None else None
 
     async def publish(self, mode: Mode, view: PodView, nodes: NodeMap, standby: tuple[str, ...],
-                      plan: Plan | None, pods_rv: str = "") -> bool:
+                      plan: Plan | None, pods_rv: str = "", blocks: BlockMaker | None = None) -> bool:
         """Publish what changed in the pods held (never the empty view before the first LIST: the caller
         publishes only a valid plan); True when a sequence was written. ``pods_rv``: the resourceVersion the pods
-        held are current to (read with them, before any await)."""
+        held are current to (read with them, before any await); ``blocks``: the maker of ``plan``'s blocks."""
         writer = self.publishing(mode)
         if writer is None:
             return False
         touched = view.drain()
         try:
-            if await writer.publish(view.pods, touched, nodes, standby, plan=plan,
-                                    pods_rv=pods_rv):
+            if await writer.publish(view.pods, touched, nodes, standby, plan=plan, pods_rv=pods_rv, blocks=blocks):
                 return True
             self.elector.leading = False
         except (ApiError, InputError) as err:
