@@ -731,18 +731,27 @@ def _remember_views(layout: _Layout, topology: Topology) -> None:
 
 
 def _domain_reader(options: Options, nodes: NodeLabels | None) -> Callable[[str], tuple[str, ...] | None]:
-    """node name -> its domains, computed once per node (a node holds several pods), one tuple per distinct
+    """node name -> its domains, computed once per node (a node holds several pods) and once per labels object
+    (the Nodes of one rack share one: runtime/nodes.py, the publication's label sets), one tuple per distinct
     domains: the members of one rack hold the same tuple, not one per node each."""
     levels = options.levels
     if levels is None:
         return lambda _node: None
     known: dict[str, tuple[str, ...] | None] = {}
+    by_labels: dict[int, tuple[str, ...] | None] = {}  # by id: ``nodes`` holds each labels object for the plan
     distinct: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def domains_of(node: str) -> tuple[str, ...] | None:
         if node not in known:
-            domains = node_domains(node, nodes.get(node), levels) if node and nodes else None
-            known[node] = domains if domains is None else distinct.setdefault(domains, domains)
+            labels = nodes.get(node) if node and nodes else None
+            if labels is None:
+                known[node] = None
+            elif id(labels) in by_labels:
+                known[node] = by_labels[id(labels)]
+            else:
+                domains = node_domains(node, labels, levels)
+                known[node] = by_labels[id(labels)] = domains if domains is None else \
+                    distinct.setdefault(domains, domains)
         return known[node]
     return domains_of
 
