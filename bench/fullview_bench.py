@@ -11,6 +11,11 @@ publication (its LIST read as content keys), hands the freed heap back, reads th
 evaluates again, writing the files each time they change.
 
     python bench/fullview_bench.py --pods 16384
+    python bench/fullview_bench.py --pods 16384 --topology 4,16,4   # --rank-order topology, a Node per pod
+
+With ``--topology Z,B,R`` each pod runs on a Node of its own in one of Z zones x B blocks x R sub-blocks, placed
+at random as bench/published_bench.py places them, and the job is ranked in the topology order: the rows carry
+their Node's labels, and the measured process plans with them (``PublishedState.node_labels``).
 
 What it leaves out of the sidecar's process: the HTTP client's buffers and the watch's line reassembly, the
 health server, the Events sink, and a relist (a journal that starts after the snapshot held); run
@@ -41,23 +46,39 @@ def _rss() -> tuple[float, float]:
     return rss, hwm
 
 
-def make(pods: int, entry: int, out: Path) -> None:
+LEVEL_KEYS = ("topology.kubernetes.io/zone", "cloud.google.com/gce-topology-block",
+              "cloud.google.com/gce-topology-subblock")
+
+
+def options(topology: str, **given: Any) -> Any:
+    from agent.core.model import Options
+    from agent.core.pods.placement import DEFAULT_LEVELS
+
+    return Options(levels=DEFAULT_LEVELS, rank_order="topology", **given) if topology else Options(**given)
+
+
+def make(pods: int, entry: int, out: Path, topology: str = "") -> None:
     """The publication's steps as the sidecar would read them: ("list", [snapshot, journal]) or ("watch", [journal])."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import kubelet
     from transients_bench import raw_pods
 
-    from agent.core.model import Options
     from agent.core.publication.journal import PublishedState, Publisher, journal_body
     from agent.core.publication.published import configmap_body
     from agent.runtime.views import PodView
 
     raw = raw_pods(pods)
-    view = PodView(ME, Options())
+    view = PodView(ME, options(topology))
     held = {p["metadata"]["name"]: view.keep(p) for p in raw}
-    publisher = Publisher(PublishedState(job="demo", namespace="default", snapshot_seq=-1), Options(),
+    publisher = Publisher(PublishedState(job="demo", namespace="default", snapshot_seq=-1), options(topology),
                           leader="demo-master-0")
-    publisher.change(held, set(held), journal=False)
+    nodes: dict[str, dict[str, str]] | None = None
+    if topology:
+        from published_bench import node_domains
+
+        nodes = {f"node-{i}": dict(zip(LEVEL_KEYS, domains, strict=True))
+                 for i, domains in enumerate(node_domains(pods, topology, 1)[:pods])}
+    publisher.change(held, set(held), nodes, journal=False)
 
     def snapshot() -> dict[str, Any]:
         body = configmap_body(SNAPSHOT, publisher.snapshot_packed(), generation=publisher.state.seq,
@@ -81,14 +102,14 @@ def make(pods: int, entry: int, out: Path) -> None:
 
     for at in range(0, pods, entry):
         names = {changed(kubelet.kubelet_initialized(pod) or pod) for pod in raw[at:at + entry]}
-        if publisher.change(held, names) is not None:
+        if publisher.change(held, names, nodes) is not None:
             if publisher.snapshot_due:
                 snapshot()
             steps.append(("watch", [journal()]))
     for k in range(5):
         pod = raw[100 + k]
         kubelet.kubelet_started(pod, f"10.9.{k}.1")
-        publisher.change(held, {changed(pod)})
+        publisher.change(held, {changed(pod)}, nodes)
         steps.append(("watch", [journal()]))
     leaving = raw[3]["metadata"]["name"]
     kept = held[leaving]
@@ -97,19 +118,18 @@ def make(pods: int, entry: int, out: Path) -> None:
             held.pop(leaving)
         else:
             held[leaving] = kept
-        publisher.change(held, {leaving})
+        publisher.change(held, {leaving}, nodes)
         steps.append(("watch", [journal()]))
     me = next(p for p in raw if p["metadata"]["name"] == ME)
     out.write_text(json.dumps({"steps": steps, "me": me}))
 
 
-def measure(publication: Path, init_files: Path, *, write_init: bool) -> None:
+def measure(publication: Path, init_files: Path, *, write_init: bool, topology: str = "") -> None:
     """The sidecar's path over the publication's steps; with ``write_init``, only the first step's files (init's)."""
     started = _rss()
     import agent.cli
     import agent.runtime.health
     import agent.runtime.sidecar  # noqa: F401  (the sidecar process's imports)
-    from agent.core.model import Options
     from agent.core.publication.journal import state_from
     from agent.flags.sidecar import SidecarSettings
     from agent.k8s.core import WatchEvent
@@ -130,10 +150,10 @@ def measure(publication: Path, init_files: Path, *, write_init: bool) -> None:
     if not write_init:
         for path in init_files.iterdir():
             (out / path.name).write_bytes(path.read_bytes())
-    options = Options(view="full")
-    evaluator = Evaluator(SidecarSettings(namespace="default", pod_name=ME, options=options, out_dir=out),
+    given = options(topology, view="full")
+    evaluator = Evaluator(SidecarSettings(namespace="default", pod_name=ME, options=given, out_dir=out),
                           SidecarMetrics())
-    evaluator.keep_document, evaluator.published = False, True
+    evaluator.keep_document, evaluator.own.published = False, True
 
     class Sink:
         def changed(self) -> None: ...
@@ -143,7 +163,7 @@ def measure(publication: Path, init_files: Path, *, write_init: bool) -> None:
         def following(self, reflector: object) -> None: ...
         def count(self, what: str) -> None: ...
 
-    view = PodView(ME, options)
+    view = PodView(ME, given)
     view.know_me(me)
     follower = JournalFollower(Sink(), None, view, namespace="default", configmap=SNAPSHOT,  # type: ignore[arg-type]
                                check=None, settings=ReflectorSettings(), clock=time.monotonic)
@@ -163,9 +183,11 @@ def measure(publication: Path, init_files: Path, *, write_init: bool) -> None:
             store.apply(WatchEvent("MODIFIED", items[0]))
         del items
         pods, touched = view.placed(by_ip=False), view.take_unplanned()
+        state = follower.published.state
+        nodes = state.node_labels() if topology and state is not None else {}  # as Sidecar._nodes
         with collector_paused():
-            evaluator.evaluate(time.monotonic(), pods=pods, light=None, nodes={}, note="", touched=touched)
-        del pods
+            evaluator.evaluate(time.monotonic(), pods=pods, light=None, nodes=nodes, note="", touched=touched)
+        del pods, nodes
         rows.append((f"step {k}: {kind}, generation {evaluator.generation}", *_rss(),
                      f"{(time.process_time() - cpu) * 1000:.0f}"))
     release_memory()
@@ -180,24 +202,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=16384)
     parser.add_argument("--entry", type=int, default=1500, help="rows per journal entry of the kubelet's writes")
+    parser.add_argument("--topology", default="", metavar="Z,B,R",
+                        help="--rank-order topology, a Node per pod in Z zones x B blocks x R sub-blocks")
     parser.add_argument("--step", choices=["make", "init", "measure"], help=argparse.SUPPRESS)
     parser.add_argument("--publication", help=argparse.SUPPRESS)
     parser.add_argument("--init-files", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step == "make":
-        make(args.pods, args.entry, Path(args.publication))
+        make(args.pods, args.entry, Path(args.publication), args.topology)
         return
     if args.step is not None:
-        measure(Path(args.publication), Path(args.init_files), write_init=args.step == "init")
+        measure(Path(args.publication), Path(args.init_files), write_init=args.step == "init", topology=args.topology)
         return
     with tempfile.TemporaryDirectory() as tmp:
         publication, init_files = Path(tmp) / "publication.json", Path(tmp) / "init"
         init_files.mkdir()
         for step in ("make", "init", "measure"):  # each in a fresh process: its RSS is its own
             subprocess.run([sys.executable, __file__, "--step", step, "--pods", str(args.pods), "--entry",
-                            str(args.entry), "--publication", str(publication), "--init-files", str(init_files)],
+                            str(args.entry), "--publication", str(publication), "--init-files", str(init_files),
+                            "--topology", args.topology],
                            check=True, env={**os.environ})
-        print(f"\n{args.pods} pods, kubelet entries of {args.entry} rows")
+        print(f"\n{args.pods} pods, kubelet entries of {args.entry} rows"
+              + (f", --rank-order topology on {args.topology} (zones, blocks, sub-blocks)" if args.topology else ""))
 
 
 if __name__ == "__main__":
