@@ -276,6 +276,27 @@ def test_a_join_at_the_end_keeps_the_survivors_relative_order(paths, data):
         assert topology_order(after_all)[-1] == len(paths)
 
 
+def _order_by_definition(paths):
+    """topology_order's definition, every level kept: each member's key is, level by level, the position of the
+    first member of its domain there, then its own position."""
+    first: dict = {}
+    keys = [(*(first.setdefault(path[:depth], at) for depth in range(1, len(path) + 1)), at)
+            for at, path in enumerate(paths)]
+    return sorted(range(len(paths)), key=keys.__getitem__)
+
+
+@settings(max_examples=300, deadline=None)
+@given(paths_strategy, st.lists(st.integers(0, 4), max_size=4), st.booleans())
+def test_levels_every_member_agrees_on_change_nothing_in_the_order(paths, constant_at, one_node):
+    """The levels no Node has (most of the default levels: '' on every member) are left out of the passes;
+    the order is the definition's, wherever such a level stands, and when only one level varies or none does."""
+    for at in sorted(constant_at, reverse=True):
+        paths = [(*p[:at], "", *p[at:]) for p in paths]
+    if one_node:  # every member on one node of one domain but for one level, or none
+        paths = [(*("" for _ in p[:-1]), p[-1] if len(paths) % 2 else "n") for p in paths]
+    assert topology_order(paths) == _order_by_definition(paths)
+
+
 def test_a_leave_keeps_the_survivors_relative_order_unless_it_led_its_domain():
     rng = random.Random(7)
     paths = [(f"r{rng.randrange(3)}", f"n{i}") for i in range(40)]

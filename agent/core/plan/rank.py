@@ -7,6 +7,7 @@ here: tests/core/test_rank_rule.py swaps one in and holds the planner and the su
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,10 +136,20 @@ def topology_order(paths: Sequence[tuple[str, ...]]) -> list[int]:
 
     Members sharing a domain become contiguous at every level, and domains keep the order of their first member
     in index order, so the first member (rank 0) stays first and a new member of an existing domain moves only
-    the members after that domain's block. Ties keep index order. O(members x levels)."""
+    the members after that domain's block. Ties keep index order. O(members x levels).
+
+    A level on which every member agrees (a label none of the Nodes has: most of the default levels) sets no member
+    apart from the level above it, so it is left out: the order is the same, in a fraction of the passes."""
+    if not paths:
+        return []
+    varying = [d for d in range(len(paths[0])) if len(set(map(operator.itemgetter(d), paths))) > 1]
+    if not varying:
+        return list(range(len(paths)))
+    told: list[tuple[str, ...]] = list(map(operator.itemgetter(*varying), paths)) if len(varying) > 1 else \
+        [(value,) for value in map(operator.itemgetter(varying[0]), paths)]
     first: dict[tuple[str, ...], int] = {}
     keys: list[tuple[int, ...]] = []
-    for position, path in enumerate(paths):
+    for position, path in enumerate(told):
         key = []
         for depth in range(1, len(path) + 1):
             key.append(first.setdefault(path[:depth], position))
