@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import given, settings
@@ -24,11 +25,12 @@ from hypothesis import strategies as st
 from agent import examples
 from agent.core import Options, render_pod
 from agent.core.model import Processes
-from agent.core.plan.layout import build_plan
+from agent.core.plan.layout import _domain_reader, build_plan
 from agent.core.plan.rank import topology_order
 from agent.core.pods.placement import (
     DEFAULT_LEVELS,
     domains_used,
+    node_domains,
     parse_levels,
     ring_crossings,
 )
@@ -180,6 +182,41 @@ def test_a_pod_whose_node_labels_are_unknown_keeps_index_order_and_says_why():
     assert env["TOPOLOGY_RANK_ORDER"] == "index" and env["TOPOLOGY_SUBBLOCK"] == "sub-1"
     me = render_pod(pods, index_order[3], TOPO, nodes=nodes)
     assert "TOPOLOGY_SUBBLOCK" not in env_of(me) and env_of(me)["TOPOLOGY_NODE"] == "gke-node-3"
+
+
+class _MadeOnRead(Mapping):
+    """Node labels whose every read makes a new dict (a lazy mapping): no labels object outlives its read."""
+
+    def __init__(self, nodes: dict) -> None:
+        self.nodes = nodes
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        return dict(self.nodes[key])
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+def test_each_node_gets_its_own_domains_whether_its_labels_object_is_shared_or_made_on_each_read():
+    """A plan reads each distinct labels object once (Nodes of one rack share one, kept by its id): each Node
+    still gets its own domains, with its rack's object or with a labels object made at each read (the reader holds
+    each object it keeps an id of, so no later one takes that id)."""
+    pods, nodes, _ = interleaved(examples.volcano_job(tasks=(("master", 1), ("worker", 11))))
+    want = [(m.name, m.domains) for m in render_pod(pods, "demo-worker-0", TOPO, nodes=nodes).plan.topology.members]
+    shared: dict = {}  # the levels' labels, one object per rack (as runtime/nodes.py keeps them)
+    by_object = {name: shared.setdefault((labels[BLOCK], labels[SUBBLOCK]), {BLOCK: labels[BLOCK],
+                                                                             SUBBLOCK: labels[SUBBLOCK]})
+                 for name, labels in nodes.items()}
+    assert len({id(v) for v in by_object.values()}) == 2 < len(by_object)
+    plan = render_pod(pods, "demo-worker-0", TOPO, nodes=by_object).plan
+    assert [(m.name, m.domains) for m in plan.topology.members] == want
+    for labelled in (by_object, _MadeOnRead(nodes)):  # the reader a plan makes, as the planner calls it
+        read = _domain_reader(TOPO, labelled)
+        assert [read(node) for node in nodes] == [node_domains(n, labels, DEFAULT_LEVELS)
+                                                  for n, labels in nodes.items()]
 
 
 def test_without_levels_nothing_changes():

@@ -738,20 +738,22 @@ def _domain_reader(options: Options, nodes: NodeLabels | None) -> Callable[[str]
     if levels is None:
         return lambda _node: None
     known: dict[str, tuple[str, ...] | None] = {}
-    by_labels: dict[int, tuple[str, ...] | None] = {}  # by id: ``nodes`` holds each labels object for the plan
+    # by id, with the labels object itself held: no other object can take that id while the reader lives
+    by_labels: dict[int, tuple[Mapping[str, str], tuple[str, ...] | None]] = {}
     distinct: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def domains_of(node: str) -> tuple[str, ...] | None:
         if node not in known:
             labels = nodes.get(node) if node and nodes else None
+            seen = by_labels.get(id(labels)) if labels is not None else None
             if labels is None:
                 known[node] = None
-            elif id(labels) in by_labels:
-                known[node] = by_labels[id(labels)]
+            elif seen is not None:
+                known[node] = seen[1]
             else:
                 domains = node_domains(node, labels, levels)
-                known[node] = by_labels[id(labels)] = domains if domains is None else \
-                    distinct.setdefault(domains, domains)
+                known[node] = domains if domains is None else distinct.setdefault(domains, domains)
+                by_labels[id(labels)] = (labels, known[node])
         return known[node]
     return domains_of
 
