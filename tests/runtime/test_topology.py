@@ -183,6 +183,11 @@ async def test_with_view_own_a_topology_ordered_follower_reads_its_node_the_summ
     assert after["NODE_RANK"] == next(v.value for v in want.variables if v.name == "NODE_RANK") \
         and after["NODE_RANK"] != before["NODE_RANK"]  # rack-b's new member comes before rack-c's
     assert "reading the whole topology" not in logs.text("demo-worker-10")
+    leader_gets = [r.path for who, r in list(api.requests) if who == agent_name("sidecar", "demo-master-0")
+                   and r.verb == "get" and r.path.startswith("/api/v1/nodes/")]
+    # its own Node (its domains, for its own view), then the new one: the others' labels came with its own rows,
+    # as its init read them (the lost-Node watch lists no labels)
+    assert leader_gets == ["/api/v1/nodes/node-0", "/api/v1/nodes/node-new"]
     assert len(made) >= 2 and len({id(t) for t in made}) == len(made)  # init's plan and the sidecar's, once each
 
 

@@ -215,7 +215,7 @@ class PublishedState:
     _lists: list[list[dict[str, Any]]] = field(default_factory=list, repr=False, compare=False)  # shape_lists
     _strings: SharedStrings = field(default_factory=SharedStrings, repr=False, compare=False)
     _label_sets: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)  # the snapshot's
-    _node_labels: dict[str, dict[str, str]] = field(default_factory=dict, repr=False, compare=False)  # a follower's
+    _node_labels: dict[str, dict[str, str]] = field(default_factory=dict, repr=False, compare=False)  # with pods
 
     def hand_over_pods(self) -> dict[str, RawPod]:
         """The pods read, for the view that holds them from now on; this state keeps rows alone. The table of
@@ -224,6 +224,12 @@ class PublishedState:
         table and 2.8 MB of strings once the kubelet has written every pod)."""
         pods, self.pods, self.keep_pods, self._strings = self.pods, {}, False, SharedStrings()
         return pods
+
+    def hand_over_node_labels(self) -> dict[str, dict[str, str]]:
+        """The labels of the Nodes the pods read run on, as the rows carried them, for the sidecar that holds those
+        pods (a leader's own read-back: it reads no Node again); this state keeps the rows' content keys alone."""
+        labels, self._node_labels = self._node_labels, {}
+        return labels
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         """The labels of the Nodes the members run on, as the publisher read them (rows carry them): by the
@@ -287,12 +293,12 @@ class PublishedState:
         pod = before if before is not None and same_but_version(before, made) else made
         if self.keep_pods:
             self.pods[row[Col.NAME]] = pod  # type: ignore[assignment]
-            if not self.compare_only:  # the pod says all the row does but its Node's labels: kept by Node
-                node = row[Col.NODE]
-                if node and row[Col.NODE_LABELS] is not None:
-                    self._node_labels[node] = row[Col.NODE_LABELS]
-                elif node:
-                    self._node_labels.pop(node, None)
+            node = row[Col.NODE]
+            if node and row[Col.NODE_LABELS] is not None:  # the pod says all the row does but its Node's labels:
+                self._node_labels[node] = row[Col.NODE_LABELS]  # kept by Node (a leader's own read-back hands them
+            elif node:  # over with the pods: ``hand_over_node_labels``)
+                self._node_labels.pop(node, None)
+            if not self.compare_only:
                 return row[Col.NAME]
         self.rows[row[Col.NAME]] = _compared(row) if self.compare_only else row
         return row[Col.NAME]
@@ -591,6 +597,14 @@ def journal_body(snapshot_name: str, data: dict[str, str], *, owner: dict[str, A
     return body
 
 
+def journal_of(items: list[dict[str, Any]], snapshot_name: str) -> Journal | None:
+    """The journal's header (who publishes, who stands by, its entries) from one LIST of the publication, without
+    the snapshot; without the journal, the summary's."""
+    by_name = {object_name(item): item for item in items if isinstance(item, dict)}  # any object's name, or ""
+    header = by_name.get(journal_name(snapshot_name)) or by_name.get(summary_name(snapshot_name))
+    return read_journal(header) if header is not None else None
+
+
 def state_from(items: list[dict[str, Any]], snapshot_name: str, *, pods: bool = True,
                compare_only: bool = False, held: Mapping[str, RawPod] | None = None,
                ) -> tuple[PublishedState | None, Journal | None]:
@@ -598,10 +612,8 @@ def state_from(items: list[dict[str, Any]], snapshot_name: str, *, pods: bool = 
     when there is no snapshot yet or the journal has moved past it (read again). ``pods``: keep the pods too;
     ``compare_only`` and ``held``: see ``PublishedState.from_configmap``. Without the journal, the summary's
     header (who publishes, who stands by) is the journal: a pod in its own view lists the summary alone."""
-    by_name = {object_name(item): item for item in items if isinstance(item, dict)}  # any object's name, or ""
-    header = by_name.get(journal_name(snapshot_name)) or by_name.get(summary_name(snapshot_name))
-    journal = read_journal(header) if header is not None else None
-    snapshot = by_name.get(snapshot_name)
+    journal = journal_of(items, snapshot_name)
+    snapshot = next((item for item in items if isinstance(item, dict) and object_name(item) == snapshot_name), None)
     state = PublishedState.from_configmap(snapshot, pods=pods, compare_only=compare_only, held=held) \
         if snapshot is not None else None
     if state is None:

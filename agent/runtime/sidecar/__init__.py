@@ -310,8 +310,9 @@ class Sidecar:
         self.evaluator.own.published = self.publication is not None
         if mode in (Mode.CANDIDATE, Mode.STANDBY):
             self.changes.candidate.set()
-        if self.publication is not None and self.publication.nodes:
+        if self.publication is not None and self.publication.nodes:  # held here from now on, not twice
             self.nodes.update(self.publication.nodes)
+            self.publication.nodes = None
         what = f"configmap {self.publication.follower.watched_name()}" \
             if self.mode.reads_publication and self.publication is not None else f"pods with selector {self.selector}"
         log.info("following %s %s from generation %d (%s)", controller.title, what, self.generation,

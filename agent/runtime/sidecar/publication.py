@@ -20,7 +20,7 @@ from typing import Any
 from agent.core.plan.layout import Plan
 from agent.core.pods.pod import object_name
 from agent.core.publication.blocks import BlockMaker
-from agent.core.publication.journal import journal_name, rows_options, state_from, summary_name
+from agent.core.publication.journal import journal_name, journal_of, rows_options, state_from, summary_name
 from agent.core.publication.lease import Timing
 from agent.core.publication.provenance import Writer, WriterCheck, writer_of
 from agent.core.publication.published import SELECT_LABEL, select_value
@@ -105,14 +105,17 @@ class Publication:
         except ApiForbidden as err:
             log.info("cannot look for a published topology (%s); following the pods", err)
             return None, Mode.PODS
-        try:  # the rows as content keys (streamed): only whether they are there counts, and Nodes' labels
-            state, journal = state_from(items, job.configmap, pods=False, compare_only=options.levels is None)
+        try:  # the rows as content keys (streamed): only whether they are there counts, and Nodes' labels; the
+            # leader decodes its own rows once, below (``_own_rows``)
+            journal = journal_of(items, job.configmap)
+            leader = journal is not None and journal.leader == job.pod
+            state = None if leader else \
+                state_from(items, job.configmap, pods=False, compare_only=options.levels is None)[0]
         except InputError as err:
             log.warning("the published topology is not usable (%s); following the pods", err)
             return None, Mode.PODS
         if state is None and journal is None:
             return None, Mode.PODS
-        leader = journal is not None and journal.leader == job.pod
         standby = journal is not None and job.pod in journal.standby
         why, _ = await vouch(api.get_object, check, items, job.configmap)
         if why is not None and not (leader or standby):  # a follower uses the rows: their writer must be a member
@@ -128,8 +131,10 @@ class Publication:
             # only with --topology-levels: none are published without): a standby need not read Nodes
             publication.nodes = dict(state.node_labels())
         if leader:
-            publication.seed, publication.read_back = await _own_rows(api, job, options, collection,
-                                                                      None if light else items)
+            publication.seed, publication.read_back, labels = await _own_rows(api, job, options, collection,
+                                                                              None if light else items)
+            if labels and options.levels is not None:  # the Nodes its init read: not read again
+                publication.nodes = labels
         if leader or (standby and why is not None):
             return publication, Mode.CANDIDATE
         publication.follower.light = light
@@ -264,14 +269,16 @@ async def _listed(api: AsyncApi, collection: str, configmap: str, light: bool,
 
 
 async def _own_rows(api: AsyncApi, job: Job, options: Any, collection: str,
-                    items: list[Any] | None) -> tuple[Seed | None, ReadBack | None]:
+                    items: list[Any] | None) -> tuple[Seed | None, ReadBack | None, NodeMap]:
     """The pods as this very pod published them (its init, or its sidecar before a restart), with the pods'
     resourceVersion they are current to: its sidecar watches from there instead of listing every pod (at 16384
     pods of ~9.6 KB, 155 MiB). None (and a LIST) when the publication does not say where it stands, was cut with
     other options, or was written by anyone else (another pod, or this pod's name under another uid). The same
     streamed read is its publisher's read-back (rows kept as content keys): the snapshot is decoded once, never
-    whole (at 16384 pods the whole document and both reads would be ~40 MB of the publisher's peak). ``items``: the
-    publication as listed already (None: list it)."""
+    whole (at 16384 pods the whole document and both reads would be ~40 MB of the publisher's peak). With the
+    pods, the labels of their Nodes as the rows carry them (``--topology-levels``): the sidecar does not read every
+    Node again (16384 Nodes are ~160 pages, seconds in which the kubelet's writes pile up into one change too large
+    for the journal). ``items``: the publication as listed already (None: list it)."""
     try:
         listed: list[Any] = items if items is not None else (await retried(lambda: api.list_objects(
             collection, label_selector=f"{SELECT_LABEL}={select_value(job.configmap)}"),
@@ -279,10 +286,10 @@ async def _own_rows(api: AsyncApi, job: Job, options: Any, collection: str,
         state, journal = state_from(listed, job.configmap, compare_only=True)
     except (ApiError, InputError) as err:
         log.info("listing the pods: the published topology cannot be started from (%s)", err)
-        return None, None
+        return None, None, {}
     header = next((i for i in listed if object_name(i) == journal_name(job.configmap)), None)
     if state is None or journal is None or header is None or writer_of(header) != Writer(job.pod, job.uid) or \
             not journal.pods_rv or journal.rows_options != rows_options(options):
-        return None, None
-    pods = state.hand_over_pods()  # the view holds the pods; the writer, the keys
-    return (pods, journal.pods_rv), (listed, state, journal)
+        return None, None, {}
+    pods, labels = state.hand_over_pods(), state.hand_over_node_labels()  # the view holds them; the writer, the keys
+    return (pods, journal.pods_rv), (listed, state, journal), dict(labels)
