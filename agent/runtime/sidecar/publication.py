@@ -20,7 +20,14 @@ from typing import Any
 from agent.core.plan.layout import Plan
 from agent.core.pods.pod import object_name
 from agent.core.publication.blocks import BlockMaker
-from agent.core.publication.journal import journal_name, journal_of, rows_options, state_from, summary_name
+from agent.core.publication.journal import (
+    PublishedState,
+    journal_name,
+    journal_of,
+    rows_options,
+    state_from,
+    summary_name,
+)
 from agent.core.publication.lease import Timing
 from agent.core.publication.provenance import Writer, WriterCheck, writer_of
 from agent.core.publication.published import SELECT_LABEL, select_value
@@ -124,23 +131,28 @@ class Publication:
         # The leader watches the pods itself, and so does a standby whose copy is not vouched for: the copy only
         # names them (this pod's earlier incarnation, under another uid, may have written it: it rewrites it once
         # it leads). A standby follows a vouched copy as a follower does until the Lease looks abandoned.
-        elector = _elector(api, job, lease_seconds, named_leader=journal is not None and journal.leader == job.pod)
-        publication = cls(api, job, make_follower(), elector)
+        publication = cls(api, job, make_follower(), _elector(api, job, lease_seconds, named_leader=leader))
         publication.ssh = ssh
-        if state is not None and why is None and not state.compare_only:  # labels only from a vouched copy (and
-            # only with --topology-levels: none are published without): a standby need not read Nodes
-            publication.nodes = dict(state.node_labels())
-        if leader:
-            publication.seed, publication.read_back, labels = await _own_rows(api, job, options, collection,
-                                                                              None if light else items)
-            if labels and options.levels is not None:  # the Nodes its init read: not read again
-                publication.nodes = labels
+        await publication._start_from(state if why is None else None, leader, None if light else items, options)
         if leader or (standby and why is not None):
             return publication, Mode.CANDIDATE
         publication.follower.light = light
         publication.follower.summary.domains = own
         publication.follower.first_list = (items, rv)  # a follower starts from this LIST: no second one
         return publication, Mode.STANDBY if standby else Mode.FOLLOWER
+
+    async def _start_from(self, vouched: PublishedState | None, leader: bool, items: list[Any] | None,
+                          options: Any) -> None:
+        """The Nodes' labels a ``vouched`` copy carried (with --topology-levels: none are published without), so that
+        a standby need not read Nodes; the leader's own rows, its seed and read-back, with the labels of their Nodes
+        as its init read them (``_own_rows``: ``items``, the publication listed already, or None)."""
+        if vouched is not None and not vouched.compare_only:
+            self.nodes = dict(vouched.node_labels())
+        if leader:
+            collection = f"/api/v1/namespaces/{self.job.namespace}/configmaps"
+            self.seed, self.read_back, labels = await _own_rows(self.api, self.job, options, collection, items)
+            if labels and options.levels is not None:  # the Nodes its init read: not read again
+                self.nodes = labels
 
     def follow_light(self, first_list: tuple[list[dict[str, Any]], str], domains: tuple[str, ...] | None) -> None:
         """Follow the summary (and its block) from ``first_list``, what init handed over: no LIST of its own."""
