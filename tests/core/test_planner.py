@@ -242,10 +242,11 @@ def test_single_pod_changes_are_incremental(opts):
     assert planner.incremental == len(ops)
 
 
-def test_a_leave_in_topology_order_is_carried_over_unless_it_reorders_the_domains():
+def test_a_leave_in_topology_order_is_carried_over_and_reorders_the_domains_it_led():
     """Topology order puts domains in the order of their first member (index order): a member that leaves
-    without being the first of a domain that holds others leaves the rest in their order, and the layout is
-    carried over; the first of a sub-block with others is planned from scratch. Both plans are build_plan's."""
+    without being the first of a domain that holds others leaves the rest in their order; the first of a
+    sub-block with others hands the sub-block's place to its next member, which can move it among its siblings.
+    Both are carried over from the kept layout, only the second reorders; both plans are build_plan's."""
     def world_and_targets() -> tuple[World, str, str]:
         world = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7))
         sub = {name: (k % 2, k % 3) for k, name in enumerate(world.all)}  # node-k's block and sub-block (World)
@@ -257,18 +258,18 @@ def test_a_leave_in_topology_order_is_carried_over_unless_it_reorders_the_domain
 
     world, last, first = world_and_targets()
     planner = _check(world, OPTIONS["topology"], ["ip", "leave"], target=last)
-    assert planner.incremental == 2
+    assert (planner.incremental, planner.reordered) == (2, 0)
     world, last, first = world_and_targets()
     planner = _check(world, OPTIONS["topology"], ["ip", "leave"], target=first)
-    assert planner.incremental == 1  # the leave from scratch
+    assert (planner.incremental, planner.reordered) == (2, 1)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["own-node", "shared-node"])
-def test_a_join_in_topology_order_is_carried_over_unless_it_reorders_the_domains(packed):
+def test_a_join_in_topology_order_is_carried_over_and_reorders_the_domains_it_leads(packed):
     """A member that joins after the first member (index order) of the deepest domain it shares with others takes
-    its place in that domain (among the members of its node, or as a new node among its siblings), and the layout
-    is carried over; one that would be the first of a domain that holds others is planned from scratch. Both
-    plans are build_plan's. ``packed``: each pod that joins runs on the node of a pod already there."""
+    its place in that domain (among the members of its node, or as a new node among its siblings); one that
+    would be the first of a domain that holds others moves that domain among its siblings. Both are carried over
+    from the kept layout, only the second reorders; both plans are build_plan's. ``packed``: each pod that joins runs on the node of a pod already there."""
     names = list(World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7)).all)
     present = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7)).pods
     hosts = sorted(present, key=names.index)[1::3]  # the pods whose nodes the joining ones share when packed
@@ -293,7 +294,7 @@ def test_a_join_in_topology_order_is_carried_over_unless_it_reorders_the_domains
     assert set(carried.values()) == {True, False}
     for name, kept in carried.items():
         planner = _check(world(name), OPTIONS["topology"], ["ip", "join"], target=name)
-        assert planner.incremental == (2 if kept else 1), name
+        assert (planner.incremental, planner.reordered) == (2, 0 if kept else 1), name
 
 
 @pytest.mark.slow

@@ -12,9 +12,9 @@ import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from agent.core.model import Excluded, Options, RawPod, member_fields
+from agent.core.model import Excluded, Options, RawPod
+from agent.core.plan.domain_order import REORDERS, order_without, reorder, topology_arrival
 from agent.core.plan.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.plan.layout import (
     Live,
@@ -46,6 +46,8 @@ class _Taken:
     renewed: list[str] = field(default_factory=list)
     removed: list[SortKey] = field(default_factory=list)
     left_at: int | None = None  # topology order: where the one member that left stood (its follower stands there)
+    reorders: bool = False  # topology order: the leave or join moves a domain among its siblings
+    breaks: list[int] = field(default_factory=list)  # after a reorder: the positions to place from their facts
 
     @property
     def moved(self) -> bool:
@@ -60,6 +62,7 @@ class _Taken:
             marks.update(bisect.bisect_left(rows.keys, key) for key in self.removed)
         elif self.left_at is not None:
             marks.add(self.left_at)
+        marks.update(self.breaks)
         return sorted(m for m in marks if self.lowest <= m < len(rows.live))
 
 
@@ -94,6 +97,7 @@ class Planner:
         self._addresses_kept = True  # the last change renewed no member's address (its plan keeps the templates)
         self.incremental = 0  # plans made from the previous layout (the rest were made from scratch)
         self.followed = 0  # follow() calls that carried the layout over (the rest dropped it or made one)
+        self.reordered = 0  # incremental plans whose leave or join moved topology domains among their siblings
 
     def plan(self, pods: Mapping[str, RawPod], *, nodes: NodeLabels | None = None,
              touched: Iterable[str] | None = None) -> Plan:
@@ -231,7 +235,8 @@ class Planner:
         """Take the changes of ``names`` into the rows: a member whose key, identity and place stand is updated in
         place; any other leaves, and arrives again at its new key while it is live. ``_FromScratch`` when only a
         layout from scratch can say (a refused identity, two pods claiming one index; in the topology order a
-        move, more than one leave or join, or one that reorders the domains)."""
+        move, more than one leave or join, or a Node whose labels are not known). A leave or join that moves a
+        domain among its siblings puts the training rows in order again (``_reorder``)."""
         rows = layout.rows
         positions = rows.at  # None: index order, where the keys are sorted
         arriving: list[tuple[Live, SortKey]] = []
@@ -267,25 +272,50 @@ class Planner:
                     taken.renewed.append(name)
                     continue
             if positions is not None:
-                if new is not None or taken.left_at is not None or not _order_stands_without(layout, at):
-                    raise _FromScratch  # a move, a second leave, or a leave that reorders the domains
-                taken.left_at = at
+                stands = order_without(layout, at) if new is None and taken.left_at is None else None
+                if stands is None:
+                    raise _FromScratch  # a move, a second leave, or an order only a layout from scratch can say
+                taken.left_at, taken.reorders = at, not stands
             layout.leave(at, name)
             taken.removed.append(old_key)
             taken.lowest = min(taken.lowest, at)
             if new is not None:
                 arriving.append((new, sort_key(*new)))
+        self._arrive(layout, taken, arriving, domains_of)
+        if taken.reorders:
+            self._reorder(layout, taken, domains_of)
+        return taken
+
+    @staticmethod
+    def _arrive(layout: _Layout, taken: _Taken, arriving: list[tuple[Live, SortKey]],
+                domains_of: Callable[[str], tuple[str, ...] | None]) -> None:
+        """The pods ``arriving`` into the rows: at their keys' places, or in topology order the one that arrives
+        where its domains put it (``domain_order.topology_arrival``)."""
         for new, key in arriving:
             where = None
-            if positions is not None:
+            if layout.rows.at is not None:
                 if len(arriving) > 1 or taken.removed:
                     raise _FromScratch
-                where = _topology_arrival(layout, new, key, domains_of)
+                where = topology_arrival(layout, new, key, domains_of)
                 if where is None:
-                    raise _FromScratch  # a join that reorders the domains
+                    raise _FromScratch  # a Node whose labels are not known
+                if where == REORDERS:
+                    taken.reorders, where = True, layout.census.training  # last of the training rows, for now
             taken.lowest = min(taken.lowest, layout.arrive(new, key, where))
             taken.renewed.append(new.facts.name)
-        return taken
+
+    def _reorder(self, layout: _Layout, taken: _Taken, domains_of: Callable[[str], tuple[str, ...] | None]) -> None:
+        """The training rows in topology order again (domain_order.reorder) after the one leave or join of
+        ``taken``: where each run of members that kept its neighbours starts is placed again, the rest carried."""
+        if taken.left_at is not None:
+            breaks = [taken.left_at]
+        else:
+            arrived = layout.rows.find(taken.renewed[-1])
+            breaks = [arrived, arrived + 1]
+        first, marks = reorder(layout, breaks, domains_of)
+        taken.left_at, taken.breaks = None, marks
+        taken.lowest = min(taken.lowest, first)
+        self.reordered += 1
 
     def _same_place(self, layout: _Layout, old: PodFacts, new: PodFacts) -> bool:
         """Can the pod keep its member's position and ranks: same slots, still in or out of the host lists (a
@@ -310,94 +340,6 @@ class Planner:
         new = layout.rows.placed[at]
         if new is None or new.address != old.address:
             self._addresses_kept = False
-
-
-def _order_stands_without(layout: _Layout, at: int) -> bool:
-    """``--rank-order topology``: whether the others keep their order when the member at ``at`` leaves. Domains
-    are ordered by their first member in index order (rank.topology_order), so they do unless the member was the
-    first of a domain that holds others: then the domain's next member decides its place among its siblings.
-    False also where the order is index order for want of Node labels."""
-    rows, count = layout.rows, layout.census.training
-    if layout.order_note is not None:
-        return False
-    if at >= count:
-        return True  # no training member: after the training ones, in index order
-    placed: list[Any] = rows.placed[:count]
-    me = placed[at]
-    if me is None or me.domains is None:
-        return False
-    found = _shared_block(placed, (*me.domains, me.node), least=2)
-    if found is None:
-        return False
-    deepest, lo, hi, _ = found
-    return not deepest or min(rows.keys[lo:hi]) < rows.keys[at]
-
-
-_DOMAINS, _NODE = member_fields("domains"), member_fields("node")
-
-
-def _shared_block(placed: list[Any], path: tuple[str, ...], *, least: int
-                  ) -> tuple[int, int, int, Callable[[int, int, int], Iterable[str]]] | None:
-    """The deepest domain of ``path`` (a member's domains, then its node) that at least ``least`` of the training
-    members ``placed`` (in topology order, each with its domains) share: (its depth, where its members start and
-    stop, each member's value at a depth), depth 0 for none. Its members are contiguous (rank.topology_order);
-    None where they are not, or a member is not placed or has no domains. C-level passes, level by level, over
-    the members of the domain found so far."""
-    if None in placed:
-        return None
-    held: list[Any] = list(map(_DOMAINS, placed))
-    if None in held:
-        return None
-    nodes: list[str] = list(map(_NODE, placed))
-    levels = len(path) - 1
-
-    def column(depth: int, low: int, high: int) -> Iterable[str]:  # each member's value at depth (its node last)
-        return nodes[low:high] if depth == levels else map(operator.itemgetter(depth), held[low:high])
-
-    lo, hi, deepest = 0, len(placed), 0
-    for depth, value in enumerate(path):  # the members of path[:depth + 1], among those of path[:depth]
-        same = list(map(operator.eq, column(depth, lo, hi), itertools.repeat(value)))
-        found = same.count(True)
-        if found < least:
-            break
-        first, stop = lo + same.index(True), hi - same[::-1].index(True)
-        if found != stop - first:
-            return None  # not contiguous: not the topology order (never so: from scratch all the same)
-        lo, hi, deepest = first, stop, depth + 1
-    return deepest, lo, hi, column
-
-
-def _topology_arrival(layout: _Layout, new: Live, key: SortKey,
-                      domains_of: Callable[[str], tuple[str, ...] | None]) -> int | None:
-    """``--rank-order topology``: where the pod ``new`` (sort key ``key``) arrives so that the rows are
-    ``rank.topology_order``'s; None when its arrival reorders the domains: it comes before, in index order, the
-    first member of the deepest domain it shares with others (that member decides the domain's place among its
-    siblings), or its Node's labels are not known. A pod that does not train goes after the training members,
-    in index order. Else it joins the block of that deepest domain, D: among D's members by index order when
-    it shares their node too, or else as a new child domain of D, before the first child whose first member
-    comes after it (domains are ordered by their first members)."""
-    rows, count = layout.rows, layout.census.training
-    if new.ident.role not in layout.rule.position:
-        return bisect.bisect_left(rows.keys, key, count)
-    domains = domains_of(new.facts.node)
-    if layout.order_note is not None or domains is None:
-        return None
-    path = (*domains, new.facts.node)
-    found = _shared_block(rows.placed[:count], path, least=1)
-    if found is None:
-        return None
-    deepest, lo, hi, column = found
-    if deepest and min(rows.keys[lo:hi]) > key:
-        return None
-    if deepest == len(path):
-        return bisect.bisect_left(rows.keys, key, lo, hi)
-    at = lo
-    for _, child in itertools.groupby(column(deepest, lo, hi)):
-        size = sum(1 for _ in child)
-        if min(rows.keys[at:at + size]) > key:
-            return at
-        at += size
-    return hi
 
 
 _NODE_OF_LIVE = operator.attrgetter("facts.node")

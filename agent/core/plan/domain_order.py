@@ -1,0 +1,141 @@
+"""``--rank-order topology`` in a kept layout: where a member that leaves or joins stands in ``rank.topology_order``
+without laying every pod out again. Domains are ordered by their first member in index order, so a member that
+leads a domain (its first member) moves that domain among its siblings when it leaves, and a member that comes
+before a domain's first member does when it joins. The planner then puts the training rows in the order again
+(``reorder``) and keeps every member it placed: only where each stands changes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from agent.core.model import member_fields
+from agent.core.plan.layout import _LIVE_NAME, Live, _FromScratch, _Layout
+from agent.core.plan.rank import SortKey, topology_order
+
+DomainsOf = Callable[[str], "tuple[str, ...] | None"]
+REORDERS = -1  # topology_arrival: the join moves a domain among its siblings (``reorder`` puts the rows in order)
+
+_DOMAINS, _NODE = member_fields("domains"), member_fields("node")
+
+
+def order_without(layout: _Layout, at: int) -> bool | None:
+    """Whether the others keep their order when the member at ``at`` leaves: True unless it was the first of a
+    domain that holds others (the domain's next member then decides its place among its siblings: False); None
+    where only planning from scratch can say (index order for want of Node labels, a member without domains)."""
+    rows, count = layout.rows, layout.census.training
+    if layout.order_note is not None:
+        return None
+    if at >= count:
+        return True  # no training member: after the training ones, in index order
+    placed: list[Any] = rows.placed[:count]
+    me = placed[at]
+    if me is None or me.domains is None:
+        return None
+    found = shared_block(placed, (*me.domains, me.node), least=2)
+    if found is None:
+        return None
+    deepest, lo, hi, _ = found
+    return not deepest or min(rows.keys[lo:hi]) < rows.keys[at]
+
+
+def shared_block(placed: list[Any], path: tuple[str, ...], *, least: int
+                 ) -> tuple[int, int, int, Callable[[int, int, int], Iterable[str]]] | None:
+    """The deepest domain of ``path`` (a member's domains, then its node) that at least ``least`` of the training
+    members ``placed`` (in topology order, each with its domains) share: (its depth, where its members start and
+    stop, each member's value at a depth), depth 0 for none. Its members are contiguous (rank.topology_order);
+    None where they are not, or a member is not placed or has no domains. C-level passes, level by level, over
+    the members of the domain found so far."""
+    if None in placed:
+        return None
+    held: list[Any] = list(map(_DOMAINS, placed))
+    if None in held:
+        return None
+    nodes: list[str] = list(map(_NODE, placed))
+    levels = len(path) - 1
+
+    def column(depth: int, low: int, high: int) -> Iterable[str]:  # each member's value at depth (its node last)
+        return nodes[low:high] if depth == levels else map(operator.itemgetter(depth), held[low:high])
+
+    lo, hi, deepest = 0, len(placed), 0
+    for depth, value in enumerate(path):  # the members of path[:depth + 1], among those of path[:depth]
+        same = list(map(operator.eq, column(depth, lo, hi), itertools.repeat(value)))
+        found = same.count(True)
+        if found < least:
+            break
+        first, stop = lo + same.index(True), hi - same[::-1].index(True)
+        if found != stop - first:
+            return None  # not contiguous: not the topology order (never so: from scratch all the same)
+        lo, hi, deepest = first, stop, depth + 1
+    return deepest, lo, hi, column
+
+
+def topology_arrival(layout: _Layout, new: Live, key: SortKey, domains_of: DomainsOf) -> int | None:
+    """Where the pod ``new`` (sort key ``key``) arrives so that the rows are ``rank.topology_order``'s; REORDERS
+    when its arrival moves a domain among its siblings: it comes before, in index order, the first member of the
+    deepest domain it shares with others (that member decided the domain's place); None when its Node's labels
+    are not known. A pod that does not train goes after the training members, in index order. Else it joins the
+    block of that deepest domain, D: among D's members by index order when it shares their node too, or else as
+    a new child domain of D, before the first child whose first member comes after it."""
+    rows, count = layout.rows, layout.census.training
+    if new.ident.role not in layout.rule.position:
+        return bisect.bisect_left(rows.keys, key, count, len(rows.keys))
+    domains = domains_of(new.facts.node)
+    if layout.order_note is not None or domains is None:
+        return None
+    path = (*domains, new.facts.node)
+    found = shared_block(rows.placed[:count], path, least=1)
+    if found is None:
+        return None
+    deepest, lo, hi, column = found
+    if deepest and min(rows.keys[lo:hi]) > key:
+        return REORDERS
+    if deepest == len(path):
+        return bisect.bisect_left(rows.keys, key, lo, hi)
+    at = lo
+    for _, child in itertools.groupby(column(deepest, lo, hi)):
+        size = sum(1 for _ in child)
+        if min(rows.keys[at:at + size]) > key:
+            return at
+        at += size
+    return hi
+
+
+def reorder(layout: _Layout, breaks: Iterable[int], domains_of: DomainsOf) -> tuple[int, list[int]]:
+    """Put the training rows in topology order again after a leave or join that moved domains among their
+    siblings: the order of every training member's path (its members' domains and node, the arriving pod's
+    from ``domains_of``), in index order. ``breaks``: the positions, before the move, whose member was not placed
+    right after the one before it (where a member left; a member that arrived, and the one after it).
+
+    Returns the first position that moved and the positions from there on to place from their facts (``_place``'s
+    marks): those whose member did not stand right after the one now before it. Every other member is carried
+    over with its ranks shifted (``_carry``): each run that kept its neighbours moved as one."""
+    rows, count = layout.rows, layout.census.training
+    by_index = sorted(range(count), key=rows.keys.__getitem__)
+    paths = []
+    for at in by_index:
+        member = rows.placed[at]
+        if member is not None:
+            domains, node = member.domains, member.node
+        else:  # the pod that arrived: not placed yet
+            node = rows.live[at].facts.node
+            domains = domains_of(node)
+        if domains is None:
+            raise _FromScratch
+        paths.append((*domains, node))
+    order = list(map(by_index.__getitem__, topology_order(paths)))
+    first = next(itertools.compress(itertools.count(), map(operator.ne, order, range(count))), count)
+    moved = order[first:]
+    rows.live[first:count] = list(map(rows.live.__getitem__, moved))
+    rows.keys[first:count] = list(map(rows.keys.__getitem__, moved))
+    rows.placed[first:count] = list(map(rows.placed.__getitem__, moved))
+    assert rows.at is not None
+    rows.at.update(zip(map(_LIVE_NAME, rows.live[first:count]), itertools.count(first)))
+    broken = set(breaks)
+    marks = [first + k for k, (before, now) in enumerate(itertools.pairwise([-2, *moved]))
+             if now != before + 1 or now in broken]
+    return first, marks
