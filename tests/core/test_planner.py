@@ -269,7 +269,8 @@ def test_a_join_in_topology_order_is_carried_over_and_reorders_the_domains_it_le
     """A member that joins after the first member (index order) of the deepest domain it shares with others takes
     its place in that domain (among the members of its node, or as a new node among its siblings); one that
     would be the first of a domain that holds others moves that domain among its siblings. Both are carried over
-    from the kept layout, only the second reorders; both plans are build_plan's. ``packed``: each pod that joins runs on the node of a pod already there."""
+    from the kept layout, only the second reorders; both plans are build_plan's. ``packed``: each pod that joins
+    runs on the node of a pod already there."""
     names = list(World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7)).all)
     present = World(examples.volcano_job(tasks=(("master", 1), ("worker", 63))), random.Random(7)).pods
     hosts = sorted(present, key=names.index)[1::3]  # the pods whose nodes the joining ones share when packed

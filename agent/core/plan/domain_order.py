@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from agent.core.model import member_fields
-from agent.core.plan.layout import _LIVE_NAME, Live, _FromScratch, _Layout
-from agent.core.plan.rank import SortKey, topology_order
+from agent.core.plan.layout import _LIVE_NAME, Live, _Layout
+from agent.core.plan.rank import SortKey
 
 DomainsOf = Callable[[str], "tuple[str, ...] | None"]
-REORDERS = -1  # topology_arrival: the join moves a domain among its siblings (``reorder`` puts the rows in order)
 
 _DOMAINS, _NODE = member_fields("domains"), member_fields("node")
 
@@ -74,16 +73,18 @@ def shared_block(placed: list[Any], path: tuple[str, ...], *, least: int
     return deepest, lo, hi, column
 
 
-def topology_arrival(layout: _Layout, new: Live, key: SortKey, domains_of: DomainsOf) -> int | None:
-    """Where the pod ``new`` (sort key ``key``) arrives so that the rows are ``rank.topology_order``'s; REORDERS
-    when its arrival moves a domain among its siblings: it comes before, in index order, the first member of the
-    deepest domain it shares with others (that member decided the domain's place); None when its Node's labels
-    are not known. A pod that does not train goes after the training members, in index order. Else it joins the
-    block of that deepest domain, D: among D's members by index order when it shares their node too, or else as
-    a new child domain of D, before the first child whose first member comes after it."""
+def topology_arrival(layout: _Layout, new: Live, key: SortKey, domains_of: DomainsOf
+                     ) -> tuple[int, tuple[str, ...] | None] | None:
+    """Where the pod ``new`` (sort key ``key``) arrives so that the rows are ``rank.topology_order``'s, and its
+    path when its arrival moves domains among their siblings (``reorder``): it comes before, in index order, the
+    first member of the deepest domain it shares with others (that member decided the domain's place), and
+    arrives at the start of that domain; None when its Node's labels are not known. A pod that does not train
+    goes after the training members, in index order. Else it joins the block of that deepest domain, D: among D's
+    members by index order when it shares their node too, or else as a new child domain of D, before the first
+    child whose first member comes after it."""
     rows, count = layout.rows, layout.census.training
     if new.ident.role not in layout.rule.position:
-        return bisect.bisect_left(rows.keys, key, count, len(rows.keys))
+        return bisect.bisect_left(rows.keys, key, count, len(rows.keys)), None
     domains = domains_of(new.facts.node)
     if layout.order_note is not None or domains is None:
         return None
@@ -93,49 +94,61 @@ def topology_arrival(layout: _Layout, new: Live, key: SortKey, domains_of: Domai
         return None
     deepest, lo, hi, column = found
     if deepest and min(rows.keys[lo:hi]) > key:
-        return REORDERS
+        return lo, path
     if deepest == len(path):
-        return bisect.bisect_left(rows.keys, key, lo, hi)
+        return bisect.bisect_left(rows.keys, key, lo, hi), None
     at = lo
     for _, child in itertools.groupby(column(deepest, lo, hi)):
         size = sum(1 for _ in child)
         if min(rows.keys[at:at + size]) > key:
-            return at
+            return at, None
         at += size
-    return hi
+    return hi, None
 
 
-def reorder(layout: _Layout, breaks: Iterable[int], domains_of: DomainsOf) -> tuple[int, list[int]]:
-    """Put the training rows in topology order again after a leave or join that moved domains among their
-    siblings: the order of every training member's path (its members' domains and node, the arriving pod's
-    from ``domains_of``), in index order. ``breaks``: the positions, before the move, whose member was not placed
-    right after the one before it (where a member left; a member that arrived, and the one after it).
+def reorder(layout: _Layout, path: tuple[str, ...], breaks: Iterable[int]) -> list[int]:
+    """Put the training rows in topology order again after the member of ``path`` (its domains, then its node)
+    left, or arrived at the start of the deepest domain it shares with others, ahead of that domain's first member:
+    only the domains on its path changed their first member, so, from the outermost down, each of them is moved
+    as one block among its siblings to where its first member now puts it (siblings keep their order, and each
+    block its own). ``breaks``: the positions, before the move, whose member was not placed right after the one
+    before it (where a member left; a member that arrived, and the one after it).
 
-    Returns the first position that moved and the positions from there on to place from their facts (``_place``'s
-    marks): those whose member did not stand right after the one now before it. Every other member is carried
-    over with its ranks shifted (``_carry``): each run that kept its neighbours moved as one."""
+    Returns the positions to place from their facts (``_place``'s marks): those whose member does not stand right
+    after the one it followed, and the breaks. Every other member is carried over with its ranks shifted
+    (``_carry``): each run that kept its neighbours moved as one. C-level passes over the rows of the domain
+    being moved and its parent, level by level."""
     rows, count = layout.rows, layout.census.training
-    by_index = sorted(range(count), key=rows.keys.__getitem__)
-    paths = []
-    for at in by_index:
-        member = rows.placed[at]
-        if member is not None:
-            domains, node = member.domains, member.node
-        else:  # the pod that arrived: not placed yet
-            node = rows.live[at].facts.node
-            domains = domains_of(node)
-        if domains is None:
-            raise _FromScratch
-        paths.append((*domains, node))
-    order = list(map(by_index.__getitem__, topology_order(paths)))
-    first = next(itertools.compress(itertools.count(), map(operator.ne, order, range(count))), count)
-    moved = order[first:]
-    rows.live[first:count] = list(map(rows.live.__getitem__, moved))
-    rows.keys[first:count] = list(map(rows.keys.__getitem__, moved))
-    rows.placed[first:count] = list(map(rows.placed.__getitem__, moved))
-    assert rows.at is not None
-    rows.at.update(zip(map(_LIVE_NAME, rows.live[first:count]), itertools.count(first)))
-    broken = set(breaks)
-    marks = [first + k for k, (before, now) in enumerate(itertools.pairwise([-2, *moved]))
-             if now != before + 1 or now in broken]
-    return first, marks
+    held: list[Any] = [member.domains if member is not None else path[:-1] for member in rows.placed[:count]]
+    nodes: list[str] = [member.node if member is not None else path[-1] for member in rows.placed[:count]]
+    origin = list(range(count))  # where each row stood before
+    columns: tuple[list[Any], ...] = (rows.live, rows.keys, rows.placed, origin, held, nodes)
+    lo, hi, levels = 0, count, len(path) - 1
+    for depth, value in enumerate(path):  # the block of path[:depth + 1], among its siblings in [lo, hi)
+        column = nodes[lo:hi] if depth == levels else list(map(operator.itemgetter(depth), held[lo:hi]))
+        same = list(map(operator.eq, column, itertools.repeat(value)))
+        size = same.count(True)
+        if not size:
+            break  # the member that left was that domain's only one
+        start = lo + same.index(True)
+        first = min(rows.keys[start:start + size])
+        to = at = lo
+        for other, group in itertools.groupby(column):  # siblings, ordered by their first members
+            width = sum(1 for _ in group)
+            if other != value and min(rows.keys[at:at + width]) < first:
+                to += width
+            at += width
+        if to != start:
+            for moving in columns:
+                block = moving[start:start + size]
+                del moving[start:start + size]
+                moving[to:to] = block
+        lo, hi = to, to + size
+    shifted = list(itertools.compress(range(count), map(operator.ne, origin, range(count))))
+    if shifted:  # the rows from the first that moved to the last
+        assert rows.at is not None
+        rows.at.update(zip(map(_LIVE_NAME, rows.live[shifted[0]:shifted[-1] + 1]), itertools.count(shifted[0])))
+    # a row whose predecessor is not the one it had
+    apart = itertools.compress(range(count), map(operator.ne, origin, [0, *map(operator.add, origin,
+                                                                                  itertools.repeat(1))]))
+    return sorted({*apart, *(origin.index(at) for at in breaks if at < count), *(at for at in breaks if at >= count)})

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from agent.core.model import Excluded, Options, RawPod
-from agent.core.plan.domain_order import REORDERS, order_without, reorder, topology_arrival
+from agent.core.plan.domain_order import order_without, reorder, topology_arrival
 from agent.core.plan.facts import Memo, PodFacts, Sizes, facts_of
 from agent.core.plan.layout import (
     Live,
@@ -46,7 +46,7 @@ class _Taken:
     renewed: list[str] = field(default_factory=list)
     removed: list[SortKey] = field(default_factory=list)
     left_at: int | None = None  # topology order: where the one member that left stood (its follower stands there)
-    reorders: bool = False  # topology order: the leave or join moves a domain among its siblings
+    path: tuple[str, ...] | None = None  # topology order: the domains and node of a leave or join that moves domains
     breaks: list[int] = field(default_factory=list)  # after a reorder: the positions to place from their facts
 
     @property
@@ -275,15 +275,18 @@ class Planner:
                 stands = order_without(layout, at) if new is None and taken.left_at is None else None
                 if stands is None:
                     raise _FromScratch  # a move, a second leave, or an order only a layout from scratch can say
-                taken.left_at, taken.reorders = at, not stands
+                if not stands:
+                    member = rows.placed[at]
+                    taken.path = (*member.domains, member.node) if member is not None and member.domains else None
+                taken.left_at = at
             layout.leave(at, name)
             taken.removed.append(old_key)
             taken.lowest = min(taken.lowest, at)
             if new is not None:
                 arriving.append((new, sort_key(*new)))
         self._arrive(layout, taken, arriving, domains_of)
-        if taken.reorders:
-            self._reorder(layout, taken, domains_of)
+        if taken.path is not None:
+            self._reorder(layout, taken)
         return taken
 
     @staticmethod
@@ -296,25 +299,24 @@ class Planner:
             if layout.rows.at is not None:
                 if len(arriving) > 1 or taken.removed:
                     raise _FromScratch
-                where = topology_arrival(layout, new, key, domains_of)
-                if where is None:
+                arrival = topology_arrival(layout, new, key, domains_of)
+                if arrival is None:
                     raise _FromScratch  # a Node whose labels are not known
-                if where == REORDERS:
-                    taken.reorders, where = True, layout.census.training  # last of the training rows, for now
+                where, taken.path = arrival
             taken.lowest = min(taken.lowest, layout.arrive(new, key, where))
             taken.renewed.append(new.facts.name)
 
-    def _reorder(self, layout: _Layout, taken: _Taken, domains_of: Callable[[str], tuple[str, ...] | None]) -> None:
+    def _reorder(self, layout: _Layout, taken: _Taken) -> None:
         """The training rows in topology order again (domain_order.reorder) after the one leave or join of
         ``taken``: where each run of members that kept its neighbours starts is placed again, the rest carried."""
+        assert taken.path is not None
         if taken.left_at is not None:
             breaks = [taken.left_at]
         else:
             arrived = layout.rows.find(taken.renewed[-1])
             breaks = [arrived, arrived + 1]
-        first, marks = reorder(layout, breaks, domains_of)
-        taken.left_at, taken.breaks = None, marks
-        taken.lowest = min(taken.lowest, first)
+        taken.left_at, taken.breaks = None, reorder(layout, taken.path, breaks)
+        taken.lowest = min(taken.lowest, *taken.breaks)
         self.reordered += 1
 
     def _same_place(self, layout: _Layout, old: PodFacts, new: PodFacts) -> bool:
