@@ -12,6 +12,7 @@ import pytest
 from agent.core.files import rendering
 from agent.core.files.rendering import _KEY_FIELDS, MemberTexts, _member_json
 from agent.core.model import Member
+from agent.core.pods.placement import DEFAULT_LEVELS
 from agent.files import writing
 from agent.files.writing import write_files
 
@@ -21,6 +22,12 @@ def member(i: int, address: str | None = None, rank: int | None = None) -> Membe
     return Member(name=f"demo-worker-{i}", role="worker", index=(i,), ordinal=i, address=address, dns_name=None,
                   ip=address, training=True, slots=1, node_rank=i if rank is None else rank,
                   first_rank=i if rank is None else rank)
+
+
+def joined(texts: MemberTexts, members, levels=()) -> list[bytes]:
+    """Each member's text: its head and its tail (``MemberTexts.texts``)."""
+    heads, tails = texts.texts(members, levels)
+    return [head + tail for head, tail in zip(heads, tails, strict=True)]
 
 
 def base() -> tuple[Member, ...]:
@@ -55,7 +62,7 @@ def test_kept_texts_and_keys_are_the_members_own(step, before, rerank_from, monk
         members = STEPS["one member changed in place"](members)
     texts.texts(members, ())
     now = STEPS[step](members)
-    assert texts.texts(now, ()) == [json.dumps(_member_json(m)).encode() for m in now]
+    assert joined(texts, now) == [json.dumps(_member_json(m)).encode() for m in now]
 
     class Topo:  # what membership_key reads of a topology
         pass
@@ -66,23 +73,24 @@ def test_kept_texts_and_keys_are_the_members_own(step, before, rerank_from, monk
 
 def test_a_leave_and_a_come_back_in_a_large_job_replace_ranks_and_match_a_fresh_encoding(monkeypatch):
     encoded: list[Member] = []
-    real = rendering._member_json
+    real, head = rendering._member_json, rendering._member_head_json
 
-    def counting(m: Member, levels=()):  # what is encoded member by member, rather than re-ranked
+    def counting(m: Member):  # what is encoded member by member, rather than re-ranked
         encoded.append(m)
-        return real(m, levels)
+        return head(m)
 
-    monkeypatch.setattr(rendering, "_member_json", counting)
+    monkeypatch.setattr(rendering, "_member_head_json", counting)
     n = 2 * rendering.RERANK_FROM
     job = tuple(member(i) for i in range(n))
     texts = MemberTexts()
     texts.texts(job, ())
-    encoded.clear()
     left = tuple(member(i, rank=i - (i > 10)) for i in range(n) if i != 10)
-    assert texts.texts(left, ()) == [json.dumps(real(m)).encode() for m in left]
-    assert encoded == []  # every later member moved up: its ranks replaced, nothing encoded
     back = tuple(member(i) for i in range(n))
-    assert texts.texts(back, ()) == [json.dumps(real(m)).encode() for m in back]
+    want_left, want_back = ([json.dumps(real(m)).encode() for m in ms] for ms in (left, back))
+    encoded.clear()
+    assert joined(texts, left) == want_left
+    assert encoded == []  # every later member moved up: its ranks replaced, nothing encoded
+    assert joined(texts, back) == want_back
     assert [m.name for m in encoded] == ["demo-worker-10"]  # the one that came back is new
 
 
@@ -92,22 +100,23 @@ def test_a_burst_that_changes_every_member_frees_each_last_text_before_the_next_
     the last one at its place keeps its text, not encoded again."""
     n = 2 * rendering.RERANK_FROM
     texts = MemberTexts()
-    before = list(texts.texts(tuple(member(i) for i in range(n)), ()))
+    before = list(texts.texts(tuple(member(i) for i in range(n)), ())[0])
     alone = sys.getrefcount(before[1]) - 2  # the cache's own references to one text (the list's, the call's: 2)
     assert alone > 0
-    real = rendering._member_json
+    real, head = rendering._member_json, rendering._member_head_json
     held_when_next: list[int] = []
 
-    def encoding(m: Member, levels=()):  # type: ignore[no-untyped-def]
+    def encoding(m: Member):  # type: ignore[no-untyped-def]
         if m.ordinal >= 3:  # the last changed place was replaced: its old text held by ``before`` alone
             held_when_next.append(sys.getrefcount(before[m.ordinal - 2]) - 2)
-        return real(m, levels)
+        return head(m)
 
-    monkeypatch.setattr(rendering, "_member_json", encoding)
     burst = tuple(member(i, f"10.1.0.{i}") if i % 2 else member(i) for i in range(n))  # odd places change
-    assert texts.texts(burst, ()) == [json.dumps(real(m)).encode() for m in burst]
+    want = [json.dumps(real(m)).encode() for m in burst]
+    monkeypatch.setattr(rendering, "_member_head_json", encoding)
+    assert joined(texts, burst) == want
     assert len(held_when_next) == n // 2 - 1 and set(held_when_next) == {0}
-    assert texts.texts(burst, ())[0] is before[0]  # equal: kept
+    assert texts.texts(burst, ())[0][0] is before[0]  # equal: kept
 
 
 def test_the_rank_fields_are_where_the_rank_replacement_reads_them():
@@ -116,25 +125,43 @@ def test_the_rank_fields_are_where_the_rank_replacement_reads_them():
     assert (*rendering._BEFORE_RANKS(m), m.node_rank, m.first_rank, *rendering._AFTER_RANKS(m)) == tuple(m)
 
 
+def test_members_of_one_domain_share_one_tail_and_each_text_is_a_fresh_encoding():
+    """With topology levels a member's domains are most of its text: held once per distinct domains (the tail),
+    each member's head its own; joined, byte for byte the member encoded with its levels, after a rerank too."""
+    levels = DEFAULT_LEVELS
+    blank = ("",) * (len(levels) - 2)
+    racks = [("zone-a", "rack-1", *blank), ("zone-a", "rack-2", *blank)]
+    n = 2 * rendering.RERANK_FROM
+    job = tuple(member(i)._replace(node=f"node-{i}", domains=racks[i % 2]) for i in range(n))
+    texts = MemberTexts()
+    assert joined(texts, job, levels) == [json.dumps(_member_json(m, levels)).encode() for m in job]
+    heads, tails = texts.texts(job, levels)
+    assert len({id(t) for t in tails}) == 2 and b"rack-1" in tails[0] and b"rack" not in heads[0]
+    left = tuple(m._replace(node_rank=m.node_rank - (i > 3), first_rank=m.first_rank - (i > 3))
+                 for i, m in enumerate(job) if i != 3)
+    assert joined(texts, left, levels) == [json.dumps(_member_json(m, levels)).encode() for m in left]
+
+
 @pytest.mark.parametrize("chunk", [1, 7, rendering.RERANK_CHUNK])
 def test_a_rerank_cut_in_chunks_replaces_every_moved_members_ranks_as_a_fresh_encoding_would(chunk, monkeypatch):
     """The moved members' texts are cut apart a chunk at a time (their pieces all at once were ~11 MB over what
     a 16384-pod change holds): every chunk, the last one partial, gives the bytes of a fresh encoding."""
     encoded: list[Member] = []
-    real = rendering._member_json
+    real, head = rendering._member_json, rendering._member_head_json
 
-    def counting(m: Member, levels=()):  # type: ignore[no-untyped-def]
+    def counting(m: Member):  # type: ignore[no-untyped-def]
         encoded.append(m)
-        return real(m, levels)
+        return head(m)
 
-    monkeypatch.setattr(rendering, "_member_json", counting)
+    monkeypatch.setattr(rendering, "_member_head_json", counting)
     monkeypatch.setattr(rendering, "RERANK_CHUNK", chunk)
     n = 2 * rendering.RERANK_FROM + 3
     texts = MemberTexts()
     texts.texts(tuple(member(i) for i in range(n)), ())
-    encoded.clear()
     left = tuple(member(i, rank=i - (i > 4)) for i in range(n) if i != 4)
-    assert texts.texts(left, ()) == [json.dumps(real(m)).encode() for m in left]
+    want = [json.dumps(real(m)).encode() for m in left]
+    encoded.clear()
+    assert joined(texts, left) == want
     assert encoded == []
 
 

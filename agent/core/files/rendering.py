@@ -106,6 +106,11 @@ def render_role_hosts(topology: Topology) -> dict[str, str]:
 
 
 def _member_json(member: Member, levels: Sequence[Level] = ()) -> dict[str, Any]:
+    return {**_member_head_json(member), "domains": _domains_json(member.domains, levels)}
+
+
+def _member_head_json(member: Member) -> dict[str, Any]:
+    """A member's topology.json entry but its domains (which come last: ``_domains_json``)."""
     return {
         "name": member.name,
         "role": member.role,
@@ -120,9 +125,12 @@ def _member_json(member: Member, levels: Sequence[Level] = ()) -> dict[str, Any]
         "rank": member.first_rank,
         "running": member.running,
         "node": member.node,
-        "domains": None if member.domains is None or not levels else
-        {level.name.lower(): value for level, value in zip(levels, member.domains, strict=True)},
     }
+
+
+def _domains_json(domains: tuple[str, ...] | None, levels: Sequence[Level]) -> dict[str, str] | None:
+    return None if domains is None or not levels else \
+        {level.name.lower(): value for level, value in zip(levels, domains, strict=True)}
 
 
 def topology_document(plan: Plan, variables: Sequence[Variable], *, generation: int, members: bool = True,
@@ -167,11 +175,12 @@ def spares_document(topology: Topology) -> dict[str, Any]:
                           for t in topology.takeovers]}
 
 
-# A member's entry: the member, its topology.json text and its membership key (``_KEY_FIELDS``), read through
-# these names. A plain tuple: when members move, zip makes thousands in one C-level pass, where a NamedTuple is
-# made in about four times the time.
-Entry = tuple[Member, bytes, tuple[object, ...]]
-_MEMBER, _TEXT, _KEY = (operator.itemgetter(field) for field in range(3))
+# A member's entry: the member, its topology.json text in two parts (the head, all but its domains: its own
+# bytes; the tail, its domains and the closing brace: one object for every member of those domains) and its
+# membership key (``_KEY_FIELDS``), read through these names. A plain tuple: when members move, zip makes thousands
+# in one C-level pass, where a NamedTuple is made in about four times the time.
+Entry = tuple[Member, bytes, tuple[object, ...], bytes]
+_MEMBER, _TEXT, _KEY, _TAIL = (operator.itemgetter(field) for field in range(4))
 _NAME_OF = member_fields("name")
 _BEFORE_RANKS, _AFTER_RANKS = member_span(None, "node_rank"), member_span("running", None)
 _NODE_RANK_OF, _RANK_OF = member_fields("node_rank"), member_fields("first_rank")
@@ -191,7 +200,7 @@ def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> tuple[list
     leaves a 16384-pod job moves every member after it, and encoding them one by one was most of such a change. Every
     value before ``"nodeRank": `` is a number, a literal or an escaped string, so its first occurrence is the key, and
     only the two numbers stand between it and ``, "running": ``."""
-    olds = list(map(_MEMBER, entries))
+    olds = list(map(_MEMBER, entries))  # the domains are among the fields compared: the tails stand
     same = map(operator.and_, map(operator.eq, map(_BEFORE_RANKS, olds), map(_BEFORE_RANKS, members)),
                map(operator.eq, map(_AFTER_RANKS, olds), map(_AFTER_RANKS, members)))
     numbered = map(operator.and_, map(operator.is_not, map(_NODE_RANK_OF, members), itertools.repeat(None)),
@@ -202,14 +211,15 @@ def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> tuple[list
     for at in range(0, len(places), RERANK_CHUNK):  # each chunk's pieces let go before the next is cut
         chunk = places[at:at + RERANK_CHUNK]
         new = list(map(members.__getitem__, chunk))
-        heads = list(map(bytes.partition, map(_TEXT, map(entries.__getitem__, chunk)), itertools.repeat(_NODE_RANK)))
+        old_entries = list(map(entries.__getitem__, chunk))
+        heads = list(map(bytes.partition, map(_TEXT, old_entries), itertools.repeat(_NODE_RANK)))
         tails = list(map(bytes.partition, map(_AFTER, heads), itertools.repeat(_RUNNING)))
         if not (all(map(_FOUND, heads)) and all(map(_FOUND, tails))):
             return [], []  # not a text of ours: encoded member by member
         texts = list(map(_RANKS.__mod__, zip(map(_BEFORE, heads), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
                                              map(_AFTER, tails), strict=True)))
         placed += chunk
-        found += zip(new, texts, map(_KEY_FIELDS, new), strict=True)
+        found += zip(new, texts, map(_KEY_FIELDS, new), map(_TAIL, old_entries), strict=True)
     return placed, found
 
 
@@ -227,6 +237,8 @@ class MemberTexts:
     def __init__(self) -> None:
         self._by_id: dict[int, Entry] = {}
         self._last: _Looked | None = None
+        self._tails: dict[tuple[str, ...] | None, bytes] = {}  # by domains, for ``_levels``
+        self._levels: Sequence[Level] = ()
 
     def _entries(self, members: Sequence[Member], levels: Sequence[Level]) -> _Looked:
         last = self._last
@@ -244,12 +256,12 @@ class MemberTexts:
                 self._last, self._by_id = None, {}
                 del last  # its members, texts and keys with it: each place's last entry is held by ``entries`` alone
                 self._replace(entries, moved, members, levels)
-                texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
+                texts, keys, tails = list(map(_TEXT, entries)), list(map(_KEY, entries)), list(map(_TAIL, entries))
             else:
-                entries, texts, keys = list(last.entries), list(last.texts), list(last.keys)
+                entries, texts, keys, tails = list(last.entries), list(last.texts), list(last.keys), list(last.tails)
                 self._replace(entries, moved, members, levels)
                 for at in moved:
-                    texts[at], keys[at] = _TEXT(entries[at]), _KEY(entries[at])
+                    texts[at], keys[at], tails[at] = _TEXT(entries[at]), _KEY(entries[at]), _TAIL(entries[at])
         else:
             entries = list(map(self._by_id.get, map(id, members)))  # C-level; None for the members new since
             moved = list(itertools.compress(range(len(entries)), map(operator.is_, entries, itertools.repeat(None))))
@@ -261,10 +273,10 @@ class MemberTexts:
             for at in moved:
                 if entries[at] is None:
                     entries[at] = self._entry(members[at], levels)
-            texts, keys = list(map(_TEXT, entries)), list(map(_KEY, entries))
+            texts, keys, tails = list(map(_TEXT, entries)), list(map(_KEY, entries)), list(map(_TAIL, entries))
         if moved and (reranked or len(self._by_id) > len(members) + 64):  # let go of earlier generations' members
             self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}
-        self._last = _Looked(members, entries, texts, keys)
+        self._last = _Looked(members, entries, texts, keys, tails)
         return self._last
 
     def _replace(self, entries: list[Entry], moved: list[int], members: Sequence[Member],
@@ -276,7 +288,7 @@ class MemberTexts:
         for at in moved:
             member, last = members[at], entries[at]
             if _MEMBER(last) == member:
-                entries[at] = self._by_id[id(member)] = (member, _TEXT(last), _KEY(last))
+                entries[at] = self._by_id[id(member)] = (member, _TEXT(last), _KEY(last), _TAIL(last))
             else:
                 entries[at] = self._entry(member, levels)
 
@@ -307,12 +319,25 @@ class MemberTexts:
         """The member's entry, found by identity, else encoded (and remembered)."""
         entry = self._by_id.get(id(member))
         if entry is None:
-            text = json.dumps(_member_json(member, levels)).encode()
-            entry = self._by_id[id(member)] = (member, text, _KEY_FIELDS(member))
+            head = json.dumps(_member_head_json(member))[:-1].encode()  # open: its domains close it
+            entry = self._by_id[id(member)] = (member, head, _KEY_FIELDS(member), self._tail(member.domains, levels))
         return entry
 
-    def texts(self, members: Sequence[Member], levels: Sequence[Level]) -> list[bytes]:
-        return self._entries(members, levels).texts
+    def _tail(self, domains: tuple[str, ...] | None, levels: Sequence[Level]) -> bytes:
+        """The text after a member's head: its domains and the closing brace, one object per distinct domains (a
+        member's entry with the domains of ten levels was ~520 bytes, ~200 of them the domains)."""
+        if levels != self._levels:
+            self._tails, self._levels = {}, levels
+        tail = self._tails.get(domains)
+        if tail is None:
+            tail = self._tails[domains] = f', "domains": {json.dumps(_domains_json(domains, levels))}}}'.encode()
+        return tail
+
+    def texts(self, members: Sequence[Member], levels: Sequence[Level]) -> tuple[list[bytes], list[bytes]]:
+        """Each member's text as two lists, place by place: the heads and the tails (``Entry``); a member's text
+        is its head and its tail joined."""
+        looked = self._entries(members, levels)
+        return looked.texts, looked.tails
 
     def membership_key(self, topology: Topology) -> tuple[tuple[object, ...], ...]:
         """Each member's ``_KEY_FIELDS``, from the cached keys."""
@@ -326,6 +351,7 @@ class _Looked(NamedTuple):
     entries: list[Entry]
     texts: list[bytes]
     keys: list[tuple[object, ...]]
+    tails: list[bytes]
 
 
 def render_topology_json(plan: Plan, variables: Sequence[Variable], *, generation: int,
@@ -347,14 +373,16 @@ def topology_json_parts(plan: Plan, variables: Sequence[Variable], *, generation
     head = json.dumps(document)
     # Keys and strings before "members" are JSON-escaped, so the first '"members": []' is the key itself.
     before, _, after = head.partition('"members": []')
+    topo = plan.topology
     if texts is None:  # one-shot (render, init): an encoder call per 1024 members, not one member dict per pod
-        topo = plan.topology
         listed = [json.dumps([_member_json(m, topo.levels) for m in topo.members[at:at + 1024]])[1:-1].encode()
                   for at in range(0, len(topo.members), 1024)]
-    else:
-        listed = texts.texts(plan.topology.members, plan.topology.levels)
-    parts = [b", "] * (2 * len(listed) + 1) if listed else [b"", b""]
-    parts[1:-1:2] = listed
+        parts = [b", "] * (2 * len(listed) + 1) if listed else [b"", b""]
+        parts[1:-1:2] = listed
+    else:  # each member's head, its tail, a comma
+        heads, tails = texts.texts(topo.members, topo.levels)
+        parts = [b", "] * (3 * len(heads) + 1) if heads else [b"", b""]
+        parts[1::3], parts[2::3] = heads, tails
     parts[0], parts[-1] = before.encode() + b'"members": [', b"]" + after.encode() + b"\n"
     return parts
 
