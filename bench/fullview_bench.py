@@ -12,6 +12,10 @@ evaluates again, writing the files each time they change.
 
     python bench/fullview_bench.py --pods 16384
     python bench/fullview_bench.py --pods 16384 --topology 4,16,4   # --rank-order topology, a Node per pod
+    python bench/fullview_bench.py --pods 16384 --topology 4,16,4 --relist
+
+With ``--relist`` the kubelet's writes reach the sidecar as one new snapshot, listed again (the leader's first
+change after init, past the journal's parts, as in bench/published_bench.py), not as journal entries.
 
 With ``--topology Z,B,R`` each pod runs on a Node of its own in one of Z zones x B blocks x R sub-blocks, placed
 at random as bench/published_bench.py places them, and the job is ranked in the topology order: the rows carry
@@ -57,7 +61,7 @@ def options(topology: str, **given: Any) -> Any:
     return Options(levels=DEFAULT_LEVELS, rank_order="topology", **given) if topology else Options(**given)
 
 
-def make(pods: int, entry: int, out: Path, topology: str = "") -> None:
+def make(pods: int, entry: int, out: Path, topology: str = "", relist: bool = False) -> None:
     """The publication's steps as the sidecar would read them: ("list", [snapshot, journal]) or ("watch", [journal])."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import kubelet
@@ -100,7 +104,11 @@ def make(pods: int, entry: int, out: Path, topology: str = "") -> None:
         held[pod["metadata"]["name"]] = view.keep(pod)
         return str(pod["metadata"]["name"])
 
-    for at in range(0, pods, entry):
+    if relist:  # the kubelet's writes as one change, past the journal's parts: a new snapshot, listed again
+        names = {changed(kubelet.kubelet_initialized(pod) or pod) for pod in raw}
+        publisher.change(held, names, nodes)
+        steps.append(("list", [snapshot(), journal()]))
+    for at in range(0, pods if not relist else 0, entry):
         names = {changed(kubelet.kubelet_initialized(pod) or pod) for pod in raw[at:at + entry]}
         if publisher.change(held, names, nodes) is not None:
             if publisher.snapshot_due:
@@ -204,12 +212,14 @@ def main() -> None:
     parser.add_argument("--entry", type=int, default=1500, help="rows per journal entry of the kubelet's writes")
     parser.add_argument("--topology", default="", metavar="Z,B,R",
                         help="--rank-order topology, a Node per pod in Z zones x B blocks x R sub-blocks")
+    parser.add_argument("--relist", action="store_true",
+                        help="the kubelet's writes reach the sidecar as one new snapshot (a LIST), not journal entries")
     parser.add_argument("--step", choices=["make", "init", "measure"], help=argparse.SUPPRESS)
     parser.add_argument("--publication", help=argparse.SUPPRESS)
     parser.add_argument("--init-files", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step == "make":
-        make(args.pods, args.entry, Path(args.publication), args.topology)
+        make(args.pods, args.entry, Path(args.publication), args.topology, args.relist)
         return
     if args.step is not None:
         measure(Path(args.publication), Path(args.init_files), write_init=args.step == "init", topology=args.topology)
@@ -220,7 +230,7 @@ def main() -> None:
         for step in ("make", "init", "measure"):  # each in a fresh process: its RSS is its own
             subprocess.run([sys.executable, __file__, "--step", step, "--pods", str(args.pods), "--entry",
                             str(args.entry), "--publication", str(publication), "--init-files", str(init_files),
-                            "--topology", args.topology],
+                            "--topology", args.topology, *(["--relist"] if args.relist else [])],
                            check=True, env={**os.environ})
         print(f"\n{args.pods} pods, kubelet entries of {args.entry} rows"
               + (f", --rank-order topology on {args.topology} (zones, blocks, sub-blocks)" if args.topology else ""))

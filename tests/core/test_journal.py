@@ -688,3 +688,35 @@ def test_a_follower_reads_the_snapshot_one_row_at_a_time_and_holds_the_pods_of_o
     assert state.pods == whole.pods and state.rows == whole.rows and state.seq == whole.seq
     keys = [next(k for k in pod["metadata"]["labels"] if k == "volcano.sh/job-name") for pod in state.pods.values()]
     assert all(key is keys[0] for key in keys)
+
+
+def test_a_pods_next_row_holds_what_it_repeats_of_the_pod_held_once():
+    """A row that changes a pod (a new IP here; the kubelet's phase writes alike), by the journal or in a snapshot
+    read again, makes a new pod that holds the earlier one's objects wherever it says the same (its labels): a
+    follower that holds every pod keeps one copy of each value, not one per version it read."""
+    from agent.core.publication.published import configmap_body
+
+    def moved(pod: dict, version: str, ip: str) -> dict:
+        pod = copy.deepcopy(pod)
+        pod["metadata"]["resourceVersion"] = version
+        pod["status"]["podIP"], pod["status"]["podIPs"] = ip, [{"ip": ip}]
+        return pod
+
+    pods = job(4)
+    publisher = leader_for(pods)
+    follower = snapshot_of(publisher)
+    first = follower.pods["demo-worker-1"]
+    pods["demo-worker-1"] = moved(pods["demo-worker-1"], "2001", "127.1.0.91")
+    assert publisher.change(pods, {"demo-worker-1"}) is not None
+    assert follower.apply(journal_of(publisher)) == {"demo-worker-1"}
+    second = follower.pods["demo-worker-1"]
+    assert second["status"]["podIP"] == "127.1.0.91" and second["metadata"]["labels"] is first["metadata"]["labels"]
+    pods["demo-worker-1"] = moved(pods["demo-worker-1"], "2002", "127.1.0.92")
+    assert publisher.change(pods, {"demo-worker-1"}) is not None
+    body = configmap_body("demo-topology", publisher.snapshot_packed(), generation=publisher.state.seq,
+                          leader="demo-master-0", owner=None)
+    relisted = PublishedState.from_configmap(json.loads(json.dumps(body)), held=follower.pods)
+    assert relisted is not None
+    third = relisted.pods["demo-worker-1"]
+    assert third["status"]["podIP"] == "127.1.0.92" and third["metadata"]["labels"] is first["metadata"]["labels"]
+    assert relisted.pods["demo-worker-2"] is follower.pods["demo-worker-2"]  # unchanged: the object held

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
-from agent.core.compact import same_but_version
+from agent.core.compact import same_but_version, sharing
 from agent.core.model import Options, RawPod
 from agent.core.pods.pod import object_name
 from agent.core.pods.validation import check_pod
@@ -290,7 +290,10 @@ class PublishedState:
         # held as a CompactPod: the row's own values, ~0.7 KB less than the pod's dicts, checked from its slots
         made = check_pod(compact_of(row, shape_lists(self.shapes, self._lists), self.namespace), seen=self._checked)
         before = held.get(row[Col.NAME]) if held is not None else None
-        pod = before if before is not None and same_but_version(before, made) else made
+        if before is not None and same_but_version(before, made):
+            pod = before
+        else:  # what it says as the pod held said is held once: a relist does not hold two copies of each value
+            pod = sharing(made, before if before is not None else self.pods.get(row[Col.NAME]))
         if self.keep_pods:
             self.pods[row[Col.NAME]] = pod  # type: ignore[assignment]
             node = row[Col.NODE]
