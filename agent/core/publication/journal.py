@@ -290,12 +290,11 @@ class PublishedState:
         # held as a CompactPod: the row's own values, ~0.7 KB less than the pod's dicts, checked from its slots
         made = check_pod(compact_of(row, shape_lists(self.shapes, self._lists), self.namespace), seen=self._checked)
         before = held.get(row[Col.NAME]) if held is not None else None
-        if before is not None and same_but_version(before, made):
-            pod = before
-        else:  # what it says as the pod held said is held once: a relist does not hold two copies of each value
-            pod = sharing(made, before if before is not None else self.pods.get(row[Col.NAME]))
+        # what it says as the pod held said is held once: a relist does not hold two copies of each value
+        pod: Any = before if before is not None and same_but_version(before, made) else \
+            sharing(made, before if before is not None else self.pods.get(row[Col.NAME]))
         if self.keep_pods:
-            self.pods[row[Col.NAME]] = pod  # type: ignore[assignment]
+            self.pods[row[Col.NAME]] = pod
             node = row[Col.NODE]
             if node and row[Col.NODE_LABELS] is not None:  # the pod says all the row does but its Node's labels:
                 self._node_labels[node] = row[Col.NODE_LABELS]  # kept by Node (a leader's own read-back hands them
