@@ -276,8 +276,9 @@ class Planner:
                 if stands is None:
                     raise _FromScratch  # a move, a second leave, or an order only a layout from scratch can say
                 if not stands:
-                    member = rows.placed[at]
-                    taken.path = (*member.domains, member.node) if member is not None and member.domains else None
+                    member = rows.placed[at]  # placed, with its domains: order_without says so
+                    assert member is not None and member.domains is not None
+                    taken.path = (*member.domains, member.node)
                 taken.left_at = at
             layout.leave(at, name)
             taken.removed.append(old_key)
