@@ -22,6 +22,13 @@ DomainsOf = Callable[[str], "tuple[str, ...] | None"]
 _DOMAINS, _NODE = member_fields("domains"), member_fields("node")
 
 
+def _values_at(held: list[Any], nodes: list[str], depth: int, low: int, high: int) -> list[str]:
+    """Each of the members ``low:high``'s value at ``depth`` of its path: a domain (``held``: each member's domains),
+    or its node past the last level."""
+    levels = len(held[low]) if high > low else 0
+    return nodes[low:high] if depth == levels else list(map(operator.itemgetter(depth), held[low:high]))
+
+
 def order_without(layout: _Layout, at: int) -> bool | None:
     """Whether the others keep their order when the member at ``at`` leaves: True unless it was the first of a
     domain that holds others (the domain's next member then decides its place among its siblings: False); None
@@ -55,10 +62,9 @@ def shared_block(placed: list[Any], path: tuple[str, ...], *, least: int
     if None in held:
         return None
     nodes: list[str] = list(map(_NODE, placed))
-    levels = len(path) - 1
 
-    def column(depth: int, low: int, high: int) -> Iterable[str]:  # each member's value at depth (its node last)
-        return nodes[low:high] if depth == levels else map(operator.itemgetter(depth), held[low:high])
+    def column(depth: int, low: int, high: int) -> Iterable[str]:
+        return _values_at(held, nodes, depth, low, high)
 
     lo, hi, deepest = 0, len(placed), 0
     for depth, value in enumerate(path):  # the members of path[:depth + 1], among those of path[:depth]
@@ -123,9 +129,9 @@ def reorder(layout: _Layout, path: tuple[str, ...], breaks: Iterable[int]) -> li
     nodes: list[str] = [member.node if member is not None else path[-1] for member in rows.placed[:count]]
     origin = list(range(count))  # where each row stood before
     columns: tuple[list[Any], ...] = (rows.live, rows.keys, rows.placed, origin, held, nodes)
-    lo, hi, levels = 0, count, len(path) - 1
+    lo, hi = 0, count
     for depth, value in enumerate(path):  # the block of path[:depth + 1], among its siblings in [lo, hi)
-        column = nodes[lo:hi] if depth == levels else list(map(operator.itemgetter(depth), held[lo:hi]))
+        column = _values_at(held, nodes, depth, lo, hi)
         same = list(map(operator.eq, column, itertools.repeat(value)))
         size = same.count(True)
         if not size:
