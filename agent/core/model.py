@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, TypedDict
 
@@ -279,6 +280,26 @@ NAME, ROLE, ADDRESS, TRAINING, SLOTS, RUNNING = map(member_fields, ("name", "rol
                                                                     "running"))
 _INDEX, _LAST, _PREFIX = member_fields("index"), operator.itemgetter(-1), operator.itemgetter(slice(0, -1))
 _BY_ORDINAL = member_fields("ordinal", "index")  # a role's index order
+
+
+def run_starts_of(members: Sequence[Member]) -> tuple[int, ...] | None:
+    """Where ``members`` (training members in rank order) start a new run: a change of role, of index prefix or of
+    process count, or a last index that skips (core/publication/summary.py, blocks.py); None when a member has no
+    index. Each comparison is one C-level pass over the members (a Python loop would cost ~8 ms at 16384 pods)."""
+    indices = list(map(_INDEX, members))
+    if not all(indices):
+        return None
+    lasts = list(map(_LAST, indices))
+    roles_of, slots_of = list(map(ROLE, members)), list(map(SLOTS, members))
+    positions = range(1, len(members))
+    ends = {*itertools.compress(positions, map(operator.ne, roles_of[1:], roles_of[:-1])),
+            *itertools.compress(positions, map(operator.ne, slots_of[1:], slots_of[:-1])),
+            *itertools.compress(positions, map(operator.ne, map(operator.sub, lasts[1:], lasts[:-1]),
+                                               itertools.repeat(1)))}
+    if indices and max(map(len, indices)) > 1:  # prefixes only when some index has one (a JobSet's)
+        prefixes = list(map(_PREFIX, indices))
+        ends.update(itertools.compress(positions, map(operator.ne, prefixes[1:], prefixes[:-1])))
+    return (0, *sorted(ends)) if members else ()
 
 
 class Takeover(NamedTuple):
@@ -617,25 +638,9 @@ class Topology:
 
     @functools.cached_property
     def run_starts(self) -> tuple[int, ...] | None:
-        """Where the training members (in rank order) start a new run: a change of role, of index prefix or of
-        process count, or a last index that skips (core/publication/summary.py). None when a training member has no
-        index. Each comparison is one C-level pass over the members (a Python loop would cost ~8 ms at 16384 pods), and
-        the planner carries the result from one plan to the next while no member arrives or leaves."""
-        training = self.training
-        indices = list(map(_INDEX, training))
-        if not all(indices):
-            return None
-        lasts = list(map(_LAST, indices))
-        roles_of, slots_of = list(map(ROLE, training)), list(map(SLOTS, training))
-        positions = range(1, len(training))
-        ends = {*itertools.compress(positions, map(operator.ne, roles_of[1:], roles_of[:-1])),
-                *itertools.compress(positions, map(operator.ne, slots_of[1:], slots_of[:-1])),
-                *itertools.compress(positions, map(operator.ne, map(operator.sub, lasts[1:], lasts[:-1]),
-                                                   itertools.repeat(1)))}
-        if indices and max(map(len, indices)) > 1:  # prefixes only when some index has one (a JobSet's)
-            prefixes = list(map(_PREFIX, indices))
-            ends.update(itertools.compress(positions, map(operator.ne, prefixes[1:], prefixes[:-1])))
-        return (0, *sorted(ends)) if training else ()
+        """Where the training members (in rank order) start a new run (``run_starts_of``); the planner carries the
+        result from one plan to the next while no member arrives or leaves."""
+        return run_starts_of(self.training)
 
     def remember(self, **known: Any) -> None:
         """Seed derived views that the caller already knows (the sidecar's planner, which would otherwise pay a

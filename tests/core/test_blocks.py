@@ -528,3 +528,17 @@ def test_a_change_makes_anew_only_the_blocks_whose_members_it_altered():
     after = {b.values: b for b in summarize_with_blocks(plan, seq=2, blocks=maker)[1]}
     assert len(after) == 8 and sum(after[values] is not before[values] for values in after) == 1
     assert [b.text for b in after.values()] == [b.text for b in BlockMaker().make(plan.topology) or ()]
+
+
+def test_a_training_member_without_an_index_makes_no_blocks():
+    """A block states its members as runs of indices: a training member without one (a pod found by a selector
+    alone) leaves the job with no blocks, whichever block it falls in, carried or made anew."""
+    pods, nodes = _job()
+    topology = build_plan(pods, "demo-master-0", TOPOLOGY, nodes=nodes).topology
+    maker = BlockMaker()
+    assert maker.make(topology)
+    members = list(topology.members)
+    at = next(k for k, m in enumerate(members) if m.training and m.role == "worker")
+    members[at] = members[at]._replace(index=())
+    assert maker.make(dataclasses.replace(topology, members=tuple(members))) is None
+    assert BlockMaker().make(dataclasses.replace(topology, members=tuple(members))) is None

@@ -37,7 +37,6 @@ Pure.
 from __future__ import annotations
 
 import base64
-import bisect
 import collections
 import functools
 import hashlib
@@ -50,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.model import ROLE, SLOTS, Topology, member_fields
+from agent.core.model import ROLE, SLOTS, Topology, member_fields, run_starts_of
 from agent.core.plan.rank import ranks_in_run
 from agent.core.pods.placement import Level
 from agent.core.pods.validation import is_label_value
@@ -154,8 +153,7 @@ class BlockMaker:
     def _make(self, topology: Topology) -> list[Made] | None:
         training, levels = topology.training, topology.levels
         paths = list(map(_DOMAINS, training))
-        starts = topology.run_starts
-        if topology.rank_order != "topology" or not training or not levels or None in paths or starts is None:
+        if topology.rank_order != "topology" or not training or not levels or None in paths:
             return None
         distinct = set(paths)  # a few hundred at most where MAX_BLOCKS is met: the depth is sought among these
         depth = next((d for d in range(len(levels), 0, -1) if len({p[:d] for p in distinct}) <= MAX_BLOCKS), 0)
@@ -167,7 +165,6 @@ class BlockMaker:
         cuts = [0, *itertools.compress(positions, map(operator.ne, keys[1:], keys[:-1])), len(training)]
         if len(cuts) - 1 != len(set(keys)):  # a domain in two places: not the topology order
             return None
-        run_starts = sorted({*starts, *cuts[:-1]})  # the runs, cut where a block starts too
         said = (list(map(ROLE, training)), list(map(_INDEX, training)), list(map(SLOTS, training)))
         roles = topology.training_roles
         kept, self._kept = self._kept, {}
@@ -176,7 +173,7 @@ class BlockMaker:
             members = [each[start:stop] for each in said]  # what its text says of its members
             carried = kept.get(keys[start])
             block = carried[1] if carried is not None and carried[0] == (roles, members) else \
-                _block(training, run_starts, start, stop, keys[start], roles)
+                _block(training[start:stop], keys[start], roles)
             if block is None:
                 return None
             self._kept[keys[start]] = ((roles, members), block)
@@ -184,20 +181,20 @@ class BlockMaker:
         return made
 
 
-def _block(training: Sequence[Any], run_starts: list[int], start: int, stop: int, values: tuple[str, ...],
-           training_roles: tuple[str, ...]) -> Made | None:
-    """The block of the training members ``start``..``stop`` (runs starting at ``run_starts``); None when its
-    text is too large for a ConfigMap."""
-    members = training[start:stop]
+def _block(members: Sequence[Any], values: tuple[str, ...], training_roles: tuple[str, ...]) -> Made | None:
+    """The block of ``members`` (training members in rank order); None when one has no index, or when its text is
+    too large for a ConfigMap. Its runs are its own (``run_starts_of``): only the blocks a change altered are made,
+    so the runs of the whole job are not sought at each change (~10 ms at 16384 pods)."""
+    starts = run_starts_of(members)
+    if starts is None:
+        return None
     position = {role: at for at, role in enumerate(training_roles)}
     sizes = collections.Counter(map(SLOTS, members))
     slots = sizes.most_common(1)[0][0]
     entries: list[Any] = []
     before: tuple[Any, ...] | None = None  # the run before: role, slots, prefix, last index
-    at = bisect.bisect_left(run_starts, start)
-    while at < len(run_starts) and run_starts[at] < stop:
-        first = training[run_starts[at]]
-        last = training[(run_starts[at + 1] if at + 1 < len(run_starts) else len(training)) - 1]
+    for start, stop in zip(starts, [*starts[1:], len(members)], strict=True):
+        first, last = members[start], members[stop - 1]
         entry: list[Any] = [position[first.role], first.index[-1], last.index[-1], first.slots,
                             list(first.index[:-1])]
         if before is not None and entry[1] == entry[2] and before[:3] == (entry[0], entry[3], entry[4]):
@@ -207,13 +204,12 @@ def _block(training: Sequence[Any], run_starts: list[int], start: int, stop: int
                 entry.pop()  # the defaults left off, from the end
             entries.append(entry)
         before = (position[first.role], first.slots, list(first.index[:-1]), last.index[-1])
-        at += 1
     text = json.dumps({"schema": BLOCK_SCHEMA, "values": list(values), "slots": slots, "members": entries},
                       separators=(",", ":"))
     if len(text) > MAX_BLOCK:
         return None
     roles = collections.Counter(map(ROLE, members))
-    return Made(values, stop - start, sum(size * count for size, count in sizes.items()), text,
+    return Made(values, len(members), sum(size * count for size, count in sizes.items()), text,
                 tuple(roles[role] for role in training_roles))
 
 
