@@ -33,6 +33,18 @@ def test_only_sidecars_that_watch_pods_wait_for_a_burst_to_end(tmp_path: Path) -
     assert not sidecar.gathers  # --debounce 0: never
 
 
+
+def test_a_snapshot_about_to_be_read_again_lets_go_of_the_evaluators_layout_and_texts(tmp_path: Path) -> None:
+    """The follower's sink hears that a LIST will replace every pod (following._Journal.replace): the evaluator
+    running then, even one made since the sidecar started (new options), lets go of its planner and texts."""
+    sidecar = Sidecar(None, SidecarSettings("default", "demo-worker-2", Options(), tmp_path))  # type: ignore[arg-type]
+    pods = {p["metadata"]["name"]: p for p in examples.volcano_job("demo", (("master", 1), ("worker", 3)))}
+    sidecar.evaluator = type(sidecar.evaluator)(sidecar.settings, sidecar.metrics)
+    renderer = sidecar.evaluator.renderer
+    sidecar.evaluator.plan = renderer.planner.plan(pods)
+    sidecar.changes.replacing()
+    assert sidecar.evaluator.renderer is not renderer and sidecar.evaluator.plan is None
+
 def test_a_follower_named_a_standby_keeps_its_watch_and_lists_the_pods_only_to_take_over(tmp_path: Path) -> None:
     """Standbys listed and watched every pod from the moment they were named (~450 MiB each at 16384 pods): now
     a follower named a standby only starts contending (its watch of the publication goes on), and the pods are

@@ -185,3 +185,47 @@ def test_a_pods_next_version_holds_what_it_says_as_before_in_the_objects_of_the_
     for part in ("name", "ip", "labels", "hostname", "node", "created"):
         assert getattr(later, part) is getattr(first, part), part
     assert later.phase is not first.phase and later.version is not first.version
+
+
+def test_a_journal_follower_lets_go_of_what_it_derived_before_it_reads_the_snapshot_again():
+    """A snapshot read again (the journal moved past the one held) is planned from scratch: the sink hears of it
+    before the snapshot is decoded, while the state held is the last one (so the sidecar lets go of its planner's
+    layout and the members' texts first, not beside the new pods), and not at the first LIST nor in its own view."""
+    from types import SimpleNamespace
+
+    from agent import examples
+    from agent.core.model import Options
+    from agent.core.publication.journal import PublishedState, Publisher, journal_body
+    from agent.core.publication.published import Compactor, configmap_body
+    from agent.runtime.sidecar.following import JournalFollower, _Journal
+    from agent.runtime.views import PodView
+
+    options = Options()
+    raw = examples.volcano_job("demo", (("master", 1), ("worker", 7)))
+    compactor = Compactor(options)
+    pods = {p["metadata"]["name"]: compactor.pod(p) for p in raw}
+    publisher = Publisher(PublishedState(job="demo", namespace="default", snapshot_seq=-1), options,
+                          leader="demo-master-0")
+    publisher.change(pods, set(pods), journal=False)
+
+    def listed() -> list[dict]:
+        snapshot = configmap_body("demo-topology", publisher.snapshot_packed(), generation=publisher.state.seq,
+                                  leader="demo-master-0", owner=None)
+        publisher.snapshot_written(publisher.state.seq)
+        return [snapshot, journal_body("demo-topology", publisher.journal_data(), owner=None)]
+
+    seen: list[object] = []
+    view = PodView("demo-worker-3", options, me=raw[4])
+    follower = JournalFollower(SimpleNamespace(changed=lambda: None), None, view,  # type: ignore[arg-type]
+                               namespace="default", configmap="demo-topology", check=None,
+                               settings=None, clock=lambda: 0.0)  # type: ignore[arg-type]
+    follower.sink.replacing = lambda: seen.append(follower.published.state)  # type: ignore[attr-defined]
+    store = _Journal(follower)
+    store.replace(listed())
+    first = follower.published.state
+    assert first is not None and seen == []  # the first LIST: nothing derived yet
+    store.replace(listed())
+    assert seen == [first] and follower.published.state is not first  # told while the last state was held
+    follower.light = True
+    store.replace(listed())
+    assert len(seen) == 1  # in its own view the summary is read: no pod is held

@@ -77,6 +77,7 @@ class Changes:
         self.candidate = asyncio.Event()  # this pod contends for the Lease from now on
         self.moved = asyncio.Event()  # set when the mode changes (then replaced): whoever waits for a mode
         self.tell: Callable[[Occurrence], None] = lambda _: None  # the pod's Events (runtime/events.py)
+        self.replaced: Callable[[], None] = lambda: None  # a LIST is about to replace the pods held
 
     def changed(self) -> None:
         self.last = self.clock()
@@ -119,6 +120,9 @@ class Changes:
     def following(self, reflector: Reflector) -> None:
         self.reflector = reflector
 
+    def replacing(self) -> None:
+        self.replaced()
+
     def count(self, what: str) -> None:
         if what == "relist":
             self.metrics.relists.inc()
@@ -159,6 +163,9 @@ class _NodesSink:
         self.reflector = reflector
 
     def count(self, what: str) -> None:
+        return
+
+    def replacing(self) -> None:
         return
 
 
@@ -230,6 +237,7 @@ class Sidecar:
         self.view = PodView(settings.pod_name, settings.options,
                             watchers=[self.node_watch.pods_listed, self.learned.landed])
         self.evaluator = Evaluator(settings, self.metrics, clock=clock, keep_document=keep_document)
+        self.changes.replaced = lambda: self.evaluator.forget_pods()  # whichever evaluator runs then
         self.publication: Publication | None = None
         self.selector = ""
         self.memory = _Memory()

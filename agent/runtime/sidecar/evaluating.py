@@ -263,8 +263,9 @@ class Evaluator:
         self.renderer = Renderer(settings.options, settings.pod_name, checked=True)
 
     def forget_pods(self) -> None:
-        """Let go of the plan and the planner's layout of every pod (a standby that stands down); the next
-        evaluation plans from what the pod then follows."""
+        """Let go of the plan, the planner's layout of every pod and the members' texts (a standby that stands
+        down, a follower about to read the snapshot again); the next evaluation plans from what the pod then
+        follows."""
         self.renderer = Renderer(self.settings.options, self.settings.pod_name, checked=True)
         self.plan = None
 

@@ -77,6 +77,8 @@ class Sink(Protocol):
 
     def count(self, what: str) -> None: ...  # "relist", "watch restart", or an event's type (metrics)
 
+    def replacing(self) -> None: ...  # a LIST is about to replace every pod held: what is derived from them can go
+
 
 async def follow(sink: Sink, what: str, settings: ReflectorSettings, clock: Callable[[], float],
                  list_call: Callable[[], Awaitable[tuple[list[Any], str]]],
@@ -352,6 +354,11 @@ class _Journal:
         self.follower = follower
 
     def replace(self, items: list[Any]) -> None:
+        if not self.follower.light and self.follower.published.state is not None:
+            # A snapshot read again (the journal moved past the one held): the plan made from it comes from scratch
+            # (most pods changed), so the last one's layout and texts are let go before the snapshot is decoded,
+            # not held beside it (at 16384 pods, ~4 MB of a full-view pod's peak: bench/fullview_bench.py --relist).
+            self.follower.sink.replacing()
         (self.follower.summary if self.follower.light else self.follower.published).replace(items)
         self._took()
 
