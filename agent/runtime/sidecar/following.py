@@ -215,7 +215,8 @@ class JournalFollower:
             for name in state.pods:  # the objects the view kept (unchanged pods): one copy of each, not two
                 if name != own and name in held:
                     state.pods[name] = held[name]
-            freeze()  # as after a LIST of pods: the collector's passes must not walk the whole job per change
+            freeze()  # as after a LIST of pods: the collector's passes must not walk the whole job per change,
+            release_memory()  # and the heap the snapshot's text was decoded in goes back before the plan is made
         else:
             for name in changed:
                 pod = state.pods.get(name)
