@@ -275,14 +275,40 @@ def generations(log: Path) -> list[tuple[int, int, float]]:
     return found
 
 
+JOURNAL = "demo-topology-journal"
+
+
 def journal(sandbox: SandboxThread) -> dict[str, Any]:
-    return sandbox.sandbox.store.get("/v1/configmaps", "default", "demo-topology-journal")
+    return sandbox.sandbox.store.get("/v1/configmaps", "default", JOURNAL)
 
 
-def journal_entries(sandbox: SandboxThread) -> dict[int, set[tuple[str, str]]]:
-    """Each published sequence's changes: (pod, IP) put, (pod, '') gone."""
-    return {entry["seq"]: {(row[0], row[8]) for row in entry["put"]} | {(name, "") for name in entry["gone"]}
-            for entry in json.loads(journal(sandbox)["data"]["changes.json"])}
+class JournalEntries:
+    """Each published sequence's changes, (pod, IP) put and (pod, '') gone, from every version of the journal the
+    leader wrote since the last look: the store's event log, read back to the last version seen (the journal keeps
+    only its last few changes, and two writes between two looks left a sequence unseen), and the journal as it is
+    now (a log that no longer reaches back)."""
+
+    def __init__(self, sandbox: SandboxThread) -> None:
+        self.sandbox, self.rv = sandbox, 0
+        self.seen: dict[int, set[tuple[str, str]]] = {}
+
+    def look(self) -> None:
+        store = self.sandbox.sandbox.store
+
+        def versions() -> tuple[list[dict[str, Any]], int]:
+            found = [journal(self.sandbox)]
+            for event in reversed(store.log):
+                if event.rv <= self.rv:
+                    break
+                if event.resource == "/v1/configmaps" and event.new["metadata"]["name"] == JOURNAL:
+                    found.append(event.new)
+            return found, store.log[-1].rv if store.log else self.rv
+
+        found, self.rv = self.sandbox._run(versions)
+        for version in found:
+            self.seen.update((entry["seq"], {(row[0], row[8]) for row in entry["put"]} |
+                                            {(name, "") for name in entry["gone"]})
+                             for entry in json.loads(version["data"]["changes.json"]))
 
 
 def settle(sandbox: SandboxThread, pids: Sequence[int] = (), quiet: float = 2.0, timeout: float = 180.0) -> None:
@@ -350,7 +376,8 @@ def make_changes(sandbox: SandboxThread, job: Job, measured: set[str], changes: 
     template = next(p for p in examples.volcano_job("demo", (("master", 1), ("worker", job.n - 1)))
                     if p["metadata"]["name"] == mover)
     emitted: list[Change] = []
-    seen: dict[int, set[tuple[str, str]]] = {}
+    entries = JournalEntries(sandbox)
+    entries.look()  # from here on: the versions written during the changes
     for i in range(changes):
         at = time.monotonic()
         if leave_every and i % leave_every == leave_every - 1:
@@ -370,11 +397,11 @@ def make_changes(sandbox: SandboxThread, job: Job, measured: set[str], changes: 
             obj = sandbox.update_pod("default", name, lambda pod, ip=ip: pod["status"].update(
                 podIP=ip, podIPs=[{"ip": ip}]))
             emitted.append(Change(at, int(obj["metadata"]["resourceVersion"]), name, ip, False))
-        seen.update(journal_entries(sandbox))
+        entries.look()
         time.sleep(gap)
     time.sleep(2.0)
-    seen.update(journal_entries(sandbox))
-    return emitted, seen
+    entries.look()
+    return emitted, entries.seen
 
 
 def says_ips(document: dict[str, Any]) -> bool:
