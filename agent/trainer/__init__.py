@@ -199,6 +199,10 @@ class TopologyWatcher:
         self.current = read_world(self.directory)
         if install:
             signal.signal(signum, self._handler)
+            # A system call the signal lands in goes on (SA_RESTART): the handler only notes it, and a C library
+            # blocked in a read (XGBoost's collective bootstrap, a socket of the trainer's own) fails on EINTR
+            # instead of retrying. Python's own waits and sleeps still wake (they are never restarted).
+            signal.siginterrupt(signum, False)
         if pid_file is not None:  # for the sidecar's --trainer-pid-file: exact, unlike a command-line match
             Path(pid_file).write_text(f"{os.getpid()}\n")
 
