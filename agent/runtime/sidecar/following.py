@@ -356,9 +356,9 @@ class _Journal:
 
     def replace(self, items: list[Any]) -> None:
         if not self.follower.light and self.follower.published.state is not None:
-            # A snapshot read again (the journal moved past the one held): the plan made from it comes from scratch
-            # (most pods changed), so the last one's layout and texts are let go before the snapshot is decoded,
-            # not held beside it (at 16384 pods, ~4 MB of a full-view pod's peak: bench/fullview_bench.py --relist).
+            # A snapshot read again (the journal moved past the one held, a 410): the last plan's layout and texts
+            # are let go before it is decoded, not held beside it, at the price of one plan and one encoding of the
+            # texts from scratch (at 16384 pods ~4 MB of a full-view pod's peak: bench/fullview_bench.py --relist).
             self.follower.sink.replacing()
         (self.follower.summary if self.follower.light else self.follower.published).replace(items)
         self._took()
