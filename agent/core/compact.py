@@ -155,6 +155,15 @@ def ip_of(pod: Mapping[str, Any]) -> str | None:
     return status.get("podIP") or (ips[0] if ips else None)
 
 
+def node_of(pod: Mapping[str, Any]) -> str:
+    """The Node the pod is bound to (``spec.nodeName``), or "" (unbound, or not a string)."""
+    if type(pod) is CompactPod:
+        return pod.node
+    spec = pod.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, dict) else None
+    return node if isinstance(node, str) else ""
+
+
 def meta_of(pod: Mapping[str, Any]) -> PodMeta:
     """The pod's name ("?" if it has none), labels and annotations: read several times per pod."""
     if type(pod) is CompactPod:

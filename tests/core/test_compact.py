@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agent import examples
-from agent.core.compact import CompactPod, same_but_version
+from agent.core.compact import CompactPod, node_of, same_but_version
 from agent.core.model import Options
 from agent.core.pods.pod import object_name, pod_ip
 from agent.core.pods.validation import check_pod
@@ -55,6 +55,7 @@ def test_a_compact_pod_reads_as_its_row_as_a_dict(key):
         with pytest.raises(KeyError):
             compact["kind"]
         assert object_name(compact) == row[0] and pod_ip(compact) == pod_ip(pod)
+        assert node_of(compact) == node_of(pod) == (pod["spec"].get("nodeName") or "")
         assert check_pod(compact) is compact
 
 
@@ -122,3 +123,12 @@ def test_a_compact_pod_in_a_bad_namespace_is_refused():
     rows, shapes = _rows(JOBS["volcano"])
     with pytest.raises(InputError, match=r"metadata\.namespace"):
         check_pod(compact_of(rows[1], [[s] for s in shapes], "Bad_Namespace"), seen=set())
+
+
+def test_the_node_a_pod_is_bound_to_reads_alike_from_either_form():
+    pod = json.loads(json.dumps(JOBS["volcano"][1]))
+    pod["spec"]["nodeName"] = "node-7"
+    rows, shapes = _rows([pod])
+    compact = compact_of(rows[0], [[s] if s else [] for s in shapes], "team")
+    assert node_of(compact) == node_of(pod) == "node-7"
+    assert node_of({"spec": {"nodeName": 7}}) == node_of({"spec": None}) == node_of({}) == ""

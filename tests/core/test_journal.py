@@ -720,3 +720,6 @@ def test_a_pods_next_row_holds_what_it_repeats_of_the_pod_held_once():
     third = relisted.pods["demo-worker-1"]
     assert third["status"]["podIP"] == "127.1.0.92" and third["metadata"]["labels"] is first["metadata"]["labels"]
     assert relisted.pods["demo-worker-2"] is follower.pods["demo-worker-2"]  # unchanged: the object held
+    # the new state's keys are the held pods' own names, not the snapshot's copy of each
+    held_names = {id(name) for name in follower.pods}
+    assert all(id(name) in held_names for name in relisted.pods)

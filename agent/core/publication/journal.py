@@ -27,9 +27,9 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
-from agent.core.compact import same_but_version, sharing
+from agent.core.compact import node_of, same_but_version, sharing
 from agent.core.model import Options, RawPod
-from agent.core.pods.pod import object_name
+from agent.core.pods.pod import object_name, pod_name
 from agent.core.pods.validation import check_pod
 from agent.core.publication.blocks import PART_LABEL, summary_key
 from agent.core.publication.published import (
@@ -294,8 +294,9 @@ class PublishedState:
         pod: Any = before if before is not None and same_but_version(before, made) else \
             sharing(made, before if before is not None else self.pods.get(row[Col.NAME]))
         if self.keep_pods:
-            self.pods[row[Col.NAME]] = pod
-            node = row[Col.NODE]
+            # keyed by the pod's own strings: after a relist they are the held pod's, not a second copy of each
+            self.pods[pod_name(pod)] = pod
+            node = node_of(pod)
             if node and row[Col.NODE_LABELS] is not None:  # the pod says all the row does but its Node's labels:
                 self._node_labels[node] = row[Col.NODE_LABELS]  # kept by Node (a leader's own read-back hands them
             elif node:  # over with the pods: ``hand_over_node_labels``)
