@@ -19,7 +19,7 @@ import time
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import RawTestServer, TestClient, TestServer
 
 from agent import __version__
 from agent.core.adoption.injection import PREFIX, Settings
@@ -131,7 +131,7 @@ async def test_what_is_not_an_admission_review_gets_400_and_a_missing_namespace_
 async def test_the_sidecars_health_port_serves_topology_json_only_when_asked():
     """The health port is open to the pod network (the kubelet probes it); the job's layout is
     served there only with --health-topology."""
-    from agent.runtime.health import make_app
+    from agent.runtime.health import health_handler
     from agent.runtime.metrics import SidecarMetrics
 
     class Status:
@@ -142,16 +142,52 @@ async def test_the_sidecars_health_port_serves_topology_json_only_when_asked():
             return None
 
     for topology, want in ((False, 404), (True, 200)):
-        client = TestClient(TestServer(make_app(Status(), topology=topology)))
+        client = TestClient(RawTestServer(health_handler(Status(), topology=topology)))
         await client.start_server()
         try:
             answer = await client.get("/topology")
             assert answer.status == want
             if not topology:
                 assert "--health-topology" in await answer.text()
+            else:
+                assert await answer.json() == {"generation": 3}
             assert (await client.get("/readyz")).status == 200
         finally:
             await client.close()
+
+
+async def test_the_sidecars_health_port_answers_probes_and_nothing_else():
+    """What the kubelet and Prometheus ask (GET, HEAD), each path's status as the sidecar says it; any
+    other path 404, any other method 405."""
+    from agent.runtime.health import health_handler
+    from agent.runtime.metrics import SidecarMetrics
+
+    class Status:
+        metrics = SidecarMetrics()
+        healthy, generation, document = False, 0, None
+
+        def unready(self):
+            return "no files written yet"
+
+    client = TestClient(RawTestServer(health_handler(Status(), topology=True)))
+    await client.start_server()
+    try:
+        stuck = await client.get("/healthz")
+        assert stuck.status == 503 and "stuck" in await stuck.text()
+        unready = await client.get("/readyz")
+        assert unready.status == 503 and await unready.text() == "not ready: no files written yet\n"
+        metrics = await client.get("/metrics")
+        assert metrics.status == 200 and metrics.headers["Content-Type"].startswith("text/plain")
+        assert "topology_agent" in await metrics.text()
+        none_yet = await client.get("/topology")
+        assert none_yet.status == 503 and "error" in await none_yet.json()
+        head = await client.head("/healthz")
+        assert head.status == 503 and await head.read() == b""
+        assert (await client.get("/")).status == 404 and (await client.get("/healthz/x")).status == 404
+        posted = await client.post("/readyz", data=b"x")
+        assert posted.status == 405 and posted.headers["Allow"] == "GET, HEAD"
+    finally:
+        await client.close()
 
 
 # The webhook under hostile callers. The server runs in process on loopback with its real TLS listener

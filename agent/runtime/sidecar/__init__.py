@@ -656,10 +656,10 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
     keep_freed_memory()
     # topology.json as planned is held only to be served (/topology): 4.5 MB at 16384 pods
     sidecar = Sidecar(api, settings, events=events, keep_document=health_port is not None and health_topology)
-    runner = None
+    health = None
     bound: int | None = None
     if health_port is not None:
-        runner, bound = await start_health(sidecar, health_host, health_port,
+        health, bound = await start_health(sidecar, health_host, health_port,
                                            label=health_label or f"health port {health_port}",
                                            topology=health_topology)
     try:
@@ -667,18 +667,18 @@ async def run_sidecar(api: AsyncApi, settings: SidecarSettings, *, stop: asyncio
         first = await race(sidecar.start(), stop.wait())
         if stop.is_set():
             log.info("stopped before the first list; no files written by this sidecar")
-            if runner is not None:
-                await runner.cleanup()
+            if health is not None:
+                await health.close()
             return sidecar
         first.result()
     except BaseException:
-        if runner is not None:
-            await runner.cleanup()
+        if health is not None:
+            await health.close()
         raise
     tasks: dict[str, Awaitable[None]] = {"watch": sidecar.watch_loop(), "evaluate": sidecar.evaluate_loop(),
                                          "elect": sidecar.elect_loop(), "nodes": sidecar.nodes_loop()}
-    if runner is not None:
-        tasks["health"] = serve_health(runner)
+    if health is not None:
+        tasks["health"] = serve_health(health)
     if sidecar.recorder is not None:
         tasks["events"] = sidecar.recorder.run()
     if on_ready is not None:
