@@ -242,6 +242,16 @@ def test_init_starts_without_what_a_torch_only_pod_never_runs():
     assert run.stdout.strip() == "[]"
 
 
+def test_the_sidecar_starts_without_aiohttps_application_server():
+    # Every pod's sidecar serves four fixed paths on aiohttp's low-level server (runtime/health.py): the
+    # application, router and runner modules are the webhook's alone.
+    code = ("import sys, agent.cli, agent.runtime.sidecar, agent.runtime.health; "
+            "print(sorted(m for m in ('aiohttp.web', 'aiohttp.web_app', 'aiohttp.web_runner', "
+            "'aiohttp.web_urldispatcher') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"
+
+
 def test_render_with_node_labels_gives_the_documented_variables(tmp_path):
     """Each default level's variable, read back by bash, is named in docs/variables.md."""
     from agent.core.pods.placement import DEFAULT_LEVELS
