@@ -682,15 +682,13 @@ def test_a_pods_next_version_shares_the_facts_it_repeats_with_the_earlier_ones(a
     running["status"]["phase"] = "Running"
     later = facts_of(compactor.pod(running), controller, options, None, memo, checked=True)
     assert later.version == "11" and later == first._replace(version="11")
-    assert later.ident is first.ident and later.slots is first.slots
-    assert later.address is first.address and later.dns_name is first.dns_name and later.ip is first.ip
+    assert later.ident is first.ident and later.place is first.place and later.slots is first.slots
     moved = copy.deepcopy(running)
     moved["metadata"]["resourceVersion"] = "12"
     moved["status"]["podIP"] = "10.0.0.8"
     again = facts_of(compactor.pod(moved), controller, options, None, memo, checked=True)
     assert again.ident is first.ident and again.slots is first.slots
-    assert again.ip == "10.0.0.8" != first.ip and again.dns_name is first.dns_name  # the new IP alone is new
-    assert again.address == (again.ip if address == "ip" else first.dns_name)
+    assert again.place != first.place and again.place[1:] == (first.place[1], "10.0.0.8")  # the new IP's
 
 
 def _compact_job(workers: int):  # type: ignore[no-untyped-def]

@@ -98,9 +98,7 @@ class PodFacts(NamedTuple):
     ident: Identity | None
     error: InputError | None
     has_ip: bool = False
-    address: str | None = None  # where its peers reach it (its DNS name or IP, --address); None: see place_error
-    dns_name: str | None = None
-    ip: str | None = None
+    place: tuple[str, str | None, str | None] | None = None  # address, DNS name, IP
     place_error: InputError | None = None
     slots: tuple[int, str] | None = None  # processes, the rule that decided
     slots_error: InputError | None = None
@@ -111,8 +109,8 @@ class PodFacts(NamedTuple):
 
 # The parts of a pod's facts its next version usually repeats: the kubelet's writes change its phase, its
 # readiness, its IP, and rarely who it is or where its peers reach it.
-_REPEATED = tuple(PodFacts._fields.index(part) for part in ("namespace", "job", "ident", "address", "dns_name", "ip",
-                                                            "slots", "node", "created"))
+_REPEATED = tuple(PodFacts._fields.index(part) for part in ("namespace", "job", "ident", "place", "slots", "node",
+                                                            "created"))
 
 
 def shared(facts: PodFacts, earlier: PodFacts) -> PodFacts:
@@ -153,23 +151,20 @@ def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[st
     except InputError as err:
         return PodFacts(name=name, namespace=namespace, job=job, reason=reason, ident=None,
                         error=err.with_traceback(None), version=version)
-    address: str | None = None
-    dns: str | None = None
-    ip: str | None = None
+    place: tuple[str, str | None, str | None] | None = None
     slots: tuple[int, str] | None = None
     place_error = slots_error = None
     try:
-        address, dns, ip = _address(pod, ident, controller, namespace, options)
+        place = _address(pod, ident, controller, namespace, options)
     except InputError as err:
         place_error = err.with_traceback(None)
     try:
         slots = _slots(pod, options, sizes)
     except InputError as err:
         slots_error = err.with_traceback(None)
-    return PodFacts(name=name, namespace=namespace, job=job, reason=reason, ident=ident, error=None,
-                    has_ip=bool(pod_ip(pod)), address=address, dns_name=dns, ip=ip, place_error=place_error,
-                    slots=slots, slots_error=slots_error, node=pod.get("spec", {}).get("nodeName") or "",
-                    version=version, created=str(meta.get("creationTimestamp") or ""))
+    return PodFacts(name, namespace, job, reason, ident, None, bool(pod_ip(pod)), place, place_error, slots,
+                    slots_error, pod.get("spec", {}).get("nodeName") or "", version,
+                    str(meta.get("creationTimestamp") or ""))
 
 
 def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str]:

@@ -519,11 +519,11 @@ def _place_each(layout: _Layout, start: int, stop: int, options: Options, domain
             placed[at] = None
             continue
         left_out.discard(facts.name)
-        address, dns_name, ip = facts.address, facts.dns_name, facts.ip
-        if address is None:
+        place = facts.place
+        if place is None:
             if not (provisional and training and by_ip and not facts.has_ip):
                 raise facts.place_error or InputError(f"pod '{facts.name}': no address")
-            address, dns_name, ip = _UNPLACED  # its IP is on its way (init's wait); it keeps its rank meanwhile
+            place = _UNPLACED  # its IP is on its way (init's wait); it keeps its rank meanwhile
             unplaced.add(facts.name)
         elif unplaced:
             unplaced.discard(facts.name)
@@ -536,12 +536,12 @@ def _place_each(layout: _Layout, start: int, stop: int, options: Options, domain
                 raise facts.slots_error or InputError(f"pod '{facts.name}': no process count")
             slots, source = facts.slots
             slots_source[facts.name] = source
-            member = Member(facts.name, role, ident.index, ordinal, address, dns_name, ip, True, slots,
+            member = Member(facts.name, role, ident.index, ordinal, place[0], place[1], place[2], True, slots,
                             node_rank, first_rank, running, facts.node, domains_of(facts.node))
             node_rank += 1
             first_rank += slots
         else:
-            member = Member(facts.name, role, ident.index, ordinal, address, dns_name, ip, False, 0,
+            member = Member(facts.name, role, ident.index, ordinal, place[0], place[1], place[2], False, 0,
                             None, None, running, facts.node, domains_of(facts.node))
         placed[at] = member
         tally(member, 1)

@@ -505,7 +505,7 @@ def light_plan(summary: Summary, own: RawPod, options: Options, *, ssh: bool = F
     spare = run is None and placed is None and hot is not None and hot.holds(ident.role, ident.index)
     if run is None and placed is None and not spare:
         return None
-    if facts.address is None:
+    if facts.place is None:
         raise facts.place_error or InputError(f"pod '{name}': no address")
     if facts.slots is None:
         raise facts.slots_error or InputError(f"pod '{name}': no process count")
@@ -547,8 +547,8 @@ def _seat(summary: Summary, placed: Place | None, run: Run | None, name: str, id
     """This pod as a member, and the members its own view holds (rank 0 and itself), from its place in its block
     (``placed``), its run, or else as a hot spare; None when the leader saw another process count."""
     rank0 = summary.rank0
-    assert facts.address is not None  # light_plan has said why not
-    address, dns, ip = facts.address, facts.dns_name, facts.ip
+    assert facts.place is not None  # light_plan has said why not
+    address, dns, ip = facts.place
     if placed is not None:
         if slots != placed.slots:
             return None  # the leader saw another container (a pod re-created with another size): not published yet
