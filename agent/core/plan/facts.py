@@ -86,6 +86,15 @@ def why_not_member(pod: RawPod) -> str | None:
     return why_lost(life.conditions)
 
 
+class Place(NamedTuple):
+    """Where a pod's peers reach it: its address (its DNS name or its IP, as --address says), its DNS name and its
+    IP (either None where the pod has none)."""
+
+    address: str
+    dns_name: str | None
+    ip: str | None
+
+
 class PodFacts(NamedTuple):
     """What one pod object says, independent of the other pods (memoised per resourceVersion). A NamedTuple, not
     a frozen dataclass: a pod read from scratch makes one, and at 16384 pods the NamedTuples are made in about a
@@ -98,7 +107,7 @@ class PodFacts(NamedTuple):
     ident: Identity | None
     error: InputError | None
     has_ip: bool = False
-    place: tuple[str, str | None, str | None] | None = None  # address, DNS name, IP
+    place: Place | None = None  # None: place_error says why
     place_error: InputError | None = None
     slots: tuple[int, str] | None = None  # processes, the rule that decided
     slots_error: InputError | None = None
@@ -151,7 +160,7 @@ def _facts(pod: RawPod, controller: Controller, options: Options, pairs: dict[st
     except InputError as err:
         return PodFacts(name=name, namespace=namespace, job=job, reason=reason, ident=None,
                         error=err.with_traceback(None), version=version)
-    place: tuple[str, str | None, str | None] | None = None
+    place: Place | None = None
     slots: tuple[int, str] | None = None
     place_error = slots_error = None
     try:
@@ -186,8 +195,7 @@ def _slots(pod: RawPod, options: Options, sizes: Sizes | None) -> tuple[int, str
     return known[1]
 
 
-def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str,
-             options: Options) -> tuple[str, str | None, str | None]:
+def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: str, options: Options) -> Place:
     name = pod_name(pod)
     raw_ip = pod_ip(pod)
     ip = ip_value(pod, raw_ip) if raw_ip else None  # type: ignore[arg-type]
@@ -200,13 +208,13 @@ def _address(pod: RawPod, ident: Identity, controller: Controller, namespace: st
                 f"pod '{name}': status.podIP is empty and --address ip needs it; wait until the pod is "
                 "scheduled (init does), or use --address dns"
             )
-        return ip, dns, ip
+        return Place(ip, dns, ip)
     if not dns:
         raise InputError(
             f"pod '{name}': no DNS name (spec.hostname/spec.subdomain unset and {controller.title} gives none); "
             "set spec.subdomain to a headless Service, or use --address ip"
         )
-    return dns, dns, ip
+    return Place(dns, dns, ip)
 
 
 def facts_of(pod: RawPod, controller: Controller, options: Options, pairs: dict[str, str] | None,

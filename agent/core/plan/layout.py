@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from agent.core.controllers import TORCHRUN_MASTER_PORT, Controller, detect_controller, parse_selector
 from agent.core.injected import controller_entries
 from agent.core.model import ROLE, Excluded, Identity, Member, Options, RawPod, Topology
-from agent.core.plan.facts import Memo, PodFacts, Sizes, facts_of
+from agent.core.plan.facts import Memo, Place, PodFacts, Sizes, facts_of
 from agent.core.plan.grouping import LIGHTHOUSE_ROLE, ReplicaGroups
 from agent.core.plan.rank import RankRule, SortKey, topology_order
 from agent.core.plan.spares import Seating, seat
@@ -260,7 +260,7 @@ LEFT_OUT = "no IP yet (--address ip), not a training pod"
 C10D_ORDER_NOTE = ("torchrun's c10d rendezvous numbers the pods by their addresses (PET_LOCAL_ADDR) and ignores "
                    "NODE_RANK: ranks follow the addresses, as torch gives them")
 _NAME_OF = operator.attrgetter("name")
-_UNPLACED: tuple[str, str | None, str | None] = ("", None, None)
+_UNPLACED = Place("", None, None)
 _IDENT, _ORDINAL = operator.attrgetter("ident"), operator.attrgetter("ordinal")
 _LIVE_NAME = operator.attrgetter("facts.name")
 _FIELDS = tuple(map(operator.itemgetter, range(len(Member._fields))))
@@ -536,12 +536,12 @@ def _place_each(layout: _Layout, start: int, stop: int, options: Options, domain
                 raise facts.slots_error or InputError(f"pod '{facts.name}': no process count")
             slots, source = facts.slots
             slots_source[facts.name] = source
-            member = Member(facts.name, role, ident.index, ordinal, place[0], place[1], place[2], True, slots,
-                            node_rank, first_rank, running, facts.node, domains_of(facts.node))
+            member = Member(facts.name, role, ident.index, ordinal, place.address, place.dns_name, place.ip, True,
+                            slots, node_rank, first_rank, running, facts.node, domains_of(facts.node))
             node_rank += 1
             first_rank += slots
         else:
-            member = Member(facts.name, role, ident.index, ordinal, place[0], place[1], place[2], False, 0,
+            member = Member(facts.name, role, ident.index, ordinal, place.address, place.dns_name, place.ip, False, 0,
                             None, None, running, facts.node, domains_of(facts.node))
         placed[at] = member
         tally(member, 1)

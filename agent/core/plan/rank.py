@@ -48,8 +48,7 @@ class RankRule:
         """The pod's place in the rank order (once per pod per layout)."""
         address = None
         if self.by_address:
-            place = facts.place
-            address = place[0] if place is not None else NO_ADDRESS
+            address = facts.place.address if facts.place is not None else NO_ADDRESS
         first = self.coordinator is not None and host_name(pod) == self.coordinator
         return self._key(ident.role, ident.index, first=first, address=address, name=facts.name)
 

@@ -548,7 +548,7 @@ def _seat(summary: Summary, placed: Place | None, run: Run | None, name: str, id
     (``placed``), its run, or else as a hot spare; None when the leader saw another process count."""
     rank0 = summary.rank0
     assert facts.place is not None  # light_plan has said why not
-    address, dns, ip = facts.place
+    address, dns, ip = facts.place.address, facts.place.dns_name, facts.place.ip
     if placed is not None:
         if slots != placed.slots:
             return None  # the leader saw another container (a pod re-created with another size): not published yet
