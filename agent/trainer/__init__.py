@@ -33,12 +33,13 @@ file, as DeviceMesh requires.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import string
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -218,6 +219,18 @@ class TopologyWatcher:
     def changed(self) -> bool:
         """A signal arrived, or the files moved on (a signal can be lost if it came before the handler)."""
         return self.signalled.is_set() or self._on_disk_generation() > self.current.generation
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The signal held back from this thread, and from the threads started meanwhile (they inherit the mask),
+        while a C library's blocking calls run: a socket read with a timeout, or a poll, fails on EINTR whatever
+        SA_RESTART says (signal(7)), and XGBoost's collective bootstrap failed so when the sidecar signalled during
+        it. A signal sent meanwhile is delivered when the block ends, and noted then."""
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {self.signum})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def close(self) -> None:
         """Ignore further signals: a script that ends right after a change may see the files before the signal

@@ -151,13 +151,14 @@ class Group:
         arguments, workers, generation = self._next_arguments()
         self.watcher.reload()
         uri, port = str(arguments["dmlc_tracker_uri"]), int(arguments["dmlc_tracker_port"])
-        if str(arguments["dmlc_task_id"]) == "0":
-            self.tracker = RabitTracker(n_workers=workers, host_ip=_bind_address(uri), port=port, sortby="task",
-                                        timeout=int(self.timeout))
-            self.tracker.start()
-        else:
-            wait_for_port(uri, port, self.timeout)
-        collective.init(**arguments)
+        with self.watcher.held():  # the tracker's threads and the bootstrap's socket reads never get the signal
+            if str(arguments["dmlc_task_id"]) == "0":
+                self.tracker = RabitTracker(n_workers=workers, host_ip=_bind_address(uri), port=port, sortby="task",
+                                            timeout=int(self.timeout))
+                self.tracker.start()
+            else:
+                wait_for_port(uri, port, self.timeout)
+            collective.init(**arguments)
         self.arguments, self.generation = arguments, generation
         self.fresh, self.reforming = not self.reforming, False
         self.rank, self.world_size = collective.get_rank(), collective.get_world_size()

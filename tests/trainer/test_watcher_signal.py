@@ -53,3 +53,52 @@ def test_the_watchers_signal_does_not_fail_a_system_call_it_lands_in(tmp_path):
         assert watcher.changed()  # and the handler noted the signal
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def _socket_read_with_a_timeout_during_a_signal(hold: object = None) -> tuple[int, int]:
+    """A libc recv(2) on a socket with a receive timeout (as XGBoost's bootstrap sets), blocked when SIGUSR1 is sent
+    to this thread, the byte sent after it: what the call returned and its errno. ``hold``: a watcher whose
+    ``held()`` the call runs in."""
+    import contextlib
+    import socket
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    reader, writer = socket.socketpair()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 5, 0))
+    me = threading.get_ident()
+
+    def later() -> None:
+        time.sleep(0.2)
+        signal.pthread_kill(me, signal.SIGUSR1)
+        time.sleep(0.2)
+        writer.send(b"x")
+
+    thread = threading.Thread(target=later)
+    buffer = ctypes.create_string_buffer(1)
+    try:
+        with hold.held() if hold is not None else contextlib.nullcontext():  # type: ignore[attr-defined]
+            thread.start()
+            got = libc.recv(reader.fileno(), buffer, 1, 0)
+            return got, ctypes.get_errno()
+    finally:
+        thread.join()
+        reader.close()
+        writer.close()
+
+
+def test_a_socket_read_with_a_timeout_goes_on_only_while_the_watcher_holds_its_signal(tmp_path):
+    """SA_RESTART does not restart a socket read that has a timeout (signal(7)): XGBoost's bootstrap forms its group
+    with the signal held, and the signal is noted when it returns."""
+    for name, data in render_pod(examples.volcano_job("demo", (("master", 1), ("worker", 1))), "demo-worker-0",
+                                 Options()).files.items():
+        (tmp_path / name).write_bytes(data)
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        watcher = TopologyWatcher(tmp_path)
+        assert _socket_read_with_a_timeout_during_a_signal() == (-1, errno.EINTR)
+        watcher.reload()
+        assert _socket_read_with_a_timeout_during_a_signal(watcher)[0] == 1
+        assert watcher.signalled.is_set()  # delivered once the block ended
+    finally:
+        signal.signal(signal.SIGUSR1, before)
