@@ -19,6 +19,7 @@ from urllib.parse import quote
 from agent.core.model import Options, RawPod
 from agent.core.pods.lost import NodeState, lost_nodes, node_state, why_node_lost
 from agent.core.pods.placement import Level, node_domains
+from agent.core.pods.pod import node_name
 from agent.errors import ApiError, ApiNotFound, ApiUnavailable, InputError
 from agent.k8s.core import PAGE
 
@@ -35,7 +36,7 @@ def wanted_nodes(pods: Iterable[RawPod], options: Options, known: Mapping[str, o
     """The nodes the job's pods run on whose labels are not held yet (none when no levels are asked for)."""
     if options.levels is None:
         return []
-    names = {(pod.get("spec") or {}).get("nodeName") or "" for pod in pods}
+    names = set(map(node_name, pods))
     return sorted(name for name in names if name and name not in known)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 # The readers of either form of a pod (core/compact.py), for the modules that read pods through this one
 from agent.core.compact import PodMeta as PodMeta
-from agent.core.compact import ip_of, name_of
+from agent.core.compact import ip_of, name_of, node_of
 from agent.core.compact import life_of as life_of
 from agent.core.compact import meta_of as meta_of
 from agent.core.compact import version_of as version_of
@@ -33,6 +33,11 @@ def pod_name(pod: RawPod) -> str:
 def pod_ip(pod: RawPod) -> str | None:
     """The pod's IP as the kubelet reported it (unchecked: the planner checks it before it reaches a file)."""
     return ip_of(pod)
+
+
+def node_name(pod: RawPod) -> str:
+    """The Node the pod is bound to (``spec.nodeName``), or "" while it is not."""
+    return node_of(pod)
 
 
 def host_name(pod: RawPod) -> str | None:

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
-from agent.core.compact import node_of, same_but_version, sharing
+from agent.core.compact import same_but_version, sharing
 from agent.core.model import Options, RawPod
-from agent.core.pods.pod import object_name, pod_name
+from agent.core.pods.pod import node_name, object_name, pod_name
 from agent.core.pods.validation import check_pod
 from agent.core.publication.blocks import PART_LABEL, summary_key
 from agent.core.publication.published import (
@@ -296,7 +296,7 @@ class PublishedState:
         if self.keep_pods:
             # keyed by the pod's own strings: after a relist they are the held pod's, not a second copy of each
             self.pods[pod_name(pod)] = pod
-            node = node_of(pod)
+            node = node_name(pod)
             if node and row[Col.NODE_LABELS] is not None:  # the pod says all the row does but its Node's labels:
                 self._node_labels[node] = row[Col.NODE_LABELS]  # kept by Node (a leader's own read-back hands them
             elif node:  # over with the pods: ``hand_over_node_labels``)
