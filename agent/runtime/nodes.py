@@ -102,7 +102,7 @@ async def own_domains(api: AsyncApi, own: RawPod, options: Options) -> tuple[str
     when no levels are asked for, or the Node cannot be read or its labels are not label values (said in one
     line: the pod then reads the whole topology)."""
     levels = options.levels
-    node = (own.get("spec") or {}).get("nodeName") or ""
+    node = node_name(own)
     if levels is None or not node:
         return None
     labels = (await read_nodes(api, [node], options)).get(node)

@@ -29,7 +29,7 @@ from typing import Any
 from agent.core.controllers import detect_controller
 from agent.core.model import RawPod
 from agent.core.plan.gang import roster_of
-from agent.core.pods.pod import pod_ip
+from agent.core.pods.pod import node_name, pod_ip
 from agent.core.publication.provenance import Writer, WriterCheck
 from agent.core.publication.published import configmap_name
 from agent.core.report.events import Occurrence, Ref
@@ -447,7 +447,7 @@ class Sidecar:
         if self.mode.reads_publication:
             return
         for name in self.view.mark_nodes(lost):
-            node = self.view.pods[name].get("spec", {}).get("nodeName") or ""
+            node = node_name(self.view.pods[name])
             log.info("pod %s: %s", name, lost.get(node, f"node {node} back"))
         self._own_node_back(lost)
         self.changes.changed()
@@ -457,7 +457,7 @@ class Sidecar:
         its trainer (held in the old world's collective) cannot know from its files, the same membership as before.
         The next evaluation writes a new generation and signals it, so it joins the world they form now."""
         me = self.view.pods.get(self.settings.pod_name) or self.view.me
-        node = ((me or {}).get("spec") or {}).get("nodeName") or ""
+        node = node_name(me) if me is not None else ""
         was, self.node_watch.own_lost = self.node_watch.own_lost, bool(node) and node in lost
         if was and not self.node_watch.own_lost:
             log.info("this pod's node %s is back: a new generation, so that its trainer joins the world the other "
@@ -596,8 +596,7 @@ class Sidecar:
             asyncio.get_running_loop().call_later(2.0, self.changes.changed)
             return
         self.nodes.update(learned)
-        self.view.renew_placement({name for name, pod in self.view.pods.items()
-                                   if pod.get("spec", {}).get("nodeName") in learned})
+        self.view.renew_placement({name for name, pod in self.view.pods.items() if node_name(pod) in learned})
 
     async def _learn_claims(self, pods: Mapping[str, RawPod], touched: set[str] | None) -> bool:
         """Read the DRA claims again when a pod changed since the last plan takes claims and comes with a node and
