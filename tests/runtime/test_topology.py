@@ -94,6 +94,8 @@ async def test_a_join_lands_in_its_racks_block_for_the_follower_and_only_the_pub
     follower = await start_sidecar(sidecars, tmp_path, "demo-worker-4", *levels)
     await logs.until("demo-worker-4", "(follower)")
     await follower_watching(api, "demo-worker-4")
+    # a follower plans with the Node labels its rows carry: it keeps no copy of its own (a standby keeps one)
+    assert not follower.sidecar.nodes
     memory.create_node(examples.node("node-new", {examples.ZONE: "zone-a", examples.RACK: "rack-a"}))
     pod = examples.volcano_job("demo", (("master", 1), ("worker", 6)))[-1]  # demo-worker-5
     pod["spec"]["nodeName"] = "node-new"

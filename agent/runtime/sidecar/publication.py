@@ -133,7 +133,8 @@ class Publication:
         # it leads). A standby follows a vouched copy as a follower does until the Lease looks abandoned.
         publication = cls(api, job, make_follower(), _elector(api, job, lease_seconds, named_leader=leader))
         publication.ssh = ssh
-        await publication._start_from(state if why is None else None, leader, None if light else items, options)
+        await publication._start_from(state if why is None and (leader or standby) else None, leader,
+                                      None if light else items, options)
         if leader or (standby and why is not None):
             return publication, Mode.CANDIDATE
         publication.follower.light = light
@@ -144,8 +145,10 @@ class Publication:
     async def _start_from(self, vouched: PublishedState | None, leader: bool, items: list[Any] | None,
                           options: Any) -> None:
         """The Nodes' labels a ``vouched`` copy carried (with --topology-levels: none are published without), so that
-        a standby need not read Nodes; the leader's own rows, its seed and read-back, with the labels of their Nodes
-        as its init read them (``_own_rows``: ``items``, the publication listed already, or None)."""
+        a standby need not read Nodes (a follower is given none: it plans with the labels its rows carry, and would
+        hold every Node's twice; named a standby later, it reads the Nodes it lacks when it leads); the leader's own
+        rows, its seed and read-back, with the labels of their Nodes as its init read them (``_own_rows``:
+        ``items``, the publication listed already, or None)."""
         if vouched is not None and not vouched.compare_only:
             self.nodes = dict(vouched.node_labels())
         if leader:
