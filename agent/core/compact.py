@@ -164,6 +164,15 @@ def node_of(pod: Mapping[str, Any]) -> str:
     return node if isinstance(node, str) else ""
 
 
+def phase_of(pod: Mapping[str, Any]) -> str:
+    """The pod's ``status.phase``, or "" (none, or not a string)."""
+    if type(pod) is CompactPod:
+        return pod.phase
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, dict) else None
+    return phase if isinstance(phase, str) else ""
+
+
 def meta_of(pod: Mapping[str, Any]) -> PodMeta:
     """The pod's name ("?" if it has none), labels and annotations: read several times per pod."""
     if type(pod) is CompactPod:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agent import examples
-from agent.core.compact import CompactPod, node_of, same_but_version
+from agent.core.compact import CompactPod, node_of, phase_of, same_but_version
 from agent.core.model import Options
 from agent.core.pods.pod import object_name, pod_ip
 from agent.core.pods.validation import check_pod
@@ -56,6 +56,7 @@ def test_a_compact_pod_reads_as_its_row_as_a_dict(key):
             compact["kind"]
         assert object_name(compact) == row[0] and pod_ip(compact) == pod_ip(pod)
         assert node_of(compact) == node_of(pod) == (pod["spec"].get("nodeName") or "")
+        assert phase_of(compact) == phase_of(pod) == (pod["status"].get("phase") or "")
         assert check_pod(compact) is compact
 
 
@@ -132,3 +133,12 @@ def test_the_node_a_pod_is_bound_to_reads_alike_from_either_form():
     compact = compact_of(rows[0], [[s] if s else [] for s in shapes], "team")
     assert node_of(compact) == node_of(pod) == "node-7"
     assert node_of({"spec": {"nodeName": 7}}) == node_of({"spec": None}) == node_of({}) == ""
+
+
+def test_the_phase_of_a_pod_reads_alike_from_either_form():
+    pod = json.loads(json.dumps(JOBS["volcano"][1]))
+    pod["status"]["phase"] = "Running"
+    rows, shapes = _rows([pod])
+    compact = compact_of(rows[0], [[s] if s else [] for s in shapes], "team")
+    assert phase_of(compact) == phase_of(pod) == "Running"
+    assert phase_of({"status": {"phase": 7}}) == phase_of({"status": None}) == phase_of({}) == ""

@@ -30,7 +30,7 @@ from agent.core.plan.rank import RankRule, SortKey, topology_order
 from agent.core.plan.spares import Seating, seat
 from agent.core.pods.containers import pick_trainer_container, user_env
 from agent.core.pods.placement import node_domains
-from agent.core.pods.pod import find_pod, pod_name
+from agent.core.pods.pod import find_pod, pod_name, pod_phase
 from agent.errors import InputError
 
 
@@ -530,7 +530,7 @@ def _place_each(layout: _Layout, start: int, stop: int, options: Options, domain
         in_role = seen.get(role, 0)
         ordinal = ident.ordinal if ident.ordinal >= 0 else in_role
         seen[role] = in_role + 1
-        running = pod is me or (pod.get("status") or {}).get("phase") == "Running"
+        running = pod is me or pod_phase(pod) == "Running"
         if training:
             if facts.slots is None:
                 raise facts.slots_error or InputError(f"pod '{facts.name}': no process count")

@@ -12,7 +12,7 @@ from typing import Any
 
 # The readers of either form of a pod (core/compact.py), for the modules that read pods through this one
 from agent.core.compact import PodMeta as PodMeta
-from agent.core.compact import ip_of, name_of, node_of
+from agent.core.compact import ip_of, name_of, node_of, phase_of
 from agent.core.compact import life_of as life_of
 from agent.core.compact import meta_of as meta_of
 from agent.core.compact import version_of as version_of
@@ -38,6 +38,11 @@ def pod_ip(pod: RawPod) -> str | None:
 def node_name(pod: RawPod) -> str:
     """The Node the pod is bound to (``spec.nodeName``), or "" while it is not."""
     return node_of(pod)
+
+
+def pod_phase(pod: RawPod) -> str:
+    """The pod's phase (``status.phase``: Pending, Running, ...), or "" while it says none."""
+    return phase_of(pod)
 
 
 def host_name(pod: RawPod) -> str | None:
