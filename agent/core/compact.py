@@ -164,6 +164,14 @@ def node_of(pod: Mapping[str, Any]) -> str:
     return node if isinstance(node, str) else ""
 
 
+def containers_of(pod: Mapping[str, Any]) -> list[Any]:
+    """The pod's ``spec.containers`` (the one list its shape's pods share, for a held pod)."""
+    if type(pod) is CompactPod:
+        return pod.containers
+    containers: list[Any] = pod.get("spec", {}).get("containers", [])
+    return containers
+
+
 def phase_of(pod: Mapping[str, Any]) -> str:
     """The pod's ``status.phase``, or "" (none, or not a string)."""
     if type(pod) is CompactPod:

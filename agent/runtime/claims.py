@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from agent.core.model import Options, RawPod
 from agent.core.pods.claims import Claims, has_claims, read_claims
 from agent.core.pods.containers import pick_trainer_container
+from agent.core.pods.pod import pod_containers
 from agent.errors import ApiError, InputError
 from agent.k8s.core import PAGE
 
@@ -35,14 +36,20 @@ def claims_path(namespace: str) -> str:
 
 
 def claimants(pods: Iterable[RawPod], options: Options) -> list[RawPod]:
-    """The pods whose trainer container takes DRA claims."""
+    """The pods whose trainer container takes DRA claims: asked once per containers list (the held pods of one
+    shape share theirs), so a look at every pod of a 16384-pod job is one answer per shape."""
     found = []
+    answers: dict[int, bool] = {}  # id of a containers list -> its answer (the lists live through the call)
     for pod in pods:
-        try:
-            container = pick_trainer_container(pod, options.processes.container)
-        except InputError:  # no such --container: the count says so, not this read
-            continue
-        if has_claims(container):
+        containers = pod_containers(pod)
+        takes = answers.get(id(containers))
+        if takes is None:
+            try:
+                takes = has_claims(pick_trainer_container(pod, options.processes.container))
+            except InputError:  # no such --container: the count says so, not this read
+                takes = False
+            answers[id(containers)] = takes
+        if takes:
             found.append(pod)
     return found
 

@@ -57,3 +57,23 @@ async def test_a_refused_list_leaves_a_note_not_an_error(error):
     options = await with_claims(Api(error=error), "team-a", [pod], Options(), retry=retry)
     claims = options.processes.claims
     assert claims is not None and "grant get and list on resourceclaims" in claims.note
+
+
+def test_the_claimants_are_asked_once_per_containers_list(monkeypatch):
+    """Pods that share one containers list (a held job's pods of one shape) get one answer; a pod with a list of its
+    own is asked on its own, and a pod without the --container named is no claimant."""
+    from agent.core.compact import CompactPod
+    from agent.runtime import claims
+
+    taking = dra_pod(trainer([{"name": "gpus"}]), pod_claims=[GPUS], statuses=MADE[:1])
+    plain = one_pod_job(container({"cpu": "8"}))[0]
+    shared = taking["spec"]["containers"]
+    held = [CompactPod(f"w-{k}", "team-a", "1", {}, {}, shared) for k in range(5)]
+    asked: list[object] = []
+    picking = claims.pick_trainer_container
+    monkeypatch.setattr(claims, "pick_trainer_container",
+                        lambda pod, wanted: (asked.append(pod), picking(pod, wanted))[1])
+    assert claims.claimants([*held, plain, taking], Options()) == [*held, taking]
+    assert asked == [held[0], plain]  # the held five and the pod whose list they hold: one answer
+    named = Options(processes=Processes(container="no-such"))
+    assert claims.claimants([*held, plain], named) == []

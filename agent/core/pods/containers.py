@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
+from agent.core.compact import containers_of, name_of
 from agent.core.injected import controller_entries
 from agent.core.model import Options, RawContainer, RawPod, RawResources, is_whole_number
 from agent.core.pods.accelerators import accelerator_of, is_unknown_extended
@@ -79,15 +80,14 @@ def is_agent_container(container: RawContainer) -> bool:
 
 def pick_trainer_container(pod: RawPod, wanted: str | None) -> RawContainer | None:
     """The container that runs the trainer: ``--container``, else the first regular one that is not the agent."""
-    containers = pod.get("spec", {}).get("containers", [])
-    name = pod.get("metadata", {}).get("name", "?")
+    containers: list[RawContainer] = containers_of(pod)
     if wanted:
         for container in containers:
             if container.get("name") == wanted:
                 return container
         have = ", ".join(c.get("name", "?") for c in containers) or "none"
         raise InputError(
-            f"pod '{name}': no container named '{wanted}' (containers: {have}); fix --container"
+            f"pod '{name_of(pod) or '?'}': no container named '{wanted}' (containers: {have}); fix --container"
         )
     for container in containers:
         if not is_agent_container(container):

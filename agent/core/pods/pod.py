@@ -12,11 +12,11 @@ from typing import Any
 
 # The readers of either form of a pod (core/compact.py), for the modules that read pods through this one
 from agent.core.compact import PodMeta as PodMeta
-from agent.core.compact import ip_of, name_of, node_of, phase_of
+from agent.core.compact import containers_of, ip_of, name_of, node_of, phase_of
 from agent.core.compact import life_of as life_of
 from agent.core.compact import meta_of as meta_of
 from agent.core.compact import version_of as version_of
-from agent.core.model import RawPod
+from agent.core.model import RawContainer, RawPod
 from agent.core.pods.validation import check_pod
 from agent.errors import InputError
 
@@ -38,6 +38,11 @@ def pod_ip(pod: RawPod) -> str | None:
 def node_name(pod: RawPod) -> str:
     """The Node the pod is bound to (``spec.nodeName``), or "" while it is not."""
     return node_of(pod)
+
+
+def pod_containers(pod: RawPod) -> list[RawContainer]:
+    """The pod's containers (``spec.containers``): the pods of one shape, held, share one list."""
+    return containers_of(pod)
 
 
 def pod_phase(pod: RawPod) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 from agent.core.controllers import detect_controller
 from agent.core.model import RawPod
 from agent.core.plan.gang import roster_of
-from agent.core.pods.pod import node_name, pod_ip
+from agent.core.pods.pod import node_name, pod_ip, pod_name
 from agent.core.publication.provenance import Writer, WriterCheck
 from agent.core.publication.published import configmap_name
 from agent.core.report.events import Occurrence, Ref
@@ -606,8 +606,7 @@ class Sidecar:
         changed = pods.values() if touched is None else [pods[n] for n in touched if n in pods]
         fresh = []
         for pod in claimants(changed, s.options):
-            key = (pod.get("metadata", {}).get("name", ""), pod.get("spec", {}).get("nodeName") or "",
-                   pod_ip(pod) or "")
+            key = (pod_name(pod), node_name(pod), pod_ip(pod) or "")
             if key not in self.learned.claims_tried:
                 self.learned.claims_tried.add(key)
                 fresh.append(pod)
