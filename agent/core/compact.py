@@ -155,13 +155,16 @@ def ip_of(pod: Mapping[str, Any]) -> str | None:
     return status.get("podIP") or (ips[0] if ips else None)
 
 
+def _text_in(pod: Mapping[str, Any], section: str, key: str) -> str:
+    """``pod[section][key]`` of a pod read from the API when it is a string, else ""."""
+    part = pod.get(section)
+    value = part.get(key) if isinstance(part, dict) else None
+    return value if isinstance(value, str) else ""
+
+
 def node_of(pod: Mapping[str, Any]) -> str:
     """The Node the pod is bound to (``spec.nodeName``), or "" (unbound, or not a string)."""
-    if type(pod) is CompactPod:
-        return pod.node
-    spec = pod.get("spec")
-    node = spec.get("nodeName") if isinstance(spec, dict) else None
-    return node if isinstance(node, str) else ""
+    return pod.node if type(pod) is CompactPod else _text_in(pod, "spec", "nodeName")
 
 
 def containers_of(pod: Mapping[str, Any]) -> list[Any]:
@@ -174,11 +177,7 @@ def containers_of(pod: Mapping[str, Any]) -> list[Any]:
 
 def phase_of(pod: Mapping[str, Any]) -> str:
     """The pod's ``status.phase``, or "" (none, or not a string)."""
-    if type(pod) is CompactPod:
-        return pod.phase
-    status = pod.get("status")
-    phase = status.get("phase") if isinstance(status, dict) else None
-    return phase if isinstance(phase, str) else ""
+    return pod.phase if type(pod) is CompactPod else _text_in(pod, "status", "phase")
 
 
 def meta_of(pod: Mapping[str, Any]) -> PodMeta:

@@ -126,19 +126,13 @@ def test_a_compact_pod_in_a_bad_namespace_is_refused():
         check_pod(compact_of(rows[1], [[s] for s in shapes], "Bad_Namespace"), seen=set())
 
 
-def test_the_node_a_pod_is_bound_to_reads_alike_from_either_form():
+@pytest.mark.parametrize(("read", "section", "key", "value"), [(node_of, "spec", "nodeName", "node-7"),
+                                                             (phase_of, "status", "phase", "Running")],
+                         ids=["node", "phase"])
+def test_a_pods_node_and_phase_read_alike_from_either_form(read, section, key, value):
     pod = json.loads(json.dumps(JOBS["volcano"][1]))
-    pod["spec"]["nodeName"] = "node-7"
+    pod[section][key] = value
     rows, shapes = _rows([pod])
     compact = compact_of(rows[0], [[s] if s else [] for s in shapes], "team")
-    assert node_of(compact) == node_of(pod) == "node-7"
-    assert node_of({"spec": {"nodeName": 7}}) == node_of({"spec": None}) == node_of({}) == ""
-
-
-def test_the_phase_of_a_pod_reads_alike_from_either_form():
-    pod = json.loads(json.dumps(JOBS["volcano"][1]))
-    pod["status"]["phase"] = "Running"
-    rows, shapes = _rows([pod])
-    compact = compact_of(rows[0], [[s] if s else [] for s in shapes], "team")
-    assert phase_of(compact) == phase_of(pod) == "Running"
-    assert phase_of({"status": {"phase": 7}}) == phase_of({"status": None}) == phase_of({}) == ""
+    assert read(compact) == read(pod) == value
+    assert read({section: {key: 7}}) == read({section: None}) == read({}) == ""
