@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.core.files.frameworks import render_frameworks
-from agent.core.files.rendering import Files, MemberTexts, render_files, with_frameworks
+from agent.core.files.rendering import Files, MembershipKey, MemberTexts, frameworks_key, render_files
 from agent.core.files.variables import Variable, compute_variables
 from agent.core.model import Options, RawPod
 from agent.core.plan.facts import Memo
@@ -71,15 +71,13 @@ class Renderer:
         files = render_files(plan, variables, generation=generation, texts=self.texts, frameworks=frameworks)
         return Rendered(plan=plan, variables=tuple(variables), files=files, frameworks=frameworks)
 
-    def membership_key(self, rendered: Rendered) -> tuple[tuple[object, ...], ...]:
-        """Who is in, where, with what rank, in what ``render`` just made (from the cached member keys), and
-        what the frameworks' files say."""
-        key = self.texts.membership_key(rendered.plan.topology)
-        if rendered.plan.groups is not None:
-            key = (*key, rendered.plan.groups.key())
-        if not rendered.frameworks:
-            return key
-        return with_frameworks(key, {r.key: {"digest": r.digest} for r in rendered.frameworks})
+    @staticmethod
+    def membership_key(rendered: Rendered) -> MembershipKey:
+        """Who is in, where, with what rank, in what ``render`` made, and what the replica groups and the
+        frameworks' files say."""
+        groups = () if rendered.plan.groups is None else (rendered.plan.groups.key(),)
+        frameworks = frameworks_key({r.key: {"digest": r.digest} for r in rendered.frameworks})
+        return MembershipKey(rendered.plan.topology.members, (*groups, *frameworks))
 
 
 def grouped(plan: Plan, options: Options, memo: GroupMemo | None = None) -> Plan:

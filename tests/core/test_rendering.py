@@ -1,6 +1,7 @@
-"""core/files/rendering.MemberTexts: the texts and membership keys it keeps between generations are those of the
-members given, whichever way they changed (in place, equal but new, more or fewer, moved in rank), byte for byte
-what encoding each member afresh gives, whether the moved members' ranks are replaced in their texts or encoded."""
+"""core/files/rendering.MemberTexts: the texts it keeps between generations are those of the members given,
+whichever way they changed (in place, equal but new, more or fewer, moved in rank), byte for byte what encoding
+each member afresh gives, whether the moved members' ranks are replaced in their texts or encoded. And
+MembershipKey: two plans' keys are equal exactly when their members' key fields and extras are."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from agent.core.files import rendering
-from agent.core.files.rendering import _KEY_FIELDS, MemberTexts, _member_json
+from agent.core.files.rendering import _KEY_FIELDS, MembershipKey, MemberTexts, _member_json
 from agent.core.model import Member
 from agent.core.pods.placement import DEFAULT_LEVELS
 from agent.files import writing
@@ -54,7 +55,7 @@ STEPS = {
 @pytest.mark.parametrize("rerank_from", [0, rendering.RERANK_FROM])  # ranks replaced in the texts, or encoded
 @pytest.mark.parametrize("step", sorted(STEPS))
 @pytest.mark.parametrize("before", [0, 1, 2])
-def test_kept_texts_and_keys_are_the_members_own(step, before, rerank_from, monkeypatch):
+def test_kept_texts_are_the_members_own(step, before, rerank_from, monkeypatch):
     monkeypatch.setattr(rendering, "RERANK_FROM", rerank_from)
     texts, members = MemberTexts(), base()
     for _ in range(before):  # the cache as a sidecar holds it after some generations
@@ -64,11 +65,27 @@ def test_kept_texts_and_keys_are_the_members_own(step, before, rerank_from, monk
     now = STEPS[step](members)
     assert joined(texts, now) == [json.dumps(_member_json(m)).encode() for m in now]
 
-    class Topo:  # what membership_key reads of a topology
-        pass
-    topo = Topo()
-    topo.members, topo.levels = now, ()
-    assert texts.membership_key(topo) == tuple(map(_KEY_FIELDS, now))  # type: ignore[arg-type]
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+@pytest.mark.parametrize("extras", [(), (("frameworks", ("jax", "d1")),)])
+def test_a_membership_key_equals_another_exactly_when_their_key_fields_do(step, extras):
+    members = base()
+    now = STEPS[step](members)
+    key = MembershipKey(now, extras)
+    assert tuple(key) == (*map(_KEY_FIELDS, now), *extras)  # its parts, as topology.json's are read back
+    same = tuple(map(_KEY_FIELDS, now)) == tuple(map(_KEY_FIELDS, members))
+    assert (key == MembershipKey(members, extras)) is same
+    assert (MembershipKey(members, extras) == key) is same
+    assert (key == MembershipKey(now, (*extras, ("groups", 1)))) is False
+    assert key != tuple(key)  # an own view's key is another kind: never the same
+
+
+def test_a_member_s_ip_alone_is_no_membership_change():
+    """The IP is in topology.json but not in the key: a pod addressed by DNS name whose IP changes writes nothing."""
+    members = base()
+    moved = (*members[:2], members[2]._replace(ip="10.9.9.9"), *members[3:])
+    assert MembershipKey(moved) == MembershipKey(members)
+    assert MembershipKey(moved) != MembershipKey(members[:-1])
 
 
 def test_a_leave_and_a_come_back_in_a_large_job_replace_ranks_and_match_a_fresh_encoding(monkeypatch):

@@ -179,8 +179,8 @@ def spares_document(topology: Topology) -> dict[str, Any]:
 # bytes; the tail, its domains and the closing brace: one object for every member of those domains) and its
 # membership key (``_KEY_FIELDS``), read through these names. A plain tuple: when members move, zip makes thousands
 # in one C-level pass, where a NamedTuple is made in about four times the time.
-Entry = tuple[Member, bytes, tuple[object, ...], bytes]
-_MEMBER, _TEXT, _KEY, _TAIL = (operator.itemgetter(field) for field in range(4))
+Entry = tuple[Member, bytes, bytes]
+_MEMBER, _TEXT, _TAIL = (operator.itemgetter(field) for field in range(3))
 _NAME_OF = member_fields("name")
 _BEFORE_RANKS, _AFTER_RANKS = member_span(None, "node_rank"), member_span("running", None)
 _NODE_RANK_OF, _RANK_OF = member_fields("node_rank"), member_fields("first_rank")
@@ -219,20 +219,19 @@ def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> tuple[list
         texts = list(map(_RANKS.__mod__, zip(map(_BEFORE, heads), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
                                              map(_AFTER, tails), strict=True)))
         placed += chunk
-        found += zip(new, texts, map(_KEY_FIELDS, new), map(_TAIL, old_entries), strict=True)
+        found += zip(new, texts, map(_TAIL, old_entries), strict=True)
     return placed, found
 
 
 class MemberTexts:
     """Each member's topology.json text (as bytes: the file is joined from them without a 4.5 MB encode at 16384
-    pods) and membership key between the sidecar's generations, found by the member object's identity (its id;
-    the entry holds the member, so no other object can take that id while the entry lives): a C-level lookup per
-    member, where hashing 4096 members by value would cost 5 ms per change and building their keys 1.5 ms. A member
-    equal to the last one at its place but a new object (a plan made from scratch) keeps that text, and a member
-    that only moved in rank (a pod before it left or came back: every later member) gets its last text with the
-    two numbers replaced (``_reranked``), not encoded again. Entries of earlier generations are let go at each
-    change that moves members: one generation of texts held, not two. The last lookup is kept for the membership
-    key of the same members (one pass per change, not two)."""
+    pods) between the sidecar's generations, found by the member object's identity (its id; the entry holds the
+    member, so no other object can take that id while the entry lives): a C-level lookup per member, where hashing
+    4096 members by value would cost 5 ms per change. A member equal to the last one at its place but a new object
+    (a plan made from scratch) keeps that text, and a member that only moved in rank (a pod before it left or came
+    back: every later member) gets its last text with the two numbers replaced (``_reranked``), not encoded again.
+    Entries of earlier generations are let go at each change that moves members: one generation of texts held, not
+    two. The last lookup is kept: the same members' texts asked again (the document served) take no pass."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, Entry] = {}
@@ -254,14 +253,14 @@ class MemberTexts:
                 reranked = True
                 entries = last.entries
                 self._last, self._by_id = None, {}
-                del last  # its members, texts and keys with it: each place's last entry is held by ``entries`` alone
+                del last  # its members and texts with it: each place's last entry is held by ``entries`` alone
                 self._replace(entries, moved, members, levels)
-                texts, keys, tails = list(map(_TEXT, entries)), list(map(_KEY, entries)), list(map(_TAIL, entries))
+                texts, tails = list(map(_TEXT, entries)), list(map(_TAIL, entries))
             else:
-                entries, texts, keys, tails = list(last.entries), list(last.texts), list(last.keys), list(last.tails)
+                entries, texts, tails = list(last.entries), list(last.texts), list(last.tails)
                 self._replace(entries, moved, members, levels)
                 for at in moved:
-                    texts[at], keys[at], tails[at] = _TEXT(entries[at]), _KEY(entries[at]), _TAIL(entries[at])
+                    texts[at], tails[at] = _TEXT(entries[at]), _TAIL(entries[at])
         else:
             entries = list(map(self._by_id.get, map(id, members)))  # C-level; None for the members new since
             moved = list(itertools.compress(range(len(entries)), map(operator.is_, entries, itertools.repeat(None))))
@@ -273,10 +272,10 @@ class MemberTexts:
             for at in moved:
                 if entries[at] is None:
                     entries[at] = self._entry(members[at], levels)
-            texts, keys, tails = list(map(_TEXT, entries)), list(map(_KEY, entries)), list(map(_TAIL, entries))
+            texts, tails = list(map(_TEXT, entries)), list(map(_TAIL, entries))
         if moved and (reranked or len(self._by_id) > len(members) + 64):  # let go of earlier generations' members
             self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}
-        self._last = _Looked(members, entries, texts, keys, tails)
+        self._last = _Looked(members, entries, texts, tails)
         return self._last
 
     def _replace(self, entries: list[Entry], moved: list[int], members: Sequence[Member],
@@ -288,7 +287,7 @@ class MemberTexts:
         for at in moved:
             member, last = members[at], entries[at]
             if _MEMBER(last) == member:
-                entries[at] = self._by_id[id(member)] = (member, _TEXT(last), _KEY(last), _TAIL(last))
+                entries[at] = self._by_id[id(member)] = (member, _TEXT(last), _TAIL(last))
             else:
                 entries[at] = self._entry(member, levels)
 
@@ -320,7 +319,7 @@ class MemberTexts:
         entry = self._by_id.get(id(member))
         if entry is None:
             head = json.dumps(_member_head_json(member))[:-1].encode()  # open: its domains close it
-            entry = self._by_id[id(member)] = (member, head, _KEY_FIELDS(member), self._tail(member.domains, levels))
+            entry = self._by_id[id(member)] = (member, head, self._tail(member.domains, levels))
         return entry
 
     def _tail(self, domains: tuple[str, ...] | None, levels: Sequence[Level]) -> bytes:
@@ -339,18 +338,13 @@ class MemberTexts:
         looked = self._entries(members, levels)
         return looked.texts, looked.tails
 
-    def membership_key(self, topology: Topology) -> tuple[tuple[object, ...], ...]:
-        """Each member's ``_KEY_FIELDS``, from the cached keys."""
-        return tuple(self._entries(topology.members, topology.levels).keys)
-
 
 class _Looked(NamedTuple):
-    """One generation's members and, place by place, their entries, texts and keys (the next is patched)."""
+    """One generation's members and, place by place, their entries and texts (the next is patched)."""
 
     members: Sequence[Member]
     entries: list[Entry]
     texts: list[bytes]
-    keys: list[tuple[object, ...]]
     tails: list[bytes]
 
 
@@ -454,6 +448,34 @@ def render_files(plan: Plan, variables: Sequence[Variable], *, generation: int, 
 _KEY_FIELDS = member_fields("name", "role", "address", "training", "slots", "node_rank", "running", "node", "domains")
 
 
+class MembershipKey:
+    """A plan's membership key: each member's ``_KEY_FIELDS``, then ``extras`` (what the replica groups and the
+    frameworks' files say). It holds the members, not a tuple of fields per member (at 16384 pods those were
+    ~2.4 MB of every sidecar that renders the whole job): two keys compare the fields only at the places whose
+    members are not the same object, as most of a change's are. Iterated, it gives its parts in order, as
+    ``membership_key_of_document`` reads them back from topology.json (``key_digest``)."""
+
+    __slots__ = ("extras", "members")
+
+    def __init__(self, members: Sequence[Member], extras: tuple[object, ...] = ()) -> None:
+        self.members, self.extras = members, extras
+
+    def __iter__(self) -> Iterator[object]:
+        return itertools.chain(map(_KEY_FIELDS, self.members), self.extras)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MembershipKey):
+            return NotImplemented
+        mine, theirs = self.members, other.members
+        if len(mine) != len(theirs) or self.extras != other.extras:
+            return False
+        moved = list(itertools.compress(range(len(mine)), map(operator.is_not, mine, theirs)))
+        return all(map(operator.eq, map(_KEY_FIELDS, map(mine.__getitem__, moved)),
+                       map(_KEY_FIELDS, map(theirs.__getitem__, moved))))
+
+    __hash__ = None  # type: ignore[assignment]  # compared, never a dict key
+
+
 def member_key(m: dict[str, Any]) -> tuple[object, ...]:
     """One member's part of the membership key, read back from its ``topology.json`` entry."""
     return (m["name"], m["role"], m["address"], m["training"], m["slots"], m["nodeRank"], m.get("running", True),
@@ -509,6 +531,11 @@ def with_frameworks(key: tuple[tuple[object, ...], ...], frameworks: dict[str, A
     """A membership key that also changes when a framework's files do (their ports, a member's IP in
     mlx_hostfile.json: not in the members' key), by their digests in topology.json's ``frameworks``; a
     torch-only job's key is the members' alone."""
+    return (*key, *frameworks_key(frameworks))
+
+
+def frameworks_key(frameworks: dict[str, Any] | None) -> tuple[tuple[object, ...], ...]:
+    """The frameworks' part of a membership key (``with_frameworks``): none for a torch-only job."""
     if not frameworks:
-        return key
-    return (*key, ("frameworks", *sorted((name, str(entry["digest"])) for name, entry in frameworks.items())))
+        return ()
+    return (("frameworks", *sorted((name, str(entry["digest"])) for name, entry in frameworks.items())),)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent.core import NodeLabels, Rendered, Renderer, render_plan
-from agent.core.files.rendering import KeyDigest, hosts_digest, key_digest, read_topology_json
+from agent.core.files.rendering import KeyDigest, MembershipKey, hosts_digest, key_digest, read_topology_json
 from agent.core.files.variables import warnings_for
 from agent.core.model import RawPod, Takeover
 from agent.core.plan.layout import Plan
@@ -39,6 +39,8 @@ log = logging.getLogger("topology_agent.sidecar")
 
 
 PREVIOUS_LIMIT = 32 * 1024 * 1024  # topology.json is ~1.2 MB at 4096 pods, ~5 MB at 16384
+# What a plan's files say about membership: the whole job's (``Renderer.membership_key``), or a --view own pod's.
+Key = MembershipKey | tuple[tuple[object, ...], ...]
 
 
 
@@ -86,7 +88,7 @@ def _decoded(data: bytes | str) -> str:
     return data.decode() if isinstance(data, bytes) else data
 
 
-def _same_key(key: tuple[tuple[object, ...], ...], held: tuple[tuple[object, ...], ...] | KeyDigest | None) -> bool:
+def _same_key(key: Key, held: Key | KeyDigest | None) -> bool:
     return key_digest(key) == held if isinstance(held, KeyDigest) else key == held
 
 
@@ -98,7 +100,7 @@ class InPlace:
     generation: int = 0
     # The membership it was written for; as read back from topology.json (``load_previous``), its digest until
     # the first plan.
-    key: tuple[tuple[object, ...], ...] | KeyDigest | None = None
+    key: Key | KeyDigest | None = None
     shape: tuple[int, int] | None = None  # its training pods and processes
     # The pods it leaves out, with why (None: not planned yet): a new generation's Event names those that left
     # since, and the lost ones that are members again.
@@ -235,7 +237,7 @@ class Evaluator:
         return again.files["topology.json"]
 
     def _render(self, pods: Mapping[str, RawPod] | None, light: Plan | None,
-                nodes: NodeLabels, touched: set[str] | None = None) -> tuple[Rendered, Any]:
+                nodes: NodeLabels, touched: set[str] | None = None) -> tuple[Rendered, Key]:
         """The next generation's files and what they say about membership (equal keys: nothing to rewrite)."""
         s = self.settings
         files_dir = str(s.out_dir.absolute())
@@ -272,7 +274,7 @@ class Evaluator:
     def _planned(self, plan: Plan) -> None:
         self.plan = plan  # the whole job's when it holds every pod: the leader publishes it, names standbys from it
 
-    def _write(self, rendered: Rendered, key: Any, since: float, note: str) -> float | None:
+    def _write(self, rendered: Rendered, key: Key, since: float, note: str) -> float | None:
         s = self.settings
         if s.ssh is not None and self.ssh_texts is None:
             from agent.core.files.ssh_config import SshTexts  # with the SSH material only: most pods have none
