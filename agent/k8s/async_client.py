@@ -12,11 +12,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-import aiohttp
-
 from agent import __version__
 from agent.core.model import RawPod
 from agent.k8s import core
+from agent.k8s.aio import aiohttp
 from agent.k8s.config import ApiConfig
 from agent.k8s.core import PAGE, Drops, Keep, Oversized, Pager, Request, Response, Traffic, WatchEvent, WatchLines
 from agent.k8s.transport import CONNECT, IDLE, headers, silent, ssl_context, too_slow, unreachable

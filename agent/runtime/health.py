@@ -13,12 +13,10 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import Response, StreamResponse
-from aiohttp.web_server import Server
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agent.errors import InputError
+from agent.k8s.aio import BaseRequest, Response, Server, StreamResponse
 from agent.runtime.metrics import SidecarMetrics
 
 Handler = Callable[[BaseRequest], Awaitable[StreamResponse]]
