@@ -14,7 +14,7 @@ import json
 import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.core.files.variables import Variable, host_file_name
 from agent.core.jsonstream import decode_streamed
@@ -175,176 +175,147 @@ def spares_document(topology: Topology) -> dict[str, Any]:
                           for t in topology.takeovers]}
 
 
-# A member's entry: the member, its topology.json text in two parts (the head, all but its domains: its own
-# bytes; the tail, its domains and the closing brace: one object for every member of those domains) and its
-# membership key (``_KEY_FIELDS``), read through these names. A plain tuple: when members move, zip makes thousands
-# in one C-level pass, where a NamedTuple is made in about four times the time.
-Entry = tuple[Member, bytes, bytes]
-_MEMBER, _TEXT, _TAIL = (operator.itemgetter(field) for field in range(3))
-_NAME_OF = member_fields("name")
+_NAME_OF, _DOMAINS_OF = member_fields("name"), member_fields("domains")
 _BEFORE_RANKS, _AFTER_RANKS = member_span(None, "node_rank"), member_span("running", None)
 _NODE_RANK_OF, _RANK_OF = member_fields("node_rank"), member_fields("first_rank")
 # The three parts of a ``bytes.partition``: the text before the separator, the separator if found, the text after.
 _BEFORE, _FOUND, _AFTER = (operator.itemgetter(part) for part in range(3))
 _NODE_RANK, _RUNNING = b'"nodeRank": ', b', "running": '
 _RANKS = b'%s"nodeRank": %d, "rank": %d, "running": %s'  # a text's head, its two ranks and its tail
-RERANK_FROM = 256  # moved members from which the bulk pass pays (a dict of the last generation by name)
+RERANK_FROM = 256  # moved members from which they are matched by name (a dict of the last generation's)
 # Members whose texts are cut apart at once: every moved member's pieces at once were ~0.7 KB each, ~11 MB over
 # what the change holds when a pod near the start of a 16384-pod job leaves.
 RERANK_CHUNK = 1024
 
 
-def _reranked(entries: Sequence[Entry], members: Sequence[Member]) -> tuple[list[int], list[Entry]]:
-    """Where ``members[i]`` is the member of ``entries[i]`` but for ``node_rank`` and ``first_rank`` (both numbers), its
-    entry, the old text with the two numbers replaced: the places i and their entries. In C-level passes: a pod that
-    leaves a 16384-pod job moves every member after it, and encoding them one by one was most of such a change. Every
-    value before ``"nodeRank": `` is a number, a literal or an escaped string, so its first occurrence is the key, and
-    only the two numbers stand between it and ``, "running": ``."""
-    olds = list(map(_MEMBER, entries))  # the domains are among the fields compared: the tails stand
+def _reranked(olds: Sequence[Member], heads: Sequence[bytes], members: Sequence[Member]) -> list[bytes | None]:
+    """Where ``members[i]`` is ``olds[i]`` but for ``node_rank`` and ``first_rank`` (both numbers), the old head
+    ``heads[i]`` with the two numbers replaced; None elsewhere. In C-level passes: a pod that leaves a 16384-pod
+    job moves every member after it, and encoding them one by one was most of such a change. Every value before
+    ``"nodeRank": `` is a number, a literal or an escaped string, so its first occurrence is the key, and only the
+    two numbers stand between it and ``, "running": ``. The domains are among the fields compared: the tails
+    stand."""
     same = map(operator.and_, map(operator.eq, map(_BEFORE_RANKS, olds), map(_BEFORE_RANKS, members)),
                map(operator.eq, map(_AFTER_RANKS, olds), map(_AFTER_RANKS, members)))
     numbered = map(operator.and_, map(operator.is_not, map(_NODE_RANK_OF, members), itertools.repeat(None)),
                    map(operator.is_not, map(_RANK_OF, members), itertools.repeat(None)))
     places = list(itertools.compress(range(len(members)), map(operator.and_, same, numbered)))
-    placed: list[int] = []
-    found: list[Entry] = []
-    for at in range(0, len(places), RERANK_CHUNK):  # each chunk's pieces let go before the next is cut
-        chunk = places[at:at + RERANK_CHUNK]
-        new = list(map(members.__getitem__, chunk))
-        old_entries = list(map(entries.__getitem__, chunk))
-        heads = list(map(bytes.partition, map(_TEXT, old_entries), itertools.repeat(_NODE_RANK)))
-        tails = list(map(bytes.partition, map(_AFTER, heads), itertools.repeat(_RUNNING)))
-        if not (all(map(_FOUND, heads)) and all(map(_FOUND, tails))):
-            return [], []  # not a text of ours: encoded member by member
-        texts = list(map(_RANKS.__mod__, zip(map(_BEFORE, heads), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
-                                             map(_AFTER, tails), strict=True)))
-        placed += chunk
-        found += zip(new, texts, map(_TAIL, old_entries), strict=True)
-    return placed, found
+    found: list[bytes | None] = [None] * len(members)
+    new = list(map(members.__getitem__, places))
+    befores = list(map(bytes.partition, map(heads.__getitem__, places), itertools.repeat(_NODE_RANK)))
+    afters = list(map(bytes.partition, map(_AFTER, befores), itertools.repeat(_RUNNING)))
+    if not (all(map(_FOUND, befores)) and all(map(_FOUND, afters))):
+        return found  # not a text of ours: encoded member by member
+    replaced = map(_RANKS.__mod__, zip(map(_BEFORE, befores), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
+                                       map(_AFTER, afters), strict=True))
+    for place, head in zip(places, replaced, strict=True):
+        found[place] = head
+    return found
 
 
 class MemberTexts:
-    """Each member's topology.json text (as bytes: the file is joined from them without a 4.5 MB encode at 16384
-    pods) between the sidecar's generations, found by the member object's identity (its id; the entry holds the
-    member, so no other object can take that id while the entry lives): a C-level lookup per member, where hashing
-    4096 members by value would cost 5 ms per change. A member equal to the last one at its place but a new object
-    (a plan made from scratch) keeps that text, and a member that only moved in rank (a pod before it left or came
-    back: every later member) gets its last text with the two numbers replaced (``_reranked``), not encoded again.
-    Entries of earlier generations are let go at each change that moves members: one generation of texts held, not
-    two. The last lookup is kept: the same members' texts asked again (the document served) take no pass."""
+    """Each member's topology.json text between the sidecar's generations, as bytes (the file is joined from them
+    without a 4.5 MB encode at 16384 pods) in two parts: the head, all but its domains, its own bytes; the tail,
+    its domains and the closing brace, one object for every member of those domains.
+
+    A generation's members are matched with the last one's by place and identity (one C-level pass: most places
+    of a change hold the same member object), the rest by name when many moved: a member equal to its last one
+    keeps that text, one that only moved in rank (a pod before it left or came back: every later member) gets its
+    last text with the two numbers replaced (``_reranked``), and only the others are encoded. Each last text is
+    let go as its place is made, so one generation of texts is held, not two; and nothing but the lists of one
+    generation is kept (a cache of entries by member identity was ~2 MB more at 16384 pods). The same members
+    asked again (the document served) take no pass."""
 
     def __init__(self) -> None:
-        self._by_id: dict[int, Entry] = {}
         self._last: _Looked | None = None
         self._tails: dict[tuple[str, ...] | None, bytes] = {}  # by domains, for ``_levels``
         self._levels: Sequence[Level] = ()
 
-    def _entries(self, members: Sequence[Member], levels: Sequence[Level]) -> _Looked:
+    def texts(self, members: Sequence[Member], levels: Sequence[Level]) -> tuple[list[bytes], list[bytes]]:
+        """Each member's text as two lists, place by place: the heads and the tails; a member's text is its
+        head and its tail joined. The lists are the cache's: read, not changed."""
         last = self._last
-        if last is not None and last.members is members:
-            return last
-        entries: list[Any]  # None where a member is yet to be found
-        reranked = False
-        if last is not None and len(last.members) == len(members):
-            # Most changes keep every member in its place: compare the two tuples' pointers (no member is
-            # touched) and look up only the places that changed; a lookup of all 16384 is ~4 ms of cache misses.
-            moved = list(itertools.compress(range(len(members)), map(operator.is_not, members, last.members)))
-            if len(moved) >= RERANK_FROM:  # a burst (every pod Running): each last entry let go as it is replaced
-                reranked = True
-                entries = last.entries
-                self._last, self._by_id = None, {}
-                del last  # its members and texts with it: each place's last entry is held by ``entries`` alone
-                self._replace(entries, moved, members, levels)
-                texts, tails = list(map(_TEXT, entries)), list(map(_TAIL, entries))
-            else:
-                entries, texts, tails = list(last.entries), list(last.texts), list(last.tails)
-                self._replace(entries, moved, members, levels)
-                for at in moved:
-                    texts[at], tails[at] = _TEXT(entries[at]), _TAIL(entries[at])
-        else:
-            entries = list(map(self._by_id.get, map(id, members)))  # C-level; None for the members new since
-            moved = list(itertools.compress(range(len(entries)), map(operator.is_, entries, itertools.repeat(None))))
-            if last is not None and len(moved) >= RERANK_FROM:  # a pod joined or left: the members after it moved
-                reranked = True
-                before = self._let_go(last)
-                del last  # the last generation's entries are now held by ``before`` alone
-                self._rerank(entries, moved, members, before)
-            for at in moved:
-                if entries[at] is None:
-                    entries[at] = self._entry(members[at], levels)
-            texts, tails = list(map(_TEXT, entries)), list(map(_TAIL, entries))
-        if moved and (reranked or len(self._by_id) > len(members) + 64):  # let go of earlier generations' members
-            self._by_id = {id(m): e for m, e in zip(members, entries, strict=True)}
-        self._last = _Looked(members, entries, texts, tails)
-        return self._last
-
-    def _replace(self, entries: list[Entry], moved: list[int], members: Sequence[Member],
-                 levels: Sequence[Level]) -> None:
-        """Each ``moved`` place's entry made over the last one; a member equal to the last one at its place keeps
-        that text and key. In a burst the cache was emptied first, so each last entry is freed as its place is
-        made: a burst that changes every member would otherwise hold two generations of texts at once, ~12 MB over
-        what a change of a 16384-pod job holds."""
-        for at in moved:
-            member, last = members[at], entries[at]
-            if _MEMBER(last) == member:
-                entries[at] = self._by_id[id(member)] = (member, _TEXT(last), _TAIL(last))
-            else:
-                entries[at] = self._entry(member, levels)
-
-    def _let_go(self, last: _Looked) -> dict[str, Entry]:
-        """The last generation's entries by member name, now held there alone: the cache is emptied (and made
-        again from the new generation's entries), so that each moved member's last entry is freed as soon as its
-        new one is made (``_rerank``). Every moved member's last and new text at once were ~9 MB over what a change
-        holds at 16384 pods, when a pod near the start of the job leaves."""
-        before = dict(zip(map(_NAME_OF, last.members), last.entries, strict=True))
-        self._last, self._by_id = None, {}
-        return before
-
-    def _rerank(self, entries: list[Any], moved: list[int], members: Sequence[Member],
-                before: dict[str, Entry]) -> None:
-        """Fill ``entries`` at the ``moved`` places whose pod's last entry (in ``before``, taken out of it)
-        differs only in its ranks (``_reranked``), ``RERANK_CHUNK`` places at a time."""
-        for at in range(0, len(moved), RERANK_CHUNK):
-            chunk = moved[at:at + RERANK_CHUNK]
-            new = list(map(members.__getitem__, chunk))
-            olds = list(map(before.pop, map(_NAME_OF, new), itertools.repeat(None)))
-            known = list(itertools.compress(range(len(new)), olds))  # pods that were members: not None
-            places, found = _reranked(cast("list[Entry]", list(itertools.compress(olds, olds))),
-                                      list(itertools.compress(new, olds)))
-            for place, entry in zip(places, found, strict=True):
-                entries[chunk[known[place]]] = entry
-
-    def _entry(self, member: Member, levels: Sequence[Level]) -> Entry:
-        """The member's entry, found by identity, else encoded (and remembered)."""
-        entry = self._by_id.get(id(member))
-        if entry is None:
-            head = json.dumps(_member_head_json(member))[:-1].encode()  # open: its domains close it
-            entry = self._by_id[id(member)] = (member, head, self._tail(member.domains, levels))
-        return entry
-
-    def _tail(self, domains: tuple[str, ...] | None, levels: Sequence[Level]) -> bytes:
-        """The text after a member's head: its domains and the closing brace, one object per distinct domains (a
-        member's entry with the domains of ten levels was ~520 bytes, ~200 of them the domains)."""
+        if last is not None and last.members is members and levels == self._levels:
+            return last.heads, last.tails
+        self._last = None  # its lists are let go of text by text as the next generation's are made
         if levels != self._levels:
             self._tails, self._levels = {}, levels
+            last = None  # every tail anew
+        if last is None:
+            heads, tails = list(map(self._head, members)), list(map(self._tail, map(_DOMAINS_OF, members)))
+        else:
+            heads, tails = self._carried(last, members)
+        self._last = _Looked(members, heads, tails)
+        return heads, tails
+
+    def _carried(self, last: _Looked, members: Sequence[Member]) -> tuple[list[bytes], list[bytes]]:
+        """``members``' texts made from the last generation's (``last``: its lists emptied as they are taken)."""
+        olds, old_heads, old_tails = last
+        size = len(members)
+        moved = list(itertools.compress(range(size), itertools.chain(map(operator.is_not, members, olds),
+                                                                     itertools.repeat(True, size - len(olds)))))
+        heads: list[Any] = old_heads[:size]  # a place past the last generation's: None until made below
+        tails: list[Any] = old_tails[:size]
+        heads += itertools.repeat(None, size - len(heads))
+        tails += itertools.repeat(None, size - len(tails))
+        if size == len(olds) and len(moved) < RERANK_FROM:  # a few places changed: each against its last member
+            for at in moved:
+                if members[at] != olds[at]:
+                    heads[at], tails[at] = self._head(members[at]), self._tail(members[at].domains)
+            return heads, tails
+        gone = itertools.compress(range(len(olds)), itertools.chain(map(operator.is_not, olds, members),
+                                                                    itertools.repeat(True, len(olds) - size)))
+        before = {_NAME_OF(olds[at]): at for at in gone}  # the last generation's moved places, by name
+        for start in range(0, len(moved), RERANK_CHUNK):  # each chunk's last texts let go before the next
+            chunk = moved[start:start + RERANK_CHUNK]
+            found = self._found(list(map(members.__getitem__, chunk)), last, before)
+            for at, member, pair in zip(chunk, map(members.__getitem__, chunk), found, strict=True):
+                heads[at], tails[at] = pair if pair is not None else (self._head(member), self._tail(member.domains))
+        return heads, tails
+
+    @staticmethod
+    def _found(now: list[Member], last: _Looked, before: dict[str, int]) -> list[tuple[bytes, bytes] | None]:
+        """Each of ``now``'s texts from its pod's last one (``before``: its last place by name), kept or its ranks
+        replaced; None where it is to be encoded. The last texts taken are let go (None in ``last``'s lists)."""
+        olds = last.members
+        old_heads: list[Any] = last.heads
+        old_tails: list[Any] = last.tails
+        was = list(map(before.pop, map(_NAME_OF, now), itertools.repeat(-1)))  # -1: a pod new since
+        known = list(itertools.compress(range(len(now)), map(operator.ne, was, itertools.repeat(-1))))
+        places = list(map(was.__getitem__, known))
+        pods, kin = list(map(now.__getitem__, known)), list(map(olds.__getitem__, places))
+        heads, tails = list(map(old_heads.__getitem__, places)), list(map(old_tails.__getitem__, places))
+        for place in places:
+            old_heads[place] = old_tails[place] = None  # held by ``heads`` alone
+        equal = list(map(operator.eq, pods, kin))
+        replaced = _reranked(kin, heads, pods)
+        found: list[tuple[bytes, bytes] | None] = [None] * len(now)
+        for i, same, head, text, tail in zip(known, equal, heads, replaced, tails, strict=True):
+            if same:
+                found[i] = (head, tail)
+            elif text is not None:
+                found[i] = (text, tail)
+        return found
+
+    @staticmethod
+    def _head(member: Member) -> bytes:
+        return json.dumps(_member_head_json(member))[:-1].encode()  # open: its domains close it
+
+    def _tail(self, domains: tuple[str, ...] | None) -> bytes:
+        """The text after a member's head: its domains and the closing brace, one object per distinct domains (a
+        member's entry with the domains of ten levels was ~520 bytes, ~200 of them the domains)."""
         tail = self._tails.get(domains)
         if tail is None:
-            tail = self._tails[domains] = f', "domains": {json.dumps(_domains_json(domains, levels))}}}'.encode()
+            tail = self._tails[domains] = \
+                f', "domains": {json.dumps(_domains_json(domains, self._levels))}}}'.encode()
         return tail
-
-    def texts(self, members: Sequence[Member], levels: Sequence[Level]) -> tuple[list[bytes], list[bytes]]:
-        """Each member's text as two lists, place by place: the heads and the tails (``Entry``); a member's text
-        is its head and its tail joined."""
-        looked = self._entries(members, levels)
-        return looked.texts, looked.tails
 
 
 class _Looked(NamedTuple):
-    """One generation's members and, place by place, their entries and texts (the next is patched)."""
+    """One generation's members and, place by place, their texts' heads and tails (the next takes them over)."""
 
     members: Sequence[Member]
-    entries: list[Entry]
-    texts: list[bytes]
+    heads: list[bytes]
     tails: list[bytes]
 
 
