@@ -30,6 +30,15 @@ class Rendered:
     frameworks: tuple[Rendition, ...] = ()
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A plan as its pod renders it (its replica group's: ``grouped``) and its frameworks' parts: what the
+    membership key reads (``Renderer.membership_key``), before the variables and the files are made."""
+
+    plan: Plan
+    frameworks: tuple[Rendition, ...] = ()
+
+
 def render_pod(pods: Sequence[RawPod], self_name: str, options: Options, *, generation: int = 1,
                memo: Memo | None = None, files_dir: str | None = None,
                nodes: NodeLabels | None = None, checked: bool = False) -> Rendered:
@@ -65,16 +74,24 @@ class Renderer:
 
     def render_planned(self, plan: Plan, *, generation: int, files_dir: str | None = None) -> Rendered:
         """``render_plan`` for a plan of this renderer's planner (its members' texts are cached)."""
+        return self.render_staged(self.stage(plan, files_dir=files_dir), generation=generation, files_dir=files_dir)
+
+    def stage(self, plan: Plan, *, files_dir: str | None = None) -> Staged:
+        """What ``render_planned`` makes before the variables and the files: the sidecar compares its membership
+        key with the files' in place, and renders only when they differ."""
         plan = grouped(plan, self.options, self.groups)
+        return Staged(plan, render_frameworks(plan, self.options, files_dir=files_dir))
+
+    def render_staged(self, staged: Staged, *, generation: int, files_dir: str | None = None) -> Rendered:
+        plan = staged.plan
         variables = compute_variables(plan, self.options, generation=generation, files_dir=files_dir)
-        frameworks = render_frameworks(plan, self.options, files_dir=files_dir)
-        files = render_files(plan, variables, generation=generation, texts=self.texts, frameworks=frameworks)
-        return Rendered(plan=plan, variables=tuple(variables), files=files, frameworks=frameworks)
+        files = render_files(plan, variables, generation=generation, texts=self.texts, frameworks=staged.frameworks)
+        return Rendered(plan=plan, variables=tuple(variables), files=files, frameworks=staged.frameworks)
 
     @staticmethod
-    def membership_key(rendered: Rendered) -> MembershipKey:
-        """Who is in, where, with what rank, in what ``render`` made, and what the replica groups and the
-        frameworks' files say."""
+    def membership_key(rendered: Rendered | Staged) -> MembershipKey:
+        """Who is in, where, with what rank, in what ``render`` made (or is about to), and what the replica
+        groups and the frameworks' files say."""
         groups = () if rendered.plan.groups is None else (rendered.plan.groups.key(),)
         frameworks = frameworks_key({r.key: {"digest": r.digest} for r in rendered.frameworks})
         return MembershipKey(rendered.plan.topology.members, (*groups, *frameworks))
@@ -87,4 +104,5 @@ def grouped(plan: Plan, options: Options, memo: GroupMemo | None = None) -> Plan
     return regroup(plan, options, parse_rule(options.replica_groups, label=options.label("replica_groups")), memo)
 
 
-__all__ = ["Memo", "NodeLabels", "Options", "Rendered", "Renderer", "build_plan", "render_plan", "render_pod"]
+__all__ = ["Memo", "NodeLabels", "Options", "Rendered", "Renderer", "Staged", "build_plan", "render_plan",
+           "render_pod"]

@@ -210,41 +210,43 @@ class Evaluator:
         failed write is to be tried again. ``touched``: the pods that can have changed since the last
         evaluation (None: any), so that the planner does not compare every pod held."""
         try:
-            rendered, key = self._render(pods, light, nodes, touched)
+            plan, key, rendering = self._render(pods, light, nodes, touched)
+            rendered = None if _same_key(key, self.in_place.key) else rendering()
         except InputError as err:
             self.problem = f"the current pods make no valid topology ({err})"
             log.warning("current pods make no valid topology (%s); keeping generation %d", err, self.generation)
             return None
-        if _same_key(key, self.in_place.key):
-            self.in_place.key = key  # the plan's own, not the digest read back (``load_previous``)
-            self.problem = None
-            self.in_place.left_out = _left_out(self.plan or rendered.plan)
-            self.in_place.takeovers = _seats_taken(rendered.plan.topology.takeovers)
-            if self.document is None and self.keep_document:  # the first plan since the start: served from now on
-                self.document = self._document_at(rendered, self.generation)
-            return None
-        return self._write(rendered, key, since, note)
+        if rendered is not None:
+            return self._write(rendered, key, since, note)
+        self.in_place.key = key  # the plan's own, not the digest read back (``load_previous``)
+        self.problem = None
+        self.in_place.left_out = _left_out(self.plan or plan)
+        self.in_place.takeovers = _seats_taken(plan.topology.takeovers)
+        if self.document is None and self.keep_document:  # the first plan since the start: served from now on
+            self.document = self._document_at(plan, self.generation)
+        return None
 
-    def _document_at(self, rendered: Rendered, generation: int) -> bytes:
-        """topology.json of ``rendered``'s plan at ``generation`` (the members in place: no new generation)."""
+    def _document_at(self, plan: Plan, generation: int) -> bytes:
+        """topology.json of ``plan`` (as rendered) at ``generation`` (the members in place: no new generation)."""
         s = self.settings
         files_dir = str(s.out_dir.absolute())
-        plan = rendered.plan
         if plan.topology.whole is not None:  # an own view's plan, from the summary or from every pod held
             again = render_plan(plan, s.options, generation=generation, files_dir=files_dir)
         else:
             again = self.renderer.render_planned(plan, generation=generation, files_dir=files_dir)
         return again.files["topology.json"]
 
-    def _render(self, pods: Mapping[str, RawPod] | None, light: Plan | None,
-                nodes: NodeLabels, touched: set[str] | None = None) -> tuple[Rendered, Key]:
-        """The next generation's files and what they say about membership (equal keys: nothing to rewrite)."""
+    def _render(self, pods: Mapping[str, RawPod] | None, light: Plan | None, nodes: NodeLabels,
+                touched: set[str] | None = None) -> tuple[Plan, Key, Callable[[], Rendered]]:
+        """The next generation's plan as rendered, what its files say about membership (equal keys: nothing to
+        rewrite), and what makes its files. A pod that renders the whole job makes them only when the key
+        changed: most changes of a large job (a peer's new IP under --address dns) alter none of its files."""
         s = self.settings
         files_dir = str(s.out_dir.absolute())
         if light is not None:  # --view own: rank 0, this pod and the job's numbers, from the published summary
             rendered = render_plan(light, s.options, generation=self.generation + 1, files_dir=files_dir)
             self._planned(rendered.plan)
-            return rendered, _own_key(rendered)
+            return rendered.plan, _own_key(rendered), lambda: rendered
         assert pods is not None
         # Not held while the next plan is made: a plan from scratch (a burst of a quarter of the job) was made
         # beside the last one, 3.7 MB more at the publisher's peak of a 16384-pod job. A plan that fails leaves
@@ -254,10 +256,11 @@ class Evaluator:
         own = self.own.of(plan, s.options, ssh=s.ssh is not None)
         self._planned(plan)
         if own is not None:  # --view own, holding every pod: the files a follower makes from the summary
-            rendered = render_plan(own, s.options, generation=self.generation + 1, files_dir=files_dir)
-            return rendered, _own_key(rendered)
-        rendered = self.renderer.render_planned(plan, generation=self.generation + 1, files_dir=files_dir)
-        return rendered, self.renderer.membership_key(rendered)
+            mine = render_plan(own, s.options, generation=self.generation + 1, files_dir=files_dir)
+            return mine.plan, _own_key(mine), lambda: mine
+        staged = self.renderer.stage(plan, files_dir=files_dir)
+        return staged.plan, self.renderer.membership_key(staged), \
+            lambda: self.renderer.render_staged(staged, generation=self.generation + 1, files_dir=files_dir)
 
     def use_options(self, settings: Any) -> None:
         """New options (the DRA claims read again): the next evaluation plans every pod from scratch with them."""
