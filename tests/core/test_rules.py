@@ -262,3 +262,21 @@ def test_the_membership_key_projects_the_named_member_fields():
                     ("zone-a", "rack-1"))
     assert _KEY_FIELDS(member) == (member.name, member.role, member.address, member.training, member.slots,
                                    member.node_rank, member.running, member.node, member.domains)
+
+
+@pytest.mark.parametrize("identities", [
+    [(3, (3,)), (0, (0,)), (2, (2,)), (1, (1,))],  # one number per index: by the ordinals alone
+    [(-1, (1, 0)), (-1, (0, 1)), (-1, (0, 0)), (-1, (1, 1))],  # a JobSet's: every ordinal -1, the index decides
+    [(2, (0, 5)), (1, (1, 0)), (2, (0, 4)), (0, (9,))],  # equal ordinals among others
+    [(0, (0,))],
+    [],
+], ids=["distinct", "jobset", "ties", "one", "none"])
+def test_a_role_s_index_order_is_by_ordinal_then_index(identities):
+    import random
+
+    from agent.core.model import Member, index_order
+
+    members = [Member(f"p-{i}", "worker", index, ordinal, f"p-{i}", None, None, True, 1)
+               for i, (ordinal, index) in enumerate(identities)]
+    random.Random(7).shuffle(members)
+    assert index_order(members) == sorted(members, key=lambda m: (m.ordinal, m.index))
