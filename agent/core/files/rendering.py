@@ -8,6 +8,7 @@ Volcano's one-host-per-line lists; ``topology.json`` is the machine-readable who
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
@@ -208,8 +209,7 @@ def _reranked(olds: Sequence[Member], heads: Sequence[bytes], members: Sequence[
         return found  # not a text of ours: encoded member by member
     replaced = map(_RANKS.__mod__, zip(map(_BEFORE, befores), map(_NODE_RANK_OF, new), map(_RANK_OF, new),
                                        map(_AFTER, afters), strict=True))
-    for place, head in zip(places, replaced, strict=True):
-        found[place] = head
+    collections.deque(map(found.__setitem__, places, replaced), maxlen=0)  # each at its place, in C
     return found
 
 

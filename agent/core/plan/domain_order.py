@@ -125,8 +125,12 @@ def reorder(layout: _Layout, path: tuple[str, ...], breaks: Iterable[int]) -> li
     (``_carry``): each run that kept its neighbours moved as one. C-level passes over the rows of the domain
     being moved and its parent, level by level."""
     rows, count = layout.rows, layout.census.training
-    held: list[Any] = [member.domains if member is not None else path[:-1] for member in rows.placed[:count]]
-    nodes: list[str] = [member.node if member is not None else path[-1] for member in rows.placed[:count]]
+    placed: list[Any] = rows.placed[:count]
+    if None in placed:  # the member that arrived, not placed yet: its path stands for it
+        held: list[Any] = [member.domains if member is not None else path[:-1] for member in placed]
+        nodes: list[str] = [member.node if member is not None else path[-1] for member in placed]
+    else:
+        held, nodes = list(map(_DOMAINS, placed)), list(map(_NODE, placed))
     origin = list(range(count))  # where each row stood before
     columns: tuple[list[Any], ...] = (rows.live, rows.keys, rows.placed, origin, held, nodes)
     lo, hi = 0, count
