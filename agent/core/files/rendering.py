@@ -223,7 +223,7 @@ class MemberTexts:
     keeps that text, one that only moved in rank (a pod before it left or came back: every later member) gets its
     last text with the two numbers replaced (``_reranked``), and only the others are encoded. Each last text is
     let go as its place is made, so one generation of texts is held, not two; and nothing but the lists of one
-    generation is kept (a cache of entries by member identity was ~2 MB more at 16384 pods). The same members
+    generation is kept (a cache of entries by member identity would be ~2 MB more at 16384 pods). The same members
     asked again (the document served) take no pass."""
 
     def __init__(self) -> None:
@@ -421,8 +421,8 @@ _KEY_FIELDS = member_fields("name", "role", "address", "training", "slots", "nod
 
 class MembershipKey:
     """A plan's membership key: each member's ``_KEY_FIELDS``, then ``extras`` (what the replica groups and the
-    frameworks' files say). It holds the members, not a tuple of fields per member (at 16384 pods those were
-    ~2.4 MB of every sidecar that renders the whole job): two keys compare the fields only at the places whose
+    frameworks' files say). It holds the members, not a tuple of fields per member (those would be ~2.4 MB more
+    at 16384 pods, in every sidecar that renders the whole job): two keys compare the fields only at the places whose
     members are not the same object, as most of a change's are. Iterated, it gives its parts in order, as
     ``membership_key_of_document`` reads them back from topology.json (``key_digest``)."""
 
@@ -443,8 +443,6 @@ class MembershipKey:
         moved = list(itertools.compress(range(len(mine)), map(operator.is_not, mine, theirs)))
         return all(map(operator.eq, map(_KEY_FIELDS, map(mine.__getitem__, moved)),
                        map(_KEY_FIELDS, map(theirs.__getitem__, moved))))
-
-    __hash__ = None  # type: ignore[assignment]  # compared, never a dict key
 
 
 def member_key(m: dict[str, Any]) -> tuple[object, ...]:
