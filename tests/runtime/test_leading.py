@@ -191,12 +191,18 @@ def release(memory) -> None:
     memory._run(memory.sandbox.store.replace, LEASES, "default", "demo-topology", released)
 
 
-def rewritten_by(memory, old: dict, writer: str, uid: str) -> None:
-    """Each of the copies in ``old`` now names ``writer`` (its new incarnation, ``uid``), as the policy admits."""
+async def rewritten_by(api, memory, old: dict, writer: str, uid: str) -> None:
+    """Each of the copies in ``old``, written again, names ``writer`` (its new incarnation, ``uid``), as the policy
+    admits. Waited for: the followers' inits end on the journal written again, and the leader's sidecar writes the
+    snapshot again after the journal (runtime/publication/publishing.py)."""
+    def says(name: str) -> tuple[str, str]:
+        data = configmap(memory, name)["data"]
+        return data["leader"], data["leaderUid"]
+
+    await api.notice.until(lambda: all(says(name) == (writer, uid) for name in old),
+                           what=f"{', '.join(old)} written again by {writer}")
     for name, before in old.items():
-        written = configmap(memory, name)
-        assert (written["data"]["leader"], written["data"]["leaderUid"]) == (writer, uid), name
-        assert policy_admits(memory, "UPDATE", writer, written, before)
+        assert policy_admits(memory, "UPDATE", writer, configmap(memory, name), before)
 
 
 async def published_before(memory, api, logs, tmp_path, *, first: str) -> tuple[list, list[str]]:
@@ -242,7 +248,7 @@ async def test_after_the_job_is_re_created_the_first_init_leaves_the_lease_to_th
         assert "waiting for the published topology to be written again" in ran[name].err
         assert "reading the pods instead" not in ran[name].err and "waiting for the gang" not in ran[name].err
     assert lease(memory)["spec"]["holderIdentity"] == "demo-worker-2"
-    rewritten_by(memory, old, "demo-worker-2", pods[3]["metadata"]["uid"])
+    await rewritten_by(api, memory, old, "demo-worker-2", pods[3]["metadata"]["uid"])
     await asyncio.to_thread(same_files_as_the_pods_give, api, logs, tmp_path, {n: tmp_path / n for n in names})
 
 
@@ -276,7 +282,7 @@ async def test_a_pod_that_finds_its_earlier_incarnations_copy_publishes_again_wh
         assert ran[name].code == 0, ran[name].err
         assert "waiting for the published topology to be written again" in ran[name].err
         assert "reading the pods instead" not in ran[name].err
-    rewritten_by(memory, old, "demo-worker-3", pods[4]["metadata"]["uid"])
+    await rewritten_by(api, memory, old, "demo-worker-3", pods[4]["metadata"]["uid"])
     await asyncio.to_thread(same_files_as_the_pods_give, api, logs, tmp_path, {n: tmp_path / n for n in names})
 
 
